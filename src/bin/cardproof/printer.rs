@@ -1,0 +1,204 @@
+//! The one place that writes: data documents on stdout, diagnostics on stderr.
+
+use std::io::{self, Write};
+
+use cardproof::card::Card;
+use cardproof::findings::{Finding, Severity};
+use cardproof::lint::LintReport;
+use cardproof::span::LineIndex;
+use serde_json::json;
+
+use crate::config::{Format, Output};
+
+const LINT_MARKDOWN: &str = include_str!("../../../templates/lint-report.md.j2");
+
+pub struct Printer {
+    output: Output,
+}
+
+struct Style {
+    on: bool,
+}
+
+impl Style {
+    fn paint(&self, code: &str, text: &str) -> String {
+        if self.on { format!("\x1b[{code}m{text}\x1b[0m") } else { text.to_owned() }
+    }
+    fn severity(&self, s: Severity) -> String {
+        match s {
+            Severity::Error => self.paint("1;31", "error"),
+            Severity::Warning => self.paint("1;33", "warning"),
+        }
+    }
+    fn dim(&self, text: &str) -> String {
+        self.paint("2", text)
+    }
+    fn bold(&self, text: &str) -> String {
+        self.paint("1", text)
+    }
+}
+
+impl Printer {
+    pub fn new(output: Output) -> Self {
+        Printer { output }
+    }
+
+    fn style(&self) -> Style {
+        Style { on: self.output.color }
+    }
+
+    /// Print a lint report in the chosen format.
+    pub fn lint(&self, card: &Card, report: &LintReport) -> io::Result<()> {
+        match self.output.format {
+            Format::Json => {
+                let doc = json!({
+                    "schema_version": cardproof::JSON_SCHEMA_VERSION,
+                    "file": card.path.display().to_string(),
+                    "findings": report.findings,
+                });
+                write_stdout(&(serde_json::to_string_pretty(&doc)? + "\n"))?;
+                self.human_findings(card, report)
+            }
+            Format::Markdown => {
+                write_stdout(&render_markdown(card, report))?;
+                self.human_findings(card, report)
+            }
+            Format::Human => self.human_findings(card, report),
+        }
+    }
+
+    fn human_findings(&self, card: &Card, report: &LintReport) -> io::Result<()> {
+        let style = self.style();
+        let mut err = io::stderr().lock();
+        for finding in &report.findings {
+            writeln!(err, "{}", render_finding(card, finding, &style))?;
+        }
+        let (e, w) = (report.errors(), report.warnings());
+        let summary = format!(
+            "{}: {} {}, {} {}",
+            card.path.display(),
+            e,
+            plural(e, "error"),
+            w,
+            plural(w, "warning")
+        );
+        writeln!(err, "{}", style.bold(&summary))
+    }
+
+    /// Print an input error: one message naming the file and place (and, with JSON, a document).
+    pub fn error(&self, error: &cardproof::Error) -> io::Result<()> {
+        if self.output.format == Format::Json {
+            let doc = json!({
+                "schema_version": cardproof::JSON_SCHEMA_VERSION,
+                "error": {
+                    "message": error.message(),
+                    "file": error.file.display().to_string(),
+                    "line": error.at.map(|a| a.line),
+                    "column": error.at.map(|a| a.column),
+                }
+            });
+            write_stdout(&(serde_json::to_string_pretty(&doc)? + "\n"))?;
+        }
+        let style = self.style();
+        let mut err = io::stderr().lock();
+        writeln!(err, "{}: {error}", style.severity(Severity::Error))?;
+        if let Some(at) = error.at
+            && let Some(text) = readable_text(&error.file)
+        {
+            let lines = LineIndex::new(&text);
+            let line = &text[lines.line_range(&text, at.line)];
+            writeln!(err, "{}", snippet(line, at.line, at.column, 1, &style))?;
+        }
+        Ok(())
+    }
+
+    /// Print a plain document on stdout (e.g. the schema).
+    pub fn document(&self, text: &str) -> io::Result<()> {
+        write_stdout(text)
+    }
+}
+
+fn plural(n: usize, word: &str) -> String {
+    if n == 1 { word.to_owned() } else { format!("{word}s") }
+}
+
+fn write_stdout(text: &str) -> io::Result<()> {
+    let mut out = io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()
+}
+
+/// The file's text for showing an offending line, when it is small and UTF-8.
+fn readable_text(path: &std::path::Path) -> Option<String> {
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.is_file() || meta.len() > cardproof::card::MAX_CARD_BYTES {
+        return None;
+    }
+    String::from_utf8(std::fs::read(path).ok()?).ok()
+}
+
+fn render_finding(card: &Card, finding: &Finding, style: &Style) -> String {
+    let mut out = format!(
+        "{}[{}]: {}",
+        style.severity(finding.severity),
+        finding.code,
+        style.bold(&finding.message)
+    );
+    if let (Some(line), Some(column)) = (finding.line, finding.column) {
+        out.push_str(&format!(
+            "\n  {} {}:{line}:{column}",
+            style.dim("-->"),
+            card.path.display()
+        ));
+        let range = card.lines.line_range(&card.text, line);
+        let text = &card.text[range.clone()];
+        let width = finding.span.as_ref().map_or(1, |span| {
+            let start = range.start + text.char_indices().nth(column - 1).map_or(0, |(i, _)| i);
+            let end = span.end.min(range.end).max(start);
+            card.text[start..end].chars().count().max(1)
+        });
+        out.push('\n');
+        out.push_str(&snippet(text, line, column, width, style));
+    } else {
+        out.push_str(&format!("\n  {} {}", style.dim("-->"), card.path.display()));
+    }
+    if let Some(pointer) = &finding.pointer {
+        out.push_str(&format!("\n   {} at {pointer}", style.dim("=")));
+    }
+    if let Some(item) = finding.item {
+        out.push_str(&format!("\n   {} item: {item}", style.dim("=")));
+    }
+    out.push('\n');
+    out
+}
+
+fn snippet(line_text: &str, line: usize, column: usize, width: usize, style: &Style) -> String {
+    let number = line.to_string();
+    let pad = " ".repeat(number.len());
+    let shown: String = line_text.chars().take(200).collect();
+    let caret = format!("{}{}", " ".repeat(column - 1), "^".repeat(width.min(120)));
+    format!(
+        "{pad} {bar}\n{} {bar} {shown}\n{pad} {bar} {}",
+        style.dim(&number),
+        style.paint("1;31", &caret),
+        bar = style.dim("|"),
+    )
+}
+
+fn render_markdown(card: &Card, report: &LintReport) -> String {
+    let mut env = minijinja::Environment::new();
+    env.add_template("lint", LINT_MARKDOWN).expect("the lint template parses");
+    env.add_filter("md", |s: String| {
+        s.replace('\\', "\\\\").replace('|', "\\|").replace('<', "&lt;").replace('>', "&gt;")
+    });
+    env.get_template("lint")
+        .and_then(|t| {
+            t.render(minijinja::context! {
+                file => card.path.display().to_string(),
+                findings => minijinja::value::Serde(&report.findings),
+                errors => report.errors(),
+                warnings => report.warnings(),
+            })
+        })
+        .expect("the lint template renders")
+}

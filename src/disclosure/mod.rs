@@ -1,0 +1,602 @@
+//! The disclosure schema v1: the card's `fidelity:` block as Rust types.
+//!
+//! The committed `schema/disclosure-v1.schema.json` is generated from these types (a test fails
+//! when the two drift), and lint validates cards against it. Doc comments become the schema's
+//! descriptions, so they are written for card authors.
+
+pub mod vocabulary;
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The value of `fidelity.schema` for this version.
+pub const SCHEMA_ID: &str = "cardproof/v1";
+
+/// `$id` of the generated JSON Schema.
+pub const SCHEMA_URI: &str = "https://cardproof.dev/schema/disclosure-v1.schema.json";
+
+/// A KL-divergence fidelity disclosure: what a quantized checkpoint's KLD numbers were measured
+/// against and how, so that they can be interpreted and rerun. Lives under the card front-matter
+/// key `fidelity`. Extension keys starting with `x-` or `x_` are allowed in every section.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "cardproof fidelity disclosure v1", extend("patternProperties" = {"^x[-_]": {}}))]
+pub struct Disclosure {
+    /// Schema version; must be `cardproof/v1`.
+    #[schemars(extend("const" = "cardproof/v1"))]
+    pub schema: String,
+    pub reference: Reference,
+    pub candidate: Candidate,
+    pub quantization: Quantization,
+    pub calibration: Calibration,
+    pub runtime: Runtime,
+    pub eval: Eval,
+    pub protocol: Protocol,
+    /// The claimed numbers. Metric names come from a fixed vocabulary.
+    pub results: Vec<ResultClaim>,
+}
+
+/// The reference checkpoint the candidate is compared against (disclosure item `reference`).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("patternProperties" = {"^x[-_]": {}}))]
+pub struct Reference {
+    /// Hub repository id of the reference, e.g. `Qwen/Qwen3-8B`.
+    #[schemars(length(min = 1))]
+    pub repo: String,
+    /// Full 40-hex commit of the reference repository. Quote it: an all-digit hash is a number in
+    /// YAML.
+    #[schemars(regex(pattern = r"^[0-9a-f]{40}$"))]
+    pub revision: String,
+    /// File format the reference was run from.
+    pub format: CheckpointFormat,
+    /// Weight dtype of the reference as run (e.g. `bf16`).
+    pub dtype: WeightDtype,
+    /// Root digest of the reference files (`cardproof hash`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_sha256: Option<Sha256>,
+}
+
+/// The quantized checkpoint the numbers describe.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("patternProperties" = {"^x[-_]": {}}))]
+pub struct Candidate {
+    /// Hub repository id of the candidate.
+    #[schemars(length(min = 1))]
+    pub repo: String,
+    /// 40-hex commit of the candidate repository at measurement time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9a-f]{40}$"))]
+    pub revision: Option<String>,
+    /// Root digest of the measured files as `cardproof hash` computes it (binds the numbers to
+    /// exact bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_sha256: Option<Sha256>,
+}
+
+/// How the candidate was quantized.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("patternProperties" = {"^x[-_]": {}}))]
+pub struct Quantization {
+    /// Scheme name, e.g. `fp8-block`, `int4-awq`, `nvfp4`, or a GGUF type such as `q4_k_m`.
+    #[schemars(length(min = 1))]
+    pub method: String,
+    /// Weight storage type, e.g. `fp8_e4m3`, `int4`, `nvfp4`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<String>,
+    /// Activation handling, e.g. `none` (weight-only), `dynamic-fp8`, `static-fp8`, `nvfp4`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activations: Option<String>,
+    /// Group size (`128`) or block shape (`[128, 128]`) of the weight scales.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupSize>,
+    /// Whether weight scales use a zero point.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symmetric: Option<bool>,
+    /// KV-cache storage type baked into the checkpoint, if any (e.g. `fp8_e4m3`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<String>,
+    /// Modules kept in high precision, as names or globs (`lm_head`, `model.layers.*.mlp.gate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high_precision_modules: Option<Vec<String>>,
+    /// Tool and version that produced the checkpoint, e.g. `llm-compressor 0.8.1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+}
+
+/// A group size or a two-dimensional block shape.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum GroupSize {
+    Group(#[schemars(range(min = 1))] u64),
+    Block(#[schemars(length(min = 2, max = 2))] Vec<u64>),
+}
+
+/// The calibration data used to quantize (disclosure item `calibration`). `{dataset: none}` when
+/// the method uses none (round-to-nearest, dynamic FP8).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("patternProperties" = {"^x[-_]": {}}))]
+pub struct Calibration {
+    /// Dataset id or description, or `none`.
+    #[schemars(length(min = 1))]
+    pub dataset: String,
+    /// Dataset revision (40-hex commit for a Hub dataset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// Dataset configuration name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<String>,
+    /// Dataset split.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<String>,
+    /// Number of calibration samples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub samples: Option<u64>,
+    /// Sequence length of each sample, in tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub seq_len: Option<u64>,
+    /// SHA-256 of the calibration text or token file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<Sha256>,
+    /// Whether overlap with the evaluation text was checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_overlap: Option<EvalOverlap>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum EvalOverlap {
+    /// Checked: no overlap with the evaluation text.
+    CheckedNone,
+    /// Checked: the calibration data overlaps the evaluation text.
+    CheckedOverlap,
+    /// Not checked.
+    Unchecked,
+}
+
+/// The stack the numbers were measured on (disclosure item `runtime`).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("patternProperties" = {"^x[-_]": {}}))]
+pub struct Runtime {
+    /// Inference engine.
+    pub engine: Engine,
+    /// Engine version, with a commit for source builds (e.g. `0.11.1`, `b6123 (82bb485)`).
+    #[schemars(length(min = 1))]
+    pub engine_version: String,
+    /// Attention kernel actually used, as the engine names it (`FLASHINFER`, `sdpa`, `eager`,
+    /// `flash_attn`, `cpu`).
+    #[schemars(length(min = 1))]
+    pub attention_backend: String,
+    /// KV-cache dtype as run (`bf16`, `fp8_e4m3`, `q8_0`, ...).
+    #[schemars(length(min = 1))]
+    pub kv_cache_dtype: String,
+    /// Dtype of activations and accumulation (`bf16`, `f16`, `f32`).
+    #[schemars(length(min = 1))]
+    pub compute_dtype: String,
+    /// Device model, e.g. `NVIDIA H200` or `CPU (x86-64, AVX-512)`.
+    #[schemars(length(min = 1))]
+    pub device: String,
+    /// Number of devices (tensor parallelism changes reductions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub device_count: Option<u64>,
+    /// Engine flags that change numerics (batch sizes, eager mode, prefix caching, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flags: Option<BTreeMap<String, FlagValue>>,
+}
+
+/// A scalar flag value.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum FlagValue {
+    Bool(bool),
+    Integer(i64),
+    Number(f64),
+    Text(String),
+}
+
+/// Inference engines, snake_case (`llama_cpp` for llama.cpp).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Engine {
+    Transformers,
+    Vllm,
+    Sglang,
+    LlamaCpp,
+    IkLlamaCpp,
+    Exllamav2,
+    Exllamav3,
+    Mlx,
+    TensorrtLlm,
+    /// cardproof's own native CPU runner.
+    Cardproof,
+    Other,
+}
+
+/// The evaluation text and how it became tokens (disclosure item `eval_text`).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("patternProperties" = {"^x[-_]": {}}))]
+pub struct Eval {
+    pub text: EvalText,
+    /// Tokenizer used; defaults to the reference's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<Tokenizer>,
+    /// The token stream scored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<Tokens>,
+    /// BOS policy: `none`, `per_window` (first token of each window replaced by BOS, as
+    /// llama.cpp does) or `per_document`.
+    pub bos: BosPolicy,
+    /// Whether a chat template was applied to the text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("patternProperties" = {"^x[-_]": {}}))]
+pub struct EvalText {
+    /// Dataset id and file or URI, e.g. `wikitext-2-raw-v1/test`.
+    #[schemars(length(min = 1))]
+    pub source: String,
+    /// SHA-256 of the exact text bytes scored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<Sha256>,
+    /// Dataset revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// Dataset split.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("patternProperties" = {"^x[-_]": {}}))]
+pub struct Tokenizer {
+    /// Hub repository id of the tokenizer.
+    #[schemars(length(min = 1))]
+    pub repo: String,
+    /// 40-hex commit of the tokenizer repository.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9a-f]{40}$"))]
+    pub revision: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("patternProperties" = {"^x[-_]": {}}))]
+pub struct Tokens {
+    /// Number of tokens in the stream.
+    #[schemars(range(min = 1))]
+    pub count: u64,
+    /// SHA-256 of the token ids as little-endian int32.
+    pub sha256: Sha256,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum BosPolicy {
+    None,
+    PerWindow,
+    PerDocument,
+}
+
+/// How the text was cut, scored and summarised.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("patternProperties" = {"^x[-_]": {}}))]
+pub struct Protocol {
+    /// Window lengths in tokens; the stream is cut into non-overlapping windows of each length
+    /// (disclosure item `context_lengths`).
+    #[schemars(length(min = 1))]
+    pub context_lengths: Vec<ContextLength>,
+    pub positions: Positions,
+    pub kl: Kl,
+    pub vocab: Vocab,
+    pub aggregation: Aggregation,
+}
+
+/// A window length in tokens (at least 2: one row predicts the next token).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema)]
+#[serde(transparent)]
+pub struct ContextLength(#[schemars(range(min = 2))] pub u64);
+
+/// Which rows of each window are scored (disclosure item `positions`). Row j predicts token j+1.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend(
+    "patternProperties" = {"^x[-_]": {}},
+    "allOf" = [
+        {"if": {"properties": {"policy": {"const": "stride"}}, "required": ["policy"]},
+         "then": {"required": ["stride", "offset"]}},
+        {"if": {"properties": {"policy": {"const": "from"}}, "required": ["policy"]},
+         "then": {"required": ["from"]}}
+    ]
+))]
+pub struct Positions {
+    pub policy: PositionPolicy,
+    /// For `stride`: score rows with j mod stride = offset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub stride: Option<u64>,
+    /// For `stride`: the residue scored (31 with stride 32 scores every 32nd token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    /// For `from`: score rows j >= from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PositionPolicy {
+    /// Every row.
+    All,
+    /// Rows with j mod stride = offset.
+    Stride,
+    /// Rows j from L/2 to L-2, as llama.cpp scores.
+    SecondHalf,
+    /// Rows j >= from.
+    From,
+}
+
+/// KL direction and units (disclosure item `kl_direction`).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("patternProperties" = {"^x[-_]": {}}))]
+pub struct Kl {
+    /// `forward` = KL(P_ref || P_cand) (llama.cpp's), `reverse` = KL(P_cand || P_ref), or `both`.
+    pub direction: KlDirection,
+    pub units: KlUnits,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum KlDirection {
+    Forward,
+    Reverse,
+    Both,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum KlUnits {
+    Nats,
+    Bits,
+}
+
+/// Vocabulary coverage of the KL sum (disclosure item `vocab_truncation`).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend(
+    "patternProperties" = {"^x[-_]": {}},
+    "allOf" = [
+        {"if": {"properties": {"mode": {"const": "top_k"}}, "required": ["mode"]},
+         "then": {"required": ["k", "tail"]}},
+        {"if": {"properties": {"mode": {"const": "threshold"}}, "required": ["mode"]},
+         "then": {"required": ["log_p"]}}
+    ]
+))]
+pub struct Vocab {
+    pub mode: VocabMode,
+    /// For `top_k`: the reference's top k tokens are kept (ties by lowest token id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub k: Option<u64>,
+    /// For `top_k`: what happens to the tail beyond k.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail: Option<TailMode>,
+    /// For `threshold`: reference terms with log p at or below this are dropped (llama.cpp: -16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 0.0))]
+    pub log_p: Option<f64>,
+    /// Logit rows beyond the tokenizer's vocabulary (padding): `excluded` (default) or `included`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub padding: Option<PaddingRows>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum VocabMode {
+    /// Every token of the vocabulary.
+    Full,
+    /// The reference's top k tokens.
+    TopK,
+    /// Reference terms with log p at or below `log_p` dropped.
+    Threshold,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TailMode {
+    /// The tail is one bucket: a guaranteed lower bound on the full KL.
+    Lumped,
+    /// The tail is ignored.
+    Dropped,
+    /// Both distributions renormalized over the top k.
+    Renormalized,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PaddingRows {
+    Excluded,
+    Included,
+}
+
+/// How per-row values became the claimed numbers (disclosure item `aggregation`).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("patternProperties" = {"^x[-_]": {}}))]
+pub struct Aggregation {
+    pub statistic: AggregationStatistic,
+    pub uncertainty: Uncertainty,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum AggregationStatistic {
+    /// Every scored row weighs the same (llama.cpp's mean).
+    MeanOverPositions,
+    /// Each window's mean weighs the same.
+    MeanOfWindowMeans,
+    /// Each document's mean weighs the same.
+    MeanOfDocumentMeans,
+}
+
+/// How `results[].uncertainty` was computed.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend(
+    "patternProperties" = {"^x[-_]": {}},
+    "allOf" = [
+        {"if": {"properties": {"method": {"enum": ["block_bootstrap", "bootstrap"]}},
+                "required": ["method"]},
+         "then": {"required": ["level"]}},
+        {"if": {"properties": {"method": {"const": "iid_stderr"}}, "required": ["method"]},
+         "then": {"required": ["level"]}}
+    ]
+))]
+pub struct Uncertainty {
+    pub method: UncertaintyMethod,
+    /// Coverage of the interval, e.g. 0.95 (for `iid_stderr`: 0.6827 for one standard error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub level: Option<f64>,
+    /// Bootstrap resamples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub resamples: Option<u64>,
+    /// Bootstrap seed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Bootstrap block: `window`, `document`, or a run length in rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block: Option<FlagValue>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum UncertaintyMethod {
+    /// Resampling whole windows (or documents, or fixed runs of rows).
+    BlockBootstrap,
+    /// Resampling single rows (ignores correlation between neighbouring tokens).
+    Bootstrap,
+    /// llama.cpp's i.i.d. per-token standard error.
+    IidStderr,
+    /// No uncertainty given.
+    None,
+}
+
+/// One claimed number.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("patternProperties" = {"^x[-_]": {}}))]
+pub struct ResultClaim {
+    /// Metric name from the cardproof vocabulary (`kld_mean`, `top1_agreement`, ...).
+    #[schemars(extend("enum" = vocabulary::METRICS))]
+    pub metric: String,
+    /// The claimed value, as printed (its precision sets the reproduction tolerance).
+    pub value: f64,
+    /// Half-width of the interval at `level` (default the aggregation's level).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub uncertainty: Option<f64>,
+    /// Coverage of `uncertainty` when it differs from the aggregation's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub level: Option<f64>,
+    /// Context length this value was measured at (required when several are listed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 2))]
+    pub context_length: Option<u64>,
+    /// Number of scored rows behind the value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_positions: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointFormat {
+    Safetensors,
+    Gguf,
+    Mlx,
+    Other,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightDtype {
+    Bf16,
+    F16,
+    F32,
+    Fp8,
+    Other,
+}
+
+/// A SHA-256 digest, 64 lowercase hex digits (quoted in YAML).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Sha256(#[schemars(regex(pattern = r"^[0-9a-f]{64}$"))] pub String);
+
+/// The JSON Schema (draft 2020-12) of the `fidelity` block.
+pub fn json_schema() -> Value {
+    let settings =
+        schemars::generate::SchemaSettings::draft2020_12().with_transform(forbid_null_for_options);
+    let mut schema = settings.into_generator().into_root_schema_for::<Disclosure>();
+    schema.insert("$id".into(), SCHEMA_URI.into());
+    schema.to_value()
+}
+
+/// Optional fields are omitted, never `null`: a `revision: ~` is as undisclosed as a missing one,
+/// and saying so in the schema lets independent validators agree with lint.
+fn forbid_null_for_options(schema: &mut schemars::Schema) {
+    schemars::transform::transform_subschemas(&mut forbid_null_for_options, schema);
+    let Some(object) = schema.as_object_mut() else { return };
+    if let Some(Value::Array(types)) = object.get_mut("type") {
+        types.retain(|t| t != "null");
+        if types.len() == 1 {
+            let only = types.remove(0);
+            object.insert("type".into(), only);
+        }
+    }
+    for key in ["anyOf", "oneOf"] {
+        let Some(Value::Array(branches)) = object.get(key) else { continue };
+        let kept: Vec<Value> =
+            branches.iter().filter(|b| b.get("type") != Some(&"null".into())).cloned().collect();
+        if kept.len() == branches.len() {
+            continue;
+        }
+        object.remove(key);
+        if let [only] = kept.as_slice()
+            && let Some(only) = only.as_object()
+        {
+            for (k, v) in only {
+                object.insert(k.clone(), v.clone());
+            }
+        } else {
+            object.insert(key.into(), Value::Array(kept));
+        }
+    }
+    if let Some(Value::Array(values)) = object.get_mut("enum") {
+        values.retain(|v| !v.is_null());
+    }
+}
+
+/// The schema as committed: pretty JSON with a trailing newline.
+pub fn json_schema_text() -> String {
+    let mut text = serde_json::to_string_pretty(&json_schema()).expect("schema serializes");
+    text.push('\n');
+    text
+}

@@ -1,0 +1,73 @@
+//! Errors for input cardproof cannot work with: unreadable, malformed or over a budget.
+//!
+//! Every error names the file and, where one exists, the place in it. The binary maps all of them
+//! to exit code 2; findings about a readable input are not errors (see [`crate::findings`]).
+
+use std::path::{Path, PathBuf};
+
+use crate::span::LineCol;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An input cardproof cannot process, with the file and place it concerns.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {kind}", location_prefix(file, *at))]
+pub struct Error {
+    pub file: PathBuf,
+    pub at: Option<LineCol>,
+    pub kind: ErrorKind,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    #[error("cannot read: {0}")]
+    Io(#[source] std::io::Error),
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("directory holds no README.md")]
+    NoReadme,
+    #[error("file is {size} bytes, over the {limit}-byte limit for a card")]
+    TooLarge { size: u64, limit: u64 },
+    #[error("not valid UTF-8 (a model card must be UTF-8 text)")]
+    NotUtf8,
+    #[error("YAML syntax error in the front matter: {0}")]
+    YamlSyntax(String),
+    #[error("duplicate key `{key}` in the front matter (first defined on line {first_line})")]
+    DuplicateKey { key: String, first_line: usize },
+    #[error("front matter exceeds the {what} budget of {limit}")]
+    Budget { what: &'static str, limit: usize },
+    #[error("unsupported YAML in the front matter: {0}")]
+    UnsupportedYaml(String),
+}
+
+impl Error {
+    pub fn new(file: impl Into<PathBuf>, kind: ErrorKind) -> Self {
+        Self { file: file.into(), at: None, kind }
+    }
+
+    pub fn at(file: impl Into<PathBuf>, at: LineCol, kind: ErrorKind) -> Self {
+        Self { file: file.into(), at: Some(at), kind }
+    }
+
+    pub fn io(file: &Path, error: std::io::Error) -> Self {
+        let kind = if error.kind() == std::io::ErrorKind::NotFound {
+            ErrorKind::NotFound
+        } else {
+            ErrorKind::Io(error)
+        };
+        Self::new(file, kind)
+    }
+
+    /// The message without the file and place prefix (those have their own JSON fields).
+    pub fn message(&self) -> String {
+        self.kind.to_string()
+    }
+}
+
+fn location_prefix(file: &Path, at: Option<LineCol>) -> String {
+    match at {
+        Some(at) => format!("{}:{}:{}", file.display(), at.line, at.column),
+        None => file.display().to_string(),
+    }
+}

@@ -1,0 +1,17 @@
+//! cardproof: make the fidelity (KL-divergence) claims on quantized LLM model cards checkable.
+//!
+//! The library does the work and returns typed results and errors; the `cardproof` binary parses
+//! arguments, prints and chooses exit codes. Pipeline: [`card`] (front matter with spans) ->
+//! [`disclosure`] (the schema) -> [`lint`] (findings).
+
+pub mod card;
+pub mod disclosure;
+pub mod error;
+pub mod findings;
+pub mod lint;
+pub mod span;
+
+pub use error::{Error, ErrorKind, Result};
+
+/// Version of every JSON document cardproof prints (`"schema_version"`).
+pub const JSON_SCHEMA_VERSION: u32 = 1;

@@ -1,0 +1,295 @@
+//! The nine disclosure items beyond what the schema can say: values present but too vague to
+//! interpret a KLD number, and claims that contradict the protocol they sit under.
+//!
+//! Missing items are found by the schema (`required`) and reported in `schema.rs`; these checks
+//! read the same JSON and only look at values of the right type (wrong types are already schema
+//! violations).
+
+use serde_json::Value;
+
+use super::Locator;
+use crate::disclosure::vocabulary;
+use crate::findings::{Code, Finding, Item};
+
+/// Words that name no particular version, kernel or device.
+const PLACEHOLDERS: &[&str] = &[
+    "", "auto", "default", "unknown", "latest", "n/a", "na", "none", "tbd", "todo", "?", "-",
+    "various", "any", "main", "master", "nightly", "head",
+];
+
+pub(super) fn check(fidelity: &Value, locator: &Locator<'_>, out: &mut Vec<Finding>) {
+    let mut push = |item: Item, pointer: &str, message: String| {
+        let finding = Finding::new(
+            Code::VagueDisclosure,
+            format!("disclosure item `{item}` is too vague: {message}; {}", item.why()),
+        )
+        .item(Some(item));
+        out.push(locator.at_value(finding, pointer));
+    };
+
+    reference(fidelity, &mut push);
+    runtime(fidelity, &mut push);
+    eval_text(fidelity, &mut push);
+    calibration(fidelity, &mut push);
+    positions(fidelity, &mut push);
+    claims(fidelity, locator, out);
+    candidate(fidelity, locator, out);
+    calibration_overlap(fidelity, locator, out);
+}
+
+/// Without a revision or a files digest, the numbers are not bound to any bytes: the repository
+/// can change after the measurement.
+fn candidate(f: &Value, locator: &Locator<'_>, out: &mut Vec<Finding>) {
+    let Some(candidate) = f.get("candidate").filter(|c| c.is_object()) else { return };
+    if candidate.get("revision").is_none() && candidate.get("files_sha256").is_none() {
+        out.push(locator.at_key(
+            Finding::new(
+                Code::CandidateUnpinned,
+                "`fidelity.candidate` gives neither `revision` nor `files_sha256`, so the numbers                  are not bound to the files: the repository can change after the measurement",
+            ),
+            "/fidelity/candidate",
+        ));
+    }
+}
+
+/// The distinctive names in a dataset id or path: the first word of each `/` segment
+/// (`Salesforce/wikitext` and `wikitext-2-raw-v1/test` share `wikitext`).
+fn dataset_names(id: &str) -> Vec<String> {
+    const GENERIC: &[&str] = &["test", "train", "validation", "data", "dataset", "datasets", "text"];
+    id.to_ascii_lowercase()
+        .split('/')
+        .filter_map(|segment| segment.split(['-', '_', ':', '.']).next())
+        .filter(|word| word.len() >= 4 && !GENERIC.contains(word))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Calibrating on the text that is then scored understates KLD.
+fn calibration_overlap(f: &Value, locator: &Locator<'_>, out: &mut Vec<Finding>) {
+    let (Some(dataset), Some(source)) =
+        (str_at(f, "/calibration/dataset"), str_at(f, "/eval/text/source"))
+    else {
+        return;
+    };
+    let overlap = str_at(f, "/calibration/eval_overlap");
+    let same_family = !dataset.trim().eq_ignore_ascii_case("none")
+        && dataset_names(dataset).iter().any(|n| dataset_names(source).contains(n));
+    if overlap == Some("checked_overlap") || (same_family && overlap != Some("checked_none")) {
+        let why = if overlap == Some("checked_overlap") {
+            "the card says the calibration data overlaps the evaluation text".to_owned()
+        } else {
+            format!("calibration data `{dataset}` and evaluation text `{source}` look like the same dataset")
+        };
+        out.push(locator.at_value(
+            Finding::new(
+                Code::CalibrationOverlapsEval,
+                format!(
+                    "{why}: a quantizer calibrated on the scored text understates KLD; score other                      text, or check and set `calibration.eval_overlap: checked_none`"
+                ),
+            )
+            .item(Some(Item::Calibration)),
+            "/fidelity/calibration/dataset",
+        ));
+    }
+}
+
+type Push<'a> = dyn FnMut(Item, &str, String) + 'a;
+
+fn str_at<'v>(v: &'v Value, pointer: &str) -> Option<&'v str> {
+    v.pointer(pointer).and_then(Value::as_str)
+}
+
+fn is_placeholder(s: &str) -> bool {
+    PLACEHOLDERS.contains(&s.trim().to_ascii_lowercase().as_str())
+}
+
+fn reference(f: &Value, push: &mut Push<'_>) {
+    if let Some(repo) = str_at(f, "/reference/repo") {
+        let hub_id = repo.split('/').count() == 2 && repo.split('/').all(|p| !p.is_empty());
+        if !hub_id && f.pointer("/reference/files_sha256").is_none() {
+            push(
+                Item::Reference,
+                "/fidelity/reference/repo",
+                format!(
+                    "`{repo}` is not a Hub repository id (`org/name`) and no \
+                     `reference.files_sha256` pins the files"
+                ),
+            );
+        }
+    }
+}
+
+fn runtime(f: &Value, push: &mut Push<'_>) {
+    let fields = [
+        ("engine_version", "name the exact version (and commit for a source build)"),
+        ("attention_backend", "name the kernel actually used; `auto` resolves differently per machine"),
+        ("kv_cache_dtype", "name the dtype actually stored; `auto` follows the model dtype"),
+        ("compute_dtype", "name the dtype actually used"),
+        ("device", "name the device model (e.g. `NVIDIA H200`)"),
+    ];
+    for (field, advice) in fields {
+        let pointer = format!("/runtime/{field}");
+        if let Some(value) = str_at(f, &pointer) {
+            let generic_device = field == "device"
+                && matches!(value.trim().to_ascii_lowercase().as_str(), "gpu" | "cuda" | "nvidia");
+            if is_placeholder(value) || generic_device {
+                push(
+                    Item::Runtime,
+                    &format!("/fidelity{pointer}"),
+                    format!("`runtime.{field}` is `{value}`: {advice}"),
+                );
+            }
+        }
+    }
+}
+
+fn eval_text(f: &Value, push: &mut Push<'_>) {
+    let Some(source) = str_at(f, "/eval/text/source") else { return };
+    let text_digest = f.pointer("/eval/text/sha256").is_some();
+    let token_digest = f.pointer("/eval/tokens/sha256").is_some();
+    if is_placeholder(source) {
+        push(
+            Item::EvalText,
+            "/fidelity/eval/text/source",
+            format!("`eval.text.source` is `{source}`"),
+        );
+    } else if !text_digest && !token_digest {
+        push(
+            Item::EvalText,
+            "/fidelity/eval/text",
+            format!(
+                "`{source}` is named but neither `eval.text.sha256` nor `eval.tokens.sha256` pins \
+                 the exact bytes or tokens (a dataset name has variants: raw or tokenized, \
+                 trailing newlines, revisions)"
+            ),
+        );
+    }
+}
+
+fn calibration(f: &Value, push: &mut Push<'_>) {
+    let Some(dataset) = str_at(f, "/calibration/dataset") else { return };
+    if dataset.trim().eq_ignore_ascii_case("none") {
+        return;
+    }
+    if is_placeholder(dataset) {
+        push(
+            Item::Calibration,
+            "/fidelity/calibration/dataset",
+            format!("`calibration.dataset` is `{dataset}`; write `none` if no data was used"),
+        );
+        return;
+    }
+    if f.pointer("/calibration/sha256").is_some() {
+        return;
+    }
+    let missing: Vec<&str> = ["revision", "samples"]
+        .into_iter()
+        .filter(|k| f.pointer(&format!("/calibration/{k}")).is_none())
+        .collect();
+    if !missing.is_empty() {
+        push(
+            Item::Calibration,
+            "/fidelity/calibration",
+            format!(
+                "`{dataset}` is named without `calibration.sha256` or `{}`, so which data (and how \
+                 much of it) is unknown",
+                missing.iter().map(|k| format!("calibration.{k}")).collect::<Vec<_>>().join("` and `")
+            ),
+        );
+    }
+}
+
+fn positions(f: &Value, push: &mut Push<'_>) {
+    let policy = str_at(f, "/protocol/positions/policy");
+    let stride = f.pointer("/protocol/positions/stride").and_then(Value::as_u64);
+    let offset = f.pointer("/protocol/positions/offset").and_then(Value::as_u64);
+    if let (Some("stride"), Some(stride), Some(offset)) = (policy, stride, offset)
+        && offset >= stride
+    {
+        push(
+            Item::Positions,
+            "/fidelity/protocol/positions/offset",
+            format!("offset {offset} is not below stride {stride}, so no row has j mod {stride} = {offset}"),
+        );
+    }
+    let from = f.pointer("/protocol/positions/from").and_then(Value::as_u64);
+    let shortest = f
+        .pointer("/protocol/context_lengths")
+        .and_then(Value::as_array)
+        .and_then(|a| a.iter().filter_map(Value::as_u64).min());
+    if let (Some("from"), Some(from), Some(shortest)) = (policy, from, shortest)
+        && from + 2 > shortest
+    {
+        push(
+            Item::Positions,
+            "/fidelity/protocol/positions/from",
+            format!("`from: {from}` scores no row of a {shortest}-token window (rows are 0..={})", shortest - 2),
+        );
+    }
+}
+
+/// Claims that contradict the protocol: a context length not measured, a direction not used, an
+/// uncertainty without a method.
+fn claims(f: &Value, locator: &Locator<'_>, out: &mut Vec<Finding>) {
+    let Some(results) = f.pointer("/results").and_then(Value::as_array) else { return };
+    let lengths: Vec<u64> = f
+        .pointer("/protocol/context_lengths")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default();
+    let direction = str_at(f, "/protocol/kl/direction");
+    let method = str_at(f, "/protocol/aggregation/uncertainty/method");
+    let mut inconsistent = |pointer: String, message: String| {
+        out.push(locator.at_value(Finding::new(Code::InconsistentClaim, message), &pointer));
+    };
+    for (i, claim) in results.iter().enumerate() {
+        let base = format!("/fidelity/results/{i}");
+        let metric = claim.get("metric").and_then(Value::as_str).unwrap_or_default();
+        match claim.get("context_length").and_then(Value::as_u64) {
+            Some(length) if !lengths.is_empty() && !lengths.contains(&length) => inconsistent(
+                format!("{base}/context_length"),
+                format!(
+                    "`{metric}` is claimed at context length {length}, which \
+                     `protocol.context_lengths` ({}) does not list",
+                    join(&lengths)
+                ),
+            ),
+            None if lengths.len() > 1 && claim.get("context_length").is_none() => inconsistent(
+                base.clone(),
+                format!(
+                    "`{metric}` gives no `context_length`, but the protocol lists several ({})",
+                    join(&lengths)
+                ),
+            ),
+            _ => {}
+        }
+        let wrong_direction = match direction {
+            Some("forward") => vocabulary::is_reverse_kl(metric),
+            Some("reverse") => vocabulary::is_forward_kl(metric),
+            _ => false,
+        };
+        if wrong_direction {
+            inconsistent(
+                format!("{base}/metric"),
+                format!(
+                    "`{metric}` is a {} KL metric, but `protocol.kl.direction` is `{}`",
+                    if vocabulary::is_reverse_kl(metric) { "reverse" } else { "forward" },
+                    direction.unwrap_or_default()
+                ),
+            );
+        }
+        if claim.get("uncertainty").is_some() && method == Some("none") {
+            inconsistent(
+                format!("{base}/uncertainty"),
+                format!(
+                    "`{metric}` states an uncertainty, but `protocol.aggregation.uncertainty.method` \
+                     is `none`"
+                ),
+            );
+        }
+    }
+}
+
+fn join(values: &[u64]) -> String {
+    values.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+}

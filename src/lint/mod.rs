@@ -1,0 +1,171 @@
+//! `cardproof lint`: the disclosure schema, the nine items, Hub metadata and undisclosed claims.
+
+mod items;
+mod metadata;
+mod prose;
+mod schema;
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::card::yaml::{Node, NodeKind};
+use crate::card::{Card, FrontMatter};
+use crate::findings::{Code, Finding, Severity};
+
+/// The result of linting one card.
+#[derive(Debug, Clone, Serialize)]
+pub struct LintReport {
+    #[serde(skip)]
+    pub file: PathBuf,
+    pub findings: Vec<Finding>,
+}
+
+impl LintReport {
+    pub fn errors(&self) -> usize {
+        self.findings.iter().filter(|f| f.is_error()).count()
+    }
+
+    pub fn warnings(&self) -> usize {
+        self.findings.iter().filter(|f| f.severity == Severity::Warning).count()
+    }
+}
+
+/// Lint a parsed card.
+pub fn lint(card: &Card) -> LintReport {
+    let locator = Locator::new(card);
+    let mut findings = Vec::new();
+    let body = card.body_range();
+    let claims_in_prose = prose::kld_claims(&card.text, body.clone());
+
+    match &card.front_matter {
+        FrontMatter::Unterminated { opening } => {
+            findings.push(locator.at_span(
+                Finding::new(
+                    Code::UnterminatedFrontMatter,
+                    "front matter opened with `---` is never closed by a `---` line, so the Hub \
+                     sees no metadata at all",
+                ),
+                opening.clone(),
+            ));
+        }
+        FrontMatter::Present { root: Some(root), .. } if !matches!(root.kind, NodeKind::Map(_)) => {
+            findings.push(locator.at_span(
+                Finding::new(
+                    Code::MetadataNotMapping,
+                    "front matter must be a YAML mapping (`key: value` lines); the Hub rejects \
+                     anything else",
+                ),
+                root.span.clone(),
+            ));
+        }
+        _ => {}
+    }
+
+    let root = card.metadata().filter(|r| matches!(r.kind, NodeKind::Map(_)));
+    if let Some(root) = root {
+        metadata::yaml_scalars(root, &locator, &mut findings);
+    }
+    match root.and_then(|r| r.get("fidelity")) {
+        Some(fidelity) => {
+            let json = fidelity.value.to_json();
+            schema::validate(&json, &locator, &mut findings);
+            items::check(&json, &locator, &mut findings);
+            metadata::hub(root.expect("fidelity implies a root"), &json, &locator, &mut findings);
+        }
+        None if !claims_in_prose.is_empty() => {
+            for claim in claims_in_prose {
+                findings.push(locator.at_span(
+                    Finding::new(
+                        Code::UndisclosedKldClaim,
+                        format!(
+                            "the card claims a KLD number ({}) but has no `fidelity:` disclosure: \
+                             the number cannot be interpreted or rerun (add a `fidelity:` block, \
+                             see `cardproof schema`)",
+                            claim.excerpt
+                        ),
+                    ),
+                    claim.span,
+                ));
+            }
+        }
+        None => {
+            let why = match &card.front_matter {
+                FrontMatter::Present { root: Some(_), .. } => "the front matter has no `fidelity:` block",
+                _ => "the card has no front matter, so no metadata and no `fidelity:` block",
+            };
+            findings.push(Finding::new(
+                Code::NoFidelityDisclosure,
+                format!("no fidelity disclosure: {why}; add one before publishing KLD numbers"),
+            ));
+        }
+    }
+
+    findings.sort_by(|a, b| {
+        (a.line.unwrap_or(0), a.column.unwrap_or(0), a.code, &a.pointer)
+            .cmp(&(b.line.unwrap_or(0), b.column.unwrap_or(0), b.code, &b.pointer))
+    });
+    findings.dedup_by(|a, b| a.code == b.code && a.pointer == b.pointer && a.message == b.message);
+    LintReport { file: card.path.clone(), findings }
+}
+
+/// Maps JSON pointers in the front matter to places in the file.
+pub(crate) struct Locator<'c> {
+    card: &'c Card,
+    /// pointer -> (key span for mapping values, value span)
+    spans: HashMap<String, (Option<Range<usize>>, Range<usize>)>,
+}
+
+impl<'c> Locator<'c> {
+    fn new(card: &'c Card) -> Self {
+        let mut spans = HashMap::new();
+        if let Some(root) = card.metadata() {
+            root.walk(&mut |pointer: &str, key: Option<&Range<usize>>, node: &Node| {
+                spans.insert(pointer.to_owned(), (key.cloned(), node.span.clone()));
+            });
+        }
+        Locator { card, spans }
+    }
+
+    pub(crate) fn at_span(&self, mut finding: Finding, span: Range<usize>) -> Finding {
+        let at = self.card.line_col(span.start);
+        finding.line = Some(at.line);
+        finding.column = Some(at.column);
+        finding.span = Some(span);
+        finding
+    }
+
+    /// Point at the value at `pointer`, or at its nearest existing ancestor's key.
+    pub(crate) fn at_value(&self, finding: Finding, pointer: &str) -> Finding {
+        self.place(finding, pointer, false)
+    }
+
+    /// Point at the key of the entry at `pointer` (or its nearest existing ancestor).
+    pub(crate) fn at_key(&self, finding: Finding, pointer: &str) -> Finding {
+        self.place(finding, pointer, true)
+    }
+
+    fn place(&self, mut finding: Finding, pointer: &str, prefer_key: bool) -> Finding {
+        finding.pointer = Some(pointer.to_owned());
+        let mut current = pointer;
+        let mut exact = true;
+        loop {
+            if let Some((key, value)) = self.spans.get(current) {
+                let span = match key {
+                    Some(k) if prefer_key || !exact => k.clone(),
+                    _ => value.clone(),
+                };
+                return self.at_span(finding, span);
+            }
+            match current.rfind('/') {
+                Some(i) => {
+                    current = &current[..i];
+                    exact = false;
+                }
+                None => return finding,
+            }
+        }
+    }
+}

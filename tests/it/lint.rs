@@ -1,0 +1,314 @@
+//! `cardproof lint`: every finding code, the example cards, the output contract.
+
+use cardproof::findings::Code;
+
+use crate::support::*;
+
+/// One small card per finding code: (code, card text, expected pointer, expected item).
+fn fixtures() -> Vec<(Code, String, Option<&'static str>, Option<&'static str>)> {
+    vec![
+        (
+            Code::SchemaViolation,
+            compliant_with("    device_count: 1\n", "    device_count: one\n"),
+            Some("/fidelity/runtime/device_count"),
+            Some("runtime"),
+        ),
+        (
+            Code::MissingDisclosure,
+            compliant_with("    kl: {direction: forward, units: nats}\n", ""),
+            Some("/fidelity/protocol/kl"),
+            Some("kl_direction"),
+        ),
+        (
+            Code::VagueDisclosure,
+            compliant_with("engine_version: \"0.11.1\"", "engine_version: latest"),
+            Some("/fidelity/runtime/engine_version"),
+            Some("runtime"),
+        ),
+        (
+            Code::UnknownMetric,
+            compliant_with("{metric: kld_p99,", "{metric: kld_99th,"),
+            Some("/fidelity/results/1/metric"),
+            None,
+        ),
+        (
+            Code::InconsistentClaim,
+            compliant_with("value: 0.981, context_length: 4096", "value: 0.981, context_length: 8192"),
+            Some("/fidelity/results/2/context_length"),
+            None,
+        ),
+        (
+            Code::MissingBaseModel,
+            compliant_with("base_model: Qwen/Qwen3-8B\n", ""),
+            Some("/base_model"),
+            None,
+        ),
+        (
+            Code::BaseModelRelation,
+            compliant_with("base_model_relation: quantized", "base_model_relation: finetune"),
+            Some("/base_model_relation"),
+            None,
+        ),
+        (
+            Code::ReferenceNotBaseModel,
+            compliant_with("base_model: Qwen/Qwen3-8B\n", "base_model: Qwen/Qwen3-14B\n"),
+            Some("/fidelity/reference/repo"),
+            None,
+        ),
+        (
+            Code::CandidateUnpinned,
+            compliant_card()
+                .replace("    revision: \"3f1d2a7b9c0e4d5f6a7b8c9d0e1f2a3b4c5d6e7f\"\n", "")
+                .replace(
+                    "    files_sha256: \"5d41402abc4b2a76b9719d911017c592e1b0f1f4c6fbb4cb8b2f3a9e6d7c8b9a\"\n",
+                    "",
+                ),
+            Some("/fidelity/candidate"),
+            None,
+        ),
+        (
+            Code::CalibrationOverlapsEval,
+            compliant_with("    dataset: none\n", "    dataset: Salesforce/wikitext\n    sha256: \"0c6f7e1d6a4e5b8c9d2f3a1b4c5d6e7f8a9b0c1d2e3f4a5b6c7d8e9f0a1b2c3d\"\n"),
+            Some("/fidelity/calibration/dataset"),
+            Some("calibration"),
+        ),
+        (
+            Code::UnquotedRevision,
+            "---\nlicense: mit\nmodel-index:\n  - name: x\n    results:\n      - dataset: {type: wikitext, name: wikitext, revision: 0123456789}\n---\n".into(),
+            Some("/model-index/0/results/0/dataset/revision"),
+            None,
+        ),
+        (
+            Code::Yaml11Ambiguous,
+            "---\nlicense: mit\nlanguage: [en, no]\n---\n# Card\n".into(),
+            Some("/language/1"),
+            None,
+        ),
+        (
+            Code::UndisclosedKldClaim,
+            "---\nlicense: mit\n---\n# Quant\n\nMean KLD is 0.0123 against BF16.\n".into(),
+            None,
+            None,
+        ),
+        (
+            Code::NoFidelityDisclosure,
+            "---\nlicense: mit\n---\n# A model\n".into(),
+            None,
+            None,
+        ),
+        (
+            Code::UnterminatedFrontMatter,
+            "---\nlicense: mit\n# no closing marker\n".into(),
+            None,
+            None,
+        ),
+        (
+            Code::MetadataNotMapping,
+            "---\n- just\n- a list\n---\n# Card\n".into(),
+            None,
+            None,
+        ),
+    ]
+}
+
+#[test]
+fn every_finding_code_has_a_fixture_that_triggers_it() {
+    let fixtures = fixtures();
+    for code in Code::ALL {
+        assert!(fixtures.iter().any(|(c, ..)| *c == code), "no fixture for `{code}`");
+    }
+    for (code, text, pointer, item) in fixtures {
+        let run = lint_text(&text);
+        let finding = run.finding(code.as_str());
+        assert_eq!(finding["severity"], code.severity().to_string(), "{code}");
+        if let Some(pointer) = pointer {
+            assert_eq!(finding["pointer"], pointer, "{code}");
+        }
+        if let Some(item) = item {
+            assert_eq!(finding["item"], item, "{code}");
+        }
+        let line = finding["line"].as_u64();
+        if code != Code::NoFidelityDisclosure {
+            assert!(line.is_some(), "{code} must point at a line");
+        }
+        let expected_exit = if run.codes().iter().any(|c| {
+            Code::ALL.iter().any(|k| k.as_str() == c && k.severity().to_string() == "error")
+        }) {
+            1
+        } else {
+            0
+        };
+        assert_eq!(run.code, expected_exit, "{code}: {}", run.stderr);
+    }
+}
+
+#[test]
+fn findings_point_at_file_lines_and_columns() {
+    let card = compliant_with("engine_version: \"0.11.1\"", "engine_version: latest");
+    let run = lint_text(&card);
+    let f = run.finding("vague-disclosure");
+    let line = card.lines().position(|l| l.contains("engine_version: latest")).unwrap() + 1;
+    assert_eq!(f["line"], line as u64);
+    assert_eq!(f["column"], 21);
+}
+
+#[test]
+fn a_missing_protocol_is_five_missing_items() {
+    let card = compliant_card();
+    let start = card.find("  protocol:\n").unwrap();
+    let end = card.find("  results:\n").unwrap();
+    let run = lint_text(format!("{}{}", &card[..start], &card[end..]));
+    let mut items: Vec<String> = run.json()["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["code"] == "missing-disclosure")
+        .map(|f| f["item"].as_str().unwrap().to_owned())
+        .collect();
+    items.sort();
+    assert_eq!(items, ["aggregation", "context_lengths", "kl_direction", "positions", "vocab_truncation"]);
+    assert_eq!(run.code, 1);
+}
+
+#[test]
+fn an_empty_fidelity_block_reports_all_nine_items() {
+    let run = lint_text("---\nbase_model: a/b\nbase_model_relation: quantized\nfidelity: {}\n---\n");
+    let mut items: Vec<String> = run.json()["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["item"].as_str().map(str::to_owned))
+        .collect();
+    items.sort();
+    items.dedup();
+    assert_eq!(items.len(), 9, "{items:?}");
+}
+
+#[test]
+fn wrong_types_everywhere_are_all_reported() {
+    let text = "---\nbase_model: a/b\nbase_model_relation: quantized\nfidelity:\n  schema: 1\n  reference: [x]\n  candidate: 3\n  quantization: yes\n  calibration: []\n  runtime: {engine: 5, engine_version: 1.0, attention_backend: [], kv_cache_dtype: {}, compute_dtype: 16, device: true}\n  eval: {text: {source: 1}, bos: sometimes}\n  protocol: {context_lengths: [x, -1], positions: {policy: 3}, kl: {direction: up, units: 2}, vocab: {mode: []}, aggregation: {statistic: 1, uncertainty: 0.95}}\n  results: {metric: kld_mean}\n---\n";
+    let run = lint_text(text);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let findings = run.json()["findings"].as_array().unwrap().clone();
+    let violations: Vec<&str> = findings
+        .iter()
+        .filter(|f| f["code"] == "schema-violation")
+        .map(|f| f["pointer"].as_str().unwrap())
+        .collect();
+    for pointer in [
+        "/fidelity/schema",
+        "/fidelity/reference",
+        "/fidelity/candidate",
+        "/fidelity/quantization",
+        "/fidelity/calibration",
+        "/fidelity/runtime/engine",
+        "/fidelity/runtime/engine_version",
+        "/fidelity/runtime/device",
+        "/fidelity/eval/bos",
+        "/fidelity/protocol/context_lengths/0",
+        "/fidelity/protocol/context_lengths/1",
+        "/fidelity/protocol/kl/direction",
+        "/fidelity/protocol/aggregation/uncertainty",
+        "/fidelity/results",
+    ] {
+        assert!(violations.contains(&pointer), "no violation at {pointer}: {violations:?}");
+    }
+    for f in &findings {
+        assert!(f["line"].is_u64(), "{f}");
+    }
+}
+
+#[test]
+fn unknown_fields_suggest_the_intended_one() {
+    let run = lint_text(compliant_with("    context_lengths: [4096, 32768]", "    context_length: [4096, 32768]"));
+    let messages: Vec<String> =
+        run.json()["findings"].as_array().unwrap().iter().map(|f| f["message"].to_string()).collect();
+    assert!(messages.iter().any(|m| m.contains("did you mean `context_lengths`")), "{messages:?}");
+}
+
+#[test]
+fn a_card_without_fidelity_or_claims_gets_one_warning_and_exit_0() {
+    let run = lint_text("---\nlicense: apache-2.0\nlibrary_name: transformers\n---\n# Model\n\nA model.\n");
+    assert_eq!(run.code, 0);
+    assert_eq!(run.codes(), ["no-fidelity-disclosure"]);
+}
+
+#[test]
+fn a_card_without_front_matter_is_linted_without_metadata() {
+    let run = lint_text("# Model\n\nNo metadata here.\n");
+    assert_eq!(run.code, 0);
+    assert_eq!(run.codes(), ["no-fidelity-disclosure"]);
+    let run = lint_text("# Model\n\n| quant | KLD |\n|---|---|\n| Q4_K | 0.031 |\n");
+    assert_eq!(run.code, 1);
+    let f = run.finding("undisclosed-kld-claim");
+    assert_eq!((f["line"].as_u64(), f["column"].as_u64()), (Some(5), Some(10)));
+}
+
+#[test]
+fn an_unterminated_front_matter_points_at_its_opening_marker() {
+    let run = lint_text("\n---\nlicense: mit\nfidelity: {}\n");
+    assert_eq!(run.code, 1);
+    let f = run.finding("unterminated-front-matter");
+    assert_eq!((f["line"].as_u64(), f["column"].as_u64()), (Some(2), Some(1)));
+}
+
+#[test]
+fn crlf_cards_lint_like_lf_cards() {
+    let lf = compliant_with("engine_version: \"0.11.1\"", "engine_version: latest");
+    let crlf = lf.replace('\n', "\r\n");
+    let (a, b) = (lint_text(&lf), lint_text(&crlf));
+    assert_eq!(a.code, b.code);
+    assert_eq!(a.json()["findings"], b.json()["findings"]);
+}
+
+#[test]
+fn extension_fields_are_allowed() {
+    let run = lint_text(compliant_with("  schema: cardproof/v1\n", "  schema: cardproof/v1\n  x-notes: measured twice\n"));
+    assert_eq!(run.code, 0, "{}", run.stderr);
+}
+
+#[test]
+fn the_compliant_example_is_clean() {
+    let run = cardproof(&["lint", "examples/cards/compliant-fp8", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.codes(), Vec::<String>::new());
+}
+
+#[test]
+fn json_output_has_the_documented_shape() {
+    let run = cardproof(&["lint", "examples/cards/hub-pitfalls/README.md", "--json"]);
+    let doc = run.json();
+    assert_eq!(doc["schema_version"], 1);
+    for f in doc["findings"].as_array().unwrap() {
+        let keys: Vec<&str> = f.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys, ["code", "severity", "message", "item", "pointer", "line", "column"]);
+    }
+    // Human diagnostics go to stderr either way.
+    assert!(run.stderr.contains("error[unknown-metric]"));
+}
+
+macro_rules! example_snapshot {
+    ($name:ident, $dir:literal) => {
+        #[test]
+        fn $name() {
+            let run = cardproof(&["lint", concat!("examples/cards/", $dir)]);
+            assert!(run.stdout.is_empty(), "human output goes to stderr");
+            insta::assert_snapshot!(concat!(stringify!($name), "_human"), run.transcript());
+            let json = cardproof(&["lint", concat!("examples/cards/", $dir), "--json"]);
+            let pretty = serde_json::to_string_pretty(&json.json()).unwrap();
+            insta::assert_snapshot!(concat!(stringify!($name), "_json"), pretty);
+        }
+    };
+}
+
+example_snapshot!(example_compliant_fp8, "compliant-fp8");
+example_snapshot!(example_undisclosed_gguf, "undisclosed-gguf");
+example_snapshot!(example_vague_disclosure, "vague-disclosure");
+example_snapshot!(example_hub_pitfalls, "hub-pitfalls");
+
+#[test]
+fn markdown_format_renders_a_table_on_stdout() {
+    let run = cardproof(&["lint", "examples/cards/vague-disclosure", "--format", "markdown"]);
+    assert_eq!(run.code, 1);
+    insta::assert_snapshot!(run.stdout);
+}

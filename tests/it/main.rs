@@ -1,0 +1,6 @@
+//! Integration tests through the `cardproof` binary. One test binary (links once).
+
+mod bad_input;
+mod lint;
+mod schema;
+mod support;

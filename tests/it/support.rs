@@ -1,0 +1,92 @@
+//! Running the binary and writing fixture cards.
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", self.stdout))
+    }
+
+    /// Exit code and stderr, for readable snapshots.
+    pub fn transcript(&self) -> String {
+        format!("exit: {}\n--- stderr\n{}", self.code, self.stderr)
+    }
+
+    /// The finding codes in the JSON output, in order.
+    pub fn codes(&self) -> Vec<String> {
+        self.json()["findings"]
+            .as_array()
+            .expect("findings array")
+            .iter()
+            .map(|f| f["code"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    pub fn finding(&self, code: &str) -> serde_json::Value {
+        self.json()["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["code"] == code)
+            .unwrap_or_else(|| panic!("no `{code}` finding in:\n{}", self.stdout))
+            .clone()
+    }
+}
+
+pub fn cardproof(args: &[&str]) -> Run {
+    cardproof_in(&repo_root(), args)
+}
+
+pub fn cardproof_in(dir: &Path, args: &[&str]) -> Run {
+    let output = Command::cargo_bin("cardproof")
+        .expect("binary builds")
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .args(args)
+        .output()
+        .expect("binary runs");
+    Run {
+        code: output.status.code().expect("exited normally"),
+        stdout: String::from_utf8(output.stdout).expect("stdout is UTF-8"),
+        stderr: String::from_utf8(output.stderr).expect("stderr is UTF-8"),
+    }
+}
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A temporary directory with `README.md` holding `text`.
+pub fn card_dir(text: impl AsRef<[u8]>) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("README.md"), text).expect("write card");
+    dir
+}
+
+/// Lint `text` as README.md with `--json`, run from inside its directory.
+pub fn lint_text(text: impl AsRef<[u8]>) -> Run {
+    let dir = card_dir(text);
+    cardproof_in(dir.path(), &["lint", "README.md", "--json"])
+}
+
+/// The compliant example card's text, the base most fixtures edit.
+pub fn compliant_card() -> String {
+    std::fs::read_to_string(repo_root().join("examples/cards/compliant-fp8/README.md"))
+        .expect("compliant example exists")
+}
+
+/// The compliant card with one line replaced (the old line must exist exactly once).
+pub fn compliant_with(old: &str, new: &str) -> String {
+    let card = compliant_card();
+    assert_eq!(card.matches(old).count(), 1, "`{old}` must occur once in the compliant card");
+    card.replacen(old, new, 1)
+}
