@@ -43,11 +43,19 @@ pub enum ErrorKind {
 
 impl Error {
     pub fn new(file: impl Into<PathBuf>, kind: ErrorKind) -> Self {
-        Self { file: file.into(), at: None, kind }
+        Self {
+            file: file.into(),
+            at: None,
+            kind,
+        }
     }
 
     pub fn at(file: impl Into<PathBuf>, at: LineCol, kind: ErrorKind) -> Self {
-        Self { file: file.into(), at: Some(at), kind }
+        Self {
+            file: file.into(),
+            at: Some(at),
+            kind,
+        }
     }
 
     pub fn io(file: &Path, error: std::io::Error) -> Self {

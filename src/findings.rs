@@ -82,7 +82,10 @@ impl Item {
     pub fn of_pointer(pointer: &str) -> Option<Item> {
         Item::ALL.into_iter().find(|item| {
             let p = item.pointer();
-            pointer == p || pointer.strip_prefix(p).is_some_and(|rest| rest.starts_with('/'))
+            pointer == p
+                || pointer
+                    .strip_prefix(p)
+                    .is_some_and(|rest| rest.starts_with('/'))
         })
     }
 

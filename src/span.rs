@@ -32,7 +32,10 @@ impl LineIndex {
             }
             i += 1;
         }
-        Self { starts, len: text.len() }
+        Self {
+            starts,
+            len: text.len(),
+        }
     }
 
     /// Line and column of a byte offset; offsets past the end clamp to the end.
@@ -43,8 +46,14 @@ impl LineIndex {
             Err(i) => i - 1,
         };
         let start = self.starts[line0];
-        let column = text.get(start..offset).map_or(offset - start, |s| s.chars().count()) + 1;
-        LineCol { line: line0 + 1, column }
+        let column = text
+            .get(start..offset)
+            .map_or(offset - start, |s| s.chars().count())
+            + 1;
+        LineCol {
+            line: line0 + 1,
+            column,
+        }
     }
 
     /// Byte range of a 1-based line without its line break.

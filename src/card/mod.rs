@@ -44,7 +44,10 @@ pub enum FrontMatter {
     /// An opening `---` without a closing one; the Hub sees no metadata either.
     Unterminated { opening: Range<usize> },
     /// The block between the markers; `root` is `None` for an empty block.
-    Present { yaml: Range<usize>, root: Option<yaml::Node> },
+    Present {
+        yaml: Range<usize>,
+        root: Option<yaml::Node>,
+    },
 }
 
 impl Card {
@@ -68,7 +71,12 @@ impl Card {
         };
         let lines = LineIndex::new(&text);
         let front_matter = find_front_matter(&text, &path, &lines)?;
-        Ok(Card { path, text, lines, front_matter })
+        Ok(Card {
+            path,
+            text,
+            lines,
+            front_matter,
+        })
     }
 
     pub fn line_col(&self, offset: usize) -> LineCol {
@@ -78,7 +86,9 @@ impl Card {
     /// The YAML root mapping, when the front matter is a mapping.
     pub fn metadata(&self) -> Option<&yaml::Node> {
         match &self.front_matter {
-            FrontMatter::Present { root: Some(root), .. } => Some(root),
+            FrontMatter::Present {
+                root: Some(root), ..
+            } => Some(root),
             _ => None,
         }
     }
@@ -112,14 +122,29 @@ fn read_capped(file: &Path) -> Result<Vec<u8>> {
     let handle = std::fs::File::open(file).map_err(|e| Error::io(file, e))?;
     let size = handle.metadata().map_err(|e| Error::io(file, e))?.len();
     if size > MAX_CARD_BYTES {
-        return Err(Error::new(file, ErrorKind::TooLarge { size, limit: MAX_CARD_BYTES }));
+        return Err(Error::new(
+            file,
+            ErrorKind::TooLarge {
+                size,
+                limit: MAX_CARD_BYTES,
+            },
+        ));
     }
     // The size can change under us (a pipe, a growing file): never read past the cap.
     let mut bytes = Vec::with_capacity(size as usize);
-    handle.take(MAX_CARD_BYTES + 1).read_to_end(&mut bytes).map_err(|e| Error::io(file, e))?;
+    handle
+        .take(MAX_CARD_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(file, e))?;
     if bytes.len() as u64 > MAX_CARD_BYTES {
         let size = bytes.len() as u64;
-        return Err(Error::new(file, ErrorKind::TooLarge { size, limit: MAX_CARD_BYTES }));
+        return Err(Error::new(
+            file,
+            ErrorKind::TooLarge {
+                size,
+                limit: MAX_CARD_BYTES,
+            },
+        ));
     }
     Ok(bytes)
 }
@@ -130,11 +155,16 @@ fn find_front_matter(text: &str, path: &Path, lines: &LineIndex) -> Result<Front
         let source = block.as_str();
         let root = yaml::parse(source, block.start(), yaml::Budget::default())
             .map_err(|e| yaml_error(e, text, path, lines))?;
-        return Ok(FrontMatter::Present { yaml: block.range(), root });
+        return Ok(FrontMatter::Present {
+            yaml: block.range(),
+            root,
+        });
     }
     if let Some(m) = OPENING.find(text) {
         let start = m.as_str().find("---").map_or(m.start(), |i| m.start() + i);
-        return Ok(FrontMatter::Unterminated { opening: start..start + 3 });
+        return Ok(FrontMatter::Unterminated {
+            opening: start..start + 3,
+        });
     }
     Ok(FrontMatter::Absent)
 }
@@ -142,17 +172,28 @@ fn find_front_matter(text: &str, path: &Path, lines: &LineIndex) -> Result<Front
 fn yaml_error(e: yaml::YamlError, text: &str, path: &Path, lines: &LineIndex) -> Error {
     let at = |offset| lines.line_col(text, offset);
     match e {
-        yaml::YamlError::Syntax { offset, message } => {
-            Error::at(path, at(offset), ErrorKind::YamlSyntax(clean_scan_message(&message)))
-        }
-        yaml::YamlError::DuplicateKey { offset, key, first_offset } => Error::at(
+        yaml::YamlError::Syntax { offset, message } => Error::at(
             path,
             at(offset),
-            ErrorKind::DuplicateKey { key, first_line: at(first_offset).line },
+            ErrorKind::YamlSyntax(clean_scan_message(&message)),
         ),
-        yaml::YamlError::Budget { offset, what, limit } => {
-            Error::at(path, at(offset), ErrorKind::Budget { what, limit })
-        }
+        yaml::YamlError::DuplicateKey {
+            offset,
+            key,
+            first_offset,
+        } => Error::at(
+            path,
+            at(offset),
+            ErrorKind::DuplicateKey {
+                key,
+                first_line: at(first_offset).line,
+            },
+        ),
+        yaml::YamlError::Budget {
+            offset,
+            what,
+            limit,
+        } => Error::at(path, at(offset), ErrorKind::Budget { what, limit }),
         yaml::YamlError::Unsupported { offset, message } => {
             Error::at(path, at(offset), ErrorKind::UnsupportedYaml(message))
         }
@@ -165,7 +206,11 @@ fn clean_scan_message(message: &str) -> String {
         Regex::new(r"\s*(at|on)? ?(byte|char|line) \d+.*$").expect("position regex is valid")
     });
     let cleaned = POSITION.replace(message, "");
-    if cleaned.trim().is_empty() { message.to_owned() } else { cleaned.trim().to_owned() }
+    if cleaned.trim().is_empty() {
+        message.to_owned()
+    } else {
+        cleaned.trim().to_owned()
+    }
 }
 
 #[cfg(test)]

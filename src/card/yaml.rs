@@ -23,7 +23,11 @@ pub struct Budget {
 
 impl Default for Budget {
     fn default() -> Self {
-        Self { max_depth: 64, max_aliases: 1_000, max_nodes: 200_000 }
+        Self {
+            max_depth: 64,
+            max_aliases: 1_000,
+            max_nodes: 200_000,
+        }
     }
 }
 
@@ -68,10 +72,24 @@ pub struct Entry {
 /// Why a front matter could not be read; the offset is in bytes from the start of the file.
 #[derive(Debug, Clone, PartialEq)]
 pub enum YamlError {
-    Syntax { offset: usize, message: String },
-    DuplicateKey { offset: usize, key: String, first_offset: usize },
-    Budget { offset: usize, what: &'static str, limit: usize },
-    Unsupported { offset: usize, message: String },
+    Syntax {
+        offset: usize,
+        message: String,
+    },
+    DuplicateKey {
+        offset: usize,
+        key: String,
+        first_offset: usize,
+    },
+    Budget {
+        offset: usize,
+        what: &'static str,
+        limit: usize,
+    },
+    Unsupported {
+        offset: usize,
+        message: String,
+    },
 }
 
 impl Node {
@@ -146,13 +164,29 @@ pub fn escape_pointer_token(token: &str) -> String {
 /// Parse one YAML document; `base` is the byte offset of `source` in the file. An empty document
 /// gives `None`.
 pub fn parse(source: &str, base: usize, budget: Budget) -> Result<Option<Node>, YamlError> {
-    Builder { base, budget, stack: Vec::new(), anchors: HashMap::new(), aliases: 0, nodes: 0 }
-        .run(source)
+    Builder {
+        base,
+        budget,
+        stack: Vec::new(),
+        anchors: HashMap::new(),
+        aliases: 0,
+        nodes: 0,
+    }
+    .run(source)
 }
 
 enum Frame {
-    Seq { start: usize, items: Vec<Node>, anchor: usize },
-    Map { start: usize, entries: Vec<Entry>, key: Option<PendingKey>, anchor: usize },
+    Seq {
+        start: usize,
+        items: Vec<Node>,
+        anchor: usize,
+    },
+    Map {
+        start: usize,
+        entries: Vec<Entry>,
+        key: Option<PendingKey>,
+        anchor: usize,
+    },
 }
 
 struct PendingKey {
@@ -197,7 +231,11 @@ impl Builder {
                     let value = resolve(&text, style, tag.as_deref(), start)?;
                     let node = Node {
                         span: start..end,
-                        kind: NodeKind::Scalar(Scalar { text: text.into_owned(), style, value }),
+                        kind: NodeKind::Scalar(Scalar {
+                            text: text.into_owned(),
+                            style,
+                            value,
+                        }),
                     };
                     self.count(1, start)?;
                     if let Some(done) = self.push(node, anchor)? {
@@ -206,21 +244,50 @@ impl Builder {
                 }
                 Event::SequenceStart(_, anchor, tag) => {
                     check_collection_tag(tag.as_deref(), "seq", start)?;
-                    self.open(Frame::Seq { start, items: Vec::new(), anchor }, start)?;
+                    self.open(
+                        Frame::Seq {
+                            start,
+                            items: Vec::new(),
+                            anchor,
+                        },
+                        start,
+                    )?;
                 }
                 Event::MappingStart(_, anchor, tag) => {
                     check_collection_tag(tag.as_deref(), "map", start)?;
-                    let frame = Frame::Map { start, entries: Vec::new(), key: None, anchor };
+                    let frame = Frame::Map {
+                        start,
+                        entries: Vec::new(),
+                        key: None,
+                        anchor,
+                    };
                     self.open(frame, start)?;
                 }
                 Event::SequenceEnd | Event::MappingEnd => {
                     let (node, anchor) = match self.stack.pop() {
-                        Some(Frame::Seq { start, items, anchor }) => {
-                            (Node { span: start..end, kind: NodeKind::Seq(items) }, anchor)
-                        }
-                        Some(Frame::Map { start, entries, anchor, .. }) => {
-                            (Node { span: start..end, kind: NodeKind::Map(entries) }, anchor)
-                        }
+                        Some(Frame::Seq {
+                            start,
+                            items,
+                            anchor,
+                        }) => (
+                            Node {
+                                span: start..end,
+                                kind: NodeKind::Seq(items),
+                            },
+                            anchor,
+                        ),
+                        Some(Frame::Map {
+                            start,
+                            entries,
+                            anchor,
+                            ..
+                        }) => (
+                            Node {
+                                span: start..end,
+                                kind: NodeKind::Map(entries),
+                            },
+                            anchor,
+                        ),
                         None => unreachable_syntax(start)?,
                     };
                     if let Some(done) = self.push(node, anchor)? {
@@ -262,7 +329,11 @@ impl Builder {
     fn count(&mut self, n: usize, offset: usize) -> Result<(), YamlError> {
         self.nodes = self.nodes.saturating_add(n);
         if self.nodes > self.budget.max_nodes {
-            return Err(YamlError::Budget { offset, what: "node", limit: self.budget.max_nodes });
+            return Err(YamlError::Budget {
+                offset,
+                what: "node",
+                limit: self.budget.max_nodes,
+            });
         }
         Ok(())
     }
@@ -318,7 +389,11 @@ impl Builder {
                             });
                         }
                         let plain = node.as_scalar().is_some_and(Scalar::is_plain);
-                        *key = Some(PendingKey { text, span: node.span, plain });
+                        *key = Some(PendingKey {
+                            text,
+                            span: node.span,
+                            plain,
+                        });
                     }
                     Some(k) => entries.push(Entry {
                         key: k.text,
@@ -334,7 +409,10 @@ impl Builder {
 }
 
 fn unreachable_syntax<T>(offset: usize) -> Result<T, YamlError> {
-    Err(YamlError::Syntax { offset, message: "unbalanced collection end".into() })
+    Err(YamlError::Syntax {
+        offset,
+        message: "unbalanced collection end".into(),
+    })
 }
 
 /// The text a key is known by in JSON: its scalar text, with `null`-like keys kept literally.
@@ -348,7 +426,10 @@ fn key_text(s: &Scalar) -> String {
 
 fn marker_offset(source: &str, marker: &granit_parser::Marker) -> usize {
     marker.byte_offset().unwrap_or_else(|| {
-        source.char_indices().nth(marker.index()).map_or(source.len(), |(i, _)| i)
+        source
+            .char_indices()
+            .nth(marker.index())
+            .map_or(source.len(), |(i, _)| i)
     })
 }
 
@@ -379,7 +460,10 @@ fn relocate(mut node: Node, span: Range<usize>) -> Node {
 }
 
 fn placeholder() -> Node {
-    Node { span: 0..0, kind: NodeKind::Seq(Vec::new()) }
+    Node {
+        span: 0..0,
+        kind: NodeKind::Seq(Vec::new()),
+    }
 }
 
 fn check_collection_tag(
@@ -411,15 +495,22 @@ fn resolve(
         };
         return match tag.core_suffix() {
             Some("str") => Ok(Value::String(text.to_owned())),
-            Some("null") => core_null(text).then_some(Value::Null).ok_or_else(|| bad("!!null")),
-            Some("bool") => core_bool(text).map(Value::Bool).ok_or_else(|| bad("!!bool")),
+            Some("null") => core_null(text)
+                .then_some(Value::Null)
+                .ok_or_else(|| bad("!!null")),
+            Some("bool") => core_bool(text)
+                .map(Value::Bool)
+                .ok_or_else(|| bad("!!bool")),
             Some("int") => core_int(text).ok_or_else(|| bad("!!int")),
-            Some("float") => {
-                core_int(text).or_else(|| core_float(text)).ok_or_else(|| bad("!!float"))
-            }
+            Some("float") => core_int(text)
+                .or_else(|| core_float(text))
+                .ok_or_else(|| bad("!!float")),
             _ => Err(YamlError::Unsupported {
                 offset,
-                message: format!("tag `{}` (only the YAML core tags are read)", tag.original()),
+                message: format!(
+                    "tag `{}` (only the YAML core tags are read)",
+                    tag.original()
+                ),
             }),
         };
     }
@@ -432,7 +523,9 @@ fn resolve(
     if let Some(b) = core_bool(text) {
         return Ok(Value::Bool(b));
     }
-    Ok(core_int(text).or_else(|| core_float(text)).unwrap_or_else(|| Value::String(text.into())))
+    Ok(core_int(text)
+        .or_else(|| core_float(text))
+        .unwrap_or_else(|| Value::String(text.into())))
 }
 
 fn core_null(text: &str) -> bool {
@@ -554,29 +647,49 @@ mod tests {
     #[test]
     fn rejects_duplicate_keys_at_the_second_occurrence() {
         let err = parse("a: 1\nb: 2\na: 3\n", 0, Budget::default()).unwrap_err();
-        assert_eq!(err, YamlError::DuplicateKey { offset: 10, key: "a".into(), first_offset: 0 });
+        assert_eq!(
+            err,
+            YamlError::DuplicateKey {
+                offset: 10,
+                key: "a".into(),
+                first_offset: 0
+            }
+        );
     }
 
     #[test]
     fn alias_bombs_hit_the_node_budget() {
         let mut src = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
         for i in 0..8 {
-            let prev = if i == 0 { "a".to_string() } else { format!("l{}", i - 1) };
+            let prev = if i == 0 {
+                "a".to_string()
+            } else {
+                format!("l{}", i - 1)
+            };
             src.push_str(&format!("l{i}: &l{i} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"));
         }
         let err = parse(&src, 0, Budget::default()).unwrap_err();
-        assert!(matches!(err, YamlError::Budget { what: "node", .. }), "{err:?}");
+        assert!(
+            matches!(err, YamlError::Budget { what: "node", .. }),
+            "{err:?}"
+        );
     }
 
     #[test]
     fn deep_nesting_hits_the_depth_budget() {
         let src = format!("{}{}", "[".repeat(200), "]".repeat(200));
         let err = parse(&src, 0, Budget::default()).unwrap_err();
-        assert!(matches!(err, YamlError::Budget { .. } | YamlError::Syntax { .. }), "{err:?}");
+        assert!(
+            matches!(err, YamlError::Budget { .. } | YamlError::Syntax { .. }),
+            "{err:?}"
+        );
     }
 
     #[test]
     fn aliases_expand_like_pyyaml() {
-        assert_eq!(json_of("a: &x {k: 1}\nb: *x\n"), json!({"a": {"k": 1}, "b": {"k": 1}}));
+        assert_eq!(
+            json_of("a: &x {k: 1}\nb: *x\n"),
+            json!({"a": {"k": 1}, "b": {"k": 1}})
+        );
     }
 }

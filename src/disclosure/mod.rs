@@ -554,7 +554,9 @@ pub struct Sha256(#[schemars(regex(pattern = r"^[0-9a-f]{64}$"))] pub String);
 pub fn json_schema() -> Value {
     let settings =
         schemars::generate::SchemaSettings::draft2020_12().with_transform(forbid_null_for_options);
-    let mut schema = settings.into_generator().into_root_schema_for::<Disclosure>();
+    let mut schema = settings
+        .into_generator()
+        .into_root_schema_for::<Disclosure>();
     schema.insert("$id".into(), SCHEMA_URI.into());
     schema.to_value()
 }
@@ -563,7 +565,9 @@ pub fn json_schema() -> Value {
 /// and saying so in the schema lets independent validators agree with lint.
 fn forbid_null_for_options(schema: &mut schemars::Schema) {
     schemars::transform::transform_subschemas(&mut forbid_null_for_options, schema);
-    let Some(object) = schema.as_object_mut() else { return };
+    let Some(object) = schema.as_object_mut() else {
+        return;
+    };
     if let Some(Value::Array(types)) = object.get_mut("type") {
         types.retain(|t| t != "null");
         if types.len() == 1 {
@@ -572,9 +576,14 @@ fn forbid_null_for_options(schema: &mut schemars::Schema) {
         }
     }
     for key in ["anyOf", "oneOf"] {
-        let Some(Value::Array(branches)) = object.get(key) else { continue };
-        let kept: Vec<Value> =
-            branches.iter().filter(|b| b.get("type") != Some(&"null".into())).cloned().collect();
+        let Some(Value::Array(branches)) = object.get(key) else {
+            continue;
+        };
+        let kept: Vec<Value> = branches
+            .iter()
+            .filter(|b| b.get("type") != Some(&"null".into()))
+            .cloned()
+            .collect();
         if kept.len() == branches.len() {
             continue;
         }

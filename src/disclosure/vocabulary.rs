@@ -51,7 +51,11 @@ pub fn closest(name: &str) -> Option<&'static str> {
         ("average", "mean"),
     ];
     let lower = synonyms.iter().fold(lower, |acc, (from, to)| {
-        if acc.contains(to) { acc } else { acc.replace(from, to) }
+        if acc.contains(to) {
+            acc
+        } else {
+            acc.replace(from, to)
+        }
     });
     if let Some(exact) = METRICS.iter().find(|m| **m == lower) {
         return Some(exact);

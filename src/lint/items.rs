@@ -21,7 +21,10 @@ pub(super) fn check(fidelity: &Value, locator: &Locator<'_>, out: &mut Vec<Findi
     let mut push = |item: Item, pointer: &str, message: String| {
         let finding = Finding::new(
             Code::VagueDisclosure,
-            format!("disclosure item `{item}` is too vague: {message}; {}", item.why()),
+            format!(
+                "disclosure item `{item}` is too vague: {message}; {}",
+                item.why()
+            ),
         )
         .item(Some(item));
         out.push(locator.at_value(finding, pointer));
@@ -40,12 +43,14 @@ pub(super) fn check(fidelity: &Value, locator: &Locator<'_>, out: &mut Vec<Findi
 /// Without a revision or a files digest, the numbers are not bound to any bytes: the repository
 /// can change after the measurement.
 fn candidate(f: &Value, locator: &Locator<'_>, out: &mut Vec<Finding>) {
-    let Some(candidate) = f.get("candidate").filter(|c| c.is_object()) else { return };
+    let Some(candidate) = f.get("candidate").filter(|c| c.is_object()) else {
+        return;
+    };
     if candidate.get("revision").is_none() && candidate.get("files_sha256").is_none() {
         out.push(locator.at_key(
             Finding::new(
                 Code::CandidateUnpinned,
-                "`fidelity.candidate` gives neither `revision` nor `files_sha256`, so the numbers                  are not bound to the files: the repository can change after the measurement",
+                "`fidelity.candidate` gives neither `revision` nor `files_sha256`, so the numbers are not bound to the files: the repository can change after the measurement",
             ),
             "/fidelity/candidate",
         ));
@@ -55,7 +60,15 @@ fn candidate(f: &Value, locator: &Locator<'_>, out: &mut Vec<Finding>) {
 /// The distinctive names in a dataset id or path: the first word of each `/` segment
 /// (`Salesforce/wikitext` and `wikitext-2-raw-v1/test` share `wikitext`).
 fn dataset_names(id: &str) -> Vec<String> {
-    const GENERIC: &[&str] = &["test", "train", "validation", "data", "dataset", "datasets", "text"];
+    const GENERIC: &[&str] = &[
+        "test",
+        "train",
+        "validation",
+        "data",
+        "dataset",
+        "datasets",
+        "text",
+    ];
     id.to_ascii_lowercase()
         .split('/')
         .filter_map(|segment| segment.split(['-', '_', ':', '.']).next())
@@ -66,25 +79,30 @@ fn dataset_names(id: &str) -> Vec<String> {
 
 /// Calibrating on the text that is then scored understates KLD.
 fn calibration_overlap(f: &Value, locator: &Locator<'_>, out: &mut Vec<Finding>) {
-    let (Some(dataset), Some(source)) =
-        (str_at(f, "/calibration/dataset"), str_at(f, "/eval/text/source"))
-    else {
+    let (Some(dataset), Some(source)) = (
+        str_at(f, "/calibration/dataset"),
+        str_at(f, "/eval/text/source"),
+    ) else {
         return;
     };
     let overlap = str_at(f, "/calibration/eval_overlap");
     let same_family = !dataset.trim().eq_ignore_ascii_case("none")
-        && dataset_names(dataset).iter().any(|n| dataset_names(source).contains(n));
+        && dataset_names(dataset)
+            .iter()
+            .any(|n| dataset_names(source).contains(n));
     if overlap == Some("checked_overlap") || (same_family && overlap != Some("checked_none")) {
         let why = if overlap == Some("checked_overlap") {
             "the card says the calibration data overlaps the evaluation text".to_owned()
         } else {
-            format!("calibration data `{dataset}` and evaluation text `{source}` look like the same dataset")
+            format!(
+                "calibration data `{dataset}` and evaluation text `{source}` look like the same dataset"
+            )
         };
         out.push(locator.at_value(
             Finding::new(
                 Code::CalibrationOverlapsEval,
                 format!(
-                    "{why}: a quantizer calibrated on the scored text understates KLD; score other                      text, or check and set `calibration.eval_overlap: checked_none`"
+                    "{why}: a quantizer calibrated on the scored text understates KLD; score other text, or check and set `calibration.eval_overlap: checked_none`"
                 ),
             )
             .item(Some(Item::Calibration)),
@@ -121,9 +139,18 @@ fn reference(f: &Value, push: &mut Push<'_>) {
 
 fn runtime(f: &Value, push: &mut Push<'_>) {
     let fields = [
-        ("engine_version", "name the exact version (and commit for a source build)"),
-        ("attention_backend", "name the kernel actually used; `auto` resolves differently per machine"),
-        ("kv_cache_dtype", "name the dtype actually stored; `auto` follows the model dtype"),
+        (
+            "engine_version",
+            "name the exact version (and commit for a source build)",
+        ),
+        (
+            "attention_backend",
+            "name the kernel actually used; `auto` resolves differently per machine",
+        ),
+        (
+            "kv_cache_dtype",
+            "name the dtype actually stored; `auto` follows the model dtype",
+        ),
         ("compute_dtype", "name the dtype actually used"),
         ("device", "name the device model (e.g. `NVIDIA H200`)"),
     ];
@@ -131,7 +158,10 @@ fn runtime(f: &Value, push: &mut Push<'_>) {
         let pointer = format!("/runtime/{field}");
         if let Some(value) = str_at(f, &pointer) {
             let generic_device = field == "device"
-                && matches!(value.trim().to_ascii_lowercase().as_str(), "gpu" | "cuda" | "nvidia");
+                && matches!(
+                    value.trim().to_ascii_lowercase().as_str(),
+                    "gpu" | "cuda" | "nvidia"
+                );
             if is_placeholder(value) || generic_device {
                 push(
                     Item::Runtime,
@@ -144,7 +174,9 @@ fn runtime(f: &Value, push: &mut Push<'_>) {
 }
 
 fn eval_text(f: &Value, push: &mut Push<'_>) {
-    let Some(source) = str_at(f, "/eval/text/source") else { return };
+    let Some(source) = str_at(f, "/eval/text/source") else {
+        return;
+    };
     let text_digest = f.pointer("/eval/text/sha256").is_some();
     let token_digest = f.pointer("/eval/tokens/sha256").is_some();
     if is_placeholder(source) {
@@ -167,7 +199,9 @@ fn eval_text(f: &Value, push: &mut Push<'_>) {
 }
 
 fn calibration(f: &Value, push: &mut Push<'_>) {
-    let Some(dataset) = str_at(f, "/calibration/dataset") else { return };
+    let Some(dataset) = str_at(f, "/calibration/dataset") else {
+        return;
+    };
     if dataset.trim().eq_ignore_ascii_case("none") {
         return;
     }
@@ -193,7 +227,11 @@ fn calibration(f: &Value, push: &mut Push<'_>) {
             format!(
                 "`{dataset}` is named without `calibration.sha256` or `{}`, so which data (and how \
                  much of it) is unknown",
-                missing.iter().map(|k| format!("calibration.{k}")).collect::<Vec<_>>().join("` and `")
+                missing
+                    .iter()
+                    .map(|k| format!("calibration.{k}"))
+                    .collect::<Vec<_>>()
+                    .join("` and `")
             ),
         );
     }
@@ -201,18 +239,26 @@ fn calibration(f: &Value, push: &mut Push<'_>) {
 
 fn positions(f: &Value, push: &mut Push<'_>) {
     let policy = str_at(f, "/protocol/positions/policy");
-    let stride = f.pointer("/protocol/positions/stride").and_then(Value::as_u64);
-    let offset = f.pointer("/protocol/positions/offset").and_then(Value::as_u64);
+    let stride = f
+        .pointer("/protocol/positions/stride")
+        .and_then(Value::as_u64);
+    let offset = f
+        .pointer("/protocol/positions/offset")
+        .and_then(Value::as_u64);
     if let (Some("stride"), Some(stride), Some(offset)) = (policy, stride, offset)
         && offset >= stride
     {
         push(
             Item::Positions,
             "/fidelity/protocol/positions/offset",
-            format!("offset {offset} is not below stride {stride}, so no row has j mod {stride} = {offset}"),
+            format!(
+                "offset {offset} is not below stride {stride}, so no row has j mod {stride} = {offset}"
+            ),
         );
     }
-    let from = f.pointer("/protocol/positions/from").and_then(Value::as_u64);
+    let from = f
+        .pointer("/protocol/positions/from")
+        .and_then(Value::as_u64);
     let shortest = f
         .pointer("/protocol/context_lengths")
         .and_then(Value::as_array)
@@ -223,7 +269,10 @@ fn positions(f: &Value, push: &mut Push<'_>) {
         push(
             Item::Positions,
             "/fidelity/protocol/positions/from",
-            format!("`from: {from}` scores no row of a {shortest}-token window (rows are 0..={})", shortest - 2),
+            format!(
+                "`from: {from}` scores no row of a {shortest}-token window (rows are 0..={})",
+                shortest - 2
+            ),
         );
     }
 }
@@ -231,7 +280,9 @@ fn positions(f: &Value, push: &mut Push<'_>) {
 /// Claims that contradict the protocol: a context length not measured, a direction not used, an
 /// uncertainty without a method.
 fn claims(f: &Value, locator: &Locator<'_>, out: &mut Vec<Finding>) {
-    let Some(results) = f.pointer("/results").and_then(Value::as_array) else { return };
+    let Some(results) = f.pointer("/results").and_then(Value::as_array) else {
+        return;
+    };
     let lengths: Vec<u64> = f
         .pointer("/protocol/context_lengths")
         .and_then(Value::as_array)
@@ -244,7 +295,10 @@ fn claims(f: &Value, locator: &Locator<'_>, out: &mut Vec<Finding>) {
     };
     for (i, claim) in results.iter().enumerate() {
         let base = format!("/fidelity/results/{i}");
-        let metric = claim.get("metric").and_then(Value::as_str).unwrap_or_default();
+        let metric = claim
+            .get("metric")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         match claim.get("context_length").and_then(Value::as_u64) {
             Some(length) if !lengths.is_empty() && !lengths.contains(&length) => inconsistent(
                 format!("{base}/context_length"),
@@ -273,7 +327,11 @@ fn claims(f: &Value, locator: &Locator<'_>, out: &mut Vec<Finding>) {
                 format!("{base}/metric"),
                 format!(
                     "`{metric}` is a {} KL metric, but `protocol.kl.direction` is `{}`",
-                    if vocabulary::is_reverse_kl(metric) { "reverse" } else { "forward" },
+                    if vocabulary::is_reverse_kl(metric) {
+                        "reverse"
+                    } else {
+                        "forward"
+                    },
                     direction.unwrap_or_default()
                 ),
             );
@@ -291,5 +349,9 @@ fn claims(f: &Value, locator: &Locator<'_>, out: &mut Vec<Finding>) {
 }
 
 fn join(values: &[u64]) -> String {
-    values.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+    values
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }

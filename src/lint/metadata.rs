@@ -15,7 +15,9 @@ pub(super) fn hub(root: &Node, fidelity: &Value, locator: &Locator<'_>, out: &mu
     let reference = fidelity.pointer("/reference/repo").and_then(Value::as_str);
     match meta.get("base_model") {
         None | Some(Value::Null) => {
-            let hint = reference.map(|r| format!(" (`base_model: {r}`)")).unwrap_or_default();
+            let hint = reference
+                .map(|r| format!(" (`base_model: {r}`)"))
+                .unwrap_or_default();
             out.push(locator.at_key(
                 Finding::new(
                     Code::MissingBaseModel,
@@ -56,7 +58,10 @@ pub(super) fn hub(root: &Node, fidelity: &Value, locator: &Locator<'_>, out: &mu
     if relation.and_then(Value::as_str) != Some("quantized") {
         let found = match relation {
             None => "missing".to_owned(),
-            Some(v) => format!("`{}`", v.as_str().map_or_else(|| v.to_string(), str::to_owned)),
+            Some(v) => format!(
+                "`{}`",
+                v.as_str().map_or_else(|| v.to_string(), str::to_owned)
+            ),
         };
         let finding = Finding::new(
             Code::BaseModelRelation,
@@ -95,7 +100,9 @@ pub(super) fn yaml_scalars(root: &Node, locator: &Locator<'_>, out: &mut Vec<Fin
                         entry.key_span.clone(),
                     ));
                 }
-                let Some(scalar) = entry.value.as_scalar() else { continue };
+                let Some(scalar) = entry.value.as_scalar() else {
+                    continue;
+                };
                 if !scalar.is_plain() {
                     continue;
                 }
@@ -126,7 +133,9 @@ pub(super) fn yaml_scalars(root: &Node, locator: &Locator<'_>, out: &mut Vec<Fin
         }
         if let NodeKind::Seq(items) = &node.kind {
             for (i, item) in items.iter().enumerate() {
-                let Some(scalar) = item.as_scalar() else { continue };
+                let Some(scalar) = item.as_scalar() else {
+                    continue;
+                };
                 if scalar.is_plain()
                     && let Some(reading) = pyyaml_reading(&scalar.text)
                     && reading != describe_12(scalar)
@@ -211,7 +220,9 @@ fn pyyaml_reading(text: &str) -> Option<String> {
         "yes" | "Yes" | "YES" | "on" | "On" | "ON" => return Some("the boolean true".into()),
         "no" | "No" | "NO" | "off" | "Off" | "OFF" => return Some("the boolean false".into()),
         "y" | "Y" => return Some("the boolean true (YAML 1.1 spec; PyYAML keeps a string)".into()),
-        "n" | "N" => return Some("the boolean false (YAML 1.1 spec; PyYAML keeps a string)".into()),
+        "n" | "N" => {
+            return Some("the boolean false (YAML 1.1 spec; PyYAML keeps a string)".into());
+        }
         "true" | "True" | "TRUE" => return Some("the boolean true".into()),
         "false" | "False" | "FALSE" => return Some("the boolean false".into()),
         "" | "~" | "null" | "Null" | "NULL" => return Some("null".into()),
@@ -252,7 +263,9 @@ fn py_int(text: &str) -> Option<i128> {
     } else if let Some(h) = t.strip_prefix("0x") {
         i128::from_str_radix(h, 16).ok()?
     } else if t.contains(':') {
-        t.split(':').try_fold(0i128, |acc, part| Some(acc * 60 + part.parse::<i128>().ok()?))?
+        t.split(':').try_fold(0i128, |acc, part| {
+            Some(acc * 60 + part.parse::<i128>().ok()?)
+        })?
     } else if t.len() > 1 && t.starts_with('0') {
         i128::from_str_radix(&t[1..], 8).ok()?
     } else {
@@ -272,7 +285,10 @@ mod tests {
         assert_eq!(pyyaml_reading("1_000").as_deref(), Some("the number 1000"));
         assert_eq!(pyyaml_reading("1:30").as_deref(), Some("the number 90"));
         assert_eq!(pyyaml_reading("1e3").as_deref(), Some("the string \"1e3\""));
-        assert_eq!(pyyaml_reading("0o17").as_deref(), Some("the string \"0o17\""));
+        assert_eq!(
+            pyyaml_reading("0o17").as_deref(),
+            Some("the string \"0o17\"")
+        );
         assert_eq!(pyyaml_reading("2024-01-31").as_deref(), Some("a date/time"));
         assert_eq!(pyyaml_reading("apache-2.0"), None);
         assert_eq!(pyyaml_reading("12").as_deref(), Some("the number 12"));

@@ -29,7 +29,10 @@ impl LintReport {
     }
 
     pub fn warnings(&self) -> usize {
-        self.findings.iter().filter(|f| f.severity == Severity::Warning).count()
+        self.findings
+            .iter()
+            .filter(|f| f.severity == Severity::Warning)
+            .count()
     }
 }
 
@@ -51,7 +54,9 @@ pub fn lint(card: &Card) -> LintReport {
                 opening.clone(),
             ));
         }
-        FrontMatter::Present { root: Some(root), .. } if !matches!(root.kind, NodeKind::Map(_)) => {
+        FrontMatter::Present {
+            root: Some(root), ..
+        } if !matches!(root.kind, NodeKind::Map(_)) => {
             findings.push(locator.at_span(
                 Finding::new(
                     Code::MetadataNotMapping,
@@ -64,7 +69,9 @@ pub fn lint(card: &Card) -> LintReport {
         _ => {}
     }
 
-    let root = card.metadata().filter(|r| matches!(r.kind, NodeKind::Map(_)));
+    let root = card
+        .metadata()
+        .filter(|r| matches!(r.kind, NodeKind::Map(_)));
     if let Some(root) = root {
         metadata::yaml_scalars(root, &locator, &mut findings);
     }
@@ -73,7 +80,12 @@ pub fn lint(card: &Card) -> LintReport {
             let json = fidelity.value.to_json();
             schema::validate(&json, &locator, &mut findings);
             items::check(&json, &locator, &mut findings);
-            metadata::hub(root.expect("fidelity implies a root"), &json, &locator, &mut findings);
+            metadata::hub(
+                root.expect("fidelity implies a root"),
+                &json,
+                &locator,
+                &mut findings,
+            );
         }
         None if !claims_in_prose.is_empty() => {
             for claim in claims_in_prose {
@@ -93,7 +105,9 @@ pub fn lint(card: &Card) -> LintReport {
         }
         None => {
             let why = match &card.front_matter {
-                FrontMatter::Present { root: Some(_), .. } => "the front matter has no `fidelity:` block",
+                FrontMatter::Present { root: Some(_), .. } => {
+                    "the front matter has no `fidelity:` block"
+                }
                 _ => "the card has no front matter, so no metadata and no `fidelity:` block",
             };
             findings.push(Finding::new(
@@ -104,11 +118,24 @@ pub fn lint(card: &Card) -> LintReport {
     }
 
     findings.sort_by(|a, b| {
-        (a.line.unwrap_or(0), a.column.unwrap_or(0), a.code, &a.pointer)
-            .cmp(&(b.line.unwrap_or(0), b.column.unwrap_or(0), b.code, &b.pointer))
+        (
+            a.line.unwrap_or(0),
+            a.column.unwrap_or(0),
+            a.code,
+            &a.pointer,
+        )
+            .cmp(&(
+                b.line.unwrap_or(0),
+                b.column.unwrap_or(0),
+                b.code,
+                &b.pointer,
+            ))
     });
     findings.dedup_by(|a, b| a.code == b.code && a.pointer == b.pointer && a.message == b.message);
-    LintReport { file: card.path.clone(), findings }
+    LintReport {
+        file: card.path.clone(),
+        findings,
+    }
 }
 
 /// Maps JSON pointers in the front matter to places in the file.
@@ -122,9 +149,11 @@ impl<'c> Locator<'c> {
     fn new(card: &'c Card) -> Self {
         let mut spans = HashMap::new();
         if let Some(root) = card.metadata() {
-            root.walk(&mut |pointer: &str, key: Option<&Range<usize>>, node: &Node| {
-                spans.insert(pointer.to_owned(), (key.cloned(), node.span.clone()));
-            });
+            root.walk(
+                &mut |pointer: &str, key: Option<&Range<usize>>, node: &Node| {
+                    spans.insert(pointer.to_owned(), (key.cloned(), node.span.clone()));
+                },
+            );
         }
         Locator { card, spans }
     }

@@ -69,7 +69,10 @@ pub(super) fn kld_claims(text: &str, body: Range<usize>) -> Vec<ProseClaim> {
 
 fn claim_at(line_start: usize, line: &str, term: Range<usize>, number: &str) -> ProseClaim {
     let excerpt = format!("{} {number}", line[term.clone()].trim());
-    ProseClaim { span: line_start + term.start..line_start + term.end, excerpt }
+    ProseClaim {
+        span: line_start + term.start..line_start + term.end,
+        excerpt,
+    }
 }
 
 fn line_spans(text: &str) -> impl Iterator<Item = (usize, &str)> {
@@ -106,7 +109,10 @@ mod tests {
     use super::*;
 
     fn claims(text: &str) -> Vec<String> {
-        kld_claims(text, 0..text.len()).into_iter().map(|c| c.excerpt).collect()
+        kld_claims(text, 0..text.len())
+            .into_iter()
+            .map(|c| c.excerpt)
+            .collect()
     }
 
     #[test]
@@ -116,13 +122,18 @@ mod tests {
             claims("| quant | KLD | PPL |\n|---|---|---|\n| Q4_K_M | 0.0312 | 6.1 |\n"),
             ["KLD 0.0312"]
         );
-        assert_eq!(claims("```\nMean    KLD:   0.001355 ±   0.000010\n```\n"), ["KLD 0.001355"]);
+        assert_eq!(
+            claims("```\nMean    KLD:   0.001355 ±   0.000010\n```\n"),
+            ["KLD 0.001355"]
+        );
         assert_eq!(claims("KL divergence: 1.2e-3\n"), ["KL divergence 1.2e-3"]);
     }
 
     #[test]
     fn ignores_mentions_without_numbers() {
-        assert!(claims("We plan to report KLD against the BF16 model over 512 tokens.\n").is_empty());
+        assert!(
+            claims("We plan to report KLD against the BF16 model over 512 tokens.\n").is_empty()
+        );
         assert!(claims("| model | KLD |\n|---|---|\n| Q4_K_M | n/a |\n").is_empty());
         assert!(claims("Qwen3-8B-Q4_K_M, 4.5 bits per weight.\n").is_empty());
     }

@@ -105,7 +105,11 @@ fn missing(pointer: &str, locator: &Locator<'_>) -> Vec<Finding> {
                 format!("disclosure item `{item}`: {what}; {}", item.why()),
             )
             .item(Some(item));
-            let at = if item.pointer().len() >= pointer.len() { item.pointer() } else { pointer };
+            let at = if item.pointer().len() >= pointer.len() {
+                item.pointer()
+            } else {
+                pointer
+            };
             locator.at_key(finding, at)
         })
         .collect()
@@ -130,14 +134,22 @@ fn describe(error: &ValidationError<'_>, pointer: &str) -> String {
             expected_value
         ),
         ValidationErrorKind::Type { kind } => {
-            format!("`{field}` must be {} (found {})", type_name(kind), show(value))
+            format!(
+                "`{field}` must be {} (found {})",
+                type_name(kind),
+                show(value)
+            )
         }
         ValidationErrorKind::Enum { options } => {
             let allowed: Vec<String> = options
                 .as_array()
                 .map(|a| a.iter().map(value_text).collect())
                 .unwrap_or_default();
-            format!("`{field}` must be one of {} (found {})", allowed.join(", "), show(value))
+            format!(
+                "`{field}` must be one of {} (found {})",
+                allowed.join(", "),
+                show(value)
+            )
         }
         _ => format!("`{field}`: {error}"),
     }
@@ -152,7 +164,11 @@ fn type_name(kind: &TypeKind) -> String {
     };
     match kind {
         TypeKind::Single(t) => name(t),
-        TypeKind::Multiple(set) => set.iter().map(|t| name(&t)).collect::<Vec<_>>().join(" or "),
+        TypeKind::Multiple(set) => set
+            .iter()
+            .map(|t| name(&t))
+            .collect::<Vec<_>>()
+            .join(" or "),
     }
 }
 
@@ -182,7 +198,11 @@ fn is_metric_pointer(pointer: &str) -> bool {
 
 /// `/fidelity/protocol/kl` -> `fidelity.protocol.kl`.
 pub(super) fn dotted(pointer: &str) -> String {
-    pointer.trim_start_matches('/').replace('/', ".").replace("~1", "/").replace("~0", "~")
+    pointer
+        .trim_start_matches('/')
+        .replace('/', ".")
+        .replace("~1", "/")
+        .replace("~0", "~")
 }
 
 /// The property names the failing object's schema knows, for "did you mean" hints.
@@ -207,7 +227,9 @@ fn closest<'a>(name: &str, candidates: &'a [String]) -> Option<&'a str> {
     candidates
         .iter()
         .filter(|c| {
-            c.starts_with(&lower) || lower.starts_with(c.as_str()) || vocabulary::edit_distance(&lower, c) <= 2
+            c.starts_with(&lower)
+                || lower.starts_with(c.as_str())
+                || vocabulary::edit_distance(&lower, c) <= 2
         })
         .min_by_key(|c| vocabulary::edit_distance(&lower, c))
         .map(String::as_str)

@@ -22,7 +22,10 @@ fn place(error: &serde_json::Value) -> (Option<u64>, Option<u64>) {
 #[test]
 fn yaml_syntax_errors_name_the_line() {
     let e = refused(b"---\nlicense: mit\nfidelity: {schema: [\n---\n");
-    assert!(e["message"].as_str().unwrap().contains("YAML syntax error"), "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("YAML syntax error"),
+        "{e}"
+    );
     assert!(e["line"].as_u64().unwrap() >= 3, "{e}");
 }
 
@@ -36,21 +39,35 @@ fn bad_indentation_is_a_syntax_error() {
 fn duplicate_keys_name_both_places() {
     let e = refused(b"---\nlicense: mit\nbase_model: a/b\nlicense: apache-2.0\n---\n");
     assert_eq!(place(&e), (Some(4), Some(1)));
-    assert!(e["message"].as_str().unwrap().contains("duplicate key `license` in the front matter (first defined on line 2)"));
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("duplicate key `license` in the front matter (first defined on line 2)")
+    );
 }
 
 #[test]
 fn duplicate_keys_inside_fidelity_are_refused() {
     let card = compliant_with("    dtype: bf16\n", "    dtype: bf16\n    dtype: f16\n");
     let e = refused(card.as_bytes());
-    assert!(e["message"].as_str().unwrap().contains("duplicate key `dtype`"));
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("duplicate key `dtype`")
+    );
 }
 
 #[test]
 fn alias_bombs_exceed_the_budget() {
     let mut text = String::from("---\na: &a [x, x, x, x, x, x, x, x, x, x]\n");
     for i in 0..9 {
-        let prev = if i == 0 { "a".to_owned() } else { format!("b{}", i - 1) };
+        let prev = if i == 0 {
+            "a".to_owned()
+        } else {
+            format!("b{}", i - 1)
+        };
         let refs = vec![format!("*{prev}"); 10].join(", ");
         text.push_str(&format!("b{i}: &b{i} [{refs}]\n"));
     }
@@ -64,9 +81,14 @@ fn very_deep_nesting_exceeds_the_budget() {
     let text = format!("---\na: {}1{}\n---\n", "[".repeat(5000), "]".repeat(5000));
     let e = refused(text.as_bytes());
     assert!(e["line"].is_u64(), "{e}");
-    let block: String = (0..500).map(|i| format!("{}k{i}:\n", "  ".repeat(i))).collect();
+    let block: String = (0..500)
+        .map(|i| format!("{}k{i}:\n", "  ".repeat(i)))
+        .collect();
     let e = refused(format!("---\n{block}{}x: 1\n---\n", "  ".repeat(500)).as_bytes());
-    assert!(e["message"].as_str().unwrap().contains("nesting depth"), "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("nesting depth"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -77,7 +99,13 @@ fn a_card_over_16_mib_is_refused_without_reading_it() {
     let run = cardproof_in(dir.path(), &["lint", ".", "--json"]);
     assert_eq!(run.code, 2);
     let e = &run.json()["error"];
-    assert!(e["message"].as_str().unwrap().contains("104857600 bytes, over the 16777216-byte limit"), "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("104857600 bytes, over the 16777216-byte limit"),
+        "{e}"
+    );
     assert_eq!(e["file"], "./README.md");
     assert!(e["line"].is_null());
 }
@@ -93,7 +121,13 @@ fn non_utf8_bytes_name_the_place() {
 fn more_than_one_yaml_document_is_refused() {
     // `--- # comment` does not close the block for the Hub, so YAML sees a second document.
     let e = refused(b"---\na: 1\n--- # second\nb: 2\n---\n");
-    assert!(e["message"].as_str().unwrap().contains("more than one YAML document"), "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("more than one YAML document"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -112,7 +146,11 @@ fn missing_paths_and_directories_without_a_card_are_exit_2() {
     let dir = tempfile::tempdir().unwrap();
     let run = cardproof_in(dir.path(), &["lint", "."]);
     assert_eq!(run.code, 2);
-    assert!(run.stderr.contains("directory holds no README.md"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("directory holds no README.md"),
+        "{}",
+        run.stderr
+    );
 }
 
 #[test]

@@ -115,7 +115,10 @@ fn fixtures() -> Vec<(Code, String, Option<&'static str>, Option<&'static str>)>
 fn every_finding_code_has_a_fixture_that_triggers_it() {
     let fixtures = fixtures();
     for code in Code::ALL {
-        assert!(fixtures.iter().any(|(c, ..)| *c == code), "no fixture for `{code}`");
+        assert!(
+            fixtures.iter().any(|(c, ..)| *c == code),
+            "no fixture for `{code}`"
+        );
     }
     for (code, text, pointer, item) in fixtures {
         let run = lint_text(&text);
@@ -132,7 +135,9 @@ fn every_finding_code_has_a_fixture_that_triggers_it() {
             assert!(line.is_some(), "{code} must point at a line");
         }
         let expected_exit = if run.codes().iter().any(|c| {
-            Code::ALL.iter().any(|k| k.as_str() == c && k.severity().to_string() == "error")
+            Code::ALL
+                .iter()
+                .any(|k| k.as_str() == c && k.severity().to_string() == "error")
         }) {
             1
         } else {
@@ -147,7 +152,11 @@ fn findings_point_at_file_lines_and_columns() {
     let card = compliant_with("engine_version: \"0.11.1\"", "engine_version: latest");
     let run = lint_text(&card);
     let f = run.finding("vague-disclosure");
-    let line = card.lines().position(|l| l.contains("engine_version: latest")).unwrap() + 1;
+    let line = card
+        .lines()
+        .position(|l| l.contains("engine_version: latest"))
+        .unwrap()
+        + 1;
     assert_eq!(f["line"], line as u64);
     assert_eq!(f["column"], 21);
 }
@@ -166,13 +175,23 @@ fn a_missing_protocol_is_five_missing_items() {
         .map(|f| f["item"].as_str().unwrap().to_owned())
         .collect();
     items.sort();
-    assert_eq!(items, ["aggregation", "context_lengths", "kl_direction", "positions", "vocab_truncation"]);
+    assert_eq!(
+        items,
+        [
+            "aggregation",
+            "context_lengths",
+            "kl_direction",
+            "positions",
+            "vocab_truncation"
+        ]
+    );
     assert_eq!(run.code, 1);
 }
 
 #[test]
 fn an_empty_fidelity_block_reports_all_nine_items() {
-    let run = lint_text("---\nbase_model: a/b\nbase_model_relation: quantized\nfidelity: {}\n---\n");
+    let run =
+        lint_text("---\nbase_model: a/b\nbase_model_relation: quantized\nfidelity: {}\n---\n");
     let mut items: Vec<String> = run.json()["findings"]
         .as_array()
         .unwrap()
@@ -211,7 +230,10 @@ fn wrong_types_everywhere_are_all_reported() {
         "/fidelity/protocol/aggregation/uncertainty",
         "/fidelity/results",
     ] {
-        assert!(violations.contains(&pointer), "no violation at {pointer}: {violations:?}");
+        assert!(
+            violations.contains(&pointer),
+            "no violation at {pointer}: {violations:?}"
+        );
     }
     for f in &findings {
         assert!(f["line"].is_u64(), "{f}");
@@ -220,15 +242,29 @@ fn wrong_types_everywhere_are_all_reported() {
 
 #[test]
 fn unknown_fields_suggest_the_intended_one() {
-    let run = lint_text(compliant_with("    context_lengths: [4096, 32768]", "    context_length: [4096, 32768]"));
-    let messages: Vec<String> =
-        run.json()["findings"].as_array().unwrap().iter().map(|f| f["message"].to_string()).collect();
-    assert!(messages.iter().any(|m| m.contains("did you mean `context_lengths`")), "{messages:?}");
+    let run = lint_text(compliant_with(
+        "    context_lengths: [4096, 32768]",
+        "    context_length: [4096, 32768]",
+    ));
+    let messages: Vec<String> = run.json()["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["message"].to_string())
+        .collect();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("did you mean `context_lengths`")),
+        "{messages:?}"
+    );
 }
 
 #[test]
 fn a_card_without_fidelity_or_claims_gets_one_warning_and_exit_0() {
-    let run = lint_text("---\nlicense: apache-2.0\nlibrary_name: transformers\n---\n# Model\n\nA model.\n");
+    let run = lint_text(
+        "---\nlicense: apache-2.0\nlibrary_name: transformers\n---\n# Model\n\nA model.\n",
+    );
     assert_eq!(run.code, 0);
     assert_eq!(run.codes(), ["no-fidelity-disclosure"]);
 }
@@ -241,7 +277,10 @@ fn a_card_without_front_matter_is_linted_without_metadata() {
     let run = lint_text("# Model\n\n| quant | KLD |\n|---|---|\n| Q4_K | 0.031 |\n");
     assert_eq!(run.code, 1);
     let f = run.finding("undisclosed-kld-claim");
-    assert_eq!((f["line"].as_u64(), f["column"].as_u64()), (Some(5), Some(10)));
+    assert_eq!(
+        (f["line"].as_u64(), f["column"].as_u64()),
+        (Some(5), Some(10))
+    );
 }
 
 #[test]
@@ -249,7 +288,10 @@ fn an_unterminated_front_matter_points_at_its_opening_marker() {
     let run = lint_text("\n---\nlicense: mit\nfidelity: {}\n");
     assert_eq!(run.code, 1);
     let f = run.finding("unterminated-front-matter");
-    assert_eq!((f["line"].as_u64(), f["column"].as_u64()), (Some(2), Some(1)));
+    assert_eq!(
+        (f["line"].as_u64(), f["column"].as_u64()),
+        (Some(2), Some(1))
+    );
 }
 
 #[test]
@@ -263,7 +305,10 @@ fn crlf_cards_lint_like_lf_cards() {
 
 #[test]
 fn extension_fields_are_allowed() {
-    let run = lint_text(compliant_with("  schema: cardproof/v1\n", "  schema: cardproof/v1\n  x-notes: measured twice\n"));
+    let run = lint_text(compliant_with(
+        "  schema: cardproof/v1\n",
+        "  schema: cardproof/v1\n  x-notes: measured twice\n",
+    ));
     assert_eq!(run.code, 0, "{}", run.stderr);
 }
 
@@ -281,7 +326,12 @@ fn json_output_has_the_documented_shape() {
     assert_eq!(doc["schema_version"], 1);
     for f in doc["findings"].as_array().unwrap() {
         let keys: Vec<&str> = f.as_object().unwrap().keys().map(String::as_str).collect();
-        assert_eq!(keys, ["code", "severity", "message", "item", "pointer", "line", "column"]);
+        assert_eq!(
+            keys,
+            [
+                "code", "severity", "message", "item", "pointer", "line", "column"
+            ]
+        );
     }
     // Human diagnostics go to stderr either way.
     assert!(run.stderr.contains("error[unknown-metric]"));
@@ -308,7 +358,12 @@ example_snapshot!(example_hub_pitfalls, "hub-pitfalls");
 
 #[test]
 fn markdown_format_renders_a_table_on_stdout() {
-    let run = cardproof(&["lint", "examples/cards/vague-disclosure", "--format", "markdown"]);
+    let run = cardproof(&[
+        "lint",
+        "examples/cards/vague-disclosure",
+        "--format",
+        "markdown",
+    ]);
     assert_eq!(run.code, 1);
     insta::assert_snapshot!(run.stdout);
 }

@@ -87,6 +87,10 @@ pub fn compliant_card() -> String {
 /// The compliant card with one line replaced (the old line must exist exactly once).
 pub fn compliant_with(old: &str, new: &str) -> String {
     let card = compliant_card();
-    assert_eq!(card.matches(old).count(), 1, "`{old}` must occur once in the compliant card");
+    assert_eq!(
+        card.matches(old).count(),
+        1,
+        "`{old}` must occur once in the compliant card"
+    );
     card.replacen(old, new, 1)
 }

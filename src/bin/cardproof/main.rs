@@ -29,7 +29,10 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Lint(args) => {
-            let config = LintConfig { path: args.path, output: Output::from_args(&args.output) };
+            let config = LintConfig {
+                path: args.path,
+                output: Output::from_args(&args.output),
+            };
             lint(&config)
         }
         Command::Schema => schema(),
@@ -53,11 +56,18 @@ fn lint(config: &LintConfig) -> io::Result<u8> {
     };
     let report = cardproof::lint::lint(&card);
     printer.lint(&card, &report)?;
-    Ok(if report.errors() > 0 { EXIT_FINDINGS } else { 0 })
+    Ok(if report.errors() > 0 {
+        EXIT_FINDINGS
+    } else {
+        0
+    })
 }
 
 fn schema() -> io::Result<u8> {
-    let printer = Printer::new(Output { format: config::Format::Json, color: false });
+    let printer = Printer::new(Output {
+        format: config::Format::Json,
+        color: false,
+    });
     printer.document(&cardproof::disclosure::json_schema_text())?;
     Ok(0)
 }

@@ -22,7 +22,11 @@ struct Style {
 
 impl Style {
     fn paint(&self, code: &str, text: &str) -> String {
-        if self.on { format!("\x1b[{code}m{text}\x1b[0m") } else { text.to_owned() }
+        if self.on {
+            format!("\x1b[{code}m{text}\x1b[0m")
+        } else {
+            text.to_owned()
+        }
     }
     fn severity(&self, s: Severity) -> String {
         match s {
@@ -44,7 +48,9 @@ impl Printer {
     }
 
     fn style(&self) -> Style {
-        Style { on: self.output.color }
+        Style {
+            on: self.output.color,
+        }
     }
 
     /// Print a lint report in the chosen format.
@@ -119,7 +125,11 @@ impl Printer {
 }
 
 fn plural(n: usize, word: &str) -> String {
-    if n == 1 { word.to_owned() } else { format!("{word}s") }
+    if n == 1 {
+        word.to_owned()
+    } else {
+        format!("{word}s")
+    }
 }
 
 fn write_stdout(text: &str) -> io::Result<()> {
@@ -187,9 +197,13 @@ fn snippet(line_text: &str, line: usize, column: usize, width: usize, style: &St
 
 fn render_markdown(card: &Card, report: &LintReport) -> String {
     let mut env = minijinja::Environment::new();
-    env.add_template("lint", LINT_MARKDOWN).expect("the lint template parses");
+    env.add_template("lint", LINT_MARKDOWN)
+        .expect("the lint template parses");
     env.add_filter("md", |s: String| {
-        s.replace('\\', "\\\\").replace('|', "\\|").replace('<', "&lt;").replace('>', "&gt;")
+        s.replace('\\', "\\\\")
+            .replace('|', "\\|")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
     });
     env.get_template("lint")
         .and_then(|t| {
