@@ -39,6 +39,9 @@ pub enum ErrorKind {
     Budget { what: &'static str, limit: usize },
     #[error("unsupported YAML in the front matter: {0}")]
     UnsupportedYaml(String),
+    /// A checkpoint file breaks a rule of its format; `subject` names the tensor or key.
+    #[error("{}{rule}", subject.as_ref().map(|s| format!("{s}: ")).unwrap_or_default())]
+    Malformed { subject: Option<String>, rule: String },
 }
 
 impl Error {
@@ -65,6 +68,14 @@ impl Error {
             ErrorKind::Io(error)
         };
         Self::new(file, kind)
+    }
+
+    /// A checkpoint file that breaks `rule` at `subject` (a tensor name or metadata key).
+    pub fn malformed(file: &Path, subject: Option<&str>, rule: impl Into<String>) -> Self {
+        Self::new(
+            file,
+            ErrorKind::Malformed { subject: subject.map(str::to_owned), rule: rule.into() },
+        )
     }
 
     /// The message without the file and place prefix (those have their own JSON fields).

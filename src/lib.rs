@@ -5,6 +5,7 @@
 //! [`disclosure`] (the schema) -> [`lint`] (findings).
 
 pub mod card;
+pub mod checkpoint;
 pub mod disclosure;
 pub mod error;
 pub mod findings;

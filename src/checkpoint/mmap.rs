@@ -1,0 +1,31 @@
+//! The one module allowed `unsafe`: read-only memory maps of checkpoint files.
+#![allow(unsafe_code)]
+
+use std::fs::File;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// A read-only view of a whole file. Empty files map to an empty slice.
+pub struct MappedFile {
+    map: Option<memmap2::Mmap>,
+}
+
+impl MappedFile {
+    pub fn open(path: &Path) -> Result<MappedFile> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        if len == 0 {
+            return Ok(MappedFile { map: None });
+        }
+        // SAFETY: the map is read-only and private to this process. If another process truncates
+        // the file while it is mapped, reads past the new end fault (SIGBUS); checkpoint files are
+        // not expected to change under a reader, and every parse copies what it keeps.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        Ok(MappedFile { map: Some(map) })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or(&[])
+    }
+}
