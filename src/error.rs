@@ -41,7 +41,10 @@ pub enum ErrorKind {
     UnsupportedYaml(String),
     /// A checkpoint file breaks a rule of its format; `subject` names the tensor or key.
     #[error("{}{rule}", subject.as_ref().map(|s| format!("{s}: ")).unwrap_or_default())]
-    Malformed { subject: Option<String>, rule: String },
+    Malformed {
+        subject: Option<String>,
+        rule: String,
+    },
 }
 
 impl Error {
@@ -74,7 +77,10 @@ impl Error {
     pub fn malformed(file: &Path, subject: Option<&str>, rule: impl Into<String>) -> Self {
         Self::new(
             file,
-            ErrorKind::Malformed { subject: subject.map(str::to_owned), rule: rule.into() },
+            ErrorKind::Malformed {
+                subject: subject.map(str::to_owned),
+                rule: rule.into(),
+            },
         )
     }
 

@@ -159,10 +159,13 @@ pub enum Code {
     NoFidelityDisclosure,
     UnterminatedFrontMatter,
     MetadataNotMapping,
+    ConfigTensorMismatch,
+    UnknownScheme,
+    QuantizationMismatch,
 }
 
 impl Code {
-    pub const ALL: [Code; 16] = [
+    pub const ALL: [Code; 19] = [
         Code::SchemaViolation,
         Code::MissingDisclosure,
         Code::VagueDisclosure,
@@ -179,6 +182,9 @@ impl Code {
         Code::NoFidelityDisclosure,
         Code::UnterminatedFrontMatter,
         Code::MetadataNotMapping,
+        Code::ConfigTensorMismatch,
+        Code::UnknownScheme,
+        Code::QuantizationMismatch,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -199,6 +205,9 @@ impl Code {
             Code::NoFidelityDisclosure => "no-fidelity-disclosure",
             Code::UnterminatedFrontMatter => "unterminated-front-matter",
             Code::MetadataNotMapping => "metadata-not-mapping",
+            Code::ConfigTensorMismatch => "config-tensor-mismatch",
+            Code::UnknownScheme => "unknown-scheme",
+            Code::QuantizationMismatch => "quantization-mismatch",
         }
     }
 

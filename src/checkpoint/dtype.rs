@@ -115,7 +115,10 @@ impl Dtype {
 
     /// An 8-bit float (any FP8 flavour, not the E8M0 scale type).
     pub fn is_fp8(self) -> bool {
-        matches!(self, Dtype::F8_E4M3 | Dtype::F8_E5M2 | Dtype::F8_E4M3FNUZ | Dtype::F8_E5M2FNUZ)
+        matches!(
+            self,
+            Dtype::F8_E4M3 | Dtype::F8_E5M2 | Dtype::F8_E4M3FNUZ | Dtype::F8_E5M2FNUZ
+        )
     }
 
     /// Bytes needed for `elements` values, or `None` on overflow or a sub-byte total that does not

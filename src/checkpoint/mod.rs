@@ -3,5 +3,23 @@
 
 pub mod dtype;
 pub mod gguf;
+pub mod hash;
+pub mod inspect;
 pub mod mmap;
+pub mod quant_config;
 pub mod safetensors;
+
+/// Whether a directory holds checkpoint files (safetensors or GGUF) next to its card.
+pub fn has_checkpoint(dir: &std::path::Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.filter_map(|e| e.ok()).any(|e| {
+            let path = e.path();
+            matches!(
+                path.extension().and_then(|x| x.to_str()),
+                Some("safetensors" | "gguf")
+            ) || path
+                .file_name()
+                .is_some_and(|n| n == "model.safetensors.index.json")
+        })
+    })
+}

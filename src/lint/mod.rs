@@ -1,5 +1,6 @@
 //! `cardproof lint`: the disclosure schema, the nine items, Hub metadata and undisclosed claims.
 
+mod checkpoint;
 mod items;
 mod metadata;
 mod prose;
@@ -13,6 +14,7 @@ use serde::Serialize;
 
 use crate::card::yaml::{Node, NodeKind};
 use crate::card::{Card, FrontMatter};
+use crate::checkpoint::inspect::Inspection;
 use crate::findings::{Code, Finding, Severity};
 
 /// The result of linting one card.
@@ -38,6 +40,12 @@ impl LintReport {
 
 /// Lint a parsed card.
 pub fn lint(card: &Card) -> LintReport {
+    lint_with_checkpoint(card, &[])
+}
+
+/// Lint a card that sits next to a checkpoint: also cross-check its `quantization` section against
+/// what `inspect` found, and turn inspect's own findings into errors.
+pub fn lint_with_checkpoint(card: &Card, inspections: &[Inspection]) -> LintReport {
     let locator = Locator::new(card);
     let mut findings = Vec::new();
     let body = card.body_range();
@@ -74,6 +82,12 @@ pub fn lint(card: &Card) -> LintReport {
         .filter(|r| matches!(r.kind, NodeKind::Map(_)));
     if let Some(root) = root {
         metadata::yaml_scalars(root, &locator, &mut findings);
+    }
+    if !inspections.is_empty() {
+        let fidelity = root
+            .and_then(|r| r.get("fidelity"))
+            .map(|f| f.value.to_json());
+        checkpoint::check(fidelity.as_ref(), inspections, &locator, &mut findings);
     }
     match root.and_then(|r| r.get("fidelity")) {
         Some(fidelity) => {

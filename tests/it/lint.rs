@@ -4,8 +4,35 @@ use cardproof::findings::Code;
 
 use crate::support::*;
 
+type Fixture = (Code, String, Option<&'static str>, Option<&'static str>);
+
+/// Codes that need a checkpoint next to the card: (code, card, checkpoint writer).
+type WriteCheckpoint = fn(&std::path::Path);
+
+fn checkpoint_fixtures() -> Vec<(Code, String, WriteCheckpoint)> {
+    vec![
+        (Code::ConfigTensorMismatch, compliant_card(), |d| {
+            crate::fixtures::int4_pack_quantized(d, 64, 128, false)
+        }),
+        (Code::UnknownScheme, compliant_card(), |d| {
+            let mut t = crate::fixtures::Tensors::default();
+            t.add(
+                "model.layers.0.mlp.up_proj.weight",
+                cardproof::checkpoint::dtype::Dtype::F8_E4M3,
+                &[64, 64],
+            );
+            t.write(&d.join("model.safetensors"));
+        }),
+        (
+            Code::QuantizationMismatch,
+            compliant_card(),
+            crate::fixtures::mixed_fp8_nvfp4,
+        ),
+    ]
+}
+
 /// One small card per finding code: (code, card text, expected pointer, expected item).
-fn fixtures() -> Vec<(Code, String, Option<&'static str>, Option<&'static str>)> {
+fn fixtures() -> Vec<Fixture> {
     vec![
         (
             Code::SchemaViolation,
@@ -114,11 +141,20 @@ fn fixtures() -> Vec<(Code, String, Option<&'static str>, Option<&'static str>)>
 #[test]
 fn every_finding_code_has_a_fixture_that_triggers_it() {
     let fixtures = fixtures();
+    let with_checkpoint = checkpoint_fixtures();
     for code in Code::ALL {
         assert!(
-            fixtures.iter().any(|(c, ..)| *c == code),
+            fixtures.iter().any(|(c, ..)| *c == code)
+                || with_checkpoint.iter().any(|(c, ..)| *c == code),
             "no fixture for `{code}`"
         );
+    }
+    for (code, text, write) in with_checkpoint {
+        let dir = card_dir(&text);
+        write(dir.path());
+        let run = cardproof_in(dir.path(), &["lint", ".", "--json"]);
+        assert_eq!(run.finding(code.as_str())["severity"], "error", "{code}");
+        assert_eq!(run.code, 1, "{code}");
     }
     for (code, text, pointer, item) in fixtures {
         let run = lint_text(&text);
@@ -366,4 +402,109 @@ fn markdown_format_renders_a_table_on_stdout() {
     ]);
     assert_eq!(run.code, 1);
     insta::assert_snapshot!(run.stdout);
+}
+
+mod with_checkpoint {
+    use crate::fixtures;
+    use crate::support::*;
+
+    /// A model directory: the mixed checkpoint plus a card describing it.
+    fn model_dir(card: &str) -> tempfile::TempDir {
+        let dir = card_dir(card);
+        fixtures::mixed_fp8_nvfp4(dir.path());
+        dir
+    }
+
+    fn card(high_precision: &str, group: &str, method: &str, activations: &str) -> String {
+        compliant_card()
+            .replace(
+                "    high_precision_modules: [lm_head, \"model.embed_tokens\", \"model.layers.*.mlp.gate\"]\n",
+                &format!("    high_precision_modules: {high_precision}\n"),
+            )
+            .replace("    group: [128, 128]\n", &format!("    group: {group}\n"))
+            .replace("    method: fp8-block\n", &format!("    method: {method}\n"))
+            .replace("    activations: dynamic-fp8\n", &format!("    activations: {activations}\n"))
+    }
+
+    #[test]
+    fn a_card_that_matches_its_checkpoint_is_clean() {
+        let dir = model_dir(&card(
+            "[\"model.embed_tokens\"]",
+            "16",
+            "nvfp4",
+            "static-fp8",
+        ));
+        let run = cardproof_in(dir.path(), &["lint", ".", "--json"]);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+    }
+
+    #[test]
+    fn lm_head_said_bf16_but_quantized_is_an_error() {
+        let dir = model_dir(&card("[lm_head]", "16", "nvfp4", "static-fp8"));
+        let run = cardproof_in(dir.path(), &["lint", ".", "--json"]);
+        assert_eq!(run.code, 1);
+        let f = run.finding("quantization-mismatch");
+        assert_eq!(
+            f["pointer"],
+            "/fidelity/quantization/high_precision_modules/0"
+        );
+        assert!(
+            f["message"].as_str().unwrap().contains("`lm_head` (nvfp4)"),
+            "{f}"
+        );
+        assert!(f["line"].is_u64());
+    }
+
+    #[test]
+    fn group_method_and_activation_mismatches_are_errors() {
+        let dir = model_dir(&card(
+            "[\"model.embed_tokens\"]",
+            "128",
+            "int4-awq",
+            "dynamic-fp8",
+        ));
+        let run = cardproof_in(dir.path(), &["lint", ".", "--json"]);
+        assert_eq!(run.code, 1);
+        let pointers: Vec<String> = run.json()["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["code"] == "quantization-mismatch")
+            .map(|f| f["pointer"].as_str().unwrap().to_owned())
+            .collect();
+        let mut pointers = pointers;
+        pointers.sort();
+        assert_eq!(
+            pointers,
+            [
+                "/fidelity/quantization/activations",
+                "/fidelity/quantization/group",
+                "/fidelity/quantization/method"
+            ]
+        );
+    }
+
+    #[test]
+    fn config_tensor_disagreements_become_lint_errors() {
+        let dir = card_dir(compliant_card());
+        fixtures::int4_pack_quantized(dir.path(), 64, 128, false);
+        let run = cardproof_in(dir.path(), &["lint", ".", "--json"]);
+        assert_eq!(run.code, 1);
+        let f = run.finding("config-tensor-mismatch");
+        assert_eq!(f["severity"], "error");
+    }
+
+    #[test]
+    fn a_malformed_checkpoint_next_to_the_card_is_exit_2() {
+        let dir = card_dir(compliant_card());
+        std::fs::write(dir.path().join("model.safetensors"), b"short").unwrap();
+        let run = cardproof_in(dir.path(), &["lint", ".", "--json"]);
+        assert_eq!(run.code, 2);
+        assert!(
+            run.json()["error"]["file"]
+                .as_str()
+                .unwrap()
+                .ends_with("model.safetensors")
+        );
+    }
 }

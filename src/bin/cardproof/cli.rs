@@ -23,6 +23,39 @@ pub enum Command {
     Lint(LintArgs),
     /// Print the JSON Schema (draft 2020-12) of the `fidelity:` block.
     Schema,
+    /// Report what a checkpoint holds, from headers alone: formats, files, which modules are
+    /// quantized and how, bits per weight, and config/tensor disagreements.
+    Inspect(InspectArgs),
+    /// SHA-256 of every file and a root digest (the SHA-256 of the `sha256sum`-format manifest
+    /// printed on stdout).
+    Hash(HashArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// A .safetensors or .gguf file, or a checkpoint directory.
+    #[arg(default_value = ".")]
+    pub path: PathBuf,
+    /// List every module, not only the summary.
+    #[arg(long)]
+    pub modules: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct HashArgs {
+    /// A checkpoint directory or a single file.
+    #[arg(default_value = ".")]
+    pub path: PathBuf,
+    /// Worker threads (default: every core).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: Option<u16>,
+    /// Also hash the card (README.md), .gitattributes, .git/ and .cache/.
+    #[arg(long)]
+    pub all: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Debug, Args)]

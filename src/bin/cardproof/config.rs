@@ -41,3 +41,19 @@ pub struct LintConfig {
     pub path: PathBuf,
     pub output: Output,
 }
+
+#[derive(Debug, Clone)]
+pub struct InspectConfig {
+    pub path: PathBuf,
+    pub list_modules: bool,
+    pub output: Output,
+}
+
+#[derive(Debug, Clone)]
+pub struct HashConfig {
+    pub path: PathBuf,
+    pub options: cardproof::checkpoint::hash::HashOptions,
+    pub output: Output,
+    /// Show a progress bar (stderr is a terminal).
+    pub progress: bool,
+}

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use cli::{Cli, Command};
-use config::{LintConfig, Output};
+use config::{HashConfig, InspectConfig, LintConfig, Output};
 use printer::Printer;
 
 const EXIT_FINDINGS: u8 = 1;
@@ -36,6 +36,23 @@ fn main() -> ExitCode {
             lint(&config)
         }
         Command::Schema => schema(),
+        Command::Inspect(args) => inspect(&InspectConfig {
+            path: args.path,
+            list_modules: args.modules,
+            output: Output::from_args(&args.output),
+        }),
+        Command::Hash(args) => {
+            let output = Output::from_args(&args.output);
+            hash(&HashConfig {
+                path: args.path,
+                options: cardproof::checkpoint::hash::HashOptions {
+                    threads: args.threads.map(usize::from),
+                    include_all: args.all,
+                },
+                progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                output,
+            })
+        }
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -54,7 +71,20 @@ fn lint(config: &LintConfig) -> io::Result<u8> {
             return Ok(EXIT_BAD_INPUT);
         }
     };
-    let report = cardproof::lint::lint(&card);
+    // A model directory: check the card against the checkpoint it describes.
+    let inspections = if config.path.is_dir() && cardproof::checkpoint::has_checkpoint(&config.path)
+    {
+        match cardproof::checkpoint::inspect::inspect_path(&config.path) {
+            Ok(inspections) => inspections,
+            Err(e) => {
+                printer.error(&e)?;
+                return Ok(EXIT_BAD_INPUT);
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    let report = cardproof::lint::lint_with_checkpoint(&card, &inspections);
     printer.lint(&card, &report)?;
     Ok(if report.errors() > 0 {
         EXIT_FINDINGS
@@ -70,4 +100,46 @@ fn schema() -> io::Result<u8> {
     });
     printer.document(&cardproof::disclosure::json_schema_text())?;
     Ok(0)
+}
+
+fn inspect(config: &InspectConfig) -> io::Result<u8> {
+    let printer = Printer::new(config.output);
+    match cardproof::checkpoint::inspect::inspect_path(&config.path) {
+        Ok(inspections) => {
+            printer.inspection(&inspections, config.list_modules)?;
+            Ok(0)
+        }
+        Err(e) => {
+            printer.error(&e)?;
+            Ok(EXIT_BAD_INPUT)
+        }
+    }
+}
+
+fn hash(config: &HashConfig) -> io::Result<u8> {
+    let printer = Printer::new(config.output);
+    let bar = config.progress.then(printer::progress_bar);
+    let progress = |n: u64| {
+        if let Some(bar) = &bar {
+            bar.inc(n);
+        }
+    };
+    if let Some(bar) = &bar {
+        let total = cardproof::checkpoint::hash::total_size(&config.path, &config.options);
+        bar.set_length(total.unwrap_or(0));
+    }
+    let result = cardproof::checkpoint::hash::hash_path(&config.path, &config.options, &progress);
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    match result {
+        Ok(manifest) => {
+            printer.manifest(&manifest)?;
+            Ok(0)
+        }
+        Err(e) => {
+            printer.error(&e)?;
+            Ok(EXIT_BAD_INPUT)
+        }
+    }
 }

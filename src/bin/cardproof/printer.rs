@@ -216,3 +216,199 @@ fn render_markdown(card: &Card, report: &LintReport) -> String {
         })
         .expect("the lint template renders")
 }
+
+/// A byte progress bar on stderr (only created when stderr is a terminal).
+pub fn progress_bar() -> indicatif::ProgressBar {
+    let bar =
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} hashing {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left) {wide_bar}",
+        )
+        .expect("valid progress template"),
+    );
+    bar
+}
+
+impl Printer {
+    pub fn manifest(&self, manifest: &cardproof::checkpoint::hash::Manifest) -> io::Result<()> {
+        if self.output.format == Format::Json {
+            let doc = json!({
+                "schema_version": cardproof::JSON_SCHEMA_VERSION,
+                "files": manifest.files,
+                "root_sha256": manifest.root_sha256,
+                "excluded": manifest.excluded,
+            });
+            return write_stdout(&(serde_json::to_string_pretty(&doc)? + "\n"));
+        }
+        write_stdout(&manifest.text())?;
+        let style = self.style();
+        let mut err = io::stderr().lock();
+        writeln!(
+            err,
+            "{} {}  ({} files, {} bytes; the SHA-256 of the manifest above)",
+            style.bold("root sha256:"),
+            manifest.root_sha256,
+            manifest.files.len(),
+            manifest.total_bytes()
+        )?;
+        if !manifest.excluded.is_empty() {
+            writeln!(
+                err,
+                "{} {}",
+                style.dim("excluded:"),
+                manifest.excluded.join(", ")
+            )?;
+        }
+        Ok(())
+    }
+
+    pub fn inspection(
+        &self,
+        inspections: &[cardproof::checkpoint::inspect::Inspection],
+        list_modules: bool,
+    ) -> io::Result<()> {
+        match self.output.format {
+            Format::Json => {
+                let doc = if let [only] = inspections {
+                    let mut value = serde_json::to_value(only)?;
+                    if let Some(map) = value.as_object_mut() {
+                        map.shift_insert(
+                            0,
+                            "schema_version".into(),
+                            cardproof::JSON_SCHEMA_VERSION.into(),
+                        );
+                    }
+                    value
+                } else {
+                    json!({"schema_version": cardproof::JSON_SCHEMA_VERSION, "variants": inspections})
+                };
+                write_stdout(&(serde_json::to_string_pretty(&doc)? + "\n"))
+            }
+            _ => {
+                let text: String = inspections
+                    .iter()
+                    .map(|i| render_inspection(i, list_modules, &self.style()))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                write_stdout(&text)
+            }
+        }
+    }
+}
+
+fn render_inspection(
+    i: &cardproof::checkpoint::inspect::Inspection,
+    list_modules: bool,
+    style: &Style,
+) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let bytes: u64 = i.files.iter().map(|f| f.size).sum();
+    let title = match &i.variant {
+        Some(v) => format!("{} variant `{v}`", i.format),
+        None => i.format.to_owned(),
+    };
+    let _ = writeln!(
+        out,
+        "{}: {} file{}, {} bytes, {} tensors, {} parameters",
+        style.bold(&title),
+        i.files.len(),
+        if i.files.len() == 1 { "" } else { "s" },
+        bytes,
+        i.tensor_count,
+        i.parameter_count
+    );
+    for f in &i.files {
+        let _ = writeln!(out, "  {}  {} bytes, {} tensors", f.path, f.size, f.tensors);
+    }
+    if let Some(d) = &i.declared {
+        let ignore = if d.ignore.is_empty() {
+            String::new()
+        } else {
+            format!("; excludes {}", d.ignore.join(", "))
+        };
+        let _ = writeln!(out, "declared: {} ({}){ignore}", d.method, d.source);
+    }
+    let _ = writeln!(
+        out,
+        "linear modules: {} quantized, {} high precision; lm_head {}; embeddings {}{}",
+        i.summary.quantized,
+        i.summary.high_precision,
+        i.summary.lm_head.replace('_', " "),
+        i.summary.embeddings.as_deref().unwrap_or("absent"),
+        i.summary
+            .kv_cache
+            .as_ref()
+            .map(|k| format!("; kv cache {k}"))
+            .unwrap_or_default()
+    );
+    let _ = writeln!(
+        out,
+        "  {:<18} {:>8} {:>12}",
+        "scheme", "modules", "bits/weight"
+    );
+    for (scheme, count) in &i.summary.schemes {
+        let (sum, n) = i
+            .modules
+            .iter()
+            .filter(|m| &m.scheme == scheme)
+            .fold((0.0, 0usize), |(s, n), m| (s + m.bits_per_weight, n + 1));
+        let _ = writeln!(
+            out,
+            "  {scheme:<18} {count:>8} {:>12.4}",
+            sum / n.max(1) as f64
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  {:<18} {:>8} {:>10} {:>14}  schemes",
+        "bucket", "modules", "quantized", "parameters"
+    );
+    for (bucket, b) in &i.buckets {
+        let schemes: Vec<String> = b.schemes.iter().map(|(s, n)| format!("{s}×{n}")).collect();
+        let _ = writeln!(
+            out,
+            "  {bucket:<18} {:>8} {:>10} {:>14}  {}",
+            b.modules,
+            b.quantized,
+            b.parameters,
+            schemes.join(" ")
+        );
+    }
+    if list_modules {
+        let _ = writeln!(
+            out,
+            "  {:<56} {:<14} {:<14} {:>8}  group  activations",
+            "module", "status", "scheme", "bits"
+        );
+        for m in &i.modules {
+            let status = match m.status {
+                cardproof::checkpoint::inspect::Status::Quantized => "quantized",
+                cardproof::checkpoint::inspect::Status::HighPrecision => "high_precision",
+            };
+            let _ = writeln!(
+                out,
+                "  {:<56} {:<14} {:<14} {:>8.4}  {}  {}",
+                m.name,
+                status,
+                m.scheme,
+                m.bits_per_weight,
+                m.group_size
+                    .as_ref()
+                    .map_or("-".to_owned(), |g| g.to_string()),
+                m.activations.as_deref().unwrap_or("-")
+            );
+        }
+    }
+    for f in &i.findings {
+        let _ = writeln!(
+            out,
+            "{}[{}]: {}",
+            style.severity(f.severity),
+            f.code,
+            f.message
+        );
+    }
+    out
+}

@@ -1,0 +1,292 @@
+//! The card's `quantization` section against what the checkpoint's headers hold.
+
+use serde_json::Value;
+
+use super::Locator;
+use crate::checkpoint::inspect::{Inspection, Module, Status};
+use crate::findings::{Code, Finding, Severity};
+
+/// Findings for a card whose directory holds a checkpoint: inspect's own findings (as errors) and
+/// every place the card's `quantization` section disagrees with the tensors.
+pub(super) fn check(
+    fidelity: Option<&Value>,
+    inspections: &[Inspection],
+    locator: &Locator<'_>,
+    out: &mut Vec<Finding>,
+) {
+    for inspection in inspections {
+        for finding in &inspection.findings {
+            let mut f = finding.clone();
+            f.severity = Severity::Error;
+            if let Some(v) = &inspection.variant {
+                f.message = format!("{} variant `{v}`: {}", inspection.format, f.message);
+            }
+            out.push(f);
+        }
+    }
+    let Some(q) = fidelity.and_then(|f| f.get("quantization")) else {
+        return;
+    };
+    for inspection in inspections {
+        let prefix = inspection
+            .variant
+            .as_ref()
+            .map(|v| format!("{} variant `{v}`: ", inspection.format))
+            .unwrap_or_default();
+        let mut push = |pointer: &str, message: String| {
+            let finding = Finding::new(Code::QuantizationMismatch, format!("{prefix}{message}"));
+            out.push(locator.at_value(finding, pointer));
+        };
+        high_precision(q, inspection, &mut push);
+        group(q, inspection, &mut push);
+        method(q, inspection, &mut push);
+        activations(q, inspection, &mut push);
+    }
+}
+
+type Push<'a> = dyn FnMut(&str, String) + 'a;
+
+/// A card's module pattern: a glob (`model.layers.*.mlp.gate`) or a name that may be the tail of
+/// the full module name (`lm_head`, `mlp.gate`).
+pub(crate) fn pattern_matches(pattern: &str, name: &str) -> bool {
+    if pattern.contains('*') || pattern.contains('?') {
+        return glob(pattern, name)
+            || name.split('.').enumerate().any(|(i, _)| {
+                let tail: Vec<&str> = name.split('.').skip(i).collect();
+                glob(pattern, &tail.join("."))
+            });
+    }
+    name == pattern || name.ends_with(&format!(".{pattern}"))
+}
+
+fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+fn names(modules: &[&Module]) -> String {
+    let shown: Vec<String> = modules
+        .iter()
+        .take(3)
+        .map(|m| format!("`{}` ({})", m.name, m.scheme))
+        .collect();
+    let more = if modules.len() > 3 {
+        format!(" and {} more", modules.len() - 3)
+    } else {
+        String::new()
+    };
+    format!("{}{more}", shown.join(", "))
+}
+
+fn high_precision(q: &Value, inspection: &Inspection, push: &mut Push<'_>) {
+    let Some(patterns) = q.get("high_precision_modules").and_then(Value::as_array) else {
+        return;
+    };
+    for (i, pattern) in patterns.iter().enumerate() {
+        let Some(pattern) = pattern.as_str() else {
+            continue;
+        };
+        let quantized: Vec<&Module> = inspection
+            .modules
+            .iter()
+            .filter(|m| m.status == Status::Quantized && pattern_matches(pattern, &m.name))
+            .collect();
+        let embeddings_quantized = inspection
+            .summary
+            .embeddings
+            .as_deref()
+            .is_some_and(|s| !matches!(s, "bf16" | "f16" | "f32" | "f64"))
+            && (pattern.contains("embed") || pattern == "token_embd");
+        if !quantized.is_empty() {
+            push(
+                &format!("/fidelity/quantization/high_precision_modules/{i}"),
+                format!(
+                    "the card keeps `{pattern}` in high precision, but the checkpoint quantizes {} \
+                     matching module{}: {}",
+                    quantized.len(),
+                    if quantized.len() == 1 { "" } else { "s" },
+                    names(&quantized)
+                ),
+            );
+        } else if embeddings_quantized {
+            push(
+                &format!("/fidelity/quantization/high_precision_modules/{i}"),
+                format!(
+                    "the card keeps `{pattern}` in high precision, but the embeddings are {}",
+                    inspection.summary.embeddings.as_deref().unwrap_or_default()
+                ),
+            );
+        }
+    }
+}
+
+fn group(q: &Value, inspection: &Inspection, push: &mut Push<'_>) {
+    let Some(declared) = q.get("group") else {
+        return;
+    };
+    let quantized: Vec<&Module> = inspection
+        .modules
+        .iter()
+        .filter(|m| m.status == Status::Quantized)
+        .collect();
+    let differing: Vec<&Module> = quantized
+        .iter()
+        .copied()
+        .filter(|m| match (&m.group_size, declared) {
+            (Some(found), Value::Number(_)) if found.is_number() => found != declared,
+            (Some(found @ Value::Array(_)), Value::Array(_)) => found != declared,
+            _ => false,
+        })
+        .collect();
+    if !differing.is_empty() {
+        let found: Vec<String> = {
+            let mut g: Vec<String> = differing
+                .iter()
+                .filter_map(|m| m.group_size.as_ref())
+                .map(Value::to_string)
+                .collect();
+            g.sort();
+            g.dedup();
+            g
+        };
+        push(
+            "/fidelity/quantization/group",
+            format!(
+                "the card says group {declared}, but the scales of {} module{} give {}: {}",
+                differing.len(),
+                if differing.len() == 1 { "" } else { "s" },
+                found.join(", "),
+                names(&differing)
+            ),
+        );
+    }
+}
+
+fn method(q: &Value, inspection: &Inspection, push: &mut Push<'_>) {
+    let Some(method) = q.get("method").and_then(Value::as_str) else {
+        return;
+    };
+    let method = method.to_ascii_lowercase();
+    let schemes: Vec<&String> = inspection
+        .summary
+        .schemes
+        .keys()
+        .filter(|s| !matches!(s.as_str(), "bf16" | "f16" | "f32" | "f64"))
+        .collect();
+    if schemes.is_empty() {
+        push(
+            "/fidelity/quantization/method",
+            format!(
+                "the card says `{method}`, but no linear module of the checkpoint is quantized"
+            ),
+        );
+        return;
+    }
+    // GGUF mixes (`q4_k_m`) name their dominant type plus a size suffix.
+    let base = method
+        .trim_end_matches("_xl")
+        .trim_end_matches("_s")
+        .trim_end_matches("_m")
+        .trim_end_matches("_l");
+    let known = schemes
+        .iter()
+        .any(|s| *s == &method || s.as_str() == base || family(s) == family(&method));
+    if !known {
+        push(
+            "/fidelity/quantization/method",
+            format!(
+                "the card says `{method}`, but the checkpoint's quantized modules are {}",
+                schemes
+                    .iter()
+                    .map(|s| format!("`{s}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
+    }
+}
+
+/// Scheme family for loose comparisons (`int4-awq` and `awq`, `fp8-block` and `fp8`).
+fn family(scheme: &str) -> String {
+    let s = scheme.to_ascii_lowercase();
+    for family in [
+        "awq", "gptq", "nvfp4", "mxfp4", "bnb-nf4", "bnb-fp4", "bnb-int8",
+    ] {
+        if s.contains(family) {
+            return family.to_owned();
+        }
+    }
+    s
+}
+
+fn activations(q: &Value, inspection: &Inspection, push: &mut Push<'_>) {
+    let Some(card) = q.get("activations").and_then(Value::as_str) else {
+        return;
+    };
+    let card = card.to_ascii_lowercase();
+    let static_modules: Vec<&Module> = inspection
+        .modules
+        .iter()
+        .filter(|m| {
+            m.activations
+                .as_deref()
+                .is_some_and(|a| a.ends_with("-static"))
+        })
+        .collect();
+    let weight_only = matches!(
+        card.as_str(),
+        "none" | "bf16" | "f16" | "weight-only" | "a16"
+    );
+    if (weight_only || card.contains("dynamic")) && !static_modules.is_empty() {
+        push(
+            "/fidelity/quantization/activations",
+            format!(
+                "the card says activations are `{card}`, but {} module{} carry static input scales: {}",
+                static_modules.len(),
+                if static_modules.len() == 1 { "" } else { "s" },
+                names(&static_modules)
+            ),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn card_patterns_match_globs_and_name_tails() {
+        assert!(pattern_matches("lm_head", "lm_head"));
+        assert!(pattern_matches("mlp.gate", "model.layers.3.mlp.gate"));
+        assert!(!pattern_matches("mlp.gate", "model.layers.3.mlp.gate_proj"));
+        assert!(pattern_matches(
+            "model.layers.*.linear_attn.*",
+            "model.layers.0.linear_attn.in_proj_qkvz"
+        ));
+        assert!(pattern_matches(
+            "*.linear_attn.*",
+            "model.layers.10.linear_attn.out_proj"
+        ));
+        assert!(!pattern_matches(
+            "model.layers.*.linear_attn.*",
+            "model.layers.0.self_attn.q_proj"
+        ));
+    }
+}

@@ -1,0 +1,183 @@
+//! `cardproof hash`: a manifest anyone can recompute with coreutils.
+
+use std::process::Command;
+
+use crate::support::*;
+
+fn sample_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path();
+    std::fs::write(
+        p.join("model-00001-of-00002.safetensors"),
+        vec![7u8; 300_000],
+    )
+    .unwrap();
+    std::fs::write(
+        p.join("model-00002-of-00002.safetensors"),
+        vec![9u8; 123_457],
+    )
+    .unwrap();
+    std::fs::write(p.join("config.json"), b"{}\n").unwrap();
+    std::fs::write(p.join("README.md"), b"---\nlicense: mit\n---\n").unwrap();
+    std::fs::write(p.join(".gitattributes"), b"*.safetensors filter=lfs\n").unwrap();
+    std::fs::create_dir_all(p.join(".git/objects")).unwrap();
+    std::fs::write(p.join(".git/HEAD"), b"ref: refs/heads/main\n").unwrap();
+    std::fs::create_dir(p.join("tokenizer")).unwrap();
+    std::fs::write(p.join("tokenizer/tokenizer.json"), b"{\"model\": {}}").unwrap();
+    dir
+}
+
+#[test]
+fn manifest_is_sha256sum_format_and_checks_with_coreutils() {
+    let dir = sample_dir();
+    let run = cardproof_in(dir.path(), &["hash", "."]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    let names: Vec<&str> = lines
+        .iter()
+        .map(|l| l.split_once("  ").unwrap().1)
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "config.json",
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+            "tokenizer/tokenizer.json"
+        ]
+    );
+    assert!(run.stdout.ends_with('\n'));
+    std::fs::write(dir.path().join("manifest.sha256"), &run.stdout).unwrap();
+    let check = Command::new("sha256sum")
+        .args(["-c", "manifest.sha256"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    let root = Command::new("sha256sum")
+        .arg("manifest.sha256")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let root = String::from_utf8(root.stdout).unwrap();
+    let root = root.split_whitespace().next().unwrap();
+    assert!(
+        run.stderr.contains(root),
+        "root digest {root} not in: {}",
+        run.stderr
+    );
+}
+
+#[test]
+fn json_lists_files_root_and_what_was_excluded() {
+    let dir = sample_dir();
+    let run = cardproof_in(dir.path(), &["hash", ".", "--json"]);
+    assert_eq!(run.code, 0);
+    let doc = run.json();
+    assert_eq!(doc["schema_version"], 1);
+    assert_eq!(
+        doc["excluded"],
+        serde_json::json!([".git/", ".gitattributes", "README.md"])
+    );
+    let files = doc["files"].as_array().unwrap();
+    assert_eq!(files.len(), 4);
+    assert_eq!(files[1]["size"], 300_000);
+    let keys: Vec<&str> = files[0]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(keys, ["path", "size", "sha256"]);
+    assert_eq!(doc["root_sha256"].as_str().unwrap().len(), 64);
+}
+
+#[test]
+fn a_card_edit_does_not_change_the_root_but_a_weight_edit_does() {
+    let dir = sample_dir();
+    let root = |d: &std::path::Path| {
+        cardproof_in(d, &["hash", ".", "--json"]).json()["root_sha256"].clone()
+    };
+    let before = root(dir.path());
+    std::fs::write(
+        dir.path().join("README.md"),
+        b"---\nlicense: apache-2.0\n---\n",
+    )
+    .unwrap();
+    assert_eq!(root(dir.path()), before);
+    std::fs::write(dir.path().join("config.json"), b"{ }\n").unwrap();
+    assert_ne!(root(dir.path()), before);
+}
+
+#[test]
+fn one_thread_and_all_threads_agree() {
+    let dir = sample_dir();
+    let one = cardproof_in(dir.path(), &["hash", ".", "--threads", "1", "--json"]).json();
+    let all = cardproof_in(dir.path(), &["hash", ".", "--json"]).json();
+    assert_eq!(one, all);
+}
+
+#[test]
+fn all_includes_the_card_and_plumbing() {
+    let dir = sample_dir();
+    let doc = cardproof_in(dir.path(), &["hash", ".", "--all", "--json"]).json();
+    let names: Vec<&str> = doc["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"README.md") && names.contains(&".git/HEAD"),
+        "{names:?}"
+    );
+}
+
+#[test]
+fn symlinks_are_followed_and_recorded() {
+    let dir = sample_dir();
+    let blobs = tempfile::tempdir().unwrap();
+    std::fs::write(blobs.path().join("blob"), b"weights").unwrap();
+    std::os::unix::fs::symlink(blobs.path().join("blob"), dir.path().join("linked.bin")).unwrap();
+    let doc = cardproof_in(dir.path(), &["hash", ".", "--json"]).json();
+    let linked = doc["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == "linked.bin")
+        .unwrap()
+        .clone();
+    assert_eq!(linked["size"], 7);
+    assert!(linked["link"].as_str().unwrap().ends_with("blob"));
+}
+
+#[test]
+fn names_sha256sum_would_escape_are_exit_2() {
+    let dir = sample_dir();
+    std::fs::write(dir.path().join("bad\nname.bin"), b"x").unwrap();
+    let run = cardproof_in(dir.path(), &["hash", ".", "--json"]);
+    assert_eq!(run.code, 2);
+    assert!(
+        run.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("bad\\nname.bin"),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn a_single_file_hashes_alone() {
+    let dir = sample_dir();
+    let run = cardproof_in(dir.path(), &["hash", "config.json"]);
+    assert_eq!(run.code, 0);
+    assert_eq!(
+        run.stdout,
+        "ca3d163bab055381827226140568f3bef7eaac187cebd76878e0b63e9e442356  config.json\n"
+    );
+}

@@ -1,0 +1,314 @@
+//! `cardproof inspect`: every scheme from headers alone, buckets, bits per weight, and
+//! config/tensor disagreements.
+
+use serde_json::Value;
+
+use crate::fixtures::*;
+use crate::support::*;
+
+fn inspect(dir: &std::path::Path) -> Value {
+    let run = cardproof(&["inspect", dir.to_str().unwrap(), "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    run.json()
+}
+
+fn module<'a>(doc: &'a Value, name: &str) -> &'a Value {
+    doc["modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == name)
+        .unwrap_or_else(|| panic!("no module {name}"))
+}
+
+fn bits(m: &Value) -> f64 {
+    m["bits_per_weight"].as_f64().unwrap()
+}
+
+fn findings(doc: &Value) -> Vec<String> {
+    doc["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["message"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn mixed_fp8_static_and_nvfp4_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    mixed_fp8_nvfp4(dir.path());
+    let doc = inspect(dir.path());
+    assert_eq!(doc["schema_version"], 1);
+    assert_eq!(doc["format"], "safetensors");
+    let q = module(&doc, "model.layers.0.self_attn.q_proj");
+    assert_eq!(
+        (q["status"].as_str(), q["scheme"].as_str()),
+        (Some("quantized"), Some("fp8-tensor"))
+    );
+    assert_eq!(q["activations"], "fp8-static");
+    assert_eq!(q["bucket"], "attention");
+    let gdn = module(&doc, "model.layers.1.linear_attn.in_proj_qkvz");
+    assert_eq!(
+        (gdn["scheme"].as_str(), gdn["activations"].as_str()),
+        (Some("fp8-tensor"), Some("fp8-static"))
+    );
+    assert_eq!(gdn["bucket"], "linear_attention");
+    let up = module(&doc, "model.layers.0.mlp.up_proj");
+    assert_eq!(
+        (up["scheme"].as_str(), up["group_size"].as_u64()),
+        (Some("nvfp4"), Some(16))
+    );
+    assert_eq!(up["activations"], "none");
+    // 4 bits + one E4M3 scale per 16 + a 4-byte global scale.
+    let expected = 4.5 + 32.0 / (INTERMEDIATE * HIDDEN) as f64;
+    assert!((bits(up) - expected).abs() < 1e-12, "{}", bits(up));
+    let head = module(&doc, "lm_head");
+    assert_eq!(
+        (head["scheme"].as_str(), head["bucket"].as_str()),
+        (Some("nvfp4"), Some("lm_head"))
+    );
+    let s = &doc["summary"];
+    assert_eq!(s["lm_head"], "quantized");
+    assert_eq!(s["embeddings"], "bf16");
+    assert_eq!(s["quantized"], 4 + 3 + 3 + 3 + 1);
+    assert_eq!(s["high_precision"], 0);
+    assert_eq!(s["schemes"]["fp8-tensor"], 7);
+    assert_eq!(s["schemes"]["nvfp4"], 7);
+    assert_eq!(doc["buckets"]["linear_attention"]["modules"], 3);
+    assert_eq!(doc["declared"]["method"], "compressed-tensors");
+    assert!(findings(&doc).is_empty(), "{:?}", findings(&doc));
+}
+
+#[test]
+fn int4_group_128_symmetric_is_exactly_4_125_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    int4_pack_quantized(dir.path(), 128, 128, false);
+    let doc = inspect(dir.path());
+    let m = module(&doc, "model.layers.1.mlp.down_proj");
+    assert_eq!(m["scheme"], "int4-group");
+    assert_eq!(m["group_size"], 128);
+    assert_eq!(m["symmetric"], true);
+    assert_eq!(bits(m), 4.125);
+    assert_eq!(m["shape"], serde_json::json!([HIDDEN, INTERMEDIATE]));
+    assert_eq!(module(&doc, "lm_head")["status"], "high_precision");
+    assert_eq!(doc["summary"]["schemes"]["bf16"], 1);
+    assert!(findings(&doc).is_empty(), "{:?}", findings(&doc));
+}
+
+#[test]
+fn asymmetric_int4_counts_its_zero_points() {
+    let dir = tempfile::tempdir().unwrap();
+    int4_pack_quantized(dir.path(), 128, 128, true);
+    let doc = inspect(dir.path());
+    let m = module(&doc, "model.layers.0.self_attn.q_proj");
+    assert_eq!(m["symmetric"], false);
+    // zero points: I32 packing 8 per int along out -> 4 bits per group of 128.
+    assert_eq!(bits(m), 4.125 + 4.0 / 128.0);
+}
+
+#[test]
+fn config_and_tensors_disagreeing_on_group_size_is_a_finding() {
+    let dir = tempfile::tempdir().unwrap();
+    int4_pack_quantized(dir.path(), 64, 128, false);
+    let doc = inspect(dir.path());
+    let f = findings(&doc);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert!(
+        f[0].contains("14 modules")
+            && f[0].contains("declares group size 128, but the scales give 64"),
+        "{f:?}"
+    );
+    assert_eq!(doc["findings"][0]["code"], "config-tensor-mismatch");
+}
+
+#[test]
+fn int8_channel_and_fp8_block() {
+    let dir = tempfile::tempdir().unwrap();
+    int8_channel(dir.path());
+    let doc = inspect(dir.path());
+    let m = module(&doc, "model.layers.0.mlp.gate_proj");
+    assert_eq!(m["scheme"], "int8-channel");
+    assert_eq!(bits(m), 8.0 + 16.0 / HIDDEN as f64);
+
+    let dir = tempfile::tempdir().unwrap();
+    fp8_block(dir.path());
+    let doc = inspect(dir.path());
+    let m = module(&doc, "model.layers.0.mlp.down_proj");
+    assert_eq!(m["scheme"], "fp8-block");
+    assert_eq!(m["group_size"], serde_json::json!([128, 128]));
+    assert_eq!(
+        bits(m),
+        8.0 + (2 * 4 * 32) as f64 / (HIDDEN * INTERMEDIATE) as f64
+    );
+    assert_eq!(doc["summary"]["lm_head"], "high_precision");
+    assert!(findings(&doc).is_empty(), "{:?}", findings(&doc));
+}
+
+#[test]
+fn awq_and_gptq_are_told_apart_by_packing() {
+    let dir = tempfile::tempdir().unwrap();
+    awq(dir.path());
+    let doc = inspect(dir.path());
+    let m = module(&doc, "model.layers.0.mlp.gate_proj");
+    assert_eq!(m["scheme"], "int4-awq");
+    assert_eq!(m["shape"], serde_json::json!([INTERMEDIATE, HIDDEN]));
+    // 4 bits + F16 scale per 128 + 4-bit zero per 128.
+    assert_eq!(bits(m), 4.0 + 16.0 / 128.0 + 4.0 / 128.0);
+    assert!(findings(&doc).is_empty(), "{:?}", findings(&doc));
+
+    let dir = tempfile::tempdir().unwrap();
+    gptq(dir.path());
+    let doc = inspect(dir.path());
+    let m = module(&doc, "model.layers.0.mlp.down_proj");
+    assert_eq!(m["scheme"], "int4-gptq");
+    assert_eq!(m["shape"], serde_json::json!([HIDDEN, INTERMEDIATE]));
+    // ... plus a 32-bit g_idx entry per input column.
+    assert_eq!(
+        bits(m),
+        4.0 + 16.0 / 128.0 + 4.0 / 128.0 + 32.0 / HIDDEN as f64
+    );
+    assert!(findings(&doc).is_empty(), "{:?}", findings(&doc));
+}
+
+#[test]
+fn modelopt_nvfp4_with_wildcard_excludes_and_fp8_kv_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    modelopt_nvfp4(dir.path());
+    let doc = inspect(dir.path());
+    let m = module(&doc, "model.layers.0.mlp.up_proj");
+    assert_eq!(m["scheme"], "nvfp4");
+    assert_eq!(m["activations"], "nvfp4");
+    assert_eq!(m["group_size"], 16);
+    assert_eq!(
+        module(&doc, "model.layers.1.self_attn.q_proj")["status"],
+        "high_precision"
+    );
+    assert_eq!(doc["declared"]["source"], "hf_quant_config.json");
+    assert_eq!(doc["summary"]["kv_cache"], "FP8");
+    assert!(findings(&doc).is_empty(), "{:?}", findings(&doc));
+}
+
+#[test]
+fn bitsandbytes_nf4_reads_its_quant_state_and_int8_its_scb() {
+    let dir = tempfile::tempdir().unwrap();
+    bnb_nf4(dir.path());
+    let doc = inspect(dir.path());
+    let m = module(&doc, "model.layers.0.mlp.up_proj");
+    assert_eq!(m["scheme"], "bnb-nf4");
+    assert_eq!(m["shape"], serde_json::json!([INTERMEDIATE, HIDDEN]));
+    assert_eq!(m["group_size"], 64);
+    let n = (INTERMEDIATE * HIDDEN) as f64;
+    assert_eq!(bits(m), 4.0 + 32.0 / 64.0 + 16.0 * 32.0 / n);
+    assert!(findings(&doc).is_empty(), "{:?}", findings(&doc));
+
+    let dir = tempfile::tempdir().unwrap();
+    bnb_int8(dir.path());
+    let doc = inspect(dir.path());
+    assert_eq!(
+        module(&doc, "model.layers.0.self_attn.o_proj")["scheme"],
+        "bnb-int8"
+    );
+}
+
+#[test]
+fn sharded_checkpoints_are_read_through_their_index() {
+    let dir = tempfile::tempdir().unwrap();
+    sharded_bf16(dir.path());
+    let doc = inspect(dir.path());
+    assert_eq!(doc["files"].as_array().unwrap().len(), 2);
+    assert_eq!(doc["summary"]["high_precision"], 15);
+    assert_eq!(doc["summary"]["schemes"]["bf16"], 15);
+    let params =
+        VOCAB * HIDDEN * 2 + HIDDEN * 5 + 2 * (HIDDEN * HIDDEN * 3 + INTERMEDIATE * HIDDEN * 3);
+    assert_eq!(doc["parameter_count"], params);
+}
+
+#[test]
+fn gguf_types_give_exact_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    gguf_q4_k(&dir.path().join("model-Q4_K_M.gguf"));
+    let doc = inspect(dir.path());
+    assert_eq!(doc["format"], "gguf");
+    assert_eq!(bits(module(&doc, "blk.0.attn_q")), 4.5);
+    assert_eq!(bits(module(&doc, "blk.1.ffn_down")), 6.5625);
+    assert_eq!(module(&doc, "output")["bucket"], "lm_head");
+    assert_eq!(doc["summary"]["embeddings"], "q4_k");
+    assert_eq!(doc["summary"]["schemes"]["q4_k"], 12);
+    assert_eq!(doc["summary"]["schemes"]["q6_k"], 3);
+}
+
+#[test]
+fn a_directory_of_gguf_files_reports_each_variant() {
+    let run = cardproof(&["inspect", "../shared/fixtures/llamacpp", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let doc = run.json();
+    let variants: Vec<&str> = doc["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["variant"].as_str().unwrap())
+        .collect();
+    assert_eq!(variants, ["cand-q5_0", "cand-q6_k", "ref-f32"]);
+    assert_eq!(doc["variants"][2]["summary"]["quantized"], 0);
+}
+
+#[test]
+fn unrecognised_layouts_are_unknown_with_a_finding() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = Tensors::default();
+    t.add(
+        "model.layers.0.mlp.up_proj.weight",
+        cardproof::checkpoint::dtype::Dtype::F8_E4M3,
+        &[64, 64],
+    );
+    t.write(&dir.path().join("model.safetensors"));
+    let doc = inspect(dir.path());
+    assert_eq!(
+        module(&doc, "model.layers.0.mlp.up_proj")["scheme"],
+        "unknown"
+    );
+    assert_eq!(doc["findings"][0]["code"], "unknown-scheme");
+}
+
+#[test]
+fn malformed_checkpoints_are_exit_2_naming_file_and_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = {
+        let mut t = Tensors::default();
+        t.add(
+            "w.weight",
+            cardproof::checkpoint::dtype::Dtype::BF16,
+            &[4, 4],
+        );
+        t.bytes()
+    };
+    bytes.push(0); // a trailing byte after the data
+    std::fs::write(dir.path().join("model.safetensors"), &bytes).unwrap();
+    let run = cardproof_in(dir.path(), &["inspect", ".", "--json"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    let e = &run.json()["error"];
+    assert!(
+        e["file"].as_str().unwrap().ends_with("model.safetensors"),
+        "{e}"
+    );
+    assert!(!run.stderr.contains("panicked"));
+
+    std::fs::write(
+        dir.path().join("model.safetensors"),
+        b"\xff\xff\xff\xff\xff\xff\xff\xff{}",
+    )
+    .unwrap();
+    let run = cardproof_in(dir.path(), &["inspect", "."]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("model.safetensors"), "{}", run.stderr);
+}
+
+#[test]
+fn human_output_summarises_buckets_and_schemes() {
+    let dir = tempfile::tempdir().unwrap();
+    mixed_fp8_nvfp4(dir.path());
+    let run = cardproof_in(dir.path(), &["inspect", "."]);
+    assert_eq!(run.code, 0);
+    insta::assert_snapshot!(run.stdout);
+}
