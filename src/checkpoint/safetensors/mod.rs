@@ -1,9 +1,11 @@
 //! Strict safetensors header reader: validates the framing, the JSON header and the tensor layout
 //! without loading weights (the file is memory-mapped and only the header is copied out).
 //!
-//! Stricter than the official crate on purpose: duplicate keys anywhere in the header, unknown
-//! fields in a tensor entry and non-string metadata values are refused, because two parsers can
-//! read such a header differently. Everything the official crate refuses is refused too.
+//! Stricter than the official crate (0.8) on purpose: duplicate keys anywhere in the header,
+//! unknown fields in a tensor entry, a `__metadata__` that is not a string→string map (`null`
+//! included) and a header that does not start with `{` (the format README requires it; the crate
+//! no longer checks) are refused, because two parsers can read such a header differently.
+//! Everything the official crate refuses is refused too.
 
 mod index;
 mod json;

@@ -185,7 +185,9 @@ fn tensors_come_back_in_offset_order_and_padding_is_allowed() {
         entry("second", "U8", "[2]", 2, 4),
         entry("first", "U8", "[2]", 0, 2)
     );
-    let file = parse(&raw(&header, 4)).unwrap();
+    let bytes = raw(&header, 4);
+    assert!(::safetensors::SafeTensors::deserialize(&bytes).is_ok());
+    let file = parse(&bytes).unwrap();
     let names: Vec<&str> = file.tensors.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, ["first", "second"]);
     let base = 8 + header.len() as u64;
@@ -571,6 +573,40 @@ fn hostile_names_are_escaped_in_messages() {
     );
 }
 
+#[test]
+fn official_crate_also_refuses_the_layout_errors() {
+    // Beyond the deliberate extra strictness (duplicates, unknown fields, metadata values, a
+    // header not starting with `{`, which the format README requires but the 0.8 crate no longer
+    // checks), what we refuse the reference parser refuses too.
+    let e = |name: &str, shape: &str, begin: u64, end: u64| entry(name, "F16", shape, begin, end);
+    let cases = [
+        raw(
+            &format!("{{{},{}}}", e("a", "[1]", 0, 2), e("b", "[1]", 4, 6)),
+            6,
+        ),
+        raw(
+            &format!("{{{},{}}}", e("a", "[2]", 0, 4), e("b", "[2]", 2, 6)),
+            6,
+        ),
+        raw(&format!("{{{}}}", e("a", "[1]", 0, 2)), 3),
+        raw(&format!("{{{}}}", e("a", "[1]", 0, 2)), 1),
+        raw(&format!("{{{}}}", e("a", "[4, 4]", 0, 10)), 10),
+        raw(
+            &format!("{{{}}}", e("a", "[4294967296, 4294967296, 0]", 0, 0)),
+            0,
+        ),
+        raw(&format!("{{{}}}", e("a", "[-1]", 0, 0)), 0),
+        raw(&format!("{{{}}}", entry("a", "F4", "[3]", 0, 2)), 2),
+    ];
+    for (i, bytes) in cases.iter().enumerate() {
+        assert!(parse(bytes).is_err(), "case {i}");
+        assert!(
+            ::safetensors::SafeTensors::deserialize(bytes).is_err(),
+            "case {i}"
+        );
+    }
+}
+
 // ---- sharded checkpoints -----------------------------------------------------------------------
 
 struct Shards {
@@ -738,17 +774,6 @@ fn shard_holds_a_tensor_the_index_does_not_list() {
 }
 
 #[test]
-fn total_size_mismatch() {
-    let shards = Shards::new();
-    shards.index_for(15, &Shards::good_map());
-    assert_malformed(
-        shards.open(),
-        Some("total_size"),
-        "metadata.total_size is 15 but the shards' tensors hold 14 bytes",
-    );
-}
-
-#[test]
 fn shard_names_must_be_plain_file_names() {
     let shards = Shards::new();
     for shard in [
@@ -852,4 +877,12 @@ fn directory_without_weights_or_with_ambiguous_indexes() {
         open_dir(&missing).unwrap_err().kind,
         ErrorKind::NotFound
     ));
+}
+
+#[test]
+fn total_size_that_disagrees_with_the_shards_is_accepted() {
+    // Real indexes often count differently; the shards themselves are what is checked.
+    let shards = Shards::new();
+    shards.index_for(15, &Shards::good_map());
+    assert_eq!(shards.open().unwrap().index.unwrap().total_size, Some(15));
 }
