@@ -143,7 +143,30 @@ pub fn inspect_path(path: &Path) -> Result<Vec<Inspection>> {
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
     if meta.is_file() {
         return match extension(path).as_deref() {
-            Some("gguf") => Ok(vec![inspect_gguf(&[path.to_path_buf()], None)?]),
+            Some("gguf") => {
+                // One file of a split GGUF stands for all of its parts.
+                let dir = path
+                    .parent()
+                    .filter(|d| !d.as_os_str().is_empty())
+                    .unwrap_or(Path::new("."));
+                let mut siblings = Vec::new();
+                for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+                    let p = entry.map_err(|e| Error::io(dir, e))?.path();
+                    if extension(&p).as_deref() == Some("gguf") {
+                        siblings.push(p);
+                    }
+                }
+                siblings.sort();
+                let name = path
+                    .file_name()
+                    .map(|n| dir.join(n))
+                    .unwrap_or_else(|| path.to_path_buf());
+                let files = gguf_variants(&siblings)
+                    .into_iter()
+                    .find(|(_, files)| files.len() > 1 && files.contains(&name))
+                    .map_or_else(|| vec![path.to_path_buf()], |(_, files)| files);
+                Ok(vec![inspect_gguf(&files, None)?])
+            }
             Some("safetensors") => {
                 let dir = path.parent().unwrap_or(Path::new("."));
                 let configs = Configs::read(dir)?;

@@ -312,3 +312,60 @@ fn human_output_summarises_buckets_and_schemes() {
     assert_eq!(run.code, 0);
     insta::assert_snapshot!(run.stdout);
 }
+
+#[test]
+fn one_part_of_a_split_gguf_stands_for_all_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = dir.path().join("whole.gguf");
+    gguf_q4_k(&whole);
+    let file = cardproof::checkpoint::gguf::read_file(&whole).unwrap();
+    // Two parts: the first holds the token embeddings, the second the rest.
+    let tensors: Vec<_> = file
+        .tensors
+        .iter()
+        .map(|t| {
+            let data = std::fs::read(&whole).unwrap()
+                [t.offset as usize..(t.offset + t.n_bytes) as usize]
+                .to_vec();
+            (t.name.clone(), t.ty, t.dims.clone(), data)
+        })
+        .collect();
+    std::fs::remove_file(&whole).unwrap();
+    for (i, part) in [&tensors[..1], &tensors[1..]].iter().enumerate() {
+        let views: Vec<_> = part
+            .iter()
+            .map(|(n, t, d, b)| (n.as_str(), *t, d.as_slice(), b.as_slice()))
+            .collect();
+        let meta = [
+            (
+                "general.architecture",
+                cardproof::checkpoint::gguf::GgufValue::String("llama".into()),
+            ),
+            (
+                "split.no",
+                cardproof::checkpoint::gguf::GgufValue::U16(i as u16),
+            ),
+            (
+                "split.count",
+                cardproof::checkpoint::gguf::GgufValue::U16(2),
+            ),
+        ];
+        let path = dir
+            .path()
+            .join(format!("m-Q4_K-{:05}-of-00002.gguf", i + 1));
+        std::fs::write(
+            path,
+            cardproof::checkpoint::gguf::serialize(&meta, &views, 32),
+        )
+        .unwrap();
+    }
+    let run = cardproof_in(
+        dir.path(),
+        &["inspect", "m-Q4_K-00002-of-00002.gguf", "--json"],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let doc = run.json();
+    assert_eq!(doc["files"].as_array().unwrap().len(), 2);
+    assert_eq!(doc["tensor_count"], tensors.len());
+    assert_eq!(doc["summary"]["embeddings"], "q4_k");
+}
