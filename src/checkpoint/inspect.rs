@@ -519,19 +519,13 @@ fn inspect_safetensors(
         .as_ref()
         .and_then(|d| d.kv_cache.clone())
         .or_else(|| kv_scales.then(|| "fp8 (k_scale/v_scale present)".to_owned()));
-    let parameter_count = modules
-        .iter()
-        .chain(&embeddings)
-        .map(|m| m.parameters)
-        .sum::<u64>()
-        + other_parameters;
     Ok(finish(
         Inspection {
             format: "safetensors",
             variant: None,
             files,
             tensor_count: checkpoint.tensor_count(),
-            parameter_count,
+            parameter_count: other_parameters,
             declared: declared.map(|d| DeclaredSummary {
                 source: d.source.clone(),
                 method: d.method.clone(),
@@ -560,8 +554,15 @@ fn relative(path: &Path, root: &Path) -> String {
         .replace('\\', "/")
 }
 
-/// Fill in the summary and bucket histograms from the modules.
+/// Fill in the summary, bucket histograms and parameter count (which so far holds the
+/// parameters outside modules: norms, biases) from the modules.
 fn finish(mut inspection: Inspection, embeddings: &[Module]) -> Inspection {
+    inspection.parameter_count += inspection
+        .modules
+        .iter()
+        .chain(embeddings)
+        .map(|m| m.parameters)
+        .sum::<u64>();
     let mut summary = inspection.summary.clone();
     for m in &inspection.modules {
         match m.status {
@@ -1202,12 +1203,6 @@ fn inspect_gguf(paths: &[PathBuf], variant: Option<String>) -> Result<Inspection
         embeddings: embeddings.first().map(|e| e.scheme.clone()),
         kv_cache: None,
     };
-    let parameter_count = modules
-        .iter()
-        .chain(&embeddings)
-        .map(|m| m.parameters)
-        .sum::<u64>()
-        + other_parameters;
     Ok(finish(
         Inspection {
             format: "gguf",
@@ -1221,7 +1216,7 @@ fn inspect_gguf(paths: &[PathBuf], variant: Option<String>) -> Result<Inspection
                 })
                 .collect(),
             tensor_count,
-            parameter_count,
+            parameter_count: other_parameters,
             declared: None,
             modules,
             buckets: BTreeMap::new(),
