@@ -10,6 +10,7 @@ pub mod disclosure;
 pub mod error;
 pub mod findings;
 pub mod lint;
+pub mod measure;
 pub mod span;
 
 pub use error::{Error, ErrorKind, Result};
