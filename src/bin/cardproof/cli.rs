@@ -29,6 +29,93 @@ pub enum Command {
     /// SHA-256 of every file and a root digest (the SHA-256 of the `sha256sum`-format manifest
     /// printed on stdout).
     Hash(HashArgs),
+    /// Reduce two logit files (safetensors dumps or llama.cpp --kl-divergence-base files) to KLD
+    /// statistics.
+    Kld(KldArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct KldArgs {
+    /// The reference's logits: a safetensors dump (`logits` [rows, vocab], optional `tokens`,
+    /// `positions`, `window`) or a llama.cpp base file.
+    #[arg(long, value_name = "FILE")]
+    pub reference: PathBuf,
+    /// The candidate's logits, same rows and vocabulary.
+    #[arg(long, value_name = "FILE")]
+    pub candidate: PathBuf,
+    /// Which KL directions to compute: forward = KL(P_ref || P_cand).
+    #[arg(long, value_enum, default_value_t = DirectionArg::Both)]
+    pub direction: DirectionArg,
+    /// Vocabulary terms kept in the KL sum (the sets are the reference's).
+    #[arg(long, value_enum, default_value_t = VocabArg::Full)]
+    pub vocab: VocabArg,
+    /// For `--vocab top-k`: k.
+    #[arg(long, value_name = "K")]
+    pub top_k: Option<usize>,
+    /// For `--vocab top-k`: the tail beyond k.
+    #[arg(long, value_enum, default_value_t = TailArg::Lumped)]
+    pub tail: TailArg,
+    /// For `--vocab threshold`: drop reference terms with log p at or below this.
+    #[arg(long, value_name = "LOGP", default_value_t = -16.0, allow_negative_numbers = true)]
+    pub threshold: f64,
+    /// Scored rows of each window (row j predicts token j+1).
+    #[arg(long, value_enum, default_value_t = PositionsArg::All)]
+    pub positions: PositionsArg,
+    /// For `--positions stride`: score rows with j mod N = offset.
+    #[arg(long, value_name = "N")]
+    pub stride: Option<u64>,
+    /// For `--positions stride`: the residue K (0 <= K < N).
+    #[arg(long, value_name = "K")]
+    pub offset: Option<u64>,
+    /// For `--positions from`: score rows with j >= N.
+    #[arg(long, value_name = "N")]
+    pub from: Option<u64>,
+    /// Window length in tokens, for a dump without a `positions` tensor (one row per token).
+    #[arg(long, value_name = "L")]
+    pub context_length: Option<u64>,
+    /// Use only the first V entries of each row (the tokenizer's vocabulary; the rest is padding).
+    #[arg(long, value_name = "V")]
+    pub vocab_size: Option<usize>,
+    /// Reproduce `llama-perplexity --kl-divergence` exactly (reference: a llama.cpp base file).
+    #[arg(long)]
+    pub llamacpp_compat: bool,
+    /// Bootstrap resamples for the 95% intervals.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub bootstrap: usize,
+    /// Bootstrap seed.
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DirectionArg {
+    Forward,
+    Reverse,
+    Both,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum VocabArg {
+    Full,
+    TopK,
+    Threshold,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TailArg {
+    Lumped,
+    Dropped,
+    Renormalized,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PositionsArg {
+    All,
+    Stride,
+    SecondHalf,
+    From,
 }
 
 #[derive(Debug, Args)]

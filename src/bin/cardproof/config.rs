@@ -57,3 +57,85 @@ pub struct HashConfig {
     /// Show a progress bar (stderr is a terminal).
     pub progress: bool,
 }
+
+#[derive(Debug, Clone)]
+pub struct KldConfig {
+    pub reference: PathBuf,
+    pub candidate: PathBuf,
+    pub options: cardproof::measure::Options,
+    pub llamacpp_compat: bool,
+    pub output: Output,
+}
+
+impl KldConfig {
+    /// Validate the flags; an inconsistent combination is a usage error (exit 2).
+    pub fn from_args(args: crate::cli::KldArgs) -> Result<KldConfig, String> {
+        use crate::cli::{DirectionArg, PositionsArg, TailArg, VocabArg};
+        use cardproof::measure::protocol::{Bootstrap, Direction, Positions, Tail, VocabMode};
+        let direction = match args.direction {
+            DirectionArg::Forward => Direction::Forward,
+            DirectionArg::Reverse => Direction::Reverse,
+            DirectionArg::Both => Direction::Both,
+        };
+        let vocab = match args.vocab {
+            VocabArg::Full => VocabMode::Full,
+            VocabArg::TopK => {
+                let k = args.top_k.ok_or("--vocab top-k needs --top-k K")?;
+                if k == 0 {
+                    return Err("--top-k must be at least 1".into());
+                }
+                let tail = match args.tail {
+                    TailArg::Lumped => Tail::Lumped,
+                    TailArg::Dropped => Tail::Dropped,
+                    TailArg::Renormalized => Tail::Renormalized,
+                };
+                VocabMode::TopK { k, tail }
+            }
+            VocabArg::Threshold => {
+                if !(args.threshold.is_finite() && args.threshold <= 0.0) {
+                    return Err(format!("--threshold {} must be a log-probability (<= 0)", args.threshold));
+                }
+                VocabMode::Threshold { log_p: args.threshold }
+            }
+        };
+        if args.top_k.is_some() && args.vocab != VocabArg::TopK {
+            return Err("--top-k needs --vocab top-k".into());
+        }
+        let positions = match args.positions {
+            PositionsArg::All => Positions::All,
+            PositionsArg::SecondHalf => Positions::SecondHalf,
+            PositionsArg::Stride => {
+                let stride = args.stride.ok_or("--positions stride needs --stride N")?;
+                let offset = args.offset.ok_or("--positions stride needs --offset K (0 <= K < N)")?;
+                if stride == 0 || offset >= stride {
+                    return Err(format!("--offset {offset} must be below --stride {stride} (and the stride at least 1)"));
+                }
+                Positions::Stride { stride, offset }
+            }
+            PositionsArg::From => Positions::From { from: args.from.ok_or("--positions from needs --from N")? },
+        };
+        if (args.stride.is_some() || args.offset.is_some()) && args.positions != PositionsArg::Stride {
+            return Err("--stride and --offset need --positions stride".into());
+        }
+        if args.from.is_some() && args.positions != PositionsArg::From {
+            return Err("--from needs --positions from".into());
+        }
+        if args.context_length.is_some_and(|l| l < 2) {
+            return Err("--context-length must be at least 2".into());
+        }
+        Ok(KldConfig {
+            reference: args.reference,
+            candidate: args.candidate,
+            options: cardproof::measure::Options {
+                direction,
+                vocab,
+                positions,
+                context_length: args.context_length,
+                vocab_size: args.vocab_size,
+                bootstrap: Bootstrap { resamples: args.bootstrap, seed: args.seed, level: 0.95 },
+            },
+            llamacpp_compat: args.llamacpp_compat,
+            output: Output::from_args(&args.output),
+        })
+    }
+}

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use cli::{Cli, Command};
-use config::{HashConfig, InspectConfig, LintConfig, Output};
+use config::{HashConfig, InspectConfig, KldConfig, LintConfig, Output};
 use printer::Printer;
 
 const EXIT_FINDINGS: u8 = 1;
@@ -41,6 +41,13 @@ fn main() -> ExitCode {
             list_modules: args.modules,
             output: Output::from_args(&args.output),
         }),
+        Command::Kld(args) => {
+            let output = Output::from_args(&args.output);
+            match KldConfig::from_args(args) {
+                Ok(config) => kld(&config),
+                Err(message) => usage_error(output, &message),
+            }
+        }
         Command::Hash(args) => {
             let output = Output::from_args(&args.output);
             hash(&HashConfig {
@@ -135,6 +142,38 @@ fn hash(config: &HashConfig) -> io::Result<u8> {
     match result {
         Ok(manifest) => {
             printer.manifest(&manifest)?;
+            Ok(0)
+        }
+        Err(e) => {
+            printer.error(&e)?;
+            Ok(EXIT_BAD_INPUT)
+        }
+    }
+}
+
+/// A usage error found after parsing (inconsistent flags): exit 2 with one message.
+fn usage_error(output: Output, message: &str) -> io::Result<u8> {
+    Printer::new(output).usage_error(message)?;
+    Ok(EXIT_BAD_INPUT)
+}
+
+fn kld(config: &KldConfig) -> io::Result<u8> {
+    let printer = Printer::new(config.output);
+    if config.llamacpp_compat {
+        return match cardproof::measure::compat::compat_measure(&config.reference, &config.candidate) {
+            Ok(result) => {
+                printer.compat(&result)?;
+                Ok(0)
+            }
+            Err(e) => {
+                printer.error(&e)?;
+                Ok(EXIT_BAD_INPUT)
+            }
+        };
+    }
+    match cardproof::measure::measure(&config.reference, &config.candidate, &config.options) {
+        Ok(m) => {
+            printer.measurement(&m)?;
             Ok(0)
         }
         Err(e) => {

@@ -412,3 +412,124 @@ fn render_inspection(
     }
     out
 }
+
+impl Printer {
+    /// A usage error found after argument parsing.
+    pub fn usage_error(&self, message: &str) -> io::Result<()> {
+        if self.output.format == Format::Json {
+            let doc = json!({
+                "schema_version": cardproof::JSON_SCHEMA_VERSION,
+                "error": {"message": message, "file": null, "line": null, "column": null}
+            });
+            write_stdout(&(serde_json::to_string_pretty(&doc)? + "\n"))?;
+        }
+        writeln!(io::stderr().lock(), "{}: {message}", self.style().severity(Severity::Error))
+    }
+
+    pub fn measurement(&self, m: &cardproof::measure::Measurement) -> io::Result<()> {
+        if m.n_nonfinite > 0 {
+            writeln!(
+                io::stderr().lock(),
+                "{}: {} row{} with non-finite logits (NaN or +inf) excluded, not averaged in",
+                self.style().severity(Severity::Warning),
+                m.n_nonfinite,
+                if m.n_nonfinite == 1 { "" } else { "s" }
+            )?;
+        }
+        if self.output.format == Format::Json {
+            let mut value = serde_json::to_value(m)?;
+            if let Some(map) = value.as_object_mut() {
+                map.shift_insert(0, "schema_version".into(), cardproof::JSON_SCHEMA_VERSION.into());
+            }
+            return write_stdout(&(serde_json::to_string_pretty(&value)? + "\n"));
+        }
+        write_stdout(&render_measurement(m))
+    }
+
+    pub fn compat(&self, m: &cardproof::measure::compat::CompatMeasurement) -> io::Result<()> {
+        if self.output.format == Format::Json {
+            let mut value = serde_json::to_value(m)?;
+            if let Some(map) = value.as_object_mut() {
+                map.shift_insert(0, "schema_version".into(), cardproof::JSON_SCHEMA_VERSION.into());
+            }
+            return write_stdout(&(serde_json::to_string_pretty(&value)? + "\n"));
+        }
+        let header = format!(
+            "llama.cpp-compatible KLD: forward KL(P_base || P_cand) in nats, reference terms with \
+             log p <= -16 dropped, second half of each {}-token window, {} rows; i.i.d. standard \
+             errors\nprotocol_sha256: {}\n\n",
+            m.protocol["context_length"], m.n_positions, m.protocol_sha256
+        );
+        write_stdout(&(header + &m.llamacpp.render()))
+    }
+}
+
+fn render_measurement(m: &cardproof::measure::Measurement) -> String {
+    use std::fmt::Write as _;
+    let p = &m.protocol;
+    let mut out = String::new();
+    let direction = match p["direction"].as_str() {
+        Some("forward") => "forward KL(P_ref || P_cand)",
+        Some("reverse") => "reverse KL(P_cand || P_ref)",
+        _ => "forward KL(P_ref || P_cand) and reverse KL(P_cand || P_ref)",
+    };
+    let vocab = match p["vocab"]["mode"].as_str() {
+        Some("top_k") => format!("reference top-{} ({} tail)", p["vocab"]["k"], p["vocab"]["tail"].as_str().unwrap_or("?")),
+        Some("threshold") => format!("reference terms with log p <= {} dropped", p["vocab"]["log_p"]),
+        _ => "full vocabulary".to_owned(),
+    };
+    let positions = match p["positions"]["policy"].as_str() {
+        Some("stride") => format!("every row with j mod {} = {}", p["positions"]["stride"], p["positions"]["offset"]),
+        Some("second_half") => "second half of each window (llama.cpp)".to_owned(),
+        Some("from") => format!("rows j >= {}", p["positions"]["from"]),
+        _ => "all rows".to_owned(),
+    };
+    let _ = writeln!(out, "reference: {} ({}, {} rows × {})", m.reference.path, m.reference.format, m.reference.rows, m.reference.vocab);
+    let _ = writeln!(out, "candidate: {} ({}, {} rows × {})", m.candidate.path, m.candidate.format, m.candidate.rows, m.candidate.vocab);
+    let _ = writeln!(
+        out,
+        "protocol: {direction} in nats; {vocab} ({} entries, padding {}); {positions}; {} rows in {} window{}; mean over positions; {:.0}% block bootstrap ({} resamples, seed {}, blocks {})",
+        p["vocab_size"],
+        p["padding"].as_str().unwrap_or("?"),
+        m.n_positions,
+        m.n_windows,
+        if m.n_windows == 1 { "" } else { "s" },
+        p["bootstrap"]["level"].as_f64().unwrap_or(0.95) * 100.0,
+        p["bootstrap"]["resamples"],
+        p["bootstrap"]["seed"],
+        p["bootstrap_block"].as_str().unwrap_or("?"),
+    );
+    let _ = writeln!(out, "protocol_sha256: {}", m.protocol_sha256);
+    if m.n_nonfinite > 0 {
+        let _ = writeln!(out, "excluded: {} rows with non-finite logits", m.n_nonfinite);
+    }
+    let _ = writeln!(out, "\n{:<20} {:>12} {:>12}  {}", "metric", "value", "± sem", "95% CI");
+    for name in cardproof::disclosure::vocabulary::METRICS {
+        let Some(value) = m.metrics.get(*name) else { continue };
+        let u = m.uncertainty.get(*name);
+        let sem = u.and_then(|u| u.sem).map_or(String::new(), |s| format!("{s:.6}"));
+        let ci = u.map_or(String::new(), |u| format!("[{:.6}, {:.6}]", u.ci95[0], u.ci95[1]));
+        let mark = if m.low_support.iter().any(|l| l == name) { " *" } else { "" };
+        let _ = writeln!(out, "{:<20} {:>12.6} {:>12}  {ci}{mark}", name, value, sem);
+    }
+    if !m.low_support.is_empty() {
+        let _ = writeln!(out, "* low support: fewer than 100 rows beyond this percentile; its value is noise");
+    }
+    let table = |out: &mut String, title: &str, buckets: &[cardproof::measure::stats::Bucket]| {
+        let _ = writeln!(out, "\n{title:<20} {:>8} {:>12} {:>10} {:>10}", "rows", "kld_mean", "flips", "flip rate");
+        for b in buckets {
+            let _ = writeln!(
+                out,
+                "{:<20} {:>8} {:>12} {:>10} {:>10}",
+                b.label,
+                b.n,
+                b.kld_mean.map_or("-".into(), |v| format!("{v:.6}")),
+                b.top1_flips,
+                b.flip_rate.map_or("-".into(), |v| format!("{v:.4}"))
+            );
+        }
+    };
+    table(&mut out, "by depth (j / L)", &m.diagnostics.by_depth);
+    table(&mut out, "by ref. confidence", &m.diagnostics.by_confidence);
+    out
+}
