@@ -79,7 +79,11 @@ pub fn compat_measure(reference: &Path, candidate: &Path) -> Result<CompatMeasur
             r += 1;
         }
         acc.finish().ok_or_else(|| {
-            Error::malformed(reference, None, "llama.cpp prints statistics only from 100 rows; these files hold fewer")
+            Error::malformed(
+                reference,
+                None,
+                "llama.cpp prints statistics only from 100 rows; these files hold fewer",
+            )
         })?
     };
     let protocol = protocol(&base);

@@ -18,7 +18,7 @@ mod printed;
 pub use base_file::{BaseFile, BaseFileWriter, BaseRow, MAGIC, RowReader, encode_row};
 pub use compat::{
     CompatAccumulator, CompatStats, KL_GATE, MIN_ROWS, RowScore, compare_base_files, row_kld,
-    score_row,
+    score_row, score_row_log_probs,
 };
 pub use printed::{PrintedStats, parse_printed, parse_printed_blocks};
 

@@ -10,6 +10,7 @@
 //! - `delta_p_rms` = sqrt(mean (p_cand(t) - p_ref(t))²) for the true next token t.
 
 pub mod compat;
+pub mod kernel;
 pub mod llamacpp;
 pub mod protocol;
 pub mod row;
@@ -27,9 +28,9 @@ use protocol::{Bootstrap, Direction, Positions, Protocol, VocabMode};
 use source::LogitSource;
 use stats::{Scored, Summary};
 
-/// Rows of one window are one bootstrap block; with a single long window, runs of this many
-/// positions are.
-pub const BOOTSTRAP_RUN: u64 = 128;
+/// Rows of one window are one bootstrap block. With a single long window, runs of consecutive
+/// scored rows are: `n / 100` rows (so there are about 100 blocks), at most this many.
+pub const BOOTSTRAP_MAX_RUN: usize = 128;
 
 /// What the caller asks for.
 #[derive(Debug, Clone)]
@@ -96,30 +97,54 @@ pub fn measure(reference: &Path, candidate: &Path, options: &Options) -> Result<
     let windows: std::collections::BTreeSet<u32> = r.meta.iter().map(|m| m.window).collect();
     let one_window = windows.len() == 1;
     let selected: Vec<usize> = (0..r.rows)
-        .filter(|&i| options.positions.selects(r.meta[i].position, r.meta[i].window_len))
+        .filter(|&i| {
+            options
+                .positions
+                .selects(r.meta[i].position, r.meta[i].window_len)
+        })
         .collect();
     if selected.is_empty() {
         return Err(Error::malformed(
             reference,
             None,
-            format!("the position policy {:?} selects no row of these windows", options.positions),
+            format!(
+                "the position policy {:?} selects no row of these windows",
+                options.positions
+            ),
         ));
     }
     let want_reverse = options.direction.reverse();
+    let run = (selected.len() / 100).clamp(1, BOOTSTRAP_MAX_RUN);
     let results: Vec<Option<Scored>> = selected
         .par_iter()
+        .enumerate()
         .map_init(
-            || (vec![0f32; vocab], vec![0f32; vocab], row::Scratch::default()),
-            |(a, b, scratch), &i| {
+            || {
+                (
+                    vec![0f32; vocab],
+                    vec![0f32; vocab],
+                    row::Scratch::default(),
+                )
+            },
+            |(a, b, scratch), (rank, &i)| {
                 r.read_row(i, a);
                 c.read_row(i, b);
                 let meta = r.meta[i];
-                let token = meta.token.or(c.meta[i].token).filter(|&t| (t as usize) < vocab);
-                row::reduce(a, b, token, options.vocab, want_reverse, scratch).map(|record| Scored {
-                    record,
-                    block: if one_window { (meta.position / BOOTSTRAP_RUN) as u32 } else { meta.window },
-                    position: meta.position,
-                    window_len: meta.window_len,
+                let token = meta
+                    .token
+                    .or(c.meta[i].token)
+                    .filter(|&t| (t as usize) < vocab);
+                row::reduce(a, b, token, options.vocab, want_reverse, scratch).map(|record| {
+                    Scored {
+                        record,
+                        block: if one_window {
+                            (rank / run) as u32
+                        } else {
+                            meta.window
+                        },
+                        position: meta.position,
+                        window_len: meta.window_len,
+                    }
                 })
             },
         )
@@ -127,7 +152,11 @@ pub fn measure(reference: &Path, candidate: &Path, options: &Options) -> Result<
     let n_nonfinite = results.iter().filter(|s| s.is_none()).count();
     let scored: Vec<Scored> = results.into_iter().flatten().collect();
     if scored.is_empty() {
-        return Err(Error::malformed(reference, None, "every selected row has non-finite logits"));
+        return Err(Error::malformed(
+            reference,
+            None,
+            "every selected row has non-finite logits",
+        ));
     }
     let protocol = Protocol {
         direction: options.direction,
@@ -139,11 +168,20 @@ pub fn measure(reference: &Path, candidate: &Path, options: &Options) -> Result<
         context_length: options.context_length,
         aggregation: "mean_over_positions",
         bootstrap: options.bootstrap,
-        bootstrap_block: if one_window { format!("run:{BOOTSTRAP_RUN}") } else { "window".into() },
+        bootstrap_block: if one_window {
+            format!("run:{run}")
+        } else {
+            "window".into()
+        },
         top1: "first index of the maximum",
         llamacpp_compat: false,
     };
-    let Summary { metrics, uncertainty, low_support, diagnostics } = stats::summarize(
+    let Summary {
+        metrics,
+        uncertainty,
+        low_support,
+        diagnostics,
+    } = stats::summarize(
         &scored,
         options.direction.forward(),
         want_reverse,
@@ -170,7 +208,12 @@ pub fn measure(reference: &Path, candidate: &Path, options: &Options) -> Result<
 }
 
 fn summary(s: &LogitSource) -> InputSummary {
-    InputSummary { path: s.path.display().to_string(), format: s.format, rows: s.rows, vocab: s.vocab }
+    InputSummary {
+        path: s.path.display().to_string(),
+        format: s.format,
+        rows: s.rows,
+        vocab: s.vocab,
+    }
 }
 
 /// The two files must describe the same rows of the same token stream.
@@ -179,7 +222,12 @@ fn check_pair(r: &LogitSource, c: &LogitSource) -> Result<()> {
         return Err(Error::malformed(
             &c.path,
             None,
-            format!("has {} rows but the reference {} has {}", c.rows, r.path.display(), r.rows),
+            format!(
+                "has {} rows but the reference {} has {}",
+                c.rows,
+                r.path.display(),
+                r.rows
+            ),
         ));
     }
     if r.vocab != c.vocab {
@@ -199,7 +247,10 @@ fn check_pair(r: &LogitSource, c: &LogitSource) -> Result<()> {
             return Err(Error::malformed(
                 &c.path,
                 None,
-                format!("row {i} is window {} position {}, the reference's is window {} position {}", b.window, b.position, a.window, a.position),
+                format!(
+                    "row {i} is window {} position {}, the reference's is window {} position {}",
+                    b.window, b.position, a.window, a.position
+                ),
             ));
         }
         if let (Some(x), Some(y)) = (a.token, b.token)
@@ -216,12 +267,18 @@ fn check_pair(r: &LogitSource, c: &LogitSource) -> Result<()> {
 }
 
 fn vocab_size(r: &LogitSource, c: &LogitSource, requested: Option<usize>) -> Result<usize> {
-    let size = requested.or(r.declared_vocab).or(c.declared_vocab).unwrap_or(r.vocab);
+    let size = requested
+        .or(r.declared_vocab)
+        .or(c.declared_vocab)
+        .unwrap_or(r.vocab);
     if size == 0 || size > r.vocab {
         return Err(Error::malformed(
             &r.path,
             None,
-            format!("vocabulary size {size} is outside 1..={} (the logit rows' width)", r.vocab),
+            format!(
+                "vocabulary size {size} is outside 1..={} (the logit rows' width)",
+                r.vocab
+            ),
         ));
     }
     Ok(size)

@@ -39,9 +39,14 @@ pub enum Tail {
 #[serde(tag = "mode", rename_all = "snake_case")]
 pub enum VocabMode {
     Full,
-    TopK { k: usize, tail: Tail },
+    TopK {
+        k: usize,
+        tail: Tail,
+    },
     /// Reference terms with log p <= `log_p` dropped (llama.cpp: -16).
-    Threshold { log_p: f64 },
+    Threshold {
+        log_p: f64,
+    },
 }
 
 /// Which rows of each window are scored. Row j predicts token j+1.
@@ -49,10 +54,15 @@ pub enum VocabMode {
 #[serde(tag = "policy", rename_all = "snake_case")]
 pub enum Positions {
     All,
-    Stride { stride: u64, offset: u64 },
+    Stride {
+        stride: u64,
+        offset: u64,
+    },
     /// j from L/2 to L-2, as llama.cpp scores.
     SecondHalf,
-    From { from: u64 },
+    From {
+        from: u64,
+    },
 }
 
 impl Positions {
@@ -129,7 +139,14 @@ pub fn canonical_json(value: &Value) -> String {
             format!("{{{}}}", parts.join(","))
         }
         Value::Array(items) => {
-            format!("[{}]", items.iter().map(canonical_json).collect::<Vec<_>>().join(","))
+            format!(
+                "[{}]",
+                items
+                    .iter()
+                    .map(canonical_json)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
         }
         other => other.to_string(),
     }
@@ -141,10 +158,20 @@ mod tests {
 
     #[test]
     fn position_policies_follow_the_design() {
-        let rows = |p: Positions, len: u64| (0..len).filter(|&j| p.selects(j, len)).collect::<Vec<_>>();
+        let rows =
+            |p: Positions, len: u64| (0..len).filter(|&j| p.selects(j, len)).collect::<Vec<_>>();
         assert_eq!(rows(Positions::All, 4), [0, 1, 2]);
         assert_eq!(rows(Positions::SecondHalf, 8), [4, 5, 6]);
-        assert_eq!(rows(Positions::Stride { stride: 4, offset: 3 }, 12), [3, 7]);
+        assert_eq!(
+            rows(
+                Positions::Stride {
+                    stride: 4,
+                    offset: 3
+                },
+                12
+            ),
+            [3, 7]
+        );
         assert_eq!(rows(Positions::From { from: 5 }, 8), [5, 6]);
         // llama.cpp: n_ctx - 1 - n_ctx/2 rows per chunk.
         assert_eq!(rows(Positions::SecondHalf, 128).len(), 63);

@@ -35,6 +35,8 @@ pub struct Scratch {
     idx: Vec<u32>,
     a: Vec<f64>,
     b: Vec<f64>,
+    ea: Vec<f32>,
+    eb: Vec<f32>,
 }
 
 /// Reduce one row. Returns `None` when a logit is NaN or +inf (the row is excluded and counted);
@@ -48,7 +50,11 @@ pub fn reduce(
     scratch: &mut Scratch,
 ) -> Option<RowRecord> {
     debug_assert_eq!(reference.len(), candidate.len());
-    if reference.iter().chain(candidate).any(|x| x.is_nan() || *x == f32::INFINITY) {
+    if reference
+        .iter()
+        .chain(candidate)
+        .any(|x| x.is_nan() || *x == f32::INFINITY)
+    {
         return None;
     }
     let (ref_top1, ref_max) = argmax(reference);
@@ -56,16 +62,40 @@ pub fn reduce(
     if ref_max == f32::NEG_INFINITY || cand_max == f32::NEG_INFINITY {
         return None; // every token masked: no distribution
     }
+    if mode == VocabMode::Full {
+        let row = super::kernel::full_row(
+            reference,
+            candidate,
+            ref_max,
+            cand_max,
+            want_reverse,
+            &mut scratch.ea,
+            &mut scratch.eb,
+        );
+        let nll = |logits: &[f32], lse: f64| {
+            token
+                .and_then(|t| logits.get(t as usize))
+                .map(|&l| lse - f64::from(l))
+        };
+        return Some(RowRecord {
+            forward: row.forward,
+            reverse: row.reverse,
+            ref_top1,
+            cand_top1,
+            ref_top1_prob: (f64::from(ref_max) - row.lse_a).exp(),
+            nll_ref: nll(reference, row.lse_a),
+            nll_cand: nll(candidate, row.lse_b),
+        });
+    }
     let lse_ref = log_sum_exp(reference, ref_max);
     let lse_cand = log_sum_exp(candidate, cand_max);
     let nll = |logits: &[f32], lse: f64| {
-        token.and_then(|t| logits.get(t as usize)).map(|&l| lse - f64::from(l))
+        token
+            .and_then(|t| logits.get(t as usize))
+            .map(|&l| lse - f64::from(l))
     };
     let (forward, reverse) = match mode {
-        VocabMode::Full => (
-            kl(reference, candidate, f64::from(ref_max)),
-            if want_reverse { kl(candidate, reference, f64::from(cand_max)) } else { f64::NAN },
-        ),
+        VocabMode::Full => unreachable!("handled by the full-vocabulary kernel above"),
         VocabMode::TopK { k, tail } => {
             top_k_set(reference, k, &mut scratch.idx);
             match tail {
@@ -80,14 +110,20 @@ pub fn reduce(
                         // One extra "token": the tail's log-mass relative to the same max, so
                         // that the (k+1)-vectors normalize to the lumped distributions.
                         scratch.a.push(tail_logit(reference, &scratch.idx, ref_max));
-                        scratch.b.push(tail_logit(candidate, &scratch.idx, cand_max));
+                        scratch
+                            .b
+                            .push(tail_logit(candidate, &scratch.idx, cand_max));
                     }
                     let (a, b) = (&scratch.a, &scratch.b);
                     let a_max = a.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                     let b_max = b.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                     (
                         kl(a, b, a_max),
-                        if want_reverse { kl(b, a, b_max) } else { f64::NAN },
+                        if want_reverse {
+                            kl(b, a, b_max)
+                        } else {
+                            f64::NAN
+                        },
                     )
                 }
                 Tail::Dropped => {
@@ -208,13 +244,7 @@ fn g(x: f64) -> f64 {
 
 /// Σ_{i in set} p_i (log p_i - log q_i), with full-vocabulary normalization (terms dropped, not
 /// renormalized).
-fn partial_kl(
-    a: &[f32],
-    b: &[f32],
-    lse_a: f64,
-    lse_b: f64,
-    set: impl Iterator<Item = u32>,
-) -> f64 {
+fn partial_kl(a: &[f32], b: &[f32], lse_a: f64, lse_b: f64, set: impl Iterator<Item = u32>) -> f64 {
     let mut total = 0.0f64;
     for i in set {
         let (x, y) = (f64::from(a[i as usize]), f64::from(b[i as usize]));
@@ -236,7 +266,10 @@ fn top_k_set(x: &[f32], k: usize, out: &mut Vec<u32>) {
     out.extend(0..x.len() as u32);
     let k = k.min(x.len());
     let order = |&i: &u32, &j: &u32| {
-        x[j as usize].partial_cmp(&x[i as usize]).unwrap_or(std::cmp::Ordering::Equal).then(i.cmp(&j))
+        x[j as usize]
+            .partial_cmp(&x[i as usize])
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(i.cmp(&j))
     };
     if k < out.len() {
         out.select_nth_unstable_by(k, order);

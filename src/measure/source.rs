@@ -49,7 +49,10 @@ pub struct LogitSource {
 pub fn is_llamacpp_base(path: &Path) -> bool {
     use std::io::Read;
     let mut magic = [0u8; 8];
-    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && &magic == b"_logits_"
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && &magic == b"_logits_"
 }
 
 impl LogitSource {
@@ -98,7 +101,11 @@ impl LogitSource {
     fn open_dump(path: &Path, context_length: Option<u64>) -> Result<LogitSource> {
         let file = safetensors::read_file(path)?;
         let logits = file.get("logits").ok_or_else(|| {
-            Error::malformed(path, Some("logits"), "a logit dump needs a `logits` tensor [rows, vocab]")
+            Error::malformed(
+                path,
+                Some("logits"),
+                "a logit dump needs a `logits` tensor [rows, vocab]",
+            )
         })?;
         let encoding = match logits.dtype {
             Dtype::F32 => Encoding::F32,
@@ -128,7 +135,10 @@ impl LogitSource {
         let positions = ints("positions")?;
         let windows = ints("window")?;
         if let Some(tokens) = &tokens
-            && let Some((r, t)) = tokens.iter().enumerate().find(|(_, t)| **t < 0 || **t as usize >= vocab)
+            && let Some((r, t)) = tokens
+                .iter()
+                .enumerate()
+                .find(|(_, t)| **t < 0 || **t as usize >= vocab)
         {
             return Err(Error::malformed(
                 path,
@@ -136,14 +146,28 @@ impl LogitSource {
                 format!("row {r}: token {t} is outside the vocabulary of {vocab}"),
             ));
         }
-        let meta = layout(path, rows, positions.as_deref(), windows.as_deref(), tokens.as_deref(), context_length)?;
+        let meta = layout(
+            path,
+            rows,
+            positions.as_deref(),
+            windows.as_deref(),
+            tokens.as_deref(),
+            context_length,
+        )?;
         let declared_vocab = file
             .metadata
             .get("vocab_size")
             .map(|v| {
-                v.parse::<usize>().ok().filter(|&n| n > 0 && n <= vocab).ok_or_else(|| {
-                    Error::malformed(path, Some("vocab_size"), format!("metadata `{v}` is not a size within 1..={vocab}"))
-                })
+                v.parse::<usize>()
+                    .ok()
+                    .filter(|&n| n > 0 && n <= vocab)
+                    .ok_or_else(|| {
+                        Error::malformed(
+                            path,
+                            Some("vocab_size"),
+                            format!("metadata `{v}` is not a size within 1..={vocab}"),
+                        )
+                    })
             })
             .transpose()?;
         let width = (logits.dtype.bits() / 8) as usize;
@@ -198,8 +222,15 @@ fn tensor<'a>(file: &'a SafetensorsFile, name: &str) -> Option<&'a TensorInfo> {
 }
 
 /// An optional integer tensor of `rows` entries (I32 or I64).
-fn read_ints(path: &Path, file: &SafetensorsFile, name: &str, rows: usize) -> Result<Option<Vec<i64>>> {
-    let Some(t) = tensor(file, name) else { return Ok(None) };
+fn read_ints(
+    path: &Path,
+    file: &SafetensorsFile,
+    name: &str,
+    rows: usize,
+) -> Result<Option<Vec<i64>>> {
+    let Some(t) = tensor(file, name) else {
+        return Ok(None);
+    };
     if t.shape != [rows as u64] {
         return Err(Error::malformed(
             path,
@@ -209,13 +240,20 @@ fn read_ints(path: &Path, file: &SafetensorsFile, name: &str, rows: usize) -> Re
     }
     let bytes = safetensors::read_tensor_bytes(file, name, 64 * rows as u64 + 64)?;
     let values = match t.dtype {
-        Dtype::I32 => bytes.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
+        Dtype::I32 => bytes
+            .chunks_exact(4)
+            .map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            .collect(),
         Dtype::I64 => bytes
             .chunks_exact(8)
             .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
             .collect(),
         other => {
-            return Err(Error::malformed(path, Some(name), format!("dtype {other} is not I32 or I64")));
+            return Err(Error::malformed(
+                path,
+                Some(name),
+                format!("dtype {other} is not I32 or I64"),
+            ));
         }
     };
     Ok(Some(values))
@@ -240,14 +278,22 @@ fn layout(
     let token = |r: usize| tokens.map(|t| t[r] as u32);
     if let Some(positions) = positions {
         if let Some((r, p)) = positions.iter().enumerate().find(|(_, p)| **p < 0) {
-            return Err(Error::malformed(path, Some("positions"), format!("row {r}: negative position {p}")));
+            return Err(Error::malformed(
+                path,
+                Some("positions"),
+                format!("row {r}: negative position {p}"),
+            ));
         }
         let mut window_ids = Vec::with_capacity(rows);
         let mut current = 0u32;
         for r in 0..rows {
             let w = match windows {
                 Some(w) => u32::try_from(w[r]).map_err(|_| {
-                    Error::malformed(path, Some("window"), format!("row {r}: window {} is not a window index", w[r]))
+                    Error::malformed(
+                        path,
+                        Some("window"),
+                        format!("row {r}: window {} is not a window index", w[r]),
+                    )
                 })?,
                 None => {
                     if r > 0 && positions[r] <= positions[r - 1] {
@@ -270,10 +316,18 @@ fn layout(
                     return Err(Error::malformed(
                         path,
                         Some("positions"),
-                        format!("row {r}: position {} is outside a {len}-token window", positions[r]),
+                        format!(
+                            "row {r}: position {} is outside a {len}-token window",
+                            positions[r]
+                        ),
                     ));
                 }
-                Ok(RowMeta { window: window_ids[r], position: positions[r] as u64, window_len: len, token: token(r) })
+                Ok(RowMeta {
+                    window: window_ids[r],
+                    position: positions[r] as u64,
+                    window_len: len,
+                    token: token(r),
+                })
             })
             .collect();
     }
@@ -283,7 +337,9 @@ fn layout(
                 return Err(Error::malformed(
                     path,
                     Some("logits"),
-                    format!("{rows} rows are not whole windows of --context-length {l} (one row per token)"),
+                    format!(
+                        "{rows} rows are not whole windows of --context-length {l} (one row per token)"
+                    ),
                 ));
             }
             Ok((0..rows)
@@ -296,7 +352,12 @@ fn layout(
                 .collect())
         }
         None => Ok((0..rows)
-            .map(|r| RowMeta { window: 0, position: r as u64, window_len: rows as u64 + 1, token: token(r) })
+            .map(|r| RowMeta {
+                window: 0,
+                position: r as u64,
+                window_len: rows as u64 + 1,
+                token: token(r),
+            })
             .collect()),
     }
 }

@@ -21,8 +21,13 @@ pub struct Scored {
 }
 
 /// Percentile levels reported for each KL direction (besides mean and max).
-pub const PERCENTILES: &[(&str, f64)] =
-    &[("median", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999)];
+pub const PERCENTILES: &[(&str, f64)] = &[
+    ("median", 0.5),
+    ("p90", 0.9),
+    ("p95", 0.95),
+    ("p99", 0.99),
+    ("p999", 0.999),
+];
 
 /// Fewer rows than this beyond a percentile make it low-support: its value is noise.
 pub const MIN_TAIL_ROWS: f64 = 100.0;
@@ -70,7 +75,10 @@ fn metrics(rows: &[&Scored], forward: bool, reverse: bool, tokens: bool) -> BTre
     }
     let mut add_kl = |prefix: &str, values: &mut Vec<f64>| {
         values.sort_by(|a, b| a.total_cmp(b));
-        out.insert(format!("{prefix}_mean"), values.iter().sum::<f64>() / n as f64);
+        out.insert(
+            format!("{prefix}_mean"),
+            values.iter().sum::<f64>() / n as f64,
+        );
         for (name, q) in PERCENTILES {
             out.insert(format!("{prefix}_{name}"), percentile(values, *q));
         }
@@ -80,12 +88,20 @@ fn metrics(rows: &[&Scored], forward: bool, reverse: bool, tokens: bool) -> BTre
         add_kl("kld", &mut rows.iter().map(|r| r.record.forward).collect());
     }
     if reverse {
-        add_kl("kld_reverse", &mut rows.iter().map(|r| r.record.reverse).collect());
+        add_kl(
+            "kld_reverse",
+            &mut rows.iter().map(|r| r.record.reverse).collect(),
+        );
     }
-    let agree = rows.iter().filter(|r| r.record.ref_top1 == r.record.cand_top1).count();
+    let agree = rows
+        .iter()
+        .filter(|r| r.record.ref_top1 == r.record.cand_top1)
+        .count();
     out.insert("top1_agreement".into(), agree as f64 / n as f64);
     if tokens {
-        let mean = |f: &dyn Fn(&RowRecord) -> f64| rows.iter().map(|r| f(&r.record)).sum::<f64>() / n as f64;
+        let mean = |f: &dyn Fn(&RowRecord) -> f64| {
+            rows.iter().map(|r| f(&r.record)).sum::<f64>() / n as f64
+        };
         let nll_ref = mean(&|r| r.nll_ref.unwrap_or(f64::NAN));
         let nll_cand = mean(&|r| r.nll_cand.unwrap_or(f64::NAN));
         out.insert("ppl_ref".into(), nll_ref.exp());
@@ -120,7 +136,11 @@ fn sem(values: impl Iterator<Item = f64>) -> (f64, f64) {
     }
     let mean = s / n as f64;
     let var = s2 / n as f64 - mean * mean;
-    let u = if var > 0.0 && n > 10 { (var / (n - 1) as f64).sqrt() } else { 0.0 };
+    let u = if var > 0.0 && n > 10 {
+        (var / (n - 1) as f64).sqrt()
+    } else {
+        0.0
+    };
     (mean, u)
 }
 
@@ -132,7 +152,10 @@ pub fn summarize(
     seed: u64,
     level: f64,
 ) -> Summary {
-    let tokens = !rows.is_empty() && rows.iter().all(|r| r.record.nll_ref.is_some() && r.record.nll_cand.is_some());
+    let tokens = !rows.is_empty()
+        && rows
+            .iter()
+            .all(|r| r.record.nll_ref.is_some() && r.record.nll_cand.is_some());
     let all: Vec<&Scored> = rows.iter().collect();
     let metrics = metrics(&all, forward, reverse, tokens);
     let n = rows.len();
@@ -159,14 +182,23 @@ pub fn summarize(
     let alpha = (1.0 - level) / 2.0;
     let mut uncertainty = BTreeMap::new();
     for name in metrics.keys() {
-        let mut values: Vec<f64> = samples.iter().filter_map(|s| s.get(name).copied()).collect();
+        let mut values: Vec<f64> = samples
+            .iter()
+            .filter_map(|s| s.get(name).copied())
+            .collect();
         values.sort_by(|a, b| a.total_cmp(b));
         let ci95 = if values.is_empty() {
             [f64::NAN, f64::NAN]
         } else {
             [percentile(&values, alpha), percentile(&values, 1.0 - alpha)]
         };
-        uncertainty.insert(name.clone(), Uncertainty { sem: iid_sem(name, rows, &metrics), ci95 });
+        uncertainty.insert(
+            name.clone(),
+            Uncertainty {
+                sem: iid_sem(name, rows, &metrics),
+                ci95,
+            },
+        );
     }
 
     let low_support = PERCENTILES
@@ -182,19 +214,29 @@ pub fn summarize(
             }
             v
         })
-        .chain(((n as f64) < MIN_TAIL_ROWS).then(|| {
-            let mut v = Vec::new();
-            if forward {
-                v.push("kld_max".to_owned());
-            }
-            if reverse {
-                v.push("kld_reverse_max".to_owned());
-            }
-            v
-        }).into_iter().flatten())
+        .chain(
+            ((n as f64) < MIN_TAIL_ROWS)
+                .then(|| {
+                    let mut v = Vec::new();
+                    if forward {
+                        v.push("kld_max".to_owned());
+                    }
+                    if reverse {
+                        v.push("kld_reverse_max".to_owned());
+                    }
+                    v
+                })
+                .into_iter()
+                .flatten(),
+        )
         .collect();
 
-    Summary { metrics, uncertainty, low_support, diagnostics: diagnostics(rows, forward) }
+    Summary {
+        metrics,
+        uncertainty,
+        low_support,
+        diagnostics: diagnostics(rows, forward),
+    }
 }
 
 /// The i.i.d. standard errors llama.cpp prints, for the metrics that have one.
@@ -207,8 +249,12 @@ fn iid_sem(name: &str, rows: &[Scored], metrics: &BTreeMap<String, f64>) -> Opti
             let p = metrics[name];
             (n > 1).then(|| (p * (1.0 - p) / (n - 1) as f64).sqrt())
         }
-        "ppl_ref" => Some(metrics[name] * sem(rows.iter().map(|r| r.record.nll_ref.unwrap_or(f64::NAN))).1),
-        "ppl_cand" => Some(metrics[name] * sem(rows.iter().map(|r| r.record.nll_cand.unwrap_or(f64::NAN))).1),
+        "ppl_ref" => {
+            Some(metrics[name] * sem(rows.iter().map(|r| r.record.nll_ref.unwrap_or(f64::NAN))).1)
+        }
+        "ppl_cand" => {
+            Some(metrics[name] * sem(rows.iter().map(|r| r.record.nll_cand.unwrap_or(f64::NAN))).1)
+        }
         "ppl_ratio" => {
             let (_, u1) = sem(rows.iter().map(|r| r.record.nll_cand.unwrap_or(f64::NAN)));
             let (_, u2) = sem(rows.iter().map(|r| r.record.nll_ref.unwrap_or(f64::NAN)));
@@ -216,7 +262,9 @@ fn iid_sem(name: &str, rows: &[Scored], metrics: &BTreeMap<String, f64>) -> Opti
             Some(metrics[name] * (u1 * u1 + u2 * u2 - 2.0 * cov).max(0.0).sqrt())
         }
         "delta_p_rms" => {
-            let (mean2, u) = sem(rows.iter().map(|r| r.record.delta_p().map_or(f64::NAN, |d| d * d)));
+            let (mean2, u) = sem(rows
+                .iter()
+                .map(|r| r.record.delta_p().map_or(f64::NAN, |d| d * d)));
             let rms = mean2.sqrt();
             Some(if rms > 0.0 { 0.5 / rms * u } else { 0.0 })
         }
@@ -232,7 +280,10 @@ fn covariance(rows: &[Scored]) -> f64 {
     }
     let (mut sa, mut sb, mut sab) = (0.0, 0.0, 0.0);
     for r in rows {
-        let (a, b) = (r.record.nll_cand.unwrap_or(f64::NAN), r.record.nll_ref.unwrap_or(f64::NAN));
+        let (a, b) = (
+            r.record.nll_cand.unwrap_or(f64::NAN),
+            r.record.nll_ref.unwrap_or(f64::NAN),
+        );
         sa += a;
         sb += b;
         sab += a * b;
@@ -248,7 +299,10 @@ const CONFIDENCE_EDGES: &[f64] = &[0.0, 0.25, 0.5, 0.75, 0.95, 1.0];
 fn diagnostics(rows: &[Scored], forward: bool) -> Diagnostics {
     let bucket = |label: String, members: Vec<&Scored>| {
         let n = members.len();
-        let flips = members.iter().filter(|r| r.record.ref_top1 != r.record.cand_top1).count();
+        let flips = members
+            .iter()
+            .filter(|r| r.record.ref_top1 != r.record.cand_top1)
+            .count();
         Bucket {
             label,
             n,
@@ -283,7 +337,10 @@ fn diagnostics(rows: &[Scored], forward: bool) -> Diagnostics {
             bucket(format!("[{:.2}, {:.2}{close}", w[0], w[1]), members)
         })
         .collect();
-    Diagnostics { by_depth, by_confidence }
+    Diagnostics {
+        by_depth,
+        by_confidence,
+    }
 }
 
 /// SplitMix64: a tiny, fully specified generator, so a recorded seed reproduces the same

@@ -4,6 +4,7 @@ mod bad_input;
 mod fixtures;
 mod hash;
 mod inspect;
+mod kld;
 mod lint;
 mod schema;
 mod support;

@@ -93,9 +93,14 @@ impl KldConfig {
             }
             VocabArg::Threshold => {
                 if !(args.threshold.is_finite() && args.threshold <= 0.0) {
-                    return Err(format!("--threshold {} must be a log-probability (<= 0)", args.threshold));
+                    return Err(format!(
+                        "--threshold {} must be a log-probability (<= 0)",
+                        args.threshold
+                    ));
                 }
-                VocabMode::Threshold { log_p: args.threshold }
+                VocabMode::Threshold {
+                    log_p: args.threshold,
+                }
             }
         };
         if args.top_k.is_some() && args.vocab != VocabArg::TopK {
@@ -106,15 +111,23 @@ impl KldConfig {
             PositionsArg::SecondHalf => Positions::SecondHalf,
             PositionsArg::Stride => {
                 let stride = args.stride.ok_or("--positions stride needs --stride N")?;
-                let offset = args.offset.ok_or("--positions stride needs --offset K (0 <= K < N)")?;
+                let offset = args
+                    .offset
+                    .ok_or("--positions stride needs --offset K (0 <= K < N)")?;
                 if stride == 0 || offset >= stride {
-                    return Err(format!("--offset {offset} must be below --stride {stride} (and the stride at least 1)"));
+                    return Err(format!(
+                        "--offset {offset} must be below --stride {stride} (and the stride at least 1)"
+                    ));
                 }
                 Positions::Stride { stride, offset }
             }
-            PositionsArg::From => Positions::From { from: args.from.ok_or("--positions from needs --from N")? },
+            PositionsArg::From => Positions::From {
+                from: args.from.ok_or("--positions from needs --from N")?,
+            },
         };
-        if (args.stride.is_some() || args.offset.is_some()) && args.positions != PositionsArg::Stride {
+        if (args.stride.is_some() || args.offset.is_some())
+            && args.positions != PositionsArg::Stride
+        {
             return Err("--stride and --offset need --positions stride".into());
         }
         if args.from.is_some() && args.positions != PositionsArg::From {
@@ -132,7 +145,11 @@ impl KldConfig {
                 positions,
                 context_length: args.context_length,
                 vocab_size: args.vocab_size,
-                bootstrap: Bootstrap { resamples: args.bootstrap, seed: args.seed, level: 0.95 },
+                bootstrap: Bootstrap {
+                    resamples: args.bootstrap,
+                    seed: args.seed,
+                    level: 0.95,
+                },
             },
             llamacpp_compat: args.llamacpp_compat,
             output: Output::from_args(&args.output),

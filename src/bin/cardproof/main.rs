@@ -160,7 +160,10 @@ fn usage_error(output: Output, message: &str) -> io::Result<u8> {
 fn kld(config: &KldConfig) -> io::Result<u8> {
     let printer = Printer::new(config.output);
     if config.llamacpp_compat {
-        return match cardproof::measure::compat::compat_measure(&config.reference, &config.candidate) {
+        return match cardproof::measure::compat::compat_measure(
+            &config.reference,
+            &config.candidate,
+        ) {
             Ok(result) => {
                 printer.compat(&result)?;
                 Ok(0)

@@ -423,7 +423,11 @@ impl Printer {
             });
             write_stdout(&(serde_json::to_string_pretty(&doc)? + "\n"))?;
         }
-        writeln!(io::stderr().lock(), "{}: {message}", self.style().severity(Severity::Error))
+        writeln!(
+            io::stderr().lock(),
+            "{}: {message}",
+            self.style().severity(Severity::Error)
+        )
     }
 
     pub fn measurement(&self, m: &cardproof::measure::Measurement) -> io::Result<()> {
@@ -439,7 +443,11 @@ impl Printer {
         if self.output.format == Format::Json {
             let mut value = serde_json::to_value(m)?;
             if let Some(map) = value.as_object_mut() {
-                map.shift_insert(0, "schema_version".into(), cardproof::JSON_SCHEMA_VERSION.into());
+                map.shift_insert(
+                    0,
+                    "schema_version".into(),
+                    cardproof::JSON_SCHEMA_VERSION.into(),
+                );
             }
             return write_stdout(&(serde_json::to_string_pretty(&value)? + "\n"));
         }
@@ -450,7 +458,11 @@ impl Printer {
         if self.output.format == Format::Json {
             let mut value = serde_json::to_value(m)?;
             if let Some(map) = value.as_object_mut() {
-                map.shift_insert(0, "schema_version".into(), cardproof::JSON_SCHEMA_VERSION.into());
+                map.shift_insert(
+                    0,
+                    "schema_version".into(),
+                    cardproof::JSON_SCHEMA_VERSION.into(),
+                );
             }
             return write_stdout(&(serde_json::to_string_pretty(&value)? + "\n"));
         }
@@ -474,18 +486,36 @@ fn render_measurement(m: &cardproof::measure::Measurement) -> String {
         _ => "forward KL(P_ref || P_cand) and reverse KL(P_cand || P_ref)",
     };
     let vocab = match p["vocab"]["mode"].as_str() {
-        Some("top_k") => format!("reference top-{} ({} tail)", p["vocab"]["k"], p["vocab"]["tail"].as_str().unwrap_or("?")),
-        Some("threshold") => format!("reference terms with log p <= {} dropped", p["vocab"]["log_p"]),
+        Some("top_k") => format!(
+            "reference top-{} ({} tail)",
+            p["vocab"]["k"],
+            p["vocab"]["tail"].as_str().unwrap_or("?")
+        ),
+        Some("threshold") => format!(
+            "reference terms with log p <= {} dropped",
+            p["vocab"]["log_p"]
+        ),
         _ => "full vocabulary".to_owned(),
     };
     let positions = match p["positions"]["policy"].as_str() {
-        Some("stride") => format!("every row with j mod {} = {}", p["positions"]["stride"], p["positions"]["offset"]),
+        Some("stride") => format!(
+            "every row with j mod {} = {}",
+            p["positions"]["stride"], p["positions"]["offset"]
+        ),
         Some("second_half") => "second half of each window (llama.cpp)".to_owned(),
         Some("from") => format!("rows j >= {}", p["positions"]["from"]),
         _ => "all rows".to_owned(),
     };
-    let _ = writeln!(out, "reference: {} ({}, {} rows × {})", m.reference.path, m.reference.format, m.reference.rows, m.reference.vocab);
-    let _ = writeln!(out, "candidate: {} ({}, {} rows × {})", m.candidate.path, m.candidate.format, m.candidate.rows, m.candidate.vocab);
+    let _ = writeln!(
+        out,
+        "reference: {} ({}, {} rows × {})",
+        m.reference.path, m.reference.format, m.reference.rows, m.reference.vocab
+    );
+    let _ = writeln!(
+        out,
+        "candidate: {} ({}, {} rows × {})",
+        m.candidate.path, m.candidate.format, m.candidate.rows, m.candidate.vocab
+    );
     let _ = writeln!(
         out,
         "protocol: {direction} in nats; {vocab} ({} entries, padding {}); {positions}; {} rows in {} window{}; mean over positions; {:.0}% block bootstrap ({} resamples, seed {}, blocks {})",
@@ -501,22 +531,47 @@ fn render_measurement(m: &cardproof::measure::Measurement) -> String {
     );
     let _ = writeln!(out, "protocol_sha256: {}", m.protocol_sha256);
     if m.n_nonfinite > 0 {
-        let _ = writeln!(out, "excluded: {} rows with non-finite logits", m.n_nonfinite);
+        let _ = writeln!(
+            out,
+            "excluded: {} rows with non-finite logits",
+            m.n_nonfinite
+        );
     }
-    let _ = writeln!(out, "\n{:<20} {:>12} {:>12}  {}", "metric", "value", "± sem", "95% CI");
+    let _ = writeln!(
+        out,
+        "\n{:<20} {:>12} {:>12}  {}",
+        "metric", "value", "± sem", "95% CI"
+    );
     for name in cardproof::disclosure::vocabulary::METRICS {
-        let Some(value) = m.metrics.get(*name) else { continue };
+        let Some(value) = m.metrics.get(*name) else {
+            continue;
+        };
         let u = m.uncertainty.get(*name);
-        let sem = u.and_then(|u| u.sem).map_or(String::new(), |s| format!("{s:.6}"));
-        let ci = u.map_or(String::new(), |u| format!("[{:.6}, {:.6}]", u.ci95[0], u.ci95[1]));
-        let mark = if m.low_support.iter().any(|l| l == name) { " *" } else { "" };
+        let sem = u
+            .and_then(|u| u.sem)
+            .map_or(String::new(), |s| format!("{s:.6}"));
+        let ci = u.map_or(String::new(), |u| {
+            format!("[{:.6}, {:.6}]", u.ci95[0], u.ci95[1])
+        });
+        let mark = if m.low_support.iter().any(|l| l == name) {
+            " *"
+        } else {
+            ""
+        };
         let _ = writeln!(out, "{:<20} {:>12.6} {:>12}  {ci}{mark}", name, value, sem);
     }
     if !m.low_support.is_empty() {
-        let _ = writeln!(out, "* low support: fewer than 100 rows beyond this percentile; its value is noise");
+        let _ = writeln!(
+            out,
+            "* low support: fewer than 100 rows beyond this percentile; its value is noise"
+        );
     }
     let table = |out: &mut String, title: &str, buckets: &[cardproof::measure::stats::Bucket]| {
-        let _ = writeln!(out, "\n{title:<20} {:>8} {:>12} {:>10} {:>10}", "rows", "kld_mean", "flips", "flip rate");
+        let _ = writeln!(
+            out,
+            "\n{title:<20} {:>8} {:>12} {:>10} {:>10}",
+            "rows", "kld_mean", "flips", "flip rate"
+        );
         for b in buckets {
             let _ = writeln!(
                 out,

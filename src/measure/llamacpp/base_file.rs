@@ -142,7 +142,8 @@ impl BaseFile {
             ));
         }
         let field = |name: &str, at: usize| -> Result<u32> {
-            let v = i32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]);
+            let v =
+                i32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]);
             u32::try_from(v)
                 .ok()
                 .filter(|&v| v > 0)
@@ -318,13 +319,15 @@ fn check_size(path: &Path, layout: Layout, len: u64, expected: u64, describe: &s
     }
     let row_bytes = layout.row_bytes();
     let r = (len - data_offset) / row_bytes;
-    let inside = (len - data_offset) % row_bytes != 0;
+    let inside = !(len - data_offset).is_multiple_of(row_bytes);
     let n_rows = layout.n_rows().unwrap_or(u64::MAX);
     let where_ = if inside { "inside" } else { "before" };
     Err(Error::malformed(
         path,
         Some(&layout.describe_row(r)),
-        format!("truncated: {head}; the file ends {where_} this row ({r} of {n_rows} rows complete)"),
+        format!(
+            "truncated: {head}; the file ends {where_} this row ({r} of {n_rows} rows complete)"
+        ),
     ))
 }
 
@@ -448,7 +451,7 @@ impl RowReader {
 /// llama.cpp's float rounding trick: adding 1.5·2^23 leaves the integer in the low mantissa
 /// bits, rounded to nearest with ties to even; valid for |x| < 2^22, which every in-window code
 /// satisfies. Outside that range it wraps exactly as llama.cpp's does.
-fn nearest_int(x: f32) -> i32 {
+pub(super) fn nearest_int(x: f32) -> i32 {
     let v = x + 12_582_912.0;
     (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
@@ -541,7 +544,7 @@ impl BaseFileWriter {
         }
         let n = tokens.len() as u64;
         let n_chunk = n / u64::from(n_ctx);
-        if n == 0 || n % u64::from(n_ctx) != 0 || n_chunk > i32::MAX as u64 {
+        if n == 0 || !n.is_multiple_of(u64::from(n_ctx)) || n_chunk > i32::MAX as u64 {
             return Err(bad(
                 Some("tokens"),
                 format!("{n} tokens is not a positive whole number of {n_ctx}-token chunks"),
@@ -622,7 +625,10 @@ impl BaseFileWriter {
                 ),
             ));
         }
-        if let Some(i) = logits.iter().position(|l| l.is_nan() || *l == f32::INFINITY) {
+        if let Some(i) = logits
+            .iter()
+            .position(|l| l.is_nan() || *l == f32::INFINITY)
+        {
             return Err(Error::malformed(
                 &self.path,
                 Some(&subject()),

@@ -91,13 +91,35 @@ pub fn row_kld(reference: &BaseRow, candidate_logits: &[f32]) -> f64 {
 /// their softmax matters), `token` the true next token. Panics if the lengths differ or `token`
 /// is not an index into them.
 pub fn score_row(reference: &BaseRow, candidate_logits: &[f32], token: i32) -> RowScore {
+    score(reference, candidate_logits, token, false)
+}
+
+/// [`score_row`] for a candidate given as log-probabilities that are already normalized, such as
+/// a decoded base-file row: they are used as they are (`log Z = 0`) instead of being normalized
+/// again. Why: a stored row's normalization was computed by llama.cpp from the full-precision
+/// logits, while the decoded row raises every clamped token (16 nats or more below the top) to
+/// `e^-16`; normalizing the decoded row again would add that raised mass (up to
+/// `n_vocab·1.1e-7`) to the candidate's partition function and bias every row's KL up by as much,
+/// most visibly in the low percentiles.
+pub fn score_row_log_probs(
+    reference: &BaseRow,
+    candidate_log_probs: &[f32],
+    token: i32,
+) -> RowScore {
+    score(reference, candidate_log_probs, token, true)
+}
+
+fn score(reference: &BaseRow, candidate_logits: &[f32], token: i32, normalized: bool) -> RowScore {
     check_row(reference, candidate_logits);
     let tok = usize::try_from(token)
         .ok()
         .filter(|&t| t < candidate_logits.len())
         .unwrap_or_else(|| panic!("token {token} outside the vocabulary"));
     let (max_logit, imax, mut lse) = candidate_softmax(candidate_logits);
-    if std::env::var("EXP_NORM").is_ok() { lse = -max_logit; }
+    if normalized {
+        // `max + lse` is then exactly 0: the log-probs are their own logits with log Z = 0.
+        lse = -max_logit;
+    }
     let nll = max_logit + lse - candidate_logits[tok];
     let nll_base = -reference.log_prob(tok);
     let log_z = max_logit + lse;
@@ -141,6 +163,12 @@ impl CompatAccumulator {
     /// next token. Panics as [`score_row`] does.
     pub fn push(&mut self, reference: &BaseRow, candidate_logits: &[f32], token: i32) {
         self.push_score(score_row(reference, candidate_logits, token));
+    }
+
+    /// [`Self::push`] for a candidate given as normalized log-probabilities (a decoded base-file
+    /// row); see [`score_row_log_probs`].
+    pub fn push_log_probs(&mut self, reference: &BaseRow, candidate_log_probs: &[f32], token: i32) {
+        self.push_score(score_row_log_probs(reference, candidate_log_probs, token));
     }
 
     /// Adds a row scored elsewhere (e.g. in parallel); push in file order to sum as llama.cpp's
@@ -241,7 +269,7 @@ impl CompatAccumulator {
 
 /// Mean and the i.i.d. standard error of the mean; 0 when the variance is not positive or there
 /// are 10 rows or fewer.
-fn mean_and_uncertainty(sum: f64, sum2: f64, n: u64) -> (f64, f64) {
+pub(super) fn mean_and_uncertainty(sum: f64, sum2: f64, n: u64) -> (f64, f64) {
     if n == 0 {
         return (0.0, 0.0);
     }
@@ -257,7 +285,7 @@ fn mean_and_uncertainty(sum: f64, sum2: f64, n: u64) -> (f64, f64) {
 }
 
 /// Covariance of two means; 0 below 10 rows.
-fn covariance(sum_a: f64, sum_b: f64, sum_ab: f64, n: u64) -> f64 {
+pub(super) fn covariance(sum_a: f64, sum_b: f64, sum_ab: f64, n: u64) -> f64 {
     if n < 10 {
         return 0.0;
     }
@@ -267,7 +295,7 @@ fn covariance(sum_a: f64, sum_b: f64, sum_ab: f64, n: u64) -> f64 {
 
 /// llama.cpp's percentile of a sorted non-empty array: index `fraction·(n-1)` in f32, truncated,
 /// and a linear interpolation in f32; `fraction <= 0` is the minimum, `>= 1` the maximum.
-fn percentile(sorted: &[f32], fraction: f32) -> f32 {
+pub(super) fn percentile(sorted: &[f32], fraction: f32) -> f32 {
     let last = sorted.len() - 1;
     if fraction <= 0.0 {
         return sorted[0];
@@ -282,9 +310,9 @@ fn percentile(sorted: &[f32], fraction: f32) -> f32 {
 }
 
 /// The middle value, or the f32 mean of the two middle values for an even count.
-fn median(sorted: &[f32]) -> f32 {
+pub(super) fn median(sorted: &[f32]) -> f32 {
     let n = sorted.len();
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         0.5 * (sorted[n / 2] + sorted[n / 2 - 1])
     } else {
         sorted[n / 2]
@@ -360,7 +388,11 @@ impl CompatStats {
         let pair6 = |(v, u): (f64, f64)| format!("{} ± {}", f6(v), f6(u));
         let pct = |x: f64| c_fixed(100.0 * x, 6, 3);
         let pct_pair = |(v, u): (f64, f64)| {
-            format!("{} ± {} %", c_fixed(100.0 * v, 6, 3), c_fixed(100.0 * u, 5, 3))
+            format!(
+                "{} ± {} %",
+                c_fixed(100.0 * v, 6, 3),
+                c_fixed(100.0 * u, 5, 3)
+            )
         };
         let mut lines = vec![
             "====== Perplexity statistics ======".to_owned(),
@@ -425,10 +457,11 @@ impl CompatStats {
 const BATCH_ROWS: usize = 64;
 
 /// Recomputes llama.cpp's `--kl-divergence` statistics from two base files of the same text: the
-/// reference's stored rows against the candidate's decoded log-probs (which stand in for its
-/// logits; llama.cpp's own pass uses the candidate's full-precision logits, so the two agree to
-/// within the candidate's uint16 rounding). The files must have the same `n_ctx`, `n_vocab`,
-/// `n_chunk` and tokens; both are streamed, rows scored in parallel and summed in file order.
+/// reference's stored rows against the candidate's decoded log-probs, taken as already normalized
+/// ([`score_row_log_probs`]). llama.cpp's own pass uses the candidate's full-precision logits, so
+/// the two agree to within the candidate's uint16 rounding (at most `scale/2 <= 1.22e-4` nats per
+/// log-prob). The files must have the same `n_ctx`, `n_vocab`, `n_chunk` and tokens; both are
+/// streamed, rows scored in parallel and summed in file order.
 pub fn compare_base_files(reference: &BaseFile, candidate: &BaseFile) -> Result<CompatStats> {
     check_compatible(reference, candidate)?;
     let mut acc = CompatAccumulator::new();
@@ -455,7 +488,7 @@ pub fn compare_base_files(reference: &BaseFile, candidate: &BaseFile) -> Result<
             .map_init(Vec::new, |logits, k| {
                 logits.resize(cand_rows[k].codes.len(), 0.0);
                 cand_rows[k].decode_into(logits);
-                score_row(&ref_rows[k], logits, reference.next_token(row + k as u64))
+                score_row_log_probs(&ref_rows[k], logits, reference.next_token(row + k as u64))
             })
             .collect();
         scores.into_iter().for_each(|s| acc.push_score(s));

@@ -128,7 +128,13 @@ struct Spec {
     label: &'static str,
 }
 
-const fn spec(field: Field, shape: Shape, percent: bool, decimals: usize, label: &'static str) -> Spec {
+const fn spec(
+    field: Field,
+    shape: Shape,
+    percent: bool,
+    decimals: usize,
+    label: &'static str,
+) -> Spec {
     Spec {
         field,
         shape,
@@ -161,8 +167,20 @@ const SPECS: &[Spec] = {
     &[
         spec(PplQ, Pair, false, 6, r"Mean PPL\(Q\)\s*:"),
         spec(PplBase, Pair, false, 6, r"Mean PPL\(base\)\s*:"),
-        spec(Cor, Single, true, 2, r"Cor\(ln\(PPL\(Q\)\),\s*ln\(PPL\(base\)\)\)\s*:"),
-        spec(LnRatio, Pair, false, 6, r"Mean ln\(PPL\(Q\)/PPL\(base\)\)\s*:"),
+        spec(
+            Cor,
+            Single,
+            true,
+            2,
+            r"Cor\(ln\(PPL\(Q\)\),\s*ln\(PPL\(base\)\)\)\s*:",
+        ),
+        spec(
+            LnRatio,
+            Pair,
+            false,
+            6,
+            r"Mean ln\(PPL\(Q\)/PPL\(base\)\)\s*:",
+        ),
         spec(Ratio, Pair, false, 6, r"Mean PPL\(Q\)/PPL\(base\)\s*:"),
         spec(Diff, Pair, false, 6, r"Mean PPL\(Q\)-PPL\(base\)\s*:"),
         spec(KldMean, Pair, false, 6, r"Mean\s+KLD\s*:"),
@@ -428,7 +446,11 @@ fn parse_number(s: &str) -> Option<f64> {
     let t = s.trim_start_matches('+');
     let body = t.trim_start_matches('-');
     if body.eq_ignore_ascii_case("nan") {
-        return Some(if t.starts_with('-') { -f64::NAN } else { f64::NAN });
+        return Some(if t.starts_with('-') {
+            -f64::NAN
+        } else {
+            f64::NAN
+        });
     }
     if body.eq_ignore_ascii_case("inf") {
         return Some(if t.starts_with('-') {
