@@ -14,6 +14,7 @@ pub mod kernel;
 pub mod llamacpp;
 pub mod protocol;
 pub mod row;
+mod simd;
 pub mod source;
 pub mod stats;
 

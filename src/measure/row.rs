@@ -118,9 +118,9 @@ pub fn reduce(
                     let a_max = a.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                     let b_max = b.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                     (
-                        kl(a, b, a_max),
+                        kl_f64(a, b, a_max),
                         if want_reverse {
-                            kl(b, a, b_max)
+                            kl_f64(b, a, b_max)
                         } else {
                             f64::NAN
                         },
@@ -189,7 +189,7 @@ pub fn log_sum_exp(x: &[f32], max: f32) -> f64 {
 }
 
 /// KL(P||Q) for logits `a` (P) and `b` (Q) over the same entries; `a_max` is max(a).
-fn kl<T: Copy + Into<f64>>(a: &[T], b: &[T], a_max: f64) -> f64 {
+pub(crate) fn kl_f64<T: Copy + Into<f64>>(a: &[T], b: &[T], a_max: f64) -> f64 {
     // Pass 1: unnormalized weights, their sum, and the weighted mean of c = a - b. Entries where P
     // is zero but Q is not carry Q mass that E_p never sees; it is added back as `extra`.
     let mut s = 0.0f64;

@@ -112,7 +112,7 @@ impl BaseFile {
             return Err(Error::malformed(path, None, "not a regular file"));
         }
         let len = meta.len();
-        let mut input = BufReader::with_capacity(READ_BUFFER, file);
+        let mut input = BufReader::with_capacity(buffer_for(len), file);
 
         let mut header = [0u8; HEADER_BYTES as usize];
         let got = read_up_to(&mut input, &mut header).map_err(|e| Error::io(path, e))?;
@@ -180,7 +180,7 @@ impl BaseFile {
         let n_tokens = usize::try_from(n_tokens)
             .map_err(|_| Error::malformed(path, None, "too many tokens for this platform"))?;
         let mut tokens = Vec::with_capacity(n_tokens);
-        let mut buf = vec![0u8; 4 * 16384];
+        let mut buf = vec![0u8; 4 * n_tokens.min(16384)];
         while tokens.len() < n_tokens {
             let take = (n_tokens - tokens.len()).min(buf.len() / 4);
             let bytes = &mut buf[..4 * take];
@@ -262,7 +262,7 @@ impl BaseFile {
                 ),
             ));
         }
-        let mut inner = BufReader::with_capacity(READ_BUFFER, file);
+        let mut inner = BufReader::with_capacity(buffer_for(len), file);
         inner
             .seek(SeekFrom::Start(self.data_offset))
             .map_err(|e| Error::io(path, e))?;
@@ -276,6 +276,11 @@ impl BaseFile {
             bytes: vec![0; layout.row_bytes() as usize],
         })
     }
+}
+
+/// The read buffer for a file of `len` bytes: [`READ_BUFFER`], or less for a small file.
+fn buffer_for(len: u64) -> usize {
+    usize::try_from(len).map_or(READ_BUFFER, |len| len.clamp(64, READ_BUFFER))
 }
 
 /// Reads into `buf` until it is full or the input ends; returns the bytes read.

@@ -13,7 +13,7 @@
 
 use std::sync::LazyLock;
 
-use regex::Regex;
+use regex::{Regex, RegexSet};
 
 /// What a printed block states; percentages are fractions (`94.261 %` is 0.94261), converted
 /// by moving the decimal point in the text, so the fraction is the double nearest the printed
@@ -225,7 +225,8 @@ const SPECS: &[Spec] = {
 };
 
 /// A printf number: `%f` output, plus `nan`/`-nan`/`inf` and exponents for good measure.
-const NUM: &str = r"[-+]?(?:(?i:nan|inf)|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)";
+const NUM: &str =
+    r"[-+]?(?:(?i:nan|inf)|[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?)";
 /// `±` as printed, spelled out, or mangled by an encoding.
 const PM: &str = r"(?:±|\+/-|\+-|Â±|Ã‚Â±|_+|\?+|�+)";
 
@@ -234,8 +235,15 @@ struct Compiled {
     spec: &'static Spec,
 }
 
-static PATTERNS: LazyLock<Vec<Compiled>> = LazyLock::new(|| {
-    SPECS
+/// Every line pattern, and all of them as one set: a line is scanned once to find the patterns
+/// that can match, instead of once per pattern.
+struct Patterns {
+    set: RegexSet,
+    each: Vec<Compiled>,
+}
+
+static PATTERNS: LazyLock<Patterns> = LazyLock::new(|| {
+    let each: Vec<Compiled> = SPECS
         .iter()
         .map(|spec| {
             let label = spec.label.replace("{D}", DELTA);
@@ -249,7 +257,10 @@ static PATTERNS: LazyLock<Vec<Compiled>> = LazyLock::new(|| {
                 .unwrap_or_else(|e| panic!("bad built-in pattern for {:?}: {e}", spec.field));
             Compiled { regex, spec }
         })
-        .collect()
+        .collect();
+    let set = RegexSet::new(each.iter().map(|c| c.regex.as_str()))
+        .unwrap_or_else(|e| panic!("bad built-in pattern set: {e}"));
+    Patterns { set, each }
 });
 
 static ANSI: LazyLock<Regex> = LazyLock::new(|| {
@@ -394,7 +405,13 @@ pub fn parse_printed_blocks(text: &str) -> Vec<PrintedStats> {
 }
 
 fn parse_line(line: &str, in_legacy: bool) -> Option<Parsed> {
-    for c in PATTERNS.iter() {
+    // Every statistic line has a colon; most log lines can be skipped without a scan.
+    if !line.contains(':') {
+        return None;
+    }
+    let patterns = &*PATTERNS;
+    for i in patterns.set.matches(line).iter() {
+        let c = &patterns.each[i];
         if c.spec.legacy && !in_legacy {
             continue;
         }
