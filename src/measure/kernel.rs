@@ -46,7 +46,7 @@ pub fn exp_f32(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
     let bits = ((n as i32 + 127) as u32) << 23;
     y * f32::from_bits(bits)
@@ -86,35 +86,136 @@ fn lanes_sum(acc: [f64; LANES]) -> f64 {
     acc.iter().sum()
 }
 
-/// One scan: NaN or +inf present, and the maximum.
-#[inline(always)]
-fn scan_impl(x: &[f32]) -> (bool, f32) {
-    let mut bad = [false; LANES];
-    let mut max = [f32::NEG_INFINITY; LANES];
-    let chunks = x.chunks_exact(LANES);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for j in 0..LANES {
-            bad[j] |= c[j].is_nan() | (c[j] == f32::INFINITY);
-            max[j] = if c[j] > max[j] { c[j] } else { max[j] };
-        }
-    }
-    let mut any_bad = bad.iter().any(|b| *b);
-    let mut m = max.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    for &v in rest {
-        any_bad |= v.is_nan() | (v == f32::INFINITY);
-        if v > m {
-            m = v;
-        }
-    }
-    (any_bad, m)
+/// What one pass over a row finds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scan {
+    /// A NaN or +inf is present (the row is excluded).
+    pub non_finite: bool,
+    /// A -inf (masked token) is present.
+    pub masked: bool,
+    pub max: f32,
+    /// First index of the maximum.
+    pub argmax: u32,
 }
 
-/// Whether the row holds NaN or +inf, its maximum, and the first index of the maximum.
-pub fn scan(x: &[f32]) -> (bool, f32, u32) {
-    let (bad, max) = dispatch!(scan_impl(x));
-    let first = x.iter().position(|&v| v == max).unwrap_or(0) as u32;
-    (bad, max, first)
+#[inline(always)]
+fn scan_impl(x: &[f32]) -> Scan {
+    let mut bad = [false; LANES];
+    let mut masked = [false; LANES];
+    let mut max = [f32::NEG_INFINITY; LANES];
+    let mut idx = [0u32; LANES];
+    let n = x.len() / LANES * LANES;
+    for (k, c) in x[..n].chunks_exact(LANES).enumerate() {
+        let base = (k * LANES) as u32;
+        for j in 0..LANES {
+            let v = c[j];
+            bad[j] |= v.is_nan() | (v == f32::INFINITY);
+            masked[j] |= v == f32::NEG_INFINITY;
+            let better = v > max[j];
+            max[j] = if better { v } else { max[j] };
+            idx[j] = if better { base + j as u32 } else { idx[j] };
+        }
+    }
+    let mut scan = Scan {
+        non_finite: bad.iter().any(|b| *b),
+        masked: masked.iter().any(|b| *b),
+        max: f32::NEG_INFINITY,
+        argmax: 0,
+    };
+    // Each lane holds the first index of its own maximum; the row's first index of the maximum
+    // is the smallest of those among the lanes that reach it.
+    for j in 0..LANES {
+        if max[j] > scan.max || (max[j] == scan.max && idx[j] < scan.argmax) {
+            scan.max = max[j];
+            scan.argmax = idx[j];
+        }
+    }
+    for (i, &v) in x.iter().enumerate().skip(n) {
+        scan.non_finite |= v.is_nan() | (v == f32::INFINITY);
+        scan.masked |= v == f32::NEG_INFINITY;
+        if v > scan.max {
+            scan.max = v;
+            scan.argmax = i as u32;
+        }
+    }
+    scan
+}
+
+/// NaN/+inf and -inf presence, the maximum and its first index, in one pass.
+pub fn scan(x: &[f32]) -> Scan {
+    dispatch!(scan_impl(x))
+}
+
+/// Σ f64(x), in lanes.
+#[inline(always)]
+fn sum_f64(x: &[f32]) -> f64 {
+    let mut acc = [0f64; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rest: f64 = chunks.remainder().iter().map(|&v| f64::from(v)).sum();
+    for c in chunks {
+        for j in 0..LANES {
+            acc[j] += f64::from(c[j]);
+        }
+    }
+    lanes_sum(acc) + rest
+}
+
+/// Σ w (a - b), with the difference formed exactly in f64.
+#[inline(always)]
+fn weighted_diff(w: &[f32], a: &[f32], b: &[f32]) -> f64 {
+    let mut acc = [0f64; LANES];
+    let n = w.len() / LANES * LANES;
+    for ((cw, ca), cb) in w[..n]
+        .chunks_exact(LANES)
+        .zip(a[..n].chunks_exact(LANES))
+        .zip(b[..n].chunks_exact(LANES))
+    {
+        for j in 0..LANES {
+            acc[j] += f64::from(cw[j]) * (f64::from(ca[j]) - f64::from(cb[j]));
+        }
+    }
+    let rest: f64 = (n..w.len())
+        .map(|i| f64::from(w[i]) * (f64::from(a[i]) - f64::from(b[i])))
+        .sum();
+    lanes_sum(acc) + rest
+}
+
+/// One summand `w_p g(x)` of the KL, with `x = (p - q) - m` the centred logit difference and `w_q κ`
+/// standing for `w_p e^{-x}` when |x| >= 1 (see the module comment).
+#[inline(always)]
+fn term(wp: f32, wq: f32, p: f32, q: f32, m: f32, kappa: f32) -> f32 {
+    let x = (p - q) - m;
+    let small = wp * g_small(x);
+    let large = wq * kappa - wp + wp * x;
+    if x.abs() < 1.0 { small } else { large }
+}
+
+/// Σ term over the row, f32 terms summed in f64 lanes.
+#[inline(always)]
+fn kl_sum(wp: &[f32], wq: &[f32], p: &[f32], q: &[f32], m: f32, kappa: f32) -> f64 {
+    let mut acc = [0f64; LANES];
+    let n = wp.len() / LANES * LANES;
+    let chunks = wp[..n]
+        .chunks_exact(LANES)
+        .zip(wq[..n].chunks_exact(LANES))
+        .zip(p[..n].chunks_exact(LANES))
+        .zip(q[..n].chunks_exact(LANES));
+    for (((cwp, cwq), cp), cq) in chunks {
+        for j in 0..LANES {
+            acc[j] += f64::from(term(cwp[j], cwq[j], cp[j], cq[j], m, kappa));
+        }
+    }
+    let rest: f64 = (n..wp.len())
+        .map(|i| f64::from(term(wp[i], wq[i], p[i], q[i], m, kappa)))
+        .sum();
+    lanes_sum(acc) + rest
+}
+
+#[inline(always)]
+fn exp_row(x: &[f32], max: f32, out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = exp_f32(v - max);
+    }
 }
 
 #[inline(always)]
@@ -127,104 +228,67 @@ fn full_row_impl(
     ea: &mut [f32],
     eb: &mut [f32],
 ) -> FullRow {
-    let n = a.len();
-    // Pass 1: exponentials, their sums and the weighted means of c = a - b.
-    let (mut sa, mut sb, mut ma, mut mb) =
-        ([0f64; LANES], [0f64; LANES], [0f64; LANES], [0f64; LANES]);
-    let mut masked = false;
-    let mut i = 0;
-    while i + LANES <= n {
-        for j in 0..LANES {
-            let (x, y) = (a[i + j], b[i + j]);
-            masked |= (x == f32::NEG_INFINITY) | (y == f32::NEG_INFINITY);
-            let (e, f) = (exp_f32(x - max_a), exp_f32(y - max_b));
-            ea[i + j] = e;
-            eb[i + j] = f;
-            let c = f64::from(x) - f64::from(y);
-            sa[j] += f64::from(e);
-            sb[j] += f64::from(f);
-            ma[j] += f64::from(e) * c;
-            mb[j] -= f64::from(f) * c;
-        }
-        i += LANES;
+    // Pass 1, a tile at a time so the tile stays in L1: exponentials, their sums and the
+    // weighted mean of c = a - b.
+    let (mut sa, mut sb, mut wd) = (0.0f64, 0.0f64, 0.0f64);
+    for start in (0..a.len()).step_by(TILE) {
+        let end = (start + TILE).min(a.len());
+        let (ta, tb) = (&a[start..end], &b[start..end]);
+        let (tea, teb) = (&mut ea[start..end], &mut eb[start..end]);
+        exp_row(ta, max_a, tea);
+        exp_row(tb, max_b, teb);
+        sa += sum_f64(tea);
+        sb += sum_f64(teb);
+        wd += weighted_diff(tea, ta, tb);
     }
-    for k in i..n {
-        let (x, y) = (a[k], b[k]);
-        masked |= (x == f32::NEG_INFINITY) | (y == f32::NEG_INFINITY);
-        let (e, f) = (exp_f32(x - max_a), exp_f32(y - max_b));
-        ea[k] = e;
-        eb[k] = f;
-        let c = f64::from(x) - f64::from(y);
-        sa[0] += f64::from(e);
-        sb[0] += f64::from(f);
-        ma[0] += f64::from(e) * c;
-        mb[0] -= f64::from(f) * c;
-    }
-    if masked {
-        // -inf entries make c infinite or undefined: the careful path handles them.
-        return masked_row(a, b, max_a, max_b, want_reverse);
-    }
-    let (sa, sb) = (lanes_sum(sa), lanes_sum(sb));
-    let (m_a, m_b) = (lanes_sum(ma) / sa, lanes_sum(mb) / sb);
+    let m_a = wd / sa;
     let lse_a = f64::from(max_a) + sa.ln();
     let lse_b = f64::from(max_b) + sb.ln();
-    // Pass 2: the non-negative summands. For |x| >= 1, e^{a-max_a} e^{-x} = e^{b-max_b} κ.
+    // Pass 2: the non-negative summands.
     let ln_kf = f64::from(max_b) - f64::from(max_a) + m_a;
+    let m_b = if want_reverse {
+        weighted_diff(eb, b, a) / sb
+    } else {
+        0.0
+    };
     let ln_kr = f64::from(max_a) - f64::from(max_b) + m_b;
     if ln_kf.abs() > 60.0 || ln_kr.abs() > 60.0 {
         return masked_row(a, b, max_a, max_b, want_reverse);
     }
-    let (kf32, kr32) = (ln_kf.exp() as f32, ln_kr.exp() as f32);
-    let (mf, mr) = (m_a as f32, m_b as f32);
-    let (mut kf, mut kr) = ([0f64; LANES], [0f64; LANES]);
-    let term = |wa: f32, wb: f32, x: f32, kappa: f32| -> f32 {
-        let small = g_small(x);
-        let large = wb * kappa - wa + wa * x;
-        if x.abs() < 1.0 { wa * small } else { large }
+    let forward = (kl_sum(ea, eb, a, b, m_a as f32, ln_kf.exp() as f32) / sa).ln_1p();
+    let reverse = if want_reverse {
+        (kl_sum(eb, ea, b, a, m_b as f32, ln_kr.exp() as f32) / sb).ln_1p()
+    } else {
+        f64::NAN
     };
-    let mut i = 0;
-    while i + LANES <= n {
-        for j in 0..LANES {
-            let (wa, wb) = (ea[i + j], eb[i + j]);
-            let c = a[i + j] - b[i + j];
-            kf[j] += f64::from(term(wa, wb, c - mf, kf32));
-            if want_reverse {
-                kr[j] += f64::from(term(wb, wa, -c - mr, kr32));
-            }
-        }
-        i += LANES;
-    }
-    for k in i..n {
-        let (wa, wb) = (ea[k], eb[k]);
-        let c = a[k] - b[k];
-        kf[0] += f64::from(term(wa, wb, c - mf, kf32));
-        if want_reverse {
-            kr[0] += f64::from(term(wb, wa, -c - mr, kr32));
-        }
-    }
     FullRow {
-        forward: (lanes_sum(kf) / sa).ln_1p(),
-        reverse: if want_reverse {
-            (lanes_sum(kr) / sb).ln_1p()
-        } else {
-            f64::NAN
-        },
+        forward,
+        reverse,
         lse_a,
         lse_b,
     }
 }
 
+/// Elements per tile of pass 1 (4 arrays of 8 KiB: well inside L1).
+const TILE: usize = 2048;
+
 /// KL both ways over the full vocabulary. `a` and `b` must be free of NaN and +inf (checked by
-/// the caller); -inf entries are masked tokens. `ea`/`eb` are scratch buffers.
+/// the caller); `masked` says whether either holds -inf (masked tokens), which takes the careful
+/// all-f64 path. `ea`/`eb` are scratch buffers.
+#[allow(clippy::too_many_arguments)]
 pub fn full_row(
     a: &[f32],
     b: &[f32],
     max_a: f32,
     max_b: f32,
+    masked: bool,
     want_reverse: bool,
     ea: &mut Vec<f32>,
     eb: &mut Vec<f32>,
 ) -> FullRow {
+    if masked {
+        return masked_row(a, b, max_a, max_b, want_reverse);
+    }
     ea.resize(a.len(), 0.0);
     eb.resize(a.len(), 0.0);
     let (ea, eb) = (ea.as_mut_slice(), eb.as_mut_slice());

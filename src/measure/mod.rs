@@ -120,16 +120,10 @@ pub fn measure(reference: &Path, candidate: &Path, options: &Options) -> Result<
         .par_iter()
         .enumerate()
         .map_init(
-            || {
-                (
-                    vec![0f32; vocab],
-                    vec![0f32; vocab],
-                    row::Scratch::default(),
-                )
-            },
+            || (Vec::new(), Vec::new(), row::Scratch::default()),
             |(a, b, scratch), (rank, &i)| {
-                r.read_row(i, a);
-                c.read_row(i, b);
+                let a = &r.row(i, a)[..vocab];
+                let b = &c.row(i, b)[..vocab];
                 let meta = r.meta[i];
                 let token = meta
                     .token

@@ -50,15 +50,13 @@ pub fn reduce(
     scratch: &mut Scratch,
 ) -> Option<RowRecord> {
     debug_assert_eq!(reference.len(), candidate.len());
-    if reference
-        .iter()
-        .chain(candidate)
-        .any(|x| x.is_nan() || *x == f32::INFINITY)
-    {
+    let scan_ref = super::kernel::scan(reference);
+    let scan_cand = super::kernel::scan(candidate);
+    if scan_ref.non_finite || scan_cand.non_finite {
         return None;
     }
-    let (ref_top1, ref_max) = argmax(reference);
-    let (cand_top1, cand_max) = argmax(candidate);
+    let (ref_max, ref_top1) = (scan_ref.max, scan_ref.argmax);
+    let (cand_max, cand_top1) = (scan_cand.max, scan_cand.argmax);
     if ref_max == f32::NEG_INFINITY || cand_max == f32::NEG_INFINITY {
         return None; // every token masked: no distribution
     }
@@ -68,6 +66,7 @@ pub fn reduce(
             candidate,
             ref_max,
             cand_max,
+            scan_ref.masked || scan_cand.masked,
             want_reverse,
             &mut scratch.ea,
             &mut scratch.eb,
@@ -166,19 +165,6 @@ pub fn reduce(
         nll_ref: nll(reference, lse_ref),
         nll_cand: nll(candidate, lse_cand),
     })
-}
-
-/// First index of the maximum (lowest token id on ties), as numpy, torch and llama.cpp.
-pub fn argmax(x: &[f32]) -> (u32, f32) {
-    let mut best = 0usize;
-    let mut max = f32::NEG_INFINITY;
-    for (i, &v) in x.iter().enumerate() {
-        if v > max {
-            max = v;
-            best = i;
-        }
-    }
-    (best as u32, max)
 }
 
 /// `max + ln Σ exp(x - max)`, in f64.

@@ -185,6 +185,22 @@ impl LogitSource {
         })
     }
 
+    /// Row `r` as f32: borrowed straight from the mapped file when it is f32 and aligned (no copy),
+    /// else decoded into `buf`.
+    pub fn row<'a>(&'a self, r: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+        if self.encoding == Encoding::F32 && cfg!(target_endian = "little") {
+            let start = self.first_row + r * self.stride;
+            if let Ok(row) =
+                bytemuck::try_cast_slice::<u8, f32>(&self.map.bytes()[start..start + self.stride])
+            {
+                return row;
+            }
+        }
+        buf.resize(self.vocab, 0.0);
+        self.read_row(r, buf);
+        buf
+    }
+
     /// Row `r`'s first `out.len()` entries as f32 (bf16 and f16 upcast exactly; a llama.cpp row
     /// decoded to its stored log-probs).
     pub fn read_row(&self, r: usize, out: &mut [f32]) {
@@ -333,7 +349,7 @@ fn layout(
     }
     match context_length {
         Some(l) => {
-            if rows as u64 % l != 0 {
+            if !(rows as u64).is_multiple_of(l) {
                 return Err(Error::malformed(
                     path,
                     Some("logits"),

@@ -539,8 +539,8 @@ fn render_measurement(m: &cardproof::measure::Measurement) -> String {
     }
     let _ = writeln!(
         out,
-        "\n{:<20} {:>12} {:>12}  {}",
-        "metric", "value", "± sem", "95% CI"
+        "\n{:<20} {:>12} {:>12}  95% CI",
+        "metric", "value", "± sem"
     );
     for name in cardproof::disclosure::vocabulary::METRICS {
         let Some(value) = m.metrics.get(*name) else {

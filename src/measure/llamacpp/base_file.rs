@@ -88,7 +88,6 @@ impl Layout {
 }
 
 /// An opened, validated base file: header and tokens in memory, rows read on demand.
-#[derive(Debug)]
 pub struct BaseFile {
     pub path: PathBuf,
     pub n_ctx: u32,
@@ -99,6 +98,20 @@ pub struct BaseFile {
     pub tokens: Vec<i32>,
     file_len: u64,
     data_offset: u64,
+}
+
+/// Debug output names the token count, not the (often 300k-long) token stream.
+impl std::fmt::Debug for BaseFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BaseFile")
+            .field("path", &self.path)
+            .field("n_ctx", &self.n_ctx)
+            .field("n_vocab", &self.n_vocab)
+            .field("n_chunk", &self.n_chunk)
+            .field("tokens", &format_args!("[{} ids]", self.tokens.len()))
+            .field("file_len", &self.file_len)
+            .finish()
+    }
 }
 
 impl BaseFile {
@@ -225,7 +238,7 @@ impl BaseFile {
     /// All scored rows in the file.
     pub fn n_rows(&self) -> u64 {
         // Cannot overflow: `open` computed the file size from this product.
-        self.n_chunk as u64 * self.rows_per_chunk()
+        u64::from(self.n_chunk) * self.rows_per_chunk()
     }
 
     /// `(chunk, j)`: row `r` holds the logits at position `j` of chunk `chunk`, which score the

@@ -31,9 +31,8 @@ pub struct RowScore {
     pub same_top: bool,
 }
 
-/// The candidate side of a row: its first-index maximum (strict `>`), and `lse` as the f32 of
-/// the double log of a double sum of f32 `exp`s.
-fn candidate_softmax(logits: &[f32]) -> (f32, usize, f32) {
+/// The candidate's first-index maximum (strict `>`, so the first of equal values wins).
+fn first_max(logits: &[f32]) -> (f32, usize) {
     let mut max_logit = logits[0];
     let mut imax = 0;
     for (i, &l) in logits.iter().enumerate().skip(1) {
@@ -42,11 +41,16 @@ fn candidate_softmax(logits: &[f32]) -> (f32, usize, f32) {
             imax = i;
         }
     }
+    (max_logit, imax)
+}
+
+/// `lse` as llama.cpp computes it: the f32 of the double log of a double sum of f32 `exp`s.
+fn log_sum_exp(logits: &[f32], max_logit: f32) -> f32 {
     let mut sum_exp = 0.0f64;
     for &l in logits {
         sum_exp += f64::from((l - max_logit).exp());
     }
-    (max_logit, imax, sum_exp.ln() as f32)
+    sum_exp.ln() as f32
 }
 
 /// The KL sum and the reference's first-index argmax; `log_z` is the candidate's `max + lse`.
@@ -83,7 +87,8 @@ fn check_row(reference: &BaseRow, candidate_logits: &[f32]) {
 /// the vocabularies first; [`compare_base_files`] does).
 pub fn row_kld(reference: &BaseRow, candidate_logits: &[f32]) -> f64 {
     check_row(reference, candidate_logits);
-    let (max_logit, _, lse) = candidate_softmax(candidate_logits);
+    let (max_logit, _) = first_max(candidate_logits);
+    let lse = log_sum_exp(candidate_logits, max_logit);
     kl_sum(reference, candidate_logits, max_logit + lse).0
 }
 
@@ -115,11 +120,13 @@ fn score(reference: &BaseRow, candidate_logits: &[f32], token: i32, normalized: 
         .ok()
         .filter(|&t| t < candidate_logits.len())
         .unwrap_or_else(|| panic!("token {token} outside the vocabulary"));
-    let (max_logit, imax, mut lse) = candidate_softmax(candidate_logits);
-    if normalized {
+    let (max_logit, imax) = first_max(candidate_logits);
+    let lse = if normalized {
         // `max + lse` is then exactly 0: the log-probs are their own logits with log Z = 0.
-        lse = -max_logit;
-    }
+        -max_logit
+    } else {
+        log_sum_exp(candidate_logits, max_logit)
+    };
     let nll = max_logit + lse - candidate_logits[tok];
     let nll_base = -reference.log_prob(tok);
     let log_z = max_logit + lse;
@@ -159,8 +166,8 @@ impl CompatAccumulator {
     }
 
     /// Scores and adds one row: the reference's stored row, the candidate's logits over the full
-    /// vocabulary (for a candidate base file its decoded log-probs serve as logits), the true
-    /// next token. Panics as [`score_row`] does.
+    /// vocabulary, the true next token. Panics as [`score_row`] does. For a candidate that is
+    /// itself a base file, use [`Self::push_log_probs`] with its decoded rows.
     pub fn push(&mut self, reference: &BaseRow, candidate_logits: &[f32], token: i32) {
         self.push_score(score_row(reference, candidate_logits, token));
     }

@@ -246,7 +246,9 @@ static PATTERNS: LazyLock<Patterns> = LazyLock::new(|| {
     let each: Vec<Compiled> = SPECS
         .iter()
         .map(|spec| {
-            let label = spec.label.replace("{D}", DELTA);
+            // An ASCII `\b`: a Unicode word boundary makes the regex engines fall back to their
+            // slowest mode on every line holding `Δ` or `±`, which is every line here.
+            let label = spec.label.replace("{D}", DELTA).replace(r"\b", r"(?-u:\b)");
             // A number ends at a space, a `%`, or the end of the line, so `0.02llama_perf` (a cut
             // line run into the next output) is not read as 0.02.
             let values = match spec.shape {
@@ -370,8 +372,14 @@ pub fn parse_printed_blocks(text: &str) -> Vec<PrintedStats> {
     let mut blocks = Vec::new();
     let mut cur = Block::default();
     for raw in text.split('\n') {
-        let line = ANSI.replace_all(raw.trim_end_matches('\r'), "");
-        let line = line.as_ref();
+        let line = raw.trim_end_matches('\r');
+        let stripped;
+        let line = if line.contains('\x1b') {
+            stripped = ANSI.replace_all(line, "");
+            stripped.as_ref()
+        } else {
+            line
+        };
         let modern_header = line.contains("====== Perplexity statistics ======");
         let legacy_header = line.contains("===== KL-divergence statistics");
         if modern_header || legacy_header {
