@@ -170,6 +170,8 @@ fn json_has_the_documented_shape() {
     );
 }
 
+/// Regression: one long window of 200 rows once made two 128-row blocks, and every seed gave the
+/// same degenerate interval.
 #[test]
 fn the_same_seed_gives_the_same_intervals_and_another_does_not() {
     let pair = Pair::new(200, 300, 0.3);
@@ -185,6 +187,7 @@ fn the_same_seed_gives_the_same_intervals_and_another_does_not() {
     assert_eq!(a["uncertainty"], b["uncertainty"]);
     assert_ne!(a["uncertainty"], c["uncertainty"]);
     assert_ne!(a["protocol_sha256"], c["protocol_sha256"]);
+    assert_eq!(a["protocol"]["bootstrap_block"], "run:2");
 }
 
 #[test]
