@@ -9,23 +9,30 @@
 //! is small: for |x| < 1 it is a polynomial in the exact `x`; for |x| >= 1 it is at least 0.36,
 //! so the f32 error of `e^-x` (taken as the ratio of the two rows' exponentials) stays ~1e-7 of it.
 
-/// Run `$call` compiled for AVX2 and FMA when the CPU has them (checked once at run time), else
-/// for the baseline target. The body is the same code; only the instructions differ.
-macro_rules! dispatch {
-    ($name:ident($($arg:expr),*)) => {{
+/// Define `$avx2` as `$impl_` compiled for AVX2 and FMA, and `$public` calling it when the CPU
+/// has them (checked at run time), else the portable build of the same code.
+macro_rules! dispatched {
+    ($(#[$meta:meta])* pub fn $public:ident / $avx2:ident => $impl_:ident($($arg:ident: $ty:ty),*) -> $ret:ty) => {
         #[cfg(target_arch = "x86_64")]
-        {
+        #[target_feature(enable = "avx2,fma")]
+        #[allow(clippy::too_many_arguments)]
+        fn $avx2($($arg: $ty),*) -> $ret {
+            $impl_($($arg),*)
+        }
+
+        $(#[$meta])*
+        #[allow(clippy::too_many_arguments)]
+        pub fn $public($($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
             if super::simd::has_avx2_fma() {
-                super::simd::avx2(|| $name($($arg),*))
-            } else {
-                $name($($arg),*)
+                // SAFETY: the CPU has AVX2 and FMA (checked just above), which is the only
+                // requirement for calling a `#[target_feature(enable = "avx2,fma")]` function.
+                #[allow(unsafe_code)]
+                return unsafe { $avx2($($arg),*) };
             }
+            $impl_($($arg),*)
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            $name($($arg),*)
-        }
-    }};
+    };
 }
 
 /// `e^x` for x <= 0 in f32, branch-free so loops over it vectorize. Relative error below 2e-7;
@@ -103,47 +110,51 @@ fn scan_impl(x: &[f32]) -> Scan {
     let mut bad = [false; LANES];
     let mut masked = [false; LANES];
     let mut max = [f32::NEG_INFINITY; LANES];
-    let mut idx = [0u32; LANES];
     let n = x.len() / LANES * LANES;
-    for (k, c) in x[..n].chunks_exact(LANES).enumerate() {
-        let base = (k * LANES) as u32;
+    for c in x[..n].chunks_exact(LANES) {
         for j in 0..LANES {
             let v = c[j];
             bad[j] |= v.is_nan() | (v == f32::INFINITY);
             masked[j] |= v == f32::NEG_INFINITY;
-            let better = v > max[j];
-            max[j] = if better { v } else { max[j] };
-            idx[j] = if better { base + j as u32 } else { idx[j] };
+            max[j] = if v > max[j] { v } else { max[j] };
         }
     }
     let mut scan = Scan {
         non_finite: bad.iter().any(|b| *b),
         masked: masked.iter().any(|b| *b),
-        max: f32::NEG_INFINITY,
+        max: max
+            .iter()
+            .copied()
+            .fold(f32::NEG_INFINITY, |m, v| if v > m { v } else { m }),
         argmax: 0,
     };
-    // Each lane holds the first index of its own maximum; the row's first index of the maximum
-    // is the smallest of those among the lanes that reach it.
-    for j in 0..LANES {
-        if max[j] > scan.max || (max[j] == scan.max && idx[j] < scan.argmax) {
-            scan.max = max[j];
-            scan.argmax = idx[j];
-        }
-    }
-    for (i, &v) in x.iter().enumerate().skip(n) {
+    for &v in &x[n..] {
         scan.non_finite |= v.is_nan() | (v == f32::INFINITY);
         scan.masked |= v == f32::NEG_INFINITY;
         if v > scan.max {
             scan.max = v;
-            scan.argmax = i as u32;
         }
     }
+    // The first index of the maximum: test whole chunks for it (vectorized), then look inside
+    // the first chunk that has it.
+    let target = scan.max;
+    let hit = x
+        .chunks(64)
+        .position(|c| c.iter().fold(false, |f, &v| f | (v == target)));
+    scan.argmax = hit
+        .and_then(|k| {
+            x[k * 64..]
+                .iter()
+                .position(|&v| v == target)
+                .map(|i| (k * 64 + i) as u32)
+        })
+        .unwrap_or(0);
     scan
 }
 
-/// NaN/+inf and -inf presence, the maximum and its first index, in one pass.
-pub fn scan(x: &[f32]) -> Scan {
-    dispatch!(scan_impl(x))
+dispatched! {
+    /// NaN/+inf and -inf presence, the maximum and its first index.
+    pub fn scan / scan_avx2 => scan_impl(x: &[f32]) -> Scan
 }
 
 /// Σ f64(x), in lanes.
@@ -291,8 +302,22 @@ pub fn full_row(
     }
     ea.resize(a.len(), 0.0);
     eb.resize(a.len(), 0.0);
-    let (ea, eb) = (ea.as_mut_slice(), eb.as_mut_slice());
-    dispatch!(full_row_impl(a, b, max_a, max_b, want_reverse, ea, eb))
+    unmasked_row(
+        a,
+        b,
+        max_a,
+        max_b,
+        want_reverse,
+        ea.as_mut_slice(),
+        eb.as_mut_slice(),
+    )
+}
+
+dispatched! {
+    /// The vectorized path for rows without masked tokens.
+    pub fn unmasked_row / unmasked_row_avx2 => full_row_impl(
+        a: &[f32], b: &[f32], max_a: f32, max_b: f32, want_reverse: bool, ea: &mut [f32], eb: &mut [f32]
+    ) -> FullRow
 }
 
 /// The careful all-f64 path for rows with masked (-inf) tokens or extreme scale differences.
