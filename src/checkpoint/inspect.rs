@@ -714,24 +714,15 @@ fn classify(
     }
     if let Some(packed) = find(Role::Packed) {
         let scale = find(Role::Scale);
-        if has(Role::GlobalScale)
-            || scale.is_some_and(|s| s.dtype == Dtype::F8_E4M3) && packed.dtype == Dtype::U8
-        {
-            // compressed-tensors NVFP4: U8 [out, in/2], E4M3 scales per 16.
-            let shape = vec![dim(packed, 0), dim(packed, 1) * 2];
-            let group = scale.map(|s| group_of(shape[1], dim(s, 1)));
-            return Ok(Classified::Module(module(
-                "nvfp4".into(),
-                shape,
-                group,
-                Some(true),
-            )));
-        }
         if packed.dtype == Dtype::U8 {
+            // FP4 packed two per byte, U8 [out, in/2]: NVFP4 has E4M3 scales per 16 (and a
+            // global scale), MXFP4 E8M0 scales per 32.
+            let nvfp4 = has(Role::GlobalScale) || scale.is_some_and(|s| s.dtype == Dtype::F8_E4M3);
             let shape = vec![dim(packed, 0), dim(packed, 1) * 2];
             let group = scale.map(|s| group_of(shape[1], dim(s, 1)));
+            let scheme = if nvfp4 { "nvfp4" } else { "mxfp4" };
             return Ok(Classified::Module(module(
-                "mxfp4".into(),
+                scheme.into(),
                 shape,
                 group,
                 Some(true),

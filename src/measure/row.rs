@@ -125,17 +125,14 @@ pub fn reduce(
                         },
                     )
                 }
-                Tail::Dropped => {
-                    let set = &scratch.idx;
-                    (
-                        partial_kl(reference, candidate, lse_ref, lse_cand, set.iter().copied()),
-                        if want_reverse {
-                            partial_kl(candidate, reference, lse_cand, lse_ref, set.iter().copied())
-                        } else {
-                            f64::NAN
-                        },
-                    )
-                }
+                Tail::Dropped => partial_both(
+                    reference,
+                    candidate,
+                    lse_ref,
+                    lse_cand,
+                    &scratch.idx,
+                    want_reverse,
+                ),
             }
         }
         VocabMode::Threshold { log_p } => {
@@ -145,14 +142,13 @@ pub fn reduce(
                     scratch.idx.push(i as u32);
                 }
             }
-            let set = &scratch.idx;
-            (
-                partial_kl(reference, candidate, lse_ref, lse_cand, set.iter().copied()),
-                if want_reverse {
-                    partial_kl(candidate, reference, lse_cand, lse_ref, set.iter().copied())
-                } else {
-                    f64::NAN
-                },
+            partial_both(
+                reference,
+                candidate,
+                lse_ref,
+                lse_cand,
+                &scratch.idx,
+                want_reverse,
             )
         }
     };
@@ -226,6 +222,24 @@ fn g(x: f64) -> f64 {
     } else {
         (-x).exp_m1() + x
     }
+}
+
+/// The set's full-vocabulary terms, forward and (when wanted) reverse.
+fn partial_both(
+    a: &[f32],
+    b: &[f32],
+    lse_a: f64,
+    lse_b: f64,
+    set: &[u32],
+    want_reverse: bool,
+) -> (f64, f64) {
+    let forward = partial_kl(a, b, lse_a, lse_b, set.iter().copied());
+    let reverse = if want_reverse {
+        partial_kl(b, a, lse_b, lse_a, set.iter().copied())
+    } else {
+        f64::NAN
+    };
+    (forward, reverse)
 }
 
 /// Σ_{i in set} p_i (log p_i - log q_i), with full-vocabulary normalization (terms dropped, not

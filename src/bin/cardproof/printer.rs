@@ -132,6 +132,19 @@ fn plural(n: usize, word: &str) -> String {
     }
 }
 
+/// A JSON document on stdout with `"schema_version"` first.
+fn write_versioned(value: &impl serde::Serialize) -> io::Result<()> {
+    let mut value = serde_json::to_value(value)?;
+    if let Some(map) = value.as_object_mut() {
+        map.shift_insert(
+            0,
+            "schema_version".into(),
+            cardproof::JSON_SCHEMA_VERSION.into(),
+        );
+    }
+    write_stdout(&(serde_json::to_string_pretty(&value)? + "\n"))
+}
+
 fn write_stdout(text: &str) -> io::Result<()> {
     let mut out = io::stdout().lock();
     out.write_all(text.as_bytes())?;
@@ -270,20 +283,11 @@ impl Printer {
     ) -> io::Result<()> {
         match self.output.format {
             Format::Json => {
-                let doc = if let [only] = inspections {
-                    let mut value = serde_json::to_value(only)?;
-                    if let Some(map) = value.as_object_mut() {
-                        map.shift_insert(
-                            0,
-                            "schema_version".into(),
-                            cardproof::JSON_SCHEMA_VERSION.into(),
-                        );
-                    }
-                    value
+                if let [only] = inspections {
+                    write_versioned(only)
                 } else {
-                    json!({"schema_version": cardproof::JSON_SCHEMA_VERSION, "variants": inspections})
-                };
-                write_stdout(&(serde_json::to_string_pretty(&doc)? + "\n"))
+                    write_versioned(&json!({"variants": inspections}))
+                }
             }
             _ => {
                 let text: String = inspections
@@ -441,30 +445,14 @@ impl Printer {
             )?;
         }
         if self.output.format == Format::Json {
-            let mut value = serde_json::to_value(m)?;
-            if let Some(map) = value.as_object_mut() {
-                map.shift_insert(
-                    0,
-                    "schema_version".into(),
-                    cardproof::JSON_SCHEMA_VERSION.into(),
-                );
-            }
-            return write_stdout(&(serde_json::to_string_pretty(&value)? + "\n"));
+            return write_versioned(m);
         }
         write_stdout(&render_measurement(m))
     }
 
     pub fn compat(&self, m: &cardproof::measure::compat::CompatMeasurement) -> io::Result<()> {
         if self.output.format == Format::Json {
-            let mut value = serde_json::to_value(m)?;
-            if let Some(map) = value.as_object_mut() {
-                map.shift_insert(
-                    0,
-                    "schema_version".into(),
-                    cardproof::JSON_SCHEMA_VERSION.into(),
-                );
-            }
-            return write_stdout(&(serde_json::to_string_pretty(&value)? + "\n"));
+            return write_versioned(m);
         }
         let header = format!(
             "llama.cpp-compatible KLD: forward KL(P_base || P_cand) in nats, reference terms with \
