@@ -25,6 +25,15 @@ impl MappedFile {
         Ok(MappedFile { map: Some(map) })
     }
 
+    /// Tell the kernel the whole file will be read soon (logit files are read end to end):
+    /// readahead and fewer page faults. Advice only; failure changes nothing.
+    pub fn will_need(&self) {
+        if let Some(map) = &self.map {
+            #[cfg(unix)]
+            let _ = map.advise(memmap2::Advice::WillNeed);
+        }
+    }
+
     pub fn bytes(&self) -> &[u8] {
         self.map.as_deref().unwrap_or(&[])
     }

@@ -45,7 +45,11 @@ pub fn exp_f32(x: f32) -> f32 {
     const LN2_LO: f32 = -2.121_944_4e-4;
     const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
     let x = x.max(-87.0);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    // Round x·log2(e) to an integer n with the magic-number trick: the low bits of `t` then hold
+    // n itself, so 2^n is built with integer operations only (no float-to-int conversion, whose
+    // saturating semantics would keep the loop from vectorizing).
+    let t = x * LOG2E + ROUND;
+    let n = t - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
     // Cephes expf minimax polynomial on [-ln2/2, ln2/2].
     let mut p = 1.987_569_1e-4f32;
@@ -55,7 +59,8 @@ pub fn exp_f32(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
-    let bits = ((n as i32 + 127) as u32) << 23;
+    let n_int = t.to_bits().wrapping_sub(ROUND.to_bits()); // n as a two's-complement integer
+    let bits = n_int.wrapping_add(127) << 23;
     y * f32::from_bits(bits)
 }
 
@@ -140,7 +145,7 @@ fn scan_impl(x: &[f32]) -> Scan {
     let target = scan.max;
     let hit = x
         .chunks(64)
-        .position(|c| c.iter().fold(false, |f, &v| f | (v == target)));
+        .position(|c| c.iter().fold(0u32, |f, &v| f | u32::from(v == target)) != 0);
     scan.argmax = hit
         .and_then(|k| {
             x[k * 64..]

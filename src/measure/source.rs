@@ -92,7 +92,7 @@ impl LogitSource {
             declared_vocab: None,
             meta,
             encoding: Encoding::LlamaCppU16,
-            map: MappedFile::open(path)?,
+            map: mapped_for_reading(path)?,
             first_row,
             stride: nv * 2,
         })
@@ -179,7 +179,7 @@ impl LogitSource {
             declared_vocab,
             meta,
             encoding,
-            map: MappedFile::open(path)?,
+            map: mapped_for_reading(path)?,
             first_row: logits.data.start as usize,
             stride: vocab * width,
         })
@@ -376,4 +376,11 @@ fn layout(
             })
             .collect()),
     }
+}
+
+/// Logit files are read end to end: map them with that advice.
+fn mapped_for_reading(path: &Path) -> Result<MappedFile> {
+    let map = MappedFile::open(path)?;
+    map.will_need();
+    Ok(map)
 }
