@@ -762,21 +762,11 @@ fn classify(
                 format!("tensors {}", names.join(", ")),
             ));
         }
-        let params = members
-            .iter()
-            .filter(|m| m.info.dtype.is_high_precision_float())
-            .map(|m| m.info.numel())
-            .sum();
-        return Ok(Classified::NotLinear(params));
+        return Ok(Classified::NotLinear(float_parameters(members)));
     };
     let is_linear_shape = weight.shape.len() >= 2 && weight.shape.len() <= 3;
     if !is_linear_shape && bucket != Bucket::Embeddings {
-        let params = members
-            .iter()
-            .filter(|m| m.info.dtype.is_high_precision_float())
-            .map(|m| m.info.numel())
-            .sum();
-        return Ok(Classified::NotLinear(params));
+        return Ok(Classified::NotLinear(float_parameters(members)));
     }
     let shape = weight.shape.clone();
     if weight.dtype.is_high_precision_float() && !quantized_by_scales {
@@ -867,6 +857,15 @@ fn classify(
         module("unknown".into(), shape, None, None),
         names.join(", "),
     ))
+}
+
+/// Parameters of a group of non-linear tensors (norms, biases): its float elements.
+fn float_parameters(members: &[Member<'_>]) -> u64 {
+    members
+        .iter()
+        .filter(|m| m.info.dtype.is_high_precision_float())
+        .map(|m| m.info.numel())
+        .sum()
 }
 
 fn is_high_precision_scheme(scheme: &str) -> bool {
