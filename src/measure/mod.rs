@@ -95,6 +95,13 @@ pub fn measure(reference: &Path, candidate: &Path, options: &Options) -> Result<
     check_pair(&r, &c)?;
     let vocab = vocab_size(&r, &c, options.vocab_size)?;
 
+    // A llama.cpp base file holds only the second half of each window: say so in the protocol
+    // rather than "all" (the rows selected are the same).
+    let mut options = options.clone();
+    if r.format == "llamacpp-base" && options.positions == Positions::All {
+        options.positions = Positions::SecondHalf;
+    }
+    let options = &options;
     let windows: std::collections::BTreeSet<u32> = r.meta.iter().map(|m| m.window).collect();
     let one_window = windows.len() == 1;
     let selected: Vec<usize> = (0..r.rows)

@@ -591,6 +591,8 @@ mod llamacpp {
         let doc = run.json();
         assert_eq!(doc["n_positions"], 39 * 63);
         assert_eq!(doc["n_windows"], 39);
+        // The file holds only second-half rows, and the protocol says so.
+        assert_eq!(doc["protocol"]["positions"]["policy"], "second_half");
         assert!(doc["metrics"]["kld_mean"].as_f64().unwrap() > 0.0);
     }
 
