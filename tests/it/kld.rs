@@ -58,6 +58,24 @@ fn write_dump(
     std::fs::write(path, safetensors::serialize(&tensors, &BTreeMap::new())).unwrap();
 }
 
+/// `kld --reference R --candidate C --json --bootstrap 10 EXTRA...` in `dir`, as JSON.
+fn kld_json(dir: &Path, reference: &str, candidate: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "kld",
+        "--reference",
+        reference,
+        "--candidate",
+        candidate,
+        "--json",
+        "--bootstrap",
+        "10",
+    ];
+    args.extend_from_slice(extra);
+    let run = cardproof_in(dir, &args);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    run.json()
+}
+
 struct Pair {
     dir: tempfile::TempDir,
 }
@@ -247,34 +265,8 @@ fn bf16_and_f16_dumps_read_as_their_exact_f32_values() {
             Some(&t),
             Dtype::F32,
         );
-        let m16 = cardproof_in(
-            dir.path(),
-            &[
-                "kld",
-                "--reference",
-                "r16.st",
-                "--candidate",
-                "c16.st",
-                "--json",
-                "--bootstrap",
-                "10",
-            ],
-        )
-        .json();
-        let m32 = cardproof_in(
-            dir.path(),
-            &[
-                "kld",
-                "--reference",
-                "r32.st",
-                "--candidate",
-                "c32.st",
-                "--json",
-                "--bootstrap",
-                "10",
-            ],
-        )
-        .json();
+        let m16 = kld_json(dir.path(), "r16.st", "c16.st", &[]);
+        let m32 = kld_json(dir.path(), "r32.st", "c32.st", &[]);
         assert_eq!(m16["metrics"], m32["metrics"], "{dtype}");
     }
 }
@@ -309,20 +301,7 @@ fn metrics_that_need_tokens_are_omitted_without_them() {
     let (a, b, _) = logits(40, 60, 0.3, 9);
     write_dump(&dir.path().join("r.st"), &a, 40, 60, None, Dtype::F32);
     write_dump(&dir.path().join("c.st"), &b, 40, 60, None, Dtype::F32);
-    let doc = cardproof_in(
-        dir.path(),
-        &[
-            "kld",
-            "--reference",
-            "r.st",
-            "--candidate",
-            "c.st",
-            "--json",
-            "--bootstrap",
-            "10",
-        ],
-    )
-    .json();
+    let doc = kld_json(dir.path(), "r.st", "c.st", &[]);
     let m = doc["metrics"].as_object().unwrap();
     assert!(m.contains_key("kld_mean") && m.contains_key("top1_agreement"));
     assert!(
@@ -358,20 +337,7 @@ fn padding_beyond_the_vocabulary_size_is_excluded() {
         Some(&t),
         Dtype::F32,
     );
-    let plain = cardproof_in(
-        dir.path(),
-        &[
-            "kld",
-            "--reference",
-            "r.st",
-            "--candidate",
-            "c.st",
-            "--json",
-            "--bootstrap",
-            "10",
-        ],
-    )
-    .json();
+    let plain = kld_json(dir.path(), "r.st", "c.st", &[]);
     let padded = cardproof_in(
         dir.path(),
         &[
