@@ -6,11 +6,14 @@
 
 pub mod card;
 pub mod checkpoint;
+pub mod dequant;
 pub mod disclosure;
 pub mod error;
 pub mod findings;
 pub mod lint;
 pub mod measure;
+pub mod measurement;
+pub mod runner;
 pub mod span;
 
 pub use error::{Error, ErrorKind, Result};

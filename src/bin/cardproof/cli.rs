@@ -32,6 +32,9 @@ pub enum Command {
     /// Reduce two logit files (safetensors dumps or llama.cpp --kl-divergence-base files) to KLD
     /// statistics.
     Kld(KldArgs),
+    /// Run reference and candidate over an eval text and measure KLD (writes measurement.json and
+    /// positions.safetensors).
+    Measure(MeasureArgs),
 }
 
 #[derive(Debug, Args)]
@@ -43,6 +46,21 @@ pub struct KldArgs {
     /// The candidate's logits, same rows and vocabulary.
     #[arg(long, value_name = "FILE")]
     pub candidate: PathBuf,
+    #[command(flatten)]
+    pub protocol: ProtocolArgs,
+    /// Window length in tokens, for a dump without a `positions` tensor (one row per token).
+    #[arg(long, value_name = "L")]
+    pub context_length: Option<u64>,
+    /// Reproduce `llama-perplexity --kl-divergence` exactly (reference: a llama.cpp base file).
+    #[arg(long)]
+    pub llamacpp_compat: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// The measurement protocol flags `kld` and `measure` share, spelled the same.
+#[derive(Debug, Args)]
+pub struct ProtocolArgs {
     /// Which KL directions to compute: forward = KL(P_ref || P_cand).
     #[arg(long, value_enum, default_value_t = DirectionArg::Both)]
     pub direction: DirectionArg,
@@ -70,23 +88,81 @@ pub struct KldArgs {
     /// For `--positions from`: score rows with j >= N.
     #[arg(long, value_name = "N")]
     pub from: Option<u64>,
-    /// Window length in tokens, for a dump without a `positions` tensor (one row per token).
-    #[arg(long, value_name = "L")]
-    pub context_length: Option<u64>,
-    /// Use only the first V entries of each row (the tokenizer's vocabulary; the rest is padding).
+    /// Use only the first V entries of each row (default for `measure`: the tokenizer's
+    /// vocabulary; the rest is padding).
     #[arg(long, value_name = "V")]
     pub vocab_size: Option<usize>,
-    /// Reproduce `llama-perplexity --kl-divergence` exactly (reference: a llama.cpp base file).
-    #[arg(long)]
-    pub llamacpp_compat: bool,
     /// Bootstrap resamples for the 95% intervals.
     #[arg(long, value_name = "N", default_value_t = 1000)]
     pub bootstrap: usize,
     /// Bootstrap seed.
     #[arg(long, value_name = "S", default_value_t = 0)]
     pub seed: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct MeasureArgs {
+    /// The reference model: a directory with config.json, tokenizer.json and safetensors, or a
+    /// GGUF file (with tokenizer.json beside it).
+    #[arg(long, value_name = "PATH")]
+    pub reference: PathBuf,
+    /// The candidate model, same tokenizer and vocabulary.
+    #[arg(long, value_name = "PATH")]
+    pub candidate: PathBuf,
+    /// The evaluation text (UTF-8), tokenized once with the reference's tokenizer.
+    #[arg(long, value_name = "FILE")]
+    pub eval_text: PathBuf,
+    /// Window length in tokens; repeat for several (each gives its own run).
+    #[arg(long, value_name = "L", required = true)]
+    pub context_length: Vec<usize>,
+    /// BOS policy: none, per-window (first token of each window replaced, as llama.cpp) or
+    /// per-document (prepended before windowing).
+    #[arg(long, value_enum, default_value_t = BosArg::None)]
+    pub bos: BosArg,
+    #[command(flatten)]
+    pub protocol: ProtocolArgs,
+    /// The engine that runs the models.
+    #[arg(long, value_enum, default_value_t = RunnerArg::Native)]
+    pub runner: RunnerArg,
+    /// Compute precision of the native runner's forward pass.
+    #[arg(long, value_enum, default_value_t = ComputeArg::F32)]
+    pub compute_dtype: ComputeArg,
+    /// Worker threads (default: every core).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: Option<u16>,
+    /// A tokenizer.json to use instead of the reference's own.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// Where measurement.json and positions.safetensors go (default:
+    /// ./cardproof-out/<candidate name>/).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Also write both models' logits at the scored rows (reference.logits.safetensors and
+    /// candidate.logits.safetensors, readable by `cardproof kld`) into DIR.
+    #[arg(long, value_name = "DIR")]
+    pub dump_logits: Option<PathBuf>,
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BosArg {
+    None,
+    PerWindow,
+    PerDocument,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RunnerArg {
+    /// Pure Rust on CPU (candle).
+    Native,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ComputeArg {
+    F32,
+    F64,
+    Bf16,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -67,9 +67,19 @@ pub struct KldConfig {
     pub output: Output,
 }
 
-impl KldConfig {
+/// The protocol settings `kld` and `measure` share.
+#[derive(Debug, Clone)]
+pub struct ProtocolConfig {
+    pub direction: cardproof::measure::protocol::Direction,
+    pub vocab: cardproof::measure::protocol::VocabMode,
+    pub positions: cardproof::measure::protocol::Positions,
+    pub bootstrap: cardproof::measure::protocol::Bootstrap,
+    pub vocab_size: Option<usize>,
+}
+
+impl ProtocolConfig {
     /// Validate the flags; an inconsistent combination is a usage error (exit 2).
-    pub fn from_args(args: crate::cli::KldArgs) -> Result<KldConfig, String> {
+    pub fn from_args(args: &crate::cli::ProtocolArgs) -> Result<ProtocolConfig, String> {
         use crate::cli::{DirectionArg, PositionsArg, TailArg, VocabArg};
         use cardproof::measure::protocol::{Bootstrap, Direction, Positions, Tail, VocabMode};
         let direction = match args.direction {
@@ -133,6 +143,26 @@ impl KldConfig {
         if args.from.is_some() && args.positions != PositionsArg::From {
             return Err("--from needs --positions from".into());
         }
+        if args.vocab_size == Some(0) {
+            return Err("--vocab-size must be at least 1".into());
+        }
+        Ok(ProtocolConfig {
+            direction,
+            vocab,
+            positions,
+            bootstrap: Bootstrap {
+                resamples: args.bootstrap,
+                seed: args.seed,
+                level: 0.95,
+            },
+            vocab_size: args.vocab_size,
+        })
+    }
+}
+
+impl KldConfig {
+    pub fn from_args(args: crate::cli::KldArgs) -> Result<KldConfig, String> {
+        let p = ProtocolConfig::from_args(&args.protocol)?;
         if args.context_length.is_some_and(|l| l < 2) {
             return Err("--context-length must be at least 2".into());
         }
@@ -140,19 +170,107 @@ impl KldConfig {
             reference: args.reference,
             candidate: args.candidate,
             options: cardproof::measure::Options {
-                direction,
-                vocab,
-                positions,
+                direction: p.direction,
+                vocab: p.vocab,
+                positions: p.positions,
                 context_length: args.context_length,
-                vocab_size: args.vocab_size,
-                bootstrap: Bootstrap {
-                    resamples: args.bootstrap,
-                    seed: args.seed,
-                    level: 0.95,
-                },
+                vocab_size: p.vocab_size,
+                bootstrap: p.bootstrap,
             },
             llamacpp_compat: args.llamacpp_compat,
             output: Output::from_args(&args.output),
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct MeasureConfig {
+    pub reference: PathBuf,
+    pub candidate: PathBuf,
+    pub eval_text: PathBuf,
+    pub tokenizer: Option<PathBuf>,
+    pub options: cardproof::measurement::MeasureOptions,
+    pub compute: cardproof::runner::native::ComputeDtype,
+    pub threads: usize,
+    pub out: PathBuf,
+    pub output: Output,
+    /// Show a progress bar (stderr is a terminal).
+    pub progress: bool,
+}
+
+impl MeasureConfig {
+    pub fn from_args(args: crate::cli::MeasureArgs) -> Result<MeasureConfig, String> {
+        use crate::cli::{BosArg, ComputeArg, RunnerArg};
+        use cardproof::runner::native::ComputeDtype;
+        use cardproof::runner::tokens::Bos;
+        let p = ProtocolConfig::from_args(&args.protocol)?;
+        let mut lengths = args.context_length.clone();
+        if let Some(l) = lengths.iter().find(|&&l| l < 2) {
+            return Err(format!("--context-length {l} must be at least 2"));
+        }
+        lengths.sort_unstable();
+        lengths.dedup();
+        let RunnerArg::Native = args.runner;
+        let out = args.out.clone().unwrap_or_else(|| {
+            let name = args
+                .candidate
+                .file_stem()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "candidate".into());
+            PathBuf::from("cardproof-out").join(name)
+        });
+        // Outputs never go into a checkpoint being measured (its digest would change).
+        let inside = |model: &PathBuf| {
+            let dir = if model.is_file() {
+                model.parent().map(PathBuf::from).unwrap_or_default()
+            } else {
+                model.clone()
+            };
+            let absolute = |p: &std::path::Path| {
+                p.canonicalize()
+                    .or_else(|_| std::path::absolute(p))
+                    .unwrap_or_else(|_| p.to_owned())
+            };
+            absolute(&out).starts_with(absolute(&dir))
+        };
+        if inside(&args.reference) || inside(&args.candidate) {
+            return Err(format!(
+                "--out {} is inside a checkpoint being measured; write the measurement elsewhere",
+                out.display()
+            ));
+        }
+        let threads = args
+            .threads
+            .map(usize::from)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+        Ok(MeasureConfig {
+            reference: args.reference,
+            candidate: args.candidate,
+            eval_text: args.eval_text,
+            tokenizer: args.tokenizer,
+            options: cardproof::measurement::MeasureOptions {
+                direction: p.direction,
+                vocab: p.vocab,
+                positions: p.positions,
+                bootstrap: p.bootstrap,
+                context_lengths: lengths,
+                bos: match args.bos {
+                    BosArg::None => Bos::None,
+                    BosArg::PerWindow => Bos::PerWindow,
+                    BosArg::PerDocument => Bos::PerDocument,
+                },
+                vocab_size: p.vocab_size,
+                dump_logits: args.dump_logits,
+            },
+            compute: match args.compute_dtype {
+                ComputeArg::F32 => ComputeDtype::F32,
+                ComputeArg::F64 => ComputeDtype::F64,
+                ComputeArg::Bf16 => ComputeDtype::Bf16,
+            },
+            threads,
+            out,
+            output: Output::from_args(&args.output),
+            progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         })
     }
 }

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use cli::{Cli, Command};
-use config::{HashConfig, InspectConfig, KldConfig, LintConfig, Output};
+use config::{HashConfig, InspectConfig, KldConfig, LintConfig, MeasureConfig, Output};
 use printer::Printer;
 
 const EXIT_FINDINGS: u8 = 1;
@@ -45,6 +45,13 @@ fn main() -> ExitCode {
             let output = Output::from_args(&args.output);
             match KldConfig::from_args(args) {
                 Ok(config) => kld(&config),
+                Err(message) => usage_error(output, &message),
+            }
+        }
+        Command::Measure(args) => {
+            let output = Output::from_args(&args.output);
+            match MeasureConfig::from_args(args) {
+                Ok(config) => measure(&config),
                 Err(message) => usage_error(output, &message),
             }
         }
@@ -125,7 +132,7 @@ fn inspect(config: &InspectConfig) -> io::Result<u8> {
 
 fn hash(config: &HashConfig) -> io::Result<u8> {
     let printer = Printer::new(config.output);
-    let bar = config.progress.then(printer::progress_bar);
+    let bar = config.progress.then(|| printer::progress_bar(printer::HASH_PROGRESS));
     let progress = |n: u64| {
         if let Some(bar) = &bar {
             bar.inc(n);
@@ -177,6 +184,56 @@ fn kld(config: &KldConfig) -> io::Result<u8> {
     match cardproof::measure::measure(&config.reference, &config.candidate, &config.options) {
         Ok(m) => {
             printer.measurement(&m)?;
+            Ok(0)
+        }
+        Err(e) => {
+            printer.error(&e)?;
+            Ok(EXIT_BAD_INPUT)
+        }
+    }
+}
+
+fn measure(config: &MeasureConfig) -> io::Result<u8> {
+    let printer = Printer::new(config.output);
+    let pool = match rayon::ThreadPoolBuilder::new()
+        .num_threads(config.threads)
+        .build()
+    {
+        Ok(pool) => pool,
+        Err(e) => return usage_error(config.output, &format!("cannot start {} threads: {e}", config.threads)),
+    };
+    let bar = config.progress.then(|| printer::progress_bar(printer::MEASURE_PROGRESS));
+    let result = pool.install(|| {
+        cardproof::measurement::run_native(
+            &cardproof::measurement::NativeRequest {
+                reference: &config.reference,
+                candidate: &config.candidate,
+                eval_text: &config.eval_text,
+                tokenizer: config.tokenizer.as_deref(),
+                options: &config.options,
+                compute: config.compute,
+                threads: config.threads,
+                out: &config.out,
+            },
+            &|stage: &str| {
+                if let Some(bar) = &bar {
+                    bar.set_message(stage.to_owned());
+                }
+            },
+            &|done, total| {
+                if let Some(bar) = &bar {
+                    bar.set_length(total as u64);
+                    bar.set_position(done as u64);
+                }
+            },
+        )
+    });
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    match result {
+        Ok(document) => {
+            printer.model_measurement(&document, &config.out)?;
             Ok(0)
         }
         Err(e) => {

@@ -231,15 +231,16 @@ fn render_markdown(card: &Card, report: &LintReport) -> String {
 }
 
 /// A byte progress bar on stderr (only created when stderr is a terminal).
-pub fn progress_bar() -> indicatif::ProgressBar {
+/// Template of the hashing progress bar.
+pub const HASH_PROGRESS: &str =
+    "{spinner} hashing {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left) {wide_bar}";
+/// Template of the measurement progress bar.
+pub const MEASURE_PROGRESS: &str = "{spinner} {msg} {pos}/{len} windows ({eta} left) {wide_bar}";
+
+pub fn progress_bar(template: &str) -> indicatif::ProgressBar {
     let bar =
         indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} hashing {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left) {wide_bar}",
-        )
-        .expect("valid progress template"),
-    );
+    bar.set_style(indicatif::ProgressStyle::with_template(template).expect("valid progress template"));
     bar
 }
 
@@ -464,10 +465,8 @@ impl Printer {
     }
 }
 
-fn render_measurement(m: &cardproof::measure::Measurement) -> String {
-    use std::fmt::Write as _;
-    let p = &m.protocol;
-    let mut out = String::new();
+/// Plain-words descriptions of a protocol's direction, vocabulary terms and scored rows.
+fn describe_protocol(p: &serde_json::Value) -> (&'static str, String, String) {
     let direction = match p["direction"].as_str() {
         Some("forward") => "forward KL(P_ref || P_cand)",
         Some("reverse") => "reverse KL(P_cand || P_ref)",
@@ -494,6 +493,69 @@ fn render_measurement(m: &cardproof::measure::Measurement) -> String {
         Some("from") => format!("rows j >= {}", p["positions"]["from"]),
         _ => "all rows".to_owned(),
     };
+    (direction, vocab, positions)
+}
+
+/// The metric table and diagnostics of one result (`metrics`, `uncertainty`, `low_support`,
+/// `diagnostics` keys, as `kld --json` and measurement.json runs hold them).
+fn render_results(out: &mut String, r: &serde_json::Value) {
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        out,
+        "\n{:<20} {:>12} {:>12}  95% CI",
+        "metric", "value", "± sem"
+    );
+    let low: Vec<&str> = r["low_support"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    for name in cardproof::disclosure::vocabulary::METRICS {
+        let Some(value) = r["metrics"][*name].as_f64() else {
+            continue;
+        };
+        let u = &r["uncertainty"][*name];
+        let sem = u["sem"].as_f64().map_or(String::new(), |s| format!("{s:.6}"));
+        let ci = match (u["ci95"][0].as_f64(), u["ci95"][1].as_f64()) {
+            (Some(a), Some(b)) => format!("[{a:.6}, {b:.6}]"),
+            _ => String::new(),
+        };
+        let mark = if low.contains(name) { " *" } else { "" };
+        let _ = writeln!(out, "{:<20} {:>12.6} {:>12}  {ci}{mark}", name, value, sem);
+    }
+    if !low.is_empty() {
+        let _ = writeln!(
+            out,
+            "* low support: fewer than 100 rows beyond this percentile; its value is noise"
+        );
+    }
+    let table = |out: &mut String, title: &str, buckets: &serde_json::Value| {
+        let _ = writeln!(
+            out,
+            "\n{title:<20} {:>8} {:>12} {:>10} {:>10}",
+            "rows", "kld_mean", "flips", "flip rate"
+        );
+        for b in buckets.as_array().into_iter().flatten() {
+            let _ = writeln!(
+                out,
+                "{:<20} {:>8} {:>12} {:>10} {:>10}",
+                b["label"].as_str().unwrap_or("?"),
+                b["n"],
+                b["kld_mean"].as_f64().map_or("-".into(), |v| format!("{v:.6}")),
+                b["top1_flips"],
+                b["flip_rate"].as_f64().map_or("-".into(), |v| format!("{v:.4}"))
+            );
+        }
+    };
+    table(out, "by depth (j / L)", &r["diagnostics"]["by_depth"]);
+    table(out, "by ref. confidence", &r["diagnostics"]["by_confidence"]);
+}
+
+fn render_measurement(m: &cardproof::measure::Measurement) -> String {
+    use std::fmt::Write as _;
+    let doc = serde_json::to_value(m).unwrap_or_default();
+    let p = &m.protocol;
+    let mut out = String::new();
+    let (direction, vocab, positions) = describe_protocol(p);
     let _ = writeln!(
         out,
         "reference: {} ({}, {} rows × {})",
@@ -525,54 +587,98 @@ fn render_measurement(m: &cardproof::measure::Measurement) -> String {
             m.n_nonfinite
         );
     }
+    render_results(&mut out, &doc);
+    out
+}
+
+/// `measure`'s human output: what was run, then one table per context length.
+fn render_model_measurement(doc: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let p = &doc["protocol"];
+    let e = &doc["environment"];
+    let mut out = String::new();
+    let (direction, vocab, positions) = describe_protocol(p);
+    for side in ["reference", "candidate"] {
+        let m = &doc[side];
+        let weights: Vec<String> = m["runner"]["weights"]
+            .as_object()
+            .map(|w| w.iter().map(|(k, v)| format!("{k} ×{v}")).collect())
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{side}: {} ({}; {})",
+            m["path"].as_str().unwrap_or("?"),
+            m["runner"]["architecture"].as_str().unwrap_or("?"),
+            weights.join(", ")
+        );
+        if let Some(a) = m["runner"]["activation_emulation"].as_object()
+            && !a.is_empty()
+        {
+            let acts: Vec<String> = a.iter().map(|(k, v)| format!("{k} ×{v}")).collect();
+            let _ = writeln!(out, "  emulated activation quantization: {}", acts.join(", "));
+        }
+    }
+    let ev = &doc["eval"];
     let _ = writeln!(
         out,
-        "\n{:<20} {:>12} {:>12}  95% CI",
-        "metric", "value", "± sem"
+        "eval: {} ({} tokens, tokens_sha256 {}, BOS {})",
+        ev["text_path"].as_str().unwrap_or("?"),
+        ev["token_count"],
+        ev["tokens_sha256"].as_str().unwrap_or("?"),
+        ev["bos"].as_str().unwrap_or("?")
     );
-    for name in cardproof::disclosure::vocabulary::METRICS {
-        let Some(value) = m.metrics.get(*name) else {
-            continue;
-        };
-        let u = m.uncertainty.get(*name);
-        let sem = u
-            .and_then(|u| u.sem)
-            .map_or(String::new(), |s| format!("{s:.6}"));
-        let ci = u.map_or(String::new(), |u| {
-            format!("[{:.6}, {:.6}]", u.ci95[0], u.ci95[1])
-        });
-        let mark = if m.low_support.iter().any(|l| l == name) {
-            " *"
-        } else {
-            ""
-        };
-        let _ = writeln!(out, "{:<20} {:>12.6} {:>12}  {ci}{mark}", name, value, sem);
-    }
-    if !m.low_support.is_empty() {
+    let _ = writeln!(
+        out,
+        "runner: {} ({} {}), {} compute, {} threads, {}",
+        e["runner"].as_str().unwrap_or("?"),
+        e["engine"].as_str().unwrap_or("?"),
+        e["engine_version"].as_str().unwrap_or("?"),
+        e["compute_dtype"].as_str().unwrap_or("?"),
+        e["threads"],
+        e["device"].as_str().unwrap_or("?"),
+    );
+    let _ = writeln!(
+        out,
+        "protocol: {direction} in nats; {vocab} ({} entries, padding {}); {positions}; mean over positions; {:.0}% block bootstrap ({} resamples, seed {})",
+        p["vocab_size"],
+        p["padding"].as_str().unwrap_or("?"),
+        p["bootstrap"]["level"].as_f64().unwrap_or(0.95) * 100.0,
+        p["bootstrap"]["resamples"],
+        p["bootstrap"]["seed"],
+    );
+    let _ = writeln!(out, "protocol_sha256: {}", doc["protocol_sha256"].as_str().unwrap_or("?"));
+    for run in doc["runs"].as_array().into_iter().flatten() {
         let _ = writeln!(
             out,
-            "* low support: fewer than 100 rows beyond this percentile; its value is noise"
+            "\n== context length {}: {} rows in {} windows (blocks {}){}",
+            run["context_length"],
+            run["n_positions"],
+            run["n_windows"],
+            run["bootstrap_block"].as_str().unwrap_or("?"),
+            if run["n_nonfinite"].as_u64().unwrap_or(0) > 0 {
+                format!("; {} rows with non-finite logits excluded", run["n_nonfinite"])
+            } else {
+                String::new()
+            }
         );
+        render_results(&mut out, run);
     }
-    let table = |out: &mut String, title: &str, buckets: &[cardproof::measure::stats::Bucket]| {
-        let _ = writeln!(
-            out,
-            "\n{title:<20} {:>8} {:>12} {:>10} {:>10}",
-            "rows", "kld_mean", "flips", "flip rate"
-        );
-        for b in buckets {
-            let _ = writeln!(
-                out,
-                "{:<20} {:>8} {:>12} {:>10} {:>10}",
-                b.label,
-                b.n,
-                b.kld_mean.map_or("-".into(), |v| format!("{v:.6}")),
-                b.top1_flips,
-                b.flip_rate.map_or("-".into(), |v| format!("{v:.4}"))
-            );
-        }
-    };
-    table(&mut out, "by depth (j / L)", &m.diagnostics.by_depth);
-    table(&mut out, "by ref. confidence", &m.diagnostics.by_confidence);
     out
+}
+
+impl Printer {
+    pub fn model_measurement(&self, doc: &serde_json::Value, out_dir: &std::path::Path) -> io::Result<()> {
+        if self.output.format == Format::Json {
+            let text = serde_json::to_string_pretty(doc).map_err(io::Error::other)?;
+            write_stdout(&format!("{text}\n"))?;
+        } else {
+            write_stdout(&render_model_measurement(doc))?;
+        }
+        writeln!(
+            io::stderr().lock(),
+            "wrote {} and {}",
+            out_dir.join("measurement.json").display(),
+            out_dir.join("positions.safetensors").display()
+        )
+    }
 }

@@ -1,0 +1,658 @@
+//! `cardproof measure`: run reference and candidate over the tokenized eval text, reduce every
+//! scored row with [`crate::measure`], and write `measurement.json` (the shape design.md gives,
+//! read by `card` and `verify`) and `positions.safetensors` (per-row arrays for plots).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+use serde_json::{Value, json};
+
+use crate::checkpoint::dtype::Dtype;
+use crate::checkpoint::safetensors::serialize;
+use crate::error::{Error, Result};
+use crate::measure::protocol::{Bootstrap, Direction, Positions, Protocol, VocabMode, sha256_of};
+use crate::measure::row::{self, RowRecord};
+use crate::measure::stats::{self, Scored, Summary};
+use crate::runner::Runner;
+use crate::runner::tokens::{self, Bos, TokenStream};
+
+/// Logit rows per chunk of the output head: bounds memory at about 64 MiB per model and thread.
+const CHUNK_BYTES: usize = 64 * 1024 * 1024;
+/// A logit dump (for oracles and reanalysis) is refused beyond this size.
+const MAX_DUMP_BYTES: usize = 2 * 1024 * 1024 * 1024;
+
+/// Everything that defines a measurement besides the two models and the text.
+#[derive(Debug, Clone)]
+pub struct MeasureOptions {
+    pub direction: Direction,
+    pub vocab: VocabMode,
+    pub positions: Positions,
+    pub bootstrap: Bootstrap,
+    pub context_lengths: Vec<usize>,
+    pub bos: Bos,
+    /// Logit entries to use; default: the tokenizer's vocabulary (padding excluded).
+    pub vocab_size: Option<usize>,
+    /// Write both models' logits at the scored rows here (one context length only).
+    pub dump_logits: Option<PathBuf>,
+}
+
+/// Identity of one model as measured.
+#[derive(Debug, Clone)]
+pub struct ModelIdentity {
+    pub path: PathBuf,
+    pub format: String,
+    pub manifest_sha256: String,
+    pub lm_head_sha256: String,
+    pub stored_dtype: String,
+    pub environment: Value,
+}
+
+/// One context length's results.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    pub context_length: usize,
+    pub n_windows: usize,
+    pub dropped_tokens: usize,
+    pub n_positions: usize,
+    pub n_nonfinite: usize,
+    pub summary: Summary,
+    pub rows: Vec<Scored>,
+    pub bootstrap_block: String,
+}
+
+/// A finished measurement.
+pub struct ModelMeasurement {
+    pub protocol: Value,
+    pub protocol_sha256: String,
+    pub eval: Value,
+    pub runs: Vec<RunResult>,
+    pub vocab_size: usize,
+}
+
+/// Progress: windows done out of all windows of all context lengths.
+pub type Progress<'a> = &'a (dyn Fn(usize, usize) + Sync);
+
+/// The measurement protocol as JSON: every setting that changes a number.
+pub fn protocol_json(o: &MeasureOptions, vocab_size: usize, padding: bool) -> Value {
+    let base = Protocol {
+        direction: o.direction,
+        units: "nats",
+        vocab: o.vocab,
+        padding: if padding { "excluded" } else { "none" },
+        vocab_size,
+        positions: o.positions,
+        context_length: None,
+        aggregation: "mean_over_positions",
+        bootstrap: o.bootstrap,
+        bootstrap_block: "window".into(),
+        top1: "first index of the maximum",
+        llamacpp_compat: false,
+    };
+    let mut p = base.to_json();
+    if let Some(map) = p.as_object_mut() {
+        map.remove("context_length");
+        map.insert("context_lengths".into(), json!(o.context_lengths));
+        map.insert("bos".into(), json!(o.bos.as_str()));
+        map.insert("windows".into(), json!("non_overlapping; trailing partial window dropped"));
+    }
+    p
+}
+
+/// Run both models over the eval text for every context length.
+pub fn measure_models(
+    reference: &dyn Runner,
+    candidate: &dyn Runner,
+    stream: &TokenStream,
+    text_path: &Path,
+    bos_id: Option<u32>,
+    tokenizer_vocab: usize,
+    o: &MeasureOptions,
+    progress: Progress,
+) -> Result<ModelMeasurement> {
+    let width = reference.vocab();
+    if candidate.vocab() != width {
+        return Err(Error::malformed(
+            text_path,
+            None,
+            format!(
+                "vocabulary mismatch: the reference's logit rows have {width} entries, the candidate's {}",
+                candidate.vocab()
+            ),
+        ));
+    }
+    if tokenizer_vocab > width {
+        return Err(Error::malformed(
+            text_path,
+            None,
+            format!("the tokenizer knows {tokenizer_vocab} tokens but the models' logit rows have only {width}"),
+        ));
+    }
+    let vocab_size = o.vocab_size.unwrap_or(tokenizer_vocab.max(1));
+    if vocab_size == 0 || vocab_size > width {
+        return Err(Error::malformed(
+            text_path,
+            None,
+            format!("vocabulary size {vocab_size} is outside 1..={width} (the logit rows' width)"),
+        ));
+    }
+    if o.dump_logits.is_some() && o.context_lengths.len() != 1 {
+        return Err(Error::malformed(
+            text_path,
+            None,
+            "--dump-logits takes exactly one --context-length",
+        ));
+    }
+    let all_windows: Vec<tokens::Windows> = o
+        .context_lengths
+        .iter()
+        .map(|&l| tokens::windows(stream, text_path, l, o.bos, bos_id))
+        .collect::<Result<_>>()?;
+    let total: usize = all_windows.iter().map(|w| w.windows.len()).sum();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let chunk = (CHUNK_BYTES / 4 / width).max(1);
+    let want_reverse = o.direction.reverse();
+
+    let mut runs = Vec::new();
+    for windows in &all_windows {
+        let l = windows.length;
+        let rows: Vec<usize> = (0..l).filter(|&j| o.positions.selects(j as u64, l as u64)).collect();
+        if rows.is_empty() {
+            return Err(Error::malformed(
+                text_path,
+                None,
+                format!("the position policy {:?} selects no row of a {l}-token window", o.positions),
+            ));
+        }
+        let dump = o.dump_logits.is_some();
+        if dump && windows.windows.len() * rows.len() * vocab_size * 4 * 2 > MAX_DUMP_BYTES {
+            return Err(Error::malformed(
+                text_path,
+                None,
+                format!("--dump-logits would write over {MAX_DUMP_BYTES} bytes; use a shorter eval text"),
+            ));
+        }
+        let single = windows.windows.len() == 1;
+        let run_len = (rows.len() / 100).clamp(1, crate::measure::BOOTSTRAP_MAX_RUN);
+        type WindowOut = (Vec<Option<Scored>>, Vec<f32>, Vec<f32>);
+        let results: Vec<WindowOut> = windows
+            .windows
+            .par_iter()
+            .enumerate()
+            .map(|(w, ids)| -> Result<WindowOut> {
+                let a = reference.window(ids)?;
+                let b = candidate.window(ids)?;
+                let mut scratch = row::Scratch::default();
+                let mut out = Vec::with_capacity(rows.len());
+                let (mut dump_a, mut dump_b) = (Vec::new(), Vec::new());
+                for (c, part) in rows.chunks(chunk).enumerate() {
+                    let la = a.logits(part)?;
+                    let lb = b.logits(part)?;
+                    for (k, &j) in part.iter().enumerate() {
+                        let ra = &la[k * width..k * width + vocab_size];
+                        let rb = &lb[k * width..k * width + vocab_size];
+                        let token = Some(ids[j + 1]).filter(|&t| (t as usize) < vocab_size);
+                        let rank = c * chunk + k;
+                        out.push(
+                            row::reduce(ra, rb, token, o.vocab, want_reverse, &mut scratch).map(
+                                |record: RowRecord| Scored {
+                                    record,
+                                    block: if single { (rank / run_len) as u32 } else { w as u32 },
+                                    position: j as u64,
+                                    window_len: l as u64,
+                                },
+                            ),
+                        );
+                        if dump {
+                            dump_a.extend_from_slice(ra);
+                            dump_b.extend_from_slice(rb);
+                        }
+                    }
+                }
+                let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                progress(n, total);
+                Ok((out, dump_a, dump_b))
+            })
+            .collect::<Result<_>>()?;
+        let mut scored = Vec::new();
+        let mut n_nonfinite = 0;
+        let (mut dump_a, mut dump_b) = (Vec::new(), Vec::new());
+        let mut dump_meta: Vec<(u32, u64, u32)> = Vec::new();
+        for (w, (rows_out, da, db)) in results.into_iter().enumerate() {
+            for (k, s) in rows_out.into_iter().enumerate() {
+                if dump {
+                    dump_meta.push((w as u32, rows[k] as u64, windows.windows[w][rows[k] + 1]));
+                }
+                match s {
+                    Some(s) => scored.push(s),
+                    None => n_nonfinite += 1,
+                }
+            }
+            dump_a.extend(da);
+            dump_b.extend(db);
+        }
+        if let Some(dir) = &o.dump_logits {
+            write_dump(dir, "reference", &dump_a, &dump_meta, windows, vocab_size)?;
+            write_dump(dir, "candidate", &dump_b, &dump_meta, windows, vocab_size)?;
+        }
+        if scored.is_empty() {
+            return Err(Error::malformed(
+                text_path,
+                None,
+                format!("every scored row at context length {l} has non-finite logits"),
+            ));
+        }
+        let summary = stats::summarize(
+            &scored,
+            o.direction.forward(),
+            want_reverse,
+            o.bootstrap.resamples,
+            o.bootstrap.seed,
+            o.bootstrap.level,
+        );
+        runs.push(RunResult {
+            context_length: l,
+            n_windows: windows.windows.len(),
+            dropped_tokens: windows.dropped_tokens,
+            n_positions: scored.len(),
+            n_nonfinite,
+            summary,
+            rows: scored,
+            bootstrap_block: if single { format!("run:{run_len}") } else { "window".into() },
+        });
+    }
+    let protocol = protocol_json(o, vocab_size, vocab_size < width);
+    let eval = json!({
+        "text_path": text_path.display().to_string(),
+        "text_sha256": stream.text_sha256,
+        "text_bytes": stream.text_bytes,
+        "tokens_sha256": tokens::tokens_sha256(&stream.ids),
+        "token_count": stream.ids.len(),
+        "bos": o.bos.as_str(),
+    });
+    Ok(ModelMeasurement {
+        protocol_sha256: sha256_of(&protocol),
+        protocol,
+        eval,
+        runs,
+        vocab_size,
+    })
+}
+
+/// A logit dump in the layout `cardproof kld` reads, plus the windows' input ids.
+fn write_dump(
+    dir: &Path,
+    side: &str,
+    logits: &[f32],
+    meta: &[(u32, u64, u32)],
+    windows: &tokens::Windows,
+    vocab: usize,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let n = meta.len() as u64;
+    let window: Vec<u8> = meta.iter().flat_map(|m| (m.0 as i32).to_le_bytes()).collect();
+    let position: Vec<u8> = meta.iter().flat_map(|m| (m.1 as i64).to_le_bytes()).collect();
+    let token: Vec<u8> = meta.iter().flat_map(|m| (m.2 as i32).to_le_bytes()).collect();
+    let ids: Vec<u8> = windows
+        .windows
+        .iter()
+        .flatten()
+        .flat_map(|&t| (t as i32).to_le_bytes())
+        .collect();
+    let logit_bytes: &[u8] = bytemuck::cast_slice(logits);
+    let mut metadata = BTreeMap::new();
+    metadata.insert("vocab_size".to_owned(), vocab.to_string());
+    metadata.insert("context_length".to_owned(), windows.length.to_string());
+    let bytes = serialize(
+        &[
+            ("logits", Dtype::F32, &[n, vocab as u64], logit_bytes),
+            ("tokens", Dtype::I32, &[n], &token),
+            ("positions", Dtype::I64, &[n], &position),
+            ("window", Dtype::I32, &[n], &window),
+            (
+                "input_ids",
+                Dtype::I32,
+                &[windows.windows.len() as u64, windows.length as u64],
+                &ids,
+            ),
+        ],
+        &metadata,
+    );
+    write_atomically(&dir.join(format!("{side}.logits.safetensors")), &bytes)
+}
+
+/// Write to a temporary name, then rename: a reader never sees a partial file.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("partial");
+    std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+/// `positions.safetensors`: per scored row of each context length, tensors `ctx<L>.<name>`.
+pub fn positions_file(m: &ModelMeasurement) -> Vec<u8> {
+    let mut owned: Vec<(String, Dtype, Vec<u64>, Vec<u8>)> = Vec::new();
+    for run in &m.runs {
+        let n = run.rows.len() as u64;
+        let p = format!("ctx{}", run.context_length);
+        let f64s = |f: &dyn Fn(&Scored) -> f64| -> Vec<u8> {
+            run.rows.iter().flat_map(|r| f(r).to_le_bytes()).collect()
+        };
+        let i32s = |f: &dyn Fn(&Scored) -> i32| -> Vec<u8> {
+            run.rows.iter().flat_map(|r| f(r).to_le_bytes()).collect()
+        };
+        owned.push((format!("{p}.window"), Dtype::I32, vec![n], i32s(&|r| r.block as i32)));
+        owned.push((
+            format!("{p}.position"),
+            Dtype::I64,
+            vec![n],
+            run.rows.iter().flat_map(|r| (r.position as i64).to_le_bytes()).collect(),
+        ));
+        owned.push((format!("{p}.kld"), Dtype::F64, vec![n], f64s(&|r| r.record.forward)));
+        owned.push((format!("{p}.kld_reverse"), Dtype::F64, vec![n], f64s(&|r| r.record.reverse)));
+        owned.push((format!("{p}.ref_top1"), Dtype::I32, vec![n], i32s(&|r| r.record.ref_top1 as i32)));
+        owned.push((format!("{p}.cand_top1"), Dtype::I32, vec![n], i32s(&|r| r.record.cand_top1 as i32)));
+        owned.push((
+            format!("{p}.ref_top1_prob"),
+            Dtype::F64,
+            vec![n],
+            f64s(&|r| r.record.ref_top1_prob),
+        ));
+        owned.push((
+            format!("{p}.nll_ref"),
+            Dtype::F64,
+            vec![n],
+            f64s(&|r| r.record.nll_ref.unwrap_or(f64::NAN)),
+        ));
+        owned.push((
+            format!("{p}.nll_cand"),
+            Dtype::F64,
+            vec![n],
+            f64s(&|r| r.record.nll_cand.unwrap_or(f64::NAN)),
+        ));
+    }
+    let tensors: Vec<(&str, Dtype, &[u64], &[u8])> = owned
+        .iter()
+        .map(|(n, d, s, b)| (n.as_str(), *d, s.as_slice(), b.as_slice()))
+        .collect();
+    let mut metadata = BTreeMap::new();
+    metadata.insert("protocol_sha256".to_owned(), m.protocol_sha256.clone());
+    metadata.insert(
+        "definitions".to_owned(),
+        "per scored row: window index (or bootstrap run in a single window), position j (row j predicts token j+1), forward and reverse KL in nats, first-index argmax of each model, the reference's top-1 probability, NLL of the true next token (NaN when unknown)".to_owned(),
+    );
+    serialize(&tensors, &metadata)
+}
+
+/// One run's JSON record.
+pub fn run_json(run: &RunResult) -> Value {
+    json!({
+        "context_length": run.context_length,
+        "n_windows": run.n_windows,
+        "dropped_tokens": run.dropped_tokens,
+        "n_positions": run.n_positions,
+        "n_nonfinite": run.n_nonfinite,
+        "bootstrap_block": run.bootstrap_block,
+        "metrics": run.summary.metrics,
+        "uncertainty": run.summary.uncertainty,
+        "low_support": run.summary.low_support,
+        "diagnostics": run.summary.diagnostics,
+    })
+}
+
+/// The `measurement.json` document (without `schema_version`, which the writer adds).
+pub fn measurement_json(
+    m: &ModelMeasurement,
+    o: &MeasureOptions,
+    reference: &ModelIdentity,
+    candidate: &ModelIdentity,
+    environment: Value,
+) -> Value {
+    let identity = |id: &ModelIdentity| {
+        json!({
+            "path": id.path.display().to_string(),
+            "format": id.format,
+            "manifest_sha256": id.manifest_sha256,
+            "lm_head_sha256": id.lm_head_sha256,
+            "stored_dtype": id.stored_dtype,
+            "runner": id.environment,
+        })
+    };
+    json!({
+        "protocol": m.protocol,
+        "protocol_sha256": m.protocol_sha256,
+        "reference": identity(reference),
+        "candidate": identity(candidate),
+        "eval": m.eval,
+        "environment": environment,
+        "runs": m.runs.iter().map(run_json).collect::<Vec<_>>(),
+        "definitions": crate::measure::definitions(),
+        "fidelity": fidelity_block(m, o, reference, candidate, &environment),
+    })
+}
+
+/// Metrics a card's `results` carry by default.
+const CLAIMED: &[&str] = &[
+    "kld_mean",
+    "kld_p99",
+    "kld_reverse_mean",
+    "top1_agreement",
+    "ppl_ratio",
+];
+
+/// A ready `fidelity:` block for the card. The repositories and revisions are not known to a
+/// local measurement; `cardproof card` adds them.
+pub fn fidelity_block(
+    m: &ModelMeasurement,
+    o: &MeasureOptions,
+    reference: &ModelIdentity,
+    candidate: &ModelIdentity,
+    environment: &Value,
+) -> Value {
+    let positions = match o.positions {
+        Positions::All => json!({"policy": "all"}),
+        Positions::Stride { stride, offset } => json!({"policy": "stride", "stride": stride, "offset": offset}),
+        Positions::SecondHalf => json!({"policy": "second_half"}),
+        Positions::From { from } => json!({"policy": "from", "from": from}),
+    };
+    let padding = if m.protocol["padding"] == "excluded" { "excluded" } else { "included" };
+    let vocab = match o.vocab {
+        VocabMode::Full => json!({"mode": "full", "padding": padding}),
+        VocabMode::TopK { k, tail } => json!({"mode": "top_k", "k": k, "tail": tail, "padding": padding}),
+        VocabMode::Threshold { log_p } => json!({"mode": "threshold", "log_p": log_p, "padding": padding}),
+    };
+    let mut results = Vec::new();
+    for run in &m.runs {
+        for name in CLAIMED {
+            let Some(value) = run.summary.metrics.get(*name) else {
+                continue;
+            };
+            let mut claim = json!({"metric": name, "value": round_sig(*value, 4)});
+            if let Some(u) = run.summary.uncertainty.get(*name)
+                && u.ci95.iter().all(|v| v.is_finite())
+            {
+                let half = (u.ci95[1] - u.ci95[0]) / 2.0;
+                claim["uncertainty"] = json!(round_sig(half, 2));
+            }
+            claim["context_length"] = json!(run.context_length);
+            claim["n_positions"] = json!(run.n_positions);
+            results.push(claim);
+        }
+    }
+    let dtype = match reference.stored_dtype.as_str() {
+        d @ ("bf16" | "f16" | "f32") => d,
+        _ => "other",
+    };
+    json!({
+        "schema": "cardproof/v1",
+        "reference": {
+            "format": if reference.format == "gguf" { "gguf" } else { "safetensors" },
+            "dtype": dtype,
+            "files_sha256": reference.manifest_sha256,
+        },
+        "candidate": {"files_sha256": candidate.manifest_sha256},
+        "runtime": {
+            "engine": "cardproof",
+            "engine_version": env!("CARGO_PKG_VERSION"),
+            "attention_backend": environment["attention"],
+            "kv_cache_dtype": environment["kv_cache_dtype"],
+            "compute_dtype": environment["compute_dtype"],
+            "device": environment["device"],
+            "device_count": 1,
+        },
+        "eval": {
+            "text": {
+                "source": Path::new(m.eval["text_path"].as_str().unwrap_or_default())
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                "sha256": m.eval["text_sha256"],
+            },
+            "tokens": {"count": m.eval["token_count"], "sha256": m.eval["tokens_sha256"]},
+            "bos": o.bos.as_str(),
+        },
+        "protocol": {
+            "context_lengths": o.context_lengths,
+            "positions": positions,
+            "kl": {"direction": o.direction, "units": "nats"},
+            "vocab": vocab,
+            "aggregation": {
+                "statistic": "mean_over_positions",
+                "uncertainty": {
+                    "method": "block_bootstrap",
+                    "level": o.bootstrap.level,
+                    "resamples": o.bootstrap.resamples,
+                    "seed": o.bootstrap.seed,
+                    "block": "window",
+                },
+            },
+        },
+        "results": results,
+    })
+}
+
+/// Round to `digits` significant digits (claims print what the measurement supports).
+fn round_sig(x: f64, digits: i32) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let scale = 10f64.powi(digits - 1 - x.abs().log10().floor() as i32);
+    (x * scale).round() / scale
+}
+
+/// The CPU's model name, from /proc/cpuinfo where there is one.
+pub fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_owned())
+}
+
+/// A `measure` run with the native runner.
+#[cfg(feature = "native")]
+pub struct NativeRequest<'a> {
+    pub reference: &'a Path,
+    pub candidate: &'a Path,
+    pub eval_text: &'a Path,
+    pub tokenizer: Option<&'a Path>,
+    pub options: &'a MeasureOptions,
+    pub compute: crate::runner::native::ComputeDtype,
+    pub threads: usize,
+    pub out: &'a Path,
+}
+
+/// Load both models, tokenize, measure, and write `measurement.json` and `positions.safetensors`
+/// into `out` (each written whole under a temporary name and renamed, so a failed run leaves no
+/// file that looks complete). Returns the versioned document.
+#[cfg(feature = "native")]
+pub fn run_native(
+    r: &NativeRequest,
+    stage: &(dyn Fn(&str) + Sync),
+    progress: Progress,
+) -> Result<Value> {
+    use crate::checkpoint::hash::{HashOptions, hash_path};
+    use crate::runner::native;
+
+    stage("tokenizing");
+    let tokenizer_path = r
+        .tokenizer
+        .map(Path::to_owned)
+        .unwrap_or_else(|| tokens::tokenizer_path(r.reference));
+    let tokenizer = tokens::load_tokenizer(&tokenizer_path)?;
+    let candidate_tokenizer = tokens::tokenizer_path(r.candidate);
+    if r.tokenizer.is_none() && candidate_tokenizer.exists() {
+        tokens::check_same_tokenizer(&tokenizer, &tokens::load_tokenizer(&candidate_tokenizer)?)?;
+    }
+    let stream = tokens::tokenize(&tokenizer, r.eval_text)?;
+
+    stage("loading models");
+    let reference = native::load(r.reference, r.compute)?;
+    let candidate = native::load(r.candidate, r.compute)?;
+    stage("hashing");
+    let hash_options = HashOptions {
+        threads: Some(r.threads),
+        include_all: false,
+    };
+    let identity = |m: &native::NativeModel, given: &Path| -> Result<ModelIdentity> {
+        let manifest = hash_path(given, &hash_options, &|_| {})?;
+        Ok(ModelIdentity {
+            path: given.to_owned(),
+            format: m.format.to_owned(),
+            manifest_sha256: manifest.root_sha256,
+            lm_head_sha256: m.lm_head_sha256.clone(),
+            stored_dtype: m.stored_dtype.clone(),
+            environment: Runner::environment(m),
+        })
+    };
+    let ref_id = identity(&reference, r.reference)?;
+    let cand_id = identity(&candidate, r.candidate)?;
+
+    stage("measuring");
+    let m = measure_models(
+        &reference,
+        &candidate,
+        &stream,
+        r.eval_text,
+        tokenizer.bos_id,
+        tokenizer.vocab_size,
+        r.options,
+        progress,
+    )?;
+    let environment = json!({
+        "runner": "native",
+        "runner_version": env!("CARGO_PKG_VERSION"),
+        "engine": "candle",
+        "engine_version": crate::runner::native::CANDLE_VERSION,
+        "device": format!("cpu: {}", cpu_name()),
+        "compute_dtype": r.compute.as_str(),
+        "attention": "eager",
+        "kv_cache_dtype": reference_kv(&candidate, r.compute),
+        "threads": r.threads,
+        "lane": "reference semantics: weights dequantized exactly as their format defines, declared activation and KV-cache quantization emulated (fake-quant), exact softmax attention",
+        "tokenizer": {"path": tokenizer.path.display().to_string(), "sha256": tokenizer.sha256, "vocab_size": tokenizer.vocab_size},
+    });
+    let mut doc = measurement_json(&m, r.options, &ref_id, &cand_id, environment);
+    let mut versioned = json!({"schema_version": crate::JSON_SCHEMA_VERSION});
+    if let (Some(v), Some(d)) = (versioned.as_object_mut(), doc.as_object_mut()) {
+        v.append(d);
+    }
+    std::fs::create_dir_all(r.out).map_err(|e| Error::io(r.out, e))?;
+    write_atomically(&r.out.join("positions.safetensors"), &positions_file(&m))?;
+    let text = serde_json::to_string_pretty(&versioned).map_err(|e| {
+        Error::malformed(r.out, None, format!("cannot encode measurement.json: {e}"))
+    })?;
+    write_atomically(&r.out.join("measurement.json"), format!("{text}\n").as_bytes())?;
+    Ok(versioned)
+}
+
+#[cfg(feature = "native")]
+fn reference_kv(candidate: &crate::runner::native::NativeModel, compute: crate::runner::native::ComputeDtype) -> String {
+    match &candidate.decoder.report.kv_cache {
+        Some(_) => "fp8_e4m3 (emulated)".to_owned(),
+        None => compute.as_str().to_owned(),
+    }
+}

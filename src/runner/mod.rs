@@ -1,0 +1,80 @@
+//! Runners turn (model, token windows, scored rows) into logits; the [`crate::measure`] module
+//! judges every runner with the same statistics code.
+
+#[cfg(feature = "native")]
+pub mod native;
+pub mod tokens;
+
+use serde_json::Value;
+
+use crate::error::Result;
+
+/// A loaded model that produces logits.
+pub trait Runner: Sync {
+    /// Entries per logit row (the model's vocabulary, padding included).
+    fn vocab(&self) -> usize;
+    /// Run one window; logits are then read at scored rows, a chunk at a time.
+    fn window<'a>(&'a self, ids: &[u32]) -> Result<Box<dyn WindowLogits + 'a>>;
+    /// What this runner is and how it was configured, for the measurement's environment record.
+    fn environment(&self) -> Value;
+}
+
+/// One window's forward pass, kept so the output head can run on chunks of rows.
+pub trait WindowLogits {
+    /// Logits `[rows.len(), vocab]` row-major, f32.
+    fn logits(&self, rows: &[usize]) -> Result<Vec<f32>>;
+}
+
+#[cfg(feature = "native")]
+mod native_runner {
+    use super::*;
+    use crate::error::Error;
+    use native::NativeModel;
+    use serde_json::json;
+
+    struct NativeWindow<'a> {
+        model: &'a NativeModel,
+        hidden: candle_core::Tensor,
+    }
+
+    impl WindowLogits for NativeWindow<'_> {
+        fn logits(&self, rows: &[usize]) -> Result<Vec<f32>> {
+            self.model
+                .decoder
+                .logits_at(&self.hidden, rows)
+                .map_err(|e| Error::malformed(&self.model.path, None, format!("forward pass failed: {e}")))
+        }
+    }
+
+    impl Runner for NativeModel {
+        fn vocab(&self) -> usize {
+            self.decoder.config.vocab
+        }
+
+        fn window<'a>(&'a self, ids: &[u32]) -> Result<Box<dyn WindowLogits + 'a>> {
+            if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.decoder.config.vocab) {
+                return Err(Error::malformed(
+                    &self.path,
+                    None,
+                    format!("token id {bad} is outside the model's vocabulary of {}", self.decoder.config.vocab),
+                ));
+            }
+            let hidden = self
+                .decoder
+                .hidden(ids)
+                .map_err(|e| Error::malformed(&self.path, None, format!("forward pass failed: {e}")))?;
+            Ok(Box::new(NativeWindow { model: self, hidden }))
+        }
+
+        fn environment(&self) -> Value {
+            let r = &self.decoder.report;
+            json!({
+                "architecture": self.decoder.config.arch.as_str(),
+                "format": self.format,
+                "weights": r.schemes,
+                "activation_emulation": r.activations,
+                "kv_cache": r.kv_cache.clone().unwrap_or_else(|| self.decoder.compute.as_str().to_owned()),
+            })
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! The `native` runner: pure Rust on CPU (candle), the embedded default. Its lane is "reference
+//! semantics": weights dequantized exactly as their format defines, declared activation and
+//! KV-cache quantization emulated, compute in f32 (or a chosen dtype), exact softmax attention.
+
+pub mod config;
+pub mod decoder;
+pub mod gguf;
+pub mod weights;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+pub use decoder::{ComputeDtype, Decoder};
+use weights::{SafetensorsStore, WeightStore};
+
+/// The candle release the runner is built on (recorded in every measurement's environment).
+pub const CANDLE_VERSION: &str = "0.11";
+
+/// A model loaded for the native runner.
+pub struct NativeModel {
+    pub path: PathBuf,
+    /// `safetensors` or `gguf`.
+    pub format: &'static str,
+    pub decoder: Decoder,
+    /// SHA-256 of the output projection's stored bytes (the tied embedding's when tied).
+    pub lm_head_sha256: String,
+    /// The weight dtype of unquantized matrices as stored (`bf16`, `f16`, `f32`), for the card.
+    pub stored_dtype: String,
+}
+
+/// Where a model's weights are: a directory with config.json and safetensors, a `.gguf` file, or a
+/// directory holding exactly one `.gguf` file.
+pub fn resolve(path: &Path) -> Result<(PathBuf, &'static str)> {
+    if path.is_file() {
+        if path.extension().is_some_and(|e| e == "gguf") {
+            return Ok((path.to_owned(), "gguf"));
+        }
+        return Err(Error::malformed(
+            path,
+            None,
+            "not a model: give a directory with config.json and safetensors, or a .gguf file",
+        ));
+    }
+    let entries = std::fs::read_dir(path).map_err(|e| Error::io(path, e))?;
+    let mut ggufs = Vec::new();
+    let mut safetensors = false;
+    for entry in entries.flatten() {
+        let p = entry.path();
+        match p.extension().and_then(|e| e.to_str()) {
+            Some("gguf") => ggufs.push(p),
+            Some("safetensors") => safetensors = true,
+            _ => {}
+        }
+    }
+    if safetensors {
+        return Ok((path.to_owned(), "safetensors"));
+    }
+    match ggufs.len() {
+        1 => Ok((ggufs.remove(0), "gguf")),
+        0 => Err(Error::malformed(
+            path,
+            None,
+            "holds no .safetensors or .gguf file",
+        )),
+        n => Err(Error::malformed(
+            path,
+            None,
+            format!("holds {n} .gguf files; name the one to run"),
+        )),
+    }
+}
+
+pub fn load(path: &Path, compute: ComputeDtype) -> Result<NativeModel> {
+    let (path, format) = resolve(path)?;
+    let (store, config): (Box<dyn WeightStore>, config::ModelConfig) = if format == "gguf" {
+        let (store, config) = gguf::GgufStore::open(&path)?;
+        (Box::new(store), config)
+    } else {
+        let config_path = path.join("config.json");
+        let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
+        let json: Value = serde_json::from_str(&text)
+            .map_err(|e| Error::malformed(&config_path, None, format!("not valid JSON: {e}")))?;
+        let config = config::ModelConfig::from_hf(&config_path, &json)?;
+        (Box::new(SafetensorsStore::open(&path, json)?), config)
+    };
+    let head = if store.has("lm_head.weight") || !config.tie_embeddings {
+        "lm_head.weight"
+    } else {
+        "model.embed_tokens.weight"
+    };
+    let lm_head_sha256 = store.tensor_sha256(head)?.unwrap_or_default();
+    let stored_dtype = store.stored_dtype("model.embed_tokens.weight");
+    let decoder = Decoder::load(store.as_ref(), config, compute)?;
+    Ok(NativeModel {
+        path,
+        format,
+        decoder,
+        lm_head_sha256,
+        stored_dtype,
+    })
+}

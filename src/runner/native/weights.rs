@@ -1,0 +1,562 @@
+//! Weights as the decoder uses them: f32 on exactly dequantized values, read by Hugging Face
+//! tensor name from safetensors (every format of [`crate::dequant`]) or GGUF (candle's
+//! dequantizers). Declared activation quantization is resolved here too, per linear module.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::checkpoint::dtype::Dtype;
+use crate::checkpoint::mmap::MappedFile;
+use crate::checkpoint::quant_config::{self, Declared, Expectation};
+use crate::checkpoint::safetensors::{self, SafetensorsCheckpoint, TensorInfo};
+use crate::dequant::{self, CtArgs, CtStrategy, GptqFormat, Stored};
+use crate::error::{Error, Result};
+
+/// A plain f32 tensor, row-major.
+#[derive(Debug, Clone)]
+pub struct Dense {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// Quantization applied to a linear module's input in the forward pass (fake-quant), so the rerun
+/// measures what the checkpoint's declared activation path computes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum InputQuant {
+    None,
+    /// FP8 E4M3, one dynamic scale per token (row).
+    Fp8PerToken,
+    /// FP8 E4M3, one dynamic scale per group of `n` columns of each token.
+    Fp8PerTokenGroup(usize),
+    /// FP8 E4M3 with a static per-tensor scale.
+    Fp8Static(f32),
+    /// INT8, one dynamic symmetric scale per token.
+    Int8PerToken,
+    /// NVFP4: E2M1 values, E4M3 scales per 16 elements under a global scale.
+    Nvfp4 { global_scale: f32 },
+}
+
+impl InputQuant {
+    pub fn describe(self) -> String {
+        match self {
+            InputQuant::None => "none".into(),
+            InputQuant::Fp8PerToken => "fp8_e4m3 dynamic per token".into(),
+            InputQuant::Fp8PerTokenGroup(n) => format!("fp8_e4m3 dynamic per token per {n} columns"),
+            InputQuant::Fp8Static(_) => "fp8_e4m3 static per tensor".into(),
+            InputQuant::Int8PerToken => "int8 dynamic per token".into(),
+            InputQuant::Nvfp4 { .. } => "nvfp4 dynamic per 16 elements".into(),
+        }
+    }
+}
+
+/// A linear module's weight `[out, in]`, bias, and input quantization.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    pub out: usize,
+    pub inp: usize,
+    pub weight: Vec<f32>,
+    pub bias: Option<Vec<f32>>,
+    pub input: InputQuant,
+    /// How the weight was stored (`bf16`, `compressed-tensors int-quantized channel`, ...).
+    pub scheme: String,
+}
+
+/// KV-cache quantization declared by the checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvFp8 {
+    pub k_scale: f32,
+    pub v_scale: f32,
+}
+
+/// Source of weights by Hugging Face name.
+pub trait WeightStore {
+    fn path(&self) -> &Path;
+    fn has(&self, name: &str) -> bool;
+    /// A high-precision tensor (embeddings, norms, biases, an unquantized linear weight).
+    fn dense(&self, name: &str) -> Result<Dense>;
+    /// A linear module (`model.layers.0.self_attn.q_proj`), dequantized.
+    fn linear(&self, module: &str) -> Result<Linear>;
+    /// FP8 KV-cache scales of one attention module, if the checkpoint declares a quantized cache.
+    fn kv_cache(&self, attention: &str) -> Result<Option<KvFp8>>;
+    /// SHA-256 of a tensor's bytes as stored (identifies the lm_head whatever its format).
+    fn tensor_sha256(&self, name: &str) -> Result<Option<String>>;
+    /// The stored dtype of a tensor, lower case (`bf16`), or `unknown`.
+    fn stored_dtype(&self, name: &str) -> String;
+}
+
+/// A safetensors checkpoint, memory-mapped.
+pub struct SafetensorsStore {
+    dir: PathBuf,
+    checkpoint: SafetensorsCheckpoint,
+    maps: BTreeMap<PathBuf, MappedFile>,
+    config: Value,
+    declared: Option<Declared>,
+}
+
+impl SafetensorsStore {
+    pub fn open(dir: &Path, config: Value) -> Result<SafetensorsStore> {
+        let checkpoint = safetensors::open_dir(dir)?;
+        let mut maps = BTreeMap::new();
+        for file in &checkpoint.files {
+            let map = MappedFile::open(&file.path)?;
+            if map.bytes().len() as u64 != file.file_size {
+                return Err(Error::malformed(
+                    &file.path,
+                    None,
+                    "file changed size since its header was read",
+                ));
+            }
+            maps.insert(file.path.clone(), map);
+        }
+        let hf_quant = std::fs::read_to_string(dir.join("hf_quant_config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok());
+        let declared = quant_config::declared(Some(&config), hf_quant.as_ref());
+        Ok(SafetensorsStore {
+            dir: dir.to_owned(),
+            checkpoint,
+            maps,
+            config,
+            declared,
+        })
+    }
+
+    pub fn declared(&self) -> Option<&Declared> {
+        self.declared.as_ref()
+    }
+
+    fn find(&self, name: &str) -> Option<(&Path, &TensorInfo)> {
+        self.checkpoint
+            .tensor(name)
+            .map(|(file, info)| (file.path.as_path(), info))
+    }
+
+    /// The stored bytes and shape of a tensor.
+    fn stored(&self, name: &str) -> Result<Option<(PathBuf, Dtype, Vec<usize>, &[u8])>> {
+        let Some((path, info)) = self.find(name) else {
+            return Ok(None);
+        };
+        let map = &self.maps[path];
+        let range = usize::try_from(info.data.start).ok().zip(usize::try_from(info.data.end).ok());
+        let bytes = range
+            .and_then(|(a, b)| map.bytes().get(a..b))
+            .ok_or_else(|| Error::malformed(path, Some(name), "data range outside the file"))?;
+        let shape = info
+            .shape
+            .iter()
+            .map(|&d| usize::try_from(d))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|_| Error::malformed(path, Some(name), "shape does not fit in memory"))?;
+        Ok(Some((path.to_owned(), info.dtype, shape, bytes)))
+    }
+
+    fn quant_method(&self) -> Option<&str> {
+        self.declared.as_ref().map(|d| d.method.as_str())
+    }
+
+    fn quant_config(&self) -> &Value {
+        self.config.get("quantization_config").unwrap_or(&Value::Null)
+    }
+
+    fn scalar(&self, name: &str) -> Result<Option<f32>> {
+        let Some((path, dtype, shape, bytes)) = self.stored(name)? else {
+            return Ok(None);
+        };
+        let values = dequant::to_f32(Stored {
+            dtype,
+            shape: &shape,
+            bytes,
+        })
+        .map_err(|e| Error::malformed(&path, Some(name), e))?;
+        match values.as_slice() {
+            [v] if v.is_finite() && *v > 0.0 => Ok(Some(*v)),
+            _ => Err(Error::malformed(
+                &path,
+                Some(name),
+                format!("expected one positive finite scale, found {} values", values.len()),
+            )),
+        }
+    }
+
+    fn input_quant(&self, module: &str, activations: Option<&str>) -> Result<InputQuant> {
+        let method = self.quant_method().unwrap_or_default();
+        let bad = |what: &str| {
+            Error::malformed(
+                &self.dir.join("config.json"),
+                Some("quantization_config"),
+                format!(
+                    "declared activation quantization `{what}` of {module} cannot be emulated by the native runner (supported: dynamic float8 per token or per token group, static float8 per tensor, dynamic int8 per token, nvfp4)"
+                ),
+            )
+        };
+        if method == "modelopt" {
+            let input_scale = self.scalar(&format!("{module}.input_scale"))?;
+            return Ok(match (self.find(&format!("{module}.weight_scale_2")), input_scale) {
+                (Some(_), Some(s)) => InputQuant::Nvfp4 {
+                    global_scale: 1.0 / s,
+                },
+                (None, Some(s)) => InputQuant::Fp8Static(s),
+                _ => InputQuant::None,
+            });
+        }
+        let Some(a) = activations else {
+            return Ok(InputQuant::None);
+        };
+        let group = || {
+            self.quant_config()
+                .get("weight_block_size")
+                .and_then(|b| b.get(1))
+                .and_then(Value::as_u64)
+                .map_or(128, |g| g as usize)
+        };
+        Ok(match a {
+            "dynamic float8 token" => InputQuant::Fp8PerToken,
+            "dynamic float8 group" | "dynamic float8" => InputQuant::Fp8PerTokenGroup(group()),
+            "dynamic int8 token" => InputQuant::Int8PerToken,
+            "static float8 tensor" => {
+                let s = self
+                    .scalar(&format!("{module}.input_scale"))?
+                    .ok_or_else(|| bad("static float8 tensor without input_scale"))?;
+                InputQuant::Fp8Static(s)
+            }
+            a if a.starts_with("dynamic-local float4") => {
+                let g = self
+                    .scalar(&format!("{module}.input_global_scale"))?
+                    .ok_or_else(|| bad("nvfp4 without input_global_scale"))?;
+                InputQuant::Nvfp4 { global_scale: g }
+            }
+            other => return Err(bad(other)),
+        })
+    }
+}
+
+impl WeightStore for SafetensorsStore {
+    fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.find(name).is_some()
+    }
+
+    fn dense(&self, name: &str) -> Result<Dense> {
+        let (path, dtype, shape, bytes) = self.stored(name)?.ok_or_else(|| {
+            Error::malformed(&self.dir, Some(name), "tensor missing from the checkpoint")
+        })?;
+        if !dtype.is_high_precision_float() {
+            return Err(Error::malformed(
+                &path,
+                Some(name),
+                format!(
+                    "stored as {}; the native runner expects this tensor in F32, F16 or BF16",
+                    dtype.name()
+                ),
+            ));
+        }
+        let data = dequant::to_f32(Stored {
+            dtype,
+            shape: &shape,
+            bytes,
+        })
+        .map_err(|e| Error::malformed(&path, Some(name), e))?;
+        Ok(Dense { shape, data })
+    }
+
+    fn linear(&self, module: &str) -> Result<Linear> {
+        let expectation = self
+            .declared
+            .as_ref()
+            .map_or(Expectation::Silent, |d| d.expectation(module));
+        let decl = match &expectation {
+            Expectation::Quantized(w) => Some(w.clone()),
+            _ => None,
+        };
+        let bias = if self.has(&format!("{module}.bias")) {
+            Some(self.dense(&format!("{module}.bias"))?.data)
+        } else {
+            None
+        };
+        let t = |suffix: &str| self.stored(&format!("{module}.{suffix}"));
+        let err = |path: &Path, e: String| Error::malformed(path, Some(module), e);
+        let st = |x: &(PathBuf, Dtype, Vec<usize>, &'_ [u8])| -> (Dtype, Vec<usize>) {
+            (x.1, x.2.clone())
+        };
+        let method = self.quant_method().unwrap_or_default().to_owned();
+        let (weight, out, scheme): (Vec<f32>, usize, String);
+        let mut inp: usize;
+
+        macro_rules! stored {
+            ($x:expr) => {
+                Stored {
+                    dtype: $x.1,
+                    shape: &$x.2,
+                    bytes: $x.3,
+                }
+            };
+        }
+
+        if let Some(qweight) = t("qweight")? {
+            let qzeros = t("qzeros")?.ok_or_else(|| err(&qweight.0, "qweight without qzeros".into()))?;
+            let scales = t("scales")?.ok_or_else(|| err(&qweight.0, "qweight without scales".into()))?;
+            let q = self.quant_config();
+            if method == "awq" {
+                let version = q.get("version").and_then(Value::as_str).unwrap_or("gemm");
+                if !version.eq_ignore_ascii_case("gemm") {
+                    return Err(err(
+                        &qweight.0,
+                        format!("AWQ version `{version}` is not supported (supported: gemm)"),
+                    ));
+                }
+                let bits = q.get("bits").or(q.get("w_bit")).and_then(Value::as_u64).unwrap_or(4);
+                if bits != 4 {
+                    return Err(err(&qweight.0, format!("AWQ with {bits} bits is not supported (supported: 4)")));
+                }
+                let group = q
+                    .get("group_size")
+                    .or(q.get("q_group_size"))
+                    .and_then(Value::as_u64)
+                    .ok_or_else(|| err(&qweight.0, "AWQ config has no group_size".into()))?
+                    as usize;
+                weight = dequant::awq_gemm(stored!(qweight), stored!(qzeros), stored!(scales), group)
+                    .map_err(|e| err(&qweight.0, e))?;
+                let (_, s) = st(&scales);
+                out = s.get(1).copied().unwrap_or(0);
+                inp = qweight.2.first().copied().unwrap_or(0);
+                scheme = format!("awq int4 gemm group {group}");
+            } else if method == "gptq" {
+                let bits = q.get("bits").and_then(Value::as_u64).unwrap_or(4) as u32;
+                let group = q
+                    .get("group_size")
+                    .and_then(Value::as_i64)
+                    .filter(|g| *g > 0)
+                    .map(|g| g as usize);
+                let format = match q.get("checkpoint_format").and_then(Value::as_str) {
+                    Some("gptq_v2") => GptqFormat::V2,
+                    _ => GptqFormat::V1,
+                };
+                let g_idx = t("g_idx")?;
+                weight = dequant::gptq(
+                    stored!(qweight),
+                    stored!(qzeros),
+                    stored!(scales),
+                    g_idx.as_ref().map(|g| stored!(g)),
+                    bits,
+                    group,
+                    format,
+                )
+                .map_err(|e| err(&qweight.0, e))?;
+                out = scales.2.get(1).copied().unwrap_or(0);
+                inp = weight.len().checked_div(out).unwrap_or(0);
+                scheme = format!("gptq int{bits}");
+            } else {
+                return Err(err(
+                    &qweight.0,
+                    format!("`qweight` tensors under quant_method `{method}` are not supported (supported: awq, gptq)"),
+                ));
+            }
+        } else if let Some(packed) = t("weight_packed")? {
+            let scale = t("weight_scale")?.ok_or_else(|| err(&packed.0, "weight_packed without weight_scale".into()))?;
+            let w = decl.clone().unwrap_or_default();
+            let format = w.format.clone().unwrap_or_default();
+            if packed.1 == Dtype::U8 && format.starts_with("nvfp4") || self.has(&format!("{module}.weight_global_scale")) {
+                let global = t("weight_global_scale")?
+                    .ok_or_else(|| err(&packed.0, "NVFP4 weight without weight_global_scale".into()))?;
+                weight = dequant::ct_nvfp4(stored!(packed), stored!(scale), stored!(global))
+                    .map_err(|e| err(&packed.0, e))?;
+                out = packed.2.first().copied().unwrap_or(0);
+                inp = packed.2.get(1).copied().unwrap_or(0) * 2;
+                scheme = "compressed-tensors nvfp4-pack-quantized".into();
+            } else if packed.1 == Dtype::U8 {
+                weight = dequant::ct_mxfp4(stored!(packed), stored!(scale)).map_err(|e| err(&packed.0, e))?;
+                out = packed.2.first().copied().unwrap_or(0);
+                inp = packed.2.get(1).copied().unwrap_or(0) * 2;
+                scheme = "compressed-tensors mxfp4-pack-quantized".into();
+            } else {
+                let shape_t = t("weight_shape")?.ok_or_else(|| err(&packed.0, "weight_packed without weight_shape".into()))?;
+                let dims = dequant::to_f32(stored!(shape_t)).map_err(|e| err(&shape_t.0, e))?;
+                let [o, i] = dims.as_slice() else {
+                    return Err(err(&shape_t.0, format!("weight_shape holds {} values, expected 2", dims.len())));
+                };
+                let (o, i) = (*o as usize, *i as usize);
+                let bits = w.bits.unwrap_or(4) as u32;
+                let zp = t("weight_zero_point")?;
+                let g_idx = t("weight_g_idx")?;
+                let args = ct_args(&w);
+                weight = dequant::ct_pack_quantized(
+                    stored!(packed),
+                    [o, i],
+                    bits,
+                    stored!(scale),
+                    zp.as_ref().map(|z| stored!(z)),
+                    g_idx.as_ref().map(|g| stored!(g)),
+                    &args,
+                )
+                .map_err(|e| err(&packed.0, e))?;
+                out = o;
+                inp = i;
+                scheme = format!(
+                    "compressed-tensors pack-quantized int{bits} {}",
+                    w.strategy.unwrap_or_default()
+                );
+            }
+        } else if let Some(w8) = t("weight")? {
+            let (dtype, shape) = st(&w8);
+            let [o, i] = shape.as_slice() else {
+                return Err(err(&w8.0, format!("weight has shape {shape:?}, expected 2 dimensions")));
+            };
+            out = *o;
+            inp = *i;
+            if dtype.is_high_precision_float() {
+                weight = dequant::to_f32(stored!(w8)).map_err(|e| err(&w8.0, e))?;
+                scheme = dtype.name().to_lowercase();
+            } else if let Some(scale_inv) = t("weight_scale_inv")? {
+                let block = self
+                    .quant_config()
+                    .get("weight_block_size")
+                    .and_then(Value::as_array)
+                    .and_then(|a| Some([a.first()?.as_u64()? as usize, a.get(1)?.as_u64()? as usize]))
+                    .ok_or_else(|| err(&w8.0, "weight_scale_inv without weight_block_size in quantization_config".into()))?;
+                let ue8m0 = self.quant_config().get("scale_fmt").and_then(Value::as_str) == Some("ue8m0");
+                weight = dequant::fp8_block(stored!(w8), stored!(scale_inv), block, ue8m0)
+                    .map_err(|e| err(&w8.0, e))?;
+                scheme = format!("fine-grained fp8 block {}x{}", block[0], block[1]);
+            } else if let Some(scale_2) = t("weight_scale_2")? {
+                let scale = t("weight_scale")?.ok_or_else(|| err(&w8.0, "weight_scale_2 without weight_scale".into()))?;
+                weight = dequant::modelopt_nvfp4(stored!(w8), stored!(scale), stored!(scale_2))
+                    .map_err(|e| err(&w8.0, e))?;
+                inp = i * 2;
+                scheme = "modelopt nvfp4".into();
+            } else if let Some(scale) = t("weight_scale")? {
+                if dtype == Dtype::U8 && method == "modelopt" {
+                    weight = dequant::mxfp4(stored!(w8), stored!(scale)).map_err(|e| err(&w8.0, e))?;
+                    inp = i * 2;
+                    scheme = "modelopt mxfp4".into();
+                } else {
+                    let zp = t("weight_zero_point")?;
+                    let w = decl.clone().unwrap_or_default();
+                    let args = if method == "modelopt" {
+                        // ModelOpt FP8: per-tensor (FP8) or per-channel scales, by shape.
+                        CtArgs {
+                            strategy: if scale.2.iter().product::<usize>() == 1 {
+                                CtStrategy::Tensor
+                            } else {
+                                CtStrategy::Channel
+                            },
+                            group_size: None,
+                            block: None,
+                        }
+                    } else {
+                        ct_args(&w)
+                    };
+                    weight = dequant::ct_dense(stored!(w8), stored!(scale), zp.as_ref().map(|z| stored!(z)), &args)
+                        .map_err(|e| err(&w8.0, e))?;
+                    scheme = format!(
+                        "{} {} {}",
+                        if method == "modelopt" { "modelopt" } else { "compressed-tensors" },
+                        dtype.name().to_lowercase(),
+                        w.strategy.unwrap_or_else(|| "tensor".into())
+                    );
+                }
+            } else if self.has(&format!("{module}.weight.quant_state.bitsandbytes__nf4"))
+                || self.has(&format!("{module}.weight.quant_state.bitsandbytes__fp4"))
+                || self.has(&format!("{module}.SCB"))
+            {
+                return Err(err(&w8.0, "bitsandbytes weights are not supported by the native runner (supported: compressed-tensors, fine-grained fp8, awq, gptq, modelopt nvfp4/fp8/mxfp4, gguf)".into()));
+            } else {
+                return Err(err(
+                    &w8.0,
+                    format!("weight stored as {} with no scale tensor: not a format the native runner knows", dtype.name()),
+                ));
+            }
+        } else {
+            return Err(Error::malformed(
+                &self.dir,
+                Some(module),
+                "no weight tensor (weight, weight_packed or qweight) for this linear module",
+            ));
+        }
+        if weight.len() != out * inp {
+            return Err(Error::malformed(
+                &self.dir,
+                Some(module),
+                format!("dequantized {} values for a [{out}, {inp}] weight", weight.len()),
+            ));
+        }
+        if let Some(b) = &bias
+            && b.len() != out
+        {
+            return Err(Error::malformed(
+                &self.dir,
+                Some(&format!("{module}.bias")),
+                format!("has {} values for {out} outputs", b.len()),
+            ));
+        }
+        let input = match &decl {
+            Some(w) => self.input_quant(module, w.activations.as_deref())?,
+            None if method == "modelopt" && !matches!(expectation, Expectation::Excluded) => {
+                self.input_quant(module, None)?
+            }
+            None => InputQuant::None,
+        };
+        Ok(Linear {
+            out,
+            inp,
+            weight,
+            bias,
+            input,
+            scheme,
+        })
+    }
+
+    fn kv_cache(&self, attention: &str) -> Result<Option<KvFp8>> {
+        let declared = self.declared.as_ref().and_then(|d| d.kv_cache.clone());
+        let Some(kv) = declared else {
+            return Ok(None);
+        };
+        let fp8 = kv.contains("float") && kv.contains('8') || kv.eq_ignore_ascii_case("fp8");
+        if !fp8 {
+            return Err(Error::malformed(
+                &self.dir.join("config.json"),
+                Some("kv_cache_scheme"),
+                format!("KV-cache quantization `{kv}` cannot be emulated by the native runner (supported: fp8 per tensor)"),
+            ));
+        }
+        // vLLM's default when a checkpoint declares an FP8 cache without scales is 1.0.
+        let k = self.scalar(&format!("{attention}.k_scale"))?.unwrap_or(1.0);
+        let v = self.scalar(&format!("{attention}.v_scale"))?.unwrap_or(1.0);
+        Ok(Some(KvFp8 { k_scale: k, v_scale: v }))
+    }
+
+    fn tensor_sha256(&self, name: &str) -> Result<Option<String>> {
+        use sha2::{Digest, Sha256};
+        let module = name.strip_suffix(".weight").unwrap_or(name);
+        for candidate in [name.to_owned(), format!("{module}.weight_packed"), format!("{module}.qweight")] {
+            if let Some((_, _, _, bytes)) = self.stored(&candidate)? {
+                return Ok(Some(crate::checkpoint::hash::hex(&Sha256::digest(bytes))));
+            }
+        }
+        Ok(None)
+    }
+
+    fn stored_dtype(&self, name: &str) -> String {
+        self.find(name)
+            .map_or("unknown".into(), |(_, info)| info.dtype.name().to_lowercase())
+    }
+}
+
+fn ct_args(w: &quant_config::WeightDecl) -> CtArgs {
+    let strategy = match w.strategy.as_deref() {
+        Some("channel") => CtStrategy::Channel,
+        Some("group") => CtStrategy::Group,
+        Some("block") => CtStrategy::Block,
+        Some("tensor_group") => CtStrategy::TensorGroup,
+        _ => CtStrategy::Tensor,
+    };
+    CtArgs {
+        strategy,
+        group_size: w.group_size.map(|g| g as usize),
+        block: w.block.map(|[a, b]| [a as usize, b as usize]),
+    }
+}

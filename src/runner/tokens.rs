@@ -1,0 +1,332 @@
+//! The eval text as the models see it: tokenized once with the reference's `tokenizer.json`, BOS
+//! applied as disclosed, cut into non-overlapping windows (design.md, "The measurement").
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::checkpoint::hash::hex;
+use crate::error::{Error, Result};
+
+/// Eval texts above this size are refused rather than tokenized into memory.
+pub const MAX_EVAL_TEXT_BYTES: u64 = 512 * 1024 * 1024;
+
+/// Where BOS goes (as disclosed in the card's `eval.bos`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bos {
+    /// The token stream is used as is.
+    None,
+    /// The first token of every window is replaced by BOS, as llama.cpp's perplexity tool does.
+    PerWindow,
+    /// BOS is prepended to each document before windowing; the eval text is one document.
+    PerDocument,
+}
+
+impl Bos {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Bos::None => "none",
+            Bos::PerWindow => "per_window",
+            Bos::PerDocument => "per_document",
+        }
+    }
+}
+
+/// A loaded `tokenizer.json` and what identifies it.
+pub struct TokenizerFile {
+    pub path: PathBuf,
+    pub tokenizer: tokenizers::Tokenizer,
+    pub sha256: String,
+    /// Tokens the tokenizer knows, added tokens included: logit entries beyond are padding.
+    pub vocab_size: usize,
+    pub bos_id: Option<u32>,
+}
+
+/// Where a model's tokenizer lives: `tokenizer.json` in the model directory (or beside a GGUF file).
+pub fn tokenizer_path(model: &Path) -> PathBuf {
+    let dir = if model.is_file() {
+        model.parent().unwrap_or(Path::new("."))
+    } else {
+        model
+    };
+    dir.join("tokenizer.json")
+}
+
+/// Load a tokenizer; the BOS token comes from `tokenizer_config.json` (`bos_token`) or
+/// `config.json` (`bos_token_id`) beside it.
+pub fn load_tokenizer(path: &Path) -> Result<TokenizerFile> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
+        Error::malformed(path, None, format!("not a Hugging Face tokenizer.json: {e}"))
+    })?;
+    let sha256 = hex(&Sha256::digest(&bytes));
+    let vocab_size = tokenizer.get_vocab_size(true);
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let bos_id = bos_from_configs(dir, &tokenizer);
+    Ok(TokenizerFile {
+        path: path.to_owned(),
+        tokenizer,
+        sha256,
+        vocab_size,
+        bos_id,
+    })
+}
+
+fn bos_from_configs(dir: &Path, tokenizer: &tokenizers::Tokenizer) -> Option<u32> {
+    let read = |name: &str| -> Option<serde_json::Value> {
+        let text = std::fs::read_to_string(dir.join(name)).ok()?;
+        serde_json::from_str(&text).ok()
+    };
+    if let Some(cfg) = read("tokenizer_config.json") {
+        let token = match cfg.get("bos_token") {
+            Some(serde_json::Value::String(s)) => Some(s.clone()),
+            Some(serde_json::Value::Object(o)) => {
+                o.get("content").and_then(|c| c.as_str()).map(str::to_owned)
+            }
+            _ => None,
+        };
+        if let Some(token) = token
+            && let Some(id) = tokenizer.token_to_id(&token)
+        {
+            return Some(id);
+        }
+    }
+    read("config.json")?
+        .get("bos_token_id")?
+        .as_u64()
+        .and_then(|id| u32::try_from(id).ok())
+}
+
+/// Reference and candidate must tokenize alike: the same file, or the same vocabulary.
+pub fn check_same_tokenizer(reference: &TokenizerFile, candidate: &TokenizerFile) -> Result<()> {
+    if reference.sha256 == candidate.sha256 {
+        return Ok(());
+    }
+    let a = reference.tokenizer.get_vocab(true);
+    let b = candidate.tokenizer.get_vocab(true);
+    if a.len() != b.len() {
+        return Err(Error::malformed(
+            &candidate.path,
+            None,
+            format!(
+                "tokenizer differs from the reference's {}: {} tokens vs {}",
+                reference.path.display(),
+                b.len(),
+                a.len()
+            ),
+        ));
+    }
+    let mut differing: Vec<(&String, &u32)> = a
+        .iter()
+        .filter(|(token, id)| b.get(*token) != Some(id))
+        .collect();
+    differing.sort_by_key(|(_, id)| **id);
+    if let Some((token, id)) = differing.first() {
+        return Err(Error::malformed(
+            &candidate.path,
+            None,
+            format!(
+                "tokenizer differs from the reference's {}: {} of {} tokens have other ids (first: {token:?}, id {id} in the reference, {} here)",
+                reference.path.display(),
+                differing.len(),
+                a.len(),
+                b.get(*token).map_or("absent".to_owned(), u32::to_string)
+            ),
+        ));
+    }
+    // Same vocabulary, other normalization or merges: the token streams could still differ.
+    if reference.bos_id != candidate.bos_id {
+        return Err(Error::malformed(
+            &candidate.path,
+            None,
+            format!(
+                "BOS token id {:?} differs from the reference's {:?}",
+                candidate.bos_id, reference.bos_id
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The tokenized eval text and its digests.
+#[derive(Debug, Clone)]
+pub struct TokenStream {
+    pub ids: Vec<u32>,
+    pub text_sha256: String,
+    pub text_bytes: u64,
+}
+
+/// Tokenize the eval text (no special tokens added; BOS is the window policy's business).
+pub fn tokenize(tokenizer: &TokenizerFile, text_path: &Path) -> Result<TokenStream> {
+    let size = std::fs::metadata(text_path)
+        .map_err(|e| Error::io(text_path, e))?
+        .len();
+    if size > MAX_EVAL_TEXT_BYTES {
+        return Err(Error::malformed(
+            text_path,
+            None,
+            format!("eval text is {size} bytes, over the {MAX_EVAL_TEXT_BYTES}-byte limit"),
+        ));
+    }
+    let bytes = std::fs::read(text_path).map_err(|e| Error::io(text_path, e))?;
+    let text_sha256 = hex(&Sha256::digest(&bytes));
+    let text = String::from_utf8(bytes).map_err(|e| {
+        Error::malformed(
+            text_path,
+            None,
+            format!(
+                "eval text is not UTF-8 (invalid byte at offset {})",
+                e.utf8_error().valid_up_to()
+            ),
+        )
+    })?;
+    let encoding = tokenizer.tokenizer.encode(text, false).map_err(|e| {
+        Error::malformed(
+            &tokenizer.path,
+            None,
+            format!("tokenizing {} failed: {e}", text_path.display()),
+        )
+    })?;
+    Ok(TokenStream {
+        ids: encoding.get_ids().to_vec(),
+        text_sha256,
+        text_bytes: size,
+    })
+}
+
+/// SHA-256 of a token stream as int32 little-endian, the digest cards disclose.
+pub fn tokens_sha256(ids: &[u32]) -> String {
+    let mut hasher = Sha256::new();
+    for chunk in ids.chunks(4096) {
+        let bytes: Vec<u8> = chunk.iter().flat_map(|&t| (t as i32).to_le_bytes()).collect();
+        hasher.update(&bytes);
+    }
+    hex(&hasher.finalize())
+}
+
+/// The windows one context length gives.
+#[derive(Debug, Clone)]
+pub struct Windows {
+    pub length: usize,
+    /// Each window's token ids as fed to the model (BOS applied).
+    pub windows: Vec<Vec<u32>>,
+    /// Tokens of the trailing partial window, dropped.
+    pub dropped_tokens: usize,
+}
+
+/// Cut the stream into non-overlapping windows of `length` tokens.
+pub fn windows(
+    stream: &TokenStream,
+    text_path: &Path,
+    length: usize,
+    bos: Bos,
+    bos_id: Option<u32>,
+) -> Result<Windows> {
+    if length < 2 {
+        return Err(Error::malformed(
+            text_path,
+            None,
+            format!("context length {length} is too short: a window needs at least 2 tokens"),
+        ));
+    }
+    let bos_token = || {
+        bos_id.ok_or_else(|| {
+            Error::malformed(
+                text_path,
+                None,
+                format!(
+                    "BOS policy {} needs a BOS token, and the tokenizer declares none (bos_token in tokenizer_config.json or bos_token_id in config.json)",
+                    bos.as_str()
+                ),
+            )
+        })
+    };
+    let mut ids: Vec<u32> = Vec::with_capacity(stream.ids.len() + 1);
+    if bos == Bos::PerDocument {
+        ids.push(bos_token()?);
+    }
+    ids.extend_from_slice(&stream.ids);
+    let n = ids.len() / length;
+    if n == 0 {
+        return Err(Error::malformed(
+            text_path,
+            None,
+            format!(
+                "eval text gives {} tokens, shorter than one window of {length}",
+                ids.len()
+            ),
+        ));
+    }
+    let first = if bos == Bos::PerWindow {
+        Some(bos_token()?)
+    } else {
+        None
+    };
+    let windows = ids
+        .chunks_exact(length)
+        .map(|w| {
+            let mut w = w.to_vec();
+            if let Some(b) = first {
+                w[0] = b;
+            }
+            w
+        })
+        .collect();
+    Ok(Windows {
+        length,
+        windows,
+        dropped_tokens: ids.len() - n * length,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream(n: u32) -> TokenStream {
+        TokenStream {
+            ids: (10..10 + n).collect(),
+            text_sha256: String::new(),
+            text_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn windows_drop_the_trailing_partial_window() {
+        let w = windows(&stream(10), Path::new("t"), 4, Bos::None, None).unwrap();
+        assert_eq!(w.windows, vec![vec![10, 11, 12, 13], vec![14, 15, 16, 17]]);
+        assert_eq!(w.dropped_tokens, 2);
+    }
+
+    #[test]
+    fn per_window_bos_replaces_the_first_token_as_llamacpp_does() {
+        let w = windows(&stream(8), Path::new("t"), 4, Bos::PerWindow, Some(1)).unwrap();
+        assert_eq!(w.windows, vec![vec![1, 11, 12, 13], vec![1, 15, 16, 17]]);
+    }
+
+    #[test]
+    fn per_document_bos_is_prepended_before_windowing() {
+        let w = windows(&stream(8), Path::new("t"), 4, Bos::PerDocument, Some(1)).unwrap();
+        assert_eq!(w.windows, vec![vec![1, 10, 11, 12], vec![13, 14, 15, 16]]);
+        assert_eq!(w.dropped_tokens, 1);
+    }
+
+    #[test]
+    fn text_shorter_than_a_window_is_an_error() {
+        let e = windows(&stream(3), Path::new("t"), 4, Bos::None, None).unwrap_err();
+        assert!(e.to_string().contains("shorter than one window of 4"), "{e}");
+        let e = windows(&stream(9), Path::new("t"), 4, Bos::PerWindow, None).unwrap_err();
+        assert!(e.to_string().contains("needs a BOS token"), "{e}");
+    }
+
+    #[test]
+    fn token_digest_is_of_int32_little_endian() {
+        let d = tokens_sha256(&[1, 2]);
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&1i32.to_le_bytes());
+        bytes.extend_from_slice(&2i32.to_le_bytes());
+        assert_eq!(d, hex(&Sha256::digest(&bytes)));
+    }
+}
