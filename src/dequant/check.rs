@@ -184,7 +184,7 @@ pub(super) fn dequant_grid(
 ) -> Result<Vec<f32>> {
     let (rb, cb) = (grid.rb.max(1), grid.cb.max(1));
     let srows = rows.div_ceil(rb);
-    let need = srows.checked_mul(grid.scols).unwrap_or(usize::MAX);
+    let need = srows.saturating_mul(grid.scols);
     let covers_cols = grid.scols.checked_mul(cb).is_some_and(|c| c >= cols);
     let zero_ok = grid.zero.is_none_or(|z| z.len() >= need);
     if grid.scale.len() < need || !covers_cols || !zero_ok {

@@ -1275,7 +1275,7 @@ fn gptq_bit_widths() {
 #[test]
 fn gptq_permuted_g_idx() {
     let c = gptq_case(64, 16, 4, 4, 77);
-    let gidx: Vec<i32> = (0..64).map(|i| ((i * 7 + 3) % 4) as i32).collect();
+    let gidx: Vec<i32> = (0..64).map(|i| (i * 7 + 3) % 4).collect();
     let gb = i32_bytes(&gidx);
     let got = c.run(4, Some(&gb), Some(16), GptqFormat::V1).unwrap();
     assert_same(&got, &c.want(|i| gidx[i] as usize, 1));
