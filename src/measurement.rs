@@ -94,7 +94,10 @@ pub fn protocol_json(o: &MeasureOptions, vocab_size: usize, padding: bool) -> Va
         map.remove("context_length");
         map.insert("context_lengths".into(), json!(o.context_lengths));
         map.insert("bos".into(), json!(o.bos.as_str()));
-        map.insert("windows".into(), json!("non_overlapping; trailing partial window dropped"));
+        map.insert(
+            "windows".into(),
+            json!("non_overlapping; trailing partial window dropped"),
+        );
     }
     p
 }
@@ -125,7 +128,9 @@ pub fn measure_models(
         return Err(Error::malformed(
             text_path,
             None,
-            format!("the tokenizer knows {tokenizer_vocab} tokens but the models' logit rows have only {width}"),
+            format!(
+                "the tokenizer knows {tokenizer_vocab} tokens but the models' logit rows have only {width}"
+            ),
         ));
     }
     let vocab_size = o.vocab_size.unwrap_or(tokenizer_vocab.max(1));
@@ -156,12 +161,17 @@ pub fn measure_models(
     let mut runs = Vec::new();
     for windows in &all_windows {
         let l = windows.length;
-        let rows: Vec<usize> = (0..l).filter(|&j| o.positions.selects(j as u64, l as u64)).collect();
+        let rows: Vec<usize> = (0..l)
+            .filter(|&j| o.positions.selects(j as u64, l as u64))
+            .collect();
         if rows.is_empty() {
             return Err(Error::malformed(
                 text_path,
                 None,
-                format!("the position policy {:?} selects no row of a {l}-token window", o.positions),
+                format!(
+                    "the position policy {:?} selects no row of a {l}-token window",
+                    o.positions
+                ),
             ));
         }
         let dump = o.dump_logits.is_some();
@@ -169,7 +179,9 @@ pub fn measure_models(
             return Err(Error::malformed(
                 text_path,
                 None,
-                format!("--dump-logits would write over {MAX_DUMP_BYTES} bytes; use a shorter eval text"),
+                format!(
+                    "--dump-logits would write over {MAX_DUMP_BYTES} bytes; use a shorter eval text"
+                ),
             ));
         }
         let single = windows.windows.len() == 1;
@@ -197,7 +209,11 @@ pub fn measure_models(
                             row::reduce(ra, rb, token, o.vocab, want_reverse, &mut scratch).map(
                                 |record: RowRecord| Scored {
                                     record,
-                                    block: if single { (rank / run_len) as u32 } else { w as u32 },
+                                    block: if single {
+                                        (rank / run_len) as u32
+                                    } else {
+                                        w as u32
+                                    },
                                     position: j as u64,
                                     window_len: l as u64,
                                 },
@@ -258,7 +274,11 @@ pub fn measure_models(
             n_nonfinite,
             summary,
             rows: scored,
-            bootstrap_block: if single { format!("run:{run_len}") } else { "window".into() },
+            bootstrap_block: if single {
+                format!("run:{run_len}")
+            } else {
+                "window".into()
+            },
         });
     }
     let protocol = protocol_json(o, vocab_size, vocab_size < width);
@@ -290,9 +310,18 @@ fn write_dump(
 ) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let n = meta.len() as u64;
-    let window: Vec<u8> = meta.iter().flat_map(|m| (m.0 as i32).to_le_bytes()).collect();
-    let position: Vec<u8> = meta.iter().flat_map(|m| (m.1 as i64).to_le_bytes()).collect();
-    let token: Vec<u8> = meta.iter().flat_map(|m| (m.2 as i32).to_le_bytes()).collect();
+    let window: Vec<u8> = meta
+        .iter()
+        .flat_map(|m| (m.0 as i32).to_le_bytes())
+        .collect();
+    let position: Vec<u8> = meta
+        .iter()
+        .flat_map(|m| (m.1 as i64).to_le_bytes())
+        .collect();
+    let token: Vec<u8> = meta
+        .iter()
+        .flat_map(|m| (m.2 as i32).to_le_bytes())
+        .collect();
     let ids: Vec<u8> = windows
         .windows
         .iter()
@@ -340,17 +369,45 @@ pub fn positions_file(m: &ModelMeasurement) -> Vec<u8> {
         let i32s = |f: &dyn Fn(&Scored) -> i32| -> Vec<u8> {
             run.rows.iter().flat_map(|r| f(r).to_le_bytes()).collect()
         };
-        owned.push((format!("{p}.window"), Dtype::I32, vec![n], i32s(&|r| r.block as i32)));
+        owned.push((
+            format!("{p}.window"),
+            Dtype::I32,
+            vec![n],
+            i32s(&|r| r.block as i32),
+        ));
         owned.push((
             format!("{p}.position"),
             Dtype::I64,
             vec![n],
-            run.rows.iter().flat_map(|r| (r.position as i64).to_le_bytes()).collect(),
+            run.rows
+                .iter()
+                .flat_map(|r| (r.position as i64).to_le_bytes())
+                .collect(),
         ));
-        owned.push((format!("{p}.kld"), Dtype::F64, vec![n], f64s(&|r| r.record.forward)));
-        owned.push((format!("{p}.kld_reverse"), Dtype::F64, vec![n], f64s(&|r| r.record.reverse)));
-        owned.push((format!("{p}.ref_top1"), Dtype::I32, vec![n], i32s(&|r| r.record.ref_top1 as i32)));
-        owned.push((format!("{p}.cand_top1"), Dtype::I32, vec![n], i32s(&|r| r.record.cand_top1 as i32)));
+        owned.push((
+            format!("{p}.kld"),
+            Dtype::F64,
+            vec![n],
+            f64s(&|r| r.record.forward),
+        ));
+        owned.push((
+            format!("{p}.kld_reverse"),
+            Dtype::F64,
+            vec![n],
+            f64s(&|r| r.record.reverse),
+        ));
+        owned.push((
+            format!("{p}.ref_top1"),
+            Dtype::I32,
+            vec![n],
+            i32s(&|r| r.record.ref_top1 as i32),
+        ));
+        owned.push((
+            format!("{p}.cand_top1"),
+            Dtype::I32,
+            vec![n],
+            i32s(&|r| r.record.cand_top1 as i32),
+        ));
         owned.push((
             format!("{p}.ref_top1_prob"),
             Dtype::F64,
@@ -450,15 +507,25 @@ pub fn fidelity_block(
 ) -> Value {
     let positions = match o.positions {
         Positions::All => json!({"policy": "all"}),
-        Positions::Stride { stride, offset } => json!({"policy": "stride", "stride": stride, "offset": offset}),
+        Positions::Stride { stride, offset } => {
+            json!({"policy": "stride", "stride": stride, "offset": offset})
+        }
         Positions::SecondHalf => json!({"policy": "second_half"}),
         Positions::From { from } => json!({"policy": "from", "from": from}),
     };
-    let padding = if m.protocol["padding"] == "excluded" { "excluded" } else { "included" };
+    let padding = if m.protocol["padding"] == "excluded" {
+        "excluded"
+    } else {
+        "included"
+    };
     let vocab = match o.vocab {
         VocabMode::Full => json!({"mode": "full", "padding": padding}),
-        VocabMode::TopK { k, tail } => json!({"mode": "top_k", "k": k, "tail": tail, "padding": padding}),
-        VocabMode::Threshold { log_p } => json!({"mode": "threshold", "log_p": log_p, "padding": padding}),
+        VocabMode::TopK { k, tail } => {
+            json!({"mode": "top_k", "k": k, "tail": tail, "padding": padding})
+        }
+        VocabMode::Threshold { log_p } => {
+            json!({"mode": "threshold", "log_p": log_p, "padding": padding})
+        }
     };
     let mut results = Vec::new();
     for run in &m.runs {
@@ -561,6 +628,7 @@ pub struct NativeRequest<'a> {
     pub tokenizer: Option<&'a Path>,
     pub options: &'a MeasureOptions,
     pub compute: crate::runner::native::ComputeDtype,
+    pub emulate: crate::runner::native::Emulate,
     pub threads: usize,
     pub out: &'a Path,
 }
@@ -590,8 +658,8 @@ pub fn run_native(
     let stream = tokens::tokenize(&tokenizer, r.eval_text)?;
 
     stage("loading models");
-    let reference = native::load(r.reference, r.compute)?;
-    let candidate = native::load(r.candidate, r.compute)?;
+    let reference = native::load(r.reference, r.compute, r.emulate)?;
+    let candidate = native::load(r.candidate, r.compute, r.emulate)?;
     stage("hashing");
     let hash_options = HashOptions {
         threads: Some(r.threads),
@@ -631,8 +699,12 @@ pub fn run_native(
         "compute_dtype": r.compute.as_str(),
         "attention": "eager",
         "kv_cache_dtype": reference_kv(&candidate, r.compute),
+        "emulate": r.emulate,
         "threads": r.threads,
-        "lane": "reference semantics: weights dequantized exactly as their format defines, declared activation and KV-cache quantization emulated (fake-quant), exact softmax attention",
+        "lane": match r.emulate {
+            native::Emulate::ReferenceSemantics => "reference semantics: weights dequantized exactly as their format defines, declared activation and KV-cache quantization emulated (fake-quant), exact softmax attention",
+            native::Emulate::LlamacppCpu => "llama.cpp cpu emulation: weights dequantized exactly, activations quantized to each weight type's ggml dot-product partner (q8_0, q8_K, f16, bf16), f16 KV cache",
+        },
         "tokenizer": {"path": tokenizer.path.display().to_string(), "sha256": tokenizer.sha256, "vocab_size": tokenizer.vocab_size},
     });
     let mut doc = measurement_json(&m, r.options, &ref_id, &cand_id, environment);
@@ -645,14 +717,21 @@ pub fn run_native(
     let text = serde_json::to_string_pretty(&versioned).map_err(|e| {
         Error::malformed(r.out, None, format!("cannot encode measurement.json: {e}"))
     })?;
-    write_atomically(&r.out.join("measurement.json"), format!("{text}\n").as_bytes())?;
+    write_atomically(
+        &r.out.join("measurement.json"),
+        format!("{text}\n").as_bytes(),
+    )?;
     Ok(versioned)
 }
 
 #[cfg(feature = "native")]
-fn reference_kv(candidate: &crate::runner::native::NativeModel, compute: crate::runner::native::ComputeDtype) -> String {
+fn reference_kv(
+    candidate: &crate::runner::native::NativeModel,
+    compute: crate::runner::native::ComputeDtype,
+) -> String {
     match &candidate.decoder.report.kv_cache {
-        Some(_) => "fp8_e4m3 (emulated)".to_owned(),
+        Some(kv) if kv.starts_with("f16") => "f16".to_owned(),
+        Some(_) => "fp8_e4m3".to_owned(),
         None => compute.as_str().to_owned(),
     }
 }

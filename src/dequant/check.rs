@@ -137,9 +137,9 @@ pub(super) fn word(bytes: &[u8], i: usize) -> u32 {
 
 /// A zeroed `rows * cols` output buffer, or an error if the size overflows.
 pub(super) fn output(rows: usize, cols: usize, role: &str) -> Result<Vec<f32>> {
-    let n = rows.checked_mul(cols).ok_or_else(|| {
-        format!("{role}: the dequantized size {rows} x {cols} overflows")
-    })?;
+    let n = rows
+        .checked_mul(cols)
+        .ok_or_else(|| format!("{role}: the dequantized size {rows} x {cols} overflows"))?;
     Ok(vec![0.0; n])
 }
 
@@ -174,13 +174,14 @@ pub(super) struct Grid<'a> {
     pub scols: usize,
 }
 
-/// Dequantizes a `[rows, cols]` weight whose element `(o, i)` decodes to `decode(o, i)` against a
-/// scale [`Grid`]. The grid must cover the weight (checked here, as a last defence).
+/// Dequantizes a `[rows, cols]` weight against a scale [`Grid`]: `decode_row(o, row)` writes the
+/// raw quantized values of row `o` (as f32), then each becomes `(q - z) * s`. The grid must cover
+/// the weight (checked here, as a last defence).
 pub(super) fn dequant_grid(
     rows: usize,
     cols: usize,
     grid: &Grid,
-    decode: impl Fn(usize, usize) -> f32 + Sync + Send,
+    decode_row: impl Fn(usize, &mut [f32]) + Sync + Send,
 ) -> Result<Vec<f32>> {
     let (rb, cb) = (grid.rb.max(1), grid.cb.max(1));
     let srows = rows.div_ceil(rb);
@@ -196,15 +197,26 @@ pub(super) fn dequant_grid(
     }
     let mut out = output(rows, cols, "weight")?;
     fill_tiles(&mut out, cols, 1, |o, row| {
+        decode_row(o, row);
         let base = (o / rb) * grid.scols;
         for (j, part) in row.chunks_mut(cb).enumerate() {
             let s = grid.scale[base + j];
-            let z = grid.zero.map_or(0.0, |z| z[base + j]);
-            let i0 = j * cb;
-            for (k, w) in part.iter_mut().enumerate() {
-                *w = (decode(o, i0 + k) - z) * s;
+            match grid.zero {
+                Some(z) => {
+                    let z = z[base + j];
+                    part.iter_mut().for_each(|w| *w = (*w - z) * s);
+                }
+                None => part.iter_mut().for_each(|w| *w *= s),
             }
         }
     });
     Ok(out)
+}
+
+/// Row `o` of a row-major byte matrix with `width` bytes per row (empty if out of range; callers
+/// validate lengths first).
+#[inline]
+pub(super) fn byte_row(bytes: &[u8], o: usize, width: usize) -> &[u8] {
+    let start = o.saturating_mul(width);
+    bytes.get(start..start.saturating_add(width)).unwrap_or(&[])
 }

@@ -1,10 +1,10 @@
 //! compressed-tensors integer/FP8 formats: dense (`int-`/`float-`/`naive-quantized`) and `pack-quantized`.
 
 use super::check::{
-    Grid, dequant_grid, dtype_in, exact, fill_tiles, matrix, numel, output, shape_str,
+    Grid, byte_row, dequant_grid, dtype_in, exact, fill_tiles, matrix, numel, output, shape_str,
 };
 use super::floats::{E4M3, decode_all};
-use super::int::{Packing, stream_field};
+use super::int::{Packing, stream_field, unpack_row};
 use super::{Result, Stored};
 use crate::checkpoint::dtype::Dtype;
 
@@ -32,7 +32,11 @@ const SCALE_DTYPES: &[Dtype] = &[Dtype::F32, Dtype::BF16, Dtype::F16];
 
 /// The scale grid of a strategy over a `[rows, cols]` weight: `(expected scale shape, rb, cb,
 /// scols, why)` where `why` completes the "needs" error sentence.
-fn layout(args: &CtArgs, rows: usize, cols: usize) -> Result<(Vec<usize>, usize, usize, usize, String)> {
+fn layout(
+    args: &CtArgs,
+    rows: usize,
+    cols: usize,
+) -> Result<(Vec<usize>, usize, usize, usize, String)> {
     match args.strategy {
         CtStrategy::Tensor => Ok((
             vec![1],
@@ -157,10 +161,16 @@ pub fn ct_dense(
     };
     let bytes = weight.bytes;
     match weight.dtype {
-        Dtype::I8 => dequant_grid(rows, cols, &grid, |o, i| {
-            f32::from(bytes[o * cols + i] as i8)
+        Dtype::I8 => dequant_grid(rows, cols, &grid, |o, row| {
+            for (w, &b) in row.iter_mut().zip(byte_row(bytes, o, cols)) {
+                *w = f32::from(b as i8);
+            }
         }),
-        _ => dequant_grid(rows, cols, &grid, |o, i| E4M3[bytes[o * cols + i] as usize]),
+        _ => dequant_grid(rows, cols, &grid, |o, row| {
+            for (w, &b) in row.iter_mut().zip(byte_row(bytes, o, cols)) {
+                *w = E4M3[b as usize];
+            }
+        }),
     }
 }
 
@@ -236,17 +246,20 @@ pub fn ct_pack_quantized(
                 ));
             }
             let zpack = Packing::detect("weight_zero_point", rows, bits, zr)?;
-            let mut v = Vec::with_capacity(rows.saturating_mul(scols));
-            for o in 0..rows {
-                for j in 0..scols {
+            // rows * scols is bounded by the validated zero-point bytes (or is 0).
+            let mut v = vec![0.0f32; rows.saturating_mul(scols)];
+            for j in 0..scols {
+                for o in 0..rows {
                     let u = stream_field(zp.bytes, j, scols, o, bits, zpack) & mask;
-                    v.push((u as i32 - off) as f32);
+                    if let Some(x) = v.get_mut(o * scols + j) {
+                        *x = (u as i32 - off) as f32;
+                    }
                 }
             }
             Some(v)
         }
         Some(zp) => {
-            dtype_in("weight_zero_point", zp, &[Dtype::I8, Dtype::I32])?;
+            dtype_in("weight_zero_point", zp, &[Dtype::I8, Dtype::I32])?; // I32 handled above
             numel("weight_zero_point", zp)?;
             check_scale_shape("weight_zero_point", zp, &expected, &why)?;
             Some(decode_all("weight_zero_point", zp)?)
@@ -301,9 +314,10 @@ pub fn ct_pack_quantized(
     };
 
     let bytes = packed.bytes;
-    let decode = |o: usize, i: usize| {
-        let u = stream_field(bytes, o * pcols, 1, i, bits, row_packing) & mask;
-        (u as i32 - off) as f32
+    let decode_row = |o: usize, row: &mut [f32]| {
+        let words = byte_row(bytes, o, pcols.saturating_mul(4));
+        unpack_row(words, bits, row_packing, row);
+        row.iter_mut().for_each(|w| *w -= off as f32);
     };
     match groups {
         None => {
@@ -314,18 +328,19 @@ pub fn ct_pack_quantized(
                 cb,
                 scols,
             };
-            dequant_grid(rows, cols, &grid, decode)
+            dequant_grid(rows, cols, &grid, decode_row)
         }
         Some(groups) => {
             // Group strategy: one scale row per output row.
             let mut out = output(rows, cols, "weight_packed")?;
             let (s, z) = (&s, z.as_deref());
             fill_tiles(&mut out, cols, 1, |o, row| {
+                decode_row(o, row);
                 let base = o * scols;
-                for ((i, w), &g) in row.iter_mut().enumerate().zip(&groups) {
+                for (w, &g) in row.iter_mut().zip(&groups) {
                     let k = base + g as usize;
                     let zz = z.map_or(0.0, |z| z[k]);
-                    *w = (decode(o, i) - zz) * s[k];
+                    *w = (*w - zz) * s[k];
                 }
             });
             Ok(out)

@@ -39,7 +39,11 @@ const fn build_e5m2() -> [f32; 256] {
         let e = ((b >> 2) & 0x1F) as i32;
         let m = (b & 0x3) as f32;
         let mag = if e == 0x1F {
-            if b & 0x3 == 0 { f32::INFINITY } else { f32::NAN }
+            if b & 0x3 == 0 {
+                f32::INFINITY
+            } else {
+                f32::NAN
+            }
         } else if e == 0 {
             m * pow2(-16)
         } else {

@@ -1,6 +1,8 @@
 //! FP4 E2M1 weights: NVFP4 (compressed-tensors, ModelOpt) and MXFP4 (compressed-tensors, OCP / gpt-oss / ModelOpt).
 
-use super::check::{Grid, dequant_grid, dtype_in, exact, matrix, numel, scalar, shape_str};
+use super::check::{
+    Grid, byte_row, dequant_grid, dtype_in, exact, matrix, numel, scalar, shape_str,
+};
 use super::floats::{E2M1, E4M3};
 use super::fp8::ue8m0_scales;
 use super::{Result, Stored};
@@ -17,9 +19,11 @@ fn fp4_grid(bytes: &[u8], rows: usize, cols: usize, block: usize, eff: &[f32]) -
         cb: block,
         scols: cols.div_ceil(block),
     };
-    dequant_grid(rows, cols, &grid, |o, i| {
-        let b = bytes[o * half + i / 2];
-        E2M1[((b >> ((i & 1) * 4)) & 0x0F) as usize]
+    dequant_grid(rows, cols, &grid, |o, row| {
+        for (pair, &b) in row.chunks_exact_mut(2).zip(byte_row(bytes, o, half)) {
+            pair[0] = E2M1[(b & 0x0F) as usize];
+            pair[1] = E2M1[(b >> 4) as usize];
+        }
     })
 }
 
@@ -65,7 +69,7 @@ fn nvfp4_parts(
 /// unpack_fp4_from_uint8` (low nibble first, sign bit 0x08) and `forward_helpers.py::
 /// _dequantize` (`scale = scale / global_scale`, then `x_q.to(scale.dtype) * scale`). With the
 /// `[1]`-shaped F32 global scale that llm-compressor writes, torch promotes the division to f32,
-/// as here; (a 0-dim global scale would make torch round the quotient to bf16). The reference
+/// as here (with a 0-dim global scale torch would round the quotient to bf16). The reference
 /// finally casts the weight to bf16; this returns the f32 value. A zero or non-finite global
 /// scale, or a NaN block scale, is an error.
 pub fn ct_nvfp4(packed: Stored, scale: Stored, global_scale: Stored) -> Result<Vec<f32>> {

@@ -1,6 +1,6 @@
 //! Fine-grained block FP8 (`quant_method: fp8`, DeepSeek-V3 / Qwen3-FP8): FP8 E4M3 weights with per-block inverse scales.
 
-use super::check::{Grid, dequant_grid, dtype_in, matrix, numel, shape_str};
+use super::check::{Grid, byte_row, dequant_grid, dtype_in, matrix, numel, shape_str};
 use super::floats::{E4M3, decode_all};
 use super::{Result, Stored};
 use crate::checkpoint::dtype::Dtype;
@@ -13,7 +13,10 @@ pub(super) fn ue8m0_scales(role: &str, bytes: &[u8], cols: usize) -> Result<Vec<
             "{role}[{r}][{c}] is 0xFF, the NaN encoding of UE8M0; no valid checkpoint stores it"
         ));
     }
-    Ok(bytes.iter().map(|&b| super::floats::e8m0_to_f32(b)).collect())
+    Ok(bytes
+        .iter()
+        .map(|&b| super::floats::e8m0_to_f32(b))
+        .collect())
 }
 
 /// Fine-grained FP8: `weight` F8_E4M3 `[out, in]`, `weight_scale_inv` `[ceil(out/b0),
@@ -41,7 +44,13 @@ pub fn fp8_block(
         ));
     }
     let allowed: &[Dtype] = if ue8m0 {
-        &[Dtype::F8_E8M0, Dtype::U8, Dtype::F32, Dtype::BF16, Dtype::F16]
+        &[
+            Dtype::F8_E8M0,
+            Dtype::U8,
+            Dtype::F32,
+            Dtype::BF16,
+            Dtype::F16,
+        ]
     } else {
         &[Dtype::F32, Dtype::BF16, Dtype::F16, Dtype::F8_E8M0]
     };
@@ -73,5 +82,9 @@ pub fn fp8_block(
         scols: sc,
     };
     let bytes = weight.bytes;
-    dequant_grid(rows, cols, &grid, |o, i| E4M3[bytes[o * cols + i] as usize])
+    dequant_grid(rows, cols, &grid, |o, row| {
+        for (w, &b) in row.iter_mut().zip(byte_row(bytes, o, cols)) {
+            *w = E4M3[b as usize];
+        }
+    })
 }

@@ -81,6 +81,33 @@ pub(super) fn stream_field(
     }
 }
 
+/// Unpacks the first `out.len()` fields (unsigned, as f32) of a stream of contiguous
+/// little-endian words. Fields past the end of `words` are left as they are (callers validate).
+pub(super) fn unpack_row(words: &[u8], bits: u32, packing: Packing, out: &mut [f32]) {
+    let b = bits as usize;
+    let mask = (1u32 << bits) - 1;
+    let per = match packing {
+        Packing::PerWord(p) => Some(p.max(1)),
+        Packing::Dense if 32 % b == 0 => Some(32 / b),
+        Packing::Dense => None,
+    };
+    match per {
+        Some(per) => {
+            for (chunk, wb) in out.chunks_mut(per).zip(words.chunks_exact(4)) {
+                let w = u32::from_le_bytes([wb[0], wb[1], wb[2], wb[3]]);
+                for (j, x) in chunk.iter_mut().enumerate() {
+                    *x = ((w >> (b * j)) & mask) as f32;
+                }
+            }
+        }
+        None => {
+            for (k, x) in out.iter_mut().enumerate() {
+                *x = stream_field(words, 0, 1, k, bits, Packing::Dense) as f32;
+            }
+        }
+    }
+}
+
 const SCALE_DTYPES: &[Dtype] = &[Dtype::F16, Dtype::BF16, Dtype::F32];
 
 /// AWQ's packing order: nibble `p` of a word holds output column `8*c + AWQ_ORDER[p]`.
@@ -210,18 +237,23 @@ pub fn gptq(
             shape_str(&[ng, outf])
         ));
     }
+    if let Some(g) = &g_idx {
+        exact(
+            "g_idx",
+            g,
+            &[Dtype::I32],
+            &[inf],
+            &format!("a weight with {inf} input rows"),
+        )?;
+    }
+    if inf == 0 || outf == 0 {
+        return Ok(Vec::new());
+    }
     let s = decode_all("scales", &scales)?;
 
-    // Group of every input row.
+    // Group of every input row (inf is bounded by the qweight bytes now that outf > 0).
     let groups: Vec<usize> = match &g_idx {
         Some(g) => {
-            exact(
-                "g_idx",
-                g,
-                &[Dtype::I32],
-                &[inf],
-                &format!("a weight with {inf} input rows"),
-            )?;
             let mut v = Vec::with_capacity(inf);
             for (i, c) in g.bytes.chunks_exact(4).enumerate() {
                 let x = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
@@ -256,18 +288,40 @@ pub fn gptq(
     let qw = qweight.bytes;
     let mut out = output(outf, inf, "qweight")?;
     const TILE: usize = 16;
+    let mask = (1u32 << bits) - 1;
     fill_tiles(&mut out, inf, TILE, |o0, tile| {
         let n = tile.len() / inf.max(1);
-        for (i, &g) in groups.iter().enumerate() {
-            let zrow = &z[g * outf..];
-            let srow = &s[g * outf..];
-            for t in 0..n {
-                let o = o0 + t;
-                let q = stream_field(qw, o, outf, i, bits, Packing::Dense) as f32;
-                if let (Some(dst), Some(&zz), Some(&sc)) =
-                    (tile.get_mut(t * inf + i), zrow.get(o), srow.get(o))
-                {
-                    *dst = (q - zz) * sc;
+        // 1. Raw values: packed word row r holds input rows r*per .. r*per+per of each column.
+        if 32 % b == 0 {
+            let per = 32 / b;
+            for r in 0..kw {
+                for t in 0..n {
+                    let w = word(qw, r * outf + o0 + t);
+                    let start = t * inf + r * per;
+                    if let Some(dst) = tile.get_mut(start..start + per) {
+                        for (j, x) in dst.iter_mut().enumerate() {
+                            *x = ((w >> (b * j)) & mask) as f32;
+                        }
+                    }
+                }
+            }
+        } else {
+            for i in 0..inf {
+                for t in 0..n {
+                    let q = stream_field(qw, o0 + t, outf, i, bits, Packing::Dense);
+                    if let Some(x) = tile.get_mut(t * inf + i) {
+                        *x = q as f32;
+                    }
+                }
+            }
+        }
+        // 2. (q - z) * s with the group of each input row.
+        for (t, row) in tile.chunks_mut(inf.max(1)).enumerate() {
+            let o = o0 + t;
+            for (x, &g) in row.iter_mut().zip(&groups) {
+                let k = g * outf + o;
+                if let (Some(&zz), Some(&sc)) = (z.get(k), s.get(k)) {
+                    *x = (*x - zz) * sc;
                 }
             }
         }

@@ -138,7 +138,11 @@ fn check_f64(got: f32, want: f64, what: &str) {
         assert!(got.is_nan(), "{what}: got {got}, want NaN");
     } else {
         assert_eq!(f64::from(got), want, "{what}");
-        assert_eq!(got.is_sign_negative(), want.is_sign_negative(), "{what}: sign");
+        assert_eq!(
+            got.is_sign_negative(),
+            want.is_sign_negative(),
+            "{what}: sign"
+        );
     }
 }
 
@@ -209,8 +213,14 @@ fn to_f32_dtypes() {
         assert!(same(g, f32::from_bits(u32::from(h) << 16)), "bf16 {h:04X}");
     }
     let f = [1.5f32, -0.0, f32::INFINITY, 3.0e-39];
-    assert_same(&to_f32(st(Dtype::F32, &[2, 2], &f32_bytes(&f))).unwrap(), &f);
-    let d: Vec<u8> = [0.25f64, -7.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+    assert_same(
+        &to_f32(st(Dtype::F32, &[2, 2], &f32_bytes(&f))).unwrap(),
+        &f,
+    );
+    let d: Vec<u8> = [0.25f64, -7.0]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
     assert_eq!(to_f32(st(Dtype::F64, &[2], &d)).unwrap(), vec![0.25, -7.0]);
     let i8s = [0x80u8, 0xFF, 0x7F, 0];
     assert_eq!(
@@ -231,14 +241,14 @@ fn to_f32_dtypes() {
     assert_eq!(got[127], 1.0);
     assert!(got[255].is_nan());
     // Scalar shape.
-    assert_eq!(to_f32(st(Dtype::F32, &[], &f32_bytes(&[2.5]))).unwrap(), vec![2.5]);
+    assert_eq!(
+        to_f32(st(Dtype::F32, &[], &f32_bytes(&[2.5]))).unwrap(),
+        vec![2.5]
+    );
     // Errors.
     assert_err(to_f32(st(Dtype::F4, &[2], &[0x21])), &["F4"]);
     assert_err(to_f32(st(Dtype::F32, &[2], &[0; 7])), &["7 bytes", "8"]);
-    assert_err(
-        to_f32(st(Dtype::F32, &[usize::MAX, 2], &[])),
-        &["overflow"],
-    );
+    assert_err(to_f32(st(Dtype::F32, &[usize::MAX, 2], &[])), &["overflow"]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -269,7 +279,13 @@ fn e4m3_inputs(table: &[(f64, u8)]) -> Vec<f32> {
     let mut xs = Vec::new();
     for w in table.windows(2) {
         let mid = ((w[0].0 + w[1].0) / 2.0) as f32;
-        xs.extend([mid, mid.next_up(), mid.next_down(), w[0].0 as f32, w[1].0 as f32]);
+        xs.extend([
+            mid,
+            mid.next_up(),
+            mid.next_down(),
+            w[0].0 as f32,
+            w[1].0 as f32,
+        ]);
     }
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     for _ in 0..20_000 {
@@ -288,7 +304,10 @@ fn round_to_e4m3_matches_brute_force() {
     let table = e4m3_positive();
     for x in e4m3_inputs(&table) {
         let (got, want) = (round_to_e4m3(x), nearest(&table, x, 448.0));
-        assert!(same(got, want), "round_to_e4m3({x:e}) = {got:e}, want {want:e}");
+        assert!(
+            same(got, want),
+            "round_to_e4m3({x:e}) = {got:e}, want {want:e}"
+        );
     }
 }
 
@@ -372,7 +391,9 @@ fn args(strategy: CtStrategy, group_size: Option<usize>, block: Option<[usize; 2
 #[test]
 fn ct_dense_int8_group_with_zero_points() {
     let (rows, cols, g) = (3usize, 8usize, 4usize);
-    let q: Vec<i8> = (0..rows * cols).map(|k| (k as i32 * 37 % 255 - 127) as i8).collect();
+    let q: Vec<i8> = (0..rows * cols)
+        .map(|k| (k as i32 * 37 % 255 - 127) as i8)
+        .collect();
     let s = [0.5f32, 0.25, 2.0, 1.5, 0.125, 3.0];
     let z: Vec<i8> = vec![0, 3, -4, 1, 2, -1];
     let qb: Vec<u8> = q.iter().map(|&v| v as u8).collect();
@@ -398,7 +419,9 @@ fn ct_dense_int8_group_with_zero_points() {
 #[test]
 fn ct_dense_strategies() {
     let (rows, cols) = (5usize, 6usize);
-    let codes: Vec<u8> = (0..rows * cols).map(|k| (k * 29 % 0x7E) as u8 | ((k as u8 & 1) << 7)).collect();
+    let codes: Vec<u8> = (0..rows * cols)
+        .map(|k| (k * 29 % 0x7E) as u8 | ((k as u8 & 1) << 7))
+        .collect();
     let fp = |k: usize| fp8_e4m3_to_f32(codes[k]);
     // Tensor, [] and [1].
     for shape in [&[][..], &[1][..]] {
@@ -454,7 +477,12 @@ fn ct_dense_bad_input() {
             None,
             &a,
         ),
-        &["weight_scale", "[4, 1]", "[2, 2]", "group size of 2 over 4 input columns"],
+        &[
+            "weight_scale",
+            "[4, 1]",
+            "[2, 2]",
+            "group size of 2 over 4 input columns",
+        ],
     );
     assert_eq!(
         e,
@@ -462,20 +490,40 @@ fn ct_dense_bad_input() {
     );
     // Wrong weight dtype, wrong scale dtype.
     assert_err(
-        ct_dense(st(Dtype::U8, &[2, 4], &w), st(Dtype::F32, &[2, 2], &sb), None, &a),
+        ct_dense(
+            st(Dtype::U8, &[2, 4], &w),
+            st(Dtype::F32, &[2, 2], &sb),
+            None,
+            &a,
+        ),
         &["weight", "U8"],
     );
     assert_err(
-        ct_dense(st(Dtype::I8, &[2, 4], &w), st(Dtype::I32, &[2, 2], &sb), None, &a),
+        ct_dense(
+            st(Dtype::I8, &[2, 4], &w),
+            st(Dtype::I32, &[2, 2], &sb),
+            None,
+            &a,
+        ),
         &["weight_scale", "I32"],
     );
     // Truncated bytes.
     assert_err(
-        ct_dense(st(Dtype::I8, &[2, 4], &w[..7]), st(Dtype::F32, &[2, 2], &sb), None, &a),
+        ct_dense(
+            st(Dtype::I8, &[2, 4], &w[..7]),
+            st(Dtype::F32, &[2, 2], &sb),
+            None,
+            &a,
+        ),
         &["weight", "7 bytes"],
     );
     assert_err(
-        ct_dense(st(Dtype::I8, &[2, 4], &w), st(Dtype::F32, &[2, 2], &sb[..15]), None, &a),
+        ct_dense(
+            st(Dtype::I8, &[2, 4], &w),
+            st(Dtype::F32, &[2, 2], &sb[..15]),
+            None,
+            &a,
+        ),
         &["weight_scale", "15 bytes"],
     );
     // Zero point of the wrong shape.
@@ -519,7 +567,12 @@ fn ct_dense_bad_input() {
     );
     // Not 2-D.
     assert_err(
-        ct_dense(st(Dtype::I8, &[8], &w), st(Dtype::F32, &[2, 2], &sb), None, &a),
+        ct_dense(
+            st(Dtype::I8, &[8], &w),
+            st(Dtype::F32, &[2, 2], &sb),
+            None,
+            &a,
+        ),
         &["weight", "2-D"],
     );
 }
@@ -563,7 +616,9 @@ fn ct_pack_per_word(vals: &[i32], rows: usize, cols: usize, bits: usize) -> Vec<
 
 /// Transpose of a row-major `[rows, cols]` matrix.
 fn transpose<T: Copy>(v: &[T], rows: usize, cols: usize) -> Vec<T> {
-    (0..rows * cols).map(|k| v[(k % rows) * cols + k / rows]).collect()
+    (0..rows * cols)
+        .map(|k| v[(k % rows) * cols + k / rows])
+        .collect()
 }
 
 fn signed_values(rng: &mut Rng, n: usize, bits: usize) -> Vec<i32> {
@@ -579,7 +634,9 @@ fn ct_pack_int4_asymmetric_group_with_packed_zero_points() {
     let mut rng = Rng(7);
     let q = signed_values(&mut rng, rows * cols, bits);
     let z = signed_values(&mut rng, rows * ng, bits);
-    let s: Vec<f32> = (0..rows * ng).map(|k| 0.5 + (k % 7) as f32 * 0.125).collect();
+    let s: Vec<f32> = (0..rows * ng)
+        .map(|k| 0.5 + (k % 7) as f32 * 0.125)
+        .collect();
     let packed = u32_bytes(&ct_pack_dense(&q, rows, cols, bits));
     // Zero points are packed along dim 0: pack the transpose, then transpose back.
     let zt = transpose(&z, rows, ng); // [ng, rows]
@@ -617,7 +674,10 @@ fn ct_pack_widths_and_layouts() {
         let s: Vec<f32> = (0..rows).map(|o| 0.25 * (o + 1) as f32).collect();
         let sb = f32_bytes(&s);
         for (packer, name) in [
-            (ct_pack_dense as fn(&[i32], usize, usize, usize) -> Vec<u32>, "dense"),
+            (
+                ct_pack_dense as fn(&[i32], usize, usize, usize) -> Vec<u32>,
+                "dense",
+            ),
             (ct_pack_per_word, "per-word"),
         ] {
             if name == "per-word" && 32 % bits == 0 {
@@ -636,7 +696,9 @@ fn ct_pack_widths_and_layouts() {
                 &args(CtStrategy::Channel, None, None),
             )
             .unwrap_or_else(|e| panic!("{bits} bits {name}: {e}"));
-            let want: Vec<f32> = (0..rows * cols).map(|k| q[k] as f32 * s[k / cols]).collect();
+            let want: Vec<f32> = (0..rows * cols)
+                .map(|k| q[k] as f32 * s[k / cols])
+                .collect();
             assert_same(&got, &want);
         }
     }
@@ -719,27 +781,57 @@ fn ct_pack_bad_input() {
     )
     .unwrap();
     assert_err(
-        call(st(Dtype::I32, &[2, 2], &pb), st(Dtype::F32, &[2, 1], &sb[..8]), None, 4),
+        call(
+            st(Dtype::I32, &[2, 2], &pb),
+            st(Dtype::F32, &[2, 1], &sb[..8]),
+            None,
+            4,
+        ),
         &["weight_scale", "[2, 1]", "[2, 2]"],
     );
     assert_err(
-        call(st(Dtype::U32, &[2, 2], &pb), st(Dtype::F32, &[2, 2], &sb), None, 4),
+        call(
+            st(Dtype::U32, &[2, 2], &pb),
+            st(Dtype::F32, &[2, 2], &sb),
+            None,
+            4,
+        ),
         &["weight_packed", "U32"],
     );
     assert_err(
-        call(st(Dtype::I32, &[2, 2], &pb[..15]), st(Dtype::F32, &[2, 2], &sb), None, 4),
+        call(
+            st(Dtype::I32, &[2, 2], &pb[..15]),
+            st(Dtype::F32, &[2, 2], &sb),
+            None,
+            4,
+        ),
         &["weight_packed", "15 bytes"],
     );
     assert_err(
-        call(st(Dtype::I32, &[2, 3], &[0; 24]), st(Dtype::F32, &[2, 2], &sb), None, 4),
+        call(
+            st(Dtype::I32, &[2, 3], &[0; 24]),
+            st(Dtype::F32, &[2, 2], &sb),
+            None,
+            4,
+        ),
         &["weight_packed", "3 packed words", "need 2"],
     );
     assert_err(
-        call(st(Dtype::I32, &[3, 2], &[0; 24]), st(Dtype::F32, &[2, 2], &sb), None, 4),
+        call(
+            st(Dtype::I32, &[3, 2], &[0; 24]),
+            st(Dtype::F32, &[2, 2], &sb),
+            None,
+            4,
+        ),
         &["weight_packed", "2 rows"],
     );
     assert_err(
-        call(st(Dtype::I32, &[2, 2], &pb), st(Dtype::F32, &[2, 2], &sb), None, 9),
+        call(
+            st(Dtype::I32, &[2, 2], &pb),
+            st(Dtype::F32, &[2, 2], &sb),
+            None,
+            9,
+        ),
         &["num_bits"],
     );
     let zb = [0u8; 8];
@@ -817,7 +909,12 @@ fn fp8_block_bad_input() {
     );
     assert!(e.contains("130 x 200"), "{e}");
     assert_err(
-        fp8_block(st(Dtype::I8, &[130, 200], &w), st(Dtype::F32, &[2, 2], &s), [128, 128], false),
+        fp8_block(
+            st(Dtype::I8, &[130, 200], &w),
+            st(Dtype::F32, &[2, 2], &s),
+            [128, 128],
+            false,
+        ),
         &["weight", "I8"],
     );
     assert_err(
@@ -825,7 +922,12 @@ fn fp8_block_bad_input() {
         &["weight_scale_inv", "U8", "ue8m0"],
     );
     assert_err(
-        fp8_block(st(Dtype::F8_E4M3, &[130, 200], &w[1..]), st(Dtype::F32, &[2, 2], &s), [128, 128], false),
+        fp8_block(
+            st(Dtype::F8_E4M3, &[130, 200], &w[1..]),
+            st(Dtype::F32, &[2, 2], &s),
+            [128, 128],
+            false,
+        ),
         &["weight", "25999 bytes"],
     );
     assert_err(
@@ -833,7 +935,12 @@ fn fp8_block_bad_input() {
         &["weight_scale_inv", "12 bytes"],
     );
     assert_err(
-        fp8_block(wt, st(Dtype::F8_E8M0, &[2, 2], &[127, 127, 0xFF, 127]), [128, 128], false),
+        fp8_block(
+            wt,
+            st(Dtype::F8_E8M0, &[2, 2], &[127, 127, 0xFF, 127]),
+            [128, 128],
+            false,
+        ),
         &["weight_scale_inv[1][0]", "0xFF"],
     );
     assert_err(
@@ -847,7 +954,10 @@ fn fp8_block_bad_input() {
 
 /// Packs E2M1 nibble codes two per byte, even index in the low nibble.
 fn pack_nibbles(codes: &[u8]) -> Vec<u8> {
-    codes.chunks(2).map(|c| (c[0] & 0xF) | (c[1] << 4)).collect()
+    codes
+        .chunks(2)
+        .map(|c| (c[0] & 0xF) | (c[1] << 4))
+        .collect()
 }
 
 fn e4m3_code(v: f32) -> u8 {
@@ -878,8 +988,8 @@ fn nvfp4_both_conventions() {
     assert_same(&ct, &mo);
     let want: Vec<f32> = (0..rows * cols)
         .map(|k| {
-            let v = e2m1_ref(codes[k]) * f64::from(svals[(k / cols) * scols + (k % cols) / 16])
-                / 256.0;
+            let v =
+                e2m1_ref(codes[k]) * f64::from(svals[(k / cols) * scols + (k % cols) / 16]) / 256.0;
             v as f32
         })
         .collect();
@@ -911,7 +1021,11 @@ fn nvfp4_bad_input() {
     let g = f32_bytes(&[1.0]);
     let w = st(Dtype::U8, &[2, 16], &packed);
     assert_err(
-        ct_nvfp4(w, st(Dtype::F8_E4M3, &[2, 1], &s[..2]), st(Dtype::F32, &[1], &g)),
+        ct_nvfp4(
+            w,
+            st(Dtype::F8_E4M3, &[2, 1], &s[..2]),
+            st(Dtype::F32, &[1], &g),
+        ),
         &["weight_scale", "[2, 1]", "[2, 2]"],
     );
     assert_err(
@@ -919,31 +1033,59 @@ fn nvfp4_bad_input() {
         &["weight_scale", "[4, 1]", "[2, 2]"],
     );
     assert_err(
-        ct_nvfp4(st(Dtype::I8, &[2, 16], &packed), st(Dtype::F8_E4M3, &[2, 2], &s), st(Dtype::F32, &[1], &g)),
+        ct_nvfp4(
+            st(Dtype::I8, &[2, 16], &packed),
+            st(Dtype::F8_E4M3, &[2, 2], &s),
+            st(Dtype::F32, &[1], &g),
+        ),
         &["weight_packed", "I8"],
     );
     assert_err(
-        modelopt_nvfp4(w, st(Dtype::BF16, &[2, 2], &[0; 8]), st(Dtype::F32, &[1], &g)),
+        modelopt_nvfp4(
+            w,
+            st(Dtype::BF16, &[2, 2], &[0; 8]),
+            st(Dtype::F32, &[1], &g),
+        ),
         &["weight_scale", "BF16"],
     );
     assert_err(
-        ct_nvfp4(w, st(Dtype::F8_E4M3, &[2, 2], &s), st(Dtype::F32, &[2], &[0; 8])),
+        ct_nvfp4(
+            w,
+            st(Dtype::F8_E4M3, &[2, 2], &s),
+            st(Dtype::F32, &[2], &[0; 8]),
+        ),
         &["weight_global_scale", "[2]"],
     );
     assert_err(
-        ct_nvfp4(w, st(Dtype::F8_E4M3, &[2, 2], &s), st(Dtype::F32, &[1], &[0; 4])),
+        ct_nvfp4(
+            w,
+            st(Dtype::F8_E4M3, &[2, 2], &s),
+            st(Dtype::F32, &[1], &[0; 4]),
+        ),
         &["weight_global_scale", "non-zero"],
     );
     assert_err(
-        modelopt_nvfp4(w, st(Dtype::F8_E4M3, &[2, 2], &s), st(Dtype::F32, &[1], &g[..3])),
+        modelopt_nvfp4(
+            w,
+            st(Dtype::F8_E4M3, &[2, 2], &s),
+            st(Dtype::F32, &[1], &g[..3]),
+        ),
         &["weight_scale_2", "3 bytes"],
     );
     assert_err(
-        modelopt_nvfp4(st(Dtype::U8, &[2, 16], &packed[1..]), st(Dtype::F8_E4M3, &[2, 2], &s), st(Dtype::F32, &[1], &g)),
+        modelopt_nvfp4(
+            st(Dtype::U8, &[2, 16], &packed[1..]),
+            st(Dtype::F8_E4M3, &[2, 2], &s),
+            st(Dtype::F32, &[1], &g),
+        ),
         &["weight", "31 bytes"],
     );
     assert_err(
-        ct_nvfp4(w, st(Dtype::F8_E4M3, &[2, 2], &[0x38, 0x7F, 0x38, 0x38]), st(Dtype::F32, &[1], &g)),
+        ct_nvfp4(
+            w,
+            st(Dtype::F8_E4M3, &[2, 2], &[0x38, 0x7F, 0x38, 0x38]),
+            st(Dtype::F32, &[1], &g),
+        ),
         &["weight_scale[0][1]", "NaN"],
     );
 }
@@ -956,7 +1098,9 @@ fn mxfp4_layouts() {
     let mut rng = Rng(17);
     let codes: Vec<u8> = (0..n).map(|_| rng.below(16) as u8).collect();
     let blocks = pack_nibbles(&codes);
-    let exps: Vec<u8> = (0..experts * rows * groups).map(|k| (100 + k * 3) as u8).collect();
+    let exps: Vec<u8> = (0..experts * rows * groups)
+        .map(|k| (100 + k * 3) as u8)
+        .collect();
     let want: Vec<f32> = (0..n)
         .map(|k| {
             let r = k / cols;
@@ -992,7 +1136,10 @@ fn mxfp4_bad_input() {
     let b = vec![0u8; 2 * 32];
     let s = vec![127u8; 4];
     assert_err(
-        mxfp4(st(Dtype::U8, &[2, 2, 16], &b), st(Dtype::U8, &[2, 3], &[127; 6])),
+        mxfp4(
+            st(Dtype::U8, &[2, 2, 16], &b),
+            st(Dtype::U8, &[2, 3], &[127; 6]),
+        ),
         &["blocks", "scales", "[2, 3]"],
     );
     assert_err(
@@ -1004,15 +1151,24 @@ fn mxfp4_bad_input() {
         &["blocks", "I8"],
     );
     assert_err(
-        mxfp4(st(Dtype::U8, &[2, 32], &b), st(Dtype::F16, &[2, 2], &[0; 8])),
+        mxfp4(
+            st(Dtype::U8, &[2, 32], &b),
+            st(Dtype::F16, &[2, 2], &[0; 8]),
+        ),
         &["scales", "F16"],
     );
     assert_err(
-        mxfp4(st(Dtype::U8, &[2, 32], &b[..63]), st(Dtype::U8, &[2, 2], &s)),
+        mxfp4(
+            st(Dtype::U8, &[2, 32], &b[..63]),
+            st(Dtype::U8, &[2, 2], &s),
+        ),
         &["blocks", "63 bytes"],
     );
     assert_err(
-        mxfp4(st(Dtype::U8, &[2, 32], &b), st(Dtype::U8, &[2, 2], &[127, 127, 127, 0xFF])),
+        mxfp4(
+            st(Dtype::U8, &[2, 32], &b),
+            st(Dtype::U8, &[2, 2], &[127, 127, 127, 0xFF]),
+        ),
         &["scales[1][1]", "0xFF"],
     );
     assert_err(
@@ -1020,11 +1176,17 @@ fn mxfp4_bad_input() {
         &["weight_scale", "[2, 1]", "[2, 2]"],
     );
     assert_err(
-        ct_mxfp4(st(Dtype::U8, &[2, 32], &b), st(Dtype::F32, &[2, 2], &[0; 16])),
+        ct_mxfp4(
+            st(Dtype::U8, &[2, 32], &b),
+            st(Dtype::F32, &[2, 2], &[0; 16]),
+        ),
         &["weight_scale", "F32"],
     );
     assert_err(
-        ct_mxfp4(st(Dtype::U8, &[2, 32], &b[..10]), st(Dtype::U8, &[2, 2], &s)),
+        ct_mxfp4(
+            st(Dtype::U8, &[2, 32], &b[..10]),
+            st(Dtype::U8, &[2, 2], &s),
+        ),
         &["weight_packed", "10 bytes"],
     );
 }
@@ -1094,27 +1256,51 @@ fn awq_bad_input() {
     )
     .unwrap();
     assert_err(
-        ok(st(Dtype::I32, &[32, 2], &qw), st(Dtype::I32, &[2, 2], &qz), st(Dtype::F16, &[1, 32], &sb)),
+        ok(
+            st(Dtype::I32, &[32, 2], &qw),
+            st(Dtype::I32, &[2, 2], &qz),
+            st(Dtype::F16, &[1, 32], &sb),
+        ),
         &["scales", "[1, 32]", "[2, 16]"],
     );
     assert_err(
-        ok(st(Dtype::I32, &[32, 2], &qw), st(Dtype::I32, &[4, 1], &qz), st(Dtype::F16, &[2, 16], &sb)),
+        ok(
+            st(Dtype::I32, &[32, 2], &qw),
+            st(Dtype::I32, &[4, 1], &qz),
+            st(Dtype::F16, &[2, 16], &sb),
+        ),
         &["qzeros", "[4, 1]", "[2, 2]"],
     );
     assert_err(
-        ok(st(Dtype::F32, &[32, 2], &qw), st(Dtype::I32, &[2, 2], &qz), st(Dtype::F16, &[2, 16], &sb)),
+        ok(
+            st(Dtype::F32, &[32, 2], &qw),
+            st(Dtype::I32, &[2, 2], &qz),
+            st(Dtype::F16, &[2, 16], &sb),
+        ),
         &["qweight", "F32"],
     );
     assert_err(
-        ok(st(Dtype::I32, &[32, 2], &qw), st(Dtype::I32, &[2, 2], &qz), st(Dtype::I8, &[2, 16], &sb[..32])),
+        ok(
+            st(Dtype::I32, &[32, 2], &qw),
+            st(Dtype::I32, &[2, 2], &qz),
+            st(Dtype::I8, &[2, 16], &sb[..32]),
+        ),
         &["scales", "I8"],
     );
     assert_err(
-        ok(st(Dtype::I32, &[32, 2], &qw[..100]), st(Dtype::I32, &[2, 2], &qz), st(Dtype::F16, &[2, 16], &sb)),
+        ok(
+            st(Dtype::I32, &[32, 2], &qw[..100]),
+            st(Dtype::I32, &[2, 2], &qz),
+            st(Dtype::F16, &[2, 16], &sb),
+        ),
         &["qweight", "100 bytes"],
     );
     assert_err(
-        ok(st(Dtype::I32, &[32, 2], &qw), st(Dtype::I32, &[2, 2], &qz[..15]), st(Dtype::F16, &[2, 16], &sb)),
+        ok(
+            st(Dtype::I32, &[32, 2], &qw),
+            st(Dtype::I32, &[2, 2], &qz[..15]),
+            st(Dtype::F16, &[2, 16], &sb),
+        ),
         &["qzeros", "15 bytes"],
     );
     assert_err(
@@ -1186,9 +1372,9 @@ fn gptq_pack(int: &[u32], n: usize, m: usize, bits: usize) -> Vec<u32> {
 }
 
 struct GptqCase {
-    q: Vec<u32>,     // [in, out]
-    zf: Vec<u32>,    // stored zero fields [ng, out]
-    s: Vec<f32>,     // [ng, out]
+    q: Vec<u32>,  // [in, out]
+    zf: Vec<u32>, // stored zero fields [ng, out]
+    s: Vec<f32>,  // [ng, out]
     qw: Vec<u8>,
     qz: Vec<u8>,
     sb: Vec<u8>,
@@ -1199,9 +1385,15 @@ struct GptqCase {
 
 fn gptq_case(inf: usize, outf: usize, ng: usize, bits: usize, seed: u64) -> GptqCase {
     let mut rng = Rng(seed);
-    let q: Vec<u32> = (0..inf * outf).map(|_| rng.below(1 << bits) as u32).collect();
-    let zf: Vec<u32> = (0..ng * outf).map(|_| rng.below(1 << bits) as u32).collect();
-    let s: Vec<f32> = (0..ng * outf).map(|k| 0.03125 * ((k % 13) + 1) as f32).collect();
+    let q: Vec<u32> = (0..inf * outf)
+        .map(|_| rng.below(1 << bits) as u32)
+        .collect();
+    let zf: Vec<u32> = (0..ng * outf)
+        .map(|_| rng.below(1 << bits) as u32)
+        .collect();
+    let s: Vec<f32> = (0..ng * outf)
+        .map(|k| 0.03125 * ((k % 13) + 1) as f32)
+        .collect();
     let qw = u32_bytes(&gptq_pack(&q, inf, outf, bits));
     // qzeros pack along the output dim: pack the transpose, transpose back.
     let zt = transpose(&zf, ng, outf); // [out, ng]
@@ -1222,7 +1414,13 @@ fn gptq_case(inf: usize, outf: usize, ng: usize, bits: usize, seed: u64) -> Gptq
 }
 
 impl GptqCase {
-    fn run(&self, bits: usize, g_idx: Option<&[u8]>, gs: Option<usize>, f: GptqFormat) -> Result<Vec<f32>> {
+    fn run(
+        &self,
+        bits: usize,
+        g_idx: Option<&[u8]>,
+        gs: Option<usize>,
+        f: GptqFormat,
+    ) -> Result<Vec<f32>> {
         let qws = [self.inf * bits / 32, self.outf];
         let qzs = [self.ng, self.outf * bits / 32];
         let ss = [self.ng, self.outf];
@@ -1261,7 +1459,12 @@ fn gptq_v1_v2_zero_points() {
 
 #[test]
 fn gptq_bit_widths() {
-    for (bits, inf, outf, seed) in [(2usize, 64usize, 32usize, 1u64), (3, 64, 32, 2), (4, 32, 8, 3), (8, 32, 8, 4)] {
+    for (bits, inf, outf, seed) in [
+        (2usize, 64usize, 32usize, 1u64),
+        (3, 64, 32, 2),
+        (4, 32, 8, 3),
+        (8, 32, 8, 4),
+    ] {
         let c = gptq_case(inf, outf, 2, bits, seed);
         let got = c.run(bits, None, Some(inf / 2), GptqFormat::V1).unwrap();
         assert_same(&got, &c.want(|i| i / (inf / 2), 1));
@@ -1285,7 +1488,10 @@ fn gptq_permuted_g_idx() {
         c.run(4, Some(&i32_bytes(&bad)), Some(16), GptqFormat::V1),
         &["g_idx[63]", "4 groups"],
     );
-    assert_err(c.run(4, Some(&gb[..8]), Some(16), GptqFormat::V1), &["g_idx"]);
+    assert_err(
+        c.run(4, Some(&gb[..8]), Some(16), GptqFormat::V1),
+        &["g_idx"],
+    );
 }
 
 #[test]
@@ -1304,7 +1510,10 @@ fn gptq_bad_input() {
     };
     q(&[8, 16], &c.qw, Dtype::I32).unwrap();
     assert_err(q(&[8, 16], &c.qw, Dtype::F32), &["qweight", "F32"]);
-    assert_err(q(&[8, 16], &c.qw[..500], Dtype::I32), &["qweight", "500 bytes"]);
+    assert_err(
+        q(&[8, 16], &c.qw[..500], Dtype::I32),
+        &["qweight", "500 bytes"],
+    );
     assert_err(
         gptq(
             st(Dtype::I32, &[8, 16], &c.qw),
@@ -1386,7 +1595,9 @@ fn gptq_bad_input() {
 #[test]
 fn fake_quant_fp8() {
     let table = e4m3_positive();
-    let mut x = vec![0.0f32, -0.0, 0.0, 0.0, 3.0, -1.7, 0.01, 100.0, 1e-3, -2.5, 7.25, 0.3];
+    let mut x = vec![
+        0.0f32, -0.0, 0.0, 0.0, 3.0, -1.7, 0.01, 100.0, 1e-3, -2.5, 7.25, 0.3,
+    ];
     let orig = x.clone();
     fake_quant_fp8_per_token(&mut x, 4);
     assert_same(&x[..4], &orig[..4]); // amax 0 row unchanged
@@ -1466,4 +1677,60 @@ fn fake_quant_nvfp4_blocks() {
     let mut y = vec![6.0f32, 5.0, 2.5, 0.25, -1.75, -5.5, 0.74, 3.49];
     fake_quant_nvfp4(&mut y, 8, 1.0);
     assert_eq!(y, vec![6.0, 4.0, 2.0, 0.0, -2.0, -6.0, 0.5, 3.0]);
+}
+
+#[test]
+fn degenerate_shapes_neither_hang_nor_allocate() {
+    let big = 1usize << 50;
+    // Zero-width tensors with huge leading dims hold no bytes; results are empty.
+    let got = gptq(
+        st(Dtype::I32, &[big, 0], &[]),
+        st(Dtype::I32, &[(big * 8).div_ceil(128), 0], &[]),
+        st(Dtype::F16, &[(big * 8).div_ceil(128), 0], &[]),
+        None,
+        4,
+        Some(128),
+        GptqFormat::V2,
+    );
+    assert_eq!(got.unwrap().len(), 0);
+    let got = awq_gemm(
+        st(Dtype::I32, &[big, 0], &[]),
+        st(Dtype::I32, &[big / 128, 0], &[]),
+        st(Dtype::F16, &[big / 128, 0], &[]),
+        128,
+    );
+    assert_eq!(got.unwrap().len(), 0);
+    let got = ct_pack_quantized(
+        st(Dtype::I32, &[big, 0], &[]),
+        [big, 0],
+        4,
+        st(Dtype::F32, &[big, 0], &[]),
+        Some(st(Dtype::I32, &[big / 8, 0], &[])),
+        None,
+        &args(CtStrategy::Group, Some(128), None),
+    );
+    assert_eq!(got.unwrap().len(), 0);
+    let got = ct_dense(
+        st(Dtype::I8, &[big, 0], &[]),
+        st(Dtype::F32, &[big.div_ceil(128), 0], &[]),
+        None,
+        &args(CtStrategy::Block, None, Some([128, 128])),
+    );
+    assert_eq!(got.unwrap().len(), 0);
+    assert_eq!(
+        mxfp4(st(Dtype::U8, &[big, 0], &[]), st(Dtype::U8, &[big, 0], &[]))
+            .unwrap()
+            .len(),
+        0
+    );
+    // A huge claimed shape with few bytes is a length error, not an allocation.
+    assert_err(
+        fp8_block(
+            st(Dtype::F8_E4M3, &[big, 4], &[0; 4]),
+            st(Dtype::F32, &[big / 128, 1], &[]),
+            [128, 128],
+            false,
+        ),
+        &["weight", "4 bytes"],
+    );
 }

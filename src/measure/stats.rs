@@ -426,12 +426,18 @@ mod tests {
         // Uniform values: sd = 1/sqrt(12); normal 95% half-width = 1.96 sd / sqrt(n).
         let expected = 1.96 / 12f64.sqrt() / 4000f64.sqrt();
         let half = (hi - lo) / 2.0;
-        assert!((half / expected - 1.0).abs() < 0.2, "half-width {half}, expected {expected}");
+        assert!(
+            (half / expected - 1.0).abs() < 0.2,
+            "half-width {half}, expected {expected}"
+        );
     }
 
     #[test]
     fn resample_streams_do_not_overlap() {
-        let a: Vec<u64> = { let mut r = SplitMix64::for_stream(0, 0); (0..64).map(|_| r.next_u64()).collect() };
+        let a: Vec<u64> = {
+            let mut r = SplitMix64::for_stream(0, 0);
+            (0..64).map(|_| r.next_u64()).collect()
+        };
         let mut r = SplitMix64::for_stream(0, 1);
         let b: Vec<u64> = (0..64).map(|_| r.next_u64()).collect();
         assert!(a.iter().all(|x| !b.contains(x)));

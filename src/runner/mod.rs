@@ -42,7 +42,9 @@ mod native_runner {
             self.model
                 .decoder
                 .logits_at(&self.hidden, rows)
-                .map_err(|e| Error::malformed(&self.model.path, None, format!("forward pass failed: {e}")))
+                .map_err(|e| {
+                    Error::malformed(&self.model.path, None, format!("forward pass failed: {e}"))
+                })
         }
     }
 
@@ -52,18 +54,26 @@ mod native_runner {
         }
 
         fn window<'a>(&'a self, ids: &[u32]) -> Result<Box<dyn WindowLogits + 'a>> {
-            if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.decoder.config.vocab) {
+            if let Some(&bad) = ids
+                .iter()
+                .find(|&&t| t as usize >= self.decoder.config.vocab)
+            {
                 return Err(Error::malformed(
                     &self.path,
                     None,
-                    format!("token id {bad} is outside the model's vocabulary of {}", self.decoder.config.vocab),
+                    format!(
+                        "token id {bad} is outside the model's vocabulary of {}",
+                        self.decoder.config.vocab
+                    ),
                 ));
             }
-            let hidden = self
-                .decoder
-                .hidden(ids)
-                .map_err(|e| Error::malformed(&self.path, None, format!("forward pass failed: {e}")))?;
-            Ok(Box::new(NativeWindow { model: self, hidden }))
+            let hidden = self.decoder.hidden(ids).map_err(|e| {
+                Error::malformed(&self.path, None, format!("forward pass failed: {e}"))
+            })?;
+            Ok(Box::new(NativeWindow {
+                model: self,
+                hidden,
+            }))
         }
 
         fn environment(&self) -> Value {

@@ -59,7 +59,11 @@ pub fn tokenizer_path(model: &Path) -> PathBuf {
 pub fn load_tokenizer(path: &Path) -> Result<TokenizerFile> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
-        Error::malformed(path, None, format!("not a Hugging Face tokenizer.json: {e}"))
+        Error::malformed(
+            path,
+            None,
+            format!("not a Hugging Face tokenizer.json: {e}"),
+        )
     })?;
     let sha256 = hex(&Sha256::digest(&bytes));
     let vocab_size = tokenizer.get_vocab_size(true);
@@ -200,7 +204,10 @@ pub fn tokenize(tokenizer: &TokenizerFile, text_path: &Path) -> Result<TokenStre
 pub fn tokens_sha256(ids: &[u32]) -> String {
     let mut hasher = Sha256::new();
     for chunk in ids.chunks(4096) {
-        let bytes: Vec<u8> = chunk.iter().flat_map(|&t| (t as i32).to_le_bytes()).collect();
+        let bytes: Vec<u8> = chunk
+            .iter()
+            .flat_map(|&t| (t as i32).to_le_bytes())
+            .collect();
         hasher.update(&bytes);
     }
     hex(&hasher.finalize())
@@ -316,7 +323,10 @@ mod tests {
     #[test]
     fn text_shorter_than_a_window_is_an_error() {
         let e = windows(&stream(3), Path::new("t"), 4, Bos::None, None).unwrap_err();
-        assert!(e.to_string().contains("shorter than one window of 4"), "{e}");
+        assert!(
+            e.to_string().contains("shorter than one window of 4"),
+            "{e}"
+        );
         let e = windows(&stream(9), Path::new("t"), 4, Bos::PerWindow, None).unwrap_err();
         assert!(e.to_string().contains("needs a BOS token"), "{e}");
     }

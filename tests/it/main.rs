@@ -6,5 +6,7 @@ mod hash;
 mod inspect;
 mod kld;
 mod lint;
+mod measure;
+mod native_llamacpp;
 mod schema;
 mod support;

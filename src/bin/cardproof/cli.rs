@@ -127,6 +127,10 @@ pub struct MeasureArgs {
     /// Compute precision of the native runner's forward pass.
     #[arg(long, value_enum, default_value_t = ComputeArg::F32)]
     pub compute_dtype: ComputeArg,
+    /// Whose numerics to follow: exact reference semantics, or llama.cpp's CPU activation path
+    /// (GGUF models: activations quantized to q8_0/q8_K/f16 as ggml's dot products do, f16 KV).
+    #[arg(long, value_enum, default_value_t = EmulateArg::Reference)]
+    pub emulate: EmulateArg,
     /// Worker threads (default: every core).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,
@@ -156,6 +160,12 @@ pub enum BosArg {
 pub enum RunnerArg {
     /// Pure Rust on CPU (candle).
     Native,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EmulateArg {
+    Reference,
+    LlamacppCpu,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -191,6 +191,7 @@ pub struct MeasureConfig {
     pub tokenizer: Option<PathBuf>,
     pub options: cardproof::measurement::MeasureOptions,
     pub compute: cardproof::runner::native::ComputeDtype,
+    pub emulate: cardproof::runner::native::Emulate,
     pub threads: usize,
     pub out: PathBuf,
     pub output: Output,
@@ -200,7 +201,7 @@ pub struct MeasureConfig {
 
 impl MeasureConfig {
     pub fn from_args(args: crate::cli::MeasureArgs) -> Result<MeasureConfig, String> {
-        use crate::cli::{BosArg, ComputeArg, RunnerArg};
+        use crate::cli::{BosArg, ComputeArg, EmulateArg, RunnerArg};
         use cardproof::runner::native::ComputeDtype;
         use cardproof::runner::tokens::Bos;
         let p = ProtocolConfig::from_args(&args.protocol)?;
@@ -266,6 +267,10 @@ impl MeasureConfig {
                 ComputeArg::F32 => ComputeDtype::F32,
                 ComputeArg::F64 => ComputeDtype::F64,
                 ComputeArg::Bf16 => ComputeDtype::Bf16,
+            },
+            emulate: match args.emulate {
+                EmulateArg::Reference => cardproof::runner::native::Emulate::ReferenceSemantics,
+                EmulateArg::LlamacppCpu => cardproof::runner::native::Emulate::LlamacppCpu,
             },
             threads,
             out,

@@ -132,7 +132,9 @@ fn inspect(config: &InspectConfig) -> io::Result<u8> {
 
 fn hash(config: &HashConfig) -> io::Result<u8> {
     let printer = Printer::new(config.output);
-    let bar = config.progress.then(|| printer::progress_bar(printer::HASH_PROGRESS));
+    let bar = config
+        .progress
+        .then(|| printer::progress_bar(printer::HASH_PROGRESS));
     let progress = |n: u64| {
         if let Some(bar) = &bar {
             bar.inc(n);
@@ -200,9 +202,16 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
         .build()
     {
         Ok(pool) => pool,
-        Err(e) => return usage_error(config.output, &format!("cannot start {} threads: {e}", config.threads)),
+        Err(e) => {
+            return usage_error(
+                config.output,
+                &format!("cannot start {} threads: {e}", config.threads),
+            );
+        }
     };
-    let bar = config.progress.then(|| printer::progress_bar(printer::MEASURE_PROGRESS));
+    let bar = config
+        .progress
+        .then(|| printer::progress_bar(printer::MEASURE_PROGRESS));
     let result = pool.install(|| {
         cardproof::measurement::run_native(
             &cardproof::measurement::NativeRequest {
@@ -212,6 +221,7 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
                 tokenizer: config.tokenizer.as_deref(),
                 options: &config.options,
                 compute: config.compute,
+                emulate: config.emulate,
                 threads: config.threads,
                 out: &config.out,
             },

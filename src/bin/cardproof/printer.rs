@@ -240,7 +240,9 @@ pub const MEASURE_PROGRESS: &str = "{spinner} {msg} {pos}/{len} windows ({eta} l
 pub fn progress_bar(template: &str) -> indicatif::ProgressBar {
     let bar =
         indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-    bar.set_style(indicatif::ProgressStyle::with_template(template).expect("valid progress template"));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(template).expect("valid progress template"),
+    );
     bar
 }
 
@@ -514,7 +516,9 @@ fn render_results(out: &mut String, r: &serde_json::Value) {
             continue;
         };
         let u = &r["uncertainty"][*name];
-        let sem = u["sem"].as_f64().map_or(String::new(), |s| format!("{s:.6}"));
+        let sem = u["sem"]
+            .as_f64()
+            .map_or(String::new(), |s| format!("{s:.6}"));
         let ci = match (u["ci95"][0].as_f64(), u["ci95"][1].as_f64()) {
             (Some(a), Some(b)) => format!("[{a:.6}, {b:.6}]"),
             _ => String::new(),
@@ -540,14 +544,22 @@ fn render_results(out: &mut String, r: &serde_json::Value) {
                 "{:<20} {:>8} {:>12} {:>10} {:>10}",
                 b["label"].as_str().unwrap_or("?"),
                 b["n"],
-                b["kld_mean"].as_f64().map_or("-".into(), |v| format!("{v:.6}")),
+                b["kld_mean"]
+                    .as_f64()
+                    .map_or("-".into(), |v| format!("{v:.6}")),
                 b["top1_flips"],
-                b["flip_rate"].as_f64().map_or("-".into(), |v| format!("{v:.4}"))
+                b["flip_rate"]
+                    .as_f64()
+                    .map_or("-".into(), |v| format!("{v:.4}"))
             );
         }
     };
     table(out, "by depth (j / L)", &r["diagnostics"]["by_depth"]);
-    table(out, "by ref. confidence", &r["diagnostics"]["by_confidence"]);
+    table(
+        out,
+        "by ref. confidence",
+        &r["diagnostics"]["by_confidence"],
+    );
 }
 
 fn render_measurement(m: &cardproof::measure::Measurement) -> String {
@@ -615,7 +627,11 @@ fn render_model_measurement(doc: &serde_json::Value) -> String {
             && !a.is_empty()
         {
             let acts: Vec<String> = a.iter().map(|(k, v)| format!("{k} ×{v}")).collect();
-            let _ = writeln!(out, "  emulated activation quantization: {}", acts.join(", "));
+            let _ = writeln!(
+                out,
+                "  emulated activation quantization: {}",
+                acts.join(", ")
+            );
         }
     }
     let ev = &doc["eval"];
@@ -646,7 +662,11 @@ fn render_model_measurement(doc: &serde_json::Value) -> String {
         p["bootstrap"]["resamples"],
         p["bootstrap"]["seed"],
     );
-    let _ = writeln!(out, "protocol_sha256: {}", doc["protocol_sha256"].as_str().unwrap_or("?"));
+    let _ = writeln!(
+        out,
+        "protocol_sha256: {}",
+        doc["protocol_sha256"].as_str().unwrap_or("?")
+    );
     for run in doc["runs"].as_array().into_iter().flatten() {
         let _ = writeln!(
             out,
@@ -656,7 +676,10 @@ fn render_model_measurement(doc: &serde_json::Value) -> String {
             run["n_windows"],
             run["bootstrap_block"].as_str().unwrap_or("?"),
             if run["n_nonfinite"].as_u64().unwrap_or(0) > 0 {
-                format!("; {} rows with non-finite logits excluded", run["n_nonfinite"])
+                format!(
+                    "; {} rows with non-finite logits excluded",
+                    run["n_nonfinite"]
+                )
             } else {
                 String::new()
             }
@@ -667,7 +690,11 @@ fn render_model_measurement(doc: &serde_json::Value) -> String {
 }
 
 impl Printer {
-    pub fn model_measurement(&self, doc: &serde_json::Value, out_dir: &std::path::Path) -> io::Result<()> {
+    pub fn model_measurement(
+        &self,
+        doc: &serde_json::Value,
+        out_dir: &std::path::Path,
+    ) -> io::Result<()> {
         if self.output.format == Format::Json {
             let text = serde_json::to_string_pretty(doc).map_err(io::Error::other)?;
             write_stdout(&format!("{text}\n"))?;

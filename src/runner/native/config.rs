@@ -73,7 +73,12 @@ impl ModelConfig {
         let model_type = config
             .get("model_type")
             .and_then(Value::as_str)
-            .ok_or_else(|| bad("model_type", "missing (needed to choose the architecture)".into()))?;
+            .ok_or_else(|| {
+                bad(
+                    "model_type",
+                    "missing (needed to choose the architecture)".into(),
+                )
+            })?;
         let arch = Arch::from_name(model_type).ok_or_else(|| {
             bad(
                 "model_type",
@@ -108,7 +113,9 @@ impl ModelConfig {
             None => {
                 return Err(bad(
                     "head_dim",
-                    format!("missing, and hidden_size {hidden} is not a multiple of num_attention_heads {heads}"),
+                    format!(
+                        "missing, and hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
+                    ),
                 ));
             }
         };
@@ -144,7 +151,9 @@ impl ModelConfig {
                     other => {
                         return Err(bad(
                             "rope_scaling",
-                            format!("RoPE scaling `{other}` is not supported by the native runner (supported: default, llama3)"),
+                            format!(
+                                "RoPE scaling `{other}` is not supported by the native runner (supported: default, llama3)"
+                            ),
                         ));
                     }
                 }
@@ -200,7 +209,10 @@ impl ModelConfig {
             return Err(Error::malformed(
                 path,
                 Some("head_dim"),
-                format!("{} is odd; rotary embeddings need an even head size", self.head_dim),
+                format!(
+                    "{} is odd; rotary embeddings need an even head size",
+                    self.head_dim
+                ),
             ));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
@@ -270,7 +282,10 @@ mod tests {
         v["model_type"] = json!("gemma3");
         let e = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap_err();
         let s = e.to_string();
-        assert!(s.contains("gemma3") && s.contains("llama, mistral, qwen2, qwen3"), "{s}");
+        assert!(
+            s.contains("gemma3") && s.contains("llama, mistral, qwen2, qwen3"),
+            "{s}"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::ModelConfig;
-use super::weights::{InputQuant, KvFp8, Linear, WeightStore};
+use super::weights::{InputQuant, KvQuant, Linear, WeightStore};
 use crate::dequant;
 use crate::error::{Error, Result};
 
@@ -55,7 +55,7 @@ struct Layer {
     gate: Lin,
     up: Lin,
     down: Lin,
-    kv: Option<KvFp8>,
+    kv: Option<KvQuant>,
 }
 
 /// What was loaded and how: for the measurement's environment record.
@@ -85,7 +85,11 @@ fn cerr(store: &dyn WeightStore, what: &str) -> impl Fn(candle_core::Error) -> E
 }
 
 impl Decoder {
-    pub fn load(store: &dyn WeightStore, config: ModelConfig, compute: ComputeDtype) -> Result<Decoder> {
+    pub fn load(
+        store: &dyn WeightStore,
+        config: ModelConfig,
+        compute: ComputeDtype,
+    ) -> Result<Decoder> {
         let dt = compute.candle();
         let dev = Device::Cpu;
         let mut report = LoadReport {
@@ -106,43 +110,50 @@ impl Decoder {
                 .and_then(|t| t.to_dtype(dt))
                 .map_err(cerr(store, name))
         };
-        let linear = |module: &str, out: usize, inp: usize, report: &mut LoadReport| -> Result<Lin> {
-            let l: Linear = store.linear(module)?;
-            if (l.out, l.inp) != (out, inp) {
-                return Err(Error::malformed(
-                    store.path(),
-                    Some(module),
-                    format!("weight is [{}, {}]; the config needs [{out}, {inp}]", l.out, l.inp),
-                ));
-            }
-            *report.schemes.entry(l.scheme.clone()).or_default() += 1;
-            if l.input != InputQuant::None {
-                *report.activations.entry(l.input.describe()).or_default() += 1;
-            }
-            let w = Tensor::from_vec(l.weight, (out, inp), &dev)
-                .and_then(|t| t.to_dtype(dt))
-                .map_err(cerr(store, module))?;
-            let bias = match l.bias {
-                Some(b) => Some(
-                    Tensor::from_vec(b, out, &dev)
-                        .and_then(|t| t.to_dtype(dt))
-                        .map_err(cerr(store, module))?,
-                ),
-                None => None,
+        let linear =
+            |module: &str, out: usize, inp: usize, report: &mut LoadReport| -> Result<Lin> {
+                let l: Linear = store.linear(module)?;
+                if (l.out, l.inp) != (out, inp) {
+                    return Err(Error::malformed(
+                        store.path(),
+                        Some(module),
+                        format!(
+                            "weight is [{}, {}]; the config needs [{out}, {inp}]",
+                            l.out, l.inp
+                        ),
+                    ));
+                }
+                *report.schemes.entry(l.scheme.clone()).or_default() += 1;
+                if l.input != InputQuant::None {
+                    *report.activations.entry(l.input.describe()).or_default() += 1;
+                }
+                let w = Tensor::from_vec(l.weight, (out, inp), &dev)
+                    .and_then(|t| t.to_dtype(dt))
+                    .map_err(cerr(store, module))?;
+                let bias = match l.bias {
+                    Some(b) => Some(
+                        Tensor::from_vec(b, out, &dev)
+                            .and_then(|t| t.to_dtype(dt))
+                            .map_err(cerr(store, module))?,
+                    ),
+                    None => None,
+                };
+                Ok(Lin {
+                    wt: w.t().map_err(cerr(store, module))?,
+                    bias,
+                    input: l.input,
+                })
             };
-            Ok(Lin {
-                wt: w.t().map_err(cerr(store, module))?,
-                bias,
-                input: l.input,
-            })
-        };
         let c = &config;
         let embed_d = store.dense("model.embed_tokens.weight")?;
         if embed_d.shape != [c.vocab, c.hidden] {
             return Err(Error::malformed(
                 store.path(),
                 Some("model.embed_tokens.weight"),
-                format!("has shape {:?}; the config needs [{}, {}]", embed_d.shape, c.vocab, c.hidden),
+                format!(
+                    "has shape {:?}; the config needs [{}, {}]",
+                    embed_d.shape, c.vocab, c.hidden
+                ),
             ));
         }
         let embed = Tensor::from_vec(embed_d.data, (c.vocab, c.hidden), &dev)
@@ -161,11 +172,15 @@ impl Decoder {
                 }
             };
             let kv = store.kv_cache(&attn)?;
-            if let Some(kv) = kv {
-                report.kv_cache = Some(format!(
-                    "fp8_e4m3 per tensor (layer {i}: k_scale {}, v_scale {})",
-                    kv.k_scale, kv.v_scale
-                ));
+            match kv {
+                Some(KvQuant::Fp8(s)) => {
+                    report.kv_cache = Some(format!(
+                        "fp8_e4m3 per tensor (emulated; layer {i}: k_scale {}, v_scale {})",
+                        s.k_scale, s.v_scale
+                    ));
+                }
+                Some(KvQuant::F16) => report.kv_cache = Some("f16 (emulated)".into()),
+                None => {}
             }
             layers.push(Layer {
                 attn_norm: vector(&format!("{p}.input_layernorm.weight"), c.hidden)?,
@@ -176,9 +191,24 @@ impl Decoder {
                 q_norm: norm_opt(format!("{attn}.q_norm.weight"))?,
                 k_norm: norm_opt(format!("{attn}.k_norm.weight"))?,
                 mlp_norm: vector(&format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
-                gate: linear(&format!("{p}.mlp.gate_proj"), c.intermediate, c.hidden, &mut report)?,
-                up: linear(&format!("{p}.mlp.up_proj"), c.intermediate, c.hidden, &mut report)?,
-                down: linear(&format!("{p}.mlp.down_proj"), c.hidden, c.intermediate, &mut report)?,
+                gate: linear(
+                    &format!("{p}.mlp.gate_proj"),
+                    c.intermediate,
+                    c.hidden,
+                    &mut report,
+                )?,
+                up: linear(
+                    &format!("{p}.mlp.up_proj"),
+                    c.intermediate,
+                    c.hidden,
+                    &mut report,
+                )?,
+                down: linear(
+                    &format!("{p}.mlp.down_proj"),
+                    c.hidden,
+                    c.intermediate,
+                    &mut report,
+                )?,
                 kv,
             });
         }
@@ -190,7 +220,10 @@ impl Decoder {
             ));
         }
         let norm = vector("model.norm.weight", c.hidden)?;
-        let lm_head = if store.has("lm_head.weight") || store.has("lm_head.qweight") || store.has("lm_head.weight_packed") {
+        let lm_head = if store.has("lm_head.weight")
+            || store.has("lm_head.qweight")
+            || store.has("lm_head.weight_packed")
+        {
             linear("lm_head", c.vocab, c.hidden, &mut report)?
         } else if c.tie_embeddings {
             Lin {
@@ -243,9 +276,16 @@ impl Decoder {
             let q = rope(&q, &cos, &sin)?;
             let mut k = rope(&k, &cos, &sin)?;
             let mut v = v;
-            if let Some(kv) = layer.kv {
-                k = fake_quant_tensor(&k, |d| dequant::fake_quant_fp8_static(d, kv.k_scale))?;
-                v = fake_quant_tensor(&v, |d| dequant::fake_quant_fp8_static(d, kv.v_scale))?;
+            match layer.kv {
+                Some(KvQuant::Fp8(s)) => {
+                    k = fake_quant_tensor(&k, |d| dequant::fake_quant_fp8_static(d, s.k_scale))?;
+                    v = fake_quant_tensor(&v, |d| dequant::fake_quant_fp8_static(d, s.v_scale))?;
+                }
+                Some(KvQuant::F16) => {
+                    k = k.to_dtype(DType::F16)?.to_dtype(k.dtype())?;
+                    v = v.to_dtype(DType::F16)?.to_dtype(v.dtype())?;
+                }
+                None => {}
             }
             // [heads, n, d]
             let q = q.transpose(0, 1)?.contiguous()?;
@@ -253,7 +293,10 @@ impl Decoder {
             let v = repeat_kv(&v.transpose(0, 1)?, rep)?;
             let att = (q.matmul(&k.t()?)? * scale)?.broadcast_add(&mask)?;
             let att = softmax_last(&att)?;
-            let o = att.matmul(&v)?.transpose(0, 1)?.reshape((n, c.heads * c.head_dim))?;
+            let o = att
+                .matmul(&v)?
+                .transpose(0, 1)?
+                .reshape((n, c.heads * c.head_dim))?;
             x = (x + linear(&o, &layer.o)?)?;
             let h = rms_norm(&x, &layer.mlp_norm, c.rms_eps)?;
             let g = linear(&h, &layer.gate)?;
@@ -270,7 +313,11 @@ impl Decoder {
         let c = &self.config;
         let dev = Device::Cpu;
         let x = hidden;
-        let rows_t = Tensor::from_vec(rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), rows.len(), &dev)?;
+        let rows_t = Tensor::from_vec(
+            rows.iter().map(|&r| r as u32).collect::<Vec<_>>(),
+            rows.len(),
+            &dev,
+        )?;
         let x = x.index_select(&rows_t, 0)?;
         let x = rms_norm(&x, &self.norm, c.rms_eps)?;
         let logits = linear(&x, &self.lm_head)?;
@@ -326,10 +373,15 @@ fn linear(x: &Tensor, l: &Lin) -> candle_core::Result<Tensor> {
             fake_quant_tensor(x, |d| match q {
                 InputQuant::None => {}
                 InputQuant::Fp8PerToken => dequant::fake_quant_fp8_per_token(d, cols),
-                InputQuant::Fp8PerTokenGroup(g) => dequant::fake_quant_fp8_per_token(d, g.min(cols)),
+                InputQuant::Fp8PerTokenGroup(g) => {
+                    dequant::fake_quant_fp8_per_token(d, g.min(cols))
+                }
                 InputQuant::Fp8Static(s) => dequant::fake_quant_fp8_static(d, s),
                 InputQuant::Int8PerToken => dequant::fake_quant_int8_per_token(d, cols),
-                InputQuant::Nvfp4 { global_scale } => dequant::fake_quant_nvfp4(d, cols, global_scale),
+                InputQuant::Nvfp4 { global_scale } => {
+                    dequant::fake_quant_nvfp4(d, cols, global_scale)
+                }
+                InputQuant::Ggml(g) => g.apply(d, cols),
             })?
         }
     };

@@ -3,11 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
-use candle_core::quantized::{GgmlDType, ggml_file::qtensor_from_ggml};
 use candle_core::Device;
+use candle_core::quantized::{GgmlDType, ggml_file::qtensor_from_ggml};
 
 use super::config::{Arch, ModelConfig};
-use super::weights::{Dense, InputQuant, KvFp8, Linear, WeightStore};
+use super::llamacpp_cpu::GgmlActivation;
+use super::weights::{Dense, InputQuant, KvQuant, Linear, WeightStore};
 use crate::checkpoint::gguf::{self, GgmlType, GgufFile, GgufValue};
 use crate::checkpoint::mmap::MappedFile;
 use crate::error::{Error, Result};
@@ -22,6 +23,18 @@ pub struct GgufStore {
     unpermute_qk: bool,
     heads: usize,
     kv_heads: usize,
+    emulate: Emulate,
+}
+
+/// Whose numerics the forward pass follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Emulate {
+    /// Exact dequantized weights, f32 activations: the quantization error itself.
+    ReferenceSemantics,
+    /// llama.cpp's CPU path: activations quantized to each weight type's dot-product partner,
+    /// f16 KV cache.
+    LlamacppCpu,
 }
 
 /// ggml types candle dequantizes, by our type enum.
@@ -79,7 +92,7 @@ fn gguf_name(hf: &str) -> Option<String> {
 
 impl GgufStore {
     /// Open a GGUF file and read the decoder's shape from its metadata.
-    pub fn open(path: &Path) -> Result<(GgufStore, ModelConfig)> {
+    pub fn open(path: &Path, emulate: Emulate) -> Result<(GgufStore, ModelConfig)> {
         let file = gguf::read_file(path)?;
         if let Some((_, count)) = file.split()
             && count > 1
@@ -87,7 +100,9 @@ impl GgufStore {
             return Err(Error::malformed(
                 path,
                 Some("split.count"),
-                format!("a GGUF split into {count} files; merge it with llama-gguf-split --merge first"),
+                format!(
+                    "a GGUF split into {count} files; merge it with llama-gguf-split --merge first"
+                ),
             ));
         }
         let map = MappedFile::open(path)?;
@@ -108,7 +123,9 @@ impl GgufStore {
                 .and_then(GgufValue::as_u64)
                 .filter(|&v| v > 0)
                 .and_then(|v| usize::try_from(v).ok())
-                .ok_or_else(|| Error::malformed(path, Some(&key(k)), "missing or not a positive integer"))
+                .ok_or_else(|| {
+                    Error::malformed(path, Some(&key(k)), "missing or not a positive integer")
+                })
         };
         let float = |k: &str| -> Option<f64> {
             match file.get(&key(k))? {
@@ -121,9 +138,9 @@ impl GgufStore {
         let heads = uint("attention.head_count")?;
         let kv_heads = uint("attention.head_count_kv").unwrap_or(heads);
         let head_dim = uint("attention.key_length").unwrap_or(hidden / heads);
-        let embd = file.tensor("token_embd.weight").ok_or_else(|| {
-            Error::malformed(path, Some("token_embd.weight"), "tensor missing")
-        })?;
+        let embd = file
+            .tensor("token_embd.weight")
+            .ok_or_else(|| Error::malformed(path, Some("token_embd.weight"), "tensor missing"))?;
         let vocab = embd.dims.get(1).copied().unwrap_or(0) as usize;
         let config = ModelConfig {
             arch,
@@ -150,6 +167,7 @@ impl GgufStore {
             arch,
             heads,
             kv_heads,
+            emulate,
         };
         Ok((store, config))
     }
@@ -206,13 +224,19 @@ impl GgufStore {
 }
 
 /// Inverse of llama.cpp's `permute(w, n_head)`: GGUF row `h*d + 2i + s` is HF row `h*d + s*d/2 + i`.
-fn unpermute_rows(data: &[f32], shape: &[usize], heads: usize) -> std::result::Result<Vec<f32>, String> {
+fn unpermute_rows(
+    data: &[f32],
+    shape: &[usize],
+    heads: usize,
+) -> std::result::Result<Vec<f32>, String> {
     let [rows, cols] = shape else {
         return Err(format!("expected a 2-D weight, found shape {shape:?}"));
     };
     let (rows, cols) = (*rows, *cols);
     if heads == 0 || rows % heads != 0 || (rows / heads) % 2 != 0 {
-        return Err(format!("{rows} rows do not split into {heads} heads of even size"));
+        return Err(format!(
+            "{rows} rows do not split into {heads} heads of even size"
+        ));
     }
     let d = rows / heads;
     let half = d / 2;
@@ -239,32 +263,55 @@ impl WeightStore for GgufStore {
     }
 
     fn dense(&self, name: &str) -> Result<Dense> {
-        self.load(name)?
-            .ok_or_else(|| Error::malformed(&self.path, Some(name), "tensor missing from the GGUF file"))
+        self.load(name)?.ok_or_else(|| {
+            Error::malformed(&self.path, Some(name), "tensor missing from the GGUF file")
+        })
     }
 
     fn linear(&self, module: &str) -> Result<Linear> {
         let w = self.dense(&format!("{module}.weight"))?;
         let [out, inp] = w.shape[..] else {
-            return Err(Error::malformed(&self.path, Some(module), "weight is not 2-D"));
+            return Err(Error::malformed(
+                &self.path,
+                Some(module),
+                "weight is not 2-D",
+            ));
         };
-        let ty = gguf_name(&format!("{module}.weight"))
+        let ggml = gguf_name(&format!("{module}.weight"))
             .and_then(|n| self.file.tensor(&n))
-            .map(|t| t.ty.name())
-            .unwrap_or("?");
+            .map(|t| t.ty);
+        let ty = ggml.map_or("?", GgmlType::name);
+        let input = match (self.emulate, ggml) {
+            (Emulate::LlamacppCpu, Some(t)) => match t {
+                GgmlType::Q4_0
+                | GgmlType::Q4_1
+                | GgmlType::Q5_0
+                | GgmlType::Q5_1
+                | GgmlType::Q8_0 => InputQuant::Ggml(GgmlActivation::Q8_0),
+                GgmlType::Q2_K
+                | GgmlType::Q3_K
+                | GgmlType::Q4_K
+                | GgmlType::Q5_K
+                | GgmlType::Q6_K => InputQuant::Ggml(GgmlActivation::Q8K),
+                GgmlType::F16 => InputQuant::Ggml(GgmlActivation::F16),
+                GgmlType::BF16 => InputQuant::Ggml(GgmlActivation::Bf16),
+                _ => InputQuant::None,
+            },
+            _ => InputQuant::None,
+        };
         let bias = self.load(&format!("{module}.bias"))?.map(|b| b.data);
         Ok(Linear {
             out,
             inp,
             weight: w.data,
             bias,
-            input: InputQuant::None,
+            input,
             scheme: format!("gguf {ty}"),
         })
     }
 
-    fn kv_cache(&self, _attention: &str) -> Result<Option<KvFp8>> {
-        Ok(None)
+    fn kv_cache(&self, _attention: &str) -> Result<Option<KvQuant>> {
+        Ok((self.emulate == Emulate::LlamacppCpu).then_some(KvQuant::F16))
     }
 
     fn tensor_sha256(&self, name: &str) -> Result<Option<String>> {
@@ -276,7 +323,9 @@ impl WeightStore for GgufStore {
             .ok()
             .zip(usize::try_from(t.n_bytes).ok())
             .and_then(|(a, n)| self.map.bytes().get(a..a.checked_add(n)?))
-            .ok_or_else(|| Error::malformed(&self.path, Some(&t.name), "data lies outside the file"))?;
+            .ok_or_else(|| {
+                Error::malformed(&self.path, Some(&t.name), "data lies outside the file")
+            })?;
         Ok(Some(crate::checkpoint::hash::hex(&Sha256::digest(bytes))))
     }
 
@@ -293,9 +342,18 @@ mod tests {
 
     #[test]
     fn hf_names_map_to_llamacpp_names() {
-        assert_eq!(gguf_name("model.layers.3.self_attn.q_proj.weight").unwrap(), "blk.3.attn_q.weight");
-        assert_eq!(gguf_name("model.layers.0.mlp.down_proj.weight").unwrap(), "blk.0.ffn_down.weight");
-        assert_eq!(gguf_name("model.layers.1.self_attn.k_proj.bias").unwrap(), "blk.1.attn_k.bias");
+        assert_eq!(
+            gguf_name("model.layers.3.self_attn.q_proj.weight").unwrap(),
+            "blk.3.attn_q.weight"
+        );
+        assert_eq!(
+            gguf_name("model.layers.0.mlp.down_proj.weight").unwrap(),
+            "blk.0.ffn_down.weight"
+        );
+        assert_eq!(
+            gguf_name("model.layers.1.self_attn.k_proj.bias").unwrap(),
+            "blk.1.attn_k.bias"
+        );
         assert_eq!(gguf_name("lm_head.weight").unwrap(), "output.weight");
         assert!(gguf_name("model.layers.0.mlp.experts.0.weight").is_none());
     }

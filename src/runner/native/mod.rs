@@ -5,6 +5,7 @@
 pub mod config;
 pub mod decoder;
 pub mod gguf;
+pub mod llamacpp_cpu;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
@@ -13,6 +14,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 pub use decoder::{ComputeDtype, Decoder};
+pub use gguf::Emulate;
 use weights::{SafetensorsStore, WeightStore};
 
 /// The candle release the runner is built on (recorded in every measurement's environment).
@@ -72,10 +74,10 @@ pub fn resolve(path: &Path) -> Result<(PathBuf, &'static str)> {
     }
 }
 
-pub fn load(path: &Path, compute: ComputeDtype) -> Result<NativeModel> {
+pub fn load(path: &Path, compute: ComputeDtype, emulate: Emulate) -> Result<NativeModel> {
     let (path, format) = resolve(path)?;
     let (store, config): (Box<dyn WeightStore>, config::ModelConfig) = if format == "gguf" {
-        let (store, config) = gguf::GgufStore::open(&path)?;
+        let (store, config) = gguf::GgufStore::open(&path, emulate)?;
         (Box::new(store), config)
     } else {
         let config_path = path.join("config.json");
@@ -83,6 +85,13 @@ pub fn load(path: &Path, compute: ComputeDtype) -> Result<NativeModel> {
         let json: Value = serde_json::from_str(&text)
             .map_err(|e| Error::malformed(&config_path, None, format!("not valid JSON: {e}")))?;
         let config = config::ModelConfig::from_hf(&config_path, &json)?;
+        if emulate != Emulate::ReferenceSemantics {
+            return Err(Error::malformed(
+                &path,
+                None,
+                "--emulate llamacpp-cpu applies to GGUF models only",
+            ));
+        }
         (Box::new(SafetensorsStore::open(&path, json)?), config)
     };
     let head = if store.has("lm_head.weight") || !config.tie_embeddings {

@@ -35,7 +35,11 @@ pub enum InputQuant {
     /// INT8, one dynamic symmetric scale per token.
     Int8PerToken,
     /// NVFP4: E2M1 values, E4M3 scales per 16 elements under a global scale.
-    Nvfp4 { global_scale: f32 },
+    Nvfp4 {
+        global_scale: f32,
+    },
+    /// An engine's own activation path (`--emulate`), e.g. llama.cpp's CPU Q8 blocks.
+    Ggml(super::llamacpp_cpu::GgmlActivation),
 }
 
 impl InputQuant {
@@ -43,10 +47,13 @@ impl InputQuant {
         match self {
             InputQuant::None => "none".into(),
             InputQuant::Fp8PerToken => "fp8_e4m3 dynamic per token".into(),
-            InputQuant::Fp8PerTokenGroup(n) => format!("fp8_e4m3 dynamic per token per {n} columns"),
+            InputQuant::Fp8PerTokenGroup(n) => {
+                format!("fp8_e4m3 dynamic per token per {n} columns")
+            }
             InputQuant::Fp8Static(_) => "fp8_e4m3 static per tensor".into(),
             InputQuant::Int8PerToken => "int8 dynamic per token".into(),
             InputQuant::Nvfp4 { .. } => "nvfp4 dynamic per 16 elements".into(),
+            InputQuant::Ggml(g) => g.describe().into(),
         }
     }
 }
@@ -70,6 +77,14 @@ pub struct KvFp8 {
     pub v_scale: f32,
 }
 
+/// How the KV cache rounds keys (after RoPE) and values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvQuant {
+    Fp8(KvFp8),
+    /// An f16 cache (llama.cpp's default).
+    F16,
+}
+
 /// Source of weights by Hugging Face name.
 pub trait WeightStore {
     fn path(&self) -> &Path;
@@ -79,7 +94,7 @@ pub trait WeightStore {
     /// A linear module (`model.layers.0.self_attn.q_proj`), dequantized.
     fn linear(&self, module: &str) -> Result<Linear>;
     /// FP8 KV-cache scales of one attention module, if the checkpoint declares a quantized cache.
-    fn kv_cache(&self, attention: &str) -> Result<Option<KvFp8>>;
+    fn kv_cache(&self, attention: &str) -> Result<Option<KvQuant>>;
     /// SHA-256 of a tensor's bytes as stored (identifies the lm_head whatever its format).
     fn tensor_sha256(&self, name: &str) -> Result<Option<String>>;
     /// The stored dtype of a tensor, lower case (`bf16`), or `unknown`.
@@ -139,7 +154,9 @@ impl SafetensorsStore {
             return Ok(None);
         };
         let map = &self.maps[path];
-        let range = usize::try_from(info.data.start).ok().zip(usize::try_from(info.data.end).ok());
+        let range = usize::try_from(info.data.start)
+            .ok()
+            .zip(usize::try_from(info.data.end).ok());
         let bytes = range
             .and_then(|(a, b)| map.bytes().get(a..b))
             .ok_or_else(|| Error::malformed(path, Some(name), "data range outside the file"))?;
@@ -157,7 +174,9 @@ impl SafetensorsStore {
     }
 
     fn quant_config(&self) -> &Value {
-        self.config.get("quantization_config").unwrap_or(&Value::Null)
+        self.config
+            .get("quantization_config")
+            .unwrap_or(&Value::Null)
     }
 
     fn scalar(&self, name: &str) -> Result<Option<f32>> {
@@ -175,7 +194,10 @@ impl SafetensorsStore {
             _ => Err(Error::malformed(
                 &path,
                 Some(name),
-                format!("expected one positive finite scale, found {} values", values.len()),
+                format!(
+                    "expected one positive finite scale, found {} values",
+                    values.len()
+                ),
             )),
         }
     }
@@ -193,13 +215,15 @@ impl SafetensorsStore {
         };
         if method == "modelopt" {
             let input_scale = self.scalar(&format!("{module}.input_scale"))?;
-            return Ok(match (self.find(&format!("{module}.weight_scale_2")), input_scale) {
-                (Some(_), Some(s)) => InputQuant::Nvfp4 {
-                    global_scale: 1.0 / s,
+            return Ok(
+                match (self.find(&format!("{module}.weight_scale_2")), input_scale) {
+                    (Some(_), Some(s)) => InputQuant::Nvfp4 {
+                        global_scale: 1.0 / s,
+                    },
+                    (None, Some(s)) => InputQuant::Fp8Static(s),
+                    _ => InputQuant::None,
                 },
-                (None, Some(s)) => InputQuant::Fp8Static(s),
-                _ => InputQuant::None,
-            });
+            );
         }
         let Some(a) = activations else {
             return Ok(InputQuant::None);
@@ -298,8 +322,10 @@ impl WeightStore for SafetensorsStore {
         }
 
         if let Some(qweight) = t("qweight")? {
-            let qzeros = t("qzeros")?.ok_or_else(|| err(&qweight.0, "qweight without qzeros".into()))?;
-            let scales = t("scales")?.ok_or_else(|| err(&qweight.0, "qweight without scales".into()))?;
+            let qzeros =
+                t("qzeros")?.ok_or_else(|| err(&qweight.0, "qweight without qzeros".into()))?;
+            let scales =
+                t("scales")?.ok_or_else(|| err(&qweight.0, "qweight without scales".into()))?;
             let q = self.quant_config();
             if method == "awq" {
                 let version = q.get("version").and_then(Value::as_str).unwrap_or("gemm");
@@ -309,9 +335,16 @@ impl WeightStore for SafetensorsStore {
                         format!("AWQ version `{version}` is not supported (supported: gemm)"),
                     ));
                 }
-                let bits = q.get("bits").or(q.get("w_bit")).and_then(Value::as_u64).unwrap_or(4);
+                let bits = q
+                    .get("bits")
+                    .or(q.get("w_bit"))
+                    .and_then(Value::as_u64)
+                    .unwrap_or(4);
                 if bits != 4 {
-                    return Err(err(&qweight.0, format!("AWQ with {bits} bits is not supported (supported: 4)")));
+                    return Err(err(
+                        &qweight.0,
+                        format!("AWQ with {bits} bits is not supported (supported: 4)"),
+                    ));
                 }
                 let group = q
                     .get("group_size")
@@ -319,8 +352,9 @@ impl WeightStore for SafetensorsStore {
                     .and_then(Value::as_u64)
                     .ok_or_else(|| err(&qweight.0, "AWQ config has no group_size".into()))?
                     as usize;
-                weight = dequant::awq_gemm(stored!(qweight), stored!(qzeros), stored!(scales), group)
-                    .map_err(|e| err(&qweight.0, e))?;
+                weight =
+                    dequant::awq_gemm(stored!(qweight), stored!(qzeros), stored!(scales), group)
+                        .map_err(|e| err(&qweight.0, e))?;
                 let (_, s) = st(&scales);
                 out = s.get(1).copied().unwrap_or(0);
                 inp = qweight.2.first().copied().unwrap_or(0);
@@ -353,31 +387,42 @@ impl WeightStore for SafetensorsStore {
             } else {
                 return Err(err(
                     &qweight.0,
-                    format!("`qweight` tensors under quant_method `{method}` are not supported (supported: awq, gptq)"),
+                    format!(
+                        "`qweight` tensors under quant_method `{method}` are not supported (supported: awq, gptq)"
+                    ),
                 ));
             }
         } else if let Some(packed) = t("weight_packed")? {
-            let scale = t("weight_scale")?.ok_or_else(|| err(&packed.0, "weight_packed without weight_scale".into()))?;
+            let scale = t("weight_scale")?
+                .ok_or_else(|| err(&packed.0, "weight_packed without weight_scale".into()))?;
             let w = decl.clone().unwrap_or_default();
             let format = w.format.clone().unwrap_or_default();
-            if packed.1 == Dtype::U8 && format.starts_with("nvfp4") || self.has(&format!("{module}.weight_global_scale")) {
-                let global = t("weight_global_scale")?
-                    .ok_or_else(|| err(&packed.0, "NVFP4 weight without weight_global_scale".into()))?;
+            if packed.1 == Dtype::U8 && format.starts_with("nvfp4")
+                || self.has(&format!("{module}.weight_global_scale"))
+            {
+                let global = t("weight_global_scale")?.ok_or_else(|| {
+                    err(&packed.0, "NVFP4 weight without weight_global_scale".into())
+                })?;
                 weight = dequant::ct_nvfp4(stored!(packed), stored!(scale), stored!(global))
                     .map_err(|e| err(&packed.0, e))?;
                 out = packed.2.first().copied().unwrap_or(0);
                 inp = packed.2.get(1).copied().unwrap_or(0) * 2;
                 scheme = "compressed-tensors nvfp4-pack-quantized".into();
             } else if packed.1 == Dtype::U8 {
-                weight = dequant::ct_mxfp4(stored!(packed), stored!(scale)).map_err(|e| err(&packed.0, e))?;
+                weight = dequant::ct_mxfp4(stored!(packed), stored!(scale))
+                    .map_err(|e| err(&packed.0, e))?;
                 out = packed.2.first().copied().unwrap_or(0);
                 inp = packed.2.get(1).copied().unwrap_or(0) * 2;
                 scheme = "compressed-tensors mxfp4-pack-quantized".into();
             } else {
-                let shape_t = t("weight_shape")?.ok_or_else(|| err(&packed.0, "weight_packed without weight_shape".into()))?;
+                let shape_t = t("weight_shape")?
+                    .ok_or_else(|| err(&packed.0, "weight_packed without weight_shape".into()))?;
                 let dims = dequant::to_f32(stored!(shape_t)).map_err(|e| err(&shape_t.0, e))?;
                 let [o, i] = dims.as_slice() else {
-                    return Err(err(&shape_t.0, format!("weight_shape holds {} values, expected 2", dims.len())));
+                    return Err(err(
+                        &shape_t.0,
+                        format!("weight_shape holds {} values, expected 2", dims.len()),
+                    ));
                 };
                 let (o, i) = (*o as usize, *i as usize);
                 let bits = w.bits.unwrap_or(4) as u32;
@@ -404,7 +449,10 @@ impl WeightStore for SafetensorsStore {
         } else if let Some(w8) = t("weight")? {
             let (dtype, shape) = st(&w8);
             let [o, i] = shape.as_slice() else {
-                return Err(err(&w8.0, format!("weight has shape {shape:?}, expected 2 dimensions")));
+                return Err(err(
+                    &w8.0,
+                    format!("weight has shape {shape:?}, expected 2 dimensions"),
+                ));
             };
             out = *o;
             inp = *i;
@@ -416,21 +464,32 @@ impl WeightStore for SafetensorsStore {
                     .quant_config()
                     .get("weight_block_size")
                     .and_then(Value::as_array)
-                    .and_then(|a| Some([a.first()?.as_u64()? as usize, a.get(1)?.as_u64()? as usize]))
-                    .ok_or_else(|| err(&w8.0, "weight_scale_inv without weight_block_size in quantization_config".into()))?;
-                let ue8m0 = self.quant_config().get("scale_fmt").and_then(Value::as_str) == Some("ue8m0");
+                    .and_then(|a| {
+                        Some([a.first()?.as_u64()? as usize, a.get(1)?.as_u64()? as usize])
+                    })
+                    .ok_or_else(|| {
+                        err(
+                            &w8.0,
+                            "weight_scale_inv without weight_block_size in quantization_config"
+                                .into(),
+                        )
+                    })?;
+                let ue8m0 =
+                    self.quant_config().get("scale_fmt").and_then(Value::as_str) == Some("ue8m0");
                 weight = dequant::fp8_block(stored!(w8), stored!(scale_inv), block, ue8m0)
                     .map_err(|e| err(&w8.0, e))?;
                 scheme = format!("fine-grained fp8 block {}x{}", block[0], block[1]);
             } else if let Some(scale_2) = t("weight_scale_2")? {
-                let scale = t("weight_scale")?.ok_or_else(|| err(&w8.0, "weight_scale_2 without weight_scale".into()))?;
+                let scale = t("weight_scale")?
+                    .ok_or_else(|| err(&w8.0, "weight_scale_2 without weight_scale".into()))?;
                 weight = dequant::modelopt_nvfp4(stored!(w8), stored!(scale), stored!(scale_2))
                     .map_err(|e| err(&w8.0, e))?;
                 inp = i * 2;
                 scheme = "modelopt nvfp4".into();
             } else if let Some(scale) = t("weight_scale")? {
                 if dtype == Dtype::U8 && method == "modelopt" {
-                    weight = dequant::mxfp4(stored!(w8), stored!(scale)).map_err(|e| err(&w8.0, e))?;
+                    weight =
+                        dequant::mxfp4(stored!(w8), stored!(scale)).map_err(|e| err(&w8.0, e))?;
                     inp = i * 2;
                     scheme = "modelopt mxfp4".into();
                 } else {
@@ -450,11 +509,20 @@ impl WeightStore for SafetensorsStore {
                     } else {
                         ct_args(&w)
                     };
-                    weight = dequant::ct_dense(stored!(w8), stored!(scale), zp.as_ref().map(|z| stored!(z)), &args)
-                        .map_err(|e| err(&w8.0, e))?;
+                    weight = dequant::ct_dense(
+                        stored!(w8),
+                        stored!(scale),
+                        zp.as_ref().map(|z| stored!(z)),
+                        &args,
+                    )
+                    .map_err(|e| err(&w8.0, e))?;
                     scheme = format!(
                         "{} {} {}",
-                        if method == "modelopt" { "modelopt" } else { "compressed-tensors" },
+                        if method == "modelopt" {
+                            "modelopt"
+                        } else {
+                            "compressed-tensors"
+                        },
                         dtype.name().to_lowercase(),
                         w.strategy.unwrap_or_else(|| "tensor".into())
                     );
@@ -467,7 +535,10 @@ impl WeightStore for SafetensorsStore {
             } else {
                 return Err(err(
                     &w8.0,
-                    format!("weight stored as {} with no scale tensor: not a format the native runner knows", dtype.name()),
+                    format!(
+                        "weight stored as {} with no scale tensor: not a format the native runner knows",
+                        dtype.name()
+                    ),
                 ));
             }
         } else {
@@ -481,7 +552,10 @@ impl WeightStore for SafetensorsStore {
             return Err(Error::malformed(
                 &self.dir,
                 Some(module),
-                format!("dequantized {} values for a [{out}, {inp}] weight", weight.len()),
+                format!(
+                    "dequantized {} values for a [{out}, {inp}] weight",
+                    weight.len()
+                ),
             ));
         }
         if let Some(b) = &bias
@@ -510,7 +584,7 @@ impl WeightStore for SafetensorsStore {
         })
     }
 
-    fn kv_cache(&self, attention: &str) -> Result<Option<KvFp8>> {
+    fn kv_cache(&self, attention: &str) -> Result<Option<KvQuant>> {
         let declared = self.declared.as_ref().and_then(|d| d.kv_cache.clone());
         let Some(kv) = declared else {
             return Ok(None);
@@ -520,19 +594,28 @@ impl WeightStore for SafetensorsStore {
             return Err(Error::malformed(
                 &self.dir.join("config.json"),
                 Some("kv_cache_scheme"),
-                format!("KV-cache quantization `{kv}` cannot be emulated by the native runner (supported: fp8 per tensor)"),
+                format!(
+                    "KV-cache quantization `{kv}` cannot be emulated by the native runner (supported: fp8 per tensor)"
+                ),
             ));
         }
         // vLLM's default when a checkpoint declares an FP8 cache without scales is 1.0.
         let k = self.scalar(&format!("{attention}.k_scale"))?.unwrap_or(1.0);
         let v = self.scalar(&format!("{attention}.v_scale"))?.unwrap_or(1.0);
-        Ok(Some(KvFp8 { k_scale: k, v_scale: v }))
+        Ok(Some(KvQuant::Fp8(KvFp8 {
+            k_scale: k,
+            v_scale: v,
+        })))
     }
 
     fn tensor_sha256(&self, name: &str) -> Result<Option<String>> {
         use sha2::{Digest, Sha256};
         let module = name.strip_suffix(".weight").unwrap_or(name);
-        for candidate in [name.to_owned(), format!("{module}.weight_packed"), format!("{module}.qweight")] {
+        for candidate in [
+            name.to_owned(),
+            format!("{module}.weight_packed"),
+            format!("{module}.qweight"),
+        ] {
             if let Some((_, _, _, bytes)) = self.stored(&candidate)? {
                 return Ok(Some(crate::checkpoint::hash::hex(&Sha256::digest(bytes))));
             }
@@ -541,8 +624,9 @@ impl WeightStore for SafetensorsStore {
     }
 
     fn stored_dtype(&self, name: &str) -> String {
-        self.find(name)
-            .map_or("unknown".into(), |(_, info)| info.dtype.name().to_lowercase())
+        self.find(name).map_or("unknown".into(), |(_, info)| {
+            info.dtype.name().to_lowercase()
+        })
     }
 }
 

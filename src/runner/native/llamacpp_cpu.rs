@@ -1,0 +1,124 @@
+//! Emulation of llama.cpp's CPU activation path (`--emulate llamacpp-cpu`): ggml's CPU matrix
+//! products quantize the activations to the weight type's dot-product partner (`vec_dot_type`):
+//! Q8_0 for Q4_0/Q5_0/Q8_0 (Q8_1, the same grid, for Q4_1/Q5_1), Q8_K for the k-quants, f16 for
+//! F16 and bf16 for BF16 weights; the KV cache is f16 by default. These roundings move KLD by
+//! several percent on small models (measured on the llama.cpp fixtures: docs/DESIGN.md), so a
+//! card measured with llama.cpp is reproduced in this lane, not in reference semantics.
+//!
+//! Checked against ggml's `quantize_row_q8_0` (the AVX2 path: `id = 127/amax`, round to nearest
+//! even, the scale `amax/127` stored as f16) and `quantize_row_q8_K_ref` (`iscale = -127/max` with
+//! `max` the signed extreme, `nearest_int`, `min(127, q)`, `d = 1/iscale` in f32).
+
+use half::{bf16, f16};
+
+/// Activation rounding for one weight type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GgmlActivation {
+    Q8_0,
+    Q8K,
+    F16,
+    Bf16,
+}
+
+impl GgmlActivation {
+    pub fn describe(self) -> &'static str {
+        match self {
+            GgmlActivation::Q8_0 => "llama.cpp cpu: q8_0 blocks of 32",
+            GgmlActivation::Q8K => "llama.cpp cpu: q8_K blocks of 256",
+            GgmlActivation::F16 => "llama.cpp cpu: f16",
+            GgmlActivation::Bf16 => "llama.cpp cpu: bf16",
+        }
+    }
+
+    /// Quantize-dequantize rows of `cols` values in place.
+    pub fn apply(self, x: &mut [f32], cols: usize) {
+        match self {
+            GgmlActivation::Q8_0 => rows(x, cols, 32, q8_0_block),
+            GgmlActivation::Q8K => rows(x, cols, 256, q8k_block),
+            GgmlActivation::F16 => x.iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32()),
+            GgmlActivation::Bf16 => x.iter_mut().for_each(|v| *v = bf16::from_f32(*v).to_f32()),
+        }
+    }
+}
+
+fn rows(x: &mut [f32], cols: usize, block: usize, f: fn(&mut [f32])) {
+    if cols == 0 {
+        return;
+    }
+    for row in x.chunks_mut(cols) {
+        for b in row.chunks_mut(block) {
+            f(b);
+        }
+    }
+}
+
+fn q8_0_block(b: &mut [f32]) {
+    let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if amax == 0.0 {
+        b.iter_mut().for_each(|v| *v = 0.0);
+        return;
+    }
+    let d = f16::from_f32(amax / 127.0).to_f32();
+    let id = 127.0 / amax;
+    for v in b.iter_mut() {
+        *v = (*v * id).round_ties_even() * d;
+    }
+}
+
+fn q8k_block(b: &mut [f32]) {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in b.iter() {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax == 0.0 {
+        b.iter_mut().for_each(|v| *v = 0.0);
+        return;
+    }
+    let iscale = -127.0 / max;
+    let d = 1.0 / iscale;
+    for v in b.iter_mut() {
+        *v = (iscale * *v).round_ties_even().min(127.0) * d;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q8_0_keeps_the_block_extreme_and_a_127_step_grid() {
+        let mut b: Vec<f32> = (0..32).map(|i| i as f32 / 31.0 - 0.5).collect();
+        let orig = b.clone();
+        GgmlActivation::Q8_0.apply(&mut b, 32);
+        let d = f16::from_f32(0.5 / 127.0).to_f32();
+        for (q, o) in b.iter().zip(&orig) {
+            let steps = q / d;
+            assert!(
+                (steps - steps.round()).abs() < 1e-4,
+                "{q} is not on the grid"
+            );
+            assert!((q - o).abs() <= d * 0.5 + 1e-6);
+        }
+    }
+
+    #[test]
+    fn q8k_uses_the_signed_extreme_and_caps_at_127() {
+        // The extreme is negative: iscale = -127/max > 0 maps it to -127 exactly.
+        let mut b = vec![0.0f32; 256];
+        b[0] = -2.0;
+        b[1] = 1.0;
+        GgmlActivation::Q8K.apply(&mut b, 256);
+        assert_eq!(b[0], -2.0);
+        assert!((b[1] - 64.0 * 2.0 / 127.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn float_roundings_are_exact_casts() {
+        let mut x = vec![1.0 + 1e-4];
+        GgmlActivation::F16.apply(&mut x, 1);
+        assert_eq!(x[0], 1.0);
+    }
+}

@@ -1,0 +1,358 @@
+//! `cardproof measure` with the native runner on the example models under examples/models.
+
+use std::path::{Path, PathBuf};
+
+use crate::support::{cardproof, cardproof_in, repo_root};
+
+fn model(name: &str) -> String {
+    repo_root()
+        .join("examples/models")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// The first `chars` characters of the example eval text, cut at a line end, in `dir`.
+fn short_text(dir: &Path, chars: usize) -> PathBuf {
+    let text = std::fs::read_to_string(repo_root().join("examples/data/eval.txt")).unwrap();
+    let end = text[chars..]
+        .find('\n')
+        .map_or(text.len(), |i| chars + i + 1);
+    let path = dir.join("eval.txt");
+    std::fs::write(&path, &text[..end]).unwrap();
+    path
+}
+
+fn measure(
+    reference: &str,
+    candidate: &str,
+    extra: &[&str],
+) -> (serde_json::Value, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let text = short_text(dir.path(), 2500);
+    let out = dir.path().join("out");
+    let mut args = vec![
+        "measure",
+        "--reference",
+        reference,
+        "--candidate",
+        candidate,
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--context-length",
+        "128",
+        "--bootstrap",
+        "100",
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let run = cardproof(&args);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let doc = run.json();
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("measurement.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        doc, file,
+        "stdout and measurement.json hold the same document"
+    );
+    assert!(out.join("positions.safetensors").exists());
+    (doc, dir)
+}
+
+fn metric(doc: &serde_json::Value, name: &str) -> f64 {
+    doc["runs"][0]["metrics"][name]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no {name} in {}", doc["runs"][0]["metrics"]))
+}
+
+#[test]
+fn a_model_against_itself_gives_exactly_zero() {
+    let bf16 = model("shakespeare-bf16");
+    let (doc, _dir) = measure(&bf16, &bf16, &[]);
+    assert_eq!(metric(&doc, "kld_mean"), 0.0);
+    assert_eq!(metric(&doc, "kld_max"), 0.0);
+    assert_eq!(metric(&doc, "kld_reverse_mean"), 0.0);
+    assert_eq!(metric(&doc, "top1_agreement"), 1.0);
+    assert_eq!(metric(&doc, "ppl_ratio"), 1.0);
+    assert_eq!(doc["schema_version"], 1);
+    assert_eq!(doc["runs"][0]["context_length"], 128);
+    assert_eq!(doc["eval"]["bos"], "none");
+    assert_eq!(doc["environment"]["runner"], "native");
+    assert_eq!(doc["environment"]["compute_dtype"], "f32");
+    assert_eq!(
+        doc["reference"]["manifest_sha256"],
+        doc["candidate"]["manifest_sha256"]
+    );
+    assert_eq!(
+        doc["reference"]["lm_head_sha256"].as_str().unwrap().len(),
+        64
+    );
+}
+
+#[test]
+fn quantized_examples_diverge_in_the_expected_order() {
+    let bf16 = model("shakespeare-bf16");
+    let kld = |name: &str| {
+        let (doc, _dir) = measure(&bf16, &model(name), &["--direction", "forward"]);
+        assert!(doc["runs"][0]["metrics"].get("kld_reverse_mean").is_none());
+        metric(&doc, "kld_mean")
+    };
+    let int8 = kld("shakespeare-w8a16");
+    let fp8 = kld("shakespeare-fp8-block");
+    let int4 = kld("shakespeare-awq-int4");
+    let q4 = kld("shakespeare-q4_0-gguf");
+    for (name, v) in [
+        ("int8", int8),
+        ("fp8", fp8),
+        ("awq int4", int4),
+        ("gguf q4_0", q4),
+    ] {
+        assert!(v > 0.0 && v.is_finite(), "{name}: {v}");
+    }
+    assert!(int4 > int8, "int4 {int4} should exceed int8 {int8}");
+    assert!(int4 > fp8, "int4 {int4} should exceed fp8 {fp8}");
+    assert!(
+        fp8 > int8,
+        "fp8 (3 mantissa bits) {fp8} should exceed int8 per channel {int8}"
+    );
+}
+
+#[test]
+fn measurement_json_carries_protocol_digests_and_a_fidelity_block() {
+    let (doc, dir) = measure(
+        &model("shakespeare-bf16"),
+        &model("shakespeare-w8a16"),
+        &[
+            "--positions",
+            "stride",
+            "--stride",
+            "4",
+            "--offset",
+            "3",
+            "--bos",
+            "per-window",
+        ],
+    );
+    let p = &doc["protocol"];
+    assert_eq!(
+        p["positions"],
+        serde_json::json!({"policy": "stride", "stride": 4, "offset": 3})
+    );
+    assert_eq!(p["bos"], "per_window");
+    assert_eq!(p["context_lengths"], serde_json::json!([128]));
+    assert_eq!(doc["protocol_sha256"].as_str().unwrap().len(), 64);
+    // 2500 characters give some windows of 128 tokens; rows 3, 7, ..., 123 (row 127 predicts
+    // past the window) are scored in each.
+    let run = &doc["runs"][0];
+    assert_eq!(
+        run["n_positions"].as_u64().unwrap(),
+        run["n_windows"].as_u64().unwrap() * 31
+    );
+    let f = &doc["fidelity"];
+    assert_eq!(f["schema"], "cardproof/v1");
+    assert_eq!(f["eval"]["bos"], "per_window");
+    assert_eq!(f["eval"]["tokens"]["sha256"], doc["eval"]["tokens_sha256"]);
+    assert_eq!(f["runtime"]["engine"], "cardproof");
+    assert!(
+        f["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["metric"] == "kld_mean")
+    );
+    // positions.safetensors holds one row per scored position.
+    let bytes = std::fs::read(dir.path().join("out/positions.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let kld = st.tensor("ctx128.kld").unwrap();
+    assert_eq!(kld.shape(), [run["n_positions"].as_u64().unwrap() as usize]);
+}
+
+#[test]
+fn logit_dumps_reproduce_the_measurement_through_kld() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = short_text(dir.path(), 1500);
+    let dump = dir.path().join("dump");
+    let run = cardproof(&[
+        "measure",
+        "--reference",
+        &model("shakespeare-bf16"),
+        "--candidate",
+        &model("shakespeare-fp8-block"),
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--context-length",
+        "64",
+        "--out",
+        dir.path().join("out").to_str().unwrap(),
+        "--dump-logits",
+        dump.to_str().unwrap(),
+        "--bootstrap",
+        "50",
+        "--json",
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let measured = run.json();
+    let kld = cardproof_in(
+        dir.path(),
+        &[
+            "kld",
+            "--reference",
+            "dump/reference.logits.safetensors",
+            "--candidate",
+            "dump/candidate.logits.safetensors",
+            "--bootstrap",
+            "50",
+            "--json",
+        ],
+    );
+    assert_eq!(kld.code, 0, "{}", kld.stderr);
+    let k = kld.json();
+    for name in [
+        "kld_mean",
+        "kld_p99",
+        "kld_reverse_mean",
+        "top1_agreement",
+        "ppl_ref",
+        "ppl_cand",
+    ] {
+        assert_eq!(
+            k["metrics"][name], measured["runs"][0]["metrics"][name],
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn bad_inputs_are_exit_2_with_one_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = short_text(dir.path(), 300);
+    let bf16 = model("shakespeare-bf16");
+    let run = |candidate: &str, text: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "measure",
+            "--reference",
+            &bf16,
+            "--candidate",
+            candidate,
+            "--eval-text",
+            text.to_str().unwrap(),
+            "--context-length",
+            "512",
+            "--out",
+            dir.path().join("out").to_str().unwrap().to_owned().leak(),
+        ];
+        args.extend_from_slice(extra);
+        cardproof(&args)
+    };
+    // Eval text shorter than one window.
+    let r = run(&bf16, &text, &[]);
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("shorter than one window of 512"),
+        "{}",
+        r.stderr
+    );
+    assert!(!dir.path().join("out/measurement.json").exists());
+
+    // An unsupported architecture is named, with the supported ones.
+    let broken = dir.path().join("gemma");
+    copy_model(
+        &repo_root().join("examples/models/shakespeare-bf16"),
+        &broken,
+    );
+    edit_config(&broken, |c| c["model_type"] = "gemma3".into());
+    let long = repo_root().join("examples/data/eval.txt");
+    let r = run(broken.to_str().unwrap(), &long, &[]);
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("gemma3") && r.stderr.contains("llama, mistral, qwen2, qwen3"),
+        "{}",
+        r.stderr
+    );
+
+    // A config that disagrees with the tensors.
+    edit_config(&broken, |c| {
+        c["model_type"] = "qwen3".into();
+        c["intermediate_size"] = 1024.into();
+    });
+    let r = run(broken.to_str().unwrap(), &long, &[]);
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("mlp.gate_proj") && r.stderr.contains("[1024, 256]"),
+        "{}",
+        r.stderr
+    );
+
+    // A missing config key.
+    edit_config(&broken, |c| {
+        c.as_object_mut().unwrap().remove("num_hidden_layers");
+    });
+    let r = run(broken.to_str().unwrap(), &long, &[]);
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("num_hidden_layers: missing"),
+        "{}",
+        r.stderr
+    );
+
+    // A different tokenizer.
+    let other = dir.path().join("other-tok");
+    copy_model(
+        &repo_root().join("examples/models/shakespeare-bf16"),
+        &other,
+    );
+    let tok = std::fs::read_to_string(other.join("tokenizer.json")).unwrap();
+    let mut t: serde_json::Value = serde_json::from_str(&tok).unwrap();
+    let vocab = t["model"]["vocab"].as_object_mut().unwrap();
+    let a = vocab["e"].clone();
+    let b = vocab["t"].clone();
+    vocab.insert("e".into(), b);
+    vocab.insert("t".into(), a);
+    std::fs::write(other.join("tokenizer.json"), t.to_string()).unwrap();
+    let r = run(other.to_str().unwrap(), &long, &[]);
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("tokenizer differs from the reference"),
+        "{}",
+        r.stderr
+    );
+
+    // Output inside a checkpoint is refused before any work.
+    let r = cardproof(&[
+        "measure",
+        "--reference",
+        &bf16,
+        "--candidate",
+        &bf16,
+        "--eval-text",
+        long.to_str().unwrap(),
+        "--context-length",
+        "64",
+        "--out",
+        repo_root()
+            .join("examples/models/shakespeare-bf16/out")
+            .to_str()
+            .unwrap(),
+    ]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("inside a checkpoint"), "{}", r.stderr);
+}
+
+fn copy_model(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    f(&mut c);
+    std::fs::write(path, c.to_string()).unwrap();
+}
