@@ -644,3 +644,97 @@ fn ct_args(w: &quant_config::WeightDecl) -> CtArgs {
         block: w.block.map(|[a, b]| [a as usize, b as usize]),
     }
 }
+
+/// Weights held in memory by Hugging Face name (synthetic models for benchmarks and tests).
+pub struct MemoryStore {
+    pub name: PathBuf,
+    pub tensors: BTreeMap<String, Dense>,
+}
+
+impl WeightStore for MemoryStore {
+    fn path(&self) -> &Path {
+        &self.name
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    fn dense(&self, name: &str) -> Result<Dense> {
+        self.tensors
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::malformed(&self.name, Some(name), "tensor missing"))
+    }
+
+    fn linear(&self, module: &str) -> Result<Linear> {
+        let w = self.dense(&format!("{module}.weight"))?;
+        let [out, inp] = w.shape[..] else {
+            return Err(Error::malformed(&self.name, Some(module), "weight is not 2-D"));
+        };
+        Ok(Linear {
+            out,
+            inp,
+            weight: w.data,
+            bias: self.tensors.get(&format!("{module}.bias")).map(|b| b.data.clone()),
+            input: InputQuant::None,
+            scheme: "f32".into(),
+        })
+    }
+
+    fn kv_cache(&self, _attention: &str) -> Result<Option<KvQuant>> {
+        Ok(None)
+    }
+
+    fn tensor_sha256(&self, _name: &str) -> Result<Option<String>> {
+        Ok(None)
+    }
+
+    fn stored_dtype(&self, _name: &str) -> String {
+        "f32".into()
+    }
+}
+
+/// A random model of the given shape (deterministic in `seed`), for benchmarks.
+pub fn synthetic(config: &super::config::ModelConfig, seed: u64) -> MemoryStore {
+    let mut rng = crate::measure::stats::SplitMix64::new(seed);
+    let mut tensors = BTreeMap::new();
+    let mut add = |name: String, shape: Vec<usize>, scale: f32, rng: &mut crate::measure::stats::SplitMix64| {
+        let n: usize = shape.iter().product();
+        let data = (0..n)
+            .map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale)
+            .collect();
+        tensors.insert(name, Dense { shape, data });
+    };
+    let c = config;
+    let s = 1.0 / (c.hidden as f32).sqrt();
+    add("model.embed_tokens.weight".into(), vec![c.vocab, c.hidden], 1.0, &mut rng);
+    add("lm_head.weight".into(), vec![c.vocab, c.hidden], s, &mut rng);
+    add("model.norm.weight".into(), vec![c.hidden], 1.0, &mut rng);
+    let (q, kv) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+    for i in 0..c.layers {
+        let p = format!("model.layers.{i}");
+        add(format!("{p}.input_layernorm.weight"), vec![c.hidden], 1.0, &mut rng);
+        add(format!("{p}.post_attention_layernorm.weight"), vec![c.hidden], 1.0, &mut rng);
+        add(format!("{p}.self_attn.q_proj.weight"), vec![q, c.hidden], s, &mut rng);
+        add(format!("{p}.self_attn.k_proj.weight"), vec![kv, c.hidden], s, &mut rng);
+        add(format!("{p}.self_attn.v_proj.weight"), vec![kv, c.hidden], s, &mut rng);
+        add(format!("{p}.self_attn.o_proj.weight"), vec![c.hidden, q], s, &mut rng);
+        if c.arch == super::config::Arch::Qwen3 {
+            add(format!("{p}.self_attn.q_norm.weight"), vec![c.head_dim], 1.0, &mut rng);
+            add(format!("{p}.self_attn.k_norm.weight"), vec![c.head_dim], 1.0, &mut rng);
+        }
+        add(format!("{p}.mlp.gate_proj.weight"), vec![c.intermediate, c.hidden], s, &mut rng);
+        add(format!("{p}.mlp.up_proj.weight"), vec![c.intermediate, c.hidden], s, &mut rng);
+        add(
+            format!("{p}.mlp.down_proj.weight"),
+            vec![c.hidden, c.intermediate],
+            1.0 / (c.intermediate as f32).sqrt(),
+            &mut rng,
+        );
+    }
+    MemoryStore {
+        name: PathBuf::from("synthetic"),
+        tensors,
+    }
+}
