@@ -2,6 +2,8 @@
 //! Qwen3-0.6B's shape (~0.6B parameters), against the machine's measured f32 matrix-multiply
 //! rate (candle's gemm, same process, same threads). `cargo bench --bench native`.
 
+#![allow(clippy::print_stdout)]
+
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
@@ -24,7 +26,10 @@ fn best<F: FnMut()>(reps: usize, mut f: F) -> f64 {
 /// f32 GFLOP/s of an (m × k) · (k × n) product.
 fn matmul_rate(m: usize, k: usize, n: usize) -> f64 {
     let a = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu).unwrap();
-    let b = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu).unwrap().t().unwrap();
+    let b = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu)
+        .unwrap()
+        .t()
+        .unwrap();
     let _ = a.matmul(&b).unwrap();
     let t = best(5, || {
         let _ = a.matmul(&b).unwrap();
@@ -35,14 +40,17 @@ fn matmul_rate(m: usize, k: usize, n: usize) -> f64 {
 /// Matrix-multiply FLOPs of one window of `n` tokens with the LM head on `rows` rows.
 fn flops(c: &ModelConfig, n: usize, rows: usize) -> f64 {
     let (q, kv) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
-    let linear = 2.0 * n as f64 * (c.hidden * (2 * q + 2 * kv) + 3 * c.hidden * c.intermediate) as f64;
+    let linear =
+        2.0 * n as f64 * (c.hidden * (2 * q + 2 * kv) + 3 * c.hidden * c.intermediate) as f64;
     let attention = 4.0 * (c.heads * n * n * c.head_dim) as f64;
     let head = 2.0 * (rows * c.hidden * c.vocab) as f64;
     c.layers as f64 * (linear + attention) + head
 }
 
 fn report(name: &str, decoder: &Decoder, n: usize, reps: usize, peak: f64) {
-    let ids: Vec<u32> = (0..n as u32).map(|i| (i * 7919) % decoder.config.vocab as u32).collect();
+    let ids: Vec<u32> = (0..n as u32)
+        .map(|i| (i * 7919) % decoder.config.vocab as u32)
+        .collect();
     let rows: Vec<usize> = (0..n - 1).collect();
     let run = || {
         let h = decoder.hidden(&ids).unwrap();
@@ -68,9 +76,12 @@ fn main() {
     let peak_square = matmul_rate(1024, 1024, 1024);
     let peak_model = matmul_rate(256, 1024, 3072);
     let peak = peak_square.max(peak_model);
-    println!("f32 matmul: 1024x1024x1024 {peak_square:.1} GFLOP/s, 256x1024x3072 {peak_model:.1} GFLOP/s");
+    println!(
+        "f32 matmul: 1024x1024x1024 {peak_square:.1} GFLOP/s, 256x1024x3072 {peak_model:.1} GFLOP/s"
+    );
 
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/models/shakespeare-bf16");
+    let root =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/models/shakespeare-bf16");
     let example = native::load(&root, ComputeDtype::F32, Emulate::ReferenceSemantics).unwrap();
     report("example (4.2M params)", &example.decoder, 256, 10, peak);
 

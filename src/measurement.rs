@@ -102,17 +102,29 @@ pub fn protocol_json(o: &MeasureOptions, vocab_size: usize, padding: bool) -> Va
     p
 }
 
+/// The tokenized eval text and what the tokenizer says about it.
+pub struct EvalInput<'a> {
+    pub stream: &'a TokenStream,
+    pub text_path: &'a Path,
+    pub bos_id: Option<u32>,
+    /// Tokens the tokenizer knows: logit entries beyond are padding.
+    pub tokenizer_vocab: usize,
+}
+
 /// Run both models over the eval text for every context length.
 pub fn measure_models(
     reference: &dyn Runner,
     candidate: &dyn Runner,
-    stream: &TokenStream,
-    text_path: &Path,
-    bos_id: Option<u32>,
-    tokenizer_vocab: usize,
+    eval: &EvalInput,
     o: &MeasureOptions,
     progress: Progress,
 ) -> Result<ModelMeasurement> {
+    let EvalInput {
+        stream,
+        text_path,
+        bos_id,
+        tokenizer_vocab,
+    } = *eval;
     let width = reference.vocab();
     if candidate.vocab() != width {
         return Err(Error::malformed(
@@ -683,10 +695,12 @@ pub fn run_native(
     let m = measure_models(
         &reference,
         &candidate,
-        &stream,
-        r.eval_text,
-        tokenizer.bos_id,
-        tokenizer.vocab_size,
+        &EvalInput {
+            stream: &stream,
+            text_path: r.eval_text,
+            bos_id: tokenizer.bos_id,
+            tokenizer_vocab: tokenizer.vocab_size,
+        },
         r.options,
         progress,
     )?;

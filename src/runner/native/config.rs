@@ -195,7 +195,7 @@ impl ModelConfig {
     }
 
     pub fn validate(&self, path: &Path) -> Result<()> {
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(Error::malformed(
                 path,
                 Some("num_key_value_heads"),
@@ -205,7 +205,7 @@ impl ModelConfig {
                 ),
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(Error::malformed(
                 path,
                 Some("head_dim"),

@@ -233,7 +233,7 @@ fn unpermute_rows(
         return Err(format!("expected a 2-D weight, found shape {shape:?}"));
     };
     let (rows, cols) = (*rows, *cols);
-    if heads == 0 || rows % heads != 0 || (rows / heads) % 2 != 0 {
+    if heads == 0 || !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
         return Err(format!(
             "{rows} rows do not split into {heads} heads of even size"
         ));

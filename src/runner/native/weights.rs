@@ -101,6 +101,9 @@ pub trait WeightStore {
     fn stored_dtype(&self, name: &str) -> String;
 }
 
+/// A tensor as stored: the file holding it, dtype, shape and bytes.
+type Raw<'a> = (PathBuf, Dtype, Vec<usize>, &'a [u8]);
+
 /// A safetensors checkpoint, memory-mapped.
 pub struct SafetensorsStore {
     dir: PathBuf,
@@ -149,7 +152,7 @@ impl SafetensorsStore {
     }
 
     /// The stored bytes and shape of a tensor.
-    fn stored(&self, name: &str) -> Result<Option<(PathBuf, Dtype, Vec<usize>, &[u8])>> {
+    fn stored(&self, name: &str) -> Result<Option<Raw<'_>>> {
         let Some((path, info)) = self.find(name) else {
             return Ok(None);
         };
@@ -304,9 +307,7 @@ impl WeightStore for SafetensorsStore {
         };
         let t = |suffix: &str| self.stored(&format!("{module}.{suffix}"));
         let err = |path: &Path, e: String| Error::malformed(path, Some(module), e);
-        let st = |x: &(PathBuf, Dtype, Vec<usize>, &'_ [u8])| -> (Dtype, Vec<usize>) {
-            (x.1, x.2.clone())
-        };
+        let st = |x: &Raw<'_>| -> (Dtype, Vec<usize>) { (x.1, x.2.clone()) };
         let method = self.quant_method().unwrap_or_default().to_owned();
         let (weight, out, scheme): (Vec<f32>, usize, String);
         let mut inp: usize;
@@ -670,13 +671,20 @@ impl WeightStore for MemoryStore {
     fn linear(&self, module: &str) -> Result<Linear> {
         let w = self.dense(&format!("{module}.weight"))?;
         let [out, inp] = w.shape[..] else {
-            return Err(Error::malformed(&self.name, Some(module), "weight is not 2-D"));
+            return Err(Error::malformed(
+                &self.name,
+                Some(module),
+                "weight is not 2-D",
+            ));
         };
         Ok(Linear {
             out,
             inp,
             weight: w.data,
-            bias: self.tensors.get(&format!("{module}.bias")).map(|b| b.data.clone()),
+            bias: self
+                .tensors
+                .get(&format!("{module}.bias"))
+                .map(|b| b.data.clone()),
             input: InputQuant::None,
             scheme: "f32".into(),
         })
@@ -699,7 +707,10 @@ impl WeightStore for MemoryStore {
 pub fn synthetic(config: &super::config::ModelConfig, seed: u64) -> MemoryStore {
     let mut rng = crate::measure::stats::SplitMix64::new(seed);
     let mut tensors = BTreeMap::new();
-    let mut add = |name: String, shape: Vec<usize>, scale: f32, rng: &mut crate::measure::stats::SplitMix64| {
+    let mut add = |name: String,
+                   shape: Vec<usize>,
+                   scale: f32,
+                   rng: &mut crate::measure::stats::SplitMix64| {
         let n: usize = shape.iter().product();
         let data = (0..n)
             .map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale)
@@ -708,24 +719,84 @@ pub fn synthetic(config: &super::config::ModelConfig, seed: u64) -> MemoryStore 
     };
     let c = config;
     let s = 1.0 / (c.hidden as f32).sqrt();
-    add("model.embed_tokens.weight".into(), vec![c.vocab, c.hidden], 1.0, &mut rng);
-    add("lm_head.weight".into(), vec![c.vocab, c.hidden], s, &mut rng);
+    add(
+        "model.embed_tokens.weight".into(),
+        vec![c.vocab, c.hidden],
+        1.0,
+        &mut rng,
+    );
+    add(
+        "lm_head.weight".into(),
+        vec![c.vocab, c.hidden],
+        s,
+        &mut rng,
+    );
     add("model.norm.weight".into(), vec![c.hidden], 1.0, &mut rng);
     let (q, kv) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
     for i in 0..c.layers {
         let p = format!("model.layers.{i}");
-        add(format!("{p}.input_layernorm.weight"), vec![c.hidden], 1.0, &mut rng);
-        add(format!("{p}.post_attention_layernorm.weight"), vec![c.hidden], 1.0, &mut rng);
-        add(format!("{p}.self_attn.q_proj.weight"), vec![q, c.hidden], s, &mut rng);
-        add(format!("{p}.self_attn.k_proj.weight"), vec![kv, c.hidden], s, &mut rng);
-        add(format!("{p}.self_attn.v_proj.weight"), vec![kv, c.hidden], s, &mut rng);
-        add(format!("{p}.self_attn.o_proj.weight"), vec![c.hidden, q], s, &mut rng);
+        add(
+            format!("{p}.input_layernorm.weight"),
+            vec![c.hidden],
+            1.0,
+            &mut rng,
+        );
+        add(
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![c.hidden],
+            1.0,
+            &mut rng,
+        );
+        add(
+            format!("{p}.self_attn.q_proj.weight"),
+            vec![q, c.hidden],
+            s,
+            &mut rng,
+        );
+        add(
+            format!("{p}.self_attn.k_proj.weight"),
+            vec![kv, c.hidden],
+            s,
+            &mut rng,
+        );
+        add(
+            format!("{p}.self_attn.v_proj.weight"),
+            vec![kv, c.hidden],
+            s,
+            &mut rng,
+        );
+        add(
+            format!("{p}.self_attn.o_proj.weight"),
+            vec![c.hidden, q],
+            s,
+            &mut rng,
+        );
         if c.arch == super::config::Arch::Qwen3 {
-            add(format!("{p}.self_attn.q_norm.weight"), vec![c.head_dim], 1.0, &mut rng);
-            add(format!("{p}.self_attn.k_norm.weight"), vec![c.head_dim], 1.0, &mut rng);
+            add(
+                format!("{p}.self_attn.q_norm.weight"),
+                vec![c.head_dim],
+                1.0,
+                &mut rng,
+            );
+            add(
+                format!("{p}.self_attn.k_norm.weight"),
+                vec![c.head_dim],
+                1.0,
+                &mut rng,
+            );
         }
-        add(format!("{p}.mlp.gate_proj.weight"), vec![c.intermediate, c.hidden], s, &mut rng);
-        add(format!("{p}.mlp.up_proj.weight"), vec![c.intermediate, c.hidden], s, &mut rng);
+        add(
+            format!("{p}.mlp.gate_proj.weight"),
+            vec![c.intermediate, c.hidden],
+            s,
+            &mut rng,
+        );
+        add(
+            format!("{p}.mlp.up_proj.weight"),
+            vec![c.intermediate, c.hidden],
+            s,
+            &mut rng,
+        );
         add(
             format!("{p}.mlp.down_proj.weight"),
             vec![c.hidden, c.intermediate],
