@@ -1,6 +1,7 @@
 //! Integration tests through the `cardproof` binary. One test binary (links once).
 
 mod bad_input;
+mod dequant_reference;
 mod fixtures;
 mod hash;
 mod inspect;
