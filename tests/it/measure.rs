@@ -320,6 +320,20 @@ fn bad_inputs_are_exit_2_with_one_clear_message() {
         r.stderr
     );
 
+    // An unsupported quantization format is named, with the supported ones.
+    let bnb = dir.path().join("bnb");
+    std::fs::create_dir_all(&bnb).unwrap();
+    crate::fixtures::bnb_nf4(&bnb);
+    edit_config(&bnb, |c| c["num_attention_heads"] = 4.into());
+    let r = run(bnb.to_str().unwrap(), &long, &[]);
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("bitsandbytes weights are not supported")
+            && r.stderr.contains("supported: compressed-tensors"),
+        "{}",
+        r.stderr
+    );
+
     // Output inside a checkpoint is refused before any work.
     let r = cardproof(&[
         "measure",
