@@ -4,6 +4,7 @@
 //! arguments, prints and chooses exit codes. Pipeline: [`card`] (front matter with spans) ->
 //! [`disclosure`] (the schema) -> [`lint`] (findings).
 
+pub mod attest;
 pub mod card;
 pub mod checkpoint;
 pub mod dequant;
@@ -13,8 +14,11 @@ pub mod findings;
 pub mod lint;
 pub mod measure;
 pub mod measurement;
+pub mod report;
 pub mod runner;
 pub mod span;
+#[cfg(feature = "native")]
+pub mod verify;
 
 pub use error::{Error, ErrorKind, Result};
 

@@ -74,12 +74,14 @@ pub struct ModelMeasurement {
 pub type Progress<'a> = &'a (dyn Fn(usize, usize) + Sync);
 
 /// The measurement protocol as JSON: every setting that changes a number.
-pub fn protocol_json(o: &MeasureOptions, vocab_size: usize, padding: bool) -> Value {
+/// `padding`: `excluded` (rows beyond the tokenizer's vocabulary left out), `included`, or `none`
+/// (the logit rows have no padding).
+pub fn protocol_json(o: &MeasureOptions, vocab_size: usize, padding: &'static str) -> Value {
     let base = Protocol {
         direction: o.direction,
         units: "nats",
         vocab: o.vocab,
-        padding: if padding { "excluded" } else { "none" },
+        padding,
         vocab_size,
         positions: o.positions,
         context_length: None,
@@ -293,7 +295,14 @@ pub fn measure_models(
             },
         });
     }
-    let protocol = protocol_json(o, vocab_size, vocab_size < width);
+    let padding = if vocab_size < width {
+        "excluded"
+    } else if tokenizer_vocab < width {
+        "included"
+    } else {
+        "none"
+    };
+    let protocol = protocol_json(o, vocab_size, padding);
     let eval = json!({
         "text_path": text_path.display().to_string(),
         "text_sha256": stream.text_sha256,
@@ -525,10 +534,11 @@ pub fn fidelity_block(
         Positions::SecondHalf => json!({"policy": "second_half"}),
         Positions::From { from } => json!({"policy": "from", "from": from}),
     };
-    let padding = if m.protocol["padding"] == "excluded" {
-        "excluded"
-    } else {
+    // No padding rows at all reads as the default policy, `excluded`.
+    let padding = if m.protocol["padding"] == "included" {
         "included"
+    } else {
+        "excluded"
     };
     let vocab = match o.vocab {
         VocabMode::Full => json!({"mode": "full", "padding": padding}),
@@ -645,16 +655,20 @@ pub struct NativeRequest<'a> {
     pub out: &'a Path,
 }
 
-/// Load both models, tokenize, measure, and write `measurement.json` and `positions.safetensors`
-/// into `out` (each written whole under a temporary name and renamed, so a failed run leaves no
-/// file that looks complete). Returns the versioned document.
+/// Everything loaded for a native run: the tokenized text, both models and their identities.
 #[cfg(feature = "native")]
-pub fn run_native(
-    r: &NativeRequest,
-    stage: &(dyn Fn(&str) + Sync),
-    progress: Progress,
-) -> Result<Value> {
-    use crate::checkpoint::hash::{HashOptions, hash_path};
+pub struct Prepared {
+    pub tokenizer: tokens::TokenizerFile,
+    pub stream: TokenStream,
+    pub reference: crate::runner::native::NativeModel,
+    pub candidate: crate::runner::native::NativeModel,
+    pub reference_id: ModelIdentity,
+    pub candidate_id: ModelIdentity,
+}
+
+/// Tokenize the eval text, load both models and hash their files.
+#[cfg(feature = "native")]
+pub fn prepare_native(r: &NativeRequest, stage: &(dyn Fn(&str) + Sync)) -> Result<Prepared> {
     use crate::runner::native;
 
     stage("tokenizing");
@@ -673,69 +687,122 @@ pub fn run_native(
     let reference = native::load(r.reference, r.compute, r.emulate)?;
     let candidate = native::load(r.candidate, r.compute, r.emulate)?;
     stage("hashing");
-    let hash_options = HashOptions {
-        threads: Some(r.threads),
+    let reference_id = identity(&reference, r.reference, r.threads)?;
+    let candidate_id = identity(&candidate, r.candidate, r.threads)?;
+    Ok(Prepared {
+        tokenizer,
+        stream,
+        reference,
+        candidate,
+        reference_id,
+        candidate_id,
+    })
+}
+
+#[cfg(feature = "native")]
+fn identity(
+    m: &crate::runner::native::NativeModel,
+    given: &Path,
+    threads: usize,
+) -> Result<ModelIdentity> {
+    use crate::checkpoint::hash::{HashOptions, hash_path};
+    let options = HashOptions {
+        threads: Some(threads),
         include_all: false,
     };
-    let identity = |m: &native::NativeModel, given: &Path| -> Result<ModelIdentity> {
-        let manifest = hash_path(given, &hash_options, &|_| {})?;
-        Ok(ModelIdentity {
-            path: given.to_owned(),
-            format: m.format.to_owned(),
-            manifest_sha256: manifest.root_sha256,
-            lm_head_sha256: m.lm_head_sha256.clone(),
-            stored_dtype: m.stored_dtype.clone(),
-            environment: Runner::environment(m),
-        })
-    };
-    let ref_id = identity(&reference, r.reference)?;
-    let cand_id = identity(&candidate, r.candidate)?;
+    let manifest = hash_path(given, &options, &|_| {})?;
+    Ok(ModelIdentity {
+        path: given.to_owned(),
+        format: m.format.to_owned(),
+        manifest_sha256: manifest.root_sha256,
+        lm_head_sha256: m.lm_head_sha256.clone(),
+        stored_dtype: m.stored_dtype.clone(),
+        environment: Runner::environment(m),
+    })
+}
 
-    stage("measuring");
-    let m = measure_models(
-        &reference,
-        &candidate,
-        &EvalInput {
-            stream: &stream,
-            text_path: r.eval_text,
-            bos_id: tokenizer.bos_id,
-            tokenizer_vocab: tokenizer.vocab_size,
-        },
-        r.options,
-        progress,
-    )?;
-    let environment = json!({
+/// The environment record of a native run.
+#[cfg(feature = "native")]
+pub fn native_environment(r: &NativeRequest, p: &Prepared) -> Value {
+    use crate::runner::native;
+    json!({
         "runner": "native",
         "runner_version": env!("CARGO_PKG_VERSION"),
         "engine": "candle",
-        "engine_version": crate::runner::native::CANDLE_VERSION,
+        "engine_version": native::CANDLE_VERSION,
         "device": format!("cpu: {}", cpu_name()),
         "compute_dtype": r.compute.as_str(),
         "attention": "eager",
-        "kv_cache_dtype": reference_kv(&candidate, r.compute),
+        "kv_cache_dtype": reference_kv(&p.candidate, r.compute),
         "emulate": r.emulate,
         "threads": r.threads,
         "lane": match r.emulate {
             native::Emulate::ReferenceSemantics => "reference semantics: weights dequantized exactly as their format defines, declared activation and KV-cache quantization emulated (fake-quant), exact softmax attention",
             native::Emulate::LlamacppCpu => "llama.cpp cpu emulation: weights dequantized exactly, activations quantized to each weight type's ggml dot-product partner (q8_0, q8_K, f16, bf16), f16 KV cache",
         },
-        "tokenizer": {"path": tokenizer.path.display().to_string(), "sha256": tokenizer.sha256, "vocab_size": tokenizer.vocab_size},
-    });
-    let mut doc = measurement_json(&m, r.options, &ref_id, &cand_id, environment);
+        "tokenizer": {"path": p.tokenizer.path.display().to_string(), "sha256": p.tokenizer.sha256, "vocab_size": p.tokenizer.vocab_size},
+    })
+}
+
+/// Measure a prepared pair; returns the measurement and its versioned document.
+#[cfg(feature = "native")]
+pub fn measure_prepared(
+    r: &NativeRequest,
+    p: &Prepared,
+    progress: Progress,
+) -> Result<(ModelMeasurement, Value)> {
+    let m = measure_models(
+        &p.reference,
+        &p.candidate,
+        &EvalInput {
+            stream: &p.stream,
+            text_path: r.eval_text,
+            bos_id: p.tokenizer.bos_id,
+            tokenizer_vocab: p.tokenizer.vocab_size,
+        },
+        r.options,
+        progress,
+    )?;
+    let mut doc = measurement_json(
+        &m,
+        r.options,
+        &p.reference_id,
+        &p.candidate_id,
+        native_environment(r, p),
+    );
     let mut versioned = json!({"schema_version": crate::JSON_SCHEMA_VERSION});
     if let (Some(v), Some(d)) = (versioned.as_object_mut(), doc.as_object_mut()) {
         v.append(d);
     }
-    std::fs::create_dir_all(r.out).map_err(|e| Error::io(r.out, e))?;
-    write_atomically(&r.out.join("positions.safetensors"), &positions_file(&m))?;
-    let text = serde_json::to_string_pretty(&versioned).map_err(|e| {
-        Error::malformed(r.out, None, format!("cannot encode measurement.json: {e}"))
-    })?;
+    Ok((m, versioned))
+}
+
+/// Write `measurement.json` and `positions.safetensors` into `out`.
+pub fn write_measurement(out: &Path, m: &ModelMeasurement, document: &Value) -> Result<()> {
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    write_atomically(&out.join("positions.safetensors"), &positions_file(m))?;
+    let text = serde_json::to_string_pretty(document)
+        .map_err(|e| Error::malformed(out, None, format!("cannot encode measurement.json: {e}")))?;
     write_atomically(
-        &r.out.join("measurement.json"),
+        &out.join("measurement.json"),
         format!("{text}\n").as_bytes(),
-    )?;
-    Ok(versioned)
+    )
+}
+
+/// Load both models, tokenize, measure, and write `measurement.json` and `positions.safetensors`
+/// into `out` (each written whole under a temporary name and renamed, so a failed run leaves no
+/// file that looks complete). Returns the versioned document.
+#[cfg(feature = "native")]
+pub fn run_native(
+    r: &NativeRequest,
+    stage: &(dyn Fn(&str) + Sync),
+    progress: Progress,
+) -> Result<Value> {
+    let prepared = prepare_native(r, stage)?;
+    stage("measuring");
+    let (m, document) = measure_prepared(r, &prepared, progress)?;
+    write_measurement(r.out, &m, &document)?;
+    Ok(document)
 }
 
 #[cfg(feature = "native")]

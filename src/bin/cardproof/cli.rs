@@ -35,6 +35,86 @@ pub enum Command {
     /// Run reference and candidate over an eval text and measure KLD (writes measurement.json and
     /// positions.safetensors).
     Measure(MeasureArgs),
+    /// Verify a model directory's card: lint, inspect, hash, rerun the disclosed protocol, decide
+    /// a verdict per claim, and write the signed report. Exit 0 only when every claim reproduces.
+    Verify(VerifyArgs),
+    /// Create an Ed25519 key pair: DIR/cardproof.key (PKCS#8 PEM, mode 0600) and
+    /// DIR/cardproof.pub (public key PEM).
+    Keygen(KeygenArgs),
+    /// Sign a measurement.json or report.json as an in-toto statement in a DSSE envelope.
+    Sign(SignArgs),
+    /// Check a signed report offline: the signature, the keyid, and (with --checkpoint) that every
+    /// subject digest matches the files. Exit 1 on any mismatch.
+    VerifyReport(VerifyReportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct KeygenArgs {
+    /// Directory for cardproof.key and cardproof.pub (created if missing; existing keys are never
+    /// overwritten).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct SignArgs {
+    /// A measurement.json or report.json.
+    pub file: PathBuf,
+    /// The checkpoint whose files become the statement's subjects (default: the document's
+    /// candidate or checkpoint path).
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: Option<PathBuf>,
+    /// Private key (default: the user's key).
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<PathBuf>,
+    /// Where the envelope goes (default: FILE with `.dsse.json` in place of `.json`).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyReportArgs {
+    /// The DSSE envelope (report.dsse.json).
+    pub envelope: PathBuf,
+    /// The signer's public key (PEM).
+    #[arg(long = "pub", value_name = "KEY")]
+    pub public_key: PathBuf,
+    /// Also check every subject digest against this checkpoint's files.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: Option<PathBuf>,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The candidate: a model directory holding its card (README.md) and checkpoint.
+    pub path: PathBuf,
+    /// The reference checkpoint the card's claims were measured against.
+    #[arg(long, value_name = "PATH")]
+    pub reference: Option<PathBuf>,
+    /// The eval text, when the card's `eval.text.source` is not a readable path.
+    #[arg(long, value_name = "FILE")]
+    pub eval_text: Option<PathBuf>,
+    /// Also measure the reference against itself in a second compute dtype (the numerical floor).
+    #[arg(long)]
+    pub noise_floor: bool,
+    /// Private key (PKCS#8 PEM) to sign the report with (default: the user's key, created on first
+    /// use under the config directory).
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<PathBuf>,
+    /// Where the report goes (default: ./cardproof-out/<name>/).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Worker threads (default: every core).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: Option<u16>,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Debug, Args)]

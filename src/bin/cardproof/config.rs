@@ -212,34 +212,11 @@ impl MeasureConfig {
         lengths.sort_unstable();
         lengths.dedup();
         let RunnerArg::Native = args.runner;
-        let out = args.out.clone().unwrap_or_else(|| {
-            let name = args
-                .candidate
-                .file_stem()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "candidate".into());
-            PathBuf::from("cardproof-out").join(name)
-        });
-        // Outputs never go into a checkpoint being measured (its digest would change).
-        let inside = |model: &PathBuf| {
-            let dir = if model.is_file() {
-                model.parent().map(PathBuf::from).unwrap_or_default()
-            } else {
-                model.clone()
-            };
-            let absolute = |p: &std::path::Path| {
-                p.canonicalize()
-                    .or_else(|_| std::path::absolute(p))
-                    .unwrap_or_else(|_| p.to_owned())
-            };
-            absolute(&out).starts_with(absolute(&dir))
-        };
-        if inside(&args.reference) || inside(&args.candidate) {
-            return Err(format!(
-                "--out {} is inside a checkpoint being measured; write the measurement elsewhere",
-                out.display()
-            ));
-        }
+        let out = args
+            .out
+            .clone()
+            .unwrap_or_else(|| default_out(&args.candidate));
+        outside_checkpoints(&out, &[&args.reference, &args.candidate])?;
         let threads = args
             .threads
             .map(usize::from)
@@ -273,6 +250,79 @@ impl MeasureConfig {
                 EmulateArg::LlamacppCpu => cardproof::runner::native::Emulate::LlamacppCpu,
             },
             threads,
+            out,
+            output: Output::from_args(&args.output),
+            progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        })
+    }
+}
+
+/// Outputs never go into a checkpoint being measured (its digest would change).
+fn outside_checkpoints(out: &std::path::Path, models: &[&PathBuf]) -> Result<(), String> {
+    let absolute = |p: &std::path::Path| {
+        p.canonicalize()
+            .or_else(|_| std::path::absolute(p))
+            .unwrap_or_else(|_| p.to_owned())
+    };
+    for model in models {
+        let dir = if model.is_file() {
+            model.parent().map(PathBuf::from).unwrap_or_default()
+        } else {
+            (*model).clone()
+        };
+        if absolute(out).starts_with(absolute(&dir)) {
+            return Err(format!(
+                "--out {} is inside the checkpoint {}; write the outputs elsewhere",
+                out.display(),
+                model.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Default output directory: ./cardproof-out/<name of the path>/.
+fn default_out(path: &std::path::Path) -> PathBuf {
+    let name = path
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.file_stem().map(|n| n.to_string_lossy().into_owned()))
+        .or_else(|| path.file_stem().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "model".into());
+    PathBuf::from("cardproof-out").join(name)
+}
+
+#[derive(Debug, Clone)]
+pub struct VerifyConfig {
+    pub path: PathBuf,
+    pub reference: Option<PathBuf>,
+    pub eval_text: Option<PathBuf>,
+    pub noise_floor: bool,
+    pub key: Option<PathBuf>,
+    pub out: PathBuf,
+    pub threads: usize,
+    pub output: Output,
+    pub progress: bool,
+}
+
+impl VerifyConfig {
+    pub fn from_args(args: crate::cli::VerifyArgs) -> Result<VerifyConfig, String> {
+        let out = args.out.clone().unwrap_or_else(|| default_out(&args.path));
+        let mut models = vec![&args.path];
+        if let Some(r) = &args.reference {
+            models.push(r);
+        }
+        outside_checkpoints(&out, &models)?;
+        Ok(VerifyConfig {
+            threads: args
+                .threads
+                .map(usize::from)
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from)),
+            path: args.path,
+            reference: args.reference,
+            eval_text: args.eval_text,
+            noise_floor: args.noise_floor,
+            key: args.key,
             out,
             output: Output::from_args(&args.output),
             progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),

@@ -12,7 +12,9 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use cli::{Cli, Command};
-use config::{HashConfig, InspectConfig, KldConfig, LintConfig, MeasureConfig, Output};
+use config::{
+    HashConfig, InspectConfig, KldConfig, LintConfig, MeasureConfig, Output, VerifyConfig,
+};
 use printer::Printer;
 
 const EXIT_FINDINGS: u8 = 1;
@@ -55,6 +57,16 @@ fn main() -> ExitCode {
                 Err(message) => usage_error(output, &message),
             }
         }
+        Command::Verify(args) => {
+            let output = Output::from_args(&args.output);
+            match VerifyConfig::from_args(args) {
+                Ok(config) => verify(&config),
+                Err(message) => usage_error(output, &message),
+            }
+        }
+        Command::Keygen(args) => keygen(&args.out, Output::from_args(&args.output)),
+        Command::Sign(args) => sign(&args),
+        Command::VerifyReport(args) => verify_report(&args),
         Command::Hash(args) => {
             let output = Output::from_args(&args.output);
             hash(&HashConfig {
@@ -245,6 +257,186 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
         Ok(document) => {
             printer.model_measurement(&document, &config.out)?;
             Ok(0)
+        }
+        Err(e) => {
+            printer.error(&e)?;
+            Ok(EXIT_BAD_INPUT)
+        }
+    }
+}
+
+fn verify(config: &VerifyConfig) -> io::Result<u8> {
+    let printer = Printer::new(config.output);
+    let key = match signing_key(&printer, config.key.as_deref()) {
+        Ok(key) => key,
+        Err(e) => {
+            printer.error(&e)?;
+            return Ok(EXIT_BAD_INPUT);
+        }
+    };
+    let pool = match rayon::ThreadPoolBuilder::new()
+        .num_threads(config.threads)
+        .build()
+    {
+        Ok(pool) => pool,
+        Err(e) => {
+            return usage_error(
+                config.output,
+                &format!("cannot start {} threads: {e}", config.threads),
+            );
+        }
+    };
+    let bar = config
+        .progress
+        .then(|| printer::progress_bar(printer::MEASURE_PROGRESS));
+    let result = pool.install(|| {
+        let outcome = cardproof::verify::verify(
+            &cardproof::verify::VerifyRequest {
+                model: &config.path,
+                reference: config.reference.as_deref(),
+                eval_text: config.eval_text.as_deref(),
+                threads: config.threads,
+                noise_floor: config.noise_floor,
+            },
+            &|stage: &str| {
+                if let Some(bar) = &bar {
+                    bar.set_message(stage.to_owned());
+                }
+            },
+            &|done, total| {
+                if let Some(bar) = &bar {
+                    bar.set_length(total as u64);
+                    bar.set_position(done as u64);
+                }
+            },
+        )?;
+        let written = cardproof::verify::write::write_outputs(&config.out, &outcome, &key)?;
+        Ok::<_, cardproof::Error>((outcome, written))
+    });
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    match result {
+        Ok((outcome, written)) => {
+            printer.verification(&outcome.report, &written)?;
+            Ok(
+                if outcome.verdict == cardproof::verify::claims::Verdict::Reproduced {
+                    0
+                } else {
+                    EXIT_FINDINGS
+                },
+            )
+        }
+        Err(e) => {
+            printer.error(&e)?;
+            Ok(EXIT_BAD_INPUT)
+        }
+    }
+}
+
+fn keygen(dir: &std::path::Path, output: Output) -> io::Result<u8> {
+    let printer = Printer::new(output);
+    let result = cardproof::attest::generate_key()
+        .and_then(|key| cardproof::attest::write_keypair(dir, &key).map(|paths| (key, paths)));
+    match result {
+        Ok((key, (private, public))) => {
+            printer.keys(
+                &private,
+                &public,
+                &cardproof::attest::keyid(&key.verifying_key()),
+            )?;
+            Ok(0)
+        }
+        Err(e) => {
+            printer.error(&e)?;
+            Ok(EXIT_BAD_INPUT)
+        }
+    }
+}
+
+fn signing_key(
+    printer: &Printer,
+    path: Option<&std::path::Path>,
+) -> cardproof::Result<ed25519_dalek::SigningKey> {
+    match path {
+        Some(path) => cardproof::attest::read_signing_key(path),
+        None => cardproof::attest::default_signing_key().map(|(key, path, created)| {
+            if created {
+                printer.note(&format!(
+                    "created your signing key {} (public key beside it); reports are signed with it",
+                    path.display()
+                ));
+            }
+            key
+        }),
+    }
+}
+
+fn sign(args: &cli::SignArgs) -> io::Result<u8> {
+    let printer = Printer::new(Output::from_args(&args.output));
+    let result = (|| {
+        let key = signing_key(&printer, args.key.as_deref())?;
+        let out = args.out.clone().unwrap_or_else(|| {
+            let name = args
+                .file
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let stem = name.strip_suffix(".json").unwrap_or(&name);
+            args.file.with_file_name(format!("{stem}.dsse.json"))
+        });
+        let envelope =
+            cardproof::verify::write::sign_document(&args.file, args.checkpoint.as_deref(), &key)?;
+        let text = serde_json::to_vec_pretty(&envelope)
+            .map_err(|e| cardproof::Error::malformed(&out, None, format!("cannot encode: {e}")))?;
+        cardproof::measurement::write_atomically(&out, &text)?;
+        Ok::<_, cardproof::Error>(out)
+    })();
+    match result {
+        Ok(out) => {
+            printer.note(&format!("wrote {}", out.display()));
+            Ok(0)
+        }
+        Err(e) => {
+            printer.error(&e)?;
+            Ok(EXIT_BAD_INPUT)
+        }
+    }
+}
+
+fn verify_report(args: &cli::VerifyReportArgs) -> io::Result<u8> {
+    use cardproof::attest::Outcome;
+    let printer = Printer::new(Output::from_args(&args.output));
+    let result = (|| {
+        let key = cardproof::attest::read_verifying_key(&args.public_key)?;
+        let outcome = cardproof::attest::verify_envelope(&args.envelope, &key)?;
+        let mut mismatches = Vec::new();
+        let mut statement = serde_json::Value::Null;
+        match outcome {
+            Outcome::Verified(v) => {
+                if let Some(dir) = &args.checkpoint {
+                    mismatches.extend(cardproof::attest::check_subjects(&v.statement, dir)?);
+                }
+                statement = v.statement;
+            }
+            Outcome::Failed(m) => mismatches.extend(m),
+        }
+        Ok::<_, cardproof::Error>((cardproof::attest::keyid(&key), statement, mismatches))
+    })();
+    match result {
+        Ok((keyid, statement, mismatches)) => {
+            printer.report_check(
+                &args.envelope,
+                &keyid,
+                &statement,
+                &mismatches,
+                args.checkpoint.as_deref(),
+            )?;
+            Ok(if mismatches.is_empty() {
+                0
+            } else {
+                EXIT_FINDINGS
+            })
         }
         Err(e) => {
             printer.error(&e)?;

@@ -709,3 +709,183 @@ impl Printer {
         )
     }
 }
+
+impl Printer {
+    /// A one-line note on stderr (not an error).
+    pub fn note(&self, message: &str) {
+        let _ = writeln!(
+            io::stderr().lock(),
+            "{}: {message}",
+            self.style().dim("note")
+        );
+    }
+
+    /// `verify`'s output: the report document (`--json`) or a verdict table, then the files.
+    pub fn verification(
+        &self,
+        report: &serde_json::Value,
+        written: &[std::path::PathBuf],
+    ) -> io::Result<()> {
+        if self.output.format == Format::Json {
+            let text = serde_json::to_string_pretty(report).map_err(io::Error::other)?;
+            write_stdout(&format!("{text}\n"))?;
+        } else {
+            write_stdout(&render_verification(report))?;
+        }
+        let mut err = io::stderr().lock();
+        for path in written {
+            writeln!(err, "wrote {}", path.display())?;
+        }
+        Ok(())
+    }
+}
+
+fn render_verification(r: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "verdict: {}  ({} reproduced, {} not reproduced, {} not comparable, {} undisclosed)",
+        r["verdict"].as_str().unwrap_or("?"),
+        r["summary"]["reproduced"],
+        r["summary"]["not_reproduced"],
+        r["summary"]["not_comparable"],
+        r["summary"]["undisclosed"],
+    );
+    let _ = writeln!(out, "card: {}", r["card"]["path"].as_str().unwrap_or("?"));
+    let _ = writeln!(
+        out,
+        "checkpoint: {} (root sha256 {})",
+        r["checkpoint"]["path"].as_str().unwrap_or("?"),
+        r["checkpoint"]["root_sha256"].as_str().unwrap_or("?")
+    );
+    let _ = writeln!(
+        out,
+        "\n{:<18} {:>6} {:>12} {:>12} {:>10}  verdict",
+        "metric", "ctx", "claimed", "rerun", "tolerance"
+    );
+    for c in r["claims"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "{:<18} {:>6} {:>12} {:>12} {:>10}  {}",
+            c["metric"].as_str().unwrap_or("?"),
+            c["context_length"]
+                .as_u64()
+                .map_or("-".into(), |l| l.to_string()),
+            c["claimed_text"].as_str().unwrap_or("?"),
+            c["rerun"]
+                .as_f64()
+                .map_or("-".into(), |v| format!("{v:.6}")),
+            c["tolerance"]
+                .as_f64()
+                .map_or("-".into(), |v| format!("{v:.1e}")),
+            c["verdict"].as_str().unwrap_or("?"),
+        );
+        if c["verdict"] != "reproduced" {
+            let _ = writeln!(out, "    {}", c["reason"].as_str().unwrap_or(""));
+            for d in c["differences"].as_array().into_iter().flatten() {
+                let _ = writeln!(out, "    - {}", d.as_str().unwrap_or(""));
+            }
+        }
+    }
+    let gates: Vec<String> = r["sanity"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|g| {
+            format!(
+                "{} {}",
+                g["gate"].as_str().unwrap_or("?"),
+                if g["passed"] == true {
+                    "passed"
+                } else {
+                    "FAILED"
+                }
+            )
+        })
+        .collect();
+    if !gates.is_empty() {
+        let _ = writeln!(out, "\nsanity gates: {}", gates.join(", "));
+    }
+    if let Some(runs) = r["noise_floor"]["runs"].as_array() {
+        for run in runs {
+            let _ = writeln!(
+                out,
+                "noise floor ({}), context {}: kld_mean {:.3e}, top1_agreement {:.4}",
+                r["noise_floor"]["what"].as_str().unwrap_or(""),
+                run["context_length"],
+                run["metrics"]["kld_mean"].as_f64().unwrap_or(f64::NAN),
+                run["metrics"]["top1_agreement"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN),
+            );
+        }
+    }
+    out
+}
+
+impl Printer {
+    pub fn keys(
+        &self,
+        private: &std::path::Path,
+        public: &std::path::Path,
+        keyid: &str,
+    ) -> io::Result<()> {
+        if self.output.format == Format::Json {
+            return write_versioned(&serde_json::json!({
+                "private_key": private.display().to_string(),
+                "public_key": public.display().to_string(),
+                "keyid": keyid,
+            }));
+        }
+        write_stdout(&format!(
+            "private key: {} (keep it secret)\npublic key:  {}\nkeyid:       {keyid}\n",
+            private.display(),
+            public.display()
+        ))
+    }
+
+    pub fn report_check(
+        &self,
+        envelope: &std::path::Path,
+        keyid: &str,
+        statement: &serde_json::Value,
+        mismatches: &[cardproof::attest::Mismatch],
+        checkpoint: Option<&std::path::Path>,
+    ) -> io::Result<()> {
+        if self.output.format == Format::Json {
+            return write_versioned(&serde_json::json!({
+                "envelope": envelope.display().to_string(),
+                "keyid": keyid,
+                "verified": mismatches.is_empty(),
+                "subjects_checked": checkpoint.map(|c| c.display().to_string()),
+                "mismatches": mismatches,
+                "predicate_type": statement["predicateType"],
+                "verdict": statement["predicate"]["verdict"],
+            }));
+        }
+        let mut out = String::new();
+        if mismatches.is_empty() {
+            out.push_str(&format!(
+                "{}: signature by keyid {keyid} verifies",
+                envelope.display()
+            ));
+            if let Some(c) = checkpoint {
+                out.push_str(&format!(
+                    "; every subject matches the files in {}",
+                    c.display()
+                ));
+            }
+            out.push('\n');
+            if let Some(v) = statement["predicate"]["verdict"].as_str() {
+                out.push_str(&format!("report verdict: {v}\n"));
+            }
+        } else {
+            out.push_str(&format!("{}: NOT verified\n", envelope.display()));
+            for m in mismatches {
+                out.push_str(&format!("  {}: {}\n", m.what, m.detail));
+            }
+        }
+        write_stdout(&out)
+    }
+}

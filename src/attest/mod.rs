@@ -1,0 +1,45 @@
+//! Signed verification reports: the cryptography behind `cardproof`'s attestations.
+//!
+//! A report is an [in-toto Statement v1] (one subject per checkpoint file, our own predicate)
+//! wrapped in a [DSSE v1] envelope and signed with Ed25519. Both are open formats on purpose: a
+//! consumer who does not trust cardproof can check a report with independent tooling
+//! (securesystemslib's `dsse.Envelope.verify`, or any Ed25519 library plus the three-line PAE),
+//! which `tests/attest_check.py` does in CI.
+//!
+//! * [`keys`]: Ed25519 keys as PKCS#8 / SPKI PEM files, the securesystemslib keyid, the default
+//!   key directory.
+//! * [`dsse`]: pre-authentication encoding, signing, co-signing, lenient base64.
+//! * [`statement`]: the in-toto Statement and its subjects.
+//! * [`verify`]: offline verification of an envelope and of a checkpoint against its subjects.
+//!
+//! Nothing here prints; the binary announces a created key and renders mismatches.
+//!
+//! [in-toto Statement v1]: https://github.com/in-toto/attestation/blob/main/spec/v1/statement.md
+//! [DSSE v1]: https://github.com/secure-systems-lab/dsse/blob/master/protocol.md
+
+pub mod dsse;
+pub mod keys;
+pub mod statement;
+pub mod verify;
+
+#[cfg(test)]
+mod tests;
+
+pub use dsse::{add_signature, pae, sign_envelope};
+pub use keys::{
+    default_key_dir, default_signing_key, generate_key, keyid, public_key_pem, read_signing_key,
+    read_verifying_key, write_keypair,
+};
+pub use statement::{Subject, statement, subjects};
+pub use verify::{Mismatch, Outcome, Verified, check_subjects, verify_envelope};
+
+/// The in-toto Statement type this crate writes and accepts (v1; the URI carries the major
+/// version, so a v2 statement is rejected rather than misread).
+pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
+
+/// The DSSE payload type of an in-toto statement. Verification rejects any other type: the
+/// signature covers the type, and a payload of another type must not be interpreted as ours.
+pub const PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
+
+/// The predicate type of a cardproof verification report.
+pub const PREDICATE_TYPE: &str = "https://cardproof.dev/verification-report/v1";

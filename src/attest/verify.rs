@@ -1,0 +1,272 @@
+//! Offline verification: does an envelope carry a valid signature by a given key, and does a
+//! checkpoint on disk still match the files the signed statement lists?
+//!
+//! Two kinds of "no" are kept apart. An envelope that is not an envelope (bad JSON, missing fields,
+//! bad base64, a foreign payload type, a payload that is not a statement) is an input error
+//! ([`Error`], exit 2): there is nothing to verify. A well-formed envelope whose signatures do not
+//! check out, or a checkpoint that differs from the report, is a verification result
+//! ([`Outcome::Failed`], a list of [`Mismatch`]es), which the caller reports as a failed check.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use ed25519_dalek::{Signature, VerifyingKey};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::PAYLOAD_TYPE;
+use super::dsse::{EnvelopeParts, pae};
+use super::keys::keyid;
+use super::statement::parse_statement;
+use crate::checkpoint::hash::{HashOptions, hash_path};
+use crate::error::{Error, Result};
+use crate::span::LineCol;
+
+/// Envelopes hold a statement with one subject per file; 64 MiB is thousands of times a large
+/// checkpoint's report, and refusing more keeps a wrong file from being read into memory.
+const MAX_ENVELOPE: u64 = 64 * 1024 * 1024;
+
+/// Values of [`Mismatch::what`].
+pub mod what {
+    /// A signature entry that does not verify under the given key.
+    pub const SIGNATURE: &str = "signature";
+    /// A signature entry whose keyid names another key.
+    pub const KEYID: &str = "keyid";
+    /// A subject of the statement with no matching file in the checkpoint, or one that cannot be
+    /// compared (no name or no sha256).
+    pub const SUBJECT: &str = "subject";
+    /// A file whose SHA-256 differs from its subject's.
+    pub const DIGEST: &str = "digest";
+    /// A checkpoint file the statement does not list.
+    pub const FILE: &str = "file";
+}
+
+/// A verified envelope: the statement parsed from the exact payload bytes that were verified, and
+/// the keyid of the key that verified them.
+#[derive(Debug, Clone)]
+pub struct Verified {
+    pub statement: Value,
+    pub keyid: String,
+}
+
+/// One reason verification failed. `what` is one of the [`what`] constants; `detail` is a
+/// sentence for people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Mismatch {
+    pub what: String,
+    pub detail: String,
+}
+
+impl Mismatch {
+    fn new(what: &str, detail: impl Into<String>) -> Self {
+        Self {
+            what: what.to_owned(),
+            detail: detail.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Verified(Verified),
+    Failed(Vec<Mismatch>),
+}
+
+/// Verify the DSSE envelope in `path` against `key` (what `cardproof verify-report ENVELOPE --pub
+/// KEY` does).
+///
+/// It passes when at least one signature verifies under `key` with `verify_strict` (which rejects
+/// malleable and small-order signatures) over `PAE(payloadType, payload)`, *and* that entry's
+/// keyid is empty or [`keyid`]`(key)`. The keyid is only a hint, but a hint naming another key
+/// means the envelope claims a different signer, so it is not accepted silently. Otherwise the
+/// result is [`Outcome::Failed`] with one [`Mismatch`] per signature entry saying why.
+///
+/// The payload is parsed as a statement only after a signature verified, and from the very bytes
+/// that were verified (DSSE: never re-parse the envelope after verifying), so what the caller reads
+/// is exactly what was signed.
+pub fn verify_envelope(path: &Path, key: &VerifyingKey) -> Result<Outcome> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if meta.is_dir() {
+        return Err(Error::malformed(
+            path,
+            None,
+            "is a directory, not a DSSE envelope (a JSON file)",
+        ));
+    }
+    if meta.len() > MAX_ENVELOPE {
+        return Err(Error::malformed(
+            path,
+            None,
+            format!(
+                "is {} bytes, over the {MAX_ENVELOPE}-byte limit for a DSSE envelope",
+                meta.len()
+            ),
+        ));
+    }
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let envelope: Value = serde_json::from_slice(&bytes).map_err(|e| {
+        Error::at(
+            path,
+            LineCol {
+                line: e.line(),
+                column: e.column(),
+            },
+            crate::ErrorKind::Malformed {
+                subject: None,
+                rule: format!("not JSON, so not a DSSE envelope: {e}"),
+            },
+        )
+    })?;
+    let parts = EnvelopeParts::from_value(path, &envelope)?;
+    if parts.payload_type != PAYLOAD_TYPE {
+        return Err(Error::malformed(
+            path,
+            Some("payloadType"),
+            format!(
+                "is `{}`; a cardproof report has `{PAYLOAD_TYPE}`",
+                parts.payload_type
+            ),
+        ));
+    }
+
+    let expected = keyid(key);
+    let message = pae(&parts.payload_type, &parts.payload);
+    let mut mismatches = Vec::new();
+    for (i, entry) in parts.signatures.iter().enumerate() {
+        let n = i + 1;
+        let verifies = match Signature::from_slice(&entry.sig) {
+            Ok(sig) => key.verify_strict(&message, &sig).is_ok(),
+            Err(_) => {
+                mismatches.push(Mismatch::new(
+                    what::SIGNATURE,
+                    format!(
+                        "signature {n} is {} bytes, not an Ed25519 signature (64 bytes)",
+                        entry.sig.len()
+                    ),
+                ));
+                continue;
+            }
+        };
+        let keyid_ok = entry.keyid.is_empty() || entry.keyid == expected;
+        match (verifies, keyid_ok) {
+            (true, true) => {
+                let statement = parse_statement(path, &parts.payload)?;
+                return Ok(Outcome::Verified(Verified {
+                    statement,
+                    keyid: expected,
+                }));
+            }
+            (verifies, false) => mismatches.push(Mismatch::new(
+                what::KEYID,
+                format!(
+                    "signature {n} has keyid {}, which belongs to another key (the given key's \
+                     keyid is {expected}){}",
+                    entry.keyid,
+                    if verifies {
+                        "; its signature does verify under the given key, but the keyid was \
+                         changed"
+                    } else {
+                        ""
+                    }
+                ),
+            )),
+            (false, true) => mismatches.push(Mismatch::new(
+                what::SIGNATURE,
+                format!(
+                    "signature {n}{} does not verify under the given key: the payload, its type \
+                     or the signature was changed, or another key signed it",
+                    if entry.keyid.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (keyid {})", entry.keyid)
+                    }
+                ),
+            )),
+        }
+    }
+    if parts.signatures.is_empty() {
+        mismatches.push(Mismatch::new(
+            what::SIGNATURE,
+            "the envelope holds no signatures",
+        ));
+    }
+    Ok(Outcome::Failed(mismatches))
+}
+
+/// Compare a verified statement's subjects with the checkpoint directory as it is now.
+///
+/// The directory is hashed with [`hash_path`] and default options (the card and repository
+/// plumbing are left out, as when the report was made), and compared both ways by name: every
+/// subject must name a hashed file with the same SHA-256 ([`what::SUBJECT`] when missing,
+/// [`what::DIGEST`] with both digests when changed), and every hashed file must be a subject
+/// ([`what::FILE`]). A subject without a name or a sha256 digest cannot be matched and is a
+/// [`what::SUBJECT`] mismatch too. An empty list means the checkpoint matches. Errors are the
+/// hasher's (an unreadable checkpoint).
+pub fn check_subjects(statement: &Value, checkpoint: &Path) -> Result<Vec<Mismatch>> {
+    let manifest = hash_path(checkpoint, &HashOptions::default(), &|_| {})?;
+    let mut on_disk: BTreeMap<&str, &str> = manifest
+        .files
+        .iter()
+        .map(|f| (f.path.as_str(), f.sha256.as_str()))
+        .collect();
+    let mut mismatches = Vec::new();
+    let listed = statement
+        .get("subject")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if listed.is_empty() {
+        mismatches.push(Mismatch::new(
+            what::SUBJECT,
+            "the statement lists no subjects to compare",
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for (i, subject) in listed.iter().enumerate() {
+        let name = subject.get("name").and_then(Value::as_str);
+        let sha256 = subject
+            .get("digest")
+            .and_then(|d| d.get("sha256"))
+            .and_then(Value::as_str);
+        let (Some(name), Some(sha256)) = (name, sha256) else {
+            mismatches.push(Mismatch::new(
+                what::SUBJECT,
+                format!(
+                    "subject {} has no name or no sha256 digest, so no file can be matched to it",
+                    i + 1
+                ),
+            ));
+            continue;
+        };
+        if !seen.insert(name) {
+            mismatches.push(Mismatch::new(
+                what::SUBJECT,
+                format!("`{name}` is listed more than once"),
+            ));
+            continue;
+        }
+        match on_disk.remove(name) {
+            None => mismatches.push(Mismatch::new(
+                what::SUBJECT,
+                format!("`{name}` is in the report but not in the checkpoint"),
+            )),
+            Some(actual) if !actual.eq_ignore_ascii_case(sha256) => {
+                mismatches.push(Mismatch::new(
+                    what::DIGEST,
+                    format!(
+                        "`{name}` changed: the report has sha256 {sha256}, the checkpoint has \
+                         {actual}"
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    for name in on_disk.keys() {
+        mismatches.push(Mismatch::new(
+            what::FILE,
+            format!("`{name}` is in the checkpoint but not in the report"),
+        ));
+    }
+    Ok(mismatches)
+}

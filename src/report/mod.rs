@@ -1,0 +1,176 @@
+//! The human-readable verification report: report.md and a self-contained report.html, rendered
+//! with minijinja from the report document (report.json) and, for the plots, the per-row data of
+//! `positions.safetensors`.
+//!
+//! Card values and paths are untrusted: report.md escapes every printed value with
+//! [`escape_markdown`] (the template's autoescape mode), report.html entity-escapes them. The
+//! HTML has no script and references nothing outside itself: CSS in a `<style>` block, plots as
+//! inline SVG.
+
+mod render;
+mod svg;
+#[cfg(test)]
+mod tests;
+
+use std::path::Path;
+
+use crate::checkpoint::dtype::Dtype;
+use crate::checkpoint::safetensors::{self as st, SafetensorsFile};
+use crate::error::{Error, Result};
+
+pub use render::{format_number, render_html, render_markdown};
+pub use svg::{MAX_POINTS, svg_histogram, svg_kld_along_position};
+
+/// Per scored row of one context length, for the plots (from positions.safetensors).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunRows {
+    pub context_length: usize,
+    /// Row position j in its window (row j predicts token j+1).
+    pub position: Vec<u64>,
+    /// Forward KL of the row, nats.
+    pub kld: Vec<f64>,
+    /// Whether the two models' top-1 tokens differ at the row.
+    pub flip: Vec<bool>,
+}
+
+/// Markdown escaping for untrusted text (card values, paths), for use in paragraphs, list items
+/// and table cells: nothing in the result renders as a link (inline, reference or autolink), an
+/// image, raw HTML, an entity, emphasis, code, a table cell break, a heading, a list or a quote.
+///
+/// ASCII punctuation with an inline Markdown meaning gets a backslash, and so does a leading `#`,
+/// `-`, `+`, `=` or `1.` (block syntax can only start a line, and line breaks and other control
+/// characters become spaces: a newline would also end a table row); `<`, `>` and `&` become
+/// entities;
+/// bidirectional-override characters become U+FFFD (they can make text read differently than it
+/// is); `://` and `www.` are broken so GFM does not autolink them.
+pub fn escape_markdown(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + s.len() / 4);
+    let bytes = s.as_bytes();
+    // Block syntax (headings, lists, setext underlines) can only start a line; newlines become
+    // spaces below, so only the first non-blank character can start one.
+    let first = s
+        .find(|c: char| !(c.is_whitespace() || c.is_control()))
+        .unwrap_or(s.len());
+    let lead_digits = bytes[first..]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .count();
+    let mut prev_cr = false;
+    for (i, c) in s.char_indices() {
+        let was_cr = std::mem::replace(&mut prev_cr, c == '\r');
+        match c {
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '\\' | '`' | '*' | '_' | '[' | ']' | '(' | ')' | '!' | '|' | '{' | '}' | '~' | '$'
+            | '@' | '^' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '#' | '-' | '+' | '=' if i == first => {
+                out.push('\\');
+                out.push(c);
+            }
+            // `1.` followed by a blank opens an ordered list.
+            '.' if lead_digits > 0
+                && i == first + lead_digits
+                && bytes.get(i + 1).is_none_or(|b| b.is_ascii_whitespace()) =>
+            {
+                out.push_str("\\.");
+            }
+            // GFM extended autolinks: `scheme://` and `www.`.
+            ':' if bytes.get(i + 1..i + 3) == Some(b"//") => out.push_str("\\:"),
+            '.' if i >= 3 && bytes[i - 3..i].eq_ignore_ascii_case(b"www") => out.push_str("\\."),
+            '\n' if was_cr => {}
+            '\n' | '\r' | '\t' => out.push(' '),
+            c if c.is_control() => out.push(' '),
+            c if render::is_bidi_control(c) => out.push('\u{FFFD}'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Largest tensor [`read_positions`] reads whole (a 131k-token window scored at every row is
+/// about 1 MiB per f64 array).
+const MAX_POSITION_TENSOR_BYTES: u64 = 1 << 30;
+
+/// Read the plots' rows from a `positions.safetensors` written by `measure` (tensors
+/// `ctx<L>.position`, `ctx<L>.kld`, `ctx<L>.ref_top1`, `ctx<L>.cand_top1`), in the file's order
+/// of context lengths.
+pub fn read_positions(path: &Path) -> Result<Vec<RunRows>> {
+    let file = st::read_file(path)?;
+    let mut lengths: Vec<usize> = Vec::new();
+    for t in &file.tensors {
+        if let Some(l) = t
+            .name
+            .strip_prefix("ctx")
+            .and_then(|r| r.strip_suffix(".position"))
+        {
+            let l = l.parse().map_err(|_| {
+                Error::malformed(path, Some(&t.name), "context length is not a number")
+            })?;
+            lengths.push(l);
+        }
+    }
+    lengths
+        .into_iter()
+        .map(|l| {
+            let p = format!("ctx{l}");
+            let position: Vec<u64> = read_array(&file, &format!("{p}.position"), Dtype::I64)?
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default()).max(0) as u64)
+                .collect();
+            let kld: Vec<f64> = read_array(&file, &format!("{p}.kld"), Dtype::F64)?
+                .chunks_exact(8)
+                .map(|b| f64::from_le_bytes(b.try_into().unwrap_or_default()))
+                .collect();
+            let i32s = |name: &str| -> Result<Vec<i32>> {
+                Ok(read_array(&file, name, Dtype::I32)?
+                    .chunks_exact(4)
+                    .map(|b| i32::from_le_bytes(b.try_into().unwrap_or_default()))
+                    .collect())
+            };
+            let a = i32s(&format!("{p}.ref_top1"))?;
+            let b = i32s(&format!("{p}.cand_top1"))?;
+            let n = position.len();
+            if kld.len() != n || a.len() != n || b.len() != n {
+                return Err(Error::malformed(
+                    path,
+                    Some(&p),
+                    "position, kld, ref_top1 and cand_top1 differ in length",
+                ));
+            }
+            Ok(RunRows {
+                context_length: l,
+                position,
+                kld,
+                flip: a.iter().zip(&b).map(|(a, b)| a != b).collect(),
+            })
+        })
+        .collect()
+}
+
+fn read_array(file: &SafetensorsFile, name: &str, dtype: Dtype) -> Result<Vec<u8>> {
+    match file.get(name) {
+        Some(t) if t.dtype == dtype && t.shape.len() == 1 => {}
+        Some(t) => {
+            return Err(Error::malformed(
+                &file.path,
+                Some(name),
+                format!(
+                    "expected a 1-D {dtype:?} array, found {:?} of shape {:?}",
+                    t.dtype, t.shape
+                ),
+            ));
+        }
+        None => {
+            return Err(Error::malformed(
+                &file.path,
+                Some(name),
+                "missing from positions.safetensors",
+            ));
+        }
+    }
+    st::read_tensor_bytes(file, name, MAX_POSITION_TENSOR_BYTES)
+}

@@ -1,0 +1,485 @@
+//! Inline SVG plots for report.html: mean KLD along the window with top-1 flips marked, and a
+//! histogram of per-row KLD on a log axis.
+//!
+//! The SVG is meant to be inlined into HTML (no `xmlns`, so no URL appears anywhere); every style
+//! is a presentation attribute, so the plots look the same without the page's CSS. Every number
+//! written into a coordinate is finite: empty runs, zero KLD, a single row and non-finite values
+//! all give a drawable (if sparse) plot.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use super::RunRows;
+use super::render::format_number;
+
+const WIDTH: f64 = 720.0;
+const HEIGHT: f64 = 300.0;
+const LEFT: f64 = 72.0;
+const RIGHT: f64 = 20.0;
+const TOP: f64 = 48.0;
+const BOTTOM: f64 = 48.0;
+
+/// Above this many distinct positions, neighbouring positions are pooled into bins so a 131k-token
+/// window stays a plot of at most this many points (and markers).
+pub const MAX_POINTS: usize = 1000;
+/// Histogram bins at most (log-spaced); decades beyond are clamped into the first bin.
+const MAX_BINS: usize = 60;
+
+const LINE: &str = "#0969da";
+const FLIP: &str = "#cf222e";
+const AXIS: &str = "#57606a";
+const GRID: &str = "#d0d7de";
+const BAR: &str = "#54aeff";
+
+/// Inline SVG: mean KLD at each position j (over windows) along the window, top-1 flips marked
+/// (positions whose flip rate is > 0; marker area proportional to the rate), with axes, ticks and
+/// labels. More than [`MAX_POINTS`] distinct positions are pooled into equal-width bins of
+/// positions, and then each marker stands for a bin.
+pub fn svg_kld_along_position(run: &RunRows) -> String {
+    let n = run.position.len().min(run.kld.len()).min(run.flip.len());
+    let max_pos = run.position[..n].iter().copied().max().unwrap_or(0);
+    let distinct = {
+        let mut p: Vec<u64> = run.position[..n].to_vec();
+        p.sort_unstable();
+        p.dedup();
+        p.len()
+    };
+    let bin_width = if distinct > MAX_POINTS {
+        (max_pos / MAX_POINTS as u64 + 1).max(1)
+    } else {
+        1
+    };
+
+    #[derive(Default)]
+    struct Acc {
+        sum: f64,
+        finite: usize,
+        rows: usize,
+        flips: usize,
+        pos_sum: f64,
+    }
+    let mut bins: BTreeMap<u64, Acc> = BTreeMap::new();
+    for i in 0..n {
+        let p = run.position[i];
+        let acc = bins.entry(p / bin_width).or_default();
+        acc.rows += 1;
+        acc.pos_sum += p as f64;
+        if run.kld[i].is_finite() {
+            acc.sum += run.kld[i];
+            acc.finite += 1;
+        }
+        if run.flip[i] {
+            acc.flips += 1;
+        }
+    }
+    struct Point {
+        x: f64,
+        mean: Option<f64>,
+        rows: usize,
+        flips: usize,
+        label: String,
+    }
+    let points: Vec<Point> = bins
+        .iter()
+        .map(|(&b, a)| {
+            let label = if bin_width == 1 {
+                format!("j = {b}")
+            } else {
+                format!("j = {}–{}", b * bin_width, b * bin_width + bin_width - 1)
+            };
+            Point {
+                x: a.pos_sum / a.rows as f64,
+                mean: (a.finite > 0).then(|| a.sum / a.finite as f64),
+                rows: a.rows,
+                flips: a.flips,
+                label,
+            }
+        })
+        .collect();
+
+    let y_max = points.iter().filter_map(|p| p.mean).fold(0.0f64, f64::max);
+    // The window's rows run from j = 0 to L - 2: the x axis spans exactly that.
+    let x_end = (max_pos as f64).max(run.context_length.saturating_sub(2) as f64).max(1.0);
+    let mut x_axis = Axis::linear(0.0, x_end, LEFT, WIDTH - RIGHT);
+    x_axis.clip(x_end);
+    let y_axis = Axis::linear(0.0, y_max, HEIGHT - BOTTOM, TOP);
+
+    let mut s = open_svg(&format!(
+        "Mean KLD along the window at context length {}",
+        run.context_length
+    ));
+    let _ = write!(
+        s,
+        r##"<text x="{LEFT}" y="18" font-size="14" font-weight="bold" fill="#24292f">context length {}: mean KLD by position j</text>"##,
+        run.context_length
+    );
+    if n == 0 {
+        draw_axes(
+            &mut s,
+            &x_axis,
+            &y_axis,
+            "position j in the window",
+            "mean KLD (nats)",
+        );
+        note(&mut s, "no scored rows");
+        s.push_str("</svg>");
+        return s;
+    }
+    draw_axes(
+        &mut s,
+        &x_axis,
+        &y_axis,
+        "position j in the window",
+        "mean KLD (nats)",
+    );
+
+    let coords: Vec<(f64, f64)> = points
+        .iter()
+        .filter_map(|p| p.mean.map(|m| (x_axis.map(p.x), y_axis.map(m))))
+        .collect();
+    if coords.len() > 1 {
+        s.push_str(r##"<polyline fill="none" stroke=""##);
+        s.push_str(LINE);
+        s.push_str(r##"" stroke-width="1.2" points=""##);
+        for (i, (x, y)) in coords.iter().enumerate() {
+            if i > 0 {
+                s.push(' ');
+            }
+            let _ = write!(s, "{},{}", c(*x), c(*y));
+        }
+        s.push_str(r##""/>"##);
+    } else if let Some((x, y)) = coords.first() {
+        let _ = write!(
+            s,
+            r##"<circle cx="{}" cy="{}" r="2.5" fill="{LINE}"/>"##,
+            c(*x),
+            c(*y)
+        );
+    }
+
+    let mut markers = 0usize;
+    for p in points.iter().filter(|p| p.flips > 0) {
+        let rate = p.flips as f64 / p.rows as f64;
+        let x = x_axis.map(p.x);
+        // A flip where no KLD is finite still gets a marker, on the baseline.
+        let y = y_axis.map(p.mean.unwrap_or(0.0));
+        let r = 2.0 + 4.0 * rate.sqrt();
+        let _ = write!(
+            s,
+            r##"<circle class="flip" cx="{}" cy="{}" r="{}" fill="{FLIP}" fill-opacity="0.55" stroke="{FLIP}"><title>{}: top-1 flip rate {} ({} of {} rows)</title></circle>"##,
+            c(x),
+            c(y),
+            c(r),
+            p.label,
+            format_number(rate, 3),
+            p.flips,
+            p.rows
+        );
+        markers += 1;
+    }
+
+    // Legend, on its own row under the title.
+    let lx = LEFT;
+    let _ = write!(
+        s,
+        r##"<line x1="{lx}" y1="30" x2="{}" y2="30" stroke="{LINE}" stroke-width="1.5"/><text x="{}" y="34" font-size="11" fill="{AXIS}">mean over windows</text>"##,
+        lx + 18.0,
+        lx + 22.0
+    );
+    let _ = write!(
+        s,
+        r##"<circle cx="{}" cy="30" r="4" fill="{FLIP}" fill-opacity="0.55" stroke="{FLIP}"/><text x="{}" y="34" font-size="11" fill="{AXIS}">top-1 flips: {markers} position{} (marker area: flip rate)</text>"##,
+        lx + 140.0,
+        lx + 148.0,
+        if markers == 1 { "" } else { "s" }
+    );
+    if bin_width > 1 {
+        let _ = write!(
+            s,
+            r##"<text x="{LEFT}" y="{}" font-size="10" fill="{AXIS}">positions pooled in bins of {bin_width}</text>"##,
+            HEIGHT - 4.0
+        );
+    }
+    s.push_str("</svg>");
+    s
+}
+
+/// Inline SVG histogram of per-row KLD over all runs: log-spaced bins (up to 10 per decade);
+/// rows with KLD = 0 (or below, from rounding) cannot sit on a log axis and are counted in a note
+/// on the plot, as are non-finite values.
+pub fn svg_histogram(rows: &[RunRows]) -> String {
+    let mut positive = Vec::new();
+    let mut zero = 0usize;
+    let mut nonfinite = 0usize;
+    for run in rows {
+        for &k in &run.kld {
+            if !k.is_finite() {
+                nonfinite += 1;
+            } else if k <= 0.0 {
+                zero += 1;
+            } else {
+                positive.push(k);
+            }
+        }
+    }
+    let total = positive.len() + zero + nonfinite;
+    let mut s = open_svg("Histogram of per-row KLD (log-spaced bins)");
+    let _ = write!(
+        s,
+        r##"<text x="{LEFT}" y="18" font-size="14" font-weight="bold" fill="#24292f">per-row KLD, all context lengths ({total} rows)</text>"##
+    );
+    let mut notes = vec![if zero == 0 {
+        "no rows with KLD = 0".to_owned()
+    } else {
+        format!(
+            "{zero} row{} with KLD = 0, not on the log axis",
+            if zero == 1 { "" } else { "s" }
+        )
+    }];
+    if nonfinite > 0 {
+        notes.push(format!("{nonfinite} non-finite, not shown"));
+    }
+
+    let (lo_dec, hi_dec, per_decade, counts) = if positive.is_empty() {
+        (-4i32, 0i32, 1usize, vec![0usize; 4])
+    } else {
+        let min = positive.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = positive.iter().copied().fold(0.0f64, f64::max);
+        let mut lo = min.log10().floor() as i32;
+        let mut hi = max.log10().ceil() as i32;
+        if hi <= lo {
+            hi = lo + 1;
+        }
+        if (hi - lo) as usize > MAX_BINS {
+            lo = hi - MAX_BINS as i32;
+        }
+        let decades = (hi - lo) as usize;
+        let per_decade = (MAX_BINS / decades).clamp(1, 10);
+        let nb = decades * per_decade;
+        let mut counts = vec![0usize; nb];
+        for &k in &positive {
+            let i = ((k.log10() - lo as f64) * per_decade as f64).floor();
+            let i = if i.is_finite() {
+                i.max(0.0) as usize
+            } else {
+                0
+            };
+            counts[i.min(nb - 1)] += 1;
+        }
+        (lo, hi, per_decade, counts)
+    };
+    let max_count = counts.iter().copied().max().unwrap_or(0);
+    let x_axis = Axis {
+        lo: lo_dec as f64,
+        hi: hi_dec as f64,
+        p0: LEFT,
+        p1: WIDTH - RIGHT,
+        ticks: (lo_dec..=hi_dec).map(|d| d as f64).collect(),
+        labels: (lo_dec..=hi_dec).map(|d| format!("1e{d}")).collect(),
+    };
+    let y_axis = Axis::counts(max_count, HEIGHT - BOTTOM, TOP);
+    draw_axes(
+        &mut s,
+        &x_axis,
+        &y_axis,
+        "KLD per row (nats, log scale)",
+        "rows",
+    );
+    for (i, &count) in counts.iter().enumerate() {
+        if count == 0 {
+            continue;
+        }
+        let a = lo_dec as f64 + i as f64 / per_decade as f64;
+        let b = lo_dec as f64 + (i + 1) as f64 / per_decade as f64;
+        let (x0, x1) = (x_axis.map(a), x_axis.map(b));
+        let (y0, y1) = (y_axis.map(count as f64), y_axis.map(0.0));
+        let _ = write!(
+            s,
+            r##"<rect class="bar" x="{}" y="{}" width="{}" height="{}" fill="{BAR}" stroke="#ffffff" stroke-width="0.5"><title>[{}, {}): {count} rows</title></rect>"##,
+            c(x0),
+            c(y0),
+            c((x1 - x0).max(0.0)),
+            c((y1 - y0).max(0.0)),
+            format_number(10f64.powf(a), 2),
+            format_number(10f64.powf(b), 2),
+        );
+    }
+    if positive.is_empty() {
+        note(&mut s, "no row with KLD > 0");
+    }
+    let _ = write!(
+        s,
+        r##"<text class="zero-note" x="{}" y="32" font-size="11" text-anchor="end" fill="{AXIS}">{}</text>"##,
+        WIDTH - RIGHT,
+        notes.join("; ")
+    );
+    s.push_str("</svg>");
+    s
+}
+
+fn open_svg(label: &str) -> String {
+    format!(
+        r##"<svg class="plot" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="{label}" font-family="system-ui, sans-serif">"##
+    )
+}
+
+fn note(s: &mut String, text: &str) {
+    let _ = write!(
+        s,
+        r##"<text x="{}" y="{}" font-size="13" text-anchor="middle" fill="{AXIS}">{text}</text>"##,
+        c((LEFT + WIDTH - RIGHT) / 2.0),
+        c((TOP + HEIGHT - BOTTOM) / 2.0)
+    );
+}
+
+/// A coordinate, rounded for size; never NaN or infinite (those would break the SVG).
+fn c(v: f64) -> String {
+    let v = if v.is_finite() { v } else { 0.0 };
+    let r = (v * 10.0).round() / 10.0;
+    if r == 0.0 {
+        "0".to_owned()
+    } else {
+        format!("{r}")
+    }
+}
+
+/// A linear mapping from data to pixels with its ticks.
+struct Axis {
+    lo: f64,
+    hi: f64,
+    p0: f64,
+    p1: f64,
+    ticks: Vec<f64>,
+    labels: Vec<String>,
+}
+
+impl Axis {
+    /// From `lo` to at least `hi`, extended to a round tick; a degenerate range becomes [lo, lo+1].
+    fn linear(lo: f64, hi: f64, p0: f64, p1: f64) -> Axis {
+        let lo = if lo.is_finite() { lo } else { 0.0 };
+        let mut hi = if hi.is_finite() { hi } else { lo };
+        if hi <= lo {
+            hi = lo + if lo == 0.0 { 1.0 } else { lo.abs() };
+        }
+        let step = nice_step((hi - lo) / 5.0);
+        let top = (hi / step).ceil() * step;
+        let mut ticks = Vec::new();
+        let mut k = (lo / step).ceil();
+        while k * step <= top + step * 1e-9 && ticks.len() < 20 {
+            ticks.push(k * step);
+            k += 1.0;
+        }
+        let labels = ticks.iter().map(|&t| tick_label(t, step)).collect();
+        Axis {
+            lo,
+            hi: top,
+            p0,
+            p1,
+            ticks,
+            labels,
+        }
+    }
+
+    /// End the axis at `hi` exactly, dropping ticks beyond it.
+    fn clip(&mut self, hi: f64) {
+        if hi > self.lo {
+            self.hi = hi;
+            let keep = self.ticks.iter().take_while(|&&t| t <= hi * (1.0 + 1e-9)).count();
+            self.ticks.truncate(keep);
+            self.labels.truncate(keep);
+        }
+    }
+
+    /// Counts from 0: integer ticks only.
+    fn counts(max: usize, p0: f64, p1: f64) -> Axis {
+        let hi = (max as f64).max(1.0);
+        let step = nice_step(hi / 5.0).max(1.0);
+        let top = (hi / step).ceil() * step;
+        let ticks: Vec<f64> = (0..=((top / step) as usize))
+            .map(|i| i as f64 * step)
+            .collect();
+        let labels = ticks.iter().map(|&t| format!("{}", t as u64)).collect();
+        Axis {
+            lo: 0.0,
+            hi: top,
+            p0,
+            p1,
+            ticks,
+            labels,
+        }
+    }
+
+    fn map(&self, v: f64) -> f64 {
+        let span = self.hi - self.lo;
+        if !(span > 0.0) || !v.is_finite() {
+            return self.p0;
+        }
+        self.p0 + (v - self.lo) / span * (self.p1 - self.p0)
+    }
+}
+
+/// 1, 2 or 5 times a power of ten, at least `raw`.
+fn nice_step(raw: f64) -> f64 {
+    if !(raw > 0.0) || !raw.is_finite() {
+        return 1.0;
+    }
+    let mag = 10f64.powf(raw.log10().floor());
+    let f = raw / mag;
+    let nice = if f <= 1.0 {
+        1.0
+    } else if f <= 2.0 {
+        2.0
+    } else if f <= 5.0 {
+        5.0
+    } else {
+        10.0
+    };
+    nice * mag
+}
+
+fn tick_label(t: f64, step: f64) -> String {
+    if t.abs() < step * 1e-6 {
+        return "0".to_owned();
+    }
+    if step >= 1.0 && step < 1e6 {
+        return format!("{}", t.round() as i64);
+    }
+    format_number(t, 3)
+}
+
+fn draw_axes(s: &mut String, x: &Axis, y: &Axis, x_label: &str, y_label: &str) {
+    let (x0, x1) = (c(x.p0), c(x.p1));
+    let (y0, y1) = (c(y.p0), c(y.p1));
+    for (t, label) in y.ticks.iter().zip(&y.labels) {
+        let py = c(y.map(*t));
+        let _ = write!(
+            s,
+            r##"<line x1="{x0}" y1="{py}" x2="{x1}" y2="{py}" stroke="{GRID}" stroke-width="0.6"/><text x="{}" y="{py}" dy="4" font-size="11" text-anchor="end" fill="{AXIS}">{label}</text>"##,
+            c(x.p0 - 6.0)
+        );
+    }
+    for (t, label) in x.ticks.iter().zip(&x.labels) {
+        let px = c(x.map(*t));
+        let _ = write!(
+            s,
+            r##"<line x1="{px}" y1="{y0}" x2="{px}" y2="{}" stroke="{AXIS}" stroke-width="1"/><text x="{px}" y="{}" font-size="11" text-anchor="middle" fill="{AXIS}">{label}</text>"##,
+            c(y.p0 + 5.0),
+            c(y.p0 + 18.0)
+        );
+    }
+    let _ = write!(
+        s,
+        r##"<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="{AXIS}" stroke-width="1"/><line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="{AXIS}" stroke-width="1"/>"##
+    );
+    let _ = write!(
+        s,
+        r##"<text x="{}" y="{}" font-size="12" text-anchor="middle" fill="{AXIS}">{x_label}</text>"##,
+        c((x.p0 + x.p1) / 2.0),
+        c(y.p0 + 36.0)
+    );
+    let ym = c((y.p0 + y.p1) / 2.0);
+    let _ = write!(
+        s,
+        r##"<text x="16" y="{ym}" font-size="12" text-anchor="middle" fill="{AXIS}" transform="rotate(-90 16 {ym})">{y_label}</text>"##
+    );
+}

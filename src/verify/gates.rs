@@ -1,0 +1,94 @@
+//! Sanity gates, run on every verification (design.md, "Verdicts"): a model against itself gives
+//! exactly 0; the candidate shifted by one row gives a large KL; a quantized candidate does not
+//! give an all-zero KL (quantization never engaged).
+
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::measure::protocol::VocabMode;
+use crate::measure::row::{Scratch, reduce};
+use crate::runner::Runner;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Gate {
+    pub gate: &'static str,
+    pub passed: bool,
+    pub detail: String,
+}
+
+/// Mean forward KL of reference row j against candidate row j + `shift` over one window.
+fn mean_kl(
+    reference: &dyn Runner,
+    candidate: &dyn Runner,
+    ids: &[u32],
+    shift: usize,
+    vocab: usize,
+) -> Result<(f64, f64, bool)> {
+    let n = ids.len();
+    let rows: Vec<usize> = (0..n.saturating_sub(1 + shift)).collect();
+    let shifted: Vec<usize> = rows.iter().map(|r| r + shift).collect();
+    let a = reference.window(ids)?.logits(&rows)?;
+    let b = candidate.window(ids)?.logits(&shifted)?;
+    let w = reference.vocab();
+    let mut scratch = Scratch::default();
+    let (mut sum, mut sum_rev, mut top1_equal) = (0.0, 0.0, true);
+    for k in 0..rows.len() {
+        let Some(r) = reduce(
+            &a[k * w..k * w + vocab],
+            &b[k * w..k * w + vocab],
+            None,
+            VocabMode::Full,
+            true,
+            &mut scratch,
+        ) else {
+            continue;
+        };
+        sum += r.forward;
+        sum_rev += r.reverse;
+        top1_equal &= r.ref_top1 == r.cand_top1;
+    }
+    let n = rows.len().max(1) as f64;
+    Ok((sum / n, sum_rev / n, top1_equal))
+}
+
+/// Run the gates on the first window; `rerun_kld_mean` is the measured mean KLD and
+/// `quantized` whether the candidate holds quantized weights.
+pub fn run(
+    reference: &dyn Runner,
+    candidate: &dyn Runner,
+    window: &[u32],
+    vocab: usize,
+    rerun_kld_max: f64,
+    rerun_kld_mean: f64,
+    quantized: bool,
+) -> Result<Vec<Gate>> {
+    let mut gates = Vec::new();
+    let (self_kl, self_rev, same_top1) = mean_kl(reference, reference, window, 0, vocab)?;
+    gates.push(Gate {
+        gate: "self_compare",
+        passed: self_kl == 0.0 && self_rev == 0.0 && same_top1,
+        detail: format!(
+            "the reference against itself on one window: mean KL {self_kl:e} forward, {self_rev:e} reverse (must be exactly 0), top-1 {}",
+            if same_top1 { "identical" } else { "differs" }
+        ),
+    });
+    let (shift_kl, _, _) = mean_kl(reference, candidate, window, 1, vocab)?;
+    let floor = (100.0 * rerun_kld_mean).max(0.05);
+    gates.push(Gate {
+        gate: "one_row_shift",
+        passed: shift_kl > floor,
+        detail: format!(
+            "the candidate shifted by one row: mean KL {shift_kl:.4} nats (must exceed {floor:.4}, 100x the measured mean or 0.05), so rows are aligned"
+        ),
+    });
+    gates.push(Gate {
+        gate: "quantization_engaged",
+        passed: !quantized || rerun_kld_max > 0.0,
+        detail: if quantized {
+            format!("the candidate holds quantized weights and its largest per-row KLD is {rerun_kld_max:e} (must be above 0)")
+        } else {
+            "the candidate holds no quantized weights; an all-zero KLD is possible".into()
+        },
+    });
+    Ok(gates)
+}

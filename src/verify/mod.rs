@@ -1,0 +1,365 @@
+//! `cardproof verify`: lint the card, inspect and hash the checkpoint, rerun the disclosed
+//! protocol with the native runner, run the sanity gates and decide a verdict per claim; then the
+//! signed report (an in-toto Statement in a DSSE envelope) and its Markdown and HTML renderings.
+
+pub mod claims;
+pub mod gates;
+pub mod protocol;
+pub mod write;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::card::Card;
+use crate::checkpoint::hash::{HashOptions, Manifest, hash_path};
+use crate::error::{Error, Result};
+use crate::findings::Code;
+use crate::measurement::{self, MeasureOptions, ModelMeasurement, NativeRequest, Progress};
+use crate::runner::Runner;
+use crate::runner::native::{ComputeDtype, Emulate};
+use claims::{Claim, ClaimResult, Context, Rerun, Verdict};
+
+/// What to verify.
+pub struct VerifyRequest<'a> {
+    /// The candidate: a model directory holding its card (README.md).
+    pub model: &'a Path,
+    /// The reference checkpoint (local path; Hub sources come later).
+    pub reference: Option<&'a Path>,
+    /// The eval text, when the card's `eval.text.source` is not a readable path.
+    pub eval_text: Option<&'a Path>,
+    pub threads: usize,
+    /// Also measure the reference against itself in f64 vs the rerun's compute dtype.
+    pub noise_floor: bool,
+}
+
+/// One context length's rows, for the report's plots.
+pub struct PlotRows {
+    pub context_length: usize,
+    pub position: Vec<u64>,
+    pub kld: Vec<f64>,
+    pub flip: Vec<bool>,
+}
+
+/// A finished verification.
+pub struct VerifyOutcome {
+    /// report.json: the in-toto predicate.
+    pub report: Value,
+    pub verdict: Verdict,
+    pub claims: Vec<ClaimResult>,
+    /// The checkpoint's files: the statement's subjects.
+    pub manifest: Manifest,
+    pub measurement: Option<(ModelMeasurement, Value)>,
+    pub rows: Vec<PlotRows>,
+}
+
+/// The eval text: `--eval-text`, else the card's `eval.text.source` read as a path relative to the
+/// card's directory or the working directory.
+fn eval_text_path(card_dir: &Path, disclosure: &Value, given: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = given {
+        return Ok(p.to_owned());
+    }
+    let source = disclosure["eval"]["text"]["source"]
+        .as_str()
+        .unwrap_or_default();
+    for candidate in [card_dir.join(source), PathBuf::from(source)] {
+        if !source.is_empty() && candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    Err(Error::malformed(
+        card_dir,
+        Some("fidelity.eval.text.source"),
+        format!(
+            "the eval text `{source}` (sha256 {}) is not a readable file here; pass it with --eval-text FILE",
+            disclosure["eval"]["text"]["sha256"]
+                .as_str()
+                .unwrap_or("not disclosed")
+        ),
+    ))
+}
+
+fn compute_dtype(card_dir: &Path, name: &str) -> Result<ComputeDtype> {
+    match name {
+        "f32" | "float32" => Ok(ComputeDtype::F32),
+        "f64" | "float64" => Ok(ComputeDtype::F64),
+        "bf16" | "bfloat16" => Ok(ComputeDtype::Bf16),
+        other => Err(Error::malformed(
+            card_dir,
+            Some("fidelity.runtime.compute_dtype"),
+            format!("compute dtype `{other}` is not one the native runner has (f32, f64, bf16)"),
+        )),
+    }
+}
+
+/// Whether the loaded candidate holds quantized weights.
+fn quantized(m: &crate::runner::native::NativeModel) -> bool {
+    m.decoder.report.schemes.keys().any(|s| {
+        !matches!(
+            s.as_str(),
+            "bf16" | "f16" | "f32" | "f64" | "gguf F32" | "gguf F16" | "gguf BF16"
+        )
+    })
+}
+
+/// Run the whole verification. Fails closed: any error is an `Err`, never a verdict.
+pub fn verify(
+    r: &VerifyRequest,
+    stage: &(dyn Fn(&str) + Sync),
+    progress: Progress,
+) -> Result<VerifyOutcome> {
+    stage("linting");
+    let card_path = crate::card::resolve_card_path(r.model)?;
+    let card = Card::open(&card_path)?;
+    let inspections = if crate::checkpoint::has_checkpoint(r.model) {
+        crate::checkpoint::inspect::inspect_path(r.model)?
+    } else {
+        return Err(Error::malformed(
+            r.model,
+            None,
+            "holds no checkpoint (safetensors or GGUF) to verify",
+        ));
+    };
+    let lint = crate::lint::lint_with_checkpoint(&card, &inspections);
+    let fidelity_node = card.metadata().and_then(|m| m.get("fidelity"));
+    let disclosure = fidelity_node.map_or(Value::Null, |e| e.value.to_json());
+    let card_claims: Vec<Claim> = fidelity_node
+        .map(|e| claims::claims(&e.value, &|offset| card.line_col(offset).line))
+        .unwrap_or_default();
+
+    let mut ctx = Context::default();
+    for f in &lint.findings {
+        if matches!(
+            f.code,
+            Code::MissingDisclosure | Code::VagueDisclosure | Code::NoFidelityDisclosure
+        ) {
+            ctx.undisclosed.push(f.message.clone());
+        }
+    }
+    stage("hashing");
+    let manifest = hash_path(
+        r.model,
+        &HashOptions {
+            threads: Some(r.threads),
+            include_all: false,
+        },
+        &|_| {},
+    )?;
+
+    let resolved = protocol::resolve(&disclosure);
+    let mut measured = None;
+    let mut gates_out = Vec::new();
+    let mut noise = Value::Null;
+    let mut rows = Vec::new();
+    match resolved {
+        Err(missing) => ctx.undisclosed.extend(missing),
+        Ok(resolved) => {
+            let reference = r.reference.ok_or_else(|| {
+                Error::malformed(
+                    r.model,
+                    Some("fidelity.reference"),
+                    format!(
+                        "verify needs the reference checkpoint: pass --reference PATH (the card names {}@{}; Hub sources are not supported yet)",
+                        disclosure["reference"]["repo"].as_str().unwrap_or("?"),
+                        disclosure["reference"]["revision"].as_str().unwrap_or("?")
+                    ),
+                )
+            })?;
+            let text = eval_text_path(
+                card_path.parent().unwrap_or(Path::new(".")),
+                &disclosure,
+                r.eval_text,
+            )?;
+            let compute = compute_dtype(&card_path, &resolved.compute)?;
+            let mut options: MeasureOptions = resolved.options.clone();
+            fn request<'a>(
+                reference: &'a Path,
+                model: &'a Path,
+                text: &'a Path,
+                options: &'a MeasureOptions,
+                compute: ComputeDtype,
+                threads: usize,
+            ) -> NativeRequest<'a> {
+                NativeRequest {
+                    reference,
+                    candidate: model,
+                    eval_text: text,
+                    tokenizer: None,
+                    options,
+                    compute,
+                    emulate: Emulate::ReferenceSemantics,
+                    threads,
+                    out: Path::new("."),
+                }
+            }
+            let prepared = measurement::prepare_native(
+                &request(reference, r.model, &text, &options, compute, r.threads),
+                stage,
+            )?;
+            if resolved.padding_included {
+                options.vocab_size = Some(prepared.candidate.vocab());
+            }
+            stage("measuring");
+            let (m, doc) = measurement::measure_prepared(
+                &request(reference, r.model, &text, &options, compute, r.threads),
+                &prepared,
+                progress,
+            )?;
+            stage("sanity gates");
+            let first_length = options.context_lengths.first().copied().unwrap_or(2);
+            let window: Vec<u32> = crate::runner::tokens::windows(
+                &prepared.stream,
+                &text,
+                first_length,
+                options.bos,
+                prepared.tokenizer.bos_id,
+            )?
+            .windows
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+            let first = m.runs.first();
+            let kld_max = first
+                .and_then(|r| r.summary.metrics.get("kld_max"))
+                .copied()
+                .unwrap_or(0.0);
+            let kld_mean = first
+                .and_then(|r| r.summary.metrics.get("kld_mean"))
+                .copied()
+                .unwrap_or(0.0);
+            gates_out = gates::run(
+                &prepared.reference,
+                &prepared.candidate,
+                &window,
+                m.vocab_size,
+                kld_max,
+                kld_mean,
+                quantized(&prepared.candidate),
+            )?;
+            for g in gates_out.iter().filter(|g| !g.passed) {
+                ctx.failed_gates.push(format!("{}: {}", g.gate, g.detail));
+            }
+            if gates_out
+                .iter()
+                .any(|g| g.gate == "quantization_engaged" && !g.passed)
+            {
+                return Err(Error::malformed(
+                    r.model,
+                    None,
+                    "the candidate holds quantized weights but its KL against the reference is exactly 0 everywhere: quantization never engaged (the same weights were loaded twice?)",
+                ));
+            }
+            ctx.differences = protocol::lane_differences(&disclosure, &doc, &resolved);
+            if r.noise_floor {
+                stage("noise floor");
+                let other = if compute == ComputeDtype::F64 {
+                    ComputeDtype::F32
+                } else {
+                    ComputeDtype::F64
+                };
+                let twin =
+                    crate::runner::native::load(reference, other, Emulate::ReferenceSemantics)?;
+                let mut floor_options = options.clone();
+                floor_options.bootstrap.resamples = floor_options.bootstrap.resamples.min(200);
+                let f = measurement::measure_models(
+                    &prepared.reference,
+                    &twin,
+                    &measurement::EvalInput {
+                        stream: &prepared.stream,
+                        text_path: &text,
+                        bos_id: prepared.tokenizer.bos_id,
+                        tokenizer_vocab: prepared.tokenizer.vocab_size,
+                    },
+                    &floor_options,
+                    &|_, _| {},
+                )?;
+                noise = json!({
+                    "what": format!("the reference against itself, computed in {} vs {}", compute.as_str(), other.as_str()),
+                    "runs": f.runs.iter().map(|run| json!({
+                        "context_length": run.context_length,
+                        "metrics": run.summary.metrics,
+                    })).collect::<Vec<_>>(),
+                });
+            }
+            rows = m
+                .runs
+                .iter()
+                .map(|run| PlotRows {
+                    context_length: run.context_length,
+                    position: run.rows.iter().map(|s| s.position).collect(),
+                    kld: run.rows.iter().map(|s| s.record.forward).collect(),
+                    flip: run
+                        .rows
+                        .iter()
+                        .map(|s| s.record.ref_top1 != s.record.cand_top1)
+                        .collect(),
+                })
+                .collect();
+            measured = Some((m, doc, resolved));
+        }
+    }
+
+    let lengths: Vec<u64> = measured
+        .as_ref()
+        .map(|(m, _, _)| m.runs.iter().map(|r| r.context_length as u64).collect())
+        .unwrap_or_default();
+    let bits = measured.as_ref().is_some_and(|(_, _, res)| res.bits);
+    let lookup = |metric: &str, length: u64| -> Option<Rerun> {
+        let (m, _, _) = measured.as_ref()?;
+        let run = m.runs.iter().find(|r| r.context_length as u64 == length)?;
+        let value = *run.summary.metrics.get(metric)?;
+        let ci = run.summary.uncertainty.get(metric).map(|u| u.ci95);
+        let scale = if bits && metric.starts_with("kld") {
+            std::f64::consts::LN_2.recip()
+        } else {
+            1.0
+        };
+        Some(Rerun {
+            value: value * scale,
+            ci95: ci.map(|[a, b]| [a * scale, b * scale]),
+        })
+    };
+    let results: Vec<ClaimResult> = card_claims
+        .iter()
+        .map(|c| claims::judge(c, &lengths, &ctx, &lookup))
+        .collect();
+    let verdict = claims::overall(&results);
+    let measurement_doc = measured.as_ref().map_or(Value::Null, |(_, d, _)| d.clone());
+    let report = json!({
+        "schema_version": crate::JSON_SCHEMA_VERSION,
+        "tool": {"name": "cardproof", "version": env!("CARGO_PKG_VERSION")},
+        "verdict": verdict,
+        "summary": claims::summary(&results),
+        "checkpoint": {
+            "path": r.model.display().to_string(),
+            "root_sha256": manifest.root_sha256,
+            "files": manifest.files.iter().map(|f| json!({"path": f.path, "size": f.size, "sha256": f.sha256})).collect::<Vec<_>>(),
+        },
+        "card": {
+            "path": card_path.display().to_string(),
+            "disclosure": disclosure,
+            "lint": {
+                "errors": lint.errors(),
+                "warnings": lint.warnings(),
+                "findings": lint.findings.iter().map(|f| json!({
+                    "code": f.code, "severity": f.severity, "message": f.message, "line": f.line,
+                })).collect::<Vec<_>>(),
+            },
+        },
+        "reference": measurement_doc.get("reference").cloned().unwrap_or(Value::Null),
+        "measurement": measurement_doc,
+        "claims": results,
+        "sanity": gates_out,
+        "noise_floor": noise,
+        "undisclosed": ctx.undisclosed,
+        "lane_differences": ctx.differences,
+    });
+    Ok(VerifyOutcome {
+        report,
+        verdict,
+        claims: results,
+        manifest,
+        measurement: measured.map(|(m, d, _)| (m, d)),
+        rows,
+    })
+}
