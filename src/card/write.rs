@@ -101,11 +101,15 @@ pub fn write_card(existing: Option<&str>, path: &Path, inputs: &CardInputs) -> R
         .map(|e| e.value.to_json())
     {
         None => match reference_repo {
-            Some(repo) => {
+            Some(repo) if is_hub_id(repo) => {
                 let mut map = Map::new();
                 map.insert("base_model".into(), repo.into());
                 emit_mapping(&mut appended, indent, &map, None);
             }
+            Some(repo) => warnings.push(format!(
+                "`base_model` is missing and the reference `{repo}` is not a Hub repository id \
+                 (`org/name`), so it was not added"
+            )),
             None => warnings.push(
                 "`base_model` is missing and the reference repository is not known, so it was \
                  not added"
@@ -405,6 +409,18 @@ fn u64_at(v: &Value, pointer: &str) -> Option<u64> {
 
 fn f64_at(v: &Value, pointer: &str) -> Option<f64> {
     v.pointer(pointer).and_then(Value::as_f64)
+}
+
+/// A Hub repository id: `name` or `org/name`, letters, digits, `-`, `_` and `.`.
+fn is_hub_id(repo: &str) -> bool {
+    let parts: Vec<&str> = repo.split('/').collect();
+    parts.len() <= 2
+        && parts.iter().all(|p| {
+            !p.is_empty()
+                && !p.starts_with(['.', '-'])
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        })
 }
 
 fn is_hex(s: &str, len: usize) -> bool {

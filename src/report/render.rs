@@ -62,6 +62,8 @@ fn render(name: &str, source: &str, view: &Json) -> Result<String> {
 fn environment() -> Result<Environment<'static>, minijinja::Error> {
     let mut env = Environment::new();
     env.set_undefined_behavior(UndefinedBehavior::Strict);
+    // Bounds template work whatever the report holds (loops over claims, files, rows).
+    env.set_fuel(Some(50_000_000));
     env.set_syntax(
         minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)

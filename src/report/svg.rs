@@ -99,7 +99,9 @@ pub fn svg_kld_along_position(run: &RunRows) -> String {
 
     let y_max = points.iter().filter_map(|p| p.mean).fold(0.0f64, f64::max);
     // The window's rows run from j = 0 to L - 2: the x axis spans exactly that.
-    let x_end = (max_pos as f64).max(run.context_length.saturating_sub(2) as f64).max(1.0);
+    let x_end = (max_pos as f64)
+        .max(run.context_length.saturating_sub(2) as f64)
+        .max(1.0);
     let mut x_axis = Axis::linear(0.0, x_end, LEFT, WIDTH - RIGHT);
     x_axis.clip(x_end);
     let y_axis = Axis::linear(0.0, y_max, HEIGHT - BOTTOM, TOP);
@@ -188,9 +190,10 @@ pub fn svg_kld_along_position(run: &RunRows) -> String {
     );
     let _ = write!(
         s,
-        r##"<circle cx="{}" cy="30" r="4" fill="{FLIP}" fill-opacity="0.55" stroke="{FLIP}"/><text x="{}" y="34" font-size="11" fill="{AXIS}">top-1 flips: {markers} position{} (marker area: flip rate)</text>"##,
+        r##"<circle cx="{}" cy="30" r="4" fill="{FLIP}" fill-opacity="0.55" stroke="{FLIP}"/><text x="{}" y="34" font-size="11" fill="{AXIS}">top-1 flips: {markers} {}{} (marker area: flip rate)</text>"##,
         lx + 140.0,
         lx + 148.0,
+        if bin_width > 1 { "bin" } else { "position" },
         if markers == 1 { "" } else { "s" }
     );
     if bin_width > 1 {
@@ -384,7 +387,11 @@ impl Axis {
     fn clip(&mut self, hi: f64) {
         if hi > self.lo {
             self.hi = hi;
-            let keep = self.ticks.iter().take_while(|&&t| t <= hi * (1.0 + 1e-9)).count();
+            let keep = self
+                .ticks
+                .iter()
+                .take_while(|&&t| t <= hi * (1.0 + 1e-9))
+                .count();
             self.ticks.truncate(keep);
             self.labels.truncate(keep);
         }
@@ -411,7 +418,7 @@ impl Axis {
 
     fn map(&self, v: f64) -> f64 {
         let span = self.hi - self.lo;
-        if !(span > 0.0) || !v.is_finite() {
+        if span.is_nan() || span <= 0.0 || !v.is_finite() {
             return self.p0;
         }
         self.p0 + (v - self.lo) / span * (self.p1 - self.p0)
@@ -420,7 +427,7 @@ impl Axis {
 
 /// 1, 2 or 5 times a power of ten, at least `raw`.
 fn nice_step(raw: f64) -> f64 {
-    if !(raw > 0.0) || !raw.is_finite() {
+    if !raw.is_finite() || raw <= 0.0 {
         return 1.0;
     }
     let mag = 10f64.powf(raw.log10().floor());
@@ -441,7 +448,7 @@ fn tick_label(t: f64, step: f64) -> String {
     if t.abs() < step * 1e-6 {
         return "0".to_owned();
     }
-    if step >= 1.0 && step < 1e6 {
+    if (1.0..1e6).contains(&step) {
         return format!("{}", t.round() as i64);
     }
     format_number(t, 3)

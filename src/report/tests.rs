@@ -617,18 +617,3 @@ fn check_balanced(html: &str) {
     }
     assert!(stack.is_empty(), "unclosed: {stack:?}");
 }
-
-#[test]
-fn zz_dump_for_review() {
-    std::fs::write(
-        "/tmp/report.html",
-        render_html(&sample(), &sample_rows()).unwrap(),
-    )
-    .unwrap();
-    std::fs::write("/tmp/hostile.md", render_markdown(&hostile()).unwrap()).unwrap();
-    std::fs::write(
-        "/tmp/hostile.html",
-        render_html(&hostile(), &sample_rows()).unwrap(),
-    )
-    .unwrap();
-}

@@ -1,6 +1,7 @@
 //! Integration tests through the `cardproof` binary. One test binary (links once).
 
 mod bad_input;
+mod card;
 mod dequant_reference;
 mod fixtures;
 mod hash;
@@ -11,3 +12,4 @@ mod measure;
 mod native_llamacpp;
 mod schema;
 mod support;
+mod verify;

@@ -38,6 +38,9 @@ pub enum Command {
     /// Verify a model directory's card: lint, inspect, hash, rerun the disclosed protocol, decide
     /// a verdict per claim, and write the signed report. Exit 0 only when every claim reproduces.
     Verify(VerifyArgs),
+    /// Write or update a card's `fidelity:` block and fidelity section from a measurement,
+    /// preserving everything else byte for byte.
+    Card(CardArgs),
     /// Create an Ed25519 key pair: DIR/cardproof.key (PKCS#8 PEM, mode 0600) and
     /// DIR/cardproof.pub (public key PEM).
     Keygen(KeygenArgs),
@@ -46,6 +49,30 @@ pub enum Command {
     /// Check a signed report offline: the signature, the keyid, and (with --checkpoint) that every
     /// subject digest matches the files. Exit 1 on any mismatch.
     VerifyReport(VerifyReportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CardArgs {
+    /// The measurement.json that `cardproof measure` wrote.
+    #[arg(long, value_name = "FILE")]
+    pub measurement: PathBuf,
+    /// The card to write or update (default: README.md in the measured candidate's directory).
+    #[arg(long, value_name = "FILE")]
+    pub into: Option<PathBuf>,
+    /// Hub repository of the reference (kept from the card when absent).
+    #[arg(long, value_name = "ORG/NAME")]
+    pub reference_repo: Option<String>,
+    /// 40-hex commit of the reference repository.
+    #[arg(long, value_name = "SHA")]
+    pub reference_revision: Option<String>,
+    /// Hub repository of the candidate.
+    #[arg(long, value_name = "ORG/NAME")]
+    pub candidate_repo: Option<String>,
+    /// 40-hex commit of the candidate repository.
+    #[arg(long, value_name = "SHA")]
+    pub candidate_revision: Option<String>,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Debug, Args)]

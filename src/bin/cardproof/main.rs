@@ -64,6 +64,7 @@ fn main() -> ExitCode {
                 Err(message) => usage_error(output, &message),
             }
         }
+        Command::Card(args) => card(&args),
         Command::Keygen(args) => keygen(&args.out, Output::from_args(&args.output)),
         Command::Sign(args) => sign(&args),
         Command::VerifyReport(args) => verify_report(&args),
@@ -437,6 +438,74 @@ fn verify_report(args: &cli::VerifyReportArgs) -> io::Result<u8> {
             } else {
                 EXIT_FINDINGS
             })
+        }
+        Err(e) => {
+            printer.error(&e)?;
+            Ok(EXIT_BAD_INPUT)
+        }
+    }
+}
+
+fn card(args: &cli::CardArgs) -> io::Result<u8> {
+    let printer = Printer::new(Output::from_args(&args.output));
+    let result = (|| {
+        let text = std::fs::read_to_string(&args.measurement)
+            .map_err(|e| cardproof::Error::io(&args.measurement, e))?;
+        let measurement: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            cardproof::Error::malformed(&args.measurement, None, format!("not JSON: {e}"))
+        })?;
+        let into = match &args.into {
+            Some(p) => p.clone(),
+            None => {
+                let candidate = measurement["candidate"]["path"].as_str().ok_or_else(|| {
+                    cardproof::Error::malformed(
+                        &args.measurement,
+                        Some("candidate.path"),
+                        "missing; pass --into README.md",
+                    )
+                })?;
+                let c = std::path::Path::new(candidate);
+                let dir = if c.is_file() {
+                    c.parent().unwrap_or(c)
+                } else {
+                    c
+                };
+                dir.join("README.md")
+            }
+        };
+        let existing = match std::fs::read_to_string(&into) {
+            Ok(t) => Some(t),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(cardproof::Error::io(&into, e)),
+        };
+        let written = cardproof::card::write::write_card(
+            existing.as_deref(),
+            &into,
+            &cardproof::card::write::CardInputs {
+                measurement,
+                reference_repo: args.reference_repo.clone(),
+                reference_revision: args.reference_revision.clone(),
+                candidate_repo: args.candidate_repo.clone(),
+                candidate_revision: args.candidate_revision.clone(),
+            },
+        )?;
+        cardproof::measurement::write_atomically(&into, written.text.as_bytes())?;
+        let card = cardproof::card::Card::open(&into)?;
+        let lint = cardproof::lint::lint(&card);
+        Ok::<_, cardproof::Error>((into, written.warnings, lint))
+    })();
+    match result {
+        Ok((into, warnings, lint)) => {
+            for w in &warnings {
+                printer.note(w);
+            }
+            printer.note(&format!(
+                "wrote {} (lint: {} errors, {} warnings)",
+                into.display(),
+                lint.errors(),
+                lint.warnings()
+            ));
+            Ok(if lint.errors() > 0 { EXIT_FINDINGS } else { 0 })
         }
         Err(e) => {
             printer.error(&e)?;
