@@ -1160,10 +1160,11 @@ fn needs_quotes(s: &str) -> bool {
     }
     // Last line of defence: our own YAML 1.2 reader must give the string back.
     let probe = format!("k: {s}\n");
-    !matches!(
-        yaml::parse(&probe, 0, yaml::Budget::default()),
-        Ok(Some(root)) if root.get("k").map(|e| e.value.to_json()) == Some(Value::String(s.to_owned()))
-    )
+    let read = yaml::parse(&probe, 0, yaml::Budget::default())
+        .ok()
+        .flatten()
+        .and_then(|root| root.get("k").map(|e| e.value.to_json()));
+    read.as_ref().and_then(Value::as_str) != Some(s)
 }
 
 fn quoted(s: &str) -> String {
