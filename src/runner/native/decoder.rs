@@ -310,18 +310,30 @@ impl Decoder {
     /// Logits `[rows.len(), vocab]` (f32, row-major) at the given rows of [`Decoder::hidden`]'s
     /// output: the LM head runs only where rows are scored.
     pub fn logits_at(&self, hidden: &Tensor, rows: &[usize]) -> candle_core::Result<Vec<f32>> {
-        let c = &self.config;
-        let dev = Device::Cpu;
-        let x = hidden;
+        self.head(&self.normed_at(hidden, rows)?)
+    }
+
+    /// The LM head's input at the given rows: the final hidden states after the final norm, in the
+    /// compute dtype (what a hidden-state reference artifact stores).
+    pub fn normed_at(&self, hidden: &Tensor, rows: &[usize]) -> candle_core::Result<Tensor> {
         let rows_t = Tensor::from_vec(
             rows.iter().map(|&r| r as u32).collect::<Vec<_>>(),
             rows.len(),
-            &dev,
+            &Device::Cpu,
         )?;
-        let x = x.index_select(&rows_t, 0)?;
-        let x = rms_norm(&x, &self.norm, c.rms_eps)?;
-        let logits = linear(&x, &self.lm_head)?;
+        rms_norm(&hidden.index_select(&rows_t, 0)?, &self.norm, self.config.rms_eps)
+    }
+
+    /// Logits (f32, row-major) of LM-head inputs `[rows, hidden]`.
+    pub fn head(&self, normed: &Tensor) -> candle_core::Result<Vec<f32>> {
+        let logits = linear(&normed.to_dtype(self.compute.candle())?, &self.lm_head)?;
         logits.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()
+    }
+
+    /// Logits of LM-head inputs given as f32 rows (`rows.len() / hidden` of them).
+    pub fn head_from_rows(&self, rows: Vec<f32>) -> candle_core::Result<Vec<f32>> {
+        let n = rows.len() / self.config.hidden.max(1);
+        self.head(&Tensor::from_vec(rows, (n, self.config.hidden), &Device::Cpu)?)
     }
 
     /// cos and sin `[n, head_dim]` in the half-split (NeoX / Hugging Face) layout, computed in f64.
