@@ -4,6 +4,7 @@
 //! arguments, prints and chooses exit codes. Pipeline: [`card`] (front matter with spans) ->
 //! [`disclosure`] (the schema) -> [`lint`] (findings).
 
+pub mod artifact;
 pub mod attest;
 pub mod card;
 pub mod checkpoint;

@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 use serde_json::{Value, json};
+use sha2::Digest as _;
+#[cfg(feature = "native")]
+use sha2::Sha256 as Sha256Digest;
 
 use crate::checkpoint::dtype::Dtype;
 use crate::checkpoint::safetensors::serialize;
@@ -219,17 +222,24 @@ pub fn measure_models(
                         let rb = &lb[k * width..k * width + vocab_size];
                         let token = Some(ids[j + 1]).filter(|&t| (t as usize) < vocab_size);
                         let rank = c * chunk + k;
+                        let exact_nll = a.token_nll(j);
                         out.push(
                             row::reduce(ra, rb, token, o.vocab, want_reverse, &mut scratch).map(
-                                |record: RowRecord| Scored {
-                                    record,
-                                    block: if single {
-                                        (rank / run_len) as u32
-                                    } else {
-                                        w as u32
-                                    },
-                                    position: j as u64,
-                                    window_len: l as u64,
+                                |mut record: RowRecord| {
+                                    if let Some(n) = exact_nll.filter(|_| record.nll_ref.is_some())
+                                    {
+                                        record.nll_ref = Some(n);
+                                    }
+                                    Scored {
+                                        record,
+                                        block: if single {
+                                            (rank / run_len) as u32
+                                        } else {
+                                            w as u32
+                                        },
+                                        position: j as u64,
+                                        window_len: l as u64,
+                                    }
                                 },
                             ),
                         );
@@ -815,4 +825,245 @@ fn reference_kv(
         Some(_) => "fp8_e4m3".to_owned(),
         None => compute.as_str().to_owned(),
     }
+}
+
+/// A `measure` run against a compact reference artifact instead of a reference model.
+#[cfg(feature = "native")]
+pub struct ArtifactRequest<'a> {
+    pub artifact: &'a Path,
+    pub candidate: &'a Path,
+    /// Optional: checked against the artifact's eval text digest.
+    pub eval_text: Option<&'a Path>,
+    pub options: &'a MeasureOptions,
+    pub compute: crate::runner::native::ComputeDtype,
+    pub emulate: crate::runner::native::Emulate,
+    pub threads: usize,
+    pub out: &'a Path,
+}
+
+/// Measure a candidate against a reference artifact; the artifact's protocol is enforced.
+#[cfg(feature = "native")]
+pub fn run_with_artifact(
+    r: &ArtifactRequest,
+    stage: &(dyn Fn(&str) + Sync),
+    progress: Progress,
+) -> Result<Value> {
+    use crate::artifact::{Artifact, ArtifactRunner, Kind};
+    use crate::runner::native;
+
+    stage("reading the artifact");
+    let artifact = Artifact::open(r.artifact)?;
+    let h = &artifact.header;
+    let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(r.candidate))?;
+    if h.eval["tokenizer_sha256"].as_str() != Some(tokenizer.sha256.as_str()) {
+        return Err(Error::malformed(
+            &tokenizer.path,
+            None,
+            format!(
+                "differs from the tokenizer the artifact was made with (sha256 {} vs {})",
+                tokenizer.sha256, h.eval["tokenizer_sha256"]
+            ),
+        ));
+    }
+    if let Some(text) = r.eval_text {
+        let bytes = std::fs::read(text).map_err(|e| Error::io(text, e))?;
+        let digest = crate::checkpoint::hash::hex(&Sha256Digest::digest(&bytes));
+        if h.eval["text_sha256"].as_str() != Some(digest.as_str()) {
+            return Err(Error::malformed(
+                text,
+                None,
+                format!(
+                    "is not the artifact's eval text (sha256 {digest} vs {})",
+                    h.eval["text_sha256"]
+                ),
+            ));
+        }
+    }
+    let stream = TokenStream {
+        ids: artifact.tokens.clone(),
+        text_sha256: h.eval["text_sha256"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        text_bytes: 0,
+    };
+    stage("loading the candidate");
+    let candidate = native::load(r.candidate, r.compute, r.emulate)?;
+    let width = candidate.decoder.config.vocab;
+    if width != h.logit_width {
+        return Err(Error::malformed(
+            r.candidate,
+            None,
+            format!(
+                "vocabulary mismatch: {width} logit entries, the artifact's reference has {}",
+                h.logit_width
+            ),
+        ));
+    }
+    let vocab_size = r.options.vocab_size.unwrap_or(tokenizer.vocab_size);
+    let padding = if vocab_size < width {
+        "excluded"
+    } else {
+        "none"
+    };
+    let requested = protocol_json(r.options, vocab_size, padding);
+    let differences = artifact.protocol_differences(&requested);
+    if !differences.is_empty() {
+        return Err(Error::malformed(
+            r.artifact,
+            None,
+            format!(
+                "was exported for another protocol: {}",
+                differences.join("; ")
+            ),
+        ));
+    }
+    let windows: Vec<tokens::Windows> = r
+        .options
+        .context_lengths
+        .iter()
+        .map(|&l| tokens::windows(&stream, r.artifact, l, r.options.bos, tokenizer.bos_id))
+        .collect::<Result<_>>()?;
+    let head = |x: Vec<f32>| -> Result<Vec<f32>> {
+        candidate
+            .decoder
+            .head_from_rows(x)
+            .map_err(|e| Error::malformed(r.candidate, None, format!("lm_head failed: {e}")))
+    };
+    let head_ref: &(dyn Fn(Vec<f32>) -> Result<Vec<f32>> + Sync) = &head;
+    let head_opt = if h.kind == Kind::Hidden {
+        if h.reference["lm_head_sha256"].as_str() != Some(candidate.lm_head_sha256.as_str()) {
+            return Err(Error::malformed(
+                r.candidate,
+                Some("lm_head"),
+                format!(
+                    "is not the reference's (sha256 {} vs {}); a hidden-state artifact needs the reference's lm_head",
+                    candidate.lm_head_sha256, h.reference["lm_head_sha256"]
+                ),
+            ));
+        }
+        Some(head_ref)
+    } else {
+        None
+    };
+    let runner = ArtifactRunner::new(&artifact, &windows, head_opt)?;
+    let candidate_id = identity(&candidate, r.candidate, r.threads)?;
+    let mut reference_id = ModelIdentity {
+        path: PathBuf::from(h.reference["path"].as_str().unwrap_or_default()),
+        format: h.reference["format"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        manifest_sha256: h.reference["manifest_sha256"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        lm_head_sha256: h.reference["lm_head_sha256"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        stored_dtype: h.reference["stored_dtype"]
+            .as_str()
+            .unwrap_or("unknown")
+            .to_owned(),
+        environment: Runner::environment(&runner),
+    };
+    if reference_id.format.is_empty() {
+        reference_id.format = "artifact".into();
+    }
+    stage("measuring");
+    let m = measure_models(
+        &runner,
+        &candidate,
+        &EvalInput {
+            stream: &stream,
+            text_path: r.artifact,
+            bos_id: tokenizer.bos_id,
+            tokenizer_vocab: tokenizer.vocab_size,
+        },
+        r.options,
+        progress,
+    )?;
+    let mut m = m;
+    m.eval["text_path"] = r
+        .eval_text
+        .map_or(Value::Null, |p| p.display().to_string().into());
+    let environment = json!({
+        "runner": "native",
+        "runner_version": env!("CARGO_PKG_VERSION"),
+        "engine": "candle",
+        "engine_version": native::CANDLE_VERSION,
+        "device": format!("cpu: {}", cpu_name()),
+        "compute_dtype": r.compute.as_str(),
+        "attention": "eager",
+        "kv_cache_dtype": reference_kv(&candidate, r.compute),
+        "emulate": r.emulate,
+        "threads": r.threads,
+        "reference_artifact": {"path": r.artifact.display().to_string(), "sha256": artifact.sha256, "kind": h.kind, "bound": h.bound},
+    });
+    let mut doc = measurement_json(&m, r.options, &reference_id, &candidate_id, environment);
+    let mut versioned = json!({"schema_version": crate::JSON_SCHEMA_VERSION});
+    if let (Some(v), Some(d)) = (versioned.as_object_mut(), doc.as_object_mut()) {
+        v.append(d);
+    }
+    write_measurement(r.out, &m, &versioned)?;
+    Ok(versioned)
+}
+
+/// `cardproof reference export`: a compact reference artifact from a native reference model.
+#[cfg(feature = "native")]
+pub fn export_reference(
+    model: &Path,
+    eval_text: &Path,
+    options: &MeasureOptions,
+    kind: crate::artifact::Kind,
+    k: usize,
+    hidden_bf16: bool,
+    threads: usize,
+    out: &Path,
+) -> Result<crate::artifact::Header> {
+    use crate::runner::native;
+    let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(model))?;
+    let stream = tokens::tokenize(&tokenizer, eval_text)?;
+    let reference = native::load(
+        model,
+        native::ComputeDtype::F32,
+        native::Emulate::ReferenceSemantics,
+    )?;
+    let id = identity(&reference, model, threads)?;
+    let (header, bytes) = crate::artifact::export_native(
+        &reference,
+        &EvalInput {
+            stream: &stream,
+            text_path: eval_text,
+            bos_id: tokenizer.bos_id,
+            tokenizer_vocab: tokenizer.vocab_size,
+        },
+        options,
+        kind,
+        k,
+        hidden_bf16,
+        json!({
+            "path": model.display().to_string(),
+            "format": id.format,
+            "manifest_sha256": id.manifest_sha256,
+            "lm_head_sha256": id.lm_head_sha256,
+            "stored_dtype": id.stored_dtype,
+        }),
+        &tokenizer.sha256,
+    )?;
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    write_atomically(out, &bytes)?;
+    let digest = crate::checkpoint::hash::hex(&Sha256Digest::digest(&bytes));
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    write_atomically(
+        &crate::artifact::sidecar_path(out),
+        format!("{digest}  {name}\n").as_bytes(),
+    )?;
+    Ok(header)
 }

@@ -23,6 +23,11 @@ pub trait Runner: Sync {
 pub trait WindowLogits {
     /// Logits `[rows.len(), vocab]` row-major, f32.
     fn logits(&self, rows: &[usize]) -> Result<Vec<f32>>;
+    /// The true next token's NLL at a row when the logits alone do not give it exactly (a top-K
+    /// reference artifact stores it separately).
+    fn token_nll(&self, _row: usize) -> Option<f64> {
+        None
+    }
 }
 
 #[cfg(feature = "native")]

@@ -46,6 +46,9 @@ pub enum Command {
     Keygen(KeygenArgs),
     /// Sign a measurement.json or report.json as an in-toto statement in a DSSE envelope.
     Sign(SignArgs),
+    /// Compact reference artifacts.
+    #[command(subcommand)]
+    Reference(ReferenceCommand),
     /// Check a signed report offline: the signature, the keyid, and (with --checkpoint) that every
     /// subject digest matches the files. Exit 1 on any mismatch.
     VerifyReport(VerifyReportArgs),
@@ -71,6 +74,53 @@ pub struct CardArgs {
     /// 40-hex commit of the candidate repository.
     #[arg(long, value_name = "SHA")]
     pub candidate_revision: Option<String>,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReferenceCommand {
+    /// Export a reference artifact for one protocol: the token stream, the protocol, the
+    /// reference's identity and, per scored position, the final hidden states (exact KL with the
+    /// reference's lm_head) or the top-K log-probabilities (a lower bound of the KL).
+    Export(ExportArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ArtifactKindArg {
+    Hidden,
+    TopK,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The reference model.
+    #[arg(long, value_name = "PATH")]
+    pub model: PathBuf,
+    #[arg(long, value_name = "FILE")]
+    pub eval_text: PathBuf,
+    /// Window length in tokens; repeatable.
+    #[arg(long, value_name = "L", required = true)]
+    pub context_length: Vec<usize>,
+    #[arg(long, value_enum, default_value_t = BosArg::None)]
+    pub bos: BosArg,
+    #[command(flatten)]
+    pub protocol: ProtocolArgs,
+    /// What to store per scored position.
+    #[arg(long, value_enum, default_value_t = ArtifactKindArg::Hidden)]
+    pub kind: ArtifactKindArg,
+    /// K for `--kind top-k`.
+    #[arg(long = "artifact-top-k", value_name = "K", default_value_t = 256)]
+    pub artifact_top_k: usize,
+    /// Store hidden states in bf16 (half the size; the KL is then no longer exact).
+    #[arg(long)]
+    pub bf16: bool,
+    /// Worker threads (default: every core).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: Option<u16>,
+    /// The artifact file (its digest goes to FILE.sha256).
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -211,14 +261,28 @@ pub struct ProtocolArgs {
 pub struct MeasureArgs {
     /// The reference model: a directory with config.json, tokenizer.json and safetensors, or a
     /// GGUF file (with tokenizer.json beside it).
-    #[arg(long, value_name = "PATH")]
-    pub reference: PathBuf,
+    #[arg(
+        long,
+        value_name = "PATH",
+        required_unless_present = "reference_artifact",
+        conflicts_with = "reference_artifact"
+    )]
+    pub reference: Option<PathBuf>,
+    /// A compact reference artifact (`cardproof reference export`) in place of the reference
+    /// model; its protocol is enforced.
+    #[arg(long, value_name = "FILE")]
+    pub reference_artifact: Option<PathBuf>,
     /// The candidate model, same tokenizer and vocabulary.
     #[arg(long, value_name = "PATH")]
     pub candidate: PathBuf,
-    /// The evaluation text (UTF-8), tokenized once with the reference's tokenizer.
-    #[arg(long, value_name = "FILE")]
-    pub eval_text: PathBuf,
+    /// The evaluation text (UTF-8), tokenized once with the reference's tokenizer (optional with
+    /// --reference-artifact, which carries its token stream; checked against it when given).
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_unless_present = "reference_artifact"
+    )]
+    pub eval_text: Option<PathBuf>,
     /// Window length in tokens; repeat for several (each gives its own run).
     #[arg(long, value_name = "L", required = true)]
     pub context_length: Vec<usize>,

@@ -185,9 +185,10 @@ impl KldConfig {
 
 #[derive(Debug, Clone)]
 pub struct MeasureConfig {
-    pub reference: PathBuf,
+    pub reference: Option<PathBuf>,
+    pub reference_artifact: Option<PathBuf>,
     pub candidate: PathBuf,
-    pub eval_text: PathBuf,
+    pub eval_text: Option<PathBuf>,
     pub tokenizer: Option<PathBuf>,
     pub options: cardproof::measurement::MeasureOptions,
     pub compute: cardproof::runner::native::ComputeDtype,
@@ -216,13 +217,18 @@ impl MeasureConfig {
             .out
             .clone()
             .unwrap_or_else(|| default_out(&args.candidate));
-        outside_checkpoints(&out, &[&args.reference, &args.candidate])?;
+        let mut models = vec![&args.candidate];
+        if let Some(r) = &args.reference {
+            models.push(r);
+        }
+        outside_checkpoints(&out, &models)?;
         let threads = args
             .threads
             .map(usize::from)
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
         Ok(MeasureConfig {
             reference: args.reference,
+            reference_artifact: args.reference_artifact,
             candidate: args.candidate,
             eval_text: args.eval_text,
             tokenizer: args.tokenizer,

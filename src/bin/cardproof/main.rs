@@ -65,6 +65,13 @@ fn main() -> ExitCode {
             }
         }
         Command::Card(args) => card(&args),
+        Command::Reference(cli::ReferenceCommand::Export(args)) => {
+            let output = Output::from_args(&args.output);
+            match config::ProtocolConfig::from_args(&args.protocol) {
+                Ok(p) => export(&args, p),
+                Err(message) => usage_error(output, &message),
+            }
+        }
         Command::Keygen(args) => keygen(&args.out, Output::from_args(&args.output)),
         Command::Sign(args) => sign(&args),
         Command::VerifyReport(args) => verify_report(&args),
@@ -225,12 +232,40 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
     let bar = config
         .progress
         .then(|| printer::progress_bar(printer::MEASURE_PROGRESS));
-    let result = pool.install(|| {
-        cardproof::measurement::run_native(
-            &cardproof::measurement::NativeRequest {
-                reference: &config.reference,
+    let stage = |stage: &str| {
+        if let Some(bar) = &bar {
+            bar.set_message(stage.to_owned());
+        }
+    };
+    let progress = |done: usize, total: usize| {
+        if let Some(bar) = &bar {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        }
+    };
+    let result = pool.install(|| match (&config.reference, &config.reference_artifact) {
+        (_, Some(artifact)) => cardproof::measurement::run_with_artifact(
+            &cardproof::measurement::ArtifactRequest {
+                artifact,
                 candidate: &config.candidate,
-                eval_text: &config.eval_text,
+                eval_text: config.eval_text.as_deref(),
+                options: &config.options,
+                compute: config.compute,
+                emulate: config.emulate,
+                threads: config.threads,
+                out: &config.out,
+            },
+            &stage,
+            &progress,
+        ),
+        (reference, None) => cardproof::measurement::run_native(
+            &cardproof::measurement::NativeRequest {
+                reference: reference.as_deref().unwrap_or(std::path::Path::new(".")),
+                candidate: &config.candidate,
+                eval_text: config
+                    .eval_text
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new("")),
                 tokenizer: config.tokenizer.as_deref(),
                 options: &config.options,
                 compute: config.compute,
@@ -238,18 +273,9 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
                 threads: config.threads,
                 out: &config.out,
             },
-            &|stage: &str| {
-                if let Some(bar) = &bar {
-                    bar.set_message(stage.to_owned());
-                }
-            },
-            &|done, total| {
-                if let Some(bar) = &bar {
-                    bar.set_length(total as u64);
-                    bar.set_position(done as u64);
-                }
-            },
-        )
+            &stage,
+            &progress,
+        ),
     });
     if let Some(bar) = &bar {
         bar.finish_and_clear();
@@ -506,6 +532,60 @@ fn card(args: &cli::CardArgs) -> io::Result<u8> {
                 lint.warnings()
             ));
             Ok(if lint.errors() > 0 { EXIT_FINDINGS } else { 0 })
+        }
+        Err(e) => {
+            printer.error(&e)?;
+            Ok(EXIT_BAD_INPUT)
+        }
+    }
+}
+
+fn export(args: &cli::ExportArgs, p: config::ProtocolConfig) -> io::Result<u8> {
+    use cardproof::artifact::Kind;
+    let printer = Printer::new(Output::from_args(&args.output));
+    let options = cardproof::measurement::MeasureOptions {
+        direction: p.direction,
+        vocab: p.vocab,
+        positions: p.positions,
+        bootstrap: p.bootstrap,
+        context_lengths: args.context_length.clone(),
+        bos: match args.bos {
+            cli::BosArg::None => cardproof::runner::tokens::Bos::None,
+            cli::BosArg::PerWindow => cardproof::runner::tokens::Bos::PerWindow,
+            cli::BosArg::PerDocument => cardproof::runner::tokens::Bos::PerDocument,
+        },
+        vocab_size: p.vocab_size,
+        dump_logits: None,
+    };
+    let threads = args
+        .threads
+        .map(usize::from)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+    let kind = match args.kind {
+        cli::ArtifactKindArg::Hidden => Kind::Hidden,
+        cli::ArtifactKindArg::TopK => Kind::TopK,
+    };
+    match cardproof::measurement::export_reference(
+        &args.model,
+        &args.eval_text,
+        &options,
+        kind,
+        args.artifact_top_k,
+        args.bf16,
+        threads,
+        &args.out,
+    ) {
+        Ok(header) => {
+            let size = std::fs::metadata(&args.out).map(|m| m.len()).unwrap_or(0);
+            let rows: usize = header.runs.iter().map(|r| r.rows).sum();
+            printer.note(&format!(
+                "wrote {} ({size} bytes, {rows} scored positions, {:.0} bytes each; digest in {}): {}",
+                args.out.display(),
+                size as f64 / rows.max(1) as f64,
+                cardproof::artifact::sidecar_path(&args.out).display(),
+                header.bound
+            ));
+            Ok(0)
         }
         Err(e) => {
             printer.error(&e)?;

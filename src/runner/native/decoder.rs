@@ -321,7 +321,11 @@ impl Decoder {
             rows.len(),
             &Device::Cpu,
         )?;
-        rms_norm(&hidden.index_select(&rows_t, 0)?, &self.norm, self.config.rms_eps)
+        rms_norm(
+            &hidden.index_select(&rows_t, 0)?,
+            &self.norm,
+            self.config.rms_eps,
+        )
     }
 
     /// Logits (f32, row-major) of LM-head inputs `[rows, hidden]`.
@@ -333,7 +337,11 @@ impl Decoder {
     /// Logits of LM-head inputs given as f32 rows (`rows.len() / hidden` of them).
     pub fn head_from_rows(&self, rows: Vec<f32>) -> candle_core::Result<Vec<f32>> {
         let n = rows.len() / self.config.hidden.max(1);
-        self.head(&Tensor::from_vec(rows, (n, self.config.hidden), &Device::Cpu)?)
+        self.head(&Tensor::from_vec(
+            rows,
+            (n, self.config.hidden),
+            &Device::Cpu,
+        )?)
     }
 
     /// cos and sin `[n, head_dim]` in the half-split (NeoX / Hugging Face) layout, computed in f64.

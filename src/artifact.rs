@@ -1,0 +1,750 @@
+//! Compact reference artifacts (`cardproof reference export`): what a third party needs to
+//! re-score a candidate against a reference without the reference's weights.
+//!
+//! Format: one safetensors file. `__metadata__["cardproof_artifact"]` holds the JSON header
+//! ([`Header`]: kind, protocol and its digest, the reference's identity with its lm_head digest,
+//! the eval text and token digests, and the layout); tensors are `tokens` (I32, the whole token
+//! stream) and per context length L, one row per scored position in window order:
+//! `ctx<L>.window` (I32), `ctx<L>.position` (I64), and either
+//! - `hidden`: `ctx<L>.hidden` ([rows, hidden], F32 or BF16): the LM head's input (final norm
+//!   applied). With the reference's lm_head tensor (identified by its SHA-256; usually the
+//!   candidate's own, kept in high precision) the full-vocabulary logits are recomputed exactly;
+//! - `top_k`: `ctx<L>.topk_ids` (I32 [rows, K]) and `ctx<L>.topk_logp` (F32 [rows, K]), the
+//!   reference's K most likely tokens (ties by lowest id) and their log-probabilities,
+//!   `ctx<L>.tail_logp` (F32, log of the remaining mass) and `ctx<L>.token_logp` (F32, the true
+//!   next token's log-probability). From these the lumped-tail KL is computed, a guaranteed lower
+//!   bound of the full KL (the data-processing inequality).
+//!
+//! The artifact's own digest is the SHA-256 of the file, written beside it as `<file>.sha256`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::checkpoint::dtype::Dtype;
+use crate::checkpoint::hash::hex;
+use crate::checkpoint::mmap::MappedFile;
+use crate::checkpoint::safetensors::{self, SafetensorsFile};
+use crate::error::{Error, Result};
+use crate::runner::{Runner, WindowLogits};
+
+/// The header's format tag.
+pub const FORMAT: &str = "cardproof-reference/v1";
+/// The metadata key of the JSON header.
+pub const HEADER_KEY: &str = "cardproof_artifact";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Hidden,
+    TopK,
+}
+
+/// One context length's rows.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunLayout {
+    pub context_length: usize,
+    pub windows: usize,
+    pub rows: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Header {
+    pub format: String,
+    pub kind: Kind,
+    /// K for `top_k`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k: Option<usize>,
+    /// `f32` or `bf16` for `hidden`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden_dtype: Option<String>,
+    pub hidden_size: usize,
+    /// Entries of a logit row (the model's vocabulary, padding included) and how many are used.
+    pub logit_width: usize,
+    pub vocab_size: usize,
+    pub protocol: Value,
+    pub protocol_sha256: String,
+    /// path, format, manifest_sha256, lm_head_sha256 (and repo/revision when known).
+    pub reference: Value,
+    /// text_sha256, tokens_sha256, token_count, bos.
+    pub eval: Value,
+    pub runs: Vec<RunLayout>,
+    /// What the artifact lets a verifier compute, in words (goes into reports).
+    pub bound: String,
+}
+
+/// A row-major f32 matrix of stored rows.
+fn f32_rows(file: &SafetensorsFile, bytes: &[u8], name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
+    let info = file.get(name).ok_or_else(|| {
+        Error::malformed(&file.path, Some(name), "tensor missing from the artifact")
+    })?;
+    let data = &bytes[info.data.start as usize..info.data.end as usize];
+    let shape: Vec<usize> = info.shape.iter().map(|&d| d as usize).collect();
+    let values = crate::dequant::to_f32(crate::dequant::Stored {
+        dtype: info.dtype,
+        shape: &shape,
+        bytes: data,
+    })
+    .map_err(|e| Error::malformed(&file.path, Some(name), e))?;
+    Ok((shape, values))
+}
+
+fn ints(file: &SafetensorsFile, bytes: &[u8], name: &str, dtype: Dtype) -> Result<Vec<i64>> {
+    let info = file.get(name).ok_or_else(|| {
+        Error::malformed(&file.path, Some(name), "tensor missing from the artifact")
+    })?;
+    if info.dtype != dtype {
+        return Err(Error::malformed(
+            &file.path,
+            Some(name),
+            format!("is {}, expected {}", info.dtype.name(), dtype.name()),
+        ));
+    }
+    let data = &bytes[info.data.start as usize..info.data.end as usize];
+    Ok(match dtype {
+        Dtype::I64 => data
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect(),
+        _ => data
+            .chunks_exact(4)
+            .map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap_or([0; 4]))))
+            .collect(),
+    })
+}
+
+/// A loaded artifact.
+pub struct Artifact {
+    pub path: PathBuf,
+    pub header: Header,
+    pub sha256: String,
+    pub tokens: Vec<u32>,
+    runs: Vec<RunData>,
+}
+
+struct RunData {
+    context_length: usize,
+    /// (window, position) → row index.
+    index: HashMap<(u32, u64), usize>,
+    hidden: Vec<f32>,
+    topk_ids: Vec<i64>,
+    topk_logp: Vec<f32>,
+    tail_logp: Vec<f64>,
+    token_logp: Vec<f64>,
+}
+
+impl Artifact {
+    /// Open and check an artifact; `expected_sha256` (from a card or `<file>.sha256`) must match.
+    pub fn open(path: &Path) -> Result<Artifact> {
+        let map = MappedFile::open(path)?;
+        let bytes = map.bytes();
+        let sha256 = hex(&Sha256::digest(bytes));
+        let sidecar = sidecar_path(path);
+        if let Ok(text) = std::fs::read_to_string(&sidecar) {
+            let expected = text.split_whitespace().next().unwrap_or_default();
+            if expected != sha256 {
+                return Err(Error::malformed(
+                    path,
+                    None,
+                    format!(
+                        "digest mismatch: the file's SHA-256 is {sha256}, {} says {expected}; the artifact was changed after export",
+                        sidecar.display()
+                    ),
+                ));
+            }
+        }
+        let file = safetensors::parse_header(path, bytes, bytes.len() as u64)?;
+        let header_text = file.metadata.get(HEADER_KEY).ok_or_else(|| {
+            Error::malformed(
+                path,
+                Some(HEADER_KEY),
+                "not a cardproof reference artifact (no header)",
+            )
+        })?;
+        let header: Header = serde_json::from_str(header_text).map_err(|e| {
+            Error::malformed(path, Some(HEADER_KEY), format!("unreadable header: {e}"))
+        })?;
+        if header.format != FORMAT {
+            return Err(Error::malformed(
+                path,
+                Some("format"),
+                format!("`{}` is not {FORMAT}", header.format),
+            ));
+        }
+        let protocol_digest = crate::measure::protocol::sha256_of(&header.protocol);
+        if protocol_digest != header.protocol_sha256 {
+            return Err(Error::malformed(
+                path,
+                Some("protocol_sha256"),
+                format!(
+                    "the header's protocol hashes to {protocol_digest}, not the recorded {}",
+                    header.protocol_sha256
+                ),
+            ));
+        }
+        let tokens: Vec<u32> = ints(&file, bytes, "tokens", Dtype::I32)?
+            .into_iter()
+            .map(|t| t as u32)
+            .collect();
+        let digest = crate::runner::tokens::tokens_sha256(&tokens);
+        if header.eval["tokens_sha256"].as_str() != Some(digest.as_str()) {
+            return Err(Error::malformed(
+                path,
+                Some("tokens"),
+                format!(
+                    "the token stream hashes to {digest}, not the header's {}",
+                    header.eval["tokens_sha256"]
+                ),
+            ));
+        }
+        let mut runs = Vec::new();
+        for layout in &header.runs {
+            let p = format!("ctx{}", layout.context_length);
+            let window = ints(&file, bytes, &format!("{p}.window"), Dtype::I32)?;
+            let position = ints(&file, bytes, &format!("{p}.position"), Dtype::I64)?;
+            if window.len() != layout.rows || position.len() != layout.rows {
+                return Err(Error::malformed(
+                    path,
+                    Some(&p),
+                    "row count disagrees with the header",
+                ));
+            }
+            let index = window
+                .iter()
+                .zip(&position)
+                .enumerate()
+                .map(|(i, (&w, &j))| ((w as u32, j as u64), i))
+                .collect();
+            let mut run = RunData {
+                context_length: layout.context_length,
+                index,
+                hidden: Vec::new(),
+                topk_ids: Vec::new(),
+                topk_logp: Vec::new(),
+                tail_logp: Vec::new(),
+                token_logp: Vec::new(),
+            };
+            match header.kind {
+                Kind::Hidden => {
+                    let (shape, values) = f32_rows(&file, bytes, &format!("{p}.hidden"))?;
+                    if shape != [layout.rows, header.hidden_size] {
+                        return Err(Error::malformed(
+                            path,
+                            Some(&format!("{p}.hidden")),
+                            format!(
+                                "has shape {shape:?}, expected [{}, {}]",
+                                layout.rows, header.hidden_size
+                            ),
+                        ));
+                    }
+                    run.hidden = values;
+                }
+                Kind::TopK => {
+                    let k = header.k.unwrap_or(0);
+                    run.topk_ids = ints(&file, bytes, &format!("{p}.topk_ids"), Dtype::I32)?;
+                    run.topk_logp = f32_rows(&file, bytes, &format!("{p}.topk_logp"))?.1;
+                    run.tail_logp = f32_rows(&file, bytes, &format!("{p}.tail_logp"))?
+                        .1
+                        .into_iter()
+                        .map(f64::from)
+                        .collect();
+                    run.token_logp = f32_rows(&file, bytes, &format!("{p}.token_logp"))?
+                        .1
+                        .into_iter()
+                        .map(f64::from)
+                        .collect();
+                    if run.topk_ids.len() != layout.rows * k
+                        || run.topk_logp.len() != layout.rows * k
+                    {
+                        return Err(Error::malformed(
+                            path,
+                            Some(&p),
+                            format!("top-k tensors do not hold {} rows of {k}", layout.rows),
+                        ));
+                    }
+                    if run
+                        .topk_ids
+                        .iter()
+                        .any(|&t| t < 0 || t as usize >= header.vocab_size)
+                    {
+                        return Err(Error::malformed(
+                            path,
+                            Some(&format!("{p}.topk_ids")),
+                            "a token id is outside the vocabulary",
+                        ));
+                    }
+                }
+            }
+            runs.push(run);
+        }
+        Ok(Artifact {
+            path: path.to_owned(),
+            header,
+            sha256,
+            tokens,
+            runs,
+        })
+    }
+
+    /// The protocol differences between this artifact and a requested run (empty: compatible).
+    pub fn protocol_differences(&self, requested: &Value) -> Vec<String> {
+        let mut out = Vec::new();
+        for key in ["context_lengths", "positions", "bos", "vocab_size"] {
+            if self.header.protocol[key] != requested[key] {
+                out.push(format!(
+                    "{key}: the artifact was exported with {}, the run asks for {}",
+                    self.header.protocol[key], requested[key]
+                ));
+            }
+        }
+        if self.header.kind == Kind::TopK {
+            let k = self.header.k.unwrap_or(0);
+            let want = serde_json::json!({"mode": "top_k", "k": k, "tail": "lumped"});
+            if requested["vocab"] != want {
+                out.push(format!(
+                    "vocab: a top-{k} artifact gives the lumped top-{k} KL (a lower bound of the full KL); run with --vocab top-k --top-k {k} --tail lumped, not {}",
+                    requested["vocab"]
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// `<file>.sha256`, the artifact's digest in `sha256sum` format.
+pub fn sidecar_path(path: &Path) -> PathBuf {
+    let mut name = path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    name.push(".sha256");
+    path.with_file_name(name)
+}
+
+/// The reference side of a measurement, served from an artifact. Windows are found by their
+/// token ids; the LM head (hidden kind) comes from a model holding the same lm_head tensor.
+pub struct ArtifactRunner<'a> {
+    pub artifact: &'a Artifact,
+    /// For `hidden` artifacts: computes logits from LM-head inputs.
+    pub head: Option<&'a (dyn Fn(Vec<f32>) -> Result<Vec<f32>> + Sync)>,
+    windows: HashMap<Vec<u32>, (usize, u32)>,
+}
+
+impl<'a> ArtifactRunner<'a> {
+    /// `windows[r]` are the windows of run r as the measurement cuts them.
+    pub fn new(
+        artifact: &'a Artifact,
+        windows: &[crate::runner::tokens::Windows],
+        head: Option<&'a (dyn Fn(Vec<f32>) -> Result<Vec<f32>> + Sync)>,
+    ) -> Result<Self> {
+        let mut map = HashMap::new();
+        for w in windows {
+            let Some(r) = artifact
+                .runs
+                .iter()
+                .position(|run| run.context_length == w.length)
+            else {
+                return Err(Error::malformed(
+                    &artifact.path,
+                    None,
+                    format!("holds no rows for context length {}", w.length),
+                ));
+            };
+            for (i, ids) in w.windows.iter().enumerate() {
+                map.entry(ids.clone()).or_insert((r, i as u32));
+            }
+        }
+        if artifact.header.kind == Kind::Hidden && head.is_none() {
+            return Err(Error::malformed(
+                &artifact.path,
+                None,
+                "a hidden-state artifact needs the reference's lm_head",
+            ));
+        }
+        Ok(ArtifactRunner {
+            artifact,
+            head,
+            windows: map,
+        })
+    }
+}
+
+struct ArtifactWindow<'a> {
+    runner: &'a ArtifactRunner<'a>,
+    run: usize,
+    window: u32,
+}
+
+impl ArtifactWindow<'_> {
+    fn row(&self, j: usize) -> Result<usize> {
+        let run = &self.runner.artifact.runs[self.run];
+        run.index.get(&(self.window, j as u64)).copied().ok_or_else(|| {
+            Error::malformed(
+                &self.runner.artifact.path,
+                None,
+                format!(
+                    "holds no row for window {} position {j} at context length {} (the run asks for rows the artifact's protocol does not score)",
+                    self.window, run.context_length
+                ),
+            )
+        })
+    }
+}
+
+impl WindowLogits for ArtifactWindow<'_> {
+    fn logits(&self, rows: &[usize]) -> Result<Vec<f32>> {
+        let a = self.runner.artifact;
+        let h = &a.header;
+        let run = &a.runs[self.run];
+        match h.kind {
+            Kind::Hidden => {
+                let mut x = Vec::with_capacity(rows.len() * h.hidden_size);
+                for &j in rows {
+                    let r = self.row(j)?;
+                    x.extend_from_slice(&run.hidden[r * h.hidden_size..(r + 1) * h.hidden_size]);
+                }
+                let head = self
+                    .runner
+                    .head
+                    .ok_or_else(|| Error::malformed(&a.path, None, "no lm_head"))?;
+                head(x)
+            }
+            Kind::TopK => {
+                // Log-probabilities as logits: the K stored entries exactly, the tail's mass spread
+                // evenly over the other tokens (each strictly below the K-th, so the reference's
+                // top-K set is the stored one). Lumped over the set, this is the artifact's KL.
+                let k = h.k.unwrap_or(0);
+                let width = h.logit_width;
+                let rest = (h.vocab_size - k).max(1) as f64;
+                let mut out = vec![f32::NEG_INFINITY; rows.len() * width];
+                for (n, &j) in rows.iter().enumerate() {
+                    let r = self.row(j)?;
+                    let row = &mut out[n * width..(n + 1) * width];
+                    let lowest = run.topk_logp[r * k + k - 1];
+                    let spread = (run.tail_logp[r] - rest.ln()) as f32;
+                    let spread = if spread >= lowest {
+                        lowest.next_down()
+                    } else {
+                        spread
+                    };
+                    row[..h.vocab_size].fill(spread);
+                    for i in 0..k {
+                        row[run.topk_ids[r * k + i] as usize] = run.topk_logp[r * k + i];
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    fn token_nll(&self, row: usize) -> Option<f64> {
+        let run = &self.runner.artifact.runs[self.run];
+        match self.runner.artifact.header.kind {
+            Kind::TopK => self.row(row).ok().map(|r| -run.token_logp[r]),
+            Kind::Hidden => None,
+        }
+    }
+}
+
+impl Runner for ArtifactRunner<'_> {
+    fn vocab(&self) -> usize {
+        self.artifact.header.logit_width
+    }
+
+    fn window<'b>(&'b self, ids: &[u32]) -> Result<Box<dyn WindowLogits + 'b>> {
+        let &(run, window) = self.windows.get(ids).ok_or_else(|| {
+            Error::malformed(
+                &self.artifact.path,
+                None,
+                "a window of the run is not in the artifact's token stream",
+            )
+        })?;
+        Ok(Box::new(ArtifactWindow {
+            runner: self,
+            run,
+            window,
+        }))
+    }
+
+    fn environment(&self) -> Value {
+        serde_json::json!({
+            "artifact": self.artifact.path.display().to_string(),
+            "artifact_sha256": self.artifact.sha256,
+            "kind": self.artifact.header.kind,
+            "k": self.artifact.header.k,
+            "bound": self.artifact.header.bound,
+        })
+    }
+}
+
+/// Build an artifact file's bytes. `rows[r]` are run r's (window, position) pairs; `hidden[r]`
+/// its LM-head inputs (hidden kind) or `topk[r]` its top-K data.
+pub struct ExportRun {
+    pub context_length: usize,
+    pub windows: usize,
+    pub rows: Vec<(u32, u64)>,
+    pub hidden: Vec<f32>,
+    pub topk_ids: Vec<i32>,
+    pub topk_logp: Vec<f32>,
+    pub tail_logp: Vec<f32>,
+    pub token_logp: Vec<f32>,
+}
+
+pub fn serialize(header: &Header, tokens: &[u32], runs: &[ExportRun]) -> Result<Vec<u8>> {
+    let mut owned: Vec<(String, Dtype, Vec<u64>, Vec<u8>)> = Vec::new();
+    owned.push((
+        "tokens".into(),
+        Dtype::I32,
+        vec![tokens.len() as u64],
+        tokens
+            .iter()
+            .flat_map(|&t| (t as i32).to_le_bytes())
+            .collect(),
+    ));
+    let bf16 = header.hidden_dtype.as_deref() == Some("bf16");
+    for run in runs {
+        let p = format!("ctx{}", run.context_length);
+        let n = run.rows.len() as u64;
+        owned.push((
+            format!("{p}.window"),
+            Dtype::I32,
+            vec![n],
+            run.rows
+                .iter()
+                .flat_map(|r| (r.0 as i32).to_le_bytes())
+                .collect(),
+        ));
+        owned.push((
+            format!("{p}.position"),
+            Dtype::I64,
+            vec![n],
+            run.rows
+                .iter()
+                .flat_map(|r| (r.1 as i64).to_le_bytes())
+                .collect(),
+        ));
+        match header.kind {
+            Kind::Hidden => {
+                let shape = vec![n, header.hidden_size as u64];
+                if bf16 {
+                    owned.push((
+                        format!("{p}.hidden"),
+                        Dtype::BF16,
+                        shape,
+                        run.hidden
+                            .iter()
+                            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+                            .collect(),
+                    ));
+                } else {
+                    owned.push((
+                        format!("{p}.hidden"),
+                        Dtype::F32,
+                        shape,
+                        bytemuck::cast_slice(&run.hidden).to_vec(),
+                    ));
+                }
+            }
+            Kind::TopK => {
+                let k = header.k.unwrap_or(0) as u64;
+                owned.push((
+                    format!("{p}.topk_ids"),
+                    Dtype::I32,
+                    vec![n, k],
+                    run.topk_ids.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                ));
+                owned.push((
+                    format!("{p}.topk_logp"),
+                    Dtype::F32,
+                    vec![n, k],
+                    bytemuck::cast_slice(&run.topk_logp).to_vec(),
+                ));
+                owned.push((
+                    format!("{p}.tail_logp"),
+                    Dtype::F32,
+                    vec![n],
+                    bytemuck::cast_slice(&run.tail_logp).to_vec(),
+                ));
+                owned.push((
+                    format!("{p}.token_logp"),
+                    Dtype::F32,
+                    vec![n],
+                    bytemuck::cast_slice(&run.token_logp).to_vec(),
+                ));
+            }
+        }
+    }
+    let text = serde_json::to_string(header).map_err(|e| {
+        Error::malformed(
+            Path::new("artifact"),
+            None,
+            format!("cannot encode the header: {e}"),
+        )
+    })?;
+    let mut metadata = BTreeMap::new();
+    metadata.insert(HEADER_KEY.to_owned(), text);
+    let tensors: Vec<(&str, Dtype, &[u64], &[u8])> = owned
+        .iter()
+        .map(|(n, d, s, b)| (n.as_str(), *d, s.as_slice(), b.as_slice()))
+        .collect();
+    Ok(safetensors::serialize(&tensors, &metadata))
+}
+
+/// Export an artifact from a native reference model over the windows `o` defines.
+#[cfg(feature = "native")]
+pub fn export_native(
+    model: &crate::runner::native::NativeModel,
+    eval: &crate::measurement::EvalInput,
+    o: &crate::measurement::MeasureOptions,
+    kind: Kind,
+    k: usize,
+    hidden_bf16: bool,
+    reference: Value,
+    tokenizer_sha256: &str,
+) -> Result<(Header, Vec<u8>)> {
+    use rayon::prelude::*;
+
+    use crate::runner::tokens;
+    let d = &model.decoder;
+    let width = d.config.vocab;
+    let vocab_size = o.vocab_size.unwrap_or(eval.tokenizer_vocab).min(width);
+    if kind == Kind::TopK && (k == 0 || k >= vocab_size) {
+        return Err(Error::malformed(
+            &model.path,
+            None,
+            format!(
+                "--top-k {k} must be between 1 and the vocabulary size {vocab_size} (exclusive)"
+            ),
+        ));
+    }
+    let err = |e: candle_core::Error| {
+        Error::malformed(&model.path, None, format!("forward pass failed: {e}"))
+    };
+    let mut runs = Vec::new();
+    for &l in &o.context_lengths {
+        let windows = tokens::windows(eval.stream, eval.text_path, l, o.bos, eval.bos_id)?;
+        let rows: Vec<usize> = (0..l)
+            .filter(|&j| o.positions.selects(j as u64, l as u64))
+            .collect();
+        type Part = (Vec<f32>, Vec<i32>, Vec<f32>, Vec<f32>, Vec<f32>);
+        let parts: Vec<Part> = windows
+            .windows
+            .par_iter()
+            .map(|ids| -> Result<Part> {
+                let hidden = d.hidden(ids).map_err(err)?;
+                let normed = d.normed_at(&hidden, &rows).map_err(err)?;
+                if kind == Kind::Hidden {
+                    let h = normed
+                        .to_dtype(candle_core::DType::F32)
+                        .and_then(|t| t.flatten_all())
+                        .and_then(|t| t.to_vec1::<f32>())
+                        .map_err(err)?;
+                    return Ok((h, Vec::new(), Vec::new(), Vec::new(), Vec::new()));
+                }
+                let logits = d.head(&normed).map_err(err)?;
+                let (mut ids_out, mut logp, mut tail, mut tok) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                let mut order: Vec<u32> = Vec::with_capacity(vocab_size);
+                for (n, &j) in rows.iter().enumerate() {
+                    let row = &logits[n * width..n * width + vocab_size];
+                    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let lse = crate::measure::row::log_sum_exp(row, max);
+                    order.clear();
+                    order.extend(0..vocab_size as u32);
+                    // Descending logit, ties by lowest token id (the design's top-k rule).
+                    let cmp = |a: &u32, b: &u32| {
+                        row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b))
+                    };
+                    order.select_nth_unstable_by(k - 1, cmp);
+                    order[..k].sort_unstable_by(cmp);
+                    let mut in_set = vec![false; vocab_size];
+                    for &i in &order[..k] {
+                        in_set[i as usize] = true;
+                        ids_out.push(i as i32);
+                        logp.push((f64::from(row[i as usize]) - lse) as f32);
+                    }
+                    let rest: f64 = row
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| !in_set[*i])
+                        .map(|(_, &v)| (f64::from(v) - f64::from(max)).exp())
+                        .sum();
+                    tail.push((rest.ln() + f64::from(max) - lse) as f32);
+                    let t = ids[j + 1] as usize;
+                    tok.push((f64::from(row[t.min(vocab_size - 1)]) - lse) as f32);
+                }
+                Ok((Vec::new(), ids_out, logp, tail, tok))
+            })
+            .collect::<Result<_>>()?;
+        let mut run = ExportRun {
+            context_length: l,
+            windows: windows.windows.len(),
+            rows: Vec::new(),
+            hidden: Vec::new(),
+            topk_ids: Vec::new(),
+            topk_logp: Vec::new(),
+            tail_logp: Vec::new(),
+            token_logp: Vec::new(),
+        };
+        for (w, (h, i, lp, t, tk)) in parts.into_iter().enumerate() {
+            run.rows.extend(rows.iter().map(|&j| (w as u32, j as u64)));
+            run.hidden.extend(h);
+            run.topk_ids.extend(i);
+            run.topk_logp.extend(lp);
+            run.tail_logp.extend(t);
+            run.token_logp.extend(tk);
+        }
+        runs.push(run);
+    }
+    let mut options = o.clone();
+    if kind == Kind::TopK {
+        options.vocab = crate::measure::protocol::VocabMode::TopK {
+            k,
+            tail: crate::measure::protocol::Tail::Lumped,
+        };
+    }
+    let padding = if vocab_size < width {
+        "excluded"
+    } else {
+        "none"
+    };
+    let protocol = crate::measurement::protocol_json(&options, vocab_size, padding);
+    let bound = match kind {
+        Kind::Hidden => "exact: the full-vocabulary KL is recomputed from the stored final hidden states with the reference's lm_head".to_owned(),
+        Kind::TopK => format!("lower bound: the KL over the reference's top-{k} tokens with the rest lumped into one bucket is never above the full KL"),
+    };
+    let header = Header {
+        format: FORMAT.into(),
+        kind,
+        k: (kind == Kind::TopK).then_some(k),
+        hidden_dtype: (kind == Kind::Hidden)
+            .then(|| if hidden_bf16 { "bf16" } else { "f32" }.to_owned()),
+        hidden_size: d.config.hidden,
+        logit_width: width,
+        vocab_size,
+        protocol_sha256: crate::measure::protocol::sha256_of(&protocol),
+        protocol,
+        reference,
+        eval: serde_json::json!({
+            "text_sha256": eval.stream.text_sha256,
+            "tokens_sha256": crate::runner::tokens::tokens_sha256(&eval.stream.ids),
+            "token_count": eval.stream.ids.len(),
+            "bos": o.bos.as_str(),
+            "tokenizer_sha256": tokenizer_sha256,
+        }),
+        runs: runs
+            .iter()
+            .map(|r| RunLayout {
+                context_length: r.context_length,
+                windows: r.windows,
+                rows: r.rows.len(),
+            })
+            .collect(),
+        bound,
+    };
+    let bytes = serialize(&header, &eval.stream.ids, &runs)?;
+    Ok((header, bytes))
+}
