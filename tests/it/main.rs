@@ -1,5 +1,6 @@
 //! Integration tests through the `cardproof` binary. One test binary (links once).
 
+mod artifact;
 mod bad_input;
 mod card;
 mod dequant_reference;

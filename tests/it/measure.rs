@@ -352,7 +352,11 @@ fn bad_inputs_are_exit_2_with_one_clear_message() {
             .unwrap(),
     ]);
     assert_eq!(r.code, 2);
-    assert!(r.stderr.contains("is inside the checkpoint"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("is inside the checkpoint"),
+        "{}",
+        r.stderr
+    );
 }
 
 fn copy_model(from: &Path, to: &Path) {

@@ -1,0 +1,213 @@
+//! Compact reference artifacts: `reference export` and `measure --reference-artifact`.
+
+use std::path::{Path, PathBuf};
+
+use crate::support::{cardproof, repo_root};
+
+fn model(name: &str) -> String {
+    repo_root()
+        .join("examples/models")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn short_text(dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(repo_root().join("examples/data/eval.txt")).unwrap();
+    let end = text[2500..].find('\n').unwrap() + 2501;
+    let path = dir.join("eval.txt");
+    std::fs::write(&path, &text[..end]).unwrap();
+    path
+}
+
+fn export(dir: &Path, text: &Path, name: &str, extra: &[&str]) -> PathBuf {
+    let out = dir.join(name);
+    let mut args = vec![
+        "reference",
+        "export",
+        "--model",
+        model("shakespeare-bf16").leak(),
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--context-length",
+        "128",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let r = cardproof(&args);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(crate::support::repo_root().exists());
+    out
+}
+
+fn measure(dir: &Path, reference: &[&str], candidate: &str, extra: &[&str]) -> crate::support::Run {
+    let out = dir.join(format!("m-{}", rand_name()));
+    let mut args = vec!["measure"];
+    args.extend_from_slice(reference);
+    args.extend_from_slice(&[
+        "--candidate",
+        candidate,
+        "--context-length",
+        "128",
+        "--bootstrap",
+        "50",
+        "--out",
+        out.to_str().unwrap().to_owned().leak(),
+        "--json",
+    ]);
+    args.extend_from_slice(extra);
+    cardproof(&args)
+}
+
+fn rand_name() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    N.fetch_add(1, Ordering::Relaxed).to_string()
+}
+
+fn metrics(run: &crate::support::Run) -> serde_json::Value {
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    run.json()["runs"][0]["metrics"].clone()
+}
+
+#[test]
+fn hidden_state_artifact_reproduces_the_full_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = short_text(dir.path());
+    let art = export(dir.path(), &text, "hidden.safetensors", &[]);
+    for candidate in [
+        "shakespeare-w8a16",
+        "shakespeare-fp8-block",
+        "shakespeare-awq-int4",
+    ] {
+        let full = metrics(&measure(
+            dir.path(),
+            &[
+                "--reference",
+                &model("shakespeare-bf16"),
+                "--eval-text",
+                text.to_str().unwrap(),
+            ],
+            &model(candidate),
+            &[],
+        ));
+        let via = measure(
+            dir.path(),
+            &["--reference-artifact", art.to_str().unwrap()],
+            &model(candidate),
+            &[],
+        );
+        let doc = via.json();
+        assert_eq!(doc["environment"]["reference_artifact"]["kind"], "hidden");
+        let via = metrics(&via);
+        for (name, value) in full.as_object().unwrap() {
+            let a = value.as_f64().unwrap();
+            let b = via[name]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{candidate}: no {name}"));
+            assert!(
+                (a - b).abs() <= 1e-6 * a.abs().max(1e-12),
+                "{candidate} {name}: {a} vs {b}"
+            );
+        }
+    }
+}
+
+#[test]
+fn top_k_artifact_is_a_lower_bound_that_converges() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = short_text(dir.path());
+    let candidate = model("shakespeare-fp8-block");
+    let full = metrics(&measure(
+        dir.path(),
+        &[
+            "--reference",
+            &model("shakespeare-bf16"),
+            "--eval-text",
+            text.to_str().unwrap(),
+        ],
+        &candidate,
+        &[],
+    ))["kld_mean"]
+        .as_f64()
+        .unwrap();
+    let mut previous = 0.0;
+    for k in ["4", "32", "256", "1536"] {
+        let art = export(
+            dir.path(),
+            &text,
+            &format!("top{k}.safetensors"),
+            &["--kind", "top-k", "--artifact-top-k", k],
+        );
+        let m = metrics(&measure(
+            dir.path(),
+            &["--reference-artifact", art.to_str().unwrap()],
+            &candidate,
+            &["--vocab", "top-k", "--top-k", k],
+        ));
+        let kld = m["kld_mean"].as_f64().unwrap();
+        assert!(
+            kld <= full * (1.0 + 1e-9),
+            "top-{k}: {kld} above the full KL {full}"
+        );
+        assert!(
+            kld >= previous * (1.0 - 1e-9),
+            "top-{k}: {kld} below top-smaller {previous}"
+        );
+        previous = kld;
+    }
+    assert!(
+        previous > 0.97 * full,
+        "top-1536 {previous} should be close to the full {full}"
+    );
+}
+
+#[test]
+fn tampered_or_mismatched_artifacts_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = short_text(dir.path());
+    let art = export(dir.path(), &text, "hidden.safetensors", &[]);
+    let reference = ["--reference-artifact", art.to_str().unwrap()];
+    // Another protocol.
+    let r = cardproof(&[
+        "measure",
+        "--reference-artifact",
+        art.to_str().unwrap(),
+        "--candidate",
+        &model("shakespeare-w8a16"),
+        "--context-length",
+        "64",
+        "--out",
+        dir.path().join("x").to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("context_lengths"), "{}", r.stderr);
+    // Another lm_head (the GGUF candidate's output matrix is Q8_0).
+    let r = measure(dir.path(), &reference, &model("shakespeare-q4_0-gguf"), &[]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("lm_head"), "{}", r.stderr);
+    // Another eval text.
+    let other = dir.path().join("other.txt");
+    std::fs::write(&other, "some other text\n").unwrap();
+    let r = measure(
+        dir.path(),
+        &reference,
+        &model("shakespeare-w8a16"),
+        &["--eval-text", other.to_str().unwrap()],
+    );
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("not the artifact's eval text"),
+        "{}",
+        r.stderr
+    );
+    // A changed byte: the digest beside it no longer matches.
+    let mut bytes = std::fs::read(&art).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&art, &bytes).unwrap();
+    let r = measure(dir.path(), &reference, &model("shakespeare-w8a16"), &[]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("digest mismatch"), "{}", r.stderr);
+}
