@@ -593,18 +593,31 @@ pub fn serialize(header: &Header, tokens: &[u32], runs: &[ExportRun]) -> Result<
     Ok(safetensors::serialize(&tensors, &metadata))
 }
 
+/// What an export stores per scored position.
+#[derive(Debug, Clone, Copy)]
+pub struct ExportSpec {
+    pub kind: Kind,
+    /// K for `top_k`.
+    pub k: usize,
+    /// Hidden states in bf16 (half the size, no longer exact).
+    pub hidden_bf16: bool,
+}
+
 /// Export an artifact from a native reference model over the windows `o` defines.
 #[cfg(feature = "native")]
 pub fn export_native(
     model: &crate::runner::native::NativeModel,
     eval: &crate::measurement::EvalInput,
     o: &crate::measurement::MeasureOptions,
-    kind: Kind,
-    k: usize,
-    hidden_bf16: bool,
+    spec: ExportSpec,
     reference: Value,
     tokenizer_sha256: &str,
 ) -> Result<(Header, Vec<u8>)> {
+    let ExportSpec {
+        kind,
+        k,
+        hidden_bf16,
+    } = spec;
     use rayon::prelude::*;
 
     use crate::runner::tokens;

@@ -1016,9 +1016,7 @@ pub fn export_reference(
     model: &Path,
     eval_text: &Path,
     options: &MeasureOptions,
-    kind: crate::artifact::Kind,
-    k: usize,
-    hidden_bf16: bool,
+    spec: crate::artifact::ExportSpec,
     threads: usize,
     out: &Path,
 ) -> Result<crate::artifact::Header> {
@@ -1040,9 +1038,7 @@ pub fn export_reference(
             tokenizer_vocab: tokenizer.vocab_size,
         },
         options,
-        kind,
-        k,
-        hidden_bf16,
+        spec,
         json!({
             "path": model.display().to_string(),
             "format": id.format,

@@ -569,9 +569,11 @@ fn export(args: &cli::ExportArgs, p: config::ProtocolConfig) -> io::Result<u8> {
         &args.model,
         &args.eval_text,
         &options,
-        kind,
-        args.artifact_top_k,
-        args.bf16,
+        cardproof::artifact::ExportSpec {
+            kind,
+            k: args.artifact_top_k,
+            hidden_bf16: args.bf16,
+        },
         threads,
         &args.out,
     ) {
