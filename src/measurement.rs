@@ -841,14 +841,21 @@ pub struct ArtifactRequest<'a> {
     pub out: &'a Path,
 }
 
-/// Measure a candidate against a reference artifact; the artifact's protocol is enforced.
+/// A candidate and a reference artifact, checked against each other and the requested protocol.
 #[cfg(feature = "native")]
-pub fn run_with_artifact(
-    r: &ArtifactRequest,
-    stage: &(dyn Fn(&str) + Sync),
-    progress: Progress,
-) -> Result<Value> {
-    use crate::artifact::{Artifact, ArtifactRunner, Kind};
+pub struct ArtifactRun {
+    pub artifact: crate::artifact::Artifact,
+    pub candidate: crate::runner::native::NativeModel,
+    pub tokenizer: tokens::TokenizerFile,
+    pub stream: TokenStream,
+    pub windows: Vec<tokens::Windows>,
+}
+
+/// Open the artifact, load the candidate, and enforce the artifact's tokenizer, eval text,
+/// vocabulary and protocol.
+#[cfg(feature = "native")]
+pub fn prepare_artifact(r: &ArtifactRequest, stage: &(dyn Fn(&str) + Sync)) -> Result<ArtifactRun> {
+    use crate::artifact::Artifact;
     use crate::runner::native;
 
     stage("reading the artifact");
@@ -918,41 +925,85 @@ pub fn run_with_artifact(
             ),
         ));
     }
+    if h.kind == crate::artifact::Kind::Hidden
+        && h.reference["lm_head_sha256"].as_str() != Some(candidate.lm_head_sha256.as_str())
+    {
+        return Err(Error::malformed(
+            r.candidate,
+            Some("lm_head"),
+            format!(
+                "is not the reference's (sha256 {} vs {}); a hidden-state artifact needs the reference's lm_head",
+                candidate.lm_head_sha256, h.reference["lm_head_sha256"]
+            ),
+        ));
+    }
     let windows: Vec<tokens::Windows> = r
         .options
         .context_lengths
         .iter()
         .map(|&l| tokens::windows(&stream, r.artifact, l, r.options.bos, tokenizer.bos_id))
         .collect::<Result<_>>()?;
+    Ok(ArtifactRun {
+        artifact,
+        candidate,
+        tokenizer,
+        stream,
+        windows,
+    })
+}
+
+/// Run `f` with the artifact's reference runner (its LM head served by the candidate's, whose
+/// digest `prepare_artifact` checked).
+#[cfg(feature = "native")]
+pub fn with_artifact_runner<T>(
+    p: &ArtifactRun,
+    f: impl FnOnce(&crate::artifact::ArtifactRunner) -> Result<T>,
+) -> Result<T> {
     let head = |x: Vec<f32>| -> Result<Vec<f32>> {
-        candidate
+        p.candidate
             .decoder
             .head_from_rows(x)
-            .map_err(|e| Error::malformed(r.candidate, None, format!("lm_head failed: {e}")))
+            .map_err(|e| Error::malformed(&p.candidate.path, None, format!("lm_head failed: {e}")))
     };
     let head_ref: &(dyn Fn(Vec<f32>) -> Result<Vec<f32>> + Sync) = &head;
-    let head_opt = if h.kind == Kind::Hidden {
-        if h.reference["lm_head_sha256"].as_str() != Some(candidate.lm_head_sha256.as_str()) {
-            return Err(Error::malformed(
-                r.candidate,
-                Some("lm_head"),
-                format!(
-                    "is not the reference's (sha256 {} vs {}); a hidden-state artifact needs the reference's lm_head",
-                    candidate.lm_head_sha256, h.reference["lm_head_sha256"]
-                ),
-            ));
-        }
-        Some(head_ref)
-    } else {
-        None
-    };
-    let runner = ArtifactRunner::new(&artifact, &windows, head_opt)?;
-    let candidate_id = identity(&candidate, r.candidate, r.threads)?;
-    let mut reference_id = ModelIdentity {
+    let head_opt = (p.artifact.header.kind == crate::artifact::Kind::Hidden).then_some(head_ref);
+    let runner = crate::artifact::ArtifactRunner::new(&p.artifact, &p.windows, head_opt)?;
+    f(&runner)
+}
+
+/// Measure a prepared candidate against its artifact; returns the measurement and its document.
+#[cfg(feature = "native")]
+pub fn measure_artifact(
+    r: &ArtifactRequest,
+    p: &ArtifactRun,
+    progress: Progress,
+) -> Result<(ModelMeasurement, Value)> {
+    use crate::runner::native;
+    let h = &p.artifact.header;
+    let candidate_id = identity(&p.candidate, r.candidate, r.threads)?;
+    let (mut m, reference_env) = with_artifact_runner(p, |runner| {
+        let m = measure_models(
+            runner,
+            &p.candidate,
+            &EvalInput {
+                stream: &p.stream,
+                text_path: r.artifact,
+                bos_id: p.tokenizer.bos_id,
+                tokenizer_vocab: p.tokenizer.vocab_size,
+            },
+            r.options,
+            progress,
+        )?;
+        Ok((m, Runner::environment(runner)))
+    })?;
+    m.eval["text_path"] = r
+        .eval_text
+        .map_or(Value::Null, |t| t.display().to_string().into());
+    let reference_id = ModelIdentity {
         path: PathBuf::from(h.reference["path"].as_str().unwrap_or_default()),
         format: h.reference["format"]
             .as_str()
-            .unwrap_or_default()
+            .unwrap_or("artifact")
             .to_owned(),
         manifest_sha256: h.reference["manifest_sha256"]
             .as_str()
@@ -966,28 +1017,8 @@ pub fn run_with_artifact(
             .as_str()
             .unwrap_or("unknown")
             .to_owned(),
-        environment: Runner::environment(&runner),
+        environment: reference_env,
     };
-    if reference_id.format.is_empty() {
-        reference_id.format = "artifact".into();
-    }
-    stage("measuring");
-    let m = measure_models(
-        &runner,
-        &candidate,
-        &EvalInput {
-            stream: &stream,
-            text_path: r.artifact,
-            bos_id: tokenizer.bos_id,
-            tokenizer_vocab: tokenizer.vocab_size,
-        },
-        r.options,
-        progress,
-    )?;
-    let mut m = m;
-    m.eval["text_path"] = r
-        .eval_text
-        .map_or(Value::Null, |p| p.display().to_string().into());
     let environment = json!({
         "runner": "native",
         "runner_version": env!("CARGO_PKG_VERSION"),
@@ -996,18 +1027,31 @@ pub fn run_with_artifact(
         "device": format!("cpu: {}", cpu_name()),
         "compute_dtype": r.compute.as_str(),
         "attention": "eager",
-        "kv_cache_dtype": reference_kv(&candidate, r.compute),
+        "kv_cache_dtype": reference_kv(&p.candidate, r.compute),
         "emulate": r.emulate,
         "threads": r.threads,
-        "reference_artifact": {"path": r.artifact.display().to_string(), "sha256": artifact.sha256, "kind": h.kind, "bound": h.bound},
+        "reference_artifact": {"path": r.artifact.display().to_string(), "sha256": p.artifact.sha256, "kind": h.kind, "bound": h.bound},
     });
     let mut doc = measurement_json(&m, r.options, &reference_id, &candidate_id, environment);
     let mut versioned = json!({"schema_version": crate::JSON_SCHEMA_VERSION});
     if let (Some(v), Some(d)) = (versioned.as_object_mut(), doc.as_object_mut()) {
         v.append(d);
     }
-    write_measurement(r.out, &m, &versioned)?;
-    Ok(versioned)
+    Ok((m, versioned))
+}
+
+/// Measure a candidate against a reference artifact and write the measurement files.
+#[cfg(feature = "native")]
+pub fn run_with_artifact(
+    r: &ArtifactRequest,
+    stage: &(dyn Fn(&str) + Sync),
+    progress: Progress,
+) -> Result<Value> {
+    let prepared = prepare_artifact(r, stage)?;
+    stage("measuring");
+    let (m, doc) = measure_artifact(r, &prepared, progress)?;
+    write_measurement(r.out, &m, &doc)?;
+    Ok(doc)
 }
 
 /// `cardproof reference export`: a compact reference artifact from a native reference model.

@@ -218,46 +218,69 @@ fn weighted_diff(w: &[f32], a: &[f32], b: &[f32]) -> f64 {
     lanes_sum(acc) + rest
 }
 
-/// One summand `w_p g(x)` of the KL, with `x = (p - q) - m` the centred logit difference and `w_q κ`
-/// standing for `w_p e^{-x}` when |x| >= 1 (see the module comment).
+/// One summand `w_p g(x)` of the KL for a centred logit difference `x`, with `w_q κ` standing for
+/// `w_p e^{-x}` when |x| >= 1 (see the module comment).
 #[inline(always)]
-fn term(wp: f32, wq: f32, p: f32, q: f32, m: f32, kappa: f32) -> f32 {
-    let x = (p - q) - m;
+fn term(wp: f32, wq: f32, x: f32, kappa: f32) -> f32 {
     let small = wp * g_small(x);
     let large = wq * kappa - wp + wp * x;
     if x.abs() < 1.0 { small } else { large }
 }
 
-/// Σ term over the row, f32 terms summed in f64 lanes.
+/// The second pass for one direction: `(Σ w_p g(x), Σ w_p x)` with `x = (p - q) - m`, f32 terms
+/// summed in f64 lanes. `w_q = e^{q - max_q}` is needed only where |x| >= 1, so it is computed
+/// there only, for the 8 entries around such an x: rows of close distributions (the usual case)
+/// then cost one exponential per entry, not two. The values do not depend on that choice.
 #[inline(always)]
-fn kl_sum(wp: &[f32], wq: &[f32], p: &[f32], q: &[f32], m: f32, kappa: f32) -> f64 {
+fn kl_pass(wp: &[f32], p: &[f32], q: &[f32], m: f32, max_q: f32, kappa: f32) -> (f64, f64) {
     let mut acc = [0f64; LANES];
+    let mut acc_x = [0f64; LANES];
     let n = wp.len() / BLOCK * BLOCK;
     let blocks = wp[..n]
         .chunks_exact(BLOCK)
-        .zip(wq[..n].chunks_exact(BLOCK))
         .zip(p[..n].chunks_exact(BLOCK))
         .zip(q[..n].chunks_exact(BLOCK));
-    for (((bwp, bwq), bp), bq) in blocks {
+    for ((bw, bp), bq) in blocks {
         let mut t = [0f32; LANES];
-        let chunks = bwp
+        let mut tx = [0f32; LANES];
+        let chunks = bw
             .chunks_exact(LANES)
-            .zip(bwq.chunks_exact(LANES))
             .zip(bp.chunks_exact(LANES))
             .zip(bq.chunks_exact(LANES));
-        for (((cwp, cwq), cp), cq) in chunks {
+        for ((cw, cp), cq) in chunks {
+            let mut x = [0f32; LANES];
+            let mut large = 0u32;
             for j in 0..LANES {
-                t[j] += term(cwp[j], cwq[j], cp[j], cq[j], m, kappa);
+                x[j] = (cp[j] - cq[j]) - m;
+                large |= u32::from(x[j].abs() >= 1.0);
+            }
+            if large == 0 {
+                for j in 0..LANES {
+                    t[j] += cw[j] * g_small(x[j]);
+                }
+            } else {
+                for j in 0..LANES {
+                    let wq = exp_f32(cq[j] - max_q);
+                    t[j] += term(cw[j], wq, x[j], kappa);
+                }
+            }
+            for j in 0..LANES {
+                tx[j] += cw[j] * x[j];
             }
         }
         for j in 0..LANES {
             acc[j] += f64::from(t[j]);
+            acc_x[j] += f64::from(tx[j]);
         }
     }
-    let rest: f64 = (n..wp.len())
-        .map(|i| f64::from(term(wp[i], wq[i], p[i], q[i], m, kappa)))
-        .sum();
-    lanes_sum(acc) + rest
+    let (mut rest, mut rest_x) = (0f64, 0f64);
+    for i in n..wp.len() {
+        let x = (p[i] - q[i]) - m;
+        let wq = exp_f32(q[i] - max_q);
+        rest += f64::from(term(wp[i], wq, x, kappa));
+        rest_x += f64::from(wp[i] * x);
+    }
+    (lanes_sum(acc) + rest, lanes_sum(acc_x) + rest_x)
 }
 
 #[inline(always)]
@@ -267,95 +290,217 @@ fn exp_row(x: &[f32], max: f32, out: &mut [f32]) {
     }
 }
 
+/// The maximum of a tile, and whether it holds a NaN or +inf, and a -inf.
 #[inline(always)]
-fn full_row_impl(
-    a: &[f32],
-    b: &[f32],
-    max_a: f32,
-    max_b: f32,
-    want_reverse: bool,
-    ea: &mut [f32],
-    eb: &mut [f32],
-) -> FullRow {
-    // Pass 1, a tile at a time so the tile stays in L1: exponentials, their sums and the
-    // weighted mean of c = a - b.
-    let (mut sa, mut sb, mut wd) = (0.0f64, 0.0f64, 0.0f64);
-    for start in (0..a.len()).step_by(TILE) {
-        let end = (start + TILE).min(a.len());
+fn tile_max(x: &[f32]) -> (f32, bool, bool) {
+    let mut bad = [false; LANES];
+    let mut masked = [false; LANES];
+    let mut max = [f32::NEG_INFINITY; LANES];
+    let n = x.len() / LANES * LANES;
+    for c in x[..n].chunks_exact(LANES) {
+        for j in 0..LANES {
+            let v = c[j];
+            bad[j] |= v.is_nan() | (v == f32::INFINITY);
+            masked[j] |= v == f32::NEG_INFINITY;
+            max[j] = if v > max[j] { v } else { max[j] };
+        }
+    }
+    let mut out = (
+        max.iter()
+            .copied()
+            .fold(f32::NEG_INFINITY, |m, v| if v > m { v } else { m }),
+        bad.iter().any(|b| *b),
+        masked.iter().any(|b| *b),
+    );
+    for &v in &x[n..] {
+        out.1 |= v.is_nan() | (v == f32::INFINITY);
+        out.2 |= v == f32::NEG_INFINITY;
+        if v > out.0 {
+            out.0 = v;
+        }
+    }
+    out
+}
+
+/// One row's exponentials in the first pass, against a maximum found on the way (online, a tile
+/// at a time): each tile's exponentials are taken against the maximum so far, the running sums
+/// rescaled when it grows, and the stored tiles brought to the final maximum at the end.
+struct Online {
+    scan: Scan,
+    /// Σ e and Σ e (x - y), relative to `scan.max`.
+    sum: f64,
+    diff: f64,
+}
+
+impl Online {
+    fn new() -> Online {
+        Online {
+            scan: Scan {
+                non_finite: false,
+                masked: false,
+                max: f32::NEG_INFINITY,
+                argmax: 0,
+            },
+            sum: 0.0,
+            diff: 0.0,
+        }
+    }
+
+    /// Take in tile `x` (its partner `y`) starting at `start`; `e` receives its exponentials.
+    /// Returns the maximum they are relative to.
+    #[inline(always)]
+    fn tile(&mut self, x: &[f32], y: &[f32], start: usize, e: &mut [f32]) -> f32 {
+        let (max, bad, masked) = tile_max(x);
+        self.scan.non_finite |= bad;
+        self.scan.masked |= masked;
+        if max > self.scan.max {
+            // The first index of the new maximum, found with whole chunks first (vectorized).
+            let k = x
+                .chunks(64)
+                .position(|c| c.iter().fold(0u32, |f, &v| f | u32::from(v == max)) != 0)
+                .unwrap_or(0);
+            let i = x[k * 64..].iter().position(|&v| v == max).unwrap_or(0);
+            let scale = (f64::from(self.scan.max) - f64::from(max)).exp();
+            self.sum *= scale;
+            self.diff *= scale;
+            self.scan.max = max;
+            self.scan.argmax = (start + k * 64 + i) as u32;
+        }
+        exp_row(x, self.scan.max, e);
+        self.sum += sum_f64(e);
+        self.diff += weighted_diff(e, x, y);
+        self.scan.max
+    }
+}
+
+/// Bring the tiles of `e` taken against `bases[t]` to the final maximum `max`.
+fn rescale(e: &mut [f32], bases: &[f32], max: f32) {
+    for (tile, &base) in e.chunks_mut(TILE).zip(bases) {
+        if base != max {
+            let d = f64::from(base) - f64::from(max);
+            // Below e^-87 the weights are negligible (and would be subnormal): zero.
+            let s = if d > -87.0 { d.exp() as f32 } else { 0.0 };
+            for v in tile.iter_mut() {
+                *v *= s;
+            }
+        }
+    }
+}
+
+/// The row kernel's outcome.
+#[derive(Debug, Clone, Copy)]
+pub enum Outcome {
+    /// A NaN or +inf, or every entry -inf, in either row: the row is excluded.
+    Excluded,
+    Row { a: Scan, b: Scan, row: FullRow },
+}
+
+/// `(e^ε (1 + K - ε) - 1)`: the KL sum `K = E_p[g(x)]` recentred by `ε = E_p[x]` (the rounding
+/// left in the centring constant), without cancellation (both parts are O(ε K) and O(ε²)).
+#[inline(always)]
+fn recentre(k: f64, eps: f64) -> f64 {
+    // e^ε (1 - ε) - 1 = -Σ_{n>=2} (n-1) ε^n / n!; |ε| is ~1e-7 here, three terms are plenty.
+    let h = eps * eps * (0.5 + eps * (1.0 / 3.0 + eps * 0.125));
+    (eps.exp() * k - h).max(0.0)
+}
+
+#[inline(always)]
+fn full_impl(a: &[f32], b: &[f32], want_reverse: bool, buf: &mut Buffers) -> Outcome {
+    let n = a.len();
+    let tiles = n.div_ceil(TILE);
+    buf.ea.resize(n, 0.0);
+    buf.base_a.resize(tiles, 0.0);
+    if want_reverse {
+        buf.eb.resize(n, 0.0);
+        buf.base_b.resize(tiles, 0.0);
+    }
+    // Pass 1, a tile at a time (the tile stays in L1 after the maximum's pass over it, so the
+    // row is read from memory once): NaN/+inf/-inf, maxima and first argmaxes, exponentials,
+    // their sums and the weighted mean of c = a - b.
+    let (mut oa, mut ob) = (Online::new(), Online::new());
+    for t in 0..tiles {
+        let (start, end) = (t * TILE, ((t + 1) * TILE).min(n));
         let (ta, tb) = (&a[start..end], &b[start..end]);
-        let (tea, teb) = (&mut ea[start..end], &mut eb[start..end]);
-        exp_row(ta, max_a, tea);
-        exp_row(tb, max_b, teb);
-        sa += sum_f64(tea);
-        sb += sum_f64(teb);
-        wd += weighted_diff(tea, ta, tb);
+        buf.base_a[t] = oa.tile(ta, tb, start, &mut buf.ea[start..end]);
+        if want_reverse {
+            buf.base_b[t] = ob.tile(tb, ta, start, &mut buf.eb[start..end]);
+        } else {
+            // Only the scan of b.
+            let (max, bad, masked) = tile_max(tb);
+            ob.scan.non_finite |= bad;
+            ob.scan.masked |= masked;
+            if max > ob.scan.max {
+                ob.scan.max = max;
+                ob.scan.argmax = (start + tb.iter().position(|&v| v == max).unwrap_or(0)) as u32;
+            }
+        }
     }
-    let m_a = wd / sa;
-    let lse_a = f64::from(max_a) + sa.ln();
-    let lse_b = f64::from(max_b) + sb.ln();
-    // Pass 2: the non-negative summands.
+    let (sa, sb) = (oa.scan, ob.scan);
+    if sa.non_finite || sb.non_finite || sa.max == f32::NEG_INFINITY || sb.max == f32::NEG_INFINITY
+    {
+        return Outcome::Excluded;
+    }
+    if sa.masked || sb.masked {
+        let row = masked_row(a, b, sa.max, sb.max, want_reverse);
+        return Outcome::Row { a: sa, b: sb, row };
+    }
+    let (max_a, max_b) = (sa.max, sb.max);
+    let m_a = oa.diff / oa.sum;
+    let m_b = if want_reverse { ob.diff / ob.sum } else { 0.0 };
     let ln_kf = f64::from(max_b) - f64::from(max_a) + m_a;
-    let m_b = if want_reverse {
-        weighted_diff(eb, b, a) / sb
-    } else {
-        0.0
-    };
     let ln_kr = f64::from(max_a) - f64::from(max_b) + m_b;
-    if ln_kf.abs() > 60.0 || ln_kr.abs() > 60.0 {
-        return masked_row(a, b, max_a, max_b, want_reverse);
+    if ln_kf.abs() > 60.0 || (want_reverse && ln_kr.abs() > 60.0) {
+        let row = masked_row(a, b, max_a, max_b, want_reverse);
+        return Outcome::Row { a: sa, b: sb, row };
     }
-    let forward = (kl_sum(ea, eb, a, b, m_a as f32, ln_kf.exp() as f32) / sa).ln_1p();
+    rescale(&mut buf.ea, &buf.base_a, max_a);
+    // Pass 2: the non-negative summands, and Σ w x (zero but for rounding in m).
+    let (k, x) = kl_pass(&buf.ea, a, b, m_a as f32, max_b, ln_kf.exp() as f32);
+    let (k, eps) = (k / oa.sum, x / oa.sum);
+    let forward = recentre(k, eps).ln_1p();
+    let lse_a = f64::from(max_a) + oa.sum.ln();
+    // Σ e^{b - max_a} = e^{-m} Σ w e^{-x} = e^{-m} Σ (w g(x) + w - w x): the candidate's
+    // normalizer without its own exponentials (exact for a row against itself).
+    let lse_b = (f64::from(max_a) - m_a) + (1.0 + k - eps).ln() + oa.sum.ln();
     let reverse = if want_reverse {
-        (kl_sum(eb, ea, b, a, m_b as f32, ln_kr.exp() as f32) / sb).ln_1p()
+        rescale(&mut buf.eb, &buf.base_b, max_b);
+        let (k, x) = kl_pass(&buf.eb, b, a, m_b as f32, max_a, ln_kr.exp() as f32);
+        let (k, eps) = (k / ob.sum, x / ob.sum);
+        recentre(k, eps).ln_1p()
     } else {
         f64::NAN
     };
-    FullRow {
-        forward,
-        reverse,
-        lse_a,
-        lse_b,
+    Outcome::Row {
+        a: sa,
+        b: sb,
+        row: FullRow {
+            forward,
+            reverse,
+            lse_a,
+            lse_b,
+        },
     }
 }
 
-/// Elements per tile of pass 1 (4 arrays of 8 KiB: well inside L1).
+/// Elements per tile of pass 1 (the two rows' tiles, 8 KiB each, and the exponentials stay in L1).
 const TILE: usize = 2048;
 
-/// KL both ways over the full vocabulary. `a` and `b` must be free of NaN and +inf (checked by
-/// the caller); `masked` says whether either holds -inf (masked tokens), which takes the careful
-/// all-f64 path. `ea`/`eb` are scratch buffers.
-#[allow(clippy::too_many_arguments)]
-pub fn full_row(
-    a: &[f32],
-    b: &[f32],
-    max_a: f32,
-    max_b: f32,
-    masked: bool,
-    want_reverse: bool,
-    ea: &mut Vec<f32>,
-    eb: &mut Vec<f32>,
-) -> FullRow {
-    if masked {
-        return masked_row(a, b, max_a, max_b, want_reverse);
-    }
-    ea.resize(a.len(), 0.0);
-    eb.resize(a.len(), 0.0);
-    unmasked_row(
-        a,
-        b,
-        max_a,
-        max_b,
-        want_reverse,
-        ea.as_mut_slice(),
-        eb.as_mut_slice(),
-    )
+/// Scratch buffers of the row kernel (one set per worker thread).
+#[derive(Debug, Default)]
+pub struct Buffers {
+    ea: Vec<f32>,
+    eb: Vec<f32>,
+    base_a: Vec<f32>,
+    base_b: Vec<f32>,
 }
 
 dispatched! {
-    /// The vectorized path for rows without masked tokens.
-    pub fn unmasked_row / unmasked_row_avx2 => full_row_impl(
-        a: &[f32], b: &[f32], max_a: f32, max_b: f32, want_reverse: bool, ea: &mut [f32], eb: &mut [f32]
-    ) -> FullRow
+    /// Scan both rows and, unless excluded, their KL (both ways when `want_reverse`) and
+    /// log-normalizers over the full vocabulary. Rows with -inf (masked tokens) or extreme scale
+    /// differences take the careful all-f64 path.
+    pub fn full / full_avx2 => full_impl(
+        a: &[f32], b: &[f32], want_reverse: bool, buf: &mut Buffers
+    ) -> Outcome
 }
 
 /// The careful all-f64 path for rows with masked (-inf) tokens or extreme scale differences.

@@ -16,16 +16,22 @@ pub struct Gate {
     pub detail: String,
 }
 
-/// Mean forward KL of reference row j against candidate row j + `shift` over one window.
+/// Mean forward KL of reference row j against candidate row j + `shift` over one window, for the
+/// scored rows `scored` (those a reference artifact holds).
 fn mean_kl(
     reference: &dyn Runner,
     candidate: &dyn Runner,
     ids: &[u32],
+    scored: &[usize],
     shift: usize,
     vocab: usize,
 ) -> Result<(f64, f64, bool)> {
     let n = ids.len();
-    let rows: Vec<usize> = (0..n.saturating_sub(1 + shift)).collect();
+    let rows: Vec<usize> = scored
+        .iter()
+        .copied()
+        .filter(|&j| j + shift + 1 < n)
+        .collect();
     let shifted: Vec<usize> = rows.iter().map(|r| r + shift).collect();
     let a = reference.window(ids)?.logits(&rows)?;
     let b = candidate.window(ids)?.logits(&shifted)?;
@@ -57,13 +63,14 @@ pub fn run(
     reference: &dyn Runner,
     candidate: &dyn Runner,
     window: &[u32],
+    scored: &[usize],
     vocab: usize,
     rerun_kld_max: f64,
     rerun_kld_mean: f64,
     quantized: bool,
 ) -> Result<Vec<Gate>> {
     let mut gates = Vec::new();
-    let (self_kl, self_rev, same_top1) = mean_kl(reference, reference, window, 0, vocab)?;
+    let (self_kl, self_rev, same_top1) = mean_kl(reference, reference, window, scored, 0, vocab)?;
     gates.push(Gate {
         gate: "self_compare",
         passed: self_kl == 0.0 && self_rev == 0.0 && same_top1,
@@ -72,7 +79,7 @@ pub fn run(
             if same_top1 { "identical" } else { "differs" }
         ),
     });
-    let (shift_kl, _, _) = mean_kl(reference, candidate, window, 1, vocab)?;
+    let (shift_kl, _, _) = mean_kl(reference, candidate, window, scored, 1, vocab)?;
     let floor = (10.0 * rerun_kld_mean).max(0.05);
     gates.push(Gate {
         gate: "one_row_shift",

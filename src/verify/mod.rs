@@ -26,6 +26,8 @@ pub struct VerifyRequest<'a> {
     pub model: &'a Path,
     /// The reference checkpoint (local path; Hub sources come later).
     pub reference: Option<&'a Path>,
+    /// A compact reference artifact in place of the reference checkpoint.
+    pub reference_artifact: Option<&'a Path>,
     /// The eval text, when the card's `eval.text.source` is not a readable path.
     pub eval_text: Option<&'a Path>,
     pub threads: usize,
@@ -102,6 +104,91 @@ fn quantized(m: &crate::runner::native::NativeModel) -> bool {
     })
 }
 
+fn native_request<'a>(
+    reference: &'a Path,
+    model: &'a Path,
+    text: &'a Path,
+    options: &'a MeasureOptions,
+    compute: ComputeDtype,
+    threads: usize,
+) -> NativeRequest<'a> {
+    NativeRequest {
+        reference,
+        candidate: model,
+        eval_text: text,
+        tokenizer: None,
+        options,
+        compute,
+        emulate: Emulate::ReferenceSemantics,
+        threads,
+        out: Path::new("."),
+    }
+}
+
+fn first_metrics(m: &ModelMeasurement) -> (f64, f64) {
+    let first = m.runs.first();
+    let get = |name: &str| {
+        first
+            .and_then(|r| r.summary.metrics.get(name))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    (get("kld_max"), get("kld_mean"))
+}
+
+fn plot_rows(m: &ModelMeasurement) -> Vec<PlotRows> {
+    m.runs
+        .iter()
+        .map(|run| PlotRows {
+            context_length: run.context_length,
+            position: run.rows.iter().map(|s| s.position).collect(),
+            kld: run.rows.iter().map(|s| s.record.forward).collect(),
+            flip: run
+                .rows
+                .iter()
+                .map(|s| s.record.ref_top1 != s.record.cand_top1)
+                .collect(),
+        })
+        .collect()
+}
+
+/// The reference against itself in a second compute dtype.
+fn noise_floor(
+    reference: &Path,
+    prepared: &measurement::Prepared,
+    text: &Path,
+    options: &MeasureOptions,
+    compute: ComputeDtype,
+) -> Result<Value> {
+    let other = if compute == ComputeDtype::F64 {
+        ComputeDtype::F32
+    } else {
+        ComputeDtype::F64
+    };
+    let twin = crate::runner::native::load(reference, other, Emulate::ReferenceSemantics)?;
+    let mut floor_options = options.clone();
+    floor_options.bootstrap.resamples = floor_options.bootstrap.resamples.min(200);
+    let f = measurement::measure_models(
+        &prepared.reference,
+        &twin,
+        &measurement::EvalInput {
+            stream: &prepared.stream,
+            text_path: text,
+            bos_id: prepared.tokenizer.bos_id,
+            tokenizer_vocab: prepared.tokenizer.vocab_size,
+        },
+        &floor_options,
+        &|_, _| {},
+    )?;
+    Ok(json!({
+        "what": format!("the reference against itself, computed in {} vs {}", compute.as_str(), other.as_str()),
+        "runs": f.runs.iter().map(|run| json!({
+            "context_length": run.context_length,
+            "metrics": run.summary.metrics,
+        })).collect::<Vec<_>>(),
+    }))
+}
+
 /// Run the whole verification. Fails closed: any error is an `Err`, never a verdict.
 pub fn verify(
     r: &VerifyRequest,
@@ -154,88 +241,108 @@ pub fn verify(
     match resolved {
         Err(missing) => ctx.undisclosed.extend(missing),
         Ok(resolved) => {
-            let reference = r.reference.ok_or_else(|| {
-                Error::malformed(
-                    r.model,
-                    Some("fidelity.reference"),
-                    format!(
-                        "verify needs the reference checkpoint: pass --reference PATH (the card names {}@{}; Hub sources are not supported yet)",
-                        disclosure["reference"]["repo"].as_str().unwrap_or("?"),
-                        disclosure["reference"]["revision"].as_str().unwrap_or("?")
-                    ),
-                )
-            })?;
-            let text = eval_text_path(
-                card_path.parent().unwrap_or(Path::new(".")),
-                &disclosure,
-                r.eval_text,
-            )?;
+            let card_dir = card_path.parent().unwrap_or(Path::new(".")).to_owned();
             let compute = compute_dtype(&card_path, &resolved.compute)?;
             let mut options: MeasureOptions = resolved.options.clone();
-            fn request<'a>(
-                reference: &'a Path,
-                model: &'a Path,
-                text: &'a Path,
-                options: &'a MeasureOptions,
-                compute: ComputeDtype,
-                threads: usize,
-            ) -> NativeRequest<'a> {
-                NativeRequest {
-                    reference,
-                    candidate: model,
-                    eval_text: text,
-                    tokenizer: None,
-                    options,
+            let (m, doc) = if let Some(artifact) = r.reference_artifact {
+                let given = eval_text_path(&card_dir, &disclosure, r.eval_text).ok();
+                let request = measurement::ArtifactRequest {
+                    artifact,
+                    candidate: r.model,
+                    eval_text: given.as_deref(),
+                    options: &options,
                     compute,
                     emulate: Emulate::ReferenceSemantics,
-                    threads,
+                    threads: r.threads,
                     out: Path::new("."),
+                };
+                let prepared = measurement::prepare_artifact(&request, stage)?;
+                stage("measuring");
+                let (m, doc) = measurement::measure_artifact(&request, &prepared, progress)?;
+                stage("sanity gates");
+                let first = prepared.windows.first();
+                let window = first
+                    .and_then(|w| w.windows.first())
+                    .cloned()
+                    .unwrap_or_default();
+                let l = window.len();
+                let scored: Vec<usize> = (0..l)
+                    .filter(|&j| options.positions.selects(j as u64, l as u64))
+                    .collect();
+                let (kld_max, kld_mean) = first_metrics(&m);
+                gates_out = measurement::with_artifact_runner(&prepared, |runner| {
+                    gates::run(
+                        runner,
+                        &prepared.candidate,
+                        &window,
+                        &scored,
+                        m.vocab_size,
+                        kld_max,
+                        kld_mean,
+                        quantized(&prepared.candidate),
+                    )
+                })?;
+                rows = plot_rows(&m);
+                (m, doc)
+            } else {
+                let reference = r.reference.ok_or_else(|| {
+                    Error::malformed(
+                        r.model,
+                        Some("fidelity.reference"),
+                        format!(
+                            "verify needs the reference: pass --reference PATH or --reference-artifact FILE (the card names {}@{}; Hub sources are not supported yet)",
+                            disclosure["reference"]["repo"].as_str().unwrap_or("?"),
+                            disclosure["reference"]["revision"].as_str().unwrap_or("?")
+                        ),
+                    )
+                })?;
+                let text = eval_text_path(&card_dir, &disclosure, r.eval_text)?;
+                let prepared = measurement::prepare_native(
+                    &native_request(reference, r.model, &text, &options, compute, r.threads),
+                    stage,
+                )?;
+                if resolved.padding_included {
+                    options.vocab_size = Some(prepared.candidate.vocab());
                 }
-            }
-            let prepared = measurement::prepare_native(
-                &request(reference, r.model, &text, &options, compute, r.threads),
-                stage,
-            )?;
-            if resolved.padding_included {
-                options.vocab_size = Some(prepared.candidate.vocab());
-            }
-            stage("measuring");
-            let (m, doc) = measurement::measure_prepared(
-                &request(reference, r.model, &text, &options, compute, r.threads),
-                &prepared,
-                progress,
-            )?;
-            stage("sanity gates");
-            let first_length = options.context_lengths.first().copied().unwrap_or(2);
-            let window: Vec<u32> = crate::runner::tokens::windows(
-                &prepared.stream,
-                &text,
-                first_length,
-                options.bos,
-                prepared.tokenizer.bos_id,
-            )?
-            .windows
-            .into_iter()
-            .next()
-            .unwrap_or_default();
-            let first = m.runs.first();
-            let kld_max = first
-                .and_then(|r| r.summary.metrics.get("kld_max"))
-                .copied()
-                .unwrap_or(0.0);
-            let kld_mean = first
-                .and_then(|r| r.summary.metrics.get("kld_mean"))
-                .copied()
-                .unwrap_or(0.0);
-            gates_out = gates::run(
-                &prepared.reference,
-                &prepared.candidate,
-                &window,
-                m.vocab_size,
-                kld_max,
-                kld_mean,
-                quantized(&prepared.candidate),
-            )?;
+                stage("measuring");
+                let (m, doc) = measurement::measure_prepared(
+                    &native_request(reference, r.model, &text, &options, compute, r.threads),
+                    &prepared,
+                    progress,
+                )?;
+                stage("sanity gates");
+                let first_length = options.context_lengths.first().copied().unwrap_or(2);
+                let window: Vec<u32> = crate::runner::tokens::windows(
+                    &prepared.stream,
+                    &text,
+                    first_length,
+                    options.bos,
+                    prepared.tokenizer.bos_id,
+                )?
+                .windows
+                .into_iter()
+                .next()
+                .unwrap_or_default();
+                let l = window.len();
+                let scored: Vec<usize> = (0..l).collect();
+                let (kld_max, kld_mean) = first_metrics(&m);
+                gates_out = gates::run(
+                    &prepared.reference,
+                    &prepared.candidate,
+                    &window,
+                    &scored,
+                    m.vocab_size,
+                    kld_max,
+                    kld_mean,
+                    quantized(&prepared.candidate),
+                )?;
+                if r.noise_floor {
+                    stage("noise floor");
+                    noise = noise_floor(reference, &prepared, &text, &options, compute)?;
+                }
+                rows = plot_rows(&m);
+                (m, doc)
+            };
             for g in gates_out.iter().filter(|g| !g.passed) {
                 ctx.failed_gates.push(format!("{}: {}", g.gate, g.detail));
             }
@@ -250,51 +357,6 @@ pub fn verify(
                 ));
             }
             ctx.differences = protocol::lane_differences(&disclosure, &doc, &resolved);
-            if r.noise_floor {
-                stage("noise floor");
-                let other = if compute == ComputeDtype::F64 {
-                    ComputeDtype::F32
-                } else {
-                    ComputeDtype::F64
-                };
-                let twin =
-                    crate::runner::native::load(reference, other, Emulate::ReferenceSemantics)?;
-                let mut floor_options = options.clone();
-                floor_options.bootstrap.resamples = floor_options.bootstrap.resamples.min(200);
-                let f = measurement::measure_models(
-                    &prepared.reference,
-                    &twin,
-                    &measurement::EvalInput {
-                        stream: &prepared.stream,
-                        text_path: &text,
-                        bos_id: prepared.tokenizer.bos_id,
-                        tokenizer_vocab: prepared.tokenizer.vocab_size,
-                    },
-                    &floor_options,
-                    &|_, _| {},
-                )?;
-                noise = json!({
-                    "what": format!("the reference against itself, computed in {} vs {}", compute.as_str(), other.as_str()),
-                    "runs": f.runs.iter().map(|run| json!({
-                        "context_length": run.context_length,
-                        "metrics": run.summary.metrics,
-                    })).collect::<Vec<_>>(),
-                });
-            }
-            rows = m
-                .runs
-                .iter()
-                .map(|run| PlotRows {
-                    context_length: run.context_length,
-                    position: run.rows.iter().map(|s| s.position).collect(),
-                    kld: run.rows.iter().map(|s| s.record.forward).collect(),
-                    flip: run
-                        .rows
-                        .iter()
-                        .map(|s| s.record.ref_top1 != s.record.cand_top1)
-                        .collect(),
-                })
-                .collect();
             measured = Some((m, doc, resolved));
         }
     }

@@ -288,3 +288,42 @@ fn sign_wraps_a_measurement_and_verify_report_accepts_it() {
     ]);
     assert_eq!(again.code, 2, "{}", again.stderr);
 }
+
+#[test]
+fn verify_against_a_reference_artifact_reproduces() {
+    let v = Verified::new("shakespeare-w8a16", &[]);
+    let art = v.dir.path().join("reference.safetensors");
+    let r = cardproof(&[
+        "reference",
+        "export",
+        "--model",
+        model("shakespeare-bf16").to_str().unwrap(),
+        "--eval-text",
+        v.text().to_str().unwrap(),
+        "--context-length",
+        "128",
+        "--out",
+        art.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = cardproof(&[
+        "verify",
+        v.candidate().to_str().unwrap(),
+        "--reference-artifact",
+        art.to_str().unwrap(),
+        "--eval-text",
+        v.text().to_str().unwrap(),
+        "--key",
+        v.key().to_str().unwrap(),
+        "--out",
+        v.out().to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stderr, r.stdout);
+    let report = r.json();
+    assert_eq!(report["verdict"], "reproduced");
+    assert_eq!(
+        report["measurement"]["environment"]["reference_artifact"]["kind"],
+        "hidden"
+    );
+}

@@ -172,8 +172,11 @@ pub struct VerifyArgs {
     /// The candidate: a model directory holding its card (README.md) and checkpoint.
     pub path: PathBuf,
     /// The reference checkpoint the card's claims were measured against.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", conflicts_with = "reference_artifact")]
     pub reference: Option<PathBuf>,
+    /// A compact reference artifact (`cardproof reference export`) in place of the reference.
+    #[arg(long, value_name = "FILE")]
+    pub reference_artifact: Option<PathBuf>,
     /// The eval text, when the card's `eval.text.source` is not a readable path.
     #[arg(long, value_name = "FILE")]
     pub eval_text: Option<PathBuf>,

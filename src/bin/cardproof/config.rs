@@ -302,6 +302,7 @@ fn default_out(path: &std::path::Path) -> PathBuf {
 pub struct VerifyConfig {
     pub path: PathBuf,
     pub reference: Option<PathBuf>,
+    pub reference_artifact: Option<PathBuf>,
     pub eval_text: Option<PathBuf>,
     pub noise_floor: bool,
     pub key: Option<PathBuf>,
@@ -326,6 +327,7 @@ impl VerifyConfig {
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from)),
             path: args.path,
             reference: args.reference,
+            reference_artifact: args.reference_artifact,
             eval_text: args.eval_text,
             noise_floor: args.noise_floor,
             key: args.key,

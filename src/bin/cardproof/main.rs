@@ -321,6 +321,7 @@ fn verify(config: &VerifyConfig) -> io::Result<u8> {
             &cardproof::verify::VerifyRequest {
                 model: &config.path,
                 reference: config.reference.as_deref(),
+                reference_artifact: config.reference_artifact.as_deref(),
                 eval_text: config.eval_text.as_deref(),
                 threads: config.threads,
                 noise_floor: config.noise_floor,
