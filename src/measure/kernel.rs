@@ -392,7 +392,11 @@ fn rescale(e: &mut [f32], bases: &[f32], max: f32) {
 pub enum Outcome {
     /// A NaN or +inf, or every entry -inf, in either row: the row is excluded.
     Excluded,
-    Row { a: Scan, b: Scan, row: FullRow },
+    Row {
+        a: Scan,
+        b: Scan,
+        row: FullRow,
+    },
 }
 
 /// `(e^ε (1 + K - ε) - 1)`: the KL sum `K = E_p[g(x)]` recentred by `ε = E_p[x]` (the rounding
@@ -461,7 +465,7 @@ fn full_impl(a: &[f32], b: &[f32], want_reverse: bool, buf: &mut Buffers) -> Out
     let lse_a = f64::from(max_a) + oa.sum.ln();
     // Σ e^{b - max_a} = e^{-m} Σ w e^{-x} = e^{-m} Σ (w g(x) + w - w x): the candidate's
     // normalizer without its own exponentials (exact for a row against itself).
-    let lse_b = (f64::from(max_a) - m_a) + (1.0 + k - eps).ln() + oa.sum.ln();
+    let lse_b = (f64::from(max_a) - m_a) + (k - eps).ln_1p() + oa.sum.ln();
     let reverse = if want_reverse {
         rescale(&mut buf.eb, &buf.base_b, max_b);
         let (k, x) = kl_pass(&buf.eb, b, a, m_b as f32, max_a, ln_kr.exp() as f32);

@@ -35,8 +35,7 @@ pub struct Scratch {
     idx: Vec<u32>,
     a: Vec<f64>,
     b: Vec<f64>,
-    ea: Vec<f32>,
-    eb: Vec<f32>,
+    kernel: super::kernel::Buffers,
 }
 
 /// Reduce one row. Returns `None` when a logit is NaN or +inf (the row is excluded and counted);
@@ -50,6 +49,27 @@ pub fn reduce(
     scratch: &mut Scratch,
 ) -> Option<RowRecord> {
     debug_assert_eq!(reference.len(), candidate.len());
+    if mode == VocabMode::Full {
+        let super::kernel::Outcome::Row { a, b, row } =
+            super::kernel::full(reference, candidate, want_reverse, &mut scratch.kernel)
+        else {
+            return None;
+        };
+        let nll = |logits: &[f32], lse: f64| {
+            token
+                .and_then(|t| logits.get(t as usize))
+                .map(|&l| lse - f64::from(l))
+        };
+        return Some(RowRecord {
+            forward: row.forward,
+            reverse: row.reverse,
+            ref_top1: a.argmax,
+            cand_top1: b.argmax,
+            ref_top1_prob: (f64::from(a.max) - row.lse_a).exp(),
+            nll_ref: nll(reference, row.lse_a),
+            nll_cand: nll(candidate, row.lse_b),
+        });
+    }
     let scan_ref = super::kernel::scan(reference);
     let scan_cand = super::kernel::scan(candidate);
     if scan_ref.non_finite || scan_cand.non_finite {
@@ -59,32 +79,6 @@ pub fn reduce(
     let (cand_max, cand_top1) = (scan_cand.max, scan_cand.argmax);
     if ref_max == f32::NEG_INFINITY || cand_max == f32::NEG_INFINITY {
         return None; // every token masked: no distribution
-    }
-    if mode == VocabMode::Full {
-        let row = super::kernel::full_row(
-            reference,
-            candidate,
-            ref_max,
-            cand_max,
-            scan_ref.masked || scan_cand.masked,
-            want_reverse,
-            &mut scratch.ea,
-            &mut scratch.eb,
-        );
-        let nll = |logits: &[f32], lse: f64| {
-            token
-                .and_then(|t| logits.get(t as usize))
-                .map(|&l| lse - f64::from(l))
-        };
-        return Some(RowRecord {
-            forward: row.forward,
-            reverse: row.reverse,
-            ref_top1,
-            cand_top1,
-            ref_top1_prob: (f64::from(ref_max) - row.lse_a).exp(),
-            nll_ref: nll(reference, row.lse_a),
-            nll_cand: nll(candidate, row.lse_b),
-        });
     }
     let lse_ref = log_sum_exp(reference, ref_max);
     let lse_cand = log_sum_exp(candidate, cand_max);

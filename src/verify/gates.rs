@@ -59,16 +59,28 @@ fn mean_kl(
 
 /// Run the gates on the first window; `rerun_kld_mean` is the measured mean KLD and
 /// `quantized` whether the candidate holds quantized weights.
+/// What the measurement found, as the gates need it.
+#[derive(Debug, Clone, Copy)]
+pub struct Measured {
+    pub kld_max: f64,
+    pub kld_mean: f64,
+    /// The candidate holds quantized weights.
+    pub quantized: bool,
+}
+
 pub fn run(
     reference: &dyn Runner,
     candidate: &dyn Runner,
     window: &[u32],
     scored: &[usize],
     vocab: usize,
-    rerun_kld_max: f64,
-    rerun_kld_mean: f64,
-    quantized: bool,
+    measured: Measured,
 ) -> Result<Vec<Gate>> {
+    let Measured {
+        kld_max: rerun_kld_max,
+        kld_mean: rerun_kld_mean,
+        quantized,
+    } = measured;
     let mut gates = Vec::new();
     let (self_kl, self_rev, same_top1) = mean_kl(reference, reference, window, scored, 0, vocab)?;
     gates.push(Gate {
