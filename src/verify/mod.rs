@@ -277,9 +277,11 @@ pub fn verify(
                         &window,
                         &scored,
                         m.vocab_size,
-                        kld_max,
-                        kld_mean,
-                        quantized(&prepared.candidate),
+                        gates::Measured {
+                            kld_max,
+                            kld_mean,
+                            quantized: quantized(&prepared.candidate),
+                        },
                     )
                 })?;
                 rows = plot_rows(&m);
