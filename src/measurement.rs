@@ -1107,3 +1107,140 @@ pub fn export_reference(
     )?;
     Ok(header)
 }
+
+/// `measure --reference-artifact FILE` where FILE is a llama.cpp `--kl-divergence-base` file: the
+/// file's token stream and rows are the reference (its 16-nat window stated in the output).
+#[cfg(feature = "native")]
+pub fn run_with_base_file(
+    r: &ArtifactRequest,
+    stage: &(dyn Fn(&str) + Sync),
+    progress: Progress,
+) -> Result<Value> {
+    use crate::artifact::llamacpp::{BaseFileRunner, WINDOW_NOTE};
+    use crate::measure::llamacpp::BaseFile;
+    use crate::runner::native;
+
+    stage("reading the base file");
+    let base = BaseFile::open(r.artifact)?;
+    let stream = TokenStream {
+        ids: base.tokens.iter().map(|&t| t as u32).collect(),
+        text_sha256: String::new(),
+        text_bytes: 0,
+    };
+    stage("loading the candidate");
+    let candidate = native::load(r.candidate, r.compute, r.emulate)?;
+    if candidate.decoder.config.vocab != base.n_vocab as usize {
+        return Err(Error::malformed(
+            r.candidate,
+            None,
+            format!(
+                "vocabulary mismatch: {} logit entries, the base file has {}",
+                candidate.decoder.config.vocab, base.n_vocab
+            ),
+        ));
+    }
+    let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(r.candidate)).ok();
+    let bos_id = tokenizer
+        .as_ref()
+        .and_then(|t| t.bos_id)
+        .or(candidate.bos_id);
+    let tokenizer_vocab = tokenizer
+        .as_ref()
+        .map_or(base.n_vocab as usize, |t| t.vocab_size);
+    let vocab_size = r.options.vocab_size.unwrap_or(tokenizer_vocab);
+    let padding = if vocab_size < base.n_vocab as usize {
+        "excluded"
+    } else {
+        "none"
+    };
+    let requested = protocol_json(r.options, vocab_size, padding);
+    let windows = tokens::windows(
+        &stream,
+        r.artifact,
+        base.n_ctx as usize,
+        r.options.bos,
+        bos_id,
+    )?;
+    let runner = BaseFileRunner::new(base, &windows)?;
+    let differences = runner.protocol_differences(&requested);
+    if !differences.is_empty() {
+        return Err(Error::malformed(
+            r.artifact,
+            None,
+            format!("holds another protocol: {}", differences.join("; ")),
+        ));
+    }
+    let candidate_id = identity(&candidate, r.candidate, r.threads)?;
+    stage("measuring");
+    let m = measure_models(
+        &runner,
+        &candidate,
+        &EvalInput {
+            stream: &stream,
+            text_path: r.artifact,
+            bos_id,
+            tokenizer_vocab,
+        },
+        r.options,
+        progress,
+    )?;
+    let reference_id = ModelIdentity {
+        path: r.artifact.to_owned(),
+        format: "llamacpp-base".into(),
+        manifest_sha256: String::new(),
+        lm_head_sha256: String::new(),
+        stored_dtype: "uint16 log-probabilities".into(),
+        environment: Runner::environment(&runner),
+    };
+    let environment = json!({
+        "runner": "native",
+        "runner_version": env!("CARGO_PKG_VERSION"),
+        "engine": "candle",
+        "engine_version": native::CANDLE_VERSION,
+        "device": format!("cpu: {}", cpu_name()),
+        "compute_dtype": r.compute.as_str(),
+        "attention": "eager",
+        "kv_cache_dtype": reference_kv(&candidate, r.compute),
+        "emulate": r.emulate,
+        "threads": r.threads,
+        "reference_artifact": {"path": r.artifact.display().to_string(), "kind": "llamacpp_base", "bound": WINDOW_NOTE},
+    });
+    let mut doc = measurement_json(&m, r.options, &reference_id, &candidate_id, environment);
+    let mut versioned = json!({"schema_version": crate::JSON_SCHEMA_VERSION});
+    if let (Some(v), Some(d)) = (versioned.as_object_mut(), doc.as_object_mut()) {
+        v.append(d);
+    }
+    write_measurement(r.out, &m, &versioned)?;
+    Ok(versioned)
+}
+
+/// `cardproof reference export --kind llamacpp`: the reference's rows as a llama.cpp base file.
+#[cfg(feature = "native")]
+pub fn export_llamacpp(
+    model: &Path,
+    eval_text: &Path,
+    n_ctx: usize,
+    bos: tokens::Bos,
+    out: &Path,
+) -> Result<u64> {
+    use crate::runner::native;
+    let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(model))?;
+    let stream = tokens::tokenize(&tokenizer, eval_text)?;
+    let reference = native::load(
+        model,
+        native::ComputeDtype::F32,
+        native::Emulate::ReferenceSemantics,
+    )?;
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    crate::artifact::llamacpp::export_native(
+        &reference,
+        &stream,
+        eval_text,
+        n_ctx,
+        bos,
+        tokenizer.bos_id,
+        out,
+    )
+}

@@ -211,3 +211,93 @@ fn tampered_or_mismatched_artifacts_are_refused() {
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("digest mismatch"), "{}", r.stderr);
 }
+
+#[test]
+fn llamacpp_base_files_export_and_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = short_text(dir.path());
+    let base = export(
+        dir.path(),
+        &text,
+        "ref.kld",
+        &["--kind", "llamacpp", "--bos", "per-window"],
+    );
+    let protocol = [
+        "--positions",
+        "second-half",
+        "--bos",
+        "per-window",
+        "--direction",
+        "forward",
+        "--vocab",
+        "threshold",
+    ];
+    let candidate = model("shakespeare-w8a16");
+    let full = metrics(&measure(
+        dir.path(),
+        &[
+            "--reference",
+            &model("shakespeare-bf16"),
+            "--eval-text",
+            text.to_str().unwrap(),
+        ],
+        &candidate,
+        &protocol,
+    ))["kld_mean"]
+        .as_f64()
+        .unwrap();
+    let via = measure(
+        dir.path(),
+        &["--reference-artifact", base.to_str().unwrap()],
+        &candidate,
+        &protocol,
+    );
+    assert_eq!(
+        via.json()["environment"]["reference_artifact"]["kind"],
+        "llamacpp_base"
+    );
+    let via = metrics(&via)["kld_mean"].as_f64().unwrap();
+    // The reference's log-probabilities are uint16 codes in a 16-nat window.
+    assert!((via / full - 1.0).abs() < 0.03, "{via} vs {full}");
+    // Only the forward KL is defined with a base file.
+    let r = measure(
+        dir.path(),
+        &["--reference-artifact", base.to_str().unwrap()],
+        &candidate,
+        &["--positions", "second-half", "--bos", "per-window"],
+    );
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("--direction forward"), "{}", r.stderr);
+}
+
+/// A real llama.cpp base file as the reference: PPL(base) read from it matches what llama.cpp
+/// printed, and the candidate's KLD lands in reference semantics (below llama.cpp's number,
+/// which includes its Q8 activation rounding).
+#[test]
+fn a_real_llamacpp_base_file_is_a_reference() {
+    let fixtures = repo_root().join("../shared/fixtures/llamacpp");
+    let dir = tempfile::tempdir().unwrap();
+    let run = measure(
+        dir.path(),
+        &[
+            "--reference-artifact",
+            fixtures.join("ref.kld").to_str().unwrap(),
+        ],
+        fixtures.join("cand-q5_0.gguf").to_str().unwrap(),
+        &[
+            "--positions",
+            "second-half",
+            "--bos",
+            "per-window",
+            "--direction",
+            "forward",
+            "--vocab",
+            "threshold",
+        ],
+    );
+    let m = metrics(&run);
+    let ppl_ref = m["ppl_ref"].as_f64().unwrap();
+    assert!((ppl_ref / 5.550659 - 1.0).abs() < 1e-5, "{ppl_ref}");
+    let kld = m["kld_mean"].as_f64().unwrap();
+    assert!(kld < 0.003708 && kld > 0.85 * 0.003708, "{kld}");
+}

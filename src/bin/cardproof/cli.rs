@@ -90,6 +90,8 @@ pub enum ReferenceCommand {
 pub enum ArtifactKindArg {
     Hidden,
     TopK,
+    /// A llama.cpp `--kl-divergence-base` file (second-half rows of each window).
+    Llamacpp,
 }
 
 #[derive(Debug, Args)]

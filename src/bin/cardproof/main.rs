@@ -244,8 +244,8 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
         }
     };
     let result = pool.install(|| match (&config.reference, &config.reference_artifact) {
-        (_, Some(artifact)) => cardproof::measurement::run_with_artifact(
-            &cardproof::measurement::ArtifactRequest {
+        (_, Some(artifact)) => {
+            let request = cardproof::measurement::ArtifactRequest {
                 artifact,
                 candidate: &config.candidate,
                 eval_text: config.eval_text.as_deref(),
@@ -254,10 +254,13 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
                 emulate: config.emulate,
                 threads: config.threads,
                 out: &config.out,
-            },
-            &stage,
-            &progress,
-        ),
+            };
+            if cardproof::measure::source::is_llamacpp_base(artifact) {
+                cardproof::measurement::run_with_base_file(&request, &stage, &progress)
+            } else {
+                cardproof::measurement::run_with_artifact(&request, &stage, &progress)
+            }
+        }
         (reference, None) => cardproof::measurement::run_native(
             &cardproof::measurement::NativeRequest {
                 reference: reference.as_deref().unwrap_or(std::path::Path::new(".")),
@@ -565,6 +568,34 @@ fn export(args: &cli::ExportArgs, p: config::ProtocolConfig) -> io::Result<u8> {
     let kind = match args.kind {
         cli::ArtifactKindArg::Hidden => Kind::Hidden,
         cli::ArtifactKindArg::TopK => Kind::TopK,
+        cli::ArtifactKindArg::Llamacpp => {
+            if args.context_length.len() != 1 {
+                return usage_error(
+                    Output::from_args(&args.output),
+                    "--kind llamacpp takes exactly one --context-length (a base file has one n_ctx)",
+                );
+            }
+            return match cardproof::measurement::export_llamacpp(
+                &args.model,
+                &args.eval_text,
+                args.context_length[0],
+                options.bos,
+                &args.out,
+            ) {
+                Ok(rows) => {
+                    printer.note(&format!(
+                        "wrote {} ({rows} rows: the second half of each {}-token window, as llama-perplexity --kl-divergence-base writes them)",
+                        args.out.display(),
+                        args.context_length[0]
+                    ));
+                    Ok(0)
+                }
+                Err(e) => {
+                    printer.error(&e)?;
+                    Ok(EXIT_BAD_INPUT)
+                }
+            };
+        }
     };
     match cardproof::measurement::export_reference(
         &args.model,

@@ -176,6 +176,14 @@ impl GgufStore {
         self.arch
     }
 
+    /// `tokenizer.ggml.bos_token_id`, if the file has one.
+    pub fn bos_id(&self) -> Option<u32> {
+        self.file
+            .get("tokenizer.ggml.bos_token_id")
+            .and_then(GgufValue::as_u64)
+            .and_then(|b| u32::try_from(b).ok())
+    }
+
     fn load(&self, hf: &str) -> Result<Option<Dense>> {
         let Some(name) = gguf_name(hf) else {
             return Ok(None);

@@ -30,6 +30,9 @@ pub struct NativeModel {
     pub lm_head_sha256: String,
     /// The weight dtype of unquantized matrices as stored (`bf16`, `f16`, `f32`), for the card.
     pub stored_dtype: String,
+    /// BOS token id from the checkpoint's own metadata (GGUF `tokenizer.ggml.bos_token_id`,
+    /// config.json `bos_token_id`), for inputs that carry no tokenizer.json.
+    pub bos_id: Option<u32>,
 }
 
 /// Where a model's weights are: a directory with config.json and safetensors, a `.gguf` file, or a
@@ -76,8 +79,10 @@ pub fn resolve(path: &Path) -> Result<(PathBuf, &'static str)> {
 
 pub fn load(path: &Path, compute: ComputeDtype, emulate: Emulate) -> Result<NativeModel> {
     let (path, format) = resolve(path)?;
+    let bos_id;
     let (store, config): (Box<dyn WeightStore>, config::ModelConfig) = if format == "gguf" {
         let (store, config) = gguf::GgufStore::open(&path, emulate)?;
+        bos_id = store.bos_id();
         (Box::new(store), config)
     } else {
         let config_path = path.join("config.json");
@@ -85,6 +90,10 @@ pub fn load(path: &Path, compute: ComputeDtype, emulate: Emulate) -> Result<Nati
         let json: Value = serde_json::from_str(&text)
             .map_err(|e| Error::malformed(&config_path, None, format!("not valid JSON: {e}")))?;
         let config = config::ModelConfig::from_hf(&config_path, &json)?;
+        bos_id = json
+            .get("bos_token_id")
+            .and_then(Value::as_u64)
+            .and_then(|b| u32::try_from(b).ok());
         if emulate != Emulate::ReferenceSemantics {
             return Err(Error::malformed(
                 &path,
@@ -108,5 +117,6 @@ pub fn load(path: &Path, compute: ComputeDtype, emulate: Emulate) -> Result<Nati
         decoder,
         lm_head_sha256,
         stored_dtype,
+        bos_id,
     })
 }

@@ -17,6 +17,8 @@
 //!
 //! The artifact's own digest is the SHA-256 of the file, written beside it as `<file>.sha256`.
 
+pub mod llamacpp;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
