@@ -731,9 +731,14 @@ fn identity(
     })
 }
 
-/// The environment record of a native run.
+/// What every native run records about where and how it ran.
 #[cfg(feature = "native")]
-pub fn native_environment(r: &NativeRequest, p: &Prepared) -> Value {
+fn runtime_environment(
+    candidate: &crate::runner::native::NativeModel,
+    compute: crate::runner::native::ComputeDtype,
+    emulate: crate::runner::native::Emulate,
+    threads: usize,
+) -> Value {
     use crate::runner::native;
     json!({
         "runner": "native",
@@ -741,17 +746,33 @@ pub fn native_environment(r: &NativeRequest, p: &Prepared) -> Value {
         "engine": "candle",
         "engine_version": native::CANDLE_VERSION,
         "device": format!("cpu: {}", cpu_name()),
-        "compute_dtype": r.compute.as_str(),
+        "compute_dtype": compute.as_str(),
         "attention": "eager",
-        "kv_cache_dtype": reference_kv(&p.candidate, r.compute),
-        "emulate": r.emulate,
-        "threads": r.threads,
-        "lane": match r.emulate {
+        "kv_cache_dtype": reference_kv(candidate, compute),
+        "emulate": emulate,
+        "threads": threads,
+        "lane": match emulate {
             native::Emulate::ReferenceSemantics => "reference semantics: weights dequantized exactly as their format defines, declared activation and KV-cache quantization emulated (fake-quant), exact softmax attention",
             native::Emulate::LlamacppCpu => "llama.cpp cpu emulation: weights dequantized exactly, activations quantized to each weight type's ggml dot-product partner (q8_0, q8_K, f16, bf16), f16 KV cache",
         },
-        "tokenizer": {"path": p.tokenizer.path.display().to_string(), "sha256": p.tokenizer.sha256, "vocab_size": p.tokenizer.vocab_size},
     })
+}
+
+/// The document with `schema_version` first.
+fn versioned(mut doc: Value) -> Value {
+    let mut out = json!({"schema_version": crate::JSON_SCHEMA_VERSION});
+    if let (Some(v), Some(d)) = (out.as_object_mut(), doc.as_object_mut()) {
+        v.append(d);
+    }
+    out
+}
+
+/// The environment record of a native run.
+#[cfg(feature = "native")]
+pub fn native_environment(r: &NativeRequest, p: &Prepared) -> Value {
+    let mut env = runtime_environment(&p.candidate, r.compute, r.emulate, r.threads);
+    env["tokenizer"] = json!({"path": p.tokenizer.path.display().to_string(), "sha256": p.tokenizer.sha256, "vocab_size": p.tokenizer.vocab_size});
+    env
 }
 
 /// Measure a prepared pair; returns the measurement and its versioned document.
@@ -773,18 +794,14 @@ pub fn measure_prepared(
         r.options,
         progress,
     )?;
-    let mut doc = measurement_json(
+    let doc = measurement_json(
         &m,
         r.options,
         &p.reference_id,
         &p.candidate_id,
         native_environment(r, p),
     );
-    let mut versioned = json!({"schema_version": crate::JSON_SCHEMA_VERSION});
-    if let (Some(v), Some(d)) = (versioned.as_object_mut(), doc.as_object_mut()) {
-        v.append(d);
-    }
-    Ok((m, versioned))
+    Ok((m, versioned(doc)))
 }
 
 /// Write `measurement.json` and `positions.safetensors` into `out`.
@@ -978,7 +995,6 @@ pub fn measure_artifact(
     p: &ArtifactRun,
     progress: Progress,
 ) -> Result<(ModelMeasurement, Value)> {
-    use crate::runner::native;
     let h = &p.artifact.header;
     let candidate_id = identity(&p.candidate, r.candidate, r.threads)?;
     let (mut m, reference_env) = with_artifact_runner(p, |runner| {
@@ -1019,25 +1035,10 @@ pub fn measure_artifact(
             .to_owned(),
         environment: reference_env,
     };
-    let environment = json!({
-        "runner": "native",
-        "runner_version": env!("CARGO_PKG_VERSION"),
-        "engine": "candle",
-        "engine_version": native::CANDLE_VERSION,
-        "device": format!("cpu: {}", cpu_name()),
-        "compute_dtype": r.compute.as_str(),
-        "attention": "eager",
-        "kv_cache_dtype": reference_kv(&p.candidate, r.compute),
-        "emulate": r.emulate,
-        "threads": r.threads,
-        "reference_artifact": {"path": r.artifact.display().to_string(), "sha256": p.artifact.sha256, "kind": h.kind, "bound": h.bound},
-    });
-    let mut doc = measurement_json(&m, r.options, &reference_id, &candidate_id, environment);
-    let mut versioned = json!({"schema_version": crate::JSON_SCHEMA_VERSION});
-    if let (Some(v), Some(d)) = (versioned.as_object_mut(), doc.as_object_mut()) {
-        v.append(d);
-    }
-    Ok((m, versioned))
+    let mut environment = runtime_environment(&p.candidate, r.compute, r.emulate, r.threads);
+    environment["reference_artifact"] = json!({"path": r.artifact.display().to_string(), "sha256": p.artifact.sha256, "kind": h.kind, "bound": h.bound});
+    let doc = measurement_json(&m, r.options, &reference_id, &candidate_id, environment);
+    Ok((m, versioned(doc)))
 }
 
 /// Measure a candidate against a reference artifact and write the measurement files.
@@ -1192,26 +1193,17 @@ pub fn run_with_base_file(
         stored_dtype: "uint16 log-probabilities".into(),
         environment: Runner::environment(&runner),
     };
-    let environment = json!({
-        "runner": "native",
-        "runner_version": env!("CARGO_PKG_VERSION"),
-        "engine": "candle",
-        "engine_version": native::CANDLE_VERSION,
-        "device": format!("cpu: {}", cpu_name()),
-        "compute_dtype": r.compute.as_str(),
-        "attention": "eager",
-        "kv_cache_dtype": reference_kv(&candidate, r.compute),
-        "emulate": r.emulate,
-        "threads": r.threads,
-        "reference_artifact": {"path": r.artifact.display().to_string(), "kind": "llamacpp_base", "bound": WINDOW_NOTE},
-    });
-    let mut doc = measurement_json(&m, r.options, &reference_id, &candidate_id, environment);
-    let mut versioned = json!({"schema_version": crate::JSON_SCHEMA_VERSION});
-    if let (Some(v), Some(d)) = (versioned.as_object_mut(), doc.as_object_mut()) {
-        v.append(d);
-    }
-    write_measurement(r.out, &m, &versioned)?;
-    Ok(versioned)
+    let mut environment = runtime_environment(&candidate, r.compute, r.emulate, r.threads);
+    environment["reference_artifact"] = json!({"path": r.artifact.display().to_string(), "kind": "llamacpp_base", "bound": WINDOW_NOTE});
+    let doc = versioned(measurement_json(
+        &m,
+        r.options,
+        &reference_id,
+        &candidate_id,
+        environment,
+    ));
+    write_measurement(r.out, &m, &doc)?;
+    Ok(doc)
 }
 
 /// `cardproof reference export --kind llamacpp`: the reference's rows as a llama.cpp base file.
