@@ -1062,6 +1062,7 @@ pub fn export_reference(
     eval_text: &Path,
     options: &MeasureOptions,
     spec: crate::artifact::ExportSpec,
+    identity_extra: Value,
     threads: usize,
     out: &Path,
 ) -> Result<crate::artifact::Header> {
@@ -1084,13 +1085,20 @@ pub fn export_reference(
         },
         options,
         spec,
-        json!({
-            "path": model.display().to_string(),
-            "format": id.format,
-            "manifest_sha256": id.manifest_sha256,
-            "lm_head_sha256": id.lm_head_sha256,
-            "stored_dtype": id.stored_dtype,
-        }),
+        {
+            let mut reference = json!({
+                "path": model.display().to_string(),
+                "format": id.format,
+                "manifest_sha256": id.manifest_sha256,
+                "lm_head_sha256": id.lm_head_sha256,
+                "stored_dtype": id.stored_dtype,
+            });
+            if let (Some(r), Some(extra)) = (reference.as_object_mut(), identity_extra.as_object())
+            {
+                r.extend(extra.clone());
+            }
+            reference
+        },
         &tokenizer.sha256,
     )?;
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {

@@ -117,6 +117,12 @@ pub struct ExportArgs {
     /// Store hidden states in bf16 (half the size; the KL is then no longer exact).
     #[arg(long)]
     pub bf16: bool,
+    /// Hub repository of the reference, recorded in the artifact's identity.
+    #[arg(long, value_name = "ORG/NAME")]
+    pub repo: Option<String>,
+    /// 40-hex commit of the reference repository, recorded in the artifact's identity.
+    #[arg(long, value_name = "SHA")]
+    pub revision: Option<String>,
     /// Worker threads (default: every core).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,

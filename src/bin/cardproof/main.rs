@@ -606,6 +606,16 @@ fn export(args: &cli::ExportArgs, p: config::ProtocolConfig) -> io::Result<u8> {
             k: args.artifact_top_k,
             hidden_bf16: args.bf16,
         },
+        {
+            let mut extra = serde_json::Map::new();
+            if let Some(repo) = &args.repo {
+                extra.insert("repo".into(), repo.clone().into());
+            }
+            if let Some(rev) = &args.revision {
+                extra.insert("revision".into(), rev.clone().into());
+            }
+            serde_json::Value::Object(extra)
+        },
         threads,
         &args.out,
     ) {
