@@ -107,9 +107,34 @@ fn very_large_magnitudes_and_ties() {
         kl_ref(&log_softmax(&a), &log_softmax(&b)),
         "offset 30000",
     );
+    assert_rel(
+        r.reverse,
+        kl_ref(&log_softmax(&b), &log_softmax(&a)),
+        "offset 30000, reverse",
+    );
     // Top-1 is the first index of the maximum.
     let t = vec![1.0f32, 5.0, 5.0, 2.0];
     assert_eq!(full(&t, &t).ref_top1, 1);
+}
+
+#[test]
+fn reverse_when_the_candidate_moves_mass_onto_unlikely_tokens() {
+    // The reverse KL is formed from the reference's weights; here the candidate's mass sits
+    // where the reference's weights are 1e-13 to below f32's range (|x| far beyond 1).
+    let mut rng = Rng::new(8);
+    for boost in [30.0f32, 60.0, 95.0] {
+        let mut a = rng.logits(6000, 2.0);
+        a[10] += 20.0;
+        let mut b: Vec<f32> = a.iter().map(|&x| x + 0.2 * rng.normal() as f32).collect();
+        for i in [100, 2000, 5999] {
+            a[i] -= boost;
+            b[i] += 15.0;
+        }
+        let r = full(&a, &b);
+        let (lp, lq) = (log_softmax(&a), log_softmax(&b));
+        assert_rel(r.forward, kl_ref(&lp, &lq), "forward, moved mass");
+        assert_rel(r.reverse, kl_ref(&lq, &lp), "reverse, moved mass");
+    }
 }
 
 #[test]
@@ -128,7 +153,19 @@ fn reverse_equals_forward_with_inputs_swapped() {
     let mut rng = Rng::new(4);
     let a = rng.logits(2000, 2.0);
     let b = rng.logits(2000, 2.0);
-    assert_eq!(full(&a, &b).reverse, full(&b, &a).forward);
+    // The kernel forms the reverse from the reference's weights in the same pass (not by a
+    // second pass with the roles swapped), so the two agree to rounding, not to the bit.
+    assert_rel(
+        full(&a, &b).reverse,
+        full(&b, &a).forward,
+        "reverse vs swapped forward",
+    );
+    let b_close: Vec<f32> = a.iter().map(|&x| x + 0.01 * rng.normal() as f32).collect();
+    assert_rel(
+        full(&a, &b_close).reverse,
+        full(&b_close, &a).forward,
+        "close rows: reverse vs swapped forward",
+    );
 }
 
 #[test]
