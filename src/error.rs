@@ -45,6 +45,15 @@ pub enum ErrorKind {
         subject: Option<String>,
         rule: String,
     },
+    /// A Hugging Face Hub source failed; the error's `file` is `hf:REPO@REVISION/PATH`, so the
+    /// one message names the repository, the revision and the file. Boxed: it is large and rare,
+    /// and every `Result` in the crate carries this type.
+    #[error("{0}")]
+    Hub(Box<crate::hub::HubError>),
+    /// An external runner (the transformers subprocess) failed: it crashed, reported an error or
+    /// answered with something other than what was asked. Never a verdict.
+    #[error("{0}")]
+    Runner(String),
 }
 
 impl Error {
@@ -82,6 +91,11 @@ impl Error {
                 rule: rule.into(),
             },
         )
+    }
+
+    /// An external runner's failure while measuring `model`.
+    pub fn runner(model: &Path, message: impl Into<String>) -> Self {
+        Self::new(model, ErrorKind::Runner(message.into()))
     }
 
     /// The message without the file and place prefix (those have their own JSON fields).

@@ -12,6 +12,7 @@ pub mod dequant;
 pub mod disclosure;
 pub mod error;
 pub mod findings;
+pub mod hub;
 pub mod lint;
 pub mod measure;
 pub mod measurement;

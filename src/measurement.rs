@@ -116,6 +116,180 @@ pub struct EvalInput<'a> {
     pub tokenizer_vocab: usize,
 }
 
+/// One context length's windows and the rows scored in each.
+pub struct RunPlan {
+    pub windows: tokens::Windows,
+    pub rows: Vec<usize>,
+}
+
+/// The logit entries to use: the requested size, else the tokenizer's (padding excluded).
+fn used_vocab(eval: &EvalInput, width: usize, o: &MeasureOptions) -> Result<usize> {
+    if eval.tokenizer_vocab > width {
+        return Err(Error::malformed(
+            eval.text_path,
+            None,
+            format!(
+                "the tokenizer knows {} tokens but the models' logit rows have only {width}",
+                eval.tokenizer_vocab
+            ),
+        ));
+    }
+    let vocab_size = o.vocab_size.unwrap_or(eval.tokenizer_vocab.max(1));
+    if vocab_size == 0 || vocab_size > width {
+        return Err(Error::malformed(
+            eval.text_path,
+            None,
+            format!("vocabulary size {vocab_size} is outside 1..={width} (the logit rows' width)"),
+        ));
+    }
+    Ok(vocab_size)
+}
+
+/// The windows of every context length and the rows the position policy scores in them.
+pub fn plan_runs(eval: &EvalInput, o: &MeasureOptions) -> Result<Vec<RunPlan>> {
+    o.context_lengths
+        .iter()
+        .map(|&l| {
+            let windows = tokens::windows(eval.stream, eval.text_path, l, o.bos, eval.bos_id)?;
+            let rows: Vec<usize> = (0..l)
+                .filter(|&j| o.positions.selects(j as u64, l as u64))
+                .collect();
+            if rows.is_empty() {
+                return Err(Error::malformed(
+                    eval.text_path,
+                    None,
+                    format!(
+                        "the position policy {:?} selects no row of a {l}-token window",
+                        o.positions
+                    ),
+                ));
+            }
+            Ok(RunPlan { windows, rows })
+        })
+        .collect()
+}
+
+/// Each window's records (one per scored row, `None` for a non-finite row) as scored rows with
+/// their bootstrap blocks: windows, or runs of rows inside a single window.
+fn scored_rows(plan: &RunPlan, per_window: Vec<Vec<Option<RowRecord>>>) -> (Vec<Scored>, usize) {
+    let l = plan.windows.length;
+    let single = plan.windows.windows.len() == 1;
+    let run_len = (plan.rows.len() / 100).clamp(1, crate::measure::BOOTSTRAP_MAX_RUN);
+    let mut scored = Vec::new();
+    let mut n_nonfinite = 0;
+    for (w, records) in per_window.into_iter().enumerate() {
+        for (rank, (record, &j)) in records.into_iter().zip(&plan.rows).enumerate() {
+            match record {
+                Some(record) => scored.push(Scored {
+                    record,
+                    block: if single {
+                        (rank / run_len) as u32
+                    } else {
+                        w as u32
+                    },
+                    position: j as u64,
+                    window_len: l as u64,
+                }),
+                None => n_nonfinite += 1,
+            }
+        }
+    }
+    (scored, n_nonfinite)
+}
+
+/// Statistics of every run and the measurement's protocol and eval records.
+fn finish_measurement(
+    eval: &EvalInput,
+    o: &MeasureOptions,
+    plans: &[RunPlan],
+    per_run: Vec<Vec<Vec<Option<RowRecord>>>>,
+    vocab_size: usize,
+    width: usize,
+) -> Result<ModelMeasurement> {
+    let want_reverse = o.direction.reverse();
+    let mut runs = Vec::new();
+    for (plan, per_window) in plans.iter().zip(per_run) {
+        let l = plan.windows.length;
+        let (scored, n_nonfinite) = scored_rows(plan, per_window);
+        if scored.is_empty() {
+            return Err(Error::malformed(
+                eval.text_path,
+                None,
+                format!("every scored row at context length {l} has non-finite logits"),
+            ));
+        }
+        let summary = stats::summarize(
+            &scored,
+            o.direction.forward(),
+            want_reverse,
+            o.bootstrap.resamples,
+            o.bootstrap.seed,
+            o.bootstrap.level,
+        );
+        let single = plan.windows.windows.len() == 1;
+        let run_len = (plan.rows.len() / 100).clamp(1, crate::measure::BOOTSTRAP_MAX_RUN);
+        runs.push(RunResult {
+            context_length: l,
+            n_windows: plan.windows.windows.len(),
+            dropped_tokens: plan.windows.dropped_tokens,
+            n_positions: scored.len(),
+            n_nonfinite,
+            summary,
+            rows: scored,
+            bootstrap_block: if single {
+                format!("run:{run_len}")
+            } else {
+                "window".into()
+            },
+        });
+    }
+    let padding = if vocab_size < width {
+        "excluded"
+    } else if eval.tokenizer_vocab < width {
+        "included"
+    } else {
+        "none"
+    };
+    let protocol = protocol_json(o, vocab_size, padding);
+    let stream = eval.stream;
+    let eval = json!({
+        "text_path": eval.text_path.display().to_string(),
+        "text_sha256": stream.text_sha256,
+        "text_bytes": stream.text_bytes,
+        "tokens_sha256": tokens::tokens_sha256(&stream.ids),
+        "token_count": stream.ids.len(),
+        "bos": o.bos.as_str(),
+    });
+    Ok(ModelMeasurement {
+        protocol_sha256: sha256_of(&protocol),
+        protocol,
+        eval,
+        runs,
+        vocab_size,
+    })
+}
+
+/// Measure with a runner that reduces rows itself (the transformers runner): `records` gets the
+/// plans and the vocabulary size and returns, per run, per window, one record per scored row.
+pub fn measure_records(
+    eval: &EvalInput,
+    o: &MeasureOptions,
+    width: usize,
+    records: impl FnOnce(&[RunPlan], usize) -> Result<Vec<Vec<Vec<Option<RowRecord>>>>>,
+) -> Result<ModelMeasurement> {
+    let vocab_size = used_vocab(eval, width, o)?;
+    if o.dump_logits.is_some() {
+        return Err(Error::malformed(
+            eval.text_path,
+            None,
+            "--dump-logits needs a runner that returns logits (--runner native)",
+        ));
+    }
+    let plans = plan_runs(eval, o)?;
+    let per_run = records(&plans, vocab_size)?;
+    finish_measurement(eval, o, &plans, per_run, vocab_size, width)
+}
+
 /// Run both models over the eval text for every context length.
 pub fn measure_models(
     reference: &dyn Runner,
@@ -124,12 +298,7 @@ pub fn measure_models(
     o: &MeasureOptions,
     progress: Progress,
 ) -> Result<ModelMeasurement> {
-    let EvalInput {
-        stream,
-        text_path,
-        bos_id,
-        tokenizer_vocab,
-    } = *eval;
+    let text_path = eval.text_path;
     let width = reference.vocab();
     if candidate.vocab() != width {
         return Err(Error::malformed(
@@ -141,23 +310,7 @@ pub fn measure_models(
             ),
         ));
     }
-    if tokenizer_vocab > width {
-        return Err(Error::malformed(
-            text_path,
-            None,
-            format!(
-                "the tokenizer knows {tokenizer_vocab} tokens but the models' logit rows have only {width}"
-            ),
-        ));
-    }
-    let vocab_size = o.vocab_size.unwrap_or(tokenizer_vocab.max(1));
-    if vocab_size == 0 || vocab_size > width {
-        return Err(Error::malformed(
-            text_path,
-            None,
-            format!("vocabulary size {vocab_size} is outside 1..={width} (the logit rows' width)"),
-        ));
-    }
+    let vocab_size = used_vocab(eval, width, o)?;
     if o.dump_logits.is_some() && o.context_lengths.len() != 1 {
         return Err(Error::malformed(
             text_path,
@@ -165,32 +318,15 @@ pub fn measure_models(
             "--dump-logits takes exactly one --context-length",
         ));
     }
-    let all_windows: Vec<tokens::Windows> = o
-        .context_lengths
-        .iter()
-        .map(|&l| tokens::windows(stream, text_path, l, o.bos, bos_id))
-        .collect::<Result<_>>()?;
-    let total: usize = all_windows.iter().map(|w| w.windows.len()).sum();
+    let plans = plan_runs(eval, o)?;
+    let total: usize = plans.iter().map(|p| p.windows.windows.len()).sum();
     let done = std::sync::atomic::AtomicUsize::new(0);
     let chunk = (CHUNK_BYTES / 4 / width).max(1);
     let want_reverse = o.direction.reverse();
 
-    let mut runs = Vec::new();
-    for windows in &all_windows {
-        let l = windows.length;
-        let rows: Vec<usize> = (0..l)
-            .filter(|&j| o.positions.selects(j as u64, l as u64))
-            .collect();
-        if rows.is_empty() {
-            return Err(Error::malformed(
-                text_path,
-                None,
-                format!(
-                    "the position policy {:?} selects no row of a {l}-token window",
-                    o.positions
-                ),
-            ));
-        }
+    let mut per_run = Vec::new();
+    for plan in &plans {
+        let (windows, rows) = (&plan.windows, &plan.rows);
         let dump = o.dump_logits.is_some();
         if dump && windows.windows.len() * rows.len() * vocab_size * 4 * 2 > MAX_DUMP_BYTES {
             return Err(Error::malformed(
@@ -201,27 +337,23 @@ pub fn measure_models(
                 ),
             ));
         }
-        let single = windows.windows.len() == 1;
-        let run_len = (rows.len() / 100).clamp(1, crate::measure::BOOTSTRAP_MAX_RUN);
-        type WindowOut = (Vec<Option<Scored>>, Vec<f32>, Vec<f32>);
+        type WindowOut = (Vec<Option<RowRecord>>, Vec<f32>, Vec<f32>);
         let results: Vec<WindowOut> = windows
             .windows
             .par_iter()
-            .enumerate()
-            .map(|(w, ids)| -> Result<WindowOut> {
+            .map(|ids| -> Result<WindowOut> {
                 let a = reference.window(ids)?;
                 let b = candidate.window(ids)?;
                 let mut scratch = row::Scratch::default();
                 let mut out = Vec::with_capacity(rows.len());
                 let (mut dump_a, mut dump_b) = (Vec::new(), Vec::new());
-                for (c, part) in rows.chunks(chunk).enumerate() {
+                for part in rows.chunks(chunk) {
                     let la = a.logits(part)?;
                     let lb = b.logits(part)?;
                     for (k, &j) in part.iter().enumerate() {
                         let ra = &la[k * width..k * width + vocab_size];
                         let rb = &lb[k * width..k * width + vocab_size];
                         let token = Some(ids[j + 1]).filter(|&t| (t as usize) < vocab_size);
-                        let rank = c * chunk + k;
                         let exact_nll = a.token_nll(j);
                         out.push(
                             row::reduce(ra, rb, token, o.vocab, want_reverse, &mut scratch).map(
@@ -230,16 +362,7 @@ pub fn measure_models(
                                     {
                                         record.nll_ref = Some(n);
                                     }
-                                    Scored {
-                                        record,
-                                        block: if single {
-                                            (rank / run_len) as u32
-                                        } else {
-                                            w as u32
-                                        },
-                                        position: j as u64,
-                                        window_len: l as u64,
-                                    }
+                                    record
                                 },
                             ),
                         );
@@ -254,20 +377,16 @@ pub fn measure_models(
                 Ok((out, dump_a, dump_b))
             })
             .collect::<Result<_>>()?;
-        let mut scored = Vec::new();
-        let mut n_nonfinite = 0;
         let (mut dump_a, mut dump_b) = (Vec::new(), Vec::new());
         let mut dump_meta: Vec<(u32, u64, u32)> = Vec::new();
-        for (w, (rows_out, da, db)) in results.into_iter().enumerate() {
-            for (k, s) in rows_out.into_iter().enumerate() {
-                if dump {
-                    dump_meta.push((w as u32, rows[k] as u64, windows.windows[w][rows[k] + 1]));
-                }
-                match s {
-                    Some(s) => scored.push(s),
-                    None => n_nonfinite += 1,
+        let mut per_window = Vec::with_capacity(results.len());
+        for (w, (records, da, db)) in results.into_iter().enumerate() {
+            if dump {
+                for &j in rows {
+                    dump_meta.push((w as u32, j as u64, windows.windows[w][j + 1]));
                 }
             }
+            per_window.push(records);
             dump_a.extend(da);
             dump_b.extend(db);
         }
@@ -275,59 +394,9 @@ pub fn measure_models(
             write_dump(dir, "reference", &dump_a, &dump_meta, windows, vocab_size)?;
             write_dump(dir, "candidate", &dump_b, &dump_meta, windows, vocab_size)?;
         }
-        if scored.is_empty() {
-            return Err(Error::malformed(
-                text_path,
-                None,
-                format!("every scored row at context length {l} has non-finite logits"),
-            ));
-        }
-        let summary = stats::summarize(
-            &scored,
-            o.direction.forward(),
-            want_reverse,
-            o.bootstrap.resamples,
-            o.bootstrap.seed,
-            o.bootstrap.level,
-        );
-        runs.push(RunResult {
-            context_length: l,
-            n_windows: windows.windows.len(),
-            dropped_tokens: windows.dropped_tokens,
-            n_positions: scored.len(),
-            n_nonfinite,
-            summary,
-            rows: scored,
-            bootstrap_block: if single {
-                format!("run:{run_len}")
-            } else {
-                "window".into()
-            },
-        });
+        per_run.push(per_window);
     }
-    let padding = if vocab_size < width {
-        "excluded"
-    } else if tokenizer_vocab < width {
-        "included"
-    } else {
-        "none"
-    };
-    let protocol = protocol_json(o, vocab_size, padding);
-    let eval = json!({
-        "text_path": text_path.display().to_string(),
-        "text_sha256": stream.text_sha256,
-        "text_bytes": stream.text_bytes,
-        "tokens_sha256": tokens::tokens_sha256(&stream.ids),
-        "token_count": stream.ids.len(),
-        "bos": o.bos.as_str(),
-    });
-    Ok(ModelMeasurement {
-        protocol_sha256: sha256_of(&protocol),
-        protocol,
-        eval,
-        runs,
-        vocab_size,
-    })
+    finish_measurement(eval, o, &plans, per_run, vocab_size, width)
 }
 
 /// A logit dump in the layout `cardproof kld` reads, plus the windows' input ids.
@@ -589,15 +658,7 @@ pub fn fidelity_block(
             "files_sha256": reference.manifest_sha256,
         },
         "candidate": {"files_sha256": candidate.manifest_sha256},
-        "runtime": {
-            "engine": "cardproof",
-            "engine_version": env!("CARGO_PKG_VERSION"),
-            "attention_backend": environment["attention"],
-            "kv_cache_dtype": environment["kv_cache_dtype"],
-            "compute_dtype": environment["compute_dtype"],
-            "device": environment["device"],
-            "device_count": 1,
-        },
+        "runtime": runtime_block(environment),
         "eval": {
             "text": {
                 "source": Path::new(m.eval["text_path"].as_str().unwrap_or_default())
@@ -636,6 +697,46 @@ fn round_sig(x: f64, digits: i32) -> f64 {
     }
     let scale = 10f64.powi(digits - 1 - x.abs().log10().floor() as i32);
     (x * scale).round() / scale
+}
+
+/// The card's `runtime` item from a measurement's environment record.
+fn runtime_block(environment: &Value) -> Value {
+    if environment["runner"] != "transformers" {
+        return json!({
+            "engine": "cardproof",
+            "engine_version": env!("CARGO_PKG_VERSION"),
+            "attention_backend": environment["attention"],
+            "kv_cache_dtype": environment["kv_cache_dtype"],
+            "compute_dtype": environment["compute_dtype"],
+            "device": environment["device"],
+            "device_count": 1,
+        });
+    }
+    let reported = &environment["transformers_runner"];
+    let short = |v: &Value| match v.as_str() {
+        Some("bfloat16") => "bf16".to_owned(),
+        Some("float16") => "f16".to_owned(),
+        Some("float32") => "f32".to_owned(),
+        Some(other) => other.to_owned(),
+        None => "?".to_owned(),
+    };
+    let gpus = reported["gpus"].as_array().map_or(0, Vec::len);
+    json!({
+        "engine": "transformers",
+        "engine_version": environment["engine_version"],
+        "attention_backend": environment["attention"],
+        "kv_cache_dtype": short(&environment["kv_cache_dtype"]),
+        "compute_dtype": short(&environment["compute_dtype"]),
+        "device": environment["device"],
+        "device_count": gpus.max(1),
+        "flags": {
+            "torch": reported["torch"],
+            "cuda": reported["cuda"].as_str().unwrap_or("none"),
+            "tf32": reported["tf32"],
+            "prefill_chunk": reported["chunk_size"],
+            "reduction": "cardproof transformers runner (float64)",
+        },
+    })
 }
 
 /// The CPU's model name, from /proc/cpuinfo where there is one.
@@ -842,6 +943,327 @@ fn reference_kv(
         Some(_) => "fp8_e4m3".to_owned(),
         None => compute.as_str().to_owned(),
     }
+}
+
+/// A `measure` run with the transformers runner (a Python subprocess on the user's GPU).
+#[cfg(feature = "native")]
+pub struct TransformersRequest<'a> {
+    pub reference: &'a Path,
+    pub candidate: &'a Path,
+    pub eval_text: &'a Path,
+    pub tokenizer: Option<&'a Path>,
+    pub options: &'a MeasureOptions,
+    pub runner: &'a crate::runner::transformers::TransformersOptions,
+    /// Threads for hashing the checkpoints.
+    pub threads: usize,
+    pub out: &'a Path,
+}
+
+/// What a transformers run produced besides the measurement: the runner's gate numbers.
+#[cfg(feature = "native")]
+pub struct TransformersRun {
+    pub measurement: ModelMeasurement,
+    pub document: Value,
+    pub gates: Value,
+    /// The first window of the first run and its scored rows (the gates ran there).
+    pub first_window: Vec<u32>,
+}
+
+/// Identity of a safetensors checkpoint without loading it: manifest and output-head digests.
+#[cfg(feature = "native")]
+fn checkpoint_identity(
+    path: &Path,
+    threads: usize,
+    environment: Value,
+) -> Result<(ModelIdentity, usize)> {
+    use crate::checkpoint::hash::{HashOptions, hash_path};
+    use crate::runner::native::weights::{SafetensorsStore, WeightStore};
+    let config_path = path.join("config.json");
+    let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
+    let json: Value = serde_json::from_str(&text)
+        .map_err(|e| Error::malformed(&config_path, None, format!("not valid JSON: {e}")))?;
+    let config = crate::runner::native::config::ModelConfig::from_hf(&config_path, &json)?;
+    let store = SafetensorsStore::open(path, json)?;
+    let head = if store.has("lm_head.weight") || !config.tie_embeddings {
+        "lm_head.weight"
+    } else {
+        "model.embed_tokens.weight"
+    };
+    let manifest = hash_path(
+        path,
+        &HashOptions {
+            threads: Some(threads),
+            include_all: false,
+        },
+        &|_| {},
+    )?;
+    Ok((
+        ModelIdentity {
+            path: path.to_owned(),
+            format: "safetensors".into(),
+            manifest_sha256: manifest.root_sha256,
+            lm_head_sha256: store.tensor_sha256(head)?.unwrap_or_default(),
+            stored_dtype: store.stored_dtype("model.embed_tokens.weight"),
+            environment,
+        },
+        config.vocab,
+    ))
+}
+
+/// The environment record of a transformers run: what the runner reported, in the fields every
+/// measurement has.
+#[cfg(feature = "native")]
+fn transformers_environment(reported: &Value, tokenizer: &tokens::TokenizerFile) -> Value {
+    let gpus = reported["gpus"].as_array().cloned().unwrap_or_default();
+    let device = match gpus.first() {
+        Some(g) => format!(
+            "{} (compute capability {}){}",
+            g["name"].as_str().unwrap_or("?"),
+            g["compute_capability"].as_str().unwrap_or("?"),
+            if gpus.len() > 1 {
+                format!(" x{}", gpus.len())
+            } else {
+                String::new()
+            }
+        ),
+        None => format!("cpu: {}", cpu_name()),
+    };
+    let models = &reported["models"];
+    let attention = |side: &str| models[side]["attention"].as_str().unwrap_or("?").to_owned();
+    let attention = if attention("reference") == attention("candidate") {
+        attention("reference")
+    } else {
+        format!(
+            "{} (reference), {} (candidate)",
+            attention("reference"),
+            attention("candidate")
+        )
+    };
+    json!({
+        "runner": "transformers",
+        "runner_version": env!("CARGO_PKG_VERSION"),
+        "engine": "transformers",
+        "engine_version": reported["transformers"],
+        "torch_version": reported["torch"],
+        "cuda_version": reported["cuda"],
+        "device": device,
+        "compute_dtype": reported["dtype"],
+        "attention": attention,
+        "kv_cache_dtype": models["candidate"]["kv_cache_dtype"],
+        "tf32": reported["tf32"],
+        "lane": format!("transformers {} on {}: the engine's own kernels (attention {}), weights as transformers loads them, reduction in float64 on the device", reported["transformers"].as_str().unwrap_or("?"), device, attention),
+        "tokenizer": {"path": tokenizer.path.display().to_string(), "sha256": tokenizer.sha256, "vocab_size": tokenizer.vocab_size},
+        "transformers_runner": reported,
+    })
+}
+
+/// Tokenize, run the transformers runner, and measure (nothing written).
+#[cfg(feature = "native")]
+pub fn measure_transformers(
+    r: &TransformersRequest,
+    stage: &(dyn Fn(&str) + Sync),
+    progress: Progress,
+) -> Result<TransformersRun> {
+    use crate::runner::transformers::{self, RunWork};
+    stage("tokenizing");
+    let tokenizer_path = r
+        .tokenizer
+        .map(Path::to_owned)
+        .unwrap_or_else(|| tokens::tokenizer_path(r.reference));
+    let tokenizer = tokens::load_tokenizer(&tokenizer_path)?;
+    let candidate_tokenizer = tokens::tokenizer_path(r.candidate);
+    if r.tokenizer.is_none() && candidate_tokenizer.exists() {
+        tokens::check_same_tokenizer(&tokenizer, &tokens::load_tokenizer(&candidate_tokenizer)?)?;
+    }
+    let stream = tokens::tokenize(&tokenizer, r.eval_text)?;
+    stage("hashing");
+    let (reference_id, width) = checkpoint_identity(r.reference, r.threads, Value::Null)?;
+    let (candidate_id, cand_width) = checkpoint_identity(r.candidate, r.threads, Value::Null)?;
+    if cand_width != width {
+        return Err(Error::malformed(
+            r.candidate,
+            Some("config.json vocab_size"),
+            format!(
+                "vocabulary mismatch: the candidate's logit rows have {cand_width} entries, the reference's {width}"
+            ),
+        ));
+    }
+    if !matches!(r.options.vocab, VocabMode::Full) {
+        return Err(Error::malformed(
+            r.candidate,
+            None,
+            "the transformers runner computes full-vocabulary KL only; use --runner native for top-k or threshold modes",
+        ));
+    }
+    let eval = EvalInput {
+        stream: &stream,
+        text_path: r.eval_text,
+        bos_id: tokenizer.bos_id,
+        tokenizer_vocab: tokenizer.vocab_size,
+    };
+    stage("running the transformers runner");
+    let mut output = None;
+    let mut first_window = Vec::new();
+    let measurement = measure_records(&eval, r.options, width, |plans, vocab_size| {
+        let work: Vec<RunWork> = plans
+            .iter()
+            .map(|p| RunWork {
+                context_length: p.windows.length,
+                windows: &p.windows.windows,
+                rows: &p.rows,
+            })
+            .collect();
+        first_window = plans
+            .first()
+            .and_then(|p| p.windows.windows.first())
+            .cloned()
+            .unwrap_or_default();
+        let report = |stage_name: &str, counts: Option<(usize, usize)>| match counts {
+            Some((done, total)) => progress(done, total),
+            None => stage(stage_name),
+        };
+        let out = transformers::run(
+            r.reference,
+            r.candidate,
+            &work,
+            vocab_size,
+            r.runner,
+            &report,
+        )?;
+        let records = std::mem::take(&mut output.insert(out).records);
+        Ok(records)
+    })?;
+    let output = output
+        .ok_or_else(|| Error::runner(r.candidate, "the transformers runner produced no output"))?;
+    let environment = transformers_environment(&output.environment, &tokenizer);
+    let reference_id = ModelIdentity {
+        environment: output.environment["models"]["reference"].clone(),
+        ..reference_id
+    };
+    let candidate_id = ModelIdentity {
+        environment: output.environment["models"]["candidate"].clone(),
+        ..candidate_id
+    };
+    let document = versioned(measurement_json(
+        &measurement,
+        r.options,
+        &reference_id,
+        &candidate_id,
+        environment,
+    ));
+    Ok(TransformersRun {
+        measurement,
+        document,
+        gates: output.gates,
+        first_window,
+    })
+}
+
+/// `measure --runner transformers`: measure and write `measurement.json` and
+/// `positions.safetensors` into `out`. Returns the versioned document.
+#[cfg(feature = "native")]
+pub fn run_transformers(
+    r: &TransformersRequest,
+    stage: &(dyn Fn(&str) + Sync),
+    progress: Progress,
+) -> Result<Value> {
+    let run = measure_transformers(r, stage, progress)?;
+    write_measurement(r.out, &run.measurement, &run.document)?;
+    Ok(run.document)
+}
+
+/// `measure --runner transformers --sweep attention=A,B,...`: one model's weights against
+/// themselves under each setting, the first the baseline (design.md's backend-only test).
+#[cfg(feature = "native")]
+pub struct SweepRequest<'a> {
+    pub model: &'a Path,
+    pub eval_text: &'a Path,
+    pub tokenizer: Option<&'a Path>,
+    pub options: &'a MeasureOptions,
+    pub runner: &'a crate::runner::transformers::TransformersOptions,
+    pub knob: &'a str,
+    pub values: &'a [String],
+    pub threads: usize,
+    pub out: &'a Path,
+}
+
+/// Flips of the top-1 token along position: how many rows flip, where the first flips are, and
+/// the flip rate by depth.
+fn flips_json(run: &RunResult) -> Value {
+    let flips: Vec<Value> = run
+        .rows
+        .iter()
+        .filter(|s| s.record.ref_top1 != s.record.cand_top1)
+        .map(|s| json!({"block": s.block, "position": s.position}))
+        .collect();
+    let shown: Vec<Value> = flips.iter().take(1000).cloned().collect();
+    json!({
+        "context_length": run.context_length,
+        "n_positions": run.n_positions,
+        "kld_mean": run.summary.metrics.get("kld_mean"),
+        "kld_max": run.summary.metrics.get("kld_max"),
+        "kld_p99": run.summary.metrics.get("kld_p99"),
+        "top1_agreement": run.summary.metrics.get("top1_agreement"),
+        "n_flips": flips.len(),
+        "flips": shown,
+        "flips_listed": shown.len(),
+        "by_depth": run.summary.diagnostics.by_depth,
+    })
+}
+
+/// Run the sweep and write `sweep.json` plus one measurement directory per compared setting.
+/// Returns the versioned `sweep.json` document.
+#[cfg(feature = "native")]
+pub fn run_sweep(
+    r: &SweepRequest,
+    stage: &(dyn Fn(&str) + Sync),
+    progress: Progress,
+) -> Result<Value> {
+    let baseline = &r.values[0];
+    let mut pairs = Vec::new();
+    let mut floor: Option<f64> = None;
+    for other in &r.values[1..] {
+        let mut runner = r.runner.clone();
+        runner.attention = (baseline.clone(), other.clone());
+        let out = r.out.join(format!("{}-{baseline}-vs-{other}", r.knob));
+        let request = TransformersRequest {
+            reference: r.model,
+            candidate: r.model,
+            eval_text: r.eval_text,
+            tokenizer: r.tokenizer,
+            options: r.options,
+            runner: &runner,
+            threads: r.threads,
+            out: &out,
+        };
+        let run = measure_transformers(&request, stage, progress)?;
+        write_measurement(&out, &run.measurement, &run.document)?;
+        for m in &run.measurement.runs {
+            if let Some(&k) = m.summary.metrics.get("kld_mean") {
+                floor = Some(floor.map_or(k, |f: f64| f.max(k)));
+            }
+        }
+        pairs.push(json!({
+            "baseline": baseline,
+            "other": other,
+            "measurement": out.join("measurement.json").display().to_string(),
+            "runs": run.measurement.runs.iter().map(flips_json).collect::<Vec<_>>(),
+            "environment": run.document["environment"],
+        }));
+    }
+    let document = versioned(json!({
+        "kind": "sweep",
+        "knob": r.knob,
+        "values": r.values,
+        "model": r.model.display().to_string(),
+        "definition": "each pair measures the same weights under the baseline setting (as reference) and the other setting (as candidate), same tokens and rows: any KL is the kernel's, not the weights'",
+        "noise_floor_kld_mean": floor,
+        "pairs": pairs,
+    }));
+    std::fs::create_dir_all(r.out).map_err(|e| Error::io(r.out, e))?;
+    let text = serde_json::to_string_pretty(&document).unwrap_or_default();
+    write_atomically(&r.out.join("sweep.json"), format!("{text}\n").as_bytes())?;
+    Ok(document)
 }
 
 /// A `measure` run against a compact reference artifact instead of a reference model.

@@ -204,11 +204,18 @@ pub fn verify_envelope(path: &Path, key: &VerifyingKey) -> Result<Outcome> {
 /// hasher's (an unreadable checkpoint).
 pub fn check_subjects(statement: &Value, checkpoint: &Path) -> Result<Vec<Mismatch>> {
     let manifest = hash_path(checkpoint, &HashOptions::default(), &|_| {})?;
-    let mut on_disk: BTreeMap<&str, &str> = manifest
+    let on_disk: BTreeMap<&str, &str> = manifest
         .files
         .iter()
         .map(|f| (f.path.as_str(), f.sha256.as_str()))
         .collect();
+    Ok(compare_subjects(statement, on_disk))
+}
+
+/// Compare a verified statement's subjects with a file list (relative path -> SHA-256), both
+/// ways, as [`check_subjects`] does for a directory. The list can come from anywhere that knows
+/// the files' digests, e.g. the Hub's per-file LFS SHA-256 (no download needed).
+pub fn compare_subjects(statement: &Value, mut on_disk: BTreeMap<&str, &str>) -> Vec<Mismatch> {
     let mut mismatches = Vec::new();
     let listed = statement
         .get("subject")
@@ -268,5 +275,5 @@ pub fn check_subjects(statement: &Value, checkpoint: &Path) -> Result<Vec<Mismat
             format!("`{name}` is in the checkpoint but not in the report"),
         ));
     }
-    Ok(mismatches)
+    mismatches
 }

@@ -4,6 +4,8 @@
 #[cfg(feature = "native")]
 pub mod native;
 pub mod tokens;
+#[cfg(feature = "native")]
+pub mod transformers;
 
 use serde_json::Value;
 

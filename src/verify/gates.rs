@@ -76,13 +76,42 @@ pub fn run(
     vocab: usize,
     measured: Measured,
 ) -> Result<Vec<Gate>> {
+    let (self_kl, self_rev, same_top1) = mean_kl(reference, reference, window, scored, 0, vocab)?;
+    let (shift_kl, _, _) = mean_kl(reference, candidate, window, scored, 1, vocab)?;
+    Ok(judge(
+        SelfCompare {
+            forward: self_kl,
+            reverse: self_rev,
+            same_top1,
+        },
+        shift_kl,
+        measured,
+    ))
+}
+
+/// The reference run twice on one window, compared row by row.
+#[derive(Debug, Clone, Copy)]
+pub struct SelfCompare {
+    pub forward: f64,
+    pub reverse: f64,
+    pub same_top1: bool,
+}
+
+/// The gates from their raw numbers: the self-compare, the mean KL of the one-row shift, and
+/// what the measurement found. Runners that reduce rows themselves (transformers) report the
+/// raw numbers; the thresholds are the same.
+pub fn judge(self_compare: SelfCompare, shift_kl: f64, measured: Measured) -> Vec<Gate> {
     let Measured {
         kld_max: rerun_kld_max,
         kld_mean: rerun_kld_mean,
         quantized,
     } = measured;
+    let SelfCompare {
+        forward: self_kl,
+        reverse: self_rev,
+        same_top1,
+    } = self_compare;
     let mut gates = Vec::new();
-    let (self_kl, self_rev, same_top1) = mean_kl(reference, reference, window, scored, 0, vocab)?;
     gates.push(Gate {
         gate: "self_compare",
         passed: self_kl == 0.0 && self_rev == 0.0 && same_top1,
@@ -91,7 +120,6 @@ pub fn run(
             if same_top1 { "identical" } else { "differs" }
         ),
     });
-    let (shift_kl, _, _) = mean_kl(reference, candidate, window, scored, 1, vocab)?;
     let floor = (10.0 * rerun_kld_mean).max(0.05);
     gates.push(Gate {
         gate: "one_row_shift",
@@ -109,5 +137,5 @@ pub fn run(
             "the candidate holds no quantized weights; an all-zero KLD is possible".into()
         },
     });
-    Ok(gates)
+    gates
 }

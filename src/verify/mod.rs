@@ -33,6 +33,8 @@ pub struct VerifyRequest<'a> {
     pub threads: usize,
     /// Also measure the reference against itself in f64 vs the rerun's compute dtype.
     pub noise_floor: bool,
+    /// Rerun with the transformers runner (the user's GPU) instead of the native one.
+    pub transformers: Option<&'a crate::runner::transformers::TransformersOptions>,
 }
 
 /// One context length's rows, for the report's plots.
@@ -102,6 +104,94 @@ fn quantized(m: &crate::runner::native::NativeModel) -> bool {
             "bf16" | "f16" | "f32" | "f64" | "gguf F32" | "gguf F16" | "gguf BF16"
         )
     })
+}
+
+/// The reference checkpoint the rerun needs.
+fn required_reference<'a>(r: &VerifyRequest<'a>, disclosure: &Value) -> Result<&'a Path> {
+    r.reference.ok_or_else(|| {
+        Error::malformed(
+            r.model,
+            Some("fidelity.reference"),
+            format!(
+                "verify needs the reference: pass --reference PATH (the card names {}@{})",
+                disclosure["reference"]["repo"].as_str().unwrap_or("?"),
+                disclosure["reference"]["revision"].as_str().unwrap_or("?")
+            ),
+        )
+    })
+}
+
+/// The logit rows' width from config.json (padding included), for cards that include padding.
+fn config_vocab(model: &Path) -> Result<usize> {
+    let path = model.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let json: Value = serde_json::from_str(&text)
+        .map_err(|e| Error::malformed(&path, None, format!("not valid JSON: {e}")))?;
+    let v = json.get("text_config").unwrap_or(&json)["vocab_size"].as_u64();
+    v.map(|v| v as usize)
+        .ok_or_else(|| Error::malformed(&path, Some("vocab_size"), "missing"))
+}
+
+/// A claim is rerun in the lane the card discloses: when the card's numbers come from
+/// transformers and the user did not say otherwise, use its attention kernel and dtype.
+fn follow_card_runtime(runner: &mut crate::runner::transformers::TransformersOptions, rt: &Value) {
+    if rt["engine"] != "transformers" {
+        return;
+    }
+    let (attention, dtype) = runner.follow_card;
+    if attention && let Some(a) = rt["attention_backend"].as_str() {
+        let a = a.to_ascii_lowercase();
+        if [
+            "sdpa",
+            "eager",
+            "flash_attention_2",
+            "flash_attention_3",
+            "flex_attention",
+        ]
+        .contains(&a.as_str())
+        {
+            runner.attention = (a.clone(), a);
+        }
+    }
+    if dtype {
+        match rt["compute_dtype"].as_str() {
+            Some("bf16" | "bfloat16") => runner.dtype = "bfloat16".into(),
+            Some("f16" | "float16") => runner.dtype = "float16".into(),
+            Some("f32" | "float32") => runner.dtype = "float32".into(),
+            _ => {}
+        }
+    }
+}
+
+/// The gates from the transformers runner's raw numbers; gates it could not run fail (closed).
+fn transformers_gates(raw: &Value, measured: gates::Measured) -> Vec<gates::Gate> {
+    let num = |k: &str| raw[k].as_f64();
+    match (
+        num("self_forward_mean"),
+        num("self_reverse_mean"),
+        raw["self_top1_identical"].as_bool(),
+        num("shift_forward_mean"),
+    ) {
+        (Some(forward), Some(reverse), Some(same_top1), Some(shift)) => gates::judge(
+            gates::SelfCompare {
+                forward,
+                reverse,
+                same_top1,
+            },
+            shift,
+            measured,
+        ),
+        _ => vec![gates::Gate {
+            gate: "self_compare",
+            passed: false,
+            detail: format!(
+                "the transformers runner did not run the gates ({}); a rerun without them is never reproduced",
+                raw["skipped"]
+                    .as_str()
+                    .unwrap_or("no gate numbers in its record")
+            ),
+        }],
+    }
 }
 
 fn native_request<'a>(
@@ -286,6 +376,41 @@ pub fn verify(
                 })?;
                 rows = plot_rows(&m);
                 (m, doc)
+            } else if let Some(runner) = r.transformers {
+                let reference = required_reference(r, &disclosure)?;
+                let text = eval_text_path(&card_dir, &disclosure, r.eval_text)?;
+                if resolved.padding_included {
+                    options.vocab_size = Some(config_vocab(r.model)?);
+                }
+                let mut runner = runner.clone();
+                runner.gates = true;
+                follow_card_runtime(&mut runner, &disclosure["runtime"]);
+                let run = measurement::measure_transformers(
+                    &measurement::TransformersRequest {
+                        reference,
+                        candidate: r.model,
+                        eval_text: &text,
+                        tokenizer: None,
+                        options: &options,
+                        runner: &runner,
+                        threads: r.threads,
+                        out: Path::new("."),
+                    },
+                    stage,
+                    progress,
+                )?;
+                let (kld_max, kld_mean) = first_metrics(&run.measurement);
+                let measured = gates::Measured {
+                    kld_max,
+                    kld_mean,
+                    quantized: inspections.iter().any(|i| i.summary.quantized > 0),
+                };
+                gates_out = transformers_gates(&run.gates, measured);
+                if r.noise_floor {
+                    noise = json!({"skipped": "the noise floor of the transformers runner is its kernel sweep: `cardproof measure --runner transformers --sweep attention=sdpa,eager`"});
+                }
+                rows = plot_rows(&run.measurement);
+                (run.measurement, run.document)
             } else {
                 let reference = r.reference.ok_or_else(|| {
                     Error::malformed(

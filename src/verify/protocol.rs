@@ -167,13 +167,45 @@ pub fn lane_differences(card: &Value, measurement: &Value, resolved: &Resolved) 
     let rt = &card["runtime"];
     let env = &measurement["environment"];
     let engine = rt["engine"].as_str().unwrap_or("?");
-    if engine != "cardproof" {
+    let rerun_engine = if env["runner"] == "transformers" {
+        "transformers"
+    } else {
+        "cardproof"
+    };
+    if engine != rerun_engine {
         out.push(format!(
-            "engine: the card's numbers come from {engine} {} on {}; the rerun is cardproof's native runner ({})",
+            "engine: the card's numbers come from {engine} {} on {}; the rerun is {} ({})",
             rt["engine_version"].as_str().unwrap_or("?"),
             rt["device"].as_str().unwrap_or("?"),
+            if rerun_engine == "cardproof" {
+                "cardproof's native runner"
+            } else {
+                "cardproof's transformers runner"
+            },
             env["lane"].as_str().unwrap_or("reference semantics"),
         ));
+    } else if rerun_engine == "transformers" {
+        // Same engine: its version, the GPU and every numerics knob must match too.
+        let rerun_rt = &measurement["fidelity"]["runtime"];
+        for (what, key) in [
+            ("transformers version", "engine_version"),
+            ("device", "device"),
+            ("device count", "device_count"),
+            ("attention", "attention_backend"),
+            ("compute dtype", "compute_dtype"),
+            ("KV-cache dtype", "kv_cache_dtype"),
+        ] {
+            let (c, r) = (&rt[key], &rerun_rt[key]);
+            if !c.is_null() && !r.is_null() && c != r {
+                out.push(format!("{what}: card {c}, rerun {r}"));
+            }
+        }
+        for flag in ["torch", "tf32"] {
+            let (c, r) = (&rt["flags"][flag], &rerun_rt["flags"][flag]);
+            if !c.is_null() && c != r {
+                out.push(format!("{flag}: card {c}, rerun {r}"));
+            }
+        }
     } else {
         let pairs = [
             (

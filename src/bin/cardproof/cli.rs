@@ -52,6 +52,23 @@ pub enum Command {
     /// Check a signed report offline: the signature, the keyid, and (with --checkpoint) that every
     /// subject digest matches the files. Exit 1 on any mismatch.
     VerifyReport(VerifyReportArgs),
+    /// Check a Hub upload without downloading its weights: lint the card, inspect the checkpoint
+    /// from its headers (HTTP Range reads), compare the card's candidate digest and revision with
+    /// the Hub's per-file SHA-256 and head, and check a signed report in the repository.
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The repository: hf:ORG/NAME[@REVISION] (a branch, tag or commit; default main).
+    #[arg(value_name = "hf:ORG/NAME[@REV]")]
+    pub source: String,
+    /// Also verify the signature of a report in the repository (report.dsse.json) with this
+    /// public key (PEM); without it the report's subjects are still compared with the Hub.
+    #[arg(long = "pub", value_name = "KEY")]
+    pub public_key: Option<PathBuf>,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Debug, Args)]
@@ -177,9 +194,10 @@ pub struct VerifyReportArgs {
 
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
-    /// The candidate: a model directory holding its card (README.md) and checkpoint.
+    /// The candidate: a model directory holding its card (README.md) and checkpoint, or
+    /// hf:ORG/NAME[@REV] (downloaded into the Hugging Face cache and verified first).
     pub path: PathBuf,
-    /// The reference checkpoint the card's claims were measured against.
+    /// The reference checkpoint the card's claims were measured against (a path or hf:ORG/NAME).
     #[arg(long, value_name = "PATH", conflicts_with = "reference_artifact")]
     pub reference: Option<PathBuf>,
     /// A compact reference artifact (`cardproof reference export`) in place of the reference.
@@ -191,6 +209,11 @@ pub struct VerifyArgs {
     /// Also measure the reference against itself in a second compute dtype (the numerical floor).
     #[arg(long)]
     pub noise_floor: bool,
+    /// The engine that reruns the claims.
+    #[arg(long, value_enum, default_value_t = RunnerArg::Native)]
+    pub runner: RunnerArg,
+    #[command(flatten)]
+    pub transformers: TransformersArgs,
     /// Private key (PKCS#8 PEM) to sign the report with (default: the user's key, created on first
     /// use under the config directory).
     #[arg(long, value_name = "KEY")]
@@ -270,20 +293,16 @@ pub struct ProtocolArgs {
 
 #[derive(Debug, Args)]
 pub struct MeasureArgs {
-    /// The reference model: a directory with config.json, tokenizer.json and safetensors, or a
-    /// GGUF file (with tokenizer.json beside it).
-    #[arg(
-        long,
-        value_name = "PATH",
-        required_unless_present = "reference_artifact",
-        conflicts_with = "reference_artifact"
-    )]
+    /// The reference model (a path or hf:ORG/NAME[@REV]): a directory with config.json,
+    /// tokenizer.json and safetensors, or a GGUF file (with tokenizer.json beside it).
+    /// Required unless --reference-artifact or --sweep is given.
+    #[arg(long, value_name = "PATH", conflicts_with = "reference_artifact")]
     pub reference: Option<PathBuf>,
     /// A compact reference artifact (`cardproof reference export`) in place of the reference
     /// model; its protocol is enforced.
     #[arg(long, value_name = "FILE")]
     pub reference_artifact: Option<PathBuf>,
-    /// The candidate model, same tokenizer and vocabulary.
+    /// The candidate model, same tokenizer and vocabulary (a path or hf:ORG/NAME[@REV]).
     #[arg(long, value_name = "PATH")]
     pub candidate: PathBuf,
     /// The evaluation text (UTF-8), tokenized once with the reference's tokenizer (optional with
@@ -306,6 +325,8 @@ pub struct MeasureArgs {
     /// The engine that runs the models.
     #[arg(long, value_enum, default_value_t = RunnerArg::Native)]
     pub runner: RunnerArg,
+    #[command(flatten)]
+    pub transformers: TransformersArgs,
     /// Compute precision of the native runner's forward pass.
     #[arg(long, value_enum, default_value_t = ComputeArg::F32)]
     pub compute_dtype: ComputeArg,
@@ -342,6 +363,66 @@ pub enum BosArg {
 pub enum RunnerArg {
     /// Pure Rust on CPU (candle).
     Native,
+    /// torch + transformers in a Python subprocess, on the user's GPU (runners/).
+    Transformers,
+}
+
+/// Settings of `--runner transformers` (ignored by the native runner).
+#[derive(Debug, Args)]
+pub struct TransformersArgs {
+    /// Python interpreter with torch and transformers (default: $CARDPROOF_PYTHON, else python3).
+    #[arg(long, value_name = "PATH")]
+    pub python: Option<PathBuf>,
+    /// Where the models run: cuda, cuda:N, auto (every GPU, placed by accelerate's
+    /// device_map="auto") or cpu.
+    #[arg(long, value_name = "DEVICE", default_value = "cuda")]
+    pub device: String,
+    /// dtype the models are loaded and run in (default: bfloat16; `verify` follows the card's
+    /// runtime when it names transformers).
+    #[arg(long, value_enum)]
+    pub torch_dtype: Option<TorchDtypeArg>,
+    /// Attention implementation: sdpa, eager, flash_attention_2, flex_attention (default: sdpa;
+    /// `verify` follows the card's runtime when it names transformers).
+    #[arg(long, value_name = "IMPL")]
+    pub attention: Option<String>,
+    /// Tokens per prefill chunk, the KV cache kept between chunks (default: the whole window in
+    /// one pass when it fits the memory plan, else the longest power-of-two chunk that does).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub chunk_size: Option<u32>,
+    /// Rows per output-head chunk (default: planned from free memory).
+    #[arg(long, value_name = "N")]
+    pub head_rows: Option<u32>,
+    /// Allow TF32 matrix products (recorded; changes the numbers).
+    #[arg(long)]
+    pub tf32: bool,
+    /// torch.use_deterministic_algorithms(True) (recorded).
+    #[arg(long)]
+    pub deterministic: bool,
+    /// Let transformers run code shipped with the checkpoint. Off unless given.
+    #[arg(long)]
+    pub trust_remote_code: bool,
+    /// Measure the candidate's weights against themselves under several settings, the first as
+    /// the baseline: `attention=eager,sdpa`. Gives the cross-kernel noise floor and where top-1
+    /// flips sit along position.
+    #[arg(long, value_name = "KNOB=A,B")]
+    pub sweep: Option<String>,
+    /// A runner program to use instead of the embedded one (development).
+    #[arg(long, value_name = "FILE", hide = true)]
+    pub runner_script: Option<PathBuf>,
+    /// Plan memory as if only this many bytes were free (tests).
+    #[arg(long, value_name = "BYTES", hide = true)]
+    pub memory_limit: Option<u64>,
+    /// Write the first 64 scored rows' logits of both models here (checks of the device's
+    /// reduction against `cardproof kld`).
+    #[arg(long, value_name = "DIR", hide = true)]
+    pub runner_dump: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TorchDtypeArg {
+    Bfloat16,
+    Float16,
+    Float32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -388,7 +469,8 @@ pub enum PositionsArg {
 
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// A .safetensors or .gguf file, or a checkpoint directory.
+    /// A .safetensors or .gguf file, a checkpoint directory, or hf:ORG/NAME[@REV] (headers only,
+    /// by HTTP Range requests).
     #[arg(default_value = ".")]
     pub path: PathBuf,
     /// List every module, not only the summary.
@@ -400,7 +482,8 @@ pub struct InspectArgs {
 
 #[derive(Debug, Args)]
 pub struct HashArgs {
-    /// A checkpoint directory or a single file.
+    /// A checkpoint directory, a single file, or hf:ORG/NAME[@REV] (downloaded into the Hugging
+    /// Face cache and verified first).
     #[arg(default_value = ".")]
     pub path: PathBuf,
     /// Worker threads (default: every core).
@@ -415,7 +498,8 @@ pub struct HashArgs {
 
 #[derive(Debug, Args)]
 pub struct LintArgs {
-    /// A Markdown card, or a model directory holding README.md.
+    /// A Markdown card, a model directory holding README.md, or hf:ORG/NAME[@REV] (only the
+    /// card is fetched).
     #[arg(default_value = ".")]
     pub path: PathBuf,
     #[command(flatten)]
@@ -440,6 +524,8 @@ pub enum FormatArg {
     Human,
     Json,
     Markdown,
+    /// SARIF 2.1.0 (lint and check only), for code scanning.
+    Sarif,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -10,6 +10,8 @@ pub enum Format {
     Human,
     Json,
     Markdown,
+    /// SARIF 2.1.0 (lint and check).
+    Sarif,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -24,6 +26,7 @@ impl Output {
         let format = match (args.json, args.format) {
             (true, _) | (_, FormatArg::Json) => Format::Json,
             (_, FormatArg::Markdown) => Format::Markdown,
+            (_, FormatArg::Sarif) => Format::Sarif,
             (_, FormatArg::Human) => Format::Human,
         };
         let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
@@ -198,6 +201,10 @@ pub struct MeasureConfig {
     pub output: Output,
     /// Show a progress bar (stderr is a terminal).
     pub progress: bool,
+    /// `--runner transformers` and its settings.
+    pub transformers: Option<cardproof::runner::transformers::TransformersOptions>,
+    /// `--sweep`: the knob and its values.
+    pub sweep: Option<(String, Vec<String>)>,
 }
 
 impl MeasureConfig {
@@ -212,7 +219,35 @@ impl MeasureConfig {
         }
         lengths.sort_unstable();
         lengths.dedup();
-        let RunnerArg::Native = args.runner;
+        let transformers = match args.runner {
+            RunnerArg::Native => {
+                if args.transformers.sweep.is_some() {
+                    return Err("--sweep needs --runner transformers".into());
+                }
+                None
+            }
+            RunnerArg::Transformers => {
+                if args.reference_artifact.is_some() {
+                    return Err(
+                        "--runner transformers runs two models; a --reference-artifact is measured by the native runner"
+                            .into(),
+                    );
+                }
+                if args.dump_logits.is_some() {
+                    return Err("--dump-logits needs --runner native".into());
+                }
+                Some(transformers_options(&args.transformers)?)
+            }
+        };
+        let sweep = args
+            .transformers
+            .sweep
+            .as_deref()
+            .map(parse_sweep)
+            .transpose()?;
+        if sweep.is_none() && args.reference.is_none() && args.reference_artifact.is_none() {
+            return Err("--reference or --reference-artifact is required".into());
+        }
         let out = args
             .out
             .clone()
@@ -259,8 +294,84 @@ impl MeasureConfig {
             out,
             output: Output::from_args(&args.output),
             progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            transformers,
+            sweep,
         })
     }
+}
+
+/// `--sweep KNOB=A,B,...`: the knob and its values, the first the baseline.
+fn parse_sweep(s: &str) -> Result<(String, Vec<String>), String> {
+    let (knob, values) = s
+        .split_once('=')
+        .ok_or_else(|| format!("--sweep {s}: expected KNOB=A,B (e.g. attention=eager,sdpa)"))?;
+    if knob != "attention" {
+        return Err(format!(
+            "--sweep {s}: the knob can be `attention` (the weights stay the same, the kernel changes)"
+        ));
+    }
+    let values: Vec<String> = values.split(',').map(|v| v.trim().to_owned()).collect();
+    if values.len() < 2 || values.iter().any(String::is_empty) {
+        return Err(format!(
+            "--sweep {s}: give at least two values, the first the baseline"
+        ));
+    }
+    for v in &values {
+        attention_name(v)?;
+    }
+    Ok((knob.to_owned(), values))
+}
+
+fn attention_name(v: &str) -> Result<(), String> {
+    const KNOWN: &[&str] = &[
+        "sdpa",
+        "eager",
+        "flash_attention_2",
+        "flash_attention_3",
+        "flex_attention",
+    ];
+    if KNOWN.contains(&v) {
+        Ok(())
+    } else {
+        Err(format!(
+            "attention {v:?} is not one of {}",
+            KNOWN.join(", ")
+        ))
+    }
+}
+
+/// The transformers runner's settings, validated.
+pub fn transformers_options(
+    a: &crate::cli::TransformersArgs,
+) -> Result<cardproof::runner::transformers::TransformersOptions, String> {
+    use cardproof::runner::transformers::{Device, TransformersOptions};
+    let device = Device::parse(&a.device)
+        .ok_or_else(|| format!("--device {}: expected cuda, cuda:N, auto or cpu", a.device))?;
+    let attention = a.attention.clone().unwrap_or_else(|| "sdpa".into());
+    attention_name(&attention)?;
+    let defaults = TransformersOptions::default();
+    Ok(TransformersOptions {
+        python: a.python.clone().unwrap_or(defaults.python),
+        script: a.runner_script.clone(),
+        device,
+        dtype: match a.torch_dtype {
+            None | Some(crate::cli::TorchDtypeArg::Bfloat16) => "bfloat16",
+            Some(crate::cli::TorchDtypeArg::Float16) => "float16",
+            Some(crate::cli::TorchDtypeArg::Float32) => "float32",
+        }
+        .into(),
+        attention: (attention.clone(), attention),
+        follow_card: (a.attention.is_none(), a.torch_dtype.is_none()),
+        chunk_size: a.chunk_size.map_or(0, |n| n as usize),
+        head_rows: a.head_rows.map_or(0, |n| n as usize),
+        tf32: a.tf32,
+        deterministic: a.deterministic,
+        trust_remote_code: a.trust_remote_code,
+        memory_limit: a.memory_limit,
+        mode: "auto".into(),
+        gates: false,
+        dump_rows: a.runner_dump.clone().map(|d| (d, 64)),
+    })
 }
 
 /// Outputs never go into a checkpoint being measured (its digest would change).
@@ -310,6 +421,8 @@ pub struct VerifyConfig {
     pub threads: usize,
     pub output: Output,
     pub progress: bool,
+    /// `--runner transformers` and its settings.
+    pub transformers: Option<cardproof::runner::transformers::TransformersOptions>,
 }
 
 impl VerifyConfig {
@@ -320,7 +433,20 @@ impl VerifyConfig {
             models.push(r);
         }
         outside_checkpoints(&out, &models)?;
+        let transformers = match args.runner {
+            crate::cli::RunnerArg::Native => None,
+            crate::cli::RunnerArg::Transformers => {
+                if args.reference_artifact.is_some() {
+                    return Err("--runner transformers reruns two models; a --reference-artifact is measured by the native runner".into());
+                }
+                if args.transformers.sweep.is_some() {
+                    return Err("--sweep belongs to `measure`".into());
+                }
+                Some(transformers_options(&args.transformers)?)
+            }
+        };
         Ok(VerifyConfig {
+            transformers,
             threads: args
                 .threads
                 .map(usize::from)

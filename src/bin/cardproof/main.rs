@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+use cardproof::hub::snapshot::Select;
 use cli::{Cli, Command};
 use config::{
     HashConfig, InspectConfig, KldConfig, LintConfig, MeasureConfig, Output, VerifyConfig,
@@ -29,6 +30,12 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    if let Some(output) = sarif_misused(&cli.command) {
+        return ExitCode::from(
+            usage_error(output, "--format sarif is for `lint` and `check` only")
+                .unwrap_or(EXIT_BAD_INPUT),
+        );
+    }
     let result = match cli.command {
         Command::Lint(args) => {
             let config = LintConfig {
@@ -75,6 +82,7 @@ fn main() -> ExitCode {
         Command::Keygen(args) => keygen(&args.out, Output::from_args(&args.output)),
         Command::Sign(args) => sign(&args),
         Command::VerifyReport(args) => verify_report(&args),
+        Command::Check(args) => check(&args),
         Command::Hash(args) => {
             let output = Output::from_args(&args.output);
             hash(&HashConfig {
@@ -98,7 +106,21 @@ fn main() -> ExitCode {
 
 fn lint(config: &LintConfig) -> io::Result<u8> {
     let printer = Printer::new(config.output);
-    let card = match cardproof::card::Card::open(&config.path) {
+    // A Hub source: only the card is fetched (into the Hugging Face cache).
+    let card = match cardproof::hub::HfSource::from_path(&config.path) {
+        Some(source) => source.and_then(|source| {
+            let client = hub_client();
+            let snapshot = materialize(&printer, &client, &source, Select::Only(&["README.md"]))?;
+            let path = snapshot.dir.join("README.md");
+            let bytes = std::fs::read(&path).map_err(|e| cardproof::Error::io(&path, e))?;
+            cardproof::card::Card::from_bytes(
+                snapshot.pinned.display_path(Some("README.md")),
+                bytes,
+            )
+        }),
+        None => cardproof::card::Card::open(&config.path),
+    };
+    let card = match card {
         Ok(card) => card,
         Err(e) => {
             printer.error(&e)?;
@@ -138,7 +160,11 @@ fn schema() -> io::Result<u8> {
 
 fn inspect(config: &InspectConfig) -> io::Result<u8> {
     let printer = Printer::new(config.output);
-    match cardproof::checkpoint::inspect::inspect_path(&config.path) {
+    let result = match cardproof::hub::HfSource::from_path(&config.path) {
+        Some(source) => source.and_then(|source| inspect_hub(&printer, &source)),
+        None => cardproof::checkpoint::inspect::inspect_path(&config.path),
+    };
+    match result {
         Ok(inspections) => {
             printer.inspection(&inspections, config.list_modules)?;
             Ok(0)
@@ -152,6 +178,18 @@ fn inspect(config: &InspectConfig) -> io::Result<u8> {
 
 fn hash(config: &HashConfig) -> io::Result<u8> {
     let printer = Printer::new(config.output);
+    if cardproof::hub::HfSource::from_path(&config.path).is_some() {
+        return match local_path(&printer, &config.path, "checkpoint") {
+            Ok(path) => hash(&HashConfig {
+                path,
+                ..config.clone()
+            }),
+            Err(e) => {
+                printer.error(&e)?;
+                Ok(EXIT_BAD_INPUT)
+            }
+        };
+    }
     let bar = config
         .progress
         .then(|| printer::progress_bar(printer::HASH_PROGRESS));
@@ -217,6 +255,28 @@ fn kld(config: &KldConfig) -> io::Result<u8> {
 
 fn measure(config: &MeasureConfig) -> io::Result<u8> {
     let printer = Printer::new(config.output);
+    let hub_paths = [Some(&config.candidate), config.reference.as_ref()];
+    if hub_paths
+        .iter()
+        .flatten()
+        .any(|p| cardproof::hub::HfSource::from_path(p).is_some())
+    {
+        let resolved = (|| {
+            let mut c = config.clone();
+            c.candidate = local_path(&printer, &config.candidate, "candidate")?;
+            if let Some(r) = &config.reference {
+                c.reference = Some(local_path(&printer, r, "reference")?);
+            }
+            Ok::<_, cardproof::Error>(c)
+        })();
+        return match resolved {
+            Ok(c) => measure(&c),
+            Err(e) => {
+                printer.error(&e)?;
+                Ok(EXIT_BAD_INPUT)
+            }
+        };
+    }
     let pool = match rayon::ThreadPoolBuilder::new()
         .num_threads(config.threads)
         .build()
@@ -243,7 +303,59 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
             bar.set_position(done as u64);
         }
     };
+    if let (Some(runner), Some((knob, values))) = (&config.transformers, &config.sweep) {
+        let result = cardproof::measurement::run_sweep(
+            &cardproof::measurement::SweepRequest {
+                model: &config.candidate,
+                eval_text: config
+                    .eval_text
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new("")),
+                tokenizer: config.tokenizer.as_deref(),
+                options: &config.options,
+                runner,
+                knob,
+                values,
+                threads: config.threads,
+                out: &config.out,
+            },
+            &stage,
+            &progress,
+        );
+        if let Some(bar) = &bar {
+            bar.finish_and_clear();
+        }
+        return match result {
+            Ok(document) => {
+                printer.sweep(&document, &config.out)?;
+                Ok(0)
+            }
+            Err(e) => {
+                printer.error(&e)?;
+                Ok(EXIT_BAD_INPUT)
+            }
+        };
+    }
     let result = pool.install(|| match (&config.reference, &config.reference_artifact) {
+        (Some(reference), None) if config.transformers.is_some() => {
+            cardproof::measurement::run_transformers(
+                &cardproof::measurement::TransformersRequest {
+                    reference,
+                    candidate: &config.candidate,
+                    eval_text: config
+                        .eval_text
+                        .as_deref()
+                        .unwrap_or(std::path::Path::new("")),
+                    tokenizer: config.tokenizer.as_deref(),
+                    options: &config.options,
+                    runner: config.transformers.as_ref().expect("checked"),
+                    threads: config.threads,
+                    out: &config.out,
+                },
+                &stage,
+                &progress,
+            )
+        }
         (_, Some(artifact)) => {
             let request = cardproof::measurement::ArtifactRequest {
                 artifact,
@@ -285,6 +397,13 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
     }
     match result {
         Ok(document) => {
+            let document = match record_hub_pins(document, &config.out) {
+                Ok(d) => d,
+                Err(e) => {
+                    printer.error(&e)?;
+                    return Ok(EXIT_BAD_INPUT);
+                }
+            };
             printer.model_measurement(&document, &config.out)?;
             Ok(0)
         }
@@ -297,6 +416,28 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
 
 fn verify(config: &VerifyConfig) -> io::Result<u8> {
     let printer = Printer::new(config.output);
+    let hub_paths = [Some(&config.path), config.reference.as_ref()];
+    if hub_paths
+        .iter()
+        .flatten()
+        .any(|p| cardproof::hub::HfSource::from_path(p).is_some())
+    {
+        let resolved = (|| {
+            let mut c = config.clone();
+            c.path = local_path(&printer, &config.path, "candidate")?;
+            if let Some(r) = &config.reference {
+                c.reference = Some(local_path(&printer, r, "reference")?);
+            }
+            Ok::<_, cardproof::Error>(c)
+        })();
+        return match resolved {
+            Ok(c) => verify(&c),
+            Err(e) => {
+                printer.error(&e)?;
+                Ok(EXIT_BAD_INPUT)
+            }
+        };
+    }
     let key = match signing_key(&printer, config.key.as_deref()) {
         Ok(key) => key,
         Err(e) => {
@@ -328,6 +469,7 @@ fn verify(config: &VerifyConfig) -> io::Result<u8> {
                 eval_text: config.eval_text.as_deref(),
                 threads: config.threads,
                 noise_floor: config.noise_floor,
+                transformers: config.transformers.as_ref(),
             },
             &|stage: &str| {
                 if let Some(bar) = &bar {
@@ -341,6 +483,12 @@ fn verify(config: &VerifyConfig) -> io::Result<u8> {
                 }
             },
         )?;
+        let mut outcome = outcome;
+        let pins = hub_pins_json();
+        if !pins.is_empty() {
+            // Signed with the rest: which Hub commit the verified files came from.
+            outcome.report["hub_sources"] = serde_json::Value::Array(pins);
+        }
         let written = cardproof::verify::write::write_outputs(&config.out, &outcome, &key)?;
         Ok::<_, cardproof::Error>((outcome, written))
     });
@@ -487,6 +635,19 @@ fn card(args: &cli::CardArgs) -> io::Result<u8> {
         let into = match &args.into {
             Some(p) => p.clone(),
             None => {
+                // A Hub candidate was measured from the Hugging Face cache, which must never be
+                // written to (its snapshot would then differ from the Hub).
+                if let Some(repo) = measurement["candidate"]["hub"]["repo"].as_str() {
+                    return Err(cardproof::Error::malformed(
+                        &args.measurement,
+                        Some("candidate.hub"),
+                        format!(
+                            "the candidate was measured from hf:{repo}; pass --into with the \
+                             card of your local clone (cardproof never writes into the Hugging \
+                             Face cache)"
+                        ),
+                    ));
+                }
                 let candidate = measurement["candidate"]["path"].as_str().ok_or_else(|| {
                     cardproof::Error::malformed(
                         &args.measurement,
@@ -636,4 +797,201 @@ fn export(args: &cli::ExportArgs, p: config::ProtocolConfig) -> io::Result<u8> {
             Ok(EXIT_BAD_INPUT)
         }
     }
+}
+
+/// The Hub client for this command, from the environment (`HF_ENDPOINT`, `HF_TOKEN`, ...).
+fn hub_client() -> cardproof::hub::Client {
+    cardproof::hub::Client::new(cardproof::hub::HubConfig::from_env())
+}
+
+/// Make the selected files of a Hub source present and verified in the Hugging Face cache, with
+/// a download progress bar on a terminal, and say which commit was used.
+fn materialize(
+    printer: &Printer,
+    client: &cardproof::hub::Client,
+    source: &cardproof::hub::HfSource,
+    select: Select<'_>,
+) -> cardproof::Result<cardproof::hub::snapshot::Snapshot> {
+    let bar = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        .then(|| printer::progress_bar(printer::DOWNLOAD_PROGRESS));
+    let progress = |done: u64, total: u64| {
+        if let Some(bar) = &bar {
+            bar.set_length(total);
+            bar.set_position(done);
+        }
+    };
+    let result = cardproof::hub::snapshot::materialize(client, source, select, &progress);
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let snapshot = result?;
+    printer.note(&format!(
+        "{source} is commit {} ({}; {} file(s) downloaded and verified, the rest from the cache {})",
+        snapshot.pinned.revision,
+        if client.config().offline {
+            "offline"
+        } else {
+            "pinned"
+        },
+        snapshot.downloaded.len(),
+        snapshot.dir.display()
+    ));
+    Ok(snapshot)
+}
+
+/// A Hub source resolved for this command: its role, the source as given and the commit.
+struct HubPin {
+    role: &'static str,
+    source: cardproof::hub::HfSource,
+    commit: String,
+}
+
+/// The Hub sources this command resolved. One command runs per process, so a global carries
+/// them past the local code (which sees only snapshot folders) into the outputs.
+static HUB_PINS: std::sync::Mutex<Vec<HubPin>> = std::sync::Mutex::new(Vec::new());
+
+fn hub_pins_json() -> Vec<serde_json::Value> {
+    HUB_PINS
+        .lock()
+        .map(|pins| {
+            pins.iter()
+                .map(|p| {
+                    serde_json::json!({
+                        "role": p.role,
+                        "repo": p.source.repo,
+                        "revision": p.source.revision,
+                        "commit": p.commit,
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Record the pinned commits of Hub models in a measurement: beside each model's identity
+/// (`hub`) and as `repo`/`revision` of the ready `fidelity:` block; rewrites measurement.json.
+fn record_hub_pins(
+    mut document: serde_json::Value,
+    out: &std::path::Path,
+) -> cardproof::Result<serde_json::Value> {
+    let Ok(pins) = HUB_PINS.lock() else {
+        return Ok(document);
+    };
+    if pins.is_empty() {
+        return Ok(document);
+    }
+    for pin in pins.iter() {
+        let pinned = serde_json::json!({
+            "repo": pin.source.repo,
+            "revision": pin.source.revision,
+            "commit": pin.commit,
+        });
+        if document[pin.role].is_object() {
+            document[pin.role]["hub"] = pinned;
+        }
+        if document["fidelity"][pin.role].is_object() {
+            document["fidelity"][pin.role]["repo"] = pin.source.repo.clone().into();
+            document["fidelity"][pin.role]["revision"] = pin.commit.clone().into();
+        }
+    }
+    let path = out.join("measurement.json");
+    let text = serde_json::to_string_pretty(&document)
+        .map_err(|e| cardproof::Error::malformed(&path, None, format!("cannot encode: {e}")))?;
+    cardproof::measurement::write_atomically(&path, format!("{text}\n").as_bytes())?;
+    Ok(document)
+}
+
+/// A path for the local code: a Hub source becomes its verified snapshot folder (all files),
+/// and its commit is remembered for the outputs.
+fn local_path(
+    printer: &Printer,
+    path: &std::path::Path,
+    role: &'static str,
+) -> cardproof::Result<std::path::PathBuf> {
+    match cardproof::hub::HfSource::from_path(path) {
+        Some(source) => {
+            let source = source?;
+            let snapshot = materialize(printer, &hub_client(), &source, Select::All)?;
+            if let Ok(mut pins) = HUB_PINS.lock() {
+                pins.push(HubPin {
+                    role,
+                    source,
+                    commit: snapshot.pinned.revision.clone(),
+                });
+            }
+            Ok(snapshot.dir)
+        }
+        None => Ok(path.to_owned()),
+    }
+}
+
+/// `inspect hf:...`: headers only by Range requests; offline, the cached snapshot.
+fn inspect_hub(
+    printer: &Printer,
+    source: &cardproof::hub::HfSource,
+) -> cardproof::Result<Vec<cardproof::checkpoint::inspect::Inspection>> {
+    let client = hub_client();
+    if client.config().offline {
+        let snapshot = materialize(printer, &client, source, Select::All)?;
+        return cardproof::checkpoint::inspect::inspect_path(&snapshot.dir);
+    }
+    let info = client.repo_info(source)?;
+    let pinned = source.at(&info.sha);
+    let remote = cardproof::hub::remote::inspect_remote(&client, &pinned, &info)?;
+    printer.note(&format!(
+        "{source} is commit {}: fetched {} of {} bytes",
+        info.sha,
+        client.bytes_fetched(),
+        info.total_size()
+    ));
+    Ok(remote.inspections)
+}
+
+fn check(args: &cli::CheckArgs) -> io::Result<u8> {
+    let printer = Printer::new(Output::from_args(&args.output));
+    let result = (|| {
+        let source = cardproof::hub::HfSource::parse(&args.source)?;
+        let key = args
+            .public_key
+            .as_deref()
+            .map(cardproof::attest::read_verifying_key)
+            .transpose()?;
+        cardproof::hub::check::check(&hub_client(), &source, key.as_ref())
+    })();
+    match result {
+        Ok(report) => {
+            printer.check(&report)?;
+            Ok(if report.errors() > 0 {
+                EXIT_FINDINGS
+            } else {
+                0
+            })
+        }
+        Err(e) => {
+            printer.error(&e)?;
+            Ok(EXIT_BAD_INPUT)
+        }
+    }
+}
+
+/// The output settings of a command that was given `--format sarif` but cannot print SARIF.
+fn sarif_misused(command: &Command) -> Option<Output> {
+    let output = match command {
+        Command::Lint(_) | Command::Check(_) | Command::Schema => return None,
+        Command::Inspect(a) => &a.output,
+        Command::Hash(a) => &a.output,
+        Command::Kld(a) => &a.output,
+        Command::Measure(a) => &a.output,
+        Command::Verify(a) => &a.output,
+        Command::Card(a) => &a.output,
+        Command::Keygen(a) => &a.output,
+        Command::Sign(a) => &a.output,
+        Command::Reference(cli::ReferenceCommand::Export(a)) => &a.output,
+        Command::VerifyReport(a) => &a.output,
+    };
+    let parsed = Output::from_args(output);
+    (parsed.format == config::Format::Sarif).then_some(Output {
+        format: config::Format::Human,
+        ..parsed
+    })
 }

@@ -69,6 +69,15 @@ impl Printer {
                 write_stdout(&render_markdown(card, report))?;
                 self.human_findings(card, report)
             }
+            Format::Sarif => {
+                let results = report
+                    .findings
+                    .iter()
+                    .map(|f| sarif_result(card, f))
+                    .collect();
+                write_stdout(&(serde_json::to_string_pretty(&sarif(results))? + "\n"))?;
+                self.human_findings(card, report)
+            }
             Format::Human => self.human_findings(card, report),
         }
     }
@@ -711,6 +720,21 @@ impl Printer {
 }
 
 impl Printer {
+    /// `measure --sweep`: the sweep document (`--json`) or one line per compared setting.
+    pub fn sweep(&self, doc: &serde_json::Value, out_dir: &std::path::Path) -> io::Result<()> {
+        if self.output.format == Format::Json {
+            let text = serde_json::to_string_pretty(doc).map_err(io::Error::other)?;
+            write_stdout(&format!("{text}\n"))?;
+        } else {
+            write_stdout(&render_sweep(doc))?;
+        }
+        writeln!(
+            io::stderr().lock(),
+            "wrote {}",
+            out_dir.join("sweep.json").display()
+        )
+    }
+
     /// A one-line note on stderr (not an error).
     pub fn note(&self, message: &str) {
         let _ = writeln!(
@@ -888,4 +912,233 @@ impl Printer {
         }
         write_stdout(&out)
     }
+}
+
+/// Template of the download progress bar (`hf:` sources).
+pub const DOWNLOAD_PROGRESS: &str =
+    "{spinner} downloading {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left) {wide_bar}";
+
+/// SARIF's artifact URI for a card: a relative path with forward slashes (what code scanning
+/// resolves against the repository root), a `file://` URI for an absolute path, or the `hf:`
+/// name as it is.
+fn sarif_uri(path: &std::path::Path) -> String {
+    let text = path.to_string_lossy().replace('\\', "/");
+    if path.is_absolute() {
+        format!("file://{text}")
+    } else {
+        text.strip_prefix("./").unwrap_or(&text).to_owned()
+    }
+}
+
+fn sarif_level(severity: Severity) -> &'static str {
+    match severity {
+        Severity::Error => "error",
+        Severity::Warning => "warning",
+    }
+}
+
+/// One SARIF result for a lint finding, with a region from its span (1-based lines, columns in
+/// Unicode code points, as the run's `columnKind` says).
+fn sarif_result(card: &Card, f: &Finding) -> serde_json::Value {
+    let mut location = json!({
+        "physicalLocation": {"artifactLocation": {"uri": sarif_uri(&card.path)}}
+    });
+    if let (Some(line), Some(column)) = (f.line, f.column) {
+        let mut region = json!({"startLine": line, "startColumn": column});
+        if let Some(span) = &f.span {
+            let end = card.line_col(span.end.min(card.text.len()));
+            if (end.line, end.column) > (line, column) {
+                region["endLine"] = json!(end.line);
+                region["endColumn"] = json!(end.column);
+            }
+        }
+        location["physicalLocation"]["region"] = region;
+    }
+    let mut message = f.message.clone();
+    if let Some(pointer) = &f.pointer {
+        message.push_str(&format!(" (at {pointer})"));
+    }
+    json!({
+        "ruleId": f.code.as_str(),
+        "ruleIndex": cardproof::findings::Code::ALL.iter().position(|c| *c == f.code),
+        "level": sarif_level(f.severity),
+        "message": {"text": message},
+        "locations": [location],
+    })
+}
+
+/// A SARIF 2.1.0 log with one run of cardproof; the rules are every lint finding code (so a
+/// result's `ruleIndex` is stable across runs).
+fn sarif(results: Vec<serde_json::Value>) -> serde_json::Value {
+    let rules: Vec<serde_json::Value> = cardproof::findings::Code::ALL
+        .iter()
+        .map(|c| {
+            json!({
+                "id": c.as_str(),
+                "name": c.as_str(),
+                "shortDescription": {"text": format!("cardproof lint finding `{}`", c.as_str())},
+                "helpUri": "https://github.com/cardproof/cardproof#finding-codes",
+                "defaultConfiguration": {"level": sarif_level(c.severity())},
+            })
+        })
+        .collect();
+    json!({
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {
+                "name": "cardproof",
+                "version": env!("CARGO_PKG_VERSION"),
+                "informationUri": "https://github.com/cardproof/cardproof",
+                "rules": rules,
+            }},
+            "columnKind": "unicodeCodePoints",
+            "results": results,
+        }]
+    })
+}
+
+impl Printer {
+    /// `check`'s output: the document (`--json`), SARIF, or the inspection on stdout and the
+    /// findings and a summary on stderr.
+    pub fn check(&self, report: &cardproof::hub::check::CheckReport) -> io::Result<()> {
+        match self.output.format {
+            Format::Json => write_versioned(report)?,
+            Format::Sarif => {
+                let mut results: Vec<serde_json::Value> = Vec::new();
+                if let (Some(card), Some(lint)) = (&report.card_text, &report.card) {
+                    results.extend(lint.findings.iter().map(|f| sarif_result(card, f)));
+                }
+                for f in &report.hub_findings {
+                    results.push(json!({
+                        "ruleId": f.code,
+                        "level": sarif_level(f.severity),
+                        "message": {"text": f.message},
+                        "locations": [{"physicalLocation": {"artifactLocation": {
+                            "uri": format!("{}/README.md", report.source)
+                        }}}],
+                    }));
+                }
+                write_stdout(&(serde_json::to_string_pretty(&sarif(results))? + "\n"))?;
+            }
+            Format::Human | Format::Markdown => {
+                let text: String = report
+                    .inspections
+                    .iter()
+                    .map(|i| render_inspection(i, false, &self.style()))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                write_stdout(&text)?;
+            }
+        }
+        let style = self.style();
+        if let (Some(card), Some(lint)) = (&report.card_text, &report.card) {
+            let mut err = io::stderr().lock();
+            for finding in &lint.findings {
+                writeln!(err, "{}", render_finding(card, finding, &style))?;
+            }
+        }
+        let mut err = io::stderr().lock();
+        for f in &report.hub_findings {
+            writeln!(
+                err,
+                "{}[{}]: {}\n  {} hf:{}@{}\n",
+                style.severity(f.severity),
+                f.code,
+                style.bold(&f.message),
+                style.dim("-->"),
+                report.repo,
+                report.commit
+            )?;
+        }
+        if let Some(r) = &report.report {
+            let signature = match r.signature {
+                "verified" => "signature verified".to_owned(),
+                "failed" => "signature FAILED".to_owned(),
+                _ => "signature not checked (pass --pub KEY)".to_owned(),
+            };
+            writeln!(
+                err,
+                "report {}: {} subjects, keyid(s) {}, {signature}, {}",
+                r.file,
+                r.subjects,
+                r.keyids.join(", "),
+                if r.mismatches.is_empty() {
+                    "subjects match the Hub's digests".to_owned()
+                } else {
+                    format!("{} mismatch(es)", r.mismatches.len())
+                }
+            )?;
+        }
+        let errors = report.errors();
+        let warnings = report.card.as_ref().map_or(0, |c| c.warnings())
+            + report
+                .hub_findings
+                .iter()
+                .filter(|f| f.severity == Severity::Warning)
+                .count();
+        let share = if report.total_bytes > 0 {
+            report.bytes_fetched as f64 / report.total_bytes as f64 * 100.0
+        } else {
+            0.0
+        };
+        let summary = format!(
+            "{} (commit {}): {} {}, {} {}; {} files, {} bytes; fetched {} bytes ({share:.4}%)",
+            report.source,
+            report.commit,
+            errors,
+            plural(errors, "error"),
+            warnings,
+            plural(warnings, "warning"),
+            report.files,
+            report.total_bytes,
+            report.bytes_fetched,
+        );
+        writeln!(err, "{}", style.bold(&summary))
+    }
+}
+
+/// The sweep as a table: per compared setting and context length, the KL and where top-1 flips.
+fn render_sweep(doc: &serde_json::Value) -> String {
+    let mut out = format!(
+        "sweep of {} over {} (the same weights; baseline {}): KL in nats, forward KL(P_baseline || P_other), mean over positions\n\n",
+        doc["knob"].as_str().unwrap_or("?"),
+        doc["model"].as_str().unwrap_or("?"),
+        doc["values"][0].as_str().unwrap_or("?"),
+    );
+    out.push_str("| other | context | positions | kld_mean | kld_p99 | kld_max | top-1 agreement | flips | first flips (position) |\n|---|---|---|---|---|---|---|---|---|\n");
+    for pair in doc["pairs"].as_array().into_iter().flatten() {
+        for run in pair["runs"].as_array().into_iter().flatten() {
+            let first: Vec<String> = run["flips"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .take(5)
+                .map(|f| f["position"].to_string())
+                .collect();
+            let num = |k: &str| run[k].as_f64().map_or("-".into(), |v| format!("{v:.6}"));
+            out.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                pair["other"].as_str().unwrap_or("?"),
+                run["context_length"],
+                run["n_positions"],
+                num("kld_mean"),
+                num("kld_p99"),
+                num("kld_max"),
+                num("top1_agreement"),
+                run["n_flips"],
+                if first.is_empty() {
+                    "none".into()
+                } else {
+                    first.join(", ")
+                },
+            ));
+        }
+    }
+    if let Some(f) = doc["noise_floor_kld_mean"].as_f64() {
+        out.push_str(&format!(
+            "\ncross-kernel noise floor (largest kld_mean above): {f:.6} nats\n"
+        ));
+    }
+    out
 }

@@ -1,0 +1,923 @@
+#!/usr/bin/env python3
+"""cardproof's transformers runner: per-position KLD records from two models on the user's GPU.
+
+cardproof starts this program as a subprocess:
+
+    python3 runners/transformers_runner.py REQUEST.json
+
+and reads back what it writes: one safetensors file of per-position records per run (context
+length) under the request's `result_dir`, and a JSON record of what actually ran (or a structured
+error) at `record_path`. Progress goes to stderr as lines `{"cardproof_progress": ...}`. The
+request and record formats are documented in docs/transformers-runner.md; cardproof checks every
+field it reads, so a change here without a change there is an error, not a wrong number.
+
+What it does, per window: chunked prefill of each model to its final hidden states with the KV
+cache kept (full-sequence logits are never formed), the output head applied only at the scored
+rows, a chunk of rows at a time, and the reduction on the device in float64 (design.md's numerics
+rules): log-softmax of each row with its maximum subtracted, the log-ratio formed and summed in
+float64, forward and reverse KL, first-index top-1, NLL of the true next token. The statistics
+are cardproof's (the `measure` module); this program only produces the records.
+
+Dependencies: torch and transformers (accelerate for `device: auto`), safetensors. Nothing else.
+Only safetensors checkpoints are loaded, and `trust_remote_code` stays off unless the request
+says otherwise (the user's `--trust-remote-code`).
+"""
+
+import json
+import math
+import os
+import struct
+import sys
+import time
+import traceback
+
+PROTOCOL = 1
+# Bytes kept free on each device beyond the plan (allocator fragmentation, cuBLAS workspaces).
+MARGIN = 0.08
+
+
+class RunnerError(Exception):
+    """An error with a kind cardproof maps to its own message (never a traceback to the user)."""
+
+    def __init__(self, kind, message):
+        super().__init__(message)
+        self.kind = kind
+
+
+def progress(stage, done=None, total=None):
+    line = {"cardproof_progress": stage}
+    if done is not None:
+        line["done"] = done
+        line["total"] = total
+    sys.stderr.write(json.dumps(line) + "\n")
+    sys.stderr.flush()
+
+
+def write_json(path, doc):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Request
+
+
+def require(cond, message):
+    if not cond:
+        raise RunnerError("bad_request", message)
+
+
+def read_request(path):
+    try:
+        with open(path) as f:
+            req = json.load(f)
+    except (OSError, ValueError) as e:
+        raise RunnerError("bad_request", f"cannot read the request {path}: {e}")
+    require(isinstance(req, dict), "the request is not a JSON object")
+    require(
+        req.get("protocol") == PROTOCOL,
+        f"request protocol {req.get('protocol')!r}, this runner speaks {PROTOCOL}",
+    )
+    for key in ("models", "runs", "result_dir", "record_path", "vocab_size"):
+        require(key in req, f"the request has no {key!r}")
+    for side in ("reference", "candidate"):
+        m = req["models"].get(side)
+        require(isinstance(m, dict) and isinstance(m.get("path"), str), f"models.{side}.path missing")
+    require(isinstance(req["vocab_size"], int) and req["vocab_size"] > 0, "vocab_size must be a positive integer")
+    for i, run in enumerate(req["runs"]):
+        for key in ("context_length", "tokens_file", "n_windows", "rows"):
+            require(key in run, f"runs[{i}] has no {key!r}")
+        length = run["context_length"]
+        require(isinstance(length, int) and length >= 2, f"runs[{i}].context_length must be >= 2")
+        rows = run["rows"]
+        require(
+            all(isinstance(r, int) and 0 <= r <= length - 2 for r in rows) and rows == sorted(set(rows)) and rows,
+            f"runs[{i}].rows must be increasing row indices in 0..={length - 2}",
+        )
+    return req
+
+
+def read_tokens(path, n_windows, length):
+    size = os.path.getsize(path)
+    if size != n_windows * length * 4:
+        raise RunnerError(
+            "bad_request",
+            f"{path} holds {size} bytes, expected {n_windows} windows x {length} tokens x 4 bytes",
+        )
+    with open(path, "rb") as f:
+        data = f.read()
+    return [list(struct.unpack_from(f"<{length}I", data, w * length * 4)) for w in range(n_windows)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+
+
+def torch_dtype(torch, name):
+    table = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    if name not in table:
+        raise RunnerError("bad_request", f"dtype {name!r} is not one of {sorted(table)}")
+    return table[name]
+
+
+def checkpoint_files(path):
+    """The safetensors files of a checkpoint directory; refuses anything that would need pickle."""
+    if not os.path.isdir(path):
+        raise RunnerError("bad_model", f"{path}: not a directory (the transformers runner loads safetensors checkpoint directories)")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        raise RunnerError("bad_model", f"{path}: no config.json")
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        ggufs = [f for f in os.listdir(path) if f.endswith(".gguf")]
+        hint = " (GGUF checkpoints run with --runner native)" if ggufs else ""
+        raise RunnerError("bad_model", f"{path}: no .safetensors file{hint}")
+    return [os.path.join(path, f) for f in files]
+
+
+def safetensors_header(path):
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise RunnerError("bad_model", f"{path}: shorter than a safetensors header")
+        (n,) = struct.unpack("<Q", head)
+        if n > 100_000_000:
+            raise RunnerError("bad_model", f"{path}: safetensors header of {n} bytes is over the 100 MB cap")
+        try:
+            return json.loads(f.read(n))
+        except ValueError as e:
+            raise RunnerError("bad_model", f"{path}: safetensors header is not JSON: {e}")
+
+
+FLOAT_DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
+
+
+def weight_bytes(path, dtype_size):
+    """Bytes the weights take once loaded: float tensors at the compute dtype, the rest as stored."""
+    total = 0
+    for file in checkpoint_files(path):
+        for name, t in safetensors_header(file).items():
+            if name == "__metadata__":
+                continue
+            numel = math.prod(t["shape"]) if t["shape"] else 1
+            stored = t["data_offsets"][1] - t["data_offsets"][0]
+            total += numel * dtype_size if t["dtype"] in FLOAT_DTYPES and t["dtype"] != "F8_E4M3" else stored
+    return total
+
+
+def read_config(path, whole=False):
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    return cfg if whole else cfg.get("text_config", cfg)
+
+
+def load_model(torch, transformers, spec, dtype, device, trust_remote_code):
+    checkpoint_files(spec["path"])
+    kwargs = dict(
+        dtype=dtype,
+        attn_implementation=spec.get("attn_implementation", "sdpa"),
+        use_safetensors=True,
+        trust_remote_code=bool(trust_remote_code),
+    )
+    if device != "cpu":
+        kwargs["device_map"] = device
+    qc = read_config(spec["path"], whole=True).get("quantization_config") or {}
+    if qc.get("quant_method") == "compressed-tensors":
+        # transformers runs compressed-tensors checkpoints "compressed" only with kernels for the
+        # scheme; decompressing at load (weights dequantized into the compute dtype) runs every
+        # scheme and is what is recorded (`run_compressed: false`).
+        try:
+            kwargs["quantization_config"] = transformers.CompressedTensorsConfig(run_compressed=False)
+        except (AttributeError, TypeError, ImportError) as e:
+            raise RunnerError("load_failed", f"{spec['path']}: compressed-tensors checkpoint, but this transformers cannot decompress it: {e}")
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(spec["path"], **kwargs)
+    except (ValueError, ImportError, OSError, KeyError) as e:
+        raise RunnerError("load_failed", f"{spec['path']}: transformers could not load it: {type(e).__name__}: {e}")
+    model.eval()
+    return model
+
+
+def attn_used(model):
+    return getattr(model.config, "_attn_implementation", None) or "unknown"
+
+
+def set_attention(model, impl):
+    if attn_used(model) == impl:
+        return
+    setter = getattr(model, "set_attn_implementation", None)
+    if setter is None:
+        raise RunnerError("unsupported", f"this transformers cannot switch attention to {impl} on a loaded model")
+    setter(impl)
+    if attn_used(model) != impl:
+        raise RunnerError("unsupported", f"attention {impl} was asked for but {attn_used(model)} is in use")
+
+
+def input_device(model):
+    emb = model.get_input_embeddings()
+    return emb.weight.device
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward pass and reduction
+
+
+def prefill(torch, transformers, model, ids, keep, chunk):
+    """Final hidden states at rows `keep` (a sorted LongTensor on the CPU) of one window, by
+    chunked prefill with the KV cache kept. Returns [len(keep), hidden] on the head's device."""
+    base = model.base_model
+    dev = input_device(model)
+    ids_t = torch.tensor(ids, dtype=torch.long, device=dev)[None]
+    try:
+        cache = transformers.DynamicCache(config=model.config)
+    except TypeError:
+        cache = transformers.DynamicCache()
+    head_dev = model.get_output_embeddings().weight.device
+    out = []
+    n = ids_t.shape[1]
+    with torch.inference_mode():
+        if chunk >= n:
+            # The whole window in one pass, as the engine's own prefill runs it (no cache kept).
+            h = base(input_ids=ids_t, use_cache=False).last_hidden_state[0]
+            return h.index_select(0, keep.to(h.device)).to(head_dev)
+        for start in range(0, n, chunk):
+            end = min(n, start + chunk)
+            # Positions come from the cache's length, as in the model's own generate().
+            h = base(
+                input_ids=ids_t[:, start:end],
+                past_key_values=cache,
+                use_cache=True,
+            ).last_hidden_state[0]
+            lo = torch.searchsorted(keep, start)
+            hi = torch.searchsorted(keep, end)
+            if hi > lo:
+                sel = (keep[lo:hi] - start).to(h.device)
+                out.append(h.index_select(0, sel).to(head_dev))
+            del h
+    del cache
+    return torch.cat(out, 0)
+
+
+def head_logits(torch, model, hidden):
+    """The output head on some rows, exactly as the model's own forward applies it."""
+    with torch.inference_mode():
+        logits = model.get_output_embeddings()(hidden)
+        cap = getattr(model.config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+_TRITON_KERNEL = None
+
+
+def triton_kernel():
+    """The fused row reduction (one read of both logit rows, everything accumulated in float64),
+    compiled on first use; None where Triton is missing (the torch path then runs)."""
+    global _TRITON_KERNEL
+    if _TRITON_KERNEL is not None:
+        return _TRITON_KERNEL or None
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        _TRITON_KERNEL = False
+        return None
+
+    @triton.jit
+    def kl_rows(a_ptr, b_ptr, stride, vocab, out_ptr, top_ptr, BLOCK: tl.constexpr):
+        # One program per row, BLOCK lanes, each lane with its own online maximum (its sums
+        # rescaled when its maximum grows), joined at the end: each row is read once. Per lane:
+        # s = sum e^(x - m), t = sum e^(x - m) (a - b), all float64; c = a - b is formed from
+        # float64 upcasts (exact).
+        row = tl.program_id(0).to(tl.int64)
+        a_row = a_ptr + row * stride
+        b_row = b_ptr + row * stride
+        lanes = tl.arange(0, BLOCK)
+        neg = float("-inf")
+        m_a = tl.full([BLOCK], neg, tl.float64)
+        m_b = tl.full([BLOCK], neg, tl.float64)
+        s_a = tl.zeros([BLOCK], tl.float64)
+        s_b = tl.zeros([BLOCK], tl.float64)
+        t_a = tl.zeros([BLOCK], tl.float64)
+        t_b = tl.zeros([BLOCK], tl.float64)
+        arg_a = tl.zeros([BLOCK], tl.int32)
+        arg_b = tl.zeros([BLOCK], tl.int32)
+        nan_seen = tl.zeros([BLOCK], tl.int32)
+        for start in range(0, vocab, BLOCK):
+            offs = start + lanes
+            inside = offs < vocab
+            a = tl.load(a_row + offs, mask=inside, other=neg).to(tl.float64)
+            b = tl.load(b_row + offs, mask=inside, other=neg).to(tl.float64)
+            nan_seen += ((a != a) | (b != b)).to(tl.int32)
+            # Strictly greater: a lane keeps the first index of its maximum.
+            arg_a = tl.where(a > m_a, offs, arg_a)
+            arg_b = tl.where(b > m_b, offs, arg_b)
+            new_a = tl.maximum(m_a, a)
+            new_b = tl.maximum(m_b, b)
+            # exp(-inf - -inf) would be NaN while a lane has seen only -inf: factor 1 then.
+            ra = tl.where(new_a == neg, 1.0, tl.exp(m_a - new_a))
+            rb = tl.where(new_b == neg, 1.0, tl.exp(m_b - new_b))
+            ea = tl.where(a == neg, 0.0, tl.exp(a - new_a))
+            eb = tl.where(b == neg, 0.0, tl.exp(b - new_b))
+            c = a - b
+            # p = 0 contributes nothing; mass against a -inf is infinite.
+            ta = tl.where(a == neg, 0.0, tl.where(b == neg, float("inf"), ea * c))
+            tb = tl.where(b == neg, 0.0, tl.where(a == neg, neg, eb * c))
+            s_a = s_a * ra + ea
+            s_b = s_b * rb + eb
+            t_a = t_a * ra + ta
+            t_b = t_b * rb + tb
+            m_a = new_a
+            m_b = new_b
+        big_a = tl.max(m_a, 0)
+        big_b = tl.max(m_b, 0)
+        fa = tl.where(m_a == neg, 0.0, tl.exp(m_a - big_a))
+        fb = tl.where(m_b == neg, 0.0, tl.exp(m_b - big_b))
+        sa = tl.sum(s_a * fa, 0)
+        sb = tl.sum(s_b * fb, 0)
+        ta_sum = tl.sum(tl.where(fa == 0.0, 0.0, t_a * fa), 0)
+        tb_sum = tl.sum(tl.where(fb == 0.0, 0.0, t_b * fb), 0)
+        top_a = tl.min(tl.where(m_a == big_a, arg_a, 2147483647), 0)
+        top_b = tl.min(tl.where(m_b == big_b, arg_b, 2147483647), 0)
+        lse_a = big_a + tl.log(sa)
+        lse_b = big_b + tl.log(sb)
+        shift = lse_a - lse_b
+        o = out_ptr + row * 6
+        tl.store(o + 0, ta_sum / sa - shift)
+        tl.store(o + 1, shift - tb_sum / sb)
+        tl.store(o + 2, lse_a)
+        tl.store(o + 3, lse_b)
+        tl.store(o + 4, big_a)
+        tl.store(o + 5, tl.sum(nan_seen, 0).to(tl.float64))
+        tl.store(top_ptr + row * 2 + 0, top_a)
+        tl.store(top_ptr + row * 2 + 1, top_b)
+
+    _TRITON_KERNEL = kl_rows
+    return kl_rows
+
+
+def reduce_rows_fused(torch, la, lb, tokens, vocab):
+    """`reduce_rows` in one fused Triton kernel per block of rows: the same records, to float64
+    rounding (checked against the torch path by runners/gpu/check_reduction.py)."""
+    kernel = triton_kernel()
+    la = la.contiguous()
+    lb = lb.contiguous()
+    rows = la.shape[0]
+    out = torch.empty((rows, 6), dtype=torch.float64, device=la.device)
+    top = torch.empty((rows, 2), dtype=torch.int32, device=la.device)
+    kernel[(rows,)](la, lb, la.stride(0), vocab, out, top, BLOCK=1024)
+    fwd, rev, lse_a, lse_b, max_a, nan_seen = out.unbind(1)
+    inf = float("inf")
+    bad = (nan_seen > 0) | (max_a == inf) | (max_a == -inf) | torch.isinf(lse_b) | torch.isnan(lse_b)
+    a_t = la[:, :vocab].gather(1, tokens.clamp(min=0)[:, None])[:, 0].double()
+    b_t = lb[:, :vocab].gather(1, tokens.clamp(min=0)[:, None])[:, 0].double()
+    known = tokens >= 0
+    nan = torch.full_like(lse_a, float("nan"))
+    return {
+        "forward": torch.where(bad, nan, fwd).clamp(min=0.0),
+        "reverse": torch.where(bad, nan, rev).clamp(min=0.0),
+        "ref_top1": top[:, 0].contiguous(),
+        "cand_top1": top[:, 1].contiguous(),
+        "ref_top1_prob": (max_a - lse_a).exp(),
+        "nll_ref": torch.where(known, lse_a - a_t, nan),
+        "nll_cand": torch.where(known, lse_b - b_t, nan),
+        "finite": (~bad).to(torch.uint8),
+    }
+
+
+def reduce_rows(torch, la, lb, tokens, vocab):
+    """Per-row records of two logit blocks [R, V] (any float dtype, upcast exactly to float64):
+    forward and reverse KL (nats), first-index top-1, the reference's top-1 probability, NLLs of
+    `tokens` (a LongTensor on the logits' device, -1 where unknown), and whether the row is
+    finite (no NaN or +inf, not every entry -inf). Padded entries beyond `vocab` are dropped.
+
+    With c = a - b formed in float64 (exact: both are float64 upcasts) and the normalizers
+    Z = sum e^(x - max) in float64:
+        KL(P||Q) = sum_i p_i c_i - (lse_a - lse_b),   KL(Q||P) = -sum_i q_i c_i + (lse_a - lse_b)
+    The subtraction loses only f64 digits (1e-16 times the spread of c): far below 1e-6 of any
+    KL that matters, and it keeps the passes over memory few (a handful per row, each a fused
+    kernel). Rows holding -inf (masked tokens) take `reduce_masked`, which treats 0 log 0 as 0."""
+    a = la[:, :vocab].double()
+    b = lb[:, :vocab].double()
+    max_a, top_a = a.max(1)  # first index of the maximum (torch documents it); NaN propagates
+    max_b, top_b = b.max(1)
+    inf = float("inf")
+    bad = torch.isnan(max_a) | torch.isnan(max_b) | (max_a == inf) | (max_b == inf) | (max_a == -inf) | (max_b == -inf)
+    if bool(torch.isneginf(a).any()) or bool(torch.isneginf(b).any()):
+        return reduce_masked(torch, a, b, max_a, top_a, max_b, top_b, bad, tokens)
+    safe_a = torch.where(bad, torch.zeros_like(max_a), max_a)
+    safe_b = torch.where(bad, torch.zeros_like(max_b), max_b)
+    ea = torch.exp(a - safe_a[:, None])
+    eb = torch.exp(b - safe_b[:, None])
+    za = ea.sum(1)
+    zb = eb.sum(1)
+    lse_a = safe_a + za.log()
+    lse_b = safe_b + zb.log()
+    c = a - b
+    # Row-wise dot products in one pass each (batched matrix products in float64).
+    pc = torch.bmm(ea[:, None, :], c[:, :, None])[:, 0, 0] / za
+    qc = torch.bmm(eb[:, None, :], c[:, :, None])[:, 0, 0] / zb
+    shift = lse_a - lse_b
+    fwd = pc - shift
+    rev = shift - qc
+    return finish_records(torch, a, b, fwd, rev, top_a, top_b, max_a, lse_a, lse_b, bad, tokens)
+
+
+def reduce_masked(torch, a, b, max_a, top_a, max_b, top_b, bad, tokens):
+    """`reduce_rows` for rows with -inf entries: log-probabilities, terms with p = 0 dropped, and
+    +inf where one side has mass the other has not."""
+    lse_a = torch.logsumexp(a, 1)
+    lse_b = torch.logsumexp(b, 1)
+    lp = a - lse_a[:, None]
+    lq = b - lse_b[:, None]
+    d = lp - lq
+    p = lp.exp()
+    q = lq.exp()
+    a_masked = torch.isneginf(a)
+    b_masked = torch.isneginf(b)
+    inf = torch.tensor(float("inf"), dtype=torch.float64, device=a.device)
+    zero = torch.zeros((), dtype=torch.float64, device=a.device)
+    fwd = torch.where(a_masked, zero, torch.where(b_masked, inf, p * d)).sum(1)
+    rev = torch.where(b_masked, zero, torch.where(a_masked, inf, q * -d)).sum(1)
+    return finish_records(torch, a, b, fwd, rev, top_a, top_b, max_a, lse_a, lse_b, bad, tokens)
+
+
+def finish_records(torch, a, b, fwd, rev, top_a, top_b, max_a, lse_a, lse_b, bad, tokens):
+    known = tokens >= 0
+    t = tokens.clamp(min=0)[:, None]
+    nan = torch.full_like(lse_a, float("nan"))
+    nll_a = torch.where(known, lse_a - a.gather(1, t)[:, 0], nan)
+    nll_b = torch.where(known, lse_b - b.gather(1, t)[:, 0], nan)
+    return {
+        "forward": fwd.clamp(min=0.0),
+        "reverse": rev.clamp(min=0.0),
+        "ref_top1": top_a.int(),
+        "cand_top1": top_b.int(),
+        "ref_top1_prob": (max_a - lse_a).exp(),
+        "nll_ref": nll_a,
+        "nll_cand": nll_b,
+        "finite": (~bad).to(torch.uint8),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory plan
+
+
+def plan_memory(torch, req, cfg, weights, dtype_size, chunk):
+    """Bytes each part of the run needs at its peak for prefill chunks of `chunk` tokens (a chunk
+    as long as the window is one pass without a cache, the engine's plain prefill)."""
+    hidden = cfg.get("hidden_size", 0)
+    layers = cfg.get("num_hidden_layers", 0)
+    heads = cfg.get("num_attention_heads", 1)
+    kv_heads = cfg.get("num_key_value_heads", heads) or heads
+    head_dim = cfg.get("head_dim") or (hidden // max(heads, 1))
+    inter = cfg.get("intermediate_size", 4 * hidden)
+    vocab_width = cfg.get("vocab_size", req["vocab_size"])
+    longest = max(r["context_length"] for r in req["runs"])
+    most_rows = max(len(r["rows"]) for r in req["runs"])
+    chunk = min(chunk, longest)
+    eager = any(m.get("attn_implementation") == "eager" for m in req["models"].values())
+    whole = chunk >= longest
+    # One pass keeps one layer's keys and values at a time; chunks keep every layer's (the cache).
+    kv = 2 * (1 if whole else layers) * kv_heads * head_dim * longest * dtype_size
+    # Per layer at once: the chunk's activations (MLP intermediate x3, a few hidden-sized
+    # tensors) and the attention's working set: for sdpa the mask a cache needs (none for one
+    # causal pass, which takes the flash kernel); for eager the scores, twice.
+    act = chunk * (3 * inter + 6 * hidden) * dtype_size
+    attn = chunk * longest * (heads * 6 if eager else (0 if whole else 2))
+    head_rows = req.get("head_rows") or 0
+    per_row = vocab_width * (2 * dtype_size + 6 * 8)
+    if not head_rows:
+        # Large enough that launches do not dominate, small beside the weights: 6 GiB at most.
+        head_rows = max(16, min(2048, (6 << 30) // max(1, per_row)))
+    # Head chunk: two logit blocks in the model dtype and about six float64 temporaries.
+    head = head_rows * per_row
+    kept = most_rows * hidden * dtype_size
+    plans = {
+        "weights": weights,
+        "kv_cache": kv,
+        "activations": act + attn,
+        "head_chunk": head,
+        "kept_hidden": 2 * kept,
+        "chunk_size": chunk,
+        "head_rows": head_rows,
+    }
+    side = weights["reference"] + weights["candidate"] + kv + act + attn + head + 2 * kept
+    seq = max(weights["reference"], weights["candidate"]) + kv + act + attn + head + 2 * kept
+    plans["side_by_side_bytes"] = side
+    plans["sequential_bytes"] = seq
+    return plans
+
+
+def free_bytes(torch, device):
+    if device == "cpu":
+        try:
+            pages = os.sysconf("SC_AVPHYS_PAGES")
+            return pages * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            return None
+    total = 0
+    if device == "auto":
+        for i in range(torch.cuda.device_count()):
+            total += torch.cuda.mem_get_info(i)[0]
+        return total
+    idx = torch.device(device).index or 0
+    return torch.cuda.mem_get_info(idx)[0]
+
+
+def human(n):
+    return f"{n / 2**30:.1f} GiB"
+
+
+def choose_plan(torch, req, cfg, weights, dtype_size):
+    """The plan and mode: the asked chunk size, or (by default) the whole window when it fits,
+    else the longest power-of-two chunk that does (down to 256 tokens)."""
+    longest = max(r["context_length"] for r in req["runs"])
+    asked = req.get("chunk_size") or 0
+    limit = req.get("memory_limit_bytes")
+    device = req.get("device", "cuda")
+    free = limit if limit is not None else free_bytes(torch, device)
+    chunks = [asked] if asked else [longest] + [c for c in (1 << k for k in range(20, 7, -1)) if c < longest]
+    error = None
+    for chunk in chunks:
+        plan = plan_memory(torch, req, cfg, weights, dtype_size, chunk)
+        plan["free_bytes"] = free
+        try:
+            return plan, choose_mode(req, plan, free, device)
+        except RunnerError as e:
+            error = e
+    raise error
+
+
+def choose_mode(req, plan, free, device):
+    wanted = req.get("mode", "auto")
+    if free is None:
+        return "side_by_side" if wanted == "auto" else wanted
+    budget = free * (1 - MARGIN)
+    side, seq = plan["side_by_side_bytes"], plan["sequential_bytes"]
+    if wanted in ("auto", "side_by_side") and side <= budget:
+        return "side_by_side"
+    if wanted in ("auto", "sequential") and seq <= budget:
+        return "sequential"
+    need = seq if wanted != "side_by_side" else side
+    w = plan["weights"]
+    parts = (
+        f"weights {human(w['reference'])} + {human(w['candidate'])}, KV cache {human(plan['kv_cache'])}, "
+        f"activations {human(plan['activations'])} at chunk {plan['chunk_size']}, "
+        f"head chunk {human(plan['head_chunk'])} at {plan['head_rows']} rows"
+    )
+    advice = []
+    if plan["activations"] > 0.2 * need:
+        advice.append("a smaller --chunk-size")
+    if plan["kv_cache"] > 0.3 * need:
+        advice.append("a shorter --context-length")
+    advice.append("more GPUs with --device auto")
+    raise RunnerError(
+        "out_of_memory_plan",
+        f"the run needs about {human(need)} ({parts}) but {human(free)} is free on {device}; try {', or '.join(advice)}",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def environment(torch, transformers, req, models, timings, plan, mode):
+    env = {
+        "runner": "transformers",
+        "runner_protocol": PROTOCOL,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "device": req.get("device", "cuda"),
+        "dtype": req.get("dtype", "bfloat16"),
+        "tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "cudnn_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "bf16_reduced_precision_reduction": bool(torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction),
+        "fp16_reduced_precision_reduction": bool(torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction),
+        "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
+        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        "chunk_size": plan["chunk_size"],
+        "head_rows": plan["head_rows"],
+        "mode": mode,
+        "memory_plan": plan,
+        "reduction": "float64 on the device: log-ratio a - b of float64 upcasts, normalizers and sums in float64 with the maximum subtracted",
+        "reduction_kernel": plan.get("reduction_kernel"),
+        "timings_s": timings,
+    }
+    try:
+        import accelerate
+
+        env["accelerate"] = accelerate.__version__
+    except ImportError:
+        env["accelerate"] = None
+    if torch.cuda.is_available() and req.get("device", "cuda") != "cpu":
+        gpus = []
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            gpus.append({
+                "index": i,
+                "name": p.name,
+                "compute_capability": f"{p.major}.{p.minor}",
+                "memory_bytes": p.total_memory,
+                "peak_allocated_bytes": torch.cuda.max_memory_allocated(i),
+            })
+        env["gpus"] = gpus
+    else:
+        import platform
+
+        env["gpus"] = []
+        env["cpu"] = platform.processor() or platform.machine()
+        env["threads"] = torch.get_num_threads()
+    env["models"] = models
+    return env
+
+
+def model_record(model, spec):
+    q = getattr(model.config, "quantization_config", None)
+    if q is not None and not isinstance(q, dict):
+        q = q.to_dict() if hasattr(q, "to_dict") else str(q)
+    params = next(model.parameters())
+    return {
+        "path": spec["path"],
+        "attention": attn_used(model),
+        "param_dtype": str(params.dtype).replace("torch.", ""),
+        "logits_dtype": str(model.get_output_embeddings().weight.dtype).replace("torch.", ""),
+        "kv_cache_dtype": str(params.dtype).replace("torch.", ""),
+        "quant_method": (q or {}).get("quant_method") if isinstance(q, dict) else q,
+        "run_compressed": (q or {}).get("run_compressed") if isinstance(q, dict) else None,
+        "device_map": {k: str(v) for k, v in (getattr(model, "hf_device_map", None) or {}).items()} or str(params.device),
+        "architecture": type(model).__name__,
+    }
+
+
+def run(req):
+    t0 = time.perf_counter()
+    try:
+        import torch
+        import transformers
+        from safetensors.torch import save_file
+    except ImportError as e:
+        raise RunnerError("missing_dependency", f"the transformers runner needs torch, transformers and safetensors: {e}")
+    device = req.get("device", "cuda")
+    if device != "cpu" and not torch.cuda.is_available():
+        raise RunnerError("no_gpu", f"device {device!r} asked for but torch sees no CUDA GPU (torch {torch.__version__}, built for CUDA {torch.version.cuda})")
+    tf32 = bool(req.get("tf32", False))
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    if req.get("deterministic"):
+        torch.use_deterministic_algorithms(True)
+    dtype = torch_dtype(torch, req.get("dtype", "bfloat16"))
+    dtype_size = torch.tensor([], dtype=dtype).element_size()
+    specs = req["models"]
+    shared = (
+        specs["candidate"]["path"] == specs["reference"]["path"]
+        and not req.get("load_twice", False)
+    )
+    weights = {
+        "reference": weight_bytes(specs["reference"]["path"], dtype_size),
+        "candidate": 0 if shared else weight_bytes(specs["candidate"]["path"], dtype_size),
+    }
+    cfg = read_config(specs["reference"]["path"])
+    plan, mode = choose_plan(torch, req, cfg, weights, dtype_size)
+    if req.get("plan_only"):
+        return {"environment": {"memory_plan": plan, "mode": mode}, "runs": []}
+    chunk = plan["chunk_size"]
+    head_rows = plan["head_rows"]
+    vocab = req["vocab_size"]
+    runs = []
+    for i, r in enumerate(req["runs"]):
+        runs.append((r, read_tokens(r["tokens_file"], r["n_windows"], r["context_length"])))
+    total_windows = sum(r["n_windows"] for r in req["runs"])
+    timings = {"load": 0.0, "warmup": 0.0, "prefill": 0.0, "head_and_reduce": 0.0, "gates": 0.0}
+    if device != "cpu":
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(i)
+
+    def load(spec):
+        t = time.perf_counter()
+        progress(f"loading {spec['path']}")
+        m = load_model(torch, transformers, spec, dtype, device, req.get("trust_remote_code", False))
+        timings["load"] += time.perf_counter() - t
+        # Warm-up (kernel selection, lazy initialization, the fused kernel's compilation) on a
+        # few tokens, timed apart, so the timings of the real work are the work's.
+        t = time.perf_counter()
+        set_attention(m, spec.get("attn_implementation", "sdpa"))
+        few = list(range(min(64, max(r["context_length"] for r in req["runs"]))))
+        h = prefill(torch, transformers, m, few, torch.arange(len(few) - 1), len(few))
+        logits = head_logits(torch, m, h[:2])
+        reduce(torch, logits, logits, torch.zeros(2, dtype=torch.long, device=logits.device), vocab)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        timings["warmup"] += time.perf_counter() - t
+        return m
+
+    def hidden_of(model, spec, ids, keep):
+        set_attention(model, spec.get("attn_implementation", "sdpa"))
+        t = time.perf_counter()
+        h = prefill(torch, transformers, model, ids, keep, chunk)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        timings["prefill"] += time.perf_counter() - t
+        return h
+
+    dump = req.get("dump")
+    # The fused kernel where Triton runs (CUDA); the torch path elsewhere or when asked.
+    fused = device != "cpu" and req.get("reduction", "auto") != "torch" and triton_kernel() is not None
+    reduce = reduce_rows_fused if fused else reduce_rows
+    plan["reduction_kernel"] = "triton (fused, one read per row)" if fused else "torch"
+
+    def dump_logits(ref_model, h_ref, cand_model, h_cand, targets, rows):
+        """The first rows' logits of both models as `cardproof kld` reads them (f32, exact
+        upcasts of what the head produced), so the device's reduction can be checked against
+        cardproof's own on the same numbers."""
+        n = min(dump["rows"], h_ref.shape[0])
+        la = head_logits(torch, ref_model, h_ref[:n])[:, :vocab].float().cpu()
+        lb = head_logits(torch, cand_model, h_cand[:n])[:, :vocab].float().cpu()
+        os.makedirs(dump["dir"], exist_ok=True)
+        for name, logits in (("reference", la), ("candidate", lb)):
+            save_file(
+                {
+                    "logits": logits.contiguous(),
+                    "tokens": targets[:n].int().contiguous(),
+                    "positions": torch.tensor(rows[:n], dtype=torch.int64),
+                },
+                os.path.join(dump["dir"], f"{name}.logits.safetensors"),
+            )
+
+    def records_of(ref_model, h_ref, cand_model, h_cand, targets, shift=0):
+        """Reduce rows of the kept hidden states, head_rows at a time."""
+        t = time.perf_counter()
+        parts = []
+        n = h_ref.shape[0] - shift
+        for s in range(0, n, head_rows):
+            e = min(n, s + head_rows)
+            la = head_logits(torch, ref_model, h_ref[s:e])
+            lb = head_logits(torch, cand_model, h_cand[s + shift:e + shift])
+            if lb.device != la.device:
+                lb = lb.to(la.device)
+            rec = reduce(torch, la, lb, targets[s:e].to(la.device), vocab)
+            parts.append(rec)
+            del la, lb
+        if device != "cpu":
+            torch.cuda.synchronize()
+        timings["head_and_reduce"] += time.perf_counter() - t
+        return {k: torch.cat([p[k] for p in parts]).cpu() for k in parts[0]}
+
+    gates = None
+    done = 0
+    results = []
+    if mode == "side_by_side":
+        ref_model = load(specs["reference"])
+        cand_model = ref_model if shared else load(specs["candidate"])
+        for ri, (r, windows) in enumerate(runs):
+            keep = torch.tensor(r["rows"], dtype=torch.long)
+            recs = []
+            for w, ids in enumerate(windows):
+                targets = torch.tensor([ids[j + 1] if ids[j + 1] < vocab else -1 for j in r["rows"]], dtype=torch.long)
+                h_ref = hidden_of(ref_model, specs["reference"], ids, keep)
+                h_cand = hidden_of(cand_model, specs["candidate"], ids, keep)
+                recs.append(records_of(ref_model, h_ref, cand_model, h_cand, targets))
+                if dump and ri == 0 and w == 0:
+                    dump_logits(ref_model, h_ref, cand_model, h_cand, targets, r["rows"])
+                if req.get("gates") and gates is None:
+                    gates = run_gates(torch, timings, hidden_of, records_of, ref_model, cand_model, specs, ids, keep, targets, h_ref, h_cand)
+                del h_ref, h_cand
+                done += 1
+                progress("measuring", done, total_windows)
+            results.append(recs)
+    else:
+        # Reference first, its final hidden states at the scored rows kept (on the head's device
+        # when they fit, else in host memory), then the candidate; the reference's output head
+        # stays loaded for the reduction.
+        ref_model = load(specs["reference"])
+        ref_record = model_record(ref_model, specs["reference"])
+        kept = []
+        all_rows = sum(len(r["rows"]) * r["n_windows"] for r in req["runs"])
+        kept_bytes = all_rows * cfg.get("hidden_size", 0) * dtype_size
+        host = device != "cpu" and kept_bytes > 0.25 * (plan.get("free_bytes") or 0)
+        plan["kept_hidden_on_host"] = host
+        for ri, (r, windows) in enumerate(runs):
+            keep = torch.tensor(r["rows"], dtype=torch.long)
+            hs = []
+            for ids in windows:
+                h = hidden_of(ref_model, specs["reference"], ids, keep)
+                hs.append(h.cpu() if host else h)
+                done += 1
+                progress("measuring reference", done, 2 * total_windows)
+            kept.append(hs)
+        ref_head = ref_model.get_output_embeddings()
+        ref_cfg = ref_model.config
+        del ref_model
+        if device != "cpu":
+            torch.cuda.empty_cache()
+
+        class HeadOnly:
+            config = ref_cfg
+
+            @staticmethod
+            def get_output_embeddings():
+                return ref_head
+
+        cand_model = load(specs["candidate"])
+        for ri, (r, windows) in enumerate(runs):
+            keep = torch.tensor(r["rows"], dtype=torch.long)
+            recs = []
+            for w, ids in enumerate(windows):
+                targets = torch.tensor([ids[j + 1] if ids[j + 1] < vocab else -1 for j in r["rows"]], dtype=torch.long)
+                h_ref = kept[ri][w].to(ref_head.weight.device)
+                h_cand = hidden_of(cand_model, specs["candidate"], ids, keep)
+                recs.append(records_of(HeadOnly, h_ref, cand_model, h_cand, targets))
+                if req.get("gates") and gates is None:
+                    gates = {"skipped": "sequential mode keeps one model loaded at a time; the gates need both"}
+                kept[ri][w] = None
+                done += 1
+                progress("measuring candidate", done, 2 * total_windows)
+            results.append(recs)
+
+    os.makedirs(req["result_dir"], exist_ok=True)
+    files = []
+    for ri, ((r, windows), recs) in enumerate(zip(runs, results)):
+        n_rows = len(r["rows"])
+        tensors = {k: torch.cat([x[k] for x in recs]).contiguous() for k in recs[0]}
+        tensors["window"] = torch.arange(len(windows), dtype=torch.int32).repeat_interleave(n_rows)
+        tensors["position"] = torch.tensor(r["rows"], dtype=torch.int64).repeat(len(windows))
+        path = os.path.join(req["result_dir"], f"run{ri}.safetensors")
+        save_file(tensors, path + ".tmp", metadata={"context_length": str(r["context_length"]), "rows": str(len(windows) * n_rows)})
+        os.replace(path + ".tmp", path)
+        files.append({"context_length": r["context_length"], "path": path, "rows": len(windows) * n_rows})
+    timings["total"] = time.perf_counter() - t0
+    if mode == "side_by_side":
+        ref_record = model_record(ref_model, specs["reference"])
+    models = {"reference": ref_record, "candidate": model_record(cand_model, specs["candidate"])}
+    # A shared model switches attention per side: record what each side asked for and got.
+    models["reference"]["attention"] = specs["reference"].get("attn_implementation", "sdpa")
+    models["candidate"]["attention"] = attn_used(cand_model)
+    return {
+        "environment": environment(torch, transformers, req, models, timings, plan, mode),
+        "runs": files,
+        "gates": gates,
+    }
+
+
+def run_gates(torch, timings, hidden_of, records_of, ref_model, cand_model, specs, ids, keep, targets, h_ref, h_cand):
+    """The sanity gates on the first window: the reference run a second time against the first
+    (must give exactly 0), and the candidate's rows shifted by one (must give a large KL)."""
+    t = time.perf_counter()
+    again = hidden_of(ref_model, specs["reference"], ids, keep)
+    same = records_of(ref_model, h_ref, ref_model, again, targets)
+    # Shift: reference row k against candidate row k+1 of the kept rows (consecutive rows when
+    # every row is scored; the gate's point is misalignment, not which rows).
+    shifted = records_of(ref_model, h_ref, cand_model, h_cand, targets[:-1], shift=1) if h_ref.shape[0] > 1 else None
+    timings["gates"] += time.perf_counter() - t
+    ok = same["finite"].bool()
+    out = {
+        "self_forward_mean": float(same["forward"][ok].mean()) if ok.any() else float("nan"),
+        "self_reverse_mean": float(same["reverse"][ok].mean()) if ok.any() else float("nan"),
+        "self_top1_identical": bool((same["ref_top1"] == same["cand_top1"]).all()),
+        "shift_forward_mean": float("nan"),
+    }
+    if shifted is not None:
+        ok = shifted["finite"].bool()
+        out["shift_forward_mean"] = float(shifted["forward"][ok].mean()) if ok.any() else float("nan")
+    return out
+
+
+def main(argv):
+    if len(argv) != 2:
+        sys.stderr.write("usage: transformers_runner.py REQUEST.json\n")
+        return 2
+    record_path = None
+    try:
+        req = read_request(argv[1])
+        record_path = req["record_path"]
+        record = run(req)
+        write_json(record_path, {"protocol": PROTOCOL, "ok": True, **record})
+        return 0
+    except RunnerError as e:
+        doc = {"protocol": PROTOCOL, "ok": False, "error": {"kind": e.kind, "message": str(e)}}
+        code = 3
+    except Exception as e:  # noqa: BLE001 - every failure must reach cardproof as a record
+        kind = "out_of_memory" if "OutOfMemoryError" in type(e).__name__ else "internal"
+        doc = {
+            "protocol": PROTOCOL,
+            "ok": False,
+            "error": {"kind": kind, "message": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()},
+        }
+        code = 4
+    if record_path is None:
+        # No request to say where: the error goes to stderr, which cardproof shows.
+        sys.stderr.write(json.dumps(doc) + "\n")
+    else:
+        write_json(record_path, doc)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

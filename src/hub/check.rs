@@ -1,0 +1,529 @@
+//! `cardproof check hf:REPO[@REV]`: everything that can be checked about a Hub upload without
+//! downloading its weights.
+//!
+//! 1. The model info at the revision: the commit it pins, every file's size and, for LFS files,
+//!    SHA-256.
+//! 2. The card (README.md) is linted, against a header-only inspection of the checkpoint
+//!    ([`super::remote`]).
+//! 3. The card's `fidelity.candidate` is compared with the Hub: `files_sha256` with the root
+//!    digest `cardproof hash` would compute, from the Hub's digests (small non-LFS files are
+//!    fetched and checked against their git blob ids to get theirs); `revision` with the head (if
+//!    they differ, the files at the measured revision are compared with the head's: a weight
+//!    changed after the measurement is an error, a card edit is not).
+//! 4. A signed report in the repository (`report.dsse.json`) is checked against the Hub's
+//!    digests: its subjects must be exactly the checkpoint's files with the same SHA-256; with a
+//!    public key its signature and keyid are verified too.
+//!
+//! Bytes fetched are counted and reported beside the repository's size.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::cache::{git_blob_id, hex};
+use super::client::{Client, RepoInfo, Sibling};
+use super::{HfSource, HubError};
+use crate::card::Card;
+use crate::checkpoint::inspect::Inspection;
+use crate::error::Result;
+use crate::findings::Severity;
+use crate::lint::LintReport;
+
+/// Cards over this are refused locally too.
+const MAX_CARD_BYTES: u64 = 16 * 1024 * 1024;
+/// Non-LFS files are fetched whole to learn their SHA-256; git hosts keep large files in LFS, so
+/// anything bigger is refused rather than downloaded.
+const MAX_PLAIN_FILE: u64 = 64 << 20;
+/// A DSSE envelope's limit, as `verify-report`'s.
+const MAX_ENVELOPE: u64 = 64 << 20;
+/// The file names `verify --out` writes beside the signed envelope.
+const REPORT_FILES: &[&str] = &[
+    "report.json",
+    "report.dsse.json",
+    "report.md",
+    "report.html",
+    "measurement.json",
+    "positions.safetensors",
+];
+
+/// A finding about the repository on the Hub (not about the card's text).
+#[derive(Debug, Clone, Serialize)]
+pub struct HubFinding {
+    pub code: &'static str,
+    pub severity: Severity,
+    pub message: String,
+}
+
+impl HubFinding {
+    fn error(code: &'static str, message: String) -> Self {
+        Self {
+            code,
+            severity: Severity::Error,
+            message,
+        }
+    }
+    fn warning(code: &'static str, message: String) -> Self {
+        Self {
+            code,
+            severity: Severity::Warning,
+            message,
+        }
+    }
+}
+
+/// What was found about a signed report in the repository.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReportCheck {
+    pub file: String,
+    /// keyids the envelope's signatures name.
+    pub keyids: Vec<String>,
+    /// `verified` (signature by the given key), `not_checked` (no key given) or `failed`.
+    pub signature: &'static str,
+    pub subjects: usize,
+    pub mismatches: Vec<crate::attest::Mismatch>,
+}
+
+/// The result of `check`.
+#[derive(Debug, Serialize)]
+pub struct CheckReport {
+    /// The source as asked (`hf:ORG/NAME@REV`).
+    pub source: String,
+    pub repo: String,
+    pub revision: String,
+    /// The commit the revision resolved to: everything below is about it.
+    pub commit: String,
+    pub files: usize,
+    pub total_bytes: u64,
+    pub bytes_fetched: u64,
+    /// The card's lint findings (with checkpoint cross-checks); absent without a README.md.
+    pub card: Option<LintReport>,
+    pub inspections: Vec<Inspection>,
+    pub hub_findings: Vec<HubFinding>,
+    pub report: Option<ReportCheck>,
+    /// The card, for printing findings with their lines.
+    #[serde(skip)]
+    pub card_text: Option<Card>,
+}
+
+impl CheckReport {
+    pub fn errors(&self) -> usize {
+        self.card.as_ref().map_or(0, |c| c.errors())
+            + self
+                .hub_findings
+                .iter()
+                .filter(|f| f.severity == Severity::Error)
+                .count()
+    }
+}
+
+/// Run the check. `public_key` verifies a report's signature when given.
+pub fn check(
+    client: &Client,
+    source: &HfSource,
+    public_key: Option<&ed25519_dalek::VerifyingKey>,
+) -> Result<CheckReport> {
+    let info = client.repo_info(source)?;
+    let pinned = source.at(&info.sha);
+    let mut hub_findings = Vec::new();
+
+    let remote = if super::remote::has_checkpoint(&info) {
+        super::remote::inspect_remote(client, &pinned, &info)?.inspections
+    } else {
+        Vec::new()
+    };
+
+    let card = match info.sibling("README.md") {
+        Some(s) => Some(fetch_card(client, &pinned, s)?),
+        None => {
+            hub_findings.push(HubFinding::error(
+                "hub-no-card",
+                format!(
+                    "`{}` has no README.md at {}: there is no card to check",
+                    source.repo, info.sha
+                ),
+            ));
+            None
+        }
+    };
+    let lint = card
+        .as_ref()
+        .map(|c| crate::lint::lint_with_checkpoint(c, &remote));
+    let metadata = card
+        .as_ref()
+        .and_then(Card::metadata)
+        .map(|m| m.to_json())
+        .unwrap_or(Value::Null);
+    let candidate = &metadata["fidelity"]["candidate"];
+
+    let report_file = info
+        .siblings
+        .iter()
+        .filter(|s| s.rfilename.rsplit('/').next() == Some("report.dsse.json"))
+        .min_by_key(|s| s.rfilename.matches('/').count())
+        .map(|s| s.rfilename.clone());
+    let report_dir = report_file
+        .as_deref()
+        .map(|f| f.rsplit_once('/').map_or("", |(d, _)| d).to_owned());
+
+    // The checkpoint's files as `cardproof hash` sees them, with their SHA-256 from the Hub.
+    let needs_digests = candidate.get("files_sha256").is_some() || report_file.is_some();
+    let digests = if needs_digests {
+        Some(file_digests(client, &pinned, &info, report_dir.as_deref())?)
+    } else {
+        None
+    };
+
+    if let Some(repo) = candidate.get("repo").and_then(Value::as_str)
+        && repo != source.repo
+    {
+        hub_findings.push(HubFinding::warning(
+            "hub-candidate-repo",
+            format!(
+                "the card's `fidelity.candidate.repo` is `{repo}`, but it is published in `{}`",
+                source.repo
+            ),
+        ));
+    }
+    if let (Some(claimed), Some(digests)) = (
+        candidate.get("files_sha256").and_then(Value::as_str),
+        &digests,
+    ) {
+        let entries: Vec<crate::checkpoint::hash::ManifestEntry> = digests
+            .iter()
+            .map(
+                |(path, (sha, size))| crate::checkpoint::hash::ManifestEntry {
+                    path: path.clone(),
+                    size: *size,
+                    sha256: sha.clone(),
+                    link: None,
+                },
+            )
+            .collect();
+        let root = {
+            use sha2::Digest as _;
+            hex(&sha2::Sha256::digest(
+                crate::checkpoint::hash::manifest_text(&entries).as_bytes(),
+            ))
+        };
+        if !claimed.eq_ignore_ascii_case(&root) {
+            hub_findings.push(HubFinding::error(
+                "hub-files-digest-mismatch",
+                format!(
+                    "the card's `fidelity.candidate.files_sha256` is {claimed}, but the files at \
+                     {} have root digest {root} (from the Hub's per-file SHA-256): the measured \
+                     files are not the published ones",
+                    info.sha
+                ),
+            ));
+        }
+    }
+    if let Some(measured) = candidate.get("revision").and_then(Value::as_str)
+        && measured != info.sha
+    {
+        hub_findings.extend(stale_revision(
+            client,
+            source,
+            &info,
+            measured,
+            report_dir.as_deref(),
+        )?);
+    }
+
+    let report = match (&report_file, &digests) {
+        (Some(file), Some(digests)) => Some(check_report(
+            client, &pinned, &info, file, digests, public_key,
+        )?),
+        _ => None,
+    };
+    if let Some(r) = &report
+        && !r.mismatches.is_empty()
+    {
+        hub_findings.push(HubFinding::error(
+            "hub-report-mismatch",
+            format!(
+                "the signed report `{}` does not match the repository: {}",
+                r.file,
+                r.mismatches
+                    .iter()
+                    .map(|m| m.detail.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        ));
+    }
+
+    Ok(CheckReport {
+        source: source.to_string(),
+        repo: source.repo.clone(),
+        revision: source.revision.clone(),
+        commit: info.sha.clone(),
+        files: info.siblings.len(),
+        total_bytes: info.total_size(),
+        bytes_fetched: client.bytes_fetched(),
+        card: lint,
+        inspections: remote,
+        hub_findings,
+        report,
+        card_text: card,
+    })
+}
+
+/// The card, read from the cache when present (else fetched and cached), named by its Hub path.
+pub fn fetch_card(client: &Client, pinned: &HfSource, s: &Sibling) -> Result<Card> {
+    if s.file_size() > MAX_CARD_BYTES {
+        return Err(pinned.error(
+            Some("README.md"),
+            HubError::TooLarge {
+                what: "the card".into(),
+                size: s.file_size(),
+                limit: MAX_CARD_BYTES,
+            },
+        ));
+    }
+    let info_one = RepoInfo {
+        sha: pinned.revision.clone(),
+        siblings: vec![s.clone()],
+    };
+    super::snapshot::ensure_files(client, pinned, &info_one, &[s], &|_, _| {})?;
+    let cache = super::cache::RepoCache::new(&client.config().cache_dir, &pinned.repo);
+    let path = cache.snapshot_dir(&pinned.revision).join("README.md");
+    let bytes = std::fs::read(&path)
+        .map_err(|e| super::cache::cache_err(pinned, Some("README.md"), &path, e))?;
+    Card::from_bytes(pinned.display_path(Some("README.md")), bytes)
+}
+
+/// Whether `hash` leaves `path` out (its default excludes), or it belongs to the report bundle.
+fn excluded(path: &str, report_dir: Option<&str>) -> bool {
+    if path == "README.md" || path == ".gitattributes" {
+        return true;
+    }
+    if path.split('/').any(|p| p == ".git" || p == ".cache") {
+        return true;
+    }
+    if let Some(dir) = report_dir {
+        let (d, name) = path.rsplit_once('/').unwrap_or(("", path));
+        if d == dir && REPORT_FILES.contains(&name) {
+            return true;
+        }
+        if !dir.is_empty() && path.starts_with(&format!("{dir}/")) {
+            return true;
+        }
+    }
+    false
+}
+
+/// path -> (SHA-256, size) of every file `cardproof hash` would list. LFS files take the Hub's
+/// SHA-256; small plain files are fetched (from the cache when there) and checked against their
+/// git blob id first.
+fn file_digests(
+    client: &Client,
+    pinned: &HfSource,
+    info: &RepoInfo,
+    report_dir: Option<&str>,
+) -> Result<BTreeMap<String, (String, u64)>> {
+    let cache = super::cache::RepoCache::new(&client.config().cache_dir, &pinned.repo);
+    let mut out = BTreeMap::new();
+    for s in &info.siblings {
+        if excluded(&s.rfilename, report_dir) {
+            continue;
+        }
+        let sha = match s.sha256() {
+            Some(sha) => sha.to_ascii_lowercase(),
+            None => {
+                let bytes = plain_file(client, &cache, pinned, info, s)?;
+                use sha2::Digest as _;
+                hex(&sha2::Sha256::digest(&bytes))
+            }
+        };
+        out.insert(s.rfilename.clone(), (sha, s.file_size()));
+    }
+    Ok(out)
+}
+
+fn plain_file(
+    client: &Client,
+    cache: &super::cache::RepoCache,
+    pinned: &HfSource,
+    info: &RepoInfo,
+    s: &Sibling,
+) -> Result<Vec<u8>> {
+    let name = s.rfilename.as_str();
+    let size = s.file_size();
+    if size > MAX_PLAIN_FILE {
+        return Err(pinned.error(
+            Some(name),
+            HubError::TooLarge {
+                what: format!("`{name}` (not in LFS, so without a Hub SHA-256)"),
+                size,
+                limit: MAX_PLAIN_FILE,
+            },
+        ));
+    }
+    if let Some(p) = cache.cached_file(&info.sha, name)
+        && let Ok(bytes) = std::fs::read(&p)
+        && bytes.len() as u64 == size
+    {
+        return Ok(bytes);
+    }
+    let bytes = client.read_range(pinned, name, 0, size, size)?;
+    let id = git_blob_id(&bytes);
+    let want = s.blob_id.as_deref().unwrap_or_default();
+    if !id.eq_ignore_ascii_case(want) {
+        return Err(pinned.error(
+            Some(name),
+            HubError::DigestMismatch {
+                algorithm: "git blob id",
+                expected: want.to_owned(),
+                actual: id,
+            },
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The card measured `measured`, the head is `info.sha`: did the checkpoint's files change? The
+/// card and the report bundle are not the checkpoint (publishing them makes new commits).
+fn stale_revision(
+    client: &Client,
+    source: &HfSource,
+    head: &RepoInfo,
+    measured: &str,
+    report_dir: Option<&str>,
+) -> Result<Vec<HubFinding>> {
+    let then = match client.repo_info(&source.at(measured)) {
+        Ok(info) => info,
+        Err(e)
+            if matches!(&e.kind, crate::ErrorKind::Hub(h)
+                if matches!(**h, HubError::RevisionNotFound { .. })) =>
+        {
+            return Ok(vec![HubFinding::error(
+                "hub-candidate-revision-unknown",
+                format!(
+                    "the card's `fidelity.candidate.revision` {measured} is not a revision of `{}`: \
+                     the measured files cannot be compared with the published ones",
+                    source.repo
+                ),
+            )]);
+        }
+        Err(e) => return Err(e),
+    };
+    let key = |s: &Sibling| (s.blob_name().to_owned(), s.file_size());
+    let files = |info: &RepoInfo| -> BTreeMap<String, (String, u64)> {
+        info.siblings
+            .iter()
+            .filter(|s| !excluded(&s.rfilename, report_dir))
+            .map(|s| (s.rfilename.clone(), key(s)))
+            .collect()
+    };
+    let (before, now) = (files(&then), files(head));
+    let mut changed: Vec<String> = Vec::new();
+    for (name, k) in &now {
+        match before.get(name) {
+            None => changed.push(format!("`{name}` added")),
+            Some(b) if b != k => changed.push(format!("`{name}` changed")),
+            Some(_) => {}
+        }
+    }
+    for name in before.keys().filter(|n| !now.contains_key(*n)) {
+        changed.push(format!("`{name}` removed"));
+    }
+    if changed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let shown = changed.len().min(8);
+    Ok(vec![HubFinding::error(
+        "hub-candidate-revision-stale",
+        format!(
+            "the card was measured at {measured} but the head is {}, and the files changed after \
+             the measurement: {}{}",
+            head.sha,
+            changed[..shown].join(", "),
+            if changed.len() > shown {
+                format!(" and {} more", changed.len() - shown)
+            } else {
+                String::new()
+            }
+        ),
+    )])
+}
+
+fn check_report(
+    client: &Client,
+    pinned: &HfSource,
+    info: &RepoInfo,
+    file: &str,
+    digests: &BTreeMap<String, (String, u64)>,
+    public_key: Option<&ed25519_dalek::VerifyingKey>,
+) -> Result<ReportCheck> {
+    let s = info.sibling(file).expect("listed");
+    if s.file_size() > MAX_ENVELOPE {
+        return Err(pinned.error(
+            Some(file),
+            HubError::TooLarge {
+                what: "the report envelope".into(),
+                size: s.file_size(),
+                limit: MAX_ENVELOPE,
+            },
+        ));
+    }
+    let bytes = match s.sha256() {
+        Some(_) => client.read_range(pinned, file, 0, s.file_size(), s.file_size())?,
+        None => {
+            let cache = super::cache::RepoCache::new(&client.config().cache_dir, &pinned.repo);
+            plain_file(client, &cache, pinned, info, s)?
+        }
+    };
+    let display = pinned.display_path(Some(file));
+    let tmp = tempfile::Builder::new()
+        .prefix("cardproof-report-")
+        .suffix(".json")
+        .tempfile()
+        .map_err(|e| super::cache::cache_err(pinned, Some(file), &std::env::temp_dir(), e))?;
+    std::fs::write(tmp.path(), &bytes)
+        .map_err(|e| super::cache::cache_err(pinned, Some(file), tmp.path(), e))?;
+    let rename = |mut e: crate::Error| {
+        if e.file == tmp.path() {
+            e.file = display.clone();
+        }
+        e
+    };
+    let envelope: Value = serde_json::from_slice(&bytes).map_err(|e| {
+        crate::Error::malformed(
+            &display,
+            None,
+            format!("not JSON, so not a DSSE envelope: {e}"),
+        )
+    })?;
+    let parts = crate::attest::dsse::EnvelopeParts::from_value(&display, &envelope)?;
+    let keyids = parts.signatures.iter().map(|s| s.keyid.clone()).collect();
+    let on_hub: BTreeMap<&str, &str> = digests
+        .iter()
+        .map(|(p, (sha, _))| (p.as_str(), sha.as_str()))
+        .collect();
+    let (signature, statement, mut mismatches) = match public_key {
+        Some(key) => match crate::attest::verify_envelope(tmp.path(), key).map_err(rename)? {
+            crate::attest::Outcome::Verified(v) => ("verified", v.statement, Vec::new()),
+            crate::attest::Outcome::Failed(m) => ("failed", Value::Null, m),
+        },
+        None => (
+            "not_checked",
+            crate::attest::statement::parse_statement(&display, &parts.payload)?,
+            Vec::new(),
+        ),
+    };
+    if !statement.is_null() {
+        mismatches.extend(crate::attest::verify::compare_subjects(&statement, on_hub));
+    }
+    let subjects = statement
+        .get("subject")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    Ok(ReportCheck {
+        file: file.to_owned(),
+        keyids,
+        signature,
+        subjects,
+        mismatches,
+    })
+}

@@ -1,0 +1,526 @@
+//! The `transformers` runner: a Python program (runners/transformers_runner.py, embedded in the
+//! binary) driven as a subprocess on the user's GPU. cardproof writes a JSON request (models,
+//! dtype, token windows, scored rows, attention implementation, chunk sizes, placement), the
+//! program answers with one safetensors file of per-row records per context length and a JSON
+//! record of what it actually ran (versions, GPU, attention really used, dtypes, peak memory,
+//! timings). Its rows are reduced on the GPU with the numerics rules of the `measure` module; the
+//! statistics are still ours.
+//!
+//! Trust and failure: the program is ours, not the checkpoint's (no remote code unless the user
+//! passes `--trust-remote-code`, safetensors only). A crash, a signal, a missing record or a
+//! result that does not match the request is an error naming what happened, never a verdict.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::{Value, json};
+
+use crate::checkpoint::dtype::Dtype;
+use crate::checkpoint::safetensors::{self, SafetensorsFile};
+use crate::error::{Error, Result};
+use crate::measure::row::RowRecord;
+
+/// The program, as shipped: written next to the request so an installed binary needs no source
+/// tree.
+pub const RUNNER_SOURCE: &str = include_str!("../../runners/transformers_runner.py");
+/// The request/record format both sides speak.
+pub const PROTOCOL: u64 = 1;
+/// Lines of the program's output kept for an error message.
+const TAIL_LINES: usize = 30;
+
+/// Where models go: one GPU, every GPU through accelerate's `device_map="auto"`, or the CPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Device {
+    Cuda(Option<u32>),
+    Auto,
+    Cpu,
+}
+
+impl Device {
+    pub fn parse(s: &str) -> Option<Device> {
+        match s {
+            "cuda" => Some(Device::Cuda(None)),
+            "auto" => Some(Device::Auto),
+            "cpu" => Some(Device::Cpu),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(|n| Device::Cuda(Some(n))),
+        }
+    }
+
+    pub fn as_request(&self) -> String {
+        match self {
+            Device::Cuda(None) => "cuda".into(),
+            Device::Cuda(Some(n)) => format!("cuda:{n}"),
+            Device::Auto => "auto".into(),
+            Device::Cpu => "cpu".into(),
+        }
+    }
+}
+
+/// How the runner is started and what it is asked to use.
+#[derive(Debug, Clone)]
+pub struct TransformersOptions {
+    /// The Python interpreter (`--python`, else `CARDPROOF_PYTHON`, else `python3`).
+    pub python: PathBuf,
+    /// A runner program to use instead of the embedded one (development).
+    pub script: Option<PathBuf>,
+    pub device: Device,
+    /// `bfloat16`, `float16` or `float32`: the dtype the models are loaded and run in.
+    pub dtype: String,
+    /// Attention implementation of the reference and the candidate (`sdpa`, `eager`,
+    /// `flash_attention_2`, `flex_attention`).
+    pub attention: (String, String),
+    /// Tokens per prefill chunk (0: planned: the whole window when it fits).
+    pub chunk_size: usize,
+    /// Rows per output-head chunk (0: planned from free memory).
+    pub head_rows: usize,
+    pub tf32: bool,
+    pub deterministic: bool,
+    pub trust_remote_code: bool,
+    /// Pretend only this much device memory is free (tests of the memory plan).
+    pub memory_limit: Option<u64>,
+    /// `auto`, `side_by_side` or `sequential`.
+    pub mode: String,
+    /// Also run the sanity gates on the first window (verify).
+    pub gates: bool,
+    /// Also write the first window's first rows' logits of both models into this directory
+    /// (`reference.logits.safetensors`, `candidate.logits.safetensors`, read by `cardproof kld`):
+    /// the device's reduction can then be checked against cardproof's on the same numbers.
+    pub dump_rows: Option<(PathBuf, usize)>,
+    /// Whether `verify` may take the attention implementation and the dtype from the card's
+    /// runtime (neither was given on the command line).
+    pub follow_card: (bool, bool),
+}
+
+impl Default for TransformersOptions {
+    fn default() -> Self {
+        TransformersOptions {
+            python: std::env::var_os("CARDPROOF_PYTHON")
+                .map_or_else(|| PathBuf::from("python3"), PathBuf::from),
+            script: None,
+            device: Device::Cuda(None),
+            dtype: "bfloat16".into(),
+            attention: ("sdpa".into(), "sdpa".into()),
+            chunk_size: 0,
+            head_rows: 0,
+            tf32: false,
+            deterministic: false,
+            trust_remote_code: false,
+            memory_limit: None,
+            mode: "auto".into(),
+            gates: false,
+            dump_rows: None,
+            follow_card: (true, true),
+        }
+    }
+}
+
+/// One context length's work: its windows (each exactly `context_length` ids) and scored rows.
+pub struct RunWork<'a> {
+    pub context_length: usize,
+    pub windows: &'a [Vec<u32>],
+    pub rows: &'a [usize],
+}
+
+/// What the runner returned.
+#[derive(Debug)]
+pub struct TransformersOutput {
+    /// Per run, per window, one record per scored row (`None` for a non-finite row).
+    pub records: Vec<Vec<Vec<Option<RowRecord>>>>,
+    /// The runner's record of what it ran.
+    pub environment: Value,
+    /// The sanity gates' raw numbers, when asked for.
+    pub gates: Value,
+}
+
+/// Progress: (stage, done, total) as the program reports it.
+pub type RunnerProgress<'a> = &'a (dyn Fn(&str, Option<(usize, usize)>) + Sync);
+
+/// Run the program on a pair of models.
+pub fn run(
+    reference: &Path,
+    candidate: &Path,
+    work: &[RunWork],
+    vocab_size: usize,
+    options: &TransformersOptions,
+    progress: RunnerProgress,
+) -> Result<TransformersOutput> {
+    let dir = tempfile::Builder::new()
+        .prefix("cardproof-transformers-")
+        .tempdir()
+        .map_err(|e| Error::io(&std::env::temp_dir(), e))?;
+    let request = write_request(dir.path(), reference, candidate, work, vocab_size, options)?;
+    let record = invoke(dir.path(), candidate, &request, options, progress)?;
+    let records = work
+        .iter()
+        .enumerate()
+        .map(|(i, w)| read_run(candidate, &record, i, w, &request))
+        .collect::<Result<Vec<_>>>()?;
+    if let Some((keep, _)) = &options.dump_rows {
+        keep_exchange(dir.path(), keep, work.len())?;
+    }
+    Ok(TransformersOutput {
+        records,
+        environment: record["environment"].clone(),
+        gates: record["gates"].clone(),
+    })
+}
+
+/// Write the token files and the request; returns the request's path.
+fn write_request(
+    dir: &Path,
+    reference: &Path,
+    candidate: &Path,
+    work: &[RunWork],
+    vocab_size: usize,
+    o: &TransformersOptions,
+) -> Result<PathBuf> {
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_owned());
+    let mut runs = Vec::new();
+    for (i, w) in work.iter().enumerate() {
+        let path = dir.join(format!("tokens{i}.u32"));
+        let mut bytes = Vec::with_capacity(w.windows.len() * w.context_length * 4);
+        for window in w.windows {
+            debug_assert_eq!(window.len(), w.context_length);
+            for id in window {
+                bytes.extend_from_slice(&id.to_le_bytes());
+            }
+        }
+        std::fs::write(&path, bytes).map_err(|e| Error::io(&path, e))?;
+        runs.push(json!({
+            "context_length": w.context_length,
+            "tokens_file": path.display().to_string(),
+            "n_windows": w.windows.len(),
+            "rows": w.rows,
+        }));
+    }
+    let request = json!({
+        "protocol": PROTOCOL,
+        "models": {
+            "reference": {"path": absolute(reference).display().to_string(), "attn_implementation": o.attention.0},
+            "candidate": {"path": absolute(candidate).display().to_string(), "attn_implementation": o.attention.1},
+        },
+        "dtype": o.dtype,
+        "device": o.device.as_request(),
+        "chunk_size": o.chunk_size,
+        "head_rows": o.head_rows,
+        "tf32": o.tf32,
+        "deterministic": o.deterministic,
+        "trust_remote_code": o.trust_remote_code,
+        "memory_limit_bytes": o.memory_limit,
+        "mode": o.mode,
+        "gates": o.gates,
+        "dump": o.dump_rows.as_ref().map(|(dir, rows)| json!({"dir": absolute(dir).display().to_string(), "rows": rows})),
+        "vocab_size": vocab_size,
+        "runs": runs,
+        "result_dir": dir.join("results").display().to_string(),
+        "record_path": dir.join("record.json").display().to_string(),
+    });
+    let path = dir.join("request.json");
+    let text = serde_json::to_vec_pretty(&request).unwrap_or_default();
+    std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
+    Ok(path)
+}
+
+/// Start the program, relay its progress, and read its record.
+fn invoke(
+    dir: &Path,
+    candidate: &Path,
+    request: &Path,
+    o: &TransformersOptions,
+    progress: RunnerProgress,
+) -> Result<Value> {
+    let script = match &o.script {
+        Some(s) => s.clone(),
+        None => {
+            let path = dir.join("transformers_runner.py");
+            std::fs::write(&path, RUNNER_SOURCE).map_err(|e| Error::io(&path, e))?;
+            path
+        }
+    };
+    let mut child = Command::new(&o.python)
+        .arg(&script)
+        .arg(request)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env("PYTHONUNBUFFERED", "1")
+        .spawn()
+        .map_err(|e| {
+            Error::runner(candidate, format!(
+                "cannot start the transformers runner with {}: {e} (pass --python PATH or set CARDPROOF_PYTHON)",
+                o.python.display()
+            ))
+        })?;
+    // stdout is drained on a thread (transformers may print there) into the same tail.
+    let tail = std::sync::Mutex::new(std::collections::VecDeque::new());
+    let push = |line: String| {
+        if let Ok(mut t) = tail.lock() {
+            if t.len() == TAIL_LINES {
+                t.pop_front();
+            }
+            t.push_back(line);
+        }
+    };
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    std::thread::scope(|scope| {
+        if let Some(out) = stdout {
+            scope.spawn(|| {
+                for line in BufReader::new(out)
+                    .lines()
+                    .map_while(std::result::Result::ok)
+                {
+                    push(line);
+                }
+            });
+        }
+        if let Some(err) = stderr {
+            for line in BufReader::new(err)
+                .lines()
+                .map_while(std::result::Result::ok)
+            {
+                match serde_json::from_str::<Value>(&line) {
+                    Ok(v) if v.get("cardproof_progress").is_some() => {
+                        let stage = v["cardproof_progress"].as_str().unwrap_or("");
+                        let counts = v["done"]
+                            .as_u64()
+                            .zip(v["total"].as_u64())
+                            .map(|(d, t)| (d as usize, t as usize));
+                        progress(stage, counts);
+                    }
+                    _ => push(line),
+                }
+            }
+        }
+    });
+    let status = child.wait().map_err(|e| {
+        Error::runner(
+            candidate,
+            format!("waiting for the transformers runner: {e}"),
+        )
+    })?;
+    let tail: Vec<String> = tail.into_inner().unwrap_or_default().into_iter().collect();
+    let shown_tail = || {
+        if tail.is_empty() {
+            String::from("(it printed nothing)")
+        } else {
+            format!("its last output lines:\n  {}", tail.join("\n  "))
+        }
+    };
+    let record_path = dir.join("record.json");
+    let record: Option<Value> = std::fs::read(&record_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let Some(record) = record else {
+        return Err(Error::runner(
+            candidate,
+            format!(
+                "the transformers runner {} without writing its record; {}",
+                describe(status),
+                shown_tail()
+            ),
+        ));
+    };
+    if record["protocol"].as_u64() != Some(PROTOCOL) {
+        return Err(Error::runner(
+            candidate,
+            format!(
+                "the transformers runner answered in protocol {}, cardproof speaks {PROTOCOL}",
+                record["protocol"]
+            ),
+        ));
+    }
+    if record["ok"].as_bool() != Some(true) {
+        let e = &record["error"];
+        let kind = e["kind"].as_str().unwrap_or("unknown");
+        let message = e["message"].as_str().unwrap_or("(no message)");
+        let detail = if kind == "internal" {
+            format!("\n{}", e["traceback"].as_str().unwrap_or(""))
+        } else {
+            String::new()
+        };
+        return Err(Error::runner(
+            candidate,
+            format!("the transformers runner failed ({kind}): {message}{detail}"),
+        ));
+    }
+    if !status.success() {
+        return Err(Error::runner(
+            candidate,
+            format!(
+                "the transformers runner wrote a record but {}; {}",
+                describe(status),
+                shown_tail()
+            ),
+        ));
+    }
+    Ok(record)
+}
+
+/// Copy the request, the record and the result files next to the logit dump: a recorded
+/// exchange, replayed by tests without a GPU.
+fn keep_exchange(dir: &Path, keep: &Path, runs: usize) -> Result<()> {
+    std::fs::create_dir_all(keep).map_err(|e| Error::io(keep, e))?;
+    let mut names = vec!["request.json".to_owned(), "record.json".to_owned()];
+    names.extend((0..runs).map(|i| format!("results/run{i}.safetensors")));
+    names.extend((0..runs).map(|i| format!("tokens{i}.u32")));
+    for name in names {
+        let from = dir.join(&name);
+        let to = keep.join(name.trim_start_matches("results/"));
+        std::fs::copy(&from, &to).map_err(|e| Error::io(&to, e))?;
+    }
+    Ok(())
+}
+
+fn describe(status: std::process::ExitStatus) -> String {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = status.signal() {
+            return format!("was killed by signal {sig}");
+        }
+    }
+    match status.code() {
+        Some(c) => format!("exited with status {c}"),
+        None => "ended abnormally".into(),
+    }
+}
+
+/// Read run `i`'s result file and check it holds exactly the rows asked for.
+fn read_run(
+    candidate: &Path,
+    record: &Value,
+    i: usize,
+    work: &RunWork,
+    request: &Path,
+) -> Result<Vec<Vec<Option<RowRecord>>>> {
+    let entry = &record["runs"][i];
+    let path = match entry["path"].as_str() {
+        Some(p) => PathBuf::from(p),
+        None => {
+            return Err(Error::runner(
+                candidate,
+                format!(
+                    "the transformers runner's record lists no result for run {i} (context length {})",
+                    work.context_length
+                ),
+            ));
+        }
+    };
+    let expected_dir = request.parent().map(|d| d.join("results"));
+    if expected_dir.as_deref() != path.parent() {
+        return Err(Error::runner(
+            candidate,
+            format!(
+                "the transformers runner put run {i}'s result at {}, outside its result directory",
+                path.display()
+            ),
+        ));
+    }
+    read_records(&path, work)
+}
+
+/// Per-window records from one result file (also used on recorded fixtures).
+pub fn read_records(path: &Path, work: &RunWork) -> Result<Vec<Vec<Option<RowRecord>>>> {
+    let file = safetensors::read_file(path)?;
+    let n = work.windows.len() * work.rows.len();
+    let f64s = |name: &str| column(&file, name, n, Dtype::F64);
+    let i32s = |name: &str| column(&file, name, n, Dtype::I32);
+    let forward = f64s("forward")?;
+    let reverse = f64s("reverse")?;
+    let ref_prob = f64s("ref_top1_prob")?;
+    let nll_ref = f64s("nll_ref")?;
+    let nll_cand = f64s("nll_cand")?;
+    let ref_top1 = i32s("ref_top1")?;
+    let cand_top1 = i32s("cand_top1")?;
+    let window = i32s("window")?;
+    let position = column(&file, "position", n, Dtype::I64)?;
+    let finite = column(&file, "finite", n, Dtype::U8)?;
+    let bad = |row: usize, what: String| Error::malformed(path, Some(&format!("row {row}")), what);
+    let mut out = Vec::with_capacity(work.windows.len());
+    for w in 0..work.windows.len() {
+        let mut records = Vec::with_capacity(work.rows.len());
+        for (k, &j) in work.rows.iter().enumerate() {
+            let r = w * work.rows.len() + k;
+            if window[r] as usize != w || position[r] as usize != j {
+                return Err(bad(
+                    r,
+                    format!(
+                        "is window {} position {}, the request's is window {w} position {j}",
+                        window[r], position[r]
+                    ),
+                ));
+            }
+            if finite[r] == 0.0 {
+                records.push(None);
+                continue;
+            }
+            let (f, rv) = (forward[r], reverse[r]);
+            if f.is_nan() || rv.is_nan() || f < 0.0 || rv < 0.0 {
+                return Err(bad(
+                    r,
+                    format!("KL {f} forward, {rv} reverse: not a divergence"),
+                ));
+            }
+            let top = |v: f64| u32::try_from(v as i64).ok();
+            let (Some(rt), Some(ct)) = (top(ref_top1[r]), top(cand_top1[r])) else {
+                return Err(bad(r, "negative top-1 token id".into()));
+            };
+            // NaN where the true next token is unknown (beyond the used vocabulary).
+            let nll = |v: f64| v.is_finite().then_some(v);
+            records.push(Some(RowRecord {
+                forward: f,
+                reverse: rv,
+                ref_top1: rt,
+                cand_top1: ct,
+                ref_top1_prob: ref_prob[r],
+                nll_ref: nll(nll_ref[r]),
+                nll_cand: nll(nll_cand[r]),
+            }));
+        }
+        out.push(records);
+    }
+    Ok(out)
+}
+
+/// One column of `n` values as f64 (exact for every dtype used here).
+fn column(file: &SafetensorsFile, name: &str, n: usize, dtype: Dtype) -> Result<Vec<f64>> {
+    let path = file.path.as_path();
+    let Some(t) = file.get(name) else {
+        return Err(Error::malformed(
+            path,
+            Some(name),
+            "missing from the runner's result",
+        ));
+    };
+    if t.dtype != dtype || t.shape != [n as u64] {
+        return Err(Error::malformed(
+            path,
+            Some(name),
+            format!(
+                "is {} {:?}, expected {dtype} [{n}] (the rows the request asked for)",
+                t.dtype, t.shape
+            ),
+        ));
+    }
+    let bytes = safetensors::read_tensor_bytes(file, name, 8 * n as u64 + 8)?;
+    Ok(match dtype {
+        Dtype::F64 => bytes
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect(),
+        Dtype::I64 => bytes
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f64)
+            .collect(),
+        Dtype::I32 => bytes
+            .chunks_exact(4)
+            .map(|c| f64::from(i32::from_le_bytes(c.try_into().unwrap_or([0; 4]))))
+            .collect(),
+        _ => bytes.iter().map(|&b| f64::from(b)).collect(),
+    })
+}

@@ -1,0 +1,598 @@
+//! `--runner transformers`: the request/response protocol against an exchange the real runner
+//! recorded on a GPU (tests/fixtures/gpu), the error paths with stand-in runner programs, and,
+//! where torch is installed (`CARDPROOF_TEST_TORCH=1`, which `.ci/run` sets after installing it),
+//! the real runner on CPU against the example models.
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use safetensors::SafeTensors;
+
+use crate::support::{Run, repo_root};
+
+fn model(name: &str) -> String {
+    repo_root()
+        .join("examples/models")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn fixture() -> PathBuf {
+    repo_root().join("tests/fixtures/gpu")
+}
+
+fn run(env: &[(&str, &str)], args: &[&str]) -> Run {
+    let mut cmd = Command::cargo_bin("cardproof").expect("binary builds");
+    cmd.current_dir(repo_root()).env("NO_COLOR", "1").args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let output = cmd.output().expect("binary runs");
+    Run {
+        code: output.status.code().expect("exited normally"),
+        stdout: String::from_utf8(output.stdout).expect("UTF-8"),
+        stderr: String::from_utf8(output.stderr).expect("UTF-8"),
+    }
+}
+
+fn rel(a: f64, b: f64) -> f64 {
+    ((a - b) / b.abs().max(1e-300)).abs()
+}
+
+/// f64/i32/u8 columns of a result or dump file.
+fn columns(path: &Path) -> (Vec<u8>, Vec<String>) {
+    let bytes = std::fs::read(path).unwrap();
+    let names = SafeTensors::deserialize(&bytes)
+        .unwrap()
+        .names()
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    (bytes, names)
+}
+
+fn f64s(bytes: &[u8], name: &str) -> Vec<f64> {
+    let st = SafeTensors::deserialize(bytes).unwrap();
+    let t = st.tensor(name).unwrap();
+    t.data()
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn i32s(bytes: &[u8], name: &str) -> Vec<i32> {
+    let st = SafeTensors::deserialize(bytes).unwrap();
+    let t = st.tensor(name).unwrap();
+    t.data()
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// The runner's records for the dumped rows against `cardproof kld` on the dumped logits (the
+/// same numbers, reduced by cardproof's own kernel): 1e-6 relative.
+fn assert_reduction_agrees(dir: &Path) {
+    let kld = run(
+        &[],
+        &[
+            "kld",
+            "--json",
+            "--reference",
+            dir.join("reference.logits.safetensors").to_str().unwrap(),
+            "--candidate",
+            dir.join("candidate.logits.safetensors").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(kld.code, 0, "{}", kld.stderr);
+    let metrics = &kld.json()["metrics"];
+    let n = kld.json()["n_positions"].as_u64().unwrap() as usize;
+    let (bytes, names) = columns(&dir.join("run0.safetensors"));
+    assert!(names.contains(&"forward".to_owned()));
+    let take = |name: &str| f64s(&bytes, name)[..n].to_vec();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let max = |v: &[f64]| v.iter().copied().fold(f64::MIN, f64::max);
+    let (fwd, rev) = (take("forward"), take("reverse"));
+    let (nll_ref, nll_cand) = (take("nll_ref"), take("nll_cand"));
+    let top = |name: &str| i32s(&bytes, name)[..n].to_vec();
+    let agree = top("ref_top1")
+        .iter()
+        .zip(top("cand_top1"))
+        .filter(|(a, b)| **a == *b)
+        .count() as f64
+        / n as f64;
+    for (name, ours, theirs) in [
+        (
+            "kld_mean",
+            metrics["kld_mean"].as_f64().unwrap(),
+            mean(&fwd),
+        ),
+        ("kld_max", metrics["kld_max"].as_f64().unwrap(), max(&fwd)),
+        (
+            "kld_reverse_mean",
+            metrics["kld_reverse_mean"].as_f64().unwrap(),
+            mean(&rev),
+        ),
+        (
+            "ppl_ref",
+            metrics["ppl_ref"].as_f64().unwrap(),
+            mean(&nll_ref).exp(),
+        ),
+        (
+            "ppl_cand",
+            metrics["ppl_cand"].as_f64().unwrap(),
+            mean(&nll_cand).exp(),
+        ),
+        (
+            "top1_agreement",
+            metrics["top1_agreement"].as_f64().unwrap(),
+            agree,
+        ),
+    ] {
+        assert!(
+            rel(ours, theirs) < 1e-6,
+            "{name}: cardproof {ours:e}, runner {theirs:e}"
+        );
+    }
+}
+
+#[test]
+fn the_gpu_reduction_agrees_with_cardproofs_on_the_gpus_logits() {
+    assert_reduction_agrees(&fixture());
+}
+
+#[test]
+fn a_recorded_gpu_exchange_gives_the_recorded_measurement() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let script = fixture().join("replay_runner.py");
+    let result = run(
+        &[("CARDPROOF_REPLAY", fixture().to_str().unwrap())],
+        &[
+            "measure",
+            "--runner",
+            "transformers",
+            "--runner-script",
+            script.to_str().unwrap(),
+            "--reference",
+            &model("shakespeare-bf16"),
+            "--candidate",
+            &model("shakespeare-w8a16"),
+            "--eval-text",
+            "examples/data/eval.txt",
+            "--context-length",
+            "256",
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert_eq!(result.code, 0, "{}", result.stderr);
+    let ours = result.json();
+    let recorded: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture().join("measurement.json")).unwrap())
+            .unwrap();
+    let (a, b) = (&ours["runs"][0]["metrics"], &recorded["runs"][0]["metrics"]);
+    for (name, value) in b.as_object().unwrap() {
+        let (x, y) = (a[name].as_f64().unwrap(), value.as_f64().unwrap());
+        assert!(rel(x, y) < 1e-12, "{name}: {x} vs recorded {y}");
+    }
+    let env = &ours["environment"];
+    assert_eq!(env["runner"], "transformers");
+    assert!(env["device"].as_str().unwrap().contains("H200"), "{env}");
+    assert_eq!(ours["fidelity"]["runtime"]["engine"], "transformers");
+    assert_eq!(ours["protocol_sha256"], recorded["protocol_sha256"]);
+}
+
+/// A stand-in runner program: Python source run in place of the real one.
+fn stand_in(dir: &Path, source: &str) -> PathBuf {
+    let path = dir.join("runner.py");
+    std::fs::write(&path, source).unwrap();
+    path
+}
+
+fn measure_with(script: &Path, extra: &[&str]) -> Run {
+    let out = script.parent().unwrap().join("out");
+    let mut args = vec![
+        "measure",
+        "--runner",
+        "transformers",
+        "--runner-script",
+        script.to_str().unwrap(),
+        "--reference",
+        "examples/models/shakespeare-bf16",
+        "--candidate",
+        "examples/models/shakespeare-w8a16",
+        "--eval-text",
+        "examples/data/eval.txt",
+        "--context-length",
+        "256",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let r = run(&[], &args);
+    assert!(
+        !out.join("measurement.json").exists(),
+        "a failed run must leave no measurement"
+    );
+    r
+}
+
+const PRELUDE: &str = "import json, os, sys\nreq = json.load(open(sys.argv[1]))\ndef answer(doc):\n    json.dump(doc, open(req['record_path'], 'w'))\n";
+
+#[test]
+fn a_runner_that_crashes_without_a_record_is_an_error_with_its_last_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = stand_in(
+        dir.path(),
+        "import sys\nprint('CUDA driver exploded', file=sys.stderr)\nsys.exit(1)\n",
+    );
+    let r = measure_with(&script, &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("exited with status 1 without writing its record"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("CUDA driver exploded"), "{}", r.stderr);
+}
+
+#[test]
+fn a_runner_killed_by_a_signal_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = stand_in(
+        dir.path(),
+        "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
+    );
+    let r = measure_with(&script, &[]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("killed by signal 9"), "{}", r.stderr);
+}
+
+#[test]
+fn a_structured_runner_error_reaches_the_user() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = stand_in(
+        dir.path(),
+        &format!(
+            "{PRELUDE}answer({{'protocol': 1, 'ok': False, 'error': {{'kind': 'out_of_memory_plan', 'message': 'the run needs about 99.0 GiB but 80.0 GiB is free on cuda'}}}})\nsys.exit(3)\n"
+        ),
+    );
+    let r = measure_with(&script, &[]);
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr
+            .contains("failed (out_of_memory_plan): the run needs about 99.0 GiB"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn a_record_in_another_protocol_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = stand_in(
+        dir.path(),
+        &format!("{PRELUDE}answer({{'protocol': 2, 'ok': True, 'runs': []}})\n"),
+    );
+    let r = measure_with(&script, &[]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("answered in protocol 2"), "{}", r.stderr);
+}
+
+#[test]
+fn a_result_with_other_rows_than_asked_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    // A well-formed result file of 3 rows, whatever the request asked for.
+    let writer = r#"
+import struct
+def save(path, cols):
+    header, blobs, off = {}, [], 0
+    for name, (dtype, fmt, values) in cols.items():
+        blob = struct.pack('<%d%s' % (len(values), fmt), *values)
+        header[name] = {'dtype': dtype, 'shape': [len(values)], 'data_offsets': [off, off + len(blob)]}
+        off += len(blob)
+        blobs.append(blob)
+    h = json.dumps(header).encode()
+    h += b' ' * (-len(h) % 8)
+    with open(path, 'wb') as f:
+        f.write(struct.pack('<Q', len(h)) + h + b''.join(blobs))
+os.makedirs(req['result_dir'], exist_ok=True)
+path = os.path.join(req['result_dir'], 'run0.safetensors')
+f = ('F64', 'd', [0.1, 0.2, 0.3])
+i = ('I32', 'i', [0, 0, 0])
+save(path, {'forward': f, 'reverse': f, 'ref_top1_prob': f, 'nll_ref': f, 'nll_cand': f,
+            'ref_top1': i, 'cand_top1': i, 'window': i, 'position': ('I64', 'q', [0, 1, 2]),
+            'finite': ('U8', 'B', [1, 1, 1])})
+answer({'protocol': 1, 'ok': True, 'runs': [{'path': path}], 'environment': {}, 'gates': None})
+"#;
+    let script = stand_in(dir.path(), &format!("{PRELUDE}{writer}"));
+    let r = measure_with(&script, &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("run0.safetensors"), "{}", r.stderr);
+    assert!(r.stderr.contains("expected F64 ["), "{}", r.stderr);
+}
+
+#[test]
+fn a_missing_interpreter_says_how_to_name_one() {
+    let r = run(
+        &[],
+        &[
+            "measure",
+            "--runner",
+            "transformers",
+            "--python",
+            "/nonexistent/python3",
+            "--reference",
+            "examples/models/shakespeare-bf16",
+            "--candidate",
+            "examples/models/shakespeare-w8a16",
+            "--eval-text",
+            "examples/data/eval.txt",
+            "--context-length",
+            "256",
+            "--out",
+            tempfile::tempdir().unwrap().path().to_str().unwrap(),
+        ],
+    );
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("cannot start the transformers runner") && r.stderr.contains("--python"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn runner_flags_are_validated_before_any_work() {
+    let base = [
+        "measure",
+        "--reference",
+        "examples/models/shakespeare-bf16",
+        "--candidate",
+        "examples/models/shakespeare-w8a16",
+        "--eval-text",
+        "examples/data/eval.txt",
+        "--context-length",
+        "256",
+    ];
+    for (extra, message) in [
+        (
+            &["--sweep", "attention=sdpa,eager"][..],
+            "--sweep needs --runner transformers",
+        ),
+        (
+            &["--runner", "transformers", "--device", "tpu"][..],
+            "--device tpu: expected cuda, cuda:N, auto or cpu",
+        ),
+        (
+            &["--runner", "transformers", "--attention", "magic"][..],
+            "attention \"magic\" is not one of",
+        ),
+        (
+            &["--runner", "transformers", "--sweep", "attention=sdpa"][..],
+            "give at least two values",
+        ),
+        (
+            &["--runner", "transformers", "--sweep", "dtype=bf16,f32"][..],
+            "the knob can be `attention`",
+        ),
+    ] {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let r = run(&[], &args);
+        assert_eq!(r.code, 2, "{extra:?}: {}", r.stderr);
+        assert!(r.stderr.contains(message), "{extra:?}: {}", r.stderr);
+    }
+}
+
+/// The real runner on CPU needs torch and transformers: CI installs them and sets
+/// `CARDPROOF_TEST_TORCH=1`; without it these tests say so and stop.
+#[allow(clippy::print_stderr)]
+fn torch_available() -> bool {
+    if std::env::var("CARDPROOF_TEST_TORCH").as_deref() == Ok("1") {
+        return true;
+    }
+    eprintln!(
+        "skipped: set CARDPROOF_TEST_TORCH=1 (with torch and transformers installed) to run the real runner on CPU"
+    );
+    false
+}
+
+/// The first `chars` characters of the example eval text, cut at a line end.
+fn short_text(dir: &Path, chars: usize) -> PathBuf {
+    let text = std::fs::read_to_string(repo_root().join("examples/data/eval.txt")).unwrap();
+    let end = text[chars..]
+        .find('\n')
+        .map_or(text.len(), |i| chars + i + 1);
+    let path = dir.join("eval.txt");
+    std::fs::write(&path, &text[..end]).unwrap();
+    path
+}
+
+fn cpu_measure(dir: &Path, candidate: &str, extra: &[&str]) -> Run {
+    let text = short_text(dir, 6000);
+    let out = dir.join("out");
+    let mut args = vec![
+        "measure",
+        "--runner",
+        "transformers",
+        "--device",
+        "cpu",
+        "--torch-dtype",
+        "float32",
+        "--reference",
+        "examples/models/shakespeare-bf16",
+        "--candidate",
+        candidate,
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--context-length",
+        "128",
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    run(&[], &args)
+}
+
+#[test]
+fn the_cpu_runner_agrees_with_cardproofs_reduction_of_its_own_logits() {
+    if !torch_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let dump = dir.path().join("dump");
+    let r = cpu_measure(
+        dir.path(),
+        "examples/models/shakespeare-fp8-block",
+        &["--runner-dump", dump.to_str().unwrap()],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let doc = r.json();
+    assert_eq!(doc["environment"]["runner"], "transformers");
+    assert_eq!(
+        doc["environment"]["transformers_runner"]["reduction_kernel"],
+        "torch"
+    );
+    assert!(doc["runs"][0]["metrics"]["kld_mean"].as_f64().unwrap() > 1e-4);
+    assert_reduction_agrees(&dump);
+}
+
+#[test]
+fn a_run_that_cannot_fit_is_refused_before_loading() {
+    if !torch_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let r = cpu_measure(
+        dir.path(),
+        "examples/models/shakespeare-fp8-block",
+        &["--memory-limit", "1000000"],
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("out_of_memory_plan") && r.stderr.contains("is free on cpu"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn an_attention_sweep_measures_the_kernel_alone() {
+    if !torch_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let text = short_text(dir.path(), 6000);
+    let out = dir.path().join("sweep");
+    let r = run(
+        &[],
+        &[
+            "measure",
+            "--runner",
+            "transformers",
+            "--device",
+            "cpu",
+            "--torch-dtype",
+            "float32",
+            "--sweep",
+            "attention=sdpa,eager",
+            "--candidate",
+            "examples/models/shakespeare-bf16",
+            "--eval-text",
+            text.to_str().unwrap(),
+            "--context-length",
+            "128",
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let doc = r.json();
+    let pair = &doc["pairs"][0];
+    assert_eq!(pair["baseline"], "sdpa");
+    assert_eq!(pair["other"], "eager");
+    let run0 = &pair["runs"][0];
+    let kld = run0["kld_mean"].as_f64().unwrap();
+    // Same weights, another kernel, f32: a rounding-level KL, never zero, far below the
+    // quantized pairs' (~1e-2).
+    assert!(kld > 0.0 && kld < 1e-6, "{kld}");
+    assert!(run0["n_flips"].as_u64().is_some());
+    assert!(out.join("sweep.json").exists());
+    assert!(
+        out.join("attention-sdpa-vs-eager/measurement.json")
+            .exists()
+    );
+}
+
+#[test]
+fn verify_reruns_a_transformers_card_in_its_lane() {
+    if !torch_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let r = cpu_measure(dir.path(), "examples/models/shakespeare-fp8-block", &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // A copy of the candidate whose card is written from the transformers measurement.
+    let candidate = dir.path().join("candidate");
+    std::fs::create_dir(&candidate).unwrap();
+    for entry in
+        std::fs::read_dir(repo_root().join("examples/models/shakespeare-fp8-block")).unwrap()
+    {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), candidate.join(entry.file_name())).unwrap();
+    }
+    let card = candidate.join("README.md");
+    let measurement = dir.path().join("out/measurement.json");
+    let c = run(
+        &[],
+        &[
+            "card",
+            "--measurement",
+            measurement.to_str().unwrap(),
+            "--into",
+            card.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(c.code, 0, "{}", c.stderr);
+    let text = std::fs::read_to_string(&card).unwrap();
+    assert!(text.contains("engine: transformers"), "{text}");
+    let keys = dir.path().join("keys");
+    let k = run(&[], &["keygen", "--out", keys.to_str().unwrap()]);
+    assert_eq!(k.code, 0, "{}", k.stderr);
+    let v = run(
+        &[],
+        &[
+            "verify",
+            candidate.to_str().unwrap(),
+            "--reference",
+            "examples/models/shakespeare-bf16",
+            "--runner",
+            "transformers",
+            "--device",
+            "cpu",
+            "--eval-text",
+            dir.path().join("eval.txt").to_str().unwrap(),
+            "--key",
+            keys.join("cardproof.key").to_str().unwrap(),
+            "--out",
+            dir.path().join("report").to_str().unwrap(),
+            "--json",
+        ],
+    );
+    let report = v.json();
+    assert_eq!(
+        report["verdict"], "reproduced",
+        "{}\n{}",
+        v.stderr, v.stdout
+    );
+    assert_eq!(v.code, 0);
+    for gate in report["sanity"].as_array().unwrap() {
+        assert_eq!(gate["passed"], true, "{gate}");
+    }
+}
