@@ -124,7 +124,7 @@ def naive(ref, cand, ids):
     return out
 
 
-def runner(ref_dir, cand_dir, ids, chunk, work):
+def runner(ref_dir, cand_dir, ids, chunk, work, device="cuda"):
     """runners/transformers_runner.py as cardproof runs it: request, subprocess, record."""
     os.makedirs(work, exist_ok=True)
     length = ids.shape[1]
@@ -134,7 +134,7 @@ def runner(ref_dir, cand_dir, ids, chunk, work):
         "protocol": 1,
         "models": {"reference": {"path": ref_dir, "attn_implementation": "sdpa"},
                    "candidate": {"path": cand_dir, "attn_implementation": "sdpa"}},
-        "dtype": "bfloat16", "device": "cuda", "chunk_size": chunk, "head_rows": 0,
+        "dtype": "bfloat16", "device": device, "chunk_size": chunk, "head_rows": 0,
         "tf32": False, "deterministic": False, "trust_remote_code": False,
         "memory_limit_bytes": None, "mode": "auto", "gates": False, "dump": None,
         "vocab_size": 151936,

@@ -368,7 +368,9 @@ def reduce_rows_fused(torch, la, lb, tokens, vocab):
     rows = la.shape[0]
     out = torch.empty((rows, 6), dtype=torch.float64, device=la.device)
     top = torch.empty((rows, 2), dtype=torch.int32, device=la.device)
-    kernel[(rows,)](la, lb, la.stride(0), vocab, out, top, BLOCK=1024)
+    # Triton launches on the current device; with device_map="auto" the head may sit elsewhere.
+    with torch.cuda.device(la.device):
+        kernel[(rows,)](la, lb, la.stride(0), vocab, out, top, BLOCK=1024)
     fwd, rev, lse_a, lse_b, max_a, nan_seen = out.unbind(1)
     inf = float("inf")
     bad = (nan_seen > 0) | (max_a == inf) | (max_a == -inf) | torch.isinf(lse_b) | torch.isnan(lse_b)

@@ -625,12 +625,26 @@ fn render_model_measurement(doc: &serde_json::Value) -> String {
             .as_object()
             .map(|w| w.iter().map(|(k, v)| format!("{k} ×{v}")).collect())
             .unwrap_or_default();
+        // Native runs list the weight schemes; transformers runs what the engine loaded.
+        let detail = if weights.is_empty() {
+            let r = &m["runner"];
+            let mut parts = vec![format!(
+                "{} weights, attention {}",
+                r["param_dtype"].as_str().unwrap_or("?"),
+                r["attention"].as_str().unwrap_or("?")
+            )];
+            if let Some(q) = r["quant_method"].as_str() {
+                parts.push(format!("quantization {q}"));
+            }
+            parts.join(", ")
+        } else {
+            weights.join(", ")
+        };
         let _ = writeln!(
             out,
-            "{side}: {} ({}; {})",
+            "{side}: {} ({}; {detail})",
             m["path"].as_str().unwrap_or("?"),
             m["runner"]["architecture"].as_str().unwrap_or("?"),
-            weights.join(", ")
         );
         if let Some(a) = m["runner"]["activation_emulation"].as_object()
             && !a.is_empty()
@@ -652,16 +666,31 @@ fn render_model_measurement(doc: &serde_json::Value) -> String {
         ev["tokens_sha256"].as_str().unwrap_or("?"),
         ev["bos"].as_str().unwrap_or("?")
     );
+    let where_ = match e["threads"].as_u64() {
+        Some(t) => format!("{t} threads, {}", e["device"].as_str().unwrap_or("?")),
+        None => e["device"].as_str().unwrap_or("?").to_owned(),
+    };
     let _ = writeln!(
         out,
-        "runner: {} ({} {}), {} compute, {} threads, {}",
+        "runner: {} ({} {}), {} compute, {where_}",
         e["runner"].as_str().unwrap_or("?"),
         e["engine"].as_str().unwrap_or("?"),
         e["engine_version"].as_str().unwrap_or("?"),
         e["compute_dtype"].as_str().unwrap_or("?"),
-        e["threads"],
-        e["device"].as_str().unwrap_or("?"),
     );
+    if let Some(t) = e["transformers_runner"]["timings_s"].as_object() {
+        let secs = |k: &str| t.get(k).and_then(serde_json::Value::as_f64).unwrap_or(0.0);
+        let _ = writeln!(
+            out,
+            "  attention {}, prefill chunk {}, reduction {}; load {:.1} s, prefill {:.1} s, head and reduction {:.1} s",
+            e["attention"].as_str().unwrap_or("?"),
+            e["transformers_runner"]["chunk_size"],
+            e["transformers_runner"]["reduction_kernel"].as_str().unwrap_or("?"),
+            secs("load"),
+            secs("prefill"),
+            secs("head_and_reduce"),
+        );
+    }
     let _ = writeln!(
         out,
         "protocol: {direction} in nats; {vocab} ({} entries, padding {}); {positions}; mean over positions; {:.0}% block bootstrap ({} resamples, seed {})",
