@@ -777,22 +777,34 @@ pub struct Prepared {
     pub candidate_id: ModelIdentity,
 }
 
+/// The reference's tokenizer (or the one given), checked against the candidate's when it has
+/// one, and the eval text tokenized once with it.
+#[cfg(feature = "native")]
+fn tokenize_eval(
+    reference: &Path,
+    candidate: &Path,
+    tokenizer: Option<&Path>,
+    eval_text: &Path,
+) -> Result<(tokens::TokenizerFile, TokenStream)> {
+    let tokenizer_path = tokenizer
+        .map(Path::to_owned)
+        .unwrap_or_else(|| tokens::tokenizer_path(reference));
+    let loaded = tokens::load_tokenizer(&tokenizer_path)?;
+    let candidate_tokenizer = tokens::tokenizer_path(candidate);
+    if tokenizer.is_none() && candidate_tokenizer.exists() {
+        tokens::check_same_tokenizer(&loaded, &tokens::load_tokenizer(&candidate_tokenizer)?)?;
+    }
+    let stream = tokens::tokenize(&loaded, eval_text)?;
+    Ok((loaded, stream))
+}
+
 /// Tokenize the eval text, load both models and hash their files.
 #[cfg(feature = "native")]
 pub fn prepare_native(r: &NativeRequest, stage: &(dyn Fn(&str) + Sync)) -> Result<Prepared> {
     use crate::runner::native;
 
     stage("tokenizing");
-    let tokenizer_path = r
-        .tokenizer
-        .map(Path::to_owned)
-        .unwrap_or_else(|| tokens::tokenizer_path(r.reference));
-    let tokenizer = tokens::load_tokenizer(&tokenizer_path)?;
-    let candidate_tokenizer = tokens::tokenizer_path(r.candidate);
-    if r.tokenizer.is_none() && candidate_tokenizer.exists() {
-        tokens::check_same_tokenizer(&tokenizer, &tokens::load_tokenizer(&candidate_tokenizer)?)?;
-    }
-    let stream = tokens::tokenize(&tokenizer, r.eval_text)?;
+    let (tokenizer, stream) = tokenize_eval(r.reference, r.candidate, r.tokenizer, r.eval_text)?;
 
     stage("loading models");
     let reference = native::load(r.reference, r.compute, r.emulate)?;
@@ -1066,16 +1078,7 @@ pub fn measure_transformers(
 ) -> Result<TransformersRun> {
     use crate::runner::transformers::{self, RunWork};
     stage("tokenizing");
-    let tokenizer_path = r
-        .tokenizer
-        .map(Path::to_owned)
-        .unwrap_or_else(|| tokens::tokenizer_path(r.reference));
-    let tokenizer = tokens::load_tokenizer(&tokenizer_path)?;
-    let candidate_tokenizer = tokens::tokenizer_path(r.candidate);
-    if r.tokenizer.is_none() && candidate_tokenizer.exists() {
-        tokens::check_same_tokenizer(&tokenizer, &tokens::load_tokenizer(&candidate_tokenizer)?)?;
-    }
-    let stream = tokens::tokenize(&tokenizer, r.eval_text)?;
+    let (tokenizer, stream) = tokenize_eval(r.reference, r.candidate, r.tokenizer, r.eval_text)?;
     stage("hashing");
     let (reference_id, width) = checkpoint_identity(r.reference, r.threads, Value::Null)?;
     let (candidate_id, cand_width) = checkpoint_identity(r.candidate, r.threads, Value::Null)?;

@@ -255,22 +255,10 @@ fn kld(config: &KldConfig) -> io::Result<u8> {
 
 fn measure(config: &MeasureConfig) -> io::Result<u8> {
     let printer = Printer::new(config.output);
-    let hub_paths = [Some(&config.candidate), config.reference.as_ref()];
-    if hub_paths
-        .iter()
-        .flatten()
-        .any(|p| cardproof::hub::HfSource::from_path(p).is_some())
-    {
-        let resolved = (|| {
-            let mut c = config.clone();
-            c.candidate = local_path(&printer, &config.candidate, "candidate")?;
-            if let Some(r) = &config.reference {
-                c.reference = Some(local_path(&printer, r, "reference")?);
-            }
-            Ok::<_, cardproof::Error>(c)
-        })();
-        return match resolved {
-            Ok(c) => measure(&c),
+    if is_hub(&config.candidate) || config.reference.as_deref().is_some_and(is_hub) {
+        let mut c = config.clone();
+        return match localize(&printer, &mut c.candidate, c.reference.as_mut()) {
+            Ok(()) => measure(&c),
             Err(e) => {
                 printer.error(&e)?;
                 Ok(EXIT_BAD_INPUT)
@@ -416,22 +404,10 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
 
 fn verify(config: &VerifyConfig) -> io::Result<u8> {
     let printer = Printer::new(config.output);
-    let hub_paths = [Some(&config.path), config.reference.as_ref()];
-    if hub_paths
-        .iter()
-        .flatten()
-        .any(|p| cardproof::hub::HfSource::from_path(p).is_some())
-    {
-        let resolved = (|| {
-            let mut c = config.clone();
-            c.path = local_path(&printer, &config.path, "candidate")?;
-            if let Some(r) = &config.reference {
-                c.reference = Some(local_path(&printer, r, "reference")?);
-            }
-            Ok::<_, cardproof::Error>(c)
-        })();
-        return match resolved {
-            Ok(c) => verify(&c),
+    if is_hub(&config.path) || config.reference.as_deref().is_some_and(is_hub) {
+        let mut c = config.clone();
+        return match localize(&printer, &mut c.path, c.reference.as_mut()) {
+            Ok(()) => verify(&c),
             Err(e) => {
                 printer.error(&e)?;
                 Ok(EXIT_BAD_INPUT)
@@ -903,6 +879,24 @@ fn record_hub_pins(
 
 /// A path for the local code: a Hub source becomes its verified snapshot folder (all files),
 /// and its commit is remembered for the outputs.
+fn is_hub(path: &std::path::Path) -> bool {
+    cardproof::hub::HfSource::from_path(path).is_some()
+}
+
+/// Replace the candidate's and the reference's `hf:` sources by their downloaded, verified
+/// snapshots.
+fn localize(
+    printer: &Printer,
+    candidate: &mut std::path::PathBuf,
+    reference: Option<&mut std::path::PathBuf>,
+) -> cardproof::Result<()> {
+    *candidate = local_path(printer, candidate, "candidate")?;
+    if let Some(r) = reference {
+        *r = local_path(printer, r, "reference")?;
+    }
+    Ok(())
+}
+
 fn local_path(
     printer: &Printer,
     path: &std::path::Path,

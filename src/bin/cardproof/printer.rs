@@ -685,7 +685,9 @@ fn render_model_measurement(doc: &serde_json::Value) -> String {
             "  attention {}, prefill chunk {}, reduction {}; load {:.1} s, prefill {:.1} s, head and reduction {:.1} s",
             e["attention"].as_str().unwrap_or("?"),
             e["transformers_runner"]["chunk_size"],
-            e["transformers_runner"]["reduction_kernel"].as_str().unwrap_or("?"),
+            e["transformers_runner"]["reduction_kernel"]
+                .as_str()
+                .unwrap_or("?"),
             secs("load"),
             secs("prefill"),
             secs("head_and_reduce"),
