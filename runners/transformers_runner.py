@@ -469,7 +469,7 @@ def finish_records(torch, a, b, fwd, rev, top_a, top_b, max_a, lse_a, lse_b, bad
 # Memory plan
 
 
-def plan_memory(torch, req, cfg, weights, dtype_size, chunk):
+def plan_memory(torch, req, cfg, weights, dtype_size, chunk, free):
     """Bytes each part of the run needs at its peak for prefill chunks of `chunk` tokens (a chunk
     as long as the window is one pass without a cache, the engine's plain prefill)."""
     hidden = cfg.get("hidden_size", 0)
@@ -491,27 +491,31 @@ def plan_memory(torch, req, cfg, weights, dtype_size, chunk):
     # causal pass, which takes the flash kernel); for eager the scores, twice.
     act = chunk * (3 * inter + 6 * hidden) * dtype_size
     attn = chunk * longest * (heads * 6 if eager else (0 if whole else 2))
-    head_rows = req.get("head_rows") or 0
+    # Head chunk: two logit blocks in the model dtype and about six float64 temporaries per row.
     per_row = vocab_width * (2 * dtype_size + 6 * 8)
-    if not head_rows:
-        # Large enough that launches do not dominate, small beside the weights: 6 GiB at most.
-        head_rows = max(16, min(2048, (6 << 30) // max(1, per_row)))
-    # Head chunk: two logit blocks in the model dtype and about six float64 temporaries.
-    head = head_rows * per_row
     kept = most_rows * hidden * dtype_size
+    fixed = kv + act + attn + 2 * kept
     plans = {
         "weights": weights,
         "kv_cache": kv,
         "activations": act + attn,
-        "head_chunk": head,
         "kept_hidden": 2 * kept,
         "chunk_size": chunk,
-        "head_rows": head_rows,
     }
-    side = weights["reference"] + weights["candidate"] + kv + act + attn + head + 2 * kept
-    seq = max(weights["reference"], weights["candidate"]) + kv + act + attn + head + 2 * kept
-    plans["side_by_side_bytes"] = side
-    plans["sequential_bytes"] = seq
+    for mode, w in (
+        ("side_by_side", weights["reference"] + weights["candidate"]),
+        ("sequential", max(weights["reference"], weights["candidate"])),
+    ):
+        rows = req.get("head_rows") or 0
+        if not rows:
+            # As many rows as the memory left allows, so launches do not dominate: at most 2048
+            # and 6 GiB, at least 16.
+            left = (free * (1 - MARGIN) - w - fixed) if free is not None else float("inf")
+            cap = min(2048, (6 << 30) // max(1, per_row))
+            rows = int(max(16, min(cap, left // per_row if left > 0 else 0)))
+        plans[f"{mode}_head_rows"] = rows
+        plans[f"{mode}_bytes"] = w + fixed + rows * per_row
+    plans["per_head_row"] = per_row
     return plans
 
 
@@ -532,7 +536,7 @@ def free_bytes(torch, device):
 
 
 def human(n):
-    return f"{n / 2**30:.1f} GiB"
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def choose_plan(torch, req, cfg, weights, dtype_size):
@@ -546,12 +550,16 @@ def choose_plan(torch, req, cfg, weights, dtype_size):
     chunks = [asked] if asked else [longest] + [c for c in (1 << k for k in range(20, 7, -1)) if c < longest]
     error = None
     for chunk in chunks:
-        plan = plan_memory(torch, req, cfg, weights, dtype_size, chunk)
+        plan = plan_memory(torch, req, cfg, weights, dtype_size, chunk, free)
         plan["free_bytes"] = free
         try:
-            return plan, choose_mode(req, plan, free, device)
+            mode = choose_mode(req, plan, free, device)
         except RunnerError as e:
             error = e
+            continue
+        plan["head_rows"] = plan[f"{mode}_head_rows"]
+        plan["head_chunk"] = plan["head_rows"] * plan["per_head_row"]
+        return plan, mode
     raise error
 
 
@@ -565,19 +573,24 @@ def choose_mode(req, plan, free, device):
         return "side_by_side"
     if wanted in ("auto", "sequential") and seq <= budget:
         return "sequential"
-    need = seq if wanted != "side_by_side" else side
+    mode = "sequential" if wanted != "side_by_side" else "side_by_side"
+    need = plan[f"{mode}_bytes"]
+    rows = plan[f"{mode}_head_rows"]
     w = plan["weights"]
     parts = (
         f"weights {human(w['reference'])} + {human(w['candidate'])}, KV cache {human(plan['kv_cache'])}, "
         f"activations {human(plan['activations'])} at chunk {plan['chunk_size']}, "
-        f"head chunk {human(plan['head_chunk'])} at {plan['head_rows']} rows"
+        f"head chunk {human(rows * plan['per_head_row'])} at {rows} rows"
     )
     advice = []
     if plan["activations"] > 0.2 * need:
         advice.append("a smaller --chunk-size")
     if plan["kv_cache"] > 0.3 * need:
         advice.append("a shorter --context-length")
-    advice.append("more GPUs with --device auto")
+    if device != "cpu":
+        advice.append("more GPUs with --device auto")
+    else:
+        advice.append("a machine with more memory")
     raise RunnerError(
         "out_of_memory_plan",
         f"the run needs about {human(need)} ({parts}) but {human(free)} is free on {device}; try {', or '.join(advice)}",
@@ -808,8 +821,11 @@ def run(req):
         for ri, (r, windows) in enumerate(runs):
             keep = torch.tensor(r["rows"], dtype=torch.long)
             hs = []
-            for ids in windows:
+            for w, ids in enumerate(windows):
                 h = hidden_of(ref_model, specs["reference"], ids, keep)
+                if req.get("gates") and gates is None:
+                    targets = torch.tensor([ids[j + 1] if ids[j + 1] < vocab else -1 for j in r["rows"]], dtype=torch.long)
+                    gates = gate_self(torch, timings, hidden_of, records_of, ref_model, specs, ids, keep, targets, h)
                 hs.append(h.cpu() if host else h)
                 done += 1
                 progress("measuring reference", done, 2 * total_windows)
@@ -836,8 +852,8 @@ def run(req):
                 h_ref = kept[ri][w].to(ref_head.weight.device)
                 h_cand = hidden_of(cand_model, specs["candidate"], ids, keep)
                 recs.append(records_of(HeadOnly, h_ref, cand_model, h_cand, targets))
-                if req.get("gates") and gates is None:
-                    gates = {"skipped": "sequential mode keeps one model loaded at a time; the gates need both"}
+                if req.get("gates") and ri == 0 and w == 0:
+                    gates["shift_forward_mean"] = gate_shift(torch, timings, records_of, HeadOnly, h_ref, cand_model, h_cand, targets)
                 kept[ri][w] = None
                 done += 1
                 progress("measuring candidate", done, 2 * total_windows)
@@ -868,26 +884,38 @@ def run(req):
     }
 
 
-def run_gates(torch, timings, hidden_of, records_of, ref_model, cand_model, specs, ids, keep, targets, h_ref, h_cand):
-    """The sanity gates on the first window: the reference run a second time against the first
-    (must give exactly 0), and the candidate's rows shifted by one (must give a large KL)."""
+def gate_self(torch, timings, hidden_of, records_of, ref_model, specs, ids, keep, targets, h_ref):
+    """The first gate, on the first window: the reference run a second time against the first
+    run (must give exactly 0 and identical top-1)."""
     t = time.perf_counter()
     again = hidden_of(ref_model, specs["reference"], ids, keep)
     same = records_of(ref_model, h_ref, ref_model, again, targets)
-    # Shift: reference row k against candidate row k+1 of the kept rows (consecutive rows when
-    # every row is scored; the gate's point is misalignment, not which rows).
-    shifted = records_of(ref_model, h_ref, cand_model, h_cand, targets[:-1], shift=1) if h_ref.shape[0] > 1 else None
     timings["gates"] += time.perf_counter() - t
     ok = same["finite"].bool()
-    out = {
+    return {
         "self_forward_mean": float(same["forward"][ok].mean()) if ok.any() else float("nan"),
         "self_reverse_mean": float(same["reverse"][ok].mean()) if ok.any() else float("nan"),
         "self_top1_identical": bool((same["ref_top1"] == same["cand_top1"]).all()),
-        "shift_forward_mean": float("nan"),
     }
-    if shifted is not None:
+
+
+def gate_shift(torch, timings, records_of, ref_model, h_ref, cand_model, h_cand, targets):
+    """The second gate: reference row k against candidate row k+1 of the kept rows (consecutive
+    rows when every row is scored; the point is misalignment, not which rows): a large KL."""
+    t = time.perf_counter()
+    out = float("nan")
+    if h_ref.shape[0] > 1:
+        shifted = records_of(ref_model, h_ref, cand_model, h_cand, targets[:-1], shift=1)
         ok = shifted["finite"].bool()
-        out["shift_forward_mean"] = float(shifted["forward"][ok].mean()) if ok.any() else float("nan")
+        out = float(shifted["forward"][ok].mean()) if ok.any() else float("nan")
+    timings["gates"] += time.perf_counter() - t
+    return out
+
+
+def run_gates(torch, timings, hidden_of, records_of, ref_model, cand_model, specs, ids, keep, targets, h_ref, h_cand):
+    """Both gates on the first window, both models loaded."""
+    out = gate_self(torch, timings, hidden_of, records_of, ref_model, specs, ids, keep, targets, h_ref)
+    out["shift_forward_mean"] = gate_shift(torch, timings, records_of, ref_model, h_ref, cand_model, h_cand, targets)
     return out
 
 

@@ -530,15 +530,12 @@ fn an_attention_sweep_measures_the_kernel_alone() {
     );
 }
 
-#[test]
-fn verify_reruns_a_transformers_card_in_its_lane() {
-    if !torch_available() {
-        return;
-    }
+/// A copy of the FP8 example whose card is written from a transformers measurement on CPU, and a
+/// key to sign with: (temp dir, candidate dir, key, the measurement document).
+fn transformers_card() -> (tempfile::TempDir, PathBuf, PathBuf, serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();
     let r = cpu_measure(dir.path(), "examples/models/shakespeare-fp8-block", &[]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    // A copy of the candidate whose card is written from the transformers measurement.
     let candidate = dir.path().join("candidate");
     std::fs::create_dir(&candidate).unwrap();
     for entry in
@@ -565,26 +562,41 @@ fn verify_reruns_a_transformers_card_in_its_lane() {
     let keys = dir.path().join("keys");
     let k = run(&[], &["keygen", "--out", keys.to_str().unwrap()]);
     assert_eq!(k.code, 0, "{}", k.stderr);
-    let v = run(
-        &[],
-        &[
-            "verify",
-            candidate.to_str().unwrap(),
-            "--reference",
-            "examples/models/shakespeare-bf16",
-            "--runner",
-            "transformers",
-            "--device",
-            "cpu",
-            "--eval-text",
-            dir.path().join("eval.txt").to_str().unwrap(),
-            "--key",
-            keys.join("cardproof.key").to_str().unwrap(),
-            "--out",
-            dir.path().join("report").to_str().unwrap(),
-            "--json",
-        ],
-    );
+    let doc = r.json();
+    (dir, candidate, keys.join("cardproof.key"), doc)
+}
+
+fn verify_transformers(dir: &Path, candidate: &Path, key: &Path, extra: &[&str]) -> Run {
+    let text = dir.join("eval.txt");
+    let out = dir.join("report");
+    let mut args = vec![
+        "verify",
+        candidate.to_str().unwrap(),
+        "--reference",
+        "examples/models/shakespeare-bf16",
+        "--runner",
+        "transformers",
+        "--device",
+        "cpu",
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    run(&[], &args)
+}
+
+#[test]
+fn verify_reruns_a_transformers_card_in_its_lane() {
+    if !torch_available() {
+        return;
+    }
+    let (dir, candidate, key, _) = transformers_card();
+    let v = verify_transformers(dir.path(), &candidate, &key, &[]);
     let report = v.json();
     assert_eq!(
         report["verdict"], "reproduced",
@@ -592,7 +604,53 @@ fn verify_reruns_a_transformers_card_in_its_lane() {
         v.stderr, v.stdout
     );
     assert_eq!(v.code, 0);
+    let gates = report["sanity"].as_array().unwrap();
+    assert_eq!(gates.len(), 3);
+    for gate in gates {
+        assert_eq!(gate["passed"], true, "{gate}");
+    }
+    // Another attention kernel is another lane: not comparable, never "reproduced".
+    let v = verify_transformers(dir.path(), &candidate, &key, &["--attention", "eager"]);
+    let report = v.json();
+    assert_eq!(report["verdict"], "not_comparable", "{}", v.stdout);
+    assert!(v.stdout.contains("attention: card"), "{}", v.stdout);
+}
+
+#[test]
+fn sequential_mode_gives_the_same_numbers_and_still_runs_the_gates() {
+    if !torch_available() {
+        return;
+    }
+    let (dir, candidate, key, measured) = transformers_card();
+    // 30 MB "free": both example models with the head chunk do not fit, one at a time does.
+    let v = verify_transformers(
+        dir.path(),
+        &candidate,
+        &key,
+        &["--memory-limit", "30000000"],
+    );
+    let report = v.json();
+    assert_eq!(
+        report["measurement"]["environment"]["transformers_runner"]["mode"],
+        "sequential"
+    );
+    assert_eq!(
+        report["verdict"], "reproduced",
+        "{}\n{}",
+        v.stderr, v.stdout
+    );
     for gate in report["sanity"].as_array().unwrap() {
         assert_eq!(gate["passed"], true, "{gate}");
+    }
+    let (a, b) = (
+        &report["measurement"]["runs"][0]["metrics"],
+        &measured["runs"][0]["metrics"],
+    );
+    for (name, value) in b.as_object().unwrap() {
+        let (x, y) = (a[name].as_f64().unwrap(), value.as_f64().unwrap());
+        assert!(
+            rel(x, y) < 1e-12,
+            "{name}: sequential {x}, side by side {y}"
+        );
     }
 }
