@@ -87,6 +87,8 @@ def read_request(path):
         m = req["models"].get(side)
         require(isinstance(m, dict) and isinstance(m.get("path"), str), f"models.{side}.path missing")
     require(isinstance(req["vocab_size"], int) and req["vocab_size"] > 0, "vocab_size must be a positive integer")
+    require(req.get("keep_hidden") in (None, "auto", "device", "host", "disk"), "keep_hidden must be auto, device, host or disk")
+    require(req.get("mode", "auto") in ("auto", "side_by_side", "sequential"), "mode must be auto, side_by_side or sequential")
     for i, run in enumerate(req["runs"]):
         for key in ("context_length", "tokens_file", "n_windows", "rows"):
             require(key in run, f"runs[{i}] has no {key!r}")
@@ -808,16 +810,45 @@ def run(req):
                 progress("measuring", done, total_windows)
             results.append(recs)
     else:
-        # Reference first, its final hidden states at the scored rows kept (on the head's device
-        # when they fit, else in host memory), then the candidate; the reference's output head
-        # stays loaded for the reduction.
+        # Reference first, its final hidden states at the scored rows kept (exact: the logits
+        # are recomputed from them with the reference's head), then the candidate; the
+        # reference's output head stays loaded for the reduction. Where they are kept: on the
+        # head's device when they take under a quarter of its free memory, else in host memory
+        # when under half of what the host has free, else on disk beside the results.
         ref_model = load(specs["reference"])
         ref_record = model_record(ref_model, specs["reference"])
         kept = []
         all_rows = sum(len(r["rows"]) * r["n_windows"] for r in req["runs"])
         kept_bytes = all_rows * cfg.get("hidden_size", 0) * dtype_size
-        host = device != "cpu" and kept_bytes > 0.25 * (plan.get("free_bytes") or 0)
-        plan["kept_hidden_on_host"] = host
+        where = req.get("keep_hidden") or "auto"
+        if where == "auto":
+            host_free = free_bytes(torch, "cpu") or 0
+            if device != "cpu" and kept_bytes <= 0.25 * (plan.get("free_bytes") or 0):
+                where = "device"
+            elif kept_bytes <= 0.5 * host_free:
+                where = "host"
+            else:
+                where = "disk"
+        plan["kept_hidden_where"] = where
+        spill = os.path.join(req["result_dir"], "spill")
+
+        def stash(h, ri, w):
+            if where == "device":
+                return h
+            if where == "host":
+                return h.cpu()
+            os.makedirs(spill, exist_ok=True)
+            path = os.path.join(spill, f"run{ri}-window{w}.pt")
+            torch.save(h.cpu(), path)
+            return path
+
+        def unstash(x):
+            if isinstance(x, str):
+                h = torch.load(x, weights_only=True)
+                os.remove(x)
+                return h
+            return x
+
         for ri, (r, windows) in enumerate(runs):
             keep = torch.tensor(r["rows"], dtype=torch.long)
             hs = []
@@ -826,7 +857,8 @@ def run(req):
                 if req.get("gates") and gates is None:
                     targets = torch.tensor([ids[j + 1] if ids[j + 1] < vocab else -1 for j in r["rows"]], dtype=torch.long)
                     gates = gate_self(torch, timings, hidden_of, records_of, ref_model, specs, ids, keep, targets, h)
-                hs.append(h.cpu() if host else h)
+                hs.append(stash(h, ri, w))
+                del h
                 done += 1
                 progress("measuring reference", done, 2 * total_windows)
             kept.append(hs)
@@ -849,7 +881,7 @@ def run(req):
             recs = []
             for w, ids in enumerate(windows):
                 targets = torch.tensor([ids[j + 1] if ids[j + 1] < vocab else -1 for j in r["rows"]], dtype=torch.long)
-                h_ref = kept[ri][w].to(ref_head.weight.device)
+                h_ref = unstash(kept[ri][w]).to(ref_head.weight.device)
                 h_cand = hidden_of(cand_model, specs["candidate"], ids, keep)
                 recs.append(records_of(HeadOnly, h_ref, cand_model, h_cand, targets))
                 if req.get("gates") and ri == 0 and w == 0:

@@ -84,6 +84,9 @@ pub struct TransformersOptions {
     pub memory_limit: Option<u64>,
     /// `auto`, `side_by_side` or `sequential`.
     pub mode: String,
+    /// Sequential mode: where the reference's hidden states wait for the candidate (`auto`,
+    /// `device`, `host`, `disk`).
+    pub keep_hidden: String,
     /// Also run the sanity gates on the first window (verify).
     pub gates: bool,
     /// Also write the first window's first rows' logits of both models into this directory
@@ -111,6 +114,7 @@ impl Default for TransformersOptions {
             trust_remote_code: false,
             memory_limit: None,
             mode: "auto".into(),
+            keep_hidden: "auto".into(),
             gates: false,
             dump_rows: None,
             follow_card: (true, true),
@@ -212,6 +216,7 @@ fn write_request(
         "trust_remote_code": o.trust_remote_code,
         "memory_limit_bytes": o.memory_limit,
         "mode": o.mode,
+        "keep_hidden": o.keep_hidden,
         "gates": o.gates,
         "dump": o.dump_rows.as_ref().map(|(dir, rows)| json!({"dir": absolute(dir).display().to_string(), "rows": rows})),
         "vocab_size": vocab_size,

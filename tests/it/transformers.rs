@@ -642,15 +642,23 @@ fn sequential_mode_gives_the_same_numbers_and_still_runs_the_gates() {
     for gate in report["sanity"].as_array().unwrap() {
         assert_eq!(gate["passed"], true, "{gate}");
     }
-    let (a, b) = (
-        &report["measurement"]["runs"][0]["metrics"],
-        &measured["runs"][0]["metrics"],
+    let same_numbers = |doc: &serde_json::Value, what: &str| {
+        let (a, b) = (&doc["runs"][0]["metrics"], &measured["runs"][0]["metrics"]);
+        for (name, value) in b.as_object().unwrap() {
+            let (x, y) = (a[name].as_f64().unwrap(), value.as_f64().unwrap());
+            assert!(rel(x, y) < 1e-12, "{name}: {what} {x}, side by side {y}");
+        }
+    };
+    same_numbers(&report["measurement"], "sequential");
+    // The reference's hidden states spilled to disk between the two models: the same numbers.
+    let r = cpu_measure(
+        dir.path(),
+        "examples/models/shakespeare-fp8-block",
+        &["--memory-limit", "30000000", "--keep-hidden", "disk"],
     );
-    for (name, value) in b.as_object().unwrap() {
-        let (x, y) = (a[name].as_f64().unwrap(), value.as_f64().unwrap());
-        assert!(
-            rel(x, y) < 1e-12,
-            "{name}: sequential {x}, side by side {y}"
-        );
-    }
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let doc = r.json();
+    let plan = &doc["environment"]["transformers_runner"]["memory_plan"];
+    assert_eq!(plan["kept_hidden_where"], "disk", "{plan}");
+    same_numbers(&doc, "spilled to disk");
 }

@@ -412,6 +412,10 @@ pub struct TransformersArgs {
     /// Plan memory as if only this many bytes were free (tests).
     #[arg(long, value_name = "BYTES", hide = true)]
     pub memory_limit: Option<u64>,
+    /// Where the reference's hidden states wait for the candidate when the models run one
+    /// after the other: auto, device, host or disk.
+    #[arg(long, value_name = "WHERE", default_value = "auto", hide = true)]
+    pub keep_hidden: String,
     /// Write the first 64 scored rows' logits of both models here (checks of the device's
     /// reduction against `cardproof kld`).
     #[arg(long, value_name = "DIR", hide = true)]

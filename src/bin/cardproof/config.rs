@@ -369,6 +369,14 @@ pub fn transformers_options(
         trust_remote_code: a.trust_remote_code,
         memory_limit: a.memory_limit,
         mode: "auto".into(),
+        keep_hidden: match a.keep_hidden.as_str() {
+            k @ ("auto" | "device" | "host" | "disk") => k.into(),
+            other => {
+                return Err(format!(
+                    "--keep-hidden {other}: expected auto, device, host or disk"
+                ));
+            }
+        },
         gates: false,
         dump_rows: a.runner_dump.clone().map(|d| (d, 64)),
     })
