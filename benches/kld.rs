@@ -45,6 +45,9 @@ fn write_dump(path: &Path, rows: usize, mut row: impl FnMut(usize, &mut [f32])) 
         }
     }
     f.flush().expect("flush");
+    // Written back before any timing: dirty pages flushed in the background would compete with
+    // the runs measured (and did: 40% noise).
+    f.into_inner().expect("flush").sync_all().expect("sync");
 }
 
 fn read_all(paths: &[&Path]) -> Duration {
