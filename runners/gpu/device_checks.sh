@@ -3,6 +3,10 @@
 # the example pairs measured on the GPU with a logit dump (the fixture that checks the device's
 # reduction against cardproof's), an attention sweep, and the benchmark. Run from the repository
 # root with the cardproof binary at $BIN; writes under $OUT.
+# The GPU machine has no package registry: compressed-tensors (>= 0.15 for transformers 5.17)
+# and its pure-Python dependencies travel as wheels under .whl/ and .whl/gpu/ (not committed;
+# `pip download --no-deps compressed-tensors pydantic loguru frozendict ...` on a machine that has
+# one, then carry `.whl` with the device call).
 set -u
 BIN=${BIN:-target/device/cardproof}
 OUT=${OUT:-/tmp/cardproof-gpu}
