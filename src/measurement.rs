@@ -1078,10 +1078,31 @@ pub fn measure_transformers(
 ) -> Result<TransformersRun> {
     use crate::runner::transformers::{self, RunWork};
     stage("tokenizing");
+    if !matches!(r.options.vocab, VocabMode::Full) {
+        return Err(Error::malformed(
+            r.candidate,
+            None,
+            "the transformers runner computes full-vocabulary KL only; use --runner native for top-k or threshold modes",
+        ));
+    }
+    for model in [r.reference, r.candidate] {
+        if crate::runner::native::resolve(model)?.1 != "safetensors" {
+            return Err(Error::malformed(
+                model,
+                None,
+                "the transformers runner loads safetensors checkpoint directories; GGUF runs with --runner native",
+            ));
+        }
+    }
     let (tokenizer, stream) = tokenize_eval(r.reference, r.candidate, r.tokenizer, r.eval_text)?;
     stage("hashing");
     let (reference_id, width) = checkpoint_identity(r.reference, r.threads, Value::Null)?;
-    let (candidate_id, cand_width) = checkpoint_identity(r.candidate, r.threads, Value::Null)?;
+    // The same weights on both sides (a sweep): hashed once.
+    let (candidate_id, cand_width) = if r.candidate == r.reference {
+        (reference_id.clone(), width)
+    } else {
+        checkpoint_identity(r.candidate, r.threads, Value::Null)?
+    };
     if cand_width != width {
         return Err(Error::malformed(
             r.candidate,
@@ -1089,13 +1110,6 @@ pub fn measure_transformers(
             format!(
                 "vocabulary mismatch: the candidate's logit rows have {cand_width} entries, the reference's {width}"
             ),
-        ));
-    }
-    if !matches!(r.options.vocab, VocabMode::Full) {
-        return Err(Error::malformed(
-            r.candidate,
-            None,
-            "the transformers runner computes full-vocabulary KL only; use --runner native for top-k or threshold modes",
         ));
     }
     let eval = EvalInput {
@@ -1208,6 +1222,7 @@ fn flips_json(run: &RunResult) -> Value {
         "kld_p99": run.summary.metrics.get("kld_p99"),
         "top1_agreement": run.summary.metrics.get("top1_agreement"),
         "n_flips": flips.len(),
+        "flip_location": if run.n_windows == 1 { "block = run of rows in the one window" } else { "block = window" },
         "flips": shown,
         "flips_listed": shown.len(),
         "by_depth": run.summary.diagnostics.by_depth,
@@ -1224,6 +1239,8 @@ pub fn run_sweep(
 ) -> Result<Value> {
     let baseline = &r.values[0];
     let mut pairs = Vec::new();
+    // Written only when every pair has run: a failed sweep leaves no partial results.
+    let mut outputs = Vec::new();
     let mut floor: Option<f64> = None;
     for other in &r.values[1..] {
         let mut runner = r.runner.clone();
@@ -1240,7 +1257,6 @@ pub fn run_sweep(
             out: &out,
         };
         let run = measure_transformers(&request, stage, progress)?;
-        write_measurement(&out, &run.measurement, &run.document)?;
         for m in &run.measurement.runs {
             if let Some(&k) = m.summary.metrics.get("kld_mean") {
                 floor = Some(floor.map_or(k, |f: f64| f.max(k)));
@@ -1253,6 +1269,10 @@ pub fn run_sweep(
             "runs": run.measurement.runs.iter().map(flips_json).collect::<Vec<_>>(),
             "environment": run.document["environment"],
         }));
+        outputs.push((out, run));
+    }
+    for (out, run) in &outputs {
+        write_measurement(out, &run.measurement, &run.document)?;
     }
     let document = versioned(json!({
         "kind": "sweep",

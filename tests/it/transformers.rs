@@ -379,6 +379,17 @@ fn runner_flags_are_validated_before_any_work() {
             &["--runner", "transformers", "--sweep", "dtype=bf16,f32"][..],
             "the knob can be `attention`",
         ),
+        (
+            &[
+                "--runner",
+                "transformers",
+                "--vocab",
+                "top-k",
+                "--top-k",
+                "8",
+            ][..],
+            "--runner transformers computes full-vocabulary KL only",
+        ),
     ] {
         let mut args = base.to_vec();
         args.extend_from_slice(extra);
@@ -386,6 +397,38 @@ fn runner_flags_are_validated_before_any_work() {
         assert_eq!(r.code, 2, "{extra:?}: {}", r.stderr);
         assert!(r.stderr.contains(message), "{extra:?}: {}", r.stderr);
     }
+}
+
+#[test]
+fn a_gguf_model_is_refused_before_any_work() {
+    let out = tempfile::tempdir().unwrap();
+    let r = run(
+        &[],
+        &[
+            "measure",
+            "--runner",
+            "transformers",
+            "--python",
+            "/nonexistent/python3",
+            "--reference",
+            "examples/models/shakespeare-bf16",
+            "--candidate",
+            "examples/models/shakespeare-q4_0-gguf",
+            "--eval-text",
+            "examples/data/eval.txt",
+            "--context-length",
+            "256",
+            "--out",
+            out.path().to_str().unwrap(),
+        ],
+    );
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("examples/models/shakespeare-q4_0-gguf: the transformers runner loads safetensors checkpoint directories; GGUF runs with --runner native"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0);
 }
 
 /// The real runner on CPU needs torch and transformers: CI installs them and sets

@@ -236,6 +236,12 @@ impl MeasureConfig {
                 if args.dump_logits.is_some() {
                     return Err("--dump-logits needs --runner native".into());
                 }
+                if !matches!(p.vocab, cardproof::measure::protocol::VocabMode::Full) {
+                    return Err(
+                        "--runner transformers computes full-vocabulary KL only; --vocab top-k and threshold need --runner native"
+                            .into(),
+                    );
+                }
                 Some(transformers_options(&args.transformers)?)
             }
         };

@@ -291,49 +291,37 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
             bar.set_position(done as u64);
         }
     };
-    if let (Some(runner), Some((knob, values))) = (&config.transformers, &config.sweep) {
-        let result = cardproof::measurement::run_sweep(
-            &cardproof::measurement::SweepRequest {
-                model: &config.candidate,
-                eval_text: config
-                    .eval_text
-                    .as_deref()
-                    .unwrap_or(std::path::Path::new("")),
-                tokenizer: config.tokenizer.as_deref(),
-                options: &config.options,
-                runner,
-                knob,
-                values,
-                threads: config.threads,
-                out: &config.out,
-            },
-            &stage,
-            &progress,
-        );
-        if let Some(bar) = &bar {
-            bar.finish_and_clear();
-        }
-        return match result {
-            Ok(document) => {
-                printer.sweep(&document, &config.out)?;
-                Ok(0)
-            }
-            Err(e) => {
-                printer.error(&e)?;
-                Ok(EXIT_BAD_INPUT)
-            }
-        };
-    }
+    let eval_text = config
+        .eval_text
+        .as_deref()
+        .unwrap_or(std::path::Path::new(""));
     let result = pool.install(|| match (&config.reference, &config.reference_artifact) {
+        _ if config.sweep.is_some() => {
+            let (Some(runner), Some((knob, values))) = (&config.transformers, &config.sweep) else {
+                unreachable!("the config checks --sweep has --runner transformers")
+            };
+            cardproof::measurement::run_sweep(
+                &cardproof::measurement::SweepRequest {
+                    model: &config.candidate,
+                    eval_text,
+                    tokenizer: config.tokenizer.as_deref(),
+                    options: &config.options,
+                    runner,
+                    knob,
+                    values,
+                    threads: config.threads,
+                    out: &config.out,
+                },
+                &stage,
+                &progress,
+            )
+        }
         (Some(reference), None) if config.transformers.is_some() => {
             cardproof::measurement::run_transformers(
                 &cardproof::measurement::TransformersRequest {
                     reference,
                     candidate: &config.candidate,
-                    eval_text: config
-                        .eval_text
-                        .as_deref()
-                        .unwrap_or(std::path::Path::new("")),
+                    eval_text,
                     tokenizer: config.tokenizer.as_deref(),
                     options: &config.options,
                     runner: config.transformers.as_ref().expect("checked"),
@@ -365,10 +353,7 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
             &cardproof::measurement::NativeRequest {
                 reference: reference.as_deref().unwrap_or(std::path::Path::new(".")),
                 candidate: &config.candidate,
-                eval_text: config
-                    .eval_text
-                    .as_deref()
-                    .unwrap_or(std::path::Path::new("")),
+                eval_text,
                 tokenizer: config.tokenizer.as_deref(),
                 options: &config.options,
                 compute: config.compute,
@@ -384,6 +369,10 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
         bar.finish_and_clear();
     }
     match result {
+        Ok(document) if config.sweep.is_some() => {
+            printer.sweep(&document, &config.out)?;
+            Ok(0)
+        }
         Ok(document) => {
             let document = match record_hub_pins(document, &config.out) {
                 Ok(d) => d,

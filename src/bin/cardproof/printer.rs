@@ -1137,7 +1137,7 @@ fn render_sweep(doc: &serde_json::Value) -> String {
         doc["model"].as_str().unwrap_or("?"),
         doc["values"][0].as_str().unwrap_or("?"),
     );
-    out.push_str("| other | context | positions | kld_mean | kld_p99 | kld_max | top-1 agreement | flips | first flips (position) |\n|---|---|---|---|---|---|---|---|---|\n");
+    out.push_str("| other | context | positions | kld_mean | kld_p99 | kld_max | top-1 agreement | flips | first flips (block:position) |\n|---|---|---|---|---|---|---|---|---|\n");
     for pair in doc["pairs"].as_array().into_iter().flatten() {
         for run in pair["runs"].as_array().into_iter().flatten() {
             let first: Vec<String> = run["flips"]
@@ -1145,7 +1145,7 @@ fn render_sweep(doc: &serde_json::Value) -> String {
                 .into_iter()
                 .flatten()
                 .take(5)
-                .map(|f| f["position"].to_string())
+                .map(|f| format!("{}:{}", f["block"], f["position"]))
                 .collect();
             let num = |k: &str| run[k].as_f64().map_or("-".into(), |v| format!("{v:.6}"));
             out.push_str(&format!(
