@@ -2,23 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::{cardproof, repo_root};
-
-fn model(name: &str) -> String {
-    repo_root()
-        .join("examples/models")
-        .join(name)
-        .display()
-        .to_string()
-}
-
-fn short_text(dir: &Path) -> PathBuf {
-    let text = std::fs::read_to_string(repo_root().join("examples/data/eval.txt")).unwrap();
-    let end = text[2500..].find('\n').unwrap() + 2501;
-    let path = dir.join("eval.txt");
-    std::fs::write(&path, &text[..end]).unwrap();
-    path
-}
+use crate::support::{cardproof, model, repo_root, short_text};
 
 fn export(dir: &Path, text: &Path, name: &str, extra: &[&str]) -> PathBuf {
     let out = dir.join(name);
@@ -74,7 +58,7 @@ fn metrics(run: &crate::support::Run) -> serde_json::Value {
 #[test]
 fn hidden_state_artifact_reproduces_the_full_reference() {
     let dir = tempfile::tempdir().unwrap();
-    let text = short_text(dir.path());
+    let text = short_text(dir.path(), 2500);
     let art = export(dir.path(), &text, "hidden.safetensors", &[]);
     for candidate in [
         "shakespeare-w8a16",
@@ -117,7 +101,7 @@ fn hidden_state_artifact_reproduces_the_full_reference() {
 #[test]
 fn top_k_artifact_is_a_lower_bound_that_converges() {
     let dir = tempfile::tempdir().unwrap();
-    let text = short_text(dir.path());
+    let text = short_text(dir.path(), 2500);
     let candidate = model("shakespeare-fp8-block");
     let full = metrics(&measure(
         dir.path(),
@@ -166,7 +150,7 @@ fn top_k_artifact_is_a_lower_bound_that_converges() {
 #[test]
 fn tampered_or_mismatched_artifacts_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let text = short_text(dir.path());
+    let text = short_text(dir.path(), 2500);
     let art = export(dir.path(), &text, "hidden.safetensors", &[]);
     let reference = ["--reference-artifact", art.to_str().unwrap()];
     // Another protocol.
@@ -215,7 +199,7 @@ fn tampered_or_mismatched_artifacts_are_refused() {
 #[test]
 fn llamacpp_base_files_export_and_import() {
     let dir = tempfile::tempdir().unwrap();
-    let text = short_text(dir.path());
+    let text = short_text(dir.path(), 2500);
     let base = export(
         dir.path(),
         &text,

@@ -10,7 +10,7 @@ use cardproof::card::{Card, FrontMatter};
 use cardproof::disclosure::Disclosure;
 use serde_json::{Value, json};
 
-use crate::support::{cardproof_in, repo_root};
+use crate::support::{cardproof_in, model, repo_root};
 
 const CANDIDATES: [&str; 4] = [
     "shakespeare-awq-int4",
@@ -21,14 +21,6 @@ const CANDIDATES: [&str; 4] = [
 
 const REV_A: &str = "1111111111111111111111111111111111111111";
 const REV_B: &str = "2222222222222222222222222222222222222222";
-
-fn model(name: &str) -> String {
-    repo_root()
-        .join("examples/models")
-        .join(name)
-        .display()
-        .to_string()
-}
 
 /// A fresh `cardproof measure` of `candidate` against the BF16 reference on the first ~3000
 /// characters of the example eval text (context 128, 50 bootstrap resamples).

@@ -1,27 +1,8 @@
 //! `cardproof measure` with the native runner on the example models under examples/models.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use crate::support::{cardproof, cardproof_in, repo_root};
-
-fn model(name: &str) -> String {
-    repo_root()
-        .join("examples/models")
-        .join(name)
-        .display()
-        .to_string()
-}
-
-/// The first `chars` characters of the example eval text, cut at a line end, in `dir`.
-fn short_text(dir: &Path, chars: usize) -> PathBuf {
-    let text = std::fs::read_to_string(repo_root().join("examples/data/eval.txt")).unwrap();
-    let end = text[chars..]
-        .find('\n')
-        .map_or(text.len(), |i| chars + i + 1);
-    let path = dir.join("eval.txt");
-    std::fs::write(&path, &text[..end]).unwrap();
-    path
-}
+use crate::support::{cardproof, cardproof_in, model, repo_root, short_text};
 
 fn measure(
     reference: &str,

@@ -94,3 +94,23 @@ pub fn compliant_with(old: &str, new: &str) -> String {
     );
     card.replacen(old, new, 1)
 }
+
+/// An example model's path, as the tests pass it on the command line.
+pub fn model(name: &str) -> String {
+    repo_root()
+        .join("examples/models")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// The first `chars` characters of the example eval text, cut at a line end, in `dir`.
+pub fn short_text(dir: &Path, chars: usize) -> PathBuf {
+    let text = std::fs::read_to_string(repo_root().join("examples/data/eval.txt")).unwrap();
+    let end = text[chars..]
+        .find('\n')
+        .map_or(text.len(), |i| chars + i + 1);
+    let path = dir.join("eval.txt");
+    std::fs::write(&path, &text[..end]).unwrap();
+    path
+}

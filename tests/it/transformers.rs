@@ -8,15 +8,7 @@ use std::path::{Path, PathBuf};
 use assert_cmd::Command;
 use safetensors::SafeTensors;
 
-use crate::support::{Run, repo_root};
-
-fn model(name: &str) -> String {
-    repo_root()
-        .join("examples/models")
-        .join(name)
-        .display()
-        .to_string()
-}
+use crate::support::{Run, model, repo_root, short_text};
 
 fn fixture() -> PathBuf {
     repo_root().join("tests/fixtures/gpu")
@@ -442,17 +434,6 @@ fn torch_available() -> bool {
         "skipped: set CARDPROOF_TEST_TORCH=1 (with torch and transformers installed) to run the real runner on CPU"
     );
     false
-}
-
-/// The first `chars` characters of the example eval text, cut at a line end.
-fn short_text(dir: &Path, chars: usize) -> PathBuf {
-    let text = std::fs::read_to_string(repo_root().join("examples/data/eval.txt")).unwrap();
-    let end = text[chars..]
-        .find('\n')
-        .map_or(text.len(), |i| chars + i + 1);
-    let path = dir.join("eval.txt");
-    std::fs::write(&path, &text[..end]).unwrap();
-    path
 }
 
 fn cpu_measure(dir: &Path, candidate: &str, extra: &[&str]) -> Run {
