@@ -113,7 +113,7 @@ fn required_reference<'a>(r: &VerifyRequest<'a>, disclosure: &Value) -> Result<&
             r.model,
             Some("fidelity.reference"),
             format!(
-                "verify needs the reference: pass --reference PATH (the card names {}@{})",
+                "verify needs the reference: pass --reference PATH or hf:ORG/NAME@REVISION, or --reference-artifact FILE with the native runner (the card names {}@{})",
                 disclosure["reference"]["repo"].as_str().unwrap_or("?"),
                 disclosure["reference"]["revision"].as_str().unwrap_or("?")
             ),
@@ -412,17 +412,7 @@ pub fn verify(
                 rows = plot_rows(&run.measurement);
                 (run.measurement, run.document)
             } else {
-                let reference = r.reference.ok_or_else(|| {
-                    Error::malformed(
-                        r.model,
-                        Some("fidelity.reference"),
-                        format!(
-                            "verify needs the reference: pass --reference PATH or --reference-artifact FILE (the card names {}@{}; Hub sources are not supported yet)",
-                            disclosure["reference"]["repo"].as_str().unwrap_or("?"),
-                            disclosure["reference"]["revision"].as_str().unwrap_or("?")
-                        ),
-                    )
-                })?;
+                let reference = required_reference(r, &disclosure)?;
                 let text = eval_text_path(&card_dir, &disclosure, r.eval_text)?;
                 let prepared = measurement::prepare_native(
                     &native_request(reference, r.model, &text, &options, compute, r.threads),

@@ -327,3 +327,30 @@ fn verify_against_a_reference_artifact_reproduces() {
         "hidden"
     );
 }
+
+#[test]
+fn verify_without_a_reference_says_how_to_give_one() {
+    let out = tempfile::tempdir().unwrap();
+    let keys = out.path().join("keys");
+    let k = cardproof(&["keygen", "--out", keys.to_str().unwrap()]);
+    assert_eq!(k.code, 0, "{}", k.stderr);
+    for runner in ["native", "transformers"] {
+        let r = cardproof(&[
+            "verify",
+            model("shakespeare-fp8-block").to_str().unwrap(),
+            "--runner",
+            runner,
+            "--key",
+            keys.join("cardproof.key").to_str().unwrap(),
+            "--out",
+            out.path().join(runner).to_str().unwrap(),
+        ]);
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        assert!(
+            r.stderr.contains("fidelity.reference: verify needs the reference: pass --reference PATH or hf:ORG/NAME@REVISION"),
+            "{}",
+            r.stderr
+        );
+        assert!(!out.path().join(runner).exists(), "nothing written");
+    }
+}
