@@ -102,6 +102,11 @@ def read_request(path):
     return req
 
 
+def next_tokens(torch, ids, rows, vocab):
+    """The true next token of each scored row (row j predicts token j + 1); -1 beyond `vocab`."""
+    return torch.tensor([ids[j + 1] if ids[j + 1] < vocab else -1 for j in rows], dtype=torch.long)
+
+
 def read_tokens(path, n_windows, length):
     size = os.path.getsize(path)
     if size != n_windows * length * 4:
@@ -165,7 +170,7 @@ def weight_bytes(path, dtype_size):
                 continue
             numel = math.prod(t["shape"]) if t["shape"] else 1
             stored = t["data_offsets"][1] - t["data_offsets"][0]
-            total += numel * dtype_size if t["dtype"] in FLOAT_DTYPES and t["dtype"] != "F8_E4M3" else stored
+            total += numel * dtype_size if t["dtype"] in FLOAT_DTYPES else stored
     return total
 
 
@@ -660,16 +665,18 @@ def model_record(model, spec):
     q = getattr(model.config, "quantization_config", None)
     if q is not None and not isinstance(q, dict):
         q = q.to_dict() if hasattr(q, "to_dict") else str(q)
-    params = next(model.parameters())
+    # The floating dtype the model computes in (its first floating parameter's; a quantized
+    # checkpoint's first parameter may be an integer weight). The KV cache holds that dtype.
+    dtype = str(model.dtype).replace("torch.", "")
     return {
         "path": spec["path"],
         "attention": attn_used(model),
-        "param_dtype": str(params.dtype).replace("torch.", ""),
+        "param_dtype": dtype,
         "logits_dtype": str(model.get_output_embeddings().weight.dtype).replace("torch.", ""),
-        "kv_cache_dtype": str(params.dtype).replace("torch.", ""),
+        "kv_cache_dtype": dtype,
         "quant_method": (q or {}).get("quant_method") if isinstance(q, dict) else q,
         "run_compressed": (q or {}).get("run_compressed") if isinstance(q, dict) else None,
-        "device_map": {k: str(v) for k, v in (getattr(model, "hf_device_map", None) or {}).items()} or str(params.device),
+        "device_map": {k: str(v) for k, v in (getattr(model, "hf_device_map", None) or {}).items()} or str(model.device),
         "architecture": type(model).__name__,
     }
 
@@ -709,7 +716,7 @@ def run(req):
     head_rows = plan["head_rows"]
     vocab = req["vocab_size"]
     runs = []
-    for i, r in enumerate(req["runs"]):
+    for r in req["runs"]:
         runs.append((r, read_tokens(r["tokens_file"], r["n_windows"], r["context_length"])))
     total_windows = sum(r["n_windows"] for r in req["runs"])
     timings = {"load": 0.0, "warmup": 0.0, "prefill": 0.0, "head_and_reduce": 0.0, "gates": 0.0}
@@ -797,7 +804,7 @@ def run(req):
             keep = torch.tensor(r["rows"], dtype=torch.long)
             recs = []
             for w, ids in enumerate(windows):
-                targets = torch.tensor([ids[j + 1] if ids[j + 1] < vocab else -1 for j in r["rows"]], dtype=torch.long)
+                targets = next_tokens(torch, ids, r["rows"], vocab)
                 h_ref = hidden_of(ref_model, specs["reference"], ids, keep)
                 h_cand = hidden_of(cand_model, specs["candidate"], ids, keep)
                 recs.append(records_of(ref_model, h_ref, cand_model, h_cand, targets))
@@ -855,7 +862,7 @@ def run(req):
             for w, ids in enumerate(windows):
                 h = hidden_of(ref_model, specs["reference"], ids, keep)
                 if req.get("gates") and gates is None:
-                    targets = torch.tensor([ids[j + 1] if ids[j + 1] < vocab else -1 for j in r["rows"]], dtype=torch.long)
+                    targets = next_tokens(torch, ids, r["rows"], vocab)
                     gates = gate_self(torch, timings, hidden_of, records_of, ref_model, specs, ids, keep, targets, h)
                 hs.append(stash(h, ri, w))
                 del h
@@ -880,7 +887,7 @@ def run(req):
             keep = torch.tensor(r["rows"], dtype=torch.long)
             recs = []
             for w, ids in enumerate(windows):
-                targets = torch.tensor([ids[j + 1] if ids[j + 1] < vocab else -1 for j in r["rows"]], dtype=torch.long)
+                targets = next_tokens(torch, ids, r["rows"], vocab)
                 h_ref = unstash(kept[ri][w]).to(ref_head.weight.device)
                 h_cand = hidden_of(cand_model, specs["candidate"], ids, keep)
                 recs.append(records_of(HeadOnly, h_ref, cand_model, h_cand, targets))
