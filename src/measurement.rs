@@ -12,6 +12,7 @@ use sha2::Digest as _;
 use sha2::Sha256 as Sha256Digest;
 
 use crate::checkpoint::dtype::Dtype;
+use crate::checkpoint::hash::Manifest;
 use crate::checkpoint::safetensors::serialize;
 use crate::error::{Error, Result};
 use crate::measure::protocol::{Bootstrap, Direction, Positions, Protocol, VocabMode, sha256_of};
@@ -764,6 +765,8 @@ pub struct NativeRequest<'a> {
     pub emulate: crate::runner::native::Emulate,
     pub threads: usize,
     pub out: &'a Path,
+    /// The candidate's manifest when the caller has hashed it already.
+    pub candidate_manifest: Option<&'a Manifest>,
 }
 
 /// Everything loaded for a native run: the tokenized text, both models and their identities.
@@ -798,6 +801,21 @@ fn tokenize_eval(
     Ok((loaded, stream))
 }
 
+/// The root digest of a checkpoint's manifest, from a manifest the caller already has (verify
+/// hashes the candidate for its report: the files are not read twice) or by hashing.
+#[cfg(feature = "native")]
+fn root_digest(path: &Path, threads: usize, known: Option<&Manifest>) -> Result<String> {
+    use crate::checkpoint::hash::{HashOptions, hash_path};
+    if let Some(m) = known {
+        return Ok(m.root_sha256.clone());
+    }
+    let options = HashOptions {
+        threads: Some(threads),
+        include_all: false,
+    };
+    Ok(hash_path(path, &options, &|_| {})?.root_sha256)
+}
+
 /// Tokenize the eval text, load both models and hash their files.
 #[cfg(feature = "native")]
 pub fn prepare_native(r: &NativeRequest, stage: &(dyn Fn(&str) + Sync)) -> Result<Prepared> {
@@ -810,8 +828,8 @@ pub fn prepare_native(r: &NativeRequest, stage: &(dyn Fn(&str) + Sync)) -> Resul
     let reference = native::load(r.reference, r.compute, r.emulate)?;
     let candidate = native::load(r.candidate, r.compute, r.emulate)?;
     stage("hashing");
-    let reference_id = identity(&reference, r.reference, r.threads)?;
-    let candidate_id = identity(&candidate, r.candidate, r.threads)?;
+    let reference_id = identity(&reference, r.reference, r.threads, None)?;
+    let candidate_id = identity(&candidate, r.candidate, r.threads, r.candidate_manifest)?;
     Ok(Prepared {
         tokenizer,
         stream,
@@ -827,17 +845,12 @@ fn identity(
     m: &crate::runner::native::NativeModel,
     given: &Path,
     threads: usize,
+    known: Option<&Manifest>,
 ) -> Result<ModelIdentity> {
-    use crate::checkpoint::hash::{HashOptions, hash_path};
-    let options = HashOptions {
-        threads: Some(threads),
-        include_all: false,
-    };
-    let manifest = hash_path(given, &options, &|_| {})?;
     Ok(ModelIdentity {
         path: given.to_owned(),
         format: m.format.to_owned(),
-        manifest_sha256: manifest.root_sha256,
+        manifest_sha256: root_digest(given, threads, known)?,
         lm_head_sha256: m.lm_head_sha256.clone(),
         stored_dtype: m.stored_dtype.clone(),
         environment: Runner::environment(m),
@@ -969,6 +982,8 @@ pub struct TransformersRequest<'a> {
     /// Threads for hashing the checkpoints.
     pub threads: usize,
     pub out: &'a Path,
+    /// The candidate's manifest when the caller has hashed it already.
+    pub candidate_manifest: Option<&'a Manifest>,
 }
 
 /// What a transformers run produced besides the measurement: the runner's gate numbers.
@@ -987,8 +1002,8 @@ fn checkpoint_identity(
     path: &Path,
     threads: usize,
     environment: Value,
+    known: Option<&Manifest>,
 ) -> Result<(ModelIdentity, usize)> {
-    use crate::checkpoint::hash::{HashOptions, hash_path};
     use crate::runner::native::weights::{SafetensorsStore, WeightStore};
     let config_path = path.join("config.json");
     let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
@@ -1001,19 +1016,11 @@ fn checkpoint_identity(
     } else {
         "model.embed_tokens.weight"
     };
-    let manifest = hash_path(
-        path,
-        &HashOptions {
-            threads: Some(threads),
-            include_all: false,
-        },
-        &|_| {},
-    )?;
     Ok((
         ModelIdentity {
             path: path.to_owned(),
             format: "safetensors".into(),
-            manifest_sha256: manifest.root_sha256,
+            manifest_sha256: root_digest(path, threads, known)?,
             lm_head_sha256: store.tensor_sha256(head)?.unwrap_or_default(),
             stored_dtype: store.stored_dtype("model.embed_tokens.weight"),
             environment,
@@ -1096,12 +1103,12 @@ pub fn measure_transformers(
     }
     let (tokenizer, stream) = tokenize_eval(r.reference, r.candidate, r.tokenizer, r.eval_text)?;
     stage("hashing");
-    let (reference_id, width) = checkpoint_identity(r.reference, r.threads, Value::Null)?;
+    let (reference_id, width) = checkpoint_identity(r.reference, r.threads, Value::Null, None)?;
     // The same weights on both sides (a sweep): hashed once.
     let (candidate_id, cand_width) = if r.candidate == r.reference {
         (reference_id.clone(), width)
     } else {
-        checkpoint_identity(r.candidate, r.threads, Value::Null)?
+        checkpoint_identity(r.candidate, r.threads, Value::Null, r.candidate_manifest)?
     };
     if cand_width != width {
         return Err(Error::malformed(
@@ -1255,6 +1262,7 @@ pub fn run_sweep(
             runner: &runner,
             threads: r.threads,
             out: &out,
+            candidate_manifest: None,
         };
         let run = measure_transformers(&request, stage, progress)?;
         for m in &run.measurement.runs {
@@ -1301,6 +1309,8 @@ pub struct ArtifactRequest<'a> {
     pub emulate: crate::runner::native::Emulate,
     pub threads: usize,
     pub out: &'a Path,
+    /// The candidate's manifest when the caller has hashed it already.
+    pub candidate_manifest: Option<&'a Manifest>,
 }
 
 /// A candidate and a reference artifact, checked against each other and the requested protocol.
@@ -1441,7 +1451,7 @@ pub fn measure_artifact(
     progress: Progress,
 ) -> Result<(ModelMeasurement, Value)> {
     let h = &p.artifact.header;
-    let candidate_id = identity(&p.candidate, r.candidate, r.threads)?;
+    let candidate_id = identity(&p.candidate, r.candidate, r.threads, r.candidate_manifest)?;
     let (mut m, reference_env) = with_artifact_runner(p, |runner| {
         let m = measure_models(
             runner,
@@ -1519,7 +1529,7 @@ pub fn export_reference(
         native::ComputeDtype::F32,
         native::Emulate::ReferenceSemantics,
     )?;
-    let id = identity(&reference, model, threads)?;
+    let id = identity(&reference, model, threads, None)?;
     let (header, bytes) = crate::artifact::export_native(
         &reference,
         &EvalInput {
@@ -1624,7 +1634,7 @@ pub fn run_with_base_file(
             format!("holds another protocol: {}", differences.join("; ")),
         ));
     }
-    let candidate_id = identity(&candidate, r.candidate, r.threads)?;
+    let candidate_id = identity(&candidate, r.candidate, r.threads, r.candidate_manifest)?;
     stage("measuring");
     let m = measure_models(
         &runner,

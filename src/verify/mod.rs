@@ -201,6 +201,7 @@ fn native_request<'a>(
     options: &'a MeasureOptions,
     compute: ComputeDtype,
     threads: usize,
+    candidate_manifest: &'a Manifest,
 ) -> NativeRequest<'a> {
     NativeRequest {
         reference,
@@ -212,6 +213,7 @@ fn native_request<'a>(
         emulate: Emulate::ReferenceSemantics,
         threads,
         out: Path::new("."),
+        candidate_manifest: Some(candidate_manifest),
     }
 }
 
@@ -345,6 +347,7 @@ pub fn verify(
                     emulate: Emulate::ReferenceSemantics,
                     threads: r.threads,
                     out: Path::new("."),
+                    candidate_manifest: Some(&manifest),
                 };
                 let prepared = measurement::prepare_artifact(&request, stage)?;
                 stage("measuring");
@@ -395,6 +398,7 @@ pub fn verify(
                         runner: &runner,
                         threads: r.threads,
                         out: Path::new("."),
+                        candidate_manifest: Some(&manifest),
                     },
                     stage,
                     progress,
@@ -415,7 +419,9 @@ pub fn verify(
                 let reference = required_reference(r, &disclosure)?;
                 let text = eval_text_path(&card_dir, &disclosure, r.eval_text)?;
                 let prepared = measurement::prepare_native(
-                    &native_request(reference, r.model, &text, &options, compute, r.threads),
+                    &native_request(
+                        reference, r.model, &text, &options, compute, r.threads, &manifest,
+                    ),
                     stage,
                 )?;
                 if resolved.padding_included {
@@ -423,7 +429,9 @@ pub fn verify(
                 }
                 stage("measuring");
                 let (m, doc) = measurement::measure_prepared(
-                    &native_request(reference, r.model, &text, &options, compute, r.threads),
+                    &native_request(
+                        reference, r.model, &text, &options, compute, r.threads, &manifest,
+                    ),
                     &prepared,
                     progress,
                 )?;

@@ -327,6 +327,7 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
                     runner: config.transformers.as_ref().expect("checked"),
                     threads: config.threads,
                     out: &config.out,
+                    candidate_manifest: None,
                 },
                 &stage,
                 &progress,
@@ -342,6 +343,7 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
                 emulate: config.emulate,
                 threads: config.threads,
                 out: &config.out,
+                candidate_manifest: None,
             };
             if cardproof::measure::source::is_llamacpp_base(artifact) {
                 cardproof::measurement::run_with_base_file(&request, &stage, &progress)
@@ -360,6 +362,7 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
                 emulate: config.emulate,
                 threads: config.threads,
                 out: &config.out,
+                candidate_manifest: None,
             },
             &stage,
             &progress,
