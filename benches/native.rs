@@ -100,6 +100,7 @@ fn main() {
         tie_embeddings: false,
         sliding_window: None,
         max_positions: Some(40_960),
+        biases: Default::default(),
     };
     let store = synthetic(&config, 7);
     let decoder = Decoder::load(&store, config, ComputeDtype::F32).unwrap();

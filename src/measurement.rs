@@ -635,7 +635,7 @@ pub fn fidelity_block(
             let Some(value) = run.summary.metrics.get(*name) else {
                 continue;
             };
-            let mut claim = json!({"metric": name, "value": round_sig(*value, 4)});
+            let mut claim = json!({"metric": name, "value": crate::disclosure::precision::round_claim(name, *value)});
             if let Some(u) = run.summary.uncertainty.get(*name)
                 && u.ci95.iter().all(|v| v.is_finite())
             {
@@ -644,6 +644,9 @@ pub fn fidelity_block(
             }
             claim["context_length"] = json!(run.context_length);
             claim["n_positions"] = json!(run.n_positions);
+            if run.n_nonfinite > 0 {
+                claim["n_nonfinite"] = json!(run.n_nonfinite);
+            }
             results.push(claim);
         }
     }

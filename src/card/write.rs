@@ -1011,9 +1011,23 @@ fn emit_mapping(out: &mut String, indent: usize, map: &Map<String, Value>, schem
                     emit_sequence(out, indent + 2, a, item_schema(child));
                 }
             }
-            scalar => out.push_str(&format!("{pad}{k}: {}\n", scalar_text(scalar, Some(key)))),
+            scalar => {
+                let text = claim_value_text(map, key, scalar)
+                    .unwrap_or_else(|| scalar_text(scalar, Some(key)));
+                out.push_str(&format!("{pad}{k}: {text}\n"));
+            }
         }
     }
+}
+
+/// A claim's `value` with the digits its precision needs, trailing zeros kept: `1.002100`, not
+/// `1.0021` (which would state less precision than was measured).
+fn claim_value_text(map: &Map<String, Value>, key: &str, value: &Value) -> Option<String> {
+    if key != "value" {
+        return None;
+    }
+    let metric = map.get("metric")?.as_str()?;
+    crate::disclosure::precision::claim_text(metric, value.as_f64()?)
 }
 
 /// A block sequence at `indent`: mappings of scalars as flow mappings, other mappings in block
@@ -1045,11 +1059,9 @@ fn flow_text(value: &Value, schema: Option<&Value>, key: Option<&str>) -> String
             let parts: Vec<String> = ordered(map, schema)
                 .into_iter()
                 .map(|(k, v)| {
-                    format!(
-                        "{}: {}",
-                        key_text(k),
-                        flow_text(v, child_schema(schema, k), Some(k))
-                    )
+                    let text = claim_value_text(map, k, v)
+                        .unwrap_or_else(|| flow_text(v, child_schema(schema, k), Some(k)));
+                    format!("{}: {text}", key_text(k))
                 })
                 .collect();
             format!("{{{}}}", parts.join(", "))

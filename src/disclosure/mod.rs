@@ -4,6 +4,7 @@
 //! when the two drift), and lint validates cards against it. Doc comments become the schema's
 //! descriptions, so they are written for card authors.
 
+pub mod precision;
 pub mod vocabulary;
 
 use std::collections::BTreeMap;
@@ -523,7 +524,12 @@ pub struct ResultClaim {
     pub context_length: Option<u64>,
     /// Number of scored rows behind the value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub n_positions: Option<u64>,
+    /// Scored rows left out because a model's logits were not finite (absent: none). A rerun
+    /// that leaves out other rows does not reproduce the claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_nonfinite: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]

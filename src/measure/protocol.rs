@@ -23,6 +23,19 @@ impl Direction {
     }
 }
 
+/// Why a KL direction cannot be measured under a vocabulary mode, if it cannot. llama.cpp's
+/// threshold keeps the *reference's* terms with log p above it; the reverse KL, weighted by the
+/// candidate, over that set is a partial sum, not a divergence (it goes negative when the
+/// candidate moves mass onto the dropped terms), so it is refused rather than reported.
+pub fn unmeasurable(direction: Direction, vocab: VocabMode) -> Option<String> {
+    match vocab {
+        VocabMode::Threshold { log_p } if direction.reverse() => Some(format!(
+            "the reverse KL under vocab mode threshold (reference log p > {log_p}) is a partial sum over the reference's kept terms, not a divergence (it can be negative); measure the forward KL only (llama.cpp's method), or the reverse KL with vocab full or top_k lumped"
+        )),
+        _ => None,
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Tail {

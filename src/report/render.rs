@@ -245,6 +245,8 @@ fn num_or_text(v: &Json) -> Json {
 const VERDICTS: &[(&str, &str, &str)] = &[
     ("reproduced", "Reproduced", "✅"),
     ("not_reproduced", "Not reproduced", "❌"),
+    ("imprecise", "Imprecise", "❌"),
+    ("invalid", "Invalid", "❌"),
     ("not_comparable", "Not comparable", "⚠️"),
     ("undisclosed", "Undisclosed", "❔"),
 ];
@@ -268,6 +270,12 @@ fn overall_explanation(key: &str) -> &'static str {
         }
         "not_reproduced" => {
             "At least one claim was rerun in the card's lane on the same token stream and did not match."
+        }
+        "imprecise" => {
+            "At least one claim is printed too coarsely to be checked: its digits allow more than 5% of its value, so no rerun can reproduce it."
+        }
+        "invalid" => {
+            "At least one entry of the card's results cannot be read as a claim (a quoted or non-finite value, an unknown key or metric), so the card cannot be verified."
         }
         "not_comparable" => {
             "The rerun differs from the card's lane or protocol; its numbers stand beside the claims and are not a reproduction."

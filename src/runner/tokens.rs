@@ -42,6 +42,43 @@ pub struct TokenizerFile {
     /// Tokens the tokenizer knows, added tokens included: logit entries beyond are padding.
     pub vocab_size: usize,
     pub bos_id: Option<u32>,
+    /// SHA-256 of each part that decides how text becomes ids ([`TOKENIZING_PARTS`]), in
+    /// canonical JSON: two files that differ only in formatting or unused parts agree here.
+    pub parts_sha256: Vec<(&'static str, String)>,
+}
+
+/// The parts of a `tokenizer.json` that decide the ids of a text tokenized without special
+/// tokens (the post-processor and decoder do not).
+pub const TOKENIZING_PARTS: &[&str] = &["normalizer", "pre_tokenizer", "model", "added_tokens"];
+
+/// Digests of [`TOKENIZING_PARTS`]: canonical JSON, merges in one spelling (`["a", "b"]`; the
+/// older `"a b"` splits at its one space), added tokens ordered by id.
+fn parts_sha256(path: &Path, bytes: &[u8]) -> Result<Vec<(&'static str, String)>> {
+    let mut json: serde_json::Value = serde_json::from_slice(bytes)
+        .map_err(|e| Error::malformed(path, None, format!("not valid JSON: {e}")))?;
+    if let Some(merges) = json
+        .pointer_mut("/model/merges")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        for m in merges.iter_mut() {
+            if let Some((a, b)) = m.as_str().and_then(|t| t.split_once(' ')) {
+                *m = serde_json::json!([a, b]);
+            }
+        }
+    }
+    if let Some(added) = json
+        .get_mut("added_tokens")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        added.sort_by_key(|t| t.get("id").and_then(serde_json::Value::as_u64));
+    }
+    Ok(TOKENIZING_PARTS
+        .iter()
+        .map(|&part| {
+            let value = json.get(part).unwrap_or(&serde_json::Value::Null);
+            (part, crate::measure::protocol::sha256_of(value))
+        })
+        .collect())
 }
 
 /// Where a model's tokenizer lives: `tokenizer.json` in the model directory (or beside a GGUF file).
@@ -66,6 +103,7 @@ pub fn load_tokenizer(path: &Path) -> Result<TokenizerFile> {
         )
     })?;
     let sha256 = hex(&Sha256::digest(&bytes));
+    let parts_sha256 = parts_sha256(path, &bytes)?;
     let vocab_size = tokenizer.get_vocab_size(true);
     let dir = path.parent().unwrap_or(Path::new("."));
     let bos_id = bos_from_configs(dir, &tokenizer);
@@ -75,6 +113,7 @@ pub fn load_tokenizer(path: &Path) -> Result<TokenizerFile> {
         sha256,
         vocab_size,
         bos_id,
+        parts_sha256,
     })
 }
 
@@ -103,44 +142,53 @@ fn bos_from_configs(dir: &Path, tokenizer: &tokenizers::Tokenizer) -> Option<u32
         .and_then(|id| u32::try_from(id).ok())
 }
 
-/// Reference and candidate must tokenize alike: the same file, or the same vocabulary.
+/// Reference and candidate must tokenize alike: the same file, or files whose every tokenizing
+/// part ([`TOKENIZING_PARTS`]) is the same. The same vocabulary is not enough: another
+/// normalizer or other merges give other ids for the same text.
 pub fn check_same_tokenizer(reference: &TokenizerFile, candidate: &TokenizerFile) -> Result<()> {
-    if reference.sha256 == candidate.sha256 {
-        return Ok(());
-    }
-    let a = reference.tokenizer.get_vocab(true);
-    let b = candidate.tokenizer.get_vocab(true);
-    if a.len() != b.len() {
-        return Err(Error::malformed(
+    let differs = |what: String| {
+        Error::malformed(
             &candidate.path,
             None,
             format!(
-                "tokenizer differs from the reference's {}: {} tokens vs {}",
-                reference.path.display(),
-                b.len(),
-                a.len()
+                "tokenizer differs from the reference's {}: {what}",
+                reference.path.display()
             ),
-        ));
-    }
-    let mut differing: Vec<(&String, &u32)> = a
-        .iter()
-        .filter(|(token, id)| b.get(*token) != Some(id))
-        .collect();
-    differing.sort_by_key(|(_, id)| **id);
-    if let Some((token, id)) = differing.first() {
-        return Err(Error::malformed(
-            &candidate.path,
-            None,
-            format!(
-                "tokenizer differs from the reference's {}: {} of {} tokens have other ids (first: {token:?}, id {id} in the reference, {} here)",
-                reference.path.display(),
+        )
+    };
+    if reference.sha256 != candidate.sha256 {
+        let a = reference.tokenizer.get_vocab(true);
+        let b = candidate.tokenizer.get_vocab(true);
+        if a.len() != b.len() {
+            return Err(differs(format!("{} tokens vs {}", b.len(), a.len())));
+        }
+        let mut differing: Vec<(&String, &u32)> = a
+            .iter()
+            .filter(|(token, id)| b.get(*token) != Some(id))
+            .collect();
+        differing.sort_by_key(|(_, id)| **id);
+        if let Some((token, id)) = differing.first() {
+            return Err(differs(format!(
+                "{} of {} tokens have other ids (first: {token:?}, id {id} in the reference, {} here)",
                 differing.len(),
                 a.len(),
                 b.get(*token).map_or("absent".to_owned(), u32::to_string)
-            ),
-        ));
+            )));
+        }
+        let other: Vec<&str> = reference
+            .parts_sha256
+            .iter()
+            .zip(&candidate.parts_sha256)
+            .filter(|(r, c)| r.1 != c.1)
+            .map(|(r, _)| r.0)
+            .collect();
+        if !other.is_empty() {
+            return Err(differs(format!(
+                "the same vocabulary, but another {} (the same text could become other ids)",
+                other.join(", ")
+            )));
+        }
     }
-    // Same vocabulary, other normalization or merges: the token streams could still differ.
     if reference.bos_id != candidate.bos_id {
         return Err(Error::malformed(
             &candidate.path,

@@ -1,28 +1,61 @@
-//! Claims on a card against a rerun: the verdicts of design.md ("Verdicts"). A claim is
-//! `reproduced` only in the same lane on the same token stream, within the claim's printed
-//! precision (half a unit in its last printed digit) plus 1e-3 relative numerical noise.
+//! Claims on a card against a rerun: the verdicts of docs/DESIGN.md ("Verdicts"). A claim is
+//! `reproduced` only in the same lane on the same token stream and the same sample, within the
+//! claim's printed precision (half a unit in its last printed digit) plus 1e-3 relative numerical
+//! noise, and only when that precision means something: a claim whose digits allow more than
+//! [`IMPRECISE_RELATIVE`] of its value is `imprecise`. Every entry of `results` gets a verdict;
+//! one that cannot be read as a claim is `invalid`.
 
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::card::yaml::{Node, NodeKind};
+use crate::card::yaml::{Node, NodeKind, Scalar};
+pub use crate::disclosure::precision::{
+    IMPRECISE_RELATIVE, decimals_for, half_unit, precision_scale, relative_precision,
+};
+use crate::disclosure::vocabulary;
 
 /// Relative numerical noise allowed on top of the printed precision.
 pub const NOISE_RELATIVE: f64 = 1e-3;
+
+/// Keys a `results` entry may have (besides `x-`/`x_` extensions).
+const CLAIM_KEYS: &[&str] = &[
+    "metric",
+    "value",
+    "uncertainty",
+    "level",
+    "context_length",
+    "n_positions",
+    "n_nonfinite",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     Reproduced,
+    /// The claim's printed precision is too coarse to be reproduced.
+    Imprecise,
+    /// The `results` entry cannot be read as a claim.
+    Invalid,
     NotReproduced,
     NotComparable,
     Undisclosed,
 }
 
 impl Verdict {
+    pub const ALL: [Verdict; 6] = [
+        Verdict::Reproduced,
+        Verdict::NotReproduced,
+        Verdict::Imprecise,
+        Verdict::Invalid,
+        Verdict::NotComparable,
+        Verdict::Undisclosed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Reproduced => "reproduced",
+            Verdict::Imprecise => "imprecise",
+            Verdict::Invalid => "invalid",
             Verdict::NotReproduced => "not_reproduced",
             Verdict::NotComparable => "not_comparable",
             Verdict::Undisclosed => "undisclosed",
@@ -33,75 +66,205 @@ impl Verdict {
 /// One entry of the card's `fidelity.results`, with the value as printed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claim {
+    /// Index of the entry in `results`.
+    pub index: usize,
     pub metric: String,
+    /// The claimed value; NaN when the entry is invalid.
     pub value: f64,
     /// The value's text in the card, which fixes its printed precision.
     pub text: String,
     pub uncertainty: Option<f64>,
     pub context_length: Option<u64>,
+    /// Scored rows the card says are behind the value.
+    pub n_positions: Option<u64>,
+    /// Rows the card says were excluded as non-finite.
+    pub n_nonfinite: Option<u64>,
     /// 1-based line of the claim in the card.
     pub line: Option<usize>,
+    /// Why the entry cannot be read as a claim (its verdict is then `invalid`).
+    pub invalid: Option<String>,
 }
 
-/// Read `results` from the card's `fidelity` node (as parsed, with scalar text).
+/// A plain decimal number as printed: the only form whose digits state a precision.
+fn decimal_text(text: &str) -> bool {
+    let t = text.strip_prefix(['+', '-']).unwrap_or(text);
+    let (mantissa, exponent) = match t.find(['e', 'E']) {
+        Some(i) => (&t[..i], Some(&t[i + 1..])),
+        None => (t, None),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    let exponent_ok = exponent.is_none_or(|e| {
+        let e = e.strip_prefix(['+', '-']).unwrap_or(e);
+        !e.is_empty() && e.len() <= 4 && digits(e)
+    });
+    !(int.is_empty() && frac.is_empty()) && digits(int) && digits(frac) && exponent_ok
+}
+
+/// The range a metric's value can take.
+fn value_range(metric: &str) -> (f64, f64, &'static str) {
+    match metric {
+        "top1_agreement" => (0.0, 1.0, "a fraction in [0, 1]"),
+        "delta_p_rms" => (0.0, 1.0, "a probability difference in [0, 1]"),
+        m if m.starts_with("ppl_") => (f64::MIN_POSITIVE, f64::INFINITY, "positive"),
+        _ => (0.0, f64::INFINITY, "a divergence, at least 0"),
+    }
+}
+
+/// A number in a results entry: a plain (unquoted) finite decimal.
+fn number(item: &Node, key: &str) -> Result<Option<(f64, Scalar)>, String> {
+    let Some(entry) = item.get(key) else {
+        return Ok(None);
+    };
+    let Some(s) = entry.value.as_scalar() else {
+        return Err(format!("`{key}` is not a number but a list or mapping"));
+    };
+    if !s.is_plain() {
+        return Err(format!(
+            "`{key}` is the quoted string {:?}, not a number",
+            s.text
+        ));
+    }
+    match s.value.as_f64() {
+        Some(v) if v.is_finite() && decimal_text(&s.text) => Ok(Some((v, s.clone()))),
+        Some(_) => Err(format!(
+            "`{key}` is {:?}: write it as a plain decimal number (its digits state its precision)",
+            s.text
+        )),
+        None => Err(format!("`{key}` is {:?}, not a finite number", s.text)),
+    }
+}
+
+/// A count in a results entry: a plain non-negative integer.
+fn count(item: &Node, key: &str, min: u64) -> Result<Option<u64>, String> {
+    let Some((v, s)) = number(item, key)? else {
+        return Ok(None);
+    };
+    match s.value.as_u64() {
+        Some(n) if n >= min => Ok(Some(n)),
+        _ => Err(format!(
+            "`{key}` is {v}: it must be a whole number of at least {min}"
+        )),
+    }
+}
+
+/// Read one `results` entry; `Err` says why it is not a claim.
+fn read_claim(item: &Node, claim: &mut Claim) -> Result<(), String> {
+    let NodeKind::Map(entries) = &item.kind else {
+        return Err("the entry is not a mapping of metric, value, ...".into());
+    };
+    for e in entries {
+        if !CLAIM_KEYS.contains(&e.key.as_str())
+            && !e.key.starts_with("x-")
+            && !e.key.starts_with("x_")
+        {
+            let hint = CLAIM_KEYS
+                .iter()
+                .map(|k| (vocabulary::edit_distance(&e.key, k), *k))
+                .filter(|(d, _)| *d <= 2)
+                .min()
+                .map_or(String::new(), |(_, k)| format!(" (did you mean `{k}`?)"));
+            return Err(format!("unknown key `{}`{hint}", e.key));
+        }
+    }
+    let metric = match item.get("metric").map(|e| e.value.as_scalar()) {
+        None => return Err("no `metric`".into()),
+        Some(Some(s)) if s.is_plain() || s.value.is_string() => s.text.clone(),
+        Some(_) => return Err("`metric` is not a name".into()),
+    };
+    claim.metric = metric.clone();
+    if !vocabulary::is_metric(&metric) {
+        let hint = vocabulary::closest(&metric)
+            .map_or(String::new(), |s| format!(" (did you mean `{s}`?)"));
+        return Err(format!(
+            "`{metric}` is not a metric of the vocabulary{hint}"
+        ));
+    }
+    if let Some(s) = item.get("value").and_then(|e| e.value.as_scalar()) {
+        claim.text = s.text.clone();
+    }
+    let (value, scalar) = number(item, "value")?.ok_or("no `value`")?;
+    claim.text = scalar.text.clone();
+    let (lo, hi, what) = value_range(&metric);
+    if !(lo..=hi).contains(&value) {
+        return Err(format!(
+            "`value` {} is out of range: {metric} is {what}",
+            scalar.text
+        ));
+    }
+    claim.value = value;
+    claim.uncertainty = match number(item, "uncertainty")? {
+        Some((u, _)) if u >= 0.0 => Some(u),
+        Some((u, _)) => return Err(format!("`uncertainty` {u} is negative")),
+        None => None,
+    };
+    if let Some((level, _)) = number(item, "level")?
+        && !(level > 0.0 && level < 1.0)
+    {
+        return Err(format!("`level` {level} is not strictly between 0 and 1"));
+    }
+    claim.context_length = count(item, "context_length", 2)?;
+    claim.n_positions = count(item, "n_positions", 1)?;
+    claim.n_nonfinite = count(item, "n_nonfinite", 0)?;
+    Ok(())
+}
+
+/// Read `results` from the card's `fidelity` node (as parsed, with scalar text): one claim per
+/// entry, unreadable entries included (as invalid claims), so none is silently dropped.
 pub fn claims(fidelity: &Node, line_of: &dyn Fn(usize) -> usize) -> Vec<Claim> {
     let Some(results) = fidelity.get("results") else {
         return Vec::new();
     };
+    let blank = |index: usize, node: &Node| Claim {
+        index,
+        metric: String::new(),
+        value: f64::NAN,
+        text: String::new(),
+        uncertainty: None,
+        context_length: None,
+        n_positions: None,
+        n_nonfinite: None,
+        line: Some(line_of(node.span.start)),
+        invalid: None,
+    };
     let NodeKind::Seq(items) = &results.value.kind else {
-        return Vec::new();
+        let mut c = blank(0, &results.value);
+        c.invalid = Some("`results` is not a list of claims".into());
+        return vec![c];
     };
     items
         .iter()
-        .filter_map(|item| {
-            let metric = item.get("metric")?.value.as_scalar()?.text.clone();
-            let v = item.get("value")?.value.as_scalar()?;
-            let value = v.value.as_f64()?;
-            Some(Claim {
-                metric,
-                value,
-                text: v.text.clone(),
-                uncertainty: item
-                    .get("uncertainty")
-                    .and_then(|u| u.value.as_scalar())
-                    .and_then(|s| s.value.as_f64()),
-                context_length: item
-                    .get("context_length")
-                    .and_then(|u| u.value.as_scalar())
-                    .and_then(|s| s.value.as_u64()),
-                line: Some(line_of(item.span.start)),
-            })
+        .enumerate()
+        .map(|(index, item)| {
+            let mut claim = blank(index, item);
+            if let Err(why) = read_claim(item, &mut claim) {
+                claim.value = f64::NAN;
+                claim.invalid = Some(why);
+            }
+            claim
         })
         .collect()
-}
-
-/// Half a unit in the last printed digit of a number as written (`0.0123` → 5e-5, `1.5e-3` →
-/// 5e-5, `3` → 0.5).
-pub fn half_unit(text: &str) -> f64 {
-    let t = text.trim().trim_start_matches(['+', '-']);
-    let (mantissa, exponent) = match t.find(['e', 'E']) {
-        Some(i) => (&t[..i], t[i + 1..].parse::<i32>().unwrap_or(0)),
-        None => (t, 0),
-    };
-    let decimals = mantissa
-        .split_once('.')
-        .map_or(0, |(_, frac)| frac.len() as i32);
-    0.5 * 10f64.powi(exponent - decimals)
 }
 
 /// The comparison of one claim.
 #[derive(Debug, Clone, Serialize)]
 pub struct ClaimResult {
+    /// Index of the entry in the card's `results`.
+    pub index: usize,
     pub metric: String,
     pub context_length: Option<u64>,
-    pub claimed: f64,
+    /// The claimed value (null for an invalid entry).
+    pub claimed: Option<f64>,
     pub claimed_text: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub claimed_uncertainty: Option<f64>,
+    /// Half a unit in the claim's last printed digit over its scale ([`relative_precision`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claimed_precision_relative: Option<f64>,
     pub rerun: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rerun_ci95: Option<[f64; 2]>,
-    pub tolerance: f64,
+    pub tolerance: Option<f64>,
     pub verdict: Verdict,
     pub reason: String,
     pub differences: Vec<String>,
@@ -109,11 +272,15 @@ pub struct ClaimResult {
     pub line: Option<usize>,
 }
 
-/// What the rerun gives for one metric at one context length.
+/// What the rerun gives for one metric at one context length, and the sample behind it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Rerun {
     pub value: f64,
     pub ci95: Option<[f64; 2]>,
+    /// Rows scored (finite ones).
+    pub n_positions: u64,
+    /// Rows excluded as non-finite.
+    pub n_nonfinite: u64,
 }
 
 /// Everything besides the numbers that decides a verdict.
@@ -125,6 +292,29 @@ pub struct Context {
     pub differences: Vec<String>,
     /// Failed sanity gates (fail closed: nothing is reproduced).
     pub failed_gates: Vec<String>,
+    /// Lint errors of the card (fail closed: nothing on an erroneous card is reproduced).
+    pub lint_errors: Vec<String>,
+}
+
+/// Where the card's sample and the rerun's differ for one claim.
+fn sample_differences(claim: &Claim, r: &Rerun) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(n) = claim.n_positions
+        && n != r.n_positions
+    {
+        out.push(format!("rows scored: card {n}, rerun {}", r.n_positions));
+    }
+    let disclosed = claim.n_nonfinite.unwrap_or(0);
+    if disclosed != r.n_nonfinite {
+        out.push(format!(
+            "rows excluded as non-finite: card {}, rerun {}",
+            claim
+                .n_nonfinite
+                .map_or("none disclosed".to_owned(), |n| n.to_string()),
+            r.n_nonfinite
+        ));
+    }
+    out
 }
 
 /// Judge one claim. `rerun` looks a metric up at a context length.
@@ -134,21 +324,31 @@ pub fn judge(
     ctx: &Context,
     rerun: &dyn Fn(&str, u64) -> Option<Rerun>,
 ) -> ClaimResult {
-    let tolerance = half_unit(&claim.text) + NOISE_RELATIVE * claim.value.abs();
     let mut result = ClaimResult {
+        index: claim.index,
         metric: claim.metric.clone(),
         context_length: claim.context_length,
-        claimed: claim.value,
+        claimed: claim.value.is_finite().then_some(claim.value),
         claimed_text: claim.text.clone(),
         claimed_uncertainty: claim.uncertainty,
+        claimed_precision_relative: None,
         rerun: None,
         rerun_ci95: None,
-        tolerance,
+        tolerance: None,
         verdict: Verdict::Undisclosed,
         reason: String::new(),
         differences: Vec::new(),
         line: claim.line,
     };
+    if let Some(why) = &claim.invalid {
+        result.verdict = Verdict::Invalid;
+        result.reason = format!("results[{}] cannot be read as a claim: {why}", claim.index);
+        return result;
+    }
+    let tolerance = half_unit(&claim.text) + NOISE_RELATIVE * claim.value.abs();
+    let precision = relative_precision(&claim.metric, &claim.text, claim.value);
+    result.tolerance = Some(tolerance);
+    result.claimed_precision_relative = precision.is_finite().then_some(precision);
     if !ctx.undisclosed.is_empty() {
         result.reason = format!(
             "the number cannot be interpreted: {}",
@@ -174,12 +374,38 @@ pub fn judge(
     };
     result.rerun = Some(r.value);
     result.rerun_ci95 = r.ci95;
-    let diff = (r.value - claim.value).abs();
+    if precision > IMPRECISE_RELATIVE {
+        result.verdict = Verdict::Imprecise;
+        result.reason = if precision.is_finite() {
+            format!(
+                "printed as {}, the claim only says ±{:.1e}, {:.1}% of its {}; a claim must be printed to within {}% to be reproduced",
+                claim.text,
+                half_unit(&claim.text),
+                100.0 * precision,
+                scale_name(&claim.metric),
+                100.0 * IMPRECISE_RELATIVE
+            )
+        } else {
+            format!(
+                "printed as {}, a value at the metric's bound: its digits say nothing about the distance from it (print the measured value, e.g. {:.4e})",
+                claim.text, r.value
+            )
+        };
+        return result;
+    }
     if !ctx.failed_gates.is_empty() {
         result.verdict = Verdict::NotReproduced;
         result.reason = format!(
             "a sanity gate failed, so no claim can be reproduced: {}",
             ctx.failed_gates.join("; ")
+        );
+        return result;
+    }
+    if !ctx.lint_errors.is_empty() {
+        result.verdict = Verdict::NotReproduced;
+        result.reason = format!(
+            "the card has lint errors, so no claim on it is reproduced: {}",
+            ctx.lint_errors.join("; ")
         );
         return result;
     }
@@ -192,6 +418,17 @@ pub fn judge(
         );
         return result;
     }
+    let sample = sample_differences(claim, &r);
+    if !sample.is_empty() {
+        result.verdict = Verdict::NotReproduced;
+        result.reason = format!(
+            "the rerun's sample is not the card's: {}",
+            sample.join("; ")
+        );
+        result.differences = sample;
+        return result;
+    }
+    let diff = (r.value - claim.value).abs();
     if diff <= tolerance {
         result.verdict = Verdict::Reproduced;
         result.reason = format!(
@@ -208,13 +445,23 @@ pub fn judge(
     result
 }
 
-/// The overall verdict: reproduced only when every claim is.
+fn scale_name(metric: &str) -> &'static str {
+    match metric {
+        "top1_agreement" => "distance from agreement 0 or 1",
+        "ppl_ratio" => "distance from a ratio of 1",
+        _ => "value",
+    }
+}
+
+/// The overall verdict: reproduced only when there are claims and every one is.
 pub fn overall(results: &[ClaimResult]) -> Verdict {
     if results.is_empty() {
         return Verdict::Undisclosed;
     }
     for v in [
         Verdict::NotReproduced,
+        Verdict::Invalid,
+        Verdict::Imprecise,
         Verdict::Undisclosed,
         Verdict::NotComparable,
     ] {
@@ -227,32 +474,62 @@ pub fn overall(results: &[ClaimResult]) -> Verdict {
 
 /// Counts per verdict, for the report's summary.
 pub fn summary(results: &[ClaimResult]) -> Value {
-    let count = |v: Verdict| results.iter().filter(|r| r.verdict == v).count();
-    serde_json::json!({
-        "reproduced": count(Verdict::Reproduced),
-        "not_reproduced": count(Verdict::NotReproduced),
-        "not_comparable": count(Verdict::NotComparable),
-        "undisclosed": count(Verdict::Undisclosed),
-    })
+    let mut map = serde_json::Map::new();
+    for v in Verdict::ALL {
+        let n = results.iter().filter(|r| r.verdict == v).count();
+        map.insert(v.as_str().into(), n.into());
+    }
+    Value::Object(map)
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn claim(text: &str) -> Claim {
         Claim {
+            index: 0,
             metric: "kld_mean".into(),
             value: text.parse().unwrap(),
             text: text.into(),
             uncertainty: None,
             context_length: Some(256),
+            n_positions: None,
+            n_nonfinite: None,
             line: None,
+            invalid: None,
+        }
+    }
+
+    fn rerun_of(value: f64) -> Rerun {
+        Rerun {
+            value,
+            ci95: None,
+            n_positions: 10965,
+            n_nonfinite: 0,
         }
     }
 
     fn run(value: f64) -> impl Fn(&str, u64) -> Option<Rerun> {
-        move |m, l| (m == "kld_mean" && l == 256).then_some(Rerun { value, ci95: None })
+        move |_, l| (l == 256).then_some(rerun_of(value))
+    }
+
+    /// The claims of a `results:` list written in YAML.
+    fn parsed(results_yaml: &str) -> Vec<Claim> {
+        let text = format!("results:\n{results_yaml}");
+        let node = crate::card::yaml::parse(&text, 0, Default::default())
+            .unwrap()
+            .unwrap();
+        claims(&node, &|_| 1)
+    }
+
+    fn verdict_of(results_yaml: &str, value: f64) -> Vec<(Verdict, String)> {
+        parsed(results_yaml)
+            .iter()
+            .map(|c| {
+                let r = judge(c, &[256], &Context::default(), &run(value));
+                (r.verdict, r.reason)
+            })
+            .collect()
     }
 
     #[test]
@@ -288,6 +565,176 @@ mod tests {
         let r = judge(&claim("0.0198"), &[256], &Context::default(), &run(0.01648));
         assert_eq!(r.verdict, Verdict::NotReproduced);
         assert!(r.reason.contains("exceeds the tolerance"), "{}", r.reason);
+    }
+
+    #[test]
+    fn coarse_precision_is_imprecise_never_reproduced() {
+        // Each of these was `reproduced` when the tolerance was half a unit of the last digit.
+        for (metric, text, rerun) in [
+            ("kld_mean", "0", 0.0166),
+            ("kld_mean", "0.0", 0.0166),
+            ("kld_mean", "0e0", 0.0166),
+            ("kld_mean", "0.02", 0.0166),
+            ("top1_agreement", "1", 0.9342),
+            ("top1_agreement", "1.0", 0.9987),
+            ("top1_agreement", "0.99", 0.9912),
+            ("ppl_ratio", "1.00", 1.0021),
+            ("ppl_ratio", "1.002", 1.0021),
+        ] {
+            let c = Claim {
+                metric: metric.into(),
+                ..claim(text)
+            };
+            let r = judge(&c, &[256], &Context::default(), &run(rerun));
+            assert_eq!(
+                r.verdict,
+                Verdict::Imprecise,
+                "{metric} {text}: {}",
+                r.reason
+            );
+            assert_eq!(r.rerun, Some(rerun), "the rerun's number is still shown");
+        }
+        // Fine enough: 0.3%, 0.08% of the disagreement, 2.3% of the PPL change.
+        for (metric, text, rerun) in [
+            ("kld_mean", "0.0166", 0.0166),
+            ("top1_agreement", "0.9342", 0.9342),
+            ("ppl_ratio", "1.022", 1.022),
+        ] {
+            let c = Claim {
+                metric: metric.into(),
+                ..claim(text)
+            };
+            let r = judge(&c, &[256], &Context::default(), &run(rerun));
+            assert_eq!(
+                r.verdict,
+                Verdict::Reproduced,
+                "{metric} {text}: {}",
+                r.reason
+            );
+        }
+        let r = judge(&claim("0.02"), &[256], &Context::default(), &run(0.0166));
+        assert!(r.reason.contains("25.0%"), "{}", r.reason);
+        assert_eq!(overall(&[r]), Verdict::Imprecise);
+    }
+
+    #[test]
+    fn decimals_for_keeps_four_significant_digits_of_the_scale() {
+        assert_eq!(decimals_for("kld_mean", 0.016612), Some(5));
+        assert_eq!(decimals_for("ppl_ratio", 1.0021), Some(6));
+        assert_eq!(decimals_for("top1_agreement", 0.9342), Some(5));
+        assert_eq!(decimals_for("top1_agreement", 1.0), None);
+        for (metric, v) in [
+            ("ppl_ratio", 1.00213),
+            ("top1_agreement", 0.99871),
+            ("kld_p999", 3.1),
+        ] {
+            let d = decimals_for(metric, v).unwrap() as usize;
+            let text = format!("{v:.d$}");
+            assert!(
+                relative_precision(metric, &text, text.parse().unwrap()) <= 0.001,
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn unreadable_results_entries_are_invalid_not_dropped() {
+        let yaml = r#"- {metric: kld_mean, value: 0.01648, context_length: 256}
+- {metric: kld_mean, value: "0.01648", context_length: 256}
+- {metric: kld_mean, value: about 0.016, context_length: 256}
+- {metric: kld_mean, value: .inf, context_length: 256}
+- {metric: kld_mean, value: .nan, context_length: 256}
+- {metric: kld_mean, value: -0.01, context_length: 256}
+- {metric: top1_agreement, value: 1.5, context_length: 256}
+- {metric: kld_mean, value: 0x1F, context_length: 256}
+- {metric: kld_mean, valeu: 0.01648, context_length: 256}
+- {metric: kld_mean, value: 0.01648, contex_length: 256}
+- {metric: kld_meen, value: 0.01648, context_length: 256}
+- {value: 0.01648, context_length: 256}
+- {metric: kld_mean, value: 0.01648, context_length: 1.5}
+- {metric: kld_mean, value: 0.01648, context_length: 256, level: 2.0}
+- {metric: kld_mean, value: [0.01648], context_length: 256}
+- just text
+"#;
+        let verdicts = verdict_of(yaml, 0.01648);
+        assert_eq!(verdicts.len(), 16, "every entry gets a verdict");
+        assert_eq!(verdicts[0].0, Verdict::Reproduced, "{}", verdicts[0].1);
+        for (i, (v, reason)) in verdicts.iter().enumerate().skip(1) {
+            assert_eq!(*v, Verdict::Invalid, "entry {i}: {reason}");
+            assert!(reason.starts_with(&format!("results[{i}]")), "{reason}");
+        }
+        assert!(verdicts[1].1.contains("quoted"), "{}", verdicts[1].1);
+        assert!(
+            verdicts[9].1.contains("did you mean `context_length`"),
+            "{}",
+            verdicts[9].1
+        );
+        assert!(
+            verdicts[10].1.contains("did you mean `kld_mean`"),
+            "{}",
+            verdicts[10].1
+        );
+        let results: Vec<ClaimResult> = parsed(yaml)
+            .iter()
+            .map(|c| judge(c, &[256], &Context::default(), &run(0.01648)))
+            .collect();
+        assert_eq!(overall(&results), Verdict::Invalid);
+        assert_eq!(summary(&results)["invalid"], 15);
+        // A `results` that is not a list is one invalid verdict, not none.
+        let node = crate::card::yaml::parse("results: {metric: kld_mean}\n", 0, Default::default())
+            .unwrap()
+            .unwrap();
+        let c = claims(&node, &|_| 1);
+        assert_eq!(c.len(), 1);
+        assert!(c[0].invalid.is_some());
+    }
+
+    #[test]
+    fn a_sample_other_than_the_cards_is_not_reproduced() {
+        let mut c = claim("0.01648");
+        c.n_positions = Some(10965);
+        let ctx = Context::default();
+        let same = |_: &str, _: u64| Some(rerun_of(0.01648));
+        assert_eq!(judge(&c, &[256], &ctx, &same).verdict, Verdict::Reproduced);
+        // 255 rows dropped as non-finite, not disclosed: the sample differs.
+        let dropped = |_: &str, _: u64| {
+            Some(Rerun {
+                n_positions: 10710,
+                n_nonfinite: 255,
+                ..rerun_of(0.01648)
+            })
+        };
+        let r = judge(&c, &[256], &ctx, &dropped);
+        assert_eq!(r.verdict, Verdict::NotReproduced, "{}", r.reason);
+        assert!(
+            r.reason.contains("rows scored: card 10965, rerun 10710"),
+            "{}",
+            r.reason
+        );
+        assert!(
+            r.reason
+                .contains("non-finite: card none disclosed, rerun 255"),
+            "{}",
+            r.reason
+        );
+        // Disclosed exactly: the sample is the card's.
+        c.n_positions = Some(10710);
+        c.n_nonfinite = Some(255);
+        assert_eq!(
+            judge(&c, &[256], &ctx, &dropped).verdict,
+            Verdict::Reproduced
+        );
+    }
+
+    #[test]
+    fn lint_errors_fail_every_claim() {
+        let ctx = Context {
+            lint_errors: vec!["quantization-mismatch (line 20)".into()],
+            ..Default::default()
+        };
+        let r = judge(&claim("0.01648"), &[256], &ctx, &run(0.01648));
+        assert_eq!(r.verdict, Verdict::NotReproduced);
+        assert!(r.reason.contains("quantization-mismatch"), "{}", r.reason);
     }
 
     #[test]

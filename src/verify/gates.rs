@@ -37,7 +37,7 @@ fn mean_kl(
     let b = candidate.window(ids)?.logits(&shifted)?;
     let w = reference.vocab();
     let mut scratch = Scratch::default();
-    let (mut sum, mut sum_rev, mut top1_equal) = (0.0, 0.0, true);
+    let (mut sum, mut sum_rev, mut top1_equal, mut finite) = (0.0, 0.0, true, 0usize);
     for k in 0..rows.len() {
         let Some(r) = reduce(
             &a[k * w..k * w + vocab],
@@ -52,22 +52,48 @@ fn mean_kl(
         sum += r.forward;
         sum_rev += r.reverse;
         top1_equal &= r.ref_top1 == r.cand_top1;
+        finite += 1;
     }
-    let n = rows.len().max(1) as f64;
-    Ok((sum / n, sum_rev / n, top1_equal))
+    // No finite row: NaN, which fails every gate (nothing was shown).
+    let n = finite as f64;
+    Ok((sum / n, sum_rev / n, top1_equal && finite > 0))
 }
 
-/// Run the gates on the first window; `rerun_kld_mean` is the measured mean KLD and
-/// `quantized` whether the candidate holds quantized weights.
 /// What the measurement found, as the gates need it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Measured {
-    pub kld_max: f64,
+    /// The largest per-row KL the rerun computed, forward or reverse (`None`: neither was).
+    pub kld_max: Option<f64>,
+    /// The mean KL the shift gate compares against (forward, else reverse).
     pub kld_mean: f64,
     /// The candidate holds quantized weights.
     pub quantized: bool,
+    /// The quantization method the card declares (`None`: it declares none).
+    pub declared: Option<String>,
 }
 
+impl Measured {
+    /// The gates' view of a measurement's first run: forward KL when computed, else reverse.
+    pub fn of_metrics(
+        metrics: Option<&std::collections::BTreeMap<String, f64>>,
+        quantized: bool,
+        declared: Option<String>,
+    ) -> Measured {
+        let get = |name: &str| metrics.and_then(|m| m.get(name)).copied();
+        let kld_max = match (get("kld_max"), get("kld_reverse_max")) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        Measured {
+            kld_max,
+            kld_mean: get("kld_mean").or(get("kld_reverse_mean")).unwrap_or(0.0),
+            quantized,
+            declared,
+        }
+    }
+}
+
+/// Run the gates on the first window (`scored`: its rows to compare).
 pub fn run(
     reference: &dyn Runner,
     candidate: &dyn Runner,
@@ -101,11 +127,6 @@ pub struct SelfCompare {
 /// what the measurement found. Runners that reduce rows themselves (transformers) report the
 /// raw numbers; the thresholds are the same.
 pub fn judge(self_compare: SelfCompare, shift_kl: f64, measured: Measured) -> Vec<Gate> {
-    let Measured {
-        kld_max: rerun_kld_max,
-        kld_mean: rerun_kld_mean,
-        quantized,
-    } = measured;
     let SelfCompare {
         forward: self_kl,
         reverse: self_rev,
@@ -120,7 +141,7 @@ pub fn judge(self_compare: SelfCompare, shift_kl: f64, measured: Measured) -> Ve
             if same_top1 { "identical" } else { "differs" }
         ),
     });
-    let floor = (10.0 * rerun_kld_mean).max(0.05);
+    let floor = (10.0 * measured.kld_mean).max(0.05);
     gates.push(Gate {
         gate: "one_row_shift",
         passed: shift_kl > floor,
@@ -128,14 +149,79 @@ pub fn judge(self_compare: SelfCompare, shift_kl: f64, measured: Measured) -> Ve
             "the candidate shifted by one row: mean KL {shift_kl:.4} nats (must exceed {floor:.4}: 10x the measured mean, at least 0.05), so rows are aligned"
         ),
     });
-    gates.push(Gate {
-        gate: "quantization_engaged",
-        passed: !quantized || rerun_kld_max > 0.0,
-        detail: if quantized {
-            format!("the candidate holds quantized weights and its largest per-row KLD is {rerun_kld_max:e} (must be above 0)")
-        } else {
-            "the candidate holds no quantized weights; an all-zero KLD is possible".into()
-        },
-    });
+    gates.push(quantization_engaged(&measured));
     gates
+}
+
+/// A candidate that is quantized, by its tensors or by what its card declares, must not give an
+/// all-zero KL: that means the quantization never engaged (the same weights loaded twice).
+fn quantization_engaged(m: &Measured) -> Gate {
+    let what = match (&m.declared, m.quantized) {
+        (Some(method), true) => {
+            format!("the card declares `{method}` and the candidate holds quantized weights")
+        }
+        (Some(method), false) => format!(
+            "the card declares `{method}` but the candidate's tensors hold no quantized weights"
+        ),
+        (None, true) => "the candidate holds quantized weights".to_owned(),
+        (None, false) => {
+            return Gate {
+                gate: "quantization_engaged",
+                passed: true,
+                detail: "neither the card nor the tensors declare quantization; an all-zero KLD is possible".into(),
+            };
+        }
+    };
+    let (passed, detail) = match m.kld_max {
+        Some(max) if max > 0.0 => (
+            true,
+            format!("{what}; its largest per-row KL is {max:e} (above 0)"),
+        ),
+        Some(max) => (
+            false,
+            format!(
+                "{what}, yet its largest per-row KL is {max:e}: quantization never engaged (the same weights loaded twice?)"
+            ),
+        ),
+        None => (
+            false,
+            format!(
+                "{what}, and the rerun computed no per-row KL maximum to show that quantization engaged"
+            ),
+        ),
+    };
+    Gate {
+        gate: "quantization_engaged",
+        passed,
+        detail,
+    }
+}
+
+/// Rows the rerun left out as non-finite must be rows the card says it left out: a candidate
+/// that turns rows into NaN cannot pass by shrinking the sample.
+pub fn finite_rows(runs: &[(u64, u64, Option<u64>)]) -> Gate {
+    let bad: Vec<String> = runs
+        .iter()
+        .filter(|(_, rerun, card)| *rerun > 0 && card.is_none_or(|c| c != *rerun))
+        .map(|(length, rerun, card)| match card {
+            Some(c) => format!(
+                "context length {length}: {rerun} rows non-finite in the rerun, {c} disclosed"
+            ),
+            None => format!(
+                "context length {length}: {rerun} rows non-finite in the rerun, none disclosed"
+            ),
+        })
+        .collect();
+    Gate {
+        gate: "finite_rows",
+        passed: bad.is_empty(),
+        detail: if bad.is_empty() {
+            "every scored row the card does not disclose as excluded has finite logits in both models".into()
+        } else {
+            format!(
+                "rows left out as non-finite that the card does not disclose: {}",
+                bad.join("; ")
+            )
+        },
+    }
 }

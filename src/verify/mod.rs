@@ -57,8 +57,9 @@ pub struct VerifyOutcome {
     pub rows: Vec<PlotRows>,
 }
 
-/// The eval text: `--eval-text`, else the card's `eval.text.source` read as a path relative to the
-/// card's directory or the working directory.
+/// The eval text: `--eval-text`, else the card's `eval.text.source` as a path inside the card's
+/// directory. A card never makes cardproof read a file outside its own directory (an absolute
+/// path, `..`, or a link out of it): whatever it names would be hashed and signed.
 fn eval_text_path(card_dir: &Path, disclosure: &Value, given: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = given {
         return Ok(p.to_owned());
@@ -66,21 +67,47 @@ fn eval_text_path(card_dir: &Path, disclosure: &Value, given: Option<&Path>) -> 
     let source = disclosure["eval"]["text"]["source"]
         .as_str()
         .unwrap_or_default();
-    for candidate in [card_dir.join(source), PathBuf::from(source)] {
-        if !source.is_empty() && candidate.is_file() {
-            return Ok(candidate);
-        }
+    let digest = disclosure["eval"]["text"]["sha256"]
+        .as_str()
+        .unwrap_or("not disclosed");
+    let refuse = |why: &str| {
+        Error::malformed(
+            card_dir,
+            Some("fidelity.eval.text.source"),
+            format!(
+                "the eval text `{source}` (sha256 {digest}) {why}; pass it with --eval-text FILE"
+            ),
+        )
+    };
+    let relative = Path::new(source);
+    if source.is_empty() {
+        return Err(refuse("is not named"));
     }
-    Err(Error::malformed(
-        card_dir,
-        Some("fidelity.eval.text.source"),
-        format!(
-            "the eval text `{source}` (sha256 {}) is not a readable file here; pass it with --eval-text FILE",
-            disclosure["eval"]["text"]["sha256"]
-                .as_str()
-                .unwrap_or("not disclosed")
-        ),
-    ))
+    if relative.is_absolute()
+        || relative.components().any(|c| {
+            !matches!(
+                c,
+                std::path::Component::Normal(_) | std::path::Component::CurDir
+            )
+        })
+    {
+        return Err(refuse(
+            "is not a path inside the card's directory, and a card cannot make cardproof read files elsewhere",
+        ));
+    }
+    let candidate = card_dir.join(relative);
+    let (Ok(dir), Ok(real)) = (card_dir.canonicalize(), candidate.canonicalize()) else {
+        return Err(refuse("is not a readable file in the card's directory"));
+    };
+    if !real.starts_with(&dir) {
+        return Err(refuse(
+            "resolves (through a link) outside the card's directory, and a card cannot make cardproof read files elsewhere",
+        ));
+    }
+    if !std::fs::metadata(&real).is_ok_and(|m| m.is_file()) {
+        return Err(refuse("is not a regular file in the card's directory"));
+    }
+    Ok(real)
 }
 
 fn compute_dtype(card_dir: &Path, name: &str) -> Result<ComputeDtype> {
@@ -217,15 +244,55 @@ fn native_request<'a>(
     }
 }
 
-fn first_metrics(m: &ModelMeasurement) -> (f64, f64) {
-    let first = m.runs.first();
-    let get = |name: &str| {
-        first
-            .and_then(|r| r.summary.metrics.get(name))
-            .copied()
-            .unwrap_or(0.0)
+/// The rows a card says were left out as non-finite at a context length (the largest any of its
+/// claims there states; `None` when none states it).
+fn disclosed_nonfinite(claims: &[Claim], length: u64) -> Option<u64> {
+    claims
+        .iter()
+        .filter(|c| c.invalid.is_none() && c.context_length.is_none_or(|l| l == length))
+        .filter_map(|c| c.n_nonfinite)
+        .max()
+}
+
+/// The window the gates run on: the first of the first run whose scored rows are all finite (a
+/// window spoilt by non-finite logits would make the one-row shift look like no change).
+fn gate_window(m: &ModelMeasurement) -> usize {
+    let Some(run) = m.runs.first() else {
+        return 0;
     };
-    (get("kld_max"), get("kld_mean"))
+    if run.n_windows <= 1 {
+        return 0;
+    }
+    let mut per_window = vec![0usize; run.n_windows];
+    for row in &run.rows {
+        if let Some(n) = per_window.get_mut(row.block as usize) {
+            *n += 1;
+        }
+    }
+    let full = per_window.iter().copied().max().unwrap_or(0);
+    per_window.iter().position(|&n| n == full).unwrap_or(0)
+}
+
+/// The gates' view of a measurement's first run.
+fn measured_for_gates(
+    m: &ModelMeasurement,
+    quantized: bool,
+    declared: Option<String>,
+) -> gates::Measured {
+    gates::Measured::of_metrics(
+        m.runs.first().map(|r| &r.summary.metrics),
+        quantized,
+        declared,
+    )
+}
+
+/// The quantization method a card declares (`None` for none or a plain float dtype).
+fn declared_quantization(disclosure: &Value) -> Option<String> {
+    let method = disclosure["quantization"]["method"].as_str()?;
+    let plain = [
+        "none", "bf16", "bfloat16", "f16", "fp16", "float16", "f32", "fp32", "float32",
+    ];
+    (!plain.contains(&method.to_ascii_lowercase().as_str())).then(|| method.to_owned())
 }
 
 fn plot_rows(m: &ModelMeasurement) -> Vec<PlotRows> {
@@ -314,7 +381,14 @@ pub fn verify(
         ) {
             ctx.undisclosed.push(f.message.clone());
         }
+        if f.is_error() {
+            ctx.lint_errors.push(match f.line {
+                Some(line) => format!("{} (line {line}): {}", f.code, f.message),
+                None => format!("{}: {}", f.code, f.message),
+            });
+        }
     }
+    let declared = declared_quantization(&disclosure);
     stage("hashing");
     let manifest = hash_path(
         r.model,
@@ -355,14 +429,15 @@ pub fn verify(
                 stage("sanity gates");
                 let first = prepared.windows.first();
                 let window = first
-                    .and_then(|w| w.windows.first())
+                    .and_then(|w| w.windows.get(gate_window(&m)))
                     .cloned()
                     .unwrap_or_default();
                 let l = window.len();
                 let scored: Vec<usize> = (0..l)
                     .filter(|&j| options.positions.selects(j as u64, l as u64))
                     .collect();
-                let (kld_max, kld_mean) = first_metrics(&m);
+                let measured =
+                    measured_for_gates(&m, quantized(&prepared.candidate), declared.clone());
                 gates_out = measurement::with_artifact_runner(&prepared, |runner| {
                     gates::run(
                         runner,
@@ -370,11 +445,7 @@ pub fn verify(
                         &window,
                         &scored,
                         m.vocab_size,
-                        gates::Measured {
-                            kld_max,
-                            kld_mean,
-                            quantized: quantized(&prepared.candidate),
-                        },
+                        measured,
                     )
                 })?;
                 rows = plot_rows(&m);
@@ -403,12 +474,11 @@ pub fn verify(
                     stage,
                     progress,
                 )?;
-                let (kld_max, kld_mean) = first_metrics(&run.measurement);
-                let measured = gates::Measured {
-                    kld_max,
-                    kld_mean,
-                    quantized: inspections.iter().any(|i| i.summary.quantized > 0),
-                };
+                let measured = measured_for_gates(
+                    &run.measurement,
+                    inspections.iter().any(|i| i.summary.quantized > 0),
+                    declared.clone(),
+                );
                 gates_out = transformers_gates(&run.gates, measured);
                 if r.noise_floor {
                     noise = json!({"skipped": "the noise floor of the transformers runner is its kernel sweep: `cardproof measure --runner transformers --sweep attention=sdpa,eager`"});
@@ -446,22 +516,19 @@ pub fn verify(
                 )?
                 .windows
                 .into_iter()
-                .next()
+                .nth(gate_window(&m))
                 .unwrap_or_default();
                 let l = window.len();
                 let scored: Vec<usize> = (0..l).collect();
-                let (kld_max, kld_mean) = first_metrics(&m);
+                let measured =
+                    measured_for_gates(&m, quantized(&prepared.candidate), declared.clone());
                 gates_out = gates::run(
                     &prepared.reference,
                     &prepared.candidate,
                     &window,
                     &scored,
                     m.vocab_size,
-                    gates::Measured {
-                        kld_max,
-                        kld_mean,
-                        quantized: quantized(&prepared.candidate),
-                    },
+                    measured,
                 )?;
                 if r.noise_floor {
                     stage("noise floor");
@@ -470,18 +537,21 @@ pub fn verify(
                 rows = plot_rows(&m);
                 (m, doc)
             };
+            gates_out.push(gates::finite_rows(
+                &m.runs
+                    .iter()
+                    .map(|run| {
+                        let length = run.context_length as u64;
+                        (
+                            length,
+                            run.n_nonfinite as u64,
+                            disclosed_nonfinite(&card_claims, length),
+                        )
+                    })
+                    .collect::<Vec<_>>(),
+            ));
             for g in gates_out.iter().filter(|g| !g.passed) {
                 ctx.failed_gates.push(format!("{}: {}", g.gate, g.detail));
-            }
-            if gates_out
-                .iter()
-                .any(|g| g.gate == "quantization_engaged" && !g.passed)
-            {
-                return Err(Error::malformed(
-                    r.model,
-                    None,
-                    "the candidate holds quantized weights but its KL against the reference is exactly 0 everywhere: quantization never engaged (the same weights were loaded twice?)",
-                ));
             }
             ctx.differences = protocol::lane_differences(&disclosure, &doc, &resolved);
             measured = Some((m, doc, resolved));
@@ -506,6 +576,8 @@ pub fn verify(
         Some(Rerun {
             value: value * scale,
             ci95: ci.map(|[a, b]| [a * scale, b * scale]),
+            n_positions: run.n_positions as u64,
+            n_nonfinite: run.n_nonfinite as u64,
         })
     };
     let results: Vec<ClaimResult> = card_claims

@@ -137,6 +137,11 @@ pub fn resolve(f: &Value) -> Result<Resolved, Vec<String>> {
             .to_owned(),
         _ => "f32".to_owned(),
     };
+    if let (Some(d), Some(v)) = (direction, vocab)
+        && let Some(why) = crate::measure::protocol::unmeasurable(d, v)
+    {
+        missing.push(format!("protocol.kl.direction: {why}"));
+    }
     match (positions, direction, vocab, bos) {
         (Some(positions), Some(direction), Some(vocab), Some(bos)) if missing.is_empty() => {
             Ok(Resolved {

@@ -4,6 +4,7 @@ mod artifact;
 mod bad_input;
 mod card;
 mod dequant_reference;
+mod fail_closed;
 mod fixtures;
 mod hash;
 mod hub;

@@ -5,36 +5,41 @@ use std::path::{Path, PathBuf};
 
 use crate::support::{Run, cardproof, repo_root};
 
-fn model(name: &str) -> PathBuf {
+pub(crate) fn model(name: &str) -> PathBuf {
     repo_root().join("examples/models").join(name)
 }
 
 /// A copy of an example candidate with its card rewritten from a measurement on a short text.
-struct Verified {
-    dir: tempfile::TempDir,
+pub(crate) struct Verified {
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl Verified {
-    fn candidate(&self) -> PathBuf {
+    pub(crate) fn candidate(&self) -> PathBuf {
         self.dir.path().join("candidate")
     }
-    fn text(&self) -> PathBuf {
+    pub(crate) fn text(&self) -> PathBuf {
         self.dir.path().join("eval.txt")
     }
-    fn key(&self) -> PathBuf {
+    pub(crate) fn key(&self) -> PathBuf {
         self.dir.path().join("keys/cardproof.key")
     }
-    fn public(&self) -> PathBuf {
+    pub(crate) fn public(&self) -> PathBuf {
         self.dir.path().join("keys/cardproof.pub")
     }
-    fn out(&self) -> PathBuf {
+    pub(crate) fn out(&self) -> PathBuf {
         self.dir.path().join("report")
     }
-    fn card(&self) -> PathBuf {
+    pub(crate) fn card(&self) -> PathBuf {
         self.candidate().join("README.md")
     }
 
-    fn new(example: &str, extra: &[&str]) -> Verified {
+    pub(crate) fn new(example: &str, extra: &[&str]) -> Verified {
+        Verified::new_with(example, extra, &|_| {})
+    }
+
+    /// As [`Verified::new`], with the candidate's copy changed by `alter` before it is measured.
+    pub(crate) fn new_with(example: &str, extra: &[&str], alter: &dyn Fn(&Path)) -> Verified {
         let dir = tempfile::tempdir().unwrap();
         let v = Verified { dir };
         std::fs::create_dir_all(v.candidate()).unwrap();
@@ -42,6 +47,7 @@ impl Verified {
             let entry = entry.unwrap();
             std::fs::copy(entry.path(), v.candidate().join(entry.file_name())).unwrap();
         }
+        alter(&v.candidate());
         let text = std::fs::read_to_string(repo_root().join("examples/data/eval.txt")).unwrap();
         let end = text[2500..].find('\n').unwrap() + 2501;
         std::fs::write(v.text(), &text[..end]).unwrap();
@@ -91,7 +97,7 @@ impl Verified {
         v
     }
 
-    fn verify(&self) -> Run {
+    pub(crate) fn verify(&self) -> Run {
         cardproof(&[
             "verify",
             self.candidate().to_str().unwrap(),
@@ -107,7 +113,7 @@ impl Verified {
         ])
     }
 
-    fn verify_report(&self, envelope: &Path, checkpoint: Option<&Path>) -> Run {
+    pub(crate) fn verify_report(&self, envelope: &Path, checkpoint: Option<&Path>) -> Run {
         let mut args = vec![
             "verify-report".to_owned(),
             envelope.display().to_string(),

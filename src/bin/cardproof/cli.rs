@@ -252,9 +252,10 @@ pub struct KldArgs {
 /// The measurement protocol flags `kld` and `measure` share, spelled the same.
 #[derive(Debug, Args)]
 pub struct ProtocolArgs {
-    /// Which KL directions to compute: forward = KL(P_ref || P_cand).
-    #[arg(long, value_enum, default_value_t = DirectionArg::Both)]
-    pub direction: DirectionArg,
+    /// Which KL directions to compute: forward = KL(P_ref || P_cand) [default: both; forward
+    /// with --vocab threshold].
+    #[arg(long, value_enum)]
+    pub direction: Option<DirectionArg>,
     /// Vocabulary terms kept in the KL sum (the sets are the reference's).
     #[arg(long, value_enum, default_value_t = VocabArg::Full)]
     pub vocab: VocabArg,

@@ -86,9 +86,12 @@ impl ProtocolConfig {
         use crate::cli::{DirectionArg, PositionsArg, TailArg, VocabArg};
         use cardproof::measure::protocol::{Bootstrap, Direction, Positions, Tail, VocabMode};
         let direction = match args.direction {
-            DirectionArg::Forward => Direction::Forward,
-            DirectionArg::Reverse => Direction::Reverse,
-            DirectionArg::Both => Direction::Both,
+            Some(DirectionArg::Forward) => Direction::Forward,
+            Some(DirectionArg::Reverse) => Direction::Reverse,
+            Some(DirectionArg::Both) => Direction::Both,
+            // llama.cpp's threshold mode is forward only (see `unmeasurable`).
+            None if args.vocab == VocabArg::Threshold => Direction::Forward,
+            None => Direction::Both,
         };
         let vocab = match args.vocab {
             VocabArg::Full => VocabMode::Full,
@@ -116,6 +119,16 @@ impl ProtocolConfig {
                 }
             }
         };
+        if let Some(why) = cardproof::measure::protocol::unmeasurable(direction, vocab) {
+            return Err(format!(
+                "--direction {}: {why}",
+                args.direction.map_or("both", |d| match d {
+                    DirectionArg::Forward => "forward",
+                    DirectionArg::Reverse => "reverse",
+                    DirectionArg::Both => "both",
+                })
+            ));
+        }
         if args.top_k.is_some() && args.vocab != VocabArg::TopK {
             return Err("--top-k needs --vocab top-k".into());
         }

@@ -800,12 +800,16 @@ fn render_verification(r: &serde_json::Value) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "verdict: {}  ({} reproduced, {} not reproduced, {} not comparable, {} undisclosed)",
+        "verdict: {}  ({})",
         r["verdict"].as_str().unwrap_or("?"),
-        r["summary"]["reproduced"],
-        r["summary"]["not_reproduced"],
-        r["summary"]["not_comparable"],
-        r["summary"]["undisclosed"],
+        r["summary"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, n)| k.as_str() == "reproduced" || n.as_u64().is_some_and(|n| n > 0))
+            .map(|(k, n)| format!("{n} {}", k.replace('_', " ")))
+            .collect::<Vec<_>>()
+            .join(", "),
     );
     let _ = writeln!(out, "card: {}", r["card"]["path"].as_str().unwrap_or("?"));
     let _ = writeln!(

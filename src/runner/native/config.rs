@@ -64,6 +64,17 @@ pub struct ModelConfig {
     /// Mistral-style sliding-window attention (tokens each position sees, itself included).
     pub sliding_window: Option<usize>,
     pub max_positions: Option<usize>,
+    /// Biases the architecture gives its linear modules, as transformers builds them (Qwen2:
+    /// q/k/v always; Llama and Qwen3: `attention_bias` on q/k/v/o, Llama's `mlp_bias`).
+    pub biases: Biases,
+}
+
+/// Which linear modules carry a bias.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Biases {
+    pub qkv: bool,
+    pub o: bool,
+    pub mlp: bool,
 }
 
 impl ModelConfig {
@@ -168,7 +179,31 @@ impl ModelConfig {
         } else {
             None
         };
+        let flag = |key: &str| -> Result<bool> {
+            match config.get(key) {
+                None | Some(Value::Null) => Ok(false),
+                Some(Value::Bool(b)) => Ok(*b),
+                Some(v) => Err(bad(key, format!("must be true or false, found {v}"))),
+            }
+        };
+        let biases = match arch {
+            Arch::Qwen2 => Biases {
+                qkv: true,
+                o: false,
+                mlp: false,
+            },
+            Arch::Mistral => Biases::default(),
+            Arch::Llama | Arch::Qwen3 => {
+                let attention = flag("attention_bias")?;
+                Biases {
+                    qkv: attention,
+                    o: attention,
+                    mlp: arch == Arch::Llama && flag("mlp_bias")?,
+                }
+            }
+        };
         let cfg = ModelConfig {
+            biases,
             arch,
             hidden,
             intermediate: uint("intermediate_size")?,

@@ -164,13 +164,47 @@ impl Decoder {
         for i in 0..c.layers {
             let p = format!("model.layers.{i}");
             let attn = format!("{p}.self_attn");
+            // Qwen3 normalizes queries and keys per head; no other architecture here has those
+            // weights (another model_type's q_norm is an unread tensor, refused below).
             let norm_opt = |name: String| -> Result<Option<Tensor>> {
-                if store.has(&name) {
+                if c.arch == super::config::Arch::Qwen3 {
                     vector(&name, c.head_dim).map(Some)
                 } else {
                     Ok(None)
                 }
             };
+            for (module, expected) in [
+                ("self_attn.q_proj", c.biases.qkv),
+                ("self_attn.k_proj", c.biases.qkv),
+                ("self_attn.v_proj", c.biases.qkv),
+                ("self_attn.o_proj", c.biases.o),
+                ("mlp.gate_proj", c.biases.mlp),
+                ("mlp.up_proj", c.biases.mlp),
+                ("mlp.down_proj", c.biases.mlp),
+            ] {
+                let name = format!("{p}.{module}.bias");
+                if store.has(&name) != expected {
+                    return Err(Error::malformed(
+                        store.path(),
+                        Some(&name),
+                        format!(
+                            "{} in the checkpoint, but the declared architecture `{}` {} it (transformers would {})",
+                            if expected { "missing" } else { "present" },
+                            c.arch.as_str(),
+                            if expected {
+                                "has"
+                            } else {
+                                "has no bias here, so it would not use"
+                            },
+                            if expected {
+                                "initialize it at random"
+                            } else {
+                                "ignore it"
+                            }
+                        ),
+                    ));
+                }
+            }
             let kv = store.kv_cache(&attn)?;
             match kv {
                 Some(KvQuant::Fp8(s)) => {
@@ -212,25 +246,30 @@ impl Decoder {
                 kv,
             });
         }
-        if c.arch == super::config::Arch::Qwen3 && layers.iter().any(|l| l.q_norm.is_none()) {
-            return Err(Error::malformed(
-                store.path(),
-                Some("model.layers.0.self_attn.q_norm.weight"),
-                "a qwen3 checkpoint needs q_norm and k_norm in every layer",
-            ));
-        }
         let norm = vector("model.norm.weight", c.hidden)?;
-        let lm_head = if store.has("lm_head.weight")
-            || store.has("lm_head.qweight")
-            || store.has("lm_head.weight_packed")
-        {
-            linear("lm_head", c.vocab, c.hidden, &mut report)?
-        } else if c.tie_embeddings {
+        let lm_head_stored = ["lm_head.weight", "lm_head.qweight", "lm_head.weight_packed"]
+            .iter()
+            .any(|n| store.has(n));
+        let lm_head = if c.tie_embeddings {
+            // transformers ties: the output layer *is* the embedding, whatever lm_head the files
+            // hold. A stored lm_head is accepted only as a byte-identical copy.
+            if lm_head_stored
+                && store.tensor_sha256("lm_head.weight")?
+                    != store.tensor_sha256("model.embed_tokens.weight")?
+            {
+                return Err(Error::malformed(
+                    store.path(),
+                    Some("lm_head.weight"),
+                    "the config ties the word embeddings (tie_word_embeddings: true), so transformers uses model.embed_tokens.weight as the output layer and ignores this lm_head, which differs from it: the checkpoint and its config disagree",
+                ));
+            }
             Lin {
                 wt: embed.t().map_err(cerr(store, "lm_head"))?,
                 bias: None,
                 input: InputQuant::None,
             }
+        } else if lm_head_stored {
+            linear("lm_head", c.vocab, c.hidden, &mut report)?
         } else {
             return Err(Error::malformed(
                 store.path(),
@@ -238,6 +277,25 @@ impl Decoder {
                 "missing, and the config does not tie the word embeddings",
             ));
         };
+        let unread = store.unread();
+        if let Some(first) = unread.first() {
+            return Err(Error::malformed(
+                store.path(),
+                Some(first),
+                format!(
+                    "{} tensor(s) the declared architecture `{}` does not use ({}{}): the checkpoint is not what its config says (another model_type, or tensors the native runner would silently drop)",
+                    unread.len(),
+                    c.arch.as_str(),
+                    unread
+                        .iter()
+                        .take(5)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    if unread.len() > 5 { ", ..." } else { "" }
+                ),
+            ));
+        }
         Ok(Decoder {
             config,
             compute,

@@ -24,6 +24,8 @@ pub struct GgufStore {
     heads: usize,
     kv_heads: usize,
     emulate: Emulate,
+    /// llama.cpp tensor names loading has read (see [`WeightStore::unread`]).
+    read: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// Whose numerics the forward pass follows.
@@ -157,6 +159,12 @@ impl GgufStore {
             tie_embeddings: file.tensor("output.weight").is_none(),
             sliding_window: None,
             max_positions: uint("context_length").ok(),
+            // A GGUF file has no flags for them: its tensors are the declaration.
+            biases: super::config::Biases {
+                qkv: file.tensor("blk.0.attn_q.bias").is_some(),
+                o: file.tensor("blk.0.attn_output.bias").is_some(),
+                mlp: file.tensor("blk.0.ffn_up.bias").is_some(),
+            },
         };
         config.validate(path)?;
         let store = GgufStore {
@@ -168,6 +176,7 @@ impl GgufStore {
             heads,
             kv_heads,
             emulate,
+            read: Default::default(),
         };
         Ok((store, config))
     }
@@ -191,6 +200,10 @@ impl GgufStore {
         let Some(t) = self.file.tensor(&name) else {
             return Ok(None);
         };
+        self.read
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.clone());
         let bad = |rule: String| Error::malformed(&self.path, Some(&name), rule);
         let ty = candle_type(t.ty).ok_or_else(|| {
             bad(format!(
@@ -268,6 +281,17 @@ impl WeightStore for GgufStore {
 
     fn has(&self, name: &str) -> bool {
         gguf_name(name).is_some_and(|n| self.file.tensor(&n).is_some())
+    }
+
+    fn unread(&self) -> Vec<String> {
+        let read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+        self.file
+            .tensors
+            .iter()
+            .map(|t| &t.name)
+            .filter(|name| !read.contains(*name))
+            .cloned()
+            .collect()
     }
 
     fn dense(&self, name: &str) -> Result<Dense> {

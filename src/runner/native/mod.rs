@@ -103,10 +103,11 @@ pub fn load(path: &Path, compute: ComputeDtype, emulate: Emulate) -> Result<Nati
         }
         (Box::new(SafetensorsStore::open(&path, json)?), config)
     };
-    let head = if store.has("lm_head.weight") || !config.tie_embeddings {
-        "lm_head.weight"
-    } else {
+    // Tied embeddings: the output layer is the embedding (as transformers loads it).
+    let head = if config.tie_embeddings {
         "model.embed_tokens.weight"
+    } else {
+        "lm_head.weight"
     };
     let lm_head_sha256 = store.tensor_sha256(head)?.unwrap_or_default();
     let stored_dtype = store.stored_dtype("model.embed_tokens.weight");

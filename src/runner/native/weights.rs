@@ -99,6 +99,16 @@ pub trait WeightStore {
     fn tensor_sha256(&self, name: &str) -> Result<Option<String>>;
     /// The stored dtype of a tensor, lower case (`bf16`), or `unknown`.
     fn stored_dtype(&self, name: &str) -> String;
+    /// Tensors of the checkpoint that loading never read: the declared architecture does not
+    /// use them, so the checkpoint is not what its config says it is.
+    fn unread(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// Tensors transformers itself ignores when loading (buffers older exports saved).
+pub fn ignorable(name: &str) -> bool {
+    name.ends_with("rotary_emb.inv_freq")
 }
 
 /// A tensor as stored: the file holding it, dtype, shape and bytes.
@@ -111,6 +121,8 @@ pub struct SafetensorsStore {
     maps: BTreeMap<PathBuf, MappedFile>,
     config: Value,
     declared: Option<Declared>,
+    /// Tensor names loading has looked up (see [`WeightStore::unread`]).
+    read: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl SafetensorsStore {
@@ -138,6 +150,7 @@ impl SafetensorsStore {
             maps,
             config,
             declared,
+            read: Default::default(),
         })
     }
 
@@ -145,10 +158,14 @@ impl SafetensorsStore {
         self.declared.as_ref()
     }
 
+    /// A tensor loading uses (recorded as read).
     fn find(&self, name: &str) -> Option<(&Path, &TensorInfo)> {
-        self.checkpoint
-            .tensor(name)
-            .map(|(file, info)| (file.path.as_path(), info))
+        let found = self.checkpoint.tensor(name)?;
+        self.read
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_owned());
+        Some((found.0.path.as_path(), found.1))
     }
 
     /// The stored bytes and shape of a tensor.
@@ -265,7 +282,18 @@ impl WeightStore for SafetensorsStore {
     }
 
     fn has(&self, name: &str) -> bool {
-        self.find(name).is_some()
+        self.checkpoint.tensor(name).is_some()
+    }
+
+    fn unread(&self) -> Vec<String> {
+        let read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+        self.checkpoint
+            .files
+            .iter()
+            .flat_map(|f| f.tensors.iter().map(|t| &t.name))
+            .filter(|name| !read.contains(*name) && !ignorable(name))
+            .cloned()
+            .collect()
     }
 
     fn dense(&self, name: &str) -> Result<Dense> {
@@ -771,6 +799,19 @@ pub fn synthetic(config: &super::config::ModelConfig, seed: u64) -> MemoryStore 
             s,
             &mut rng,
         );
+        for (module, out, with) in [
+            ("self_attn.q_proj", q, c.biases.qkv),
+            ("self_attn.k_proj", kv, c.biases.qkv),
+            ("self_attn.v_proj", kv, c.biases.qkv),
+            ("self_attn.o_proj", c.hidden, c.biases.o),
+            ("mlp.gate_proj", c.intermediate, c.biases.mlp),
+            ("mlp.up_proj", c.intermediate, c.biases.mlp),
+            ("mlp.down_proj", c.hidden, c.biases.mlp),
+        ] {
+            if with {
+                add(format!("{p}.{module}.bias"), vec![out], s, &mut rng);
+            }
+        }
         if c.arch == super::config::Arch::Qwen3 {
             add(
                 format!("{p}.self_attn.q_norm.weight"),

@@ -1,0 +1,551 @@
+//! Regression tests for verdicts that cannot be fooled (issue #14): each test plays a card author
+//! who wants a `reproduced` they did not earn, or an input that used to slip past a check.
+
+use std::path::Path;
+
+use crate::support::{Run, cardproof};
+use crate::verify::{Verified, model};
+
+/// Replace the first line of the card containing `needle` with `with`.
+fn edit_card_line(v: &Verified, needle: &str, with: &dyn Fn(&str) -> String) {
+    let card = std::fs::read_to_string(v.card()).unwrap();
+    let line = card
+        .lines()
+        .find(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("no line with {needle:?} in:\n{card}"))
+        .to_owned();
+    let new = with(&line);
+    std::fs::write(v.card(), card.replacen(&line, &new, 1)).unwrap();
+}
+
+fn claim<'a>(report: &'a serde_json::Value, metric: &str) -> &'a serde_json::Value {
+    report["claims"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["metric"] == metric)
+        .unwrap_or_else(|| panic!("no {metric} claim in {report}"))
+}
+
+fn gate<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    report["sanity"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["gate"] == name)
+        .unwrap_or_else(|| panic!("no {name} gate in {}", report["sanity"]))
+}
+
+/// The kld_mean claim's value text in a card written by `card` (flow style).
+fn kld_mean_line(v: &Verified) -> String {
+    std::fs::read_to_string(v.card())
+        .unwrap()
+        .lines()
+        .find(|l| l.contains("metric: kld_mean,"))
+        .unwrap()
+        .to_owned()
+}
+
+fn set_value(line: &str, value: &str) -> String {
+    let start = line.find("value: ").unwrap() + "value: ".len();
+    let end = start + line[start..].find(',').unwrap();
+    format!("{}{value}{}", &line[..start], &line[end..])
+}
+
+#[test]
+fn coarse_and_unreadable_claims_fail_verification() {
+    let v = Verified::new("shakespeare-w8a16", &[]);
+    let original = std::fs::read_to_string(v.card()).unwrap();
+    // Too coarse to mean anything: each used to be `reproduced`, exit 0.
+    for coarse in ["0", "0.0", "0e0", "0.002"] {
+        std::fs::write(v.card(), &original).unwrap();
+        edit_card_line(&v, "metric: kld_mean,", &|l| set_value(l, coarse));
+        let r = v.verify();
+        assert_eq!(r.code, 1, "kld_mean {coarse}: {}", r.stderr);
+        let report = r.json();
+        assert_eq!(
+            claim(&report, "kld_mean")["verdict"],
+            "imprecise",
+            "{coarse}"
+        );
+        assert_ne!(report["verdict"], "reproduced");
+    }
+    // Quoted, text, non-finite, negative and misspelt entries each get an `invalid` verdict.
+    for (what, edit) in [
+        (
+            "quoted",
+            &(|l: &str| set_value(l, "\"0.001\"")) as &dyn Fn(&str) -> String,
+        ),
+        ("text", &|l: &str| set_value(l, "about 0.001")),
+        ("inf", &|l: &str| set_value(l, ".inf")),
+        ("nan", &|l: &str| set_value(l, ".nan")),
+        ("negative", &|l: &str| set_value(l, "-0.001")),
+        ("misspelt key", &|l: &str| {
+            l.replacen("context_length", "contex_length", 1)
+        }),
+    ] {
+        std::fs::write(v.card(), &original).unwrap();
+        edit_card_line(&v, "metric: kld_mean,", edit);
+        let r = v.verify();
+        assert_eq!(r.code, 1, "{what}: {}", r.stderr);
+        let report = r.json();
+        let claims = report["claims"].as_array().unwrap();
+        let invalid: Vec<_> = claims
+            .iter()
+            .filter(|c| c["verdict"] == "invalid")
+            .collect();
+        assert_eq!(invalid.len(), 1, "{what}: {claims:?}");
+        assert!(
+            invalid[0]["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("results["),
+            "{what}"
+        );
+        assert!(
+            ["invalid", "not_reproduced"].contains(&report["verdict"].as_str().unwrap()),
+            "{what}: {}",
+            report["verdict"]
+        );
+    }
+    std::fs::write(v.card(), &original).unwrap();
+    let r = v.verify();
+    assert_eq!(
+        r.code, 0,
+        "the untouched card still reproduces: {}",
+        r.stderr
+    );
+}
+
+/// A copy of `model` whose embedding row for `token` is NaN.
+fn with_nan_embedding_row(dir: &Path, token: usize) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            (
+                name,
+                view.dtype(),
+                view.shape().to_vec(),
+                view.data().to_vec(),
+            )
+        })
+        .collect();
+    let embed = tensors
+        .iter_mut()
+        .find(|t| t.0 == "model.embed_tokens.weight")
+        .unwrap();
+    assert_eq!(embed.1, safetensors::Dtype::BF16);
+    let hidden = embed.2[1];
+    for k in 0..hidden {
+        let at = 2 * (token * hidden + k);
+        embed.3[at..at + 2].copy_from_slice(&half::bf16::NAN.to_le_bytes());
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &path).unwrap();
+}
+
+/// A token of `text` that occurs in exactly one of its 128-token windows (so a NaN embedding
+/// row for it spoils some rows, not all).
+fn token_in_one_window(model_dir: &Path, text: &str) -> usize {
+    let tokenizer = tokenizers::Tokenizer::from_file(model_dir.join("tokenizer.json")).unwrap();
+    let ids = tokenizer.encode(text, false).unwrap().get_ids().to_vec();
+    let windows: Vec<&[u32]> = ids.chunks_exact(128).collect();
+    assert!(windows.len() >= 3, "{} windows", windows.len());
+    let mut seen: std::collections::BTreeMap<u32, std::collections::BTreeSet<usize>> =
+        Default::default();
+    for (w, window) in windows.iter().enumerate() {
+        for &id in window.iter() {
+            seen.entry(id).or_default().insert(w);
+        }
+    }
+    *seen
+        .iter()
+        .find(|(_, w)| w.len() == 1)
+        .expect("a token in one window only")
+        .0 as usize
+}
+
+#[test]
+fn rows_dropped_as_non_finite_must_be_disclosed() {
+    // A candidate that turns rows into NaN, measured and carded: the card discloses the rows it
+    // left out, and that disclosed sample verifies.
+    let v = Verified::new_with("shakespeare-w8a16", &[], &|dir| {
+        let text =
+            std::fs::read_to_string(crate::support::repo_root().join("examples/data/eval.txt"))
+                .unwrap();
+        let end = text[2500..].find('\n').unwrap() + 2501;
+        let token = token_in_one_window(dir, &text[..end]);
+        with_nan_embedding_row(dir, token);
+    });
+    let card = std::fs::read_to_string(v.card()).unwrap();
+    assert!(
+        card.contains("n_nonfinite: "),
+        "card writes the excluded rows:\n{card}"
+    );
+    let r = v.verify();
+    assert_eq!(r.code, 0, "disclosed exclusions reproduce: {}", r.stdout);
+    // The author removes the exclusions from the card (and claims the full sample): fails.
+    let scrubbed: String = card
+        .lines()
+        .map(|l| match l.find(", n_nonfinite: ") {
+            Some(i) => format!("{}}}\n", &l[..i]),
+            None => format!("{l}\n"),
+        })
+        .collect();
+    std::fs::write(v.card(), scrubbed).unwrap();
+    let r = v.verify();
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let report = r.json();
+    assert_eq!(report["verdict"], "not_reproduced");
+    assert_eq!(gate(&report, "finite_rows")["passed"], false);
+    assert!(
+        claim(&report, "kld_mean")["reason"]
+            .as_str()
+            .unwrap()
+            .contains("non-finite"),
+        "{}",
+        claim(&report, "kld_mean")
+    );
+}
+
+#[test]
+fn a_changed_sample_size_is_not_reproduced() {
+    let v = Verified::new("shakespeare-w8a16", &[]);
+    let line = kld_mean_line(&v);
+    let n: u64 = line
+        .split("n_positions: ")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches('}')
+        .parse()
+        .unwrap();
+    edit_card_line(&v, "metric: kld_mean,", &|l| {
+        l.replace(
+            &format!("n_positions: {n}"),
+            &format!("n_positions: {}", n * 4),
+        )
+    });
+    let r = v.verify();
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let c = claim(&r.json(), "kld_mean").clone();
+    assert_eq!(c["verdict"], "not_reproduced");
+    assert!(c["reason"].as_str().unwrap().contains("rows scored"), "{c}");
+}
+
+#[test]
+fn lint_errors_and_a_declared_but_absent_quantization_fail_verify() {
+    // The reference's own weights under the FP8 example's card: `quantization-mismatch` used to
+    // be recorded and ignored, and the gate passed because nothing was quantized.
+    let dir = tempfile::tempdir().unwrap();
+    let cand = dir.path().join("cand");
+    copy_model("shakespeare-fp8-block", &cand);
+    for f in ["model.safetensors", "config.json"] {
+        std::fs::copy(model("shakespeare-bf16").join(f), cand.join(f)).unwrap();
+    }
+    let lint = cardproof(&["lint", cand.to_str().unwrap(), "--json"]);
+    assert_eq!(lint.code, 1, "lint flags it: {}", lint.stdout);
+    assert!(
+        lint.stdout.contains("quantization-mismatch"),
+        "{}",
+        lint.stdout
+    );
+    let text = crate::support::short_text(dir.path(), 3000);
+    let keys = dir.path().join("keys");
+    assert_eq!(
+        cardproof(&["keygen", "--out", keys.to_str().unwrap()]).code,
+        0
+    );
+    let r = cardproof(&[
+        "verify",
+        cand.to_str().unwrap(),
+        "--reference",
+        model("shakespeare-bf16").to_str().unwrap(),
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--key",
+        keys.join("cardproof.key").to_str().unwrap(),
+        "--out",
+        dir.path().join("report").to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let report = r.json();
+    assert_ne!(report["verdict"], "reproduced");
+    assert!(report["card"]["lint"]["errors"].as_u64().unwrap() >= 1);
+    let engaged = gate(&report, "quantization_engaged");
+    assert_eq!(engaged["passed"], false, "{engaged}");
+    assert!(
+        engaged["detail"].as_str().unwrap().contains("fp8-block"),
+        "{engaged}"
+    );
+    for c in report["claims"].as_array().unwrap() {
+        assert_eq!(c["verdict"], "not_reproduced", "{c}");
+        assert!(c["reason"].as_str().unwrap().contains("sanity gate"), "{c}");
+    }
+}
+
+#[test]
+fn lint_errors_alone_fail_verify() {
+    // A card that reproduces numerically but carries a lint error (an unquoted revision that
+    // YAML reads as a number) is not verified.
+    let v = Verified::new("shakespeare-w8a16", &[]);
+    let card = std::fs::read_to_string(v.card()).unwrap();
+    let broken = card.replacen("  calibration:", "  x-note: 1\n  calibration:", 1);
+    let broken = broken.replacen(
+        "schema: cardproof/v1",
+        "schema: cardproof/v1\n  unknown_section: 1",
+        1,
+    );
+    std::fs::write(v.card(), broken).unwrap();
+    let lint = cardproof(&["lint", v.candidate().to_str().unwrap()]);
+    assert_eq!(lint.code, 1, "{}", lint.stderr);
+    let r = v.verify();
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let report = r.json();
+    assert_eq!(report["verdict"], "not_reproduced");
+    let c = claim(&report, "kld_mean");
+    assert!(c["reason"].as_str().unwrap().contains("lint errors"), "{c}");
+    assert!(c["rerun"].is_number(), "the rerun's number is still shown");
+}
+
+#[test]
+fn reverse_only_cards_pass_the_quantization_gate() {
+    // The gate read an uncomputed forward KL as 0 and said quantization never engaged.
+    let v = Verified::new("shakespeare-w8a16", &["--direction", "reverse"]);
+    let r = v.verify();
+    assert_eq!(r.code, 0, "{}\n{}", r.stderr, r.stdout);
+    let report = r.json();
+    assert_eq!(gate(&report, "quantization_engaged")["passed"], true);
+    assert!(claim(&report, "kld_reverse_mean")["verdict"] == "reproduced");
+}
+
+fn copy_model(name: &str, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(model(name)).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+fn measure(candidate: &Path, dir: &Path) -> Run {
+    let text = crate::support::short_text(dir, 3000);
+    cardproof(&[
+        "measure",
+        "--reference",
+        model("shakespeare-bf16").to_str().unwrap(),
+        "--candidate",
+        candidate.to_str().unwrap(),
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--context-length",
+        "128",
+        "--bootstrap",
+        "10",
+        "--out",
+        dir.join("out").to_str().unwrap(),
+    ])
+}
+
+fn edit_json(path: &Path, edit: &dyn Fn(&mut serde_json::Value)) {
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+}
+
+#[test]
+fn config_and_tokenizer_must_match_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let cand = dir.path().join("cand");
+    copy_model("shakespeare-w8a16", &cand);
+    let ok = measure(&cand, dir.path());
+    assert_eq!(ok.code, 0, "{}", ok.stderr);
+
+    // Qwen3 weights declared as llama: q_norm/k_norm are tensors llama does not have.
+    edit_json(&cand.join("config.json"), &|c| {
+        c["model_type"] = "llama".into()
+    });
+    let r = measure(&cand, dir.path());
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("q_norm"), "{}", r.stderr);
+    assert!(r.stderr.contains("does not use"), "{}", r.stderr);
+    edit_json(&cand.join("config.json"), &|c| {
+        c["model_type"] = "qwen3".into()
+    });
+
+    // Tied embeddings with a different lm_head stored: transformers would use embed_tokens.
+    edit_json(&cand.join("config.json"), &|c| {
+        c["tie_word_embeddings"] = true.into()
+    });
+    let r = measure(&cand, dir.path());
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("ties the word embeddings"),
+        "{}",
+        r.stderr
+    );
+    edit_json(&cand.join("config.json"), &|c| {
+        c["tie_word_embeddings"] = false.into()
+    });
+
+    // Qwen3 with attention_bias but no bias tensors.
+    edit_json(&cand.join("config.json"), &|c| {
+        c["attention_bias"] = true.into()
+    });
+    let r = measure(&cand, dir.path());
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("q_proj.bias: missing"), "{}", r.stderr);
+    edit_json(&cand.join("config.json"), &|c| {
+        c["attention_bias"] = false.into()
+    });
+
+    // Same vocabulary, another normalizer: the same text can become other ids.
+    edit_json(&cand.join("tokenizer.json"), &|t| {
+        t["normalizer"] = serde_json::json!({"type": "Lowercase"});
+    });
+    let r = measure(&cand, dir.path());
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("another normalizer"), "{}", r.stderr);
+
+    // Re-serialized but equal (other key order and merges spelling) is the same tokenizer.
+    std::fs::copy(
+        model("shakespeare-w8a16").join("tokenizer.json"),
+        cand.join("tokenizer.json"),
+    )
+    .unwrap();
+    edit_json(&cand.join("tokenizer.json"), &|t| {
+        if let Some(merges) = t
+            .pointer_mut("/model/merges")
+            .and_then(|m| m.as_array_mut())
+        {
+            for m in merges.iter_mut() {
+                if let Some(pair) = m.as_array() {
+                    let joined = format!(
+                        "{} {}",
+                        pair[0].as_str().unwrap(),
+                        pair[1].as_str().unwrap()
+                    );
+                    *m = joined.into();
+                } else if let Some((a, b)) = m.as_str().and_then(|s| s.split_once(' ')) {
+                    *m = serde_json::json!([a, b]);
+                }
+            }
+        }
+    });
+    let r = measure(&cand, dir.path());
+    assert_eq!(r.code, 0, "equal tokenizers agree: {}", r.stderr);
+}
+
+#[test]
+fn threshold_mode_refuses_the_reverse_kl() {
+    let dir = tempfile::tempdir().unwrap();
+    let cand = model("shakespeare-w8a16");
+    let text = crate::support::short_text(dir.path(), 3000);
+    let base = |extra: &[&str]| {
+        let mut args = vec![
+            "measure",
+            "--reference",
+            model("shakespeare-bf16")
+                .to_str()
+                .unwrap()
+                .to_owned()
+                .leak(),
+            "--candidate",
+            cand.to_str().unwrap(),
+            "--eval-text",
+            text.to_str().unwrap(),
+            "--context-length",
+            "128",
+            "--bootstrap",
+            "10",
+            "--vocab",
+            "threshold",
+            "--out",
+            dir.path().join("out").to_str().unwrap().to_owned().leak(),
+        ];
+        args.extend_from_slice(extra);
+        cardproof(&args)
+    };
+    for direction in ["both", "reverse"] {
+        let r = base(&["--direction", direction]);
+        assert_eq!(r.code, 2, "{direction}: {}", r.stderr);
+        assert!(r.stderr.contains("partial sum"), "{}", r.stderr);
+    }
+    // Without a direction, threshold mode measures the forward KL (llama.cpp's).
+    let r = base(&[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let m: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("out/measurement.json")).unwrap(),
+    )
+    .unwrap();
+    let metrics = &m["runs"][0]["metrics"];
+    assert!(metrics["kld_mean"].is_number());
+    assert!(metrics.get("kld_reverse_mean").is_none(), "{metrics}");
+}
+
+#[test]
+fn eval_text_sources_stay_inside_the_card_directory() {
+    let v = Verified::new("shakespeare-w8a16", &[]);
+    let secret = v.dir.path().join("secret.txt");
+    std::fs::copy(v.text(), &secret).unwrap();
+    std::os::unix::fs::symlink(&secret, v.candidate().join("linked.txt")).unwrap();
+    for source in [
+        "/etc/hostname".to_owned(),
+        secret.display().to_string(),
+        "../secret.txt".to_owned(),
+        "linked.txt".to_owned(),
+    ] {
+        edit_card_line(&v, "source:", &|l| {
+            format!("{}source: {source:?}", &l[..l.find("source:").unwrap()])
+        });
+        let r = cardproof(&[
+            "verify",
+            v.candidate().to_str().unwrap(),
+            "--reference",
+            model("shakespeare-bf16").to_str().unwrap(),
+            "--key",
+            v.key().to_str().unwrap(),
+            "--out",
+            v.out().to_str().unwrap(),
+        ]);
+        assert_eq!(r.code, 2, "{source}: {}", r.stderr);
+        assert!(r.stderr.contains("--eval-text"), "{source}: {}", r.stderr);
+        assert!(
+            !v.out().join("report.json").exists(),
+            "{source}: nothing signed"
+        );
+    }
+    // Inside the directory it is read (the file is then one of the checkpoint's, so the card's
+    // files digest no longer matches: not comparable, but the text is the card's).
+    std::fs::copy(v.text(), v.candidate().join("eval.txt")).unwrap();
+    edit_card_line(&v, "source:", &|l| {
+        format!("{}source: eval.txt", &l[..l.find("source:").unwrap()])
+    });
+    let r = cardproof(&[
+        "verify",
+        v.candidate().to_str().unwrap(),
+        "--reference",
+        model("shakespeare-bf16").to_str().unwrap(),
+        "--key",
+        v.key().to_str().unwrap(),
+        "--out",
+        v.out().to_str().unwrap(),
+        "--json",
+    ]);
+    assert_ne!(r.code, 2, "{}", r.stderr);
+    let differences = r.json()["lane_differences"].to_string();
+    assert!(!differences.contains("eval text"), "{differences}");
+    assert!(differences.contains("candidate files"), "{differences}");
+}
