@@ -148,6 +148,7 @@ pub enum Code {
     VagueDisclosure,
     UnknownMetric,
     InconsistentClaim,
+    ImpreciseClaim,
     MissingBaseModel,
     BaseModelRelation,
     ReferenceNotBaseModel,
@@ -165,12 +166,13 @@ pub enum Code {
 }
 
 impl Code {
-    pub const ALL: [Code; 19] = [
+    pub const ALL: [Code; 20] = [
         Code::SchemaViolation,
         Code::MissingDisclosure,
         Code::VagueDisclosure,
         Code::UnknownMetric,
         Code::InconsistentClaim,
+        Code::ImpreciseClaim,
         Code::MissingBaseModel,
         Code::BaseModelRelation,
         Code::ReferenceNotBaseModel,
@@ -194,6 +196,7 @@ impl Code {
             Code::VagueDisclosure => "vague-disclosure",
             Code::UnknownMetric => "unknown-metric",
             Code::InconsistentClaim => "inconsistent-claim",
+            Code::ImpreciseClaim => "imprecise-claim",
             Code::MissingBaseModel => "missing-base-model",
             Code::BaseModelRelation => "base-model-relation",
             Code::ReferenceNotBaseModel => "reference-not-base-model",

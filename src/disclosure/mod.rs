@@ -5,6 +5,7 @@
 //! descriptions, so they are written for card authors.
 
 pub mod precision;
+pub mod results;
 pub mod vocabulary;
 
 use std::collections::BTreeMap;

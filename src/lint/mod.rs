@@ -45,6 +45,42 @@ pub fn lint(card: &Card) -> LintReport {
 
 /// Lint a card that sits next to a checkpoint: also cross-check its `quantization` section against
 /// what `inspect` found, and turn inspect's own findings into errors.
+/// Claims printed too coarsely to be reproduced (`verify` gives them the `imprecise` verdict):
+/// flagged before publishing, at the value, with the precision the digits state.
+fn imprecise_claims(fidelity: &Node, locator: &Locator<'_>, out: &mut Vec<Finding>) {
+    use crate::disclosure::precision::{IMPRECISE_RELATIVE, half_unit, relative_precision};
+    for claim in crate::disclosure::results::claims(fidelity, &|_| 0) {
+        if claim.invalid.is_some() {
+            continue;
+        }
+        let relative = relative_precision(&claim.metric, &claim.text, claim.value);
+        if relative <= IMPRECISE_RELATIVE {
+            continue;
+        }
+        let said = if relative.is_finite() {
+            format!(
+                "±{:.1e}, {:.0}% of its scale",
+                half_unit(&claim.text),
+                100.0 * relative
+            )
+        } else {
+            "nothing about its distance from the metric's bound".to_owned()
+        };
+        out.push(locator.at_value(
+            Finding::new(
+                Code::ImpreciseClaim,
+                format!(
+                    "{} `{}` is printed too coarsely to be checked: its digits say {said}; print it to within {}% (as `cardproof card` does), or `verify` calls it imprecise",
+                    claim.metric,
+                    claim.text,
+                    100.0 * IMPRECISE_RELATIVE
+                ),
+            ),
+            &format!("/fidelity/results/{}/value", claim.index),
+        ));
+    }
+}
+
 pub fn lint_with_checkpoint(card: &Card, inspections: &[Inspection]) -> LintReport {
     let locator = Locator::new(card);
     let mut findings = Vec::new();
@@ -94,6 +130,7 @@ pub fn lint_with_checkpoint(card: &Card, inspections: &[Inspection]) -> LintRepo
             let json = fidelity.value.to_json();
             schema::validate(&json, &locator, &mut findings);
             items::check(&json, &locator, &mut findings);
+            imprecise_claims(&fidelity.value, &locator, &mut findings);
             metadata::hub(
                 root.expect("fidelity implies a root"),
                 &json,

@@ -549,3 +549,30 @@ fn eval_text_sources_stay_inside_the_card_directory() {
     assert!(!differences.contains("eval text"), "{differences}");
     assert!(differences.contains("candidate files"), "{differences}");
 }
+
+#[test]
+fn lint_flags_imprecise_claims_at_their_value() {
+    use crate::support::{compliant_with, lint_text};
+    assert!(
+        !lint_text(crate::support::compliant_card())
+            .codes()
+            .contains(&"imprecise-claim".to_owned())
+    );
+    for (old, new) in [
+        ("value: 0.0123,", "value: 0.01,"),
+        ("value: 0.0123,", "value: 0,"),
+        ("value: 0.981,", "value: 1,"),
+        ("value: 0.981,", "value: 0.98,"),
+    ] {
+        let r = lint_text(compliant_with(old, new));
+        assert_eq!(r.code, 1, "{new}");
+        let f = r.finding("imprecise-claim");
+        assert_eq!(f["severity"], "error");
+        assert_eq!(
+            f["line"],
+            if old.contains("0.981") { 65 } else { 63 },
+            "{new}"
+        );
+        assert!(f["pointer"].as_str().unwrap().ends_with("/value"), "{f}");
+    }
+}

@@ -124,6 +124,12 @@ fn fixtures() -> Vec<Fixture> {
             None,
         ),
         (
+            Code::ImpreciseClaim,
+            compliant_with("value: 0.0123,", "value: 0.01,"),
+            Some("/fidelity/results/0/value"),
+            None,
+        ),
+        (
             Code::UnterminatedFrontMatter,
             "---\nlicense: mit\n# no closing marker\n".into(),
             None,
