@@ -340,22 +340,33 @@ fn copy_model(name: &str, to: &Path) {
 }
 
 fn measure(candidate: &Path, dir: &Path) -> Run {
+    measure_with(candidate, dir, &[])
+}
+
+/// A short `measure` of `candidate` against the bf16 reference into `dir/out`.
+fn measure_with(candidate: &Path, dir: &Path, extra: &[&str]) -> Run {
     let text = crate::support::short_text(dir, 3000);
-    cardproof(&[
+    let mut args = vec![
         "measure",
         "--reference",
-        model("shakespeare-bf16").to_str().unwrap(),
+        model("shakespeare-bf16")
+            .to_str()
+            .unwrap()
+            .to_owned()
+            .leak(),
         "--candidate",
-        candidate.to_str().unwrap(),
+        candidate.to_str().unwrap().to_owned().leak(),
         "--eval-text",
-        text.to_str().unwrap(),
+        text.to_str().unwrap().to_owned().leak(),
         "--context-length",
         "128",
         "--bootstrap",
         "10",
         "--out",
-        dir.join("out").to_str().unwrap(),
-    ])
+        dir.join("out").to_str().unwrap().to_owned().leak(),
+    ];
+    args.extend_from_slice(extra);
+    cardproof(&args)
 }
 
 fn edit_json(path: &Path, edit: &dyn Fn(&mut serde_json::Value)) {
@@ -452,31 +463,10 @@ fn config_and_tokenizer_must_match_the_checkpoint() {
 fn threshold_mode_refuses_the_reverse_kl() {
     let dir = tempfile::tempdir().unwrap();
     let cand = model("shakespeare-w8a16");
-    let text = crate::support::short_text(dir.path(), 3000);
     let base = |extra: &[&str]| {
-        let mut args = vec![
-            "measure",
-            "--reference",
-            model("shakespeare-bf16")
-                .to_str()
-                .unwrap()
-                .to_owned()
-                .leak(),
-            "--candidate",
-            cand.to_str().unwrap(),
-            "--eval-text",
-            text.to_str().unwrap(),
-            "--context-length",
-            "128",
-            "--bootstrap",
-            "10",
-            "--vocab",
-            "threshold",
-            "--out",
-            dir.path().join("out").to_str().unwrap().to_owned().leak(),
-        ];
+        let mut args = vec!["--vocab", "threshold"];
         args.extend_from_slice(extra);
-        cardproof(&args)
+        measure_with(&cand, dir.path(), &args)
     };
     for direction in ["both", "reverse"] {
         let r = base(&["--direction", direction]);
@@ -510,16 +500,7 @@ fn eval_text_sources_stay_inside_the_card_directory() {
         edit_card_line(&v, "source:", &|l| {
             format!("{}source: {source:?}", &l[..l.find("source:").unwrap()])
         });
-        let r = cardproof(&[
-            "verify",
-            v.candidate().to_str().unwrap(),
-            "--reference",
-            model("shakespeare-bf16").to_str().unwrap(),
-            "--key",
-            v.key().to_str().unwrap(),
-            "--out",
-            v.out().to_str().unwrap(),
-        ]);
+        let r = v.verify_with(&[]);
         assert_eq!(r.code, 2, "{source}: {}", r.stderr);
         assert!(r.stderr.contains("--eval-text"), "{source}: {}", r.stderr);
         assert!(
@@ -533,17 +514,7 @@ fn eval_text_sources_stay_inside_the_card_directory() {
     edit_card_line(&v, "source:", &|l| {
         format!("{}source: eval.txt", &l[..l.find("source:").unwrap()])
     });
-    let r = cardproof(&[
-        "verify",
-        v.candidate().to_str().unwrap(),
-        "--reference",
-        model("shakespeare-bf16").to_str().unwrap(),
-        "--key",
-        v.key().to_str().unwrap(),
-        "--out",
-        v.out().to_str().unwrap(),
-        "--json",
-    ]);
+    let r = v.verify_with(&[]);
     assert_ne!(r.code, 2, "{}", r.stderr);
     let differences = r.json()["lane_differences"].to_string();
     assert!(!differences.contains("eval text"), "{differences}");

@@ -98,19 +98,28 @@ impl Verified {
     }
 
     pub(crate) fn verify(&self) -> Run {
-        cardproof(&[
+        self.verify_with(&["--eval-text", self.text().to_str().unwrap()])
+    }
+
+    /// `verify --json` of the candidate against the bf16 reference, with `extra` flags.
+    pub(crate) fn verify_with(&self, extra: &[&str]) -> Run {
+        let mut args = vec![
             "verify",
-            self.candidate().to_str().unwrap(),
+            self.candidate().to_str().unwrap().to_owned().leak(),
             "--reference",
-            model("shakespeare-bf16").to_str().unwrap(),
-            "--eval-text",
-            self.text().to_str().unwrap(),
+            model("shakespeare-bf16")
+                .to_str()
+                .unwrap()
+                .to_owned()
+                .leak(),
             "--key",
-            self.key().to_str().unwrap(),
+            self.key().to_str().unwrap().to_owned().leak(),
             "--out",
-            self.out().to_str().unwrap(),
+            self.out().to_str().unwrap().to_owned().leak(),
             "--json",
-        ])
+        ];
+        args.extend_from_slice(extra);
+        cardproof(&args)
     }
 
     pub(crate) fn verify_report(&self, envelope: &Path, checkpoint: Option<&Path>) -> Run {
