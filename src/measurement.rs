@@ -1006,9 +1006,7 @@ fn checkpoint_identity(
 ) -> Result<(ModelIdentity, usize)> {
     use crate::runner::native::weights::{SafetensorsStore, WeightStore};
     let config_path = path.join("config.json");
-    let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
-    let json: Value = serde_json::from_str(&text)
-        .map_err(|e| Error::malformed(&config_path, None, format!("not valid JSON: {e}")))?;
+    let json: Value = crate::files::read_config(&config_path)?;
     let config = crate::runner::native::config::ModelConfig::from_hf(&config_path, &json)?;
     let store = SafetensorsStore::open(path, json)?;
     let head = if store.has("lm_head.weight") || !config.tie_embeddings {
@@ -1345,7 +1343,7 @@ pub fn prepare_artifact(r: &ArtifactRequest, stage: &(dyn Fn(&str) + Sync)) -> R
         ));
     }
     if let Some(text) = r.eval_text {
-        let bytes = std::fs::read(text).map_err(|e| Error::io(text, e))?;
+        let bytes = crate::files::read_capped(text, tokens::MAX_EVAL_TEXT_BYTES, "an eval text")?;
         let digest = crate::checkpoint::hash::hex(&Sha256Digest::digest(&bytes));
         if h.eval["text_sha256"].as_str() != Some(digest.as_str()) {
             return Err(Error::malformed(

@@ -33,6 +33,11 @@ use stats::{Scored, Summary};
 /// scored rows are: `n / 100` rows (so there are about 100 blocks), at most this many.
 pub const BOOTSTRAP_MAX_RUN: usize = 128;
 
+/// Logit rows wider than this are refused wherever a file declares the width (a llama.cpp base
+/// file's `n_vocab`, an artifact's `logit_width`): 16 times the largest vocabulary in use
+/// (262,144 entries), and few enough that a row's buffers stay in megabytes.
+pub const MAX_VOCAB: usize = 1 << 22;
+
 /// What the caller asks for.
 #[derive(Debug, Clone)]
 pub struct Options {
