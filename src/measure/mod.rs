@@ -50,6 +50,20 @@ pub struct Options {
     pub bootstrap: Bootstrap,
 }
 
+impl Options {
+    /// The settings that size loops and allocations, in range (see
+    /// [`crate::measurement::MeasureOptions::check`]).
+    pub fn check(&self) -> Result<()> {
+        let bad = |rule: String| Error::malformed(Path::new("measurement protocol"), None, rule);
+        if let Some(l) = self.context_length {
+            protocol::check_context_length(l).map_err(bad)?;
+        }
+        self.bootstrap.check().map_err(bad)?;
+        self.positions.check().map_err(bad)?;
+        self.vocab.check().map_err(bad)
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct InputSummary {
     pub path: String,
@@ -95,6 +109,7 @@ pub fn definitions() -> Value {
 
 /// Measure `candidate` against `reference`.
 pub fn measure(reference: &Path, candidate: &Path, options: &Options) -> Result<Measurement> {
+    options.check()?;
     let r = LogitSource::open(reference, options.context_length)?;
     let c = LogitSource::open(candidate, options.context_length)?;
     check_pair(&r, &c)?;
