@@ -165,6 +165,7 @@ mod tests {
 
     #[cfg(unix)]
     #[test]
+    #[allow(clippy::print_stderr)] // the visible skip when mkfifo is missing
     fn a_fifo_or_a_device_is_refused_without_blocking() {
         let dir = tempfile::tempdir().unwrap();
         let link = dir.path().join("zero.json");
