@@ -27,8 +27,13 @@ pub enum ErrorKind {
     NotFound,
     #[error("directory holds no README.md")]
     NoReadme,
-    #[error("file is {size} bytes, over the {limit}-byte limit for a card")]
-    TooLarge { size: u64, limit: u64 },
+    /// A file read whole is over its cap; `what` names the kind of file ("a card").
+    #[error("file is {size} bytes, over the {limit}-byte limit for {what}")]
+    TooLarge {
+        size: u64,
+        limit: u64,
+        what: &'static str,
+    },
     #[error("not valid UTF-8 (a model card must be UTF-8 text)")]
     NotUtf8,
     #[error("YAML syntax error in the front matter: {0}")]

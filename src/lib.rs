@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod dequant;
 pub mod disclosure;
 pub mod error;
+pub mod files;
 pub mod findings;
 pub mod hub;
 pub mod lint;

@@ -41,6 +41,24 @@ pub struct MeasureOptions {
     pub dump_logits: Option<PathBuf>,
 }
 
+impl MeasureOptions {
+    /// Every number that sizes a loop or an allocation, in range (context lengths, bootstrap
+    /// resamples and level, stride, k, threshold) before any work starts; the binary and
+    /// `verify` check earlier with their own wording, this guards every library caller.
+    pub fn check(&self) -> Result<()> {
+        let bad = |rule: String| Error::malformed(Path::new("measurement protocol"), None, rule);
+        if self.context_lengths.is_empty() {
+            return Err(bad("no context length given".into()));
+        }
+        for &l in &self.context_lengths {
+            crate::measure::protocol::check_context_length(l as u64).map_err(bad)?;
+        }
+        self.bootstrap.check().map_err(bad)?;
+        self.positions.check().map_err(bad)?;
+        self.vocab.check().map_err(bad)
+    }
+}
+
 /// Identity of one model as measured.
 #[derive(Debug, Clone)]
 pub struct ModelIdentity {
@@ -148,6 +166,7 @@ fn used_vocab(eval: &EvalInput, width: usize, o: &MeasureOptions) -> Result<usiz
 
 /// The windows of every context length and the rows the position policy scores in them.
 pub fn plan_runs(eval: &EvalInput, o: &MeasureOptions) -> Result<Vec<RunPlan>> {
+    o.check()?;
     o.context_lengths
         .iter()
         .map(|&l| {
@@ -823,6 +842,7 @@ fn root_digest(path: &Path, threads: usize, known: Option<&Manifest>) -> Result<
 #[cfg(feature = "native")]
 pub fn prepare_native(r: &NativeRequest, stage: &(dyn Fn(&str) + Sync)) -> Result<Prepared> {
     use crate::runner::native;
+    r.options.check()?;
 
     stage("tokenizing");
     let (tokenizer, stream) = tokenize_eval(r.reference, r.candidate, r.tokenizer, r.eval_text)?;
@@ -1009,9 +1029,7 @@ fn checkpoint_identity(
 ) -> Result<(ModelIdentity, usize)> {
     use crate::runner::native::weights::{SafetensorsStore, WeightStore};
     let config_path = path.join("config.json");
-    let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
-    let json: Value = serde_json::from_str(&text)
-        .map_err(|e| Error::malformed(&config_path, None, format!("not valid JSON: {e}")))?;
+    let json: Value = crate::files::read_config(&config_path)?;
     let config = crate::runner::native::config::ModelConfig::from_hf(&config_path, &json)?;
     let store = SafetensorsStore::open(path, json)?;
     let head = if store.has("lm_head.weight") || !config.tie_embeddings {
@@ -1087,6 +1105,7 @@ pub fn measure_transformers(
     progress: Progress,
 ) -> Result<TransformersRun> {
     use crate::runner::transformers::{self, RunWork};
+    r.options.check()?;
     stage("tokenizing");
     if !matches!(r.options.vocab, VocabMode::Full) {
         return Err(Error::malformed(
@@ -1333,6 +1352,7 @@ pub fn prepare_artifact(r: &ArtifactRequest, stage: &(dyn Fn(&str) + Sync)) -> R
     use crate::artifact::Artifact;
     use crate::runner::native;
 
+    r.options.check()?;
     stage("reading the artifact");
     let artifact = Artifact::open(r.artifact)?;
     let h = &artifact.header;
@@ -1348,7 +1368,7 @@ pub fn prepare_artifact(r: &ArtifactRequest, stage: &(dyn Fn(&str) + Sync)) -> R
         ));
     }
     if let Some(text) = r.eval_text {
-        let bytes = std::fs::read(text).map_err(|e| Error::io(text, e))?;
+        let bytes = crate::files::read_capped(text, tokens::MAX_EVAL_TEXT_BYTES, "an eval text")?;
         let digest = crate::checkpoint::hash::hex(&Sha256Digest::digest(&bytes));
         if h.eval["text_sha256"].as_str() != Some(digest.as_str()) {
             return Err(Error::malformed(
@@ -1525,6 +1545,7 @@ pub fn export_reference(
     out: &Path,
 ) -> Result<crate::artifact::Header> {
     use crate::runner::native;
+    options.check()?;
     let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(model))?;
     let stream = tokens::tokenize(&tokenizer, eval_text)?;
     let reference = native::load(
@@ -1587,6 +1608,7 @@ pub fn run_with_base_file(
     use crate::measure::llamacpp::BaseFile;
     use crate::runner::native;
 
+    r.options.check()?;
     stage("reading the base file");
     let base = BaseFile::open(r.artifact)?;
     let stream = TokenStream {
@@ -1682,6 +1704,8 @@ pub fn export_llamacpp(
     out: &Path,
 ) -> Result<u64> {
     use crate::runner::native;
+    crate::measure::protocol::check_context_length(n_ctx as u64)
+        .map_err(|rule| Error::malformed(out, Some("n_ctx"), rule))?;
     let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(model))?;
     let stream = tokens::tokenize(&tokenizer, eval_text)?;
     let reference = native::load(

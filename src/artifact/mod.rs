@@ -78,6 +78,44 @@ pub struct Header {
     pub bound: String,
 }
 
+impl Header {
+    /// The widths the header declares size every row the artifact serves: `1 <= k <= vocab_size
+    /// <= logit_width <= MAX_VOCAB` (a top-k row is `logit_width` floats, its tail spread over
+    /// `vocab_size - k` tokens).
+    fn check_sizes(&self, path: &Path) -> Result<()> {
+        let max = crate::measure::MAX_VOCAB;
+        let bad = |field: &str, rule: String| Err(Error::malformed(path, Some(field), rule));
+        if !(1..=max).contains(&self.logit_width) {
+            return bad(
+                "logit_width",
+                format!("{} is outside 1..={max}", self.logit_width),
+            );
+        }
+        if !(1..=self.logit_width).contains(&self.vocab_size) {
+            return bad(
+                "vocab_size",
+                format!(
+                    "{} is outside 1..={} (the logit width)",
+                    self.vocab_size, self.logit_width
+                ),
+            );
+        }
+        if self.kind == Kind::TopK {
+            match self.k {
+                Some(k) if (1..=self.vocab_size).contains(&k) => {}
+                Some(k) => {
+                    return bad(
+                        "k",
+                        format!("{k} is outside 1..={} (the vocabulary)", self.vocab_size),
+                    );
+                }
+                None => return bad("k", "missing for a top_k artifact".into()),
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A row-major f32 matrix of stored rows.
 fn f32_rows(file: &SafetensorsFile, bytes: &[u8], name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
     let info = file.get(name).ok_or_else(|| {
@@ -176,6 +214,7 @@ impl Artifact {
                 format!("`{}` is not {FORMAT}", header.format),
             ));
         }
+        header.check_sizes(path)?;
         let protocol_digest = crate::measure::protocol::sha256_of(&header.protocol);
         if protocol_digest != header.protocol_sha256 {
             return Err(Error::malformed(
@@ -762,4 +801,58 @@ pub fn export_native(
     };
     let bytes = serialize(&header, &eval.stream.ids, &runs)?;
     Ok((header, bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An artifact whose header is `header`, with a three-token stream and no runs: everything
+    /// `open` checked before the widths were, so only the widths can make it refuse.
+    fn with_header(dir: &Path, header: &Value) -> PathBuf {
+        let path = dir.join("a.safetensors");
+        let metadata = BTreeMap::from([(HEADER_KEY.to_owned(), header.to_string())]);
+        let tokens: Vec<u8> = [1i32, 2, 3].iter().flat_map(|t| t.to_le_bytes()).collect();
+        let bytes = safetensors::serialize(&[("tokens", Dtype::I32, &[3], &tokens)], &metadata);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    /// Regression (#14): `logit_width`, `vocab_size` and `k` from the header sized each row's
+    /// buffer unchecked (`vocab_size - k` underflowed, a width of 2^40 allocated terabytes).
+    #[test]
+    fn header_widths_are_range_checked_before_anything_is_sized() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = serde_json::json!({
+            "format": FORMAT, "kind": "top_k", "k": 4, "hidden_size": 8,
+            "logit_width": 16, "vocab_size": 12, "protocol": {},
+            "protocol_sha256": crate::measure::protocol::sha256_of(&serde_json::json!({})),
+            "reference": {},
+            "eval": {"tokens_sha256": crate::runner::tokens::tokens_sha256(&[1, 2, 3])},
+            "runs": [], "bound": "",
+        });
+        assert!(Artifact::open(&with_header(dir.path(), &base)).is_ok());
+        for (field, value, needle) in [
+            (
+                "logit_width",
+                serde_json::json!(1u64 << 40),
+                "logit_width: 1099511627776",
+            ),
+            ("logit_width", serde_json::json!(0), "logit_width: 0"),
+            (
+                "vocab_size",
+                serde_json::json!(17),
+                "vocab_size: 17 is outside 1..=16",
+            ),
+            ("k", serde_json::json!(13), "k: 13 is outside 1..=12"),
+            ("k", serde_json::json!(0), "k: 0"),
+            ("k", Value::Null, "k: missing"),
+        ] {
+            let mut header = base.clone();
+            header[field] = value;
+            let path = with_header(dir.path(), &header);
+            let err = Artifact::open(&path).err().expect("refused").to_string();
+            assert!(err.contains(needle), "{field}: {err}");
+        }
+    }
 }

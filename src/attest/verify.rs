@@ -85,25 +85,7 @@ pub enum Outcome {
 /// that were verified (DSSE: never re-parse the envelope after verifying), so what the caller reads
 /// is exactly what was signed.
 pub fn verify_envelope(path: &Path, key: &VerifyingKey) -> Result<Outcome> {
-    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
-    if meta.is_dir() {
-        return Err(Error::malformed(
-            path,
-            None,
-            "is a directory, not a DSSE envelope (a JSON file)",
-        ));
-    }
-    if meta.len() > MAX_ENVELOPE {
-        return Err(Error::malformed(
-            path,
-            None,
-            format!(
-                "is {} bytes, over the {MAX_ENVELOPE}-byte limit for a DSSE envelope",
-                meta.len()
-            ),
-        ));
-    }
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = crate::files::read_capped(path, MAX_ENVELOPE, "a DSSE envelope")?;
     let envelope: Value = serde_json::from_slice(&bytes).map_err(|e| {
         Error::at(
             path,

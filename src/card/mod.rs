@@ -4,7 +4,6 @@
 pub mod write;
 pub mod yaml;
 
-use std::io::Read;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
@@ -55,7 +54,7 @@ impl Card {
     /// Read the card at `path`: a Markdown file, or a directory holding README.md.
     pub fn open(path: &Path) -> Result<Card> {
         let file = resolve_card_path(path)?;
-        let bytes = read_capped(&file)?;
+        let bytes = crate::files::read_capped(&file, MAX_CARD_BYTES, "a card")?;
         Card::from_bytes(file, bytes)
     }
 
@@ -117,37 +116,6 @@ pub fn resolve_card_path(path: &Path) -> Result<PathBuf> {
         return Err(Error::new(path, ErrorKind::NoReadme));
     }
     Ok(path.to_path_buf())
-}
-
-fn read_capped(file: &Path) -> Result<Vec<u8>> {
-    let handle = std::fs::File::open(file).map_err(|e| Error::io(file, e))?;
-    let size = handle.metadata().map_err(|e| Error::io(file, e))?.len();
-    if size > MAX_CARD_BYTES {
-        return Err(Error::new(
-            file,
-            ErrorKind::TooLarge {
-                size,
-                limit: MAX_CARD_BYTES,
-            },
-        ));
-    }
-    // The size can change under us (a pipe, a growing file): never read past the cap.
-    let mut bytes = Vec::with_capacity(size as usize);
-    handle
-        .take(MAX_CARD_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::io(file, e))?;
-    if bytes.len() as u64 > MAX_CARD_BYTES {
-        let size = bytes.len() as u64;
-        return Err(Error::new(
-            file,
-            ErrorKind::TooLarge {
-                size,
-                limit: MAX_CARD_BYTES,
-            },
-        ));
-    }
-    Ok(bytes)
 }
 
 fn find_front_matter(text: &str, path: &Path, lines: &LineIndex) -> Result<FrontMatter> {

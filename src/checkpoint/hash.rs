@@ -3,6 +3,14 @@
 //!
 //! Files hash in parallel (one file is inherently sequential), each read in large chunks so that
 //! the SHA-256 instructions, not syscalls, bound the speed.
+//!
+//! What the walk accepts, checked from metadata before anything is opened: regular files and
+//! directories, and symbolic links that resolve to either *inside* the hashed directory (or, for
+//! a Hugging Face cache snapshot `.../snapshots/<commit>/`, inside that repository's `blobs/`,
+//! where the snapshot's links point). A link resolving anywhere else (`..`, an absolute path out
+//! of the checkpoint), a dangling link, a FIFO, a socket or a device is an error naming it: a FIFO
+//! blocks the open, `/dev/zero` never ends, and a link out of the directory would put files that
+//! are not the checkpoint's into its digest.
 
 use std::collections::BTreeSet;
 use std::io::Read;
@@ -83,6 +91,8 @@ pub fn hash_path(
     let meta = std::fs::metadata(root).map_err(|e| Error::io(root, e))?;
     let (sources, excluded) = if meta.is_dir() {
         collect(root, options)?
+    } else if !meta.is_file() {
+        return Err(crate::files::not_regular(root, &meta));
     } else {
         let name = root
             .file_name()
@@ -127,7 +137,7 @@ pub fn hash_path(
 pub fn total_size(root: &Path, options: &HashOptions) -> Option<u64> {
     let meta = std::fs::metadata(root).ok()?;
     if !meta.is_dir() {
-        return Some(meta.len());
+        return meta.is_file().then_some(meta.len());
     }
     collect(root, options)
         .ok()
@@ -150,7 +160,7 @@ pub fn hash_file(path: &Path) -> Result<String> {
 
 fn hash_source(source: &Source, progress: &(dyn Fn(u64) + Sync)) -> Result<ManifestEntry> {
     let path = &source.path;
-    let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let (mut file, _) = crate::files::open_regular(path)?;
     let mut hasher = Sha256::new();
     let mut buffer = vec![0u8; CHUNK];
     let mut size = 0u64;
@@ -184,12 +194,13 @@ fn hash_source(source: &Source, progress: &(dyn Fn(u64) + Sync)) -> Result<Manif
 }
 
 fn collect(root: &Path, options: &HashOptions) -> Result<(Vec<Source>, Vec<String>)> {
+    let inside = allowed_roots(root)?;
     let mut sources = Vec::new();
     let mut excluded = Vec::new();
     let mut visited = BTreeSet::new();
     let mut stack = vec![(root.to_path_buf(), String::new())];
     while let Some((dir, prefix)) = stack.pop() {
-        // Links are followed (Hub cache snapshots are links), so guard against cycles.
+        // Links to directories inside the checkpoint are followed, so guard against cycles.
         let canonical = std::fs::canonicalize(&dir).map_err(|e| Error::io(&dir, e))?;
         if !visited.insert(canonical) {
             continue;
@@ -204,13 +215,33 @@ fn collect(root: &Path, options: &HashOptions) -> Result<(Vec<Source>, Vec<Strin
             };
             let name = format!("{prefix}{file_name}");
             let file_type = entry.file_type().map_err(|e| Error::io(&path, e))?;
-            let link = if file_type.is_symlink() {
+            let (meta, link) = if file_type.is_symlink() {
                 let target = std::fs::read_link(&path).map_err(|e| Error::io(&path, e))?;
-                Some(target.to_string_lossy().into_owned())
+                let shown = target.to_string_lossy().into_owned();
+                let resolved = std::fs::canonicalize(&path).map_err(|e| {
+                    Error::malformed(
+                        &path,
+                        None,
+                        format!("is a symbolic link to `{shown}`, which cannot be resolved ({e})"),
+                    )
+                })?;
+                if !inside.iter().any(|r| resolved.starts_with(r)) {
+                    return Err(Error::malformed(
+                        &path,
+                        None,
+                        format!(
+                            "is a symbolic link to `{shown}`, which resolves to {}, outside the \
+                             checkpoint directory {}; only links that stay inside it are followed",
+                            resolved.display(),
+                            root.display()
+                        ),
+                    ));
+                }
+                let meta = std::fs::metadata(&resolved).map_err(|e| Error::io(&path, e))?;
+                (meta, Some(shown))
             } else {
-                None
+                (entry.metadata().map_err(|e| Error::io(&path, e))?, None)
             };
-            let meta = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?;
             if meta.is_dir() {
                 if !options.include_all && (file_name == ".git" || file_name == ".cache") {
                     excluded.push(format!("{name}/"));
@@ -218,6 +249,9 @@ fn collect(root: &Path, options: &HashOptions) -> Result<(Vec<Source>, Vec<Strin
                 }
                 stack.push((path, format!("{name}/")));
                 continue;
+            }
+            if !meta.is_file() {
+                return Err(crate::files::not_regular(&path, &meta));
             }
             if !options.include_all
                 && prefix.is_empty()
@@ -238,6 +272,21 @@ fn collect(root: &Path, options: &HashOptions) -> Result<(Vec<Source>, Vec<Strin
     sources.sort_by(|a, b| a.name.as_bytes().cmp(b.name.as_bytes()));
     excluded.sort();
     Ok((sources, excluded))
+}
+
+/// Where links in the walk of `root` may resolve to: the directory itself, and for a Hugging
+/// Face cache snapshot (`<repo>/snapshots/<commit>`) the repository's `blobs/` beside it.
+fn allowed_roots(root: &Path) -> Result<Vec<PathBuf>> {
+    let canonical = std::fs::canonicalize(root).map_err(|e| Error::io(root, e))?;
+    let mut roots = vec![canonical.clone()];
+    if let Some(snapshots) = canonical.parent()
+        && snapshots.file_name().is_some_and(|n| n == "snapshots")
+        && let Some(repo) = snapshots.parent()
+        && let Ok(blobs) = std::fs::canonicalize(repo.join("blobs"))
+    {
+        roots.push(blobs);
+    }
+    Ok(roots)
 }
 
 /// `sha256sum` escapes names with a newline or backslash, which would make the manifest
@@ -289,6 +338,29 @@ mod tests {
         );
         assert_eq!(m.excluded, ["README.md"]);
         assert_eq!(m.root_sha256, hex(&Sha256::digest(m.text().as_bytes())));
+    }
+
+    /// The rule's one exception: a Hugging Face cache snapshot's links into `../../blobs`.
+    #[cfg(unix)]
+    #[test]
+    fn a_hub_snapshot_may_link_into_its_blobs_but_nowhere_else() {
+        let cache = tempfile::tempdir().unwrap();
+        let repo = cache.path().join("models--org--name");
+        let snapshot = repo.join("snapshots").join("c".repeat(40));
+        std::fs::create_dir_all(snapshot.join("sub")).unwrap();
+        std::fs::create_dir_all(repo.join("blobs")).unwrap();
+        std::fs::write(repo.join("blobs/aaa"), b"abc").unwrap();
+        std::os::unix::fs::symlink("../../blobs/aaa", snapshot.join("a.bin")).unwrap();
+        std::os::unix::fs::symlink("../../../blobs/aaa", snapshot.join("sub/b.bin")).unwrap();
+        let m = hash_path(&snapshot, &HashOptions::default(), &|_| {}).unwrap();
+        assert_eq!(m.files.len(), 2);
+        assert_eq!(m.files[0].sha256, m.files[1].sha256);
+        // The repository's refs are not blobs: a link there is refused.
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        std::fs::write(repo.join("refs/main"), b"x").unwrap();
+        std::os::unix::fs::symlink("../../refs/main", snapshot.join("c.bin")).unwrap();
+        let err = hash_path(&snapshot, &HashOptions::default(), &|_| {}).unwrap_err();
+        assert!(err.to_string().contains("outside the checkpoint"), "{err}");
     }
 
     #[test]

@@ -15,8 +15,6 @@ use super::safetensors::{self, SafetensorsCheckpoint, TensorInfo};
 use crate::error::{Error, Result};
 use crate::findings::{Code, Finding};
 
-/// Config files are small; anything larger is not a config.
-const MAX_CONFIG_BYTES: u64 = 16 * 1024 * 1024;
 /// bitsandbytes' quant-state blobs are a few hundred bytes of JSON.
 const MAX_QUANT_STATE_BYTES: u64 = 64 * 1024;
 
@@ -141,6 +139,9 @@ pub struct Inspection {
 /// GGUF variants, each reported on its own).
 pub fn inspect_path(path: &Path) -> Result<Vec<Inspection>> {
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() && !meta.is_dir() {
+        return Err(crate::files::not_regular(path, &meta));
+    }
     if meta.is_file() {
         return match extension(path).as_deref() {
             Some("gguf") => {
@@ -246,29 +247,10 @@ struct Configs {
 impl Configs {
     fn read(dir: &Path) -> Result<Configs> {
         Ok(Configs {
-            config: read_json(&dir.join("config.json"))?,
-            hf_quant: read_json(&dir.join("hf_quant_config.json"))?,
+            config: crate::files::read_config_if_present(&dir.join("config.json"))?,
+            hf_quant: crate::files::read_config_if_present(&dir.join("hf_quant_config.json"))?,
         })
     }
-}
-
-fn read_json(path: &Path) -> Result<Option<Value>> {
-    let meta = match std::fs::metadata(path) {
-        Ok(meta) => meta,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(path, e)),
-    };
-    if meta.len() > MAX_CONFIG_BYTES {
-        return Err(Error::malformed(
-            path,
-            None,
-            format!("over {MAX_CONFIG_BYTES} bytes"),
-        ));
-    }
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| Error::malformed(path, None, format!("not valid JSON: {e}")))
 }
 
 /// Module suffixes, longest first, with their role in the module.

@@ -1,7 +1,6 @@
 //! The one module allowed `unsafe`: read-only memory maps of checkpoint files.
 #![allow(unsafe_code)]
 
-use std::fs::File;
 use std::path::Path;
 
 use crate::error::{Error, Result};
@@ -12,9 +11,10 @@ pub struct MappedFile {
 }
 
 impl MappedFile {
+    /// Regular files only (a FIFO or a device would block or never end).
     pub fn open(path: &Path) -> Result<MappedFile> {
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        let (file, meta) = crate::files::open_regular(path)?;
+        let len = meta.len();
         if len == 0 {
             return Ok(MappedFile { map: None });
         }

@@ -309,10 +309,12 @@ pub struct Protocol {
     pub aggregation: Aggregation,
 }
 
-/// A window length in tokens (at least 2: one row predicts the next token).
+/// A window length in tokens (at least 2: one row predicts the next token; at most 2^20).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema)]
 #[serde(transparent)]
-pub struct ContextLength(#[schemars(range(min = 2))] pub u64);
+pub struct ContextLength(
+    #[schemars(range(min = 2, max = crate::measure::protocol::MAX_CONTEXT_LENGTH))] pub u64,
+);
 
 /// Which rows of each window are scored (disclosure item `positions`). Row j predicts token j+1.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -394,7 +396,7 @@ pub struct Vocab {
     pub mode: VocabMode,
     /// For `top_k`: the reference's top k tokens are kept (ties by lowest token id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::measure::MAX_VOCAB))]
     pub k: Option<u64>,
     /// For `top_k`: what happens to the tail beyond k.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -472,13 +474,14 @@ pub enum AggregationStatistic {
 ))]
 pub struct Uncertainty {
     pub method: UncertaintyMethod,
-    /// Coverage of the interval, e.g. 0.95 (for `iid_stderr`: 0.6827 for one standard error).
+    /// Coverage of the interval, strictly between 0 and 1, e.g. 0.95 (for `iid_stderr`: 0.6827
+    /// for one standard error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0.0, max = 1.0))]
+    #[schemars(extend("exclusiveMinimum" = 0.0, "exclusiveMaximum" = 1.0))]
     pub level: Option<f64>,
-    /// Bootstrap resamples.
+    /// Bootstrap resamples (at most 100,000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::measure::protocol::MAX_RESAMPLES))]
     pub resamples: Option<u64>,
     /// Bootstrap seed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -515,13 +518,13 @@ pub struct ResultClaim {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0))]
     pub uncertainty: Option<f64>,
-    /// Coverage of `uncertainty` when it differs from the aggregation's.
+    /// Coverage of `uncertainty` when it differs from the aggregation's, strictly between 0 and 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0.0, max = 1.0))]
+    #[schemars(extend("exclusiveMinimum" = 0.0, "exclusiveMaximum" = 1.0))]
     pub level: Option<f64>,
     /// Context length this value was measured at (required when several are listed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 2))]
+    #[schemars(range(min = 2, max = crate::measure::protocol::MAX_CONTEXT_LENGTH))]
     pub context_length: Option<u64>,
     /// Number of scored rows behind the value.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -288,8 +288,7 @@ pub fn fetch_card(client: &Client, pinned: &HfSource, s: &Sibling) -> Result<Car
     super::snapshot::ensure_files(client, pinned, &info_one, &[s], &|_, _| {})?;
     let cache = super::cache::RepoCache::new(&client.config().cache_dir, &pinned.repo);
     let path = cache.snapshot_dir(&pinned.revision).join("README.md");
-    let bytes = std::fs::read(&path)
-        .map_err(|e| super::cache::cache_err(pinned, Some("README.md"), &path, e))?;
+    let bytes = crate::files::read_capped(&path, MAX_CARD_BYTES, "a card")?;
     Card::from_bytes(pinned.display_path(Some("README.md")), bytes)
 }
 
@@ -361,7 +360,7 @@ fn plain_file(
         ));
     }
     if let Some(p) = cache.cached_file(&info.sha, name)
-        && let Ok(bytes) = std::fs::read(&p)
+        && let Ok(bytes) = crate::files::read_capped(&p, size, "a cached file")
         && bytes.len() as u64 == size
     {
         return Ok(bytes);

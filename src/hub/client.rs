@@ -7,9 +7,10 @@
 //! times with exponential backoff; everything else fails at once with a message that says what to
 //! do. Every body byte read is counted, so `check` can report what it fetched.
 
+use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use ureq::http::{Response, StatusCode};
@@ -82,8 +83,11 @@ impl RepoInfo {
         self.siblings.iter().find(|s| s.rfilename == path)
     }
 
+    /// Saturating: the sizes are the server's claims.
     pub fn total_size(&self) -> u64 {
-        self.siblings.iter().map(Sibling::file_size).sum()
+        self.siblings
+            .iter()
+            .fold(0u64, |t, s| t.saturating_add(s.file_size()))
     }
 
     /// Refuse what would be unsafe to use as a cache name or a path: a commit that is not 40
@@ -378,6 +382,11 @@ impl Client {
             if have == size {
                 return Ok(());
             }
+            let dir = dest
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."));
+            check_free_space(dir, size - have).map_err(|e| ctx.err(e))?;
             progress(have);
             let range = (have > 0).then_some((have, None));
             let response = self.send(ctx, &url, range)?;
@@ -391,21 +400,39 @@ impl Client {
                     progress(0);
                 }
             }
+            // A body that disagrees with the Hub's listing is another file: its bytes could never
+            // pass the digest check, and a partial download of it is worth nothing.
+            if let Some(message) = declared_size_mismatch(&response, size, have) {
+                drop(file);
+                let _ = std::fs::remove_file(dest);
+                return Err(ctx.err(HubError::BadResponse { url, message }));
+            }
+            // At most the declared size is ever written, whatever the server sends.
             let mut reader = response.into_body().into_reader().take(size - have);
             let mut buf = vec![0u8; 1 << 16];
+            let mut speed = self.speed_guard();
             let outcome = loop {
                 match reader.read(&mut buf) {
                     Ok(0) => break Ok(()),
                     Ok(n) => {
                         self.fetched.fetch_add(n as u64, Ordering::Relaxed);
-                        file.write_all(&buf[..n]).map_err(io_err)?;
+                        if let Err(e) = file.write_all(&buf[..n]) {
+                            // A full disk or a failing cache: the partial file only holds space.
+                            drop(file);
+                            let _ = std::fs::remove_file(dest);
+                            return Err(io_err(e));
+                        }
                         have += n as u64;
                         progress(have);
+                        if let Err(e) = speed.update(n as u64) {
+                            break Err(e);
+                        }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(e) => break Err(e),
                 }
             };
+            // A slow or cut transfer keeps its bytes: the next attempt (or run) resumes them.
             file.flush().map_err(io_err)?;
             match outcome {
                 Ok(()) if have == size => return Ok(()),
@@ -434,17 +461,23 @@ impl Client {
     ) -> std::io::Result<()> {
         let mut reader = response.into_body().into_reader().take(limit);
         let mut buf = [0u8; 16 * 1024];
+        let mut speed = self.speed_guard();
         loop {
             match reader.read(&mut buf) {
                 Ok(0) => return Ok(()),
                 Ok(n) => {
                     self.fetched.fetch_add(n as u64, Ordering::Relaxed);
                     out.extend_from_slice(&buf[..n]);
+                    speed.update(n as u64)?;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    fn speed_guard(&self) -> SpeedGuard {
+        SpeedGuard::new(self.config.min_speed, self.config.speed_window)
     }
 
     fn pause(&self, attempt: u32, retry_after: Option<Duration>) {
@@ -614,6 +647,128 @@ impl Client {
     }
 }
 
+/// Aborts a body that arrives slower than `min_rate` bytes/s on average over the last `window`
+/// (curl's low-speed limit). The per-read timeout catches a server that stops, not one that
+/// trickles a byte every half second; and one deadline per request cannot suit both a 2 KB
+/// config and a 5 GB shard. Under this rule a body of `n` bytes ends within about
+/// `n / min_rate + window`, whatever its size: a deadline that scales with the file.
+struct SpeedGuard {
+    min_rate: u64,
+    window: Duration,
+    total: u64,
+    /// (when, bytes so far); the first is the newest at or before `now - window`.
+    samples: VecDeque<(Instant, u64)>,
+}
+
+impl SpeedGuard {
+    fn new(min_rate: u64, window: Duration) -> SpeedGuard {
+        SpeedGuard {
+            min_rate,
+            window,
+            total: 0,
+            samples: VecDeque::from([(Instant::now(), 0)]),
+        }
+    }
+
+    /// Count `n` more bytes; an error once the average over a full window is below the minimum.
+    fn update(&mut self, n: u64) -> std::io::Result<()> {
+        self.total += n;
+        if self.min_rate == 0 {
+            return Ok(());
+        }
+        let now = Instant::now();
+        while self.samples.len() >= 2 && now - self.samples[1].0 >= self.window {
+            self.samples.pop_front();
+        }
+        let last = self.samples.back().map_or(now, |s| s.0);
+        // Samples every 1/16 window: the memory stays bounded however small the reads are.
+        if now - last >= self.window / 16 {
+            self.samples.push_back((now, self.total));
+        }
+        let (since, at) = self.samples[0];
+        let span = now - since;
+        if span < self.window {
+            return Ok(());
+        }
+        let got = self.total - at;
+        let rate = got as f64 / span.as_secs_f64();
+        if rate < self.min_rate as f64 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the transfer slowed to {rate:.0} bytes/s over the last {:.0} s, below the \
+                     minimum of {} bytes/s (CARDPROOF_HTTP_MIN_BYTES_PER_SEC, \
+                     CARDPROOF_HTTP_SPEED_WINDOW_SECS)",
+                    span.as_secs_f64(),
+                    self.min_rate
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Refuse a download of `needed` more bytes into `dir` when its file system has less free space
+/// than that (when the free space cannot be read, the download goes ahead).
+pub(crate) fn check_free_space(
+    dir: &std::path::Path,
+    needed: u64,
+) -> std::result::Result<(), HubError> {
+    match free_space(dir) {
+        Some(available) if available < needed => Err(HubError::NoSpace {
+            path: dir.display().to_string(),
+            needed,
+            available,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Bytes an unprivileged user may still write on the file system holding `dir`.
+#[cfg(unix)]
+pub(crate) fn free_space(dir: &std::path::Path) -> Option<u64> {
+    let s = rustix::fs::statvfs(dir).ok()?;
+    Some(s.f_bavail.saturating_mul(s.f_frsize))
+}
+
+#[cfg(not(unix))]
+pub(crate) fn free_space(_dir: &std::path::Path) -> Option<u64> {
+    None
+}
+
+/// Why a download answer does not fit the listing's `size` when `have` bytes are held: its
+/// Content-Length (the rest of the file) or its Content-Range total (the whole file) differs.
+fn declared_size_mismatch(response: &Response<ureq::Body>, size: u64, have: u64) -> Option<String> {
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.trim().to_owned())
+    };
+    if let Some(len) = header("content-length").and_then(|v| v.parse::<u64>().ok())
+        && len != size - have
+    {
+        return Some(format!(
+            "the server sends {len} bytes where {} remain of the {size} bytes the Hub lists; \
+             the partial download was deleted",
+            size - have
+        ));
+    }
+    let total = header("content-range")
+        .and_then(|v| v.rsplit_once('/').map(|(_, t)| t.to_owned()))
+        .and_then(|t| t.parse::<u64>().ok());
+    if let Some(total) = total
+        && total != size
+    {
+        return Some(format!(
+            "the server's file is {total} bytes, the Hub lists {size}; the partial download was \
+             deleted"
+        ));
+    }
+    None
+}
+
 fn network(url: &str, attempt: u32, e: &std::io::Error) -> HubError {
     HubError::Network {
         url: url.to_owned(),
@@ -676,6 +831,30 @@ pub fn encode(text: &str, keep_slash: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_speed_rule_judges_a_full_window_only() {
+        let window = Duration::from_millis(100);
+        let mut g = SpeedGuard::new(1000, window);
+        g.update(1).unwrap();
+        std::thread::sleep(window + Duration::from_millis(20));
+        let e = g.update(1).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert!(
+            e.to_string().contains("below the minimum of 1000 bytes/s"),
+            "{e}"
+        );
+        // Fast enough: 10 kB in the window.
+        let mut g = SpeedGuard::new(1000, window);
+        for _ in 0..6 {
+            std::thread::sleep(Duration::from_millis(25));
+            g.update(2000).unwrap();
+        }
+        // Off at 0.
+        let mut g = SpeedGuard::new(0, window);
+        std::thread::sleep(window + Duration::from_millis(20));
+        g.update(0).unwrap();
+    }
 
     #[test]
     fn origins_and_locations() {

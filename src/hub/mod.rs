@@ -194,6 +194,12 @@ pub struct HubConfig {
     pub offline: bool,
     /// Connect, response and per-read timeout (`CARDPROOF_HTTP_TIMEOUT_SECS`, default 30).
     pub timeout: Duration,
+    /// A body arriving slower than this many bytes/s, averaged over `speed_window`, is aborted
+    /// (and retried, resuming a download): `CARDPROOF_HTTP_MIN_BYTES_PER_SEC`, default 10,240;
+    /// 0 turns the rule off.
+    pub min_speed: u64,
+    /// The window of `min_speed` (`CARDPROOF_HTTP_SPEED_WINDOW_SECS`, default 60).
+    pub speed_window: Duration,
     /// Retries after the first attempt for transient failures (`CARDPROOF_HTTP_RETRIES`, default
     /// 4).
     pub retries: u32,
@@ -256,6 +262,10 @@ impl HubConfig {
             cache_dir,
             offline: truthy(var("HF_HUB_OFFLINE")),
             timeout: secs("CARDPROOF_HTTP_TIMEOUT_SECS", 30),
+            min_speed: var("CARDPROOF_HTTP_MIN_BYTES_PER_SEC")
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(10 * 1024),
+            speed_window: secs("CARDPROOF_HTTP_SPEED_WINDOW_SECS", 60),
             retries: var("CARDPROOF_HTTP_RETRIES")
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(4)
@@ -348,6 +358,15 @@ pub enum HubError {
     Offline { what: String, cache: String },
     #[error("{what} is {size} bytes, over the {limit}-byte limit")]
     TooLarge { what: String, size: u64, limit: u64 },
+    #[error(
+        "not enough free disk space in {path}: the download needs {needed} bytes and {available} \
+         are free; free some space or point HF_HUB_CACHE elsewhere"
+    )]
+    NoSpace {
+        path: String,
+        needed: u64,
+        available: u64,
+    },
     #[error("unexpected answer from {url}: {message}")]
     BadResponse { url: String, message: String },
     #[error("Hugging Face cache {path}: {message}")]
@@ -429,6 +448,15 @@ mod tests {
         assert!(c.offline);
         assert_eq!(c.token.as_deref(), Some("hf_x"));
         assert_eq!(c.timeout, Duration::from_millis(1500));
+        assert_eq!(
+            (c.min_speed, c.speed_window),
+            (10 * 1024, Duration::from_secs(60))
+        );
+        let c = HubConfig::from_lookup(env(&[
+            ("CARDPROOF_HTTP_MIN_BYTES_PER_SEC", "0"),
+            ("CARDPROOF_HTTP_SPEED_WINDOW_SECS", "5"),
+        ]));
+        assert_eq!((c.min_speed, c.speed_window), (0, Duration::from_secs(5)));
         let c = HubConfig::from_lookup(env(&[
             ("HF_HOME", "/hf"),
             ("HF_HUB_CACHE", "/cache"),

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use super::cache::{Expected, RepoCache, cache_err, check_digest};
-use super::client::{Client, RepoInfo, Sibling};
+use super::client::{Client, RepoInfo, Sibling, check_free_space};
 use super::{HfSource, HubError};
 use crate::error::Result;
 
@@ -96,11 +96,25 @@ pub fn ensure_files(
     for s in cached {
         verify_cached(pinned, &cache.snapshot_dir(&info.sha).join(&s.rfilename), s)?;
     }
-    let total: u64 = missing
+    // Sizes are the server's claims: sums saturate.
+    let to_fetch: Vec<&&Sibling> = missing
         .iter()
         .filter(|s| !cache.blob(s.blob_name()).is_file())
-        .map(|s| s.file_size())
-        .sum();
+        .collect();
+    let total = to_fetch
+        .iter()
+        .fold(0u64, |t, s| t.saturating_add(s.file_size()));
+    // Refused before the first byte when the whole download cannot fit (bytes of `.incomplete`
+    // files already there count as held), rather than filling the disk shard by shard.
+    if !to_fetch.is_empty() {
+        let blobs = cache.root.join("blobs");
+        std::fs::create_dir_all(&blobs).map_err(|e| cache_err(pinned, None, &blobs, e))?;
+        let needed = to_fetch.iter().fold(0u64, |t, s| {
+            let held = std::fs::metadata(partial_path(&cache, s)).map_or(0, |m| m.len());
+            t.saturating_add(s.file_size().saturating_sub(held))
+        });
+        check_free_space(&blobs, needed).map_err(|e| pinned.error(None, e))?;
+    }
     let mut done = 0u64;
     let mut downloaded = Vec::new();
     for s in missing {
@@ -108,8 +122,10 @@ pub fn ensure_files(
         if blob.is_file() {
             verify_cached(pinned, &blob, s)?;
         } else {
-            fetch_blob(client, &cache, pinned, s, &|n| progress(done + n, total))?;
-            done += s.file_size();
+            fetch_blob(client, &cache, pinned, s, &|n| {
+                progress(done.saturating_add(n), total)
+            })?;
+            done = done.saturating_add(s.file_size());
             downloaded.push(s.rfilename.clone());
         }
         cache.link(pinned, &info.sha, &s.rfilename, s.blob_name())?;
@@ -148,6 +164,11 @@ fn present(cache: &RepoCache, commit: &str, s: &Sibling) -> bool {
         .is_some_and(|m| m.len() == s.file_size())
 }
 
+/// `blobs/<id>.incomplete`: a download in progress.
+fn partial_path(cache: &RepoCache, s: &Sibling) -> std::path::PathBuf {
+    cache.blob(&format!("{}.incomplete", s.blob_name()))
+}
+
 /// Download one blob to `<id>.incomplete` (resuming), verify it, then give it its name.
 fn fetch_blob(
     client: &Client,
@@ -160,7 +181,7 @@ fn fetch_blob(
     let blob = cache.blob(s.blob_name());
     let dir = blob.parent().unwrap_or(&cache.root).to_owned();
     std::fs::create_dir_all(&dir).map_err(|e| cache_err(pinned, Some(file), &dir, e))?;
-    let partial = blob.with_file_name(format!("{}.incomplete", s.blob_name()));
+    let partial = partial_path(cache, s);
     client.download(pinned, file, s.file_size(), &partial, progress)?;
     let mismatch = check_digest(&partial, s.file_size(), &Expected::of(s))
         .map_err(|e| cache_err(pinned, Some(file), &partial, e))?;

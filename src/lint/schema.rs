@@ -133,6 +133,19 @@ fn describe(error: &ValidationError<'_>, pointer: &str) -> String {
             show(value),
             expected_value
         ),
+        // Ranges: the protocol's numbers size loops and allocations when a card is rerun.
+        ValidationErrorKind::Minimum { limit } => {
+            format!("`{field}` must be at least {limit} (found {})", show(value))
+        }
+        ValidationErrorKind::Maximum { limit } => {
+            format!("`{field}` must be at most {limit} (found {})", show(value))
+        }
+        ValidationErrorKind::ExclusiveMinimum { limit } => {
+            format!("`{field}` must be above {limit} (found {})", show(value))
+        }
+        ValidationErrorKind::ExclusiveMaximum { limit } => {
+            format!("`{field}` must be below {limit} (found {})", show(value))
+        }
         ValidationErrorKind::Type { kind } => {
             format!(
                 "`{field}` must be {} (found {})",

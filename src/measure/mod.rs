@@ -33,6 +33,11 @@ use stats::{Scored, Summary};
 /// scored rows are: `n / 100` rows (so there are about 100 blocks), at most this many.
 pub const BOOTSTRAP_MAX_RUN: usize = 128;
 
+/// Logit rows wider than this are refused wherever a file declares the width (a llama.cpp base
+/// file's `n_vocab`, an artifact's `logit_width`): 16 times the largest vocabulary in use
+/// (262,144 entries), and few enough that a row's buffers stay in megabytes.
+pub const MAX_VOCAB: usize = 1 << 22;
+
 /// What the caller asks for.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -43,6 +48,20 @@ pub struct Options {
     /// Use only the first `vocab_size` entries (the tokenizer's vocabulary; the rest is padding).
     pub vocab_size: Option<usize>,
     pub bootstrap: Bootstrap,
+}
+
+impl Options {
+    /// The settings that size loops and allocations, in range (see
+    /// [`crate::measurement::MeasureOptions::check`]).
+    pub fn check(&self) -> Result<()> {
+        let bad = |rule: String| Error::malformed(Path::new("measurement protocol"), None, rule);
+        if let Some(l) = self.context_length {
+            protocol::check_context_length(l).map_err(bad)?;
+        }
+        self.bootstrap.check().map_err(bad)?;
+        self.positions.check().map_err(bad)?;
+        self.vocab.check().map_err(bad)
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -90,6 +109,7 @@ pub fn definitions() -> Value {
 
 /// Measure `candidate` against `reference`.
 pub fn measure(reference: &Path, candidate: &Path, options: &Options) -> Result<Measurement> {
+    options.check()?;
     let r = LogitSource::open(reference, options.context_length)?;
     let c = LogitSource::open(candidate, options.context_length)?;
     check_pair(&r, &c)?;

@@ -94,12 +94,82 @@ impl Positions {
     }
 }
 
+impl Positions {
+    /// Why this policy cannot run: a stride of 0 (no residue exists) or an offset not below it.
+    pub fn check(self) -> Result<(), String> {
+        match self {
+            Positions::Stride { stride, offset } if stride == 0 || offset >= stride => {
+                Err(format!(
+                    "positions: offset {offset} must be below stride {stride} (and the stride at least 1)"
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl VocabMode {
+    /// Why this mode cannot run: `k` of 0, a threshold that is not a log-probability.
+    pub fn check(self) -> Result<(), String> {
+        match self {
+            VocabMode::TopK { k: 0, .. } => Err("vocab: top_k needs k of at least 1".into()),
+            VocabMode::Threshold { log_p } if !(log_p.is_finite() && log_p <= 0.0) => Err(format!(
+                "vocab: threshold log_p {log_p} is not a log-probability (finite, <= 0)"
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Most bootstrap resamples a protocol may ask for. Each resample is a pass over every scored row
+/// whose metrics are kept to the end, so a card's `resamples: 1000000000` would allocate tens of
+/// gigabytes and never finish; 100,000 is 100 times the default, far past where a percentile
+/// interval stops moving.
+pub const MAX_RESAMPLES: usize = 100_000;
+
+/// Longest window a protocol may ask for, in tokens (2^20, beyond any model's context today):
+/// runners size per-window buffers and loops by it.
+pub const MAX_CONTEXT_LENGTH: usize = 1 << 20;
+
+/// Why a window length cannot run: at least 2 (one row predicts the next token), at most
+/// [`MAX_CONTEXT_LENGTH`].
+pub fn check_context_length(length: u64) -> Result<(), String> {
+    if (2..=MAX_CONTEXT_LENGTH as u64).contains(&length) {
+        Ok(())
+    } else {
+        Err(format!(
+            "context length {length} is outside 2..={MAX_CONTEXT_LENGTH} tokens"
+        ))
+    }
+}
+
 /// The seeded block bootstrap behind every `ci95`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Bootstrap {
     pub resamples: usize,
     pub seed: u64,
+    /// Coverage of the interval, strictly between 0 and 1.
     pub level: f64,
+}
+
+impl Bootstrap {
+    /// Why this bootstrap cannot run: resamples outside `1..=MAX_RESAMPLES`, or a level not
+    /// strictly inside (0, 1) (a level of 1 asks for the whole range, 0 for an empty interval).
+    pub fn check(&self) -> Result<(), String> {
+        if !(1..=MAX_RESAMPLES).contains(&self.resamples) {
+            return Err(format!(
+                "bootstrap resamples {} is outside 1..={MAX_RESAMPLES}",
+                self.resamples
+            ));
+        }
+        if !(self.level > 0.0 && self.level < 1.0) {
+            return Err(format!(
+                "bootstrap level {} is not strictly between 0 and 1",
+                self.level
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Everything that defines what a measurement's numbers mean.
@@ -189,6 +259,48 @@ mod tests {
         // llama.cpp: n_ctx - 1 - n_ctx/2 rows per chunk.
         assert_eq!(rows(Positions::SecondHalf, 128).len(), 63);
         assert_eq!(rows(Positions::SecondHalf, 512).len(), 255);
+    }
+
+    #[test]
+    fn settings_outside_their_ranges_say_why() {
+        let b = |resamples, level| Bootstrap {
+            resamples,
+            seed: 0,
+            level,
+        };
+        assert!(b(1000, 0.95).check().is_ok());
+        assert!(b(MAX_RESAMPLES, 0.5).check().is_ok());
+        for (bad, needle) in [
+            (b(0, 0.95), "resamples 0"),
+            (
+                b(1_000_000_000, 0.95),
+                "resamples 1000000000 is outside 1..=100000",
+            ),
+            (b(1000, 2.0), "level 2 is not strictly between 0 and 1"),
+            (b(1000, 1.0), "level 1"),
+            (b(1000, 0.0), "level 0"),
+            (b(1000, f64::NAN), "level NaN"),
+        ] {
+            let e = bad.check().unwrap_err();
+            assert!(e.contains(needle), "{e}");
+        }
+        assert!(check_context_length(2).is_ok());
+        assert!(check_context_length(1 << 20).is_ok());
+        assert!(check_context_length(1).is_err());
+        assert!(check_context_length((1 << 20) + 1).is_err());
+        let stride = |stride, offset| Positions::Stride { stride, offset };
+        assert!(stride(32, 31).check().is_ok());
+        assert!(stride(0, 0).check().is_err() && stride(4, 4).check().is_err());
+        assert!(
+            VocabMode::TopK {
+                k: 0,
+                tail: Tail::Lumped
+            }
+            .check()
+            .is_err()
+        );
+        assert!(VocabMode::Threshold { log_p: 1.0 }.check().is_err());
+        assert!(VocabMode::Threshold { log_p: -16.0 }.check().is_ok());
     }
 
     #[test]

@@ -49,9 +49,7 @@ pub struct LogitSource {
 pub fn is_llamacpp_base(path: &Path) -> bool {
     use std::io::Read;
     let mut magic = [0u8; 8];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok()
+    crate::files::open_regular(path).is_ok_and(|(mut f, _)| f.read_exact(&mut magic).is_ok())
         && &magic == b"_logits_"
 }
 

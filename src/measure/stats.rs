@@ -168,12 +168,18 @@ fn metrics(
     out
 }
 
-/// Linear interpolation at q·(n-1) over sorted values (numpy's default).
+/// Linear interpolation at q·(n-1) over sorted values (numpy's default). `q` outside [0, 1] is
+/// clamped to it and a NaN `q` or no values give NaN: a caller's bad level never indexes past
+/// the values (callers validate levels; this only keeps the library from panicking).
 pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     let n = sorted.len();
+    if n == 0 || q.is_nan() {
+        return f64::NAN;
+    }
     if n == 1 {
         return sorted[0];
     }
+    let q = q.clamp(0.0, 1.0);
     let pos = q * (n - 1) as f64;
     let lo = pos.floor() as usize;
     let hi = (lo + 1).min(n - 1);
@@ -489,6 +495,38 @@ mod tests {
             (half / expected - 1.0).abs() < 0.2,
             "half-width {half}, expected {expected}"
         );
+    }
+
+    /// Regression (#14): a card's `level: 2.0` made the interval's upper percentile index past
+    /// the resamples (a panic in `summarize`). Bad levels are refused before a measurement; the
+    /// statistics themselves must not panic on any level.
+    #[test]
+    fn no_level_makes_the_bootstrap_panic() {
+        let v = [1.0, 2.0, 3.0];
+        assert_eq!(percentile(&v, 1.5), 3.0);
+        assert_eq!(percentile(&v, -0.5), 1.0);
+        assert!(percentile(&v, f64::NAN).is_nan());
+        assert!(percentile(&[], 0.5).is_nan());
+        let rows: Vec<Scored> = (0..50u32)
+            .map(|i| Scored {
+                record: RowRecord {
+                    forward: f64::from(i),
+                    reverse: f64::from(i),
+                    ref_top1: 0,
+                    cand_top1: 0,
+                    ref_top1_prob: 0.5,
+                    nll_ref: None,
+                    nll_cand: None,
+                },
+                block: i / 5,
+                position: u64::from(i % 5),
+                window_len: 6,
+            })
+            .collect();
+        for level in [2.0, 1.0, 0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let s = summarize(&rows, true, true, 20, 0, level);
+            assert!(s.uncertainty.contains_key("kld_mean"), "{level}");
+        }
     }
 
     #[test]

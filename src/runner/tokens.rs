@@ -94,7 +94,8 @@ pub fn tokenizer_path(model: &Path) -> PathBuf {
 /// Load a tokenizer; the BOS token comes from `tokenizer_config.json` (`bos_token`) or
 /// `config.json` (`bos_token_id`) beside it.
 pub fn load_tokenizer(path: &Path) -> Result<TokenizerFile> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes =
+        crate::files::read_capped(path, crate::files::MAX_TOKENIZER_BYTES, "a tokenizer.json")?;
     let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
         Error::malformed(
             path,
@@ -106,7 +107,7 @@ pub fn load_tokenizer(path: &Path) -> Result<TokenizerFile> {
     let parts_sha256 = parts_sha256(path, &bytes)?;
     let vocab_size = tokenizer.get_vocab_size(true);
     let dir = path.parent().unwrap_or(Path::new("."));
-    let bos_id = bos_from_configs(dir, &tokenizer);
+    let bos_id = bos_from_configs(dir, &tokenizer)?;
     Ok(TokenizerFile {
         path: path.to_owned(),
         tokenizer,
@@ -117,12 +118,18 @@ pub fn load_tokenizer(path: &Path) -> Result<TokenizerFile> {
     })
 }
 
-fn bos_from_configs(dir: &Path, tokenizer: &tokenizers::Tokenizer) -> Option<u32> {
-    let read = |name: &str| -> Option<serde_json::Value> {
-        let text = std::fs::read_to_string(dir.join(name)).ok()?;
-        serde_json::from_str(&text).ok()
+/// A config that cannot be read (over the cap, a FIFO) is an error; one that is not JSON says
+/// nothing about BOS, as before.
+fn bos_from_configs(dir: &Path, tokenizer: &tokenizers::Tokenizer) -> Result<Option<u32>> {
+    let read = |name: &str| -> Result<Option<serde_json::Value>> {
+        let bytes = crate::files::read_capped_if_present(
+            &dir.join(name),
+            crate::files::MAX_CONFIG_BYTES,
+            "a config",
+        )?;
+        Ok(bytes.and_then(|b| serde_json::from_slice(&b).ok()))
     };
-    if let Some(cfg) = read("tokenizer_config.json") {
+    if let Some(cfg) = read("tokenizer_config.json")? {
         let token = match cfg.get("bos_token") {
             Some(serde_json::Value::String(s)) => Some(s.clone()),
             Some(serde_json::Value::Object(o)) => {
@@ -133,13 +140,12 @@ fn bos_from_configs(dir: &Path, tokenizer: &tokenizers::Tokenizer) -> Option<u32
         if let Some(token) = token
             && let Some(id) = tokenizer.token_to_id(&token)
         {
-            return Some(id);
+            return Ok(Some(id));
         }
     }
-    read("config.json")?
-        .get("bos_token_id")?
-        .as_u64()
-        .and_then(|id| u32::try_from(id).ok())
+    Ok(read("config.json")?
+        .and_then(|c| c.get("bos_token_id")?.as_u64())
+        .and_then(|id| u32::try_from(id).ok()))
 }
 
 /// Reference and candidate must tokenize alike: the same file, or files whose every tokenizing
@@ -212,17 +218,8 @@ pub struct TokenStream {
 
 /// Tokenize the eval text (no special tokens added; BOS is the window policy's business).
 pub fn tokenize(tokenizer: &TokenizerFile, text_path: &Path) -> Result<TokenStream> {
-    let size = std::fs::metadata(text_path)
-        .map_err(|e| Error::io(text_path, e))?
-        .len();
-    if size > MAX_EVAL_TEXT_BYTES {
-        return Err(Error::malformed(
-            text_path,
-            None,
-            format!("eval text is {size} bytes, over the {MAX_EVAL_TEXT_BYTES}-byte limit"),
-        ));
-    }
-    let bytes = std::fs::read(text_path).map_err(|e| Error::io(text_path, e))?;
+    let bytes = crate::files::read_capped(text_path, MAX_EVAL_TEXT_BYTES, "an eval text")?;
+    let size = bytes.len() as u64;
     let text_sha256 = hex(&Sha256::digest(&bytes));
     let text = String::from_utf8(bytes).map_err(|e| {
         Error::malformed(
@@ -339,6 +336,21 @@ pub fn windows(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression (#14): a 550 MB tokenizer.json was read whole before parsing.
+    #[test]
+    fn an_oversized_tokenizer_json_is_refused_from_its_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        let file = std::fs::File::create(&path).unwrap();
+        file.set_len(550 << 20).unwrap();
+        drop(file);
+        let err = load_tokenizer(&path).err().expect("refused").to_string();
+        assert!(
+            err.contains("tokenizer.json") && err.contains("limit for a tokenizer.json"),
+            "{err}"
+        );
+    }
 
     fn stream(n: u32) -> TokenStream {
         TokenStream {

@@ -151,9 +151,7 @@ fn required_reference<'a>(r: &VerifyRequest<'a>, disclosure: &Value) -> Result<&
 /// The logit rows' width from config.json (padding included), for cards that include padding.
 fn config_vocab(model: &Path) -> Result<usize> {
     let path = model.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    let json: Value = serde_json::from_str(&text)
-        .map_err(|e| Error::malformed(&path, None, format!("not valid JSON: {e}")))?;
+    let json: Value = crate::files::read_config(&path)?;
     let v = json.get("text_config").unwrap_or(&json)["vocab_size"].as_u64();
     v.map(|v| v as usize)
         .ok_or_else(|| Error::malformed(&path, Some("vocab_size"), "missing"))

@@ -3,7 +3,9 @@
 
 use serde_json::Value;
 
-use crate::measure::protocol::{Bootstrap, Direction, Positions, Tail, VocabMode};
+use crate::measure::protocol::{
+    Bootstrap, Direction, Positions, Tail, VocabMode, check_context_length,
+};
 use crate::measurement::MeasureOptions;
 use crate::runner::tokens::Bos;
 
@@ -25,16 +27,24 @@ pub struct Resolved {
 pub fn resolve(f: &Value) -> Result<Resolved, Vec<String>> {
     let mut missing = Vec::new();
     let p = &f["protocol"];
-    let context_lengths: Vec<usize> = p["context_lengths"]
+    // Every number that sizes a loop or an allocation is range-checked here: a card's
+    // `resamples: 1000000000` or `level: 2.0` is unusable, never clamped or defaulted.
+    let mut context_lengths: Vec<usize> = Vec::new();
+    for (i, l) in p["context_lengths"]
         .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_u64)
-                .map(|l| l as usize)
-                .collect()
-        })
-        .unwrap_or_default();
-    if context_lengths.is_empty() {
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        match l.as_u64().map(|n| (n, check_context_length(n))) {
+            Some((n, Ok(()))) => context_lengths.push(n as usize),
+            Some((_, Err(why))) => missing.push(format!("protocol.context_lengths[{i}]: {why}")),
+            None => missing.push(format!(
+                "protocol.context_lengths[{i}]: {l} is not a whole number of tokens"
+            )),
+        }
+    }
+    if context_lengths.is_empty() && missing.is_empty() {
         missing.push("protocol.context_lengths missing".into());
     }
     let positions = match p["positions"]["policy"].as_str() {
@@ -79,9 +89,18 @@ pub fn resolve(f: &Value) -> Result<Resolved, Vec<String>> {
     let v = &p["vocab"];
     let vocab = match v["mode"].as_str() {
         Some("full") => Some(VocabMode::Full),
-        Some("threshold") => Some(VocabMode::Threshold {
-            log_p: v["log_p"].as_f64().unwrap_or(-16.0),
-        }),
+        Some("threshold") => {
+            let mode = VocabMode::Threshold {
+                log_p: optional(&v["log_p"], Value::as_f64, -16.0).unwrap_or(f64::NAN),
+            };
+            match mode.check() {
+                Ok(()) => Some(mode),
+                Err(why) => {
+                    missing.push(format!("protocol.{why} (found {})", v["log_p"]));
+                    None
+                }
+            }
+        }
         Some("top_k") => {
             let tail = match v["tail"].as_str() {
                 Some("lumped") => Some(Tail::Lumped),
@@ -116,11 +135,30 @@ pub fn resolve(f: &Value) -> Result<Resolved, Vec<String>> {
         }
     };
     let u = &agg["uncertainty"];
+    let key = "protocol.aggregation.uncertainty";
+    let resamples = optional(&u["resamples"], Value::as_u64, 1000);
+    let seed = optional(&u["seed"], Value::as_u64, 0);
+    let level = optional(&u["level"], Value::as_f64, 0.95);
+    for (name, ok) in [
+        ("resamples", resamples.is_some()),
+        ("seed", seed.is_some()),
+        ("level", level.is_some()),
+    ] {
+        if !ok {
+            missing.push(format!("{key}.{name}: {} is not a usable number", u[name]));
+        }
+    }
     let bootstrap = Bootstrap {
-        resamples: u["resamples"].as_u64().map_or(1000, |r| r as usize),
-        seed: u["seed"].as_u64().unwrap_or(0),
-        level: u["level"].as_f64().unwrap_or(0.95),
+        resamples: resamples.map_or(0, |r| usize::try_from(r).unwrap_or(usize::MAX)),
+        seed: seed.unwrap_or(0),
+        level: level.unwrap_or(f64::NAN),
     };
+    if resamples.is_some()
+        && level.is_some()
+        && let Err(why) = bootstrap.check()
+    {
+        missing.push(format!("{key}: {why}"));
+    }
     let bos = match f["eval"]["bos"].as_str() {
         Some("none") => Some(Bos::None),
         Some("per_window") => Some(Bos::PerWindow),
@@ -163,6 +201,12 @@ pub fn resolve(f: &Value) -> Result<Resolved, Vec<String>> {
         }
         _ => Err(missing),
     }
+}
+
+/// A field that defaults when absent: `Some(default)` then, the value when `get` reads it, and
+/// `None` when it is present but unusable (a string, a negative seed, a fractional count).
+fn optional<T>(v: &Value, get: impl Fn(&Value) -> Option<T>, default: T) -> Option<T> {
+    if v.is_null() { Some(default) } else { get(v) }
 }
 
 /// Differences between the card's lane and protocol and what the rerun did: each one makes the
@@ -277,4 +321,107 @@ pub fn lane_differences(card: &Value, measurement: &Value, resolved: &Resolved) 
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The compliant example's disclosure with `edit` applied.
+    fn resolved(edit: impl Fn(&mut Value)) -> Result<Resolved, Vec<String>> {
+        let mut f = serde_json::json!({
+            "protocol": {
+                "context_lengths": [512],
+                "positions": {"policy": "stride", "stride": 32, "offset": 31},
+                "kl": {"direction": "forward", "units": "nats"},
+                "vocab": {"mode": "full"},
+                "aggregation": {
+                    "statistic": "mean_over_positions",
+                    "uncertainty": {"method": "block_bootstrap", "level": 0.95, "resamples": 1000, "seed": 7}
+                }
+            },
+            "eval": {"bos": "none"},
+            "runtime": {"engine": "cardproof"}
+        });
+        edit(&mut f);
+        resolve(&f)
+    }
+
+    /// Regression (#14): `resolve` passed a card's `level: 2.0` to the bootstrap (a panic),
+    /// `resamples: 1000000000` (24 GB) and a 2^30-token window through, and turned a negative
+    /// seed or a string count into the default without a word.
+    #[test]
+    fn protocol_numbers_out_of_range_are_unusable_not_clamped() {
+        let ok = resolved(|_| {}).unwrap();
+        assert_eq!(ok.options.bootstrap.resamples, 1000);
+        assert_eq!(ok.options.bootstrap.seed, 7);
+        let u = "/protocol/aggregation/uncertainty";
+        for (pointer, value, needle) in [
+            (
+                format!("{u}/level"),
+                serde_json::json!(2.0),
+                "level 2 is not strictly between 0 and 1",
+            ),
+            (
+                format!("{u}/level"),
+                serde_json::json!(1.0),
+                "level 1 is not",
+            ),
+            (format!("{u}/level"), serde_json::json!(0), "level 0 is not"),
+            (
+                format!("{u}/resamples"),
+                serde_json::json!(1_000_000_000u64),
+                "resamples 1000000000 is outside 1..=100000",
+            ),
+            (
+                format!("{u}/resamples"),
+                serde_json::json!(0),
+                "resamples 0",
+            ),
+            (
+                format!("{u}/resamples"),
+                serde_json::json!("many"),
+                "resamples: \"many\" is not a usable number",
+            ),
+            (
+                format!("{u}/seed"),
+                serde_json::json!(-1),
+                "seed: -1 is not a usable number",
+            ),
+            (
+                "/protocol/context_lengths/0".into(),
+                serde_json::json!(1u64 << 30),
+                "context_lengths[0]: context length 1073741824 is outside 2..=1048576",
+            ),
+            (
+                "/protocol/context_lengths/0".into(),
+                serde_json::json!(1),
+                "outside 2..=",
+            ),
+            (
+                "/protocol/context_lengths/0".into(),
+                serde_json::json!("4k"),
+                "not a whole number",
+            ),
+            (
+                "/protocol/positions/stride".into(),
+                serde_json::json!(0),
+                "stride",
+            ),
+        ] {
+            let missing = resolved(|f| *f.pointer_mut(&pointer).unwrap() = value.clone())
+                .err()
+                .unwrap_or_else(|| panic!("{pointer} = {value} was accepted"));
+            assert!(
+                missing.iter().any(|m| m.contains(needle)),
+                "{pointer} = {value}: {missing:?}"
+            );
+        }
+        let missing = resolved(|f| {
+            f["protocol"]["vocab"] = serde_json::json!({"mode": "threshold", "log_p": 3.0});
+        })
+        .err()
+        .unwrap();
+        assert!(missing.iter().any(|m| m.contains("log_p 3")), "{missing:?}");
+    }
 }

@@ -138,11 +138,11 @@ fn all_includes_the_card_and_plumbing() {
 }
 
 #[test]
-fn symlinks_are_followed_and_recorded() {
+fn symlinks_inside_the_directory_are_followed_and_recorded() {
     let dir = sample_dir();
-    let blobs = tempfile::tempdir().unwrap();
-    std::fs::write(blobs.path().join("blob"), b"weights").unwrap();
-    std::os::unix::fs::symlink(blobs.path().join("blob"), dir.path().join("linked.bin")).unwrap();
+    std::fs::create_dir(dir.path().join("blobs")).unwrap();
+    std::fs::write(dir.path().join("blobs/blob"), b"weights").unwrap();
+    std::os::unix::fs::symlink("blobs/blob", dir.path().join("linked.bin")).unwrap();
     let doc = cardproof_in(dir.path(), &["hash", ".", "--json"]).json();
     let linked = doc["files"]
         .as_array()
@@ -153,6 +153,104 @@ fn symlinks_are_followed_and_recorded() {
         .clone();
     assert_eq!(linked["size"], 7);
     assert!(linked["link"].as_str().unwrap().ends_with("blob"));
+}
+
+/// `cardproof hash ARGS` in `dir`, killed after 20 s: a special file must be refused, not hang.
+fn hash_in_time(dir: &std::path::Path, args: &[&str]) -> Run {
+    let output = assert_cmd::Command::cargo_bin("cardproof")
+        .unwrap()
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .arg("hash")
+        .args(args)
+        .timeout(std::time::Duration::from_secs(20))
+        .output()
+        .unwrap();
+    Run {
+        code: output
+            .status
+            .code()
+            .unwrap_or_else(|| panic!("`cardproof hash {args:?}` hung and was killed")),
+        stdout: String::from_utf8(output.stdout).unwrap(),
+        stderr: String::from_utf8(output.stderr).unwrap(),
+    }
+}
+
+/// Regression (#14): a link out of the checkpoint (`..`, an absolute path elsewhere) made `hash`
+/// walk and digest files that are not the checkpoint's (`..` walked the parent tree).
+#[test]
+fn links_resolving_outside_the_directory_are_exit_2() {
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("blob"), b"not the checkpoint").unwrap();
+    for (name, target) in [
+        ("elsewhere.bin", outside.path().join("blob")),
+        ("up", std::path::PathBuf::from("..")),
+    ] {
+        let dir = sample_dir();
+        std::os::unix::fs::symlink(&target, dir.path().join(name)).unwrap();
+        let run = hash_in_time(dir.path(), &["."]);
+        assert_eq!(run.code, 2, "{name}: {}", run.stderr);
+        assert!(
+            run.stderr.contains(name) && run.stderr.contains("outside the checkpoint directory"),
+            "{name}: {}",
+            run.stderr
+        );
+    }
+    // A dangling link is named too.
+    let dir = sample_dir();
+    std::os::unix::fs::symlink("missing.bin", dir.path().join("dangling.bin")).unwrap();
+    let run = hash_in_time(dir.path(), &["."]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("dangling.bin"), "{}", run.stderr);
+}
+
+/// Regression (#14): a FIFO in the checkpoint blocked `hash` in `open` forever, and a link to
+/// `/dev/zero` hashed an endless stream.
+#[test]
+#[allow(clippy::print_stderr)] // the visible skip when mkfifo is missing
+fn fifos_and_devices_are_exit_2_without_hanging() {
+    let dir = sample_dir();
+    std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero.bin")).unwrap();
+    let run = hash_in_time(dir.path(), &["zero.bin"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("zero.bin") && run.stderr.contains("character device"),
+        "{}",
+        run.stderr
+    );
+    let run = hash_in_time(dir.path(), &["."]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("zero.bin"), "{}", run.stderr);
+
+    let dir = sample_dir();
+    let fifo = dir.path().join("model-00003-of-00003.safetensors");
+    match Command::new("mkfifo").arg(&fifo).status() {
+        Ok(s) if s.success() => {}
+        _ => {
+            eprintln!("SKIPPED the FIFO cases: mkfifo is not available");
+            return;
+        }
+    }
+    let run = hash_in_time(dir.path(), &["."]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("model-00003-of-00003.safetensors") && run.stderr.contains("FIFO"),
+        "{}",
+        run.stderr
+    );
+    // `inspect` and `lint` of the directory never open it either.
+    for verb in ["inspect", "lint"] {
+        let output = assert_cmd::Command::cargo_bin("cardproof")
+            .unwrap()
+            .current_dir(dir.path())
+            .args([verb, "model-00003-of-00003.safetensors"])
+            .timeout(std::time::Duration::from_secs(20))
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{verb} hung or passed");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("FIFO"), "{verb}: {stderr}");
+    }
 }
 
 #[test]

@@ -37,9 +37,17 @@ fn run(server: &HubServer, cache: &Path, args: &[&str], env: &[(&str, &str)]) ->
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let output = cmd.args(args).output().expect("binary runs");
+    // A hang is a failure, not a stuck test run.
+    let output = cmd
+        .args(args)
+        .timeout(Duration::from_secs(180))
+        .output()
+        .expect("binary runs");
     Run {
-        code: output.status.code().expect("exited normally"),
+        code: output
+            .status
+            .code()
+            .unwrap_or_else(|| panic!("cardproof {args:?} hung and was killed")),
         stdout: String::from_utf8(output.stdout).expect("UTF-8"),
         stderr: String::from_utf8(output.stderr).expect("UTF-8"),
     }
@@ -639,6 +647,114 @@ fn transient_failures_are_retried() {
         let here = local(&["inspect", repo.path().to_str().unwrap(), "--json"]);
         assert_eq!(r.json(), here.json(), "{faults:?}");
     }
+}
+
+/// The blobs folder of the test repository in `cache`, and its `.incomplete` files.
+fn incomplete_blobs(cache: &Path) -> Vec<(String, u64)> {
+    let blobs = cache.join("hub/models--example-org--Qwen3-8B-FP8-block/blobs");
+    let Ok(entries) = std::fs::read_dir(&blobs) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                e.metadata().unwrap().len(),
+            )
+        })
+        .filter(|(n, _)| n.ends_with(".incomplete"))
+        .collect()
+}
+
+/// Regression (#14): the timeout was per read, so a server sending one byte every half second
+/// held a download forever. The minimum-speed rule aborts it; what arrived is kept and the
+/// retry resumes it with Range.
+#[test]
+fn a_trickling_server_is_aborted_by_the_minimum_speed_rule() {
+    let (server, _repo, cache) = sharded_repo();
+    server.set_faults(Faults {
+        trickle: Some(Duration::from_millis(500)),
+        ..Faults::default()
+    });
+    let started = std::time::Instant::now();
+    let r = run(
+        &server,
+        cache.path(),
+        &["hash", &hf(None)],
+        &[
+            ("CARDPROOF_HTTP_SPEED_WINDOW_SECS", "2"),
+            ("CARDPROOF_HTTP_RETRIES", "1"),
+        ],
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("slowed to") && r.stderr.contains("CARDPROOF_HTTP_MIN_BYTES_PER_SEC"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains(REPO), "{}", r.stderr);
+    assert!(started.elapsed() < Duration::from_secs(60));
+    // The second attempt resumed the first one's bytes.
+    assert!(
+        server
+            .log()
+            .iter()
+            .any(|l| l.range.as_deref().is_some_and(|r| r.starts_with("bytes="))),
+        "{:?}",
+        server.log()
+    );
+    assert!(
+        incomplete_blobs(cache.path())
+            .iter()
+            .any(|(_, len)| *len > 0),
+        "the partial download is kept for a resume"
+    );
+}
+
+/// Regression (#14): model info claiming files of 10^15 bytes made `hash` download until the
+/// disk was full. The free space is checked against the declared sizes before the first byte.
+#[test]
+fn declared_sizes_beyond_the_free_space_are_refused_before_downloading() {
+    let (server, _repo, cache) = sharded_repo();
+    server.set_faults(Faults {
+        claim_size: Some(1_000_000_000_000_000),
+        ..Faults::default()
+    });
+    let r = run(&server, cache.path(), &["hash", &hf(None)], &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("not enough free disk space")
+            && r.stderr.contains("the download needs 20000000000"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains(REPO), "{}", r.stderr);
+    assert!(
+        server.log().iter().all(|l| l.path.starts_with("/api/")),
+        "nothing is downloaded: {:?}",
+        server.log()
+    );
+    assert!(incomplete_blobs(cache.path()).is_empty());
+}
+
+/// Regression (#14): a body whose Content-Length disagreed with the listing was read up to the
+/// listed size and the rest ignored; now it is refused and its partial file deleted.
+#[test]
+fn a_body_longer_than_the_listing_is_refused_and_not_kept() {
+    let (server, _repo, cache) = sharded_repo();
+    server.set_faults(Faults {
+        extra_bytes: 100,
+        ..Faults::default()
+    });
+    let r = run(&server, cache.path(), &["hash", &hf(None)], &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("the server sends") && r.stderr.contains("the Hub lists"),
+        "{}",
+        r.stderr
+    );
+    assert!(incomplete_blobs(cache.path()).is_empty());
 }
 
 #[test]

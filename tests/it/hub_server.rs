@@ -6,7 +6,8 @@
 //! (`*.safetensors`, `*.gguf`, and anything over 1 MiB) like the real Hub: a 302 to a second
 //! listener (another port, so another origin, like the CDN), which serves the bytes with Range
 //! support. Faults are injected per test: slow answers, truncated bodies, 500s, 429 with
-//! Retry-After, an ignored Range, a required token, corrupted bytes.
+//! Retry-After, an ignored Range, a required token, corrupted bytes, trickled bodies, inflated
+//! sizes in the listing, bodies longer than the listing.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
@@ -40,6 +41,13 @@ pub struct Faults {
     pub corrupt: bool,
     /// Require `Authorization: Bearer <token>` on the main listener (a gated repo).
     pub token: Option<String>,
+    /// Send file bodies one byte per this interval (a server that trickles, never stalls).
+    pub trickle: Option<Duration>,
+    /// List every LFS file with this size (model info claiming more than the file holds).
+    pub claim_size: Option<u64>,
+    /// Append this many bytes to every file body, Content-Length included (a body longer than
+    /// the listing says).
+    pub extra_bytes: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -411,11 +419,14 @@ fn handle(
         let siblings: Vec<serde_json::Value> = files
             .iter()
             .map(|f| {
+                let size = match (&f.lfs, faults.claim_size) {
+                    (Some(_), Some(claim)) => claim,
+                    _ => f.size,
+                };
                 let mut v =
-                    serde_json::json!({"rfilename": f.path, "size": f.size, "blobId": f.blob_id});
+                    serde_json::json!({"rfilename": f.path, "size": size, "blobId": f.blob_id});
                 if let Some(sha) = &f.lfs {
-                    v["lfs"] =
-                        serde_json::json!({"sha256": sha, "size": f.size, "pointerSize": 134});
+                    v["lfs"] = serde_json::json!({"sha256": sha, "size": size, "pointerSize": 134});
                 }
                 v
             })
@@ -503,8 +514,9 @@ fn serve_file(
     let len = end - start;
     let truncate = take_fault(&mut state.lock().unwrap().faults.truncate);
     log(status);
+    let head_len = len + faults.extra_bytes;
     let mut head = format!(
-        "HTTP/1.1 {status} X\r\nContent-Length: {len}\r\nConnection: close\r\nAccept-Ranges: bytes\r\n"
+        "HTTP/1.1 {status} X\r\nContent-Length: {head_len}\r\nConnection: close\r\nAccept-Ranges: bytes\r\n"
     );
     if status == 206 {
         head.push_str(&format!(
@@ -528,10 +540,26 @@ fn serve_file(
             buf[0] ^= 0xff;
         }
         first = false;
+        if let Some(interval) = faults.trickle {
+            for b in &buf[..n] {
+                if stream
+                    .write_all(&[*b])
+                    .and_then(|()| stream.flush())
+                    .is_err()
+                {
+                    return Ok(());
+                }
+                std::thread::sleep(interval);
+            }
+            continue;
+        }
         // A client that read what it needed closes early (ignored Range): that is fine.
         if stream.write_all(&buf[..n]).is_err() {
             return Ok(());
         }
+    }
+    if faults.extra_bytes > 0 && !truncate {
+        let _ = stream.write_all(&vec![0u8; faults.extra_bytes as usize]);
     }
     stream.flush()
 }

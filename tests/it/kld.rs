@@ -460,6 +460,24 @@ fn inconsistent_flags_are_usage_errors() {
     }
 }
 
+/// Regression (#14): `--bootstrap 1000000000` allocated a slot per resample up front (24 GB);
+/// `--bootstrap` and `--context-length` are range-checked as usage errors before any work.
+#[test]
+fn bootstrap_and_context_length_flags_out_of_range_are_usage_errors() {
+    let pair = Pair::new(10, 20, 0.3);
+    for (args, needle) in [
+        (vec!["--bootstrap", "1000000000"], "outside 1..=100000"),
+        (vec!["--bootstrap", "0"], "outside 1..=100000"),
+        (vec!["--context-length", "2097152"], "outside 2..=1048576"),
+        (vec!["--context-length", "1"], "outside 2..=1048576"),
+    ] {
+        let run = pair.kld(&args);
+        assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
+        assert!(run.stderr.contains(needle), "{args:?}: {}", run.stderr);
+    }
+    assert_eq!(pair.kld(&["--bootstrap", "100000", "--json"]).code, 0);
+}
+
 #[test]
 fn human_output_states_the_protocol_above_the_table() {
     let pair = Pair::new(200, 100, 0.3);

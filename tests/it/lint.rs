@@ -282,6 +282,78 @@ fn wrong_types_everywhere_are_all_reported() {
     }
 }
 
+/// Regression (#14): the schema's ranges are what lint enforces, with the bounds right: a level
+/// of exactly 0 or 1 (or 2.0) and `resamples: 1000000000` passed lint, then broke the rerun.
+#[test]
+fn protocol_numbers_outside_their_ranges_are_schema_violations() {
+    let u = "/fidelity/protocol/aggregation/uncertainty";
+    let uncertainty = "level: 0.95, resamples: 1000,";
+    for (old, new, pointer, message) in [
+        (
+            uncertainty,
+            "level: 2.0, resamples: 1000,",
+            format!("{u}/level"),
+            "must be below 1",
+        ),
+        (
+            uncertainty,
+            "level: 1.0, resamples: 1000,",
+            format!("{u}/level"),
+            "must be below 1",
+        ),
+        (
+            uncertainty,
+            "level: 0, resamples: 1000,",
+            format!("{u}/level"),
+            "must be above 0",
+        ),
+        (
+            uncertainty,
+            "level: 0.95, resamples: 1000000000,",
+            format!("{u}/resamples"),
+            "must be at most 100000",
+        ),
+        (
+            "[4096, 32768]",
+            "[4096, 2097152]",
+            "/fidelity/protocol/context_lengths/1".to_owned(),
+            "must be at most 1048576",
+        ),
+        (
+            "{metric: kld_p99, value: 0.184,",
+            "{metric: kld_p99, value: 0.184, level: 1.0,",
+            "/fidelity/results/1/level".to_owned(),
+            "must be below 1",
+        ),
+        (
+            "stride: 32, offset: 31",
+            "stride: 0, offset: 31",
+            "/fidelity/protocol/positions/stride".to_owned(),
+            "must be at least 1",
+        ),
+    ] {
+        let run = lint_text(compliant_with(old, new));
+        assert_eq!(run.code, 1, "{new}: {}", run.stderr);
+        let findings = run.json()["findings"].as_array().unwrap().clone();
+        let found = findings
+            .iter()
+            .find(|f| f["code"] == "schema-violation" && f["pointer"] == pointer.as_str());
+        let found =
+            found.unwrap_or_else(|| panic!("{new}: no violation at {pointer}: {findings:?}"));
+        assert!(
+            found["message"].as_str().unwrap().contains(message),
+            "{new}: {found}"
+        );
+        assert!(found["line"].is_u64(), "{found}");
+    }
+    // Inside the ranges: clean.
+    let run = lint_text(compliant_with(
+        uncertainty,
+        "level: 0.5, resamples: 100000,",
+    ));
+    assert_eq!(run.code, 0, "{}", run.stdout);
+}
+
 #[test]
 fn unknown_fields_suggest_the_intended_one() {
     let run = lint_text(compliant_with(

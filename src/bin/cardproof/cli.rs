@@ -284,7 +284,7 @@ pub struct ProtocolArgs {
     /// vocabulary; the rest is padding).
     #[arg(long, value_name = "V")]
     pub vocab_size: Option<usize>,
-    /// Bootstrap resamples for the 95% intervals.
+    /// Bootstrap resamples for the 95% intervals (1 to 100,000).
     #[arg(long, value_name = "N", default_value_t = 1000)]
     pub bootstrap: usize,
     /// Bootstrap seed.

@@ -162,15 +162,19 @@ impl ProtocolConfig {
         if args.vocab_size == Some(0) {
             return Err("--vocab-size must be at least 1".into());
         }
+        let bootstrap = Bootstrap {
+            resamples: args.bootstrap,
+            seed: args.seed,
+            level: 0.95,
+        };
+        bootstrap
+            .check()
+            .map_err(|why| format!("--bootstrap {}: {why}", args.bootstrap))?;
         Ok(ProtocolConfig {
             direction,
             vocab,
             positions,
-            bootstrap: Bootstrap {
-                resamples: args.bootstrap,
-                seed: args.seed,
-                level: 0.95,
-            },
+            bootstrap,
             vocab_size: args.vocab_size,
         })
     }
@@ -179,8 +183,9 @@ impl ProtocolConfig {
 impl KldConfig {
     pub fn from_args(args: crate::cli::KldArgs) -> Result<KldConfig, String> {
         let p = ProtocolConfig::from_args(&args.protocol)?;
-        if args.context_length.is_some_and(|l| l < 2) {
-            return Err("--context-length must be at least 2".into());
+        if let Some(l) = args.context_length {
+            cardproof::measure::protocol::check_context_length(l)
+                .map_err(|why| format!("--context-length {l}: {why}"))?;
         }
         Ok(KldConfig {
             reference: args.reference,
@@ -227,8 +232,9 @@ impl MeasureConfig {
         use cardproof::runner::tokens::Bos;
         let p = ProtocolConfig::from_args(&args.protocol)?;
         let mut lengths = args.context_length.clone();
-        if let Some(l) = lengths.iter().find(|&&l| l < 2) {
-            return Err(format!("--context-length {l} must be at least 2"));
+        for &l in &lengths {
+            cardproof::measure::protocol::check_context_length(l as u64)
+                .map_err(|why| format!("--context-length {l}: {why}"))?;
         }
         lengths.sort_unstable();
         lengths.dedup();

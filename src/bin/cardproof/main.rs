@@ -112,7 +112,8 @@ fn lint(config: &LintConfig) -> io::Result<u8> {
             let client = hub_client();
             let snapshot = materialize(&printer, &client, &source, Select::Only(&["README.md"]))?;
             let path = snapshot.dir.join("README.md");
-            let bytes = std::fs::read(&path).map_err(|e| cardproof::Error::io(&path, e))?;
+            let bytes =
+                cardproof::files::read_capped(&path, cardproof::card::MAX_CARD_BYTES, "a card")?;
             cardproof::card::Card::from_bytes(
                 snapshot.pinned.display_path(Some("README.md")),
                 bytes,

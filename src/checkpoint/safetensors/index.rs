@@ -2,7 +2,6 @@
 //! names, or a directory of files without an index.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 
 use rayon::prelude::*;
@@ -35,24 +34,7 @@ pub struct ShardIndex {
 /// anywhere are refused; other top-level keys are ignored, as transformers ignores them.
 pub fn read_index(path: &Path) -> Result<ShardIndex> {
     let bad = |subject: Option<&str>, rule: String| Error::malformed(path, subject, rule);
-    let too_large = |size: u64| {
-        bad(
-            None,
-            format!("index is {size} bytes, over the {MAX_INDEX_BYTES}-byte limit for an index"),
-        )
-    };
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let size = file.metadata().map_err(|e| Error::io(path, e))?.len();
-    if size > MAX_INDEX_BYTES {
-        return Err(too_large(size));
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_INDEX_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::io(path, e))?;
-    if bytes.len() as u64 > MAX_INDEX_BYTES {
-        return Err(too_large(bytes.len() as u64));
-    }
+    let bytes = crate::files::read_capped(path, MAX_INDEX_BYTES, "an index")?;
     let text = std::str::from_utf8(&bytes).map_err(|e| {
         bad(
             None,

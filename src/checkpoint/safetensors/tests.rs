@@ -824,7 +824,16 @@ fn index_over_64_mib_is_refused_unread() {
         .unwrap()
         .set_len(65 << 20)
         .unwrap();
-    assert_malformed(read_index(&path), None, "over the 67108864-byte limit");
+    let err = read_index(&path).unwrap_err();
+    assert!(
+        matches!(err.kind, ErrorKind::TooLarge { limit, .. } if limit == 64 << 20),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("over the 67108864-byte limit for an index"),
+        "{err}"
+    );
 }
 
 #[test]

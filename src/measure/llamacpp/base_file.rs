@@ -115,15 +115,12 @@ impl std::fmt::Debug for BaseFile {
 }
 
 impl BaseFile {
-    /// Opens and validates `path`: magic, positive header fields, `n_ctx >= 3` (smaller windows
-    /// score no position), the exact file size the header implies, and every token id in
+    /// Opens and validates `path` (a regular file): magic, positive header fields, `n_ctx >= 3`
+    /// (smaller windows score no position), `n_vocab` at most [`crate::measure::MAX_VOCAB`], the
+    /// exact file size the header implies (before anything is allocated), and every token id in
     /// `0..n_vocab`. Rows are not read; their scale and minimum are checked as they are read.
     pub fn open(path: &Path) -> Result<BaseFile> {
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-        if !meta.is_file() {
-            return Err(Error::malformed(path, None, "not a regular file"));
-        }
+        let (file, meta) = crate::files::open_regular(path)?;
         let len = meta.len();
         let mut input = BufReader::with_capacity(buffer_for(len), file);
 
@@ -187,6 +184,18 @@ impl BaseFile {
                 format!("the header ({describe}) implies a size past 2^64 bytes"),
             ));
         };
+        // The size check holds for a sparse file of any size, so the row width is capped too:
+        // every reader allocates a few rows of it.
+        if n_vocab as usize > crate::measure::MAX_VOCAB {
+            return Err(Error::malformed(
+                path,
+                Some("n_vocab"),
+                format!(
+                    "{n_vocab} is over the {}-entry limit for a vocabulary",
+                    crate::measure::MAX_VOCAB
+                ),
+            ));
+        }
         check_size(path, layout, len, expected, &describe)?;
 
         // The size check bounds this allocation by the file's real size.
@@ -263,8 +272,8 @@ impl BaseFile {
     /// one file do not share a position) and refuses a file whose size changed since `open`.
     pub fn reader(&self) -> Result<RowReader> {
         let path = &self.path;
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        let (file, meta) = crate::files::open_regular(path)?;
+        let len = meta.len();
         if len != self.file_len {
             return Err(Error::malformed(
                 path,
@@ -554,10 +563,11 @@ impl BaseFileWriter {
                 format!("{n_ctx} is outside 3..=2^31-1 (at least 3 to score a position)"),
             ));
         }
-        if !(1..=i32::MAX as u32).contains(&n_vocab) {
+        // Never write what `open` refuses.
+        if !(1..=crate::measure::MAX_VOCAB as u32).contains(&n_vocab) {
             return Err(bad(
                 Some("n_vocab"),
-                format!("{n_vocab} is outside 1..=2^31-1"),
+                format!("{n_vocab} is outside 1..={}", crate::measure::MAX_VOCAB),
             ));
         }
         let n = tokens.len() as u64;

@@ -86,9 +86,7 @@ pub fn load(path: &Path, compute: ComputeDtype, emulate: Emulate) -> Result<Nati
         (Box::new(store), config)
     } else {
         let config_path = path.join("config.json");
-        let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
-        let json: Value = serde_json::from_str(&text)
-            .map_err(|e| Error::malformed(&config_path, None, format!("not valid JSON: {e}")))?;
+        let json: Value = crate::files::read_config(&config_path)?;
         let config = config::ModelConfig::from_hf(&config_path, &json)?;
         bos_id = json
             .get("bos_token_id")

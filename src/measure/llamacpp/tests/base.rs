@@ -404,6 +404,31 @@ fn header_fields_must_be_positive_and_sane() {
     assert_malformed(r.unwrap_err(), &path, &["truncated", "n_chunk 1000000"]);
 }
 
+/// Regression (#14): a sparse file of exactly the size its header implies passed every check
+/// with `n_vocab` 2^30, and reading its one row allocated gigabytes per buffer.
+#[test]
+fn a_vocabulary_over_the_cap_is_refused_before_any_row_buffer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sparse.kld");
+    let n_vocab: u32 = 1 << 30;
+    let mut head = Vec::new();
+    head.extend_from_slice(b"_logits_");
+    for v in [3u32, n_vocab, 1] {
+        head.extend_from_slice(&v.to_le_bytes());
+    }
+    head.extend_from_slice(&[0u8; 12]);
+    std::fs::write(&path, &head).unwrap();
+    // One row of 2·(n_vocab + 4) bytes, sparse on disk.
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(head.len() as u64 + 2 * (u64::from(n_vocab) + 4))
+        .unwrap();
+    drop(file);
+    let err = BaseFile::open(&path).unwrap_err();
+    assert_malformed(err, &path, &["n_vocab", "1073741824", "limit"]);
+    let err = BaseFileWriter::create(&path, 3, n_vocab, &[0; 3]).unwrap_err();
+    assert_malformed(err, &path, &["n_vocab"]);
+}
+
 #[test]
 fn tokens_outside_the_vocabulary_are_named() {
     for (v, needle) in [(512i32, "token id 512"), (-1, "token id -1")] {

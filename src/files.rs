@@ -1,0 +1,186 @@
+//! Opening input files fail-closed. Only regular files are read: opening a FIFO blocks until a
+//! writer appears and a device such as `/dev/zero` never ends, so either would hang a command.
+//! Files read whole (configs, tokenizers, cards, indexes) are capped, checked from the metadata
+//! and again while reading, since the size can change under us.
+
+use std::fs::{File, Metadata};
+use std::io::Read;
+use std::path::Path;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// `config.json`, `tokenizer_config.json`, `hf_quant_config.json`: real ones are kilobytes.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+/// `tokenizer.json`: the largest real ones (262k-token vocabularies) are about 35 MB.
+pub const MAX_TOKENIZER_BYTES: u64 = 64 << 20;
+
+/// What a file that is not a regular file is, for messages ("a FIFO").
+pub fn kind_name(meta: &Metadata) -> &'static str {
+    let t = meta.file_type();
+    if t.is_dir() {
+        return "a directory";
+    }
+    if t.is_symlink() {
+        return "a symbolic link";
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO (named pipe)";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+        if t.is_char_device() {
+            return "a character device";
+        }
+        if t.is_block_device() {
+            return "a block device";
+        }
+    }
+    if t.is_file() {
+        "a regular file"
+    } else {
+        "a special file"
+    }
+}
+
+/// The error for a path that is not a regular file.
+pub fn not_regular(path: &Path, meta: &Metadata) -> Error {
+    Error::malformed(
+        path,
+        None,
+        format!(
+            "is {}, not a regular file; cardproof reads regular files only",
+            kind_name(meta)
+        ),
+    )
+}
+
+/// Open `path` for reading if it is (or links to) a regular file, and return its metadata. On
+/// Unix the open is non-blocking, so a FIFO swapped in after any earlier check cannot hang it;
+/// the handle's own metadata decides.
+pub fn open_regular(path: &Path) -> Result<(File, Metadata)> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(not_regular(path, &meta));
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
+    }
+    let file = options.open(path).map_err(|e| Error::io(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(not_regular(path, &meta));
+    }
+    Ok((file, meta))
+}
+
+/// Read a regular file whole, refusing one over `limit` bytes (`what` names it in the message:
+/// "a card", "a tokenizer.json"). Never reads more than `limit + 1` bytes.
+pub fn read_capped(path: &Path, limit: u64, what: &'static str) -> Result<Vec<u8>> {
+    let too_large = |size: u64| Error::new(path, ErrorKind::TooLarge { size, limit, what });
+    let (file, meta) = open_regular(path)?;
+    if meta.len() > limit {
+        return Err(too_large(meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(path, e))?;
+    if bytes.len() as u64 > limit {
+        return Err(too_large(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
+/// [`read_capped`] for a file that may be absent: `Ok(None)` when it does not exist.
+pub fn read_capped_if_present(
+    path: &Path,
+    limit: u64,
+    what: &'static str,
+) -> Result<Option<Vec<u8>>> {
+    match read_capped(path, limit, what) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(Error {
+            kind: ErrorKind::NotFound,
+            ..
+        }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A JSON config (`config.json` and the like), read whole under [`MAX_CONFIG_BYTES`].
+pub fn read_config(path: &Path) -> Result<serde_json::Value> {
+    let bytes = read_capped(path, MAX_CONFIG_BYTES, "a config")?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| Error::malformed(path, None, format!("not valid JSON: {e}")))
+}
+
+/// [`read_config`] for a config that may be absent.
+pub fn read_config_if_present(path: &Path) -> Result<Option<serde_json::Value>> {
+    match read_config(path) {
+        Ok(v) => Ok(Some(v)),
+        Err(Error {
+            kind: ErrorKind::NotFound,
+            ..
+        }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_over_the_cap_are_refused_before_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        let file = File::create(&path).unwrap();
+        // Sparse: the size is what counts, not the bytes on disk.
+        file.set_len(MAX_TOKENIZER_BYTES + 1).unwrap();
+        let e = read_capped(&path, MAX_TOKENIZER_BYTES, "a tokenizer.json").unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("tokenizer.json") && text.contains("limit for a tokenizer.json"),
+            "{text}"
+        );
+        std::fs::write(&path, b"{}").unwrap();
+        assert_eq!(
+            read_capped(&path, MAX_TOKENIZER_BYTES, "a tokenizer.json").unwrap(),
+            b"{}"
+        );
+        assert!(
+            read_capped_if_present(&dir.path().join("absent"), 10, "x")
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    #[allow(clippy::print_stderr)] // the visible skip when mkfifo is missing
+    fn a_fifo_or_a_device_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("zero.json");
+        std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+        let e = read_capped(&link, 10, "a config").unwrap_err().to_string();
+        assert!(e.contains("character device"), "{e}");
+        let fifo = dir.path().join("pipe.json");
+        match std::process::Command::new("mkfifo").arg(&fifo).status() {
+            Ok(s) if s.success() => {
+                let e = read_capped(&fifo, 10, "a config").unwrap_err().to_string();
+                assert!(e.contains("FIFO") && e.contains("pipe.json"), "{e}");
+                let e = open_regular(&fifo).unwrap_err().to_string();
+                assert!(e.contains("FIFO"), "{e}");
+            }
+            _ => eprintln!("SKIPPED the FIFO case: mkfifo is not available"),
+        }
+    }
+}
