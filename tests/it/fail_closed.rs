@@ -490,7 +490,6 @@ fn eval_text_sources_stay_inside_the_card_directory() {
     let v = Verified::new("shakespeare-w8a16", &[]);
     let secret = v.dir.path().join("secret.txt");
     std::fs::copy(v.text(), &secret).unwrap();
-    std::os::unix::fs::symlink(&secret, v.candidate().join("linked.txt")).unwrap();
     for source in [
         "/etc/hostname".to_owned(),
         secret.display().to_string(),
@@ -500,9 +499,18 @@ fn eval_text_sources_stay_inside_the_card_directory() {
         edit_card_line(&v, "source:", &|l| {
             format!("{}source: {source:?}", &l[..l.find("source:").unwrap()])
         });
+        let link = v.candidate().join("linked.txt");
+        if source == "linked.txt" {
+            std::os::unix::fs::symlink(&secret, &link).unwrap();
+        }
         let r = v.verify_with(&[]);
         assert_eq!(r.code, 2, "{source}: {}", r.stderr);
-        assert!(r.stderr.contains("--eval-text"), "{source}: {}", r.stderr);
+        assert!(
+            r.stderr.contains("--eval-text") || r.stderr.contains("outside the checkpoint"),
+            "{source}: {}",
+            r.stderr
+        );
+        let _ = std::fs::remove_file(&link);
         assert!(
             !v.out().join("report.json").exists(),
             "{source}: nothing signed"
