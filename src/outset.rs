@@ -131,7 +131,16 @@ impl OutputSet {
             ));
         }
         let (parent, name) = (parent.to_owned(), name.to_owned());
-        fs::create_dir_all(&parent).map_err(|e| Error::write(out, e))?;
+        fs::create_dir_all(&parent).map_err(|e| {
+            // `mkdir` says "File exists" for a file in the way; say which one.
+            match parent.ancestors().find(|a| fs::symlink_metadata(a).is_ok()) {
+                Some(a) if !a.is_dir() => Error::write(
+                    out,
+                    std::io::Error::other(format!("{} is a file, not a directory", a.display())),
+                ),
+                _ => Error::write(out, e),
+            }
+        })?;
         let lock = Lock::acquire(&parent.join(dotted(&name, LOCK_SUFFIX)), out)?;
         existing(&target, out, options.force)?;
         remove_stale(&parent, &name);
@@ -314,41 +323,46 @@ pub fn new_run_id(out: &Path) -> Result<String> {
     ))
 }
 
-/// `path` as it will be reached once created: the real path of its nearest existing ancestor
-/// (symbolic links and `..` resolved by the filesystem) with the rest appended, `.` dropped and
-/// `..` applied to what was appended (those parts do not exist yet, so they are no links).
+/// `path` as it will be reached once created: walked from the root, each component that exists
+/// resolved by the filesystem (symbolic links, and `..` after them), each that does not yet exist
+/// kept as written, with `.` dropped and `..` taking back the last of those (they will be plain
+/// directories, never links). So `LINK/sub`, `x/../LINK/sub` and `new/../../LINK` all end where
+/// the filesystem will put them.
 pub fn real_path(path: &Path) -> Result<PathBuf> {
     let absolute = std::path::absolute(path).map_err(|e| Error::io(path, e))?;
-    let parts: Vec<Component> = absolute.components().collect();
-    for i in (1..=parts.len()).rev() {
-        let prefix: PathBuf = parts[..i].iter().collect();
-        match prefix.canonicalize() {
-            Ok(mut real) => {
-                for part in &parts[i..] {
-                    match part {
-                        Component::ParentDir => {
-                            real.pop();
-                        }
-                        Component::Normal(n) => real.push(n),
-                        _ => {}
-                    }
+    let mut real = PathBuf::new();
+    let mut pending: Vec<&OsStr> = Vec::new();
+    for part in absolute.components() {
+        match part {
+            Component::Prefix(_) | Component::RootDir => real.push(part),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if pending.pop().is_none() {
+                    real.pop();
                 }
-                return Ok(real);
             }
-            Err(e) if fs::symlink_metadata(&prefix).is_ok() => {
-                return Err(Error::malformed(
-                    path,
-                    None,
-                    format!(
-                        "{} exists but cannot be resolved ({e}): a dangling symbolic link?",
-                        prefix.display()
-                    ),
-                ));
+            Component::Normal(name) if pending.is_empty() => {
+                let next = real.join(name);
+                if fs::symlink_metadata(&next).is_ok() {
+                    real = next.canonicalize().map_err(|e| {
+                        Error::malformed(
+                            path,
+                            None,
+                            format!(
+                                "{} exists but cannot be resolved ({e}): a dangling symbolic link?",
+                                next.display()
+                            ),
+                        )
+                    })?;
+                } else {
+                    pending.push(name);
+                }
             }
-            Err(_) => {}
+            Component::Normal(name) => pending.push(name),
         }
     }
-    Ok(absolute)
+    real.extend(pending);
+    Ok(real)
 }
 
 /// Outputs never go into a checkpoint being read (its digest would change), and never into a
@@ -775,6 +789,18 @@ mod tests {
             real_path(&root.join("x/../cand/./out")).unwrap(),
             root.join("cand/out")
         );
+        #[cfg(unix)]
+        {
+            assert_eq!(
+                real_path(&root.join("x/y/../../link/sub")).unwrap(),
+                root.join("cand/sub")
+            );
+            assert_eq!(
+                real_path(&root.join("link/../link/./sub")).unwrap(),
+                root.join("cand/sub"),
+                "`..` after a link is the link target's parent"
+            );
+        }
         assert_eq!(real_path(&root.join("cand")).unwrap(), root.join("cand"));
     }
 
