@@ -23,6 +23,11 @@ pub struct Error {
 pub enum ErrorKind {
     #[error("cannot read: {0}")]
     Io(#[source] std::io::Error),
+    /// An output that cannot be created or written (a read-only, full or missing directory, a
+    /// file where a directory is needed); the error's `file` is the final path, never a
+    /// temporary name.
+    #[error("cannot write: {0}")]
+    Write(#[source] std::io::Error),
     #[error("no such file or directory")]
     NotFound,
     #[error("directory holds no README.md")]
@@ -85,6 +90,12 @@ impl Error {
             ErrorKind::Io(error)
         };
         Self::new(file, kind)
+    }
+
+    /// `file` cannot be created or written: unlike [`Error::io`], worded as a write, and a
+    /// missing parent is not "no such file" (the output is what is missing, not an input).
+    pub fn write(file: &Path, error: std::io::Error) -> Self {
+        Self::new(file, ErrorKind::Write(error))
     }
 
     /// A checkpoint file that breaks `rule` at `subject` (a tensor name or metadata key).

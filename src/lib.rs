@@ -17,6 +17,7 @@ pub mod hub;
 pub mod lint;
 pub mod measure;
 pub mod measurement;
+pub mod outset;
 pub mod report;
 pub mod runner;
 pub mod span;

@@ -428,7 +428,7 @@ fn write_dump(
     windows: &tokens::Windows,
     vocab: usize,
 ) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    std::fs::create_dir_all(dir).map_err(|e| Error::write(dir, e))?;
     let n = meta.len() as u64;
     let window: Vec<u8> = meta
         .iter()
@@ -470,11 +470,34 @@ fn write_dump(
     write_atomically(&dir.join(format!("{side}.logits.safetensors")), &bytes)
 }
 
-/// Write to a temporary name, then rename: a reader never sees a partial file.
+/// Write to a fresh temporary file beside `path` (`.NAME.cardproof-tmp-XXXXXX`, unique, so two
+/// writers never share one), then rename: a reader never sees a partial file. Errors name `path`
+/// and are worded as writes. A set of files that belong together is written as one
+/// [`crate::outset::OutputSet`] instead.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("partial");
-    std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    use std::io::Write as _;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut prefix = std::ffi::OsString::from(".");
+    prefix.push(path.file_name().unwrap_or_default());
+    prefix.push(".cardproof-tmp-");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    let mut tmp = builder
+        .tempfile_in(dir)
+        .map_err(|e| Error::write(path, e))?;
+    tmp.write_all(bytes)
+        .and_then(|()| tmp.as_file().sync_all())
+        .map_err(|e| Error::write(path, e))?;
+    tmp.persist(path).map_err(|e| Error::write(path, e.error))?;
+    Ok(())
 }
 
 /// `positions.safetensors`: per scored row of each context length, tensors `ctx<L>.<name>`.
@@ -955,7 +978,7 @@ pub fn measure_prepared(
 
 /// Write `measurement.json` and `positions.safetensors` into `out`.
 pub fn write_measurement(out: &Path, m: &ModelMeasurement, document: &Value) -> Result<()> {
-    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    std::fs::create_dir_all(out).map_err(|e| Error::write(out, e))?;
     write_atomically(&out.join("positions.safetensors"), &positions_file(m))?;
     let text = serde_json::to_string_pretty(document)
         .map_err(|e| Error::malformed(out, None, format!("cannot encode measurement.json: {e}")))?;
@@ -1231,6 +1254,8 @@ pub struct SweepRequest<'a> {
     pub values: &'a [String],
     pub threads: usize,
     pub out: &'a Path,
+    /// The run id every document of the sweep carries (see [`crate::outset`]).
+    pub run_id: Option<&'a str>,
 }
 
 /// Flips of the top-1 token along position: how many rows flip, where the first flips are, and
@@ -1274,7 +1299,8 @@ pub fn run_sweep(
     for other in &r.values[1..] {
         let mut runner = r.runner.clone();
         runner.attention = (baseline.clone(), other.clone());
-        let out = r.out.join(format!("{}-{baseline}-vs-{other}", r.knob));
+        let pair_dir = format!("{}-{baseline}-vs-{other}", r.knob);
+        let out = r.out.join(&pair_dir);
         let request = TransformersRequest {
             reference: r.model,
             candidate: r.model,
@@ -1295,16 +1321,21 @@ pub fn run_sweep(
         pairs.push(json!({
             "baseline": baseline,
             "other": other,
-            "measurement": out.join("measurement.json").display().to_string(),
+            // Relative to sweep.json: the sweep is written as one set and moved into place.
+            "measurement": format!("{pair_dir}/measurement.json"),
             "runs": run.measurement.runs.iter().map(flips_json).collect::<Vec<_>>(),
             "environment": run.document["environment"],
         }));
         outputs.push((out, run));
     }
+    let stamp = |doc: &Value| match r.run_id {
+        Some(id) => crate::outset::with_run_id(doc, id),
+        None => doc.clone(),
+    };
     for (out, run) in &outputs {
-        write_measurement(out, &run.measurement, &run.document)?;
+        write_measurement(out, &run.measurement, &stamp(&run.document))?;
     }
-    let document = versioned(json!({
+    let document = stamp(&versioned(json!({
         "kind": "sweep",
         "knob": r.knob,
         "values": r.values,
@@ -1312,8 +1343,8 @@ pub fn run_sweep(
         "definition": "each pair measures the same weights under the baseline setting (as reference) and the other setting (as candidate), same tokens and rows: any KL is the kernel's, not the weights'",
         "noise_floor_kld_mean": floor,
         "pairs": pairs,
-    }));
-    std::fs::create_dir_all(r.out).map_err(|e| Error::io(r.out, e))?;
+    })));
+    std::fs::create_dir_all(r.out).map_err(|e| Error::write(r.out, e))?;
     let text = serde_json::to_string_pretty(&document).unwrap_or_default();
     write_atomically(&r.out.join("sweep.json"), format!("{text}\n").as_bytes())?;
     Ok(document)
@@ -1581,7 +1612,7 @@ pub fn export_reference(
         &tokenizer.sha256,
     )?;
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        std::fs::create_dir_all(dir).map_err(|e| Error::write(dir, e))?;
     }
     write_atomically(out, &bytes)?;
     let digest = crate::checkpoint::hash::hex(&Sha256Digest::digest(&bytes));
@@ -1714,7 +1745,7 @@ pub fn export_llamacpp(
         native::Emulate::ReferenceSemantics,
     )?;
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        std::fs::create_dir_all(dir).map_err(|e| Error::write(dir, e))?;
     }
     crate::artifact::llamacpp::export_native(
         &reference,

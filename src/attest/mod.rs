@@ -31,7 +31,9 @@ pub use keys::{
     read_verifying_key, write_keypair,
 };
 pub use statement::{Subject, statement, subjects};
-pub use verify::{Mismatch, Outcome, Verified, check_subjects, verify_envelope};
+pub use verify::{
+    Mismatch, Outcome, Verified, check_card, check_subjects, compare_card, verify_envelope,
+};
 
 /// The in-toto Statement type this crate writes and accepts (v1; the URI carries the major
 /// version, so a v2 statement is rejected rather than misread).
@@ -43,3 +45,6 @@ pub const PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
 
 /// The predicate type of a cardproof verification report.
 pub const PREDICATE_TYPE: &str = "https://cardproof.dev/verification-report/v1";
+
+/// The predicate type of a signed measurement.json (`cardproof sign`).
+pub const MEASUREMENT_PREDICATE_TYPE: &str = "https://cardproof.dev/measurement/v1";

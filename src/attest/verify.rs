@@ -39,6 +39,10 @@ pub mod what {
     pub const DIGEST: &str = "digest";
     /// A checkpoint file the statement does not list.
     pub const FILE: &str = "file";
+    /// The card's `fidelity` block is not the one the report signed (or one side has none).
+    pub const CARD: &str = "card";
+    /// A file beside the envelope belongs to another run (or was changed after it).
+    pub const SET: &str = "set";
 }
 
 /// A verified envelope: the statement parsed from the exact payload bytes that were verified, and
@@ -58,7 +62,7 @@ pub struct Mismatch {
 }
 
 impl Mismatch {
-    fn new(what: &str, detail: impl Into<String>) -> Self {
+    pub fn new(what: &str, detail: impl Into<String>) -> Self {
         Self {
             what: what.to_owned(),
             detail: detail.into(),
@@ -258,4 +262,149 @@ pub fn compare_subjects(statement: &Value, mut on_disk: BTreeMap<&str, &str>) ->
         ));
     }
     mismatches
+}
+
+/// Compare the card's `fidelity` block with the one a verification report signed.
+///
+/// The report's predicate carries `card.fidelity_sha256`, the SHA-256 of the block's canonical
+/// form ([`crate::card::canonical`]), `null` when the card it verified had no block. It must equal
+/// the digest of `card`'s block now; `card` is `None` when there is no card at all (a checkpoint
+/// without README.md). On a difference the first [`what::CARD`] mismatch gives both digests and
+/// the next ones name each differing field, read against the signed `card.disclosure`
+/// (`fidelity.results[0].value: signed 0.01661, card 0.0198`). A statement that is not a
+/// verification report, or one without `card.fidelity_sha256` (made before the card was bound),
+/// binds no card and is a mismatch too: it must not vouch for the card beside it. `card_name` names
+/// the card in the messages.
+pub fn compare_card(
+    statement: &Value,
+    card: Option<&crate::card::Card>,
+    card_name: &str,
+) -> Vec<Mismatch> {
+    use crate::card::canonical::{differences, fidelity_json, fidelity_sha256};
+    let predicate_type = statement["predicateType"].as_str().unwrap_or_default();
+    if predicate_type != super::PREDICATE_TYPE {
+        return vec![Mismatch::new(
+            what::CARD,
+            format!(
+                "the statement's predicate type is `{predicate_type}`, not a verification report \
+                 (`{}`): it binds no card, so it says nothing about {card_name}",
+                super::PREDICATE_TYPE
+            ),
+        )];
+    }
+    let signed_card = &statement["predicate"]["card"];
+    let signed = match signed_card.get("fidelity_sha256") {
+        None => {
+            return vec![Mismatch::new(
+                what::CARD,
+                "the report does not bind the card (its predicate has no \
+                 `card.fidelity_sha256`: it was made before cardproof bound the card's fidelity \
+                 block); rerun `cardproof verify` for a report that does",
+            )];
+        }
+        Some(Value::Null) => None,
+        Some(Value::String(s)) if s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            Some(s.to_ascii_lowercase())
+        }
+        Some(other) => {
+            return vec![Mismatch::new(
+                what::CARD,
+                format!("the report's `card.fidelity_sha256` is {other}, not a SHA-256"),
+            )];
+        }
+    };
+    let now = card.map_or(Value::Null, fidelity_json);
+    let digest = fidelity_sha256(&now);
+    match (signed, digest) {
+        (None, None) => Vec::new(),
+        (Some(s), None) => vec![Mismatch::new(
+            what::CARD,
+            if card.is_some() {
+                format!(
+                    "{card_name} has no `fidelity` block, but the report signed one (sha256 {s})"
+                )
+            } else {
+                format!(
+                    "there is no card ({card_name}), but the report signed a `fidelity` block \
+                     (sha256 {s})"
+                )
+            },
+        )],
+        (None, Some(d)) => vec![Mismatch::new(
+            what::CARD,
+            format!(
+                "{card_name} has a `fidelity` block (sha256 {d}), but the report was signed for a \
+                 card without one"
+            ),
+        )],
+        (Some(s), Some(d)) if s == d => Vec::new(),
+        (Some(s), Some(d)) => {
+            let mut mismatches = vec![Mismatch::new(
+                what::CARD,
+                format!(
+                    "the `fidelity` block of {card_name} is not the one the report signed \
+                     (sha256 {s} signed, {d} now): the card was edited after signing"
+                ),
+            )];
+            if let Some(disclosure) = signed_card.get("disclosure") {
+                const SHOWN: usize = 20;
+                let fields = differences(disclosure, &now);
+                let more = fields.len().saturating_sub(SHOWN);
+                mismatches.extend(
+                    fields
+                        .into_iter()
+                        .take(SHOWN)
+                        .map(|f| Mismatch::new(what::CARD, f)),
+                );
+                if more > 0 {
+                    mismatches.push(Mismatch::new(
+                        what::CARD,
+                        format!("and {more} more differing field(s)"),
+                    ));
+                }
+            }
+            mismatches
+        }
+    }
+}
+
+/// The card `verify-report` compares with a verified statement, and the result: `card`
+/// (`--card FILE`: a Markdown file or a directory holding README.md), else the checkpoint
+/// directory's README.md (its absence is a mismatch when the report signed a `fidelity` block).
+/// `None` when there is nothing to compare: neither given, or only a checkpoint for a statement
+/// that is not a verification report (a signed measurement binds no card; `--card` with one is
+/// a mismatch). A card that cannot be read or parsed is an error.
+pub fn check_card(
+    statement: &Value,
+    card: Option<&Path>,
+    checkpoint: Option<&Path>,
+) -> Result<Option<(std::path::PathBuf, Vec<Mismatch>)>> {
+    use crate::card::Card;
+    let (path, parsed) = match (card, checkpoint) {
+        (Some(c), _) => {
+            let path = crate::card::resolve_card_path(c)?;
+            let parsed = Card::open(&path)?;
+            (path, Some(parsed))
+        }
+        (None, Some(dir)) => {
+            if statement["predicateType"] != super::PREDICATE_TYPE {
+                return Ok(None);
+            }
+            let dir = if dir.is_file() {
+                dir.parent().unwrap_or(Path::new("."))
+            } else {
+                dir
+            };
+            let path = dir.join("README.md");
+            let parsed = match std::fs::symlink_metadata(&path) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                _ => Some(Card::open(&path)?),
+            };
+            (path, parsed)
+        }
+        (None, None) => return Ok(None),
+    };
+    let name = path.display().to_string();
+    let mismatches = compare_card(statement, parsed.as_ref(), &name);
+    Ok(Some((path, mismatches)))
 }

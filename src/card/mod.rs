@@ -1,6 +1,7 @@
 //! A model card: the README text, its YAML front matter found exactly as the Hugging Face Hub
 //! finds it, and a line index so every finding can point at a line and column.
 
+pub mod canonical;
 pub mod write;
 pub mod yaml;
 

@@ -11,8 +11,9 @@
 //!    they differ, the files at the measured revision are compared with the head's: a weight
 //!    changed after the measurement is an error, a card edit is not).
 //! 4. A signed report in the repository (`report.dsse.json`) is checked against the Hub's
-//!    digests: its subjects must be exactly the checkpoint's files with the same SHA-256; with a
-//!    public key its signature and keyid are verified too.
+//!    digests: its subjects must be exactly the checkpoint's files with the same SHA-256, and the
+//!    card's `fidelity` block must be the one it signed (`card.fidelity_sha256`); with a public
+//!    key its signature and keyid are verified too.
 //!
 //! Bytes fetched are counted and reported beside the repository's size.
 
@@ -45,6 +46,7 @@ const REPORT_FILES: &[&str] = &[
     "report.html",
     "measurement.json",
     "positions.safetensors",
+    crate::outset::MARKER,
 ];
 
 /// A finding about the repository on the Hub (not about the card's text).
@@ -232,7 +234,13 @@ pub fn check(
 
     let report = match (&report_file, &digests) {
         (Some(file), Some(digests)) => Some(check_report(
-            client, &pinned, &info, file, digests, public_key,
+            client,
+            &pinned,
+            &info,
+            file,
+            digests,
+            public_key,
+            card.as_ref(),
         )?),
         _ => None,
     };
@@ -454,6 +462,7 @@ fn check_report(
     file: &str,
     digests: &BTreeMap<String, (String, u64)>,
     public_key: Option<&ed25519_dalek::VerifyingKey>,
+    card: Option<&Card>,
 ) -> Result<ReportCheck> {
     let s = info.sibling(file).expect("listed");
     if s.file_size() > MAX_ENVELOPE {
@@ -513,6 +522,13 @@ fn check_report(
     };
     if !statement.is_null() {
         mismatches.extend(crate::attest::verify::compare_subjects(&statement, on_hub));
+        // The card is not a subject: its claims are bound by the signed digest of its
+        // `fidelity` block, compared with the card on the Hub.
+        mismatches.extend(crate::attest::compare_card(
+            &statement,
+            card,
+            &pinned.display_path(Some("README.md")).display().to_string(),
+        ));
     }
     let subjects = statement
         .get("subject")

@@ -324,6 +324,8 @@ fn view_model(report: &Json, rows: &[RunRows], html: bool) -> Result<Json> {
             "version": text(at(report, "/tool/version")),
         },
         "generated_at": text(at(report, "/generated_at")),
+        "run_id": text(at(report, "/run_id")),
+        "card_fidelity_sha256": text(at(report, "/card/fidelity_sha256")),
         "verdict": overall,
         "explanation": overall_explanation(&key),
         "summary": summary,

@@ -12,6 +12,7 @@ const MODEL_FILE: &str = "9999888877776666555544443333222211110000aaaabbbbccccdd
 fn sample() -> Value {
     json!({
         "schema_version": 1,
+        "run_id": "5f0c2a9e-3b1d-4c7a-9e2f-8d6b1a4c3e70",
         "tool": {"name": "cardproof", "version": "0.1.0"},
         "generated_at": "2026-11-30T21:05:00Z",
         "verdict": "not_reproduced",
@@ -26,6 +27,7 @@ fn sample() -> Value {
         },
         "card": {
             "path": "examples/models/tiny-fp8/README.md",
+            "fidelity_sha256": "9d".repeat(32),
             "disclosure": {
                 "schema": "cardproof/v1",
                 "runtime": {"engine": "vllm", "engine_version": "0.11.1", "device": "NVIDIA RTX PRO 6000"},

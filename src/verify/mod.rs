@@ -596,6 +596,7 @@ pub fn verify(
         },
         "card": {
             "path": card_path.display().to_string(),
+            "fidelity_sha256": crate::card::canonical::fidelity_sha256(&disclosure),
             "disclosure": disclosure,
             "lint": {
                 "errors": lint.errors(),

@@ -1,7 +1,8 @@
 //! The verification's files: report.json (the predicate), report.dsse.json (the in-toto
 //! Statement, subjects = every checkpoint file, in a DSSE envelope signed with Ed25519), report.md
-//! and report.html, beside measurement.json and positions.safetensors. Each file is written whole
-//! and renamed into place.
+//! and report.html, beside measurement.json and positions.safetensors. They are one
+//! [`OutputSet`]: written into its temporary directory, all carrying its run id, and moved into
+//! `--out` together.
 
 use std::path::{Path, PathBuf};
 
@@ -10,41 +11,35 @@ use ed25519_dalek::SigningKey;
 use super::VerifyOutcome;
 use crate::attest;
 use crate::error::{Error, Result};
-use crate::measurement::{write_atomically, write_measurement};
+use crate::measurement::positions_file;
+use crate::outset::{OutputSet, with_run_id};
 use crate::report::{self, RunRows};
 
-/// Write every report file into `out`; returns their paths.
+/// Write every report file into `set`, with the set's run id in report.json (so in the signed
+/// statement) and measurement.json, and move the set into place; returns the files' paths under
+/// `--out`. `outcome.report` gets the run id too (it is what the caller prints).
 pub fn write_outputs(
-    out: &Path,
-    outcome: &VerifyOutcome,
+    set: OutputSet,
+    outcome: &mut VerifyOutcome,
     key: &SigningKey,
 ) -> Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
-    let mut written = Vec::new();
+    outcome.report = with_run_id(&outcome.report, set.run_id());
     if let Some((m, doc)) = &outcome.measurement {
-        write_measurement(out, m, doc)?;
-        written.push(out.join("measurement.json"));
-        written.push(out.join("positions.safetensors"));
+        set.write("positions.safetensors", &positions_file(m))?;
+        set.write_json("measurement.json", doc)?;
     }
-    let encode = |v: &serde_json::Value, path: &Path| -> Result<Vec<u8>> {
-        serde_json::to_vec_pretty(v)
-            .map(|mut b| {
-                b.push(b'\n');
-                b
-            })
-            .map_err(|e| Error::malformed(path, None, format!("cannot encode: {e}")))
-    };
-    let report_path = out.join("report.json");
-    write_atomically(&report_path, &encode(&outcome.report, &report_path)?)?;
-    written.push(report_path);
+    set.write_json("report.json", &outcome.report)?;
 
     let statement = attest::statement(&attest::subjects(&outcome.manifest), outcome.report.clone());
-    let payload = serde_json::to_vec(&statement)
-        .map_err(|e| Error::malformed(out, None, format!("cannot encode the statement: {e}")))?;
+    let payload = serde_json::to_vec(&statement).map_err(|e| {
+        Error::malformed(set.out(), None, format!("cannot encode the statement: {e}"))
+    })?;
     let envelope = attest::sign_envelope(&payload, attest::PAYLOAD_TYPE, key);
-    let envelope_path = out.join("report.dsse.json");
-    write_atomically(&envelope_path, &encode(&envelope, &envelope_path)?)?;
-    written.push(envelope_path);
+    let mut text = serde_json::to_vec_pretty(&envelope).map_err(|e| {
+        Error::malformed(set.out(), None, format!("cannot encode the envelope: {e}"))
+    })?;
+    text.push(b'\n');
+    set.write("report.dsse.json", &text)?;
 
     let rows: Vec<RunRows> = outcome
         .rows
@@ -56,20 +51,19 @@ pub fn write_outputs(
             flip: r.flip.clone(),
         })
         .collect();
-    let md = out.join("report.md");
-    write_atomically(&md, report::render_markdown(&outcome.report)?.as_bytes())?;
-    written.push(md);
-    let html = out.join("report.html");
-    write_atomically(
-        &html,
+    set.write(
+        "report.md",
+        report::render_markdown(&outcome.report)?.as_bytes(),
+    )?;
+    set.write(
+        "report.html",
         report::render_html(&outcome.report, &rows)?.as_bytes(),
     )?;
-    written.push(html);
-    Ok(written)
+    set.commit()
 }
 
 /// Predicate type of a signed measurement.json.
-pub const MEASUREMENT_PREDICATE_TYPE: &str = "https://cardproof.dev/measurement/v1";
+pub use crate::attest::MEASUREMENT_PREDICATE_TYPE;
 
 /// `cardproof sign FILE`: a measurement.json or report.json as the predicate of an in-toto
 /// statement whose subjects are the checkpoint's files (`checkpoint`, else the path the document

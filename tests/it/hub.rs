@@ -314,24 +314,43 @@ fn check_compares_the_cards_digest_and_revision_with_the_hub() {
     );
 }
 
-#[test]
-fn check_verifies_a_signed_report_against_the_hubs_digests() {
-    let (server, repo, cache) = sharded_repo();
-    let key = cardproof::attest::generate_key().unwrap();
+/// A verification report for `repo`'s checkpoint and card as `verify` signs it (subjects, the
+/// card's fidelity block and its digest), with any `predicate` fields added.
+fn signed_report(
+    repo: &Path,
+    key: &ed25519_dalek::SigningKey,
+    predicate: serde_json::Value,
+) -> serde_json::Value {
     let manifest = cardproof::checkpoint::hash::hash_path(
-        repo.path(),
+        repo,
         &cardproof::checkpoint::hash::HashOptions::default(),
         &|_| {},
     )
     .unwrap();
-    let statement = cardproof::attest::statement(
-        &cardproof::attest::subjects(&manifest),
-        serde_json::json!({"verdict": "reproduced"}),
-    );
-    let envelope = cardproof::attest::sign_envelope(
+    let card = cardproof::card::Card::open(&repo.join("README.md")).unwrap();
+    let fidelity = cardproof::card::canonical::fidelity_json(&card);
+    let mut predicate = predicate;
+    predicate["card"] = serde_json::json!({
+        "fidelity_sha256": cardproof::card::canonical::fidelity_sha256(&fidelity),
+        "disclosure": fidelity,
+    });
+    let statement =
+        cardproof::attest::statement(&cardproof::attest::subjects(&manifest), predicate);
+    cardproof::attest::sign_envelope(
         &serde_json::to_vec(&statement).unwrap(),
         cardproof::attest::PAYLOAD_TYPE,
+        key,
+    )
+}
+
+#[test]
+fn check_verifies_a_signed_report_against_the_hubs_digests() {
+    let (server, repo, cache) = sharded_repo();
+    let key = cardproof::attest::generate_key().unwrap();
+    let envelope = signed_report(
+        repo.path(),
         &key,
+        serde_json::json!({"verdict": "reproduced"}),
     );
     let keys = tempfile::tempdir().unwrap();
     let public = keys.path().join("cardproof.pub");
@@ -372,6 +391,36 @@ fn check_verifies_a_signed_report_against_the_hubs_digests() {
             .all(|l| l.range.is_some())
     );
 
+    // A report that does not bind the card (no `card.fidelity_sha256`) vouches for no card.
+    let statement = cardproof::attest::statement(
+        &[cardproof::attest::Subject {
+            name: "config.json".into(),
+            sha256: "0".repeat(64),
+        }],
+        serde_json::json!({"verdict": "reproduced"}),
+    );
+    let unbound = cardproof::attest::sign_envelope(
+        &serde_json::to_vec(&statement).unwrap(),
+        cardproof::attest::PAYLOAD_TYPE,
+        &key,
+    );
+    let bound = std::fs::read(repo.path().join("report.dsse.json")).unwrap();
+    std::fs::write(
+        repo.path().join("report.dsse.json"),
+        serde_json::to_vec(&unbound).unwrap(),
+    )
+    .unwrap();
+    server.publish(
+        REPO,
+        "main",
+        "4444444444444444444444444444444444444444",
+        repo.path(),
+    );
+    let r = run(&server, cache.path(), &["check", &hf(None), "--json"], &[]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stdout.contains("does not bind the card"), "{}", r.stdout);
+    std::fs::write(repo.path().join("report.dsse.json"), bound).unwrap();
+
     // A shard changes after signing.
     let shard = repo.path().join("model-00001-of-00002.safetensors");
     let mut bytes = std::fs::read(&shard).unwrap();
@@ -383,6 +432,102 @@ fn check_verifies_a_signed_report_against_the_hubs_digests() {
     assert_eq!(bad.code, 1, "{}", bad.stderr);
     assert!(bad.stdout.contains("hub-report-mismatch"));
     assert!(bad.stdout.contains("model-00001-of-00002.safetensors"));
+}
+
+#[test]
+fn check_refuses_a_report_whose_card_was_edited_after_signing() {
+    let (server, repo, cache) = sharded_repo();
+    let key = cardproof::attest::generate_key().unwrap();
+    let envelope = signed_report(
+        repo.path(),
+        &key,
+        serde_json::json!({"verdict": "reproduced"}),
+    );
+    std::fs::write(
+        repo.path().join("report.dsse.json"),
+        serde_json::to_vec(&envelope).unwrap(),
+    )
+    .unwrap();
+    let keys = tempfile::tempdir().unwrap();
+    let public = keys.path().join("cardproof.pub");
+    std::fs::write(
+        &public,
+        cardproof::attest::public_key_pem(&key.verifying_key()),
+    )
+    .unwrap();
+    let check = |commit: &str| {
+        server.publish(REPO, "main", commit, repo.path());
+        run(
+            &server,
+            cache.path(),
+            &[
+                "check",
+                &hf(None),
+                "--json",
+                "--pub",
+                public.to_str().unwrap(),
+            ],
+            &[],
+        )
+    };
+    let ok = check(C1);
+    assert_eq!(
+        ok.json()["report"]["mismatches"],
+        serde_json::json!([]),
+        "{}",
+        ok.stdout
+    );
+
+    // The claimed value changed after signing (a card-only commit: the subjects still match).
+    let card = compliant_card();
+    let line = card
+        .lines()
+        .find(|l| l.contains("value: "))
+        .expect("a claimed value")
+        .to_owned();
+    let old_value = line
+        .split("value: ")
+        .nth(1)
+        .and_then(|v| v.split(',').next())
+        .unwrap()
+        .trim()
+        .to_owned();
+    let edited = card.replacen(&line, &line.replace(&old_value, "0.0198"), 1);
+    std::fs::write(repo.path().join("README.md"), &edited).unwrap();
+    let r = check(C2);
+    assert_eq!(r.code, 1, "{}\n{}", r.stderr, r.stdout);
+    let doc = r.json();
+    assert_eq!(doc["report"]["signature"], "verified");
+    let details: Vec<&str> = doc["report"]["mismatches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["detail"].as_str().unwrap())
+        .collect();
+    assert!(
+        details.iter().any(|d| d.contains("edited after signing")),
+        "{details:?}"
+    );
+    assert!(
+        details
+            .iter()
+            .any(|d| d.ends_with(&format!("value: signed {old_value}, card 0.0198"))),
+        "{details:?}"
+    );
+    assert!(r.stdout.contains("hub-report-mismatch"), "{}", r.stdout);
+
+    // The card lost its fidelity block.
+    let (front, _) = card.split_once("fidelity:").unwrap();
+    let body = card.split("\n---").nth(1).unwrap_or("\n");
+    std::fs::write(repo.path().join("README.md"), format!("{front}---{body}")).unwrap();
+    let r = check("3333333333333333333333333333333333333333");
+    assert_eq!(r.code, 1, "{}\n{}", r.stderr, r.stdout);
+    assert!(
+        r.stdout
+            .contains("has no `fidelity` block, but the report signed one"),
+        "{}",
+        r.stdout
+    );
 }
 
 fn snapshot(cache: &Path, commit: &str) -> std::path::PathBuf {

@@ -369,3 +369,294 @@ fn verify_without_a_reference_says_how_to_give_one() {
         assert!(!out.path().join(runner).exists(), "nothing written");
     }
 }
+
+fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The signed statement inside an envelope (not verified: the tests verify with the CLI).
+fn statement(envelope: &Path) -> serde_json::Value {
+    use base64::Engine as _;
+    let e = read_json(envelope);
+    let payload = base64::engine::general_purpose::STANDARD
+        .decode(e["payload"].as_str().unwrap())
+        .unwrap();
+    serde_json::from_slice(&payload).unwrap()
+}
+
+/// Every file of a directory (recursively) with its bytes.
+fn files(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(files(&path));
+        } else {
+            out.insert(path.clone(), std::fs::read(&path).unwrap());
+        }
+    }
+    out
+}
+
+/// The entries beside `--out` whose names start with `prefix`.
+fn beside(out: &Path, prefix: &str) -> Vec<String> {
+    std::fs::read_dir(out.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(prefix))
+        .collect()
+}
+
+/// The run id every file of the report set in `out` carries; panics if they disagree.
+fn set_run_id(out: &Path) -> String {
+    let report = read_json(&out.join("report.json"));
+    let id = report["run_id"]
+        .as_str()
+        .expect("report.json has a run id")
+        .to_owned();
+    assert_eq!(
+        statement(&out.join("report.dsse.json"))["predicate"],
+        report
+    );
+    assert_eq!(
+        read_json(&out.join("measurement.json"))["run_id"],
+        id.as_str()
+    );
+    assert_eq!(
+        read_json(&out.join(".cardproof-set.json"))["run_id"],
+        id.as_str()
+    );
+    for f in ["report.md", "report.html"] {
+        let text = std::fs::read_to_string(out.join(f)).unwrap();
+        assert!(text.contains(&id), "{f} shows the run id");
+    }
+    id
+}
+
+#[test]
+fn a_card_edited_after_signing_no_longer_verifies() {
+    let v = Verified::new("shakespeare-w8a16", &[]);
+    let r = v.verify();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let report = r.json();
+    let original = std::fs::read_to_string(v.card()).unwrap();
+    // The report binds the card: the SHA-256 of its fidelity block in canonical form.
+    let card = cardproof::card::Card::open(&v.card()).unwrap();
+    let fidelity = cardproof::card::canonical::fidelity_json(&card);
+    assert_eq!(
+        report["card"]["fidelity_sha256"],
+        cardproof::card::canonical::fidelity_sha256(&fidelity)
+            .unwrap()
+            .as_str()
+    );
+    let envelope = v.out().join("report.dsse.json");
+    let ok = v.verify_report(&envelope, Some(&v.candidate()));
+    assert_eq!(ok.code, 0, "{}{}", ok.stdout, ok.stderr);
+    assert!(ok.stdout.contains("is the one it signed"), "{}", ok.stdout);
+
+    // A claimed value raised after signing: the subjects still match, the card does not.
+    let line = original
+        .lines()
+        .find(|l| l.contains("metric: kld_mean,") && l.contains("value: "))
+        .expect("a kld_mean claim")
+        .to_owned();
+    let value = line
+        .split("value: ")
+        .nth(1)
+        .and_then(|v| v.split(',').next())
+        .unwrap()
+        .trim()
+        .to_owned();
+    let edited_line = line.replacen(&format!("value: {value}"), "value: 0.0198", 1);
+    std::fs::write(v.card(), original.replacen(&line, &edited_line, 1)).unwrap();
+    let r = v.verify_report(&envelope, Some(&v.candidate()));
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("edited after signing"), "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains(&format!("].value: signed {value}, card 0.0198")),
+        "{}",
+        r.stdout
+    );
+    // --card compares another copy of the card; the signed one verifies.
+    let signed_card = v.dir.path().join("signed-card.md");
+    std::fs::write(&signed_card, &original).unwrap();
+    let args = vec![
+        "verify-report".to_owned(),
+        envelope.display().to_string(),
+        "--pub".into(),
+        v.public().display().to_string(),
+        "--card".into(),
+    ];
+    let with_card = |card: &Path, checkpoint: bool| {
+        let mut a = args.clone();
+        a.push(card.display().to_string());
+        if checkpoint {
+            a.push("--checkpoint".into());
+            a.push(v.candidate().display().to_string());
+        }
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        cardproof(&a)
+    };
+    let r = with_card(&signed_card, true);
+    assert_eq!(
+        r.code, 0,
+        "--card overrides the checkpoint's card: {}",
+        r.stdout
+    );
+    let r = with_card(&v.card(), false);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(r.stdout.contains("edited after signing"), "{}", r.stdout);
+
+    // A card without its fidelity block, and no card at all.
+    let (front, _) = original.split_once("fidelity:").unwrap();
+    let body = original.split("\n---").nth(1).unwrap();
+    std::fs::write(v.card(), format!("{front}---{body}")).unwrap();
+    let r = v.verify_report(&envelope, Some(&v.candidate()));
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("has no `fidelity` block, but the report signed one"),
+        "{}",
+        r.stdout
+    );
+    std::fs::remove_file(v.card()).unwrap();
+    let r = v.verify_report(&envelope, Some(&v.candidate()));
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(r.stdout.contains("there is no card"), "{}", r.stdout);
+    std::fs::write(v.card(), &original).unwrap();
+
+    // A report signed without the binding (as older versions wrote them) vouches for no card.
+    let mut legacy = report.clone();
+    legacy["card"]
+        .as_object_mut()
+        .unwrap()
+        .remove("fidelity_sha256");
+    let legacy_path = v.dir.path().join("legacy.json");
+    std::fs::write(&legacy_path, legacy.to_string()).unwrap();
+    let r = cardproof(&[
+        "sign",
+        legacy_path.to_str().unwrap(),
+        "--checkpoint",
+        v.candidate().to_str().unwrap(),
+        "--key",
+        v.key().to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = v.verify_report(&v.dir.path().join("legacy.dsse.json"), Some(&v.candidate()));
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(r.stdout.contains("does not bind the card"), "{}", r.stdout);
+}
+
+#[test]
+fn a_failed_or_killed_verify_leaves_the_previous_set_whole() {
+    let v = Verified::new("shakespeare-w8a16", &[]);
+    let r = v.verify();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let first = set_run_id(&v.out());
+    assert_eq!(
+        r.json()["run_id"],
+        first.as_str(),
+        "stdout is the set's report"
+    );
+    let before = files(&v.out());
+
+    // A verify that fails into the same --out (no reference): the set is untouched.
+    let r = cardproof(&[
+        "verify",
+        v.candidate().to_str().unwrap(),
+        "--eval-text",
+        v.text().to_str().unwrap(),
+        "--key",
+        v.key().to_str().unwrap(),
+        "--out",
+        v.out().to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert_eq!(files(&v.out()), before);
+
+    // A verify killed mid-run (SIGKILL: nothing of it runs after the signal) leaves the set
+    // untouched and only its hidden temporary directory beside it.
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("cardproof"))
+        .args([
+            "verify",
+            v.candidate().to_str().unwrap(),
+            "--reference",
+            model("shakespeare-bf16").to_str().unwrap(),
+            "--eval-text",
+            v.text().to_str().unwrap(),
+            "--key",
+            v.key().to_str().unwrap(),
+            "--out",
+            v.out().to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while beside(&v.out(), ".cardproof-tmp.").is_empty() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the run never made its temporary directory"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the run ended first");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(files(&v.out()), before, "the killed run touched the set");
+    assert_eq!(beside(&v.out(), ".cardproof-tmp.").len(), 1);
+    let ok = v.verify_report(&v.out().join("report.dsse.json"), Some(&v.candidate()));
+    assert_eq!(ok.code, 0, "{}", ok.stdout);
+
+    // The next run removes what the killed one left and replaces the set whole.
+    let r = v.verify();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let second = set_run_id(&v.out());
+    assert_ne!(second, first);
+    assert!(beside(&v.out(), ".cardproof-").is_empty());
+    assert!(beside(&v.out(), ".report.cardproof-lock").is_empty());
+    let names = |m: &std::collections::BTreeMap<PathBuf, Vec<u8>>| -> Vec<PathBuf> {
+        m.keys().cloned().collect()
+    };
+    assert_eq!(names(&files(&v.out())), names(&before));
+}
+
+#[test]
+fn verify_report_refuses_a_set_that_mixes_two_runs() {
+    let v = Verified::new("shakespeare-w8a16", &[]);
+    let r = v.verify();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let earlier = files(&v.out());
+    let r = v.verify();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let envelope = v.out().join("report.dsse.json");
+    assert_eq!(v.verify_report(&envelope, None).code, 0);
+    // Any file of the earlier run beside this run's envelope is caught, each by name
+    // (positions.safetensors is the same bytes in both: the same computation).
+    for name in [
+        "report.json",
+        "measurement.json",
+        "report.md",
+        "report.html",
+    ] {
+        let path = v.out().join(name);
+        let now = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &earlier[&path]).unwrap();
+        let r = v.verify_report(&envelope, None);
+        assert_eq!(r.code, 1, "{name}: {}", r.stdout);
+        assert!(
+            r.stdout.contains(&format!("set: {}", path.display())),
+            "{name}: {}",
+            r.stdout
+        );
+        std::fs::write(&path, now).unwrap();
+    }
+    // The earlier run's envelope beside this run's report.json.
+    std::fs::write(&envelope, &earlier[&envelope]).unwrap();
+    let r = v.verify_report(&envelope, None);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(r.stdout.contains("mixes two runs"), "{}", r.stdout);
+}

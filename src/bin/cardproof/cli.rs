@@ -185,9 +185,14 @@ pub struct VerifyReportArgs {
     /// The signer's public key (PEM).
     #[arg(long = "pub", value_name = "KEY")]
     pub public_key: PathBuf,
-    /// Also check every subject digest against this checkpoint's files.
+    /// Also check every subject digest against this checkpoint's files, and its card
+    /// (DIR/README.md) against the fidelity block the report signed.
     #[arg(long, value_name = "DIR")]
     pub checkpoint: Option<PathBuf>,
+    /// Compare this card (a Markdown file, or a directory holding README.md) with the fidelity
+    /// block the report signed, instead of the checkpoint's README.md.
+    #[arg(long, value_name = "FILE")]
+    pub card: Option<PathBuf>,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -218,9 +223,14 @@ pub struct VerifyArgs {
     /// use under the config directory).
     #[arg(long, value_name = "KEY")]
     pub key: Option<PathBuf>,
-    /// Where the report goes (default: ./cardproof-out/<name>/).
+    /// Where the report goes (default: ./cardproof-out/<name>/), written as one set that
+    /// replaces an earlier one whole.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Replace an --out that holds files other than a cardproof set (its contents are deleted).
+    /// Without it such an --out is refused; an earlier set is always replaced as a whole.
+    #[arg(long)]
+    pub force: bool,
     /// Worker threads (default: every core).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,
@@ -342,9 +352,13 @@ pub struct MeasureArgs {
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
     /// Where measurement.json and positions.safetensors go (default:
-    /// ./cardproof-out/<candidate name>/).
+    /// ./cardproof-out/<candidate name>/), written as one set that replaces an earlier one whole.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Replace an --out that holds files other than a cardproof set (its contents are deleted).
+    /// Without it such an --out is refused; an earlier set is always replaced as a whole.
+    #[arg(long)]
+    pub force: bool,
     /// Also write both models' logits at the scored rows (reference.logits.safetensors and
     /// candidate.logits.safetensors, readable by `cardproof kld`) into DIR.
     #[arg(long, value_name = "DIR")]

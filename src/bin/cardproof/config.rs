@@ -223,6 +223,8 @@ pub struct MeasureConfig {
     pub transformers: Option<cardproof::runner::transformers::TransformersOptions>,
     /// `--sweep`: the knob and its values.
     pub sweep: Option<(String, Vec<String>)>,
+    /// `--force`: replace an --out that is not a cardproof set.
+    pub force: bool,
 }
 
 impl MeasureConfig {
@@ -321,6 +323,7 @@ impl MeasureConfig {
             progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
             transformers,
             sweep,
+            force: args.force,
         })
     }
 }
@@ -407,28 +410,12 @@ pub fn transformers_options(
     })
 }
 
-/// Outputs never go into a checkpoint being measured (its digest would change).
+/// Outputs never go into a checkpoint being read, nor replace a directory holding one: the
+/// library's check on real paths ([`cardproof::outset::outside_checkpoints`]), as a usage error.
 fn outside_checkpoints(out: &std::path::Path, models: &[&PathBuf]) -> Result<(), String> {
-    let absolute = |p: &std::path::Path| {
-        p.canonicalize()
-            .or_else(|_| std::path::absolute(p))
-            .unwrap_or_else(|_| p.to_owned())
-    };
-    for model in models {
-        let dir = if model.is_file() {
-            model.parent().map(PathBuf::from).unwrap_or_default()
-        } else {
-            (*model).clone()
-        };
-        if absolute(out).starts_with(absolute(&dir)) {
-            return Err(format!(
-                "--out {} is inside the checkpoint {}; write the outputs elsewhere",
-                out.display(),
-                model.display()
-            ));
-        }
-    }
-    Ok(())
+    let models: Vec<&std::path::Path> = models.iter().map(|m| m.as_path()).collect();
+    cardproof::outset::outside_checkpoints(out, &models)
+        .map_err(|e| format!("--out {}: {}", out.display(), e.message()))
 }
 
 /// Default output directory: ./cardproof-out/<name of the path>/.
@@ -451,6 +438,8 @@ pub struct VerifyConfig {
     pub noise_floor: bool,
     pub key: Option<PathBuf>,
     pub out: PathBuf,
+    /// `--force`: replace an --out that is not a cardproof set.
+    pub force: bool,
     pub threads: usize,
     pub output: Output,
     pub progress: bool,
@@ -491,6 +480,7 @@ impl VerifyConfig {
             noise_floor: args.noise_floor,
             key: args.key,
             out,
+            force: args.force,
             output: Output::from_args(&args.output),
             progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         })

@@ -256,16 +256,25 @@ fn kld(config: &KldConfig) -> io::Result<u8> {
 
 fn measure(config: &MeasureConfig) -> io::Result<u8> {
     let printer = Printer::new(config.output);
-    if is_hub(&config.candidate) || config.reference.as_deref().is_some_and(is_hub) {
-        let mut c = config.clone();
-        return match localize(&printer, &mut c.candidate, c.reference.as_mut()) {
-            Ok(()) => measure(&c),
-            Err(e) => {
-                printer.error(&e)?;
-                Ok(EXIT_BAD_INPUT)
-            }
-        };
-    }
+    // The output set first: an --out that cannot be written fails before any download or work.
+    let mut config = config.clone();
+    let set = open_set(
+        &printer,
+        &config.out,
+        cardproof::outset::Kind::Measure,
+        config.force,
+        &mut config.candidate,
+        config.reference.as_mut(),
+    );
+    let set = match set {
+        Ok(set) => set,
+        Err(e) => {
+            printer.error(&e)?;
+            return Ok(EXIT_BAD_INPUT);
+        }
+    };
+    let config = &config;
+    let out = set.dir().to_owned();
     let pool = match rayon::ThreadPoolBuilder::new()
         .num_threads(config.threads)
         .build()
@@ -311,7 +320,8 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
                     knob,
                     values,
                     threads: config.threads,
-                    out: &config.out,
+                    out: &out,
+                    run_id: Some(set.run_id()),
                 },
                 &stage,
                 &progress,
@@ -327,7 +337,7 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
                     options: &config.options,
                     runner: config.transformers.as_ref().expect("checked"),
                     threads: config.threads,
-                    out: &config.out,
+                    out: &out,
                     candidate_manifest: None,
                 },
                 &stage,
@@ -343,7 +353,7 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
                 compute: config.compute,
                 emulate: config.emulate,
                 threads: config.threads,
-                out: &config.out,
+                out: &out,
                 candidate_manifest: None,
             };
             if cardproof::measure::source::is_llamacpp_base(artifact) {
@@ -362,7 +372,7 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
                 compute: config.compute,
                 emulate: config.emulate,
                 threads: config.threads,
-                out: &config.out,
+                out: &out,
                 candidate_manifest: None,
             },
             &stage,
@@ -372,19 +382,21 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
+    // The measurement gets the run id and the Hub pins, then the set moves into place whole.
+    let result = result.and_then(|document| {
+        let document = if config.sweep.is_some() {
+            document
+        } else {
+            set.write_json("measurement.json", &with_hub_pins(document))?
+        };
+        set.commit().map(|_| document)
+    });
     match result {
         Ok(document) if config.sweep.is_some() => {
             printer.sweep(&document, &config.out)?;
             Ok(0)
         }
         Ok(document) => {
-            let document = match record_hub_pins(document, &config.out) {
-                Ok(d) => d,
-                Err(e) => {
-                    printer.error(&e)?;
-                    return Ok(EXIT_BAD_INPUT);
-                }
-            };
             printer.model_measurement(&document, &config.out)?;
             Ok(0)
         }
@@ -397,16 +409,24 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
 
 fn verify(config: &VerifyConfig) -> io::Result<u8> {
     let printer = Printer::new(config.output);
-    if is_hub(&config.path) || config.reference.as_deref().is_some_and(is_hub) {
-        let mut c = config.clone();
-        return match localize(&printer, &mut c.path, c.reference.as_mut()) {
-            Ok(()) => verify(&c),
-            Err(e) => {
-                printer.error(&e)?;
-                Ok(EXIT_BAD_INPUT)
-            }
-        };
-    }
+    // The output set first: an --out that cannot be written fails before any download or work.
+    let mut config = config.clone();
+    let set = open_set(
+        &printer,
+        &config.out,
+        cardproof::outset::Kind::Verify,
+        config.force,
+        &mut config.path,
+        config.reference.as_mut(),
+    );
+    let set = match set {
+        Ok(set) => set,
+        Err(e) => {
+            printer.error(&e)?;
+            return Ok(EXIT_BAD_INPUT);
+        }
+    };
+    let config = &config;
     let key = match signing_key(&printer, config.key.as_deref()) {
         Ok(key) => key,
         Err(e) => {
@@ -458,7 +478,7 @@ fn verify(config: &VerifyConfig) -> io::Result<u8> {
             // Signed with the rest: which Hub commit the verified files came from.
             outcome.report["hub_sources"] = serde_json::Value::Array(pins);
         }
-        let written = cardproof::verify::write::write_outputs(&config.out, &outcome, &key)?;
+        let written = cardproof::verify::write::write_outputs(set, &mut outcome, &key)?;
         Ok::<_, cardproof::Error>((outcome, written))
     });
     if let Some(bar) = &bar {
@@ -560,25 +580,36 @@ fn verify_report(args: &cli::VerifyReportArgs) -> io::Result<u8> {
         let outcome = cardproof::attest::verify_envelope(&args.envelope, &key)?;
         let mut mismatches = Vec::new();
         let mut statement = serde_json::Value::Null;
+        let mut card = None;
         match outcome {
             Outcome::Verified(v) => {
                 if let Some(dir) = &args.checkpoint {
                     mismatches.extend(cardproof::attest::check_subjects(&v.statement, dir)?);
                 }
+                if let Some((path, m)) = cardproof::attest::check_card(
+                    &v.statement,
+                    args.card.as_deref(),
+                    args.checkpoint.as_deref(),
+                )? {
+                    mismatches.extend(m);
+                    card = Some(path);
+                }
+                mismatches.extend(cardproof::outset::check_set(&args.envelope, &v.statement)?);
                 statement = v.statement;
             }
             Outcome::Failed(m) => mismatches.extend(m),
         }
-        Ok::<_, cardproof::Error>((cardproof::attest::keyid(&key), statement, mismatches))
+        Ok::<_, cardproof::Error>((cardproof::attest::keyid(&key), statement, mismatches, card))
     })();
     match result {
-        Ok((keyid, statement, mismatches)) => {
+        Ok((keyid, statement, mismatches, card)) => {
             printer.report_check(
                 &args.envelope,
                 &keyid,
                 &statement,
                 &mismatches,
                 args.checkpoint.as_deref(),
+                card.as_deref(),
             )?;
             Ok(if mismatches.is_empty() {
                 0
@@ -838,17 +869,11 @@ fn hub_pins_json() -> Vec<serde_json::Value> {
 }
 
 /// Record the pinned commits of Hub models in a measurement: beside each model's identity
-/// (`hub`) and as `repo`/`revision` of the ready `fidelity:` block; rewrites measurement.json.
-fn record_hub_pins(
-    mut document: serde_json::Value,
-    out: &std::path::Path,
-) -> cardproof::Result<serde_json::Value> {
+/// (`hub`) and as `repo`/`revision` of the ready `fidelity:` block.
+fn with_hub_pins(mut document: serde_json::Value) -> serde_json::Value {
     let Ok(pins) = HUB_PINS.lock() else {
-        return Ok(document);
+        return document;
     };
-    if pins.is_empty() {
-        return Ok(document);
-    }
     for pin in pins.iter() {
         let pinned = serde_json::json!({
             "repo": pin.source.repo,
@@ -863,11 +888,41 @@ fn record_hub_pins(
             document["fidelity"][pin.role]["revision"] = pin.commit.clone().into();
         }
     }
-    let path = out.join("measurement.json");
-    let text = serde_json::to_string_pretty(&document)
-        .map_err(|e| cardproof::Error::malformed(&path, None, format!("cannot encode: {e}")))?;
-    cardproof::measurement::write_atomically(&path, format!("{text}\n").as_bytes())?;
-    Ok(document)
+    document
+}
+
+/// Open the output set of a run before any work ([`cardproof::outset`]: the policy for what
+/// `out` holds, the lock, the temporary directory), then replace `hf:` sources by their verified
+/// snapshots and check `out` against those too.
+fn open_set(
+    printer: &Printer,
+    out: &std::path::Path,
+    kind: cardproof::outset::Kind,
+    force: bool,
+    candidate: &mut std::path::PathBuf,
+    mut reference: Option<&mut std::path::PathBuf>,
+) -> cardproof::Result<cardproof::outset::OutputSet> {
+    let models =
+        |c: &std::path::PathBuf, r: Option<&std::path::PathBuf>| -> Vec<std::path::PathBuf> {
+            std::iter::once(c.clone()).chain(r.cloned()).collect()
+        };
+    let given = models(candidate, reference.as_deref());
+    let given: Vec<&std::path::Path> = given.iter().map(|p| p.as_path()).collect();
+    let set = cardproof::outset::OutputSet::create(
+        out,
+        &cardproof::outset::SetOptions {
+            kind,
+            force,
+            models: &given,
+        },
+    )?;
+    if is_hub(candidate) || reference.as_deref().is_some_and(|r| is_hub(r)) {
+        localize(printer, candidate, reference.as_deref_mut())?;
+        let local = models(candidate, reference.as_deref());
+        let local: Vec<&std::path::Path> = local.iter().map(|p| p.as_path()).collect();
+        cardproof::outset::outside_checkpoints(out, &local)?;
+    }
+    Ok(set)
 }
 
 /// A path for the local code: a Hub source becomes its verified snapshot folder (all files),

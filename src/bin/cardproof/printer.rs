@@ -911,6 +911,7 @@ impl Printer {
         statement: &serde_json::Value,
         mismatches: &[cardproof::attest::Mismatch],
         checkpoint: Option<&std::path::Path>,
+        card: Option<&std::path::Path>,
     ) -> io::Result<()> {
         if self.output.format == Format::Json {
             return write_versioned(&serde_json::json!({
@@ -918,6 +919,8 @@ impl Printer {
                 "keyid": keyid,
                 "verified": mismatches.is_empty(),
                 "subjects_checked": checkpoint.map(|c| c.display().to_string()),
+                "card_checked": card.map(|c| c.display().to_string()),
+                "run_id": statement["predicate"]["run_id"],
                 "mismatches": mismatches,
                 "predicate_type": statement["predicateType"],
                 "verdict": statement["predicate"]["verdict"],
@@ -935,7 +938,16 @@ impl Printer {
                     c.display()
                 ));
             }
+            if let Some(c) = card {
+                out.push_str(&format!(
+                    "; the fidelity block of {} is the one it signed",
+                    c.display()
+                ));
+            }
             out.push('\n');
+            if let Some(id) = statement["predicate"]["run_id"].as_str() {
+                out.push_str(&format!("run id: {id}\n"));
+            }
             if let Some(v) = statement["predicate"]["verdict"].as_str() {
                 out.push_str(&format!("report verdict: {v}\n"));
             }
@@ -1099,7 +1111,7 @@ impl Printer {
                 r.subjects,
                 r.keyids.join(", "),
                 if r.mismatches.is_empty() {
-                    "subjects match the Hub's digests".to_owned()
+                    "subjects match the Hub's digests and the card is the one it signed".to_owned()
                 } else {
                     format!("{} mismatch(es)", r.mismatches.len())
                 }

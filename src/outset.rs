@@ -1,0 +1,861 @@
+//! Output sets: every file one `verify` or `measure` run writes into `--out`, as one unit.
+//!
+//! A set is written whole into a fresh temporary directory beside `--out` (same parent, so the
+//! same filesystem), named `.cardproof-tmp.<run id>.<name of --out>`, and moved into place by
+//! renaming that directory: a reader sees the previous set or the new one, never a mix, and a run
+//! that fails or is killed (SIGINT and SIGTERM are not caught: a killed process runs no cleanup)
+//! leaves at most that hidden temporary directory, which the next run into the same `--out`
+//! removes. The policy for what `--out` already holds:
+//!
+//! * nothing, or an empty directory: the set is renamed into place;
+//! * an earlier cardproof set (every entry a file name a cardproof run writes, the older
+//!   versions' `*.partial` temporaries included, or a directory of such files: a sweep's pairs):
+//!   replaced as a unit: the old set is renamed aside (`.cardproof-old.<run id>.<name>`), the new
+//!   one renamed in, the old one removed. For the instant between the two renames `--out` is
+//!   absent, never mixed;
+//! * anything else (another file, a symbolic link inside it): refused before any work, unless
+//!   `force`, which replaces the whole directory the same way (its old contents are deleted);
+//! * a file, the working directory (or a directory holding it), the root, a checkpoint being
+//!   measured or a directory holding one: always refused.
+//!
+//! `--out` is resolved to its real path first (symbolic links and `..` of the nearest existing
+//! ancestor, the rest appended), so no spelling of a path reaches into a checkpoint
+//! ([`outside_checkpoints`]). An exclusive lock (`.<name>.cardproof-lock` in the parent, taken
+//! with `try_lock` before any work and removed when the run ends) keeps two runs from writing one
+//! `--out`: the second fails at once. Creating the lock, the temporary directory and its marker
+//! up front is also the writability check: a read-only or missing parent fails before the rerun.
+//!
+//! Every file of a set carries the same run id (a random UUID v4): `run_id` in report.json and so
+//! in the signed statement, in measurement.json and sweep.json; report.md and report.html show it.
+//! The marker `.cardproof-set.json` lists the run id and every file's size and SHA-256;
+//! [`check_set`] (`verify-report`) refuses an envelope whose neighbours belong to another run.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::{self, File, OpenOptions};
+use std::path::{Component, Path, PathBuf};
+
+use serde_json::{Map, Value, json};
+
+use crate::attest::Mismatch;
+use crate::attest::verify::what;
+use crate::error::{Error, Result};
+
+/// The set's marker: run id, kind and every file's digest.
+pub const MARKER: &str = ".cardproof-set.json";
+/// Prefix of a run's temporary directory (beside `--out`).
+pub const TMP_PREFIX: &str = ".cardproof-tmp.";
+/// Prefix of the previous set while it is being replaced.
+pub const OLD_PREFIX: &str = ".cardproof-old.";
+const LOCK_SUFFIX: &str = ".cardproof-lock";
+/// The files a cardproof run (or `sign`) writes into a set.
+pub const SET_FILES: &[&str] = &[
+    "report.json",
+    "report.dsse.json",
+    "report.md",
+    "report.html",
+    "measurement.json",
+    "measurement.dsse.json",
+    "positions.safetensors",
+    "sweep.json",
+    MARKER,
+];
+/// Documents read beside an envelope are refused above this (as envelopes are).
+const MAX_DOCUMENT: u64 = 64 * 1024 * 1024;
+/// A run id: 8-4-4-4-12 hex digits.
+const RUN_ID_LEN: usize = 36;
+
+/// What a set holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `verify`: the report, its envelope and renderings, the measurement.
+    Verify,
+    /// `measure`: measurement.json and positions.safetensors, or a sweep.
+    Measure,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Verify => "verify",
+            Kind::Measure => "measure",
+        }
+    }
+}
+
+/// How to open a set.
+pub struct SetOptions<'a> {
+    pub kind: Kind,
+    /// Replace an `--out` that holds other files than a cardproof set.
+    pub force: bool,
+    /// The checkpoints the run reads: `--out` must be neither inside one nor hold one.
+    pub models: &'a [&'a Path],
+}
+
+/// An open set: its temporary directory, the lock on `--out` and the run id. Dropped without
+/// [`OutputSet::commit`], it removes its temporary directory and `--out` is untouched.
+pub struct OutputSet {
+    /// `--out` as given, for messages and the paths printed.
+    out: PathBuf,
+    /// Its real path.
+    target: PathBuf,
+    parent: PathBuf,
+    name: OsString,
+    dir: tempfile::TempDir,
+    lock: Lock,
+    run_id: String,
+    kind: Kind,
+    force: bool,
+}
+
+impl OutputSet {
+    /// Check `--out` against the policy, take its lock, remove what killed runs left, and create
+    /// the temporary directory with its marker. Any failure here is before any work.
+    pub fn create(out: &Path, options: &SetOptions) -> Result<OutputSet> {
+        let target = real_path(out)?;
+        outside_checkpoints(out, options.models)?;
+        let (Some(parent), Some(name)) = (target.parent(), target.file_name()) else {
+            return Err(Error::malformed(
+                out,
+                None,
+                "is the root directory; --out names a directory cardproof creates or replaces",
+            ));
+        };
+        if let Ok(cwd) = std::env::current_dir().and_then(|d| d.canonicalize())
+            && cwd.starts_with(&target)
+        {
+            return Err(Error::malformed(
+                out,
+                None,
+                "is the working directory or holds it; --out names a directory cardproof \
+                 creates or replaces as a whole",
+            ));
+        }
+        let (parent, name) = (parent.to_owned(), name.to_owned());
+        fs::create_dir_all(&parent).map_err(|e| {
+            // `mkdir` says "File exists" for a file in the way; say which one.
+            match parent.ancestors().find(|a| fs::symlink_metadata(a).is_ok()) {
+                Some(a) if !a.is_dir() => Error::write(
+                    out,
+                    std::io::Error::other(format!("{} is a file, not a directory", a.display())),
+                ),
+                _ => Error::write(out, e),
+            }
+        })?;
+        let lock = Lock::acquire(&parent.join(dotted(&name, LOCK_SUFFIX)), out)?;
+        existing(&target, out, options.force)?;
+        remove_stale(&parent, &name);
+        let run_id = new_run_id(out)?;
+        let mut builder = tempfile::Builder::new();
+        let prefix = set_dir_name(TMP_PREFIX, &run_id, &name);
+        builder.prefix(&prefix).rand_bytes(0);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            builder.permissions(fs::Permissions::from_mode(0o777));
+        }
+        let dir = builder
+            .tempdir_in(&parent)
+            .map_err(|e| Error::write(out, e))?;
+        let set = OutputSet {
+            out: out.to_owned(),
+            target,
+            parent,
+            name,
+            dir,
+            lock,
+            run_id,
+            kind: options.kind,
+            force: options.force,
+        };
+        // The marker, marked incomplete: it also proves the directory takes a write.
+        set.write_marker(&json!({
+            "schema_version": crate::JSON_SCHEMA_VERSION,
+            "kind": set.kind.as_str(),
+            "run_id": set.run_id,
+            "complete": false,
+        }))?;
+        Ok(set)
+    }
+
+    /// The temporary directory: every file of the set is written here.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `--out` as given.
+    pub fn out(&self) -> &Path {
+        &self.out
+    }
+
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// Write `rel` into the set.
+    pub fn write(&self, rel: &str, bytes: &[u8]) -> Result<()> {
+        let path = self.dir().join(rel);
+        if let Some(d) = path.parent() {
+            fs::create_dir_all(d).map_err(|e| Error::write(&self.out.join(rel), e))?;
+        }
+        fs::write(&path, bytes).map_err(|e| Error::write(&self.out.join(rel), e))
+    }
+
+    /// Write `document` (with this run's id, see [`with_run_id`]) as pretty JSON to `rel`;
+    /// returns what was written.
+    pub fn write_json(&self, rel: &str, document: &Value) -> Result<Value> {
+        let document = with_run_id(document, &self.run_id);
+        let mut text = serde_json::to_vec_pretty(&document).map_err(|e| {
+            Error::malformed(&self.out.join(rel), None, format!("cannot encode: {e}"))
+        })?;
+        text.push(b'\n');
+        self.write(rel, &text)?;
+        Ok(document)
+    }
+
+    fn write_marker(&self, marker: &Value) -> Result<()> {
+        let text = serde_json::to_vec_pretty(marker).unwrap_or_default();
+        self.write(MARKER, &text)
+    }
+
+    /// Seal the set (the marker lists every file with its SHA-256), flush it to disk and move it
+    /// into place as one unit. Returns the files, as paths under `--out`.
+    pub fn commit(self) -> Result<Vec<PathBuf>> {
+        let files = list_files(self.dir()).map_err(|e| Error::write(&self.out, e))?;
+        let mut listed = Vec::new();
+        for rel in &files {
+            let path = self.dir().join(rel);
+            let file = File::open(&path).map_err(|e| Error::write(&self.out.join(rel), e))?;
+            file.sync_all()
+                .map_err(|e| Error::write(&self.out.join(rel), e))?;
+            let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+            listed.push(json!({
+                "path": rel,
+                "size": size,
+                "sha256": crate::checkpoint::hash::hash_file(&path)?,
+            }));
+        }
+        self.write_marker(&json!({
+            "schema_version": crate::JSON_SCHEMA_VERSION,
+            "kind": self.kind.as_str(),
+            "run_id": self.run_id,
+            "complete": true,
+            "files": listed,
+        }))?;
+        let replace = existing(&self.target, &self.out, self.force)?;
+        let OutputSet {
+            out,
+            target,
+            parent,
+            name,
+            dir,
+            lock,
+            run_id,
+            ..
+        } = self;
+        let tmp = dir.keep();
+        let fail = |e: std::io::Error| {
+            let _ = fs::remove_dir_all(&tmp);
+            Error::write(&out, e)
+        };
+        if replace {
+            let old = parent.join(set_dir_name(OLD_PREFIX, &run_id, &name));
+            fs::rename(&target, &old).map_err(fail)?;
+            if let Err(e) = fs::rename(&tmp, &target) {
+                let _ = fs::rename(&old, &target);
+                return Err(fail(e));
+            }
+            // What cannot be removed now is removed by the next run.
+            let _ = fs::remove_dir_all(&old);
+        } else {
+            fs::rename(&tmp, &target).map_err(fail)?;
+        }
+        if let Ok(d) = File::open(&parent) {
+            let _ = d.sync_all();
+        }
+        drop(lock);
+        Ok(files.iter().map(|f| out.join(f)).collect())
+    }
+}
+
+/// `document` with `"run_id"` placed after `schema_version` (first, without one), replacing any
+/// run id it had. Anything but an object is returned as it is.
+pub fn with_run_id(document: &Value, run_id: &str) -> Value {
+    let Some(object) = document.as_object() else {
+        return document.clone();
+    };
+    let mut out = Map::new();
+    if !object.contains_key("schema_version") {
+        out.insert("run_id".into(), run_id.into());
+    }
+    for (k, v) in object {
+        if k == "run_id" {
+            continue;
+        }
+        out.insert(k.clone(), v.clone());
+        if k == "schema_version" {
+            out.insert("run_id".into(), run_id.into());
+        }
+    }
+    Value::Object(out)
+}
+
+/// A fresh run id: a random UUID v4 from the operating system's generator.
+pub fn new_run_id(out: &Path) -> Result<String> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).map_err(|e| {
+        Error::new(
+            out,
+            crate::ErrorKind::Io(std::io::Error::other(format!(
+                "the system random number generator failed: {e}"
+            ))),
+        )
+    })?;
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h = crate::checkpoint::hash::hex(&b);
+    Ok(format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    ))
+}
+
+/// `path` as it will be reached once created: walked from the root, each component that exists
+/// resolved by the filesystem (symbolic links, and `..` after them), each that does not yet exist
+/// kept as written, with `.` dropped and `..` taking back the last of those (they will be plain
+/// directories, never links). So `LINK/sub`, `x/../LINK/sub` and `new/../../LINK` all end where
+/// the filesystem will put them.
+pub fn real_path(path: &Path) -> Result<PathBuf> {
+    let absolute = std::path::absolute(path).map_err(|e| Error::io(path, e))?;
+    let mut real = PathBuf::new();
+    let mut pending: Vec<&OsStr> = Vec::new();
+    for part in absolute.components() {
+        match part {
+            Component::Prefix(_) | Component::RootDir => real.push(part),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if pending.pop().is_none() {
+                    real.pop();
+                }
+            }
+            Component::Normal(name) if pending.is_empty() => {
+                let next = real.join(name);
+                if fs::symlink_metadata(&next).is_ok() {
+                    real = next.canonicalize().map_err(|e| {
+                        Error::malformed(
+                            path,
+                            None,
+                            format!(
+                                "{} exists but cannot be resolved ({e}): a dangling symbolic link?",
+                                next.display()
+                            ),
+                        )
+                    })?;
+                } else {
+                    pending.push(name);
+                }
+            }
+            Component::Normal(name) => pending.push(name),
+        }
+    }
+    real.extend(pending);
+    Ok(real)
+}
+
+/// Outputs never go into a checkpoint being read (its digest would change), and never into a
+/// directory holding one (replacing the set would delete it). Both sides are compared as real
+/// paths ([`real_path`]), so `LINK/sub` with LINK a link to the checkpoint, or `x/../cand`, are
+/// caught. A model that is not on disk (an `hf:` source before its download) is skipped; check
+/// again with the downloaded snapshot.
+pub fn outside_checkpoints(out: &Path, models: &[&Path]) -> Result<()> {
+    let target = real_path(out)?;
+    for model in models {
+        let dir = if model.is_file() {
+            model.parent().unwrap_or(Path::new("."))
+        } else {
+            model
+        };
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        let Ok(real) = dir.canonicalize() else {
+            continue;
+        };
+        if target.starts_with(&real) {
+            return Err(Error::malformed(
+                out,
+                None,
+                format!(
+                    "is inside the checkpoint {} (it resolves to {}); write the outputs elsewhere",
+                    model.display(),
+                    target.display()
+                ),
+            ));
+        }
+        if real.starts_with(&target) {
+            return Err(Error::malformed(
+                out,
+                None,
+                format!(
+                    "holds the checkpoint {}; write the outputs elsewhere",
+                    model.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `target` holds something to replace (`true`), nothing (`false`), or must not be
+/// touched (an error naming what is there).
+fn existing(target: &Path, out: &Path, force: bool) -> Result<bool> {
+    match fs::symlink_metadata(target) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::write(out, e)),
+        Ok(m) if m.is_dir() => match foreign_entry(target, 0).map_err(|e| Error::io(out, e))? {
+            Some(name) if !force => Err(Error::malformed(
+                out,
+                None,
+                format!(
+                    "holds `{name}`, which is not a file of a cardproof report set; choose another \
+                     --out, or pass --force to replace the whole directory (its contents are \
+                     deleted)"
+                ),
+            )),
+            _ => Ok(true),
+        },
+        Ok(_) => Err(Error::malformed(
+            out,
+            None,
+            "is a file, not a directory: --out names the directory the outputs go into",
+        )),
+    }
+}
+
+/// The first entry of `dir` that a cardproof set does not hold.
+fn foreign_entry(dir: &Path, depth: usize) -> std::io::Result<Option<String>> {
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let text = name.to_string_lossy();
+        let kind = entry.file_type()?;
+        let ours = if kind.is_file() {
+            SET_FILES.contains(&text.as_ref()) || text.ends_with(".partial")
+        } else {
+            kind.is_dir() && depth == 0 && foreign_entry(&entry.path(), 1)?.is_none()
+        };
+        if !ours {
+            return Ok(Some(text.into_owned()));
+        }
+    }
+    Ok(None)
+}
+
+/// Remove the temporary and replaced sets of killed runs into this `--out` (the lock is held,
+/// so none of them is in use).
+fn remove_stale(parent: &Path, name: &OsStr) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let bytes = file_name.as_encoded_bytes();
+        for prefix in [TMP_PREFIX, OLD_PREFIX] {
+            let Some(rest) = bytes.strip_prefix(prefix.as_bytes()) else {
+                continue;
+            };
+            let is_ours = rest.len() > RUN_ID_LEN + 1
+                && rest[..RUN_ID_LEN]
+                    .iter()
+                    .all(|b| b.is_ascii_hexdigit() || *b == b'-')
+                && rest[RUN_ID_LEN] == b'.'
+                && &rest[RUN_ID_LEN + 1..] == name.as_encoded_bytes();
+            if is_ours {
+                let _ = fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+}
+
+fn set_dir_name(prefix: &str, run_id: &str, name: &OsStr) -> OsString {
+    let mut s = OsString::from(prefix);
+    s.push(run_id);
+    s.push(".");
+    s.push(name);
+    s
+}
+
+fn dotted(name: &OsStr, suffix: &str) -> OsString {
+    let mut s = OsString::from(".");
+    s.push(name);
+    s.push(suffix);
+    s
+}
+
+/// Files under `dir`, relative, with forward slashes, sorted; the marker left out.
+fn list_files(dir: &Path) -> std::io::Result<Vec<String>> {
+    fn go(dir: &Path, prefix: &str, out: &mut Vec<String>) -> std::io::Result<()> {
+        for entry in fs::read_dir(dir)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let rel = format!("{prefix}{name}");
+            if entry.file_type()?.is_dir() {
+                go(&entry.path(), &format!("{rel}/"), out)?;
+            } else if rel != MARKER {
+                out.push(rel);
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    go(dir, "", &mut out)?;
+    out.sort();
+    Ok(out)
+}
+
+/// The exclusive lock on one `--out`: a lock file beside it, held for the run.
+struct Lock {
+    #[allow(dead_code)]
+    file: File,
+    path: PathBuf,
+}
+
+impl Lock {
+    fn acquire(path: &Path, out: &Path) -> Result<Lock> {
+        // A run that ends removes its lock file; one that opened it just before must lock the
+        // file that is at the path now, not the removed one.
+        for _ in 0..16 {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+                .map_err(|e| Error::write(out, e))?;
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(fs::TryLockError::WouldBlock) => {
+                    return Err(Error::malformed(
+                        out,
+                        None,
+                        format!(
+                            "another cardproof run is writing this --out (it holds the lock {}); \
+                             wait for it to finish or choose another --out",
+                            path.display()
+                        ),
+                    ));
+                }
+                Err(fs::TryLockError::Error(e)) => return Err(Error::write(out, e)),
+            }
+            if same_file(&file, path) {
+                return Ok(Lock {
+                    file,
+                    path: path.to_owned(),
+                });
+            }
+        }
+        Err(Error::malformed(
+            out,
+            None,
+            format!("cannot take the lock {}: it keeps changing", path.display()),
+        ))
+    }
+}
+
+#[cfg(unix)]
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+#[cfg(not(unix))]
+fn same_file(_: &File, _: &Path) -> bool {
+    true
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        // Removed while still held (the file closes after this), so the next run's check above
+        // sees either this file, locked, or none.
+        #[cfg(unix)]
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// Check that the files beside an envelope belong to the run that signed it: `report.json` (when
+/// the envelope is a verification report) must be the signed predicate, `measurement.json` must
+/// carry its run id (be the signed document, for a signed measurement), and the set's marker, when
+/// there, must name the same run, list every set file there, and every file it lists must still
+/// have its digest. Nothing beside the envelope, nothing to check. Mismatches are
+/// [`what::SET`]; an unreadable file is an error.
+pub fn check_set(envelope: &Path, statement: &Value) -> Result<Vec<Mismatch>> {
+    let dir = match envelope.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let predicate = &statement["predicate"];
+    let run_id = predicate.get("run_id").and_then(Value::as_str);
+    let run = |id: Option<&str>| id.map_or_else(|| "no run id".to_owned(), |i| format!("run {i}"));
+    let predicate_type = statement["predicateType"].as_str().unwrap_or_default();
+    let mut mismatches = Vec::new();
+    let mut set = |detail: String| mismatches.push(Mismatch::new(what::SET, detail));
+
+    let report = dir.join("report.json");
+    if predicate_type == crate::attest::PREDICATE_TYPE
+        && let Some(doc) = read_document(&report, &mut set)?
+        && doc != *predicate
+    {
+        let theirs = doc.get("run_id").and_then(Value::as_str);
+        set(if theirs == run_id {
+            format!(
+                "{} is not the signed report: it was changed after signing",
+                report.display()
+            )
+        } else {
+            format!(
+                "{} is from {}, the envelope from {}: the set mixes two runs",
+                report.display(),
+                run(theirs),
+                run(run_id)
+            )
+        });
+    }
+    let measurement = dir.join("measurement.json");
+    if let Some(doc) = read_document(&measurement, &mut set)? {
+        let theirs = doc.get("run_id").and_then(Value::as_str);
+        if theirs != run_id {
+            set(format!(
+                "{} is from {}, the envelope from {}: the set mixes two runs",
+                measurement.display(),
+                run(theirs),
+                run(run_id)
+            ));
+        } else if predicate_type == crate::attest::MEASUREMENT_PREDICATE_TYPE && doc != *predicate {
+            set(format!(
+                "{} is not the signed measurement: it was changed after signing",
+                measurement.display()
+            ));
+        }
+    }
+    let marker_path = dir.join(MARKER);
+    if let Some(marker) = read_document(&marker_path, &mut set)? {
+        let theirs = marker.get("run_id").and_then(Value::as_str);
+        if theirs != run_id {
+            set(format!(
+                "the set's marker {} names {}, the envelope {}: the set mixes two runs",
+                marker_path.display(),
+                run(theirs),
+                run(run_id)
+            ));
+        }
+        if marker["complete"] != true {
+            set(format!(
+                "the set's marker {} says the run never completed",
+                marker_path.display()
+            ));
+        }
+        let files = marker["files"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let mut names = std::collections::BTreeSet::new();
+        for f in files {
+            let (Some(rel), Some(sha)) = (f["path"].as_str(), f["sha256"].as_str()) else {
+                set(format!(
+                    "the set's marker {} lists a file without a path or digest",
+                    marker_path.display()
+                ));
+                continue;
+            };
+            let plain = Path::new(rel)
+                .components()
+                .all(|c| matches!(c, Component::Normal(_)));
+            if !plain {
+                set(format!(
+                    "the set's marker {} lists `{rel}`, which is not a path inside the set",
+                    marker_path.display()
+                ));
+                continue;
+            }
+            names.insert(rel);
+            let path = dir.join(rel);
+            match fs::symlink_metadata(&path) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    set(format!("{} of {} is missing", path.display(), run(theirs)))
+                }
+                Err(e) => return Err(Error::io(&path, e)),
+                Ok(m) if !m.is_file() => set(format!("{} is not a file", path.display())),
+                Ok(_) => {
+                    let actual = crate::checkpoint::hash::hash_file(&path)?;
+                    if !actual.eq_ignore_ascii_case(sha) {
+                        set(format!(
+                            "{} changed after {} wrote it (sha256 {sha} listed, {actual} now): \
+                             edited, or another run's",
+                            path.display(),
+                            run(theirs)
+                        ));
+                    }
+                }
+            }
+        }
+        // Envelopes `sign` added later are not the run's; the run's own envelope is.
+        let run_files = SET_FILES
+            .iter()
+            .filter(|n| **n == "report.dsse.json" || (**n != MARKER && !n.ends_with(".dsse.json")));
+        for name in run_files {
+            if !names.contains(name) && dir.join(name).exists() {
+                set(format!(
+                    "{} is not a file of {}: the set mixes two runs",
+                    dir.join(name).display(),
+                    run(theirs)
+                ));
+            }
+        }
+    }
+    Ok(mismatches)
+}
+
+/// A JSON document beside the envelope: `None` when absent; one that is not JSON or too large is
+/// a set mismatch (reported through `set`) and `None`.
+fn read_document(path: &Path, set: &mut impl FnMut(String)) -> Result<Option<Value>> {
+    let meta = match fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(path, e)),
+        Ok(m) => m,
+    };
+    if meta.len() > MAX_DOCUMENT {
+        set(format!(
+            "{} is {} bytes, over the {MAX_DOCUMENT}-byte limit",
+            path.display(),
+            meta.len()
+        ));
+        return Ok(None);
+    }
+    let bytes = fs::read(path).map_err(|e| Error::io(path, e))?;
+    match serde_json::from_slice(&bytes) {
+        Ok(v) => Ok(Some(v)),
+        Err(e) => {
+            set(format!("{} is not JSON: {e}", path.display()));
+            Ok(None)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_are_uuid_v4_and_differ() {
+        let a = new_run_id(Path::new("x")).unwrap();
+        let b = new_run_id(Path::new("x")).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a.len(), RUN_ID_LEN);
+        assert_eq!(&a[14..15], "4");
+        assert!("89ab".contains(&a[19..20]), "{a}");
+    }
+
+    #[test]
+    fn with_run_id_puts_it_after_schema_version() {
+        let doc = json!({"schema_version": 1, "run_id": "old", "a": 1});
+        let v = with_run_id(&doc, "new");
+        let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["schema_version", "run_id", "a"]);
+        assert_eq!(v["run_id"], "new");
+    }
+
+    #[test]
+    fn real_path_resolves_links_and_dot_dot_of_what_does_not_exist() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::create_dir(root.join("cand")).unwrap();
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(root.join("cand"), root.join("link")).unwrap();
+            assert_eq!(
+                real_path(&root.join("link/sub/deeper")).unwrap(),
+                root.join("cand/sub/deeper")
+            );
+        }
+        assert_eq!(
+            real_path(&root.join("x/../cand/./out")).unwrap(),
+            root.join("cand/out")
+        );
+        #[cfg(unix)]
+        {
+            assert_eq!(
+                real_path(&root.join("x/y/../../link/sub")).unwrap(),
+                root.join("cand/sub")
+            );
+            assert_eq!(
+                real_path(&root.join("link/../link/./sub")).unwrap(),
+                root.join("cand/sub"),
+                "`..` after a link is the link target's parent"
+            );
+        }
+        assert_eq!(real_path(&root.join("cand")).unwrap(), root.join("cand"));
+    }
+
+    #[test]
+    fn a_set_moves_into_place_whole_and_replaces_the_previous_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let options = SetOptions {
+            kind: Kind::Measure,
+            force: false,
+            models: &[],
+        };
+        let set = OutputSet::create(&out, &options).unwrap();
+        set.write("measurement.json", b"{}").unwrap();
+        assert!(!out.exists(), "nothing in place before the commit");
+        // A second run into the same --out is refused while the first holds it.
+        let busy = OutputSet::create(&out, &options).err().unwrap();
+        assert!(busy.to_string().contains("another cardproof run"), "{busy}");
+        let first_id = set.run_id().to_owned();
+        let files = set.commit().unwrap();
+        assert_eq!(files, [out.join("measurement.json")]);
+        let marker: Value =
+            serde_json::from_slice(&std::fs::read(out.join(MARKER)).unwrap()).unwrap();
+        assert_eq!(marker["run_id"], first_id.as_str());
+        assert_eq!(marker["files"][0]["path"], "measurement.json");
+
+        // Replaced as a unit; a dropped set leaves nothing.
+        let set = OutputSet::create(&out, &options).unwrap();
+        set.write("sweep.json", b"{}").unwrap();
+        drop(set);
+        assert!(out.join("measurement.json").exists());
+        let set = OutputSet::create(&out, &options).unwrap();
+        set.write("sweep.json", b"{}").unwrap();
+        set.commit().unwrap();
+        assert!(!out.join("measurement.json").exists());
+        assert!(out.join("sweep.json").exists());
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, [OsString::from("out")], "no temporary or lock left");
+
+        // Foreign files are refused, and replaced only with force.
+        std::fs::write(out.join("notes.txt"), b"mine").unwrap();
+        let refused = OutputSet::create(&out, &options).err().unwrap();
+        assert!(refused.to_string().contains("notes.txt"), "{refused}");
+        let forced = OutputSet::create(
+            &out,
+            &SetOptions {
+                force: true,
+                ..options
+            },
+        )
+        .unwrap();
+        forced.commit().unwrap();
+        assert!(!out.join("notes.txt").exists());
+    }
+}

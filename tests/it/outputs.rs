@@ -1,0 +1,269 @@
+//! `--out` as one unit, through `measure` (the cheapest run that writes a set): where it may be,
+//! what it may already hold, two runs at once, and write errors before any work. The verify
+//! report set's own tests (a killed run, mixed sets) are in verify.rs.
+
+use std::path::{Path, PathBuf};
+
+use crate::support::{Run, cardproof, model, short_text};
+
+/// `measure` of the int8 example against its reference into `out`, with `extra` arguments.
+fn measure_into(dir: &Path, out: &Path, extra: &[&str]) -> Run {
+    let text = short_text(dir, 2500);
+    let bf16 = model("shakespeare-bf16");
+    let w8 = model("shakespeare-w8a16");
+    let mut args = vec![
+        "measure",
+        "--reference",
+        &bf16,
+        "--candidate",
+        &w8,
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--context-length",
+        "128",
+        "--bootstrap",
+        "20",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    cardproof(&args)
+}
+
+/// A measure whose eval text does not exist: it fails at its first read, so an error about
+/// `--out` shows that `--out` was checked before any work.
+fn measure_nothing_into(out: &Path) -> Run {
+    let bf16 = model("shakespeare-bf16");
+    cardproof(&[
+        "measure",
+        "--reference",
+        &bf16,
+        "--candidate",
+        &bf16,
+        "--eval-text",
+        "/nonexistent/eval.txt",
+        "--context-length",
+        "128",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn out_through_a_link_or_dot_dot_into_a_checkpoint_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cand = dir.path().join("cand");
+    std::fs::create_dir(&cand).unwrap();
+    for f in std::fs::read_dir(model("shakespeare-w8a16")).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), cand.join(f.file_name())).unwrap();
+    }
+    let bf16 = model("shakespeare-bf16");
+    let link = dir.path().join("link");
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(&cand, &link).unwrap();
+    let mut outs: Vec<PathBuf> = vec![
+        dir.path().join("x/../cand"),
+        dir.path().join("x/y/../../cand/out"),
+        // A directory holding the checkpoint: replacing it as a set would delete the checkpoint.
+        dir.path().to_owned(),
+    ];
+    if cfg!(unix) {
+        outs.push(link.join("sub"));
+        outs.push(dir.path().join("x/../link/sub"));
+    }
+    for out in outs {
+        let r = cardproof(&[
+            "measure",
+            "--reference",
+            &bf16,
+            "--candidate",
+            cand.to_str().unwrap(),
+            "--eval-text",
+            "/nonexistent/eval.txt",
+            "--context-length",
+            "128",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(r.code, 2, "{}: {}", out.display(), r.stderr);
+        assert!(
+            r.stderr.contains("is inside the checkpoint")
+                || r.stderr.contains("holds the checkpoint"),
+            "{}: {}",
+            out.display(),
+            r.stderr
+        );
+    }
+    assert_eq!(
+        entries(&cand),
+        entries(Path::new(&model("shakespeare-w8a16"))),
+        "nothing was written into the checkpoint"
+    );
+}
+
+#[test]
+fn an_unwritable_out_fails_before_any_work_worded_as_a_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let r = measure_nothing_into(&file);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("a-file: is a file, not a directory"),
+        "{}",
+        r.stderr
+    );
+    let r = measure_nothing_into(&file.join("sub"));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("a-file/sub: cannot write:")
+            && r.stderr.contains("a-file is a file, not a directory"),
+        "{}",
+        r.stderr
+    );
+    for r in [
+        measure_nothing_into(&file),
+        measure_nothing_into(&file.join("sub")),
+    ] {
+        assert!(
+            !r.stderr.contains("cannot read") && !r.stderr.contains(".partial"),
+            "{}",
+            r.stderr
+        );
+    }
+    assert_eq!(entries(dir.path()), ["a-file"], "no lock or temporary left");
+}
+
+#[test]
+fn a_measure_set_carries_one_run_id_and_replaces_an_earlier_set_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let r = measure_into(dir.path(), &out, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let marker = json(&out.join(".cardproof-set.json"));
+    let id = marker["run_id"].as_str().unwrap().to_owned();
+    assert_eq!(json(&out.join("measurement.json"))["run_id"], id.as_str());
+    assert_eq!(marker["complete"], true);
+    let listed: Vec<&str> = marker["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, ["measurement.json", "positions.safetensors"]);
+
+    // An earlier set from an older cardproof (no marker, a temporary left behind) is replaced
+    // as a whole: nothing of it stays beside the new set.
+    std::fs::remove_file(out.join(".cardproof-set.json")).unwrap();
+    std::fs::write(out.join("report.partial"), b"{}").unwrap();
+    std::fs::write(out.join("report.json"), b"{\"verdict\": \"reproduced\"}").unwrap();
+    let r = measure_into(dir.path(), &out, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        entries(&out),
+        [
+            ".cardproof-set.json",
+            "measurement.json",
+            "positions.safetensors"
+        ]
+    );
+    let again = json(&out.join("measurement.json"))["run_id"].clone();
+    assert_ne!(again, id.as_str(), "a new run, a new id");
+    assert_eq!(json(&out.join(".cardproof-set.json"))["run_id"], again);
+    assert_eq!(
+        entries(dir.path()),
+        ["eval.txt", "out"],
+        "no temporary directory or lock left beside --out"
+    );
+}
+
+#[test]
+fn an_out_holding_other_files_is_refused_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("notes");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("todo.txt"), b"mine").unwrap();
+    let r = measure_into(dir.path(), &out, &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("holds `todo.txt`") && r.stderr.contains("--force"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(entries(&out), ["todo.txt"]);
+    let r = measure_into(dir.path(), &out, &["--force"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        entries(&out),
+        [
+            ".cardproof-set.json",
+            "measurement.json",
+            "positions.safetensors"
+        ]
+    );
+}
+
+#[test]
+fn two_runs_into_one_out_cannot_interleave() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    // Another run holds the lock on this --out.
+    let lock = std::fs::File::create(dir.path().join(".out.cardproof-lock")).unwrap();
+    lock.try_lock().unwrap();
+    let r = measure_into(dir.path(), &out, &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("another cardproof run is writing this --out"),
+        "{}",
+        r.stderr
+    );
+    assert!(!out.exists());
+    drop(lock);
+    let r = measure_into(dir.path(), &out, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+}
+
+#[test]
+fn a_killed_run_leaves_only_a_hidden_temporary_that_the_next_run_removes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    // What a killed run leaves: its temporary set (with an incomplete marker) and its lock file.
+    let stale = dir
+        .path()
+        .join(".cardproof-tmp.0b6e2c1a-9f3d-4e5b-8a7c-6d1e2f3a4b5c.out");
+    std::fs::create_dir(&stale).unwrap();
+    std::fs::write(stale.join("measurement.json"), b"{}").unwrap();
+    std::fs::write(dir.path().join(".out.cardproof-lock"), b"").unwrap();
+    // Another --out's temporary in the same parent is not this run's to remove.
+    let other = dir
+        .path()
+        .join(".cardproof-tmp.0b6e2c1a-9f3d-4e5b-8a7c-6d1e2f3a4b5c.out-2");
+    std::fs::create_dir(&other).unwrap();
+    let r = measure_into(dir.path(), &out, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(!stale.exists(), "the stale temporary is removed");
+    assert!(other.exists(), "another --out's temporary is left alone");
+    assert_eq!(
+        entries(dir.path()),
+        [
+            ".cardproof-tmp.0b6e2c1a-9f3d-4e5b-8a7c-6d1e2f3a4b5c.out-2",
+            "eval.txt",
+            "out"
+        ]
+    );
+}
