@@ -337,7 +337,9 @@ pub fn compare_card(
                  card without one"
             ),
         )],
-        (Some(s), Some(d)) if s == d => Vec::new(),
+        (Some(s), Some(d)) if s == d => card.map_or_else(Vec::new, |c| {
+            precision_edits(&statement["predicate"]["claims"], c, card_name)
+        }),
         (Some(s), Some(d)) => {
             let mut mismatches = vec![Mismatch::new(
                 what::CARD,
@@ -366,6 +368,38 @@ pub fn compare_card(
             mismatches
         }
     }
+}
+
+/// Claims whose value was reprinted after signing with other digits (`0.0166` → `0.016600`): the
+/// canonical form reads both as one number, but the digits state the precision the verdict was
+/// judged at, so a card claiming more precision than was verified is a mismatch too.
+fn precision_edits(
+    signed_claims: &Value,
+    card: &crate::card::Card,
+    card_name: &str,
+) -> Vec<Mismatch> {
+    let Some(fidelity) = card.metadata().and_then(|m| m.get("fidelity")) else {
+        return Vec::new();
+    };
+    let now = crate::disclosure::results::claims(&fidelity.value, &|_| 0);
+    signed_claims
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            let index = usize::try_from(c["index"].as_u64()?).ok()?;
+            let signed = c["claimed_text"].as_str()?;
+            let text = &now.get(index)?.text;
+            (text != signed).then(|| {
+                Mismatch::new(
+                    what::CARD,
+                    format!(
+                        "fidelity.results[{index}].value: signed `{signed}`, {card_name} `{text}` (the same number printed with another precision; the report judged the signed one)"
+                    ),
+                )
+            })
+        })
+        .collect()
 }
 
 /// The card `verify-report` compares with a verified statement, and the result: `card`

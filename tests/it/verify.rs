@@ -479,6 +479,18 @@ fn a_card_edited_after_signing_no_longer_verifies() {
         "{}",
         r.stdout
     );
+    // The same number reprinted with more digits claims a precision that was never judged.
+    let finer = format!("{value}000");
+    let reprinted = line.replacen(&format!("value: {value}"), &format!("value: {finer}"), 1);
+    std::fs::write(v.card(), original.replacen(&line, &reprinted, 1)).unwrap();
+    let r = v.verify_report(&envelope, Some(&v.candidate()));
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains(&format!("signed `{value}`")) && r.stdout.contains(&finer),
+        "{}",
+        r.stdout
+    );
+    std::fs::write(v.card(), original.replacen(&line, &edited_line, 1)).unwrap();
     // --card compares another copy of the card; the signed one verifies.
     let signed_card = v.dir.path().join("signed-card.md");
     std::fs::write(&signed_card, &original).unwrap();
