@@ -240,7 +240,7 @@ fn gguf_types_give_exact_bits() {
 
 #[test]
 fn a_directory_of_gguf_files_reports_each_variant() {
-    let run = cardproof(&["inspect", "../shared/fixtures/llamacpp", "--json"]);
+    let run = cardproof(&["inspect", "tests/fixtures/llamacpp", "--json"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let doc = run.json();
     let variants: Vec<&str> = doc["variants"]
