@@ -101,7 +101,9 @@ pub fn load(path: &Path, compute: ComputeDtype, emulate: Emulate) -> Result<Nati
                 "--emulate llamacpp-cpu applies to GGUF models only",
             ));
         }
-        (Box::new(SafetensorsStore::open(&path, json)?), config)
+        let store = SafetensorsStore::open(&path, json)?;
+        store.refuse_unknown_method()?;
+        (Box::new(store), config)
     };
     let head = if store.has("lm_head.weight") || !config.tie_embeddings {
         "lm_head.weight"
