@@ -17,7 +17,8 @@ Checks, for each candidate in CANDIDATES:
 and (d) a measurement of the reference against itself gives kld_mean == 0 and
 top1_agreement == 1 exactly.
 
-    python3 tests/native_oracle.py --cardproof target/debug/cardproof
+    python3 tests/native_oracle.py        # the debug binary in $CARGO_TARGET_DIR, else target/
+    python3 tests/native_oracle.py --cardproof path/to/cardproof
     python3 tests/native_oracle.py --work-dir /tmp/oracle --no-run   # re-check existing dumps
 
 Exits 0 when every check passes, 1 on any failure (each failure is printed), 2 on a usage or
@@ -665,7 +666,10 @@ def check_self(rep, work, ref_oracle, run, cardproof, eval_path):
 
 def main():
     ap = argparse.ArgumentParser(description="float64 oracle for cardproof measure")
-    ap.add_argument("--cardproof", default=os.path.join(ROOT, "target", "debug", "cardproof"))
+    # cargo reads a relative CARGO_TARGET_DIR from the working directory, and so does abspath.
+    target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
+    ap.add_argument("--cardproof", default=os.path.join(target, "debug", "cardproof"),
+                    help="the cardproof binary (default: debug build in $CARGO_TARGET_DIR or target/)")
     ap.add_argument("--work-dir", help="keep dumps here instead of a temporary directory")
     ap.add_argument("--no-run", action="store_true", help="check the dumps already in --work-dir without running cardproof")
     ap.add_argument("--candidates", nargs="*", default=CANDIDATES)

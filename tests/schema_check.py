@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Independent check of the committed disclosure schema with Python's jsonschema and PyYAML.
 
-Run by .ci/run (needs `pip install jsonschema pyyaml`). It checks that
+Run by .ci/run after `cargo build` (needs `pip install jsonschema pyyaml`); it runs the debug
+binary in $CARGO_TARGET_DIR (else target/) or the one --cardproof names. It checks that
 schema/disclosure-v1.schema.json is a valid draft 2020-12 schema, and that the example cards'
 `fidelity` blocks, read the way the Hub's Python tools read cards (huggingface_hub's front-matter
 regex and yaml.safe_load), validate exactly when cardproof says they do.
 """
 
+import argparse
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -29,8 +32,14 @@ def fidelity_block(card: pathlib.Path):
     return (yaml.safe_load(match.group(2)) or {}).get("fidelity")
 
 
-def cardproof_schema_pointers(card: pathlib.Path):
-    binary = ROOT / "target" / "debug" / "cardproof"
+def default_binary() -> pathlib.Path:
+    """target/debug/cardproof under $CARGO_TARGET_DIR (relative to the working directory, as cargo
+    reads it) or else under this repository's target/."""
+    target = os.environ.get("CARGO_TARGET_DIR")
+    return (pathlib.Path(target).resolve() if target else ROOT / "target") / "debug" / "cardproof"
+
+
+def cardproof_schema_pointers(binary: pathlib.Path, card: pathlib.Path):
     out = subprocess.run(
         [str(binary), "lint", str(card), "--json"], capture_output=True, text=True, check=False
     )
@@ -43,6 +52,14 @@ def cardproof_schema_pointers(card: pathlib.Path):
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cardproof", type=pathlib.Path, default=default_binary(),
+                    help="the cardproof binary (default: debug build in $CARGO_TARGET_DIR or target/)")
+    binary = ap.parse_args().cardproof.resolve()
+    if not os.access(binary, os.X_OK):
+        print(f"schema_check: ERROR: cardproof binary not found or not executable: {binary} "
+              "(run `cargo build`, or pass --cardproof)", file=sys.stderr)
+        return 2
     jsonschema.Draft202012Validator.check_schema(SCHEMA)
     validator = jsonschema.Draft202012Validator(SCHEMA)
     failures = 0
@@ -53,7 +70,7 @@ def main() -> int:
             print(f"skip  {card.relative_to(ROOT)} (no fidelity block)")
             continue
         python_errors = sorted(validator.iter_errors(block), key=lambda e: list(e.absolute_path))
-        ours = cardproof_schema_pointers(card)
+        ours = cardproof_schema_pointers(binary, card)
         agree = bool(python_errors) == bool(ours)
         status = "ok   " if agree else "FAIL "
         failures += not agree

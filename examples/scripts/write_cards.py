@@ -11,7 +11,8 @@ claims are the measured numbers), completed with what a local measurement cannot
 reference and candidate live. The examples live in this repository, so their `repo` is their path
 here and their `revision` the commit that added the weights (REVISION below).
 
-    python3 examples/scripts/write_cards.py [--cardproof target/release/cardproof]
+    python3 examples/scripts/write_cards.py [--cardproof PATH]   # default: the release binary
+                                                                 # in $CARGO_TARGET_DIR or target/
 """
 
 import argparse
@@ -162,7 +163,8 @@ The exact protocol is in the card's `fidelity:` metadata.
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cardproof", default=os.path.join(ROOT, "target", "release", "cardproof"))
+    target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
+    ap.add_argument("--cardproof", default=os.path.join(target, "release", "cardproof"))
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for name, spec in CANDIDATES.items():

@@ -171,15 +171,27 @@ pub fn read_signing_key(path: &Path) -> Result<SigningKey> {
 
 /// Read an Ed25519 public key from an SPKI PEM file (`-----BEGIN PUBLIC KEY-----`).
 ///
-/// A PKCS#8 private key file is accepted too and its public key derived, so that whoever holds
-/// only the key file can still verify; nothing is signed with it here.
+/// Anything else is refused, naming what it is: a private key above all (of any algorithm, even
+/// beside a public key in the same file: a verifier never needs one, and a private key passed as
+/// `--pub` is a key being handed around that should not be), a public key of another algorithm,
+/// a certificate, an OpenSSH key.
 pub fn read_verifying_key(path: &Path) -> Result<VerifyingKey> {
     let text = read_key_file(path)?;
     let blocks = pem_blocks(path, &text)?;
+    if blocks.iter().any(|b| b.label.ends_with("PRIVATE KEY")) {
+        return Err(Error::malformed(
+            path,
+            None,
+            format!(
+                "is a private key; pass the public key ({PUBLIC_KEY_FILE}, which `cardproof \
+                 keygen` writes beside {PRIVATE_KEY_FILE}; `openssl pkey -in KEY -pubout` derives \
+                 it): verifying never needs the private key"
+            ),
+        ));
+    }
     let block = blocks
         .iter()
         .find(|b| b.label == "PUBLIC KEY")
-        .or_else(|| blocks.iter().find(|b| b.label.ends_with("PRIVATE KEY")))
         .unwrap_or(&blocks[0]);
     let key = match block.label.as_str() {
         "PUBLIC KEY" => {
@@ -196,7 +208,6 @@ pub fn read_verifying_key(path: &Path) -> Result<VerifyingKey> {
                 Error::malformed(path, None, format!("not a valid Ed25519 public key: {e}"))
             })?
         }
-        "PRIVATE KEY" => signing_key_from_pkcs8(path, &block.decode(path)?)?.verifying_key(),
         label => return Err(Error::malformed(path, None, describe_other_label(label))),
     };
     if key.is_weak() {
@@ -319,7 +330,8 @@ fn read_key_file(path: &Path) -> Result<Zeroizing<String>> {
             ),
         ));
     }
-    let bytes = Zeroizing::new(std::fs::read(path).map_err(|e| Error::io(path, e))?);
+    // Regular files only, read through the capped reader: a FIFO passed as a key never blocks.
+    let bytes = Zeroizing::new(crate::files::read_capped(path, MAX_KEY_FILE, "a key file")?);
     match std::str::from_utf8(&bytes) {
         Ok(text) => Ok(Zeroizing::new(text.to_owned())),
         Err(_) => Err(Error::malformed(

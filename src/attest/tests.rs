@@ -172,8 +172,6 @@ fn pem_encoding_matches_openssl() {
     let public = write(dir.path(), "k.pub", RFC_PUBLIC_PEM);
     assert_eq!(read_signing_key(&private).unwrap(), key);
     assert_eq!(read_verifying_key(&public).unwrap(), key.verifying_key());
-    // A private key file verifies too (its public key is derived).
-    assert_eq!(read_verifying_key(&private).unwrap(), key.verifying_key());
     // PKCS#8 v2 (with the public key, as `ring` writes it) and text around the block are read.
     let v2 = ed25519_dalek::pkcs8::EncodePrivateKey::to_pkcs8_pem(
         &key,
@@ -471,7 +469,7 @@ fn bad_key_files_are_errors_naming_the_file() {
         "EC (P-256) public key",
     );
     let rsa = write(d, "rsa.pem", RSA_512_PRIVATE_PEM);
-    err_mentions(read_verifying_key(&rsa), &rsa, "RSA private key");
+    err_mentions(read_verifying_key(&rsa), &rsa, "is a private key");
     let cert = write(
         d,
         "cert.pem",
@@ -494,6 +492,46 @@ fn bad_key_files_are_errors_naming_the_file() {
     );
     let weak = write(d, "weak.pub", weak_pem);
     err_mentions(read_verifying_key(&weak), &weak, "small-order");
+}
+
+/// A private key passed where the public key is wanted (`--pub`) was read and its public key
+/// derived, silently: it is refused, whatever its algorithm or wrapping, and even beside the
+/// public key in one file.
+#[test]
+fn a_private_key_is_refused_where_the_public_key_is_wanted() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let both = format!("{RFC_PUBLIC_PEM}{RFC_PRIVATE_PEM}");
+    for (name, contents) in [
+        ("cardproof.key", RFC_PRIVATE_PEM),
+        ("both.pem", both.as_str()),
+        ("rsa.key", RSA_512_PRIVATE_PEM),
+        (
+            "sec1.key",
+            "-----BEGIN EC PRIVATE KEY-----\nMHcCAQEE\n-----END EC PRIVATE KEY-----\n",
+        ),
+        (
+            "encrypted.key",
+            "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n",
+        ),
+        (
+            "ssh.key",
+            "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjE=\n-----END OPENSSH PRIVATE KEY-----\n",
+        ),
+    ] {
+        let path = write(d, name, contents);
+        err_mentions(
+            read_verifying_key(&path),
+            &path,
+            "is a private key; pass the public key (cardproof.pub",
+        );
+    }
+    // The public key itself still reads.
+    let public = write(d, "cardproof.pub", RFC_PUBLIC_PEM);
+    assert_eq!(
+        read_verifying_key(&public).unwrap(),
+        rfc_key().verifying_key()
+    );
 }
 
 #[test]

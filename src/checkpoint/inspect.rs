@@ -495,6 +495,12 @@ fn inspect_safetensors(
         })
         .collect();
     if let Some(d) = &declared {
+        if let Some(what) = d.unknown_method() {
+            findings.push(Finding::new(
+                Code::UnknownScheme,
+                format!("{what}: its declaration is not checked against the tensors"),
+            ));
+        }
         findings.extend(cross_check(d, &modules));
     }
     let kv_cache = declared

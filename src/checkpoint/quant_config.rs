@@ -1,6 +1,7 @@
 //! What a checkpoint's configuration declares about its quantization: `config.json`
 //! `quantization_config` (compressed-tensors, fine-grained FP8, AWQ, GPTQ, ModelOpt,
-//! bitsandbytes), `hf_quant_config.json` (ModelOpt) and MLX's `quantization`.
+//! bitsandbytes, gpt-oss MXFP4), `hf_quant_config.json` (ModelOpt) and MLX's `quantization`.
+//! Any other `quant_method` is kept as declared and marked unknown (`Declared::unknown_method`).
 //!
 //! Declarations are only cross-checked against what the tensors hold; the tensors decide.
 
@@ -104,7 +105,21 @@ pub struct Declared {
     pub kv_cache: Option<String>,
     /// Methods that never quantize `lm_head` unless told (AWQ, GPTQ, bitsandbytes, fine FP8).
     pub lm_head_default_excluded: bool,
+    /// A method cardproof reads (`KNOWN_METHODS`, ModelOpt's file, MLX); false for any other
+    /// `quant_method`, whose declaration says nothing cardproof can check.
+    pub known: bool,
 }
+
+/// The `quant_method` values of `config.json` `quantization_config` that cardproof reads.
+pub const KNOWN_METHODS: [&str; 7] = [
+    "compressed-tensors",
+    "fp8",
+    "awq",
+    "gptq",
+    "modelopt",
+    "bitsandbytes",
+    "mxfp4",
+];
 
 /// What the declaration says about one module.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,6 +131,27 @@ pub enum Expectation {
 }
 
 impl Declared {
+    /// What is wrong with the declared method when cardproof does not know it: the method as
+    /// written (or its absence) and the known ones. `None` for a known method.
+    pub fn unknown_method(&self) -> Option<String> {
+        if self.known {
+            return None;
+        }
+        let what = if self.method.is_empty() {
+            "has no `quant_method` string".to_owned()
+        } else {
+            format!(
+                "declares quant_method `{}`, which cardproof does not know",
+                self.method
+            )
+        };
+        Some(format!(
+            "{} {what} (known: {})",
+            self.source,
+            KNOWN_METHODS.join(", ")
+        ))
+    }
+
     pub fn expectation(&self, module: &str) -> Expectation {
         if self.ignore.iter().any(|p| p.matches(module)) {
             return Expectation::Excluded;
@@ -153,14 +189,10 @@ pub fn declared(config: Option<&Value>, hf_quant_config: Option<&Value>) -> Opti
             "gptq" => gptq(q),
             "modelopt" => modelopt(q, "config.json quantization_config"),
             "bitsandbytes" => bitsandbytes(q),
+            "mxfp4" => mxfp4(q),
             other => Declared {
-                source: "config.json quantization_config".into(),
-                method: other.to_owned(),
-                groups: Vec::new(),
-                ignore: Vec::new(),
-                ignore_text: Vec::new(),
-                kv_cache: None,
-                lm_head_default_excluded: false,
+                known: false,
+                ..base("config.json quantization_config", other)
             },
         });
     }
@@ -194,6 +226,7 @@ fn base(source: &str, method: &str) -> Declared {
         ignore_text: Vec::new(),
         kv_cache: None,
         lm_head_default_excluded: false,
+        known: true,
     }
 }
 
@@ -371,6 +404,14 @@ fn bitsandbytes(q: &Value) -> Declared {
     d
 }
 
+/// gpt-oss MXFP4 (transformers' `Mxfp4Config`): the MoE experts only, so nothing is said about
+/// the other modules but what `modules_to_not_convert` keeps out.
+fn mxfp4(q: &Value) -> Declared {
+    let mut d = base("config.json quantization_config", "mxfp4");
+    not_convert(&mut d, q, "modules_to_not_convert");
+    d
+}
+
 fn modelopt(q: &Value, source: &str) -> Declared {
     let mut d = base(source, "modelopt");
     let algo = q
@@ -505,6 +546,41 @@ mod tests {
             panic!()
         };
         assert_eq!(w.strategy.as_deref(), Some("channel"));
+    }
+
+    #[test]
+    fn a_method_cardproof_does_not_know_is_marked_unknown() {
+        let with = |q: Value| declared(Some(&json!({ "quantization_config": q })), None).unwrap();
+        let d = with(json!({"quant_method": "zzz-unknown", "bits": 4}));
+        assert!(!d.known);
+        assert_eq!(d.method, "zzz-unknown");
+        let why = d.unknown_method().unwrap();
+        assert!(why.contains("`zzz-unknown`"), "{why}");
+        assert!(why.contains(&KNOWN_METHODS.join(", ")), "{why}");
+        assert!(
+            with(json!({"bits": 4}))
+                .unknown_method()
+                .unwrap()
+                .contains("no `quant_method`")
+        );
+        for method in KNOWN_METHODS {
+            assert_eq!(
+                with(json!({ "quant_method": method })).unknown_method(),
+                None,
+                "{method}"
+            );
+        }
+        // gpt-oss: MXFP4 experts; what modules_to_not_convert names stays out.
+        let d = with(json!({"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head"]}));
+        assert_eq!(d.expectation("lm_head"), Expectation::Excluded);
+        assert_eq!(
+            d.expectation("model.layers.0.mlp.experts"),
+            Expectation::Silent
+        );
+        let hq = json!({"quantization": {"quant_algo": "FP8"}});
+        assert!(declared(None, Some(&hq)).unwrap().known);
+        let mlx = json!({"quantization": {"group_size": 64, "bits": 4}});
+        assert!(declared(Some(&mlx), None).unwrap().known);
     }
 
     #[test]

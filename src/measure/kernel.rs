@@ -4,7 +4,10 @@
 //! (`reverse_from_sums`).
 //!
 //! Why f32 exponentials are enough here: the KL is formed as `log1p(E_p[g(x)])` with
-//! `x = c - E_p[c]`, `c = a - b` (exact in f64) and `g(x) = e^-x - 1 + x >= 0`. The weights
+//! `x = c - m`, `c = a - b`, `m ≈ E_p[c]` (any centring is exact: the sums carry `E_p[x]`) and
+//! `g(x) = e^-x - 1 + x >= 0`; `x` is formed in f32 from an error-free split of `a - b`
+//! (`centred`), so it is accurate relative to itself even when the rows differ by a large common
+//! offset, and `m` enters the log-normalizer exactly as pass 2 used it. The weights
 //! `p ∝ exp(a - max)` enter only as weights of non-negative terms, so their ~1e-7 relative error
 //! moves the KL by ~1e-7 relative. `g` itself never subtracts two rounded exponentials where it
 //! is small: for |x| < 1 it is a polynomial in the exact `x`; for |x| >= 1 it is at least 0.36,
@@ -13,8 +16,9 @@
 //! Pass 1 reads the rows from memory once, a tile at a time: the tile's maxima (which bring it
 //! into L1), then its exponentials against the maximum so far, with the running sums rescaled when
 //! the maximum grows (an online maximum; the stored exponentials are brought to the final maximum
-//! in pass 2, a factor per tile). NaN and infinities show as non-finite tile sums. Pass 2 forms the
-//! summands from the stored weights; the candidate's exponentials are needed only where |x| >= 1,
+//! in pass 2, a factor per tile). NaN and infinities show as non-finite tile sums. Pass 2 reads
+//! both rows again (from cache for rows that fit) and forms the summands from the stored weights
+//! and the centred differences; the candidate's exponentials are needed only where |x| >= 1,
 //! so for close distributions (the usual case) a row costs one exponential per entry, and the
 //! candidate's normalizer comes from the same sums (`Σ e^b ∝ Σ w_p e^{-x}`).
 
@@ -132,6 +136,19 @@ const G4: [f32; 5] = [
     -0.008_348_839,
     0.001_389_534_3,
 ];
+
+/// The centred logit difference `x = (p - q) - m` in f32 with the rounding of `p - q` kept: the
+/// difference is split error-free into `d + lo` (Knuth's two-sum), then `x = (d - m) + lo`. When
+/// the rows differ by a common offset, `d` and `m` are close and `d - m` is exact, so `x` is
+/// accurate relative to itself; `d - m` alone would carry an error of half an ulp of the offset
+/// (5e-7 at an offset of 15), which is all of a close pair's KL and Δp.
+#[inline(always)]
+fn centred(p: f32, q: f32, m: f32) -> f32 {
+    let d = p - q;
+    let back = d - p;
+    let lo = (p - (d - back)) - (q + back);
+    (d - m) + lo
+}
 
 /// One summand `w_p g(x)` of the KL for a centred logit difference `x`, with `w_q κ` standing for
 /// `w_p e^{-x}` when |x| >= 1 (see the module comment).
@@ -435,31 +452,26 @@ macro_rules! kernels {
             }
         }
 
-        /// Over a tile of exponentials `e` and differences `d = x - y` (stored into `c`), in
-        /// f32 over blocks then f64 lanes: `Σ e` and `Σ e d`. Both come out non-finite when a
-        /// row holds a NaN or an infinity (`e > 0`), which is how those are noticed.
+        /// Over a tile of exponentials `e` and differences `d = x - y` (rounded: only the
+        /// centring constant comes from them), in f32 over blocks then f64 lanes: `Σ e` and
+        /// `Σ e d`. Both come out non-finite when a row holds a NaN or an infinity (`e > 0`),
+        /// which is how those are noticed.
         $(#[$attr])*
-        fn tile_sums(x: &[f32], y: &[f32], e: &[f32], c: &mut [f32]) -> (f64, f64) {
+        fn tile_sums(x: &[f32], y: &[f32], e: &[f32]) -> (f64, f64) {
             let mut acc_s = v::dzero();
             let mut acc_d = v::dzero();
             let n = e.len() / BLOCK * BLOCK;
             let blocks = x[..n]
                 .chunks_exact(BLOCK)
                 .zip(y[..n].chunks_exact(BLOCK))
-                .zip(e[..n].chunks_exact(BLOCK))
-                .zip(c[..n].chunks_exact_mut(BLOCK));
-            for (((bx, by), be), bc) in blocks {
+                .zip(e[..n].chunks_exact(BLOCK));
+            for ((bx, by), be) in blocks {
                 let mut ts = v::splat(0.0);
                 let mut td = ts;
-                let chunks = bx
-                    .chunks_exact(W)
-                    .zip(by.chunks_exact(W))
-                    .zip(be.chunks_exact(W))
-                    .zip(bc.chunks_exact_mut(W));
-                for (((cx, cy), ce), cc) in chunks {
+                let chunks = bx.chunks_exact(W).zip(by.chunks_exact(W)).zip(be.chunks_exact(W));
+                for ((cx, cy), ce) in chunks {
                     let ea = v::load(ce);
                     let d = v::sub(v::load(cx), v::load(cy));
-                    v::store(d, cc);
                     ts = v::add(ts, ea);
                     td = v::add(td, v::mul(ea, d));
                 }
@@ -468,15 +480,23 @@ macro_rules! kernels {
             }
             let (mut s, mut d) = (0f64, 0f64);
             for i in n..e.len() {
-                c[i] = x[i] - y[i];
                 s += f64::from(e[i]);
-                d += f64::from(e[i] * c[i]);
+                d += f64::from(e[i] * (x[i] - y[i]));
             }
             (v::dsum(acc_s) + s, v::dsum(acc_d) + d)
         }
 
-        /// Pass 2: `(Σ w_p g(x), Σ w_p x, Σ w_p h(x))` with `x = c - m` (`c = p - q` exactly)
-        /// and `w_p = e_p · scale` (`e_p` as pass 1 stored it, tile by tile against `bases`,
+        /// `centred` on 8 lanes, the same operations in the same order.
+        $(#[$attr])*
+        fn centred8(p: v::F, q: v::F, m: v::F) -> v::F {
+            let d = v::sub(p, q);
+            let back = v::sub(d, p);
+            let lo = v::sub(v::sub(p, v::sub(d, back)), v::add(q, back));
+            v::add(v::sub(d, m), lo)
+        }
+
+        /// Pass 2: `(Σ w_p g(x), Σ w_p x, Σ w_p h(x))` with `x = (p - q) - m` (`centred`) and
+        /// `w_p = e_p · scale` (`e_p` as pass 1 stored it, tile by tile against `bases`,
         /// brought to `max_p`); the third sum (the reverse KL's, see `reverse_from_sums`) only
         /// when `REV`, else 0. `w_q = e^{q - max_q}` is needed only where |x| >= 1 and is
         /// computed there only, for the 8 entries around such an x; and g takes a shorter
@@ -484,7 +504,7 @@ macro_rules! kernels {
         $(#[$attr])*
         #[allow(clippy::too_many_arguments)]
         fn kl_pass<const REV: bool>(
-            ep: &[f32], c: &[f32], q: &[f32], bases: &[f32], max_p: f32, m: f32, max_q: f32,
+            ep: &[f32], p: &[f32], q: &[f32], bases: &[f32], max_p: f32, m: f32, max_q: f32,
             kappa: f32,
         ) -> (f64, f64, f64) {
             let (mv, one, kv, mq) = (v::splat(m), v::splat(1.0), v::splat(kappa), v::splat(max_q));
@@ -495,19 +515,24 @@ macro_rules! kernels {
             let mut acc_h = v::dzero();
             let (mut rest, mut rest_x, mut rest_h) = (0f64, 0f64, 0f64);
             for (t, &base) in bases.iter().enumerate() {
-                let (start, end) = (t * TILE, ((t + 1) * TILE).min(c.len()));
+                let (start, end) = (t * TILE, ((t + 1) * TILE).min(p.len()));
                 let scale = tile_scale(base, max_p);
                 let sv = v::splat(scale);
-                let (te, tc, tq) = (&ep[start..end], &c[start..end], &q[start..end]);
+                let (te, tp, tq) = (&ep[start..end], &p[start..end], &q[start..end]);
                 let n = te.len() / BLOCK * BLOCK;
-                let blocks = te[..n].chunks_exact(BLOCK).zip(tc[..n].chunks_exact(BLOCK));
-                for (k, (be, bc)) in blocks.enumerate() {
+                let blocks = te[..n]
+                    .chunks_exact(BLOCK)
+                    .zip(tp[..n].chunks_exact(BLOCK))
+                    .zip(tq[..n].chunks_exact(BLOCK));
+                for ((be, bp), bq) in blocks {
                     let mut s = zero;
                     let mut sx = zero;
                     let mut sh = zero;
-                    for (j, (ce, cc)) in be.chunks_exact(W).zip(bc.chunks_exact(W)).enumerate() {
+                    let chunks = be.chunks_exact(W).zip(bp.chunks_exact(W)).zip(bq.chunks_exact(W));
+                    for ((ce, cp), cq) in chunks {
                         let w = v::mul(v::load(ce), sv);
-                        let x = v::sub(v::load(cc), mv);
+                        let qv = v::load(cq);
+                        let x = centred8(v::load(cp), qv, mv);
                         let wx = v::mul(w, x);
                         let ax = v::abs(x);
                         let (term, rterm) = if v::all(v::lt(ax, quarter)) {
@@ -520,7 +545,6 @@ macro_rules! kernels {
                             if v::all(small) {
                                 (gs, rs)
                             } else {
-                                let qv = v::load(&tq[k * BLOCK + j * W..]);
                                 let wqk = v::mul(exp8(v::sub(qv, mq)), kv);
                                 let large = v::add(v::sub(wqk, w), wx);
                                 let rl = if REV { v::mul(x, v::sub(w, wqk)) } else { zero };
@@ -541,7 +565,7 @@ macro_rules! kernels {
                 }
                 for i in n..te.len() {
                     let w = te[i] * scale;
-                    let x = tc[i] - m;
+                    let x = centred(tp[i], tq[i], m);
                     let wq = exp_f32(tq[i] - max_q);
                     let t = term(w, wq, x, kappa);
                     rest += f64::from(t);
@@ -561,7 +585,6 @@ macro_rules! kernels {
             let n = a.len();
             let tiles = n.div_ceil(TILE);
             buf.ea.resize(n, 0.0);
-            buf.c.resize(n, 0.0);
             buf.base_a.resize(tiles, 0.0);
             // Pass 1: maxima, first argmaxes, exponentials, their sums and the weighted mean of
             // c = a - b; NaN and infinities.
@@ -573,9 +596,9 @@ macro_rules! kernels {
                 oa.grow(ta, start, max_a);
                 ob.grow(tb, start, max_b);
                 let next = (a.get(end..).unwrap_or_default(), b.get(end..).unwrap_or_default());
-                let (tea, tc) = (&mut buf.ea[start..end], &mut buf.c[start..end]);
+                let tea = &mut buf.ea[start..end];
                 tile_exps(ta, oa.scan.max, tea, next);
-                oa.add(ta, tb, tile_sums(ta, tb, tea, tc));
+                oa.add(ta, tb, tile_sums(ta, tb, tea));
                 buf.base_a[t] = oa.scan.max;
             }
             let (sa, sb) = (oa.scan, ob.scan);
@@ -595,19 +618,19 @@ macro_rules! kernels {
             }
             // Pass 2: the non-negative summands, and Σ w x (zero but for rounding in m).
             let kf = ln_kf.exp() as f32;
-            let (ea, c) = (&buf.ea, &buf.c);
+            let ea = &buf.ea;
             let (m, bases) = (m_a as f32, &buf.base_a);
             let (k, x, h) = if want_reverse {
-                kl_pass::<true>(ea, c, b, bases, max_a, m, max_b, kf)
+                kl_pass::<true>(ea, a, b, bases, max_a, m, max_b, kf)
             } else {
-                kl_pass::<false>(ea, c, b, bases, max_a, m, max_b, kf)
+                kl_pass::<false>(ea, a, b, bases, max_a, m, max_b, kf)
             };
             let (k, eps) = (k / oa.sum, x / oa.sum);
             let forward = recentre(k, eps).ln_1p();
             let lse_a = f64::from(max_a) + oa.sum.ln();
             // Σ e^{b - max_a} = e^{-m} Σ w e^{-x} = e^{-m} Σ (w g(x) + w - w x): the candidate's
             // normalizer without its own exponentials (exactly lse_a for a row against itself).
-            let lse_b = (f64::from(max_a) - m_a) + (k - eps).ln_1p() + oa.sum.ln();
+            let lse_b = (f64::from(max_a) - f64::from(m)) + (k - eps).ln_1p() + oa.sum.ln();
             let reverse = if want_reverse {
                 reverse_from_sums(k, eps, h / oa.sum)
             } else {
@@ -647,8 +670,6 @@ mod avx2 {
 #[derive(Debug, Default)]
 pub struct Buffers {
     ea: Vec<f32>,
-    /// a - b (f32, as pass 2 uses it).
-    c: Vec<f32>,
     base_a: Vec<f32>,
 }
 

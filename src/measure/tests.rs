@@ -351,3 +351,119 @@ fn lumped_top_k_never_exceeds_the_full_kl_and_converges_to_it() {
         assert_rel(all.forward, full.forward, "k = vocabulary");
     }
 }
+
+/// 200 rows of 2048 and the true next token of each, sampled from the reference: the candidate is
+/// the reference plus `offset` (a common shift, which softmax ignores) plus N(0, noise²).
+fn dump(
+    seed: u64,
+    sigma: f64,
+    base: f64,
+    offset: f64,
+    noise: f64,
+) -> Vec<(Vec<f32>, Vec<f32>, u32)> {
+    let mut rng = Rng::new(seed);
+    (0..200)
+        .map(|_| {
+            let a: Vec<f32> = (0..2048)
+                .map(|_| (base + rng.normal() * sigma) as f32)
+                .collect();
+            let b: Vec<f32> = a
+                .iter()
+                .map(|&x| (f64::from(x) + offset + rng.normal() * noise) as f32)
+                .collect();
+            let lp = log_softmax(&a);
+            let mut u = rng.uniform();
+            let t = lp.iter().position(|l| {
+                u -= l.exp();
+                u <= 0.0
+            });
+            (a, b, t.unwrap_or(0) as u32)
+        })
+        .collect()
+}
+
+/// Every statistic of `--direction forward|reverse|both` on 200×2048 f32 rows against float64
+/// straight from the definitions. Guards Δp: it is the difference of two close probabilities, so
+/// the rounding of the logit difference at the scale of a common offset between the rows (and
+/// the f32-vs-f64 centring constant in the candidate's normalizer) moved `delta_p_rms` by 1e-4
+/// relative and more on these rows, and the KL by 5e-6.
+#[test]
+fn every_statistic_matches_the_f64_reference_in_every_direction_mode() {
+    use super::protocol::Direction;
+    use super::stats::{Scored, summarize};
+    for (case, seed, sigma, base, offset, noise) in [
+        ("quantization-like", 11, 2.0, 0.0, 0.0, 0.05),
+        ("close, offset 1.5", 12, 3.0, 0.0, 1.5, 0.01),
+        ("very close, offset 15", 13, 2.5, -20.0, 15.0, 1e-3),
+        ("nearly equal, offset 40", 14, 1.0, 0.0, 40.0, 1e-4),
+    ] {
+        let rows = dump(seed, sigma, base, offset, noise);
+        let (mut fwd, mut rev, mut nll_p, mut nll_q, mut dp2) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for (a, b, t) in &rows {
+            let (lp, lq) = (log_softmax(a), log_softmax(b));
+            let t = *t as usize;
+            fwd += kl_ref(&lp, &lq);
+            rev += kl_ref(&lq, &lp);
+            nll_p -= lp[t];
+            nll_q -= lq[t];
+            dp2 += (lq[t].exp() - lp[t].exp()).powi(2);
+        }
+        let n = rows.len() as f64;
+        let want = [
+            ("kld_mean", fwd / n),
+            ("kld_reverse_mean", rev / n),
+            ("ppl_ref", (nll_p / n).exp()),
+            ("ppl_cand", (nll_q / n).exp()),
+            ("delta_p_rms", (dp2 / n).sqrt()),
+        ];
+        for direction in [Direction::Forward, Direction::Reverse, Direction::Both] {
+            let mut scratch = Scratch::default();
+            let scored: Vec<Scored> = rows
+                .iter()
+                .enumerate()
+                .map(|(i, (a, b, t))| Scored {
+                    record: reduce(
+                        a,
+                        b,
+                        Some(*t),
+                        VocabMode::Full,
+                        direction.reverse(),
+                        &mut scratch,
+                    )
+                    .expect("finite row"),
+                    block: i as u32,
+                    position: 0,
+                    window_len: 2,
+                })
+                .collect();
+            let metrics = summarize(
+                &scored,
+                direction.forward(),
+                direction.reverse(),
+                0,
+                0,
+                0.95,
+            )
+            .metrics;
+            for (name, value) in want {
+                let shown = match name {
+                    "kld_mean" => direction.forward(),
+                    "kld_reverse_mean" => direction.reverse(),
+                    _ => true,
+                };
+                assert_eq!(
+                    metrics.contains_key(name),
+                    shown,
+                    "{case}, {direction:?}: {name}"
+                );
+                if shown {
+                    assert_rel(
+                        metrics[name],
+                        value,
+                        &format!("{case}, {direction:?}: {name}"),
+                    );
+                }
+            }
+        }
+    }
+}

@@ -259,7 +259,7 @@ fn llamacpp_base_files_export_and_import() {
 /// which includes its Q8 activation rounding).
 #[test]
 fn a_real_llamacpp_base_file_is_a_reference() {
-    let fixtures = repo_root().join("../shared/fixtures/llamacpp");
+    let fixtures = repo_root().join("tests/fixtures/llamacpp");
     let dir = tempfile::tempdir().unwrap();
     let run = measure(
         dir.path(),

@@ -170,11 +170,11 @@ fn gguf_tensors_match_gguf_py() {
     let files = [
         (
             "cand-q5_0.gguf",
-            root.join("../shared/fixtures/llamacpp/cand-q5_0.gguf"),
+            root.join("tests/fixtures/llamacpp/cand-q5_0.gguf"),
         ),
         (
             "cand-q6_k.gguf",
-            root.join("../shared/fixtures/llamacpp/cand-q6_k.gguf"),
+            root.join("tests/fixtures/llamacpp/cand-q6_k.gguf"),
         ),
         (
             "model.gguf",

@@ -555,3 +555,26 @@ fn lint_flags_imprecise_claims_at_their_value() {
         assert!(f["pointer"].as_str().unwrap().ends_with("/value"), "{f}");
     }
 }
+
+#[test]
+fn a_fifo_passed_as_a_key_is_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("cardproof.pub");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(
+        made.is_ok_and(|s| s.success()),
+        "mkfifo (coreutils) is needed"
+    );
+    let envelope = dir.path().join("report.dsse.json");
+    std::fs::write(&envelope, "{}").unwrap();
+    let output = assert_cmd::Command::cargo_bin("cardproof")
+        .unwrap()
+        .args(["verify-report", envelope.to_str().unwrap(), "--pub"])
+        .arg(&fifo)
+        .timeout(std::time::Duration::from_secs(20))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "hung or passed");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("FIFO"), "{stderr}");
+}

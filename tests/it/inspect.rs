@@ -240,7 +240,7 @@ fn gguf_types_give_exact_bits() {
 
 #[test]
 fn a_directory_of_gguf_files_reports_each_variant() {
-    let run = cardproof(&["inspect", "../shared/fixtures/llamacpp", "--json"]);
+    let run = cardproof(&["inspect", "tests/fixtures/llamacpp", "--json"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let doc = run.json();
     let variants: Vec<&str> = doc["variants"]
@@ -269,6 +269,53 @@ fn unrecognised_layouts_are_unknown_with_a_finding() {
         "unknown"
     );
     assert_eq!(doc["findings"][0]["code"], "unknown-scheme");
+}
+
+/// A `quant_method` cardproof does not know used to give no finding at all: the tensors were
+/// classified and the declaration silently ignored.
+#[test]
+fn an_unknown_quant_method_is_a_finding_naming_it_and_the_known_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    fp8_block(dir.path());
+    let config = dir.path().join("config.json");
+    let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    c["quantization_config"]["quant_method"] = "zzz-unknown".into();
+    write_json(&config, &c);
+    let doc = inspect(dir.path());
+    assert_eq!(doc["declared"]["method"], "zzz-unknown");
+    let unknown: Vec<&Value> = doc["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["message"].as_str().unwrap().contains("zzz-unknown"))
+        .collect();
+    assert_eq!(unknown.len(), 1, "{:?}", findings(&doc));
+    assert_eq!(unknown[0]["code"], "unknown-scheme");
+    assert_eq!(unknown[0]["severity"], "error");
+    assert_eq!(
+        unknown[0]["message"],
+        "config.json quantization_config declares quant_method `zzz-unknown`, which cardproof does not know (known: compressed-tensors, fp8, awq, gptq, modelopt, bitsandbytes, mxfp4): its declaration is not checked against the tensors"
+    );
+    // The tensors are still classified.
+    assert_eq!(
+        module(&doc, "model.layers.0.mlp.down_proj")["scheme"],
+        "fp8-block"
+    );
+
+    // No quant_method at all is the same finding.
+    c["quantization_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("quant_method");
+    write_json(&config, &c);
+    let doc = inspect(dir.path());
+    assert!(
+        findings(&doc).iter().any(|f| f.contains(
+            "config.json quantization_config has no `quant_method` string (known: compressed-tensors"
+        )),
+        "{:?}",
+        findings(&doc)
+    );
 }
 
 #[test]

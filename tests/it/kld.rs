@@ -499,7 +499,7 @@ fn human_output_states_the_protocol_above_the_table() {
 mod llamacpp {
     use super::*;
 
-    const FIXTURES: &str = "../shared/fixtures/llamacpp";
+    const FIXTURES: &str = "tests/fixtures/llamacpp";
 
     fn compat(candidate: &str) -> serde_json::Value {
         let run = cardproof(&[

@@ -340,6 +340,49 @@ fn bad_inputs_are_exit_2_with_one_clear_message() {
     );
 }
 
+/// A `quant_method` cardproof does not know leaves what the checkpoint computes unknown (the FP8
+/// example's weights with its dynamic FP8 activations declared under another name were measured
+/// as weight-only before): refused before any work, naming the file, the key, the method and the
+/// known ones.
+#[test]
+fn an_unknown_quant_method_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let candidate = dir.path().join("unknown-method");
+    copy_model(
+        &repo_root().join("examples/models/shakespeare-fp8-block"),
+        &candidate,
+    );
+    edit_config(&candidate, |c| {
+        c["quantization_config"]["quant_method"] = "zzz-unknown".into();
+    });
+    let out = dir.path().join("out");
+    let r = cardproof(&[
+        "measure",
+        "--reference",
+        &model("shakespeare-bf16"),
+        "--candidate",
+        candidate.to_str().unwrap(),
+        "--eval-text",
+        "examples/data/eval.txt",
+        "--context-length",
+        "64",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    let config = candidate.join("config.json");
+    assert!(
+        r.stderr.contains(&format!(
+            "{}: quantization_config: quant_method `zzz-unknown` is not a quantization method cardproof knows (known: compressed-tensors, fp8, awq",
+            config.display()
+        )),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert!(!out.join("measurement.json").exists());
+}
+
 fn copy_model(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {

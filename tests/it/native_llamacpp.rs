@@ -1,5 +1,5 @@
 //! Peer check of the native runner against real llama.cpp runs: the GGUF models in
-//! ../shared/fixtures/llamacpp scored on the token windows stored in their .kld files, with
+//! tests/fixtures/llamacpp scored on the token windows stored in their .kld files, with
 //! llama.cpp's protocol (per-window BOS, second half of each 128-token window, reference terms
 //! below log p = -16 dropped), must land close to the statistics llama-perplexity printed.
 
@@ -12,7 +12,7 @@ use cardproof::runner::Runner;
 use cardproof::runner::native::{self, ComputeDtype, Emulate};
 
 fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/llamacpp")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llamacpp")
 }
 
 /// Reference semantics (exact dequantized weights, f32 activations) leaves out llama.cpp's Q8

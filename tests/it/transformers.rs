@@ -1,7 +1,6 @@
 //! `--runner transformers`: the request/response protocol against an exchange the real runner
-//! recorded on a GPU (tests/fixtures/gpu), the error paths with stand-in runner programs, and,
-//! where torch is installed (`CARDPROOF_TEST_TORCH=1`, which `.ci/run` sets after installing it),
-//! the real runner on CPU against the example models.
+//! recorded on a GPU (tests/fixtures/gpu), the error paths with stand-in runner programs, and
+//! (ignored unless asked for, see `mod torch`) the real runner on CPU against the example models.
 
 use std::path::{Path, PathBuf};
 
@@ -423,99 +422,38 @@ fn a_gguf_model_is_refused_before_any_work() {
     assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0);
 }
 
-/// The real runner on CPU needs torch and transformers: CI installs them and sets
-/// `CARDPROOF_TEST_TORCH=1`; without it these tests say so and stop.
-#[allow(clippy::print_stderr)]
-fn torch_available() -> bool {
-    if std::env::var("CARDPROOF_TEST_TORCH").as_deref() == Ok("1") {
-        return true;
-    }
-    eprintln!(
-        "skipped: set CARDPROOF_TEST_TORCH=1 (with torch and transformers installed) to run the real runner on CPU"
-    );
-    false
-}
+/// The real runner on CPU against the example models. These need torch and transformers, so
+/// they are ignored by default; `.ci/run` installs both and runs them with
+/// `cargo test --test it transformers::torch -- --ignored`, where a missing torch fails them.
+mod torch {
+    use super::*;
 
-fn cpu_measure(dir: &Path, candidate: &str, extra: &[&str]) -> Run {
-    let text = short_text(dir, 6000);
-    let out = dir.join("out");
-    let mut args = vec![
-        "measure",
-        "--runner",
-        "transformers",
-        "--device",
-        "cpu",
-        "--torch-dtype",
-        "float32",
-        "--reference",
-        "examples/models/shakespeare-bf16",
-        "--candidate",
-        candidate,
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--context-length",
-        "128",
-        "--out",
-        out.to_str().unwrap(),
-        "--json",
-    ];
-    args.extend_from_slice(extra);
-    run(&[], &args)
-}
-
-#[test]
-fn the_cpu_runner_agrees_with_cardproofs_reduction_of_its_own_logits() {
-    if !torch_available() {
-        return;
+    /// The real runner on CPU needs torch and transformers importable by the interpreter the runner
+    /// uses (`CARDPROOF_PYTHON`, else `python3`). An ignored test asked to run fails without them.
+    #[track_caller]
+    fn require_torch() {
+        let python = std::env::var_os("CARDPROOF_PYTHON").unwrap_or_else(|| "python3".into());
+        let probe = std::process::Command::new(&python)
+            .args(["-c", "import torch, transformers, safetensors"])
+            .output();
+        match probe {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => panic!(
+                "needs torch and transformers, and {} cannot import them: {}",
+                python.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+            Err(e) => panic!(
+                "needs torch and transformers, and {} does not start: {e}",
+                python.display()
+            ),
+        }
     }
-    let dir = tempfile::tempdir().unwrap();
-    let dump = dir.path().join("dump");
-    let r = cpu_measure(
-        dir.path(),
-        "examples/models/shakespeare-fp8-block",
-        &["--runner-dump", dump.to_str().unwrap()],
-    );
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let doc = r.json();
-    assert_eq!(doc["environment"]["runner"], "transformers");
-    assert_eq!(
-        doc["environment"]["transformers_runner"]["reduction_kernel"],
-        "torch"
-    );
-    assert!(doc["runs"][0]["metrics"]["kld_mean"].as_f64().unwrap() > 1e-4);
-    assert_reduction_agrees(&dump);
-}
 
-#[test]
-fn a_run_that_cannot_fit_is_refused_before_loading() {
-    if !torch_available() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let r = cpu_measure(
-        dir.path(),
-        "examples/models/shakespeare-fp8-block",
-        &["--memory-limit", "1000000"],
-    );
-    assert_eq!(r.code, 2, "{}", r.stderr);
-    assert!(
-        r.stderr.contains("out_of_memory_plan") && r.stderr.contains("is free on cpu"),
-        "{}",
-        r.stderr
-    );
-}
-
-#[test]
-fn an_attention_sweep_measures_the_kernel_alone() {
-    if !torch_available() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let text = short_text(dir.path(), 6000);
-    let out = dir.path().join("sweep");
-    let r = run(
-        &[],
-        &[
+    fn cpu_measure(dir: &Path, candidate: &str, extra: &[&str]) -> Run {
+        let text = short_text(dir, 6000);
+        let out = dir.join("out");
+        let mut args = vec![
             "measure",
             "--runner",
             "transformers",
@@ -523,10 +461,10 @@ fn an_attention_sweep_measures_the_kernel_alone() {
             "cpu",
             "--torch-dtype",
             "float32",
-            "--sweep",
-            "attention=sdpa,eager",
-            "--candidate",
+            "--reference",
             "examples/models/shakespeare-bf16",
+            "--candidate",
+            candidate,
             "--eval-text",
             text.to_str().unwrap(),
             "--context-length",
@@ -534,155 +472,227 @@ fn an_attention_sweep_measures_the_kernel_alone() {
             "--out",
             out.to_str().unwrap(),
             "--json",
-        ],
-    );
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let doc = r.json();
-    let pair = &doc["pairs"][0];
-    assert_eq!(pair["baseline"], "sdpa");
-    assert_eq!(pair["other"], "eager");
-    let run0 = &pair["runs"][0];
-    let kld = run0["kld_mean"].as_f64().unwrap();
-    // Same weights, another kernel, f32: a rounding-level KL, never zero, far below the
-    // quantized pairs' (~1e-2).
-    assert!(kld > 0.0 && kld < 1e-6, "{kld}");
-    assert!(run0["n_flips"].as_u64().is_some());
-    assert!(out.join("sweep.json").exists());
-    assert!(
-        out.join("attention-sdpa-vs-eager/measurement.json")
-            .exists()
-    );
-}
+        ];
+        args.extend_from_slice(extra);
+        run(&[], &args)
+    }
 
-/// A copy of the FP8 example whose card is written from a transformers measurement on CPU, and a
-/// key to sign with: (temp dir, candidate dir, key, the measurement document).
-fn transformers_card() -> (tempfile::TempDir, PathBuf, PathBuf, serde_json::Value) {
-    let dir = tempfile::tempdir().unwrap();
-    let r = cpu_measure(dir.path(), "examples/models/shakespeare-fp8-block", &[]);
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let candidate = dir.path().join("candidate");
-    std::fs::create_dir(&candidate).unwrap();
-    for entry in
-        std::fs::read_dir(repo_root().join("examples/models/shakespeare-fp8-block")).unwrap()
-    {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), candidate.join(entry.file_name())).unwrap();
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn the_cpu_runner_agrees_with_cardproofs_reduction_of_its_own_logits() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        let dump = dir.path().join("dump");
+        let r = cpu_measure(
+            dir.path(),
+            "examples/models/shakespeare-fp8-block",
+            &["--runner-dump", dump.to_str().unwrap()],
+        );
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let doc = r.json();
+        assert_eq!(doc["environment"]["runner"], "transformers");
+        assert_eq!(
+            doc["environment"]["transformers_runner"]["reduction_kernel"],
+            "torch"
+        );
+        assert!(doc["runs"][0]["metrics"]["kld_mean"].as_f64().unwrap() > 1e-4);
+        assert_reduction_agrees(&dump);
     }
-    let card = candidate.join("README.md");
-    let measurement = dir.path().join("out/measurement.json");
-    let c = run(
-        &[],
-        &[
-            "card",
-            "--measurement",
-            measurement.to_str().unwrap(),
-            "--into",
-            card.to_str().unwrap(),
-        ],
-    );
-    assert_eq!(c.code, 0, "{}", c.stderr);
-    let text = std::fs::read_to_string(&card).unwrap();
-    assert!(text.contains("engine: transformers"), "{text}");
-    let keys = dir.path().join("keys");
-    let k = run(&[], &["keygen", "--out", keys.to_str().unwrap()]);
-    assert_eq!(k.code, 0, "{}", k.stderr);
-    let doc = r.json();
-    (dir, candidate, keys.join("cardproof.key"), doc)
-}
 
-fn verify_transformers(dir: &Path, candidate: &Path, key: &Path, extra: &[&str]) -> Run {
-    let text = dir.join("eval.txt");
-    let out = dir.join("report");
-    let mut args = vec![
-        "verify",
-        candidate.to_str().unwrap(),
-        "--reference",
-        "examples/models/shakespeare-bf16",
-        "--runner",
-        "transformers",
-        "--device",
-        "cpu",
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--key",
-        key.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--json",
-    ];
-    args.extend_from_slice(extra);
-    run(&[], &args)
-}
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn a_run_that_cannot_fit_is_refused_before_loading() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        let r = cpu_measure(
+            dir.path(),
+            "examples/models/shakespeare-fp8-block",
+            &["--memory-limit", "1000000"],
+        );
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        assert!(
+            r.stderr.contains("out_of_memory_plan") && r.stderr.contains("is free on cpu"),
+            "{}",
+            r.stderr
+        );
+    }
 
-#[test]
-fn verify_reruns_a_transformers_card_in_its_lane() {
-    if !torch_available() {
-        return;
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn an_attention_sweep_measures_the_kernel_alone() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        let text = short_text(dir.path(), 6000);
+        let out = dir.path().join("sweep");
+        let r = run(
+            &[],
+            &[
+                "measure",
+                "--runner",
+                "transformers",
+                "--device",
+                "cpu",
+                "--torch-dtype",
+                "float32",
+                "--sweep",
+                "attention=sdpa,eager",
+                "--candidate",
+                "examples/models/shakespeare-bf16",
+                "--eval-text",
+                text.to_str().unwrap(),
+                "--context-length",
+                "128",
+                "--out",
+                out.to_str().unwrap(),
+                "--json",
+            ],
+        );
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let doc = r.json();
+        let pair = &doc["pairs"][0];
+        assert_eq!(pair["baseline"], "sdpa");
+        assert_eq!(pair["other"], "eager");
+        let run0 = &pair["runs"][0];
+        let kld = run0["kld_mean"].as_f64().unwrap();
+        // Same weights, another kernel, f32: a rounding-level KL, never zero, far below the
+        // quantized pairs' (~1e-2).
+        assert!(kld > 0.0 && kld < 1e-6, "{kld}");
+        assert!(run0["n_flips"].as_u64().is_some());
+        assert!(out.join("sweep.json").exists());
+        assert!(
+            out.join("attention-sdpa-vs-eager/measurement.json")
+                .exists()
+        );
     }
-    let (dir, candidate, key, _) = transformers_card();
-    let v = verify_transformers(dir.path(), &candidate, &key, &[]);
-    let report = v.json();
-    assert_eq!(
-        report["verdict"], "reproduced",
-        "{}\n{}",
-        v.stderr, v.stdout
-    );
-    assert_eq!(v.code, 0);
-    let gates = report["sanity"].as_array().unwrap();
-    assert_eq!(gates.len(), 3);
-    for gate in gates {
-        assert_eq!(gate["passed"], true, "{gate}");
-    }
-    // Another attention kernel is another lane: not comparable, never "reproduced".
-    let v = verify_transformers(dir.path(), &candidate, &key, &["--attention", "eager"]);
-    let report = v.json();
-    assert_eq!(report["verdict"], "not_comparable", "{}", v.stdout);
-    assert!(v.stdout.contains("attention: card"), "{}", v.stdout);
-}
 
-#[test]
-fn sequential_mode_gives_the_same_numbers_and_still_runs_the_gates() {
-    if !torch_available() {
-        return;
-    }
-    let (dir, candidate, key, measured) = transformers_card();
-    // 30 MB "free": both example models with the head chunk do not fit, one at a time does.
-    let v = verify_transformers(
-        dir.path(),
-        &candidate,
-        &key,
-        &["--memory-limit", "30000000"],
-    );
-    let report = v.json();
-    assert_eq!(
-        report["measurement"]["environment"]["transformers_runner"]["mode"],
-        "sequential"
-    );
-    assert_eq!(
-        report["verdict"], "reproduced",
-        "{}\n{}",
-        v.stderr, v.stdout
-    );
-    for gate in report["sanity"].as_array().unwrap() {
-        assert_eq!(gate["passed"], true, "{gate}");
-    }
-    let same_numbers = |doc: &serde_json::Value, what: &str| {
-        let (a, b) = (&doc["runs"][0]["metrics"], &measured["runs"][0]["metrics"]);
-        for (name, value) in b.as_object().unwrap() {
-            let (x, y) = (a[name].as_f64().unwrap(), value.as_f64().unwrap());
-            assert!(rel(x, y) < 1e-12, "{name}: {what} {x}, side by side {y}");
+    /// A copy of the FP8 example whose card is written from a transformers measurement on CPU, and a
+    /// key to sign with: (temp dir, candidate dir, key, the measurement document).
+    fn transformers_card() -> (tempfile::TempDir, PathBuf, PathBuf, serde_json::Value) {
+        let dir = tempfile::tempdir().unwrap();
+        let r = cpu_measure(dir.path(), "examples/models/shakespeare-fp8-block", &[]);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let candidate = dir.path().join("candidate");
+        std::fs::create_dir(&candidate).unwrap();
+        for entry in
+            std::fs::read_dir(repo_root().join("examples/models/shakespeare-fp8-block")).unwrap()
+        {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), candidate.join(entry.file_name())).unwrap();
         }
-    };
-    same_numbers(&report["measurement"], "sequential");
-    // The reference's hidden states spilled to disk between the two models: the same numbers.
-    let r = cpu_measure(
-        dir.path(),
-        "examples/models/shakespeare-fp8-block",
-        &["--memory-limit", "30000000", "--keep-hidden", "disk"],
-    );
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let doc = r.json();
-    let plan = &doc["environment"]["transformers_runner"]["memory_plan"];
-    assert_eq!(plan["kept_hidden_where"], "disk", "{plan}");
-    same_numbers(&doc, "spilled to disk");
+        let card = candidate.join("README.md");
+        let measurement = dir.path().join("out/measurement.json");
+        let c = run(
+            &[],
+            &[
+                "card",
+                "--measurement",
+                measurement.to_str().unwrap(),
+                "--into",
+                card.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(c.code, 0, "{}", c.stderr);
+        let text = std::fs::read_to_string(&card).unwrap();
+        assert!(text.contains("engine: transformers"), "{text}");
+        let keys = dir.path().join("keys");
+        let k = run(&[], &["keygen", "--out", keys.to_str().unwrap()]);
+        assert_eq!(k.code, 0, "{}", k.stderr);
+        let doc = r.json();
+        (dir, candidate, keys.join("cardproof.key"), doc)
+    }
+
+    fn verify_transformers(dir: &Path, candidate: &Path, key: &Path, extra: &[&str]) -> Run {
+        let text = dir.join("eval.txt");
+        let out = dir.join("report");
+        let mut args = vec![
+            "verify",
+            candidate.to_str().unwrap(),
+            "--reference",
+            "examples/models/shakespeare-bf16",
+            "--runner",
+            "transformers",
+            "--device",
+            "cpu",
+            "--eval-text",
+            text.to_str().unwrap(),
+            "--key",
+            key.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        run(&[], &args)
+    }
+
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn verify_reruns_a_transformers_card_in_its_lane() {
+        require_torch();
+        let (dir, candidate, key, _) = transformers_card();
+        let v = verify_transformers(dir.path(), &candidate, &key, &[]);
+        let report = v.json();
+        assert_eq!(
+            report["verdict"], "reproduced",
+            "{}\n{}",
+            v.stderr, v.stdout
+        );
+        assert_eq!(v.code, 0);
+        let gates = report["sanity"].as_array().unwrap();
+        assert_eq!(gates.len(), 3);
+        for gate in gates {
+            assert_eq!(gate["passed"], true, "{gate}");
+        }
+        // Another attention kernel is another lane: not comparable, never "reproduced".
+        let v = verify_transformers(dir.path(), &candidate, &key, &["--attention", "eager"]);
+        let report = v.json();
+        assert_eq!(report["verdict"], "not_comparable", "{}", v.stdout);
+        assert!(v.stdout.contains("attention: card"), "{}", v.stdout);
+    }
+
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn sequential_mode_gives_the_same_numbers_and_still_runs_the_gates() {
+        require_torch();
+        let (dir, candidate, key, measured) = transformers_card();
+        // 30 MB "free": both example models with the head chunk do not fit, one at a time does.
+        let v = verify_transformers(
+            dir.path(),
+            &candidate,
+            &key,
+            &["--memory-limit", "30000000"],
+        );
+        let report = v.json();
+        assert_eq!(
+            report["measurement"]["environment"]["transformers_runner"]["mode"],
+            "sequential"
+        );
+        assert_eq!(
+            report["verdict"], "reproduced",
+            "{}\n{}",
+            v.stderr, v.stdout
+        );
+        for gate in report["sanity"].as_array().unwrap() {
+            assert_eq!(gate["passed"], true, "{gate}");
+        }
+        let same_numbers = |doc: &serde_json::Value, what: &str| {
+            let (a, b) = (&doc["runs"][0]["metrics"], &measured["runs"][0]["metrics"]);
+            for (name, value) in b.as_object().unwrap() {
+                let (x, y) = (a[name].as_f64().unwrap(), value.as_f64().unwrap());
+                assert!(rel(x, y) < 1e-12, "{name}: {what} {x}, side by side {y}");
+            }
+        };
+        same_numbers(&report["measurement"], "sequential");
+        // The reference's hidden states spilled to disk between the two models: the same numbers.
+        let r = cpu_measure(
+            dir.path(),
+            "examples/models/shakespeare-fp8-block",
+            &["--memory-limit", "30000000", "--keep-hidden", "disk"],
+        );
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let doc = r.json();
+        let plan = &doc["environment"]["transformers_runner"]["memory_plan"];
+        assert_eq!(plan["kept_hidden_where"], "disk", "{plan}");
+        same_numbers(&doc, "spilled to disk");
+    }
 }

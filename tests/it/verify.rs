@@ -304,6 +304,71 @@ fn sign_wraps_a_measurement_and_verify_report_accepts_it() {
     assert_eq!(again.code, 2, "{}", again.stderr);
 }
 
+/// `--pub` given the private key (`cardproof.key`, beside `cardproof.pub`) was read and its public
+/// key derived, silently; it is exit 2 naming the file and what to pass instead, for
+/// `verify-report` and `check` alike, and before any other work.
+#[test]
+fn a_private_key_passed_as_pub_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    let k = cardproof(&["keygen", "--out", keys.to_str().unwrap()]);
+    assert_eq!(k.code, 0, "{}", k.stderr);
+    let (private, public) = (keys.join("cardproof.key"), keys.join("cardproof.pub"));
+    let key = cardproof::attest::read_signing_key(&private).unwrap();
+    let subject = dir.path().join("model");
+    std::fs::create_dir(&subject).unwrap();
+    std::fs::write(subject.join("config.json"), "{}").unwrap();
+    let manifest = cardproof::checkpoint::hash::hash_path(
+        &subject,
+        &cardproof::checkpoint::hash::HashOptions::default(),
+        &|_| {},
+    )
+    .unwrap();
+    let statement = cardproof::attest::statement(
+        &cardproof::attest::subjects(&manifest),
+        serde_json::json!({"verdict": "reproduced"}),
+    );
+    let envelope = cardproof::attest::sign_envelope(
+        &serde_json::to_vec(&statement).unwrap(),
+        cardproof::attest::PAYLOAD_TYPE,
+        &key,
+    );
+    let envelope_path = dir.path().join("report.dsse.json");
+    std::fs::write(&envelope_path, serde_json::to_vec(&envelope).unwrap()).unwrap();
+    let verify = |key: &Path| {
+        cardproof(&[
+            "verify-report",
+            envelope_path.to_str().unwrap(),
+            "--pub",
+            key.to_str().unwrap(),
+        ])
+    };
+    // The same envelope verifies with the public key.
+    let ok = verify(&public);
+    assert_eq!(ok.code, 0, "{}{}", ok.stdout, ok.stderr);
+    let message = format!(
+        "error: {}: is a private key; pass the public key (cardproof.pub",
+        private.display()
+    );
+    let refused = verify(&private);
+    assert_eq!(refused.code, 2, "{}{}", refused.stdout, refused.stderr);
+    assert!(refused.stderr.starts_with(&message), "{}", refused.stderr);
+    assert_eq!(refused.stderr.lines().count(), 1, "{}", refused.stderr);
+    // check refuses it before asking the Hub anything (the endpoint answers nothing).
+    let check = assert_cmd::Command::cargo_bin("cardproof")
+        .unwrap()
+        .current_dir(dir.path())
+        .env("NO_COLOR", "1")
+        .env("HF_ENDPOINT", "http://127.0.0.1:9")
+        .env("HF_HUB_OFFLINE", "1")
+        .args(["check", "hf:org/name", "--pub", private.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(check.stderr).unwrap();
+    assert_eq!(check.status.code(), Some(2), "{stderr}");
+    assert!(stderr.starts_with(&message), "{stderr}");
+}
+
 #[test]
 fn verify_against_a_reference_artifact_reproduces() {
     let v = Verified::new("shakespeare-w8a16", &[]);

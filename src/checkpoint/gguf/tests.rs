@@ -4,15 +4,15 @@ use super::*;
 
 const REF_F32: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../shared/fixtures/llamacpp/ref-f32.gguf"
+    "/tests/fixtures/llamacpp/ref-f32.gguf"
 );
 const CAND_Q5_0: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../shared/fixtures/llamacpp/cand-q5_0.gguf"
+    "/tests/fixtures/llamacpp/cand-q5_0.gguf"
 );
 const CAND_Q6_K: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../shared/fixtures/llamacpp/cand-q6_k.gguf"
+    "/tests/fixtures/llamacpp/cand-q6_k.gguf"
 );
 
 fn parse_all(bytes: &[u8]) -> Result<GgufFile> {

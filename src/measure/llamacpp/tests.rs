@@ -1,5 +1,5 @@
 //! Tests of the llama.cpp compatibility layer, against real llama.cpp outputs
-//! (`shared/fixtures/llamacpp/`, see its README) and crafted files for the edge cases real files
+//! (`tests/fixtures/llamacpp/`, see its README) and crafted files for the edge cases real files
 //! rarely hit.
 
 use std::path::{Path, PathBuf};
@@ -11,7 +11,7 @@ mod base;
 mod compat;
 mod printed;
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures/llamacpp/");
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/llamacpp/");
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(FIXTURES).join(name)

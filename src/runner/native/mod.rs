@@ -99,7 +99,9 @@ pub fn load(path: &Path, compute: ComputeDtype, emulate: Emulate) -> Result<Nati
                 "--emulate llamacpp-cpu applies to GGUF models only",
             ));
         }
-        (Box::new(SafetensorsStore::open(&path, json)?), config)
+        let store = SafetensorsStore::open(&path, json)?;
+        store.refuse_unknown_method()?;
+        (Box::new(store), config)
     };
     // Tied embeddings: the output layer is the embedding (as transformers loads it).
     let head = if config.tie_embeddings {

@@ -158,6 +158,31 @@ impl SafetensorsStore {
         self.declared.as_ref()
     }
 
+    /// The runner computes what the checkpoint's declaration says (weight formats, activation
+    /// quantization, KV cache): a `quant_method` cardproof does not know leaves that unknown, so
+    /// it is refused before any work rather than measured as if it were plain weights.
+    pub fn refuse_unknown_method(&self) -> Result<()> {
+        let Some(d) = self.declared.as_ref().filter(|d| !d.known) else {
+            return Ok(());
+        };
+        let what = if d.method.is_empty() {
+            "has no `quant_method` string".to_owned()
+        } else {
+            format!(
+                "quant_method `{}` is not a quantization method cardproof knows",
+                d.method
+            )
+        };
+        Err(Error::malformed(
+            &self.dir.join("config.json"),
+            Some("quantization_config"),
+            format!(
+                "{what} (known: {}), so the native runner cannot tell what this checkpoint computes",
+                quant_config::KNOWN_METHODS.join(", ")
+            ),
+        ))
+    }
+
     /// A tensor loading uses (recorded as read).
     fn find(&self, name: &str) -> Option<(&Path, &TensorInfo)> {
         let found = self.checkpoint.tensor(name)?;
