@@ -1,5 +1,6 @@
 //! The eval text as the models see it: tokenized once with the reference's `tokenizer.json`, BOS
-//! applied as disclosed, cut into non-overlapping windows (design.md, "The measurement").
+//! applied as disclosed, cut into non-overlapping windows (a trailing partial window is dropped
+//! and counted; `per_window` BOS replaces each window's first token, as llama.cpp does).
 
 use std::path::{Path, PathBuf};
 

@@ -1,4 +1,4 @@
-//! Claims on a card against a rerun: the verdicts of docs/DESIGN.md ("Verdicts"). A claim is
+//! Claims on a card against a rerun: the verdicts of docs/DESIGN.md ("Verification"). A claim is
 //! `reproduced` only in the same lane on the same token stream and the same sample, within the
 //! claim's printed precision (half a unit in its last printed digit) plus 1e-3 relative numerical
 //! noise, and only when that precision means something: a claim whose digits allow more than

@@ -1,4 +1,4 @@
-//! Sanity gates, run on every verification (design.md, "Verdicts"): a model against itself gives
+//! Sanity gates, run on every verification (docs/DESIGN.md, "Verification"): a model against itself gives
 //! exactly 0; the candidate shifted by one row gives a large KL; a quantized candidate does not
 //! give an all-zero KL (quantization never engaged).
 
