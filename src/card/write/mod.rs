@@ -1,0 +1,327 @@
+//! `cardproof card`: write a measurement into a model card.
+//!
+//! The card's `fidelity:` block is replaced whole (or added at the end of the front matter),
+//! `base_model` and `base_model_relation` are added when missing, the headline claims are mirrored
+//! into a single-entry `model-index`, and a readable section is kept between two HTML comments in
+//! the body. Every other byte of the card stays as it was: each edit is a splice at the byte span
+//! the YAML parser reports for a top-level entry, cut at line boundaries and written in the file's
+//! own line endings. The YAML is emitted here (block style, schema key order, and every string
+//! quoted that a YAML 1.2 or a YAML 1.1 reader such as PyYAML would read as anything but itself),
+//! then parsed back and compared before it is returned.
+//!
+//! The work is split by concept: [`merge`] folds the measurement into what the card already
+//! disclosed, [`model_index`] mirrors the claims into the Hub's `model-index`, [`splice`] finds
+//! the byte spans of the existing card and applies the edits, [`emit`] writes the YAML text, and
+//! [`section`] renders the readable section of the body. This module holds the entry point, the
+//! measurement document they all read, the small JSON helpers they share, and the final
+//! read-back check.
+
+mod emit;
+mod merge;
+mod model_index;
+mod section;
+mod splice;
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use self::emit::{SCHEMA_ROOT, emit_mapping};
+use self::merge::merge_fidelity;
+use self::model_index::{is_ours, model_index, model_name};
+use self::section::section;
+use self::splice::{Edit, Entries, Layout};
+use super::Card;
+use crate::error::{Error, Result};
+
+/// The line that opens the generated section of the card body.
+pub const SECTION_START: &str = "<!-- cardproof:fidelity:start -->";
+/// The line that closes the generated section of the card body.
+pub const SECTION_END: &str = "<!-- cardproof:fidelity:end -->";
+/// `source.name` of every `model-index` result cardproof writes: a `model-index` whose results
+/// all carry it is cardproof's to replace.
+pub const MODEL_INDEX_SOURCE: &str = "cardproof";
+/// `source.url` of the `model-index` results cardproof writes.
+pub const MODEL_INDEX_URL: &str = "https://cardproof.dev";
+
+/// What the card command adds besides the measurement's own block.
+#[derive(Debug, Clone, Default)]
+pub struct CardInputs {
+    /// The `measurement.json` document (`cardproof measure`).
+    pub measurement: Value,
+    /// Values for fields a local measurement cannot know; each overrides what the card already
+    /// has, and is kept from the existing card when `None`.
+    pub reference_repo: Option<String>,
+    pub reference_revision: Option<String>,
+    pub candidate_repo: Option<String>,
+    pub candidate_revision: Option<String>,
+}
+
+/// The new card text, and what the caller should tell the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrittenCard {
+    /// The complete new README.md.
+    pub text: String,
+    /// Things left undone or worth a look: fields nobody supplied (lint reports them), an existing
+    /// `model-index` left alone, KLD numbers in the prose outside the generated section.
+    pub warnings: Vec<String>,
+}
+
+/// Write or update the card at `path` (used in messages and for the model's name when no
+/// candidate repository is known): `existing` is its current text, `None` when there is no card.
+pub fn write_card(existing: Option<&str>, path: &Path, inputs: &CardInputs) -> Result<WrittenCard> {
+    let measured = Measured::read(&inputs.measurement)?;
+    for (side, revision) in [
+        ("reference", &inputs.reference_revision),
+        ("candidate", &inputs.candidate_revision),
+    ] {
+        if let Some(r) = revision
+            && !is_hex(r, 40)
+        {
+            return Err(Error::malformed(
+                path,
+                Some(&format!("{side} revision")),
+                format!("`{r}` is not a full 40-hex commit hash (lowercase)"),
+            ));
+        }
+    }
+    let card = existing
+        .map(|text| Card::from_bytes(path.to_path_buf(), text.as_bytes().to_vec()))
+        .transpose()?;
+    let layout = match &card {
+        Some(card) => Layout::of(card)?,
+        None => Layout::empty(),
+    };
+    let mut warnings = Vec::new();
+
+    let root = layout.root;
+    let old_fidelity = root
+        .and_then(|r| r.get("fidelity"))
+        .map(|e| e.value.to_json())
+        .filter(Value::is_object);
+    let fidelity = merge_fidelity(&measured, old_fidelity.as_ref(), inputs, &mut warnings);
+
+    let mut edits: Vec<Edit> = Vec::new();
+    let mut appended = String::new();
+    let indent = layout.indent;
+
+    // base_model and base_model_relation: added when missing, never changed.
+    let reference_repo = str_at(&fidelity, "/reference/repo");
+    match root
+        .and_then(|r| r.get("base_model"))
+        .map(|e| e.value.to_json())
+    {
+        None => match reference_repo {
+            Some(repo) if is_hub_id(repo) => {
+                let mut map = Map::new();
+                map.insert("base_model".into(), repo.into());
+                emit_mapping(&mut appended, indent, &map, None);
+            }
+            Some(repo) => warnings.push(format!(
+                "`base_model` is missing and the reference `{repo}` is not a Hub repository id \
+                 (`org/name`), so it was not added"
+            )),
+            None => warnings.push(
+                "`base_model` is missing and the reference repository is not known, so it was \
+                 not added"
+                    .into(),
+            ),
+        },
+        Some(base) => {
+            let bases: Vec<&str> = match &base {
+                Value::String(s) => vec![s.as_str()],
+                Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
+                _ => Vec::new(),
+            };
+            if bases.is_empty() {
+                warnings.push("`base_model` is present but names no model; left unchanged".into());
+            } else if let Some(repo) = reference_repo
+                && !bases.contains(&repo)
+            {
+                warnings.push(format!(
+                    "`base_model` is `{}` but the reference is `{repo}`; left unchanged (lint \
+                     reports the mismatch)",
+                    bases.join(", ")
+                ));
+            }
+        }
+    }
+    match root
+        .and_then(|r| r.get("base_model_relation"))
+        .map(|e| e.value.to_json())
+    {
+        None => {
+            let mut map = Map::new();
+            map.insert("base_model_relation".into(), "quantized".into());
+            emit_mapping(&mut appended, indent, &map, None);
+        }
+        Some(Value::String(s)) if s == "quantized" => {}
+        Some(other) => warnings.push(format!(
+            "`base_model_relation` is `{}`, not `quantized`; left unchanged (lint reports it)",
+            other
+                .as_str()
+                .map_or_else(|| other.to_string(), str::to_owned)
+        )),
+    }
+
+    // model-index: replaced when cardproof wrote it, added when absent, else left alone.
+    let name = model_name(&fidelity, &measured, path);
+    let model_index = model_index(&fidelity, &measured, &name);
+    let mut model_index_written = true;
+    {
+        let mut map = Map::new();
+        map.insert("model-index".into(), model_index.clone());
+        let mut block = String::new();
+        emit_mapping(&mut block, indent, &map, None);
+        match root.and_then(|r| r.entries().iter().position(|e| e.key == "model-index")) {
+            None => appended.push_str(&block),
+            Some(i) if is_ours(&root.expect("found in root").entries()[i].value.to_json()) => {
+                edits.push(layout.replace_entry(i, &block)?);
+            }
+            Some(_) => {
+                model_index_written = false;
+                warnings.push(
+                    "the card's `model-index` was not written by cardproof; it was left unchanged \
+                     and the fidelity claims are not mirrored into it"
+                        .into(),
+                );
+            }
+        }
+    }
+
+    // fidelity: replaced whole, or added at the end of the front matter.
+    {
+        let mut map = Map::new();
+        map.insert("fidelity".into(), fidelity.clone());
+        let mut block = String::new();
+        emit_mapping(&mut block, indent, &map, Some(&*SCHEMA_ROOT));
+        match root.and_then(|r| r.entries().iter().position(|e| e.key == "fidelity")) {
+            Some(i) => edits.push(layout.replace_entry(i, &block)?),
+            None => appended.push_str(&block),
+        }
+    }
+    if !appended.is_empty() {
+        edits.push(layout.append_to_front_matter(&appended));
+    }
+
+    // The readable section in the body.
+    let section = section(&fidelity, &measured, &name);
+    let new_card = existing.is_none_or(|t| t.trim().is_empty());
+    edits.push(layout.section_edit(&section, &name, new_card)?);
+    warnings.extend(layout.prose_warning());
+
+    let text = layout.apply(edits);
+    self_check(
+        &text,
+        path,
+        &fidelity,
+        model_index_written.then_some(&model_index),
+    )?;
+    Ok(WrittenCard { text, warnings })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The measurement document.
+
+struct Measured<'a> {
+    fidelity: &'a Map<String, Value>,
+    runs: &'a [Value],
+    doc: &'a Value,
+}
+
+impl<'a> Measured<'a> {
+    fn read(doc: &'a Value) -> Result<Self> {
+        let bad = |what: &str| {
+            Error::malformed(
+                Path::new("measurement.json"),
+                None,
+                format!(
+                    "the measurement document has no {what}; pass the measurement.json that \
+                     `cardproof measure` wrote"
+                ),
+            )
+        };
+        let fidelity = doc
+            .get("fidelity")
+            .and_then(Value::as_object)
+            .ok_or_else(|| bad("`fidelity` block"))?;
+        let runs = doc
+            .get("runs")
+            .and_then(Value::as_array)
+            .filter(|r| !r.is_empty())
+            .ok_or_else(|| bad("`runs`"))?;
+        if fidelity.get("protocol").is_none() || fidelity.get("results").is_none() {
+            return Err(bad("`fidelity.protocol` or `fidelity.results`"));
+        }
+        Ok(Measured {
+            fidelity,
+            runs,
+            doc,
+        })
+    }
+}
+
+fn str_at<'v>(v: &'v Value, pointer: &str) -> Option<&'v str> {
+    v.pointer(pointer).and_then(Value::as_str)
+}
+
+fn u64_at(v: &Value, pointer: &str) -> Option<u64> {
+    v.pointer(pointer).and_then(Value::as_u64)
+}
+
+fn f64_at(v: &Value, pointer: &str) -> Option<f64> {
+    v.pointer(pointer).and_then(Value::as_f64)
+}
+
+/// A Hub repository id: `name` or `org/name`, letters, digits, `-`, `_` and `.`.
+fn is_hub_id(repo: &str) -> bool {
+    let parts: Vec<&str> = repo.split('/').collect();
+    parts.len() <= 2
+        && parts.iter().all(|p| {
+            !p.is_empty()
+                && !p.starts_with(['.', '-'])
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        })
+}
+
+fn is_hex(s: &str, len: usize) -> bool {
+    s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading the result back.
+
+/// The written card must parse, and its blocks must read back as the values written.
+fn self_check(
+    text: &str,
+    path: &Path,
+    fidelity: &Value,
+    model_index: Option<&Value>,
+) -> Result<()> {
+    let card = Card::from_bytes(path.to_path_buf(), text.as_bytes().to_vec())?;
+    let root = card.metadata();
+    let read = |key: &str| root.and_then(|r| r.get(key)).map(|e| e.value.to_json());
+    let mut wrong = Vec::new();
+    if read("fidelity").as_ref() != Some(fidelity) {
+        wrong.push("fidelity");
+    }
+    if let Some(mi) = model_index
+        && read("model-index").as_ref() != Some(mi)
+    {
+        wrong.push("model-index");
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::malformed(
+            path,
+            None,
+            format!(
+                "internal error: the written `{}` does not read back as written; the card was \
+                 not changed (please report this)",
+                wrong.join("` and `")
+            ),
+        ))
+    }
+}
