@@ -214,12 +214,7 @@ fn check_on_a_sparse_multi_gb_checkpoint_fetches_almost_nothing() {
     );
     assert_eq!(doc["commit"], C1);
     let here = local(&["inspect", repo.path().to_str().unwrap(), "--json"]).json();
-    let mut remote = doc["inspections"][0].clone();
-    remote
-        .as_object_mut()
-        .unwrap()
-        .shift_insert(0, "schema_version".into(), 1.into());
-    assert_eq!(remote, here);
+    assert_eq!(doc["inspections"], here["variants"]);
 }
 
 fn local_root_digest(dir: &Path) -> String {
