@@ -18,7 +18,7 @@ const C2: &str = "2222222222222222222222222222222222222222";
 
 /// Run cardproof against `server` with `cache` as the hub cache and nothing from the user's
 /// environment (no token, no real cache, short timeouts and backoff).
-fn run(server: &HubServer, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
+pub(crate) fn run(server: &HubServer, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
     let mut cmd = Command::cargo_bin("cardproof").expect("binary builds");
     cmd.current_dir(cache)
         .env("NO_COLOR", "1")

@@ -762,7 +762,15 @@ fn export(args: &cli::ExportArgs, p: config::ProtocolConfig) -> io::Result<u8> {
                         args.out.display(),
                         args.context_length[0]
                     );
-                    exported(&printer, &args.out, "llamacpp", None, rows as usize, None, note)
+                    exported(
+                        &printer,
+                        &args.out,
+                        "llamacpp",
+                        None,
+                        rows as usize,
+                        None,
+                        note,
+                    )
                 }
                 Err(e) => {
                     printer.error(&e)?;
