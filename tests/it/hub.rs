@@ -18,7 +18,7 @@ const C2: &str = "2222222222222222222222222222222222222222";
 
 /// Run cardproof against `server` with `cache` as the hub cache and nothing from the user's
 /// environment (no token, no real cache, short timeouts and backoff).
-fn run(server: &HubServer, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
+pub(crate) fn run(server: &HubServer, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
     let mut cmd = Command::cargo_bin("cardproof").expect("binary builds");
     cmd.current_dir(cache)
         .env("NO_COLOR", "1")
@@ -214,12 +214,7 @@ fn check_on_a_sparse_multi_gb_checkpoint_fetches_almost_nothing() {
     );
     assert_eq!(doc["commit"], C1);
     let here = local(&["inspect", repo.path().to_str().unwrap(), "--json"]).json();
-    let mut remote = doc["inspections"][0].clone();
-    remote
-        .as_object_mut()
-        .unwrap()
-        .shift_insert(0, "schema_version".into(), 1.into());
-    assert_eq!(remote, here);
+    assert_eq!(doc["inspections"], here["variants"]);
 }
 
 fn local_root_digest(dir: &Path) -> String {

@@ -6,10 +6,19 @@ use serde_json::Value;
 use crate::fixtures::*;
 use crate::support::*;
 
+/// `inspect --json` of a single checkpoint: its one-element `variants` list's entry.
 fn inspect(dir: &std::path::Path) -> Value {
     let run = cardproof(&["inspect", dir.to_str().unwrap(), "--json"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
-    run.json()
+    only_variant(run.json())
+}
+
+/// The one entry of a document's `variants` (every `inspect --json` has the list).
+fn only_variant(doc: Value) -> Value {
+    assert_eq!(doc["schema_version"], 1, "{doc}");
+    let variants = doc["variants"].as_array().expect("a `variants` list");
+    assert_eq!(variants.len(), 1, "one checkpoint, one variant: {doc}");
+    variants[0].clone()
 }
 
 fn module<'a>(doc: &'a Value, name: &str) -> &'a Value {
@@ -39,7 +48,6 @@ fn mixed_fp8_static_and_nvfp4_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     mixed_fp8_nvfp4(dir.path());
     let doc = inspect(dir.path());
-    assert_eq!(doc["schema_version"], 1);
     assert_eq!(doc["format"], "safetensors");
     let q = module(&doc, "model.layers.0.self_attn.q_proj");
     assert_eq!(
@@ -238,6 +246,31 @@ fn gguf_types_give_exact_bits() {
     assert_eq!(doc["summary"]["schemes"]["q6_k"], 3);
 }
 
+/// One JSON shape whatever the input: a single GGUF file, a directory with one checkpoint and a
+/// directory of several GGUF variants all give `{"schema_version": 1, "variants": [...]}`, and a
+/// file's entry is the same as its entry in the directory's list.
+#[test]
+fn inspect_json_has_one_shape_for_one_or_many_variants() {
+    let keys = |doc: &Value| -> Vec<String> { doc.as_object().unwrap().keys().cloned().collect() };
+    let many = cardproof(&["inspect", "tests/fixtures/llamacpp", "--json"]);
+    let file = cardproof(&["inspect", "tests/fixtures/llamacpp/ref-f32.gguf", "--json"]);
+    let dir = cardproof(&["inspect", &model("shakespeare-q4_0-gguf"), "--json"]);
+    for run in [&many, &file, &dir] {
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        assert_eq!(keys(&run.json()), ["schema_version", "variants"]);
+    }
+    assert_eq!(many.json()["variants"].as_array().unwrap().len(), 3);
+    let one = only_variant(file.json());
+    assert_eq!(one["format"], "gguf");
+    assert_eq!(only_variant(dir.json())["format"], "gguf");
+    // The file's entry is its entry in the directory's list, but for the variant's name.
+    let mut listed = many.json()["variants"][2].clone();
+    assert_eq!(listed["variant"], "ref-f32");
+    listed["variant"] = one["variant"].clone();
+    assert_eq!(listed["summary"], one["summary"]);
+    assert_eq!(listed["modules"], one["modules"]);
+}
+
 #[test]
 fn a_directory_of_gguf_files_reports_each_variant() {
     let run = cardproof(&["inspect", "tests/fixtures/llamacpp", "--json"]);
@@ -411,7 +444,7 @@ fn one_part_of_a_split_gguf_stands_for_all_parts() {
         &["inspect", "m-Q4_K-00002-of-00002.gguf", "--json"],
     );
     assert_eq!(run.code, 0, "{}", run.stderr);
-    let doc = run.json();
+    let doc = only_variant(run.json());
     assert_eq!(doc["files"].as_array().unwrap().len(), 2);
     assert_eq!(doc["tensor_count"], tensors.len());
     assert_eq!(doc["summary"]["embeddings"], "q4_k");

@@ -14,6 +14,7 @@ mod kld;
 mod lint;
 mod measure;
 mod native_llamacpp;
+mod output_contract;
 mod outputs;
 mod schema;
 mod support;

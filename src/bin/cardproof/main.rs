@@ -558,11 +558,24 @@ fn sign(args: &cli::SignArgs) -> io::Result<u8> {
         let text = serde_json::to_vec_pretty(&envelope)
             .map_err(|e| cardproof::Error::malformed(&out, None, format!("cannot encode: {e}")))?;
         cardproof::measurement::write_atomically(&out, &text)?;
-        Ok::<_, cardproof::Error>(out)
+        // What was signed, read back from the envelope's payload.
+        let parts = cardproof::attest::dsse::EnvelopeParts::from_value(&out, &envelope)?;
+        let statement: serde_json::Value = serde_json::from_slice(&parts.payload)
+            .map_err(|e| cardproof::Error::malformed(&out, Some("payload"), e.to_string()))?;
+        let sha256 = cardproof::checkpoint::hash::hash_file(&out)?;
+        let keyid = cardproof::attest::keyid(&key.verifying_key());
+        Ok::<_, cardproof::Error>((out, sha256, keyid, statement))
     })();
     match result {
-        Ok(out) => {
-            printer.note(&format!("wrote {}", out.display()));
+        Ok((out, sha256, keyid, statement)) => {
+            printer.signed(&printer::Signed {
+                envelope: &out,
+                sha256: &sha256,
+                file: &args.file,
+                keyid: &keyid,
+                predicate_type: statement["predicateType"].as_str().unwrap_or_default(),
+                subjects: statement["subject"].as_array().map_or(0, Vec::len),
+            })?;
             Ok(0)
         }
         Err(e) => {
@@ -681,21 +694,21 @@ fn card(args: &cli::CardArgs) -> io::Result<u8> {
             },
         )?;
         cardproof::measurement::write_atomically(&into, written.text.as_bytes())?;
+        let sha256 = cardproof::checkpoint::hash::hash_file(&into)?;
         let card = cardproof::card::Card::open(&into)?;
         let lint = cardproof::lint::lint(&card);
-        Ok::<_, cardproof::Error>((into, written.warnings, lint))
+        Ok::<_, cardproof::Error>((into, existing.is_none(), sha256, written.warnings, lint))
     })();
     match result {
-        Ok((into, warnings, lint)) => {
-            for w in &warnings {
-                printer.note(w);
-            }
-            printer.note(&format!(
-                "wrote {} (lint: {} errors, {} warnings)",
-                into.display(),
-                lint.errors(),
-                lint.warnings()
-            ));
+        Ok((into, created, sha256, warnings, lint)) => {
+            printer.card_written(&printer::CardWritten {
+                card: &into,
+                created,
+                sha256: &sha256,
+                measurement: &args.measurement,
+                lint: &lint,
+                warnings: &warnings,
+            })?;
             Ok(if lint.errors() > 0 { EXIT_FINDINGS } else { 0 })
         }
         Err(e) => {
@@ -744,12 +757,20 @@ fn export(args: &cli::ExportArgs, p: config::ProtocolConfig) -> io::Result<u8> {
                 &args.out,
             ) {
                 Ok(rows) => {
-                    printer.note(&format!(
+                    let note = format!(
                         "wrote {} ({rows} rows: the second half of each {}-token window, as llama-perplexity --kl-divergence-base writes them)",
                         args.out.display(),
                         args.context_length[0]
-                    ));
-                    Ok(0)
+                    );
+                    exported(
+                        &printer,
+                        &args.out,
+                        "llamacpp",
+                        None,
+                        rows as usize,
+                        None,
+                        note,
+                    )
                 }
                 Err(e) => {
                     printer.error(&e)?;
@@ -783,13 +804,63 @@ fn export(args: &cli::ExportArgs, p: config::ProtocolConfig) -> io::Result<u8> {
         Ok(header) => {
             let size = std::fs::metadata(&args.out).map(|m| m.len()).unwrap_or(0);
             let rows: usize = header.runs.iter().map(|r| r.rows).sum();
-            printer.note(&format!(
+            let sidecar = cardproof::artifact::sidecar_path(&args.out);
+            let note = format!(
                 "wrote {} ({size} bytes, {rows} scored positions, {:.0} bytes each; digest in {}): {}",
                 args.out.display(),
                 size as f64 / rows.max(1) as f64,
-                cardproof::artifact::sidecar_path(&args.out).display(),
+                sidecar.display(),
                 header.bound
-            ));
+            );
+            let kind = match header.kind {
+                Kind::Hidden => "hidden",
+                Kind::TopK => "top_k",
+            };
+            exported(
+                &printer,
+                &args.out,
+                kind,
+                Some(&sidecar),
+                rows,
+                Some(&header.bound),
+                note,
+            )
+        }
+        Err(e) => {
+            printer.error(&e)?;
+            Ok(EXIT_BAD_INPUT)
+        }
+    }
+}
+
+/// Print what `reference export` wrote: the artifact's digest and size are read back from disk.
+fn exported(
+    printer: &Printer,
+    artifact: &std::path::Path,
+    kind: &str,
+    sidecar: Option<&std::path::Path>,
+    rows: usize,
+    bound: Option<&str>,
+    note: String,
+) -> io::Result<u8> {
+    let digest = cardproof::checkpoint::hash::hash_file(artifact).and_then(|sha256| {
+        let size = std::fs::metadata(artifact)
+            .map_err(|e| cardproof::Error::io(artifact, e))?
+            .len();
+        Ok((sha256, size))
+    });
+    match digest {
+        Ok((sha256, size)) => {
+            printer.exported(&printer::Exported {
+                artifact,
+                kind,
+                sha256: &sha256,
+                size,
+                sidecar,
+                rows,
+                bound,
+                note,
+            })?;
             Ok(0)
         }
         Err(e) => {

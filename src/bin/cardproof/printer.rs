@@ -294,13 +294,8 @@ impl Printer {
         list_modules: bool,
     ) -> io::Result<()> {
         match self.output.format {
-            Format::Json => {
-                if let [only] = inspections {
-                    write_versioned(only)
-                } else {
-                    write_versioned(&json!({"variants": inspections}))
-                }
-            }
+            // One shape whatever the input: a single file or checkpoint is a one-element list.
+            Format::Json => write_versioned(&json!({"variants": inspections})),
             _ => {
                 let text: String = inspections
                     .iter()
@@ -1188,4 +1183,105 @@ fn render_sweep(doc: &serde_json::Value) -> String {
         ));
     }
     out
+}
+
+/// What `card` did: the card written, whether it was created or updated, and its lint counts.
+pub struct CardWritten<'a> {
+    pub card: &'a std::path::Path,
+    pub created: bool,
+    pub sha256: &'a str,
+    pub measurement: &'a std::path::Path,
+    pub lint: &'a LintReport,
+    pub warnings: &'a [String],
+}
+
+/// What `sign` did: the envelope written and what it signs.
+pub struct Signed<'a> {
+    pub envelope: &'a std::path::Path,
+    pub sha256: &'a str,
+    pub file: &'a std::path::Path,
+    pub keyid: &'a str,
+    pub predicate_type: &'a str,
+    pub subjects: usize,
+}
+
+/// What `reference export` did: the artifact written, its kind, digest and size.
+pub struct Exported<'a> {
+    pub artifact: &'a std::path::Path,
+    /// `hidden`, `top_k` or `llamacpp`.
+    pub kind: &'a str,
+    pub sha256: &'a str,
+    pub size: u64,
+    /// `FILE.sha256` (absent for a llama.cpp base file, which has none).
+    pub sidecar: Option<&'a std::path::Path>,
+    /// Scored positions stored.
+    pub rows: usize,
+    /// What the artifact lets a verifier compute, in words (absent for a llama.cpp base file).
+    pub bound: Option<&'a str>,
+    /// The human line (on stderr).
+    pub note: String,
+}
+
+impl Printer {
+    /// `card`: the document (`--json`), and on stderr its warnings and what was written.
+    pub fn card_written(&self, c: &CardWritten<'_>) -> io::Result<()> {
+        if self.output.format == Format::Json {
+            write_versioned(&json!({
+                "card": c.card.display().to_string(),
+                "action": if c.created { "created" } else { "updated" },
+                "sha256": c.sha256,
+                "measurement": c.measurement.display().to_string(),
+                "lint": {"errors": c.lint.errors(), "warnings": c.lint.warnings()},
+                "warnings": c.warnings,
+            }))?;
+        }
+        for w in c.warnings {
+            self.note(w);
+        }
+        self.note(&format!(
+            "wrote {} (lint: {} errors, {} warnings)",
+            c.card.display(),
+            c.lint.errors(),
+            c.lint.warnings()
+        ));
+        Ok(())
+    }
+
+    /// `sign`: the document (`--json`), and on stderr what was written.
+    pub fn signed(&self, s: &Signed<'_>) -> io::Result<()> {
+        if self.output.format == Format::Json {
+            write_versioned(&json!({
+                "envelope": s.envelope.display().to_string(),
+                "sha256": s.sha256,
+                "signed": s.file.display().to_string(),
+                "keyid": s.keyid,
+                "predicate_type": s.predicate_type,
+                "subjects": s.subjects,
+            }))?;
+        }
+        self.note(&format!(
+            "wrote {} ({} subjects, keyid {})",
+            s.envelope.display(),
+            s.subjects,
+            s.keyid
+        ));
+        Ok(())
+    }
+
+    /// `reference export`: the document (`--json`), and on stderr what was written.
+    pub fn exported(&self, e: &Exported<'_>) -> io::Result<()> {
+        if self.output.format == Format::Json {
+            write_versioned(&json!({
+                "artifact": e.artifact.display().to_string(),
+                "kind": e.kind,
+                "sha256": e.sha256,
+                "size": e.size,
+                "sidecar": e.sidecar.map(|p| p.display().to_string()),
+                "rows": e.rows,
+                "bound": e.bound,
+            }))?;
+        }
+        self.note(&e.note);
+        Ok(())
+    }
 }

@@ -1,0 +1,288 @@
+//! The one output contract (issue #15): every command with `--json` prints exactly one versioned
+//! JSON document on stdout, errors included, and keeps diagnostics and progress on stderr.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::hub_server::HubServer;
+use crate::support::{Run, cardproof, model, repo_root, short_text};
+
+/// stdout is exactly one JSON object with `"schema_version": 1` first; stderr holds no JSON.
+#[track_caller]
+fn one_document(what: &str, run: &Run, codes: &[i32]) -> Value {
+    assert!(
+        codes.contains(&run.code),
+        "{what}: exit {} (expected one of {codes:?})\n{}\n{}",
+        run.code,
+        run.stdout,
+        run.stderr
+    );
+    let documents: Vec<Value> = serde_json::Deserializer::from_str(&run.stdout)
+        .into_iter::<Value>()
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("{what}: stdout is not JSON ({e}):\n{}", run.stdout));
+    assert_eq!(
+        documents.len(),
+        1,
+        "{what}: stdout holds {} JSON documents:\n{}",
+        documents.len(),
+        run.stdout
+    );
+    let doc = documents.into_iter().next().unwrap();
+    let keys: Vec<&String> = doc
+        .as_object()
+        .unwrap_or_else(|| panic!("{what}: the document is not an object: {doc}"))
+        .keys()
+        .collect();
+    assert_eq!(
+        keys.first().map(|k| k.as_str()),
+        Some("schema_version"),
+        "{what}: {doc}"
+    );
+    assert_eq!(doc["schema_version"], 1, "{what}");
+    assert!(run.stdout.ends_with("}\n"), "{what}: {:?}", run.stdout);
+    assert!(
+        !run.stderr.contains("\"schema_version\""),
+        "{what}: a document on stderr:\n{}",
+        run.stderr
+    );
+    for line in run.stderr.lines() {
+        let line = line.trim_start();
+        assert!(
+            !(line.starts_with('{') || line.starts_with('[')),
+            "{what}: JSON on stderr: {line}\n{}",
+            run.stderr
+        );
+    }
+    doc
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Every command that takes `--json` (all but `schema`, whose document is the JSON Schema itself),
+/// on the example models and cards, succeeding and failing.
+#[test]
+fn every_json_command_prints_one_versioned_document() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let reference = model("shakespeare-bf16");
+    // A copy of an example candidate, whose card `card` updates.
+    let candidate = t.join("candidate");
+    std::fs::create_dir(&candidate).unwrap();
+    for entry in std::fs::read_dir(model("shakespeare-w8a16")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), candidate.join(entry.file_name())).unwrap();
+    }
+    let text = short_text(t, 2500);
+    let (m, logits, keys, report) = (t.join("m"), t.join("logits"), t.join("keys"), t.join("r"));
+
+    // lint, on every example card.
+    for entry in std::fs::read_dir(repo_root().join("examples/cards")).unwrap() {
+        let card = entry.unwrap().path().join("README.md");
+        let doc = one_document("lint", &cardproof(&["lint", s(&card), "--json"]), &[0, 1]);
+        assert!(doc["findings"].is_array());
+    }
+    // inspect and hash, on every example model: one shape for safetensors and GGUF alike.
+    for entry in std::fs::read_dir(repo_root().join("examples/models")).unwrap() {
+        let dir = entry.unwrap().path();
+        let doc = one_document("inspect", &cardproof(&["inspect", s(&dir), "--json"]), &[0]);
+        assert_eq!(doc["variants"].as_array().map(Vec::len), Some(1), "{doc}");
+        let doc = one_document("hash", &cardproof(&["hash", s(&dir), "--json"]), &[0]);
+        assert!(doc["root_sha256"].is_string());
+    }
+    // measure, and kld on the logits it dumped and on llama.cpp base files.
+    let short = ["--context-length", "128", "--bootstrap", "10"];
+    let mut args = vec![
+        "measure",
+        "--reference",
+        &reference,
+        "--candidate",
+        s(&candidate),
+    ];
+    args.extend([
+        "--eval-text",
+        s(&text),
+        "--out",
+        s(&m),
+        "--dump-logits",
+        s(&logits),
+    ]);
+    args.extend(short);
+    args.push("--json");
+    let doc = one_document("measure", &cardproof(&args), &[0]);
+    assert!(doc["runs"].is_array());
+    let run = cardproof(&[
+        "kld",
+        "--reference",
+        s(&logits.join("reference.logits.safetensors")),
+        "--candidate",
+        s(&logits.join("candidate.logits.safetensors")),
+        "--bootstrap",
+        "10",
+        "--json",
+    ]);
+    one_document("kld", &run, &[0]);
+    let fixtures = repo_root().join("tests/fixtures/llamacpp");
+    let run = cardproof(&[
+        "kld",
+        "--reference",
+        s(&fixtures.join("ref.kld")),
+        "--candidate",
+        s(&fixtures.join("cand-q5_0.kld")),
+        "--llamacpp-compat",
+        "--json",
+    ]);
+    one_document("kld --llamacpp-compat", &run, &[0]);
+
+    // card: updating the candidate's card, and creating a new one.
+    let measurement = m.join("measurement.json");
+    let card = candidate.join("README.md");
+    let run = cardproof(&[
+        "card",
+        "--measurement",
+        s(&measurement),
+        "--into",
+        s(&card),
+        "--json",
+    ]);
+    let doc = one_document("card", &run, &[0]);
+    assert_eq!(doc["card"], s(&card));
+    assert_eq!(doc["action"], "updated");
+    assert_eq!(doc["lint"]["errors"], 0, "{doc}");
+    assert_eq!(
+        doc["sha256"],
+        cardproof::checkpoint::hash::hash_file(&card).unwrap()
+    );
+    let fresh = t.join("fresh.md");
+    let run = cardproof(&[
+        "card",
+        "--measurement",
+        s(&measurement),
+        "--into",
+        s(&fresh),
+        "--json",
+    ]);
+    let doc = one_document("card (new)", &run, &[0, 1]);
+    assert_eq!(doc["action"], "created");
+
+    // keygen, sign, verify and verify-report.
+    let doc = one_document(
+        "keygen",
+        &cardproof(&["keygen", "--out", s(&keys), "--json"]),
+        &[0],
+    );
+    let keyid = doc["keyid"].clone();
+    let key = keys.join("cardproof.key");
+    let public = keys.join("cardproof.pub");
+    let run = cardproof(&[
+        "sign",
+        s(&measurement),
+        "--checkpoint",
+        s(&candidate),
+        "--key",
+        s(&key),
+        "--json",
+    ]);
+    let doc = one_document("sign", &run, &[0]);
+    let envelope = m.join("measurement.dsse.json");
+    assert_eq!(doc["envelope"], s(&envelope));
+    assert_eq!(doc["keyid"], keyid);
+    assert_eq!(
+        doc["predicate_type"],
+        cardproof::verify::write::MEASUREMENT_PREDICATE_TYPE
+    );
+    assert!(doc["subjects"].as_u64().unwrap() > 0, "{doc}");
+    let run = cardproof(&["verify-report", s(&envelope), "--pub", s(&public), "--json"]);
+    assert_eq!(
+        one_document("verify-report (sign)", &run, &[0])["verified"],
+        true
+    );
+    let run = cardproof(&[
+        "verify",
+        s(&candidate),
+        "--reference",
+        &reference,
+        "--eval-text",
+        s(&text),
+        "--key",
+        s(&key),
+        "--out",
+        s(&report),
+        "--json",
+    ]);
+    assert_eq!(one_document("verify", &run, &[0])["verdict"], "reproduced");
+    let run = cardproof(&[
+        "verify-report",
+        s(&report.join("report.dsse.json")),
+        "--pub",
+        s(&public),
+        "--checkpoint",
+        s(&candidate),
+        "--json",
+    ]);
+    assert_eq!(one_document("verify-report", &run, &[0])["verified"], true);
+
+    // reference export: a hidden-state artifact and a llama.cpp base file.
+    for (kind, out) in [("hidden", "ref.safetensors"), ("llamacpp", "ref.kld")] {
+        let out = t.join(out);
+        let mut args = vec!["reference", "export", "--model", &reference, "--eval-text"];
+        args.extend([s(&text), "--kind", kind, "--out", s(&out)]);
+        args.extend(short);
+        args.push("--json");
+        let doc = one_document("reference export", &cardproof(&args), &[0]);
+        assert_eq!(doc["artifact"], s(&out));
+        assert_eq!(doc["kind"], kind);
+        assert_eq!(doc["size"], std::fs::metadata(&out).unwrap().len());
+        assert_eq!(
+            doc["sha256"],
+            cardproof::checkpoint::hash::hash_file(&out).unwrap()
+        );
+        assert!(doc["rows"].as_u64().unwrap() > 0, "{doc}");
+    }
+
+    // check, against the local Hub-compatible server holding the candidate and its card.
+    let server = HubServer::start();
+    let commit = "1111111111111111111111111111111111111111";
+    server.publish("example-org/shakespeare-w8a16", "main", commit, &candidate);
+    let cache = tempfile::tempdir().unwrap();
+    let run = crate::hub::run(
+        &server,
+        cache.path(),
+        &["check", "hf:example-org/shakespeare-w8a16", "--json"],
+        &[],
+    );
+    assert_eq!(one_document("check", &run, &[0, 1])["commit"], commit);
+
+    // Errors are one document too: bad input, and a usage error found after parsing.
+    let missing = t.join("missing");
+    for verb in ["lint", "inspect", "hash"] {
+        let doc = one_document(verb, &cardproof(&[verb, s(&missing), "--json"]), &[2]);
+        assert!(doc["error"]["message"].is_string(), "{doc}");
+    }
+    let run = cardproof(&["sign", s(&missing), "--key", s(&key), "--json"]);
+    assert!(one_document("sign (missing)", &run, &[2])["error"].is_object());
+    let run = cardproof(&["card", "--measurement", s(&missing), "--json"]);
+    assert!(one_document("card (missing)", &run, &[2])["error"].is_object());
+    let mut args = vec![
+        "reference",
+        "export",
+        "--model",
+        &reference,
+        "--eval-text",
+        s(&text),
+    ];
+    args.extend([
+        "--kind",
+        "llamacpp",
+        "--out",
+        s(&missing),
+        "--context-length",
+        "64",
+    ]);
+    args.extend(["--context-length", "128", "--json"]);
+    let doc = one_document("reference export (usage)", &cardproof(&args), &[2]);
+    assert!(doc["error"]["message"].is_string(), "{doc}");
+}
