@@ -639,7 +639,8 @@ mod torch {
         );
         assert_eq!(v.code, 0);
         let gates = report["sanity"].as_array().unwrap();
-        assert_eq!(gates.len(), 3);
+        // self_compare, one_row_shift, quantization_engaged, finite_rows
+        assert_eq!(gates.len(), 4, "{gates:?}");
         for gate in gates {
             assert_eq!(gate["passed"], true, "{gate}");
         }
