@@ -2,6 +2,7 @@
 //! scored row with [`crate::measure`], and write `measurement.json` (the shape design.md gives,
 //! read by `card` and `verify`) and `positions.safetensors` (per-row arrays for plots).
 
+use crate::disclosure::precision::round_sig;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -734,15 +735,6 @@ pub fn fidelity_block(
         },
         "results": results,
     })
-}
-
-/// Round to `digits` significant digits (claims print what the measurement supports).
-fn round_sig(x: f64, digits: i32) -> f64 {
-    if x == 0.0 || !x.is_finite() {
-        return x;
-    }
-    let scale = 10f64.powi(digits - 1 - x.abs().log10().floor() as i32);
-    (x * scale).round() / scale
 }
 
 /// The card's `runtime` item from a measurement's environment record.

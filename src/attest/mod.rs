@@ -11,6 +11,7 @@
 //! * [`dsse`]: pre-authentication encoding, signing, co-signing, lenient base64.
 //! * [`statement`]: the in-toto Statement and its subjects.
 //! * [`verify`]: offline verification of an envelope and of a checkpoint against its subjects.
+//! * [`sign`]: a measurement.json or report.json signed over a checkpoint's files (`cardproof sign`).
 //!
 //! Nothing here prints; the binary announces a created key and renders mismatches.
 //!
@@ -19,6 +20,7 @@
 
 pub mod dsse;
 pub mod keys;
+pub mod sign;
 pub mod statement;
 pub mod verify;
 
@@ -30,6 +32,7 @@ pub use keys::{
     default_key_dir, default_signing_key, generate_key, keyid, public_key_pem, read_signing_key,
     read_verifying_key, write_keypair,
 };
+pub use sign::sign_document;
 pub use statement::{Subject, statement, subjects};
 pub use verify::{
     Mismatch, Outcome, Verified, check_card, check_subjects, compare_card, verify_envelope,

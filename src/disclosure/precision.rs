@@ -65,3 +65,12 @@ pub fn round_claim(metric: &str, value: f64) -> f64 {
         .and_then(|t| t.parse().ok())
         .unwrap_or(value)
 }
+
+/// `x` rounded to `digits` significant digits (0 and non-finite values as they are).
+pub fn round_sig(x: f64, digits: i32) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let scale = 10f64.powi(digits - 1 - x.abs().log10().floor() as i32);
+    (x * scale).round() / scale
+}

@@ -4,7 +4,7 @@
 //! [`OutputSet`]: written into its temporary directory, all carrying its run id, and moved into
 //! `--out` together.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use ed25519_dalek::SigningKey;
 
@@ -60,52 +60,4 @@ pub fn write_outputs(
         report::render_html(&outcome.report, &rows)?.as_bytes(),
     )?;
     set.commit()
-}
-
-/// Predicate type of a signed measurement.json.
-pub use crate::attest::MEASUREMENT_PREDICATE_TYPE;
-
-/// `cardproof sign FILE`: a measurement.json or report.json as the predicate of an in-toto
-/// statement whose subjects are the checkpoint's files (`checkpoint`, else the path the document
-/// names), in a DSSE envelope signed with `key`.
-pub fn sign_document(
-    file: &Path,
-    checkpoint: Option<&Path>,
-    key: &SigningKey,
-) -> Result<serde_json::Value> {
-    use crate::checkpoint::hash::{HashOptions, hash_path};
-    let text = std::fs::read_to_string(file).map_err(|e| Error::io(file, e))?;
-    let doc: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| Error::malformed(file, None, format!("not JSON: {e}")))?;
-    let (predicate_type, named) = if doc.get("claims").is_some() && doc.get("verdict").is_some() {
-        (attest::PREDICATE_TYPE, doc["checkpoint"]["path"].as_str())
-    } else if doc.get("runs").is_some() && doc.get("protocol").is_some() {
-        (
-            MEASUREMENT_PREDICATE_TYPE,
-            doc["candidate"]["path"].as_str(),
-        )
-    } else {
-        return Err(Error::malformed(
-            file,
-            None,
-            "not a cardproof measurement.json or report.json (no `runs`/`protocol` or `claims`/`verdict`)",
-        ));
-    };
-    let dir = match (checkpoint, named) {
-        (Some(c), _) => c.to_owned(),
-        (None, Some(n)) if Path::new(n).exists() => PathBuf::from(n),
-        _ => {
-            return Err(Error::malformed(
-                file,
-                None,
-                "the checkpoint it describes is not here; pass --checkpoint DIR (its files become the statement's subjects)",
-            ));
-        }
-    };
-    let manifest = hash_path(&dir, &HashOptions::default(), &|_| {})?;
-    let mut statement = attest::statement(&attest::subjects(&manifest), doc);
-    statement["predicateType"] = predicate_type.into();
-    let payload = serde_json::to_vec(&statement)
-        .map_err(|e| Error::malformed(file, None, format!("cannot encode the statement: {e}")))?;
-    Ok(attest::sign_envelope(&payload, attest::PAYLOAD_TYPE, key))
 }

@@ -192,7 +192,7 @@ fn every_json_command_prints_one_versioned_document() {
     assert_eq!(doc["keyid"], keyid);
     assert_eq!(
         doc["predicate_type"],
-        cardproof::verify::write::MEASUREMENT_PREDICATE_TYPE
+        cardproof::attest::MEASUREMENT_PREDICATE_TYPE
     );
     assert!(doc["subjects"].as_u64().unwrap() > 0, "{doc}");
     let run = cardproof(&["verify-report", s(&envelope), "--pub", s(&public), "--json"]);

@@ -554,7 +554,7 @@ fn sign(args: &cli::SignArgs) -> io::Result<u8> {
             args.file.with_file_name(format!("{stem}.dsse.json"))
         });
         let envelope =
-            cardproof::verify::write::sign_document(&args.file, args.checkpoint.as_deref(), &key)?;
+            cardproof::attest::sign_document(&args.file, args.checkpoint.as_deref(), &key)?;
         let text = serde_json::to_vec_pretty(&envelope)
             .map_err(|e| cardproof::Error::malformed(&out, None, format!("cannot encode: {e}")))?;
         cardproof::measurement::write_atomically(&out, &text)?;

@@ -4,6 +4,7 @@
 //! text and lane, and the claims in a table. It is prose for people, rebuilt from the same merged
 //! block as the metadata, and shares nothing with the YAML side but the values it reads.
 
+use crate::disclosure::precision::round_sig;
 use serde_json::Value;
 
 use super::model_index::{context_lengths, lane, metric_label};
@@ -24,15 +25,6 @@ pub(super) fn markdown(text: &str) -> String {
         }
     }
     out
-}
-
-/// Round to `digits` significant digits.
-fn round_sig(x: f64, digits: i32) -> f64 {
-    if x == 0.0 || !x.is_finite() {
-        return x;
-    }
-    let scale = 10f64.powi(digits - 1 - x.abs().log10().floor() as i32);
-    (x * scale).round() / scale
 }
 
 fn show(x: f64) -> String {
