@@ -365,13 +365,8 @@ pub struct Kl {
     pub units: KlUnits,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum KlDirection {
-    Forward,
-    Reverse,
-    Both,
-}
+/// The card's KL direction is the measurement's own type (one spelling everywhere).
+pub use crate::measure::protocol::Direction as KlDirection;
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]

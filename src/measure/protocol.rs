@@ -1,13 +1,15 @@
 //! The measurement protocol: every setting that changes a KLD number, spelled out, and its digest.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// Which KL directions are computed and shown. `kld_*` is always KL(P_ref || P_cand) and
 /// `kld_reverse_*` always KL(P_cand || P_ref); nothing is renamed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+// The one spelling of a KL direction: the card's `protocol.kl.direction` is this type too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
+#[schemars(rename = "KlDirection")]
 pub enum Direction {
     Forward,
     Reverse,
