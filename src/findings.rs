@@ -149,6 +149,7 @@ pub enum Code {
     UnknownMetric,
     InconsistentClaim,
     ImpreciseClaim,
+    InvalidClaim,
     MissingBaseModel,
     BaseModelRelation,
     ReferenceNotBaseModel,
@@ -166,13 +167,14 @@ pub enum Code {
 }
 
 impl Code {
-    pub const ALL: [Code; 20] = [
+    pub const ALL: [Code; 21] = [
         Code::SchemaViolation,
         Code::MissingDisclosure,
         Code::VagueDisclosure,
         Code::UnknownMetric,
         Code::InconsistentClaim,
         Code::ImpreciseClaim,
+        Code::InvalidClaim,
         Code::MissingBaseModel,
         Code::BaseModelRelation,
         Code::ReferenceNotBaseModel,
@@ -197,6 +199,7 @@ impl Code {
             Code::UnknownMetric => "unknown-metric",
             Code::InconsistentClaim => "inconsistent-claim",
             Code::ImpreciseClaim => "imprecise-claim",
+            Code::InvalidClaim => "invalid-claim",
             Code::MissingBaseModel => "missing-base-model",
             Code::BaseModelRelation => "base-model-relation",
             Code::ReferenceNotBaseModel => "reference-not-base-model",

@@ -38,20 +38,27 @@ pub struct Claim {
     pub invalid: Option<String>,
 }
 
-/// A plain decimal number as printed: the only form whose digits state a precision.
+/// A plain decimal number as printed: the only form whose digits state a precision, and one that
+/// YAML 1.1 readers (PyYAML, which the Hub's Python tools use) also read as that number. So digits
+/// before any `.` (`0.5`, not `.5`), and an exponent only after a `.` and with its sign
+/// (`1.5e-03`, not `1.5e3` or `1e-3`, which PyYAML reads as strings).
 fn decimal_text(text: &str) -> bool {
     let t = text.strip_prefix(['+', '-']).unwrap_or(text);
     let (mantissa, exponent) = match t.find(['e', 'E']) {
         Some(i) => (&t[..i], Some(&t[i + 1..])),
         None => (t, None),
     };
-    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let (int, frac) = match mantissa.split_once('.') {
+        Some((int, frac)) => (int, Some(frac)),
+        None => (mantissa, None),
+    };
     let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
     let exponent_ok = exponent.is_none_or(|e| {
-        let e = e.strip_prefix(['+', '-']).unwrap_or(e);
-        !e.is_empty() && e.len() <= 4 && digits(e)
+        frac.is_some()
+            && e.strip_prefix(['+', '-'])
+                .is_some_and(|e| !e.is_empty() && e.len() <= 4 && digits(e))
     });
-    !(int.is_empty() && frac.is_empty()) && digits(int) && digits(frac) && exponent_ok
+    !int.is_empty() && digits(int) && frac.is_none_or(digits) && exponent_ok
 }
 
 /// The range a metric's value can take.
@@ -81,7 +88,7 @@ fn number(item: &Node, key: &str) -> Result<Option<(f64, Scalar)>, String> {
     match s.value.as_f64() {
         Some(v) if v.is_finite() && decimal_text(&s.text) => Ok(Some((v, s.clone()))),
         Some(_) => Err(format!(
-            "`{key}` is {:?}: write it as a plain decimal number (its digits state its precision)",
+            "`{key}` is {:?}: write it as a plain decimal number that YAML 1.1 readers read as one too (`0.0123`, `1.5e-03`; its digits state its precision)",
             s.text
         )),
         None => Err(format!("`{key}` is {:?}, not a finite number", s.text)),

@@ -45,12 +45,32 @@ pub fn lint(card: &Card) -> LintReport {
 
 /// Lint a card that sits next to a checkpoint: also cross-check its `quantization` section against
 /// what `inspect` found, and turn inspect's own findings into errors.
-/// Claims printed too coarsely to be reproduced (`verify` gives them the `imprecise` verdict):
-/// flagged before publishing, at the value, with the precision the digits state.
+/// Claims printed too coarsely to be reproduced (`verify` gives them the `imprecise` verdict), and
+/// entries `verify` cannot read as claims at all (`invalid`): flagged before publishing.
 fn imprecise_claims(fidelity: &Node, locator: &Locator<'_>, out: &mut Vec<Finding>) {
     use crate::disclosure::precision::{IMPRECISE_RELATIVE, half_unit, relative_precision};
     for claim in crate::disclosure::results::claims(fidelity, &|_| 0) {
-        if claim.invalid.is_some() {
+        if let Some(why) = &claim.invalid {
+            // Verify gives such an entry the verdict `invalid`; say so here unless another error
+            // already points into the entry (a schema violation, an unknown metric).
+            let entry = format!("/fidelity/results/{}", claim.index);
+            let covered = out.iter().any(|f| {
+                f.is_error()
+                    && f.pointer.as_deref().is_some_and(|p| {
+                        p == entry
+                            || p.starts_with(&format!("{entry}/"))
+                            || p == "/fidelity/results"
+                    })
+            });
+            if !covered {
+                out.push(locator.at_value(
+                    Finding::new(
+                        Code::InvalidClaim,
+                        format!("results[{}] cannot be read as a claim: {why}", claim.index),
+                    ),
+                    &format!("{entry}/value"),
+                ));
+            }
             continue;
         }
         let relative = relative_precision(&claim.metric, &claim.text, claim.value);

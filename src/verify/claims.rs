@@ -452,6 +452,9 @@ mod tests {
 - {metric: kld_mean, value: -0.01, context_length: 256}
 - {metric: top1_agreement, value: 1.5, context_length: 256}
 - {metric: kld_mean, value: 0x1F, context_length: 256}
+- {metric: kld_mean, value: .0165, context_length: 256}
+- {metric: kld_mean, value: 1648e-5, context_length: 256}
+- {metric: kld_mean, value: 16e-3, context_length: 256}
 - {metric: kld_mean, valeu: 0.01648, context_length: 256}
 - {metric: kld_mean, value: 0.01648, contex_length: 256}
 - {metric: kld_meen, value: 0.01648, context_length: 256}
@@ -462,29 +465,35 @@ mod tests {
 - just text
 "#;
         let verdicts = verdict_of(yaml, 0.01648);
-        assert_eq!(verdicts.len(), 16, "every entry gets a verdict");
+        assert_eq!(verdicts.len(), 19, "every entry gets a verdict");
         assert_eq!(verdicts[0].0, Verdict::Reproduced, "{}", verdicts[0].1);
         for (i, (v, reason)) in verdicts.iter().enumerate().skip(1) {
             assert_eq!(*v, Verdict::Invalid, "entry {i}: {reason}");
             assert!(reason.starts_with(&format!("results[{i}]")), "{reason}");
         }
         assert!(verdicts[1].1.contains("quoted"), "{}", verdicts[1].1);
+        // A signed exponent after a `.` is a number to every reader.
+        let ok = verdict_of(
+            "- {metric: kld_mean, value: 1.648e-02, context_length: 256}\n",
+            0.01648,
+        );
+        assert_eq!(ok[0].0, Verdict::Reproduced, "{}", ok[0].1);
         assert!(
-            verdicts[9].1.contains("did you mean `context_length`"),
+            verdicts[12].1.contains("did you mean `context_length`"),
             "{}",
-            verdicts[9].1
+            verdicts[12].1
         );
         assert!(
-            verdicts[10].1.contains("did you mean `kld_mean`"),
+            verdicts[13].1.contains("did you mean `kld_mean`"),
             "{}",
-            verdicts[10].1
+            verdicts[13].1
         );
         let results: Vec<ClaimResult> = parsed(yaml)
             .iter()
             .map(|c| judge(c, &[256], &Context::default(), &run(0.01648)))
             .collect();
         assert_eq!(overall(&results), Verdict::Invalid);
-        assert_eq!(summary(&results)["invalid"], 15);
+        assert_eq!(summary(&results)["invalid"], 18);
         // A `results` that is not a list is one invalid verdict, not none.
         let node = crate::card::yaml::parse("results: {metric: kld_mean}\n", 0, Default::default())
             .unwrap()

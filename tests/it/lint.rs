@@ -130,6 +130,12 @@ fn fixtures() -> Vec<Fixture> {
             None,
         ),
         (
+            Code::InvalidClaim,
+            compliant_with("value: 0.0123,", "value: 123e-4,"),
+            Some("/fidelity/results/0/value"),
+            None,
+        ),
+        (
             Code::UnterminatedFrontMatter,
             "---\nlicense: mit\n# no closing marker\n".into(),
             None,
