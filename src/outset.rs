@@ -607,37 +607,35 @@ pub fn check_set(envelope: &Path, statement: &Value) -> Result<Vec<Mismatch>> {
     let predicate_type = statement["predicateType"].as_str().unwrap_or_default();
     let mut mismatches = Vec::new();
     let mut set = |detail: String| mismatches.push(Mismatch::new(what::SET, detail));
+    // A member of the set written by another run than the envelope's.
+    let other_run = |path: &Path, doc: &Value| -> Option<String> {
+        let theirs = doc.get("run_id").and_then(Value::as_str);
+        (theirs != run_id).then(|| {
+            format!(
+                "{} is from {}, the envelope from {}: the set mixes two runs",
+                path.display(),
+                run(theirs),
+                run(run_id)
+            )
+        })
+    };
 
     let report = dir.join("report.json");
     if predicate_type == crate::attest::PREDICATE_TYPE
         && let Some(doc) = read_document(&report, &mut set)?
         && doc != *predicate
     {
-        let theirs = doc.get("run_id").and_then(Value::as_str);
-        set(if theirs == run_id {
+        set(other_run(&report, &doc).unwrap_or_else(|| {
             format!(
                 "{} is not the signed report: it was changed after signing",
                 report.display()
             )
-        } else {
-            format!(
-                "{} is from {}, the envelope from {}: the set mixes two runs",
-                report.display(),
-                run(theirs),
-                run(run_id)
-            )
-        });
+        }));
     }
     let measurement = dir.join("measurement.json");
     if let Some(doc) = read_document(&measurement, &mut set)? {
-        let theirs = doc.get("run_id").and_then(Value::as_str);
-        if theirs != run_id {
-            set(format!(
-                "{} is from {}, the envelope from {}: the set mixes two runs",
-                measurement.display(),
-                run(theirs),
-                run(run_id)
-            ));
+        if let Some(other) = other_run(&measurement, &doc) {
+            set(other);
         } else if predicate_type == crate::attest::MEASUREMENT_PREDICATE_TYPE && doc != *predicate {
             set(format!(
                 "{} is not the signed measurement: it was changed after signing",
@@ -647,15 +645,10 @@ pub fn check_set(envelope: &Path, statement: &Value) -> Result<Vec<Mismatch>> {
     }
     let marker_path = dir.join(MARKER);
     if let Some(marker) = read_document(&marker_path, &mut set)? {
-        let theirs = marker.get("run_id").and_then(Value::as_str);
-        if theirs != run_id {
-            set(format!(
-                "the set's marker {} names {}, the envelope {}: the set mixes two runs",
-                marker_path.display(),
-                run(theirs),
-                run(run_id)
-            ));
+        if let Some(other) = other_run(&marker_path, &marker) {
+            set(other);
         }
+        let theirs = marker.get("run_id").and_then(Value::as_str);
         if marker["complete"] != true {
             set(format!(
                 "the set's marker {} says the run never completed",

@@ -374,48 +374,30 @@ mod tests {
 
     #[test]
     fn coarse_precision_is_imprecise_never_reproduced() {
-        // Each of these was `reproduced` when the tolerance was half a unit of the last digit.
-        for (metric, text, rerun) in [
-            ("kld_mean", "0", 0.0166),
-            ("kld_mean", "0.0", 0.0166),
-            ("kld_mean", "0e0", 0.0166),
-            ("kld_mean", "0.02", 0.0166),
-            ("top1_agreement", "1", 0.9342),
-            ("top1_agreement", "1.0", 0.9987),
-            ("top1_agreement", "0.99", 0.9912),
-            ("ppl_ratio", "1.00", 1.0021),
-            ("ppl_ratio", "1.002", 1.0021),
+        // Imprecise: each was `reproduced` when the tolerance was half a unit of the last digit.
+        // Reproduced: fine enough (0.3%, 0.08% of the disagreement, 2.3% of the PPL change).
+        use Verdict::{Imprecise, Reproduced};
+        for (metric, text, rerun, expected) in [
+            ("kld_mean", "0", 0.0166, Imprecise),
+            ("kld_mean", "0.0", 0.0166, Imprecise),
+            ("kld_mean", "0e0", 0.0166, Imprecise),
+            ("kld_mean", "0.02", 0.0166, Imprecise),
+            ("top1_agreement", "1", 0.9342, Imprecise),
+            ("top1_agreement", "1.0", 0.9987, Imprecise),
+            ("top1_agreement", "0.99", 0.9912, Imprecise),
+            ("ppl_ratio", "1.00", 1.0021, Imprecise),
+            ("ppl_ratio", "1.002", 1.0021, Imprecise),
+            ("kld_mean", "0.0166", 0.0166, Reproduced),
+            ("top1_agreement", "0.9342", 0.9342, Reproduced),
+            ("ppl_ratio", "1.022", 1.022, Reproduced),
         ] {
             let c = Claim {
                 metric: metric.into(),
                 ..claim(text)
             };
             let r = judge(&c, &[256], &Context::default(), &run(rerun));
-            assert_eq!(
-                r.verdict,
-                Verdict::Imprecise,
-                "{metric} {text}: {}",
-                r.reason
-            );
-            assert_eq!(r.rerun, Some(rerun), "the rerun's number is still shown");
-        }
-        // Fine enough: 0.3%, 0.08% of the disagreement, 2.3% of the PPL change.
-        for (metric, text, rerun) in [
-            ("kld_mean", "0.0166", 0.0166),
-            ("top1_agreement", "0.9342", 0.9342),
-            ("ppl_ratio", "1.022", 1.022),
-        ] {
-            let c = Claim {
-                metric: metric.into(),
-                ..claim(text)
-            };
-            let r = judge(&c, &[256], &Context::default(), &run(rerun));
-            assert_eq!(
-                r.verdict,
-                Verdict::Reproduced,
-                "{metric} {text}: {}",
-                r.reason
-            );
+            assert_eq!(r.verdict, expected, "{metric} {text}: {}", r.reason);
+            assert_eq!(r.rerun, Some(rerun), "the rerun's number is shown");
         }
         let r = judge(&claim("0.02"), &[256], &Context::default(), &run(0.0166));
         assert!(r.reason.contains("25.0%"), "{}", r.reason);

@@ -258,20 +258,16 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
     let printer = Printer::new(config.output);
     // The output set first: an --out that cannot be written fails before any download or work.
     let mut config = config.clone();
-    let set = open_set(
+    let Some(set) = open_set(
         &printer,
         &config.out,
         cardproof::outset::Kind::Measure,
         config.force,
         &mut config.candidate,
         config.reference.as_mut(),
-    );
-    let set = match set {
-        Ok(set) => set,
-        Err(e) => {
-            printer.error(&e)?;
-            return Ok(EXIT_BAD_INPUT);
-        }
+    )?
+    else {
+        return Ok(EXIT_BAD_INPUT);
     };
     let config = &config;
     let out = set.dir().to_owned();
@@ -411,20 +407,16 @@ fn verify(config: &VerifyConfig) -> io::Result<u8> {
     let printer = Printer::new(config.output);
     // The output set first: an --out that cannot be written fails before any download or work.
     let mut config = config.clone();
-    let set = open_set(
+    let Some(set) = open_set(
         &printer,
         &config.out,
         cardproof::outset::Kind::Verify,
         config.force,
         &mut config.path,
         config.reference.as_mut(),
-    );
-    let set = match set {
-        Ok(set) => set,
-        Err(e) => {
-            printer.error(&e)?;
-            return Ok(EXIT_BAD_INPUT);
-        }
+    )?
+    else {
+        return Ok(EXIT_BAD_INPUT);
     };
     let config = &config;
     let key = match signing_key(&printer, config.key.as_deref()) {
@@ -962,10 +954,26 @@ fn with_hub_pins(mut document: serde_json::Value) -> serde_json::Value {
     document
 }
 
+/// The run's output set, created before any work (an `--out` that cannot be written fails first);
+/// `None` once the error is printed.
+fn open_set(
+    printer: &Printer,
+    out: &std::path::Path,
+    kind: cardproof::outset::Kind,
+    force: bool,
+    candidate: &mut std::path::PathBuf,
+    reference: Option<&mut std::path::PathBuf>,
+) -> io::Result<Option<cardproof::outset::OutputSet>> {
+    match create_set(printer, out, kind, force, candidate, reference) {
+        Ok(set) => Ok(Some(set)),
+        Err(e) => printer.error(&e).map(|()| None),
+    }
+}
+
 /// Open the output set of a run before any work ([`cardproof::outset`]: the policy for what
 /// `out` holds, the lock, the temporary directory), then replace `hf:` sources by their verified
 /// snapshots and check `out` against those too.
-fn open_set(
+fn create_set(
     printer: &Printer,
     out: &std::path::Path,
     kind: cardproof::outset::Kind,
