@@ -184,11 +184,7 @@ fn rows_dropped_as_non_finite_must_be_disclosed() {
     // A candidate that turns rows into NaN, measured and carded: the card discloses the rows it
     // left out, and that disclosed sample verifies.
     let v = Verified::new_with("shakespeare-w8a16", &[], &|dir| {
-        let text =
-            std::fs::read_to_string(crate::support::repo_root().join("examples/data/eval.txt"))
-                .unwrap();
-        let end = text[2500..].find('\n').unwrap() + 2501;
-        let token = token_in_one_window(dir, &text[..end]);
+        let token = token_in_one_window(dir, &crate::support::short_text_content(2500));
         with_nan_embedding_row(dir, token);
     });
     let card = std::fs::read_to_string(v.card()).unwrap();
@@ -252,7 +248,7 @@ fn lint_errors_and_a_declared_but_absent_quantization_fail_verify() {
     // be recorded and ignored, and the gate passed because nothing was quantized.
     let dir = tempfile::tempdir().unwrap();
     let cand = dir.path().join("cand");
-    copy_model("shakespeare-fp8-block", &cand);
+    crate::support::copy_model("shakespeare-fp8-block", &cand);
     for f in ["model.safetensors", "config.json"] {
         std::fs::copy(model("shakespeare-bf16").join(f), cand.join(f)).unwrap();
     }
@@ -333,14 +329,6 @@ fn reverse_only_cards_pass_the_quantization_gate() {
     assert!(claim(&report, "kld_reverse_mean")["verdict"] == "reproduced");
 }
 
-fn copy_model(name: &str, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(model(name)).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
-    }
-}
-
 fn measure(candidate: &Path, dir: &Path) -> Run {
     measure_with(candidate, dir, &[])
 }
@@ -348,27 +336,7 @@ fn measure(candidate: &Path, dir: &Path) -> Run {
 /// A short `measure` of `candidate` against the bf16 reference into `dir/out`.
 fn measure_with(candidate: &Path, dir: &Path, extra: &[&str]) -> Run {
     let text = crate::support::short_text(dir, 3000);
-    let mut args = vec![
-        "measure",
-        "--reference",
-        model("shakespeare-bf16")
-            .to_str()
-            .unwrap()
-            .to_owned()
-            .leak(),
-        "--candidate",
-        candidate.to_str().unwrap().to_owned().leak(),
-        "--eval-text",
-        text.to_str().unwrap().to_owned().leak(),
-        "--context-length",
-        "128",
-        "--bootstrap",
-        "10",
-        "--out",
-        dir.join("out").to_str().unwrap().to_owned().leak(),
-    ];
-    args.extend_from_slice(extra);
-    cardproof(&args)
+    crate::support::measure_short(candidate, &text, &dir.join("out"), "10", extra)
 }
 
 fn edit_json(path: &Path, edit: &dyn Fn(&mut serde_json::Value)) {
@@ -382,7 +350,7 @@ fn edit_json(path: &Path, edit: &dyn Fn(&mut serde_json::Value)) {
 fn config_and_tokenizer_must_match_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let cand = dir.path().join("cand");
-    copy_model("shakespeare-w8a16", &cand);
+    crate::support::copy_model("shakespeare-w8a16", &cand);
     let ok = measure(&cand, dir.path());
     assert_eq!(ok.code, 0, "{}", ok.stderr);
 

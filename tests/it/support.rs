@@ -104,13 +104,57 @@ pub fn model(name: &str) -> String {
         .to_string()
 }
 
-/// The first `chars` characters of the example eval text, cut at a line end, in `dir`.
-pub fn short_text(dir: &Path, chars: usize) -> PathBuf {
-    let text = std::fs::read_to_string(repo_root().join("examples/data/eval.txt")).unwrap();
+/// The first `chars` characters of the example eval text, cut at a line end.
+pub fn short_text_content(chars: usize) -> String {
+    let mut text = std::fs::read_to_string(repo_root().join("examples/data/eval.txt")).unwrap();
     let end = text[chars..]
         .find('\n')
         .map_or(text.len(), |i| chars + i + 1);
+    text.truncate(end);
+    text
+}
+
+/// [`short_text_content`] written to `dir/eval.txt`.
+pub fn short_text(dir: &Path, chars: usize) -> PathBuf {
     let path = dir.join("eval.txt");
-    std::fs::write(&path, &text[..end]).unwrap();
+    std::fs::write(&path, short_text_content(chars)).unwrap();
     path
+}
+
+/// A copy of an example model's files in `to`.
+pub fn copy_model(name: &str, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(model(name)).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+/// A short `measure` of `candidate` against the bf16 example on `text` (windows of 128 tokens,
+/// `resamples` bootstrap resamples) into `out`, with `extra` flags.
+pub fn measure_short(
+    candidate: &Path,
+    text: &Path,
+    out: &Path,
+    resamples: &str,
+    extra: &[&str],
+) -> Run {
+    let reference = model("shakespeare-bf16");
+    let mut args = vec![
+        "measure",
+        "--reference",
+        &reference,
+        "--candidate",
+        candidate.to_str().unwrap(),
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--context-length",
+        "128",
+        "--bootstrap",
+        resamples,
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    cardproof(&args)
 }

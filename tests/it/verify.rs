@@ -42,37 +42,11 @@ impl Verified {
     pub(crate) fn new_with(example: &str, extra: &[&str], alter: &dyn Fn(&Path)) -> Verified {
         let dir = tempfile::tempdir().unwrap();
         let v = Verified { dir };
-        std::fs::create_dir_all(v.candidate()).unwrap();
-        for entry in std::fs::read_dir(model(example)).unwrap() {
-            let entry = entry.unwrap();
-            std::fs::copy(entry.path(), v.candidate().join(entry.file_name())).unwrap();
-        }
+        crate::support::copy_model(example, &v.candidate());
         alter(&v.candidate());
-        let text = std::fs::read_to_string(repo_root().join("examples/data/eval.txt")).unwrap();
-        let end = text[2500..].find('\n').unwrap() + 2501;
-        std::fs::write(v.text(), &text[..end]).unwrap();
+        crate::support::short_text(v.dir.path(), 2500);
         let m = v.dir.path().join("m");
-        let mut args = vec![
-            "measure",
-            "--reference",
-            model("shakespeare-bf16")
-                .to_str()
-                .unwrap()
-                .to_owned()
-                .leak(),
-            "--candidate",
-            v.candidate().to_str().unwrap().to_owned().leak(),
-            "--eval-text",
-            v.text().to_str().unwrap().to_owned().leak(),
-            "--context-length",
-            "128",
-            "--bootstrap",
-            "100",
-            "--out",
-            m.to_str().unwrap().to_owned().leak(),
-        ];
-        args.extend_from_slice(extra);
-        let r = cardproof(&args);
+        let r = crate::support::measure_short(&v.candidate(), &v.text(), &m, "100", extra);
         assert_eq!(r.code, 0, "{}", r.stderr);
         let r = cardproof(&[
             "card",
