@@ -96,6 +96,18 @@ impl Verified {
         cardproof(&args)
     }
 
+    /// `sign FILE` over the candidate's files with the test key.
+    pub(crate) fn sign(&self, file: &Path) -> Run {
+        cardproof(&[
+            "sign",
+            file.to_str().unwrap(),
+            "--checkpoint",
+            self.candidate().to_str().unwrap(),
+            "--key",
+            self.key().to_str().unwrap(),
+        ])
+    }
+
     pub(crate) fn verify_report(&self, envelope: &Path, checkpoint: Option<&Path>) -> Run {
         let mut args = vec![
             "verify-report".to_owned(),
@@ -257,14 +269,7 @@ fn edited_claims_missing_items_and_tampering_are_caught() {
 fn sign_wraps_a_measurement_and_verify_report_accepts_it() {
     let v = Verified::new("shakespeare-awq-int4", &[]);
     let m = v.dir.path().join("m/measurement.json");
-    let r = cardproof(&[
-        "sign",
-        m.to_str().unwrap(),
-        "--checkpoint",
-        v.candidate().to_str().unwrap(),
-        "--key",
-        v.key().to_str().unwrap(),
-    ]);
+    let r = v.sign(&m);
     assert_eq!(r.code, 0, "{}", r.stderr);
     let envelope = v.dir.path().join("m/measurement.dsse.json");
     let ok = v.verify_report(&envelope, Some(&v.candidate()));
@@ -586,14 +591,7 @@ fn a_card_edited_after_signing_no_longer_verifies() {
         .remove("fidelity_sha256");
     let legacy_path = v.dir.path().join("legacy.json");
     std::fs::write(&legacy_path, legacy.to_string()).unwrap();
-    let r = cardproof(&[
-        "sign",
-        legacy_path.to_str().unwrap(),
-        "--checkpoint",
-        v.candidate().to_str().unwrap(),
-        "--key",
-        v.key().to_str().unwrap(),
-    ]);
+    let r = v.sign(&legacy_path);
     assert_eq!(r.code, 0, "{}", r.stderr);
     let r = v.verify_report(&v.dir.path().join("legacy.dsse.json"), Some(&v.candidate()));
     assert_eq!(r.code, 1, "{}", r.stdout);
