@@ -72,6 +72,28 @@ pub fn public_key_pem(key: &VerifyingKey) -> String {
         .expect("SPKI encoding of an Ed25519 public key")
 }
 
+/// A key pair written by [`create_keypair`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyPair {
+    /// `DIR/cardproof.key`.
+    pub private: PathBuf,
+    /// `DIR/cardproof.pub`.
+    pub public: PathBuf,
+    /// The public key's keyid ([`keyid`]).
+    pub keyid: String,
+}
+
+/// `cardproof keygen`: a fresh key written with [`write_keypair`].
+pub fn create_keypair(dir: &Path) -> Result<KeyPair> {
+    let key = generate_key()?;
+    let (private, public) = write_keypair(dir, &key)?;
+    Ok(KeyPair {
+        private,
+        public,
+        keyid: keyid(&key.verifying_key()),
+    })
+}
+
 /// Write `DIR/cardproof.key` (mode 0600 on unix) and `DIR/cardproof.pub`, creating `DIR` (0700
 /// on unix) if missing. Returns the two paths.
 ///

@@ -12,12 +12,14 @@
 //! * [`statement`]: the in-toto Statement and its subjects.
 //! * [`verify`]: offline verification of an envelope and of a checkpoint against its subjects.
 //! * [`sign`]: a measurement.json or report.json signed over a checkpoint's files (`cardproof sign`).
+//! * [`check`]: every check of a signed report in one call (`cardproof verify-report`).
 //!
 //! Nothing here prints; the binary announces a created key and renders mismatches.
 //!
 //! [in-toto Statement v1]: https://github.com/in-toto/attestation/blob/main/spec/v1/statement.md
 //! [DSSE v1]: https://github.com/secure-systems-lab/dsse/blob/master/protocol.md
 
+pub mod check;
 pub mod dsse;
 pub mod keys;
 pub mod sign;
@@ -27,12 +29,13 @@ pub mod verify;
 #[cfg(test)]
 mod tests;
 
+pub use check::{CheckedReport, ReportRequest, check_report};
 pub use dsse::{add_signature, pae, sign_envelope};
 pub use keys::{
-    default_key_dir, default_signing_key, generate_key, keyid, public_key_pem, read_signing_key,
-    read_verifying_key, write_keypair,
+    KeyPair, create_keypair, default_key_dir, default_signing_key, generate_key, keyid,
+    public_key_pem, read_signing_key, read_verifying_key, write_keypair,
 };
-pub use sign::sign_document;
+pub use sign::{Signed, default_envelope_path, sign_document, sign_file};
 pub use statement::{Subject, statement, subjects};
 pub use verify::{
     Mismatch, Outcome, Verified, check_card, check_subjects, compare_card, verify_envelope,

@@ -54,3 +54,59 @@ pub fn sign_document(
         .map_err(|e| Error::malformed(file, None, format!("cannot encode the statement: {e}")))?;
     Ok(super::sign_envelope(&payload, super::PAYLOAD_TYPE, key))
 }
+
+/// What [`sign_file`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signed {
+    /// The envelope written.
+    pub envelope: PathBuf,
+    /// SHA-256 of the envelope file (lowercase hex).
+    pub sha256: String,
+    /// The document signed.
+    pub file: PathBuf,
+    /// The signing key's keyid.
+    pub keyid: String,
+    /// The statement's `predicateType`, read back from the envelope's payload.
+    pub predicate_type: String,
+    /// How many subjects (checkpoint files) the statement lists.
+    pub subjects: usize,
+}
+
+/// Where `cardproof sign FILE` writes without `--out`: `NAME.dsse.json` beside `NAME.json`.
+pub fn default_envelope_path(file: &Path) -> PathBuf {
+    let name = file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let stem = name.strip_suffix(".json").unwrap_or(&name);
+    file.with_file_name(format!("{stem}.dsse.json"))
+}
+
+/// `cardproof sign`: [`sign_document`], the envelope written atomically to `out` (default
+/// [`default_envelope_path`]), and what was signed read back from the envelope's payload.
+pub fn sign_file(
+    file: &Path,
+    checkpoint: Option<&Path>,
+    key: &SigningKey,
+    out: Option<&Path>,
+) -> Result<Signed> {
+    let out = out.map_or_else(|| default_envelope_path(file), Path::to_owned);
+    let envelope = sign_document(file, checkpoint, key)?;
+    let text = serde_json::to_vec_pretty(&envelope)
+        .map_err(|e| Error::malformed(&out, None, format!("cannot encode: {e}")))?;
+    crate::files::write_atomically(&out, &text)?;
+    let parts = super::dsse::EnvelopeParts::from_value(&out, &envelope)?;
+    let statement: serde_json::Value = serde_json::from_slice(&parts.payload)
+        .map_err(|e| Error::malformed(&out, Some("payload"), e.to_string()))?;
+    Ok(Signed {
+        sha256: crate::checkpoint::hash::hash_file(&out)?,
+        envelope: out,
+        file: file.to_owned(),
+        keyid: super::keyid(&key.verifying_key()),
+        predicate_type: statement["predicateType"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        subjects: statement["subject"].as_array().map_or(0, Vec::len),
+    })
+}

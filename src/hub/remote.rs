@@ -35,6 +35,30 @@ pub struct Remote {
     pub inspections: Vec<Inspection>,
 }
 
+/// A source inspected from its headers ([`inspect_source`]).
+pub struct SourceInspection {
+    /// The commit the source's revision resolved to.
+    pub commit: String,
+    pub inspections: Vec<Inspection>,
+    /// Bytes fetched from the Hub, and the repository's size.
+    pub bytes_fetched: u64,
+    pub total_size: u64,
+}
+
+/// `inspect hf:...` online: resolve the revision to a commit and inspect the files there from
+/// their headers ([`inspect_remote`]).
+pub fn inspect_source(client: &Client, source: &HfSource) -> Result<SourceInspection> {
+    let info = client.repo_info(source)?;
+    let pinned = source.at(&info.sha);
+    let remote = inspect_remote(client, &pinned, &info)?;
+    Ok(SourceInspection {
+        inspections: remote.inspections,
+        bytes_fetched: client.bytes_fetched(),
+        total_size: info.total_size(),
+        commit: info.sha,
+    })
+}
+
 fn is_small_config(name: &str) -> bool {
     name == "config.json"
         || name == "hf_quant_config.json"

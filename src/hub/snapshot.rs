@@ -32,6 +32,16 @@ pub struct Snapshot {
     pub downloaded: Vec<String>,
 }
 
+impl Snapshot {
+    /// The snapshot's README.md as a card, named `hf:REPO@COMMIT/README.md` in findings and
+    /// errors.
+    pub fn read_card(&self) -> Result<crate::card::Card> {
+        let path = self.dir.join("README.md");
+        let bytes = crate::files::read_capped(&path, crate::card::MAX_CARD_BYTES, "a card")?;
+        crate::card::Card::from_bytes(self.pinned.display_path(Some("README.md")), bytes)
+    }
+}
+
 /// Progress of a materialization: `(bytes done, bytes to download)`.
 pub type Progress<'a> = &'a dyn Fn(u64, u64);
 

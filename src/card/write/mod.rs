@@ -12,15 +12,16 @@
 //! The work is split by concept: [`merge`] folds the measurement into what the card already
 //! disclosed, [`model_index`] mirrors the claims into the Hub's `model-index`, [`splice`] finds
 //! the byte spans of the existing card and applies the edits, [`emit`] writes the YAML text, and
-//! [`section`] renders the readable section of the body. This module holds the entry point, the
-//! measurement document they all read, the small JSON helpers they share, and the final
-//! read-back check.
+//! [`section`] renders the readable section of the body, and [`update`] reads the measurement and
+//! writes the card to disk. This module holds the entry point, the measurement document they all
+//! read, the small JSON helpers they share, and the final read-back check.
 
 mod emit;
 mod merge;
 mod model_index;
 mod section;
 mod splice;
+mod update;
 
 use std::path::Path;
 
@@ -33,6 +34,8 @@ use self::section::section;
 use self::splice::{Edit, Entries, Layout};
 use super::Card;
 use crate::error::{Error, Result};
+
+pub use self::update::{CardUpdate, UpdateRequest, default_card_path, update_card};
 
 /// The line that opens the generated section of the card body.
 pub const SECTION_START: &str = "<!-- cardproof:fidelity:start -->";

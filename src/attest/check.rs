@@ -1,0 +1,83 @@
+//! `cardproof verify-report`: every check of a signed report in one call: the key, the envelope's
+//! signature and statement, the subjects against a checkpoint, the card's fidelity block, and the
+//! output set beside the envelope.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::verify::{Mismatch, Outcome};
+use crate::error::Result;
+
+/// What to check: the envelope, the public key, and optionally the checkpoint and the card.
+#[derive(Debug, Clone, Copy)]
+pub struct ReportRequest<'a> {
+    pub envelope: &'a Path,
+    pub public_key: &'a Path,
+    /// Compare every subject with the files in this directory.
+    pub checkpoint: Option<&'a Path>,
+    /// Compare the card's fidelity block with the one signed (default: the checkpoint's card, if
+    /// the report signs one).
+    pub card: Option<&'a Path>,
+}
+
+/// What [`check_report`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedReport {
+    pub envelope: PathBuf,
+    /// The keyid of the public key checked against.
+    pub keyid: String,
+    /// Every reason the report does not verify; empty when it does.
+    pub mismatches: Vec<Mismatch>,
+    /// The checkpoint the subjects were compared with, when one was given.
+    pub subjects_checked: Option<PathBuf>,
+    /// The card whose fidelity block was compared, when one was.
+    pub card_checked: Option<PathBuf>,
+    /// From the signed statement (absent when the signature does not verify).
+    pub predicate_type: Option<String>,
+    pub run_id: Option<String>,
+    /// The report's verdict (a signed measurement has none).
+    pub verdict: Option<String>,
+}
+
+impl CheckedReport {
+    pub fn verified(&self) -> bool {
+        self.mismatches.is_empty()
+    }
+}
+
+/// Check a signed report offline. A signature that does not verify is a mismatch, not an error;
+/// errors are inputs that cannot be read.
+pub fn check_report(request: &ReportRequest<'_>) -> Result<CheckedReport> {
+    let key = super::read_verifying_key(request.public_key)?;
+    let mut mismatches = Vec::new();
+    let mut statement = Value::Null;
+    let mut card_checked = None;
+    match super::verify_envelope(request.envelope, &key)? {
+        Outcome::Verified(v) => {
+            if let Some(dir) = request.checkpoint {
+                mismatches.extend(super::check_subjects(&v.statement, dir)?);
+            }
+            if let Some((path, m)) =
+                super::check_card(&v.statement, request.card, request.checkpoint)?
+            {
+                mismatches.extend(m);
+                card_checked = Some(path);
+            }
+            mismatches.extend(crate::outset::check_set(request.envelope, &v.statement)?);
+            statement = v.statement;
+        }
+        Outcome::Failed(m) => mismatches.extend(m),
+    }
+    let text = |v: &Value| v.as_str().map(str::to_owned);
+    Ok(CheckedReport {
+        envelope: request.envelope.to_owned(),
+        keyid: super::keyid(&key),
+        mismatches,
+        subjects_checked: request.checkpoint.map(Path::to_owned),
+        card_checked,
+        predicate_type: text(&statement["predicateType"]),
+        run_id: text(&statement["predicate"]["run_id"]),
+        verdict: text(&statement["predicate"]["verdict"]),
+    })
+}

@@ -1,0 +1,113 @@
+//! `cardproof card`: a `measurement.json` written into the card on disk, from reading the
+//! measurement to reading back the file written. [`write_card`](super::write_card) computes the
+//! text; this is the part around it that touches files.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::{CardInputs, write_card};
+use crate::card::Card;
+use crate::error::{Error, Result};
+
+/// What `cardproof card` writes, and where.
+#[derive(Debug, Clone, Default)]
+pub struct UpdateRequest {
+    /// The `measurement.json` (`cardproof measure`).
+    pub measurement: PathBuf,
+    /// The card to write; `None`: README.md beside the measured candidate
+    /// ([`default_card_path`]).
+    pub into: Option<PathBuf>,
+    /// Fields a local measurement cannot know (see [`CardInputs`]).
+    pub reference_repo: Option<String>,
+    pub reference_revision: Option<String>,
+    pub candidate_repo: Option<String>,
+    pub candidate_revision: Option<String>,
+}
+
+/// The card written.
+#[derive(Debug, Clone)]
+pub struct CardUpdate {
+    /// The card's path.
+    pub path: PathBuf,
+    /// There was no card before.
+    pub created: bool,
+    /// SHA-256 of the file as written (lowercase hex).
+    pub sha256: String,
+    /// What the writer left undone or wants looked at ([`super::WrittenCard::warnings`]).
+    pub warnings: Vec<String>,
+    /// The card read back from disk (for linting what was written).
+    pub card: Card,
+}
+
+/// Read the measurement, write it into the card (creating the card when there is none) whole and
+/// atomically, and read the file back.
+pub fn update_card(request: &UpdateRequest) -> Result<CardUpdate> {
+    let measurement = read_measurement(&request.measurement)?;
+    let path = match &request.into {
+        Some(p) => p.clone(),
+        None => default_card_path(&request.measurement, &measurement)?,
+    };
+    let existing = match std::fs::read_to_string(&path) {
+        Ok(t) => Some(t),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(Error::io(&path, e)),
+    };
+    let written = write_card(
+        existing.as_deref(),
+        &path,
+        &CardInputs {
+            measurement,
+            reference_repo: request.reference_repo.clone(),
+            reference_revision: request.reference_revision.clone(),
+            candidate_repo: request.candidate_repo.clone(),
+            candidate_revision: request.candidate_revision.clone(),
+        },
+    )?;
+    crate::files::write_atomically(&path, written.text.as_bytes())?;
+    let card = Card::open(&path)?;
+    let sha256 = Sha256::digest(card.text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok(CardUpdate {
+        path,
+        created: existing.is_none(),
+        sha256,
+        warnings: written.warnings,
+        card,
+    })
+}
+
+fn read_measurement(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_str(&text).map_err(|e| Error::malformed(path, None, format!("not JSON: {e}")))
+}
+
+/// The card a measurement goes into when none is named: README.md in the candidate's directory
+/// (beside it, for a single file). A candidate measured from the Hub was read from the Hugging
+/// Face cache, which is never written to (its snapshot would then differ from the Hub): that is
+/// an error asking for the card of a local clone.
+pub fn default_card_path(measurement_path: &Path, measurement: &Value) -> Result<PathBuf> {
+    if let Some(repo) = measurement["candidate"]["hub"]["repo"].as_str() {
+        return Err(Error::malformed(
+            measurement_path,
+            Some("candidate.hub"),
+            format!(
+                "the candidate was measured from hf:{repo}; pass --into with the card of your \
+                 local clone (cardproof never writes into the Hugging Face cache)"
+            ),
+        ));
+    }
+    let candidate = measurement["candidate"]["path"].as_str().ok_or_else(|| {
+        Error::malformed(
+            measurement_path,
+            Some("candidate.path"),
+            "missing; pass --into README.md",
+        )
+    })?;
+    let c = Path::new(candidate);
+    let dir = if c.is_file() { c.parent().unwrap_or(c) } else { c };
+    Ok(dir.join("README.md"))
+}
