@@ -18,8 +18,10 @@ pub mod lint;
 pub mod measure;
 pub mod measurement;
 pub mod outset;
+pub mod output;
 pub mod report;
 pub mod runner;
+pub mod schema;
 pub mod span;
 #[cfg(feature = "native")]
 pub mod verify;

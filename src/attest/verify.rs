@@ -55,7 +55,7 @@ pub struct Verified {
 
 /// One reason verification failed. `what` is one of the [`what`] constants; `detail` is a
 /// sentence for people.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct Mismatch {
     pub what: String,
     pub detail: String,

@@ -28,7 +28,7 @@ pub const DEFAULT_EXCLUDES: &[&str] = &["README.md", ".gitattributes", ".git/", 
 
 const CHUNK: usize = 4 * 1024 * 1024;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct ManifestEntry {
     /// Relative to the hashed path, forward slashes.
     pub path: String,

@@ -557,13 +557,8 @@ pub struct Sha256(#[schemars(regex(pattern = r"^[0-9a-f]{64}$"))] pub String);
 
 /// The JSON Schema (draft 2020-12) of the `fidelity` block.
 pub fn json_schema() -> Value {
-    let settings =
-        schemars::generate::SchemaSettings::draft2020_12().with_transform(forbid_null_for_options);
-    let mut schema = settings
-        .into_generator()
-        .into_root_schema_for::<Disclosure>();
-    schema.insert("$id".into(), SCHEMA_URI.into());
-    schema.to_value()
+    let settings = crate::schema::settings().with_transform(forbid_null_for_options);
+    crate::schema::generate::<Disclosure>(settings, SCHEMA_URI)
 }
 
 /// Optional fields are omitted, never `null`: a `revision: ~` is as undisclosed as a missing one,
@@ -610,7 +605,5 @@ fn forbid_null_for_options(schema: &mut schemars::Schema) {
 
 /// The schema as committed: pretty JSON with a trailing newline.
 pub fn json_schema_text() -> String {
-    let mut text = serde_json::to_string_pretty(&json_schema()).expect("schema serializes");
-    text.push('\n');
-    text
+    crate::schema::text(&json_schema())
 }

@@ -50,7 +50,7 @@ const REPORT_FILES: &[&str] = &[
 ];
 
 /// A finding about the repository on the Hub (not about the card's text).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct HubFinding {
     pub code: &'static str,
     pub severity: Severity,
@@ -75,7 +75,7 @@ impl HubFinding {
 }
 
 /// What was found about a signed report in the repository.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ReportCheck {
     pub file: String,
     /// keyids the envelope's signatures name.
@@ -87,7 +87,7 @@ pub struct ReportCheck {
 }
 
 /// The result of `check`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct CheckReport {
     /// The source as asked (`hf:ORG/NAME@REV`).
     pub source: String,

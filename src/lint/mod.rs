@@ -18,7 +18,7 @@ use crate::checkpoint::inspect::Inspection;
 use crate::findings::{Code, Finding, Severity};
 
 /// The result of linting one card.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct LintReport {
     #[serde(skip)]
     pub file: PathBuf,

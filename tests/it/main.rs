@@ -15,6 +15,7 @@ mod lint;
 mod measure;
 mod native_llamacpp;
 mod output_contract;
+mod output_schemas;
 mod outputs;
 mod schema;
 mod support;

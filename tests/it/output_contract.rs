@@ -58,6 +58,16 @@ fn one_document(what: &str, run: &Run, codes: &[i32]) -> Value {
     doc
 }
 
+/// [`one_document`], validated against the committed schema of the document `name` (or of the
+/// error document, for exit 2).
+#[track_caller]
+fn checked(name: &str, what: &str, run: &Run, codes: &[i32]) -> Value {
+    let doc = one_document(what, run, codes);
+    let name = if run.code == 2 { "error" } else { name };
+    crate::output_schemas::assert_valid(name, what, &doc);
+    doc
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -82,15 +92,15 @@ fn every_json_command_prints_one_versioned_document() {
     // lint, on every example card.
     for entry in std::fs::read_dir(repo_root().join("examples/cards")).unwrap() {
         let card = entry.unwrap().path().join("README.md");
-        let doc = one_document("lint", &cardproof(&["lint", s(&card), "--json"]), &[0, 1]);
+        let doc = checked("lint", "lint", &cardproof(&["lint", s(&card), "--json"]), &[0, 1]);
         assert!(doc["findings"].is_array());
     }
     // inspect and hash, on every example model: one shape for safetensors and GGUF alike.
     for entry in std::fs::read_dir(repo_root().join("examples/models")).unwrap() {
         let dir = entry.unwrap().path();
-        let doc = one_document("inspect", &cardproof(&["inspect", s(&dir), "--json"]), &[0]);
+        let doc = checked("inspect", "inspect", &cardproof(&["inspect", s(&dir), "--json"]), &[0]);
         assert_eq!(doc["variants"].as_array().map(Vec::len), Some(1), "{doc}");
-        let doc = one_document("hash", &cardproof(&["hash", s(&dir), "--json"]), &[0]);
+        let doc = checked("hash", "hash", &cardproof(&["hash", s(&dir), "--json"]), &[0]);
         assert!(doc["root_sha256"].is_string());
     }
     // measure, and kld on the logits it dumped and on llama.cpp base files.
@@ -124,7 +134,7 @@ fn every_json_command_prints_one_versioned_document() {
         "10",
         "--json",
     ]);
-    one_document("kld", &run, &[0]);
+    checked("kld", "kld", &run, &[0]);
     let fixtures = repo_root().join("tests/fixtures/llamacpp");
     let run = cardproof(&[
         "kld",
@@ -135,7 +145,7 @@ fn every_json_command_prints_one_versioned_document() {
         "--llamacpp-compat",
         "--json",
     ]);
-    one_document("kld --llamacpp-compat", &run, &[0]);
+    checked("kld-llamacpp-compat", "kld --llamacpp-compat", &run, &[0]);
 
     // card: updating the candidate's card, and creating a new one.
     let measurement = m.join("measurement.json");
@@ -148,7 +158,7 @@ fn every_json_command_prints_one_versioned_document() {
         s(&card),
         "--json",
     ]);
-    let doc = one_document("card", &run, &[0]);
+    let doc = checked("card", "card", &run, &[0]);
     assert_eq!(doc["card"], s(&card));
     assert_eq!(doc["action"], "updated");
     assert_eq!(doc["lint"]["errors"], 0, "{doc}");
@@ -165,11 +175,12 @@ fn every_json_command_prints_one_versioned_document() {
         s(&fresh),
         "--json",
     ]);
-    let doc = one_document("card (new)", &run, &[0, 1]);
+    let doc = checked("card", "card (new)", &run, &[0, 1]);
     assert_eq!(doc["action"], "created");
 
     // keygen, sign, verify and verify-report.
-    let doc = one_document(
+    let doc = checked(
+        "keygen",
         "keygen",
         &cardproof(&["keygen", "--out", s(&keys), "--json"]),
         &[0],
@@ -186,7 +197,7 @@ fn every_json_command_prints_one_versioned_document() {
         s(&key),
         "--json",
     ]);
-    let doc = one_document("sign", &run, &[0]);
+    let doc = checked("sign", "sign", &run, &[0]);
     let envelope = m.join("measurement.dsse.json");
     assert_eq!(doc["envelope"], s(&envelope));
     assert_eq!(doc["keyid"], keyid);
@@ -197,7 +208,7 @@ fn every_json_command_prints_one_versioned_document() {
     assert!(doc["subjects"].as_u64().unwrap() > 0, "{doc}");
     let run = cardproof(&["verify-report", s(&envelope), "--pub", s(&public), "--json"]);
     assert_eq!(
-        one_document("verify-report (sign)", &run, &[0])["verified"],
+        checked("verify-report", "verify-report (sign)", &run, &[0])["verified"],
         true
     );
     let run = cardproof(&[
@@ -223,7 +234,7 @@ fn every_json_command_prints_one_versioned_document() {
         s(&candidate),
         "--json",
     ]);
-    assert_eq!(one_document("verify-report", &run, &[0])["verified"], true);
+    assert_eq!(checked("verify-report", "verify-report", &run, &[0])["verified"], true);
 
     // reference export: a hidden-state artifact and a llama.cpp base file.
     for (kind, out) in [("hidden", "ref.safetensors"), ("llamacpp", "ref.kld")] {
@@ -254,18 +265,18 @@ fn every_json_command_prints_one_versioned_document() {
         &["check", "hf:example-org/shakespeare-w8a16", "--json"],
         &[],
     );
-    assert_eq!(one_document("check", &run, &[0, 1])["commit"], commit);
+    assert_eq!(checked("check", "check", &run, &[0, 1])["commit"], commit);
 
     // Errors are one document too: bad input, and a usage error found after parsing.
     let missing = t.join("missing");
     for verb in ["lint", "inspect", "hash"] {
-        let doc = one_document(verb, &cardproof(&[verb, s(&missing), "--json"]), &[2]);
+        let doc = checked(verb, verb, &cardproof(&[verb, s(&missing), "--json"]), &[2]);
         assert!(doc["error"]["message"].is_string(), "{doc}");
     }
     let run = cardproof(&["sign", s(&missing), "--key", s(&key), "--json"]);
-    assert!(one_document("sign (missing)", &run, &[2])["error"].is_object());
+    assert!(checked("sign", "sign (missing)", &run, &[2])["error"].is_object());
     let run = cardproof(&["card", "--measurement", s(&missing), "--json"]);
-    assert!(one_document("card (missing)", &run, &[2])["error"].is_object());
+    assert!(checked("card", "card (missing)", &run, &[2])["error"].is_object());
     let mut args = vec![
         "reference",
         "export",
@@ -283,6 +294,6 @@ fn every_json_command_prints_one_versioned_document() {
         "64",
     ]);
     args.extend(["--context-length", "128", "--json"]);
-    let doc = one_document("reference export (usage)", &cardproof(&args), &[2]);
+    let doc = checked("error", "reference export (usage)", &cardproof(&args), &[2]);
     assert!(doc["error"]["message"].is_string(), "{doc}");
 }

@@ -16,6 +16,7 @@ mod naming;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -25,7 +26,7 @@ use super::safetensors;
 use crate::error::{Error, Result};
 use crate::findings::Finding;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     Quantized,
@@ -33,7 +34,7 @@ pub enum Status {
 }
 
 /// Where a module sits, for the fidelity questions people ask ("is lm_head quantized?").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Bucket {
     LmHead,
@@ -66,7 +67,7 @@ impl Bucket {
 }
 
 /// One linear module (or the embeddings, reported apart).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct Module {
     pub name: String,
     pub status: Status,
@@ -88,14 +89,14 @@ pub struct Module {
     pub activations: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct FileSummary {
     pub path: String,
     pub size: u64,
     pub tensors: usize,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, JsonSchema)]
 pub struct BucketSummary {
     pub modules: usize,
     pub quantized: usize,
@@ -104,7 +105,7 @@ pub struct BucketSummary {
     pub schemes: BTreeMap<String, usize>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct Summary {
     pub quantized: usize,
     pub high_precision: usize,
@@ -118,7 +119,7 @@ pub struct Summary {
     pub kv_cache: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct DeclaredSummary {
     pub source: String,
     pub method: String,
@@ -126,7 +127,7 @@ pub struct DeclaredSummary {
 }
 
 /// One checkpoint (or one GGUF variant of a directory).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct Inspection {
     pub format: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
