@@ -101,6 +101,18 @@ fn imprecise_claims(fidelity: &Node, locator: &Locator<'_>, out: &mut Vec<Findin
     }
 }
 
+/// `cardproof lint PATH`: lint `card` (read from `path`), and when `path` is a model directory
+/// holding a checkpoint, check the card against what the checkpoint really holds.
+pub fn lint_at(card: &Card, path: &std::path::Path) -> crate::Result<LintReport> {
+    let inspections = if path.is_dir() && crate::checkpoint::has_checkpoint(path) {
+        crate::checkpoint::inspect::inspect_path(path)?
+    } else {
+        Vec::new()
+    };
+    Ok(lint_with_checkpoint(card, &inspections))
+}
+
+/// Lint a parsed card against the inspections of the checkpoint it describes.
 pub fn lint_with_checkpoint(card: &Card, inspections: &[Inspection]) -> LintReport {
     let locator = Locator::new(card);
     let mut findings = Vec::new();

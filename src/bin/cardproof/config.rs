@@ -42,23 +42,33 @@ impl Output {
 #[derive(Debug, Clone)]
 pub struct LintConfig {
     pub path: PathBuf,
-    pub output: Output,
 }
 
 #[derive(Debug, Clone)]
 pub struct InspectConfig {
     pub path: PathBuf,
     pub list_modules: bool,
-    pub output: Output,
 }
 
 #[derive(Debug, Clone)]
 pub struct HashConfig {
     pub path: PathBuf,
     pub options: cardproof::checkpoint::hash::HashOptions,
-    pub output: Output,
     /// Show a progress bar (stderr is a terminal).
     pub progress: bool,
+}
+
+impl HashConfig {
+    pub fn from_args(args: crate::cli::HashArgs) -> HashConfig {
+        HashConfig {
+            path: args.path,
+            options: cardproof::checkpoint::hash::HashOptions {
+                threads: args.threads.map(usize::from),
+                include_all: args.all,
+            },
+            progress: std::io::stderr().is_terminal(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -67,7 +77,48 @@ pub struct KldConfig {
     pub candidate: PathBuf,
     pub options: cardproof::measure::Options,
     pub llamacpp_compat: bool,
-    pub output: Output,
+}
+
+/// `card`: the library's request as it is (its checks are the writer's).
+pub fn card_request(args: crate::cli::CardArgs) -> cardproof::card::write::UpdateRequest {
+    cardproof::card::write::UpdateRequest {
+        measurement: args.measurement,
+        into: args.into,
+        reference_repo: args.reference_repo,
+        reference_revision: args.reference_revision,
+        candidate_repo: args.candidate_repo,
+        candidate_revision: args.candidate_revision,
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct KeygenConfig {
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct SignConfig {
+    pub file: PathBuf,
+    pub checkpoint: Option<PathBuf>,
+    /// `None`: the default key, created on first use.
+    pub key: Option<PathBuf>,
+    /// `None`: `NAME.dsse.json` beside the file.
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct VerifyReportConfig {
+    pub envelope: PathBuf,
+    pub public_key: PathBuf,
+    pub checkpoint: Option<PathBuf>,
+    pub card: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct CheckConfig {
+    /// `hf:ORG/NAME[@REV]`, parsed by the command (a bad one is an input error).
+    pub source: String,
+    pub public_key: Option<PathBuf>,
 }
 
 /// The protocol settings `kld` and `measure` share.
@@ -199,7 +250,6 @@ impl KldConfig {
                 bootstrap: p.bootstrap,
             },
             llamacpp_compat: args.llamacpp_compat,
-            output: Output::from_args(&args.output),
         })
     }
 }

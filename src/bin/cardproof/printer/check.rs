@@ -1,0 +1,92 @@
+//! `check`: a Hub upload checked from its headers: the document, SARIF, or the inspection on
+//! stdout, and the findings and a summary on stderr.
+
+use std::io::{self, Write};
+
+use cardproof::findings::Severity;
+use cardproof::hub::check::CheckReport;
+use cardproof::output::{CheckDocument, sarif};
+
+use super::inspect::render_inspections;
+use super::{Printer, plural, render_finding, write_json, write_stdout};
+use crate::config::Format;
+
+impl Printer {
+    /// `check`'s output: the document (`--json`), SARIF, or the inspection on stdout and the
+    /// findings and a summary on stderr.
+    pub fn check(&self, report: &CheckReport) -> io::Result<()> {
+        match self.output.format {
+            Format::Json => write_json(&CheckDocument::new(report))?,
+            Format::Sarif => write_json(&sarif::check_log(report))?,
+            Format::Human | Format::Markdown => write_stdout(&render_inspections(
+                &report.inspections,
+                false,
+                &self.style(),
+            ))?,
+        }
+        let style = self.style();
+        if let (Some(card), Some(lint)) = (&report.card_text, &report.card) {
+            let mut err = io::stderr().lock();
+            for finding in &lint.findings {
+                writeln!(err, "{}", render_finding(card, finding, &style))?;
+            }
+        }
+        let mut err = io::stderr().lock();
+        for f in &report.hub_findings {
+            writeln!(
+                err,
+                "{}[{}]: {}\n  {} hf:{}@{}\n",
+                style.severity(f.severity),
+                f.code,
+                style.bold(&f.message),
+                style.dim("-->"),
+                report.repo,
+                report.commit
+            )?;
+        }
+        if let Some(r) = &report.report {
+            let signature = match r.signature {
+                "verified" => "signature verified".to_owned(),
+                "failed" => "signature FAILED".to_owned(),
+                _ => "signature not checked (pass --pub KEY)".to_owned(),
+            };
+            writeln!(
+                err,
+                "report {}: {} subjects, keyid(s) {}, {signature}, {}",
+                r.file,
+                r.subjects,
+                r.keyids.join(", "),
+                if r.mismatches.is_empty() {
+                    "subjects match the Hub's digests and the card is the one it signed".to_owned()
+                } else {
+                    format!("{} mismatch(es)", r.mismatches.len())
+                }
+            )?;
+        }
+        let errors = report.errors();
+        let warnings = report.card.as_ref().map_or(0, |c| c.warnings())
+            + report
+                .hub_findings
+                .iter()
+                .filter(|f| f.severity == Severity::Warning)
+                .count();
+        let share = if report.total_bytes > 0 {
+            report.bytes_fetched as f64 / report.total_bytes as f64 * 100.0
+        } else {
+            0.0
+        };
+        let summary = format!(
+            "{} (commit {}): {} {}, {} {}; {} files, {} bytes; fetched {} bytes ({share:.4}%)",
+            report.source,
+            report.commit,
+            errors,
+            plural(errors, "error"),
+            warnings,
+            plural(warnings, "warning"),
+            report.files,
+            report.total_bytes,
+            report.bytes_fetched,
+        );
+        writeln!(err, "{}", style.bold(&summary))
+    }
+}
