@@ -108,7 +108,11 @@ pub struct Region {
 
 /// `lint --format sarif`.
 pub fn lint_log(card: &Card, report: &LintReport) -> Log {
-    log(report.findings.iter().map(|f| lint_result(card, f)).collect())
+    log(report
+        .findings
+        .iter()
+        .map(|f| lint_result(card, f))
+        .collect())
 }
 
 /// `check --format sarif`: the card's findings, then the findings about the repository (located

@@ -92,16 +92,33 @@ fn every_json_command_prints_one_versioned_document() {
     // lint, on every example card.
     for entry in std::fs::read_dir(repo_root().join("examples/cards")).unwrap() {
         let card = entry.unwrap().path().join("README.md");
-        let doc = checked("lint", "lint", &cardproof(&["lint", s(&card), "--json"]), &[0, 1]);
+        let doc = checked(
+            "lint",
+            "lint",
+            &cardproof(&["lint", s(&card), "--json"]),
+            &[0, 1],
+        );
         assert!(doc["findings"].is_array());
     }
     // inspect and hash, on every example model: one shape for safetensors and GGUF alike.
     for entry in std::fs::read_dir(repo_root().join("examples/models")).unwrap() {
         let dir = entry.unwrap().path();
-        let doc = checked("inspect", "inspect", &cardproof(&["inspect", s(&dir), "--json"]), &[0]);
+        let doc = checked(
+            "inspect",
+            "inspect",
+            &cardproof(&["inspect", s(&dir), "--json"]),
+            &[0],
+        );
         assert_eq!(doc["variants"].as_array().map(Vec::len), Some(1), "{doc}");
-        let doc = checked("hash", "hash", &cardproof(&["hash", s(&dir), "--json"]), &[0]);
+        let doc = checked(
+            "hash",
+            "hash",
+            &cardproof(&["hash", s(&dir), "--json"]),
+            &[0],
+        );
         assert!(doc["root_sha256"].is_string());
+        let run = cardproof(&["lint", s(&dir), "--json"]);
+        checked("lint", "lint (model directory)", &run, &[0, 1, 2]);
     }
     // measure, and kld on the logits it dumped and on llama.cpp base files.
     let short = ["--context-length", "128", "--bootstrap", "10"];
@@ -124,17 +141,47 @@ fn every_json_command_prints_one_versioned_document() {
     args.push("--json");
     let doc = one_document("measure", &cardproof(&args), &[0]);
     assert!(doc["runs"].is_array());
-    let run = cardproof(&[
-        "kld",
-        "--reference",
-        s(&logits.join("reference.logits.safetensors")),
-        "--candidate",
-        s(&logits.join("candidate.logits.safetensors")),
-        "--bootstrap",
-        "10",
-        "--json",
-    ]);
-    checked("kld", "kld", &run, &[0]);
+    // Every vocabulary mode and position policy the protocol can state.
+    let (r_logits, c_logits) = (
+        logits.join("reference.logits.safetensors"),
+        logits.join("candidate.logits.safetensors"),
+    );
+    for protocol in [
+        &[][..],
+        &["--vocab", "top-k", "--top-k", "8", "--tail", "renormalized"],
+        &[
+            "--vocab",
+            "threshold",
+            "--positions",
+            "from",
+            "--from",
+            "64",
+        ],
+        &[
+            "--direction",
+            "reverse",
+            "--positions",
+            "stride",
+            "--stride",
+            "3",
+            "--offset",
+            "1",
+        ],
+        &["--positions", "second-half", "--context-length", "128"],
+    ] {
+        let mut args = vec![
+            "kld",
+            "--reference",
+            s(&r_logits),
+            "--candidate",
+            s(&c_logits),
+            "--bootstrap",
+            "10",
+            "--json",
+        ];
+        args.extend(protocol);
+        checked("kld", &format!("kld {protocol:?}"), &cardproof(&args), &[0]);
+    }
     let fixtures = repo_root().join("tests/fixtures/llamacpp");
     let run = cardproof(&[
         "kld",
@@ -211,6 +258,15 @@ fn every_json_command_prints_one_versioned_document() {
         checked("verify-report", "verify-report (sign)", &run, &[0])["verified"],
         true
     );
+    // A report that does not verify: another key.
+    let other = t.join("other-keys");
+    let run = cardproof(&["keygen", "--out", s(&other), "--json"]);
+    checked("keygen", "keygen (other)", &run, &[0]);
+    let other = other.join("cardproof.pub");
+    let run = cardproof(&["verify-report", s(&envelope), "--pub", s(&other), "--json"]);
+    let doc = checked("verify-report", "verify-report (other key)", &run, &[1]);
+    assert_eq!(doc["verified"], false);
+    assert!(doc["verdict"].is_null(), "{doc}");
     let run = cardproof(&[
         "verify",
         s(&candidate),
@@ -234,7 +290,10 @@ fn every_json_command_prints_one_versioned_document() {
         s(&candidate),
         "--json",
     ]);
-    assert_eq!(checked("verify-report", "verify-report", &run, &[0])["verified"], true);
+    assert_eq!(
+        checked("verify-report", "verify-report", &run, &[0])["verified"],
+        true
+    );
 
     // reference export: a hidden-state artifact and a llama.cpp base file.
     for (kind, out) in [("hidden", "ref.safetensors"), ("llamacpp", "ref.kld")] {
@@ -296,4 +355,16 @@ fn every_json_command_prints_one_versioned_document() {
     args.extend(["--context-length", "128", "--json"]);
     let doc = checked("error", "reference export (usage)", &cardproof(&args), &[2]);
     assert!(doc["error"]["message"].is_string(), "{doc}");
+    let run = cardproof(&[
+        "kld",
+        "--reference",
+        "a",
+        "--candidate",
+        "b",
+        "--top-k",
+        "3",
+        "--json",
+    ]);
+    let doc = checked("error", "kld (usage)", &run, &[2]);
+    assert!(doc["error"]["file"].is_null(), "{doc}");
 }

@@ -11,8 +11,12 @@ fn committed(name: &str) -> Value {
     let document = cardproof::output::document(name)
         .unwrap_or_else(|| panic!("no output document `{name}` in cardproof::output::DOCUMENTS"));
     let path = repo_root().join(document.path());
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run the tests with CARDPROOF_BLESS=1)", path.display()));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run the tests with CARDPROOF_BLESS=1)",
+            path.display()
+        )
+    });
     serde_json::from_str(&text).unwrap()
 }
 
@@ -41,7 +45,10 @@ fn closed(mut schema: Value) -> Value {
 #[track_caller]
 pub fn assert_valid(name: &str, what: &str, doc: &Value) {
     assert_eq!(doc["schema_version"], 1, "{what}: {doc}");
-    for (schema, how) in [(committed(name), "its schema"), (closed(committed(name)), "its schema, closed")] {
+    for (schema, how) in [
+        (committed(name), "its schema"),
+        (closed(committed(name)), "its schema, closed"),
+    ] {
         let validator = jsonschema::validator_for(&schema)
             .unwrap_or_else(|e| panic!("schema `{name}` does not compile: {e}"));
         let errors: Vec<String> = validator
@@ -91,7 +98,10 @@ fn every_committed_schema_has_its_type() {
     for entry in std::fs::read_dir(repo_root().join("schema")).unwrap() {
         let name = entry.unwrap().file_name().to_string_lossy().into_owned();
         let path = format!("schema/{name}");
-        assert!(known.contains(&path), "{path} belongs to no type (remove it)");
+        assert!(
+            known.contains(&path),
+            "{path} belongs to no type (remove it)"
+        );
     }
 }
 
@@ -105,8 +115,16 @@ fn output_schemas_are_draft_2020_12_with_a_version() {
             "https://json-schema.org/draft/2020-12/schema"
         );
         assert_eq!(schema["$id"], document.id().as_str());
-        assert_eq!(schema["properties"]["schema_version"]["const"], 1, "{}", document.name);
+        assert_eq!(
+            schema["properties"]["schema_version"]["const"], 1,
+            "{}",
+            document.name
+        );
         let required = schema["required"].as_array().unwrap();
-        assert!(required.contains(&"schema_version".into()), "{}", document.name);
+        assert!(
+            required.contains(&"schema_version".into()),
+            "{}",
+            document.name
+        );
     }
 }

@@ -88,10 +88,11 @@ fn run(command: Command, printer: &Printer) -> io::Result<Finished> {
         Command::Card(args) => finish(card::run(&config::card_request(args)), |c| {
             printer.card_written(c)
         }),
-        Command::Keygen(args) => finish(
-            keygen::run(&config::KeygenConfig { out: args.out }),
-            |k| printer.keys(k),
-        ),
+        Command::Keygen(args) => {
+            finish(keygen::run(&config::KeygenConfig { out: args.out }), |k| {
+                printer.keys(k)
+            })
+        }
         Command::Sign(args) => {
             let config = config::SignConfig {
                 file: args.file,

@@ -108,6 +108,10 @@ pub fn default_card_path(measurement_path: &Path, measurement: &Value) -> Result
         )
     })?;
     let c = Path::new(candidate);
-    let dir = if c.is_file() { c.parent().unwrap_or(c) } else { c };
+    let dir = if c.is_file() {
+        c.parent().unwrap_or(c)
+    } else {
+        c
+    };
     Ok(dir.join("README.md"))
 }

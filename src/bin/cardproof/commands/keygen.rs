@@ -6,5 +6,7 @@ use super::Outcome;
 use crate::config::KeygenConfig;
 
 pub fn run(config: &KeygenConfig) -> super::Result<KeyPair> {
-    Ok(Outcome::clean(cardproof::attest::create_keypair(&config.out)?))
+    Ok(Outcome::clean(cardproof::attest::create_keypair(
+        &config.out,
+    )?))
 }

@@ -12,7 +12,6 @@ use crate::config::{self, MeasureConfig, Output, VerifyConfig};
 use crate::printer::{self, Printer};
 use crate::{EXIT_BAD_INPUT, EXIT_FINDINGS, cli};
 
-
 /// A usage error found after parsing (inconsistent flags): exit 2 with one message.
 fn usage_error(output: Output, message: &str) -> io::Result<u8> {
     Printer::new(output).usage_error(message)?;

@@ -13,7 +13,11 @@ impl Printer {
             // One shape whatever the input: a single file or checkpoint is a one-element list.
             return write_json(&InspectDocument::new(inspections));
         }
-        write_stdout(&render_inspections(inspections, list_modules, &self.style()))
+        write_stdout(&render_inspections(
+            inspections,
+            list_modules,
+            &self.style(),
+        ))
     }
 }
 
@@ -30,11 +34,7 @@ pub(super) fn render_inspections(
         .join("\n")
 }
 
-fn render_inspection(
-    i: &Inspection,
-    list_modules: bool,
-    style: &Style,
-) -> String {
+fn render_inspection(i: &Inspection, list_modules: bool, style: &Style) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let bytes: u64 = i.files.iter().map(|f| f.size).sum();

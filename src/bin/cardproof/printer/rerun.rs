@@ -8,7 +8,6 @@ use serde_json::json;
 use super::{Printer, write_stdout};
 use crate::config::Format;
 
-
 /// A JSON document on stdout with `"schema_version"` first.
 fn write_versioned(value: &impl serde::Serialize) -> io::Result<()> {
     let mut value = serde_json::to_value(value)?;
