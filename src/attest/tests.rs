@@ -705,3 +705,97 @@ fn export_for_python() {
     tampered["payload"] = json!(STANDARD.encode(&payload));
     write(&out, "envelope.tampered.json", tampered.to_string());
 }
+
+#[test]
+fn sign_file_then_check_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    write(&model, "config.json", "{}");
+    write(&model, "model.safetensors", "weights");
+    let out = dir.path().join("out");
+    let measurement = json!({
+        "run_id": "run-1",
+        "runs": [],
+        "protocol": {},
+        "candidate": {"path": model.display().to_string()},
+    });
+    let file = write(&out, "measurement.json", measurement.to_string());
+    let keys = create_keypair(&dir.path().join("keys")).unwrap();
+    assert_eq!(
+        keys.keyid,
+        keyid(&read_verifying_key(&keys.public).unwrap())
+    );
+    let key = read_signing_key(&keys.private).unwrap();
+
+    // Without --checkpoint, the subjects are the files of the model the measurement names.
+    let signed = sign_file(&file, None, &key, None).unwrap();
+    assert_eq!(signed.envelope, out.join("measurement.dsse.json"));
+    assert_eq!(signed.file, file);
+    assert_eq!(signed.predicate_type, MEASUREMENT_PREDICATE_TYPE);
+    assert_eq!(signed.subjects, 2);
+    assert_eq!(signed.keyid, keys.keyid);
+    assert_eq!(
+        signed.sha256,
+        crate::checkpoint::hash::hash_file(&signed.envelope).unwrap()
+    );
+
+    let request = |public: &Path, checkpoint: Option<&Path>| {
+        check_report(&ReportRequest {
+            envelope: &signed.envelope,
+            public_key: public,
+            checkpoint,
+            card: None,
+        })
+        .unwrap()
+    };
+    let report = request(&keys.public, Some(&model));
+    assert!(report.verified(), "{:?}", report.mismatches);
+    assert_eq!(report.keyid, keys.keyid);
+    assert_eq!(report.subjects_checked.as_deref(), Some(model.as_path()));
+    // A signed measurement binds no card.
+    assert_eq!(report.card_checked, None);
+    assert_eq!(
+        report.predicate_type.as_deref(),
+        Some(MEASUREMENT_PREDICATE_TYPE)
+    );
+    assert_eq!(report.run_id.as_deref(), Some("run-1"));
+    assert_eq!(report.verdict, None);
+
+    // A changed checkpoint file is a mismatch, not an error.
+    write(&model, "model.safetensors", "other weights");
+    let report = request(&keys.public, Some(&model));
+    assert!(!report.verified());
+    assert!(
+        report.mismatches.iter().all(|m| m.what == what::DIGEST),
+        "{:?}",
+        report.mismatches
+    );
+    // Another key: the signature fails and nothing is read from the statement.
+    let other = create_keypair(&dir.path().join("other")).unwrap();
+    let report = request(&other.public, None);
+    assert!(!report.verified());
+    assert_eq!(report.keyid, other.keyid);
+    assert_eq!(
+        (report.predicate_type, report.run_id, report.verdict),
+        (None, None, None)
+    );
+
+    // --out, and the default envelope name.
+    let elsewhere = dir.path().join("signed.dsse.json");
+    let signed = sign_file(&file, Some(&model), &key, Some(&elsewhere)).unwrap();
+    assert_eq!(signed.envelope, elsewhere);
+    assert_eq!(
+        default_envelope_path(Path::new("a/report.json")),
+        Path::new("a/report.dsse.json")
+    );
+    assert_eq!(
+        default_envelope_path(Path::new("notes")),
+        Path::new("notes.dsse.json")
+    );
+    // A key directory is never reused.
+    err_mentions(
+        create_keypair(&dir.path().join("keys")),
+        &dir.path().join("keys").join(PRIVATE_KEY_FILE),
+        "refusing to overwrite",
+    );
+}

@@ -43,8 +43,6 @@ pub fn lint(card: &Card) -> LintReport {
     lint_with_checkpoint(card, &[])
 }
 
-/// Lint a card that sits next to a checkpoint: also cross-check its `quantization` section against
-/// what `inspect` found, and turn inspect's own findings into errors.
 /// Claims printed too coarsely to be reproduced (`verify` gives them the `imprecise` verdict), and
 /// entries `verify` cannot read as claims at all (`invalid`): flagged before publishing.
 fn imprecise_claims(fidelity: &Node, locator: &Locator<'_>, out: &mut Vec<Finding>) {
@@ -112,7 +110,8 @@ pub fn lint_at(card: &Card, path: &std::path::Path) -> crate::Result<LintReport>
     Ok(lint_with_checkpoint(card, &inspections))
 }
 
-/// Lint a parsed card against the inspections of the checkpoint it describes.
+/// Lint a card that sits next to a checkpoint: also cross-check its `quantization` section against
+/// what `inspect` found, and turn inspect's own findings into errors.
 pub fn lint_with_checkpoint(card: &Card, inspections: &[Inspection]) -> LintReport {
     let locator = Locator::new(card);
     let mut findings = Vec::new();

@@ -5,7 +5,9 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use cardproof::card::write::{CardInputs, SECTION_END, SECTION_START, WrittenCard, write_card};
+use cardproof::card::write::{
+    CardInputs, SECTION_END, SECTION_START, UpdateRequest, WrittenCard, update_card, write_card,
+};
 use cardproof::card::{Card, FrontMatter};
 use cardproof::disclosure::Disclosure;
 use serde_json::{Value, json};
@@ -766,4 +768,60 @@ fn the_eval_text_wording_is_kept_for_the_same_text() {
             .text
             .contains("The eval text is Tiny Shakespeare: the first 3000 characters (")
     );
+}
+
+#[test]
+fn update_card_writes_beside_the_candidate_and_never_into_the_hub_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let candidate = dir.path().join("candidate");
+    crate::support::copy_model("shakespeare-w8a16", &candidate);
+    let mut measurement = w8a16().clone();
+    measurement["candidate"]["path"] = candidate.display().to_string().into();
+    let file = dir.path().join("measurement.json");
+    std::fs::write(&file, measurement.to_string()).unwrap();
+    let request = UpdateRequest {
+        measurement: file.clone(),
+        ..UpdateRequest::default()
+    };
+
+    // No --into: the candidate's README.md, updated; the digest and the card are what is on disk.
+    let update = update_card(&request).unwrap();
+    let card = candidate.join("README.md");
+    assert_eq!(update.path, card);
+    assert!(!update.created);
+    let on_disk = std::fs::read(&card).unwrap();
+    assert_eq!(update.card.text.as_bytes(), on_disk.as_slice());
+    assert_eq!(
+        update.sha256,
+        cardproof::checkpoint::hash::hash_file(&card).unwrap()
+    );
+    assert_measured(&fidelity(&update.card.text), &measurement);
+
+    // --into a card that does not exist yet: created.
+    let fresh = dir.path().join("fresh.md");
+    let update = update_card(&UpdateRequest {
+        into: Some(fresh.clone()),
+        ..request.clone()
+    })
+    .unwrap();
+    assert!(update.created);
+    assert_eq!(update.path, fresh);
+
+    // A candidate measured from the Hub was read from the cache: refused without --into.
+    measurement["candidate"]["hub"] = json!({"repo": "example-org/tiny", "commit": REV_A});
+    std::fs::write(&file, measurement.to_string()).unwrap();
+    let before = std::fs::read(&card).unwrap();
+    let e = update_card(&request).unwrap_err();
+    assert_eq!(e.file, file);
+    assert!(e.to_string().contains("hf:example-org/tiny"), "{e}");
+    assert!(e.to_string().contains("--into"), "{e}");
+    assert_eq!(std::fs::read(&card).unwrap(), before);
+    // No candidate path: --into is needed.
+    let e =
+        cardproof::card::write::default_card_path(&file, &json!({"candidate": {}})).unwrap_err();
+    assert!(e.to_string().contains("candidate.path"), "{e}");
+    // Not JSON.
+    std::fs::write(&file, "not json").unwrap();
+    let e = update_card(&request).unwrap_err();
+    assert!(e.to_string().contains("not JSON"), "{e}");
 }

@@ -592,3 +592,20 @@ mod with_checkpoint {
         );
     }
 }
+
+#[test]
+fn lint_at_checks_a_model_directory_against_its_checkpoint() {
+    // The library call behind `cardproof lint PATH`: a model directory's card is checked against
+    // the checkpoint beside it, a card file alone is not.
+    let dir = model("shakespeare-w8a16");
+    let dir = std::path::Path::new(&dir);
+    let card = cardproof::card::Card::open(dir).unwrap();
+    let with = cardproof::lint::lint_at(&card, dir).unwrap();
+    let inspections = cardproof::checkpoint::inspect::inspect_path(dir).unwrap();
+    assert_eq!(
+        with.findings,
+        cardproof::lint::lint_with_checkpoint(&card, &inspections).findings
+    );
+    let alone = cardproof::lint::lint_at(&card, &dir.join("README.md")).unwrap();
+    assert_eq!(alone.findings, cardproof::lint::lint(&card).findings);
+}
