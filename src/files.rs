@@ -184,3 +184,33 @@ mod tests {
         }
     }
 }
+
+/// Write to a fresh temporary file beside `path` (`.NAME.cardproof-tmp-XXXXXX`, unique, so two
+/// writers never share one), then rename: a reader never sees a partial file. Errors name `path`
+/// and are worded as writes. A set of files that belong together is written as one
+/// [`crate::outset::OutputSet`] instead.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write as _;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut prefix = std::ffi::OsString::from(".");
+    prefix.push(path.file_name().unwrap_or_default());
+    prefix.push(".cardproof-tmp-");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    let mut tmp = builder
+        .tempfile_in(dir)
+        .map_err(|e| Error::write(path, e))?;
+    tmp.write_all(bytes)
+        .and_then(|()| tmp.as_file().sync_all())
+        .map_err(|e| Error::write(path, e))?;
+    tmp.persist(path).map_err(|e| Error::write(path, e.error))?;
+    Ok(())
+}

@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::checkpoint::hash::hex;
@@ -13,27 +12,7 @@ use crate::error::{Error, Result};
 /// Eval texts above this size are refused rather than tokenized into memory.
 pub const MAX_EVAL_TEXT_BYTES: u64 = 512 * 1024 * 1024;
 
-/// Where BOS goes (as disclosed in the card's `eval.bos`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Bos {
-    /// The token stream is used as is.
-    None,
-    /// The first token of every window is replaced by BOS, as llama.cpp's perplexity tool does.
-    PerWindow,
-    /// BOS is prepended to each document before windowing; the eval text is one document.
-    PerDocument,
-}
-
-impl Bos {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Bos::None => "none",
-            Bos::PerWindow => "per_window",
-            Bos::PerDocument => "per_document",
-        }
-    }
-}
+pub use crate::measure::protocol::Bos;
 
 /// A loaded `tokenizer.json` and what identifies it.
 pub struct TokenizerFile {

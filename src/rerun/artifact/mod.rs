@@ -31,6 +31,8 @@ use crate::checkpoint::hash::hex;
 use crate::checkpoint::mmap::MappedFile;
 use crate::checkpoint::safetensors::{self, SafetensorsFile};
 use crate::error::{Error, Result};
+use crate::measure::protocol::{Tail, VocabMode};
+use crate::rerun::document::RunProtocol;
 use crate::runner::{Runner, WindowLogits};
 
 /// The header's format tag.
@@ -331,27 +333,51 @@ impl Artifact {
     }
 
     /// The protocol differences between this artifact and a requested run (empty: compatible).
-    pub fn protocol_differences(&self, requested: &Value) -> Vec<String> {
+    pub fn protocol_differences(&self, requested: &RunProtocol) -> Vec<String> {
+        let stored: RunProtocol = match serde_json::from_value(self.header.protocol.clone()) {
+            Ok(p) => p,
+            Err(e) => return vec![format!("protocol: the artifact's protocol record is unreadable: {e}")],
+        };
+        let json = |v: &dyn erased::Json| v.json();
         let mut out = Vec::new();
-        for key in ["context_lengths", "positions", "bos", "vocab_size"] {
-            if self.header.protocol[key] != requested[key] {
+        for (key, exported, asked) in [
+            ("context_lengths", json(&stored.context_lengths), json(&requested.context_lengths)),
+            ("positions", json(&stored.positions), json(&requested.positions)),
+            ("bos", json(&stored.bos), json(&requested.bos)),
+            ("vocab_size", json(&stored.vocab_size), json(&requested.vocab_size)),
+        ] {
+            if exported != asked {
                 out.push(format!(
-                    "{key}: the artifact was exported with {}, the run asks for {}",
-                    self.header.protocol[key], requested[key]
+                    "{key}: the artifact was exported with {exported}, the run asks for {asked}"
                 ));
             }
         }
         if self.header.kind == Kind::TopK {
             let k = self.header.k.unwrap_or(0);
-            let want = serde_json::json!({"mode": "top_k", "k": k, "tail": "lumped"});
-            if requested["vocab"] != want {
+            let want = VocabMode::TopK {
+                k,
+                tail: Tail::Lumped,
+            };
+            if requested.vocab != want {
                 out.push(format!(
                     "vocab: a top-{k} artifact gives the lumped top-{k} KL (a lower bound of the full KL); run with --vocab top-k --top-k {k} --tail lumped, not {}",
-                    requested["vocab"]
+                    json(&requested.vocab)
                 ));
             }
         }
         out
+    }
+}
+
+/// Protocol fields as their JSON, for messages that quote both sides.
+mod erased {
+    pub trait Json {
+        fn json(&self) -> serde_json::Value;
+    }
+    impl<T: serde::Serialize> Json for T {
+        fn json(&self) -> serde_json::Value {
+            serde_json::to_value(self).unwrap_or_default()
+        }
     }
 }
 
@@ -648,8 +674,8 @@ pub struct ExportSpec {
 #[cfg(feature = "native")]
 pub fn export_native(
     model: &crate::runner::native::NativeModel,
-    eval: &crate::measurement::EvalInput,
-    o: &crate::measurement::MeasureOptions,
+    eval: &crate::rerun::score::EvalInput,
+    o: &crate::rerun::options::MeasureOptions,
     spec: ExportSpec,
     reference: Value,
     tokenizer_sha256: &str,
@@ -760,12 +786,8 @@ pub fn export_native(
             tail: crate::measure::protocol::Tail::Lumped,
         };
     }
-    let padding = if vocab_size < width {
-        "excluded"
-    } else {
-        "none"
-    };
-    let protocol = crate::measurement::protocol_json(&options, vocab_size, padding);
+    let padding = crate::rerun::document::Padding::of(vocab_size, width, width);
+    let protocol = crate::rerun::score::run_protocol(&options, vocab_size, padding).to_value();
     let bound = match kind {
         Kind::Hidden => "exact: the full-vocabulary KL is recomputed from the stored final hidden states with the reference's lm_head".to_owned(),
         Kind::TopK => format!("lower bound: the KL over the reference's top-{k} tokens with the rest lumped into one bucket is never above the full KL"),

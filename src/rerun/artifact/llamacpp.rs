@@ -11,6 +11,8 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
+use crate::measure::protocol::{Direction, Positions};
+use crate::rerun::document::RunProtocol;
 use crate::measure::llamacpp::{BaseFile, BaseRow, RowReader};
 use crate::runner::tokens::{Bos, Windows};
 use crate::runner::{Runner, WindowLogits};
@@ -48,24 +50,25 @@ impl BaseFileRunner {
     }
 
     /// The protocol the file implies: its `n_ctx`, llama.cpp's second-half rows, per-window BOS.
-    pub fn protocol_differences(&self, requested: &Value) -> Vec<String> {
+    pub fn protocol_differences(&self, requested: &RunProtocol) -> Vec<String> {
         let mut out = Vec::new();
-        if requested["context_lengths"] != json!([self.base.n_ctx]) {
+        if requested.context_lengths != [self.base.n_ctx as usize] {
             out.push(format!(
                 "context_lengths: the base file holds windows of {}, the run asks for {}",
-                self.base.n_ctx, requested["context_lengths"]
+                self.base.n_ctx,
+                json!(requested.context_lengths)
             ));
         }
-        if requested["direction"] != "forward" {
+        if requested.direction != Direction::Forward {
             out.push(format!(
                 "direction: a base file drops each row's entries below its 16-nat window, so only the forward KL is defined; run with --direction forward, not {}",
-                requested["direction"]
+                json!(requested.direction)
             ));
         }
-        if requested["positions"] != json!({"policy": "second_half"}) {
+        if requested.positions != Positions::SecondHalf {
             out.push(format!(
                 "positions: a base file holds llama.cpp's second-half rows; run with --positions second-half, not {}",
-                requested["positions"]
+                json!(requested.positions)
             ));
         }
         out
