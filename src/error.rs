@@ -332,3 +332,265 @@ fn location_prefix(file: &Path, at: Option<LineCol>) -> String {
         None => file.display().to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "m/model.safetensors";
+
+    /// One error of every kind, with the predicate that should hold for it.
+    fn one_of_each() -> Vec<(Error, &'static str)> {
+        let f = Path::new(FILE);
+        let hub = crate::hub::HubError::BadSource {
+            source_text: "hf:".into(),
+            why: "no repository".into(),
+        };
+        vec![
+            (
+                Error::new(f, ErrorKind::Io(std::io::Error::other("busy"))),
+                "io",
+            ),
+            (Error::write(f, std::io::Error::other("full")), "write"),
+            (
+                Error::io(f, std::io::ErrorKind::NotFound.into()),
+                "not_found",
+            ),
+            (Error::new(f, ErrorKind::NoReadme), "no_readme"),
+            (
+                Error::new(
+                    f,
+                    ErrorKind::TooLarge {
+                        size: 9,
+                        limit: 8,
+                        what: "a card",
+                    },
+                ),
+                "too_large",
+            ),
+            (Error::new(f, ErrorKind::NotUtf8), "not_utf8"),
+            (Error::new(f, ErrorKind::YamlSyntax("x".into())), "yaml"),
+            (
+                Error::new(
+                    f,
+                    ErrorKind::DuplicateKey {
+                        key: "k".into(),
+                        first_line: 1,
+                    },
+                ),
+                "duplicate_key",
+            ),
+            (
+                Error::new(
+                    f,
+                    ErrorKind::Budget {
+                        what: "node",
+                        limit: 1,
+                    },
+                ),
+                "budget",
+            ),
+            (
+                Error::new(f, ErrorKind::UnsupportedYaml("anchors".into())),
+                "unsupported_yaml",
+            ),
+            (Error::format(f, Some("w"), "bad dtype"), "format"),
+            (Error::card(f, None, "no end marker"), "card"),
+            (Error::tokenizer(f, None, "not JSON"), "tokenizer"),
+            (Error::usage(f, "pass --force"), "usage"),
+            (Error::mismatch(f, None, "another vocabulary"), "mismatch"),
+            (
+                Error::unsupported(f, Some("k"), "unknown method"),
+                "unsupported",
+            ),
+            (Error::internal(f, "cannot encode"), "internal"),
+            (Error::new(f, ErrorKind::Hub(Box::new(hub))), "hub"),
+            (Error::runner(f, "crashed"), "runner"),
+        ]
+    }
+
+    #[test]
+    fn each_predicate_holds_for_its_kind_only() {
+        type Predicate = fn(&Error) -> bool;
+        let predicates: [(&str, Predicate); 12] = [
+            ("usage", Error::is_usage),
+            ("card", Error::is_card),
+            ("format", Error::is_format),
+            ("tokenizer", Error::is_tokenizer),
+            ("mismatch", Error::is_mismatch),
+            ("unsupported", Error::is_unsupported),
+            ("internal", Error::is_internal),
+            ("runner", Error::is_runner),
+            ("hub", Error::is_hub),
+            ("io", Error::is_io),
+            ("not_found", Error::is_not_found),
+            ("write", Error::is_write),
+        ];
+        for (error, name) in one_of_each() {
+            for (kind, predicate) in predicates {
+                assert_eq!(
+                    predicate(&error),
+                    kind == name,
+                    "{kind} on {name}: {error:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn kind_names_are_stable() {
+        let names: Vec<&str> = one_of_each().iter().map(|(e, _)| e.kind_name()).collect();
+        let expected: Vec<&str> = one_of_each().iter().map(|(_, n)| *n).collect();
+        assert_eq!(names, expected);
+        // The names the JSON error document carries: changing one breaks its readers.
+        assert_eq!(
+            names,
+            [
+                "io",
+                "write",
+                "not_found",
+                "no_readme",
+                "too_large",
+                "not_utf8",
+                "yaml",
+                "duplicate_key",
+                "budget",
+                "unsupported_yaml",
+                "format",
+                "card",
+                "tokenizer",
+                "usage",
+                "mismatch",
+                "unsupported",
+                "internal",
+                "hub",
+                "runner",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_old_malformed_constructor_is_a_format_error() {
+        let e = Error::malformed(Path::new(FILE), Some("w"), "bad dtype");
+        assert!(e.is_format());
+        assert_eq!(e.kind_name(), "format");
+        assert_eq!(
+            e.to_string(),
+            Error::format(Path::new(FILE), Some("w"), "bad dtype").to_string()
+        );
+    }
+
+    /// The text `Malformed { subject, rule }` printed before the kinds had names.
+    fn old_malformed(file: &str, at: Option<LineCol>, subject: Option<&str>, rule: &str) -> String {
+        let place = match at {
+            Some(at) => format!("{file}:{}:{}", at.line, at.column),
+            None => file.to_owned(),
+        };
+        match subject {
+            Some(s) => format!("{place}: {s}: {rule}"),
+            None => format!("{place}: {rule}"),
+        }
+    }
+
+    #[test]
+    fn messages_are_unchanged_by_the_kinds() {
+        let f = Path::new(FILE);
+        type Make = fn(&Path, Option<&str>, String) -> Error;
+        let subject_kinds: [Make; 6] = [
+            |f, s, r| Error::format(f, s, r),
+            |f, s, r| Error::card(f, s, r),
+            |f, s, r| Error::tokenizer(f, s, r),
+            |f, s, r| Error::mismatch(f, s, r),
+            |f, s, r| Error::unsupported(f, s, r),
+            |f, s, r| Error::malformed(f, s, r),
+        ];
+        for make in subject_kinds {
+            let e = make(f, Some("tensor `w`"), "dtype F8 is unknown".into());
+            assert_eq!(
+                e.to_string(),
+                old_malformed(FILE, None, Some("tensor `w`"), "dtype F8 is unknown")
+            );
+            assert_eq!(e.message(), "tensor `w`: dtype F8 is unknown");
+            let e = make(f, None, "too short".into());
+            assert_eq!(e.to_string(), old_malformed(FILE, None, None, "too short"));
+            let at = LineCol { line: 3, column: 7 };
+            let mut e = make(f, None, "not closed".into());
+            e.at = Some(at);
+            assert_eq!(
+                e.to_string(),
+                old_malformed(FILE, Some(at), None, "not closed")
+            );
+        }
+        // Usage and internal errors were `Malformed` with no subject: the message as it was.
+        let rule = "is a file, not a directory: --out names the directory the outputs go into";
+        assert_eq!(
+            Error::usage(Path::new("out"), rule).to_string(),
+            old_malformed("out", None, None, rule)
+        );
+        assert_eq!(
+            Error::internal(Path::new("out/report.json"), "cannot encode: x").to_string(),
+            "out/report.json: cannot encode: x"
+        );
+        // A subject folded into a usage message prints as the subject did.
+        assert_eq!(
+            Error::usage(
+                Path::new("README.md"),
+                "reference revision: `main` is not a full 40-hex commit hash (lowercase)"
+            )
+            .to_string(),
+            old_malformed(
+                "README.md",
+                None,
+                Some("reference revision"),
+                "`main` is not a full 40-hex commit hash (lowercase)"
+            )
+        );
+        // The kinds that kept their names print as before.
+        assert_eq!(
+            Error::runner(f, "exited with 1").to_string(),
+            format!("{FILE}: exited with 1")
+        );
+        assert_eq!(
+            Error::new(f, ErrorKind::NoReadme).to_string(),
+            format!("{FILE}: directory holds no README.md")
+        );
+    }
+
+    /// An `--out` that needs `--force` is a usage mistake, not a malformed file: nothing about
+    /// the directory's bytes is wrong, the request must change.
+    #[test]
+    fn usage_mistakes_are_not_malformed_file_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        std::fs::write(out.join("notes.txt"), "mine").unwrap();
+        let options = crate::outset::SetOptions {
+            kind: crate::outset::Kind::Verify,
+            force: false,
+            models: &[],
+        };
+        let Err(e) = crate::outset::OutputSet::create(&out, &options) else {
+            panic!("an --out holding other files opened without --force");
+        };
+        assert!(e.is_usage(), "{e:?}");
+        assert!(!e.is_format(), "{e:?}");
+        assert_eq!(e.kind_name(), "usage");
+        assert!(e.to_string().contains("--force"), "{e}");
+
+        // An option out of range: a context length no window fits in.
+        let stream = crate::runner::tokens::TokenStream {
+            ids: vec![1, 2, 3],
+            text_sha256: String::new(),
+            text_bytes: 3,
+        };
+        let e = crate::runner::tokens::windows(
+            &stream,
+            Path::new("eval.txt"),
+            1,
+            crate::runner::tokens::Bos::None,
+            None,
+        )
+        .unwrap_err();
+        assert!(e.is_usage() && !e.is_format(), "{e:?}");
+    }
+}
