@@ -58,8 +58,9 @@ pub enum ErrorKind {
     UnsupportedYaml(String),
     /// A file breaks a rule of its format: a safetensors or GGUF header, a shard index, a
     /// checkpoint's config.json, a positions file, a measurement or report document, a DSSE
-    /// envelope or in-toto statement, a PEM key, a logit artifact. `subject` names the tensor,
-    /// key or field.
+    /// envelope or in-toto statement, a PEM key, a logit artifact, an eval text that is not
+    /// UTF-8; or a file that changed while cardproof read it. `subject` names the tensor, key or
+    /// field.
     #[error("{}{rule}", subject_prefix(subject))]
     Format {
         subject: Option<String>,
