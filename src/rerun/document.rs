@@ -4,7 +4,6 @@
 //! `card`, `verify` and the printer read it back into the same type. Its JSON Schema
 //! (`schema/measurement-v1.schema.json`) is generated from these types.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use schemars::JsonSchema;
@@ -34,8 +33,8 @@ pub struct Measurement {
     pub environment: Environment,
     /// One per context length.
     pub runs: Vec<RunRecord>,
-    /// Every statistic's definition.
-    pub definitions: BTreeMap<String, String>,
+    /// Every statistic's definition, by name, in reading order.
+    pub definitions: serde_json::Map<String, Value>,
     /// A ready `fidelity:` block for the card (`cardproof card` adds what a local run cannot
     /// know: repositories and revisions, quantization, calibration).
     pub fidelity: FidelityDraft,
@@ -251,7 +250,7 @@ impl Measurement {
         let mut de = serde_json::Deserializer::from_slice(bytes);
         serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let at = e.path().to_string();
-            Error::malformed(
+            Error::format(
                 path,
                 (at != ".").then_some(at.as_str()),
                 format!(
@@ -269,7 +268,9 @@ impl Measurement {
 
     /// The run at a context length.
     pub fn run(&self, context_length: usize) -> Option<&RunRecord> {
-        self.runs.iter().find(|r| r.context_length == context_length)
+        self.runs
+            .iter()
+            .find(|r| r.context_length == context_length)
     }
 
     /// Record the Hub commits the models came from: beside each identity and as the draft's

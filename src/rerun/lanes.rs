@@ -6,9 +6,7 @@ use std::path::Path;
 use serde_json::Value;
 use sha2::Digest as _;
 
-use super::document::{
-    ArtifactRecord, Environment, ModelRecord, RunnerKind, TokenizerRecord,
-};
+use super::document::{ArtifactRecord, Environment, ModelRecord, RunnerKind, TokenizerRecord};
 use super::gates::{self, Gate, Measured};
 use super::score::{self, EvalInput, Progress, Scoring};
 use super::{GateRequest, NoiseFloor, NoiseFloorRun, Request, Rerun, record};
@@ -24,9 +22,8 @@ type Stage<'a> = &'a (dyn Fn(&str) + Sync);
 /// The eval text a lane that tokenizes needs.
 fn eval_text<'a>(r: &Request<'a>) -> Result<&'a Path> {
     r.eval_text.ok_or_else(|| {
-        Error::malformed(
+        Error::usage(
             r.candidate,
-            None,
             "this lane needs the eval text (--eval-text FILE)",
         )
     })
@@ -224,11 +221,12 @@ pub(super) fn native(
     if let Some(g) = &r.gates {
         stage("sanity gates");
         let first_length = options.context_lengths.first().copied().unwrap_or(2);
-        let window: Vec<u32> = tokens::windows(&stream, text, first_length, options.bos, tokenizer.bos_id)?
-            .windows
-            .into_iter()
-            .nth(gate_window(&scoring))
-            .unwrap_or_default();
+        let window: Vec<u32> =
+            tokens::windows(&stream, text, first_length, options.bos, tokenizer.bos_id)?
+                .windows
+                .into_iter()
+                .nth(gate_window(&scoring))
+                .unwrap_or_default();
         let scored: Vec<usize> = (0..window.len()).collect();
         gates_out = gates::run(
             &reference,
@@ -241,12 +239,24 @@ pub(super) fn native(
     }
     if r.noise_floor {
         stage("noise floor");
-        noise_floor = Some(self_noise_floor(reference_path, &reference, &eval, &options, compute)?);
+        noise_floor = Some(self_noise_floor(
+            reference_path,
+            &reference,
+            &eval,
+            &options,
+            compute,
+        )?);
     }
     let mut environment = native_environment(&candidate, compute, emulate, r.threads);
     environment.tokenizer = Some(tokenizer_record(&tokenizer));
     Ok(Rerun {
-        measurement: record::measurement(&scoring, &options, reference_id, candidate_id, environment),
+        measurement: record::measurement(
+            &scoring,
+            &options,
+            reference_id,
+            candidate_id,
+            environment,
+        ),
         runs: scoring.runs,
         gates: gates_out,
         noise_floor,
@@ -385,7 +395,7 @@ pub(super) fn transformers(
     let text = eval_text(r)?;
     stage("tokenizing");
     if !matches!(r.options.vocab, VocabMode::Full) {
-        return Err(Error::malformed(
+        return Err(Error::unsupported(
             r.candidate,
             None,
             "the transformers runner computes full-vocabulary KL only; use --runner native for top-k or threshold modes",
@@ -393,7 +403,7 @@ pub(super) fn transformers(
     }
     for model in [reference_path, r.candidate] {
         if native::resolve(model)?.1 != "safetensors" {
-            return Err(Error::malformed(
+            return Err(Error::unsupported(
                 model,
                 None,
                 "the transformers runner loads safetensors checkpoint directories; GGUF runs with --runner native",
@@ -410,7 +420,7 @@ pub(super) fn transformers(
         checkpoint_identity(r.candidate, r.threads, r.candidate_manifest)?
     };
     if cand_width != width {
-        return Err(Error::malformed(
+        return Err(Error::mismatch(
             r.candidate,
             Some("config.json vocab_size"),
             format!(
@@ -455,10 +465,7 @@ pub(super) fn transformers(
     let output = output
         .ok_or_else(|| Error::runner(r.candidate, "the transformers runner produced no output"))?;
     let gates_out = match &r.gates {
-        Some(g) => gates::from_runner(
-            &output.gates,
-            measured(&scoring, g.checkpoint_quantized, g),
-        ),
+        Some(g) => gates::from_runner(&output.gates, measured(&scoring, g.checkpoint_quantized, g)),
         None => Vec::new(),
     };
     let reference_id = ModelRecord {
@@ -528,7 +535,7 @@ pub(super) fn reference_artifact(
     let h = &artifact.header;
     let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(r.candidate))?;
     if h.eval["tokenizer_sha256"].as_str() != Some(tokenizer.sha256.as_str()) {
-        return Err(Error::malformed(
+        return Err(Error::mismatch(
             &tokenizer.path,
             None,
             format!(
@@ -541,7 +548,7 @@ pub(super) fn reference_artifact(
         let bytes = crate::files::read_capped(text, tokens::MAX_EVAL_TEXT_BYTES, "an eval text")?;
         let digest = crate::checkpoint::hash::hex(&sha2::Sha256::digest(&bytes));
         if h.eval["text_sha256"].as_str() != Some(digest.as_str()) {
-            return Err(Error::malformed(
+            return Err(Error::mismatch(
                 text,
                 None,
                 format!(
@@ -563,7 +570,7 @@ pub(super) fn reference_artifact(
     let candidate = native::load(r.candidate, compute, emulate)?;
     let width = candidate.decoder.config.vocab;
     if width != h.logit_width {
-        return Err(Error::malformed(
+        return Err(Error::mismatch(
             r.candidate,
             None,
             format!(
@@ -581,7 +588,7 @@ pub(super) fn reference_artifact(
     );
     let differences = artifact.protocol_differences(&requested);
     if !differences.is_empty() {
-        return Err(Error::malformed(
+        return Err(Error::mismatch(
             path,
             None,
             format!(
@@ -593,7 +600,7 @@ pub(super) fn reference_artifact(
     if h.kind == Kind::Hidden
         && h.reference["lm_head_sha256"].as_str() != Some(candidate.lm_head_sha256.as_str())
     {
-        return Err(Error::malformed(
+        return Err(Error::mismatch(
             r.candidate,
             Some("lm_head"),
             format!(
@@ -614,10 +621,14 @@ pub(super) fn reference_artifact(
         candidate
             .decoder
             .head_from_rows(x)
-            .map_err(|e| Error::malformed(&candidate.path, None, format!("lm_head failed: {e}")))
+            .map_err(|e| Error::runner(&candidate.path, format!("lm_head failed: {e}")))
     };
     let head_ref: &(dyn Fn(Vec<f32>) -> Result<Vec<f32>> + Sync) = &head;
-    let runner = ArtifactRunner::new(&artifact, &windows, (h.kind == Kind::Hidden).then_some(head_ref))?;
+    let runner = ArtifactRunner::new(
+        &artifact,
+        &windows,
+        (h.kind == Kind::Hidden).then_some(head_ref),
+    )?;
     stage("measuring");
     let eval = EvalInput {
         stream: &stream,
@@ -631,12 +642,7 @@ pub(super) fn reference_artifact(
         stage("sanity gates");
     }
     let gates_out = artifact_gates(&runner, &candidate, &windows, &scoring, r, &options)?;
-    let text = |key: &str, default: &str| {
-        h.reference[key]
-            .as_str()
-            .unwrap_or(default)
-            .to_owned()
-    };
+    let text = |key: &str, default: &str| h.reference[key].as_str().unwrap_or(default).to_owned();
     let reference_id = ModelRecord {
         path: text("path", ""),
         format: text("format", "artifact"),
@@ -657,7 +663,13 @@ pub(super) fn reference_artifact(
         bound: h.bound.clone(),
     });
     Ok(Rerun {
-        measurement: record::measurement(&scoring, &options, reference_id, candidate_id, environment),
+        measurement: record::measurement(
+            &scoring,
+            &options,
+            reference_id,
+            candidate_id,
+            environment,
+        ),
         runs: scoring.runs,
         gates: gates_out,
         noise_floor: None,
@@ -687,7 +699,7 @@ pub(super) fn llamacpp_base(
     let candidate = native::load(r.candidate, compute, emulate)?;
     let width = base.n_vocab as usize;
     if candidate.decoder.config.vocab != width {
-        return Err(Error::malformed(
+        return Err(Error::mismatch(
             r.candidate,
             None,
             format!(
@@ -713,7 +725,7 @@ pub(super) fn llamacpp_base(
     let runner = BaseFileRunner::new(base, &windows)?;
     let differences = runner.protocol_differences(&requested);
     if !differences.is_empty() {
-        return Err(Error::malformed(
+        return Err(Error::mismatch(
             path,
             None,
             format!("holds another protocol: {}", differences.join("; ")),
@@ -756,7 +768,13 @@ pub(super) fn llamacpp_base(
         bound: WINDOW_NOTE.into(),
     });
     Ok(Rerun {
-        measurement: record::measurement(&scoring, &options, reference_id, candidate_id, environment),
+        measurement: record::measurement(
+            &scoring,
+            &options,
+            reference_id,
+            candidate_id,
+            environment,
+        ),
         runs: scoring.runs,
         gates: gates_out,
         noise_floor: None,

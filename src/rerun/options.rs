@@ -31,7 +31,7 @@ impl MeasureOptions {
     /// resamples and level, stride, k, threshold) before any work starts; the binary and
     /// `verify` check earlier with their own wording, this guards every library caller.
     pub fn check(&self) -> Result<()> {
-        let bad = |rule: String| Error::malformed(Path::new("measurement protocol"), None, rule);
+        let bad = |rule: String| Error::usage(Path::new("measurement protocol"), rule);
         if self.context_lengths.is_empty() {
             return Err(bad("no context length given".into()));
         }
@@ -379,10 +379,7 @@ mod tests {
                     tail: Tail::Renormalized,
                 },
             ),
-            (
-                Positions::SecondHalf,
-                VocabMode::Threshold { log_p: -16.0 },
-            ),
+            (Positions::SecondHalf, VocabMode::Threshold { log_p: -16.0 }),
             (Positions::From { from: 5 }, VocabMode::Full),
         ] {
             let o = MeasureOptions {

@@ -98,7 +98,7 @@ pub fn positions_file(runs: &[RunResult], protocol_sha256: &str) -> Vec<u8> {
 /// The document as written: pretty JSON and a trailing newline.
 pub fn measurement_bytes(out: &Path, m: &Measurement) -> Result<Vec<u8>> {
     let mut text = serde_json::to_vec_pretty(m)
-        .map_err(|e| Error::malformed(out, None, format!("cannot encode measurement.json: {e}")))?;
+        .map_err(|e| Error::internal(out, format!("cannot encode measurement.json: {e}")))?;
     text.push(b'\n');
     Ok(text)
 }

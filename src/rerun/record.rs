@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use serde_json::Value;
+
 use super::document::{
     DraftCandidate, DraftReference, Environment, FidelityDraft, Measurement, ModelRecord, Padding,
     RunnerKind,
@@ -42,7 +44,10 @@ pub fn measurement(
         eval: scoring.eval.clone(),
         environment,
         runs: scoring.runs.iter().map(|r| r.record()).collect(),
-        definitions: serde_json::from_value(crate::measure::definitions()).unwrap_or_default(),
+        definitions: match crate::measure::definitions() {
+            Value::Object(map) => map,
+            _ => serde_json::Map::new(),
+        },
         fidelity,
     }
 }
@@ -151,10 +156,7 @@ pub fn runtime(environment: &Environment) -> disclosure::Runtime {
         "float32" => "f32".to_owned(),
         other => other.to_owned(),
     };
-    let reported = environment
-        .transformers_runner
-        .clone()
-        .unwrap_or_default();
+    let reported = environment.transformers_runner.clone().unwrap_or_default();
     let gpus = reported["gpus"].as_array().map_or(0, Vec::len);
     let mut flags = std::collections::BTreeMap::new();
     if let Some(torch) = reported["torch"].as_str() {

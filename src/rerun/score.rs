@@ -101,7 +101,7 @@ pub struct RunPlan {
 /// The logit entries to use: the requested size, else the tokenizer's (padding excluded).
 fn used_vocab(eval: &EvalInput, width: usize, o: &MeasureOptions) -> Result<usize> {
     if eval.tokenizer_vocab > width {
-        return Err(Error::malformed(
+        return Err(Error::mismatch(
             eval.text_path,
             None,
             format!(
@@ -112,9 +112,8 @@ fn used_vocab(eval: &EvalInput, width: usize, o: &MeasureOptions) -> Result<usiz
     }
     let vocab_size = o.vocab_size.unwrap_or(eval.tokenizer_vocab.max(1));
     if vocab_size == 0 || vocab_size > width {
-        return Err(Error::malformed(
+        return Err(Error::usage(
             eval.text_path,
-            None,
             format!("vocabulary size {vocab_size} is outside 1..={width} (the logit rows' width)"),
         ));
     }
@@ -132,9 +131,8 @@ pub fn plan_runs(eval: &EvalInput, o: &MeasureOptions) -> Result<Vec<RunPlan>> {
                 .filter(|&j| o.positions.selects(j as u64, l as u64))
                 .collect();
             if rows.is_empty() {
-                return Err(Error::malformed(
+                return Err(Error::usage(
                     eval.text_path,
-                    None,
                     format!(
                         "the position policy {:?} selects no row of a {l}-token window",
                         o.positions
@@ -189,9 +187,8 @@ fn finish_measurement(
         let l = plan.windows.length;
         let (scored, n_nonfinite) = scored_rows(plan, per_window);
         if scored.is_empty() {
-            return Err(Error::malformed(
+            return Err(Error::runner(
                 eval.text_path,
-                None,
                 format!("every scored row at context length {l} has non-finite logits"),
             ));
         }
@@ -247,9 +244,8 @@ pub fn measure_records(
 ) -> Result<Scoring> {
     let vocab_size = used_vocab(eval, width, o)?;
     if o.dump_logits.is_some() {
-        return Err(Error::malformed(
+        return Err(Error::usage(
             eval.text_path,
-            None,
             "--dump-logits needs a runner that returns logits (--runner native)",
         ));
     }
@@ -269,7 +265,7 @@ pub fn measure_models(
     let text_path = eval.text_path;
     let width = reference.vocab();
     if candidate.vocab() != width {
-        return Err(Error::malformed(
+        return Err(Error::mismatch(
             text_path,
             None,
             format!(
@@ -280,9 +276,8 @@ pub fn measure_models(
     }
     let vocab_size = used_vocab(eval, width, o)?;
     if o.dump_logits.is_some() && o.context_lengths.len() != 1 {
-        return Err(Error::malformed(
+        return Err(Error::usage(
             text_path,
-            None,
             "--dump-logits takes exactly one --context-length",
         ));
     }
@@ -297,9 +292,8 @@ pub fn measure_models(
         let (windows, rows) = (&plan.windows, &plan.rows);
         let dump = o.dump_logits.is_some();
         if dump && windows.windows.len() * rows.len() * vocab_size * 4 * 2 > MAX_DUMP_BYTES {
-            return Err(Error::malformed(
+            return Err(Error::usage(
                 text_path,
-                None,
                 format!(
                     "--dump-logits would write over {MAX_DUMP_BYTES} bytes; use a shorter eval text"
                 ),

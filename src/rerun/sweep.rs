@@ -181,7 +181,7 @@ pub fn run_sweep(
     };
     std::fs::create_dir_all(r.out).map_err(|e| Error::write(r.out, e))?;
     let mut text = serde_json::to_vec_pretty(&document)
-        .map_err(|e| Error::malformed(r.out, None, format!("cannot encode sweep.json: {e}")))?;
+        .map_err(|e| Error::internal(r.out, format!("cannot encode sweep.json: {e}")))?;
     text.push(b'\n');
     write_atomically(&r.out.join("sweep.json"), &text)?;
     Ok(document)

@@ -86,11 +86,31 @@ pub fn lane_differences(card: &CardLane, m: &Measurement, resolved: &Resolved) -
             // Same engine: its version, the GPU and every numerics knob must match too.
             let r = &m.fidelity.runtime;
             for (field, what, c, v) in [
-                ("runtime.engine_version", "transformers version", &rt.engine_version, &r.engine_version),
+                (
+                    "runtime.engine_version",
+                    "transformers version",
+                    &rt.engine_version,
+                    &r.engine_version,
+                ),
                 ("runtime.device", "device", &rt.device, &r.device),
-                ("runtime.attention_backend", "attention", &rt.attention_backend, &r.attention_backend),
-                ("runtime.compute_dtype", "compute dtype", &rt.compute_dtype, &r.compute_dtype),
-                ("runtime.kv_cache_dtype", "KV-cache dtype", &rt.kv_cache_dtype, &r.kv_cache_dtype),
+                (
+                    "runtime.attention_backend",
+                    "attention",
+                    &rt.attention_backend,
+                    &r.attention_backend,
+                ),
+                (
+                    "runtime.compute_dtype",
+                    "compute dtype",
+                    &rt.compute_dtype,
+                    &r.compute_dtype,
+                ),
+                (
+                    "runtime.kv_cache_dtype",
+                    "KV-cache dtype",
+                    &rt.kv_cache_dtype,
+                    &r.kv_cache_dtype,
+                ),
             ] {
                 if c != v {
                     out.push(plain(field, what, text(c), text(v)));
@@ -99,7 +119,12 @@ pub fn lane_differences(card: &CardLane, m: &Measurement, resolved: &Resolved) -
             if let (Some(c), Some(v)) = (rt.device_count, r.device_count)
                 && c != v
             {
-                out.push(plain("runtime.device_count", "device count", c.to_string(), v.to_string()));
+                out.push(plain(
+                    "runtime.device_count",
+                    "device count",
+                    c.to_string(),
+                    v.to_string(),
+                ));
             }
             for flag in ["torch", "tf32"] {
                 let c = rt.flags.as_ref().and_then(|f| f.get(flag));
@@ -118,9 +143,24 @@ pub fn lane_differences(card: &CardLane, m: &Measurement, resolved: &Resolved) -
         } else {
             let kv = env.kv_cache_dtype.clone().unwrap_or_default();
             for (field, what, c, v) in [
-                ("runtime.compute_dtype", "compute dtype", &rt.compute_dtype, &env.compute_dtype),
-                ("runtime.kv_cache_dtype", "KV-cache dtype", &rt.kv_cache_dtype, &kv),
-                ("runtime.attention_backend", "attention", &rt.attention_backend, &env.attention),
+                (
+                    "runtime.compute_dtype",
+                    "compute dtype",
+                    &rt.compute_dtype,
+                    &env.compute_dtype,
+                ),
+                (
+                    "runtime.kv_cache_dtype",
+                    "KV-cache dtype",
+                    &rt.kv_cache_dtype,
+                    &kv,
+                ),
+                (
+                    "runtime.attention_backend",
+                    "attention",
+                    &rt.attention_backend,
+                    &env.attention,
+                ),
             ] {
                 if !c.eq_ignore_ascii_case(v) {
                     out.push(plain(field, what, c.clone(), v.clone()));
@@ -144,9 +184,20 @@ pub fn lane_differences(card: &CardLane, m: &Measurement, resolved: &Resolved) -
             &m.eval.text_sha256,
         );
         if let Some(t) = &e.tokens {
-            digest(&mut out, "eval.tokens.sha256", "tokens sha256", Some(&t.sha256.0), &m.eval.tokens_sha256);
+            digest(
+                &mut out,
+                "eval.tokens.sha256",
+                "tokens sha256",
+                Some(&t.sha256.0),
+                &m.eval.tokens_sha256,
+            );
             if t.count != m.eval.token_count as u64 {
-                out.push(plain("eval.tokens.count", "token count", t.count.to_string(), m.eval.token_count.to_string()));
+                out.push(plain(
+                    "eval.tokens.count",
+                    "token count",
+                    t.count.to_string(),
+                    m.eval.token_count.to_string(),
+                ));
             }
         }
     }
@@ -161,7 +212,9 @@ pub fn lane_differences(card: &CardLane, m: &Measurement, resolved: &Resolved) -
         &mut out,
         "reference.files_sha256",
         "reference files (root sha256)",
-        card.reference.and_then(|r| r.files_sha256.as_ref()).map(|s| s.0.as_str()),
+        card.reference
+            .and_then(|r| r.files_sha256.as_ref())
+            .map(|s| s.0.as_str()),
         &m.reference.manifest_sha256,
     );
     if let Some(a) = &resolved.aggregation {

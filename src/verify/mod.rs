@@ -76,7 +76,7 @@ fn eval_text_path(
         .and_then(|e| e.text.sha256.as_ref())
         .map_or("not disclosed", |d| d.0.as_str());
     let refuse = |why: &str| {
-        Error::malformed(
+        Error::card(
             card_dir,
             Some("fidelity.eval.text.source"),
             format!(
@@ -120,7 +120,7 @@ fn compute_dtype(card_dir: &Path, name: &str) -> Result<ComputeDtype> {
         "f32" | "float32" => Ok(ComputeDtype::F32),
         "f64" | "float64" => Ok(ComputeDtype::F64),
         "bf16" | "bfloat16" => Ok(ComputeDtype::Bf16),
-        other => Err(Error::malformed(
+        other => Err(Error::unsupported(
             card_dir,
             Some("fidelity.runtime.compute_dtype"),
             format!("compute dtype `{other}` is not one the native runner has (f32, f64, bf16)"),
@@ -134,15 +134,11 @@ fn required_reference<'a>(
     reference: Option<&disclosure::Reference>,
 ) -> Result<&'a Path> {
     r.reference.ok_or_else(|| {
-        Error::malformed(
-            r.model,
-            Some("fidelity.reference"),
-            format!(
+        Error::usage(r.model, format!("{}: {}", "fidelity.reference", format!(
                 "verify needs the reference: pass --reference PATH or hf:ORG/NAME@REVISION, or --reference-artifact FILE with the native runner (the card names {}@{})",
                 reference.map_or("?", |r| r.repo.as_str()),
                 reference.map_or("?", |r| r.revision.as_str()),
-            ),
-        )
+            )))
     })
 }
 
@@ -226,9 +222,8 @@ pub fn verify(
     let inspections = if crate::checkpoint::has_checkpoint(r.model) {
         crate::checkpoint::inspect::inspect_path(r.model)?
     } else {
-        return Err(Error::malformed(
+        return Err(Error::usage(
             r.model,
-            None,
             "holds no checkpoint (safetensors or GGUF) to verify",
         ));
     };

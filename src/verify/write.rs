@@ -12,8 +12,8 @@ use super::VerifyOutcome;
 use crate::attest;
 use crate::error::{Error, Result};
 use crate::outset::OutputSet;
-use crate::rerun::output::positions_file;
 use crate::report::{self, RunRows};
+use crate::rerun::output::positions_file;
 
 /// Write every report file into `set`, with the set's run id in report.json (so in the signed
 /// statement) and measurement.json, and move the set into place; returns the files' paths under
@@ -35,13 +35,11 @@ pub fn write_outputs(
     set.write_json("report.json", &report)?;
 
     let statement = attest::statement(&attest::subjects(&outcome.manifest), report.clone());
-    let payload = serde_json::to_vec(&statement).map_err(|e| {
-        Error::malformed(set.out(), None, format!("cannot encode the statement: {e}"))
-    })?;
+    let payload = serde_json::to_vec(&statement)
+        .map_err(|e| Error::internal(set.out(), format!("cannot encode the statement: {e}")))?;
     let envelope = attest::sign_envelope(&payload, attest::PAYLOAD_TYPE, key);
-    let mut text = serde_json::to_vec_pretty(&envelope).map_err(|e| {
-        Error::malformed(set.out(), None, format!("cannot encode the envelope: {e}"))
-    })?;
+    let mut text = serde_json::to_vec_pretty(&envelope)
+        .map_err(|e| Error::internal(set.out(), format!("cannot encode the envelope: {e}")))?;
     text.push(b'\n');
     set.write("report.dsse.json", &text)?;
 
@@ -55,10 +53,7 @@ pub fn write_outputs(
             flip: r.flip.clone(),
         })
         .collect();
-    set.write(
-        "report.md",
-        report::render_markdown(&report)?.as_bytes(),
-    )?;
+    set.write("report.md", report::render_markdown(&report)?.as_bytes())?;
     set.write(
         "report.html",
         report::render_html(&report, &rows)?.as_bytes(),

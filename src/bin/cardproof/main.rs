@@ -306,7 +306,10 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
             let sweep = cardproof::rerun::sweep::run_sweep(
                 &cardproof::rerun::sweep::SweepRequest {
                     model: &config.candidate,
-                    eval_text: config.eval_text.as_deref().unwrap_or(std::path::Path::new("")),
+                    eval_text: config
+                        .eval_text
+                        .as_deref()
+                        .unwrap_or(std::path::Path::new("")),
                     tokenizer: config.tokenizer.as_deref(),
                     options: &config.options,
                     runner,
@@ -361,7 +364,10 @@ fn measure(config: &MeasureConfig) -> io::Result<u8> {
     let result = result.and_then(|done| set.commit().map(|_| done));
     match result {
         Ok(Done::Sweep(sweep)) => {
-            printer.sweep(&serde_json::to_value(&sweep).unwrap_or_default(), &config.out)?;
+            printer.sweep(
+                &serde_json::to_value(&sweep).unwrap_or_default(),
+                &config.out,
+            )?;
             Ok(0)
         }
         Ok(Done::Measured(m)) => {

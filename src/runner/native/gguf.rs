@@ -29,7 +29,9 @@ pub struct GgufStore {
 }
 
 /// Whose numerics the forward pass follows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Emulate {
     /// Exact dequantized weights, f32 activations: the quantization error itself.
