@@ -163,7 +163,7 @@ pub struct Environment {
     pub reference_artifact: Option<ArtifactRecord>,
     /// The transformers runner's own report (versions, GPUs, models), kept as given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub transformers_runner: Option<Value>,
+    pub transformers_runner: Option<crate::runner::exchange::RunnerEnvironment>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

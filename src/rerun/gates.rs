@@ -3,7 +3,6 @@
 //! give an all-zero KL (quantization never engaged).
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::error::Result;
 use crate::measure::protocol::VocabMode;
@@ -228,13 +227,16 @@ pub fn finite_rows(runs: &[(u64, u64, Option<u64>)]) -> Gate {
 }
 
 /// The gates from the transformers runner's raw numbers; gates it could not run fail (closed).
-pub fn from_runner(raw: &Value, measured: Measured) -> Vec<Gate> {
-    let num = |k: &str| raw[k].as_f64();
+pub fn from_runner(
+    raw: Option<&crate::runner::exchange::GateNumbers>,
+    measured: Measured,
+) -> Vec<Gate> {
+    let raw = raw.cloned().unwrap_or_default();
     match (
-        num("self_forward_mean"),
-        num("self_reverse_mean"),
-        raw["self_top1_identical"].as_bool(),
-        num("shift_forward_mean"),
+        raw.self_forward_mean,
+        raw.self_reverse_mean,
+        raw.self_top1_identical,
+        raw.shift_forward_mean,
     ) {
         (Some(forward), Some(reverse), Some(same_top1), Some(shift)) => judge(
             SelfCompare {
@@ -250,8 +252,8 @@ pub fn from_runner(raw: &Value, measured: Measured) -> Vec<Gate> {
             passed: false,
             detail: format!(
                 "the transformers runner did not run the gates ({}); a rerun without them is never reproduced",
-                raw["skipped"]
-                    .as_str()
+                raw.skipped
+                    .as_deref()
                     .unwrap_or("no gate numbers in its record")
             ),
         }],

@@ -330,13 +330,16 @@ fn checkpoint_identity(
 
 /// The environment record of a transformers run: what the runner reported, in the fields every
 /// measurement has.
-fn transformers_environment(reported: &Value, tokenizer: &tokens::TokenizerFile) -> Environment {
-    let gpus = reported["gpus"].as_array().cloned().unwrap_or_default();
+fn transformers_environment(
+    reported: &crate::runner::exchange::RunnerEnvironment,
+    tokenizer: &tokens::TokenizerFile,
+) -> Environment {
+    let gpus = &reported.gpus;
     let device = match gpus.first() {
         Some(g) => format!(
             "{} (compute capability {}){}",
-            g["name"].as_str().unwrap_or("?"),
-            g["compute_capability"].as_str().unwrap_or("?"),
+            g.name,
+            g.compute_capability,
             if gpus.len() > 1 {
                 format!(" x{}", gpus.len())
             } else {
@@ -345,38 +348,34 @@ fn transformers_environment(reported: &Value, tokenizer: &tokens::TokenizerFile)
         ),
         None => format!("cpu: {}", cpu_name()),
     };
-    let models = &reported["models"];
-    let attention = |side: &str| models[side]["attention"].as_str().unwrap_or("?").to_owned();
-    let attention = if attention("reference") == attention("candidate") {
-        attention("reference")
+    let (reference, candidate) = reported.models.attentions();
+    let attention = if reference == candidate {
+        reference
     } else {
-        format!(
-            "{} (reference), {} (candidate)",
-            attention("reference"),
-            attention("candidate")
-        )
+        format!("{reference} (reference), {candidate} (candidate)")
     };
-    let text = |v: &Value| v.as_str().map(str::to_owned);
     Environment {
         runner: RunnerKind::Transformers,
         runner_version: env!("CARGO_PKG_VERSION").into(),
         engine: "transformers".into(),
-        engine_version: text(&reported["transformers"]),
-        torch_version: text(&reported["torch"]),
-        cuda_version: text(&reported["cuda"]),
+        engine_version: reported.transformers.clone(),
+        torch_version: reported.torch.clone(),
+        cuda_version: reported.cuda.clone(),
         lane: format!(
             "transformers {} on {}: the engine's own kernels (attention {}), weights as transformers loads them, reduction in float64 on the device",
-            reported["transformers"].as_str().unwrap_or("?"),
+            reported.transformers.as_deref().unwrap_or("?"),
             device,
             attention
         ),
         device,
-        compute_dtype: text(&reported["dtype"]).unwrap_or_else(|| "?".into()),
+        compute_dtype: reported.dtype.clone().unwrap_or_else(|| "?".into()),
         attention,
-        kv_cache_dtype: text(&models["candidate"]["kv_cache_dtype"]),
+        kv_cache_dtype: reported.models.candidate["kv_cache_dtype"]
+            .as_str()
+            .map(str::to_owned),
         emulate: None,
         threads: None,
-        tf32: reported["tf32"].as_bool(),
+        tf32: reported.tf32,
         tokenizer: Some(tokenizer_record(tokenizer)),
         reference_artifact: None,
         transformers_runner: Some(reported.clone()),
@@ -465,15 +464,18 @@ pub(super) fn transformers(
     let output = output
         .ok_or_else(|| Error::runner(r.candidate, "the transformers runner produced no output"))?;
     let gates_out = match &r.gates {
-        Some(g) => gates::from_runner(&output.gates, measured(&scoring, g.checkpoint_quantized, g)),
+        Some(g) => gates::from_runner(
+            output.gates.as_ref(),
+            measured(&scoring, g.checkpoint_quantized, g),
+        ),
         None => Vec::new(),
     };
     let reference_id = ModelRecord {
-        runner: output.environment["models"]["reference"].clone(),
+        runner: output.environment.models.reference.clone(),
         ..reference_id
     };
     let candidate_id = ModelRecord {
-        runner: output.environment["models"]["candidate"].clone(),
+        runner: output.environment.models.candidate.clone(),
         ..candidate_id
     };
     let environment = transformers_environment(&output.environment, &tokenizer);

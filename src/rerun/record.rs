@@ -157,25 +157,25 @@ pub fn runtime(environment: &Environment) -> disclosure::Runtime {
         other => other.to_owned(),
     };
     let reported = environment.transformers_runner.clone().unwrap_or_default();
-    let gpus = reported["gpus"].as_array().map_or(0, Vec::len);
     let mut flags = std::collections::BTreeMap::new();
-    if let Some(torch) = reported["torch"].as_str() {
-        flags.insert("torch".into(), FlagValue::Text(torch.into()));
+    if let Some(torch) = &reported.torch {
+        flags.insert("torch".into(), FlagValue::Text(torch.clone()));
     }
     flags.insert(
         "cuda".into(),
-        FlagValue::Text(reported["cuda"].as_str().unwrap_or("none").into()),
+        FlagValue::Text(reported.cuda.clone().unwrap_or_else(|| "none".into())),
     );
-    if let Some(tf32) = reported["tf32"].as_bool() {
+    if let Some(tf32) = reported.tf32 {
         flags.insert("tf32".into(), FlagValue::Bool(tf32));
     }
-    if let Some(chunk) = reported["chunk_size"].as_i64() {
+    if let Some(chunk) = reported.chunk_size {
         flags.insert("prefill_chunk".into(), FlagValue::Integer(chunk));
     }
     flags.insert(
         "reduction".into(),
         FlagValue::Text("cardproof transformers runner (float64)".into()),
     );
+    let gpus = reported.gpus.len();
     disclosure::Runtime {
         engine: Engine::Transformers,
         engine_version: text(&environment.engine_version),
