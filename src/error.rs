@@ -1,7 +1,12 @@
-//! Errors for input cardproof cannot work with: unreadable, malformed or over a budget.
+//! Errors for input cardproof cannot work with: unreadable, malformed, unsupported, mismatched,
+//! asked for in a way that cannot run, or over a budget.
 //!
-//! Every error names the file and, where one exists, the place in it. The binary maps all of them
-//! to exit code 2; findings about a readable input are not errors (see [`crate::findings`]).
+//! Every error names the file and, where one exists, the place in it. [`ErrorKind`] says which
+//! domain the error belongs to (a file's format, the card, the tokenizer, a usage mistake, inputs
+//! that do not belong together, …) and [`Error`]'s predicates (`is_usage`, `is_format`, …) and
+//! [`Error::kind_name`] let callers tell them apart without matching on the enum, as jiff's and
+//! safetensors' errors do. The binary maps all of them to exit code 2; findings about a readable
+//! input are not errors (see [`crate::findings`]).
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +23,8 @@ pub struct Error {
     pub kind: ErrorKind,
 }
 
+/// What went wrong, by domain. Kinds with a `subject` print `{subject}: {rule}` (or just `{rule}`
+/// without one); the error's `file` and place come before it.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ErrorKind {
@@ -49,8 +56,63 @@ pub enum ErrorKind {
     Budget { what: &'static str, limit: usize },
     #[error("unsupported YAML in the front matter: {0}")]
     UnsupportedYaml(String),
-    /// A checkpoint file breaks a rule of its format; `subject` names the tensor or key.
-    #[error("{}{rule}", subject.as_ref().map(|s| format!("{s}: ")).unwrap_or_default())]
+    /// A file breaks a rule of its format: a safetensors or GGUF header, a shard index, a
+    /// checkpoint's config.json, a positions file, a measurement or report document, a DSSE
+    /// envelope or in-toto statement, a PEM key, a logit artifact, an eval text that is not
+    /// UTF-8; or a file that changed while cardproof read it. `subject` names the tensor, key or
+    /// field.
+    #[error("{}{rule}", subject_prefix(subject))]
+    Format {
+        subject: Option<String>,
+        rule: String,
+    },
+    /// The card's content cannot be used as asked: its body or fidelity block cannot be
+    /// written or read back, a card path that does not name a card.
+    #[error("{}{rule}", subject_prefix(subject))]
+    Card {
+        subject: Option<String>,
+        rule: String,
+    },
+    /// A tokenizer.json that cannot be read as one, or a text it cannot tokenize.
+    #[error("{}{rule}", subject_prefix(subject))]
+    Tokenizer {
+        subject: Option<String>,
+        rule: String,
+    },
+    /// A request that cannot run as asked: a flag combination, an option out of range, a path
+    /// given where another kind of path is needed, an `--out` that would need `--force`. About
+    /// what the caller asked, not about a file's bytes; the error's `file` is the path or option
+    /// it concerns.
+    #[error("{0}")]
+    Usage(String),
+    /// Inputs that do not belong together: a candidate whose tokenizer differs from the
+    /// reference's, an artifact made for another tokenizer or protocol, a report signed over
+    /// another card. The error's `file` is the input found not to fit.
+    #[error("{}{rule}", subject_prefix(subject))]
+    Mismatch {
+        subject: Option<String>,
+        rule: String,
+    },
+    /// A well-formed input cardproof does not handle: an architecture, quantization method or
+    /// ggml type the native runner cannot emulate, a key algorithm other than Ed25519, a report
+    /// schema version from another cardproof.
+    #[error("{}{rule}", subject_prefix(subject))]
+    Unsupported {
+        subject: Option<String>,
+        rule: String,
+    },
+    /// cardproof's own output failed: a document that does not encode, a built-in template that
+    /// does not render, a written card that does not read back as written. A bug, never the
+    /// input's fault.
+    #[error("{0}")]
+    Internal(String),
+    /// The [`Format`](ErrorKind::Format) kind under its old name, made only by
+    /// [`Error::malformed`]: kept for the modules of the rerun refactor (measurement, verify,
+    /// artifact, measure, the runners' shared code and the binary), which still construct and
+    /// match it, until they move to the named kinds. Deprecated: new code uses `Format` or the
+    /// kind that says what the error means. [`Error::is_format`] and [`Error::kind_name`]
+    /// treat it as `Format`.
+    #[error("{}{rule}", subject_prefix(subject))]
     Malformed {
         subject: Option<String>,
         rule: String,
@@ -60,8 +122,9 @@ pub enum ErrorKind {
     /// and every `Result` in the crate carries this type.
     #[error("{0}")]
     Hub(Box<crate::hub::HubError>),
-    /// An external runner (the transformers subprocess) failed: it crashed, reported an error or
-    /// answered with something other than what was asked. Never a verdict.
+    /// A runner failed while measuring: the transformers subprocess crashed, reported an error or
+    /// answered with something other than what was asked, or the native runner's tensor
+    /// computation failed. Never a verdict.
     #[error("{0}")]
     Runner(String),
 }
@@ -98,15 +161,56 @@ impl Error {
         Self::new(file, ErrorKind::Write(error))
     }
 
-    /// A checkpoint file that breaks `rule` at `subject` (a tensor name or metadata key).
+    /// `file` breaks its format's `rule` at `subject` (a tensor name, metadata key or field).
+    pub fn format(file: &Path, subject: Option<&str>, rule: impl Into<String>) -> Self {
+        let (subject, rule) = parts(subject, rule);
+        Self::new(file, ErrorKind::Format { subject, rule })
+    }
+
+    /// The card at `file` cannot be used as asked: `rule` at `subject` (a field), if any.
+    pub fn card(file: &Path, subject: Option<&str>, rule: impl Into<String>) -> Self {
+        let (subject, rule) = parts(subject, rule);
+        Self::new(file, ErrorKind::Card { subject, rule })
+    }
+
+    /// The tokenizer (or the text it tokenizes) at `file` breaks `rule`.
+    pub fn tokenizer(file: &Path, subject: Option<&str>, rule: impl Into<String>) -> Self {
+        let (subject, rule) = parts(subject, rule);
+        Self::new(file, ErrorKind::Tokenizer { subject, rule })
+    }
+
+    /// A request that cannot run as asked; `file` is the path or option it concerns (an `--out`
+    /// directory, a model path, the text whose windows an option sizes).
+    pub fn usage(file: &Path, message: impl Into<String>) -> Self {
+        Self::new(file, ErrorKind::Usage(message.into()))
+    }
+
+    /// `file` does not belong with another input: `rule` says which and how.
+    pub fn mismatch(file: &Path, subject: Option<&str>, rule: impl Into<String>) -> Self {
+        let (subject, rule) = parts(subject, rule);
+        Self::new(file, ErrorKind::Mismatch { subject, rule })
+    }
+
+    /// `file` is well formed but asks for something cardproof does not handle.
+    pub fn unsupported(file: &Path, subject: Option<&str>, rule: impl Into<String>) -> Self {
+        let (subject, rule) = parts(subject, rule);
+        Self::new(file, ErrorKind::Unsupported { subject, rule })
+    }
+
+    /// cardproof failed to produce `file` for a reason of its own (a bug).
+    pub fn internal(file: &Path, message: impl Into<String>) -> Self {
+        Self::new(file, ErrorKind::Internal(message.into()))
+    }
+
+    /// The old catch-all constructor, kept for the modules of the rerun refactor (measurement,
+    /// verify, artifact, measure, `runner::transformers`, `runner` and the binary) until they
+    /// use the named kinds; it makes [`ErrorKind::Malformed`], which the predicates and
+    /// [`Error::kind_name`] treat as [`ErrorKind::Format`]. Deprecated: call [`Error::format`]
+    /// or the constructor of the kind the error belongs to (`usage`, `card`, `tokenizer`,
+    /// `mismatch`, `unsupported`).
     pub fn malformed(file: &Path, subject: Option<&str>, rule: impl Into<String>) -> Self {
-        Self::new(
-            file,
-            ErrorKind::Malformed {
-                subject: subject.map(str::to_owned),
-                rule: rule.into(),
-            },
-        )
+        let (subject, rule) = parts(subject, rule);
+        Self::new(file, ErrorKind::Malformed { subject, rule })
     }
 
     /// An external runner's failure while measuring `model`.
@@ -118,11 +222,376 @@ impl Error {
     pub fn message(&self) -> String {
         self.kind.to_string()
     }
+
+    /// A stable snake_case name of the error's kind, for the JSON error document: one of `io`,
+    /// `write`, `not_found`, `no_readme`, `too_large`, `not_utf8`, `yaml`, `duplicate_key`,
+    /// `budget`, `unsupported_yaml`, `format`, `card`, `tokenizer`, `usage`, `mismatch`,
+    /// `unsupported`, `internal`, `hub`, `runner`.
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            ErrorKind::Io(_) => "io",
+            ErrorKind::Write(_) => "write",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::NoReadme => "no_readme",
+            ErrorKind::TooLarge { .. } => "too_large",
+            ErrorKind::NotUtf8 => "not_utf8",
+            ErrorKind::YamlSyntax(_) => "yaml",
+            ErrorKind::DuplicateKey { .. } => "duplicate_key",
+            ErrorKind::Budget { .. } => "budget",
+            ErrorKind::UnsupportedYaml(_) => "unsupported_yaml",
+            ErrorKind::Format { .. } | ErrorKind::Malformed { .. } => "format",
+            ErrorKind::Card { .. } => "card",
+            ErrorKind::Tokenizer { .. } => "tokenizer",
+            ErrorKind::Usage(_) => "usage",
+            ErrorKind::Mismatch { .. } => "mismatch",
+            ErrorKind::Unsupported { .. } => "unsupported",
+            ErrorKind::Internal(_) => "internal",
+            ErrorKind::Hub(_) => "hub",
+            ErrorKind::Runner(_) => "runner",
+        }
+    }
+
+    /// A request that cannot run as asked ([`ErrorKind::Usage`]).
+    pub fn is_usage(&self) -> bool {
+        matches!(self.kind, ErrorKind::Usage(_))
+    }
+
+    /// The card's content cannot be used ([`ErrorKind::Card`]).
+    pub fn is_card(&self) -> bool {
+        matches!(self.kind, ErrorKind::Card { .. })
+    }
+
+    /// A file breaks its format's rule ([`ErrorKind::Format`], or its old name `Malformed`).
+    pub fn is_format(&self) -> bool {
+        matches!(
+            self.kind,
+            ErrorKind::Format { .. } | ErrorKind::Malformed { .. }
+        )
+    }
+
+    /// A tokenizer problem ([`ErrorKind::Tokenizer`]).
+    pub fn is_tokenizer(&self) -> bool {
+        matches!(self.kind, ErrorKind::Tokenizer { .. })
+    }
+
+    /// Inputs that do not belong together ([`ErrorKind::Mismatch`]).
+    pub fn is_mismatch(&self) -> bool {
+        matches!(self.kind, ErrorKind::Mismatch { .. })
+    }
+
+    /// A well-formed input cardproof does not handle ([`ErrorKind::Unsupported`]).
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self.kind, ErrorKind::Unsupported { .. })
+    }
+
+    /// A bug in cardproof ([`ErrorKind::Internal`]).
+    pub fn is_internal(&self) -> bool {
+        matches!(self.kind, ErrorKind::Internal(_))
+    }
+
+    /// A runner failed ([`ErrorKind::Runner`]).
+    pub fn is_runner(&self) -> bool {
+        matches!(self.kind, ErrorKind::Runner(_))
+    }
+
+    /// A Hugging Face Hub source failed ([`ErrorKind::Hub`]).
+    pub fn is_hub(&self) -> bool {
+        matches!(self.kind, ErrorKind::Hub(_))
+    }
+
+    /// An input exists but cannot be read ([`ErrorKind::Io`]; a missing one is
+    /// [`Error::is_not_found`], an output [`Error::is_write`]).
+    pub fn is_io(&self) -> bool {
+        matches!(self.kind, ErrorKind::Io(_))
+    }
+
+    /// An input that does not exist ([`ErrorKind::NotFound`]).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self.kind, ErrorKind::NotFound)
+    }
+
+    /// An output cannot be created or written ([`ErrorKind::Write`]).
+    pub fn is_write(&self) -> bool {
+        matches!(self.kind, ErrorKind::Write(_))
+    }
+}
+
+fn parts(subject: Option<&str>, rule: impl Into<String>) -> (Option<String>, String) {
+    (subject.map(str::to_owned), rule.into())
+}
+
+fn subject_prefix(subject: &Option<String>) -> String {
+    subject
+        .as_ref()
+        .map(|s| format!("{s}: "))
+        .unwrap_or_default()
 }
 
 fn location_prefix(file: &Path, at: Option<LineCol>) -> String {
     match at {
         Some(at) => format!("{}:{}:{}", file.display(), at.line, at.column),
         None => file.display().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "m/model.safetensors";
+
+    /// One error of every kind, with the predicate that should hold for it.
+    fn one_of_each() -> Vec<(Error, &'static str)> {
+        let f = Path::new(FILE);
+        let hub = crate::hub::HubError::BadSource {
+            source_text: "hf:".into(),
+            why: "no repository".into(),
+        };
+        vec![
+            (
+                Error::new(f, ErrorKind::Io(std::io::Error::other("busy"))),
+                "io",
+            ),
+            (Error::write(f, std::io::Error::other("full")), "write"),
+            (
+                Error::io(f, std::io::ErrorKind::NotFound.into()),
+                "not_found",
+            ),
+            (Error::new(f, ErrorKind::NoReadme), "no_readme"),
+            (
+                Error::new(
+                    f,
+                    ErrorKind::TooLarge {
+                        size: 9,
+                        limit: 8,
+                        what: "a card",
+                    },
+                ),
+                "too_large",
+            ),
+            (Error::new(f, ErrorKind::NotUtf8), "not_utf8"),
+            (Error::new(f, ErrorKind::YamlSyntax("x".into())), "yaml"),
+            (
+                Error::new(
+                    f,
+                    ErrorKind::DuplicateKey {
+                        key: "k".into(),
+                        first_line: 1,
+                    },
+                ),
+                "duplicate_key",
+            ),
+            (
+                Error::new(
+                    f,
+                    ErrorKind::Budget {
+                        what: "node",
+                        limit: 1,
+                    },
+                ),
+                "budget",
+            ),
+            (
+                Error::new(f, ErrorKind::UnsupportedYaml("anchors".into())),
+                "unsupported_yaml",
+            ),
+            (Error::format(f, Some("w"), "bad dtype"), "format"),
+            (Error::card(f, None, "no end marker"), "card"),
+            (Error::tokenizer(f, None, "not JSON"), "tokenizer"),
+            (Error::usage(f, "pass --force"), "usage"),
+            (Error::mismatch(f, None, "another vocabulary"), "mismatch"),
+            (
+                Error::unsupported(f, Some("k"), "unknown method"),
+                "unsupported",
+            ),
+            (Error::internal(f, "cannot encode"), "internal"),
+            (Error::new(f, ErrorKind::Hub(Box::new(hub))), "hub"),
+            (Error::runner(f, "crashed"), "runner"),
+        ]
+    }
+
+    #[test]
+    fn each_predicate_holds_for_its_kind_only() {
+        type Predicate = fn(&Error) -> bool;
+        let predicates: [(&str, Predicate); 12] = [
+            ("usage", Error::is_usage),
+            ("card", Error::is_card),
+            ("format", Error::is_format),
+            ("tokenizer", Error::is_tokenizer),
+            ("mismatch", Error::is_mismatch),
+            ("unsupported", Error::is_unsupported),
+            ("internal", Error::is_internal),
+            ("runner", Error::is_runner),
+            ("hub", Error::is_hub),
+            ("io", Error::is_io),
+            ("not_found", Error::is_not_found),
+            ("write", Error::is_write),
+        ];
+        for (error, name) in one_of_each() {
+            for (kind, predicate) in predicates {
+                assert_eq!(
+                    predicate(&error),
+                    kind == name,
+                    "{kind} on {name}: {error:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn kind_names_are_stable() {
+        let names: Vec<&str> = one_of_each().iter().map(|(e, _)| e.kind_name()).collect();
+        let expected: Vec<&str> = one_of_each().iter().map(|(_, n)| *n).collect();
+        assert_eq!(names, expected);
+        // The names the JSON error document carries: changing one breaks its readers.
+        assert_eq!(
+            names,
+            [
+                "io",
+                "write",
+                "not_found",
+                "no_readme",
+                "too_large",
+                "not_utf8",
+                "yaml",
+                "duplicate_key",
+                "budget",
+                "unsupported_yaml",
+                "format",
+                "card",
+                "tokenizer",
+                "usage",
+                "mismatch",
+                "unsupported",
+                "internal",
+                "hub",
+                "runner",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_old_malformed_constructor_is_a_format_error() {
+        let e = Error::malformed(Path::new(FILE), Some("w"), "bad dtype");
+        assert!(e.is_format());
+        assert_eq!(e.kind_name(), "format");
+        assert_eq!(
+            e.to_string(),
+            Error::format(Path::new(FILE), Some("w"), "bad dtype").to_string()
+        );
+    }
+
+    /// The text `Malformed { subject, rule }` printed before the kinds had names.
+    fn old_malformed(file: &str, at: Option<LineCol>, subject: Option<&str>, rule: &str) -> String {
+        let place = match at {
+            Some(at) => format!("{file}:{}:{}", at.line, at.column),
+            None => file.to_owned(),
+        };
+        match subject {
+            Some(s) => format!("{place}: {s}: {rule}"),
+            None => format!("{place}: {rule}"),
+        }
+    }
+
+    #[test]
+    fn messages_are_unchanged_by_the_kinds() {
+        let f = Path::new(FILE);
+        type Make = fn(&Path, Option<&str>, String) -> Error;
+        let subject_kinds: [Make; 6] = [
+            |f, s, r| Error::format(f, s, r),
+            |f, s, r| Error::card(f, s, r),
+            |f, s, r| Error::tokenizer(f, s, r),
+            |f, s, r| Error::mismatch(f, s, r),
+            |f, s, r| Error::unsupported(f, s, r),
+            |f, s, r| Error::malformed(f, s, r),
+        ];
+        for make in subject_kinds {
+            let e = make(f, Some("tensor `w`"), "dtype F8 is unknown".into());
+            assert_eq!(
+                e.to_string(),
+                old_malformed(FILE, None, Some("tensor `w`"), "dtype F8 is unknown")
+            );
+            assert_eq!(e.message(), "tensor `w`: dtype F8 is unknown");
+            let e = make(f, None, "too short".into());
+            assert_eq!(e.to_string(), old_malformed(FILE, None, None, "too short"));
+            let at = LineCol { line: 3, column: 7 };
+            let mut e = make(f, None, "not closed".into());
+            e.at = Some(at);
+            assert_eq!(
+                e.to_string(),
+                old_malformed(FILE, Some(at), None, "not closed")
+            );
+        }
+        // Usage and internal errors were `Malformed` with no subject: the message as it was.
+        let rule = "is a file, not a directory: --out names the directory the outputs go into";
+        assert_eq!(
+            Error::usage(Path::new("out"), rule).to_string(),
+            old_malformed("out", None, None, rule)
+        );
+        assert_eq!(
+            Error::internal(Path::new("out/report.json"), "cannot encode: x").to_string(),
+            "out/report.json: cannot encode: x"
+        );
+        // A subject folded into a usage message prints as the subject did.
+        assert_eq!(
+            Error::usage(
+                Path::new("README.md"),
+                "reference revision: `main` is not a full 40-hex commit hash (lowercase)"
+            )
+            .to_string(),
+            old_malformed(
+                "README.md",
+                None,
+                Some("reference revision"),
+                "`main` is not a full 40-hex commit hash (lowercase)"
+            )
+        );
+        // The kinds that kept their names print as before.
+        assert_eq!(
+            Error::runner(f, "exited with 1").to_string(),
+            format!("{FILE}: exited with 1")
+        );
+        assert_eq!(
+            Error::new(f, ErrorKind::NoReadme).to_string(),
+            format!("{FILE}: directory holds no README.md")
+        );
+    }
+
+    /// An `--out` that needs `--force` is a usage mistake, not a malformed file: nothing about
+    /// the directory's bytes is wrong, the request must change.
+    #[test]
+    fn usage_mistakes_are_not_malformed_file_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        std::fs::write(out.join("notes.txt"), "mine").unwrap();
+        let options = crate::outset::SetOptions {
+            kind: crate::outset::Kind::Verify,
+            force: false,
+            models: &[],
+        };
+        let Err(e) = crate::outset::OutputSet::create(&out, &options) else {
+            panic!("an --out holding other files opened without --force");
+        };
+        assert!(e.is_usage(), "{e:?}");
+        assert!(!e.is_format(), "{e:?}");
+        assert_eq!(e.kind_name(), "usage");
+        assert!(e.to_string().contains("--force"), "{e}");
+
+        // An option out of range: a context length no window fits in.
+        let stream = crate::runner::tokens::TokenStream {
+            ids: vec![1, 2, 3],
+            text_sha256: String::new(),
+            text_bytes: 3,
+        };
+        let e = crate::runner::tokens::windows(
+            &stream,
+            Path::new("eval.txt"),
+            1,
+            crate::runner::tokens::Bos::None,
+            None,
+        )
+        .unwrap_err();
+        assert!(e.is_usage() && !e.is_format(), "{e:?}");
     }
 }

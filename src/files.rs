@@ -48,9 +48,8 @@ pub fn kind_name(meta: &Metadata) -> &'static str {
 
 /// The error for a path that is not a regular file.
 pub fn not_regular(path: &Path, meta: &Metadata) -> Error {
-    Error::malformed(
+    Error::usage(
         path,
-        None,
         format!(
             "is {}, not a regular file; cardproof reads regular files only",
             kind_name(meta)
@@ -119,7 +118,7 @@ pub fn read_capped_if_present(
 pub fn read_config(path: &Path) -> Result<serde_json::Value> {
     let bytes = read_capped(path, MAX_CONFIG_BYTES, "a config")?;
     serde_json::from_slice(&bytes)
-        .map_err(|e| Error::malformed(path, None, format!("not valid JSON: {e}")))
+        .map_err(|e| Error::format(path, None, format!("not valid JSON: {e}")))
 }
 
 /// [`read_config`] for a config that may be absent.
@@ -137,8 +136,7 @@ pub fn read_config_if_present(path: &Path) -> Result<Option<serde_json::Value>> 
 /// Write to a fresh temporary file beside `path` (`.NAME.cardproof-tmp-XXXXXX`, unique, so two
 /// writers never share one), then rename: a reader never sees a partial file. Errors name `path`
 /// and are worded as writes. A set of files that belong together is written as one
-/// [`crate::outset::OutputSet`] instead. (`measurement::write_atomically` is the same function,
-/// from before it lived here.)
+/// [`crate::outset::OutputSet`] instead.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write as _;
     let dir = match path.parent() {

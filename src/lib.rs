@@ -4,7 +4,6 @@
 //! arguments, prints and chooses exit codes. Pipeline: [`card`] (front matter with spans) ->
 //! [`disclosure`] (the schema) -> [`lint`] (findings).
 
-pub mod artifact;
 pub mod attest;
 pub mod card;
 pub mod checkpoint;
@@ -14,12 +13,14 @@ pub mod error;
 pub mod files;
 pub mod findings;
 pub mod hub;
+pub mod json_f64;
 pub mod lint;
 pub mod measure;
-pub mod measurement;
 pub mod output;
 pub mod outset;
 pub mod report;
+#[cfg(feature = "native")]
+pub mod rerun;
 pub mod runner;
 pub mod schema;
 pub mod span;

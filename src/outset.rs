@@ -114,18 +114,16 @@ impl OutputSet {
         let target = real_path(out)?;
         outside_checkpoints(out, options.models)?;
         let (Some(parent), Some(name)) = (target.parent(), target.file_name()) else {
-            return Err(Error::malformed(
+            return Err(Error::usage(
                 out,
-                None,
                 "is the root directory; --out names a directory cardproof creates or replaces",
             ));
         };
         if let Ok(cwd) = std::env::current_dir().and_then(|d| d.canonicalize())
             && cwd.starts_with(&target)
         {
-            return Err(Error::malformed(
+            return Err(Error::usage(
                 out,
-                None,
                 "is the working directory or holds it; --out names a directory cardproof \
                  creates or replaces as a whole",
             ));
@@ -204,9 +202,8 @@ impl OutputSet {
     /// returns what was written.
     pub fn write_json(&self, rel: &str, document: &Value) -> Result<Value> {
         let document = with_run_id(document, &self.run_id);
-        let mut text = serde_json::to_vec_pretty(&document).map_err(|e| {
-            Error::malformed(&self.out.join(rel), None, format!("cannot encode: {e}"))
-        })?;
+        let mut text = serde_json::to_vec_pretty(&document)
+            .map_err(|e| Error::internal(&self.out.join(rel), format!("cannot encode: {e}")))?;
         text.push(b'\n');
         self.write(rel, &text)?;
         Ok(document)
@@ -345,9 +342,8 @@ pub fn real_path(path: &Path) -> Result<PathBuf> {
                 let next = real.join(name);
                 if fs::symlink_metadata(&next).is_ok() {
                     real = next.canonicalize().map_err(|e| {
-                        Error::malformed(
+                        Error::usage(
                             path,
-                            None,
                             format!(
                                 "{} exists but cannot be resolved ({e}): a dangling symbolic link?",
                                 next.display()
@@ -387,9 +383,8 @@ pub fn outside_checkpoints(out: &Path, models: &[&Path]) -> Result<()> {
             continue;
         };
         if target.starts_with(&real) {
-            return Err(Error::malformed(
+            return Err(Error::usage(
                 out,
-                None,
                 format!(
                     "is inside the checkpoint {} (it resolves to {}); write the outputs elsewhere",
                     model.display(),
@@ -398,9 +393,8 @@ pub fn outside_checkpoints(out: &Path, models: &[&Path]) -> Result<()> {
             ));
         }
         if real.starts_with(&target) {
-            return Err(Error::malformed(
+            return Err(Error::usage(
                 out,
-                None,
                 format!(
                     "holds the checkpoint {}; write the outputs elsewhere",
                     model.display()
@@ -418,9 +412,8 @@ fn existing(target: &Path, out: &Path, force: bool) -> Result<bool> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(Error::write(out, e)),
         Ok(m) if m.is_dir() => match foreign_entry(target, 0).map_err(|e| Error::io(out, e))? {
-            Some(name) if !force => Err(Error::malformed(
+            Some(name) if !force => Err(Error::usage(
                 out,
-                None,
                 format!(
                     "holds `{name}`, which is not a file of a cardproof report set; choose another \
                      --out, or pass --force to replace the whole directory (its contents are \
@@ -429,9 +422,8 @@ fn existing(target: &Path, out: &Path, force: bool) -> Result<bool> {
             )),
             _ => Ok(true),
         },
-        Ok(_) => Err(Error::malformed(
+        Ok(_) => Err(Error::usage(
             out,
-            None,
             "is a file, not a directory: --out names the directory the outputs go into",
         )),
     }
@@ -540,9 +532,8 @@ impl Lock {
             match file.try_lock() {
                 Ok(()) => {}
                 Err(fs::TryLockError::WouldBlock) => {
-                    return Err(Error::malformed(
+                    return Err(Error::usage(
                         out,
-                        None,
                         format!(
                             "another cardproof run is writing this --out (it holds the lock {}); \
                              wait for it to finish or choose another --out",
@@ -559,9 +550,8 @@ impl Lock {
                 });
             }
         }
-        Err(Error::malformed(
+        Err(Error::usage(
             out,
-            None,
             format!("cannot take the lock {}: it keeps changing", path.display()),
         ))
     }

@@ -102,7 +102,7 @@ impl EnvelopeParts {
     /// ignored, as the spec says. Errors name `file` and the field.
     pub fn from_value(file: &Path, envelope: &Value) -> Result<Self> {
         let object = envelope.as_object().ok_or_else(|| {
-            Error::malformed(
+            Error::format(
                 file,
                 None,
                 "a DSSE envelope must be a JSON object with `payload`, `payloadType` and \
@@ -111,7 +111,7 @@ impl EnvelopeParts {
         })?;
         let field = |name: &str| {
             object.get(name).ok_or_else(|| {
-                Error::malformed(
+                Error::format(
                     file,
                     Some(name),
                     "missing (a DSSE envelope requires `payload`, `payloadType` and `signatures`)",
@@ -121,44 +121,39 @@ impl EnvelopeParts {
         let string = |name: &str| -> Result<&str> {
             field(name)?
                 .as_str()
-                .ok_or_else(|| Error::malformed(file, Some(name), "must be a string"))
+                .ok_or_else(|| Error::format(file, Some(name), "must be a string"))
         };
         let payload = decode_base64(string("payload")?)
-            .map_err(|e| Error::malformed(file, Some("payload"), e))?;
+            .map_err(|e| Error::format(file, Some("payload"), e))?;
         let payload_type = string("payloadType")?.to_owned();
         let entries = field("signatures")?
             .as_array()
-            .ok_or_else(|| Error::malformed(file, Some("signatures"), "must be an array"))?;
+            .ok_or_else(|| Error::format(file, Some("signatures"), "must be an array"))?;
         let mut signatures = Vec::with_capacity(entries.len());
         for (i, entry) in entries.iter().enumerate() {
             let at = |f: &str| format!("signatures[{i}]{f}");
             let entry = entry
                 .as_object()
-                .ok_or_else(|| Error::malformed(file, Some(&at("")), "must be an object"))?;
+                .ok_or_else(|| Error::format(file, Some(&at("")), "must be an object"))?;
             let keyid = match entry.get("keyid") {
                 None | Some(Value::Null) => String::new(),
                 Some(Value::String(s)) => s.clone(),
                 Some(_) => {
-                    return Err(Error::malformed(
-                        file,
-                        Some(&at(".keyid")),
-                        "must be a string",
-                    ));
+                    return Err(Error::format(file, Some(&at(".keyid")), "must be a string"));
                 }
             };
             let sig = entry
                 .get("sig")
                 .ok_or_else(|| {
-                    Error::malformed(
+                    Error::format(
                         file,
                         Some(&at(".sig")),
                         "missing (every signature needs one)",
                     )
                 })?
                 .as_str()
-                .ok_or_else(|| Error::malformed(file, Some(&at(".sig")), "must be a string"))?;
-            let sig =
-                decode_base64(sig).map_err(|e| Error::malformed(file, Some(&at(".sig")), e))?;
+                .ok_or_else(|| Error::format(file, Some(&at(".sig")), "must be a string"))?;
+            let sig = decode_base64(sig).map_err(|e| Error::format(file, Some(&at(".sig")), e))?;
             signatures.push(SignatureEntry { keyid, sig });
         }
         Ok(Self {

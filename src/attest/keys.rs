@@ -108,9 +108,8 @@ pub fn write_keypair(dir: &Path, key: &SigningKey) -> Result<(PathBuf, PathBuf)>
     let public = dir.join(PUBLIC_KEY_FILE);
     for path in [&private, &public] {
         if path.symlink_metadata().is_ok() {
-            return Err(Error::malformed(
+            return Err(Error::usage(
                 path,
-                None,
                 "a key file already exists here; refusing to overwrite it (move it away first)",
             ));
         }
@@ -150,9 +149,8 @@ fn write_new(path: &Path, bytes: &[u8], secret: bool) -> Result<()> {
     let _ = secret;
     let mut file = options.open(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::AlreadyExists {
-            Error::malformed(
+            Error::usage(
                 path,
-                None,
                 "a key file already exists here; refusing to overwrite it (move it away first)",
             )
         } else {
@@ -181,13 +179,12 @@ pub fn read_signing_key(path: &Path) -> Result<SigningKey> {
         .unwrap_or(&blocks[0]);
     match block.label.as_str() {
         "PRIVATE KEY" => signing_key_from_pkcs8(path, &block.decode(path)?),
-        "PUBLIC KEY" | "RSA PUBLIC KEY" | "SSH2 PUBLIC KEY" => Err(Error::malformed(
+        "PUBLIC KEY" | "RSA PUBLIC KEY" | "SSH2 PUBLIC KEY" => Err(Error::usage(
             path,
-            None,
             "this is a public key, but signing needs the private key (the `.key` file, not the \
              `.pub`)",
         )),
-        label => Err(Error::malformed(path, None, describe_other_label(label))),
+        label => Err(Error::unsupported(path, None, describe_other_label(label))),
     }
 }
 
@@ -201,9 +198,8 @@ pub fn read_verifying_key(path: &Path) -> Result<VerifyingKey> {
     let text = read_key_file(path)?;
     let blocks = pem_blocks(path, &text)?;
     if blocks.iter().any(|b| b.label.ends_with("PRIVATE KEY")) {
-        return Err(Error::malformed(
+        return Err(Error::usage(
             path,
-            None,
             format!(
                 "is a private key; pass the public key ({PUBLIC_KEY_FILE}, which `cardproof \
                  keygen` writes beside {PRIVATE_KEY_FILE}; `openssl pkey -in KEY -pubout` derives \
@@ -219,7 +215,7 @@ pub fn read_verifying_key(path: &Path) -> Result<VerifyingKey> {
         "PUBLIC KEY" => {
             let der = block.decode(path)?;
             let info = SubjectPublicKeyInfoRef::try_from(der.as_slice()).map_err(|e| {
-                Error::malformed(
+                Error::format(
                     path,
                     None,
                     format!("the PUBLIC KEY block is not valid SPKI DER: {e}"),
@@ -227,13 +223,13 @@ pub fn read_verifying_key(path: &Path) -> Result<VerifyingKey> {
             })?;
             require_ed25519(path, &info.algorithm, "public")?;
             VerifyingKey::try_from(info).map_err(|e| {
-                Error::malformed(path, None, format!("not a valid Ed25519 public key: {e}"))
+                Error::format(path, None, format!("not a valid Ed25519 public key: {e}"))
             })?
         }
-        label => return Err(Error::malformed(path, None, describe_other_label(label))),
+        label => return Err(Error::unsupported(path, None, describe_other_label(label))),
     };
     if key.is_weak() {
-        return Err(Error::malformed(
+        return Err(Error::format(
             path,
             None,
             "the Ed25519 public key is a small-order point, under which forged signatures verify",
@@ -244,7 +240,7 @@ pub fn read_verifying_key(path: &Path) -> Result<VerifyingKey> {
 
 fn signing_key_from_pkcs8(path: &Path, der: &[u8]) -> Result<SigningKey> {
     let info = PrivateKeyInfoRef::try_from(der).map_err(|e| {
-        Error::malformed(
+        Error::format(
             path,
             None,
             format!("the PRIVATE KEY block is not valid PKCS#8 DER: {e}"),
@@ -252,7 +248,7 @@ fn signing_key_from_pkcs8(path: &Path, der: &[u8]) -> Result<SigningKey> {
     })?;
     require_ed25519(path, &info.algorithm, "private")?;
     SigningKey::try_from(info).map_err(|e| {
-        Error::malformed(
+        Error::format(
             path,
             None,
             format!("not a valid Ed25519 PKCS#8 private key: {e}"),
@@ -264,7 +260,7 @@ fn require_ed25519(path: &Path, algorithm: &AlgorithmIdentifierRef<'_>, which: &
     if algorithm.oid == OID_ED25519 {
         return Ok(());
     }
-    Err(Error::malformed(
+    Err(Error::unsupported(
         path,
         None,
         format!(
@@ -336,14 +332,10 @@ fn describe_other_label(label: &str) -> String {
 fn read_key_file(path: &Path) -> Result<Zeroizing<String>> {
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
     if meta.is_dir() {
-        return Err(Error::malformed(
-            path,
-            None,
-            "is a directory, not a key file",
-        ));
+        return Err(Error::usage(path, "is a directory, not a key file"));
     }
     if meta.len() > MAX_KEY_FILE {
-        return Err(Error::malformed(
+        return Err(Error::format(
             path,
             None,
             format!(
@@ -356,7 +348,7 @@ fn read_key_file(path: &Path) -> Result<Zeroizing<String>> {
     let bytes = Zeroizing::new(crate::files::read_capped(path, MAX_KEY_FILE, "a key file")?);
     match std::str::from_utf8(&bytes) {
         Ok(text) => Ok(Zeroizing::new(text.to_owned())),
-        Err(_) => Err(Error::malformed(
+        Err(_) => Err(Error::format(
             path,
             None,
             "not a PEM file (binary data; a DER key converts with `openssl pkey -inform DER -in \
@@ -379,7 +371,7 @@ impl PemBlock {
             .decode(self.body.as_bytes())
             .map(Zeroizing::new)
             .map_err(|e| {
-                Error::malformed(
+                Error::format(
                     path,
                     Some(&format!("line {}", self.line)),
                     format!("corrupt base64 in the PEM `{}` block: {e}", self.label),
@@ -411,7 +403,7 @@ fn pem_blocks(path: &Path, text: &str) -> Result<Vec<PemBlock>> {
                 break;
             }
             if line.contains(':') {
-                return Err(Error::malformed(
+                return Err(Error::unsupported(
                     path,
                     Some(&format!("line {}", n + 1)),
                     format!(
@@ -423,7 +415,7 @@ fn pem_blocks(path: &Path, text: &str) -> Result<Vec<PemBlock>> {
             body.push_str(line);
         }
         if !closed {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 Some(&format!("line {}", n + 1)),
                 format!("the PEM `{label}` block has no `{end}` line"),
@@ -436,7 +428,7 @@ fn pem_blocks(path: &Path, text: &str) -> Result<Vec<PemBlock>> {
         });
     }
     if blocks.is_empty() {
-        return Err(Error::malformed(
+        return Err(Error::format(
             path,
             None,
             "not a PEM key file: no `-----BEGIN …-----` line",
@@ -471,9 +463,8 @@ pub fn default_key_dir() -> Result<PathBuf> {
         home,
     )
     .ok_or_else(|| {
-        Error::malformed(
+        Error::usage(
             Path::new("~/.config/cardproof"),
-            None,
             "cannot find the home directory to keep the signing key in; set CARDPROOF_CONFIG_DIR \
              (or HOME)",
         )

@@ -21,7 +21,7 @@ pub fn sign_document(
     use crate::checkpoint::hash::{HashOptions, hash_path};
     let bytes = crate::files::read_capped(file, MAX_DOCUMENT_BYTES, "a measurement or report")?;
     let doc: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| Error::malformed(file, None, format!("not JSON: {e}")))?;
+        .map_err(|e| Error::format(file, None, format!("not JSON: {e}")))?;
     let (predicate_type, named) = if doc.get("claims").is_some() && doc.get("verdict").is_some() {
         (super::PREDICATE_TYPE, doc["checkpoint"]["path"].as_str())
     } else if doc.get("runs").is_some() && doc.get("protocol").is_some() {
@@ -30,7 +30,7 @@ pub fn sign_document(
             doc["candidate"]["path"].as_str(),
         )
     } else {
-        return Err(Error::malformed(
+        return Err(Error::format(
             file,
             None,
             "not a cardproof measurement.json or report.json (no `runs`/`protocol` or `claims`/`verdict`)",
@@ -40,9 +40,8 @@ pub fn sign_document(
         (Some(c), _) => c.to_owned(),
         (None, Some(n)) if Path::new(n).exists() => PathBuf::from(n),
         _ => {
-            return Err(Error::malformed(
+            return Err(Error::usage(
                 file,
-                None,
                 "the checkpoint it describes is not here; pass --checkpoint DIR (its files become the statement's subjects)",
             ));
         }
@@ -51,7 +50,7 @@ pub fn sign_document(
     let mut statement = super::statement(&super::subjects(&manifest), doc);
     statement["predicateType"] = predicate_type.into();
     let payload = serde_json::to_vec(&statement)
-        .map_err(|e| Error::malformed(file, None, format!("cannot encode the statement: {e}")))?;
+        .map_err(|e| Error::internal(file, format!("cannot encode the statement: {e}")))?;
     Ok(super::sign_envelope(&payload, super::PAYLOAD_TYPE, key))
 }
 
@@ -93,11 +92,11 @@ pub fn sign_file(
     let out = out.map_or_else(|| default_envelope_path(file), Path::to_owned);
     let envelope = sign_document(file, checkpoint, key)?;
     let text = serde_json::to_vec_pretty(&envelope)
-        .map_err(|e| Error::malformed(&out, None, format!("cannot encode: {e}")))?;
+        .map_err(|e| Error::internal(&out, format!("cannot encode: {e}")))?;
     crate::files::write_atomically(&out, &text)?;
     let parts = super::dsse::EnvelopeParts::from_value(&out, &envelope)?;
     let statement: serde_json::Value = serde_json::from_slice(&parts.payload)
-        .map_err(|e| Error::malformed(&out, Some("payload"), e.to_string()))?;
+        .map_err(|e| Error::internal(&out, format!("payload: {e}")))?;
     Ok(Signed {
         sha256: crate::checkpoint::hash::hash_file(&out)?,
         envelope: out,

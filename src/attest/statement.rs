@@ -61,21 +61,21 @@ pub fn statement(subjects: &[Subject], predicate: Value) -> Value {
 /// caller decides what it trusts a statement about.
 pub fn parse_statement(file: &Path, payload: &[u8]) -> Result<Value> {
     let value: Value = serde_json::from_slice(payload).map_err(|e| {
-        Error::malformed(
+        Error::format(
             file,
             Some("payload"),
             format!("not JSON, so not an in-toto statement: {e}"),
         )
     })?;
     let bad = |field: &str, rule: &str| {
-        Error::malformed(
+        Error::format(
             file,
             Some(&format!("payload.{field}")),
             format!("{rule} (not an in-toto Statement v1)"),
         )
     };
     let object = value.as_object().ok_or_else(|| {
-        Error::malformed(
+        Error::format(
             file,
             Some("payload"),
             "not a JSON object, so not an in-toto statement",

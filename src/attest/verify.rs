@@ -97,7 +97,7 @@ pub fn verify_envelope(path: &Path, key: &VerifyingKey) -> Result<Outcome> {
                 line: e.line(),
                 column: e.column(),
             },
-            crate::ErrorKind::Malformed {
+            crate::ErrorKind::Format {
                 subject: None,
                 rule: format!("not JSON, so not a DSSE envelope: {e}"),
             },
@@ -105,7 +105,7 @@ pub fn verify_envelope(path: &Path, key: &VerifyingKey) -> Result<Outcome> {
     })?;
     let parts = EnvelopeParts::from_value(path, &envelope)?;
     if parts.payload_type != PAYLOAD_TYPE {
-        return Err(Error::malformed(
+        return Err(Error::format(
             path,
             Some("payloadType"),
             format!(

@@ -230,7 +230,7 @@ pub fn read_file(path: &Path) -> Result<GgufFile> {
 pub fn parse(path: &Path, bytes: &[u8], file_size: u64) -> Result<GgufFile> {
     parse_header(path, bytes, file_size).map_err(|e| match e {
         ParseError::Malformed(e) => e,
-        ParseError::NeedMore(n) => Error::malformed(
+        ParseError::NeedMore(n) => Error::format(
             path,
             None,
             format!(
@@ -248,7 +248,7 @@ pub fn parse_header(
     file_size: u64,
 ) -> std::result::Result<GgufFile, ParseError> {
     if bytes.len() as u64 > file_size {
-        return Err(Error::malformed(
+        return Err(Error::format(
             path,
             None,
             format!(
@@ -383,7 +383,7 @@ fn alignment(
         return Ok(DEFAULT_ALIGNMENT);
     };
     let subject = Some(format!("key `{key}`"));
-    let err = |rule: String| ParseError::from(Error::malformed(r.path, subject.as_deref(), rule));
+    let err = |rule: String| ParseError::from(Error::format(r.path, subject.as_deref(), rule));
     let GgufValue::U32(a) = *value else {
         return Err(err(format!(
             "must be a u32, found value type {}",
@@ -501,7 +501,7 @@ fn place_tensors(
     let mut tensors = Vec::with_capacity(infos.len());
     for info in infos {
         let subject = format!("tensor `{}`", info.name);
-        let err = |rule: String| ParseError::from(Error::malformed(r.path, Some(&subject), rule));
+        let err = |rule: String| ParseError::from(Error::format(r.path, Some(&subject), rule));
         if info.rel_offset % alignment != 0 {
             return Err(err(format!(
                 "data offset {} is not a multiple of the alignment {alignment}",
@@ -537,7 +537,7 @@ fn place_tensors(
         // Both were checked to end inside the file, so this cannot overflow.
         let a_end = a.offset.saturating_add(a.n_bytes);
         if b.offset < a_end {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 r.path,
                 Some(&format!("tensor `{}`", b.name)),
                 format!(
@@ -584,7 +584,7 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn err(&self, rule: impl Into<String>) -> ParseError {
-        Error::malformed(self.path, self.subject.as_deref(), rule).into()
+        Error::format(self.path, self.subject.as_deref(), rule).into()
     }
 
     /// Bytes of the file after the cursor (the cursor never passes `file_size`).

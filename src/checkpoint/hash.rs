@@ -97,7 +97,7 @@ pub fn hash_path(
         let name = root
             .file_name()
             .and_then(|n| n.to_str())
-            .ok_or_else(|| Error::malformed(root, None, "file name is not UTF-8"))?
+            .ok_or_else(|| Error::unsupported(root, None, "file name is not UTF-8"))?
             .to_owned();
         check_name(root, &name)?;
         (
@@ -176,7 +176,7 @@ fn hash_source(source: &Source, progress: &(dyn Fn(u64) + Sync)) -> Result<Manif
         progress(n as u64);
     }
     if size != source.size {
-        return Err(Error::malformed(
+        return Err(Error::format(
             path,
             None,
             format!(
@@ -211,7 +211,7 @@ fn collect(root: &Path, options: &HashOptions) -> Result<(Vec<Source>, Vec<Strin
             let path = entry.path();
             let file_name = entry.file_name();
             let Some(file_name) = file_name.to_str() else {
-                return Err(Error::malformed(&path, None, "file name is not UTF-8"));
+                return Err(Error::unsupported(&path, None, "file name is not UTF-8"));
             };
             let name = format!("{prefix}{file_name}");
             let file_type = entry.file_type().map_err(|e| Error::io(&path, e))?;
@@ -219,14 +219,14 @@ fn collect(root: &Path, options: &HashOptions) -> Result<(Vec<Source>, Vec<Strin
                 let target = std::fs::read_link(&path).map_err(|e| Error::io(&path, e))?;
                 let shown = target.to_string_lossy().into_owned();
                 let resolved = std::fs::canonicalize(&path).map_err(|e| {
-                    Error::malformed(
+                    Error::format(
                         &path,
                         None,
                         format!("is a symbolic link to `{shown}`, which cannot be resolved ({e})"),
                     )
                 })?;
                 if !inside.iter().any(|r| resolved.starts_with(r)) {
-                    return Err(Error::malformed(
+                    return Err(Error::unsupported(
                         &path,
                         None,
                         format!(
@@ -293,7 +293,7 @@ fn allowed_roots(root: &Path) -> Result<Vec<PathBuf>> {
 /// ambiguous for anyone recomputing it with coreutils.
 fn check_name(path: &Path, name: &str) -> Result<()> {
     if name.contains(['\n', '\r', '\\']) {
-        return Err(Error::malformed(
+        return Err(Error::unsupported(
             path,
             Some(&name.escape_debug().to_string()),
             "file name holds a newline or backslash, which `sha256sum` would escape; rename it",

@@ -5,6 +5,7 @@
 //! descriptions, so they are written for card authors.
 
 pub mod precision;
+pub mod read;
 pub mod results;
 pub mod vocabulary;
 
@@ -286,13 +287,8 @@ pub struct Tokens {
     pub sha256: Sha256,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum BosPolicy {
-    None,
-    PerWindow,
-    PerDocument,
-}
+/// The card's BOS policy is the runner's own type (one spelling everywhere).
+pub use crate::measure::protocol::Bos as BosPolicy;
 
 /// How the text was cut, scored and summarised.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

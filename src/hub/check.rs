@@ -497,7 +497,7 @@ fn check_report(
         e
     };
     let envelope: Value = serde_json::from_slice(&bytes).map_err(|e| {
-        crate::Error::malformed(
+        crate::Error::format(
             &display,
             None,
             format!("not JSON, so not a DSSE envelope: {e}"),

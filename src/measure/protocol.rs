@@ -38,7 +38,7 @@ pub fn unmeasurable(direction: Direction, vocab: VocabMode) -> Option<String> {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Tail {
     /// The tail beyond the top k is one bucket: a guaranteed lower bound on the full KL.
@@ -50,7 +50,7 @@ pub enum Tail {
 }
 
 /// Which terms of the KL sum are kept. Sets are the reference's.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "mode", rename_all = "snake_case")]
 pub enum VocabMode {
     Full,
@@ -65,7 +65,7 @@ pub enum VocabMode {
 }
 
 /// Which rows of each window are scored. Row j predicts token j+1.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "policy", rename_all = "snake_case")]
 pub enum Positions {
     All,
@@ -123,6 +123,29 @@ impl VocabMode {
     }
 }
 
+/// BOS policy: `none` (the token stream as is), `per_window` (the first token of every window
+/// replaced by BOS, as llama.cpp's perplexity tool does) or `per_document` (BOS prepended to each
+/// document before windowing; the eval text is one document).
+// The one spelling: the card's `eval.bos` (the disclosure's `BosPolicy`) is this type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[schemars(rename = "BosPolicy")]
+pub enum Bos {
+    None,
+    PerWindow,
+    PerDocument,
+}
+
+impl Bos {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Bos::None => "none",
+            Bos::PerWindow => "per_window",
+            Bos::PerDocument => "per_document",
+        }
+    }
+}
+
 /// Most bootstrap resamples a protocol may ask for. Each resample is a pass over every scored row
 /// whose metrics are kept to the end, so a card's `resamples: 1000000000` would allocate tens of
 /// gigabytes and never finish; 100,000 is 100 times the default, far past where a percentile
@@ -146,7 +169,7 @@ pub fn check_context_length(length: u64) -> Result<(), String> {
 }
 
 /// The seeded block bootstrap behind every `ci95`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Bootstrap {
     pub resamples: usize,
     pub seed: u64,

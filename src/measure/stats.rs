@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 
 use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+
+use crate::json_f64;
 
 use super::row::RowRecord;
 
@@ -32,16 +34,18 @@ pub const PERCENTILES: &[(&str, f64)] = &[
 /// Fewer rows than this beyond a percentile make it low-support: its value is noise.
 pub const MIN_TAIL_ROWS: f64 = 100.0;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Uncertainty {
     /// i.i.d. per-row standard error (llama.cpp's formula), where one exists for the metric.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sem: Option<f64>,
-    /// Block-bootstrap percentile interval at the protocol's level.
+    /// Block-bootstrap percentile interval at the protocol's level (null ends: not finite).
+    #[serde(deserialize_with = "json_f64::pair")]
+    #[schemars(with = "[Option<f64>; 2]")]
     pub ci95: [f64; 2],
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Bucket {
     pub label: String,
     pub n: usize,
@@ -50,7 +54,7 @@ pub struct Bucket {
     pub flip_rate: Option<f64>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Diagnostics {
     /// 8 equal buckets of j / window length.
     pub by_depth: Vec<Bucket>,
@@ -58,8 +62,11 @@ pub struct Diagnostics {
     pub by_confidence: Vec<Bucket>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Summary {
+    /// Metric values by name (the vocabulary in `definitions`); null: not finite.
+    #[serde(deserialize_with = "json_f64::map")]
+    #[schemars(with = "BTreeMap<String, Option<f64>>")]
     pub metrics: BTreeMap<String, f64>,
     pub uncertainty: BTreeMap<String, Uncertainty>,
     pub low_support: Vec<String>,

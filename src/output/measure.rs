@@ -1,10 +1,11 @@
 //! The shape of the documents `src/measure` serializes ([`crate::measure::Measurement`],
-//! [`crate::measure::compat::CompatMeasurement`]), for their schemas: those types carry
-//! `serde_json::Value` fields and derive no schema, so these types say what they hold. They are
-//! used for nothing but the schemas and reading a protocol back ([`Protocol::of`]); the test that
-//! validates every command's output against its committed schema, with undeclared fields
-//! refused, fails when the two drift. A non-finite number serializes as `null`, so every
-//! measured value is a number or `null`.
+//! [`crate::measure::compat::CompatMeasurement`]), for their schemas: those types hold their
+//! protocol as a `serde_json::Value` and derive no schema, so these types say what they hold,
+//! with `src/measure`'s own types where those have a schema. They are used for nothing but the
+//! schemas and reading a protocol back ([`Protocol::of`]); the test that validates every
+//! command's output against its committed schema, with undeclared fields refused, fails when
+//! the two drift. A non-finite number serializes as `null`, so every measured value is a number
+//! or `null`.
 
 use std::collections::BTreeMap;
 
@@ -12,7 +13,8 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::measure::protocol::Direction;
+use crate::measure::protocol::{Bootstrap, Direction, Positions, VocabMode};
+use crate::measure::stats::{Diagnostics, Uncertainty};
 
 /// A measured value; `null` when it is not finite.
 type Number = Option<f64>;
@@ -65,79 +67,6 @@ impl Protocol {
     pub fn of(value: &Value) -> Option<Protocol> {
         Protocol::deserialize(value).ok()
     }
-}
-
-/// [`crate::measure::protocol::VocabMode`].
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, JsonSchema)]
-#[serde(tag = "mode", rename_all = "snake_case")]
-pub enum VocabMode {
-    Full,
-    TopK { k: u64, tail: Tail },
-    Threshold { log_p: f64 },
-}
-
-/// [`crate::measure::protocol::Tail`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Tail {
-    Lumped,
-    Dropped,
-    Renormalized,
-}
-
-impl Tail {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Tail::Lumped => "lumped",
-            Tail::Dropped => "dropped",
-            Tail::Renormalized => "renormalized",
-        }
-    }
-}
-
-/// [`crate::measure::protocol::Positions`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
-#[serde(tag = "policy", rename_all = "snake_case")]
-pub enum Positions {
-    All,
-    Stride { stride: u64, offset: u64 },
-    SecondHalf,
-    From { from: u64 },
-}
-
-/// [`crate::measure::protocol::Bootstrap`].
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, JsonSchema)]
-pub struct Bootstrap {
-    pub resamples: u64,
-    pub seed: u64,
-    pub level: f64,
-}
-
-/// [`crate::measure::stats::Uncertainty`].
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-pub struct Uncertainty {
-    /// i.i.d. per-row standard error, where one exists for the metric.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sem: Option<Number>,
-    /// Block-bootstrap percentile interval.
-    pub ci95: [Number; 2],
-}
-
-/// [`crate::measure::stats::Diagnostics`].
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-pub struct Diagnostics {
-    pub by_depth: Vec<Bucket>,
-    pub by_confidence: Vec<Bucket>,
-}
-
-/// [`crate::measure::stats::Bucket`].
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-pub struct Bucket {
-    pub label: String,
-    pub n: u64,
-    pub kld_mean: Number,
-    pub top1_flips: u64,
-    pub flip_rate: Number,
 }
 
 /// [`crate::measure::InputSummary`].

@@ -329,6 +329,11 @@ pub struct ErrorBody {
     pub line: Option<usize>,
     /// 1-based, in characters.
     pub column: Option<usize>,
+    /// What the error is about, a stable name ([`crate::Error::kind_name`]): `usage` for a usage
+    /// error, else one of `io`, `write`, `not_found`, `no_readme`, `too_large`, `not_utf8`,
+    /// `yaml`, `duplicate_key`, `budget`, `unsupported_yaml`, `format`, `card`, `tokenizer`,
+    /// `mismatch`, `unsupported`, `internal`, `hub`, `runner`.
+    pub kind: &'static str,
 }
 
 impl ErrorDocument {
@@ -340,6 +345,7 @@ impl ErrorDocument {
                 file: Some(display(&error.file)),
                 line: error.at.map(|a| a.line),
                 column: error.at.map(|a| a.column),
+                kind: error.kind_name(),
             },
         }
     }
@@ -352,6 +358,7 @@ impl ErrorDocument {
                 file: None,
                 line: None,
                 column: None,
+                kind: "usage",
             },
         }
     }

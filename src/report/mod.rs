@@ -108,7 +108,7 @@ pub fn read_positions(path: &Path) -> Result<Vec<RunRows>> {
             .and_then(|r| r.strip_suffix(".position"))
         {
             let l = l.parse().map_err(|_| {
-                Error::malformed(path, Some(&t.name), "context length is not a number")
+                Error::format(path, Some(&t.name), "context length is not a number")
             })?;
             lengths.push(l);
         }
@@ -135,7 +135,7 @@ pub fn read_positions(path: &Path) -> Result<Vec<RunRows>> {
             let b = i32s(&format!("{p}.cand_top1"))?;
             let n = position.len();
             if kld.len() != n || a.len() != n || b.len() != n {
-                return Err(Error::malformed(
+                return Err(Error::format(
                     path,
                     Some(&p),
                     "position, kld, ref_top1 and cand_top1 differ in length",
@@ -155,7 +155,7 @@ fn read_array(file: &SafetensorsFile, name: &str, dtype: Dtype) -> Result<Vec<u8
     match file.get(name) {
         Some(t) if t.dtype == dtype && t.shape.len() == 1 => {}
         Some(t) => {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 &file.path,
                 Some(name),
                 format!(
@@ -165,7 +165,7 @@ fn read_array(file: &SafetensorsFile, name: &str, dtype: Dtype) -> Result<Vec<u8
             ));
         }
         None => {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 &file.path,
                 Some(name),
                 "missing from positions.safetensors",

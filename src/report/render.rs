@@ -45,7 +45,7 @@ fn template_path(name: &str) -> std::path::PathBuf {
 }
 
 fn render(name: &str, source: &str, view: &Json) -> Result<String> {
-    let fail = |e: minijinja::Error| Error::malformed(&template_path(name), None, format!("{e:#}"));
+    let fail = |e: minijinja::Error| Error::internal(&template_path(name), format!("{e:#}"));
     let env = environment().map_err(fail)?;
     let template = env.template_from_named_str(name, source).map_err(fail)?;
     let mut out = template
@@ -291,7 +291,7 @@ fn view_model(report: &Json, rows: &[RunRows], html: bool) -> Result<Json> {
     if let Some(version) = report.get("schema_version").filter(|v| !v.is_null())
         && version.as_u64() != Some(SCHEMA_VERSION)
     {
-        return Err(Error::malformed(
+        return Err(Error::unsupported(
             Path::new("report.json"),
             Some("schema_version"),
             format!(

@@ -2,6 +2,7 @@
 //! judges every runner with the same statistics code.
 
 #[cfg(feature = "native")]
+pub mod exchange;
 pub mod native;
 pub mod tokens;
 #[cfg(feature = "native")]

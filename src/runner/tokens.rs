@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::checkpoint::hash::hex;
@@ -13,27 +12,7 @@ use crate::error::{Error, Result};
 /// Eval texts above this size are refused rather than tokenized into memory.
 pub const MAX_EVAL_TEXT_BYTES: u64 = 512 * 1024 * 1024;
 
-/// Where BOS goes (as disclosed in the card's `eval.bos`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Bos {
-    /// The token stream is used as is.
-    None,
-    /// The first token of every window is replaced by BOS, as llama.cpp's perplexity tool does.
-    PerWindow,
-    /// BOS is prepended to each document before windowing; the eval text is one document.
-    PerDocument,
-}
-
-impl Bos {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Bos::None => "none",
-            Bos::PerWindow => "per_window",
-            Bos::PerDocument => "per_document",
-        }
-    }
-}
+pub use crate::measure::protocol::Bos;
 
 /// A loaded `tokenizer.json` and what identifies it.
 pub struct TokenizerFile {
@@ -56,7 +35,7 @@ pub const TOKENIZING_PARTS: &[&str] = &["normalizer", "pre_tokenizer", "model", 
 /// older `"a b"` splits at its one space), added tokens ordered by id.
 fn parts_sha256(path: &Path, bytes: &[u8]) -> Result<Vec<(&'static str, String)>> {
     let mut json: serde_json::Value = serde_json::from_slice(bytes)
-        .map_err(|e| Error::malformed(path, None, format!("not valid JSON: {e}")))?;
+        .map_err(|e| Error::tokenizer(path, None, format!("not valid JSON: {e}")))?;
     if let Some(merges) = json
         .pointer_mut("/model/merges")
         .and_then(serde_json::Value::as_array_mut)
@@ -98,7 +77,7 @@ pub fn load_tokenizer(path: &Path) -> Result<TokenizerFile> {
     let bytes =
         crate::files::read_capped(path, crate::files::MAX_TOKENIZER_BYTES, "a tokenizer.json")?;
     let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
-        Error::malformed(
+        Error::tokenizer(
             path,
             None,
             format!("not a Hugging Face tokenizer.json: {e}"),
@@ -154,7 +133,7 @@ fn bos_from_configs(dir: &Path, tokenizer: &tokenizers::Tokenizer) -> Result<Opt
 /// normalizer or other merges give other ids for the same text.
 pub fn check_same_tokenizer(reference: &TokenizerFile, candidate: &TokenizerFile) -> Result<()> {
     let differs = |what: String| {
-        Error::malformed(
+        Error::mismatch(
             &candidate.path,
             None,
             format!(
@@ -197,7 +176,7 @@ pub fn check_same_tokenizer(reference: &TokenizerFile, candidate: &TokenizerFile
         }
     }
     if reference.bos_id != candidate.bos_id {
-        return Err(Error::malformed(
+        return Err(Error::mismatch(
             &candidate.path,
             None,
             format!(
@@ -223,7 +202,7 @@ pub fn tokenize(tokenizer: &TokenizerFile, text_path: &Path) -> Result<TokenStre
     let size = bytes.len() as u64;
     let text_sha256 = hex(&Sha256::digest(&bytes));
     let text = String::from_utf8(bytes).map_err(|e| {
-        Error::malformed(
+        Error::format(
             text_path,
             None,
             format!(
@@ -233,7 +212,7 @@ pub fn tokenize(tokenizer: &TokenizerFile, text_path: &Path) -> Result<TokenStre
         )
     })?;
     let encoding = tokenizer.tokenizer.encode(text, false).map_err(|e| {
-        Error::malformed(
+        Error::tokenizer(
             &tokenizer.path,
             None,
             format!("tokenizing {} failed: {e}", text_path.display()),
@@ -278,15 +257,14 @@ pub fn windows(
     bos_id: Option<u32>,
 ) -> Result<Windows> {
     if length < 2 {
-        return Err(Error::malformed(
+        return Err(Error::usage(
             text_path,
-            None,
             format!("context length {length} is too short: a window needs at least 2 tokens"),
         ));
     }
     let bos_token = || {
         bos_id.ok_or_else(|| {
-            Error::malformed(
+            Error::mismatch(
                 text_path,
                 None,
                 format!(
@@ -303,9 +281,8 @@ pub fn windows(
     ids.extend_from_slice(&stream.ids);
     let n = ids.len() / length;
     if n == 0 {
-        return Err(Error::malformed(
+        return Err(Error::usage(
             text_path,
-            None,
             format!(
                 "eval text gives {} tokens, shorter than one window of {length}",
                 ids.len()

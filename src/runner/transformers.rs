@@ -14,12 +14,16 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::checkpoint::dtype::Dtype;
 use crate::checkpoint::safetensors::{self, SafetensorsFile};
 use crate::error::{Error, Result};
 use crate::measure::row::RowRecord;
+use crate::runner::exchange::{
+    GateNumbers, RequestDump, RequestModel, RequestModels, RequestRun, RunnerEnvironment,
+    RunnerRecord, RunnerRequest,
+};
 
 /// The program, as shipped: written next to the request so an installed binary needs no source
 /// tree.
@@ -135,9 +139,9 @@ pub struct TransformersOutput {
     /// Per run, per window, one record per scored row (`None` for a non-finite row).
     pub records: Vec<Vec<Vec<Option<RowRecord>>>>,
     /// The runner's record of what it ran.
-    pub environment: Value,
+    pub environment: RunnerEnvironment,
     /// The sanity gates' raw numbers, when asked for.
-    pub gates: Value,
+    pub gates: Option<GateNumbers>,
 }
 
 /// Progress: (stage, done, total) as the program reports it.
@@ -168,8 +172,8 @@ pub fn run(
     }
     Ok(TransformersOutput {
         records,
-        environment: record["environment"].clone(),
-        gates: record["gates"].clone(),
+        environment: record.environment.unwrap_or_default(),
+        gates: record.gates,
     })
 }
 
@@ -194,36 +198,43 @@ fn write_request(
             }
         }
         std::fs::write(&path, bytes).map_err(|e| Error::io(&path, e))?;
-        runs.push(json!({
-            "context_length": w.context_length,
-            "tokens_file": path.display().to_string(),
-            "n_windows": w.windows.len(),
-            "rows": w.rows,
-        }));
+        runs.push(RequestRun {
+            context_length: w.context_length,
+            tokens_file: path.display().to_string(),
+            n_windows: w.windows.len(),
+            rows: w.rows.to_vec(),
+        });
     }
-    let request = json!({
-        "protocol": PROTOCOL,
-        "models": {
-            "reference": {"path": absolute(reference).display().to_string(), "attn_implementation": o.attention.0},
-            "candidate": {"path": absolute(candidate).display().to_string(), "attn_implementation": o.attention.1},
+    let model = |p: &Path, attention: &str| RequestModel {
+        path: absolute(p).display().to_string(),
+        attn_implementation: attention.to_owned(),
+    };
+    let request = RunnerRequest {
+        protocol: PROTOCOL,
+        models: RequestModels {
+            reference: model(reference, &o.attention.0),
+            candidate: model(candidate, &o.attention.1),
         },
-        "dtype": o.dtype,
-        "device": o.device.as_request(),
-        "chunk_size": o.chunk_size,
-        "head_rows": o.head_rows,
-        "tf32": o.tf32,
-        "deterministic": o.deterministic,
-        "trust_remote_code": o.trust_remote_code,
-        "memory_limit_bytes": o.memory_limit,
-        "mode": o.mode,
-        "keep_hidden": o.keep_hidden,
-        "gates": o.gates,
-        "dump": o.dump_rows.as_ref().map(|(dir, rows)| json!({"dir": absolute(dir).display().to_string(), "rows": rows})),
-        "vocab_size": vocab_size,
-        "runs": runs,
-        "result_dir": dir.join("results").display().to_string(),
-        "record_path": dir.join("record.json").display().to_string(),
-    });
+        dtype: o.dtype.clone(),
+        device: o.device.as_request(),
+        chunk_size: o.chunk_size,
+        head_rows: o.head_rows,
+        tf32: o.tf32,
+        deterministic: o.deterministic,
+        trust_remote_code: o.trust_remote_code,
+        memory_limit_bytes: o.memory_limit,
+        mode: o.mode.clone(),
+        keep_hidden: o.keep_hidden.clone(),
+        gates: o.gates,
+        dump: o.dump_rows.as_ref().map(|(dir, rows)| RequestDump {
+            dir: absolute(dir).display().to_string(),
+            rows: *rows,
+        }),
+        vocab_size,
+        runs,
+        result_dir: dir.join("results").display().to_string(),
+        record_path: dir.join("record.json").display().to_string(),
+    };
     let path = dir.join("request.json");
     let text = serde_json::to_vec_pretty(&request).unwrap_or_default();
     std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
@@ -237,7 +248,7 @@ fn invoke(
     request: &Path,
     o: &TransformersOptions,
     progress: RunnerProgress,
-) -> Result<Value> {
+) -> Result<RunnerRecord> {
     let script = match &o.script {
         Some(s) => s.clone(),
         None => {
@@ -339,12 +350,23 @@ fn invoke(
             ),
         ));
     }
-    if record["ok"].as_bool() != Some(true) {
-        let e = &record["error"];
-        let kind = e["kind"].as_str().unwrap_or("unknown");
-        let message = e["message"].as_str().unwrap_or("(no message)");
+    let record: RunnerRecord = serde_path_to_error::deserialize(&record).map_err(|e| {
+        Error::runner(
+            candidate,
+            format!(
+                "the transformers runner's record breaks its schema at {}: {}",
+                e.path(),
+                e.inner()
+            ),
+        )
+    })?;
+    if !record.ok {
+        let (kind, message, traceback) = match &record.error {
+            Some(e) => (e.kind.as_str(), e.message.as_str(), e.traceback.as_deref()),
+            None => ("unknown", "(no message)", None),
+        };
         let detail = if kind == "internal" {
-            format!("\n{}", e["traceback"].as_str().unwrap_or(""))
+            format!("\n{}", traceback.unwrap_or(""))
         } else {
             String::new()
         };
@@ -398,13 +420,12 @@ fn describe(status: std::process::ExitStatus) -> String {
 /// Read run `i`'s result file and check it holds exactly the rows asked for.
 fn read_run(
     candidate: &Path,
-    record: &Value,
+    record: &RunnerRecord,
     i: usize,
     work: &RunWork,
     request: &Path,
 ) -> Result<Vec<Vec<Option<RowRecord>>>> {
-    let entry = &record["runs"][i];
-    let path = match entry["path"].as_str() {
+    let path = match record.runs.get(i).and_then(|r| r.path.as_deref()) {
         Some(p) => PathBuf::from(p),
         None => {
             return Err(Error::runner(

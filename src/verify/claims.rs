@@ -5,8 +5,8 @@
 //! [`IMPRECISE_RELATIVE`] of its value is `imprecise`. Every entry of `results` gets a verdict;
 //! one that cannot be read as a claim is `invalid`.
 
-use serde::Serialize;
-use serde_json::Value;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 pub use crate::disclosure::precision::{
     IMPRECISE_RELATIVE, decimals_for, half_unit, precision_scale, relative_precision,
@@ -16,7 +16,7 @@ pub use crate::disclosure::results::{Claim, claims};
 /// Relative numerical noise allowed on top of the printed precision.
 pub const NOISE_RELATIVE: f64 = 1e-3;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     Reproduced,
@@ -52,7 +52,7 @@ impl Verdict {
 }
 
 /// The comparison of one claim.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct ClaimResult {
     /// Index of the entry in the card's `results`.
     pub index: usize,
@@ -61,19 +61,19 @@ pub struct ClaimResult {
     /// The claimed value (null for an invalid entry).
     pub claimed: Option<f64>,
     pub claimed_text: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claimed_uncertainty: Option<f64>,
     /// Half a unit in the claim's last printed digit over its scale ([`relative_precision`]).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claimed_precision_relative: Option<f64>,
     pub rerun: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rerun_ci95: Option<[f64; 2]>,
     pub tolerance: Option<f64>,
     pub verdict: Verdict,
     pub reason: String,
     pub differences: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub line: Option<usize>,
 }
 
@@ -278,13 +278,14 @@ pub fn overall(results: &[ClaimResult]) -> Verdict {
 }
 
 /// Counts per verdict, for the report's summary.
-pub fn summary(results: &[ClaimResult]) -> Value {
-    let mut map = serde_json::Map::new();
-    for v in Verdict::ALL {
-        let n = results.iter().filter(|r| r.verdict == v).count();
-        map.insert(v.as_str().into(), n.into());
-    }
-    Value::Object(map)
+pub fn summary(results: &[ClaimResult]) -> std::collections::BTreeMap<String, usize> {
+    Verdict::ALL
+        .iter()
+        .map(|&v| {
+            let n = results.iter().filter(|r| r.verdict == v).count();
+            (v.as_str().to_owned(), n)
+        })
+        .collect()
 }
 #[cfg(test)]
 mod tests {

@@ -1,32 +1,33 @@
-//! `cardproof verify`: lint the card, inspect and hash the checkpoint, rerun the disclosed
-//! protocol with the native runner, run the sanity gates and decide a verdict per claim; then the
-//! signed report (an in-toto Statement in a DSSE envelope) and its Markdown and HTML renderings.
+//! `cardproof verify`: lint the card, inspect and hash the checkpoint, resolve the card's typed
+//! protocol, hand one [`rerun::Request`] to the rerun module, judge every claim against the typed
+//! measurement it returns, and assemble the typed [`Report`]; [`write`] signs it (an in-toto
+//! Statement in a DSSE envelope) and renders it.
 
 pub mod claims;
-pub mod gates;
-pub mod protocol;
+pub mod differences;
+pub mod report;
 pub mod write;
 
 use std::path::{Path, PathBuf};
 
-use serde_json::{Value, json};
-
 use crate::card::Card;
 use crate::checkpoint::hash::{HashOptions, Manifest, hash_path};
+use crate::disclosure::{self, read::Sections};
 use crate::error::{Error, Result};
 use crate::findings::Code;
-use crate::measurement::{self, MeasureOptions, ModelMeasurement, NativeRequest, Progress};
-use crate::runner::Runner;
+use crate::rerun::{self, GateRequest, HubPin, Lane, Progress, Rerun, Role};
 use crate::runner::native::{ComputeDtype, Emulate};
-use claims::{Claim, ClaimResult, Context, Rerun, Verdict};
+use claims::{Claim, ClaimResult, Context, Verdict};
+pub use report::Report;
 
 /// What to verify.
 pub struct VerifyRequest<'a> {
     /// The candidate: a model directory holding its card (README.md).
     pub model: &'a Path,
-    /// The reference checkpoint (local path; Hub sources come later).
+    /// The reference checkpoint.
     pub reference: Option<&'a Path>,
-    /// A compact reference artifact in place of the reference checkpoint.
+    /// A compact reference artifact (or llama.cpp base file) in place of the reference
+    /// checkpoint.
     pub reference_artifact: Option<&'a Path>,
     /// The eval text, when the card's `eval.text.source` is not a readable path.
     pub eval_text: Option<&'a Path>,
@@ -35,6 +36,8 @@ pub struct VerifyRequest<'a> {
     pub noise_floor: bool,
     /// Rerun with the transformers runner (the user's GPU) instead of the native one.
     pub transformers: Option<&'a crate::runner::transformers::TransformersOptions>,
+    /// The Hub commits the candidate and reference came from (signed with the report).
+    pub pins: Vec<(Role, HubPin)>,
 }
 
 /// One context length's rows, for the report's plots.
@@ -48,30 +51,32 @@ pub struct PlotRows {
 /// A finished verification.
 pub struct VerifyOutcome {
     /// report.json: the in-toto predicate.
-    pub report: Value,
+    pub report: Report,
     pub verdict: Verdict,
-    pub claims: Vec<ClaimResult>,
     /// The checkpoint's files: the statement's subjects.
     pub manifest: Manifest,
-    pub measurement: Option<(ModelMeasurement, Value)>,
+    /// The rerun (its measurement is also in the report).
+    pub rerun: Option<Rerun>,
     pub rows: Vec<PlotRows>,
 }
 
 /// The eval text: `--eval-text`, else the card's `eval.text.source` as a path inside the card's
 /// directory. A card never makes cardproof read a file outside its own directory (an absolute
 /// path, `..`, or a link out of it): whatever it names would be hashed and signed.
-fn eval_text_path(card_dir: &Path, disclosure: &Value, given: Option<&Path>) -> Result<PathBuf> {
+fn eval_text_path(
+    card_dir: &Path,
+    eval: Option<&disclosure::Eval>,
+    given: Option<&Path>,
+) -> Result<PathBuf> {
     if let Some(p) = given {
         return Ok(p.to_owned());
     }
-    let source = disclosure["eval"]["text"]["source"]
-        .as_str()
-        .unwrap_or_default();
-    let digest = disclosure["eval"]["text"]["sha256"]
-        .as_str()
-        .unwrap_or("not disclosed");
+    let source = eval.map_or("", |e| e.text.source.as_str());
+    let digest = eval
+        .and_then(|e| e.text.sha256.as_ref())
+        .map_or("not disclosed", |d| d.0.as_str());
     let refuse = |why: &str| {
-        Error::malformed(
+        Error::card(
             card_dir,
             Some("fidelity.eval.text.source"),
             format!(
@@ -115,7 +120,7 @@ fn compute_dtype(card_dir: &Path, name: &str) -> Result<ComputeDtype> {
         "f32" | "float32" => Ok(ComputeDtype::F32),
         "f64" | "float64" => Ok(ComputeDtype::F64),
         "bf16" | "bfloat16" => Ok(ComputeDtype::Bf16),
-        other => Err(Error::malformed(
+        other => Err(Error::unsupported(
             card_dir,
             Some("fidelity.runtime.compute_dtype"),
             format!("compute dtype `{other}` is not one the native runner has (f32, f64, bf16)"),
@@ -123,49 +128,32 @@ fn compute_dtype(card_dir: &Path, name: &str) -> Result<ComputeDtype> {
     }
 }
 
-/// Whether the loaded candidate holds quantized weights.
-fn quantized(m: &crate::runner::native::NativeModel) -> bool {
-    m.decoder.report.schemes.keys().any(|s| {
-        !matches!(
-            s.as_str(),
-            "bf16" | "f16" | "f32" | "f64" | "gguf F32" | "gguf F16" | "gguf BF16"
-        )
-    })
-}
-
 /// The reference checkpoint the rerun needs.
-fn required_reference<'a>(r: &VerifyRequest<'a>, disclosure: &Value) -> Result<&'a Path> {
+fn required_reference<'a>(
+    r: &VerifyRequest<'a>,
+    reference: Option<&disclosure::Reference>,
+) -> Result<&'a Path> {
     r.reference.ok_or_else(|| {
-        Error::malformed(
-            r.model,
-            Some("fidelity.reference"),
-            format!(
+        Error::usage(r.model, format!("{}: {}", "fidelity.reference", format!(
                 "verify needs the reference: pass --reference PATH or hf:ORG/NAME@REVISION, or --reference-artifact FILE with the native runner (the card names {}@{})",
-                disclosure["reference"]["repo"].as_str().unwrap_or("?"),
-                disclosure["reference"]["revision"].as_str().unwrap_or("?")
-            ),
-        )
+                reference.map_or("?", |r| r.repo.as_str()),
+                reference.map_or("?", |r| r.revision.as_str()),
+            )))
     })
-}
-
-/// The logit rows' width from config.json (padding included), for cards that include padding.
-fn config_vocab(model: &Path) -> Result<usize> {
-    let path = model.join("config.json");
-    let json: Value = crate::files::read_config(&path)?;
-    let v = json.get("text_config").unwrap_or(&json)["vocab_size"].as_u64();
-    v.map(|v| v as usize)
-        .ok_or_else(|| Error::malformed(&path, Some("vocab_size"), "missing"))
 }
 
 /// A claim is rerun in the lane the card discloses: when the card's numbers come from
 /// transformers and the user did not say otherwise, use its attention kernel and dtype.
-fn follow_card_runtime(runner: &mut crate::runner::transformers::TransformersOptions, rt: &Value) {
-    if rt["engine"] != "transformers" {
+fn follow_card_runtime(
+    runner: &mut crate::runner::transformers::TransformersOptions,
+    rt: Option<&disclosure::Runtime>,
+) {
+    let Some(rt) = rt.filter(|rt| rt.engine == disclosure::Engine::Transformers) else {
         return;
-    }
+    };
     let (attention, dtype) = runner.follow_card;
-    if attention && let Some(a) = rt["attention_backend"].as_str() {
-        let a = a.to_ascii_lowercase();
+    if attention {
+        let a = rt.attention_backend.to_ascii_lowercase();
         if [
             "sdpa",
             "eager",
@@ -179,66 +167,12 @@ fn follow_card_runtime(runner: &mut crate::runner::transformers::TransformersOpt
         }
     }
     if dtype {
-        match rt["compute_dtype"].as_str() {
-            Some("bf16" | "bfloat16") => runner.dtype = "bfloat16".into(),
-            Some("f16" | "float16") => runner.dtype = "float16".into(),
-            Some("f32" | "float32") => runner.dtype = "float32".into(),
+        match rt.compute_dtype.as_str() {
+            "bf16" | "bfloat16" => runner.dtype = "bfloat16".into(),
+            "f16" | "float16" => runner.dtype = "float16".into(),
+            "f32" | "float32" => runner.dtype = "float32".into(),
             _ => {}
         }
-    }
-}
-
-/// The gates from the transformers runner's raw numbers; gates it could not run fail (closed).
-fn transformers_gates(raw: &Value, measured: gates::Measured) -> Vec<gates::Gate> {
-    let num = |k: &str| raw[k].as_f64();
-    match (
-        num("self_forward_mean"),
-        num("self_reverse_mean"),
-        raw["self_top1_identical"].as_bool(),
-        num("shift_forward_mean"),
-    ) {
-        (Some(forward), Some(reverse), Some(same_top1), Some(shift)) => gates::judge(
-            gates::SelfCompare {
-                forward,
-                reverse,
-                same_top1,
-            },
-            shift,
-            measured,
-        ),
-        _ => vec![gates::Gate {
-            gate: "self_compare",
-            passed: false,
-            detail: format!(
-                "the transformers runner did not run the gates ({}); a rerun without them is never reproduced",
-                raw["skipped"]
-                    .as_str()
-                    .unwrap_or("no gate numbers in its record")
-            ),
-        }],
-    }
-}
-
-fn native_request<'a>(
-    reference: &'a Path,
-    model: &'a Path,
-    text: &'a Path,
-    options: &'a MeasureOptions,
-    compute: ComputeDtype,
-    threads: usize,
-    candidate_manifest: &'a Manifest,
-) -> NativeRequest<'a> {
-    NativeRequest {
-        reference,
-        candidate: model,
-        eval_text: text,
-        tokenizer: None,
-        options,
-        compute,
-        emulate: Emulate::ReferenceSemantics,
-        threads,
-        out: Path::new("."),
-        candidate_manifest: Some(candidate_manifest),
     }
 }
 
@@ -252,50 +186,17 @@ fn disclosed_nonfinite(claims: &[Claim], length: u64) -> Option<u64> {
         .max()
 }
 
-/// The window the gates run on: the first of the first run whose scored rows are all finite (a
-/// window spoilt by non-finite logits would make the one-row shift look like no change).
-fn gate_window(m: &ModelMeasurement) -> usize {
-    let Some(run) = m.runs.first() else {
-        return 0;
-    };
-    if run.n_windows <= 1 {
-        return 0;
-    }
-    let mut per_window = vec![0usize; run.n_windows];
-    for row in &run.rows {
-        if let Some(n) = per_window.get_mut(row.block as usize) {
-            *n += 1;
-        }
-    }
-    let full = per_window.iter().copied().max().unwrap_or(0);
-    per_window.iter().position(|&n| n == full).unwrap_or(0)
-}
-
-/// The gates' view of a measurement's first run.
-fn measured_for_gates(
-    m: &ModelMeasurement,
-    quantized: bool,
-    declared: Option<String>,
-) -> gates::Measured {
-    gates::Measured::of_metrics(
-        m.runs.first().map(|r| &r.summary.metrics),
-        quantized,
-        declared,
-    )
-}
-
 /// The quantization method a card declares (`None` for none or a plain float dtype).
-fn declared_quantization(disclosure: &Value) -> Option<String> {
-    let method = disclosure["quantization"]["method"].as_str()?;
+fn declared_quantization(method: Option<&str>) -> Option<String> {
+    let method = method?;
     let plain = [
         "none", "bf16", "bfloat16", "f16", "fp16", "float16", "f32", "fp32", "float32",
     ];
     (!plain.contains(&method.to_ascii_lowercase().as_str())).then(|| method.to_owned())
 }
 
-fn plot_rows(m: &ModelMeasurement) -> Vec<PlotRows> {
-    m.runs
-        .iter()
+fn plot_rows(runs: &[rerun::RunResult]) -> Vec<PlotRows> {
+    runs.iter()
         .map(|run| PlotRows {
             context_length: run.context_length,
             position: run.rows.iter().map(|s| s.position).collect(),
@@ -307,43 +208,6 @@ fn plot_rows(m: &ModelMeasurement) -> Vec<PlotRows> {
                 .collect(),
         })
         .collect()
-}
-
-/// The reference against itself in a second compute dtype.
-fn noise_floor(
-    reference: &Path,
-    prepared: &measurement::Prepared,
-    text: &Path,
-    options: &MeasureOptions,
-    compute: ComputeDtype,
-) -> Result<Value> {
-    let other = if compute == ComputeDtype::F64 {
-        ComputeDtype::F32
-    } else {
-        ComputeDtype::F64
-    };
-    let twin = crate::runner::native::load(reference, other, Emulate::ReferenceSemantics)?;
-    let mut floor_options = options.clone();
-    floor_options.bootstrap.resamples = floor_options.bootstrap.resamples.min(200);
-    let f = measurement::measure_models(
-        &prepared.reference,
-        &twin,
-        &measurement::EvalInput {
-            stream: &prepared.stream,
-            text_path: text,
-            bos_id: prepared.tokenizer.bos_id,
-            tokenizer_vocab: prepared.tokenizer.vocab_size,
-        },
-        &floor_options,
-        &|_, _| {},
-    )?;
-    Ok(json!({
-        "what": format!("the reference against itself, computed in {} vs {}", compute.as_str(), other.as_str()),
-        "runs": f.runs.iter().map(|run| json!({
-            "context_length": run.context_length,
-            "metrics": run.summary.metrics,
-        })).collect::<Vec<_>>(),
-    }))
 }
 
 /// Run the whole verification. Fails closed: any error is an `Err`, never a verdict.
@@ -358,15 +222,15 @@ pub fn verify(
     let inspections = if crate::checkpoint::has_checkpoint(r.model) {
         crate::checkpoint::inspect::inspect_path(r.model)?
     } else {
-        return Err(Error::malformed(
+        return Err(Error::usage(
             r.model,
-            None,
             "holds no checkpoint (safetensors or GGUF) to verify",
         ));
     };
     let lint = crate::lint::lint_with_checkpoint(&card, &inspections);
     let fidelity_node = card.metadata().and_then(|m| m.get("fidelity"));
-    let disclosure = fidelity_node.map_or(Value::Null, |e| e.value.to_json());
+    let disclosure = fidelity_node.map_or(serde_json::Value::Null, |e| e.value.to_json());
+    let sections = Sections::read(&disclosure);
     let card_claims: Vec<Claim> = fidelity_node
         .map(|e| claims::claims(&e.value, &|offset| card.line_col(offset).line))
         .unwrap_or_default();
@@ -386,7 +250,6 @@ pub fn verify(
             });
         }
     }
-    let declared = declared_quantization(&disclosure);
     stage("hashing");
     let manifest = hash_path(
         r.model,
@@ -397,173 +260,112 @@ pub fn verify(
         &|_| {},
     )?;
 
-    let resolved = protocol::resolve(&disclosure);
-    let mut measured = None;
-    let mut gates_out = Vec::new();
-    let mut noise = Value::Null;
-    let mut rows = Vec::new();
+    let runtime = sections.runtime.as_ref().ok();
+    let eval = sections.eval.as_ref().ok();
+    let reference_section = sections.reference.as_ref().ok();
+    let resolved = match (&sections.protocol, &sections.eval) {
+        (Ok(p), Ok(e)) => rerun::options::resolve(p, e.bos, runtime),
+        (p, e) => Err([p.as_ref().err(), e.as_ref().err()]
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect()),
+    };
+    let mut rerun_done: Option<(Rerun, rerun::Resolved)> = None;
     match resolved {
         Err(missing) => ctx.undisclosed.extend(missing),
         Ok(resolved) => {
             let card_dir = card_path.parent().unwrap_or(Path::new(".")).to_owned();
             let compute = compute_dtype(&card_path, &resolved.compute)?;
-            let mut options: MeasureOptions = resolved.options.clone();
-            let (m, doc) = if let Some(artifact) = r.reference_artifact {
-                let given = eval_text_path(&card_dir, &disclosure, r.eval_text).ok();
-                let request = measurement::ArtifactRequest {
-                    artifact,
-                    candidate: r.model,
-                    eval_text: given.as_deref(),
-                    options: &options,
+            let mut runner;
+            let text;
+            let lane = if let Some(artifact) = r.reference_artifact {
+                text = eval_text_path(&card_dir, eval, r.eval_text).ok();
+                Lane::artifact(artifact, compute, Emulate::ReferenceSemantics)
+            } else if let Some(given) = r.transformers {
+                let reference = required_reference(r, reference_section)?;
+                text = Some(eval_text_path(&card_dir, eval, r.eval_text)?);
+                runner = given.clone();
+                follow_card_runtime(&mut runner, runtime);
+                Lane::Transformers {
+                    reference,
+                    runner: &runner,
+                }
+            } else {
+                let reference = required_reference(r, reference_section)?;
+                text = Some(eval_text_path(&card_dir, eval, r.eval_text)?);
+                Lane::Native {
+                    reference,
                     compute,
                     emulate: Emulate::ReferenceSemantics,
-                    threads: r.threads,
-                    out: Path::new("."),
-                    candidate_manifest: Some(&manifest),
-                };
-                let prepared = measurement::prepare_artifact(&request, stage)?;
-                stage("measuring");
-                let (m, doc) = measurement::measure_artifact(&request, &prepared, progress)?;
-                stage("sanity gates");
-                let first = prepared.windows.first();
-                let window = first
-                    .and_then(|w| w.windows.get(gate_window(&m)))
-                    .cloned()
-                    .unwrap_or_default();
-                let l = window.len();
-                let scored: Vec<usize> = (0..l)
-                    .filter(|&j| options.positions.selects(j as u64, l as u64))
-                    .collect();
-                let measured =
-                    measured_for_gates(&m, quantized(&prepared.candidate), declared.clone());
-                gates_out = measurement::with_artifact_runner(&prepared, |runner| {
-                    gates::run(
-                        runner,
-                        &prepared.candidate,
-                        &window,
-                        &scored,
-                        m.vocab_size,
-                        measured,
-                    )
-                })?;
-                rows = plot_rows(&m);
-                (m, doc)
-            } else if let Some(runner) = r.transformers {
-                let reference = required_reference(r, &disclosure)?;
-                let text = eval_text_path(&card_dir, &disclosure, r.eval_text)?;
-                if resolved.padding_included {
-                    options.vocab_size = Some(config_vocab(r.model)?);
                 }
-                let mut runner = runner.clone();
-                runner.gates = true;
-                follow_card_runtime(&mut runner, &disclosure["runtime"]);
-                let run = measurement::measure_transformers(
-                    &measurement::TransformersRequest {
-                        reference,
-                        candidate: r.model,
-                        eval_text: &text,
-                        tokenizer: None,
-                        options: &options,
-                        runner: &runner,
-                        threads: r.threads,
-                        out: Path::new("."),
-                        candidate_manifest: Some(&manifest),
-                    },
-                    stage,
-                    progress,
-                )?;
-                let measured = measured_for_gates(
-                    &run.measurement,
-                    inspections.iter().any(|i| i.summary.quantized > 0),
-                    declared.clone(),
-                );
-                gates_out = transformers_gates(&run.gates, measured);
-                if r.noise_floor {
-                    noise = json!({"skipped": "the noise floor of the transformers runner is its kernel sweep: `cardproof measure --runner transformers --sweep attention=sdpa,eager`"});
-                }
-                rows = plot_rows(&run.measurement);
-                (run.measurement, run.document)
-            } else {
-                let reference = required_reference(r, &disclosure)?;
-                let text = eval_text_path(&card_dir, &disclosure, r.eval_text)?;
-                let prepared = measurement::prepare_native(
-                    &native_request(
-                        reference, r.model, &text, &options, compute, r.threads, &manifest,
-                    ),
-                    stage,
-                )?;
-                if resolved.padding_included {
-                    options.vocab_size = Some(prepared.candidate.vocab());
-                }
-                stage("measuring");
-                let (m, doc) = measurement::measure_prepared(
-                    &native_request(
-                        reference, r.model, &text, &options, compute, r.threads, &manifest,
-                    ),
-                    &prepared,
-                    progress,
-                )?;
-                stage("sanity gates");
-                let first_length = options.context_lengths.first().copied().unwrap_or(2);
-                let window: Vec<u32> = crate::runner::tokens::windows(
-                    &prepared.stream,
-                    &text,
-                    first_length,
-                    options.bos,
-                    prepared.tokenizer.bos_id,
-                )?
-                .windows
-                .into_iter()
-                .nth(gate_window(&m))
-                .unwrap_or_default();
-                let l = window.len();
-                let scored: Vec<usize> = (0..l).collect();
-                let measured =
-                    measured_for_gates(&m, quantized(&prepared.candidate), declared.clone());
-                gates_out = gates::run(
-                    &prepared.reference,
-                    &prepared.candidate,
-                    &window,
-                    &scored,
-                    m.vocab_size,
-                    measured,
-                )?;
-                if r.noise_floor {
-                    stage("noise floor");
-                    noise = noise_floor(reference, &prepared, &text, &options, compute)?;
-                }
-                rows = plot_rows(&m);
-                (m, doc)
             };
-            gates_out.push(gates::finite_rows(
-                &m.runs
-                    .iter()
-                    .map(|run| {
-                        let length = run.context_length as u64;
-                        (
-                            length,
-                            run.n_nonfinite as u64,
-                            disclosed_nonfinite(&card_claims, length),
-                        )
-                    })
-                    .collect::<Vec<_>>(),
-            ));
-            for g in gates_out.iter().filter(|g| !g.passed) {
+            let lengths: Vec<u64> = resolved
+                .options
+                .context_lengths
+                .iter()
+                .map(|&l| l as u64)
+                .collect();
+            let done = rerun::run(
+                &rerun::Request {
+                    lane,
+                    candidate: r.model,
+                    eval_text: text.as_deref(),
+                    tokenizer: None,
+                    options: resolved.options.clone(),
+                    padding_included: resolved.padding_included,
+                    threads: r.threads,
+                    candidate_manifest: Some(&manifest),
+                    gates: Some(GateRequest {
+                        declared: declared_quantization(sections.quantization_method.as_deref()),
+                        checkpoint_quantized: inspections.iter().any(|i| i.summary.quantized > 0),
+                        disclosed_nonfinite: lengths
+                            .iter()
+                            .map(|&l| (l, disclosed_nonfinite(&card_claims, l)))
+                            .collect(),
+                    }),
+                    noise_floor: r.noise_floor,
+                    pins: r.pins.clone(),
+                },
+                stage,
+                progress,
+            )?;
+            for g in done.gates.iter().filter(|g| !g.passed) {
                 ctx.failed_gates.push(format!("{}: {}", g.gate, g.detail));
             }
-            ctx.differences = protocol::lane_differences(&disclosure, &doc, &resolved);
-            measured = Some((m, doc, resolved));
+            rerun_done = Some((done, resolved));
         }
     }
+    let mut lane_differences = Vec::new();
+    if let Some((done, resolved)) = &rerun_done {
+        if let Err(e) = &sections.runtime {
+            lane_differences.push(differences::Difference {
+                field: "fidelity.runtime".into(),
+                card: e.clone(),
+                rerun: done.measurement.environment.lane.clone(),
+                message: format!("runtime: the card's runtime cannot be read ({e}); the rerun's lane cannot be compared with it"),
+            });
+        }
+        lane_differences.extend(differences::lane_differences(
+            &differences::CardLane {
+                runtime,
+                eval,
+                reference: reference_section,
+                candidate_files_sha256: disclosure["candidate"]["files_sha256"].as_str(),
+            },
+            &done.measurement,
+            resolved,
+        ));
+    }
+    ctx.differences = lane_differences.iter().map(|d| d.message.clone()).collect();
 
-    let lengths: Vec<u64> = measured
-        .as_ref()
-        .map(|(m, _, _)| m.runs.iter().map(|r| r.context_length as u64).collect())
+    let measurement = rerun_done.as_ref().map(|(d, _)| &d.measurement);
+    let lengths: Vec<u64> = measurement
+        .map(|m| m.runs.iter().map(|r| r.context_length as u64).collect())
         .unwrap_or_default();
-    let bits = measured.as_ref().is_some_and(|(_, _, res)| res.bits);
-    let lookup = |metric: &str, length: u64| -> Option<Rerun> {
-        let (m, _, _) = measured.as_ref()?;
-        let run = m.runs.iter().find(|r| r.context_length as u64 == length)?;
+    let bits = rerun_done.as_ref().is_some_and(|(_, res)| res.bits);
+    let lookup = |metric: &str, length: u64| -> Option<claims::Rerun> {
+        let run = measurement?.run(usize::try_from(length).ok()?)?;
         let value = *run.summary.metrics.get(metric)?;
         let ci = run.summary.uncertainty.get(metric).map(|u| u.ci95);
         let scale = if bits && metric.starts_with("kld") {
@@ -571,7 +373,7 @@ pub fn verify(
         } else {
             1.0
         };
-        Some(Rerun {
+        Some(claims::Rerun {
             value: value * scale,
             ci95: ci.map(|[a, b]| [a * scale, b * scale]),
             n_positions: run.n_positions as u64,
@@ -583,43 +385,72 @@ pub fn verify(
         .map(|c| claims::judge(c, &lengths, &ctx, &lookup))
         .collect();
     let verdict = claims::overall(&results);
-    let measurement_doc = measured.as_ref().map_or(Value::Null, |(_, d, _)| d.clone());
-    let report = json!({
-        "schema_version": crate::JSON_SCHEMA_VERSION,
-        "tool": {"name": "cardproof", "version": env!("CARGO_PKG_VERSION")},
-        "verdict": verdict,
-        "summary": claims::summary(&results),
-        "checkpoint": {
-            "path": r.model.display().to_string(),
-            "root_sha256": manifest.root_sha256,
-            "files": manifest.files.iter().map(|f| json!({"path": f.path, "size": f.size, "sha256": f.sha256})).collect::<Vec<_>>(),
+    let report = Report {
+        schema_version: crate::JSON_SCHEMA_VERSION,
+        run_id: None,
+        tool: report::Tool {
+            name: "cardproof".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
         },
-        "card": {
-            "path": card_path.display().to_string(),
-            "fidelity_sha256": crate::card::canonical::fidelity_sha256(&disclosure),
-            "disclosure": disclosure,
-            "lint": {
-                "errors": lint.errors(),
-                "warnings": lint.warnings(),
-                "findings": lint.findings.iter().map(|f| json!({
-                    "code": f.code, "severity": f.severity, "message": f.message, "line": f.line,
-                })).collect::<Vec<_>>(),
+        verdict,
+        summary: claims::summary(&results),
+        checkpoint: report::Checkpoint {
+            path: r.model.display().to_string(),
+            root_sha256: manifest.root_sha256.clone(),
+            files: manifest
+                .files
+                .iter()
+                .map(|f| report::CheckpointFile {
+                    path: f.path.clone(),
+                    size: f.size,
+                    sha256: f.sha256.clone(),
+                })
+                .collect(),
+        },
+        card: report::CardRecord {
+            path: card_path.display().to_string(),
+            fidelity_sha256: crate::card::canonical::fidelity_sha256(&disclosure),
+            disclosure,
+            lint: report::LintRecord {
+                errors: lint.errors(),
+                warnings: lint.warnings(),
+                findings: lint
+                    .findings
+                    .iter()
+                    .map(|f| report::FindingRecord {
+                        code: f.code.to_string(),
+                        severity: f.severity.to_string(),
+                        message: f.message.clone(),
+                        line: f.line,
+                    })
+                    .collect(),
             },
         },
-        "reference": measurement_doc.get("reference").cloned().unwrap_or(Value::Null),
-        "measurement": measurement_doc,
-        "claims": results,
-        "sanity": gates_out,
-        "noise_floor": noise,
-        "undisclosed": ctx.undisclosed,
-        "lane_differences": ctx.differences,
-    });
+        reference: measurement.map(|m| m.reference.clone()),
+        measurement: measurement.cloned(),
+        claims: results,
+        sanity: rerun_done
+            .as_ref()
+            .map(|(d, _)| d.gates.clone())
+            .unwrap_or_default(),
+        noise_floor: rerun_done.as_ref().and_then(|(d, _)| d.noise_floor.clone()),
+        undisclosed: ctx.undisclosed,
+        lane_differences,
+        hub_sources: r
+            .pins
+            .iter()
+            .map(|(role, pin)| report::HubSource::of(*role, pin))
+            .collect(),
+    };
+    let rows = rerun_done
+        .as_ref()
+        .map(|(d, _)| plot_rows(&d.runs))
+        .unwrap_or_default();
     Ok(VerifyOutcome {
         report,
         verdict,
-        claims: results,
         manifest,
-        measurement: measured.map(|(m, d, _)| (m, d)),
+        rerun: rerun_done.map(|(d, _)| d),
         rows,
     })
 }

@@ -11,9 +11,9 @@ use ed25519_dalek::SigningKey;
 use super::VerifyOutcome;
 use crate::attest;
 use crate::error::{Error, Result};
-use crate::measurement::positions_file;
-use crate::outset::{OutputSet, with_run_id};
+use crate::outset::OutputSet;
 use crate::report::{self, RunRows};
+use crate::rerun::output::positions_file;
 
 /// Write every report file into `set`, with the set's run id in report.json (so in the signed
 /// statement) and measurement.json, and move the set into place; returns the files' paths under
@@ -23,21 +23,23 @@ pub fn write_outputs(
     outcome: &mut VerifyOutcome,
     key: &SigningKey,
 ) -> Result<Vec<PathBuf>> {
-    outcome.report = with_run_id(&outcome.report, set.run_id());
-    if let Some((m, doc)) = &outcome.measurement {
-        set.write("positions.safetensors", &positions_file(m))?;
-        set.write_json("measurement.json", doc)?;
+    outcome.report.run_id = Some(set.run_id().to_owned());
+    if let Some(rerun) = &outcome.rerun {
+        set.write(
+            "positions.safetensors",
+            &positions_file(&rerun.runs, &rerun.measurement.protocol_sha256),
+        )?;
+        set.write_json("measurement.json", &rerun.measurement.to_value())?;
     }
-    set.write_json("report.json", &outcome.report)?;
+    let report = outcome.report.to_value();
+    set.write_json("report.json", &report)?;
 
-    let statement = attest::statement(&attest::subjects(&outcome.manifest), outcome.report.clone());
-    let payload = serde_json::to_vec(&statement).map_err(|e| {
-        Error::malformed(set.out(), None, format!("cannot encode the statement: {e}"))
-    })?;
+    let statement = attest::statement(&attest::subjects(&outcome.manifest), report.clone());
+    let payload = serde_json::to_vec(&statement)
+        .map_err(|e| Error::internal(set.out(), format!("cannot encode the statement: {e}")))?;
     let envelope = attest::sign_envelope(&payload, attest::PAYLOAD_TYPE, key);
-    let mut text = serde_json::to_vec_pretty(&envelope).map_err(|e| {
-        Error::malformed(set.out(), None, format!("cannot encode the envelope: {e}"))
-    })?;
+    let mut text = serde_json::to_vec_pretty(&envelope)
+        .map_err(|e| Error::internal(set.out(), format!("cannot encode the envelope: {e}")))?;
     text.push(b'\n');
     set.write("report.dsse.json", &text)?;
 
@@ -51,13 +53,10 @@ pub fn write_outputs(
             flip: r.flip.clone(),
         })
         .collect();
-    set.write(
-        "report.md",
-        report::render_markdown(&outcome.report)?.as_bytes(),
-    )?;
+    set.write("report.md", report::render_markdown(&report)?.as_bytes())?;
     set.write(
         "report.html",
-        report::render_html(&outcome.report, &rows)?.as_bytes(),
+        report::render_html(&report, &rows)?.as_bytes(),
     )?;
     set.commit()
 }

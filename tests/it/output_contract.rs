@@ -331,6 +331,7 @@ fn every_json_command_prints_one_versioned_document() {
     for verb in ["lint", "inspect", "hash"] {
         let doc = checked(verb, verb, &cardproof(&[verb, s(&missing), "--json"]), &[2]);
         assert!(doc["error"]["message"].is_string(), "{doc}");
+        assert_eq!(doc["error"]["kind"], "not_found", "{doc}");
     }
     let run = cardproof(&["sign", s(&missing), "--key", s(&key), "--json"]);
     assert!(checked("sign", "sign (missing)", &run, &[2])["error"].is_object());
@@ -367,4 +368,5 @@ fn every_json_command_prints_one_versioned_document() {
     ]);
     let doc = checked("error", "kld (usage)", &run, &[2]);
     assert!(doc["error"]["file"].is_null(), "{doc}");
+    assert_eq!(doc["error"]["kind"], "usage", "{doc}");
 }

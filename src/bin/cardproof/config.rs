@@ -261,7 +261,7 @@ pub struct MeasureConfig {
     pub candidate: PathBuf,
     pub eval_text: Option<PathBuf>,
     pub tokenizer: Option<PathBuf>,
-    pub options: cardproof::measurement::MeasureOptions,
+    pub options: cardproof::rerun::MeasureOptions,
     pub compute: cardproof::runner::native::ComputeDtype,
     pub emulate: cardproof::runner::native::Emulate,
     pub threads: usize,
@@ -344,7 +344,7 @@ impl MeasureConfig {
             candidate: args.candidate,
             eval_text: args.eval_text,
             tokenizer: args.tokenizer,
-            options: cardproof::measurement::MeasureOptions {
+            options: cardproof::rerun::MeasureOptions {
                 direction: p.direction,
                 vocab: p.vocab,
                 positions: p.positions,

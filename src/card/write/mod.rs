@@ -81,10 +81,9 @@ pub fn write_card(existing: Option<&str>, path: &Path, inputs: &CardInputs) -> R
         if let Some(r) = revision
             && !is_hex(r, 40)
         {
-            return Err(Error::malformed(
+            return Err(Error::usage(
                 path,
-                Some(&format!("{side} revision")),
-                format!("`{r}` is not a full 40-hex commit hash (lowercase)"),
+                format!("{side} revision: `{r}` is not a full 40-hex commit hash (lowercase)"),
             ));
         }
     }
@@ -235,7 +234,7 @@ struct Measured<'a> {
 impl<'a> Measured<'a> {
     fn read(doc: &'a Value) -> Result<Self> {
         let bad = |what: &str| {
-            Error::malformed(
+            Error::format(
                 Path::new("measurement.json"),
                 None,
                 format!(
@@ -317,9 +316,8 @@ fn self_check(
     if wrong.is_empty() {
         Ok(())
     } else {
-        Err(Error::malformed(
+        Err(Error::internal(
             path,
-            None,
             format!(
                 "internal error: the written `{}` does not read back as written; the card was \
                  not changed (please report this)",

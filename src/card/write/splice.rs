@@ -268,12 +268,12 @@ impl<'c> Layout<'c> {
             Some(card) => Error::at(
                 self.path.clone(),
                 card.line_col(offset),
-                ErrorKind::Malformed {
+                ErrorKind::Card {
                     subject: None,
                     rule: message,
                 },
             ),
-            None => Error::malformed(&self.path, None, message),
+            None => Error::card(&self.path, None, message),
         }
     }
 

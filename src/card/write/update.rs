@@ -82,7 +82,7 @@ pub fn update_card(request: &UpdateRequest) -> Result<CardUpdate> {
 
 fn read_measurement(path: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_str(&text).map_err(|e| Error::malformed(path, None, format!("not JSON: {e}")))
+    serde_json::from_str(&text).map_err(|e| Error::format(path, None, format!("not JSON: {e}")))
 }
 
 /// The card a measurement goes into when none is named: README.md in the candidate's directory
@@ -91,20 +91,18 @@ fn read_measurement(path: &Path) -> Result<Value> {
 /// an error asking for the card of a local clone.
 pub fn default_card_path(measurement_path: &Path, measurement: &Value) -> Result<PathBuf> {
     if let Some(repo) = measurement["candidate"]["hub"]["repo"].as_str() {
-        return Err(Error::malformed(
+        return Err(Error::usage(
             measurement_path,
-            Some("candidate.hub"),
             format!(
-                "the candidate was measured from hf:{repo}; pass --into with the card of your \
-                 local clone (cardproof never writes into the Hugging Face cache)"
+                "candidate.hub: the candidate was measured from hf:{repo}; pass --into with the \
+                 card of your local clone (cardproof never writes into the Hugging Face cache)"
             ),
         ));
     }
     let candidate = measurement["candidate"]["path"].as_str().ok_or_else(|| {
-        Error::malformed(
+        Error::usage(
             measurement_path,
-            Some("candidate.path"),
-            "missing; pass --into README.md",
+            "candidate.path: missing; pass --into README.md",
         )
     })?;
     let c = Path::new(candidate);

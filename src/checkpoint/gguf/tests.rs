@@ -25,10 +25,10 @@ fn rejected(bytes: &[u8], subject: Option<&str>, needles: &[&str]) -> String {
     let err = parse_all(bytes).expect_err("should be rejected");
     let msg = err.to_string();
     match &err.kind {
-        crate::ErrorKind::Malformed { subject: s, .. } => {
+        crate::ErrorKind::Format { subject: s, .. } => {
             assert_eq!(s.as_deref(), subject, "{msg}")
         }
-        other => panic!("not a Malformed error: {other:?}"),
+        other => panic!("not a Format error: {other:?}"),
     }
     for needle in needles {
         assert!(msg.contains(needle), "`{msg}` lacks `{needle}`");

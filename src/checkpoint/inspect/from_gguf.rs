@@ -28,7 +28,7 @@ pub(super) fn inspect_gguf(paths: &[PathBuf], variant: Option<String>) -> Result
     for file in &files {
         for t in &file.tensors {
             if let Some(first) = seen.insert(&t.name, &file.path) {
-                return Err(Error::malformed(
+                return Err(Error::format(
                     &file.path,
                     Some(&t.name),
                     format!("tensor also appears in {}", first.display()),

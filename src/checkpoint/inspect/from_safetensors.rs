@@ -214,7 +214,7 @@ fn classify(
         let blob =
             safetensors::read_tensor_bytes(state.file, &state.info.name, MAX_QUANT_STATE_BYTES)?;
         let json: Value = serde_json::from_slice(&blob).map_err(|e| {
-            Error::malformed(
+            Error::format(
                 &state.file.path,
                 Some(&state.info.name),
                 format!("quant state is not JSON: {e}"),
@@ -449,7 +449,7 @@ fn read_shape(members: &[Member<'_>], shape: &TensorInfo) -> Result<Vec<u64>> {
     let bytes = safetensors::read_tensor_bytes(member.file, &shape.name, 64)?;
     let width = (shape.dtype.bits() / 8) as usize;
     if width == 0 || bytes.len() % width != 0 {
-        return Err(Error::malformed(
+        return Err(Error::format(
             &member.file.path,
             Some(&shape.name),
             "weight_shape must hold integers",

@@ -185,9 +185,8 @@ pub fn inspect_path(path: &Path) -> Result<Vec<Inspection>> {
                     dir,
                 )?])
             }
-            _ => Err(Error::malformed(
+            _ => Err(Error::usage(
                 path,
-                None,
                 "not a checkpoint: expected a .safetensors or .gguf file, or a directory",
             )),
         };
@@ -216,9 +215,8 @@ pub fn inspect_path(path: &Path) -> Result<Vec<Inspection>> {
         out.push(inspect_gguf(&files, Some(variant))?);
     }
     if out.is_empty() {
-        return Err(Error::malformed(
+        return Err(Error::usage(
             path,
-            None,
             "no .safetensors or .gguf files in this directory",
         ));
     }

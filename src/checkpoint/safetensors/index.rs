@@ -33,7 +33,7 @@ pub struct ShardIndex {
 /// an optional `metadata` object (whose `total_size`, if present, is a byte count). Duplicate keys
 /// anywhere are refused; other top-level keys are ignored, as transformers ignores them.
 pub fn read_index(path: &Path) -> Result<ShardIndex> {
-    let bad = |subject: Option<&str>, rule: String| Error::malformed(path, subject, rule);
+    let bad = |subject: Option<&str>, rule: String| Error::format(path, subject, rule);
     let bytes = crate::files::read_capped(path, MAX_INDEX_BYTES, "an index")?;
     let text = std::str::from_utf8(&bytes).map_err(|e| {
         bad(
@@ -96,7 +96,7 @@ pub fn read_index(path: &Path) -> Result<ShardIndex> {
 
 fn check_weight_map(path: &Path, value: Json) -> Result<BTreeMap<String, String>> {
     let Json::Object(entries) = value else {
-        return Err(Error::malformed(
+        return Err(Error::format(
             path,
             Some("weight_map"),
             format!(
@@ -108,7 +108,7 @@ fn check_weight_map(path: &Path, value: Json) -> Result<BTreeMap<String, String>
     let mut map = BTreeMap::new();
     for (tensor, shard) in entries {
         let Json::Str(shard) = shard else {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 Some(&shown(&tensor)),
                 format!(
@@ -118,7 +118,7 @@ fn check_weight_map(path: &Path, value: Json) -> Result<BTreeMap<String, String>
             ));
         };
         if !is_plain_file_name(&shard) {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 Some(&shown(&tensor)),
                 format!(
@@ -149,7 +149,7 @@ fn check_total_size(path: &Path, value: &Json) -> Result<u64> {
     match *value {
         Json::UInt(n) => Ok(n),
         Json::Float(f) if (0.0..=EXACT).contains(&f) && f.fract() == 0.0 => Ok(f as u64),
-        _ => Err(Error::malformed(
+        _ => Err(Error::format(
             path,
             Some("total_size"),
             format!("must be a non-negative integer, found {}", value.describe()),
@@ -246,7 +246,7 @@ pub fn open_dir(dir: &Path) -> Result<SafetensorsCheckpoint> {
                 .iter()
                 .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
                 .collect();
-            return Err(Error::malformed(
+            return Err(Error::format(
                 dir,
                 None,
                 format!(
@@ -261,9 +261,8 @@ pub fn open_dir(dir: &Path) -> Result<SafetensorsCheckpoint> {
         return open_indexed(index);
     }
     if files.is_empty() {
-        return Err(Error::malformed(
+        return Err(Error::usage(
             dir,
-            None,
             format!("no *.safetensors file and no {INDEX_FILE_NAME} in this directory"),
         ));
     }
@@ -272,7 +271,7 @@ pub fn open_dir(dir: &Path) -> Result<SafetensorsCheckpoint> {
     for file in &files {
         for tensor in &file.tensors {
             if let Some(other) = seen.insert(&tensor.name, &file.path) {
-                return Err(Error::malformed(
+                return Err(Error::format(
                     &file.path,
                     Some(&shown(&tensor.name)),
                     format!(
@@ -314,8 +313,7 @@ fn read_all(paths: &[PathBuf]) -> Result<Vec<SafetensorsFile>> {
 /// one the index says; every tensor the index lists exists.
 fn open_indexed(index_path: &Path) -> Result<SafetensorsCheckpoint> {
     let index = read_index(index_path)?;
-    let bad =
-        |subject: &str, rule: String| Error::malformed(index_path, Some(&shown(subject)), rule);
+    let bad = |subject: &str, rule: String| Error::format(index_path, Some(&shown(subject)), rule);
     if index.weight_map.is_empty() {
         return Err(bad(
             "weight_map",
@@ -365,7 +363,7 @@ fn open_indexed(index_path: &Path) -> Result<SafetensorsCheckpoint> {
     for (&shard, file) in names.iter().zip(&files) {
         for tensor in &file.tensors {
             if let Some(other) = found.insert(&tensor.name, shard) {
-                return Err(Error::malformed(
+                return Err(Error::format(
                     &file.path,
                     Some(&shown(&tensor.name)),
                     format!(

@@ -90,7 +90,7 @@ pub fn read_file(path: &Path) -> Result<SafetensorsFile> {
 /// `file_size` the file's full size. Never looks at tensor data, so a remote reader can call it
 /// with an HTTP range read of the header.
 pub fn parse_header(path: &Path, prefix: &[u8], file_size: u64) -> Result<SafetensorsFile> {
-    let bad = |subject: Option<&str>, rule: String| Error::malformed(path, subject, rule);
+    let bad = |subject: Option<&str>, rule: String| Error::format(path, subject, rule);
 
     if file_size < 8 {
         return Err(bad(
@@ -312,7 +312,7 @@ fn header_duplicate(members: &[(String, Json)]) -> Option<Duplicate<'_>> {
 /// `__metadata__`: a string→string map and nothing else.
 fn check_metadata(path: &Path, value: &Json) -> Result<BTreeMap<String, String>> {
     let Json::Object(members) = value else {
-        return Err(Error::malformed(
+        return Err(Error::format(
             path,
             Some(METADATA_KEY),
             format!("must be an object of strings, found {}", value.describe()),
@@ -321,7 +321,7 @@ fn check_metadata(path: &Path, value: &Json) -> Result<BTreeMap<String, String>>
     let mut metadata = BTreeMap::new();
     for (key, value) in members {
         let Json::Str(text) = value else {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 Some(METADATA_KEY),
                 format!(
@@ -349,7 +349,7 @@ struct Entry<'a> {
 /// the shape and dtype exactly.
 fn check_entry<'a>(path: &Path, name: &'a str, value: &Json) -> Result<Entry<'a>> {
     let subject = shown(name);
-    let bad = |rule: String| Error::malformed(path, Some(&subject), rule);
+    let bad = |rule: String| Error::format(path, Some(&subject), rule);
     let Json::Object(fields) = value else {
         return Err(bad(format!(
             "a tensor entry must be an object with dtype, shape and data_offsets, found {}",
@@ -501,7 +501,7 @@ fn shown(name: &str) -> Cow<'_, str> {
 pub fn read_tensor_bytes(file: &SafetensorsFile, name: &str, max_bytes: u64) -> Result<Vec<u8>> {
     let path = file.path.as_path();
     let Some(info) = file.get(name) else {
-        return Err(Error::malformed(
+        return Err(Error::format(
             path,
             Some(&shown(name)),
             "no tensor of that name in this file",
@@ -509,7 +509,7 @@ pub fn read_tensor_bytes(file: &SafetensorsFile, name: &str, max_bytes: u64) -> 
     };
     let len = info.byte_len();
     if len > max_bytes {
-        return Err(Error::malformed(
+        return Err(Error::format(
             path,
             Some(&shown(name)),
             format!("tensor is {len} bytes, over the {max_bytes}-byte limit for reading it whole"),
@@ -518,7 +518,7 @@ pub fn read_tensor_bytes(file: &SafetensorsFile, name: &str, max_bytes: u64) -> 
     let mut handle = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let size = handle.metadata().map_err(|e| Error::io(path, e))?.len();
     if size != file.file_size {
-        return Err(Error::malformed(
+        return Err(Error::format(
             path,
             None,
             format!(
@@ -528,7 +528,7 @@ pub fn read_tensor_bytes(file: &SafetensorsFile, name: &str, max_bytes: u64) -> 
         ));
     }
     let len = usize::try_from(len)
-        .map_err(|_| Error::malformed(path, Some(&shown(name)), "tensor does not fit in memory"))?;
+        .map_err(|_| Error::format(path, Some(&shown(name)), "tensor does not fit in memory"))?;
     let mut bytes = vec![0u8; len];
     handle
         .seek(SeekFrom::Start(info.data.start))

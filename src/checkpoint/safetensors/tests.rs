@@ -36,11 +36,11 @@ fn assert_malformed<T: Debug>(result: Result<T>, subject: Option<&str>, needle: 
         Err(err) => err,
     };
     match &err.kind {
-        ErrorKind::Malformed { subject: got, rule } => {
+        ErrorKind::Format { subject: got, rule } => {
             assert_eq!(got.as_deref(), subject, "wrong subject in: {err}");
             assert!(rule.contains(needle), "`{needle}` not in: {err}");
         }
-        other => panic!("expected Malformed, got {other:?}"),
+        other => panic!("expected Format, got {other:?}"),
     }
     err
 }
@@ -877,7 +877,13 @@ fn single_file_directory_and_open_file() {
 #[test]
 fn directory_without_weights_or_with_ambiguous_indexes() {
     let dir = tempfile::tempdir().unwrap();
-    assert_malformed(open_dir(dir.path()), None, "no *.safetensors file");
+    // A directory with no weights is not a checkpoint: the path given is the mistake.
+    let empty = open_dir(dir.path()).unwrap_err();
+    assert!(empty.is_usage(), "{empty:?}");
+    assert!(
+        empty.to_string().contains("no *.safetensors file"),
+        "{empty}"
+    );
     fs::write(dir.path().join("a.safetensors.index.json"), "{}").unwrap();
     fs::write(dir.path().join("b.safetensors.index.json"), "{}").unwrap();
     assert_malformed(open_dir(dir.path()), None, "several index files");

@@ -80,7 +80,8 @@ pub struct Biases {
 impl ModelConfig {
     /// Read `config.json`. Every missing or inconsistent key is an error naming it.
     pub fn from_hf(path: &Path, config: &Value) -> Result<ModelConfig> {
-        let bad = |key: &str, rule: String| Error::malformed(path, Some(key), rule);
+        let bad = |key: &str, rule: String| Error::format(path, Some(key), rule);
+        let unsupported = |key: &str, rule: String| Error::unsupported(path, Some(key), rule);
         let model_type = config
             .get("model_type")
             .and_then(Value::as_str)
@@ -91,7 +92,7 @@ impl ModelConfig {
                 )
             })?;
         let arch = Arch::from_name(model_type).ok_or_else(|| {
-            bad(
+            unsupported(
                 "model_type",
                 format!(
                     "architecture `{model_type}` is not supported by the native runner (supported: {})",
@@ -160,7 +161,7 @@ impl ModelConfig {
                         })
                     }
                     other => {
-                        return Err(bad(
+                        return Err(unsupported(
                             "rope_scaling",
                             format!(
                                 "RoPE scaling `{other}` is not supported by the native runner (supported: default, llama3)"
@@ -231,7 +232,7 @@ impl ModelConfig {
 
     pub fn validate(&self, path: &Path) -> Result<()> {
         if !self.heads.is_multiple_of(self.kv_heads) {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 Some("num_key_value_heads"),
                 format!(
@@ -241,7 +242,7 @@ impl ModelConfig {
             ));
         }
         if !self.head_dim.is_multiple_of(2) {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 Some("head_dim"),
                 format!(
@@ -251,7 +252,7 @@ impl ModelConfig {
             ));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 Some("rope_theta"),
                 format!("{} is not a positive number", self.rope_theta),

@@ -81,7 +81,7 @@ pub struct Decoder {
 fn cerr(store: &dyn WeightStore, what: &str) -> impl Fn(candle_core::Error) -> Error {
     let path = store.path().to_owned();
     let what = what.to_owned();
-    move |e| Error::malformed(&path, Some(&what), format!("tensor operation failed: {e}"))
+    move |e| Error::runner(&path, format!("{what}: tensor operation failed: {e}"))
 }
 
 impl Decoder {
@@ -100,7 +100,7 @@ impl Decoder {
         let vector = |name: &str, len: usize| -> Result<Tensor> {
             let d = store.dense(name)?;
             if d.shape != [len] {
-                return Err(Error::malformed(
+                return Err(Error::format(
                     store.path(),
                     Some(name),
                     format!("has shape {:?}; the config needs [{len}]", d.shape),
@@ -114,7 +114,7 @@ impl Decoder {
             |module: &str, out: usize, inp: usize, report: &mut LoadReport| -> Result<Lin> {
                 let l: Linear = store.linear(module)?;
                 if (l.out, l.inp) != (out, inp) {
-                    return Err(Error::malformed(
+                    return Err(Error::format(
                         store.path(),
                         Some(module),
                         format!(
@@ -147,7 +147,7 @@ impl Decoder {
         let c = &config;
         let embed_d = store.dense("model.embed_tokens.weight")?;
         if embed_d.shape != [c.vocab, c.hidden] {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 store.path(),
                 Some("model.embed_tokens.weight"),
                 format!(
@@ -184,7 +184,7 @@ impl Decoder {
             ] {
                 let name = format!("{p}.{module}.bias");
                 if store.has(&name) != expected {
-                    return Err(Error::malformed(
+                    return Err(Error::format(
                         store.path(),
                         Some(&name),
                         format!(
@@ -257,7 +257,7 @@ impl Decoder {
                 && store.tensor_sha256("lm_head.weight")?
                     != store.tensor_sha256("model.embed_tokens.weight")?
             {
-                return Err(Error::malformed(
+                return Err(Error::format(
                     store.path(),
                     Some("lm_head.weight"),
                     "the config ties the word embeddings (tie_word_embeddings: true), so transformers uses model.embed_tokens.weight as the output layer and ignores this lm_head, which differs from it: the checkpoint and its config disagree",
@@ -271,7 +271,7 @@ impl Decoder {
         } else if lm_head_stored {
             linear("lm_head", c.vocab, c.hidden, &mut report)?
         } else {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 store.path(),
                 Some("lm_head.weight"),
                 "missing, and the config does not tie the word embeddings",
@@ -279,7 +279,7 @@ impl Decoder {
         };
         let unread = store.unread();
         if let Some(first) = unread.first() {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 store.path(),
                 Some(first),
                 format!(

@@ -29,7 +29,9 @@ pub struct GgufStore {
 }
 
 /// Whose numerics the forward pass follows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Emulate {
     /// Exact dequantized weights, f32 activations: the quantization error itself.
@@ -99,7 +101,7 @@ impl GgufStore {
         if let Some((_, count)) = file.split()
             && count > 1
         {
-            return Err(Error::malformed(
+            return Err(Error::unsupported(
                 path,
                 Some("split.count"),
                 format!(
@@ -110,7 +112,7 @@ impl GgufStore {
         let map = MappedFile::open(path)?;
         let arch_name = file.architecture().unwrap_or_default().to_owned();
         let arch = Arch::from_name(&arch_name).ok_or_else(|| {
-            Error::malformed(
+            Error::unsupported(
                 path,
                 Some("general.architecture"),
                 format!(
@@ -126,7 +128,7 @@ impl GgufStore {
                 .filter(|&v| v > 0)
                 .and_then(|v| usize::try_from(v).ok())
                 .ok_or_else(|| {
-                    Error::malformed(path, Some(&key(k)), "missing or not a positive integer")
+                    Error::format(path, Some(&key(k)), "missing or not a positive integer")
                 })
         };
         let float = |k: &str| -> Option<f64> {
@@ -142,7 +144,7 @@ impl GgufStore {
         let head_dim = uint("attention.key_length").unwrap_or(hidden / heads);
         let embd = file
             .tensor("token_embd.weight")
-            .ok_or_else(|| Error::malformed(path, Some("token_embd.weight"), "tensor missing"))?;
+            .ok_or_else(|| Error::format(path, Some("token_embd.weight"), "tensor missing"))?;
         let vocab = embd.dims.get(1).copied().unwrap_or(0) as usize;
         let config = ModelConfig {
             arch,
@@ -204,9 +206,9 @@ impl GgufStore {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(name.clone());
-        let bad = |rule: String| Error::malformed(&self.path, Some(&name), rule);
+        let bad = |rule: String| Error::format(&self.path, Some(&name), rule);
         let ty = candle_type(t.ty).ok_or_else(|| {
-            bad(format!(
+            Error::unsupported(&self.path, Some(&name), format!(
                 "ggml type {} cannot be dequantized by the native runner (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, Q8_K)",
                 t.ty.name()
             ))
@@ -296,18 +298,14 @@ impl WeightStore for GgufStore {
 
     fn dense(&self, name: &str) -> Result<Dense> {
         self.load(name)?.ok_or_else(|| {
-            Error::malformed(&self.path, Some(name), "tensor missing from the GGUF file")
+            Error::format(&self.path, Some(name), "tensor missing from the GGUF file")
         })
     }
 
     fn linear(&self, module: &str) -> Result<Linear> {
         let w = self.dense(&format!("{module}.weight"))?;
         let [out, inp] = w.shape[..] else {
-            return Err(Error::malformed(
-                &self.path,
-                Some(module),
-                "weight is not 2-D",
-            ));
+            return Err(Error::format(&self.path, Some(module), "weight is not 2-D"));
         };
         let ggml = gguf_name(&format!("{module}.weight"))
             .and_then(|n| self.file.tensor(&n))
@@ -356,7 +354,7 @@ impl WeightStore for GgufStore {
             .zip(usize::try_from(t.n_bytes).ok())
             .and_then(|(a, n)| self.map.bytes().get(a..a.checked_add(n)?))
             .ok_or_else(|| {
-                Error::malformed(&self.path, Some(&t.name), "data lies outside the file")
+                Error::format(&self.path, Some(&t.name), "data lies outside the file")
             })?;
         Ok(Some(crate::checkpoint::hash::hex(&Sha256::digest(bytes))))
     }

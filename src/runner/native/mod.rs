@@ -42,9 +42,8 @@ pub fn resolve(path: &Path) -> Result<(PathBuf, &'static str)> {
         if path.extension().is_some_and(|e| e == "gguf") {
             return Ok((path.to_owned(), "gguf"));
         }
-        return Err(Error::malformed(
+        return Err(Error::usage(
             path,
-            None,
             "not a model: give a directory with config.json and safetensors, or a .gguf file",
         ));
     }
@@ -64,14 +63,9 @@ pub fn resolve(path: &Path) -> Result<(PathBuf, &'static str)> {
     }
     match ggufs.len() {
         1 => Ok((ggufs.remove(0), "gguf")),
-        0 => Err(Error::malformed(
+        0 => Err(Error::usage(path, "holds no .safetensors or .gguf file")),
+        n => Err(Error::usage(
             path,
-            None,
-            "holds no .safetensors or .gguf file",
-        )),
-        n => Err(Error::malformed(
-            path,
-            None,
             format!("holds {n} .gguf files; name the one to run"),
         )),
     }
@@ -93,9 +87,8 @@ pub fn load(path: &Path, compute: ComputeDtype, emulate: Emulate) -> Result<Nati
             .and_then(Value::as_u64)
             .and_then(|b| u32::try_from(b).ok());
         if emulate != Emulate::ReferenceSemantics {
-            return Err(Error::malformed(
+            return Err(Error::usage(
                 &path,
-                None,
                 "--emulate llamacpp-cpu applies to GGUF models only",
             ));
         }

@@ -132,7 +132,7 @@ impl SafetensorsStore {
         for file in &checkpoint.files {
             let map = MappedFile::open(&file.path)?;
             if map.bytes().len() as u64 != file.file_size {
-                return Err(Error::malformed(
+                return Err(Error::format(
                     &file.path,
                     None,
                     "file changed size since its header was read",
@@ -173,7 +173,7 @@ impl SafetensorsStore {
                 d.method
             )
         };
-        Err(Error::malformed(
+        Err(Error::unsupported(
             &self.dir.join("config.json"),
             Some("quantization_config"),
             format!(
@@ -204,13 +204,13 @@ impl SafetensorsStore {
             .zip(usize::try_from(info.data.end).ok());
         let bytes = range
             .and_then(|(a, b)| map.bytes().get(a..b))
-            .ok_or_else(|| Error::malformed(path, Some(name), "data range outside the file"))?;
+            .ok_or_else(|| Error::format(path, Some(name), "data range outside the file"))?;
         let shape = info
             .shape
             .iter()
             .map(|&d| usize::try_from(d))
             .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|_| Error::malformed(path, Some(name), "shape does not fit in memory"))?;
+            .map_err(|_| Error::format(path, Some(name), "shape does not fit in memory"))?;
         Ok(Some((path.to_owned(), info.dtype, shape, bytes)))
     }
 
@@ -233,10 +233,10 @@ impl SafetensorsStore {
             shape: &shape,
             bytes,
         })
-        .map_err(|e| Error::malformed(&path, Some(name), e))?;
+        .map_err(|e| Error::format(&path, Some(name), e))?;
         match values.as_slice() {
             [v] if v.is_finite() && *v > 0.0 => Ok(Some(*v)),
-            _ => Err(Error::malformed(
+            _ => Err(Error::format(
                 &path,
                 Some(name),
                 format!(
@@ -250,7 +250,7 @@ impl SafetensorsStore {
     fn input_quant(&self, module: &str, activations: Option<&str>) -> Result<InputQuant> {
         let method = self.quant_method().unwrap_or_default();
         let bad = |what: &str| {
-            Error::malformed(
+            Error::unsupported(
                 &self.dir.join("config.json"),
                 Some("quantization_config"),
                 format!(
@@ -323,10 +323,10 @@ impl WeightStore for SafetensorsStore {
 
     fn dense(&self, name: &str) -> Result<Dense> {
         let (path, dtype, shape, bytes) = self.stored(name)?.ok_or_else(|| {
-            Error::malformed(&self.dir, Some(name), "tensor missing from the checkpoint")
+            Error::format(&self.dir, Some(name), "tensor missing from the checkpoint")
         })?;
         if !dtype.is_high_precision_float() {
-            return Err(Error::malformed(
+            return Err(Error::unsupported(
                 &path,
                 Some(name),
                 format!(
@@ -340,7 +340,7 @@ impl WeightStore for SafetensorsStore {
             shape: &shape,
             bytes,
         })
-        .map_err(|e| Error::malformed(&path, Some(name), e))?;
+        .map_err(|e| Error::format(&path, Some(name), e))?;
         Ok(Dense { shape, data })
     }
 
@@ -359,7 +359,8 @@ impl WeightStore for SafetensorsStore {
             None
         };
         let t = |suffix: &str| self.stored(&format!("{module}.{suffix}"));
-        let err = |path: &Path, e: String| Error::malformed(path, Some(module), e);
+        let err = |path: &Path, e: String| Error::format(path, Some(module), e);
+        let unsupported = |path: &Path, e: String| Error::unsupported(path, Some(module), e);
         let st = |x: &Raw<'_>| -> (Dtype, Vec<usize>) { (x.1, x.2.clone()) };
         let method = self.quant_method().unwrap_or_default().to_owned();
         let (weight, out, scheme): (Vec<f32>, usize, String);
@@ -384,7 +385,7 @@ impl WeightStore for SafetensorsStore {
             if method == "awq" {
                 let version = q.get("version").and_then(Value::as_str).unwrap_or("gemm");
                 if !version.eq_ignore_ascii_case("gemm") {
-                    return Err(err(
+                    return Err(unsupported(
                         &qweight.0,
                         format!("AWQ version `{version}` is not supported (supported: gemm)"),
                     ));
@@ -395,7 +396,7 @@ impl WeightStore for SafetensorsStore {
                     .and_then(Value::as_u64)
                     .unwrap_or(4);
                 if bits != 4 {
-                    return Err(err(
+                    return Err(unsupported(
                         &qweight.0,
                         format!("AWQ with {bits} bits is not supported (supported: 4)"),
                     ));
@@ -439,7 +440,7 @@ impl WeightStore for SafetensorsStore {
                 inp = weight.len().checked_div(out).unwrap_or(0);
                 scheme = format!("gptq int{bits}");
             } else {
-                return Err(err(
+                return Err(unsupported(
                     &qweight.0,
                     format!(
                         "`qweight` tensors under quant_method `{method}` are not supported (supported: awq, gptq)"
@@ -585,9 +586,9 @@ impl WeightStore for SafetensorsStore {
                 || self.has(&format!("{module}.weight.quant_state.bitsandbytes__fp4"))
                 || self.has(&format!("{module}.SCB"))
             {
-                return Err(err(&w8.0, "bitsandbytes weights are not supported by the native runner (supported: compressed-tensors, fine-grained fp8, awq, gptq, modelopt nvfp4/fp8/mxfp4, gguf)".into()));
+                return Err(unsupported(&w8.0, "bitsandbytes weights are not supported by the native runner (supported: compressed-tensors, fine-grained fp8, awq, gptq, modelopt nvfp4/fp8/mxfp4, gguf)".into()));
             } else {
-                return Err(err(
+                return Err(unsupported(
                     &w8.0,
                     format!(
                         "weight stored as {} with no scale tensor: not a format the native runner knows",
@@ -596,14 +597,14 @@ impl WeightStore for SafetensorsStore {
                 ));
             }
         } else {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 &self.dir,
                 Some(module),
                 "no weight tensor (weight, weight_packed or qweight) for this linear module",
             ));
         }
         if weight.len() != out * inp {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 &self.dir,
                 Some(module),
                 format!(
@@ -615,7 +616,7 @@ impl WeightStore for SafetensorsStore {
         if let Some(b) = &bias
             && b.len() != out
         {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 &self.dir,
                 Some(&format!("{module}.bias")),
                 format!("has {} values for {out} outputs", b.len()),
@@ -645,7 +646,7 @@ impl WeightStore for SafetensorsStore {
         };
         let fp8 = kv.contains("float") && kv.contains('8') || kv.eq_ignore_ascii_case("fp8");
         if !fp8 {
-            return Err(Error::malformed(
+            return Err(Error::unsupported(
                 &self.dir.join("config.json"),
                 Some("kv_cache_scheme"),
                 format!(
@@ -718,17 +719,13 @@ impl WeightStore for MemoryStore {
         self.tensors
             .get(name)
             .cloned()
-            .ok_or_else(|| Error::malformed(&self.name, Some(name), "tensor missing"))
+            .ok_or_else(|| Error::format(&self.name, Some(name), "tensor missing"))
     }
 
     fn linear(&self, module: &str) -> Result<Linear> {
         let w = self.dense(&format!("{module}.weight"))?;
         let [out, inp] = w.shape[..] else {
-            return Err(Error::malformed(
-                &self.name,
-                Some(module),
-                "weight is not 2-D",
-            ));
+            return Err(Error::format(&self.name, Some(module), "weight is not 2-D"));
         };
         Ok(Linear {
             out,

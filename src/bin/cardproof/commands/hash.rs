@@ -8,7 +8,7 @@ use crate::config::HashConfig;
 use crate::printer::{self, Printer};
 
 pub fn run(config: &HashConfig, printer: &Printer) -> super::Result<Manifest> {
-    let path = local_path(printer, &config.path, "checkpoint")?;
+    let (path, _) = local_path(printer, &config.path)?;
     let bar = config
         .progress
         .then(|| printer::progress_bar(printer::HASH_PROGRESS));

@@ -22,7 +22,7 @@ pub(crate) fn measure(config: &MeasureConfig) -> io::Result<u8> {
     let printer = Printer::new(config.output);
     // The output set first: an --out that cannot be written fails before any download or work.
     let mut config = config.clone();
-    let Some(set) = open_set(
+    let Some((set, pins)) = open_set(
         &printer,
         &config.out,
         cardproof::outset::Kind::Measure,
@@ -61,19 +61,19 @@ pub(crate) fn measure(config: &MeasureConfig) -> io::Result<u8> {
             bar.set_position(done as u64);
         }
     };
-    let eval_text = config
-        .eval_text
-        .as_deref()
-        .unwrap_or(std::path::Path::new(""));
-    let result = pool.install(|| match (&config.reference, &config.reference_artifact) {
-        _ if config.sweep.is_some() => {
-            let (Some(runner), Some((knob, values))) = (&config.transformers, &config.sweep) else {
-                unreachable!("the config checks --sweep has --runner transformers")
-            };
-            cardproof::measurement::run_sweep(
-                &cardproof::measurement::SweepRequest {
+    enum Done {
+        Sweep(cardproof::rerun::sweep::Sweep),
+        Measured(cardproof::rerun::Measurement),
+    }
+    let result = pool.install(|| -> cardproof::Result<Done> {
+        if let (Some(runner), Some((knob, values))) = (&config.transformers, &config.sweep) {
+            let sweep = cardproof::rerun::sweep::run_sweep(
+                &cardproof::rerun::sweep::SweepRequest {
                     model: &config.candidate,
-                    eval_text,
+                    eval_text: config
+                        .eval_text
+                        .as_deref()
+                        .unwrap_or(std::path::Path::new("")),
                     tokenizer: config.tokenizer.as_deref(),
                     options: &config.options,
                     runner,
@@ -85,79 +85,57 @@ pub(crate) fn measure(config: &MeasureConfig) -> io::Result<u8> {
                 },
                 &stage,
                 &progress,
-            )
+            )?;
+            return Ok(Done::Sweep(sweep));
         }
-        (Some(reference), None) if config.transformers.is_some() => {
-            cardproof::measurement::run_transformers(
-                &cardproof::measurement::TransformersRequest {
-                    reference,
-                    candidate: &config.candidate,
-                    eval_text,
-                    tokenizer: config.tokenizer.as_deref(),
-                    options: &config.options,
-                    runner: config.transformers.as_ref().expect("checked"),
-                    threads: config.threads,
-                    out: &out,
-                    candidate_manifest: None,
-                },
-                &stage,
-                &progress,
-            )
-        }
-        (_, Some(artifact)) => {
-            let request = cardproof::measurement::ArtifactRequest {
-                artifact,
+        let lane = cardproof::rerun::Lane::choose(
+            config.reference.as_deref(),
+            config.reference_artifact.as_deref(),
+            config.transformers.as_ref(),
+            config.compute,
+            config.emulate,
+        );
+        let rerun = cardproof::rerun::run(
+            &cardproof::rerun::Request {
+                lane,
                 candidate: &config.candidate,
                 eval_text: config.eval_text.as_deref(),
-                options: &config.options,
-                compute: config.compute,
-                emulate: config.emulate,
-                threads: config.threads,
-                out: &out,
-                candidate_manifest: None,
-            };
-            if cardproof::measure::source::is_llamacpp_base(artifact) {
-                cardproof::measurement::run_with_base_file(&request, &stage, &progress)
-            } else {
-                cardproof::measurement::run_with_artifact(&request, &stage, &progress)
-            }
-        }
-        (reference, None) => cardproof::measurement::run_native(
-            &cardproof::measurement::NativeRequest {
-                reference: reference.as_deref().unwrap_or(std::path::Path::new(".")),
-                candidate: &config.candidate,
-                eval_text,
                 tokenizer: config.tokenizer.as_deref(),
-                options: &config.options,
-                compute: config.compute,
-                emulate: config.emulate,
+                options: config.options.clone(),
+                padding_included: false,
                 threads: config.threads,
-                out: &out,
                 candidate_manifest: None,
+                gates: None,
+                noise_floor: false,
+                pins,
             },
             &stage,
             &progress,
-        ),
+        )?;
+        let mut measurement = rerun.measurement;
+        measurement.run_id = Some(set.run_id().to_owned());
+        set.write(
+            "positions.safetensors",
+            &cardproof::rerun::output::positions_file(&rerun.runs, &measurement.protocol_sha256),
+        )?;
+        set.write_json("measurement.json", &measurement.to_value())?;
+        Ok(Done::Measured(measurement))
     });
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
-    // The measurement gets the run id and the Hub pins, then the set moves into place whole.
-    let result = result.and_then(|document| {
-        let document = if config.sweep.is_some() {
-            document
-        } else {
-            set.write_json("measurement.json", &with_hub_pins(document))?
-        };
-        set.commit().map(|_| document)
-    });
+    // The set moves into place whole.
+    let result = result.and_then(|done| set.commit().map(|_| done));
     match result {
-        Ok(document) if config.sweep.is_some() => {
-            printer.sweep(&document, &config.out)?;
+        Ok(Done::Sweep(sweep)) => {
+            printer.sweep(
+                &serde_json::to_value(&sweep).unwrap_or_default(),
+                &config.out,
+            )?;
             Ok(0)
         }
-        Ok(document) => {
-            printer.model_measurement(&document, &config.out)?;
+        Ok(Done::Measured(m)) => {
+            printer.model_measurement(&m.to_value(), &config.out)?;
             Ok(0)
         }
         Err(e) => {
@@ -171,7 +149,7 @@ pub(crate) fn verify(config: &VerifyConfig) -> io::Result<u8> {
     let printer = Printer::new(config.output);
     // The output set first: an --out that cannot be written fails before any download or work.
     let mut config = config.clone();
-    let Some(set) = open_set(
+    let Some((set, pins)) = open_set(
         &printer,
         &config.out,
         cardproof::outset::Kind::Verify,
@@ -215,6 +193,7 @@ pub(crate) fn verify(config: &VerifyConfig) -> io::Result<u8> {
                 threads: config.threads,
                 noise_floor: config.noise_floor,
                 transformers: config.transformers.as_ref(),
+                pins,
             },
             &|stage: &str| {
                 if let Some(bar) = &bar {
@@ -229,11 +208,6 @@ pub(crate) fn verify(config: &VerifyConfig) -> io::Result<u8> {
             },
         )?;
         let mut outcome = outcome;
-        let pins = hub_pins_json();
-        if !pins.is_empty() {
-            // Signed with the rest: which Hub commit the verified files came from.
-            outcome.report["hub_sources"] = serde_json::Value::Array(pins);
-        }
         let written = cardproof::verify::write::write_outputs(set, &mut outcome, &key)?;
         Ok::<_, cardproof::Error>((outcome, written))
     });
@@ -242,7 +216,7 @@ pub(crate) fn verify(config: &VerifyConfig) -> io::Result<u8> {
     }
     match result {
         Ok((outcome, written)) => {
-            printer.verification(&outcome.report, &written)?;
+            printer.verification(&outcome.report.to_value(), &written)?;
             Ok(
                 if outcome.verdict == cardproof::verify::claims::Verdict::Reproduced {
                     0
@@ -259,9 +233,9 @@ pub(crate) fn verify(config: &VerifyConfig) -> io::Result<u8> {
 }
 
 pub(crate) fn export(args: &cli::ExportArgs, p: config::ProtocolConfig) -> io::Result<u8> {
-    use cardproof::artifact::Kind;
+    use cardproof::rerun::artifact::Kind;
     let printer = Printer::new(Output::from_args(&args.output));
-    let options = cardproof::measurement::MeasureOptions {
+    let options = cardproof::rerun::MeasureOptions {
         direction: p.direction,
         vocab: p.vocab,
         positions: p.positions,
@@ -289,7 +263,7 @@ pub(crate) fn export(args: &cli::ExportArgs, p: config::ProtocolConfig) -> io::R
                     "--kind llamacpp takes exactly one --context-length (a base file has one n_ctx)",
                 );
             }
-            return match cardproof::measurement::export_llamacpp(
+            return match cardproof::rerun::export::export_llamacpp(
                 &args.model,
                 &args.eval_text,
                 args.context_length[0],
@@ -319,11 +293,11 @@ pub(crate) fn export(args: &cli::ExportArgs, p: config::ProtocolConfig) -> io::R
             };
         }
     };
-    match cardproof::measurement::export_reference(
+    match cardproof::rerun::export::export_reference(
         &args.model,
         &args.eval_text,
         &options,
-        cardproof::artifact::ExportSpec {
+        cardproof::rerun::artifact::ExportSpec {
             kind,
             k: args.artifact_top_k,
             hidden_bf16: args.bf16,
@@ -344,7 +318,7 @@ pub(crate) fn export(args: &cli::ExportArgs, p: config::ProtocolConfig) -> io::R
         Ok(header) => {
             let size = std::fs::metadata(&args.out).map(|m| m.len()).unwrap_or(0);
             let rows: usize = header.runs.iter().map(|r| r.rows).sum();
-            let sidecar = cardproof::artifact::sidecar_path(&args.out);
+            let sidecar = cardproof::rerun::artifact::sidecar_path(&args.out);
             let note = format!(
                 "wrote {} ({size} bytes, {rows} scored positions, {:.0} bytes each; digest in {}): {}",
                 args.out.display(),
@@ -445,60 +419,11 @@ pub(crate) fn materialize(
     Ok(snapshot)
 }
 
-/// A Hub source resolved for this command: its role, the source as given and the commit.
-struct HubPin {
-    role: &'static str,
-    source: cardproof::hub::HfSource,
-    commit: String,
-}
+/// The Hub pins of a command's models, gathered as they are resolved (no global state).
+type Pins = Vec<(cardproof::rerun::Role, cardproof::rerun::HubPin)>;
 
-/// The Hub sources this command resolved. One command runs per process, so a global carries
-/// them past the local code (which sees only snapshot folders) into the outputs.
-static HUB_PINS: std::sync::Mutex<Vec<HubPin>> = std::sync::Mutex::new(Vec::new());
-
-fn hub_pins_json() -> Vec<serde_json::Value> {
-    HUB_PINS
-        .lock()
-        .map(|pins| {
-            pins.iter()
-                .map(|p| {
-                    serde_json::json!({
-                        "role": p.role,
-                        "repo": p.source.repo,
-                        "revision": p.source.revision,
-                        "commit": p.commit,
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Record the pinned commits of Hub models in a measurement: beside each model's identity
-/// (`hub`) and as `repo`/`revision` of the ready `fidelity:` block.
-fn with_hub_pins(mut document: serde_json::Value) -> serde_json::Value {
-    let Ok(pins) = HUB_PINS.lock() else {
-        return document;
-    };
-    for pin in pins.iter() {
-        let pinned = serde_json::json!({
-            "repo": pin.source.repo,
-            "revision": pin.source.revision,
-            "commit": pin.commit,
-        });
-        if document[pin.role].is_object() {
-            document[pin.role]["hub"] = pinned;
-        }
-        if document["fidelity"][pin.role].is_object() {
-            document["fidelity"][pin.role]["repo"] = pin.source.repo.clone().into();
-            document["fidelity"][pin.role]["revision"] = pin.commit.clone().into();
-        }
-    }
-    document
-}
-
-/// The run's output set, created before any work (an `--out` that cannot be written fails first);
-/// `None` once the error is printed.
+/// The run's output set, created before any work (an `--out` that cannot be written fails first),
+/// with the Hub pins of its models; `None` once the error is printed.
 fn open_set(
     printer: &Printer,
     out: &std::path::Path,
@@ -506,7 +431,7 @@ fn open_set(
     force: bool,
     candidate: &mut std::path::PathBuf,
     reference: Option<&mut std::path::PathBuf>,
-) -> io::Result<Option<cardproof::outset::OutputSet>> {
+) -> io::Result<Option<(cardproof::outset::OutputSet, Pins)>> {
     match create_set(printer, out, kind, force, candidate, reference) {
         Ok(set) => Ok(Some(set)),
         Err(e) => printer.error(&e).map(|()| None),
@@ -522,13 +447,11 @@ fn create_set(
     kind: cardproof::outset::Kind,
     force: bool,
     candidate: &mut std::path::PathBuf,
-    mut reference: Option<&mut std::path::PathBuf>,
-) -> cardproof::Result<cardproof::outset::OutputSet> {
-    let models =
-        |c: &std::path::PathBuf, r: Option<&std::path::PathBuf>| -> Vec<std::path::PathBuf> {
-            std::iter::once(c.clone()).chain(r.cloned()).collect()
-        };
-    let given = models(candidate, reference.as_deref());
+    reference: Option<&mut std::path::PathBuf>,
+) -> cardproof::Result<(cardproof::outset::OutputSet, Pins)> {
+    use cardproof::rerun::Role;
+    let mut given: Vec<std::path::PathBuf> = vec![candidate.clone()];
+    given.extend(reference.as_deref().cloned());
     let given: Vec<&std::path::Path> = given.iter().map(|p| p.as_path()).collect();
     let set = cardproof::outset::OutputSet::create(
         out,
@@ -538,53 +461,44 @@ fn create_set(
             models: &given,
         },
     )?;
-    if is_hub(candidate) || reference.as_deref().is_some_and(|r| is_hub(r)) {
-        localize(printer, candidate, reference.as_deref_mut())?;
-        let local = models(candidate, reference.as_deref());
+    let mut pins = Pins::new();
+    let mut localize = |path: &mut std::path::PathBuf, role: Role| -> cardproof::Result<bool> {
+        let (local, pin) = local_path(printer, path)?;
+        *path = local;
+        let hub = pin.is_some();
+        pins.extend(pin.map(|p| (role, p)));
+        Ok(hub)
+    };
+    let mut hub = localize(candidate, Role::Candidate)?;
+    let mut local = vec![candidate.clone()];
+    if let Some(r) = reference {
+        hub |= localize(r, Role::Reference)?;
+        local.push(r.clone());
+    }
+    if hub {
         let local: Vec<&std::path::Path> = local.iter().map(|p| p.as_path()).collect();
         cardproof::outset::outside_checkpoints(out, &local)?;
     }
-    Ok(set)
+    Ok((set, pins))
 }
 
 /// A path for the local code: a Hub source becomes its verified snapshot folder (all files),
-/// and its commit is remembered for the outputs.
-fn is_hub(path: &std::path::Path) -> bool {
-    cardproof::hub::HfSource::from_path(path).is_some()
-}
-
-/// Replace the candidate's and the reference's `hf:` sources by their downloaded, verified
-/// snapshots.
-fn localize(
-    printer: &Printer,
-    candidate: &mut std::path::PathBuf,
-    reference: Option<&mut std::path::PathBuf>,
-) -> cardproof::Result<()> {
-    *candidate = local_path(printer, candidate, "candidate")?;
-    if let Some(r) = reference {
-        *r = local_path(printer, r, "reference")?;
-    }
-    Ok(())
-}
-
+/// with the commit it resolved to.
 pub(crate) fn local_path(
     printer: &Printer,
     path: &std::path::Path,
-    role: &'static str,
-) -> cardproof::Result<std::path::PathBuf> {
+) -> cardproof::Result<(std::path::PathBuf, Option<cardproof::rerun::HubPin>)> {
     match cardproof::hub::HfSource::from_path(path) {
         Some(source) => {
             let source = source?;
             let snapshot = materialize(printer, &hub_client(), &source, Select::All)?;
-            if let Ok(mut pins) = HUB_PINS.lock() {
-                pins.push(HubPin {
-                    role,
-                    source,
-                    commit: snapshot.pinned.revision.clone(),
-                });
-            }
-            Ok(snapshot.dir)
+            let pin = cardproof::rerun::HubPin {
+                repo: source.repo.clone(),
+                revision: source.revision.clone(),
+                commit: snapshot.pinned.revision.clone(),
+            };
+            Ok((snapshot.dir, Some(pin)))
         }
-        None => Ok(path.to_owned()),
+        None => Ok((path.to_owned(), None)),
     }
 }

@@ -8,9 +8,9 @@ use std::io::{self, Write as _};
 use cardproof::findings::Severity;
 use cardproof::measure::Measurement;
 use cardproof::measure::compat::CompatMeasurement;
-use cardproof::measure::protocol::Direction;
+use cardproof::measure::protocol::{Direction, Positions, Tail, VocabMode};
 use cardproof::measure::stats::{Bucket, Diagnostics, Uncertainty};
-use cardproof::output::measure::{CompatProtocol, Positions, Protocol, VocabMode};
+use cardproof::output::measure::{CompatProtocol, Protocol};
 use cardproof::output::{KldCompatDocument, KldDocument};
 
 use super::{Printer, write_json, write_stdout};
@@ -67,7 +67,14 @@ fn describe_protocol(
         Direction::Both => "forward KL(P_ref || P_cand) and reverse KL(P_cand || P_ref)",
     };
     let vocab = match vocab {
-        VocabMode::TopK { k, tail } => format!("reference top-{k} ({} tail)", tail.as_str()),
+        VocabMode::TopK { k, tail } => {
+            let tail = match tail {
+                Tail::Lumped => "lumped",
+                Tail::Dropped => "dropped",
+                Tail::Renormalized => "renormalized",
+            };
+            format!("reference top-{k} ({tail} tail)")
+        }
         // As JSON writes the number (`-16.0`).
         VocabMode::Threshold { log_p } => format!(
             "reference terms with log p <= {} dropped",

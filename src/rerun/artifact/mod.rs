@@ -31,6 +31,8 @@ use crate::checkpoint::hash::hex;
 use crate::checkpoint::mmap::MappedFile;
 use crate::checkpoint::safetensors::{self, SafetensorsFile};
 use crate::error::{Error, Result};
+use crate::measure::protocol::{Tail, VocabMode};
+use crate::rerun::document::RunProtocol;
 use crate::runner::{Runner, WindowLogits};
 
 /// The header's format tag.
@@ -84,7 +86,7 @@ impl Header {
     /// `vocab_size - k` tokens).
     fn check_sizes(&self, path: &Path) -> Result<()> {
         let max = crate::measure::MAX_VOCAB;
-        let bad = |field: &str, rule: String| Err(Error::malformed(path, Some(field), rule));
+        let bad = |field: &str, rule: String| Err(Error::format(path, Some(field), rule));
         if !(1..=max).contains(&self.logit_width) {
             return bad(
                 "logit_width",
@@ -118,9 +120,9 @@ impl Header {
 
 /// A row-major f32 matrix of stored rows.
 fn f32_rows(file: &SafetensorsFile, bytes: &[u8], name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
-    let info = file.get(name).ok_or_else(|| {
-        Error::malformed(&file.path, Some(name), "tensor missing from the artifact")
-    })?;
+    let info = file
+        .get(name)
+        .ok_or_else(|| Error::format(&file.path, Some(name), "tensor missing from the artifact"))?;
     let data = &bytes[info.data.start as usize..info.data.end as usize];
     let shape: Vec<usize> = info.shape.iter().map(|&d| d as usize).collect();
     let values = crate::dequant::to_f32(crate::dequant::Stored {
@@ -128,16 +130,16 @@ fn f32_rows(file: &SafetensorsFile, bytes: &[u8], name: &str) -> Result<(Vec<usi
         shape: &shape,
         bytes: data,
     })
-    .map_err(|e| Error::malformed(&file.path, Some(name), e))?;
+    .map_err(|e| Error::format(&file.path, Some(name), e))?;
     Ok((shape, values))
 }
 
 fn ints(file: &SafetensorsFile, bytes: &[u8], name: &str, dtype: Dtype) -> Result<Vec<i64>> {
-    let info = file.get(name).ok_or_else(|| {
-        Error::malformed(&file.path, Some(name), "tensor missing from the artifact")
-    })?;
+    let info = file
+        .get(name)
+        .ok_or_else(|| Error::format(&file.path, Some(name), "tensor missing from the artifact"))?;
     if info.dtype != dtype {
-        return Err(Error::malformed(
+        return Err(Error::format(
             &file.path,
             Some(name),
             format!("is {}, expected {}", info.dtype.name(), dtype.name()),
@@ -186,7 +188,7 @@ impl Artifact {
         if let Ok(text) = std::fs::read_to_string(&sidecar) {
             let expected = text.split_whitespace().next().unwrap_or_default();
             if expected != sha256 {
-                return Err(Error::malformed(
+                return Err(Error::format(
                     path,
                     None,
                     format!(
@@ -198,17 +200,17 @@ impl Artifact {
         }
         let file = safetensors::parse_header(path, bytes, bytes.len() as u64)?;
         let header_text = file.metadata.get(HEADER_KEY).ok_or_else(|| {
-            Error::malformed(
+            Error::format(
                 path,
                 Some(HEADER_KEY),
                 "not a cardproof reference artifact (no header)",
             )
         })?;
         let header: Header = serde_json::from_str(header_text).map_err(|e| {
-            Error::malformed(path, Some(HEADER_KEY), format!("unreadable header: {e}"))
+            Error::format(path, Some(HEADER_KEY), format!("unreadable header: {e}"))
         })?;
         if header.format != FORMAT {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 Some("format"),
                 format!("`{}` is not {FORMAT}", header.format),
@@ -217,7 +219,7 @@ impl Artifact {
         header.check_sizes(path)?;
         let protocol_digest = crate::measure::protocol::sha256_of(&header.protocol);
         if protocol_digest != header.protocol_sha256 {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 Some("protocol_sha256"),
                 format!(
@@ -232,7 +234,7 @@ impl Artifact {
             .collect();
         let digest = crate::runner::tokens::tokens_sha256(&tokens);
         if header.eval["tokens_sha256"].as_str() != Some(digest.as_str()) {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 Some("tokens"),
                 format!(
@@ -247,7 +249,7 @@ impl Artifact {
             let window = ints(&file, bytes, &format!("{p}.window"), Dtype::I32)?;
             let position = ints(&file, bytes, &format!("{p}.position"), Dtype::I64)?;
             if window.len() != layout.rows || position.len() != layout.rows {
-                return Err(Error::malformed(
+                return Err(Error::format(
                     path,
                     Some(&p),
                     "row count disagrees with the header",
@@ -272,7 +274,7 @@ impl Artifact {
                 Kind::Hidden => {
                     let (shape, values) = f32_rows(&file, bytes, &format!("{p}.hidden"))?;
                     if shape != [layout.rows, header.hidden_size] {
-                        return Err(Error::malformed(
+                        return Err(Error::format(
                             path,
                             Some(&format!("{p}.hidden")),
                             format!(
@@ -300,7 +302,7 @@ impl Artifact {
                     if run.topk_ids.len() != layout.rows * k
                         || run.topk_logp.len() != layout.rows * k
                     {
-                        return Err(Error::malformed(
+                        return Err(Error::format(
                             path,
                             Some(&p),
                             format!("top-k tensors do not hold {} rows of {k}", layout.rows),
@@ -311,7 +313,7 @@ impl Artifact {
                         .iter()
                         .any(|&t| t < 0 || t as usize >= header.vocab_size)
                     {
-                        return Err(Error::malformed(
+                        return Err(Error::format(
                             path,
                             Some(&format!("{p}.topk_ids")),
                             "a token id is outside the vocabulary",
@@ -331,27 +333,67 @@ impl Artifact {
     }
 
     /// The protocol differences between this artifact and a requested run (empty: compatible).
-    pub fn protocol_differences(&self, requested: &Value) -> Vec<String> {
+    pub fn protocol_differences(&self, requested: &RunProtocol) -> Vec<String> {
+        let stored: RunProtocol = match serde_json::from_value(self.header.protocol.clone()) {
+            Ok(p) => p,
+            Err(e) => {
+                return vec![format!(
+                    "protocol: the artifact's protocol record is unreadable: {e}"
+                )];
+            }
+        };
+        let json = |v: &dyn erased::Json| v.json();
         let mut out = Vec::new();
-        for key in ["context_lengths", "positions", "bos", "vocab_size"] {
-            if self.header.protocol[key] != requested[key] {
+        for (key, exported, asked) in [
+            (
+                "context_lengths",
+                json(&stored.context_lengths),
+                json(&requested.context_lengths),
+            ),
+            (
+                "positions",
+                json(&stored.positions),
+                json(&requested.positions),
+            ),
+            ("bos", json(&stored.bos), json(&requested.bos)),
+            (
+                "vocab_size",
+                json(&stored.vocab_size),
+                json(&requested.vocab_size),
+            ),
+        ] {
+            if exported != asked {
                 out.push(format!(
-                    "{key}: the artifact was exported with {}, the run asks for {}",
-                    self.header.protocol[key], requested[key]
+                    "{key}: the artifact was exported with {exported}, the run asks for {asked}"
                 ));
             }
         }
         if self.header.kind == Kind::TopK {
             let k = self.header.k.unwrap_or(0);
-            let want = serde_json::json!({"mode": "top_k", "k": k, "tail": "lumped"});
-            if requested["vocab"] != want {
+            let want = VocabMode::TopK {
+                k,
+                tail: Tail::Lumped,
+            };
+            if requested.vocab != want {
                 out.push(format!(
                     "vocab: a top-{k} artifact gives the lumped top-{k} KL (a lower bound of the full KL); run with --vocab top-k --top-k {k} --tail lumped, not {}",
-                    requested["vocab"]
+                    json(&requested.vocab)
                 ));
             }
         }
         out
+    }
+}
+
+/// Protocol fields as their JSON, for messages that quote both sides.
+mod erased {
+    pub trait Json {
+        fn json(&self) -> serde_json::Value;
+    }
+    impl<T: serde::Serialize> Json for T {
+        fn json(&self) -> serde_json::Value {
+            serde_json::to_value(self).unwrap_or_default()
+        }
     }
 }
 
@@ -388,7 +430,7 @@ impl<'a> ArtifactRunner<'a> {
                 .iter()
                 .position(|run| run.context_length == w.length)
             else {
-                return Err(Error::malformed(
+                return Err(Error::format(
                     &artifact.path,
                     None,
                     format!("holds no rows for context length {}", w.length),
@@ -399,7 +441,7 @@ impl<'a> ArtifactRunner<'a> {
             }
         }
         if artifact.header.kind == Kind::Hidden && head.is_none() {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 &artifact.path,
                 None,
                 "a hidden-state artifact needs the reference's lm_head",
@@ -423,7 +465,7 @@ impl ArtifactWindow<'_> {
     fn row(&self, j: usize) -> Result<usize> {
         let run = &self.runner.artifact.runs[self.run];
         run.index.get(&(self.window, j as u64)).copied().ok_or_else(|| {
-            Error::malformed(
+            Error::mismatch(
                 &self.runner.artifact.path,
                 None,
                 format!(
@@ -450,7 +492,7 @@ impl WindowLogits for ArtifactWindow<'_> {
                 let head = self
                     .runner
                     .head
-                    .ok_or_else(|| Error::malformed(&a.path, None, "no lm_head"))?;
+                    .ok_or_else(|| Error::internal(&a.path, "no lm_head"))?;
                 head(x)
             }
             Kind::TopK => {
@@ -497,7 +539,7 @@ impl Runner for ArtifactRunner<'_> {
 
     fn window<'b>(&'b self, ids: &[u32]) -> Result<Box<dyn WindowLogits + 'b>> {
         let &(run, window) = self.windows.get(ids).ok_or_else(|| {
-            Error::malformed(
+            Error::mismatch(
                 &self.artifact.path,
                 None,
                 "a window of the run is not in the artifact's token stream",
@@ -619,7 +661,7 @@ pub fn serialize(header: &Header, tokens: &[u32], runs: &[ExportRun]) -> Result<
         }
     }
     let text = serde_json::to_string(header).map_err(|e| {
-        Error::malformed(
+        Error::format(
             Path::new("artifact"),
             None,
             format!("cannot encode the header: {e}"),
@@ -648,8 +690,8 @@ pub struct ExportSpec {
 #[cfg(feature = "native")]
 pub fn export_native(
     model: &crate::runner::native::NativeModel,
-    eval: &crate::measurement::EvalInput,
-    o: &crate::measurement::MeasureOptions,
+    eval: &crate::rerun::score::EvalInput,
+    o: &crate::rerun::options::MeasureOptions,
     spec: ExportSpec,
     reference: Value,
     tokenizer_sha256: &str,
@@ -666,7 +708,7 @@ pub fn export_native(
     let width = d.config.vocab;
     let vocab_size = o.vocab_size.unwrap_or(eval.tokenizer_vocab).min(width);
     if kind == Kind::TopK && (k == 0 || k >= vocab_size) {
-        return Err(Error::malformed(
+        return Err(Error::format(
             &model.path,
             None,
             format!(
@@ -674,9 +716,8 @@ pub fn export_native(
             ),
         ));
     }
-    let err = |e: candle_core::Error| {
-        Error::malformed(&model.path, None, format!("forward pass failed: {e}"))
-    };
+    let err =
+        |e: candle_core::Error| Error::runner(&model.path, format!("forward pass failed: {e}"));
     let mut runs = Vec::new();
     for &l in &o.context_lengths {
         let windows = tokens::windows(eval.stream, eval.text_path, l, o.bos, eval.bos_id)?;
@@ -760,12 +801,8 @@ pub fn export_native(
             tail: crate::measure::protocol::Tail::Lumped,
         };
     }
-    let padding = if vocab_size < width {
-        "excluded"
-    } else {
-        "none"
-    };
-    let protocol = crate::measurement::protocol_json(&options, vocab_size, padding);
+    let padding = crate::rerun::document::Padding::of(vocab_size, width, width);
+    let protocol = crate::rerun::score::run_protocol(&options, vocab_size, padding).to_value();
     let bound = match kind {
         Kind::Hidden => "exact: the full-vocabulary KL is recomputed from the stored final hidden states with the reference's lm_head".to_owned(),
         Kind::TopK => format!("lower bound: the KL over the reference's top-{k} tokens with the rest lumped into one bucket is never above the full KL"),

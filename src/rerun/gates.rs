@@ -1,17 +1,17 @@
-//! Sanity gates, run on every verification (docs/DESIGN.md, "Verification"): a model against itself gives
+//! Sanity gates, one source for every lane (docs/DESIGN.md, "Verification"): a model against itself gives
 //! exactly 0; the candidate shifted by one row gives a large KL; a quantized candidate does not
 //! give an all-zero KL (quantization never engaged).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 use crate::measure::protocol::VocabMode;
 use crate::measure::row::{Scratch, reduce};
 use crate::runner::Runner;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Gate {
-    pub gate: &'static str,
+    pub gate: String,
     pub passed: bool,
     pub detail: String,
 }
@@ -134,7 +134,7 @@ pub fn judge(self_compare: SelfCompare, shift_kl: f64, measured: Measured) -> Ve
     } = self_compare;
     let mut gates = Vec::new();
     gates.push(Gate {
-        gate: "self_compare",
+        gate: "self_compare".into(),
         passed: self_kl == 0.0 && self_rev == 0.0 && same_top1,
         detail: format!(
             "the reference against itself on one window: mean KL {self_kl:e} forward, {self_rev:e} reverse (must be exactly 0), top-1 {}",
@@ -143,7 +143,7 @@ pub fn judge(self_compare: SelfCompare, shift_kl: f64, measured: Measured) -> Ve
     });
     let floor = (10.0 * measured.kld_mean).max(0.05);
     gates.push(Gate {
-        gate: "one_row_shift",
+        gate: "one_row_shift".into(),
         passed: shift_kl > floor,
         detail: format!(
             "the candidate shifted by one row: mean KL {shift_kl:.4} nats (must exceed {floor:.4}: 10x the measured mean, at least 0.05), so rows are aligned"
@@ -166,7 +166,7 @@ fn quantization_engaged(m: &Measured) -> Gate {
         (None, true) => "the candidate holds quantized weights".to_owned(),
         (None, false) => {
             return Gate {
-                gate: "quantization_engaged",
+                gate: "quantization_engaged".into(),
                 passed: true,
                 detail: "neither the card nor the tensors declare quantization; an all-zero KLD is possible".into(),
             };
@@ -191,7 +191,7 @@ fn quantization_engaged(m: &Measured) -> Gate {
         ),
     };
     Gate {
-        gate: "quantization_engaged",
+        gate: "quantization_engaged".into(),
         passed,
         detail,
     }
@@ -213,7 +213,7 @@ pub fn finite_rows(runs: &[(u64, u64, Option<u64>)]) -> Gate {
         })
         .collect();
     Gate {
-        gate: "finite_rows",
+        gate: "finite_rows".into(),
         passed: bad.is_empty(),
         detail: if bad.is_empty() {
             "every scored row the card does not disclose as excluded has finite logits in both models".into()
@@ -223,5 +223,39 @@ pub fn finite_rows(runs: &[(u64, u64, Option<u64>)]) -> Gate {
                 bad.join("; ")
             )
         },
+    }
+}
+
+/// The gates from the transformers runner's raw numbers; gates it could not run fail (closed).
+pub fn from_runner(
+    raw: Option<&crate::runner::exchange::GateNumbers>,
+    measured: Measured,
+) -> Vec<Gate> {
+    let raw = raw.cloned().unwrap_or_default();
+    match (
+        raw.self_forward_mean,
+        raw.self_reverse_mean,
+        raw.self_top1_identical,
+        raw.shift_forward_mean,
+    ) {
+        (Some(forward), Some(reverse), Some(same_top1), Some(shift)) => judge(
+            SelfCompare {
+                forward,
+                reverse,
+                same_top1,
+            },
+            shift,
+            measured,
+        ),
+        _ => vec![Gate {
+            gate: "self_compare".into(),
+            passed: false,
+            detail: format!(
+                "the transformers runner did not run the gates ({}); a rerun without them is never reproduced",
+                raw.skipped
+                    .as_deref()
+                    .unwrap_or("no gate numbers in its record")
+            ),
+        }],
     }
 }

@@ -12,6 +12,8 @@ use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
 use crate::measure::llamacpp::{BaseFile, BaseRow, RowReader};
+use crate::measure::protocol::{Direction, Positions};
+use crate::rerun::document::RunProtocol;
 use crate::runner::tokens::{Bos, Windows};
 use crate::runner::{Runner, WindowLogits};
 
@@ -28,7 +30,7 @@ impl BaseFileRunner {
     /// `windows` must be the base file's own: context length `n_ctx`, the file's token stream.
     pub fn new(base: BaseFile, windows: &Windows) -> Result<Self> {
         if windows.length as u64 != u64::from(base.n_ctx) {
-            return Err(Error::malformed(
+            return Err(Error::mismatch(
                 &base.path,
                 None,
                 format!(
@@ -48,24 +50,25 @@ impl BaseFileRunner {
     }
 
     /// The protocol the file implies: its `n_ctx`, llama.cpp's second-half rows, per-window BOS.
-    pub fn protocol_differences(&self, requested: &Value) -> Vec<String> {
+    pub fn protocol_differences(&self, requested: &RunProtocol) -> Vec<String> {
         let mut out = Vec::new();
-        if requested["context_lengths"] != json!([self.base.n_ctx]) {
+        if requested.context_lengths != [self.base.n_ctx as usize] {
             out.push(format!(
                 "context_lengths: the base file holds windows of {}, the run asks for {}",
-                self.base.n_ctx, requested["context_lengths"]
+                self.base.n_ctx,
+                json!(requested.context_lengths)
             ));
         }
-        if requested["direction"] != "forward" {
+        if requested.direction != Direction::Forward {
             out.push(format!(
                 "direction: a base file drops each row's entries below its 16-nat window, so only the forward KL is defined; run with --direction forward, not {}",
-                requested["direction"]
+                json!(requested.direction)
             ));
         }
-        if requested["positions"] != json!({"policy": "second_half"}) {
+        if requested.positions != Positions::SecondHalf {
             out.push(format!(
                 "positions: a base file holds llama.cpp's second-half rows; run with --positions second-half, not {}",
-                requested["positions"]
+                json!(requested.positions)
             ));
         }
         out
@@ -94,7 +97,7 @@ impl WindowLogits for BaseWindow<'_> {
         for (n, &j) in rows.iter().enumerate() {
             let j = j as u64;
             if j < half || j + 1 >= n_ctx {
-                return Err(Error::malformed(
+                return Err(Error::format(
                     &base.path,
                     None,
                     format!(
@@ -109,11 +112,11 @@ impl WindowLogits for BaseWindow<'_> {
             }
             let r = reader
                 .as_mut()
-                .ok_or_else(|| Error::malformed(&base.path, None, "no reader"))?;
+                .ok_or_else(|| Error::internal(&base.path, "no reader"))?;
             let skip = target - r.position();
             r.skip_rows(skip)?;
             if !r.next_row(&mut row)? {
-                return Err(Error::malformed(
+                return Err(Error::format(
                     &base.path,
                     None,
                     format!("ends before row {target}"),
@@ -152,7 +155,7 @@ impl Runner for BaseFileRunner {
 
     fn window<'a>(&'a self, ids: &[u32]) -> Result<Box<dyn WindowLogits + 'a>> {
         let &chunk = self.windows.get(ids).ok_or_else(|| {
-            Error::malformed(
+            Error::mismatch(
                 &self.base.path,
                 None,
                 "a window of the run is not in the base file's token stream",
@@ -202,9 +205,8 @@ pub fn export_native(
     )?;
     let rows: Vec<usize> = (n_ctx / 2..n_ctx - 1).collect();
     let width = model.decoder.config.vocab;
-    let err = |e: candle_core::Error| {
-        Error::malformed(&model.path, None, format!("forward pass failed: {e}"))
-    };
+    let err =
+        |e: candle_core::Error| Error::runner(&model.path, format!("forward pass failed: {e}"));
     for ids in &windows.windows {
         let hidden = model.decoder.hidden(ids).map_err(err)?;
         let logits = model.decoder.logits_at(&hidden, &rows).map_err(err)?;

@@ -1,0 +1,784 @@
+//! Each lane of [`super::run`]: load what the lane needs, check the inputs belong together,
+//! score, record the identities and the environment, and run the lane's sanity gates.
+
+use std::path::Path;
+
+use serde_json::Value;
+use sha2::Digest as _;
+
+use super::document::{ArtifactRecord, Environment, ModelRecord, RunnerKind, TokenizerRecord};
+use super::gates::{self, Gate, Measured};
+use super::score::{self, EvalInput, Progress, Scoring};
+use super::{GateRequest, NoiseFloor, NoiseFloorRun, Request, Rerun, record};
+use crate::checkpoint::hash::Manifest;
+use crate::error::{Error, Result};
+use crate::measure::protocol::VocabMode;
+use crate::runner::Runner;
+use crate::runner::native::{self, ComputeDtype, Emulate, NativeModel};
+use crate::runner::tokens::{self, TokenStream};
+
+type Stage<'a> = &'a (dyn Fn(&str) + Sync);
+
+/// The eval text a lane that tokenizes needs.
+fn eval_text<'a>(r: &Request<'a>) -> Result<&'a Path> {
+    r.eval_text.ok_or_else(|| {
+        Error::usage(
+            r.candidate,
+            "this lane needs the eval text (--eval-text FILE)",
+        )
+    })
+}
+
+/// The reference's tokenizer (or the one given), checked against the candidate's when it has
+/// one, and the eval text tokenized once with it.
+fn tokenize_eval(
+    reference: &Path,
+    candidate: &Path,
+    tokenizer: Option<&Path>,
+    eval_text: &Path,
+) -> Result<(tokens::TokenizerFile, TokenStream)> {
+    let tokenizer_path = tokenizer
+        .map(Path::to_owned)
+        .unwrap_or_else(|| tokens::tokenizer_path(reference));
+    let loaded = tokens::load_tokenizer(&tokenizer_path)?;
+    let candidate_tokenizer = tokens::tokenizer_path(candidate);
+    if tokenizer.is_none() && candidate_tokenizer.exists() {
+        tokens::check_same_tokenizer(&loaded, &tokens::load_tokenizer(&candidate_tokenizer)?)?;
+    }
+    let stream = tokens::tokenize(&loaded, eval_text)?;
+    Ok((loaded, stream))
+}
+
+/// The root digest of a checkpoint's manifest, from a manifest the caller already has (verify
+/// hashes the candidate for its report: the files are not read twice) or by hashing.
+fn root_digest(path: &Path, threads: usize, known: Option<&Manifest>) -> Result<String> {
+    use crate::checkpoint::hash::{HashOptions, hash_path};
+    if let Some(m) = known {
+        return Ok(m.root_sha256.clone());
+    }
+    let options = HashOptions {
+        threads: Some(threads),
+        include_all: false,
+    };
+    Ok(hash_path(path, &options, &|_| {})?.root_sha256)
+}
+
+/// Identity of a loaded native model.
+pub(super) fn identity(
+    m: &NativeModel,
+    given: &Path,
+    threads: usize,
+    known: Option<&Manifest>,
+) -> Result<ModelRecord> {
+    Ok(ModelRecord {
+        path: given.display().to_string(),
+        format: m.format.to_owned(),
+        manifest_sha256: root_digest(given, threads, known)?,
+        lm_head_sha256: m.lm_head_sha256.clone(),
+        stored_dtype: m.stored_dtype.clone(),
+        runner: Runner::environment(m),
+        hub: None,
+    })
+}
+
+/// The CPU's model name, from /proc/cpuinfo where there is one.
+pub fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_owned())
+}
+
+fn reference_kv(candidate: &NativeModel, compute: ComputeDtype) -> String {
+    match &candidate.decoder.report.kv_cache {
+        Some(kv) if kv.starts_with("f16") => "f16".to_owned(),
+        Some(_) => "fp8_e4m3".to_owned(),
+        None => compute.as_str().to_owned(),
+    }
+}
+
+/// What every native run records about where and how it ran.
+fn native_environment(
+    candidate: &NativeModel,
+    compute: ComputeDtype,
+    emulate: Emulate,
+    threads: usize,
+) -> Environment {
+    Environment {
+        runner: RunnerKind::Native,
+        runner_version: env!("CARGO_PKG_VERSION").into(),
+        engine: "candle".into(),
+        engine_version: Some(native::CANDLE_VERSION.into()),
+        torch_version: None,
+        cuda_version: None,
+        device: format!("cpu: {}", cpu_name()),
+        compute_dtype: compute.as_str().into(),
+        attention: "eager".into(),
+        kv_cache_dtype: Some(reference_kv(candidate, compute)),
+        emulate: Some(emulate),
+        threads: Some(threads),
+        tf32: None,
+        lane: match emulate {
+            Emulate::ReferenceSemantics => "reference semantics: weights dequantized exactly as their format defines, declared activation and KV-cache quantization emulated (fake-quant), exact softmax attention",
+            Emulate::LlamacppCpu => "llama.cpp cpu emulation: weights dequantized exactly, activations quantized to each weight type's ggml dot-product partner (q8_0, q8_K, f16, bf16), f16 KV cache",
+        }
+        .into(),
+        tokenizer: None,
+        reference_artifact: None,
+        transformers_runner: None,
+    }
+}
+
+fn tokenizer_record(t: &tokens::TokenizerFile) -> TokenizerRecord {
+    TokenizerRecord {
+        path: t.path.display().to_string(),
+        sha256: t.sha256.clone(),
+        vocab_size: t.vocab_size,
+    }
+}
+
+/// Whether the loaded candidate holds quantized weights.
+fn quantized(m: &NativeModel) -> bool {
+    m.decoder.report.schemes.keys().any(|s| {
+        !matches!(
+            s.as_str(),
+            "bf16" | "f16" | "f32" | "f64" | "gguf F32" | "gguf F16" | "gguf BF16"
+        )
+    })
+}
+
+/// The gates' view of a scoring's first run.
+fn measured(s: &Scoring, quantized: bool, g: &GateRequest) -> Measured {
+    Measured::of_metrics(
+        s.runs.first().map(|r| &r.summary.metrics),
+        quantized,
+        g.declared.clone(),
+    )
+}
+
+/// The window the gates run on: the first of the first run whose scored rows are all finite (a
+/// window spoilt by non-finite logits would make the one-row shift look like no change).
+fn gate_window(s: &Scoring) -> usize {
+    let Some(run) = s.runs.first() else {
+        return 0;
+    };
+    if run.n_windows <= 1 {
+        return 0;
+    }
+    let mut per_window = vec![0usize; run.n_windows];
+    for row in &run.rows {
+        if let Some(n) = per_window.get_mut(row.block as usize) {
+            *n += 1;
+        }
+    }
+    let full = per_window.iter().copied().max().unwrap_or(0);
+    per_window.iter().position(|&n| n == full).unwrap_or(0)
+}
+
+/// The vocabulary size to use: every logit entry when the card includes padding.
+fn with_padding(r: &Request, width: usize) -> super::MeasureOptions {
+    let mut o = r.options.clone();
+    if r.padding_included {
+        o.vocab_size = Some(width);
+    }
+    o
+}
+
+/// Both models native.
+pub(super) fn native(
+    r: &Request,
+    reference_path: &Path,
+    compute: ComputeDtype,
+    emulate: Emulate,
+    stage: Stage,
+    progress: Progress,
+) -> Result<Rerun> {
+    let text = eval_text(r)?;
+    stage("tokenizing");
+    let (tokenizer, stream) = tokenize_eval(reference_path, r.candidate, r.tokenizer, text)?;
+    stage("loading models");
+    let reference = native::load(reference_path, compute, emulate)?;
+    let candidate = native::load(r.candidate, compute, emulate)?;
+    stage("hashing");
+    let reference_id = identity(&reference, reference_path, r.threads, None)?;
+    let candidate_id = identity(&candidate, r.candidate, r.threads, r.candidate_manifest)?;
+    let options = with_padding(r, candidate.vocab());
+    let eval = EvalInput {
+        stream: &stream,
+        text_path: text,
+        bos_id: tokenizer.bos_id,
+        tokenizer_vocab: tokenizer.vocab_size,
+    };
+    stage("measuring");
+    let scoring = score::measure_models(&reference, &candidate, &eval, &options, progress)?;
+    let mut gates_out = Vec::new();
+    let mut noise_floor = None;
+    if let Some(g) = &r.gates {
+        stage("sanity gates");
+        let first_length = options.context_lengths.first().copied().unwrap_or(2);
+        let window: Vec<u32> =
+            tokens::windows(&stream, text, first_length, options.bos, tokenizer.bos_id)?
+                .windows
+                .into_iter()
+                .nth(gate_window(&scoring))
+                .unwrap_or_default();
+        let scored: Vec<usize> = (0..window.len()).collect();
+        gates_out = gates::run(
+            &reference,
+            &candidate,
+            &window,
+            &scored,
+            scoring.vocab_size,
+            measured(&scoring, quantized(&candidate), g),
+        )?;
+    }
+    if r.noise_floor {
+        stage("noise floor");
+        noise_floor = Some(self_noise_floor(
+            reference_path,
+            &reference,
+            &eval,
+            &options,
+            compute,
+        )?);
+    }
+    let mut environment = native_environment(&candidate, compute, emulate, r.threads);
+    environment.tokenizer = Some(tokenizer_record(&tokenizer));
+    Ok(Rerun {
+        measurement: record::measurement(
+            &scoring,
+            &options,
+            reference_id,
+            candidate_id,
+            environment,
+        ),
+        runs: scoring.runs,
+        gates: gates_out,
+        noise_floor,
+    })
+}
+
+/// The reference against itself in a second compute dtype.
+fn self_noise_floor(
+    path: &Path,
+    reference: &NativeModel,
+    eval: &EvalInput,
+    options: &super::MeasureOptions,
+    compute: ComputeDtype,
+) -> Result<NoiseFloor> {
+    let other = if compute == ComputeDtype::F64 {
+        ComputeDtype::F32
+    } else {
+        ComputeDtype::F64
+    };
+    let twin = native::load(path, other, Emulate::ReferenceSemantics)?;
+    let mut floor_options = options.clone();
+    floor_options.bootstrap.resamples = floor_options.bootstrap.resamples.min(200);
+    let f = score::measure_models(reference, &twin, eval, &floor_options, &|_, _| {})?;
+    Ok(NoiseFloor::Measured {
+        what: format!(
+            "the reference against itself, computed in {} vs {}",
+            compute.as_str(),
+            other.as_str()
+        ),
+        runs: f
+            .runs
+            .iter()
+            .map(|run| NoiseFloorRun {
+                context_length: run.context_length,
+                metrics: run.summary.metrics.clone(),
+            })
+            .collect(),
+    })
+}
+
+/// Identity of a safetensors checkpoint without loading it: manifest and output-head digests,
+/// and the logit rows' width.
+fn checkpoint_identity(
+    path: &Path,
+    threads: usize,
+    known: Option<&Manifest>,
+) -> Result<(ModelRecord, usize)> {
+    use crate::runner::native::weights::{SafetensorsStore, WeightStore};
+    let config_path = path.join("config.json");
+    let json: Value = crate::files::read_config(&config_path)?;
+    let config = crate::runner::native::config::ModelConfig::from_hf(&config_path, &json)?;
+    let store = SafetensorsStore::open(path, json)?;
+    let head = if store.has("lm_head.weight") || !config.tie_embeddings {
+        "lm_head.weight"
+    } else {
+        "model.embed_tokens.weight"
+    };
+    Ok((
+        ModelRecord {
+            path: path.display().to_string(),
+            format: "safetensors".into(),
+            manifest_sha256: root_digest(path, threads, known)?,
+            lm_head_sha256: store.tensor_sha256(head)?.unwrap_or_default(),
+            stored_dtype: store.stored_dtype("model.embed_tokens.weight"),
+            runner: Value::Null,
+            hub: None,
+        },
+        config.vocab,
+    ))
+}
+
+/// The environment record of a transformers run: what the runner reported, in the fields every
+/// measurement has.
+fn transformers_environment(
+    reported: &crate::runner::exchange::RunnerEnvironment,
+    tokenizer: &tokens::TokenizerFile,
+) -> Environment {
+    let gpus = &reported.gpus;
+    let device = match gpus.first() {
+        Some(g) => format!(
+            "{} (compute capability {}){}",
+            g.name,
+            g.compute_capability,
+            if gpus.len() > 1 {
+                format!(" x{}", gpus.len())
+            } else {
+                String::new()
+            }
+        ),
+        None => format!("cpu: {}", cpu_name()),
+    };
+    let (reference, candidate) = reported.models.attentions();
+    let attention = if reference == candidate {
+        reference
+    } else {
+        format!("{reference} (reference), {candidate} (candidate)")
+    };
+    Environment {
+        runner: RunnerKind::Transformers,
+        runner_version: env!("CARGO_PKG_VERSION").into(),
+        engine: "transformers".into(),
+        engine_version: reported.transformers.clone(),
+        torch_version: reported.torch.clone(),
+        cuda_version: reported.cuda.clone(),
+        lane: format!(
+            "transformers {} on {}: the engine's own kernels (attention {}), weights as transformers loads them, reduction in float64 on the device",
+            reported.transformers.as_deref().unwrap_or("?"),
+            device,
+            attention
+        ),
+        device,
+        compute_dtype: reported.dtype.clone().unwrap_or_else(|| "?".into()),
+        attention,
+        kv_cache_dtype: reported.models.candidate["kv_cache_dtype"]
+            .as_str()
+            .map(str::to_owned),
+        emulate: None,
+        threads: None,
+        tf32: reported.tf32,
+        tokenizer: Some(tokenizer_record(tokenizer)),
+        reference_artifact: None,
+        transformers_runner: Some(reported.clone()),
+    }
+}
+
+/// Both models in transformers (a Python subprocess on the user's GPU).
+pub(super) fn transformers(
+    r: &Request,
+    reference_path: &Path,
+    runner_options: &crate::runner::transformers::TransformersOptions,
+    stage: Stage,
+    progress: Progress,
+) -> Result<Rerun> {
+    use crate::runner::transformers::{self, RunWork};
+    let text = eval_text(r)?;
+    stage("tokenizing");
+    if !matches!(r.options.vocab, VocabMode::Full) {
+        return Err(Error::unsupported(
+            r.candidate,
+            None,
+            "the transformers runner computes full-vocabulary KL only; use --runner native for top-k or threshold modes",
+        ));
+    }
+    for model in [reference_path, r.candidate] {
+        if native::resolve(model)?.1 != "safetensors" {
+            return Err(Error::unsupported(
+                model,
+                None,
+                "the transformers runner loads safetensors checkpoint directories; GGUF runs with --runner native",
+            ));
+        }
+    }
+    let (tokenizer, stream) = tokenize_eval(reference_path, r.candidate, r.tokenizer, text)?;
+    stage("hashing");
+    let (reference_id, width) = checkpoint_identity(reference_path, r.threads, None)?;
+    // The same weights on both sides (a sweep): hashed once.
+    let (candidate_id, cand_width) = if r.candidate == reference_path {
+        (reference_id.clone(), width)
+    } else {
+        checkpoint_identity(r.candidate, r.threads, r.candidate_manifest)?
+    };
+    if cand_width != width {
+        return Err(Error::mismatch(
+            r.candidate,
+            Some("config.json vocab_size"),
+            format!(
+                "vocabulary mismatch: the candidate's logit rows have {cand_width} entries, the reference's {width}"
+            ),
+        ));
+    }
+    let options = with_padding(r, width);
+    let mut runner_options = runner_options.clone();
+    runner_options.gates = r.gates.is_some();
+    let eval = EvalInput {
+        stream: &stream,
+        text_path: text,
+        bos_id: tokenizer.bos_id,
+        tokenizer_vocab: tokenizer.vocab_size,
+    };
+    stage("running the transformers runner");
+    let mut output = None;
+    let scoring = score::measure_records(&eval, &options, width, |plans, vocab_size| {
+        let work: Vec<RunWork> = plans
+            .iter()
+            .map(|p| RunWork {
+                context_length: p.windows.length,
+                windows: &p.windows.windows,
+                rows: &p.rows,
+            })
+            .collect();
+        let report = |stage_name: &str, counts: Option<(usize, usize)>| match counts {
+            Some((done, total)) => progress(done, total),
+            None => stage(stage_name),
+        };
+        let out = transformers::run(
+            reference_path,
+            r.candidate,
+            &work,
+            vocab_size,
+            &runner_options,
+            &report,
+        )?;
+        Ok(std::mem::take(&mut output.insert(out).records))
+    })?;
+    let output = output
+        .ok_or_else(|| Error::runner(r.candidate, "the transformers runner produced no output"))?;
+    let gates_out = match &r.gates {
+        Some(g) => gates::from_runner(
+            output.gates.as_ref(),
+            measured(&scoring, g.checkpoint_quantized, g),
+        ),
+        None => Vec::new(),
+    };
+    let reference_id = ModelRecord {
+        runner: output.environment.models.reference.clone(),
+        ..reference_id
+    };
+    let candidate_id = ModelRecord {
+        runner: output.environment.models.candidate.clone(),
+        ..candidate_id
+    };
+    let environment = transformers_environment(&output.environment, &tokenizer);
+    Ok(Rerun {
+        measurement: record::measurement(&scoring, &options, reference_id, candidate_id, environment),
+        runs: scoring.runs,
+        gates: gates_out,
+        noise_floor: r.noise_floor.then(|| NoiseFloor::Skipped {
+            skipped: "the noise floor of the transformers runner is its kernel sweep: `cardproof measure --runner transformers --sweep attention=sdpa,eager`".into(),
+        }),
+    })
+}
+
+/// The gates of a lane whose reference is a stored artifact: the artifact's rows against
+/// themselves and against the candidate shifted by one row, on the rows the artifact holds.
+fn artifact_gates(
+    reference: &dyn Runner,
+    candidate: &NativeModel,
+    windows: &[tokens::Windows],
+    scoring: &Scoring,
+    r: &Request,
+    options: &super::MeasureOptions,
+) -> Result<Vec<Gate>> {
+    let Some(g) = &r.gates else {
+        return Ok(Vec::new());
+    };
+    let window = windows
+        .first()
+        .and_then(|w| w.windows.get(gate_window(scoring)))
+        .cloned()
+        .unwrap_or_default();
+    let l = window.len();
+    let scored: Vec<usize> = (0..l)
+        .filter(|&j| options.positions.selects(j as u64, l as u64))
+        .collect();
+    gates::run(
+        reference,
+        candidate,
+        &window,
+        &scored,
+        scoring.vocab_size,
+        measured(scoring, quantized(candidate), g),
+    )
+}
+
+/// The candidate native against a compact reference artifact, whose tokenizer, eval text,
+/// vocabulary and protocol are enforced.
+pub(super) fn reference_artifact(
+    r: &Request,
+    path: &Path,
+    compute: ComputeDtype,
+    emulate: Emulate,
+    stage: Stage,
+    progress: Progress,
+) -> Result<Rerun> {
+    use super::artifact::{Artifact, ArtifactRunner, Kind};
+    stage("reading the artifact");
+    let artifact = Artifact::open(path)?;
+    let h = &artifact.header;
+    let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(r.candidate))?;
+    if h.eval["tokenizer_sha256"].as_str() != Some(tokenizer.sha256.as_str()) {
+        return Err(Error::mismatch(
+            &tokenizer.path,
+            None,
+            format!(
+                "differs from the tokenizer the artifact was made with (sha256 {} vs {})",
+                tokenizer.sha256, h.eval["tokenizer_sha256"]
+            ),
+        ));
+    }
+    if let Some(text) = r.eval_text {
+        let bytes = crate::files::read_capped(text, tokens::MAX_EVAL_TEXT_BYTES, "an eval text")?;
+        let digest = crate::checkpoint::hash::hex(&sha2::Sha256::digest(&bytes));
+        if h.eval["text_sha256"].as_str() != Some(digest.as_str()) {
+            return Err(Error::mismatch(
+                text,
+                None,
+                format!(
+                    "is not the artifact's eval text (sha256 {digest} vs {})",
+                    h.eval["text_sha256"]
+                ),
+            ));
+        }
+    }
+    let stream = TokenStream {
+        ids: artifact.tokens.clone(),
+        text_sha256: h.eval["text_sha256"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        text_bytes: 0,
+    };
+    stage("loading the candidate");
+    let candidate = native::load(r.candidate, compute, emulate)?;
+    let width = candidate.decoder.config.vocab;
+    if width != h.logit_width {
+        return Err(Error::mismatch(
+            r.candidate,
+            None,
+            format!(
+                "vocabulary mismatch: {width} logit entries, the artifact's reference has {}",
+                h.logit_width
+            ),
+        ));
+    }
+    let options = with_padding(r, width);
+    let vocab_size = options.vocab_size.unwrap_or(tokenizer.vocab_size);
+    let requested = score::run_protocol(
+        &options,
+        vocab_size,
+        super::document::Padding::of(vocab_size, width, width),
+    );
+    let differences = artifact.protocol_differences(&requested);
+    if !differences.is_empty() {
+        return Err(Error::mismatch(
+            path,
+            None,
+            format!(
+                "was exported for another protocol: {}",
+                differences.join("; ")
+            ),
+        ));
+    }
+    if h.kind == Kind::Hidden
+        && h.reference["lm_head_sha256"].as_str() != Some(candidate.lm_head_sha256.as_str())
+    {
+        return Err(Error::mismatch(
+            r.candidate,
+            Some("lm_head"),
+            format!(
+                "is not the reference's (sha256 {} vs {}); a hidden-state artifact needs the reference's lm_head",
+                candidate.lm_head_sha256, h.reference["lm_head_sha256"]
+            ),
+        ));
+    }
+    let windows: Vec<tokens::Windows> = options
+        .context_lengths
+        .iter()
+        .map(|&l| tokens::windows(&stream, path, l, options.bos, tokenizer.bos_id))
+        .collect::<Result<_>>()?;
+    let candidate_id = identity(&candidate, r.candidate, r.threads, r.candidate_manifest)?;
+    // The reference's LM head, for a hidden-state artifact, is the candidate's (whose digest
+    // was just checked to be the reference's).
+    let head = |x: Vec<f32>| -> Result<Vec<f32>> {
+        candidate
+            .decoder
+            .head_from_rows(x)
+            .map_err(|e| Error::runner(&candidate.path, format!("lm_head failed: {e}")))
+    };
+    let head_ref: &(dyn Fn(Vec<f32>) -> Result<Vec<f32>> + Sync) = &head;
+    let runner = ArtifactRunner::new(
+        &artifact,
+        &windows,
+        (h.kind == Kind::Hidden).then_some(head_ref),
+    )?;
+    stage("measuring");
+    let eval = EvalInput {
+        stream: &stream,
+        text_path: path,
+        bos_id: tokenizer.bos_id,
+        tokenizer_vocab: tokenizer.vocab_size,
+    };
+    let mut scoring = score::measure_models(&runner, &candidate, &eval, &options, progress)?;
+    scoring.eval.text_path = r.eval_text.map(|t| t.display().to_string());
+    if r.gates.is_some() {
+        stage("sanity gates");
+    }
+    let gates_out = artifact_gates(&runner, &candidate, &windows, &scoring, r, &options)?;
+    let text = |key: &str, default: &str| h.reference[key].as_str().unwrap_or(default).to_owned();
+    let reference_id = ModelRecord {
+        path: text("path", ""),
+        format: text("format", "artifact"),
+        manifest_sha256: text("manifest_sha256", ""),
+        lm_head_sha256: text("lm_head_sha256", ""),
+        stored_dtype: text("stored_dtype", "unknown"),
+        runner: Runner::environment(&runner),
+        hub: None,
+    };
+    let mut environment = native_environment(&candidate, compute, emulate, r.threads);
+    environment.reference_artifact = Some(ArtifactRecord {
+        path: path.display().to_string(),
+        sha256: Some(artifact.sha256.clone()),
+        kind: serde_json::to_value(h.kind)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default(),
+        bound: h.bound.clone(),
+    });
+    Ok(Rerun {
+        measurement: record::measurement(
+            &scoring,
+            &options,
+            reference_id,
+            candidate_id,
+            environment,
+        ),
+        runs: scoring.runs,
+        gates: gates_out,
+        noise_floor: None,
+    })
+}
+
+/// The candidate native against a llama.cpp `--kl-divergence-base` file: the file's token
+/// stream and rows are the reference (its 16-nat window stated in the output).
+pub(super) fn llamacpp_base(
+    r: &Request,
+    path: &Path,
+    compute: ComputeDtype,
+    emulate: Emulate,
+    stage: Stage,
+    progress: Progress,
+) -> Result<Rerun> {
+    use super::artifact::llamacpp::{BaseFileRunner, WINDOW_NOTE};
+    use crate::measure::llamacpp::BaseFile;
+    stage("reading the base file");
+    let base = BaseFile::open(path)?;
+    let stream = TokenStream {
+        ids: base.tokens.iter().map(|&t| t as u32).collect(),
+        text_sha256: String::new(),
+        text_bytes: 0,
+    };
+    stage("loading the candidate");
+    let candidate = native::load(r.candidate, compute, emulate)?;
+    let width = base.n_vocab as usize;
+    if candidate.decoder.config.vocab != width {
+        return Err(Error::mismatch(
+            r.candidate,
+            None,
+            format!(
+                "vocabulary mismatch: {} logit entries, the base file has {}",
+                candidate.decoder.config.vocab, base.n_vocab
+            ),
+        ));
+    }
+    let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(r.candidate)).ok();
+    let bos_id = tokenizer
+        .as_ref()
+        .and_then(|t| t.bos_id)
+        .or(candidate.bos_id);
+    let tokenizer_vocab = tokenizer.as_ref().map_or(width, |t| t.vocab_size);
+    let options = with_padding(r, width);
+    let vocab_size = options.vocab_size.unwrap_or(tokenizer_vocab);
+    let requested = score::run_protocol(
+        &options,
+        vocab_size,
+        super::document::Padding::of(vocab_size, width, width),
+    );
+    let windows = tokens::windows(&stream, path, base.n_ctx as usize, options.bos, bos_id)?;
+    let runner = BaseFileRunner::new(base, &windows)?;
+    let differences = runner.protocol_differences(&requested);
+    if !differences.is_empty() {
+        return Err(Error::mismatch(
+            path,
+            None,
+            format!("holds another protocol: {}", differences.join("; ")),
+        ));
+    }
+    let candidate_id = identity(&candidate, r.candidate, r.threads, r.candidate_manifest)?;
+    stage("measuring");
+    let eval = EvalInput {
+        stream: &stream,
+        text_path: path,
+        bos_id,
+        tokenizer_vocab,
+    };
+    let scoring = score::measure_models(&runner, &candidate, &eval, &options, progress)?;
+    if r.gates.is_some() {
+        stage("sanity gates");
+    }
+    let gates_out = artifact_gates(
+        &runner,
+        &candidate,
+        std::slice::from_ref(&windows),
+        &scoring,
+        r,
+        &options,
+    )?;
+    let reference_id = ModelRecord {
+        path: path.display().to_string(),
+        format: "llamacpp-base".into(),
+        manifest_sha256: String::new(),
+        lm_head_sha256: String::new(),
+        stored_dtype: "uint16 log-probabilities".into(),
+        runner: Runner::environment(&runner),
+        hub: None,
+    };
+    let mut environment = native_environment(&candidate, compute, emulate, r.threads);
+    environment.reference_artifact = Some(ArtifactRecord {
+        path: path.display().to_string(),
+        sha256: None,
+        kind: "llamacpp_base".into(),
+        bound: WINDOW_NOTE.into(),
+    });
+    Ok(Rerun {
+        measurement: record::measurement(
+            &scoring,
+            &options,
+            reference_id,
+            candidate_id,
+            environment,
+        ),
+        runs: scoring.runs,
+        gates: gates_out,
+        noise_floor: None,
+    })
+}

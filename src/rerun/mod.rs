@@ -1,0 +1,219 @@
+//! One rerun path: a [`Request`] (a [`Lane`], the candidate, the eval text and the run options)
+//! goes in, one [`Rerun`] comes out: the typed [`Measurement`] (`measurement.json`), the scored
+//! rows, and the sanity gates when asked. `measure`, `verify`, the sweep and `reference export`
+//! all run through here, so every lane records the same identity, environment and statistics
+//! and every lane's gates come from [`gates`].
+//!
+//! Inside, the layers run one way: [`options`] (run options and the one conversion from and to
+//! the card's protocol) → [`document`] (the measurement's types) → [`score`] (windows to rows
+//! to statistics) → [`artifact`] (reference artifacts and llama.cpp base files as reference
+//! runners) → [`lanes`] (each lane's loading, measuring and gates) → [`sweep`], [`export`].
+
+pub mod artifact;
+pub mod document;
+pub mod export;
+pub mod gates;
+mod lanes;
+pub mod options;
+pub mod output;
+pub mod record;
+pub mod score;
+pub mod sweep;
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+pub use document::{HubPin, Measurement, Role};
+pub use options::{MeasureOptions, Resolved};
+pub use score::{Progress, RunResult};
+
+use crate::checkpoint::hash::Manifest;
+use crate::error::Result;
+use crate::runner::native::{ComputeDtype, Emulate};
+
+/// Where the reference's logits come from, and how the candidate runs.
+#[derive(Debug, Clone, Copy)]
+pub enum Lane<'a> {
+    /// Both models in pure Rust on the CPU.
+    Native {
+        reference: &'a Path,
+        compute: ComputeDtype,
+        emulate: Emulate,
+    },
+    /// Both models in transformers on the user's GPU (a Python subprocess).
+    Transformers {
+        reference: &'a Path,
+        runner: &'a crate::runner::transformers::TransformersOptions,
+    },
+    /// A compact reference artifact (`cardproof reference export`) as the reference; the
+    /// candidate native.
+    ReferenceArtifact {
+        artifact: &'a Path,
+        compute: ComputeDtype,
+        emulate: Emulate,
+    },
+    /// A llama.cpp `--kl-divergence-base` file as the reference; the candidate native.
+    LlamacppBase {
+        file: &'a Path,
+        compute: ComputeDtype,
+        emulate: Emulate,
+    },
+}
+
+impl<'a> Lane<'a> {
+    /// The lane `measure` runs in: a reference artifact or base file when one is given, else
+    /// the transformers runner when asked for, else native. The binary's config has checked that
+    /// a reference or an artifact is given.
+    pub fn choose(
+        reference: Option<&'a Path>,
+        artifact: Option<&'a Path>,
+        transformers: Option<&'a crate::runner::transformers::TransformersOptions>,
+        compute: ComputeDtype,
+        emulate: Emulate,
+    ) -> Lane<'a> {
+        let reference = reference.unwrap_or(Path::new("."));
+        match (artifact, transformers) {
+            (Some(file), _) => Lane::artifact(file, compute, emulate),
+            (None, Some(runner)) => Lane::Transformers { reference, runner },
+            (None, None) => Lane::Native {
+                reference,
+                compute,
+                emulate,
+            },
+        }
+    }
+
+    /// The lane for a reference artifact file: a llama.cpp base file or cardproof's own.
+    pub fn artifact(file: &'a Path, compute: ComputeDtype, emulate: Emulate) -> Lane<'a> {
+        if crate::measure::source::is_llamacpp_base(file) {
+            Lane::LlamacppBase {
+                file,
+                compute,
+                emulate,
+            }
+        } else {
+            Lane::ReferenceArtifact {
+                artifact: file,
+                compute,
+                emulate,
+            }
+        }
+    }
+}
+
+/// One rerun.
+#[derive(Debug, Clone)]
+pub struct Request<'a> {
+    pub lane: Lane<'a>,
+    pub candidate: &'a Path,
+    /// The eval text (optional with a reference artifact, which carries its tokens; checked
+    /// against it when given).
+    pub eval_text: Option<&'a Path>,
+    /// A tokenizer to use instead of the reference's.
+    pub tokenizer: Option<&'a Path>,
+    pub options: MeasureOptions,
+    /// Score every logit entry, padding included (the card says `padding: included`): the
+    /// vocabulary size is the models' logit width, known once they are loaded.
+    pub padding_included: bool,
+    /// Threads for hashing the checkpoints.
+    pub threads: usize,
+    /// The candidate's manifest when the caller has hashed it already.
+    pub candidate_manifest: Option<&'a Manifest>,
+    /// Run the sanity gates, with what they need from the card.
+    pub gates: Option<GateRequest>,
+    /// Also measure the reference against itself in a second compute dtype (native lane).
+    pub noise_floor: bool,
+    /// The Hub commits the models came from, recorded in the measurement.
+    pub pins: Vec<(Role, HubPin)>,
+}
+
+/// What the sanity gates need from outside the run.
+#[derive(Debug, Clone, Default)]
+pub struct GateRequest {
+    /// The quantization method the card declares (`None`: it declares none).
+    pub declared: Option<String>,
+    /// The candidate's headers say it holds quantized tensors (for lanes that do not load it).
+    pub checkpoint_quantized: bool,
+    /// Per context length, the rows the card says were left out as non-finite.
+    pub disclosed_nonfinite: Vec<(u64, Option<u64>)>,
+}
+
+/// A finished rerun.
+#[derive(Debug, Clone)]
+pub struct Rerun {
+    pub measurement: Measurement,
+    /// Every run with its scored rows (positions.safetensors, the report's plots).
+    pub runs: Vec<RunResult>,
+    /// The sanity gates (empty when not asked for).
+    pub gates: Vec<gates::Gate>,
+    /// The reference against itself, when asked for.
+    pub noise_floor: Option<NoiseFloor>,
+}
+
+/// The reference against itself: the smallest KL this lane can show.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(untagged)]
+pub enum NoiseFloor {
+    Measured {
+        what: String,
+        runs: Vec<NoiseFloorRun>,
+    },
+    Skipped {
+        skipped: String,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct NoiseFloorRun {
+    pub context_length: usize,
+    #[serde(deserialize_with = "crate::json_f64::map")]
+    #[schemars(with = "std::collections::BTreeMap<String, Option<f64>>")]
+    pub metrics: std::collections::BTreeMap<String, f64>,
+}
+
+/// Run one rerun in its lane. Fails closed: any problem is an `Err`, never a partial result.
+pub fn run(r: &Request, stage: &(dyn Fn(&str) + Sync), progress: Progress) -> Result<Rerun> {
+    r.options.check()?;
+    let mut rerun = match r.lane {
+        Lane::Native {
+            reference,
+            compute,
+            emulate,
+        } => lanes::native(r, reference, compute, emulate, stage, progress)?,
+        Lane::Transformers { reference, runner } => {
+            lanes::transformers(r, reference, runner, stage, progress)?
+        }
+        Lane::ReferenceArtifact {
+            artifact,
+            compute,
+            emulate,
+        } => lanes::reference_artifact(r, artifact, compute, emulate, stage, progress)?,
+        Lane::LlamacppBase {
+            file,
+            compute,
+            emulate,
+        } => lanes::llamacpp_base(r, file, compute, emulate, stage, progress)?,
+    };
+    if let Some(g) = &r.gates {
+        rerun.gates.push(gates::finite_rows(
+            &rerun
+                .runs
+                .iter()
+                .map(|run| {
+                    let length = run.context_length as u64;
+                    let disclosed = g
+                        .disclosed_nonfinite
+                        .iter()
+                        .find(|(l, _)| *l == length)
+                        .and_then(|(_, n)| *n);
+                    (length, run.n_nonfinite as u64, disclosed)
+                })
+                .collect::<Vec<_>>(),
+        ));
+    }
+    for (role, pin) in &r.pins {
+        rerun.measurement.pin(*role, pin);
+    }
+    Ok(rerun)
+}

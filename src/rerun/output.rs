@@ -1,0 +1,115 @@
+//! The files of a measurement: `measurement.json` (the [`Measurement`] document) and
+//! `positions.safetensors` (per-row arrays for plots and reanalysis).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::document::Measurement;
+use super::score::RunResult;
+use crate::checkpoint::dtype::Dtype;
+use crate::checkpoint::safetensors::serialize;
+use crate::error::{Error, Result};
+use crate::files::write_atomically;
+use crate::measure::stats::Scored;
+
+/// `positions.safetensors`: per scored row of each context length, tensors `ctx<L>.<name>`.
+pub fn positions_file(runs: &[RunResult], protocol_sha256: &str) -> Vec<u8> {
+    let mut owned: Vec<(String, Dtype, Vec<u64>, Vec<u8>)> = Vec::new();
+    for run in runs {
+        let n = run.rows.len() as u64;
+        let p = format!("ctx{}", run.context_length);
+        let f64s = |f: &dyn Fn(&Scored) -> f64| -> Vec<u8> {
+            run.rows.iter().flat_map(|r| f(r).to_le_bytes()).collect()
+        };
+        let i32s = |f: &dyn Fn(&Scored) -> i32| -> Vec<u8> {
+            run.rows.iter().flat_map(|r| f(r).to_le_bytes()).collect()
+        };
+        owned.push((
+            format!("{p}.window"),
+            Dtype::I32,
+            vec![n],
+            i32s(&|r| r.block as i32),
+        ));
+        owned.push((
+            format!("{p}.position"),
+            Dtype::I64,
+            vec![n],
+            run.rows
+                .iter()
+                .flat_map(|r| (r.position as i64).to_le_bytes())
+                .collect(),
+        ));
+        owned.push((
+            format!("{p}.kld"),
+            Dtype::F64,
+            vec![n],
+            f64s(&|r| r.record.forward),
+        ));
+        owned.push((
+            format!("{p}.kld_reverse"),
+            Dtype::F64,
+            vec![n],
+            f64s(&|r| r.record.reverse),
+        ));
+        owned.push((
+            format!("{p}.ref_top1"),
+            Dtype::I32,
+            vec![n],
+            i32s(&|r| r.record.ref_top1 as i32),
+        ));
+        owned.push((
+            format!("{p}.cand_top1"),
+            Dtype::I32,
+            vec![n],
+            i32s(&|r| r.record.cand_top1 as i32),
+        ));
+        owned.push((
+            format!("{p}.ref_top1_prob"),
+            Dtype::F64,
+            vec![n],
+            f64s(&|r| r.record.ref_top1_prob),
+        ));
+        owned.push((
+            format!("{p}.nll_ref"),
+            Dtype::F64,
+            vec![n],
+            f64s(&|r| r.record.nll_ref.unwrap_or(f64::NAN)),
+        ));
+        owned.push((
+            format!("{p}.nll_cand"),
+            Dtype::F64,
+            vec![n],
+            f64s(&|r| r.record.nll_cand.unwrap_or(f64::NAN)),
+        ));
+    }
+    let tensors: Vec<(&str, Dtype, &[u64], &[u8])> = owned
+        .iter()
+        .map(|(n, d, s, b)| (n.as_str(), *d, s.as_slice(), b.as_slice()))
+        .collect();
+    let mut metadata = BTreeMap::new();
+    metadata.insert("protocol_sha256".to_owned(), protocol_sha256.to_owned());
+    metadata.insert(
+        "definitions".to_owned(),
+        "per scored row: window index (or bootstrap run in a single window), position j (row j predicts token j+1), forward and reverse KL in nats, first-index argmax of each model, the reference's top-1 probability, NLL of the true next token (NaN when unknown)".to_owned(),
+    );
+    serialize(&tensors, &metadata)
+}
+
+/// The document as written: pretty JSON and a trailing newline.
+pub fn measurement_bytes(out: &Path, m: &Measurement) -> Result<Vec<u8>> {
+    let mut text = serde_json::to_vec_pretty(m)
+        .map_err(|e| Error::internal(out, format!("cannot encode measurement.json: {e}")))?;
+    text.push(b'\n');
+    Ok(text)
+}
+
+/// Write `measurement.json` and `positions.safetensors` into `out` (each written whole under a
+/// temporary name and renamed). A run that is part of an output set writes through the set.
+pub fn write_measurement(out: &Path, m: &Measurement, runs: &[RunResult]) -> Result<()> {
+    std::fs::create_dir_all(out).map_err(|e| Error::write(out, e))?;
+    write_atomically(
+        &out.join("positions.safetensors"),
+        &positions_file(runs, &m.protocol_sha256),
+    )?;
+    write_atomically(&out.join("measurement.json"), &measurement_bytes(out, m)?)
+}

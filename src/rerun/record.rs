@@ -1,0 +1,189 @@
+//! A [`Measurement`] from its typed parts: the scoring, the two identities and the environment,
+//! with the ready `fidelity:` block serialized from the disclosure's own types.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::document::{
+    DraftCandidate, DraftReference, Environment, FidelityDraft, Measurement, ModelRecord, Padding,
+    RunnerKind,
+};
+use super::options::{MeasureOptions, disclosed_protocol};
+use super::score::Scoring;
+use crate::disclosure::precision::{round_claim, round_sig};
+use crate::disclosure::{
+    self, CheckpointFormat, Engine, FlagValue, ResultClaim, Sha256, WeightDtype,
+};
+
+/// Metrics a card's `results` carry by default.
+pub const CLAIMED: &[&str] = &[
+    "kld_mean",
+    "kld_p99",
+    "kld_reverse_mean",
+    "top1_agreement",
+    "ppl_ratio",
+];
+
+/// The measurement document of a scoring.
+pub fn measurement(
+    scoring: &Scoring,
+    o: &MeasureOptions,
+    reference: ModelRecord,
+    candidate: ModelRecord,
+    environment: Environment,
+) -> Measurement {
+    let fidelity = fidelity_draft(scoring, o, &reference, &candidate, &environment);
+    Measurement {
+        schema_version: crate::JSON_SCHEMA_VERSION,
+        run_id: None,
+        protocol_sha256: scoring.protocol.sha256(),
+        protocol: scoring.protocol.clone(),
+        reference,
+        candidate,
+        eval: scoring.eval.clone(),
+        environment,
+        runs: scoring.runs.iter().map(|r| r.record()).collect(),
+        definitions: match crate::measure::definitions() {
+            Value::Object(map) => map,
+            _ => serde_json::Map::new(),
+        },
+        fidelity,
+    }
+}
+
+/// A ready `fidelity:` block for the card. The repositories and revisions are not known to a
+/// local measurement; `cardproof card` (or the Hub pins) add them.
+fn fidelity_draft(
+    m: &Scoring,
+    o: &MeasureOptions,
+    reference: &ModelRecord,
+    candidate: &ModelRecord,
+    environment: &Environment,
+) -> FidelityDraft {
+    let mut results = Vec::new();
+    for run in &m.runs {
+        for name in CLAIMED {
+            let Some(value) = run.summary.metrics.get(*name) else {
+                continue;
+            };
+            let uncertainty = run
+                .summary
+                .uncertainty
+                .get(*name)
+                .filter(|u| u.ci95.iter().all(|v| v.is_finite()))
+                .map(|u| round_sig((u.ci95[1] - u.ci95[0]) / 2.0, 2));
+            results.push(ResultClaim {
+                metric: (*name).to_owned(),
+                value: round_claim(name, *value),
+                uncertainty,
+                level: None,
+                context_length: Some(run.context_length as u64),
+                n_positions: Some(run.n_positions as u64),
+                n_nonfinite: (run.n_nonfinite > 0).then_some(run.n_nonfinite as u64),
+            });
+        }
+    }
+    let text_name = m
+        .eval
+        .text_path
+        .as_deref()
+        .and_then(|p| Path::new(p).file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    FidelityDraft {
+        schema: disclosure::SCHEMA_ID.into(),
+        reference: DraftReference {
+            repo: None,
+            revision: None,
+            format: if reference.format == "gguf" {
+                CheckpointFormat::Gguf
+            } else {
+                CheckpointFormat::Safetensors
+            },
+            dtype: match reference.stored_dtype.as_str() {
+                "bf16" => WeightDtype::Bf16,
+                "f16" => WeightDtype::F16,
+                "f32" => WeightDtype::F32,
+                _ => WeightDtype::Other,
+            },
+            files_sha256: Sha256(reference.manifest_sha256.clone()),
+        },
+        candidate: DraftCandidate {
+            repo: None,
+            revision: None,
+            files_sha256: Sha256(candidate.manifest_sha256.clone()),
+        },
+        runtime: runtime(environment),
+        eval: disclosure::Eval {
+            text: disclosure::EvalText {
+                source: text_name,
+                sha256: Some(Sha256(m.eval.text_sha256.clone())),
+                revision: None,
+                split: None,
+            },
+            tokenizer: None,
+            tokens: Some(disclosure::Tokens {
+                count: m.eval.token_count as u64,
+                sha256: Sha256(m.eval.tokens_sha256.clone()),
+            }),
+            bos: o.bos,
+            chat_template: None,
+        },
+        protocol: disclosed_protocol(o, m.protocol.padding == Padding::Included),
+        results,
+    }
+}
+
+/// The card's `runtime` item from a measurement's environment record.
+pub fn runtime(environment: &Environment) -> disclosure::Runtime {
+    let text = |v: &Option<String>| v.clone().unwrap_or_else(|| "?".into());
+    if environment.runner != RunnerKind::Transformers {
+        return disclosure::Runtime {
+            engine: Engine::Cardproof,
+            engine_version: env!("CARGO_PKG_VERSION").into(),
+            attention_backend: environment.attention.clone(),
+            kv_cache_dtype: text(&environment.kv_cache_dtype),
+            compute_dtype: environment.compute_dtype.clone(),
+            device: environment.device.clone(),
+            device_count: Some(1),
+            flags: None,
+        };
+    }
+    let short = |v: &str| match v {
+        "bfloat16" => "bf16".to_owned(),
+        "float16" => "f16".to_owned(),
+        "float32" => "f32".to_owned(),
+        other => other.to_owned(),
+    };
+    let reported = environment.transformers_runner.clone().unwrap_or_default();
+    let mut flags = std::collections::BTreeMap::new();
+    if let Some(torch) = &reported.torch {
+        flags.insert("torch".into(), FlagValue::Text(torch.clone()));
+    }
+    flags.insert(
+        "cuda".into(),
+        FlagValue::Text(reported.cuda.clone().unwrap_or_else(|| "none".into())),
+    );
+    if let Some(tf32) = reported.tf32 {
+        flags.insert("tf32".into(), FlagValue::Bool(tf32));
+    }
+    if let Some(chunk) = reported.chunk_size {
+        flags.insert("prefill_chunk".into(), FlagValue::Integer(chunk));
+    }
+    flags.insert(
+        "reduction".into(),
+        FlagValue::Text("cardproof transformers runner (float64)".into()),
+    );
+    let gpus = reported.gpus.len();
+    disclosure::Runtime {
+        engine: Engine::Transformers,
+        engine_version: text(&environment.engine_version),
+        attention_backend: environment.attention.clone(),
+        kv_cache_dtype: short(&text(&environment.kv_cache_dtype)),
+        compute_dtype: short(&environment.compute_dtype),
+        device: environment.device.clone(),
+        device_count: Some(gpus.max(1) as u64),
+        flags: Some(flags),
+    }
+}

@@ -1,0 +1,413 @@
+//! Scoring: both models over the tokenized eval text, window by window, every scored row
+//! reduced with [`crate::measure`] into a record, and the records into each run's statistics.
+//! Runners that reduce rows themselves (the transformers runner) hand their records in through
+//! [`measure_records`]; everything after the rows is the same for every lane.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use super::document::{EvalRecord, Padding, RunProtocol, RunRecord};
+use super::options::MeasureOptions;
+use crate::checkpoint::dtype::Dtype;
+use crate::checkpoint::safetensors::serialize;
+use crate::error::{Error, Result};
+use crate::files::write_atomically;
+use crate::measure::row::{self, RowRecord};
+use crate::measure::stats::{self, Scored, Summary};
+use crate::runner::Runner;
+use crate::runner::tokens::{self, TokenStream};
+
+/// Logit rows per chunk of the output head: bounds memory at about 64 MiB per model and thread.
+const CHUNK_BYTES: usize = 64 * 1024 * 1024;
+/// A logit dump (for oracles and reanalysis) is refused beyond this size.
+const MAX_DUMP_BYTES: usize = 2 * 1024 * 1024 * 1024;
+
+/// One context length's results, rows included.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    pub context_length: usize,
+    pub n_windows: usize,
+    pub dropped_tokens: usize,
+    pub n_positions: usize,
+    pub n_nonfinite: usize,
+    pub summary: Summary,
+    pub rows: Vec<Scored>,
+    pub bootstrap_block: String,
+}
+
+impl RunResult {
+    /// The run's record in measurement.json (its rows go to positions.safetensors).
+    pub fn record(&self) -> RunRecord {
+        RunRecord {
+            context_length: self.context_length,
+            n_windows: self.n_windows,
+            dropped_tokens: self.dropped_tokens,
+            n_positions: self.n_positions,
+            n_nonfinite: self.n_nonfinite,
+            bootstrap_block: self.bootstrap_block.clone(),
+            summary: self.summary.clone(),
+        }
+    }
+}
+
+/// The scored runs of one measurement, with the protocol they were scored under.
+#[derive(Debug, Clone)]
+pub struct Scoring {
+    pub protocol: RunProtocol,
+    pub eval: EvalRecord,
+    pub runs: Vec<RunResult>,
+    pub vocab_size: usize,
+}
+
+/// Progress: windows done out of all windows of all context lengths.
+pub type Progress<'a> = &'a (dyn Fn(usize, usize) + Sync);
+
+/// The measurement protocol: every setting that changes a number.
+pub fn run_protocol(o: &MeasureOptions, vocab_size: usize, padding: Padding) -> RunProtocol {
+    RunProtocol {
+        direction: o.direction,
+        units: "nats".into(),
+        vocab: o.vocab,
+        padding,
+        vocab_size,
+        positions: o.positions,
+        llamacpp_compat: false,
+        aggregation: "mean_over_positions".into(),
+        bootstrap: o.bootstrap,
+        bootstrap_block: "window".into(),
+        top1: "first index of the maximum".into(),
+        context_lengths: o.context_lengths.clone(),
+        bos: o.bos,
+        windows: "non_overlapping; trailing partial window dropped".into(),
+    }
+}
+
+pub struct EvalInput<'a> {
+    pub stream: &'a TokenStream,
+    pub text_path: &'a Path,
+    pub bos_id: Option<u32>,
+    /// Tokens the tokenizer knows: logit entries beyond are padding.
+    pub tokenizer_vocab: usize,
+}
+
+/// One context length's windows and the rows scored in each.
+pub struct RunPlan {
+    pub windows: tokens::Windows,
+    pub rows: Vec<usize>,
+}
+
+/// The logit entries to use: the requested size, else the tokenizer's (padding excluded).
+fn used_vocab(eval: &EvalInput, width: usize, o: &MeasureOptions) -> Result<usize> {
+    if eval.tokenizer_vocab > width {
+        return Err(Error::mismatch(
+            eval.text_path,
+            None,
+            format!(
+                "the tokenizer knows {} tokens but the models' logit rows have only {width}",
+                eval.tokenizer_vocab
+            ),
+        ));
+    }
+    let vocab_size = o.vocab_size.unwrap_or(eval.tokenizer_vocab.max(1));
+    if vocab_size == 0 || vocab_size > width {
+        return Err(Error::usage(
+            eval.text_path,
+            format!("vocabulary size {vocab_size} is outside 1..={width} (the logit rows' width)"),
+        ));
+    }
+    Ok(vocab_size)
+}
+
+/// The windows of every context length and the rows the position policy scores in them.
+pub fn plan_runs(eval: &EvalInput, o: &MeasureOptions) -> Result<Vec<RunPlan>> {
+    o.check()?;
+    o.context_lengths
+        .iter()
+        .map(|&l| {
+            let windows = tokens::windows(eval.stream, eval.text_path, l, o.bos, eval.bos_id)?;
+            let rows: Vec<usize> = (0..l)
+                .filter(|&j| o.positions.selects(j as u64, l as u64))
+                .collect();
+            if rows.is_empty() {
+                return Err(Error::usage(
+                    eval.text_path,
+                    format!(
+                        "the position policy {:?} selects no row of a {l}-token window",
+                        o.positions
+                    ),
+                ));
+            }
+            Ok(RunPlan { windows, rows })
+        })
+        .collect()
+}
+
+/// Each window's records (one per scored row, `None` for a non-finite row) as scored rows with
+/// their bootstrap blocks: windows, or runs of rows inside a single window.
+fn scored_rows(plan: &RunPlan, per_window: Vec<Vec<Option<RowRecord>>>) -> (Vec<Scored>, usize) {
+    let l = plan.windows.length;
+    let single = plan.windows.windows.len() == 1;
+    let run_len = (plan.rows.len() / 100).clamp(1, crate::measure::BOOTSTRAP_MAX_RUN);
+    let mut scored = Vec::new();
+    let mut n_nonfinite = 0;
+    for (w, records) in per_window.into_iter().enumerate() {
+        for (rank, (record, &j)) in records.into_iter().zip(&plan.rows).enumerate() {
+            match record {
+                Some(record) => scored.push(Scored {
+                    record,
+                    block: if single {
+                        (rank / run_len) as u32
+                    } else {
+                        w as u32
+                    },
+                    position: j as u64,
+                    window_len: l as u64,
+                }),
+                None => n_nonfinite += 1,
+            }
+        }
+    }
+    (scored, n_nonfinite)
+}
+
+/// Statistics of every run and the measurement's protocol and eval records.
+fn finish_measurement(
+    eval: &EvalInput,
+    o: &MeasureOptions,
+    plans: &[RunPlan],
+    per_run: Vec<Vec<Vec<Option<RowRecord>>>>,
+    vocab_size: usize,
+    width: usize,
+) -> Result<Scoring> {
+    let want_reverse = o.direction.reverse();
+    let mut runs = Vec::new();
+    for (plan, per_window) in plans.iter().zip(per_run) {
+        let l = plan.windows.length;
+        let (scored, n_nonfinite) = scored_rows(plan, per_window);
+        if scored.is_empty() {
+            return Err(Error::runner(
+                eval.text_path,
+                format!("every scored row at context length {l} has non-finite logits"),
+            ));
+        }
+        let summary = stats::summarize(
+            &scored,
+            o.direction.forward(),
+            want_reverse,
+            o.bootstrap.resamples,
+            o.bootstrap.seed,
+            o.bootstrap.level,
+        );
+        let single = plan.windows.windows.len() == 1;
+        let run_len = (plan.rows.len() / 100).clamp(1, crate::measure::BOOTSTRAP_MAX_RUN);
+        runs.push(RunResult {
+            context_length: l,
+            n_windows: plan.windows.windows.len(),
+            dropped_tokens: plan.windows.dropped_tokens,
+            n_positions: scored.len(),
+            n_nonfinite,
+            summary,
+            rows: scored,
+            bootstrap_block: if single {
+                format!("run:{run_len}")
+            } else {
+                "window".into()
+            },
+        });
+    }
+    let padding = Padding::of(vocab_size, eval.tokenizer_vocab, width);
+    let stream = eval.stream;
+    Ok(Scoring {
+        protocol: run_protocol(o, vocab_size, padding),
+        eval: EvalRecord {
+            text_path: Some(eval.text_path.display().to_string()),
+            text_sha256: stream.text_sha256.clone(),
+            text_bytes: stream.text_bytes,
+            tokens_sha256: tokens::tokens_sha256(&stream.ids),
+            token_count: stream.ids.len(),
+            bos: o.bos,
+        },
+        runs,
+        vocab_size,
+    })
+}
+
+/// Measure with a runner that reduces rows itself (the transformers runner): `records` gets the
+/// plans and the vocabulary size and returns, per run, per window, one record per scored row.
+pub fn measure_records(
+    eval: &EvalInput,
+    o: &MeasureOptions,
+    width: usize,
+    records: impl FnOnce(&[RunPlan], usize) -> Result<Vec<Vec<Vec<Option<RowRecord>>>>>,
+) -> Result<Scoring> {
+    let vocab_size = used_vocab(eval, width, o)?;
+    if o.dump_logits.is_some() {
+        return Err(Error::usage(
+            eval.text_path,
+            "--dump-logits needs a runner that returns logits (--runner native)",
+        ));
+    }
+    let plans = plan_runs(eval, o)?;
+    let per_run = records(&plans, vocab_size)?;
+    finish_measurement(eval, o, &plans, per_run, vocab_size, width)
+}
+
+/// Run both models over the eval text for every context length.
+pub fn measure_models(
+    reference: &dyn Runner,
+    candidate: &dyn Runner,
+    eval: &EvalInput,
+    o: &MeasureOptions,
+    progress: Progress,
+) -> Result<Scoring> {
+    let text_path = eval.text_path;
+    let width = reference.vocab();
+    if candidate.vocab() != width {
+        return Err(Error::mismatch(
+            text_path,
+            None,
+            format!(
+                "vocabulary mismatch: the reference's logit rows have {width} entries, the candidate's {}",
+                candidate.vocab()
+            ),
+        ));
+    }
+    let vocab_size = used_vocab(eval, width, o)?;
+    if o.dump_logits.is_some() && o.context_lengths.len() != 1 {
+        return Err(Error::usage(
+            text_path,
+            "--dump-logits takes exactly one --context-length",
+        ));
+    }
+    let plans = plan_runs(eval, o)?;
+    let total: usize = plans.iter().map(|p| p.windows.windows.len()).sum();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let chunk = (CHUNK_BYTES / 4 / width).max(1);
+    let want_reverse = o.direction.reverse();
+
+    let mut per_run = Vec::new();
+    for plan in &plans {
+        let (windows, rows) = (&plan.windows, &plan.rows);
+        let dump = o.dump_logits.is_some();
+        if dump && windows.windows.len() * rows.len() * vocab_size * 4 * 2 > MAX_DUMP_BYTES {
+            return Err(Error::usage(
+                text_path,
+                format!(
+                    "--dump-logits would write over {MAX_DUMP_BYTES} bytes; use a shorter eval text"
+                ),
+            ));
+        }
+        type WindowOut = (Vec<Option<RowRecord>>, Vec<f32>, Vec<f32>);
+        let results: Vec<WindowOut> = windows
+            .windows
+            .par_iter()
+            .map(|ids| -> Result<WindowOut> {
+                let a = reference.window(ids)?;
+                let b = candidate.window(ids)?;
+                let mut scratch = row::Scratch::default();
+                let mut out = Vec::with_capacity(rows.len());
+                let (mut dump_a, mut dump_b) = (Vec::new(), Vec::new());
+                for part in rows.chunks(chunk) {
+                    let la = a.logits(part)?;
+                    let lb = b.logits(part)?;
+                    for (k, &j) in part.iter().enumerate() {
+                        let ra = &la[k * width..k * width + vocab_size];
+                        let rb = &lb[k * width..k * width + vocab_size];
+                        let token = Some(ids[j + 1]).filter(|&t| (t as usize) < vocab_size);
+                        let exact_nll = a.token_nll(j);
+                        out.push(
+                            row::reduce(ra, rb, token, o.vocab, want_reverse, &mut scratch).map(
+                                |mut record: RowRecord| {
+                                    if let Some(n) = exact_nll.filter(|_| record.nll_ref.is_some())
+                                    {
+                                        record.nll_ref = Some(n);
+                                    }
+                                    record
+                                },
+                            ),
+                        );
+                        if dump {
+                            dump_a.extend_from_slice(ra);
+                            dump_b.extend_from_slice(rb);
+                        }
+                    }
+                }
+                let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                progress(n, total);
+                Ok((out, dump_a, dump_b))
+            })
+            .collect::<Result<_>>()?;
+        let (mut dump_a, mut dump_b) = (Vec::new(), Vec::new());
+        let mut dump_meta: Vec<(u32, u64, u32)> = Vec::new();
+        let mut per_window = Vec::with_capacity(results.len());
+        for (w, (records, da, db)) in results.into_iter().enumerate() {
+            if dump {
+                for &j in rows {
+                    dump_meta.push((w as u32, j as u64, windows.windows[w][j + 1]));
+                }
+            }
+            per_window.push(records);
+            dump_a.extend(da);
+            dump_b.extend(db);
+        }
+        if let Some(dir) = &o.dump_logits {
+            write_dump(dir, "reference", &dump_a, &dump_meta, windows, vocab_size)?;
+            write_dump(dir, "candidate", &dump_b, &dump_meta, windows, vocab_size)?;
+        }
+        per_run.push(per_window);
+    }
+    finish_measurement(eval, o, &plans, per_run, vocab_size, width)
+}
+
+/// A logit dump in the layout `cardproof kld` reads, plus the windows' input ids.
+fn write_dump(
+    dir: &Path,
+    side: &str,
+    logits: &[f32],
+    meta: &[(u32, u64, u32)],
+    windows: &tokens::Windows,
+    vocab: usize,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::write(dir, e))?;
+    let n = meta.len() as u64;
+    let window: Vec<u8> = meta
+        .iter()
+        .flat_map(|m| (m.0 as i32).to_le_bytes())
+        .collect();
+    let position: Vec<u8> = meta
+        .iter()
+        .flat_map(|m| (m.1 as i64).to_le_bytes())
+        .collect();
+    let token: Vec<u8> = meta
+        .iter()
+        .flat_map(|m| (m.2 as i32).to_le_bytes())
+        .collect();
+    let ids: Vec<u8> = windows
+        .windows
+        .iter()
+        .flatten()
+        .flat_map(|&t| (t as i32).to_le_bytes())
+        .collect();
+    let logit_bytes: &[u8] = bytemuck::cast_slice(logits);
+    let mut metadata = BTreeMap::new();
+    metadata.insert("vocab_size".to_owned(), vocab.to_string());
+    metadata.insert("context_length".to_owned(), windows.length.to_string());
+    let bytes = serialize(
+        &[
+            ("logits", Dtype::F32, &[n, vocab as u64], logit_bytes),
+            ("tokens", Dtype::I32, &[n], &token),
+            ("positions", Dtype::I64, &[n], &position),
+            ("window", Dtype::I32, &[n], &window),
+            (
+                "input_ids",
+                Dtype::I32,
+                &[windows.windows.len() as u64, windows.length as u64],
+                &ids,
+            ),
+        ],
+        &metadata,
+    );
+    write_atomically(&dir.join(format!("{side}.logits.safetensors")), &bytes)
+}

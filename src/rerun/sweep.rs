@@ -1,0 +1,188 @@
+//! `measure --runner transformers --sweep attention=A,B,...`: one model's weights against
+//! themselves under each setting, the first the baseline (design.md's backend-only test). Each
+//! pair is one [`super::run`] in the transformers lane; `sweep.json` is the [`Sweep`] document.
+
+use std::path::Path;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::document::Environment;
+use super::options::MeasureOptions;
+use super::score::{Progress, RunResult};
+use super::{Lane, Request, Rerun};
+use crate::error::{Error, Result};
+use crate::files::write_atomically;
+use crate::measure::stats::Bucket;
+
+/// A sweep to run.
+pub struct SweepRequest<'a> {
+    pub model: &'a Path,
+    pub eval_text: &'a Path,
+    pub tokenizer: Option<&'a Path>,
+    pub options: &'a MeasureOptions,
+    pub runner: &'a crate::runner::transformers::TransformersOptions,
+    pub knob: &'a str,
+    pub values: &'a [String],
+    pub threads: usize,
+    pub out: &'a Path,
+    /// The run id every document of the sweep carries (see [`crate::outset`]).
+    pub run_id: Option<&'a str>,
+}
+
+/// `sweep.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[schemars(title = "cardproof sweep v1")]
+pub struct Sweep {
+    pub schema_version: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// Always `sweep`.
+    pub kind: String,
+    pub knob: String,
+    pub values: Vec<String>,
+    pub model: String,
+    pub definition: String,
+    /// The largest `kld_mean` of any pair: the smallest KL a claim in this lane can resolve.
+    pub noise_floor_kld_mean: Option<f64>,
+    pub pairs: Vec<SweepPair>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct SweepPair {
+    pub baseline: String,
+    pub other: String,
+    /// The pair's measurement.json, relative to sweep.json.
+    pub measurement: String,
+    pub runs: Vec<Flips>,
+    pub environment: Environment,
+}
+
+/// Flips of the top-1 token along position: how many rows flip, where the first flips are, and
+/// the flip rate by depth.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Flips {
+    pub context_length: usize,
+    pub n_positions: usize,
+    pub kld_mean: Option<f64>,
+    pub kld_max: Option<f64>,
+    pub kld_p99: Option<f64>,
+    pub top1_agreement: Option<f64>,
+    pub n_flips: usize,
+    pub flip_location: String,
+    /// The first 1,000 flips.
+    pub flips: Vec<FlipAt>,
+    pub flips_listed: usize,
+    pub by_depth: Vec<Bucket>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema)]
+pub struct FlipAt {
+    pub block: u32,
+    pub position: u64,
+}
+
+fn flips(run: &RunResult) -> Flips {
+    let all: Vec<FlipAt> = run
+        .rows
+        .iter()
+        .filter(|s| s.record.ref_top1 != s.record.cand_top1)
+        .map(|s| FlipAt {
+            block: s.block,
+            position: s.position,
+        })
+        .collect();
+    let shown: Vec<FlipAt> = all.iter().take(1000).copied().collect();
+    let metric = |name: &str| run.summary.metrics.get(name).copied();
+    Flips {
+        context_length: run.context_length,
+        n_positions: run.n_positions,
+        kld_mean: metric("kld_mean"),
+        kld_max: metric("kld_max"),
+        kld_p99: metric("kld_p99"),
+        top1_agreement: metric("top1_agreement"),
+        n_flips: all.len(),
+        flip_location: if run.n_windows == 1 {
+            "block = run of rows in the one window"
+        } else {
+            "block = window"
+        }
+        .into(),
+        flips_listed: shown.len(),
+        flips: shown,
+        by_depth: run.summary.diagnostics.by_depth.clone(),
+    }
+}
+
+/// Run the sweep and write `sweep.json` plus one measurement directory per compared setting.
+pub fn run_sweep(
+    r: &SweepRequest,
+    stage: &(dyn Fn(&str) + Sync),
+    progress: Progress,
+) -> Result<Sweep> {
+    let baseline = &r.values[0];
+    let mut pairs = Vec::new();
+    // Written only when every pair has run: a failed sweep leaves no partial results.
+    let mut outputs: Vec<(std::path::PathBuf, Rerun)> = Vec::new();
+    let mut floor: Option<f64> = None;
+    for other in &r.values[1..] {
+        let mut runner = r.runner.clone();
+        runner.attention = (baseline.clone(), other.clone());
+        let pair_dir = format!("{}-{baseline}-vs-{other}", r.knob);
+        let mut rerun = super::run(
+            &Request {
+                lane: Lane::Transformers {
+                    reference: r.model,
+                    runner: &runner,
+                },
+                candidate: r.model,
+                eval_text: Some(r.eval_text),
+                tokenizer: r.tokenizer,
+                options: r.options.clone(),
+                padding_included: false,
+                threads: r.threads,
+                candidate_manifest: None,
+                gates: None,
+                noise_floor: false,
+                pins: Vec::new(),
+            },
+            stage,
+            progress,
+        )?;
+        rerun.measurement.run_id = r.run_id.map(str::to_owned);
+        for m in &rerun.runs {
+            if let Some(&k) = m.summary.metrics.get("kld_mean") {
+                floor = Some(floor.map_or(k, |f: f64| f.max(k)));
+            }
+        }
+        pairs.push(SweepPair {
+            baseline: baseline.clone(),
+            other: other.clone(),
+            // Relative to sweep.json: the sweep is written as one set and moved into place.
+            measurement: format!("{pair_dir}/measurement.json"),
+            runs: rerun.runs.iter().map(flips).collect(),
+            environment: rerun.measurement.environment.clone(),
+        });
+        outputs.push((r.out.join(&pair_dir), rerun));
+    }
+    for (out, rerun) in &outputs {
+        super::output::write_measurement(out, &rerun.measurement, &rerun.runs)?;
+    }
+    let document = Sweep {
+        schema_version: crate::JSON_SCHEMA_VERSION,
+        run_id: r.run_id.map(str::to_owned),
+        kind: "sweep".into(),
+        knob: r.knob.to_owned(),
+        values: r.values.to_vec(),
+        model: r.model.display().to_string(),
+        definition: "each pair measures the same weights under the baseline setting (as reference) and the other setting (as candidate), same tokens and rows: any KL is the kernel's, not the weights'".into(),
+        noise_floor_kld_mean: floor,
+        pairs,
+    };
+    std::fs::create_dir_all(r.out).map_err(|e| Error::write(r.out, e))?;
+    let mut text = serde_json::to_vec_pretty(&document)
+        .map_err(|e| Error::internal(r.out, format!("cannot encode sweep.json: {e}")))?;
+    text.push(b'\n');
+    write_atomically(&r.out.join("sweep.json"), &text)?;
+    Ok(document)
+}

@@ -1,0 +1,179 @@
+//! The transformers runner's exchange as types: the request cardproof writes
+//! (`request.json`) and the record the Python program answers with (`record.json`). Their JSON
+//! Schemas (`schema/runner-request-v1.schema.json`, `schema/runner-record-v1.schema.json`) are
+//! generated from these types; the program (runners/transformers_runner.py) is the other side.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// `request.json`: what to run.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[schemars(title = "cardproof transformers runner request v1")]
+pub struct RunnerRequest {
+    /// The exchange's version; the program refuses another.
+    pub protocol: u64,
+    pub models: RequestModels,
+    /// `bfloat16`, `float16` or `float32`.
+    pub dtype: String,
+    /// `cuda`, `cuda:N`, `auto` or `cpu`.
+    pub device: String,
+    /// Tokens per prefill chunk (0: planned).
+    pub chunk_size: usize,
+    /// Rows per output-head chunk (0: planned).
+    pub head_rows: usize,
+    pub tf32: bool,
+    pub deterministic: bool,
+    pub trust_remote_code: bool,
+    pub memory_limit_bytes: Option<u64>,
+    /// `auto`, `side_by_side` or `sequential`.
+    pub mode: String,
+    /// `auto`, `device`, `host` or `disk`.
+    pub keep_hidden: String,
+    /// Run the sanity gates on the first window.
+    pub gates: bool,
+    pub dump: Option<RequestDump>,
+    /// Logit entries per row to reduce.
+    pub vocab_size: usize,
+    pub runs: Vec<RequestRun>,
+    pub result_dir: String,
+    pub record_path: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct RequestModels {
+    pub reference: RequestModel,
+    pub candidate: RequestModel,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct RequestModel {
+    pub path: String,
+    pub attn_implementation: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct RequestDump {
+    pub dir: String,
+    pub rows: usize,
+}
+
+/// One context length: its windows' token ids (little-endian u32, `n_windows` x
+/// `context_length`) and the rows to score in each.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct RequestRun {
+    pub context_length: usize,
+    pub tokens_file: String,
+    pub n_windows: usize,
+    pub rows: Vec<usize>,
+}
+
+/// `record.json`: what the program did, or why it failed.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[schemars(title = "cardproof transformers runner record v1")]
+pub struct RunnerRecord {
+    pub protocol: u64,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<RecordError>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<RunnerEnvironment>,
+    #[serde(default)]
+    pub runs: Vec<RecordRun>,
+    /// The gates' raw numbers (absent or null: not asked for).
+    #[serde(default)]
+    pub gates: Option<GateNumbers>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct RecordError {
+    /// `invalid_request`, `out_of_memory`, `internal`, ...
+    pub kind: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceback: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct RecordRun {
+    #[serde(default)]
+    pub context_length: Option<usize>,
+    /// The run's result file (in the request's `result_dir`).
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub rows: Option<usize>,
+}
+
+/// What the program reports about where and how it ran; the fields cardproof reads are named,
+/// the rest is kept as given.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct RunnerEnvironment {
+    #[serde(default)]
+    pub transformers: Option<String>,
+    #[serde(default)]
+    pub torch: Option<String>,
+    #[serde(default)]
+    pub cuda: Option<String>,
+    #[serde(default)]
+    pub dtype: Option<String>,
+    #[serde(default)]
+    pub tf32: Option<bool>,
+    #[serde(default)]
+    pub chunk_size: Option<i64>,
+    #[serde(default)]
+    pub gpus: Vec<Gpu>,
+    #[serde(default)]
+    pub models: RecordModels,
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Gpu {
+    pub name: String,
+    pub compute_capability: String,
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
+}
+
+/// Each model as the program loaded it (its own record, kept as given).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct RecordModels {
+    #[serde(default)]
+    pub reference: Value,
+    #[serde(default)]
+    pub candidate: Value,
+}
+
+impl RecordModels {
+    fn attention(model: &Value) -> String {
+        model["attention"].as_str().unwrap_or("?").to_owned()
+    }
+
+    /// The attention implementation each side ran with.
+    pub fn attentions(&self) -> (String, String) {
+        (
+            Self::attention(&self.reference),
+            Self::attention(&self.candidate),
+        )
+    }
+}
+
+/// The sanity gates' raw numbers on the first window.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct GateNumbers {
+    #[serde(default)]
+    pub self_forward_mean: Option<f64>,
+    #[serde(default)]
+    pub self_reverse_mean: Option<f64>,
+    #[serde(default)]
+    pub self_top1_identical: Option<bool>,
+    #[serde(default)]
+    pub shift_forward_mean: Option<f64>,
+    /// Why the gates did not run.
+    #[serde(default)]
+    pub skipped: Option<String>,
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
+}

@@ -1,0 +1,229 @@
+//! The differences between the card's lane and protocol and what the rerun did, field by field
+//! on the types: each names the card's field path, the card's value and the rerun's, and each
+//! makes the card's numbers not comparable with the rerun's.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::disclosure::{self, Engine};
+use crate::rerun::document::{Measurement, RunnerKind};
+use crate::rerun::options::Resolved;
+
+/// One field where the card and the rerun differ.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Difference {
+    /// The card's field (`fidelity.runtime.compute_dtype`).
+    pub field: String,
+    /// The card's value, as text.
+    pub card: String,
+    /// The rerun's value, as text.
+    pub rerun: String,
+    /// The difference in words (what a claim's reason quotes).
+    pub message: String,
+}
+
+impl std::fmt::Display for Difference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+fn text(v: &impl Serialize) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => "?".into(),
+    }
+}
+
+/// A difference worded `{what}: card {c}, rerun {r}`.
+fn plain(field: &str, what: &str, card: String, rerun: String) -> Difference {
+    Difference {
+        field: format!("fidelity.{field}"),
+        message: format!("{what}: card {card}, rerun {rerun}"),
+        card,
+        rerun,
+    }
+}
+
+/// The card's sections as read, and the rerun's measurement.
+pub struct CardLane<'a> {
+    pub runtime: Option<&'a disclosure::Runtime>,
+    pub eval: Option<&'a disclosure::Eval>,
+    pub reference: Option<&'a disclosure::Reference>,
+    /// `candidate.files_sha256`, as the card states it.
+    pub candidate_files_sha256: Option<&'a str>,
+}
+
+/// Every difference between the card's lane and protocol and the rerun's.
+pub fn lane_differences(card: &CardLane, m: &Measurement, resolved: &Resolved) -> Vec<Difference> {
+    let mut out = Vec::new();
+    let env = &m.environment;
+    let rerun_engine = match env.runner {
+        RunnerKind::Transformers => Engine::Transformers,
+        RunnerKind::Native => Engine::Cardproof,
+    };
+    if let Some(rt) = card.runtime {
+        if rt.engine != rerun_engine {
+            out.push(Difference {
+                field: "fidelity.runtime.engine".into(),
+                card: text(&rt.engine),
+                rerun: text(&rerun_engine),
+                message: format!(
+                    "engine: the card's numbers come from {} {} on {}; the rerun is {} ({})",
+                    text(&rt.engine),
+                    rt.engine_version,
+                    rt.device,
+                    if rerun_engine == Engine::Cardproof {
+                        "cardproof's native runner"
+                    } else {
+                        "cardproof's transformers runner"
+                    },
+                    env.lane,
+                ),
+            });
+        } else if rerun_engine == Engine::Transformers {
+            // Same engine: its version, the GPU and every numerics knob must match too.
+            let r = &m.fidelity.runtime;
+            for (field, what, c, v) in [
+                (
+                    "runtime.engine_version",
+                    "transformers version",
+                    &rt.engine_version,
+                    &r.engine_version,
+                ),
+                ("runtime.device", "device", &rt.device, &r.device),
+                (
+                    "runtime.attention_backend",
+                    "attention",
+                    &rt.attention_backend,
+                    &r.attention_backend,
+                ),
+                (
+                    "runtime.compute_dtype",
+                    "compute dtype",
+                    &rt.compute_dtype,
+                    &r.compute_dtype,
+                ),
+                (
+                    "runtime.kv_cache_dtype",
+                    "KV-cache dtype",
+                    &rt.kv_cache_dtype,
+                    &r.kv_cache_dtype,
+                ),
+            ] {
+                if c != v {
+                    out.push(plain(field, what, text(c), text(v)));
+                }
+            }
+            if let (Some(c), Some(v)) = (rt.device_count, r.device_count)
+                && c != v
+            {
+                out.push(plain(
+                    "runtime.device_count",
+                    "device count",
+                    c.to_string(),
+                    v.to_string(),
+                ));
+            }
+            for flag in ["torch", "tf32"] {
+                let c = rt.flags.as_ref().and_then(|f| f.get(flag));
+                let v = r.flags.as_ref().and_then(|f| f.get(flag));
+                if let Some(c) = c
+                    && v.is_none_or(|v| text(v) != text(c))
+                {
+                    out.push(plain(
+                        &format!("runtime.flags.{flag}"),
+                        flag,
+                        text(c),
+                        v.map_or("null".into(), text),
+                    ));
+                }
+            }
+        } else {
+            let kv = env.kv_cache_dtype.clone().unwrap_or_default();
+            for (field, what, c, v) in [
+                (
+                    "runtime.compute_dtype",
+                    "compute dtype",
+                    &rt.compute_dtype,
+                    &env.compute_dtype,
+                ),
+                (
+                    "runtime.kv_cache_dtype",
+                    "KV-cache dtype",
+                    &rt.kv_cache_dtype,
+                    &kv,
+                ),
+                (
+                    "runtime.attention_backend",
+                    "attention",
+                    &rt.attention_backend,
+                    &env.attention,
+                ),
+            ] {
+                if !c.eq_ignore_ascii_case(v) {
+                    out.push(plain(field, what, c.clone(), v.clone()));
+                }
+            }
+        }
+    }
+    let digest = |out: &mut Vec<Difference>, field: &str, what: &str, c: Option<&str>, r: &str| {
+        if let Some(c) = c
+            && c != r
+        {
+            out.push(plain(field, what, c.to_owned(), r.to_owned()));
+        }
+    };
+    if let Some(e) = card.eval {
+        digest(
+            &mut out,
+            "eval.text.sha256",
+            "eval text sha256",
+            e.text.sha256.as_ref().map(|s| s.0.as_str()),
+            &m.eval.text_sha256,
+        );
+        if let Some(t) = &e.tokens {
+            digest(
+                &mut out,
+                "eval.tokens.sha256",
+                "tokens sha256",
+                Some(&t.sha256.0),
+                &m.eval.tokens_sha256,
+            );
+            if t.count != m.eval.token_count as u64 {
+                out.push(plain(
+                    "eval.tokens.count",
+                    "token count",
+                    t.count.to_string(),
+                    m.eval.token_count.to_string(),
+                ));
+            }
+        }
+    }
+    digest(
+        &mut out,
+        "candidate.files_sha256",
+        "candidate files (root sha256)",
+        card.candidate_files_sha256,
+        &m.candidate.manifest_sha256,
+    );
+    digest(
+        &mut out,
+        "reference.files_sha256",
+        "reference files (root sha256)",
+        card.reference
+            .and_then(|r| r.files_sha256.as_ref())
+            .map(|s| s.0.as_str()),
+        &m.reference.manifest_sha256,
+    );
+    if let Some(a) = &resolved.aggregation {
+        out.push(Difference {
+            field: "fidelity.protocol.aggregation.statistic".into(),
+            card: a.clone(),
+            rerun: "mean_over_positions".into(),
+            message: format!("aggregation: card {a}, the rerun computes mean_over_positions"),
+        });
+    }
+    out
+}

@@ -1,0 +1,116 @@
+//! `report.json` as types: the verdict, the checkpoint's files, the card as judged (its
+//! disclosure, digest and lint), the measurement, every claim's verdict, the gates, and what was
+//! undisclosed or differed. It is the in-toto predicate that is signed; its JSON Schema
+//! (`schema/report-v1.schema.json`) is generated from these types.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::claims::{ClaimResult, Verdict};
+use super::differences::Difference;
+use crate::rerun::gates::Gate;
+use crate::rerun::{HubPin, Measurement, NoiseFloor, Role};
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[schemars(title = "cardproof verification report v1")]
+pub struct Report {
+    pub schema_version: u32,
+    /// The output set this report belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    pub tool: Tool,
+    pub verdict: Verdict,
+    /// Claims per verdict.
+    pub summary: BTreeMap<String, usize>,
+    pub checkpoint: Checkpoint,
+    pub card: CardRecord,
+    /// The reference as measured (`null`: nothing was rerun).
+    pub reference: Option<crate::rerun::document::ModelRecord>,
+    /// The rerun's measurement (`null`: nothing was rerun).
+    pub measurement: Option<Measurement>,
+    pub claims: Vec<ClaimResult>,
+    /// The sanity gates.
+    pub sanity: Vec<Gate>,
+    pub noise_floor: Option<NoiseFloor>,
+    /// Disclosure items missing or too vague to rerun.
+    pub undisclosed: Vec<String>,
+    pub lane_differences: Vec<Difference>,
+    /// The Hub commits the verified files came from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hub_sources: Vec<HubSource>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Tool {
+    pub name: String,
+    pub version: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Checkpoint {
+    pub path: String,
+    pub root_sha256: String,
+    pub files: Vec<CheckpointFile>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct CheckpointFile {
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct CardRecord {
+    pub path: String,
+    /// Canonical digest of the card's `fidelity` block (binds the report to the card judged).
+    pub fidelity_sha256: Option<String>,
+    /// The card's `fidelity` block as read (any shape: a card that breaks the schema is judged
+    /// too).
+    pub disclosure: Value,
+    pub lint: LintRecord,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct LintRecord {
+    pub errors: usize,
+    pub warnings: usize,
+    pub findings: Vec<FindingRecord>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct FindingRecord {
+    pub code: String,
+    pub severity: String,
+    pub message: String,
+    pub line: Option<usize>,
+}
+
+/// A Hub source of the verification and its commit.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct HubSource {
+    pub role: Role,
+    pub repo: String,
+    pub revision: String,
+    pub commit: String,
+}
+
+impl HubSource {
+    pub fn of(role: Role, pin: &HubPin) -> HubSource {
+        HubSource {
+            role,
+            repo: pin.repo.clone(),
+            revision: pin.revision.clone(),
+            commit: pin.commit.clone(),
+        }
+    }
+}
+
+impl Report {
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).expect("a report serializes")
+    }
+}
