@@ -43,9 +43,8 @@ fn protocol(base: &BaseFile) -> Value {
 /// Reference: a llama.cpp base file. Candidate: its own base file, or a logit dump of the same rows.
 pub fn compat_measure(reference: &Path, candidate: &Path) -> Result<CompatMeasurement> {
     if !is_llamacpp_base(reference) {
-        return Err(Error::malformed(
+        return Err(Error::usage(
             reference,
-            None,
             "--llamacpp-compat needs the reference as a llama.cpp --kl-divergence-base file",
         ));
     }
@@ -55,7 +54,7 @@ pub fn compat_measure(reference: &Path, candidate: &Path) -> Result<CompatMeasur
     } else {
         let cand = LogitSource::open(candidate, None)?;
         if cand.rows as u64 != base.n_rows() || cand.vocab != base.n_vocab as usize {
-            return Err(Error::malformed(
+            return Err(Error::mismatch(
                 candidate,
                 None,
                 format!(
@@ -79,9 +78,8 @@ pub fn compat_measure(reference: &Path, candidate: &Path) -> Result<CompatMeasur
             r += 1;
         }
         acc.finish().ok_or_else(|| {
-            Error::malformed(
+            Error::usage(
                 reference,
-                None,
                 "llama.cpp prints statistics only from 100 rows; these files hold fewer",
             )
         })?

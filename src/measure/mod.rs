@@ -54,7 +54,7 @@ impl Options {
     /// The settings that size loops and allocations, in range (see
     /// [`crate::measurement::MeasureOptions::check`]).
     pub fn check(&self) -> Result<()> {
-        let bad = |rule: String| Error::malformed(Path::new("measurement protocol"), None, rule);
+        let bad = |rule: String| Error::usage(Path::new("measurement protocol"), rule);
         if let Some(l) = self.context_length {
             protocol::check_context_length(l).map_err(bad)?;
         }
@@ -132,9 +132,8 @@ pub fn measure(reference: &Path, candidate: &Path, options: &Options) -> Result<
         })
         .collect();
     if selected.is_empty() {
-        return Err(Error::malformed(
+        return Err(Error::usage(
             reference,
-            None,
             format!(
                 "the position policy {:?} selects no row of these windows",
                 options.positions
@@ -174,7 +173,7 @@ pub fn measure(reference: &Path, candidate: &Path, options: &Options) -> Result<
     let n_nonfinite = results.iter().filter(|s| s.is_none()).count();
     let scored: Vec<Scored> = results.into_iter().flatten().collect();
     if scored.is_empty() {
-        return Err(Error::malformed(
+        return Err(Error::format(
             reference,
             None,
             "every selected row has non-finite logits",
@@ -241,7 +240,7 @@ fn summary(s: &LogitSource) -> InputSummary {
 /// The two files must describe the same rows of the same token stream.
 fn check_pair(r: &LogitSource, c: &LogitSource) -> Result<()> {
     if r.rows != c.rows {
-        return Err(Error::malformed(
+        return Err(Error::mismatch(
             &c.path,
             None,
             format!(
@@ -253,7 +252,7 @@ fn check_pair(r: &LogitSource, c: &LogitSource) -> Result<()> {
         ));
     }
     if r.vocab != c.vocab {
-        return Err(Error::malformed(
+        return Err(Error::mismatch(
             &c.path,
             None,
             format!(
@@ -266,7 +265,7 @@ fn check_pair(r: &LogitSource, c: &LogitSource) -> Result<()> {
     }
     for (i, (a, b)) in r.meta.iter().zip(&c.meta).enumerate() {
         if a.window != b.window || a.position != b.position {
-            return Err(Error::malformed(
+            return Err(Error::mismatch(
                 &c.path,
                 None,
                 format!(
@@ -278,7 +277,7 @@ fn check_pair(r: &LogitSource, c: &LogitSource) -> Result<()> {
         if let (Some(x), Some(y)) = (a.token, b.token)
             && x != y
         {
-            return Err(Error::malformed(
+            return Err(Error::mismatch(
                 &c.path,
                 None,
                 format!("token stream differs from the reference at row {i} (token {y} vs {x})"),
@@ -294,9 +293,8 @@ fn vocab_size(r: &LogitSource, c: &LogitSource, requested: Option<usize>) -> Res
         .or(c.declared_vocab)
         .unwrap_or(r.vocab);
     if size == 0 || size > r.vocab {
-        return Err(Error::malformed(
+        return Err(Error::usage(
             &r.path,
-            None,
             format!(
                 "vocabulary size {size} is outside 1..={} (the logit rows' width)",
                 r.vocab

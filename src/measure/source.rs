@@ -68,7 +68,7 @@ impl LogitSource {
         let n_ctx = u64::from(base.n_ctx);
         let n_vocab = base.n_vocab as usize;
         let rows = usize::try_from(base.n_rows())
-            .map_err(|_| Error::malformed(path, None, "too many rows for this machine"))?;
+            .map_err(|_| Error::unsupported(path, None, "too many rows for this machine"))?;
         let meta = (0..base.n_rows())
             .map(|r| {
                 let (chunk, j) = base.row_position(r);
@@ -99,7 +99,7 @@ impl LogitSource {
     fn open_dump(path: &Path, context_length: Option<u64>) -> Result<LogitSource> {
         let file = safetensors::read_file(path)?;
         let logits = file.get("logits").ok_or_else(|| {
-            Error::malformed(
+            Error::format(
                 path,
                 Some("logits"),
                 "a logit dump needs a `logits` tensor [rows, vocab]",
@@ -110,7 +110,7 @@ impl LogitSource {
             Dtype::BF16 => Encoding::Bf16,
             Dtype::F16 => Encoding::F16,
             other => {
-                return Err(Error::malformed(
+                return Err(Error::format(
                     path,
                     Some("logits"),
                     format!("dtype {other} is not a logit dtype (F32, BF16 or F16)"),
@@ -118,14 +118,14 @@ impl LogitSource {
             }
         };
         let [rows, vocab] = logits.shape[..] else {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 Some("logits"),
                 format!("shape {:?} is not [rows, vocab]", logits.shape),
             ));
         };
         if rows == 0 || vocab == 0 {
-            return Err(Error::malformed(path, Some("logits"), "holds no rows"));
+            return Err(Error::format(path, Some("logits"), "holds no rows"));
         }
         let (rows, vocab) = (rows as usize, vocab as usize);
         let ints = |name: &str| read_ints(path, &file, name, rows);
@@ -138,7 +138,7 @@ impl LogitSource {
                 .enumerate()
                 .find(|(_, t)| **t < 0 || **t as usize >= vocab)
         {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 Some("tokens"),
                 format!("row {r}: token {t} is outside the vocabulary of {vocab}"),
@@ -160,7 +160,7 @@ impl LogitSource {
                     .ok()
                     .filter(|&n| n > 0 && n <= vocab)
                     .ok_or_else(|| {
-                        Error::malformed(
+                        Error::format(
                             path,
                             Some("vocab_size"),
                             format!("metadata `{v}` is not a size within 1..={vocab}"),
@@ -246,7 +246,7 @@ fn read_ints(
         return Ok(None);
     };
     if t.shape != [rows as u64] {
-        return Err(Error::malformed(
+        return Err(Error::format(
             path,
             Some(name),
             format!("shape {:?} does not match the {rows} logit rows", t.shape),
@@ -263,7 +263,7 @@ fn read_ints(
             .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
             .collect(),
         other => {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 Some(name),
                 format!("dtype {other} is not I32 or I64"),
@@ -292,7 +292,7 @@ fn layout(
     let token = |r: usize| tokens.map(|t| t[r] as u32);
     if let Some(positions) = positions {
         if let Some((r, p)) = positions.iter().enumerate().find(|(_, p)| **p < 0) {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 Some("positions"),
                 format!("row {r}: negative position {p}"),
@@ -303,7 +303,7 @@ fn layout(
         for r in 0..rows {
             let w = match windows {
                 Some(w) => u32::try_from(w[r]).map_err(|_| {
-                    Error::malformed(
+                    Error::format(
                         path,
                         Some("window"),
                         format!("row {r}: window {} is not a window index", w[r]),
@@ -326,12 +326,12 @@ fn layout(
         return (0..rows)
             .map(|r| {
                 let len = context_length.unwrap_or(max_pos[&window_ids[r]] + 2);
+                // Only a --context-length shorter than the file's windows gets here.
                 if positions[r] as u64 >= len {
-                    return Err(Error::malformed(
+                    return Err(Error::usage(
                         path,
-                        Some("positions"),
                         format!(
-                            "row {r}: position {} is outside a {len}-token window",
+                            "positions: row {r}: position {} is outside a {len}-token window",
                             positions[r]
                         ),
                     ));
@@ -348,11 +348,10 @@ fn layout(
     match context_length {
         Some(l) => {
             if !(rows as u64).is_multiple_of(l) {
-                return Err(Error::malformed(
+                return Err(Error::usage(
                     path,
-                    Some("logits"),
                     format!(
-                        "{rows} rows are not whole windows of --context-length {l} (one row per token)"
+                        "logits: {rows} rows are not whole windows of --context-length {l} (one row per token)"
                     ),
                 ));
             }

@@ -467,3 +467,112 @@ fn every_statistic_matches_the_f64_reference_in_every_direction_mode() {
         }
     }
 }
+
+/// The kind each logit-file error belongs to: a dump or base file that breaks its format is a
+/// format error, two files that do not describe the same rows are a mismatch, and an option that
+/// does not fit the files is a usage mistake. Guards the conversion from the old catch-all kind;
+/// the messages are the ones `kld` has always printed.
+#[test]
+fn logit_file_errors_name_their_kind() {
+    use super::llamacpp::BaseFileWriter;
+    use super::protocol::{Bootstrap, Direction, Positions};
+    use super::source::LogitSource;
+    use crate::checkpoint::dtype::Dtype;
+    use crate::checkpoint::safetensors::serialize;
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    let dir = tempfile::tempdir().unwrap();
+    let write_dump = |name: &str, rows: usize, vocab: usize| {
+        let path = dir.path().join(name);
+        let logits: Vec<u8> = (0..rows * vocab)
+            .flat_map(|i| (i as f32 * 0.25).to_le_bytes())
+            .collect();
+        let shape = [rows as u64, vocab as u64];
+        let tensors: Vec<(&str, Dtype, &[u64], &[u8])> =
+            vec![("logits", Dtype::F32, &shape, &logits)];
+        std::fs::write(&path, serialize(&tensors, &BTreeMap::new())).unwrap();
+        path
+    };
+    let options = |context_length: Option<u64>| super::Options {
+        direction: Direction::Forward,
+        vocab: VocabMode::Full,
+        positions: Positions::All,
+        context_length,
+        vocab_size: None,
+        bootstrap: Bootstrap {
+            resamples: 10,
+            seed: 1,
+            level: 0.95,
+        },
+    };
+    let open = |path: &Path| LogitSource::open(path, None).map(|_| ()).unwrap_err();
+
+    // A truncated logit dump, garbage bytes, and a dump without its `logits` tensor: format.
+    let reference = write_dump("ref.safetensors", 8, 16);
+    let bytes = std::fs::read(&reference).unwrap();
+    let cut = dir.path().join("cut.safetensors");
+    std::fs::write(&cut, &bytes[..bytes.len() - 40]).unwrap();
+    let garbage = dir.path().join("garbage.safetensors");
+    std::fs::write(&garbage, b"\xff\x00 not a safetensors file at all").unwrap();
+    let no_logits = dir.path().join("no-logits.safetensors");
+    let ids = [0u8; 32];
+    let shape = [8u64];
+    let tensors: Vec<(&str, Dtype, &[u64], &[u8])> = vec![("tokens", Dtype::I32, &shape, &ids)];
+    std::fs::write(&no_logits, serialize(&tensors, &BTreeMap::new())).unwrap();
+    for path in [&cut, &garbage, &no_logits] {
+        let e = open(path);
+        assert!(e.is_format(), "{e:?}");
+        assert_eq!(e.kind_name(), "format");
+        assert_eq!(e.file, *path);
+    }
+    assert_eq!(
+        open(&no_logits).to_string(),
+        format!(
+            "{}: logits: a logit dump needs a `logits` tensor [rows, vocab]",
+            no_logits.display()
+        )
+    );
+
+    // A truncated llama.cpp base file (its header promises more rows than it holds): format.
+    let base = dir.path().join("ref.kld");
+    let mut w = BaseFileWriter::create(&base, 8, 4, &[0; 8]).unwrap();
+    for _ in 0..3 {
+        w.write_row_logits(&[0.0, 1.0, 2.0, 3.0]).unwrap();
+    }
+    w.finish().unwrap();
+    let bytes = std::fs::read(&base).unwrap();
+    std::fs::write(&base, &bytes[..bytes.len() - 5]).unwrap();
+    let e = open(&base);
+    assert!(e.is_format(), "{e:?}");
+    assert!(e.to_string().contains("truncated"), "{e}");
+
+    // A candidate whose rows are another width than the reference's: a mismatch, not a format
+    // error (each file is fine on its own).
+    let narrow = write_dump("narrow.safetensors", 8, 12);
+    let e = super::measure(&reference, &narrow, &options(None)).unwrap_err();
+    assert!(e.is_mismatch() && !e.is_format(), "{e:?}");
+    assert_eq!(e.file, narrow);
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "{}: vocabulary mismatch: 12 entries per row, the reference {} has 16",
+            narrow.display(),
+            reference.display()
+        )
+    );
+    let short = write_dump("short.safetensors", 4, 16);
+    let e = super::measure(&reference, &short, &options(None)).unwrap_err();
+    assert!(e.is_mismatch(), "{e:?}");
+
+    // A --context-length the rows are not whole windows of: the request, not the file.
+    let e = super::measure(&reference, &reference, &options(Some(3))).unwrap_err();
+    assert!(e.is_usage() && !e.is_format(), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "{}: logits: 8 rows are not whole windows of --context-length 3 (one row per token)",
+            reference.display()
+        )
+    );
+}

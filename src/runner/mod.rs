@@ -50,9 +50,7 @@ mod native_runner {
             self.model
                 .decoder
                 .logits_at(&self.hidden, rows)
-                .map_err(|e| {
-                    Error::malformed(&self.model.path, None, format!("forward pass failed: {e}"))
-                })
+                .map_err(|e| Error::runner(&self.model.path, format!("forward pass failed: {e}")))
         }
     }
 
@@ -66,7 +64,8 @@ mod native_runner {
                 .iter()
                 .find(|&&t| t as usize >= self.decoder.config.vocab)
             {
-                return Err(Error::malformed(
+                // The tokenizer's ids do not belong with this model.
+                return Err(Error::mismatch(
                     &self.path,
                     None,
                     format!(
@@ -75,9 +74,10 @@ mod native_runner {
                     ),
                 ));
             }
-            let hidden = self.decoder.hidden(ids).map_err(|e| {
-                Error::malformed(&self.path, None, format!("forward pass failed: {e}"))
-            })?;
+            let hidden = self
+                .decoder
+                .hidden(ids)
+                .map_err(|e| Error::runner(&self.path, format!("forward pass failed: {e}")))?;
             Ok(Box::new(NativeWindow {
                 model: self,
                 hidden,

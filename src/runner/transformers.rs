@@ -466,7 +466,7 @@ pub fn read_records(path: &Path, work: &RunWork) -> Result<Vec<Vec<Option<RowRec
     let window = i32s("window")?;
     let position = column(&file, "position", n, Dtype::I64)?;
     let finite = column(&file, "finite", n, Dtype::U8)?;
-    let bad = |row: usize, what: String| Error::malformed(path, Some(&format!("row {row}")), what);
+    let bad = |row: usize, what: String| Error::runner(path, format!("row {row}: {what}"));
     let mut out = Vec::with_capacity(work.windows.len());
     for w in 0..work.windows.len() {
         let mut records = Vec::with_capacity(work.rows.len());
@@ -517,18 +517,16 @@ pub fn read_records(path: &Path, work: &RunWork) -> Result<Vec<Vec<Option<RowRec
 fn column(file: &SafetensorsFile, name: &str, n: usize, dtype: Dtype) -> Result<Vec<f64>> {
     let path = file.path.as_path();
     let Some(t) = file.get(name) else {
-        return Err(Error::malformed(
+        return Err(Error::runner(
             path,
-            Some(name),
-            "missing from the runner's result",
+            format!("{name}: missing from the runner's result"),
         ));
     };
     if t.dtype != dtype || t.shape != [n as u64] {
-        return Err(Error::malformed(
+        return Err(Error::runner(
             path,
-            Some(name),
             format!(
-                "is {} {:?}, expected {dtype} [{n}] (the rows the request asked for)",
+                "{name}: is {} {:?}, expected {dtype} [{n}] (the rows the request asked for)",
                 t.dtype, t.shape
             ),
         ));

@@ -128,14 +128,14 @@ impl BaseFile {
         let got = read_up_to(&mut input, &mut header).map_err(|e| Error::io(path, e))?;
         let seen = got.min(MAGIC.len());
         if got == 0 {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 None,
                 "empty file, not a llama.cpp KLD base file",
             ));
         }
         if header[..seen] != MAGIC[..seen] {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 None,
                 format!(
@@ -145,7 +145,7 @@ impl BaseFile {
             ));
         }
         if got < header.len() {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 None,
                 format!("truncated: {len} bytes, shorter than the 20-byte header"),
@@ -157,13 +157,13 @@ impl BaseFile {
             u32::try_from(v)
                 .ok()
                 .filter(|&v| v > 0)
-                .ok_or_else(|| Error::malformed(path, Some(name), format!("{v} is not positive")))
+                .ok_or_else(|| Error::format(path, Some(name), format!("{v} is not positive")))
         };
         let n_ctx = field("n_ctx", 8)?;
         let n_vocab = field("n_vocab", 12)?;
         let n_chunk = field("n_chunk", 16)?;
         if n_ctx < 3 {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 Some("n_ctx"),
                 format!("{n_ctx} leaves no scored position per chunk (at least 3 needed)"),
@@ -178,7 +178,7 @@ impl BaseFile {
         let (Some(expected), Some(data_offset), Some(n_tokens)) =
             (layout.file_len(), layout.data_offset(), layout.n_tokens())
         else {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 None,
                 format!("the header ({describe}) implies a size past 2^64 bytes"),
@@ -187,7 +187,7 @@ impl BaseFile {
         // The size check holds for a sparse file of any size, so the row width is capped too:
         // every reader allocates a few rows of it.
         if n_vocab as usize > crate::measure::MAX_VOCAB {
-            return Err(Error::malformed(
+            return Err(Error::unsupported(
                 path,
                 Some("n_vocab"),
                 format!(
@@ -200,7 +200,7 @@ impl BaseFile {
 
         // The size check bounds this allocation by the file's real size.
         let n_tokens = usize::try_from(n_tokens)
-            .map_err(|_| Error::malformed(path, None, "too many tokens for this platform"))?;
+            .map_err(|_| Error::unsupported(path, None, "too many tokens for this platform"))?;
         let mut tokens = Vec::with_capacity(n_tokens);
         let mut buf = vec![0u8; 4 * n_tokens.min(16384)];
         while tokens.len() < n_tokens {
@@ -211,7 +211,7 @@ impl BaseFile {
                 let t = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                 if t < 0 || t.unsigned_abs() >= n_vocab {
                     let i = tokens.len() as u64;
-                    return Err(Error::malformed(
+                    return Err(Error::format(
                         path,
                         Some(&layout.describe_token(i)),
                         format!("token id {t} is outside the vocabulary 0..{n_vocab}"),
@@ -275,7 +275,7 @@ impl BaseFile {
         let (file, meta) = crate::files::open_regular(path)?;
         let len = meta.len();
         if len != self.file_len {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 path,
                 None,
                 format!(
@@ -326,7 +326,7 @@ fn check_size(path: &Path, layout: Layout, len: u64, expected: u64, describe: &s
     }
     let head = format!("expected {expected} bytes for {describe}, found {len}");
     if len > expected {
-        return Err(Error::malformed(
+        return Err(Error::format(
             path,
             None,
             format!(
@@ -338,7 +338,7 @@ fn check_size(path: &Path, layout: Layout, len: u64, expected: u64, describe: &s
     let data_offset = layout.data_offset().unwrap_or(u64::MAX);
     if len < data_offset {
         let i = (len - HEADER_BYTES) / 4;
-        return Err(Error::malformed(
+        return Err(Error::format(
             path,
             Some(&layout.describe_token(i)),
             format!("truncated: {head}; the file ends inside the token ids"),
@@ -349,7 +349,7 @@ fn check_size(path: &Path, layout: Layout, len: u64, expected: u64, describe: &s
     let inside = !(len - data_offset).is_multiple_of(row_bytes);
     let n_rows = layout.n_rows().unwrap_or(u64::MAX);
     let where_ = if inside { "inside" } else { "before" };
-    Err(Error::malformed(
+    Err(Error::format(
         path,
         Some(&layout.describe_row(r)),
         format!(
@@ -416,7 +416,7 @@ impl RowReader {
         let r = self.next;
         if let Err(e) = self.inner.read_exact(&mut self.bytes) {
             return Err(if e.kind() == io::ErrorKind::UnexpectedEof {
-                Error::malformed(
+                Error::format(
                     &self.path,
                     Some(&self.layout.describe_row(r)),
                     "the file ended inside this row (it shrank after it was opened)",
@@ -430,7 +430,7 @@ impl RowReader {
         let min_log_prob = f32::from_le_bytes([b[4], b[5], b[6], b[7]]);
         for (name, v) in [("scale", scale), ("min_log_prob", min_log_prob)] {
             if !v.is_finite() {
-                return Err(Error::malformed(
+                return Err(Error::format(
                     &self.path,
                     Some(&self.layout.describe_row(r)),
                     format!("{name} is {v}, not a finite number"),
@@ -454,9 +454,8 @@ impl RowReader {
     pub fn skip_rows(&mut self, n: u64) -> Result<()> {
         let target = self.next.checked_add(n).filter(|&t| t <= self.n_rows);
         let Some(target) = target else {
-            return Err(Error::malformed(
+            return Err(Error::usage(
                 &self.path,
-                None,
                 format!(
                     "cannot skip {n} rows from row {}: the file has {} rows",
                     self.next, self.n_rows
@@ -466,7 +465,7 @@ impl RowReader {
         let offset = n
             .checked_mul(self.layout.row_bytes())
             .and_then(|o| i64::try_from(o).ok())
-            .ok_or_else(|| Error::malformed(&self.path, None, "skip offset overflows"))?;
+            .ok_or_else(|| Error::usage(&self.path, "skip offset overflows"))?;
         self.inner
             .seek_relative(offset)
             .map_err(|e| Error::io(&self.path, e))?;
@@ -556,16 +555,18 @@ impl BaseFileWriter {
     /// Starts a file for `tokens.len() / n_ctx` chunks (the length must be an exact, non-zero
     /// multiple of `n_ctx`); writes the header and tokens at once.
     pub fn create(path: &Path, n_ctx: u32, n_vocab: u32, tokens: &[i32]) -> Result<Self> {
-        let bad = |subject: Option<&str>, rule: String| Error::malformed(path, subject, rule);
+        // The shape asked for: a context length or token count no base file can hold is the
+        // request's fault; a vocabulary past the cap is a model cardproof does not handle.
         if !(3..=i32::MAX as u32).contains(&n_ctx) {
-            return Err(bad(
-                Some("n_ctx"),
-                format!("{n_ctx} is outside 3..=2^31-1 (at least 3 to score a position)"),
+            return Err(Error::usage(
+                path,
+                format!("n_ctx: {n_ctx} is outside 3..=2^31-1 (at least 3 to score a position)"),
             ));
         }
         // Never write what `open` refuses.
         if !(1..=crate::measure::MAX_VOCAB as u32).contains(&n_vocab) {
-            return Err(bad(
+            return Err(Error::unsupported(
+                path,
                 Some("n_vocab"),
                 format!("{n_vocab} is outside 1..={}", crate::measure::MAX_VOCAB),
             ));
@@ -573,9 +574,11 @@ impl BaseFileWriter {
         let n = tokens.len() as u64;
         let n_chunk = n / u64::from(n_ctx);
         if n == 0 || !n.is_multiple_of(u64::from(n_ctx)) || n_chunk > i32::MAX as u64 {
-            return Err(bad(
-                Some("tokens"),
-                format!("{n} tokens is not a positive whole number of {n_ctx}-token chunks"),
+            return Err(Error::usage(
+                path,
+                format!(
+                    "tokens: {n} tokens is not a positive whole number of {n_ctx}-token chunks"
+                ),
             ));
         }
         let layout = Layout {
@@ -587,7 +590,10 @@ impl BaseFileWriter {
             .iter()
             .position(|&t| t < 0 || t.unsigned_abs() >= n_vocab)
         {
-            return Err(bad(
+            // Token ids the vocabulary does not hold: the tokens and the model do not belong
+            // together.
+            return Err(Error::mismatch(
+                path,
                 Some(&layout.describe_token(i as u64)),
                 format!(
                     "token id {} is outside the vocabulary 0..{n_vocab}",
@@ -596,7 +602,7 @@ impl BaseFileWriter {
             ));
         }
         let (Some(n_rows), Some(_)) = (layout.n_rows(), layout.file_len()) else {
-            return Err(bad(None, "the file would exceed 2^64 bytes".into()));
+            return Err(Error::usage(path, "the file would exceed 2^64 bytes"));
         };
 
         let (tmp_path, file) = create_temp_beside(path)?;
@@ -625,7 +631,7 @@ impl BaseFileWriter {
     fn write_bytes_of(&mut self, bytes: &[u8]) -> Result<()> {
         match self.out.as_mut() {
             Some(out) => out.write_all(bytes).map_err(|e| Error::io(&self.path, e)),
-            None => Err(Error::malformed(&self.path, None, "writer already closed")),
+            None => Err(Error::internal(&self.path, "writer already closed")),
         }
     }
 
@@ -636,18 +642,17 @@ impl BaseFileWriter {
         let r = self.rows_written;
         let subject = || self.layout.describe_row(r);
         if r >= self.n_rows {
-            return Err(Error::malformed(
+            return Err(Error::usage(
                 &self.path,
-                None,
                 format!("all {} rows are already written", self.n_rows),
             ));
         }
         if logits.len() as u64 != self.layout.n_vocab {
-            return Err(Error::malformed(
+            return Err(Error::usage(
                 &self.path,
-                Some(&subject()),
                 format!(
-                    "{} logits for a vocabulary of {}",
+                    "{}: {} logits for a vocabulary of {}",
+                    subject(),
                     logits.len(),
                     self.layout.n_vocab
                 ),
@@ -657,14 +662,14 @@ impl BaseFileWriter {
             .iter()
             .position(|l| l.is_nan() || *l == f32::INFINITY)
         {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 &self.path,
                 Some(&subject()),
                 format!("logit {i} is {}", logits[i]),
             ));
         }
         if !logits.iter().any(|l| l.is_finite()) {
-            return Err(Error::malformed(
+            return Err(Error::format(
                 &self.path,
                 Some(&subject()),
                 "every logit is -inf",
@@ -696,9 +701,8 @@ impl BaseFileWriter {
     /// Checks that every row was written, syncs the data and renames the file into place.
     pub fn finish(mut self) -> Result<()> {
         if self.rows_written != self.n_rows {
-            return Err(Error::malformed(
+            return Err(Error::usage(
                 &self.path,
-                None,
                 format!(
                     "{} of {} rows written ({} chunks of {})",
                     self.rows_written,
@@ -709,7 +713,7 @@ impl BaseFileWriter {
             ));
         }
         let Some(out) = self.out.take() else {
-            return Err(Error::malformed(&self.path, None, "writer already closed"));
+            return Err(Error::internal(&self.path, "writer already closed"));
         };
         let file = out
             .into_inner()
@@ -738,7 +742,7 @@ fn create_temp_beside(path: &Path) -> Result<(PathBuf, File)> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let name = path
         .file_name()
-        .ok_or_else(|| Error::malformed(path, None, "the output path names no file"))?;
+        .ok_or_else(|| Error::usage(path, "the output path names no file"))?;
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -757,9 +761,8 @@ fn create_temp_beside(path: &Path) -> Result<(PathBuf, File)> {
             Err(e) => return Err(Error::io(path, e)),
         }
     }
-    Err(Error::malformed(
+    Err(Error::internal(
         path,
-        None,
         "no free temporary file name beside it",
     ))
 }

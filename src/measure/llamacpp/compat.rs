@@ -503,9 +503,8 @@ pub fn compare_base_files(reference: &BaseFile, candidate: &BaseFile) -> Result<
     }
     let n = acc.count();
     acc.finish().ok_or_else(|| {
-        Error::malformed(
+        Error::usage(
             &reference.path,
-            None,
             format!("only {n} scored rows; llama.cpp prints statistics from {MIN_ROWS} rows"),
         )
     })
@@ -520,7 +519,7 @@ fn check_compatible(reference: &BaseFile, candidate: &BaseFile) -> Result<()> {
         ("n_chunk", reference.n_chunk, candidate.n_chunk),
     ] {
         if a != b {
-            return Err(Error::malformed(
+            return Err(Error::mismatch(
                 &candidate.path,
                 Some(name),
                 format!("{b} here but {a} in the reference {ref_path}"),
@@ -529,7 +528,7 @@ fn check_compatible(reference: &BaseFile, candidate: &BaseFile) -> Result<()> {
     }
     if let Some(i) = (reference.tokens.iter().zip(&candidate.tokens)).position(|(a, b)| a != b) {
         let n_ctx = reference.n_ctx as usize;
-        return Err(Error::malformed(
+        return Err(Error::mismatch(
             &candidate.path,
             Some(&format!(
                 "token {i} (chunk {}, position {})",

@@ -74,15 +74,24 @@ fn raw_file(n_ctx: i32, n_vocab: i32, n_chunk: i32, tokens: &[i32], rows: &[Base
     b
 }
 
-/// Asserts `err` is a malformed-input error for `path` whose message holds every needle.
+/// Asserts `err` is a format error (the file breaks its format's rule) for `path` whose message
+/// holds every needle.
 #[track_caller]
-fn assert_malformed(err: crate::Error, path: &Path, needles: &[&str]) -> String {
+fn assert_format(err: crate::Error, path: &Path, needles: &[&str]) -> String {
+    assert_kind(err, "format", path, needles)
+}
+
+/// Asserts `err` is of the kind named `kind` (as [`crate::Error::kind_name`] names it; `format`
+/// only as [`ErrorKind::Format`] itself) for `path`, and its message holds every needle.
+#[track_caller]
+fn assert_kind(err: crate::Error, kind: &str, path: &Path, needles: &[&str]) -> String {
     let msg = err.to_string();
     assert_eq!(err.file, path, "{msg}");
-    assert!(
-        matches!(err.kind, ErrorKind::Malformed { .. }),
-        "not Malformed: {msg}"
-    );
+    let of_kind = match kind {
+        "format" => matches!(err.kind, ErrorKind::Format { .. }),
+        kind => err.kind_name() == kind,
+    };
+    assert!(of_kind, "not a {kind} error ({}): {msg}", err.kind_name());
     for n in needles {
         assert!(msg.contains(n), "`{msg}` lacks `{n}`");
     }

@@ -60,7 +60,7 @@ fn skip_rows_lands_on_the_same_row_as_reading() {
     skip.skip_rows(2457 - 65).unwrap();
     assert!(!skip.next_row(&mut skipped).unwrap());
     let err = skip.skip_rows(1).unwrap_err();
-    assert_malformed(err, &f.path, &["cannot skip 1 rows from row 2457"]);
+    assert_kind(err, "usage", &f.path, &["cannot skip 1 rows from row 2457"]);
 }
 
 #[test]
@@ -237,18 +237,24 @@ fn writer_refuses_bad_input_and_leaves_nothing() {
     let empty = |d: &Path| std::fs::read_dir(d).unwrap().count() == 0;
 
     let err = BaseFileWriter::create(&path, 8, 10, &[0; 12]).unwrap_err();
-    assert_malformed(err, &path, &["12 tokens", "8-token chunks"]);
+    assert_kind(
+        err,
+        "usage",
+        &path,
+        &["tokens: 12 tokens", "8-token chunks"],
+    );
     let err = BaseFileWriter::create(&path, 8, 10, &[]).unwrap_err();
-    assert_malformed(err, &path, &["0 tokens"]);
+    assert_kind(err, "usage", &path, &["0 tokens"]);
     let err = BaseFileWriter::create(&path, 2, 10, &[0; 4]).unwrap_err();
-    assert_malformed(err, &path, &["n_ctx"]);
+    assert_kind(err, "usage", &path, &["n_ctx: 2 is outside"]);
     let err = BaseFileWriter::create(&path, 8, 0, &[0; 8]).unwrap_err();
-    assert_malformed(err, &path, &["n_vocab"]);
+    assert_kind(err, "unsupported", &path, &["n_vocab"]);
     let mut tokens = vec![0; 16];
     tokens[11] = 10;
     let err = BaseFileWriter::create(&path, 8, 10, &tokens).unwrap_err();
-    assert_malformed(
+    assert_kind(
         err,
+        "mismatch",
         &path,
         &["token 11 (chunk 1, position 3)", "token id 10"],
     );
@@ -256,20 +262,25 @@ fn writer_refuses_bad_input_and_leaves_nothing() {
 
     let mut w = BaseFileWriter::create(&path, 8, 4, &[0; 8]).unwrap();
     let err = w.write_row_logits(&[0.0; 3]).unwrap_err();
-    assert_malformed(err, &path, &["row 0 (chunk 0, position 4)", "3 logits"]);
+    assert_kind(
+        err,
+        "usage",
+        &path,
+        &["row 0 (chunk 0, position 4): 3 logits"],
+    );
     let err = w.write_row_logits(&[0.0, f32::NAN, 0.0, 0.0]).unwrap_err();
-    assert_malformed(err, &path, &["logit 1 is NaN"]);
+    assert_format(err, &path, &["logit 1 is NaN"]);
     let err = w
         .write_row_logits(&[0.0, 0.0, f32::INFINITY, 0.0])
         .unwrap_err();
-    assert_malformed(err, &path, &["logit 2 is inf"]);
+    assert_format(err, &path, &["logit 2 is inf"]);
     let err = w.write_row_logits(&[f32::NEG_INFINITY; 4]).unwrap_err();
-    assert_malformed(err, &path, &["every logit is -inf"]);
+    assert_format(err, &path, &["every logit is -inf"]);
     // A masked token (-inf) is fine.
     w.write_row_logits(&[0.0, f32::NEG_INFINITY, 1.0, 2.0])
         .unwrap();
     let err = w.finish().unwrap_err();
-    assert_malformed(err, &path, &["1 of 3 rows written"]);
+    assert_kind(err, "usage", &path, &["1 of 3 rows written"]);
     assert!(empty(dir.path()), "an unfinished file is removed");
 
     let mut w = BaseFileWriter::create(&path, 8, 4, &[0; 8]).unwrap();
@@ -277,7 +288,7 @@ fn writer_refuses_bad_input_and_leaves_nothing() {
         w.write_row_logits(&[0.0, 1.0, 2.0, 3.0]).unwrap();
     }
     let err = w.write_row_logits(&[0.0; 4]).unwrap_err();
-    assert_malformed(err, &path, &["all 3 rows are already written"]);
+    assert_kind(err, "usage", &path, &["all 3 rows are already written"]);
     drop(w);
     assert!(empty(dir.path()), "a dropped writer leaves nothing");
 }
@@ -316,7 +327,7 @@ fn truncated_files_name_where_they_end() {
     let bytes = ref_bytes();
     let cut = DATA_OFFSET + 100 * ROW_BYTES + 17;
     let (_d, path, r) = open_bytes(&bytes[..cut]);
-    assert_malformed(
+    assert_format(
         r.unwrap_err(),
         &path,
         &[
@@ -328,23 +339,23 @@ fn truncated_files_name_where_they_end() {
         ],
     );
     let (_d, path, r) = open_bytes(&bytes[..DATA_OFFSET + 63 * ROW_BYTES]);
-    assert_malformed(
+    assert_format(
         r.unwrap_err(),
         &path,
         &["row 63 (chunk 1, position 64)", "ends before"],
     );
     let (_d, path, r) = open_bytes(&bytes[..20 + 4 * 130 + 2]);
-    assert_malformed(
+    assert_format(
         r.unwrap_err(),
         &path,
         &["token 130 (chunk 1, position 2)", "inside the token ids"],
     );
     let (_d, path, r) = open_bytes(&bytes[..19]);
-    assert_malformed(r.unwrap_err(), &path, &["19 bytes", "20-byte header"]);
+    assert_format(r.unwrap_err(), &path, &["19 bytes", "20-byte header"]);
     let (_d, path, r) = open_bytes(&bytes[..5]);
-    assert_malformed(r.unwrap_err(), &path, &["20-byte header"]);
+    assert_format(r.unwrap_err(), &path, &["20-byte header"]);
     let (_d, path, r) = open_bytes(&[]);
-    assert_malformed(r.unwrap_err(), &path, &["empty"]);
+    assert_format(r.unwrap_err(), &path, &["empty"]);
 }
 
 #[test]
@@ -352,18 +363,18 @@ fn wrong_magic_and_extra_bytes_are_refused() {
     let mut bytes = ref_bytes();
     bytes[0] = b'X';
     let (_d, path, r) = open_bytes(&bytes);
-    assert_malformed(
+    assert_format(
         r.unwrap_err(),
         &path,
         &["not a llama.cpp KLD base file", "Xlogits_"],
     );
     let (_d, path, r) = open_bytes(b"GGUF\x03\x00\x00\x00");
-    assert_malformed(r.unwrap_err(), &path, &["not a llama.cpp KLD base file"]);
+    assert_format(r.unwrap_err(), &path, &["not a llama.cpp KLD base file"]);
 
     let mut bytes = ref_bytes();
     bytes.extend_from_slice(&[0; 3]);
     let (_d, path, r) = open_bytes(&bytes);
-    assert_malformed(
+    assert_format(
         r.unwrap_err(),
         &path,
         &[
@@ -388,7 +399,7 @@ fn header_fields_must_be_positive_and_sane() {
         let mut bytes = ref_bytes();
         bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
         let (_d, path, r) = open_bytes(&bytes);
-        assert_malformed(r.unwrap_err(), &path, &[needle]);
+        assert_format(r.unwrap_err(), &path, &[needle]);
     }
     // Sizes past u64: refused before anything is allocated.
     let mut bytes = ref_bytes();
@@ -396,12 +407,12 @@ fn header_fields_must_be_positive_and_sane() {
         bytes[at..at + 4].copy_from_slice(&i32::MAX.to_le_bytes());
     }
     let (_d, path, r) = open_bytes(&bytes[..64]);
-    assert_malformed(r.unwrap_err(), &path, &["past 2^64"]);
+    assert_format(r.unwrap_err(), &path, &["past 2^64"]);
     // A header promising more than the file: a size mismatch, not an allocation.
     let mut bytes = ref_bytes();
     bytes[16..20].copy_from_slice(&1_000_000i32.to_le_bytes());
     let (_d, path, r) = open_bytes(&bytes);
-    assert_malformed(r.unwrap_err(), &path, &["truncated", "n_chunk 1000000"]);
+    assert_format(r.unwrap_err(), &path, &["truncated", "n_chunk 1000000"]);
 }
 
 /// Regression (#14): a sparse file of exactly the size its header implies passed every check
@@ -424,9 +435,14 @@ fn a_vocabulary_over_the_cap_is_refused_before_any_row_buffer() {
         .unwrap();
     drop(file);
     let err = BaseFile::open(&path).unwrap_err();
-    assert_malformed(err, &path, &["n_vocab", "1073741824", "limit"]);
+    assert_kind(
+        err,
+        "unsupported",
+        &path,
+        &["n_vocab", "1073741824", "limit"],
+    );
     let err = BaseFileWriter::create(&path, 3, n_vocab, &[0; 3]).unwrap_err();
-    assert_malformed(err, &path, &["n_vocab"]);
+    assert_kind(err, "unsupported", &path, &["n_vocab"]);
 }
 
 #[test]
@@ -436,7 +452,7 @@ fn tokens_outside_the_vocabulary_are_named() {
         let at = 20 + 4 * 133;
         bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
         let (_d, path, r) = open_bytes(&bytes);
-        assert_malformed(
+        assert_format(
             r.unwrap_err(),
             &path,
             &["token 133 (chunk 1, position 5)", needle, "0..512"],
@@ -456,7 +472,7 @@ fn non_finite_scale_or_minimum_names_the_row() {
         bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
         let (_d, path, r) = open_bytes(&bytes);
         let f = r.unwrap();
-        assert_malformed(
+        assert_format(
             read_all(&f).unwrap_err(),
             &path,
             &["row 70 (chunk 1, position 71)", needle],
@@ -469,7 +485,7 @@ fn a_file_changed_after_open_is_refused() {
     let (_d, path, r) = open_bytes(&ref_bytes());
     let f = r.unwrap();
     std::fs::write(&path, &ref_bytes()[..1000]).unwrap();
-    assert_malformed(
+    assert_format(
         f.reader().unwrap_err(),
         &path,
         &["changed since it was opened"],

@@ -390,8 +390,9 @@ fn incompatible_files_are_named() {
     let a = write("a.kld", 5, &tokens);
     let b = write("b.kld", 6, &tokens);
     let err = compare_base_files(&a, &b).unwrap_err();
-    assert_malformed(
+    assert_kind(
         err,
+        "mismatch",
         &b.path,
         &["n_vocab", "6 here but 5 in the reference", "a.kld"],
     );
@@ -399,8 +400,9 @@ fn incompatible_files_are_named() {
     other[13] = 4;
     let c = write("c.kld", 5, &other);
     let err = compare_base_files(&a, &c).unwrap_err();
-    assert_malformed(
+    assert_kind(
         err,
+        "mismatch",
         &c.path,
         &[
             "token 13 (chunk 1, position 5)",
@@ -409,8 +411,13 @@ fn incompatible_files_are_named() {
     );
     let d = write("d.kld", 5, &tokens[..16]);
     let err = compare_base_files(&d, &d).unwrap_err();
-    assert_malformed(err, &d.path, &["only 6 scored rows", "from 100 rows"]);
+    assert_kind(
+        err,
+        "usage",
+        &d.path,
+        &["only 6 scored rows", "from 100 rows"],
+    );
     let e = write("e.kld", 5, &tokens[..16]);
     let err = compare_base_files(&a, &e).unwrap_err();
-    assert_malformed(err, &e.path, &["n_chunk", "2 here but 40"]);
+    assert_kind(err, "mismatch", &e.path, &["n_chunk", "2 here but 40"]);
 }
