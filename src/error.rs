@@ -106,17 +106,6 @@ pub enum ErrorKind {
     /// input's fault.
     #[error("{0}")]
     Internal(String),
-    /// The [`Format`](ErrorKind::Format) kind under its old name, made only by
-    /// [`Error::malformed`]: kept for the modules of the rerun refactor (measurement, verify,
-    /// artifact, measure, the runners' shared code and the binary), which still construct and
-    /// match it, until they move to the named kinds. Deprecated: new code uses `Format` or the
-    /// kind that says what the error means. [`Error::is_format`] and [`Error::kind_name`]
-    /// treat it as `Format`.
-    #[error("{}{rule}", subject_prefix(subject))]
-    Malformed {
-        subject: Option<String>,
-        rule: String,
-    },
     /// A Hugging Face Hub source failed; the error's `file` is `hf:REPO@REVISION/PATH`, so the
     /// one message names the repository, the revision and the file. Boxed: it is large and rare,
     /// and every `Result` in the crate carries this type.
@@ -202,17 +191,6 @@ impl Error {
         Self::new(file, ErrorKind::Internal(message.into()))
     }
 
-    /// The old catch-all constructor, kept for the modules of the rerun refactor (measurement,
-    /// verify, artifact, measure, `runner::transformers`, `runner` and the binary) until they
-    /// use the named kinds; it makes [`ErrorKind::Malformed`], which the predicates and
-    /// [`Error::kind_name`] treat as [`ErrorKind::Format`]. Deprecated: call [`Error::format`]
-    /// or the constructor of the kind the error belongs to (`usage`, `card`, `tokenizer`,
-    /// `mismatch`, `unsupported`).
-    pub fn malformed(file: &Path, subject: Option<&str>, rule: impl Into<String>) -> Self {
-        let (subject, rule) = parts(subject, rule);
-        Self::new(file, ErrorKind::Malformed { subject, rule })
-    }
-
     /// An external runner's failure while measuring `model`.
     pub fn runner(model: &Path, message: impl Into<String>) -> Self {
         Self::new(model, ErrorKind::Runner(message.into()))
@@ -239,7 +217,7 @@ impl Error {
             ErrorKind::DuplicateKey { .. } => "duplicate_key",
             ErrorKind::Budget { .. } => "budget",
             ErrorKind::UnsupportedYaml(_) => "unsupported_yaml",
-            ErrorKind::Format { .. } | ErrorKind::Malformed { .. } => "format",
+            ErrorKind::Format { .. } => "format",
             ErrorKind::Card { .. } => "card",
             ErrorKind::Tokenizer { .. } => "tokenizer",
             ErrorKind::Usage(_) => "usage",
@@ -261,12 +239,9 @@ impl Error {
         matches!(self.kind, ErrorKind::Card { .. })
     }
 
-    /// A file breaks its format's rule ([`ErrorKind::Format`], or its old name `Malformed`).
+    /// A file breaks its format's rule ([`ErrorKind::Format`]).
     pub fn is_format(&self) -> bool {
-        matches!(
-            self.kind,
-            ErrorKind::Format { .. } | ErrorKind::Malformed { .. }
-        )
+        matches!(self.kind, ErrorKind::Format { .. })
     }
 
     /// A tokenizer problem ([`ErrorKind::Tokenizer`]).
@@ -470,17 +445,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_old_malformed_constructor_is_a_format_error() {
-        let e = Error::malformed(Path::new(FILE), Some("w"), "bad dtype");
-        assert!(e.is_format());
-        assert_eq!(e.kind_name(), "format");
-        assert_eq!(
-            e.to_string(),
-            Error::format(Path::new(FILE), Some("w"), "bad dtype").to_string()
-        );
-    }
-
     /// The text `Malformed { subject, rule }` printed before the kinds had names.
     fn old_malformed(file: &str, at: Option<LineCol>, subject: Option<&str>, rule: &str) -> String {
         let place = match at {
@@ -497,13 +461,12 @@ mod tests {
     fn messages_are_unchanged_by_the_kinds() {
         let f = Path::new(FILE);
         type Make = fn(&Path, Option<&str>, String) -> Error;
-        let subject_kinds: [Make; 6] = [
+        let subject_kinds: [Make; 5] = [
             |f, s, r| Error::format(f, s, r),
             |f, s, r| Error::card(f, s, r),
             |f, s, r| Error::tokenizer(f, s, r),
             |f, s, r| Error::mismatch(f, s, r),
             |f, s, r| Error::unsupported(f, s, r),
-            |f, s, r| Error::malformed(f, s, r),
         ];
         for make in subject_kinds {
             let e = make(f, Some("tensor `w`"), "dtype F8 is unknown".into());

@@ -134,11 +134,14 @@ fn required_reference<'a>(
     reference: Option<&disclosure::Reference>,
 ) -> Result<&'a Path> {
     r.reference.ok_or_else(|| {
-        Error::usage(r.model, format!("{}: {}", "fidelity.reference", format!(
-                "verify needs the reference: pass --reference PATH or hf:ORG/NAME@REVISION, or --reference-artifact FILE with the native runner (the card names {}@{})",
+        Error::usage(
+            r.model,
+            format!(
+                "fidelity.reference: verify needs the reference: pass --reference PATH or hf:ORG/NAME@REVISION, or --reference-artifact FILE with the native runner (the card names {}@{})",
                 reference.map_or("?", |r| r.repo.as_str()),
                 reference.map_or("?", |r| r.revision.as_str()),
-            )))
+            ),
+        )
     })
 }
 
