@@ -41,7 +41,29 @@ pub struct HfSource {
     pub revision: String,
 }
 
+/// A Hub source as given and the commit it resolved to: what a measurement and a report record
+/// about a model that came from the Hub.
+#[derive(
+    Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+pub struct HubPin {
+    pub repo: String,
+    /// The revision as given (a branch, a tag or a commit).
+    pub revision: String,
+    /// The 40-hex commit it resolved to, whose files were used.
+    pub commit: String,
+}
+
 impl HfSource {
+    /// This source as given, pinned at `commit`.
+    pub fn pin(&self, commit: &str) -> HubPin {
+        HubPin {
+            repo: self.repo.clone(),
+            revision: self.revision.clone(),
+            commit: commit.to_owned(),
+        }
+    }
+
     /// `Some` when `path` is spelled as a Hub source (`hf:...`), with the parse result.
     pub fn from_path(path: &Path) -> Option<Result<HfSource>> {
         let text = path.to_str()?;

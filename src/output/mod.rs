@@ -14,6 +14,7 @@
 
 pub mod measure;
 pub mod sarif;
+pub mod text;
 
 use std::path::Path;
 

@@ -111,15 +111,7 @@ pub struct ModelRecord {
     pub hub: Option<HubPin>,
 }
 
-/// A Hub source as given and the commit it resolved to.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct HubPin {
-    pub repo: String,
-    /// The revision as given (a branch, a tag or a commit).
-    pub revision: String,
-    /// The 40-hex commit it resolved to, whose files were used.
-    pub commit: String,
-}
+pub use crate::hub::HubPin;
 
 /// The eval text and its tokens.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

@@ -2,10 +2,14 @@
 //! candidate can be measured later without the reference model: a compact artifact (final hidden
 //! states or top-k log-probabilities) or a llama.cpp `--kl-divergence-base` file.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use schemars::JsonSchema;
+use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::Digest as _;
+
+use crate::output::SchemaVersion;
 
 use super::options::MeasureOptions;
 use super::score::EvalInput;
@@ -105,4 +109,127 @@ pub fn export_llamacpp(
         tokenizer.bos_id,
         out,
     )
+}
+
+/// What to export.
+#[derive(Debug, Clone)]
+pub struct ExportRequest<'a> {
+    pub model: &'a Path,
+    pub eval_text: &'a Path,
+    pub options: MeasureOptions,
+    pub kind: ExportKind,
+    /// Tokens kept per row for `top_k`.
+    pub k: usize,
+    /// Hidden states stored in bf16 (half the size, no longer exact).
+    pub hidden_bf16: bool,
+    /// The reference's Hub repository and commit, recorded in the artifact.
+    pub repo: Option<String>,
+    pub revision: Option<String>,
+    pub threads: usize,
+    pub out: &'a Path,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportKind {
+    Hidden,
+    TopK,
+    /// A llama.cpp `--kl-divergence-base` file.
+    Llamacpp,
+}
+
+/// `reference export --json`: the artifact written, read back from disk.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct Exported {
+    pub schema_version: SchemaVersion,
+    pub artifact: String,
+    /// `hidden`, `top_k` or `llamacpp`.
+    pub kind: String,
+    pub sha256: String,
+    pub size: u64,
+    /// `FILE.sha256` (null for a llama.cpp base file, which has none).
+    pub sidecar: Option<String>,
+    /// Scored positions stored.
+    pub rows: usize,
+    /// What the artifact lets a verifier compute, in words (null for a llama.cpp base file).
+    pub bound: Option<String>,
+    /// What was written, in words (the human line).
+    #[serde(skip)]
+    pub note: String,
+}
+
+/// Export the reference's side and describe what was written (its digest and size read back).
+pub fn export(r: &ExportRequest) -> Result<Exported> {
+    use super::artifact::{ExportSpec, Kind};
+    let (kind, sidecar, rows, bound, note) = match r.kind {
+        ExportKind::Llamacpp => {
+            let [n_ctx] = r.options.context_lengths[..] else {
+                return Err(Error::usage(
+                    r.out,
+                    "--kind llamacpp takes exactly one --context-length (a base file has one n_ctx)",
+                ));
+            };
+            let rows = export_llamacpp(r.model, r.eval_text, n_ctx, r.options.bos, r.out)?;
+            let note = format!(
+                "wrote {} ({rows} rows: the second half of each {n_ctx}-token window, as llama-perplexity --kl-divergence-base writes them)",
+                r.out.display(),
+            );
+            ("llamacpp", None, rows as usize, None, note)
+        }
+        ExportKind::Hidden | ExportKind::TopK => {
+            let mut extra = serde_json::Map::new();
+            if let Some(repo) = &r.repo {
+                extra.insert("repo".into(), repo.clone().into());
+            }
+            if let Some(rev) = &r.revision {
+                extra.insert("revision".into(), rev.clone().into());
+            }
+            let header = export_reference(
+                r.model,
+                r.eval_text,
+                &r.options,
+                ExportSpec {
+                    kind: if r.kind == ExportKind::TopK {
+                        Kind::TopK
+                    } else {
+                        Kind::Hidden
+                    },
+                    k: r.k,
+                    hidden_bf16: r.hidden_bf16,
+                },
+                Value::Object(extra),
+                r.threads,
+                r.out,
+            )?;
+            let size = std::fs::metadata(r.out).map(|m| m.len()).unwrap_or(0);
+            let rows: usize = header.runs.iter().map(|run| run.rows).sum();
+            let sidecar = super::artifact::sidecar_path(r.out);
+            let note = format!(
+                "wrote {} ({size} bytes, {rows} scored positions, {:.0} bytes each; digest in {}): {}",
+                r.out.display(),
+                size as f64 / rows.max(1) as f64,
+                sidecar.display(),
+                header.bound
+            );
+            let kind = match header.kind {
+                Kind::Hidden => "hidden",
+                Kind::TopK => "top_k",
+            };
+            (kind, Some(sidecar), rows, Some(header.bound), note)
+        }
+    };
+    let sha256 = crate::checkpoint::hash::hash_file(r.out)?;
+    let size = std::fs::metadata(r.out)
+        .map_err(|e| Error::io(r.out, e))?
+        .len();
+    Ok(Exported {
+        schema_version: SchemaVersion,
+        artifact: r.out.display().to_string(),
+        kind: kind.into(),
+        sha256,
+        size,
+        sidecar: sidecar.map(|p: PathBuf| p.display().to_string()),
+        rows,
+        bound,
+        note,
+    })
 }

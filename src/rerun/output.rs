@@ -113,3 +113,17 @@ pub fn write_measurement(out: &Path, m: &Measurement, runs: &[RunResult]) -> Res
     )?;
     write_atomically(&out.join("measurement.json"), &measurement_bytes(out, m)?)
 }
+
+/// Write a rerun's files into its output set (with the set's run id in measurement.json) and
+/// move the set into place as one unit; returns the measurement as written.
+pub fn commit_into(set: crate::outset::OutputSet, rerun: super::Rerun) -> Result<Measurement> {
+    let mut measurement = rerun.measurement;
+    measurement.run_id = Some(set.run_id().to_owned());
+    set.write(
+        "positions.safetensors",
+        &positions_file(&rerun.runs, &measurement.protocol_sha256),
+    )?;
+    set.write_json("measurement.json", &measurement.to_value())?;
+    set.commit()?;
+    Ok(measurement)
+}

@@ -266,7 +266,6 @@ pub struct MeasureConfig {
     pub emulate: cardproof::runner::native::Emulate,
     pub threads: usize,
     pub out: PathBuf,
-    pub output: Output,
     /// Show a progress bar (stderr is a terminal).
     pub progress: bool,
     /// `--runner transformers` and its settings.
@@ -369,7 +368,6 @@ impl MeasureConfig {
             },
             threads,
             out,
-            output: Output::from_args(&args.output),
             progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
             transformers,
             sweep,
@@ -491,7 +489,6 @@ pub struct VerifyConfig {
     /// `--force`: replace an --out that is not a cardproof set.
     pub force: bool,
     pub threads: usize,
-    pub output: Output,
     pub progress: bool,
     /// `--runner transformers` and its settings.
     pub transformers: Option<cardproof::runner::transformers::TransformersOptions>,
@@ -531,7 +528,6 @@ impl VerifyConfig {
             key: args.key,
             out,
             force: args.force,
-            output: Output::from_args(&args.output),
             progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         })
     }

@@ -56,8 +56,6 @@ enum Finished {
     Done(Class),
     /// It failed; the error is not printed yet.
     Failed(Failure),
-    /// A rerun command, which prints and chooses its exit code itself (until its rewrite).
-    Code(u8),
 }
 
 /// Run the command and print its outcome.
@@ -119,16 +117,18 @@ fn run(command: Command, printer: &Printer) -> io::Result<Finished> {
             finish(check::run(&config), |r| printer.check(r))
         }
         Command::Measure(args) => match config::MeasureConfig::from_args(args) {
-            Ok(config) => rerun::measure(&config).map(Finished::Code),
+            Ok(config) => finish(rerun::measure(&config, printer), |m| {
+                printer.measured(m, &config.out)
+            }),
             Err(message) => Ok(Finished::Failed(Failure::Usage(message))),
         },
         Command::Verify(args) => match config::VerifyConfig::from_args(args) {
-            Ok(config) => rerun::verify(&config).map(Finished::Code),
+            Ok(config) => finish(rerun::verify(&config, printer), |v| printer.verification(v)),
             Err(message) => Ok(Finished::Failed(Failure::Usage(message))),
         },
         Command::Reference(cli::ReferenceCommand::Export(args)) => {
             match config::ProtocolConfig::from_args(&args.protocol) {
-                Ok(p) => rerun::export(&args, p).map(Finished::Code),
+                Ok(p) => finish(rerun::export(&args, p), |e| printer.exported(e)),
                 Err(message) => Ok(Finished::Failed(Failure::Usage(message))),
             }
         }
@@ -153,7 +153,6 @@ fn exit_code(printer: &Printer, finished: io::Result<Finished>) -> u8 {
         Finished::Done(Class::Findings) => Ok(EXIT_FINDINGS),
         Finished::Failed(Failure::Input(e)) => printer.error(&e).map(|()| EXIT_BAD_INPUT),
         Finished::Failed(Failure::Usage(m)) => printer.usage_error(&m).map(|()| EXIT_BAD_INPUT),
-        Finished::Code(code) => Ok(code),
     });
     match code {
         Ok(code) => code,

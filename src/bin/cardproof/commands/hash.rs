@@ -3,7 +3,7 @@
 
 use cardproof::checkpoint::hash::{Manifest, hash_path, total_size};
 
-use super::{Outcome, rerun::local_path};
+use super::{Outcome, local_path};
 use crate::config::HashConfig;
 use crate::printer::{self, Printer};
 

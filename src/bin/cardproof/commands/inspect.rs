@@ -4,7 +4,7 @@ use cardproof::checkpoint::inspect::{Inspection, inspect_path};
 use cardproof::hub::HfSource;
 use cardproof::hub::snapshot::Select;
 
-use super::{Outcome, hub_client, rerun::materialize};
+use super::{Outcome, hub_client, materialize};
 use crate::config::InspectConfig;
 use crate::printer::Printer;
 

@@ -6,7 +6,7 @@ use cardproof::hub::HfSource;
 use cardproof::hub::snapshot::Select;
 use cardproof::lint::LintReport;
 
-use super::{Outcome, hub_client, rerun::materialize};
+use super::{Outcome, hub_client, materialize};
 use crate::config::LintConfig;
 use crate::printer::Printer;
 

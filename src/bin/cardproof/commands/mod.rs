@@ -15,7 +15,9 @@ pub mod schema;
 pub mod sign;
 pub mod verify_report;
 
-use crate::printer::Printer;
+use cardproof::hub::snapshot::Select;
+
+use crate::printer::{self, Printer};
 
 /// How a finished command ends: exit 0, or exit 1 for findings (lint errors, a report that does
 /// not verify).
@@ -91,5 +93,57 @@ pub fn signing_key(
             }
             key
         }),
+    }
+}
+
+/// Make the selected files of a Hub source present and verified in the Hugging Face cache, with
+/// a download progress bar on a terminal, and say which commit was used.
+pub fn materialize(
+    printer: &Printer,
+    client: &cardproof::hub::Client,
+    source: &cardproof::hub::HfSource,
+    select: Select<'_>,
+) -> cardproof::Result<cardproof::hub::snapshot::Snapshot> {
+    let bar = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        .then(|| printer::progress_bar(printer::DOWNLOAD_PROGRESS));
+    let progress = |done: u64, total: u64| {
+        if let Some(bar) = &bar {
+            bar.set_length(total);
+            bar.set_position(done);
+        }
+    };
+    let result = cardproof::hub::snapshot::materialize(client, source, select, &progress);
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let snapshot = result?;
+    printer.note(&format!(
+        "{source} is commit {} ({}; {} file(s) downloaded and verified, the rest from the cache {})",
+        snapshot.pinned.revision,
+        if client.config().offline {
+            "offline"
+        } else {
+            "pinned"
+        },
+        snapshot.downloaded.len(),
+        snapshot.dir.display()
+    ));
+    Ok(snapshot)
+}
+
+/// A path for the local code: a Hub source becomes its verified snapshot folder (all files),
+/// with the commit it resolved to.
+pub fn local_path(
+    printer: &Printer,
+    path: &std::path::Path,
+) -> cardproof::Result<(std::path::PathBuf, Option<cardproof::hub::HubPin>)> {
+    match cardproof::hub::HfSource::from_path(path) {
+        Some(source) => {
+            let source = source?;
+            let snapshot = materialize(printer, &hub_client(), &source, Select::All)?;
+            let pin = source.pin(&snapshot.pinned.revision);
+            Ok((snapshot.dir, Some(pin)))
+        }
+        None => Ok((path.to_owned(), None)),
     }
 }

@@ -20,8 +20,6 @@ use cardproof::span::LineIndex;
 
 use crate::config::{Format, Output};
 
-pub use rerun::Exported;
-
 pub struct Printer {
     output: Output,
 }

@@ -1,0 +1,418 @@
+//! The documents as text for people: what the binary's printer writes when `--json` is not
+//! given. Each function renders one typed document; none reads JSON by key except the runners'
+//! own model records, which are kept as the runners give them.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::measure::Measurement;
+use crate::measure::protocol::{Direction, Positions, Tail, VocabMode};
+use crate::measure::stats::{Bucket, Diagnostics, Uncertainty};
+use crate::output::measure::Protocol;
+
+/// Plain-words descriptions of a protocol's direction, vocabulary terms and scored rows.
+pub fn describe_protocol(
+    direction: Direction,
+    vocab: VocabMode,
+    positions: Positions,
+) -> (&'static str, String, String) {
+    let direction = match direction {
+        Direction::Forward => "forward KL(P_ref || P_cand)",
+        Direction::Reverse => "reverse KL(P_cand || P_ref)",
+        Direction::Both => "forward KL(P_ref || P_cand) and reverse KL(P_cand || P_ref)",
+    };
+    let vocab = match vocab {
+        VocabMode::TopK { k, tail } => {
+            let tail = match tail {
+                Tail::Lumped => "lumped",
+                Tail::Dropped => "dropped",
+                Tail::Renormalized => "renormalized",
+            };
+            format!("reference top-{k} ({tail} tail)")
+        }
+        // As JSON writes the number (`-16.0`).
+        VocabMode::Threshold { log_p } => format!(
+            "reference terms with log p <= {} dropped",
+            serde_json::Number::from_f64(log_p).map_or("null".into(), |n| n.to_string())
+        ),
+        VocabMode::Full => "full vocabulary".to_owned(),
+    };
+    let positions = match positions {
+        Positions::Stride { stride, offset } => {
+            format!("every row with j mod {stride} = {offset}")
+        }
+        Positions::SecondHalf => "second half of each window (llama.cpp)".to_owned(),
+        Positions::From { from } => format!("rows j >= {from}"),
+        Positions::All => "all rows".to_owned(),
+    };
+    (direction, vocab, positions)
+}
+
+/// `kld`'s human output: the inputs, the protocol in words and the metric table.
+pub fn kld_measurement(m: &Measurement) -> String {
+    let p = Protocol::of(&m.protocol).expect("a measurement's protocol reads back");
+    let mut out = String::new();
+    let (direction, vocab, positions) = describe_protocol(p.direction, p.vocab, p.positions);
+    for (side, input) in [("reference", &m.reference), ("candidate", &m.candidate)] {
+        let _ = writeln!(
+            out,
+            "{side}: {} ({}, {} rows × {})",
+            input.path, input.format, input.rows, input.vocab
+        );
+    }
+    let _ = writeln!(
+        out,
+        "protocol: {direction} in nats; {vocab} ({} entries, padding {}); {positions}; {} rows in {} window{}; mean over positions; {:.0}% block bootstrap ({} resamples, seed {}, blocks {})",
+        p.vocab_size,
+        p.padding,
+        m.n_positions,
+        m.n_windows,
+        if m.n_windows == 1 { "" } else { "s" },
+        p.bootstrap.level * 100.0,
+        p.bootstrap.resamples,
+        p.bootstrap.seed,
+        p.bootstrap_block,
+    );
+    let _ = writeln!(out, "protocol_sha256: {}", m.protocol_sha256);
+    if m.n_nonfinite > 0 {
+        let _ = writeln!(
+            out,
+            "excluded: {} rows with non-finite logits",
+            m.n_nonfinite
+        );
+    }
+    results(
+        &mut out,
+        &m.metrics,
+        &m.uncertainty,
+        &m.low_support,
+        &m.diagnostics,
+    );
+    out
+}
+
+/// A number that JSON can hold (a non-finite one is printed as `null`, and shown as missing).
+fn finite(v: f64) -> Option<f64> {
+    v.is_finite().then_some(v)
+}
+
+/// The metric table and diagnostics of one result.
+pub fn results(
+    out: &mut String,
+    metrics: &BTreeMap<String, f64>,
+    uncertainty: &BTreeMap<String, Uncertainty>,
+    low_support: &[String],
+    diagnostics: &Diagnostics,
+) {
+    let _ = writeln!(
+        out,
+        "\n{:<20} {:>12} {:>12}  95% CI",
+        "metric", "value", "± sem"
+    );
+    for name in crate::disclosure::vocabulary::METRICS {
+        let Some(value) = metrics.get(*name).copied().and_then(finite) else {
+            continue;
+        };
+        let u = uncertainty.get(*name);
+        let sem = u
+            .and_then(|u| u.sem)
+            .and_then(finite)
+            .map_or(String::new(), |s| format!("{s:.6}"));
+        let ci = match u.map(|u| u.ci95.map(finite)) {
+            Some([Some(a), Some(b)]) => format!("[{a:.6}, {b:.6}]"),
+            _ => String::new(),
+        };
+        let mark = if low_support.iter().any(|l| l == name) {
+            " *"
+        } else {
+            ""
+        };
+        let _ = writeln!(out, "{:<20} {:>12.6} {:>12}  {ci}{mark}", name, value, sem);
+    }
+    if !low_support.is_empty() {
+        let _ = writeln!(
+            out,
+            "* low support: fewer than 100 rows beyond this percentile; its value is noise"
+        );
+    }
+    let table = |out: &mut String, title: &str, buckets: &[Bucket]| {
+        let _ = writeln!(
+            out,
+            "\n{title:<20} {:>8} {:>12} {:>10} {:>10}",
+            "rows", "kld_mean", "flips", "flip rate"
+        );
+        for b in buckets {
+            // The row and flip counts unpadded, as this table has always printed them.
+            let _ = writeln!(
+                out,
+                "{:<20} {} {:>12} {} {:>10}",
+                b.label,
+                b.n,
+                b.kld_mean
+                    .and_then(finite)
+                    .map_or("-".into(), |v| format!("{v:.6}")),
+                b.top1_flips,
+                b.flip_rate
+                    .and_then(finite)
+                    .map_or("-".into(), |v| format!("{v:.4}"))
+            );
+        }
+    };
+    table(out, "by depth (j / L)", &diagnostics.by_depth);
+    table(out, "by ref. confidence", &diagnostics.by_confidence);
+}
+
+/// `measure`'s human output: what was run, then one table per context length.
+#[cfg(feature = "native")]
+pub fn measurement(doc: &crate::rerun::Measurement) -> String {
+    let p = &doc.protocol;
+    let e = &doc.environment;
+    let mut out = String::new();
+    let (direction, vocab, positions) = describe_protocol(p.direction, p.vocab, p.positions);
+    for (side, m) in [("reference", &doc.reference), ("candidate", &doc.candidate)] {
+        let runner = &m.runner;
+        let counts = |key: &str| -> Vec<String> {
+            runner[key]
+                .as_object()
+                .map(|w| w.iter().map(|(k, v)| format!("{k} ×{v}")).collect())
+                .unwrap_or_default()
+        };
+        let weights = counts("weights");
+        // Native runs list the weight schemes; transformers runs what the engine loaded.
+        let detail = if weights.is_empty() {
+            let mut parts = vec![format!(
+                "{} weights, attention {}",
+                runner["param_dtype"].as_str().unwrap_or("?"),
+                runner["attention"].as_str().unwrap_or("?")
+            )];
+            if let Some(q) = runner["quant_method"].as_str() {
+                parts.push(format!("quantization {q}"));
+            }
+            parts.join(", ")
+        } else {
+            weights.join(", ")
+        };
+        let _ = writeln!(
+            out,
+            "{side}: {} ({}; {detail})",
+            m.path,
+            runner["architecture"].as_str().unwrap_or("?"),
+        );
+        let acts = counts("activation_emulation");
+        if !acts.is_empty() {
+            let _ = writeln!(
+                out,
+                "  emulated activation quantization: {}",
+                acts.join(", ")
+            );
+        }
+    }
+    let ev = &doc.eval;
+    let _ = writeln!(
+        out,
+        "eval: {} ({} tokens, tokens_sha256 {}, BOS {})",
+        ev.text_path.as_deref().unwrap_or("?"),
+        ev.token_count,
+        ev.tokens_sha256,
+        ev.bos.as_str()
+    );
+    let where_ = match e.threads {
+        Some(t) => format!("{t} threads, {}", e.device),
+        None => e.device.clone(),
+    };
+    let _ = writeln!(
+        out,
+        "runner: {} ({} {}), {} compute, {where_}",
+        match e.runner {
+            crate::rerun::document::RunnerKind::Native => "native",
+            crate::rerun::document::RunnerKind::Transformers => "transformers",
+        },
+        e.engine,
+        e.engine_version.as_deref().unwrap_or("?"),
+        e.compute_dtype,
+    );
+    if let Some(t) = e.transformers_runner.as_ref().and_then(|r| {
+        r.other
+            .get("timings_s")
+            .and_then(|t| t.as_object())
+            .map(|t| (r, t))
+    }) {
+        let (r, t) = t;
+        let secs = |k: &str| t.get(k).and_then(serde_json::Value::as_f64).unwrap_or(0.0);
+        let _ = writeln!(
+            out,
+            "  attention {}, prefill chunk {}, reduction {}; load {:.1} s, prefill {:.1} s, head and reduction {:.1} s",
+            e.attention,
+            r.chunk_size.map_or("null".into(), |c| c.to_string()),
+            r.other
+                .get("reduction_kernel")
+                .and_then(|k| k.as_str())
+                .unwrap_or("?"),
+            secs("load"),
+            secs("prefill"),
+            secs("head_and_reduce"),
+        );
+    }
+    let padding = match p.padding {
+        crate::rerun::document::Padding::Excluded => "excluded",
+        crate::rerun::document::Padding::Included => "included",
+        crate::rerun::document::Padding::None => "none",
+    };
+    let _ = writeln!(
+        out,
+        "protocol: {direction} in nats; {vocab} ({} entries, padding {padding}); {positions}; mean over positions; {:.0}% block bootstrap ({} resamples, seed {})",
+        p.vocab_size,
+        p.bootstrap.level * 100.0,
+        p.bootstrap.resamples,
+        p.bootstrap.seed,
+    );
+    let _ = writeln!(out, "protocol_sha256: {}", doc.protocol_sha256);
+    for run in &doc.runs {
+        let _ = writeln!(
+            out,
+            "\n== context length {}: {} rows in {} windows (blocks {}){}",
+            run.context_length,
+            run.n_positions,
+            run.n_windows,
+            run.bootstrap_block,
+            if run.n_nonfinite > 0 {
+                format!("; {} rows with non-finite logits excluded", run.n_nonfinite)
+            } else {
+                String::new()
+            }
+        );
+        let s = &run.summary;
+        results(
+            &mut out,
+            &s.metrics,
+            &s.uncertainty,
+            &s.low_support,
+            &s.diagnostics,
+        );
+    }
+    out
+}
+
+/// `verify`'s human output: the verdict, what was verified, one line per claim (with the reason
+/// when it is not reproduced), the gates and the noise floor.
+#[cfg(feature = "native")]
+pub fn verification(r: &crate::verify::Report) -> String {
+    use crate::verify::claims::Verdict;
+    let mut out = String::new();
+    let counts: Vec<String> = Verdict::ALL
+        .iter()
+        .map(|v| (v.as_str(), r.summary.get(v.as_str()).copied().unwrap_or(0)))
+        .filter(|(k, n)| *k == "reproduced" || *n > 0)
+        .map(|(k, n)| format!("{n} {}", k.replace('_', " ")))
+        .collect();
+    let _ = writeln!(
+        out,
+        "verdict: {}  ({})",
+        r.verdict.as_str(),
+        counts.join(", ")
+    );
+    let _ = writeln!(out, "card: {}", r.card.path);
+    let _ = writeln!(
+        out,
+        "checkpoint: {} (root sha256 {})",
+        r.checkpoint.path, r.checkpoint.root_sha256
+    );
+    let _ = writeln!(
+        out,
+        "\n{:<18} {:>6} {:>12} {:>12} {:>10}  verdict",
+        "metric", "ctx", "claimed", "rerun", "tolerance"
+    );
+    for c in &r.claims {
+        let _ = writeln!(
+            out,
+            "{:<18} {:>6} {:>12} {:>12} {:>10}  {}",
+            c.metric,
+            c.context_length.map_or("-".into(), |l| l.to_string()),
+            c.claimed_text,
+            c.rerun
+                .filter(|v| v.is_finite())
+                .map_or("-".into(), |v| format!("{v:.6}")),
+            c.tolerance
+                .filter(|v| v.is_finite())
+                .map_or("-".into(), |v| format!("{v:.1e}")),
+            c.verdict.as_str(),
+        );
+        if c.verdict != Verdict::Reproduced {
+            let _ = writeln!(out, "    {}", c.reason);
+            for d in &c.differences {
+                let _ = writeln!(out, "    - {d}");
+            }
+        }
+    }
+    let gates: Vec<String> = r
+        .sanity
+        .iter()
+        .map(|g| format!("{} {}", g.gate, if g.passed { "passed" } else { "FAILED" }))
+        .collect();
+    if !gates.is_empty() {
+        let _ = writeln!(out, "\nsanity gates: {}", gates.join(", "));
+    }
+    if let Some(crate::rerun::NoiseFloor::Measured { what, runs }) = &r.noise_floor {
+        for run in runs {
+            let metric = |k: &str| run.metrics.get(k).copied().unwrap_or(f64::NAN);
+            let _ = writeln!(
+                out,
+                "noise floor ({what}), context {}: kld_mean {:.3e}, top1_agreement {:.4}",
+                run.context_length,
+                metric("kld_mean"),
+                metric("top1_agreement"),
+            );
+        }
+    }
+    out
+}
+
+/// The sweep as a table: per compared setting and context length, the KL and where top-1 flips.
+#[cfg(feature = "native")]
+pub fn sweep(doc: &crate::rerun::sweep::Sweep) -> String {
+    let mut out = format!(
+        "sweep of {} over {} (the same weights; baseline {}): KL in nats, forward KL(P_baseline || P_other), mean over positions\n\n",
+        doc.knob,
+        doc.model,
+        doc.values.first().map_or("?", String::as_str),
+    );
+    out.push_str("| other | context | positions | kld_mean | kld_p99 | kld_max | top-1 agreement | flips | first flips (block:position) |\n|---|---|---|---|---|---|---|---|---|\n");
+    let num = |v: Option<f64>| {
+        v.filter(|v| v.is_finite())
+            .map_or("-".into(), |v| format!("{v:.6}"))
+    };
+    for pair in &doc.pairs {
+        for run in &pair.runs {
+            let first: Vec<String> = run
+                .flips
+                .iter()
+                .take(5)
+                .map(|f| format!("{}:{}", f.block, f.position))
+                .collect();
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                pair.other,
+                run.context_length,
+                run.n_positions,
+                num(run.kld_mean),
+                num(run.kld_p99),
+                num(run.kld_max),
+                num(run.top1_agreement),
+                run.n_flips,
+                if first.is_empty() {
+                    "none".into()
+                } else {
+                    first.join(", ")
+                },
+            );
+        }
+    }
+    if let Some(f) = doc.noise_floor_kld_mean.filter(|f| f.is_finite()) {
+        let _ = writeln!(
+            out,
+            "\ncross-kernel noise floor (largest kld_mean above): {f:.6} nats"
+        );
+    }
+    out
+}
