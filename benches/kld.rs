@@ -11,9 +11,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cardproof::measure::protocol::{Bootstrap, Direction, Positions, VocabMode};
-use cardproof::measure::stats::SplitMix64;
-use cardproof::measure::{Options, measure};
+use cardproof::kld::protocol::{Bootstrap, Direction, Positions, VocabMode};
+use cardproof::kld::stats::SplitMix64;
+use cardproof::kld::{Options, measure};
 
 const VOCAB: usize = 151_936;
 

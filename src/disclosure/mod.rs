@@ -288,7 +288,7 @@ pub struct Tokens {
 }
 
 /// The card's BOS policy is the runner's own type (one spelling everywhere).
-pub use crate::measure::protocol::Bos as BosPolicy;
+pub use crate::kld::protocol::Bos as BosPolicy;
 
 /// How the text was cut, scored and summarised.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -309,7 +309,7 @@ pub struct Protocol {
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema)]
 #[serde(transparent)]
 pub struct ContextLength(
-    #[schemars(range(min = 2, max = crate::measure::protocol::MAX_CONTEXT_LENGTH))] pub u64,
+    #[schemars(range(min = 2, max = crate::kld::protocol::MAX_CONTEXT_LENGTH))] pub u64,
 );
 
 /// Which rows of each window are scored (disclosure item `positions`). Row j predicts token j+1.
@@ -362,7 +362,7 @@ pub struct Kl {
 }
 
 /// The card's KL direction is the measurement's own type (one spelling everywhere).
-pub use crate::measure::protocol::Direction as KlDirection;
+pub use crate::kld::protocol::Direction as KlDirection;
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -387,7 +387,7 @@ pub struct Vocab {
     pub mode: VocabMode,
     /// For `top_k`: the reference's top k tokens are kept (ties by lowest token id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = crate::measure::MAX_VOCAB))]
+    #[schemars(range(min = 1, max = crate::kld::MAX_VOCAB))]
     pub k: Option<u64>,
     /// For `top_k`: what happens to the tail beyond k.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -472,7 +472,7 @@ pub struct Uncertainty {
     pub level: Option<f64>,
     /// Bootstrap resamples (at most 100,000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = crate::measure::protocol::MAX_RESAMPLES))]
+    #[schemars(range(min = 1, max = crate::kld::protocol::MAX_RESAMPLES))]
     pub resamples: Option<u64>,
     /// Bootstrap seed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -515,7 +515,7 @@ pub struct ResultClaim {
     pub level: Option<f64>,
     /// Context length this value was measured at (required when several are listed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 2, max = crate::measure::protocol::MAX_CONTEXT_LENGTH))]
+    #[schemars(range(min = 2, max = crate::kld::protocol::MAX_CONTEXT_LENGTH))]
     pub context_length: Option<u64>,
     /// Number of scored rows behind the value.
     #[serde(default, skip_serializing_if = "Option::is_none")]

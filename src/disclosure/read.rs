@@ -97,7 +97,7 @@ mod tests {
             "{e}"
         );
         let eval = s.eval.unwrap();
-        assert_eq!(eval.bos, crate::measure::protocol::Bos::PerWindow);
+        assert_eq!(eval.bos, crate::kld::protocol::Bos::PerWindow);
         assert_eq!(s.runtime.unwrap_err(), "runtime missing");
     }
 }

@@ -10,9 +10,9 @@
 //! [`crate::schema`]); each is committed as `schema/<name>-v1.schema.json`. A test fails when a
 //! committed schema differs from its type, and another runs every command on the examples and
 //! validates what it printed against the committed schema. Some documents embed values from
-//! `src/measure` whose types have no schema of their own; [`measure`] describes them.
+//! `src/kld` whose types have no schema of their own; [`kld`] describes them.
 
-pub mod measure;
+pub mod kld;
 pub mod sarif;
 pub mod text;
 
@@ -125,12 +125,12 @@ impl<'a> HashDocument<'a> {
 pub struct KldDocument<'a> {
     pub schema_version: SchemaVersion,
     #[serde(flatten)]
-    #[schemars(with = "measure::Measurement")]
-    pub measurement: &'a crate::measure::Measurement,
+    #[schemars(with = "kld::Measurement")]
+    pub measurement: &'a crate::kld::Measurement,
 }
 
 impl<'a> KldDocument<'a> {
-    pub fn new(measurement: &'a crate::measure::Measurement) -> Self {
+    pub fn new(measurement: &'a crate::kld::Measurement) -> Self {
         KldDocument {
             schema_version: SchemaVersion,
             measurement,
@@ -143,12 +143,12 @@ impl<'a> KldDocument<'a> {
 pub struct KldCompatDocument<'a> {
     pub schema_version: SchemaVersion,
     #[serde(flatten)]
-    #[schemars(with = "measure::CompatMeasurement")]
-    pub measurement: &'a crate::measure::compat::CompatMeasurement,
+    #[schemars(with = "kld::CompatMeasurement")]
+    pub measurement: &'a crate::kld::compat::CompatMeasurement,
 }
 
 impl<'a> KldCompatDocument<'a> {
-    pub fn new(measurement: &'a crate::measure::compat::CompatMeasurement) -> Self {
+    pub fn new(measurement: &'a crate::kld::compat::CompatMeasurement) -> Self {
         KldCompatDocument {
             schema_version: SchemaVersion,
             measurement,

@@ -5,10 +5,10 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::measure::Measurement;
-use crate::measure::protocol::{Direction, Positions, Tail, VocabMode};
-use crate::measure::stats::{Bucket, Diagnostics, Uncertainty};
-use crate::output::measure::Protocol;
+use crate::kld::Measurement;
+use crate::kld::protocol::{Direction, Positions, Tail, VocabMode};
+use crate::kld::stats::{Bucket, Diagnostics, Uncertainty};
+use crate::output::kld::Protocol;
 
 /// Plain-words descriptions of a protocol's direction, vocabulary terms and scored rows.
 pub fn describe_protocol(

@@ -12,8 +12,8 @@ use serde_json::Value;
 
 use crate::disclosure::{self, CheckpointFormat, ResultClaim, Sha256, WeightDtype};
 use crate::error::{Error, Result};
-use crate::measure::protocol::{Bootstrap, Bos, Direction, Positions, VocabMode, sha256_of};
-use crate::measure::stats::Summary;
+use crate::kld::protocol::{Bootstrap, Bos, Direction, Positions, VocabMode, sha256_of};
+use crate::kld::stats::Summary;
 
 /// One measurement: `measurement.json`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

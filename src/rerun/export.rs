@@ -88,7 +88,7 @@ pub fn export_llamacpp(
     out: &Path,
 ) -> Result<u64> {
     use crate::runner::native;
-    crate::measure::protocol::check_context_length(n_ctx as u64)
+    crate::kld::protocol::check_context_length(n_ctx as u64)
         .map_err(|rule| Error::usage(out, format!("n_ctx: {rule}")))?;
     let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(model))?;
     let stream = tokens::tokenize(&tokenizer, eval_text)?;

@@ -5,8 +5,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::measure::protocol::VocabMode;
-use crate::measure::row::{Scratch, reduce};
+use crate::kld::protocol::VocabMode;
+use crate::kld::row::{Scratch, reduce};
 use crate::runner::Runner;
 
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]

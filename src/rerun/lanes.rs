@@ -12,7 +12,7 @@ use super::score::{self, EvalInput, Progress, Scoring};
 use super::{GateRequest, NoiseFloor, NoiseFloorRun, Request, Rerun, record};
 use crate::checkpoint::hash::Manifest;
 use crate::error::{Error, Result};
-use crate::measure::protocol::VocabMode;
+use crate::kld::protocol::VocabMode;
 use crate::runner::Runner;
 use crate::runner::native::{self, ComputeDtype, Emulate, NativeModel};
 use crate::runner::tokens::{self, TokenStream};
@@ -689,7 +689,7 @@ pub(super) fn llamacpp_base(
     progress: Progress,
 ) -> Result<Rerun> {
     use super::artifact::llamacpp::{BaseFileRunner, WINDOW_NOTE};
-    use crate::measure::llamacpp::BaseFile;
+    use crate::kld::llamacpp::BaseFile;
     stage("reading the base file");
     let base = BaseFile::open(path)?;
     let stream = TokenStream {

@@ -86,7 +86,7 @@ impl<'a> Lane<'a> {
 
     /// The lane for a reference artifact file: a llama.cpp base file or cardproof's own.
     pub fn artifact(file: &'a Path, compute: ComputeDtype, emulate: Emulate) -> Lane<'a> {
-        if crate::measure::source::is_llamacpp_base(file) {
+        if crate::kld::source::is_llamacpp_base(file) {
             Lane::LlamacppBase {
                 file,
                 compute,

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::disclosure::{self, ContextLength, KlUnits, PaddingRows};
 use crate::error::{Error, Result};
-use crate::measure::protocol::{
+use crate::kld::protocol::{
     Bootstrap, Bos, Direction, Positions, Tail, VocabMode, check_context_length,
 };
 
@@ -165,7 +165,7 @@ pub fn resolve(
     };
     let direction = p.kl.direction;
     if let Some(v) = vocab
-        && let Some(why) = crate::measure::protocol::unmeasurable(direction, v)
+        && let Some(why) = crate::kld::protocol::unmeasurable(direction, v)
     {
         missing.push(format!("protocol.kl.direction: {why}"));
     }

@@ -10,7 +10,7 @@ use crate::checkpoint::dtype::Dtype;
 use crate::checkpoint::safetensors::serialize;
 use crate::error::{Error, Result};
 use crate::files::write_atomically;
-use crate::measure::stats::Scored;
+use crate::kld::stats::Scored;
 
 /// `positions.safetensors`: per scored row of each context length, tensors `ctx<L>.<name>`.
 pub fn positions_file(runs: &[RunResult], protocol_sha256: &str) -> Vec<u8> {

@@ -44,7 +44,7 @@ pub fn measurement(
         eval: scoring.eval.clone(),
         environment,
         runs: scoring.runs.iter().map(|r| r.record()).collect(),
-        definitions: match crate::measure::definitions() {
+        definitions: match crate::kld::definitions() {
             Value::Object(map) => map,
             _ => serde_json::Map::new(),
         },

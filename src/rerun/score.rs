@@ -1,5 +1,5 @@
 //! Scoring: both models over the tokenized eval text, window by window, every scored row
-//! reduced with [`crate::measure`] into a record, and the records into each run's statistics.
+//! reduced with [`crate::kld`] into a record, and the records into each run's statistics.
 //! Runners that reduce rows themselves (the transformers runner) hand their records in through
 //! [`measure_records`]; everything after the rows is the same for every lane.
 
@@ -14,8 +14,8 @@ use crate::checkpoint::dtype::Dtype;
 use crate::checkpoint::safetensors::serialize;
 use crate::error::{Error, Result};
 use crate::files::write_atomically;
-use crate::measure::row::{self, RowRecord};
-use crate::measure::stats::{self, Scored, Summary};
+use crate::kld::row::{self, RowRecord};
+use crate::kld::stats::{self, Scored, Summary};
 use crate::runner::Runner;
 use crate::runner::tokens::{self, TokenStream};
 
@@ -149,7 +149,7 @@ pub fn plan_runs(eval: &EvalInput, o: &MeasureOptions) -> Result<Vec<RunPlan>> {
 fn scored_rows(plan: &RunPlan, per_window: Vec<Vec<Option<RowRecord>>>) -> (Vec<Scored>, usize) {
     let l = plan.windows.length;
     let single = plan.windows.windows.len() == 1;
-    let run_len = (plan.rows.len() / 100).clamp(1, crate::measure::BOOTSTRAP_MAX_RUN);
+    let run_len = (plan.rows.len() / 100).clamp(1, crate::kld::BOOTSTRAP_MAX_RUN);
     let mut scored = Vec::new();
     let mut n_nonfinite = 0;
     for (w, records) in per_window.into_iter().enumerate() {
@@ -201,7 +201,7 @@ fn finish_measurement(
             o.bootstrap.level,
         );
         let single = plan.windows.windows.len() == 1;
-        let run_len = (plan.rows.len() / 100).clamp(1, crate::measure::BOOTSTRAP_MAX_RUN);
+        let run_len = (plan.rows.len() / 100).clamp(1, crate::kld::BOOTSTRAP_MAX_RUN);
         runs.push(RunResult {
             context_length: l,
             n_windows: plan.windows.windows.len(),

@@ -13,7 +13,7 @@ use super::score::{Progress, RunResult};
 use super::{Lane, Request, Rerun};
 use crate::error::{Error, Result};
 use crate::files::write_atomically;
-use crate::measure::stats::Bucket;
+use crate::kld::stats::Bucket;
 
 /// A sweep to run.
 pub struct SweepRequest<'a> {

@@ -1,4 +1,4 @@
-//! Runners turn (model, token windows, scored rows) into logits; the [`crate::measure`] module
+//! Runners turn (model, token windows, scored rows) into logits; the [`crate::kld`] module
 //! judges every runner with the same statistics code.
 
 #[cfg(feature = "native")]

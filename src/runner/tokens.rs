@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 /// Eval texts above this size are refused rather than tokenized into memory.
 pub const MAX_EVAL_TEXT_BYTES: u64 = 512 * 1024 * 1024;
 
-pub use crate::measure::protocol::Bos;
+pub use crate::kld::protocol::Bos;
 
 /// A loaded `tokenizer.json` and what identifies it.
 pub struct TokenizerFile {
@@ -56,7 +56,7 @@ fn parts_sha256(path: &Path, bytes: &[u8]) -> Result<Vec<(&'static str, String)>
         .iter()
         .map(|&part| {
             let value = json.get(part).unwrap_or(&serde_json::Value::Null);
-            (part, crate::measure::protocol::sha256_of(value))
+            (part, crate::kld::protocol::sha256_of(value))
         })
         .collect())
 }

@@ -19,7 +19,7 @@ use serde_json::Value;
 use crate::checkpoint::dtype::Dtype;
 use crate::checkpoint::safetensors::{self, SafetensorsFile};
 use crate::error::{Error, Result};
-use crate::measure::row::RowRecord;
+use crate::kld::row::RowRecord;
 use crate::runner::exchange::{
     GateNumbers, RequestDump, RequestModel, RequestModels, RequestRun, RunnerEnvironment,
     RunnerRecord, RunnerRequest,

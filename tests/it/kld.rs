@@ -5,7 +5,7 @@ use std::path::Path;
 
 use cardproof::checkpoint::dtype::Dtype;
 use cardproof::checkpoint::safetensors;
-use cardproof::measure::stats::SplitMix64;
+use cardproof::kld::stats::SplitMix64;
 
 use crate::support::*;
 
@@ -523,7 +523,7 @@ mod llamacpp {
         ] {
             let doc = compat(cand);
             let text = std::fs::read_to_string(format!("{FIXTURES}/{printed}")).unwrap();
-            let p = cardproof::measure::llamacpp::parse_printed(&text);
+            let p = cardproof::kld::llamacpp::parse_printed(&text);
             let m = &doc["metrics"];
             let kld = p.kld_mean.unwrap().0;
             assert!(

@@ -5,9 +5,9 @@
 
 use std::path::PathBuf;
 
-use cardproof::measure::llamacpp::{BaseFile, parse_printed};
-use cardproof::measure::protocol::{Positions, VocabMode};
-use cardproof::measure::row::{Scratch, reduce};
+use cardproof::kld::llamacpp::{BaseFile, parse_printed};
+use cardproof::kld::protocol::{Positions, VocabMode};
+use cardproof::kld::row::{Scratch, reduce};
 use cardproof::runner::Runner;
 use cardproof::runner::native::{self, ComputeDtype, Emulate};
 

@@ -75,7 +75,7 @@ impl HashConfig {
 pub struct KldConfig {
     pub reference: PathBuf,
     pub candidate: PathBuf,
-    pub options: cardproof::measure::Options,
+    pub options: cardproof::kld::Options,
     pub llamacpp_compat: bool,
 }
 
@@ -124,10 +124,10 @@ pub struct CheckConfig {
 /// The protocol settings `kld` and `measure` share.
 #[derive(Debug, Clone)]
 pub struct ProtocolConfig {
-    pub direction: cardproof::measure::protocol::Direction,
-    pub vocab: cardproof::measure::protocol::VocabMode,
-    pub positions: cardproof::measure::protocol::Positions,
-    pub bootstrap: cardproof::measure::protocol::Bootstrap,
+    pub direction: cardproof::kld::protocol::Direction,
+    pub vocab: cardproof::kld::protocol::VocabMode,
+    pub positions: cardproof::kld::protocol::Positions,
+    pub bootstrap: cardproof::kld::protocol::Bootstrap,
     pub vocab_size: Option<usize>,
 }
 
@@ -135,7 +135,7 @@ impl ProtocolConfig {
     /// Validate the flags; an inconsistent combination is a usage error (exit 2).
     pub fn from_args(args: &crate::cli::ProtocolArgs) -> Result<ProtocolConfig, String> {
         use crate::cli::{DirectionArg, PositionsArg, TailArg, VocabArg};
-        use cardproof::measure::protocol::{Bootstrap, Direction, Positions, Tail, VocabMode};
+        use cardproof::kld::protocol::{Bootstrap, Direction, Positions, Tail, VocabMode};
         let direction = match args.direction {
             Some(DirectionArg::Forward) => Direction::Forward,
             Some(DirectionArg::Reverse) => Direction::Reverse,
@@ -170,7 +170,7 @@ impl ProtocolConfig {
                 }
             }
         };
-        if let Some(why) = cardproof::measure::protocol::unmeasurable(direction, vocab) {
+        if let Some(why) = cardproof::kld::protocol::unmeasurable(direction, vocab) {
             return Err(format!(
                 "--direction {}: {why}",
                 args.direction.map_or("both", |d| match d {
@@ -235,13 +235,13 @@ impl KldConfig {
     pub fn from_args(args: crate::cli::KldArgs) -> Result<KldConfig, String> {
         let p = ProtocolConfig::from_args(&args.protocol)?;
         if let Some(l) = args.context_length {
-            cardproof::measure::protocol::check_context_length(l)
+            cardproof::kld::protocol::check_context_length(l)
                 .map_err(|why| format!("--context-length {l}: {why}"))?;
         }
         Ok(KldConfig {
             reference: args.reference,
             candidate: args.candidate,
-            options: cardproof::measure::Options {
+            options: cardproof::kld::Options {
                 direction: p.direction,
                 vocab: p.vocab,
                 positions: p.positions,
@@ -284,7 +284,7 @@ impl MeasureConfig {
         let p = ProtocolConfig::from_args(&args.protocol)?;
         let mut lengths = args.context_length.clone();
         for &l in &lengths {
-            cardproof::measure::protocol::check_context_length(l as u64)
+            cardproof::kld::protocol::check_context_length(l as u64)
                 .map_err(|why| format!("--context-length {l}: {why}"))?;
         }
         lengths.sort_unstable();
@@ -306,7 +306,7 @@ impl MeasureConfig {
                 if args.dump_logits.is_some() {
                     return Err("--dump-logits needs --runner native".into());
                 }
-                if !matches!(p.vocab, cardproof::measure::protocol::VocabMode::Full) {
+                if !matches!(p.vocab, cardproof::kld::protocol::VocabMode::Full) {
                     return Err(
                         "--runner transformers computes full-vocabulary KL only; --vocab top-k and threshold need --runner native"
                             .into(),

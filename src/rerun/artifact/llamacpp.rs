@@ -11,8 +11,8 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
-use crate::measure::llamacpp::{BaseFile, BaseRow, RowReader};
-use crate::measure::protocol::{Direction, Positions};
+use crate::kld::llamacpp::{BaseFile, BaseRow, RowReader};
+use crate::kld::protocol::{Direction, Positions};
 use crate::rerun::document::RunProtocol;
 use crate::runner::tokens::{Bos, Windows};
 use crate::runner::{Runner, WindowLogits};
@@ -192,7 +192,7 @@ pub fn export_native(
     bos_id: Option<u32>,
     out: &Path,
 ) -> Result<u64> {
-    use crate::measure::llamacpp::BaseFileWriter;
+    use crate::kld::llamacpp::BaseFileWriter;
     let windows = crate::runner::tokens::windows(stream, text_path, n_ctx, bos, bos_id)?;
     let n = windows.windows.len();
     // llama.cpp stores the token stream as tokenized (before the per-chunk BOS swap).

@@ -31,7 +31,7 @@ use crate::checkpoint::hash::hex;
 use crate::checkpoint::mmap::MappedFile;
 use crate::checkpoint::safetensors::{self, SafetensorsFile};
 use crate::error::{Error, Result};
-use crate::measure::protocol::{Tail, VocabMode};
+use crate::kld::protocol::{Tail, VocabMode};
 use crate::rerun::document::RunProtocol;
 use crate::runner::{Runner, WindowLogits};
 
@@ -85,7 +85,7 @@ impl Header {
     /// <= logit_width <= MAX_VOCAB` (a top-k row is `logit_width` floats, its tail spread over
     /// `vocab_size - k` tokens).
     fn check_sizes(&self, path: &Path) -> Result<()> {
-        let max = crate::measure::MAX_VOCAB;
+        let max = crate::kld::MAX_VOCAB;
         let bad = |field: &str, rule: String| Err(Error::format(path, Some(field), rule));
         if !(1..=max).contains(&self.logit_width) {
             return bad(
@@ -217,7 +217,7 @@ impl Artifact {
             ));
         }
         header.check_sizes(path)?;
-        let protocol_digest = crate::measure::protocol::sha256_of(&header.protocol);
+        let protocol_digest = crate::kld::protocol::sha256_of(&header.protocol);
         if protocol_digest != header.protocol_sha256 {
             return Err(Error::format(
                 path,
@@ -746,7 +746,7 @@ pub fn export_native(
                 for (n, &j) in rows.iter().enumerate() {
                     let row = &logits[n * width..n * width + vocab_size];
                     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let lse = crate::measure::row::log_sum_exp(row, max);
+                    let lse = crate::kld::row::log_sum_exp(row, max);
                     order.clear();
                     order.extend(0..vocab_size as u32);
                     // Descending logit, ties by lowest token id (the design's top-k rule).
@@ -796,9 +796,9 @@ pub fn export_native(
     }
     let mut options = o.clone();
     if kind == Kind::TopK {
-        options.vocab = crate::measure::protocol::VocabMode::TopK {
+        options.vocab = crate::kld::protocol::VocabMode::TopK {
             k,
-            tail: crate::measure::protocol::Tail::Lumped,
+            tail: crate::kld::protocol::Tail::Lumped,
         };
     }
     let padding = crate::rerun::document::Padding::of(vocab_size, width, width);
@@ -816,7 +816,7 @@ pub fn export_native(
         hidden_size: d.config.hidden,
         logit_width: width,
         vocab_size,
-        protocol_sha256: crate::measure::protocol::sha256_of(&protocol),
+        protocol_sha256: crate::kld::protocol::sha256_of(&protocol),
         protocol,
         reference,
         eval: serde_json::json!({
@@ -863,7 +863,7 @@ mod tests {
         let base = serde_json::json!({
             "format": FORMAT, "kind": "top_k", "k": 4, "hidden_size": 8,
             "logit_width": 16, "vocab_size": 12, "protocol": {},
-            "protocol_sha256": crate::measure::protocol::sha256_of(&serde_json::json!({})),
+            "protocol_sha256": crate::kld::protocol::sha256_of(&serde_json::json!({})),
             "reference": {},
             "eval": {"tokens_sha256": crate::runner::tokens::tokens_sha256(&[1, 2, 3])},
             "runs": [], "bound": "",

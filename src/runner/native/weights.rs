@@ -755,18 +755,16 @@ impl WeightStore for MemoryStore {
 
 /// A random model of the given shape (deterministic in `seed`), for benchmarks.
 pub fn synthetic(config: &super::config::ModelConfig, seed: u64) -> MemoryStore {
-    let mut rng = crate::measure::stats::SplitMix64::new(seed);
+    let mut rng = crate::kld::stats::SplitMix64::new(seed);
     let mut tensors = BTreeMap::new();
-    let mut add = |name: String,
-                   shape: Vec<usize>,
-                   scale: f32,
-                   rng: &mut crate::measure::stats::SplitMix64| {
-        let n: usize = shape.iter().product();
-        let data = (0..n)
-            .map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale)
-            .collect();
-        tensors.insert(name, Dense { shape, data });
-    };
+    let mut add =
+        |name: String, shape: Vec<usize>, scale: f32, rng: &mut crate::kld::stats::SplitMix64| {
+            let n: usize = shape.iter().product();
+            let data = (0..n)
+                .map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale)
+                .collect();
+            tensors.insert(name, Dense { shape, data });
+        };
     let c = config;
     let s = 1.0 / (c.hidden as f32).sqrt();
     add(

@@ -1,7 +1,7 @@
 //! `kld`: two logit files (or llama.cpp base files) measured against each other.
 
-use cardproof::measure::Measurement;
-use cardproof::measure::compat::CompatMeasurement;
+use cardproof::kld::Measurement;
+use cardproof::kld::compat::CompatMeasurement;
 
 use super::Outcome;
 use crate::config::KldConfig;
@@ -14,12 +14,12 @@ pub enum Kld {
 
 pub fn run(config: &KldConfig) -> super::Result<Kld> {
     let kld = if config.llamacpp_compat {
-        Kld::Compat(cardproof::measure::compat::compat_measure(
+        Kld::Compat(cardproof::kld::compat::compat_measure(
             &config.reference,
             &config.candidate,
         )?)
     } else {
-        Kld::Measurement(cardproof::measure::measure(
+        Kld::Measurement(cardproof::kld::measure(
             &config.reference,
             &config.candidate,
             &config.options,

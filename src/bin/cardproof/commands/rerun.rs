@@ -162,7 +162,7 @@ pub fn export(
     p: crate::config::ProtocolConfig,
 ) -> super::Result<rerun::export::Exported> {
     use crate::cli::{ArtifactKindArg, BosArg};
-    use cardproof::measure::protocol::Bos;
+    use cardproof::kld::protocol::Bos;
     use rerun::export::{ExportKind, ExportRequest};
     let request = ExportRequest {
         model: &args.model,

@@ -4,9 +4,9 @@
 use std::io::{self, Write as _};
 
 use cardproof::findings::Severity;
-use cardproof::measure::Measurement;
-use cardproof::measure::compat::CompatMeasurement;
-use cardproof::output::measure::CompatProtocol;
+use cardproof::kld::Measurement;
+use cardproof::kld::compat::CompatMeasurement;
+use cardproof::output::kld::CompatProtocol;
 use cardproof::output::{KldCompatDocument, KldDocument};
 
 use super::{Printer, write_json, write_stdout};

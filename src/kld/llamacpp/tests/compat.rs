@@ -1,7 +1,7 @@
 //! The recomputed statistics: against llama.cpp's printed ones, and on crafted rows.
 
 use super::*;
-use crate::measure::llamacpp::compat::{covariance, mean_and_uncertainty, median, percentile};
+use crate::kld::llamacpp::compat::{covariance, mean_and_uncertainty, median, percentile};
 
 /// Half a unit of the last printed digit: `%10.6f`, and `%6.3f` of a percentage as a fraction.
 const HALF6: f64 = 5e-7;

@@ -116,7 +116,7 @@ impl std::fmt::Debug for BaseFile {
 
 impl BaseFile {
     /// Opens and validates `path` (a regular file): magic, positive header fields, `n_ctx >= 3`
-    /// (smaller windows score no position), `n_vocab` at most [`crate::measure::MAX_VOCAB`], the
+    /// (smaller windows score no position), `n_vocab` at most [`crate::kld::MAX_VOCAB`], the
     /// exact file size the header implies (before anything is allocated), and every token id in
     /// `0..n_vocab`. Rows are not read; their scale and minimum are checked as they are read.
     pub fn open(path: &Path) -> Result<BaseFile> {
@@ -186,13 +186,13 @@ impl BaseFile {
         };
         // The size check holds for a sparse file of any size, so the row width is capped too:
         // every reader allocates a few rows of it.
-        if n_vocab as usize > crate::measure::MAX_VOCAB {
+        if n_vocab as usize > crate::kld::MAX_VOCAB {
             return Err(Error::unsupported(
                 path,
                 Some("n_vocab"),
                 format!(
                     "{n_vocab} is over the {}-entry limit for a vocabulary",
-                    crate::measure::MAX_VOCAB
+                    crate::kld::MAX_VOCAB
                 ),
             ));
         }
@@ -564,11 +564,11 @@ impl BaseFileWriter {
             ));
         }
         // Never write what `open` refuses.
-        if !(1..=crate::measure::MAX_VOCAB as u32).contains(&n_vocab) {
+        if !(1..=crate::kld::MAX_VOCAB as u32).contains(&n_vocab) {
             return Err(Error::unsupported(
                 path,
                 Some("n_vocab"),
-                format!("{n_vocab} is outside 1..={}", crate::measure::MAX_VOCAB),
+                format!("{n_vocab} is outside 1..={}", crate::kld::MAX_VOCAB),
             ));
         }
         let n = tokens.len() as u64;

@@ -376,7 +376,7 @@ fn recentre(k: f64, eps: f64) -> f64 {
 macro_rules! kernels {
     ($ops:ident, $(#[$attr:meta])*) => {
         use super::*;
-        use crate::measure::simd::{$ops as v, W};
+        use crate::kld::simd::{$ops as v, W};
 
         /// `exp_f32` on 8 lanes, the same operations in the same order.
         $(#[$attr])*

@@ -1,7 +1,7 @@
-//! The shape of the documents `src/measure` serializes ([`crate::measure::Measurement`],
-//! [`crate::measure::compat::CompatMeasurement`]), for their schemas: those types hold their
+//! The shape of the documents `src/kld` serializes ([`crate::kld::Measurement`],
+//! [`crate::kld::compat::CompatMeasurement`]), for their schemas: those types hold their
 //! protocol as a `serde_json::Value` and derive no schema, so these types say what they hold,
-//! with `src/measure`'s own types where those have a schema. They are used for nothing but the
+//! with `src/kld`'s own types where those have a schema. They are used for nothing but the
 //! schemas and reading a protocol back ([`Protocol::of`]); the test that validates every
 //! command's output against its committed schema, with undeclared fields refused, fails when
 //! the two drift. A non-finite number serializes as `null`, so every measured value is a number
@@ -13,13 +13,13 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::measure::protocol::{Bootstrap, Direction, Positions, VocabMode};
-use crate::measure::stats::{Diagnostics, Uncertainty};
+use crate::kld::protocol::{Bootstrap, Direction, Positions, VocabMode};
+use crate::kld::stats::{Diagnostics, Uncertainty};
 
 /// A measured value; `null` when it is not finite.
 type Number = Option<f64>;
 
-/// [`crate::measure::Measurement`].
+/// [`crate::kld::Measurement`].
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 pub struct Measurement {
     /// Rows scored.
@@ -42,7 +42,7 @@ pub struct Measurement {
     pub definitions: BTreeMap<String, String>,
 }
 
-/// [`crate::measure::protocol::Protocol`]: everything that defines what the numbers mean.
+/// [`crate::kld::protocol::Protocol`]: everything that defines what the numbers mean.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 pub struct Protocol {
     pub direction: Direction,
@@ -69,7 +69,7 @@ impl Protocol {
     }
 }
 
-/// [`crate::measure::InputSummary`].
+/// [`crate::kld::InputSummary`].
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 pub struct InputSummary {
     pub path: String,
@@ -78,7 +78,7 @@ pub struct InputSummary {
     pub vocab: u64,
 }
 
-/// [`crate::measure::compat::CompatMeasurement`].
+/// [`crate::kld::compat::CompatMeasurement`].
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 pub struct CompatMeasurement {
     pub n_positions: u64,
@@ -124,7 +124,7 @@ pub struct CompatUncertainty {
 /// A statistic and its uncertainty, as llama.cpp prints both.
 type Pair = (Number, Number);
 
-/// [`crate::measure::llamacpp::compat::CompatStats`]: every statistic llama.cpp prints
+/// [`crate::kld::llamacpp::compat::CompatStats`]: every statistic llama.cpp prints
 /// (percentages as fractions).
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 pub struct CompatStats {

@@ -1,7 +1,7 @@
 //! Reading, writing and refusing base files.
 
 use super::*;
-use crate::measure::llamacpp::base_file::nearest_int;
+use crate::kld::llamacpp::base_file::nearest_int;
 
 #[test]
 fn fixtures_open_with_their_real_geometry() {
