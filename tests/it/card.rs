@@ -604,7 +604,17 @@ fn the_section_is_replaced_between_its_markers() {
 #[test]
 fn unusable_inputs_are_errors() {
     let err = write_card(None, Path::new("README.md"), &inputs(&json!({"runs": []}))).unwrap_err();
-    assert!(err.to_string().contains("fidelity"), "{err}");
+    assert!(
+        err.is_format() && err.to_string().contains("is not a measurement.json"),
+        "{err}"
+    );
+    let mut no_fidelity = w8a16().clone();
+    no_fidelity.as_object_mut().unwrap().remove("fidelity");
+    let err = write_card(None, Path::new("README.md"), &inputs(&no_fidelity)).unwrap_err();
+    assert!(
+        err.to_string().contains("missing field `fidelity`"),
+        "{err}"
+    );
     let mut no_runs = w8a16().clone();
     no_runs.as_object_mut().unwrap().remove("runs");
     let err = write_card(None, Path::new("README.md"), &inputs(&no_runs)).unwrap_err();

@@ -225,41 +225,31 @@ pub fn write_card(existing: Option<&str>, path: &Path, inputs: &CardInputs) -> R
 // ---------------------------------------------------------------------------------------------
 // The measurement document.
 
-struct Measured<'a> {
-    fidelity: &'a Map<String, Value>,
-    runs: &'a [Value],
-    doc: &'a Value,
+struct Measured {
+    /// The measurement, read into its type (a document of another shape is refused).
+    doc: crate::rerun::Measurement,
+    /// Its ready `fidelity:` block as JSON, for merging with the card's block.
+    fidelity: Map<String, Value>,
 }
 
-impl<'a> Measured<'a> {
-    fn read(doc: &'a Value) -> Result<Self> {
-        let bad = |what: &str| {
-            Error::format(
-                Path::new("measurement.json"),
+impl Measured {
+    fn read(doc: &Value) -> Result<Self> {
+        let path = Path::new("measurement.json");
+        let bytes = serde_json::to_vec(doc).unwrap_or_default();
+        let doc = crate::rerun::Measurement::from_slice(path, &bytes)?;
+        if doc.runs.is_empty() {
+            return Err(Error::format(
+                path,
                 None,
-                format!(
-                    "the measurement document has no {what}; pass the measurement.json that \
-                     `cardproof measure` wrote"
-                ),
-            )
-        };
-        let fidelity = doc
-            .get("fidelity")
-            .and_then(Value::as_object)
-            .ok_or_else(|| bad("`fidelity` block"))?;
-        let runs = doc
-            .get("runs")
-            .and_then(Value::as_array)
-            .filter(|r| !r.is_empty())
-            .ok_or_else(|| bad("`runs`"))?;
-        if fidelity.get("protocol").is_none() || fidelity.get("results").is_none() {
-            return Err(bad("`fidelity.protocol` or `fidelity.results`"));
+                "the measurement document has no `runs`; pass the measurement.json that \
+                 `cardproof measure` wrote",
+            ));
         }
-        Ok(Measured {
-            fidelity,
-            runs,
-            doc,
-        })
+        let fidelity = match serde_json::to_value(&doc.fidelity) {
+            Ok(Value::Object(map)) => map,
+            _ => Map::new(),
+        };
+        Ok(Measured { doc, fidelity })
     }
 }
 

@@ -20,21 +20,21 @@ pub(super) fn model_name(fidelity: &Value, m: &Measured, path: &Path) -> String 
             .map(|n| n.to_string_lossy().into_owned())
             .filter(|n| !n.is_empty() && n != "." && n != "..")
     };
-    str_at(m.doc, "/candidate/path")
-        .and_then(|p| dir(Path::new(p)))
+    dir(Path::new(&m.doc.candidate.path))
         .or_else(|| path.parent().and_then(dir))
         .unwrap_or_else(|| "model".to_owned())
 }
 
 /// The lane the numbers were measured in, e.g. `cardproof-native`.
 pub(super) fn lane(m: &Measured) -> String {
-    let runner = str_at(m.doc, "/environment/runner").unwrap_or("native");
+    use crate::runner::native::Emulate;
+    let runner = match m.doc.environment.runner {
+        crate::rerun::document::RunnerKind::Native => "native",
+        crate::rerun::document::RunnerKind::Transformers => "transformers",
+    };
     let mut lane = format!("cardproof-{runner}");
-    if let Some(emulate) = str_at(m.doc, "/environment/emulate")
-        && emulate != "reference_semantics"
-    {
-        lane.push('-');
-        lane.push_str(&emulate.replace('_', "-"));
+    if m.doc.environment.emulate == Some(Emulate::LlamacppCpu) {
+        lane.push_str("-llamacpp-cpu");
     }
     lane
 }
@@ -110,10 +110,7 @@ pub(super) fn context_lengths(fidelity: &Value, m: &Measured) -> Vec<u64> {
         .map(|a| a.iter().filter_map(Value::as_u64).collect())
         .unwrap_or_default();
     if listed.is_empty() {
-        m.runs
-            .iter()
-            .filter_map(|r| r.get("context_length").and_then(Value::as_u64))
-            .collect()
+        m.doc.runs.iter().map(|r| r.context_length as u64).collect()
     } else {
         listed
     }

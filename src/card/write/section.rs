@@ -45,13 +45,14 @@ fn grouped(n: u64) -> String {
 }
 
 pub(super) fn section(f: &Value, m: &Measured, name: &str) -> String {
-    let doc = m.doc;
+    let doc = &m.doc;
+    let env = &doc.environment;
     let mut p = String::new();
 
     // What was compared, by what.
     let candidate = markdown(name);
     let reference = str_at(f, "/reference/repo")
-        .or_else(|| str_at(doc, "/reference/path"))
+        .or(Some(doc.reference.path.as_str()).filter(|p| !p.is_empty()))
         .map_or_else(|| "the reference".to_owned(), markdown);
     let ref_detail: Vec<&str> = [
         str_at(f, "/reference/dtype"),
@@ -66,17 +67,16 @@ pub(super) fn section(f: &Value, m: &Measured, name: &str) -> String {
     if !ref_detail.is_empty() {
         p.push_str(&format!(" ({})", markdown(&ref_detail.join(", "))));
     }
-    let runner = match str_at(doc, "/environment/runner") {
-        Some("native") | None => "cardproof's native CPU runner".to_owned(),
-        Some(other) => format!("cardproof's {} runner", markdown(other)),
+    let runner = match env.runner {
+        crate::rerun::document::RunnerKind::Native => "cardproof's native CPU runner".to_owned(),
+        crate::rerun::document::RunnerKind::Transformers => {
+            format!("cardproof's {} runner", markdown("transformers"))
+        }
     };
     p.push_str(&format!(" by {runner}"));
     let mut setup = Vec::new();
-    if let (Some(engine), Some(version)) = (
-        str_at(doc, "/environment/engine"),
-        str_at(doc, "/environment/engine_version"),
-    ) {
-        setup.push(format!("{} {}", markdown(engine), markdown(version)));
+    if let Some(version) = &env.engine_version {
+        setup.push(format!("{} {}", markdown(&env.engine), markdown(version)));
     }
     if let Some(c) = str_at(f, "/runtime/compute_dtype") {
         setup.push(format!("{} compute", markdown(c)));
@@ -91,13 +91,10 @@ pub(super) fn section(f: &Value, m: &Measured, name: &str) -> String {
         p.push_str(&format!(" ({})", setup.join(", ")));
     }
     let lane_name = lane(m);
-    match str_at(doc, "/environment/lane") {
-        Some(words) => p.push_str(&format!(
-            ", lane `{lane_name}` ({})",
-            markdown(words.trim_end_matches('.'))
-        )),
-        None => p.push_str(&format!(", lane `{lane_name}`")),
-    }
+    p.push_str(&format!(
+        ", lane `{lane_name}` ({})",
+        markdown(env.lane.trim_end_matches('.'))
+    ));
     p.push_str(". ");
 
     // The text.
@@ -197,7 +194,7 @@ pub(super) fn section(f: &Value, m: &Measured, name: &str) -> String {
     let level_words = format!("{}%", show(level * 100.0));
     match str_at(f, "/protocol/aggregation/uncertainty/method") {
         Some("block_bootstrap") | Some("bootstrap") => {
-            let blocks = match m.runs[0].get("bootstrap_block").and_then(Value::as_str) {
+            let blocks = match doc.runs.first().map(|r| r.bootstrap_block.as_str()) {
                 Some(b) if b.starts_with("run:") => {
                     format!("runs of {} consecutive rows", markdown(&b[4..]))
                 }
@@ -232,18 +229,12 @@ pub(super) fn section(f: &Value, m: &Measured, name: &str) -> String {
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    for run in m.runs {
-        let Some(length) = run.get("context_length").and_then(Value::as_u64) else {
-            continue;
-        };
+    for run in &doc.runs {
+        let length = run.context_length as u64;
         let mut heading = format!("**Context length {}**", grouped(length));
         let mut detail = Vec::new();
-        if let Some(w) = run.get("n_windows").and_then(Value::as_u64) {
-            detail.push(format!("{} windows", grouped(w)));
-        }
-        if let Some(n) = run.get("n_positions").and_then(Value::as_u64) {
-            detail.push(format!("{} scored rows", grouped(n)));
-        }
+        detail.push(format!("{} windows", grouped(run.n_windows as u64)));
+        detail.push(format!("{} scored rows", grouped(run.n_positions as u64)));
         if !detail.is_empty() {
             heading.push_str(&format!(" ({})", detail.join(", ")));
         }
@@ -267,8 +258,11 @@ pub(super) fn section(f: &Value, m: &Measured, name: &str) -> String {
                 })
                 .and_then(|c| c.get("value").and_then(Value::as_f64));
             let measured = run
-                .pointer(&format!("/metrics/{metric}"))
-                .and_then(Value::as_f64);
+                .summary
+                .metrics
+                .get(metric)
+                .copied()
+                .filter(|v| v.is_finite());
             let Some(value) = claimed.or(measured.map(|v| round_sig(v, 4))) else {
                 continue;
             };
@@ -278,9 +272,11 @@ pub(super) fn section(f: &Value, m: &Measured, name: &str) -> String {
                 continue;
             }
             let interval = run
-                .pointer(&format!("/uncertainty/{metric}/ci95"))
-                .and_then(Value::as_array)
-                .and_then(|ci| Some((ci.first()?.as_f64()?, ci.get(1)?.as_f64()?)))
+                .summary
+                .uncertainty
+                .get(metric)
+                .map(|u| (u.ci95[0], u.ci95[1]))
+                .filter(|(lo, hi)| lo.is_finite() && hi.is_finite())
                 .map_or_else(
                     || "–".to_owned(),
                     |(lo, hi)| format!("[{}, {}]", show(lo), show(hi)),
