@@ -1,8 +1,13 @@
 //! cardproof: make the fidelity (KL-divergence) claims on quantized LLM model cards checkable.
 //!
 //! The library does the work and returns typed results and errors; the `cardproof` binary parses
-//! arguments, prints and chooses exit codes. Pipeline: [`card`] (front matter with spans) ->
-//! [`disclosure`] (the schema) -> [`lint`] (findings).
+//! arguments, prints and chooses exit codes. The pipeline, one way: [`card`] (front matter with
+//! spans) -> [`disclosure`] (the schema as types) -> [`checkpoint`] and [`dequant`] (what the
+//! files hold) -> [`kld`] (the KLD engine) -> [`runner`] (models to logits) -> [`rerun`] (one
+//! rerun path: a request in, a typed [`rerun::Measurement`] out) -> [`lint`] and [`verify`]
+//! (findings, verdicts, the typed [`verify::Report`]) -> [`report`] and [`attest`] (renderings, the
+//! signed statement). [`hub`] makes `hf:` sources local; [`output`] holds every `--json`
+//! document as a type. docs/DESIGN.md opens with the module map.
 
 pub mod attest;
 pub mod card;

@@ -52,7 +52,7 @@ pub struct Options {
 
 impl Options {
     /// The settings that size loops and allocations, in range (see
-    /// [`crate::measurement::MeasureOptions::check`]).
+    /// [`crate::rerun::MeasureOptions::check`]).
     pub fn check(&self) -> Result<()> {
         let bad = |rule: String| Error::usage(Path::new("measurement protocol"), rule);
         if let Some(l) = self.context_length {
