@@ -5,6 +5,10 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use crate::card::Card;
+use crate::checkpoint::inspect::Inspection;
+use crate::findings::{Finding, Severity};
+
 use crate::kld::Measurement;
 use crate::kld::protocol::{Direction, Positions, Tail, VocabMode};
 use crate::kld::stats::{Bucket, Diagnostics, Uncertainty};
@@ -412,6 +416,203 @@ pub fn sweep(doc: &crate::rerun::sweep::Sweep) -> String {
         let _ = writeln!(
             out,
             "\ncross-kernel noise floor (largest kld_mean above): {f:.6} nats"
+        );
+    }
+    out
+}
+
+/// ANSI styling for text on a terminal (`on: false`: plain text, for `NO_COLOR` and pipes).
+pub struct Style {
+    pub on: bool,
+}
+
+impl Style {
+    pub fn paint(&self, code: &str, text: &str) -> String {
+        if self.on {
+            format!("\x1b[{code}m{text}\x1b[0m")
+        } else {
+            text.to_owned()
+        }
+    }
+    pub fn severity(&self, s: Severity) -> String {
+        match s {
+            Severity::Error => self.paint("1;31", "error"),
+            Severity::Warning => self.paint("1;33", "warning"),
+        }
+    }
+    pub fn dim(&self, text: &str) -> String {
+        self.paint("2", text)
+    }
+    pub fn bold(&self, text: &str) -> String {
+        self.paint("1", text)
+    }
+}
+
+/// A lint finding with its place and the offending line (lint and check).
+pub fn finding(card: &Card, finding: &Finding, style: &Style) -> String {
+    let mut out = format!(
+        "{}[{}]: {}",
+        style.severity(finding.severity),
+        finding.code,
+        style.bold(&finding.message)
+    );
+    if let (Some(line), Some(column)) = (finding.line, finding.column) {
+        out.push_str(&format!(
+            "\n  {} {}:{line}:{column}",
+            style.dim("-->"),
+            card.path.display()
+        ));
+        let range = card.lines.line_range(&card.text, line);
+        let text = &card.text[range.clone()];
+        let width = finding.span.as_ref().map_or(1, |span| {
+            let start = range.start + text.char_indices().nth(column - 1).map_or(0, |(i, _)| i);
+            let end = span.end.min(range.end).max(start);
+            card.text[start..end].chars().count().max(1)
+        });
+        out.push('\n');
+        out.push_str(&snippet(text, line, column, width, style));
+    } else {
+        out.push_str(&format!("\n  {} {}", style.dim("-->"), card.path.display()));
+    }
+    if let Some(pointer) = &finding.pointer {
+        out.push_str(&format!("\n   {} at {pointer}", style.dim("=")));
+    }
+    if let Some(item) = finding.item {
+        out.push_str(&format!("\n   {} item: {item}", style.dim("=")));
+    }
+    out.push('\n');
+    out
+}
+
+pub fn snippet(line_text: &str, line: usize, column: usize, width: usize, style: &Style) -> String {
+    let number = line.to_string();
+    let pad = " ".repeat(number.len());
+    let shown: String = line_text.chars().take(200).collect();
+    let caret = format!("{}{}", " ".repeat(column - 1), "^".repeat(width.min(120)));
+    format!(
+        "{pad} {bar}\n{} {bar} {shown}\n{pad} {bar} {}",
+        style.dim(&number),
+        style.paint("1;31", &caret),
+        bar = style.dim("|"),
+    )
+}
+
+/// The human summary of every inspection (`inspect`, and `check` on stdout).
+pub fn inspections(inspections: &[Inspection], list_modules: bool, style: &Style) -> String {
+    inspections
+        .iter()
+        .map(|i| inspection(i, list_modules, style))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn inspection(i: &Inspection, list_modules: bool, style: &Style) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let bytes: u64 = i.files.iter().map(|f| f.size).sum();
+    let title = match &i.variant {
+        Some(v) => format!("{} variant `{v}`", i.format),
+        None => i.format.to_owned(),
+    };
+    let _ = writeln!(
+        out,
+        "{}: {} file{}, {} bytes, {} tensors, {} parameters",
+        style.bold(&title),
+        i.files.len(),
+        if i.files.len() == 1 { "" } else { "s" },
+        bytes,
+        i.tensor_count,
+        i.parameter_count
+    );
+    for f in &i.files {
+        let _ = writeln!(out, "  {}  {} bytes, {} tensors", f.path, f.size, f.tensors);
+    }
+    if let Some(d) = &i.declared {
+        let ignore = if d.ignore.is_empty() {
+            String::new()
+        } else {
+            format!("; excludes {}", d.ignore.join(", "))
+        };
+        let _ = writeln!(out, "declared: {} ({}){ignore}", d.method, d.source);
+    }
+    let _ = writeln!(
+        out,
+        "linear modules: {} quantized, {} high precision; lm_head {}; embeddings {}{}",
+        i.summary.quantized,
+        i.summary.high_precision,
+        i.summary.lm_head.replace('_', " "),
+        i.summary.embeddings.as_deref().unwrap_or("absent"),
+        i.summary
+            .kv_cache
+            .as_ref()
+            .map(|k| format!("; kv cache {k}"))
+            .unwrap_or_default()
+    );
+    let _ = writeln!(
+        out,
+        "  {:<18} {:>8} {:>12}",
+        "scheme", "modules", "bits/weight"
+    );
+    for (scheme, count) in &i.summary.schemes {
+        let (sum, n) = i
+            .modules
+            .iter()
+            .filter(|m| &m.scheme == scheme)
+            .fold((0.0, 0usize), |(s, n), m| (s + m.bits_per_weight, n + 1));
+        let _ = writeln!(
+            out,
+            "  {scheme:<18} {count:>8} {:>12.4}",
+            sum / n.max(1) as f64
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  {:<18} {:>8} {:>10} {:>14}  schemes",
+        "bucket", "modules", "quantized", "parameters"
+    );
+    for (bucket, b) in &i.buckets {
+        let schemes: Vec<String> = b.schemes.iter().map(|(s, n)| format!("{s}×{n}")).collect();
+        let _ = writeln!(
+            out,
+            "  {bucket:<18} {:>8} {:>10} {:>14}  {}",
+            b.modules,
+            b.quantized,
+            b.parameters,
+            schemes.join(" ")
+        );
+    }
+    if list_modules {
+        let _ = writeln!(
+            out,
+            "  {:<56} {:<14} {:<14} {:>8}  group  activations",
+            "module", "status", "scheme", "bits"
+        );
+        for m in &i.modules {
+            let status = match m.status {
+                crate::checkpoint::inspect::Status::Quantized => "quantized",
+                crate::checkpoint::inspect::Status::HighPrecision => "high_precision",
+            };
+            let _ = writeln!(
+                out,
+                "  {:<56} {:<14} {:<14} {:>8.4}  {}  {}",
+                m.name,
+                status,
+                m.scheme,
+                m.bits_per_weight,
+                m.group_size
+                    .as_ref()
+                    .map_or("-".to_owned(), |g| g.to_string()),
+                m.activations.as_deref().unwrap_or("-")
+            );
+        }
+    }
+    for f in &i.findings {
+        let _ = writeln!(
+            out,
+            "{}[{}]: {}",
+            style.severity(f.severity),
+            f.code,
+            f.message
         );
     }
     out

@@ -7,8 +7,7 @@ use cardproof::findings::Severity;
 use cardproof::hub::check::CheckReport;
 use cardproof::output::{CheckDocument, sarif};
 
-use super::inspect::render_inspections;
-use super::{Printer, plural, render_finding, write_json, write_stdout};
+use super::{Printer, plural, write_json, write_stdout};
 use crate::config::Format;
 
 impl Printer {
@@ -18,17 +17,19 @@ impl Printer {
         match self.output.format {
             Format::Json => write_json(&CheckDocument::new(report))?,
             Format::Sarif => write_json(&sarif::check_log(report))?,
-            Format::Human | Format::Markdown => write_stdout(&render_inspections(
-                &report.inspections,
-                false,
-                &self.style(),
-            ))?,
+            Format::Human | Format::Markdown => write_stdout(
+                &cardproof::output::text::inspections(&report.inspections, false, &self.style()),
+            )?,
         }
         let style = self.style();
         if let (Some(card), Some(lint)) = (&report.card_text, &report.card) {
             let mut err = io::stderr().lock();
             for finding in &lint.findings {
-                writeln!(err, "{}", render_finding(card, finding, &style))?;
+                writeln!(
+                    err,
+                    "{}",
+                    cardproof::output::text::finding(card, finding, &style)
+                )?;
             }
         }
         let mut err = io::stderr().lock();

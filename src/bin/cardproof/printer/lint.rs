@@ -7,7 +7,7 @@ use cardproof::card::Card;
 use cardproof::lint::LintReport;
 use cardproof::output::{LintDocument, sarif};
 
-use super::{Printer, plural, render_finding, write_json, write_stdout};
+use super::{Printer, plural, write_json, write_stdout};
 use crate::config::Format;
 
 const LINT_MARKDOWN: &str = include_str!("../../../../templates/lint-report.md.j2");
@@ -28,7 +28,11 @@ impl Printer {
         let style = self.style();
         let mut err = io::stderr().lock();
         for finding in &report.findings {
-            writeln!(err, "{}", render_finding(card, finding, &style))?;
+            writeln!(
+                err,
+                "{}",
+                cardproof::output::text::finding(card, finding, &style)
+            )?;
         }
         let (e, w) = (report.errors(), report.warnings());
         let summary = format!(

@@ -14,40 +14,15 @@ mod rerun;
 
 use std::io::{self, Write};
 
-use cardproof::card::Card;
-use cardproof::findings::{Finding, Severity};
+use cardproof::findings::Severity;
 use cardproof::span::LineIndex;
+
+use cardproof::output::text::Style;
 
 use crate::config::{Format, Output};
 
 pub struct Printer {
     output: Output,
-}
-
-struct Style {
-    on: bool,
-}
-
-impl Style {
-    fn paint(&self, code: &str, text: &str) -> String {
-        if self.on {
-            format!("\x1b[{code}m{text}\x1b[0m")
-        } else {
-            text.to_owned()
-        }
-    }
-    fn severity(&self, s: Severity) -> String {
-        match s {
-            Severity::Error => self.paint("1;31", "error"),
-            Severity::Warning => self.paint("1;33", "warning"),
-        }
-    }
-    fn dim(&self, text: &str) -> String {
-        self.paint("2", text)
-    }
-    fn bold(&self, text: &str) -> String {
-        self.paint("1", text)
-    }
 }
 
 impl Printer {
@@ -78,7 +53,11 @@ impl Printer {
         {
             let lines = LineIndex::new(&text);
             let line = &text[lines.line_range(&text, at.line)];
-            writeln!(err, "{}", snippet(line, at.line, at.column, 1, &style))?;
+            writeln!(
+                err,
+                "{}",
+                cardproof::output::text::snippet(line, at.line, at.column, 1, &style)
+            )?;
         }
         Ok(())
     }
@@ -136,55 +115,6 @@ fn readable_text(path: &std::path::Path) -> Option<String> {
         return None;
     }
     String::from_utf8(std::fs::read(path).ok()?).ok()
-}
-
-/// A lint finding with its place and the offending line (lint and check).
-fn render_finding(card: &Card, finding: &Finding, style: &Style) -> String {
-    let mut out = format!(
-        "{}[{}]: {}",
-        style.severity(finding.severity),
-        finding.code,
-        style.bold(&finding.message)
-    );
-    if let (Some(line), Some(column)) = (finding.line, finding.column) {
-        out.push_str(&format!(
-            "\n  {} {}:{line}:{column}",
-            style.dim("-->"),
-            card.path.display()
-        ));
-        let range = card.lines.line_range(&card.text, line);
-        let text = &card.text[range.clone()];
-        let width = finding.span.as_ref().map_or(1, |span| {
-            let start = range.start + text.char_indices().nth(column - 1).map_or(0, |(i, _)| i);
-            let end = span.end.min(range.end).max(start);
-            card.text[start..end].chars().count().max(1)
-        });
-        out.push('\n');
-        out.push_str(&snippet(text, line, column, width, style));
-    } else {
-        out.push_str(&format!("\n  {} {}", style.dim("-->"), card.path.display()));
-    }
-    if let Some(pointer) = &finding.pointer {
-        out.push_str(&format!("\n   {} at {pointer}", style.dim("=")));
-    }
-    if let Some(item) = finding.item {
-        out.push_str(&format!("\n   {} item: {item}", style.dim("=")));
-    }
-    out.push('\n');
-    out
-}
-
-fn snippet(line_text: &str, line: usize, column: usize, width: usize, style: &Style) -> String {
-    let number = line.to_string();
-    let pad = " ".repeat(number.len());
-    let shown: String = line_text.chars().take(200).collect();
-    let caret = format!("{}{}", " ".repeat(column - 1), "^".repeat(width.min(120)));
-    format!(
-        "{pad} {bar}\n{} {bar} {shown}\n{pad} {bar} {}",
-        style.dim(&number),
-        style.paint("1;31", &caret),
-        bar = style.dim("|"),
-    )
 }
 
 /// Template of the hashing progress bar.
