@@ -17,6 +17,27 @@ use crate::error::{Error, Result};
 use crate::files::write_atomically;
 use crate::runner::tokens;
 
+/// The reference's tokenizer, the eval text tokenized with it, and the reference loaded in f32
+/// with reference semantics (what every export stores).
+fn load_reference(
+    model: &Path,
+    eval_text: &Path,
+) -> Result<(
+    tokens::TokenizerFile,
+    tokens::TokenStream,
+    crate::runner::native::NativeModel,
+)> {
+    use crate::runner::native;
+    let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(model))?;
+    let stream = tokens::tokenize(&tokenizer, eval_text)?;
+    let reference = native::load(
+        model,
+        native::ComputeDtype::F32,
+        native::Emulate::ReferenceSemantics,
+    )?;
+    Ok((tokenizer, stream, reference))
+}
+
 /// `cardproof reference export`: a compact reference artifact from a native reference model.
 pub fn export_reference(
     model: &Path,
@@ -27,15 +48,8 @@ pub fn export_reference(
     threads: usize,
     out: &Path,
 ) -> Result<super::artifact::Header> {
-    use crate::runner::native;
     options.check()?;
-    let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(model))?;
-    let stream = tokens::tokenize(&tokenizer, eval_text)?;
-    let reference = native::load(
-        model,
-        native::ComputeDtype::F32,
-        native::Emulate::ReferenceSemantics,
-    )?;
+    let (tokenizer, stream, reference) = load_reference(model, eval_text)?;
     let id = super::lanes::identity(&reference, model, threads, None)?;
     let (header, bytes) = super::artifact::export_native(
         &reference,
@@ -87,16 +101,9 @@ pub fn export_llamacpp(
     bos: tokens::Bos,
     out: &Path,
 ) -> Result<u64> {
-    use crate::runner::native;
     crate::kld::protocol::check_context_length(n_ctx as u64)
         .map_err(|rule| Error::usage(out, format!("n_ctx: {rule}")))?;
-    let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(model))?;
-    let stream = tokens::tokenize(&tokenizer, eval_text)?;
-    let reference = native::load(
-        model,
-        native::ComputeDtype::F32,
-        native::Emulate::ReferenceSemantics,
-    )?;
+    let (tokenizer, stream, reference) = load_reference(model, eval_text)?;
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::write(dir, e))?;
     }

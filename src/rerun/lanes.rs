@@ -189,6 +189,22 @@ fn with_padding(r: &Request, width: usize) -> super::MeasureOptions {
     o
 }
 
+/// The rerun of a finished scoring: its measurement document and rows, the gates and the floor.
+fn finished(
+    scoring: Scoring,
+    options: &super::MeasureOptions,
+    (reference, candidate, environment): (ModelRecord, ModelRecord, Environment),
+    gates: Vec<Gate>,
+    noise_floor: Option<NoiseFloor>,
+) -> Rerun {
+    Rerun {
+        measurement: record::measurement(&scoring, options, reference, candidate, environment),
+        runs: scoring.runs,
+        gates,
+        noise_floor,
+    }
+}
+
 /// Both models native.
 pub(super) fn native(
     r: &Request,
@@ -249,18 +265,13 @@ pub(super) fn native(
     }
     let mut environment = native_environment(&candidate, compute, emulate, r.threads);
     environment.tokenizer = Some(tokenizer_record(&tokenizer));
-    Ok(Rerun {
-        measurement: record::measurement(
-            &scoring,
-            &options,
-            reference_id,
-            candidate_id,
-            environment,
-        ),
-        runs: scoring.runs,
-        gates: gates_out,
+    Ok(finished(
+        scoring,
+        &options,
+        (reference_id, candidate_id, environment),
+        gates_out,
         noise_floor,
-    })
+    ))
 }
 
 /// The reference against itself in a second compute dtype.
@@ -479,14 +490,16 @@ pub(super) fn transformers(
         ..candidate_id
     };
     let environment = transformers_environment(&output.environment, &tokenizer);
-    Ok(Rerun {
-        measurement: record::measurement(&scoring, &options, reference_id, candidate_id, environment),
-        runs: scoring.runs,
-        gates: gates_out,
-        noise_floor: r.noise_floor.then(|| NoiseFloor::Skipped {
-            skipped: "the noise floor of the transformers runner is its kernel sweep: `cardproof measure --runner transformers --sweep attention=sdpa,eager`".into(),
-        }),
-    })
+    let floor = r.noise_floor.then(|| NoiseFloor::Skipped {
+        skipped: "the noise floor of the transformers runner is its kernel sweep: `cardproof measure --runner transformers --sweep attention=sdpa,eager`".into(),
+    });
+    Ok(finished(
+        scoring,
+        &options,
+        (reference_id, candidate_id, environment),
+        gates_out,
+        floor,
+    ))
 }
 
 /// The gates of a lane whose reference is a stored artifact: the artifact's rows against
@@ -664,18 +677,13 @@ pub(super) fn reference_artifact(
             .unwrap_or_default(),
         bound: h.bound.clone(),
     });
-    Ok(Rerun {
-        measurement: record::measurement(
-            &scoring,
-            &options,
-            reference_id,
-            candidate_id,
-            environment,
-        ),
-        runs: scoring.runs,
-        gates: gates_out,
-        noise_floor: None,
-    })
+    Ok(finished(
+        scoring,
+        &options,
+        (reference_id, candidate_id, environment),
+        gates_out,
+        None,
+    ))
 }
 
 /// The candidate native against a llama.cpp `--kl-divergence-base` file: the file's token
@@ -769,16 +777,11 @@ pub(super) fn llamacpp_base(
         kind: "llamacpp_base".into(),
         bound: WINDOW_NOTE.into(),
     });
-    Ok(Rerun {
-        measurement: record::measurement(
-            &scoring,
-            &options,
-            reference_id,
-            candidate_id,
-            environment,
-        ),
-        runs: scoring.runs,
-        gates: gates_out,
-        noise_floor: None,
-    })
+    Ok(finished(
+        scoring,
+        &options,
+        (reference_id, candidate_id, environment),
+        gates_out,
+        None,
+    ))
 }
