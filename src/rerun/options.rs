@@ -44,6 +44,171 @@ impl MeasureOptions {
     }
 }
 
+/// The measurement protocol as the command line gives it: the raw value of each flag `kld`,
+/// `measure` and `reference export` share (`--direction`, `--vocab`, `--top-k`, `--tail`,
+/// `--threshold`, `--positions`, `--stride`, `--offset`, `--from`, `--vocab-size`,
+/// `--bootstrap`, `--seed`), checked together by [`ProtocolFlags::options`]. Every refusal is a
+/// usage message naming the flags; [`Default`] is the command line's defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProtocolFlags {
+    /// `None`: both directions, forward only under `--vocab threshold` (llama.cpp's method).
+    pub direction: Option<Direction>,
+    pub vocab: disclosure::VocabMode,
+    /// k, for `--vocab top-k` only.
+    pub top_k: Option<usize>,
+    pub tail: Tail,
+    /// log p, read under `--vocab threshold` only.
+    pub threshold: f64,
+    pub positions: disclosure::PositionPolicy,
+    /// For `--positions stride` only.
+    pub stride: Option<u64>,
+    /// For `--positions stride` only.
+    pub offset: Option<u64>,
+    /// For `--positions from` only.
+    pub from: Option<u64>,
+    pub vocab_size: Option<usize>,
+    /// Bootstrap resamples (the level is 0.95).
+    pub bootstrap: usize,
+    pub seed: u64,
+}
+
+impl Default for ProtocolFlags {
+    fn default() -> Self {
+        ProtocolFlags {
+            direction: None,
+            vocab: disclosure::VocabMode::Full,
+            top_k: None,
+            tail: Tail::Lumped,
+            threshold: -16.0,
+            positions: disclosure::PositionPolicy::All,
+            stride: None,
+            offset: None,
+            from: None,
+            vocab_size: None,
+            bootstrap: 1000,
+            seed: 0,
+        }
+    }
+}
+
+impl ProtocolFlags {
+    /// The options of a run over `context_lengths` (each range-checked, then sorted and
+    /// deduplicated: one run per length) with `bos`; no logits dumped. None given is left to
+    /// [`MeasureOptions::check`].
+    pub fn options(&self, context_lengths: &[usize], bos: Bos) -> Result<MeasureOptions, String> {
+        let o = self.kld_options(None)?;
+        let mut lengths = context_lengths.to_vec();
+        for &l in &lengths {
+            check_context_length(l as u64).map_err(|why| format!("--context-length {l}: {why}"))?;
+        }
+        lengths.sort_unstable();
+        lengths.dedup();
+        Ok(MeasureOptions {
+            direction: o.direction,
+            vocab: o.vocab,
+            positions: o.positions,
+            bootstrap: o.bootstrap,
+            context_lengths: lengths,
+            bos,
+            vocab_size: o.vocab_size,
+            dump_logits: None,
+        })
+    }
+
+    /// The options of `kld`'s reduction of two logit files, `context_length` the window of a
+    /// dump without a `positions` tensor (range-checked).
+    pub fn kld_options(&self, context_length: Option<u64>) -> Result<crate::kld::Options, String> {
+        use disclosure::{PositionPolicy, VocabMode as Name};
+        let direction = match self.direction {
+            Some(d) => d,
+            // llama.cpp's threshold mode is forward only (see `unmeasurable`).
+            None if self.vocab == Name::Threshold => Direction::Forward,
+            None => Direction::Both,
+        };
+        let vocab = match self.vocab {
+            Name::Full => VocabMode::Full,
+            Name::TopK => {
+                let k = self.top_k.ok_or("--vocab top-k needs --top-k K")?;
+                if k == 0 {
+                    return Err("--top-k must be at least 1".into());
+                }
+                VocabMode::TopK { k, tail: self.tail }
+            }
+            Name::Threshold => {
+                if !(self.threshold.is_finite() && self.threshold <= 0.0) {
+                    return Err(format!(
+                        "--threshold {} must be a log-probability (<= 0)",
+                        self.threshold
+                    ));
+                }
+                VocabMode::Threshold {
+                    log_p: self.threshold,
+                }
+            }
+        };
+        if let Some(why) = crate::kld::protocol::unmeasurable(direction, vocab) {
+            let name = match self.direction {
+                Some(Direction::Forward) => "forward",
+                Some(Direction::Reverse) => "reverse",
+                Some(Direction::Both) | None => "both",
+            };
+            return Err(format!("--direction {name}: {why}"));
+        }
+        if self.top_k.is_some() && self.vocab != Name::TopK {
+            return Err("--top-k needs --vocab top-k".into());
+        }
+        let positions = match self.positions {
+            PositionPolicy::All => Positions::All,
+            PositionPolicy::SecondHalf => Positions::SecondHalf,
+            PositionPolicy::Stride => {
+                let stride = self.stride.ok_or("--positions stride needs --stride N")?;
+                let offset = self
+                    .offset
+                    .ok_or("--positions stride needs --offset K (0 <= K < N)")?;
+                if stride == 0 || offset >= stride {
+                    return Err(format!(
+                        "--offset {offset} must be below --stride {stride} (and the stride at least 1)"
+                    ));
+                }
+                Positions::Stride { stride, offset }
+            }
+            PositionPolicy::From => Positions::From {
+                from: self.from.ok_or("--positions from needs --from N")?,
+            },
+        };
+        if (self.stride.is_some() || self.offset.is_some())
+            && self.positions != PositionPolicy::Stride
+        {
+            return Err("--stride and --offset need --positions stride".into());
+        }
+        if self.from.is_some() && self.positions != PositionPolicy::From {
+            return Err("--from needs --positions from".into());
+        }
+        if self.vocab_size == Some(0) {
+            return Err("--vocab-size must be at least 1".into());
+        }
+        let bootstrap = Bootstrap {
+            resamples: self.bootstrap,
+            seed: self.seed,
+            level: 0.95,
+        };
+        bootstrap
+            .check()
+            .map_err(|why| format!("--bootstrap {}: {why}", self.bootstrap))?;
+        if let Some(l) = context_length {
+            check_context_length(l).map_err(|why| format!("--context-length {l}: {why}"))?;
+        }
+        Ok(crate::kld::Options {
+            direction,
+            vocab,
+            positions,
+            context_length,
+            vocab_size: self.vocab_size,
+            bootstrap,
+        })
+    }
+}
+
 /// Rerun settings from a disclosure.
 #[derive(Debug, Clone)]
 pub struct Resolved {
@@ -408,6 +573,191 @@ mod tests {
             assert_eq!(back.options.bootstrap, o.bootstrap);
             assert_eq!(back.options.context_lengths, o.context_lengths);
             assert!(back.padding_included && !back.bits && back.aggregation.is_none());
+        }
+    }
+
+    fn flags(edit: impl Fn(&mut ProtocolFlags)) -> Result<MeasureOptions, String> {
+        let mut f = ProtocolFlags::default();
+        edit(&mut f);
+        f.options(&[512], Bos::None)
+    }
+
+    /// The command line's defaults: full vocabulary, both directions, every row, 1000 resamples
+    /// at 95% with seed 0; under `--vocab threshold` the direction is forward only.
+    #[test]
+    fn protocol_flags_defaults() {
+        let o = flags(|_| {}).unwrap();
+        assert_eq!(o.direction, Direction::Both);
+        assert_eq!(o.vocab, VocabMode::Full);
+        assert_eq!(o.positions, Positions::All);
+        assert_eq!(
+            o.bootstrap,
+            Bootstrap {
+                resamples: 1000,
+                seed: 0,
+                level: 0.95
+            }
+        );
+        assert_eq!(
+            (o.vocab_size, o.bos, o.dump_logits),
+            (None, Bos::None, None)
+        );
+        let t = flags(|f| f.vocab = disclosure::VocabMode::Threshold).unwrap();
+        assert_eq!(t.direction, Direction::Forward);
+        assert_eq!(t.vocab, VocabMode::Threshold { log_p: -16.0 });
+        let k = flags(|f| {
+            f.vocab = disclosure::VocabMode::TopK;
+            f.top_k = Some(8);
+            f.tail = Tail::Dropped;
+            f.positions = disclosure::PositionPolicy::Stride;
+            f.stride = Some(4);
+            f.offset = Some(3);
+            f.direction = Some(Direction::Reverse);
+        })
+        .unwrap();
+        assert_eq!(k.direction, Direction::Reverse);
+        assert_eq!(
+            k.vocab,
+            VocabMode::TopK {
+                k: 8,
+                tail: Tail::Dropped
+            }
+        );
+        assert_eq!(
+            k.positions,
+            Positions::Stride {
+                stride: 4,
+                offset: 3
+            }
+        );
+        let from = flags(|f| {
+            f.positions = disclosure::PositionPolicy::From;
+            f.from = Some(7);
+        });
+        assert_eq!(from.unwrap().positions, Positions::From { from: 7 });
+    }
+
+    /// Context lengths: each in range, then sorted and deduplicated (one run per length).
+    #[test]
+    fn protocol_flags_context_lengths() {
+        let f = ProtocolFlags::default();
+        let o = f.options(&[512, 128, 512], Bos::PerWindow).unwrap();
+        assert_eq!((o.context_lengths, o.bos), (vec![128, 512], Bos::PerWindow));
+        assert_eq!(
+            f.options(&[512, 1], Bos::None).unwrap_err(),
+            "--context-length 1: context length 1 is outside 2..=1048576 tokens"
+        );
+        let kld = f.kld_options(Some(64)).unwrap();
+        assert_eq!(kld.context_length, Some(64));
+        assert_eq!(f.kld_options(None).unwrap().context_length, None);
+        assert_eq!(
+            f.kld_options(Some(1 << 21)).unwrap_err(),
+            "--context-length 2097152: context length 2097152 is outside 2..=1048576 tokens"
+        );
+    }
+
+    /// Each inconsistent or out-of-range combination is refused with a message naming its flags.
+    #[test]
+    fn protocol_flags_refusals() {
+        use disclosure::{PositionPolicy as P, VocabMode as V};
+        type Edit = fn(&mut ProtocolFlags);
+        let cases: Vec<(Edit, &str)> = vec![
+            (|f| f.vocab = V::TopK, "--vocab top-k needs --top-k K"),
+            (
+                |f| {
+                    f.vocab = V::TopK;
+                    f.top_k = Some(0);
+                },
+                "--top-k must be at least 1",
+            ),
+            (|f| f.top_k = Some(5), "--top-k needs --vocab top-k"),
+            (
+                |f| {
+                    f.vocab = V::Threshold;
+                    f.threshold = 1.0;
+                },
+                "--threshold 1 must be a log-probability (<= 0)",
+            ),
+            (
+                |f| {
+                    f.vocab = V::Threshold;
+                    f.threshold = f64::NAN;
+                },
+                "--threshold NaN must be a log-probability (<= 0)",
+            ),
+            (
+                |f| f.positions = P::Stride,
+                "--positions stride needs --stride N",
+            ),
+            (
+                |f| {
+                    f.positions = P::Stride;
+                    f.stride = Some(4);
+                },
+                "--positions stride needs --offset K (0 <= K < N)",
+            ),
+            (
+                |f| {
+                    f.positions = P::Stride;
+                    f.stride = Some(4);
+                    f.offset = Some(4);
+                },
+                "--offset 4 must be below --stride 4 (and the stride at least 1)",
+            ),
+            (
+                |f| {
+                    f.positions = P::Stride;
+                    f.stride = Some(0);
+                    f.offset = Some(0);
+                },
+                "--offset 0 must be below --stride 0 (and the stride at least 1)",
+            ),
+            (
+                |f| f.offset = Some(1),
+                "--stride and --offset need --positions stride",
+            ),
+            (
+                |f| f.stride = Some(2),
+                "--stride and --offset need --positions stride",
+            ),
+            (|f| f.positions = P::From, "--positions from needs --from N"),
+            (|f| f.from = Some(3), "--from needs --positions from"),
+            (
+                |f| f.vocab_size = Some(0),
+                "--vocab-size must be at least 1",
+            ),
+            (
+                |f| f.bootstrap = 0,
+                "--bootstrap 0: bootstrap resamples 0 is outside 1..=100000",
+            ),
+            (
+                |f| f.bootstrap = 1_000_000_000,
+                "--bootstrap 1000000000: bootstrap resamples 1000000000 is outside 1..=100000",
+            ),
+        ];
+        for (edit, message) in cases {
+            assert_eq!(flags(edit).unwrap_err(), message);
+            let mut f = ProtocolFlags::default();
+            edit(&mut f);
+            assert_eq!(f.kld_options(None).unwrap_err(), message);
+        }
+        // The reverse KL under a threshold is not a divergence: refused, the direction named
+        // as given (or `both` by default when it is not forward).
+        for (direction, name) in [
+            (Some(Direction::Reverse), "reverse"),
+            (Some(Direction::Both), "both"),
+        ] {
+            let e = flags(|f| {
+                f.vocab = V::Threshold;
+                f.direction = direction;
+            })
+            .unwrap_err();
+            assert!(
+                e.starts_with(&format!(
+                    "--direction {name}: the reverse KL under vocab mode threshold"
+                )),
+                "{e}"
+            );
         }
     }
 }

@@ -7,6 +7,8 @@ pub mod native;
 pub mod tokens;
 #[cfg(feature = "native")]
 pub mod transformers;
+#[cfg(feature = "native")]
+pub mod transformers_flags;
 
 use serde_json::Value;
 

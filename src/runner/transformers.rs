@@ -32,6 +32,16 @@ pub const RUNNER_SOURCE: &str = include_str!("../../runners/transformers_runner.
 pub const PROTOCOL: u64 = 1;
 /// Lines of the program's output kept for an error message.
 const TAIL_LINES: usize = 30;
+/// The attention implementations the runner asks transformers for (`attn_implementation`).
+pub const ATTENTION_IMPLEMENTATIONS: &[&str] = &[
+    "sdpa",
+    "eager",
+    "flash_attention_2",
+    "flash_attention_3",
+    "flex_attention",
+];
+
+pub use crate::runner::transformers_flags::{TransformersFlags, parse_sweep};
 
 /// Where models go: one GPU, every GPU through accelerate's `device_map="auto"`, or the CPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,8 +84,8 @@ pub struct TransformersOptions {
     pub device: Device,
     /// `bfloat16`, `float16` or `float32`: the dtype the models are loaded and run in.
     pub dtype: String,
-    /// Attention implementation of the reference and the candidate (`sdpa`, `eager`,
-    /// `flash_attention_2`, `flex_attention`).
+    /// Attention implementation of the reference and the candidate (one of
+    /// [`ATTENTION_IMPLEMENTATIONS`]).
     pub attention: (String, String),
     /// Tokens per prefill chunk (0: planned: the whole window when it fits).
     pub chunk_size: usize,

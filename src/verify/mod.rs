@@ -116,16 +116,13 @@ fn eval_text_path(
 }
 
 fn compute_dtype(card_dir: &Path, name: &str) -> Result<ComputeDtype> {
-    match name {
-        "f32" | "float32" => Ok(ComputeDtype::F32),
-        "f64" | "float64" => Ok(ComputeDtype::F64),
-        "bf16" | "bfloat16" => Ok(ComputeDtype::Bf16),
-        other => Err(Error::unsupported(
+    ComputeDtype::from_name(name).ok_or_else(|| {
+        Error::unsupported(
             card_dir,
             Some("fidelity.runtime.compute_dtype"),
-            format!("compute dtype `{other}` is not one the native runner has (f32, f64, bf16)"),
-        )),
-    }
+            format!("compute dtype `{name}` is not one the native runner has (f32, f64, bf16)"),
+        )
+    })
 }
 
 /// The reference checkpoint the rerun needs.
@@ -157,15 +154,7 @@ fn follow_card_runtime(
     let (attention, dtype) = runner.follow_card;
     if attention {
         let a = rt.attention_backend.to_ascii_lowercase();
-        if [
-            "sdpa",
-            "eager",
-            "flash_attention_2",
-            "flash_attention_3",
-            "flex_attention",
-        ]
-        .contains(&a.as_str())
-        {
+        if crate::runner::transformers::ATTENTION_IMPLEMENTATIONS.contains(&a.as_str()) {
             runner.attention = (a.clone(), a);
         }
     }

@@ -27,6 +27,17 @@ impl ComputeDtype {
         }
     }
 
+    /// The dtype a name means: `f32`, `f64`, `bf16` (the command line's and a card's
+    /// `runtime.compute_dtype`), or their torch spellings `float32`, `float64`, `bfloat16`.
+    pub fn from_name(name: &str) -> Option<ComputeDtype> {
+        match name {
+            "f32" | "float32" => Some(ComputeDtype::F32),
+            "f64" | "float64" => Some(ComputeDtype::F64),
+            "bf16" | "bfloat16" => Some(ComputeDtype::Bf16),
+            _ => None,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             ComputeDtype::F32 => "f32",
@@ -513,4 +524,24 @@ fn softmax_last(x: &Tensor) -> candle_core::Result<Tensor> {
     let e = x.broadcast_sub(&max)?.exp()?;
     let s = e.sum_keepdim(last)?;
     e.broadcast_div(&s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compute_dtype_names() {
+        for (names, d) in [
+            (["f32", "float32"], ComputeDtype::F32),
+            (["f64", "float64"], ComputeDtype::F64),
+            (["bf16", "bfloat16"], ComputeDtype::Bf16),
+        ] {
+            for name in names {
+                assert_eq!(ComputeDtype::from_name(name), Some(d), "{name}");
+            }
+            assert_eq!(ComputeDtype::from_name(d.as_str()), Some(d));
+        }
+        assert_eq!(ComputeDtype::from_name("f16"), None);
+    }
 }

@@ -41,6 +41,18 @@ pub enum Emulate {
     LlamacppCpu,
 }
 
+impl Emulate {
+    /// The numerics a name means: `reference` and `llamacpp-cpu` (the command line's `--emulate`)
+    /// or the recorded `reference_semantics` and `llamacpp_cpu`.
+    pub fn from_name(name: &str) -> Option<Emulate> {
+        match name {
+            "reference" | "reference_semantics" => Some(Emulate::ReferenceSemantics),
+            "llamacpp-cpu" | "llamacpp_cpu" => Some(Emulate::LlamacppCpu),
+            _ => None,
+        }
+    }
+}
+
 /// ggml types candle dequantizes, by our type enum.
 fn candle_type(ty: GgmlType) -> Option<GgmlDType> {
     Some(match ty {
@@ -369,6 +381,19 @@ impl WeightStore for GgufStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn emulate_names() {
+        for (name, e) in [
+            ("reference", Emulate::ReferenceSemantics),
+            ("reference_semantics", Emulate::ReferenceSemantics),
+            ("llamacpp-cpu", Emulate::LlamacppCpu),
+            ("llamacpp_cpu", Emulate::LlamacppCpu),
+        ] {
+            assert_eq!(Emulate::from_name(name), Some(e), "{name}");
+        }
+        assert_eq!(Emulate::from_name("llamacpp"), None);
+    }
 
     #[test]
     fn hf_names_map_to_llamacpp_names() {

@@ -161,8 +161,7 @@ pub fn export(
     args: &crate::cli::ExportArgs,
     p: crate::config::ProtocolConfig,
 ) -> super::Result<rerun::export::Exported> {
-    use crate::cli::{ArtifactKindArg, BosArg};
-    use cardproof::kld::protocol::Bos;
+    use crate::cli::ArtifactKindArg;
     use rerun::export::{ExportKind, ExportRequest};
     let request = ExportRequest {
         model: &args.model,
@@ -173,11 +172,7 @@ pub fn export(
             positions: p.positions,
             bootstrap: p.bootstrap,
             context_lengths: args.context_length.clone(),
-            bos: match args.bos {
-                BosArg::None => Bos::None,
-                BosArg::PerWindow => Bos::PerWindow,
-                BosArg::PerDocument => Bos::PerDocument,
-            },
+            bos: args.bos.into(),
             vocab_size: p.vocab_size,
             dump_logits: None,
         },
