@@ -17,6 +17,9 @@ use crate::rerun::{HubPin, Measurement, NoiseFloor, Role};
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[schemars(title = "cardproof verification report v1")]
 pub struct Report {
+    /// Version of the document's shape (1).
+    // Always `crate::JSON_SCHEMA_VERSION` (verify builds it): the schema states it as `const`.
+    #[schemars(with = "crate::output::SchemaVersion")]
     pub schema_version: u32,
     /// The output set this report belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
