@@ -7,10 +7,13 @@
 //! A failed command prints an [`ErrorDocument`] instead.
 //!
 //! [`DOCUMENTS`] names every document and generates its schema (draft 2020-12, the generator of
-//! [`crate::schema`]); each is committed as `schema/<name>-v1.schema.json`. A test fails when a
-//! committed schema differs from its type, and another runs every command on the examples and
-//! validates what it printed against the committed schema. Some documents embed values from
-//! `src/kld` whose types have no schema of their own; [`kld`] describes them.
+//! [`crate::schema`]); each is committed as `schema/<name>-v1.schema.json`. Beside the stdout
+//! documents it holds the files cardproof writes (`measurement.json`, `report.json`,
+//! `sweep.json`) and the transformers runner's exchange (`request.json`, `record.json`). A test
+//! fails when a committed schema differs from its type, and others run the commands on the
+//! examples and validate what they printed or wrote against the committed schema. Some
+//! documents embed values from `src/kld` whose types have no schema of their own;
+//! [`kld`] describes them.
 
 pub mod kld;
 pub mod sarif;
@@ -19,7 +22,7 @@ pub mod text;
 use std::path::Path;
 
 use schemars::JsonSchema;
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
 use crate::attest::{CheckedReport, KeyPair, Mismatch, Signed};
@@ -31,13 +34,28 @@ use crate::hub::check::CheckReport;
 use crate::lint::LintReport;
 
 /// `"schema_version"`, first in every document: always [`crate::JSON_SCHEMA_VERSION`]. A
-/// change that breaks a reader of a document bumps it, and the schema files' `-v1`.
+/// change that breaks a reader of a document bumps it, and the schema files' `-v1`. A document
+/// read back (`measurement.json`) deserializes it from exactly that number and refuses another.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SchemaVersion;
 
 impl Serialize for SchemaVersion {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_u32(crate::JSON_SCHEMA_VERSION)
+    }
+}
+
+impl<'de> Deserialize<'de> for SchemaVersion {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let version = u64::deserialize(deserializer)?;
+        if version == u64::from(crate::JSON_SCHEMA_VERSION) {
+            Ok(SchemaVersion)
+        } else {
+            Err(serde::de::Error::custom(format!(
+                "unsupported schema_version {version} (this cardproof reads version {})",
+                crate::JSON_SCHEMA_VERSION
+            )))
+        }
     }
 }
 
@@ -365,20 +383,38 @@ impl ErrorDocument {
     }
 }
 
-/// One output document: its name (the schema file is `schema/<name>-v1.schema.json`) and its
-/// type's schema.
+/// One document: its name (the schema file is `schema/<name>-v1.schema.json`), the field that
+/// holds its version, and its type's schema.
 #[derive(Debug, Clone, Copy)]
 pub struct Document {
     pub name: &'static str,
+    /// The field holding the document's version, `const` in its schema: `schema_version` in
+    /// cardproof's own documents, `protocol` in the transformers runner's exchange.
+    pub version_field: &'static str,
     generate: fn(&str) -> Value,
 }
 
 impl Document {
-    /// The document `T`, committed as `schema/<name>-v1.schema.json`.
+    /// The document `T`, committed as `schema/<name>-v1.schema.json`: its schema describes what
+    /// cardproof writes (schemars' serialize contract): a field is required unless it may be
+    /// left out, and `null` is allowed where it may be printed.
     pub const fn of<T: JsonSchema>(name: &'static str) -> Document {
         Document {
             name,
-            generate: generate::<T>,
+            version_field: "schema_version",
+            generate: generate::<T, false>,
+        }
+    }
+
+    /// One side of the transformers runner's exchange, versioned by `protocol`. Its schema is
+    /// what the reading side must accept (schemars' deserialize contract): a field with a
+    /// default, or `null`able, may be absent (the runner reads a request of an earlier cardproof
+    /// of the same protocol, and answers a failure with no runs).
+    pub const fn exchange<T: JsonSchema>(name: &'static str) -> Document {
+        Document {
+            name,
+            version_field: "protocol",
+            generate: generate::<T, true>,
         }
     }
 
@@ -402,14 +438,20 @@ impl Document {
     }
 }
 
-/// A document's schema describes what is written (schemars' serialize contract): a field is
-/// required unless it may be left out, and `null` is allowed where it may be printed.
-fn generate<T: JsonSchema>(id: &str) -> Value {
-    crate::schema::generate::<T>(crate::schema::settings().for_serialize(), id)
+/// `T`'s schema under the deserialize contract (`READ`) or the serialize contract.
+fn generate<T: JsonSchema, const READ: bool>(id: &str) -> Value {
+    let settings = crate::schema::settings();
+    let settings = if READ {
+        settings.for_deserialize()
+    } else {
+        settings.for_serialize()
+    };
+    crate::schema::generate::<T>(settings, id)
 }
 
-/// Every output document with a committed schema. A new document is one more entry here: its
-/// schema file then comes from the drift test (`CARDPROOF_BLESS=1`).
+/// Every document with a committed schema: what the commands print with `--json`, the files
+/// they write, and the transformers runner's exchange. A new document is one more entry here:
+/// its schema file then comes from the drift test (`CARDPROOF_BLESS=1`).
 pub const DOCUMENTS: &[Document] = &[
     Document::of::<LintDocument<'static>>("lint"),
     Document::of::<InspectDocument<'static>>("inspect"),
@@ -422,6 +464,18 @@ pub const DOCUMENTS: &[Document] = &[
     Document::of::<VerifyReportDocument<'static>>("verify-report"),
     Document::of::<CheckDocument<'static>>("check"),
     Document::of::<ErrorDocument>("error"),
+    #[cfg(feature = "native")]
+    Document::of::<crate::rerun::document::Measurement>("measurement"),
+    #[cfg(feature = "native")]
+    Document::of::<crate::verify::Report>("report"),
+    #[cfg(feature = "native")]
+    Document::of::<crate::rerun::sweep::Sweep>("sweep"),
+    #[cfg(feature = "native")]
+    Document::of::<crate::rerun::export::Exported>("export"),
+    #[cfg(feature = "native")]
+    Document::exchange::<crate::runner::exchange::RunnerRequest>("runner-request"),
+    #[cfg(feature = "native")]
+    Document::exchange::<crate::runner::exchange::RunnerRecord>("runner-record"),
 ];
 
 /// The document called `name` in [`DOCUMENTS`].

@@ -34,7 +34,7 @@ pub struct SweepRequest<'a> {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[schemars(title = "cardproof sweep v1")]
 pub struct Sweep {
-    pub schema_version: u32,
+    pub schema_version: crate::output::SchemaVersion,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<String>,
     /// Always `sweep`.
@@ -169,7 +169,7 @@ pub fn run_sweep(
         super::output::write_measurement(out, &rerun.measurement, &rerun.runs)?;
     }
     let document = Sweep {
-        schema_version: crate::JSON_SCHEMA_VERSION,
+        schema_version: crate::output::SchemaVersion,
         run_id: r.run_id.map(str::to_owned),
         kind: "sweep".into(),
         knob: r.knob.to_owned(),

@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 #[schemars(title = "cardproof transformers runner request v1")]
 pub struct RunnerRequest {
     /// The exchange's version; the program refuses another.
+    #[schemars(extend("const" = crate::runner::transformers::PROTOCOL))]
     pub protocol: u64,
     pub models: RequestModels,
     /// `bfloat16`, `float16` or `float32`.
@@ -28,7 +29,9 @@ pub struct RunnerRequest {
     pub memory_limit_bytes: Option<u64>,
     /// `auto`, `side_by_side` or `sequential`.
     pub mode: String,
-    /// `auto`, `device`, `host` or `disk`.
+    /// `auto`, `device`, `host` or `disk`; the program reads an absent one (a request written
+    /// before the field, the same protocol) as `auto`.
+    #[serde(default = "keep_hidden_auto")]
     pub keep_hidden: String,
     /// Run the sanity gates on the first window.
     pub gates: bool,
@@ -38,6 +41,10 @@ pub struct RunnerRequest {
     pub runs: Vec<RequestRun>,
     pub result_dir: String,
     pub record_path: String,
+}
+
+fn keep_hidden_auto() -> String {
+    "auto".into()
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -72,6 +79,8 @@ pub struct RequestRun {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[schemars(title = "cardproof transformers runner record v1")]
 pub struct RunnerRecord {
+    /// The request's protocol; cardproof refuses a record in another.
+    #[schemars(extend("const" = crate::runner::transformers::PROTOCOL))]
     pub protocol: u64,
     pub ok: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]

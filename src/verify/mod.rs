@@ -378,7 +378,7 @@ pub fn verify(
         .collect();
     let verdict = claims::overall(&results);
     let report = Report {
-        schema_version: crate::JSON_SCHEMA_VERSION,
+        schema_version: crate::output::SchemaVersion,
         run_id: None,
         tool: report::Tool {
             name: "cardproof".into(),

@@ -21,3 +21,4 @@ mod schema;
 mod support;
 mod transformers;
 mod verify;
+mod written_documents;

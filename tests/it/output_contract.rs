@@ -139,7 +139,7 @@ fn every_json_command_prints_one_versioned_document() {
     ]);
     args.extend(short);
     args.push("--json");
-    let doc = one_document("measure", &cardproof(&args), &[0]);
+    let doc = checked("measurement", "measure", &cardproof(&args), &[0]);
     assert!(doc["runs"].is_array());
     // Every vocabulary mode and position policy the protocol can state.
     let (r_logits, c_logits) = (
@@ -280,7 +280,7 @@ fn every_json_command_prints_one_versioned_document() {
         s(&report),
         "--json",
     ]);
-    assert_eq!(one_document("verify", &run, &[0])["verdict"], "reproduced");
+    assert_eq!(checked("report", "verify", &run, &[0])["verdict"], "reproduced");
     let run = cardproof(&[
         "verify-report",
         s(&report.join("report.dsse.json")),
@@ -302,7 +302,7 @@ fn every_json_command_prints_one_versioned_document() {
         args.extend([s(&text), "--kind", kind, "--out", s(&out)]);
         args.extend(short);
         args.push("--json");
-        let doc = one_document("reference export", &cardproof(&args), &[0]);
+        let doc = checked("export", "reference export", &cardproof(&args), &[0]);
         assert_eq!(doc["artifact"], s(&out));
         assert_eq!(doc["kind"], kind);
         assert_eq!(doc["size"], std::fs::metadata(&out).unwrap().len());

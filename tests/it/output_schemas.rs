@@ -1,6 +1,6 @@
-//! The committed schema of every `--json` document (`schema/<name>-v1.schema.json`) matches its
-//! type in `cardproof::output`, and [`assert_valid`] checks a command's output against it (the
-//! commands themselves run in `output_contract`).
+//! The committed schema of every document (`schema/<name>-v1.schema.json`) matches its type in
+//! `cardproof::output`, and [`assert_valid`] checks a command's output or a file it wrote against
+//! it (the commands themselves run in `output_contract` and `written_documents`).
 
 use serde_json::Value;
 
@@ -40,28 +40,54 @@ fn closed(mut schema: Value) -> Value {
     schema
 }
 
-/// `doc` is a document `name` as its committed schema describes it, with no undeclared fields
-/// and `"schema_version": 1`.
-#[track_caller]
-pub fn assert_valid(name: &str, what: &str, doc: &Value) {
-    assert_eq!(doc["schema_version"], 1, "{what}: {doc}");
+/// One place where a document breaks its committed schema.
+#[derive(Debug)]
+pub struct Violation {
+    /// `its schema`, or `its schema, closed` (to undeclared fields).
+    pub how: &'static str,
+    /// The JSON pointer of the value that breaks it.
+    pub at: String,
+    pub message: String,
+}
+
+/// Where `doc` breaks the committed schema of the document `name`, as committed and closed to
+/// undeclared fields.
+pub fn violations(name: &str, doc: &Value) -> Vec<Violation> {
+    let mut out = Vec::new();
     for (schema, how) in [
         (committed(name), "its schema"),
         (closed(committed(name)), "its schema, closed"),
     ] {
         let validator = jsonschema::validator_for(&schema)
             .unwrap_or_else(|e| panic!("schema `{name}` does not compile: {e}"));
-        let errors: Vec<String> = validator
-            .iter_errors(doc)
-            .map(|e| format!("{} at {}", e, e.instance_path()))
+        out.extend(validator.iter_errors(doc).map(|e| Violation {
+            how,
+            at: e.instance_path().to_string(),
+            message: e.to_string(),
+        }));
+    }
+    out
+}
+
+/// `doc` is a document `name` as its committed schema describes it, with no undeclared fields
+/// and version 1 (`"schema_version": 1`, or `"protocol": 1` in the runner's exchange).
+#[track_caller]
+pub fn assert_valid(name: &str, what: &str, doc: &Value) {
+    let document = cardproof::output::document(name)
+        .unwrap_or_else(|| panic!("no output document `{name}` in cardproof::output::DOCUMENTS"));
+    assert_eq!(doc[document.version_field], 1, "{what}: {doc}");
+    let errors = violations(name, doc);
+    if let Some(first) = errors.first() {
+        let listed: Vec<String> = errors
+            .iter()
+            .filter(|v| v.how == first.how)
+            .map(|v| format!("{} at {}", v.message, v.at))
             .collect();
-        assert!(
-            errors.is_empty(),
-            "{what}: the output does not validate against {how} ({}):\n{}\n{doc:#}",
-            repo_root()
-                .join(cardproof::output::document(name).unwrap().path())
-                .display(),
-            errors.join("\n")
+        panic!(
+            "{what}: the output does not validate against {} ({}):\n{}\n{doc:#}",
+            first.how,
+            repo_root().join(document.path()).display(),
+            listed.join("\n")
         );
     }
 }
@@ -115,16 +141,13 @@ fn output_schemas_are_draft_2020_12_with_a_version() {
             "https://json-schema.org/draft/2020-12/schema"
         );
         assert_eq!(schema["$id"], document.id().as_str());
+        let version = document.version_field;
         assert_eq!(
-            schema["properties"]["schema_version"]["const"], 1,
+            schema["properties"][version]["const"], 1,
             "{}",
             document.name
         );
         let required = schema["required"].as_array().unwrap();
-        assert!(
-            required.contains(&"schema_version".into()),
-            "{}",
-            document.name
-        );
+        assert!(required.contains(&version.into()), "{}", document.name);
     }
 }

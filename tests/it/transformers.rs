@@ -497,6 +497,16 @@ mod torch {
         );
         assert!(doc["runs"][0]["metrics"]["kld_mean"].as_f64().unwrap() > 1e-4);
         assert_reduction_agrees(&dump);
+        // The exchange kept by --runner-dump, and the measurement, against their schemas.
+        for (name, path) in [
+            ("runner-request", dump.join("request.json")),
+            ("runner-record", dump.join("record.json")),
+            ("measurement", dir.path().join("out/measurement.json")),
+        ] {
+            let doc: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            crate::output_schemas::assert_valid(name, &path.display().to_string(), &doc);
+        }
     }
 
     #[test]
@@ -558,11 +568,19 @@ mod torch {
         // quantized pairs' (~1e-2).
         assert!(kld > 0.0 && kld < 1e-6, "{kld}");
         assert!(run0["n_flips"].as_u64().is_some());
-        assert!(out.join("sweep.json").exists());
-        assert!(
-            out.join("attention-sdpa-vs-eager/measurement.json")
-                .exists()
+        // sweep.json and the pair's measurement.json, as their committed schemas describe them.
+        let read = |path: &Path| -> serde_json::Value {
+            serde_json::from_slice(&std::fs::read(path).unwrap())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        };
+        let sweep = read(&out.join("sweep.json"));
+        crate::output_schemas::assert_valid("sweep", "sweep.json", &sweep);
+        assert_eq!(
+            sweep["pairs"][0]["measurement"],
+            "attention-sdpa-vs-eager/measurement.json"
         );
+        let pair = read(&out.join("attention-sdpa-vs-eager/measurement.json"));
+        crate::output_schemas::assert_valid("measurement", "the sweep pair's measurement", &pair);
     }
 
     /// A copy of the FP8 example whose card is written from a transformers measurement on CPU, and a
@@ -644,6 +662,10 @@ mod torch {
         for gate in gates {
             assert_eq!(gate["passed"], true, "{gate}");
         }
+        let written: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("report/report.json")).unwrap())
+                .unwrap();
+        crate::output_schemas::assert_valid("report", "report.json (transformers)", &written);
         // Another attention kernel is another lane: not comparable, never "reproduced".
         let v = verify_transformers(dir.path(), &candidate, &key, &["--attention", "eager"]);
         let report = v.json();
