@@ -215,7 +215,9 @@ pub fn measurement(doc: &crate::rerun::Measurement) -> String {
     let _ = writeln!(
         out,
         "eval: {} ({} tokens, tokens_sha256 {}, BOS {})",
-        ev.text_path.as_deref().unwrap_or("?"),
+        ev.text_path
+            .as_deref()
+            .unwrap_or(&doc.fidelity.eval.text.source),
         ev.token_count,
         ev.tokens_sha256,
         ev.bos.as_str()

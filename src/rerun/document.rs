@@ -219,7 +219,9 @@ pub struct DraftReference {
     pub revision: Option<String>,
     pub format: CheckpointFormat,
     pub dtype: WeightDtype,
-    pub files_sha256: Sha256,
+    /// Absent when the reference's files were not measured (a llama.cpp base file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_sha256: Option<Sha256>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

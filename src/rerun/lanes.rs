@@ -749,7 +749,9 @@ pub(super) fn llamacpp_base(
         bos_id,
         tokenizer_vocab,
     };
-    let scoring = score::measure_models(&runner, &candidate, &eval, &options, progress)?;
+    let mut scoring = score::measure_models(&runner, &candidate, &eval, &options, progress)?;
+    // A base file holds tokens, not text: no eval text was read.
+    scoring.eval.text_path = None;
     if r.gates.is_some() {
         stage("sanity gates");
     }

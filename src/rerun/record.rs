@@ -84,13 +84,29 @@ fn fidelity_draft(
             });
         }
     }
+    // A run against a stored reference may not know the eval text's name or bytes: the draft
+    // says what it does know (the artifact the tokens came from) and leaves out what it does not,
+    // rather than writing an empty value a card would then carry.
     let text_name = m
         .eval
         .text_path
         .as_deref()
         .and_then(|p| Path::new(p).file_name())
         .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+        .or_else(|| {
+            let a = environment.reference_artifact.as_ref()?;
+            let name = Path::new(&a.path)
+                .file_name()?
+                .to_string_lossy()
+                .into_owned();
+            Some(if a.kind == "llamacpp_base" {
+                format!("the token stream of llama.cpp base file {name}")
+            } else {
+                format!("the eval text of reference artifact {name}")
+            })
+        })
+        .unwrap_or_else(|| "the measured token stream".into());
+    let digest = |d: &str| (!d.is_empty()).then(|| Sha256(d.to_owned()));
     FidelityDraft {
         schema: disclosure::SCHEMA_ID.into(),
         reference: DraftReference {
@@ -107,7 +123,7 @@ fn fidelity_draft(
                 "f32" => WeightDtype::F32,
                 _ => WeightDtype::Other,
             },
-            files_sha256: Sha256(reference.manifest_sha256.clone()),
+            files_sha256: digest(&reference.manifest_sha256),
         },
         candidate: DraftCandidate {
             repo: None,
@@ -118,7 +134,7 @@ fn fidelity_draft(
         eval: disclosure::Eval {
             text: disclosure::EvalText {
                 source: text_name,
-                sha256: Some(Sha256(m.eval.text_sha256.clone())),
+                sha256: digest(&m.eval.text_sha256),
                 revision: None,
                 split: None,
             },

@@ -280,7 +280,10 @@ fn every_json_command_prints_one_versioned_document() {
         s(&report),
         "--json",
     ]);
-    assert_eq!(checked("report", "verify", &run, &[0])["verdict"], "reproduced");
+    assert_eq!(
+        checked("report", "verify", &run, &[0])["verdict"],
+        "reproduced"
+    );
     let run = cardproof(&[
         "verify-report",
         s(&report.join("report.dsse.json")),
