@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::{cardproof, model, repo_root, short_text};
+use crate::support::{LLAMACPP_PROTOCOL, cardproof, model, repo_root, short_text};
 
 fn export(dir: &Path, text: &Path, name: &str, extra: &[&str]) -> PathBuf {
     let out = dir.join(name);
@@ -206,16 +206,7 @@ fn llamacpp_base_files_export_and_import() {
         "ref.kld",
         &["--kind", "llamacpp", "--bos", "per-window"],
     );
-    let protocol = [
-        "--positions",
-        "second-half",
-        "--bos",
-        "per-window",
-        "--direction",
-        "forward",
-        "--vocab",
-        "threshold",
-    ];
+    let protocol = LLAMACPP_PROTOCOL;
     let candidate = model("shakespeare-w8a16");
     let full = metrics(&measure(
         dir.path(),

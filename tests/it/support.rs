@@ -158,3 +158,26 @@ pub fn measure_short(
     args.extend_from_slice(extra);
     cardproof(&args)
 }
+
+/// The measure flags of llama.cpp's protocol, which a llama.cpp base file fixes.
+pub const LLAMACPP_PROTOCOL: [&str; 8] = [
+    "--positions",
+    "second-half",
+    "--bos",
+    "per-window",
+    "--direction",
+    "forward",
+    "--vocab",
+    "threshold",
+];
+
+/// A card's text without its `kl.direction` line (a required disclosure item removed).
+pub fn without_direction(card: &str) -> String {
+    let without: String = card
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("direction:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(without, card, "the card states a direction to remove");
+    without
+}

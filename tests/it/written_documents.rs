@@ -12,7 +12,10 @@ use cardproof::rerun::Measurement;
 use serde_json::Value;
 
 use crate::output_schemas::{assert_valid, violations};
-use crate::support::{Run, cardproof, measure_short, model, repo_root, short_text};
+use crate::support::{
+    LLAMACPP_PROTOCOL, Run, cardproof, measure_short, model, repo_root, short_text,
+    without_direction,
+};
 use crate::verify::Verified;
 
 fn read_json(path: &Path) -> Value {
@@ -82,18 +85,6 @@ fn measure_against(artifact: &Path, out: &Path, extra: &[&str]) {
     ok("measure --reference-artifact", &cardproof(&args));
 }
 
-/// The llama.cpp protocol, which a base file fixes.
-const LLAMACPP: [&str; 8] = [
-    "--positions",
-    "second-half",
-    "--bos",
-    "per-window",
-    "--direction",
-    "forward",
-    "--vocab",
-    "threshold",
-];
-
 #[test]
 fn measure_writes_the_measurement_json_its_schema_describes() {
     let tmp = tempfile::tempdir().unwrap();
@@ -152,7 +143,7 @@ fn a_measurement_against_an_artifact_writes_no_blank_draft_fields() {
         (
             "a llama.cpp base file",
             &base,
-            &LLAMACPP[..],
+            &LLAMACPP_PROTOCOL[..],
             "llamacpp_base",
             "the token stream of llama.cpp base file ref.kld",
             &[
@@ -238,13 +229,7 @@ fn verify_writes_the_report_json_its_schema_describes() {
 
     // A card that fails with undisclosed items: the KL direction removed (nothing is rerun).
     let card = std::fs::read_to_string(v.card()).unwrap();
-    let without: String = card
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("direction:"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    assert_ne!(without, card, "the card states a direction to remove");
-    std::fs::write(v.card(), &without).unwrap();
+    std::fs::write(v.card(), without_direction(&card)).unwrap();
     let r = v.verify();
     assert_eq!(r.code, 1, "{}\n{}", r.stderr, r.stdout);
     let report = read_json(&v.out().join("report.json"));
