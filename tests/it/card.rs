@@ -818,7 +818,8 @@ fn update_card_writes_beside_the_candidate_and_never_into_the_hub_cache() {
     assert_eq!(update.path, fresh);
 
     // A candidate measured from the Hub was read from the cache: refused without --into.
-    measurement["candidate"]["hub"] = json!({"repo": "example-org/tiny", "commit": REV_A});
+    measurement["candidate"]["hub"] =
+        json!({"repo": "example-org/tiny", "revision": "main", "commit": REV_A});
     std::fs::write(&file, measurement.to_string()).unwrap();
     let before = std::fs::read(&card).unwrap();
     let e = update_card(&request).unwrap_err();
@@ -830,8 +831,15 @@ fn update_card_writes_beside_the_candidate_and_never_into_the_hub_cache() {
     let e =
         cardproof::card::write::default_card_path(&file, &json!({"candidate": {}})).unwrap_err();
     assert!(e.to_string().contains("candidate.path"), "{e}");
-    // Not JSON.
+    // Not JSON, and JSON of another shape: refused naming the file given (and the field).
     std::fs::write(&file, "not json").unwrap();
     let e = update_card(&request).unwrap_err();
-    assert!(e.to_string().contains("not JSON"), "{e}");
+    assert_eq!(e.file, file);
+    assert!(e.to_string().contains("is not a measurement.json"), "{e}");
+    measurement["runs"][0]["context_length"] = json!("x");
+    std::fs::write(&file, measurement.to_string()).unwrap();
+    let e = update_card(&request).unwrap_err();
+    assert!(e.is_format() && e.file == file, "{e}");
+    assert!(e.to_string().contains("runs[0].context_length"), "{e}");
+    assert_eq!(std::fs::read(&card).unwrap(), before);
 }

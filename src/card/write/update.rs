@@ -80,9 +80,16 @@ pub fn update_card(request: &UpdateRequest) -> Result<CardUpdate> {
     })
 }
 
+/// The measurement document, read capped (a regular file) and checked against its type, so an
+/// error names the file given and the field.
 fn read_measurement(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_str(&text).map_err(|e| Error::format(path, None, format!("not JSON: {e}")))
+    let bytes = crate::files::read_capped(
+        path,
+        crate::rerun::document::MAX_MEASUREMENT_BYTES,
+        "a measurement",
+    )?;
+    crate::rerun::Measurement::from_slice(path, &bytes)?;
+    serde_json::from_slice(&bytes).map_err(|e| Error::format(path, None, format!("not JSON: {e}")))
 }
 
 /// The card a measurement goes into when none is named: README.md in the candidate's directory
