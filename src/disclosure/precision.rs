@@ -26,6 +26,7 @@ pub fn half_unit(text: &str) -> f64 {
 pub fn precision_scale(metric: &str, value: f64) -> f64 {
     match metric {
         "top1_agreement" => value.min(1.0 - value).max(0.0),
+        "same_top_p" => value.min(100.0 - value).max(0.0),
         "ppl_ratio" => (value - 1.0).abs(),
         _ => value.abs(),
     }

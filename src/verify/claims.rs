@@ -253,6 +253,7 @@ pub fn judge(
 fn scale_name(metric: &str) -> &'static str {
     match metric {
         "top1_agreement" => "distance from agreement 0 or 1",
+        "same_top_p" => "distance from 0% or 100%",
         "ppl_ratio" => "distance from a ratio of 1",
         _ => "value",
     }

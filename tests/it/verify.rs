@@ -260,6 +260,45 @@ fn edited_claims_missing_items_and_tampering_are_caught() {
 }
 
 #[test]
+fn a_llama_cpp_same_top_p_claim_is_verified_against_top1_agreement() {
+    // `same_top_p` is llama.cpp's `Same top p`: the top-1 agreement as a percentage.
+    let v = Verified::new("shakespeare-w8a16", &[]);
+    let card = std::fs::read_to_string(v.card()).unwrap();
+    let line = card
+        .lines()
+        .find(|l| l.contains("metric: top1_agreement,") && l.contains("value: "))
+        .expect("a top1_agreement claim")
+        .to_owned();
+    let text = line.split("value: ").nth(1).unwrap().split([',', '}']).next().unwrap().trim();
+    let decimals = text.split_once('.').map_or(0, |(_, f)| f.len());
+    assert!(decimals > 2, "top1_agreement printed with {decimals} decimals");
+    let fraction: f64 = text.parse().unwrap();
+    let with = |percent: f64| {
+        let entry = line
+            .replacen("top1_agreement", "same_top_p", 1)
+            .replacen(&format!("value: {text}"), &format!("value: {percent:.*}", decimals - 2), 1);
+        card.replacen(&line, &format!("{line}\n{entry}"), 1)
+    };
+    let claim = |r: &Run| {
+        r.json()["claims"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["metric"] == "same_top_p")
+            .expect("the same_top_p claim is judged")
+            .clone()
+    };
+    std::fs::write(v.card(), with(100.0 * fraction)).unwrap();
+    let r = v.verify();
+    assert_eq!(r.code, 0, "{}", r.stdout);
+    assert_eq!(claim(&r)["verdict"], "reproduced", "{}", r.stdout);
+    std::fs::write(v.card(), with(100.0 * fraction - 2.0)).unwrap();
+    let r = v.verify();
+    assert_eq!(r.code, 1);
+    assert_eq!(claim(&r)["verdict"], "not_reproduced", "{}", r.stdout);
+}
+
+#[test]
 fn sign_wraps_a_measurement_and_verify_report_accepts_it() {
     let v = Verified::new("shakespeare-awq-int4", &[]);
     let m = v.dir.path().join("m/measurement.json");
