@@ -155,9 +155,13 @@ pub fn judge(
     result.tolerance = Some(tolerance);
     result.claimed_precision_relative = precision.is_finite().then_some(precision);
     if !ctx.undisclosed.is_empty() {
+        // The items themselves are the report's `undisclosed` list (one entry each), not
+        // repeated in every claim's reason as one long line.
+        let n = ctx.undisclosed.len();
         result.reason = format!(
-            "the number cannot be interpreted: {}",
-            ctx.undisclosed.join("; ")
+            "the number cannot be interpreted: {n} disclosure item{} missing or too vague (listed \
+             under `undisclosed`)",
+            if n == 1 { " is" } else { "s are" }
         );
         return result;
     }
