@@ -85,10 +85,17 @@ static PERCENT: LazyLock<Regex> = LazyLock::new(|| {
 /// What a label says about the statistic: a percentile (`99.9%`, `p99`), else a median, maximum
 /// or minimum, else the mean.
 fn statistic(label: &str) -> Statistic {
-    if let Some(c) = PERCENT.captures(label)
-        && let Some(p) = c.get(1).or(c.get(2)).and_then(|m| m.as_str().parse().ok())
-    {
-        return Statistic::Percentile(p);
+    for c in PERCENT.captures_iter(label) {
+        // `95% CI`, `95% confidence`, `95% interval` name an interval's level, not a percentile.
+        let after = label[c.get(0).map_or(0, |m| m.end())..]
+            .trim_start_matches([' ', '('])
+            .to_lowercase();
+        if ["ci", "conf", "interval"].iter().any(|w| after.starts_with(w)) {
+            continue;
+        }
+        if let Some(p) = c.get(1).or(c.get(2)).and_then(|m| m.as_str().parse().ok()) {
+            return Statistic::Percentile(p);
+        }
     }
     let lower = label.to_lowercase();
     if lower.contains("median") {
@@ -170,6 +177,76 @@ pub(crate) fn kld_claims(text: &str, body: Range<usize>) -> Vec<ProseClaim> {
         i += 1;
     }
     claims
+}
+
+/// Whether `text` names KLD (a heading such as `## KL divergence` or `### μKLD results`).
+pub(crate) fn names_kld(text: &str) -> bool {
+    TERM.is_match(text)
+}
+
+/// KLD numbers in the prose, outside the section `cardproof card` writes, that no claim of the
+/// `fidelity:` block with the same statistic agrees with (within the prose number's printed
+/// precision): a hand-written table or sentence left stale by a new measurement.
+pub(super) fn contradictions(
+    card: &crate::card::Card,
+    claims: &[ProseClaim],
+    fidelity: &serde_json::Value,
+    locator: &super::Locator<'_>,
+    out: &mut Vec<crate::findings::Finding>,
+) {
+    use crate::card::write::{SECTION_END, SECTION_START};
+    use crate::findings::{Code, Finding};
+    let body = card.body_range();
+    let text = &card.text[body.clone()];
+    let generated = match text.find(SECTION_START) {
+        Some(s) => {
+            let end = text[s..].find(SECTION_END).map_or(text.len(), |e| s + e);
+            body.start + s..body.start + end
+        }
+        None => 0..0,
+    };
+    let results = fidelity
+        .get("results")
+        .and_then(serde_json::Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    for claim in claims {
+        if generated.contains(&claim.span.start) {
+            continue;
+        }
+        let (Some(metric), Ok(value)) = (claim.statistic.metric(), claim.text.parse::<f64>()) else {
+            continue;
+        };
+        let disclosed: Vec<f64> = results
+            .iter()
+            .filter(|r| r.get("metric").and_then(serde_json::Value::as_str) == Some(metric))
+            .filter_map(|r| r.get("value").and_then(serde_json::Value::as_f64))
+            .collect();
+        if disclosed.is_empty() {
+            continue;
+        }
+        let tolerance = |v: f64| {
+            crate::disclosure::precision::half_unit(&claim.text)
+                + crate::disclosure::precision::NOISE_RELATIVE * v.abs()
+        };
+        if disclosed.iter().any(|v| (value - v).abs() <= tolerance(*v)) {
+            continue;
+        }
+        let listed: Vec<String> = disclosed.iter().map(|v| v.to_string()).collect();
+        out.push(locator.at_span(
+            Finding::new(
+                Code::ProseContradictsDisclosure,
+                format!(
+                    "the prose states {} ({metric}), but the `fidelity:` block claims {metric} = \
+                     {}: update or remove the prose number (`cardproof card` rewrites only its \
+                     own section)",
+                    claim.excerpt,
+                    listed.join(" or ")
+                ),
+            ),
+            claim.span.clone(),
+        ));
+    }
 }
 
 fn claim_at(
@@ -291,6 +368,7 @@ mod tests {
             ]
         );
         assert_eq!(Statistic::Percentile(99.9).metric(), Some("kld_p999"));
+        assert_eq!(statistic("mean KLD (95% CI)"), Statistic::Mean);
     }
 
     #[test]

@@ -13,8 +13,7 @@ pub use crate::disclosure::precision::{
 };
 pub use crate::disclosure::results::{Claim, claims};
 
-/// Relative numerical noise allowed on top of the printed precision.
-pub const NOISE_RELATIVE: f64 = 1e-3;
+pub use crate::disclosure::precision::NOISE_RELATIVE;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]

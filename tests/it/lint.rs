@@ -118,6 +118,12 @@ fn fixtures() -> Vec<Fixture> {
             None,
         ),
         (
+            Code::ProseContradictsDisclosure,
+            format!("{}\nIn short: the mean KLD is 0.0456.\n", compliant_card()),
+            None,
+            None,
+        ),
+        (
             Code::NoFidelityDisclosure,
             "---\nlicense: mit\n---\n# A model\n".into(),
             None,

@@ -16,7 +16,13 @@ pub struct Written {
 
 pub fn run(config: &UpdateRequest) -> super::Result<Written> {
     let update = cardproof::card::write::update_card(config)?;
-    let lint = cardproof::lint::lint(&update.card);
+    // Linted as `cardproof lint DIR` lints it: against the checkpoint beside it, when there is one.
+    let dir = update
+        .path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let lint = cardproof::lint::lint_at(&update.card, dir)?;
     let errors = lint.errors() > 0;
     let written = Written {
         update,
