@@ -90,7 +90,10 @@ fn statistic(label: &str) -> Statistic {
         let after = label[c.get(0).map_or(0, |m| m.end())..]
             .trim_start_matches([' ', '('])
             .to_lowercase();
-        if ["ci", "conf", "interval"].iter().any(|w| after.starts_with(w)) {
+        if ["ci", "conf", "interval"]
+            .iter()
+            .any(|w| after.starts_with(w))
+        {
             continue;
         }
         if let Some(p) = c.get(1).or(c.get(2)).and_then(|m| m.as_str().parse().ok()) {
@@ -214,7 +217,8 @@ pub(super) fn contradictions(
         if generated.contains(&claim.span.start) {
             continue;
         }
-        let (Some(metric), Ok(value)) = (claim.statistic.metric(), claim.text.parse::<f64>()) else {
+        let (Some(metric), Ok(value)) = (claim.statistic.metric(), claim.text.parse::<f64>())
+        else {
             continue;
         };
         let disclosed: Vec<f64> = results
@@ -256,7 +260,11 @@ fn claim_at(
     number: &str,
     statistic: Statistic,
 ) -> ProseClaim {
-    let excerpt = format!("{}{} {number}", statistic.label(), line[term.clone()].trim());
+    let excerpt = format!(
+        "{}{} {number}",
+        statistic.label(),
+        line[term.clone()].trim()
+    );
     ProseClaim {
         span: line_start + term.start..line_start + term.end,
         excerpt,
@@ -329,7 +337,8 @@ mod tests {
     #[test]
     fn reads_mu_columns_dkl_and_kl_div() {
         for mu in ["\u{03BC}", "\u{1D707}", "\u{00B5}"] {
-            let table = format!("| quant | {mu}KLD | PPL |\n|---|---|---|\n| Q4 | 0.0312 | 6.1 |\n");
+            let table =
+                format!("| quant | {mu}KLD | PPL |\n|---|---|---|\n| Q4 | 0.0312 | 6.1 |\n");
             assert_eq!(
                 parsed(&table),
                 [("0.0312".to_owned(), Statistic::Mean)],

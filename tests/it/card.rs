@@ -218,7 +218,9 @@ fn example_cards_take_a_fresh_measurement() {
         // replaced by the generated one; every other byte of the body stays.
         let body = body_without_section(text);
         let original_body = &original[parse(&original).body_range()];
-        let heading = original_body.find("## Fidelity\n").expect("a hand-written section");
+        let heading = original_body
+            .find("## Fidelity\n")
+            .expect("a hand-written section");
         let table = heading + original_body[heading..].find("\n|").unwrap();
         let after = table + original_body[table..].find("\n\n").unwrap() + 1;
         assert_eq!(
@@ -902,13 +904,21 @@ fn a_new_card_written_with_the_identity_flags_lints_clean_in_one_command() {
     assert_eq!(block["reference"]["revision"], REV_A);
     let lint = cardproof(&["lint", candidate.to_str().unwrap()]);
     assert_eq!(lint.code, 0, "{}", lint.stderr);
-    assert!(lint.stderr.contains("0 errors, 0 warnings"), "{}", lint.stderr);
+    assert!(
+        lint.stderr.contains("0 errors, 0 warnings"),
+        "{}",
+        lint.stderr
+    );
 
     // Without them the same command names what is missing, and the card has lint errors.
     let (_dir, file) = bare_candidate();
     let run = cardproof(&["card", "--measurement", file.to_str().unwrap()]);
     assert_eq!(run.code, 1, "{}", run.stderr);
-    assert!(run.stderr.contains("error[missing-disclosure]"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("error[missing-disclosure]"),
+        "{}",
+        run.stderr
+    );
     // A calibration revision without a dataset is a usage error.
     let run = cardproof(&[
         "card",
@@ -953,9 +963,15 @@ fn an_update_replaces_the_hand_written_section_and_flags_a_contradicting_prose_n
     let run = cardproof(&["card", "--measurement", file.to_str().unwrap(), "--json"]);
     assert_eq!(run.code, 0, "warnings only: {}", run.stderr);
     let text = std::fs::read_to_string(&card).unwrap();
-    assert!(!text.contains("## KL divergence") && !text.contains("| int8 | 0.0009"), "{text}");
+    assert!(
+        !text.contains("## KL divergence") && !text.contains("| int8 | 0.0009"),
+        "{text}"
+    );
     assert_eq!(text.matches(SECTION_START).count(), 1, "{text}");
-    assert!(text.contains("Thanks for reading.\n\n## Usage\n\nRun it.\n"), "{text}");
+    assert!(
+        text.contains("Thanks for reading.\n\n## Usage\n\nRun it.\n"),
+        "{text}"
+    );
     assert!(
         text.find(SECTION_END).unwrap() < text.find("Thanks for reading").unwrap()
             && text.find("Intro:").unwrap() < text.find(SECTION_START).unwrap(),
@@ -973,6 +989,13 @@ fn an_update_replaces_the_hand_written_section_and_flags_a_contradicting_prose_n
     let findings = doc["lint"]["findings"].as_array().unwrap();
     assert_eq!(findings.len(), 1, "{doc:#}");
     assert_eq!(findings[0]["code"], "prose-contradicts-disclosure");
-    assert!(findings[0]["message"].as_str().unwrap().contains("KLD 0.5"), "{doc:#}");
-    assert!(run.stderr.contains("warning[prose-contradicts-disclosure]"), "{}", run.stderr);
+    assert!(
+        findings[0]["message"].as_str().unwrap().contains("KLD 0.5"),
+        "{doc:#}"
+    );
+    assert!(
+        run.stderr.contains("warning[prose-contradicts-disclosure]"),
+        "{}",
+        run.stderr
+    );
 }

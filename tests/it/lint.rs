@@ -388,7 +388,10 @@ fn unknown_fields_suggest_the_intended_one() {
 
 #[test]
 fn a_misspelled_engine_names_the_field_and_the_closest_engine() {
-    let run = lint_text(compliant_with("    engine: vllm\n", "    engine: llama.cpp\n"));
+    let run = lint_text(compliant_with(
+        "    engine: vllm\n",
+        "    engine: llama.cpp\n",
+    ));
     assert_eq!(run.code, 1, "{}", run.stdout);
     let f = run.finding("schema-violation");
     let message = f["message"].as_str().unwrap();
@@ -412,16 +415,33 @@ fn llama_cpp_same_top_p_is_a_known_metric() {
         "    - {metric: top1_agreement, value: 0.981, context_length: 4096}\n",
         "    - {metric: same_top_p, value: 981.2, context_length: 4096}\n",
     ));
-    assert_eq!(run.code, 1, "a percentage above 100 is invalid: {}", run.stdout);
-    assert!(run.codes().contains(&"invalid-claim".to_owned()), "{}", run.stdout);
+    assert_eq!(
+        run.code, 1,
+        "a percentage above 100 is invalid: {}",
+        run.stdout
+    );
+    assert!(
+        run.codes().contains(&"invalid-claim".to_owned()),
+        "{}",
+        run.stdout
+    );
 }
 
 #[test]
 fn prose_kld_numbers_in_the_forms_real_cards_use_are_undisclosed_claims() {
     for (prose, excerpt) in [
-        ("| quant | \u{03BC}KLD |\n|---|---|\n| Q4_K_M | 0.0312 |\n", "0.0312"),
-        ("| quant | \u{1D707}KLD |\n|---|---|\n| Q4_K_M | 0.0312 |\n", "0.0312"),
-        ("| quant | \u{00B5}KLD |\n|---|---|\n| Q4_K_M | 0.0312 |\n", "0.0312"),
+        (
+            "| quant | \u{03BC}KLD |\n|---|---|\n| Q4_K_M | 0.0312 |\n",
+            "0.0312",
+        ),
+        (
+            "| quant | \u{1D707}KLD |\n|---|---|\n| Q4_K_M | 0.0312 |\n",
+            "0.0312",
+        ),
+        (
+            "| quant | \u{00B5}KLD |\n|---|---|\n| Q4_K_M | 0.0312 |\n",
+            "0.0312",
+        ),
         ("We get D_KL(P||Q) = 0.0123 on wikitext.\n", "0.0123"),
         ("eval: kl_div=0.0123\n", "0.0123"),
         ("KLD 99.9%: 0.563\n", "99.9th percentile KLD 0.563"),
@@ -640,8 +660,11 @@ mod with_checkpoint {
         fixtures::fp8_block(dir.path());
         let run = cardproof_in(dir.path(), &["lint", ".", "--json"]);
         assert!(
-            !run.json()["findings"].as_array().unwrap().iter().any(|f| f["pointer"]
-                == "/fidelity/quantization/activations"),
+            !run.json()["findings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f["pointer"] == "/fidelity/quantization/activations"),
             "{}",
             run.stdout
         );

@@ -269,14 +269,26 @@ fn a_llama_cpp_same_top_p_claim_is_verified_against_top1_agreement() {
         .find(|l| l.contains("metric: top1_agreement,") && l.contains("value: "))
         .expect("a top1_agreement claim")
         .to_owned();
-    let text = line.split("value: ").nth(1).unwrap().split([',', '}']).next().unwrap().trim();
+    let text = line
+        .split("value: ")
+        .nth(1)
+        .unwrap()
+        .split([',', '}'])
+        .next()
+        .unwrap()
+        .trim();
     let decimals = text.split_once('.').map_or(0, |(_, f)| f.len());
-    assert!(decimals > 2, "top1_agreement printed with {decimals} decimals");
+    assert!(
+        decimals > 2,
+        "top1_agreement printed with {decimals} decimals"
+    );
     let fraction: f64 = text.parse().unwrap();
     let with = |percent: f64| {
-        let entry = line
-            .replacen("top1_agreement", "same_top_p", 1)
-            .replacen(&format!("value: {text}"), &format!("value: {percent:.*}", decimals - 2), 1);
+        let entry = line.replacen("top1_agreement", "same_top_p", 1).replacen(
+            &format!("value: {text}"),
+            &format!("value: {percent:.*}", decimals - 2),
+            1,
+        );
         card.replacen(&line, &format!("{line}\n{entry}"), 1)
     };
     let claim = |r: &Run| {
@@ -302,7 +314,11 @@ fn a_llama_cpp_same_top_p_claim_is_verified_against_top1_agreement() {
 fn undisclosed_items_are_listed_once_and_wrapped_for_a_terminal() {
     let v = Verified::new("shakespeare-w8a16", &[]);
     let card = std::fs::read_to_string(v.card()).unwrap();
-    let card = without_direction(&card).replacen("    engine_version: ", "    engine_version: latest\n    x-was: ", 1);
+    let card = without_direction(&card).replacen(
+        "    engine_version: ",
+        "    engine_version: latest\n    x-was: ",
+        1,
+    );
     std::fs::write(v.card(), card).unwrap();
     let r = v.verify();
     assert_eq!(r.code, 1, "{}", r.stderr);

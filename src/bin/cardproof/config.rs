@@ -108,11 +108,13 @@ pub fn card_request(args: cli::CardArgs) -> cardproof::card::write::UpdateReques
         candidate_repo: args.candidate_repo,
         candidate_revision: args.candidate_revision,
         quantization: args.quantization,
-        calibration: args.calibration.map(|dataset| cardproof::card::write::CalibrationInput {
-            dataset,
-            revision: args.calibration_revision,
-            samples: args.calibration_samples,
-        }),
+        calibration: args
+            .calibration
+            .map(|dataset| cardproof::card::write::CalibrationInput {
+                dataset,
+                revision: args.calibration_revision,
+                samples: args.calibration_samples,
+            }),
     }
 }
 

@@ -45,7 +45,11 @@ pub(super) fn merge_fidelity(
         }
     }
     if let Some(method) = &inputs.quantization {
-        set(&mut f, "/quantization/method", Value::String(method.clone()));
+        set(
+            &mut f,
+            "/quantization/method",
+            Value::String(method.clone()),
+        );
     }
     if let Some(c) = &inputs.calibration {
         let mut block = serde_json::Map::new();

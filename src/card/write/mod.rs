@@ -102,10 +102,16 @@ pub fn write_card(existing: Option<&str>, path: &Path, inputs: &CardInputs) -> R
     }
     for (flag, value) in [
         ("--quantization", inputs.quantization.as_deref()),
-        ("--calibration", inputs.calibration.as_ref().map(|c| c.dataset.as_str())),
+        (
+            "--calibration",
+            inputs.calibration.as_ref().map(|c| c.dataset.as_str()),
+        ),
         (
             "--calibration-revision",
-            inputs.calibration.as_ref().and_then(|c| c.revision.as_deref()),
+            inputs
+                .calibration
+                .as_ref()
+                .and_then(|c| c.revision.as_deref()),
         ),
     ] {
         if value.is_some_and(|v| v.trim().is_empty()) {
@@ -234,7 +240,9 @@ pub fn write_card(existing: Option<&str>, path: &Path, inputs: &CardInputs) -> R
     // The readable section in the body.
     let section = section(&fidelity, &measured, &name);
     let new_card = existing.is_none_or(|t| t.trim().is_empty());
-    let has_markers = card.as_ref().is_some_and(|c| c.text.contains(SECTION_START));
+    let has_markers = card
+        .as_ref()
+        .is_some_and(|c| c.text.contains(SECTION_START));
     if !has_markers && let Some((range, heading)) = layout.hand_written_section() {
         let line = card.as_ref().map_or(0, |c| c.line_col(range.start).line);
         warnings.push(format!(

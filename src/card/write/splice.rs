@@ -5,13 +5,13 @@
 //! written in the file's own line endings, so that every other byte of the card stays as it was.
 //! This is the only code that knows byte offsets into the card.
 
-use std::ops::Range;
-use std::path::PathBuf;
 use super::section::markdown;
 use super::{SECTION_END, SECTION_START};
 use crate::card::yaml::{Entry, Node, NodeKind};
 use crate::card::{Card, FrontMatter};
 use crate::error::{Error, ErrorKind, Result};
+use std::ops::Range;
+use std::path::PathBuf;
 
 pub(super) struct Layout<'c> {
     text: &'c str,
@@ -310,15 +310,14 @@ impl<'c> Layout<'c> {
                 continue;
             }
             let level = trimmed.bytes().take_while(|b| *b == b'#').count();
-            if (1..=6).contains(&level)
-                && trimmed[level..].starts_with([' ', '\t'])
-            {
+            if (1..=6).contains(&level) && trimmed[level..].starts_with([' ', '\t']) {
                 headings.push((start, level, line));
             }
         }
         for (i, &(start, level, line)) in headings.iter().enumerate() {
             let title = line.trim_start_matches([' ', '#']);
-            if !(crate::lint::prose::names_kld(title) || title.to_lowercase().contains("fidelity")) {
+            if !(crate::lint::prose::names_kld(title) || title.to_lowercase().contains("fidelity"))
+            {
                 continue;
             }
             let end = headings[i + 1..]
