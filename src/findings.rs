@@ -165,10 +165,11 @@ pub enum Code {
     ConfigTensorMismatch,
     UnknownScheme,
     QuantizationMismatch,
+    ProseContradictsDisclosure,
 }
 
 impl Code {
-    pub const ALL: [Code; 21] = [
+    pub const ALL: [Code; 22] = [
         Code::SchemaViolation,
         Code::MissingDisclosure,
         Code::VagueDisclosure,
@@ -190,6 +191,7 @@ impl Code {
         Code::ConfigTensorMismatch,
         Code::UnknownScheme,
         Code::QuantizationMismatch,
+        Code::ProseContradictsDisclosure,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -215,6 +217,7 @@ impl Code {
             Code::ConfigTensorMismatch => "config-tensor-mismatch",
             Code::UnknownScheme => "unknown-scheme",
             Code::QuantizationMismatch => "quantization-mismatch",
+            Code::ProseContradictsDisclosure => "prose-contradicts-disclosure",
         }
     }
 
@@ -224,6 +227,7 @@ impl Code {
             Code::ReferenceNotBaseModel
             | Code::CandidateUnpinned
             | Code::CalibrationOverlapsEval
+            | Code::ProseContradictsDisclosure
             | Code::UnquotedRevision
             | Code::Yaml11Ambiguous
             | Code::NoFidelityDisclosure => Severity::Warning,

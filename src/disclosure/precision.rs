@@ -6,6 +6,10 @@
 /// `0.02` (±0.005, 25%) says too little to be checked, `0.0166` (±0.3%) does not.
 pub const IMPRECISE_RELATIVE: f64 = 0.05;
 
+/// Relative numerical noise allowed on top of the printed precision (verify's tolerance, and
+/// lint's when it compares a prose number with the block's claim).
+pub const NOISE_RELATIVE: f64 = 1e-3;
+
 /// Half a unit in the last printed digit of a number as written (`0.0123` → 5e-5, `1.5e-3` →
 /// 5e-5, `3` → 0.5).
 pub fn half_unit(text: &str) -> f64 {
@@ -26,6 +30,7 @@ pub fn half_unit(text: &str) -> f64 {
 pub fn precision_scale(metric: &str, value: f64) -> f64 {
     match metric {
         "top1_agreement" => value.min(1.0 - value).max(0.0),
+        "same_top_p" => value.min(100.0 - value).max(0.0),
         "ppl_ratio" => (value - 1.0).abs(),
         _ => value.abs(),
     }

@@ -65,6 +65,7 @@ fn decimal_text(text: &str) -> bool {
 fn value_range(metric: &str) -> (f64, f64, &'static str) {
     match metric {
         "top1_agreement" => (0.0, 1.0, "a fraction in [0, 1]"),
+        "same_top_p" => (0.0, 100.0, "a percentage in [0, 100]"),
         "delta_p_rms" => (0.0, 1.0, "a probability difference in [0, 1]"),
         m if m.starts_with("ppl_") => (f64::MIN_POSITIVE, f64::INFINITY, "positive"),
         _ => (0.0, f64::INFINITY, "a divergence, at least 0"),

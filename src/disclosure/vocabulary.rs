@@ -17,11 +17,22 @@ pub const METRICS: &[&str] = &[
     "kld_reverse_p999",
     "kld_reverse_max",
     "top1_agreement",
+    "same_top_p",
     "ppl_ref",
     "ppl_cand",
     "ppl_ratio",
     "delta_p_rms",
 ];
+
+/// A metric that is another one on another scale: `same_top_p`, llama.cpp's `Same top p`, is
+/// `top1_agreement` (the share of scored rows whose most likely token is the same for both
+/// models) as a percentage, so it is verified against `100 × top1_agreement`.
+pub fn derived(name: &str) -> Option<(&'static str, f64)> {
+    match name {
+        "same_top_p" => Some(("top1_agreement", 100.0)),
+        _ => None,
+    }
+}
 
 pub fn is_metric(name: &str) -> bool {
     METRICS.contains(&name)
@@ -40,6 +51,9 @@ pub fn is_forward_kl(name: &str) -> bool {
 /// The closest vocabulary name, for "did you mean" hints.
 pub fn closest(name: &str) -> Option<&'static str> {
     let lower = name.to_ascii_lowercase().replace(['-', ' ', '.'], "_");
+    if let Some(exact) = METRICS.iter().find(|m| **m == lower) {
+        return Some(exact);
+    }
     // Names other tools print for the same statistics.
     let synonyms = [
         ("same_top", "top1_agreement"),
@@ -91,7 +105,9 @@ mod tests {
     fn suggests_the_nearest_metric() {
         assert_eq!(closest("kld_avg"), Some("kld_mean"));
         assert_eq!(closest("KLD-p99"), Some("kld_p99"));
-        assert_eq!(closest("same_top_p"), Some("top1_agreement"));
+        assert_eq!(closest("Same top p"), Some("same_top_p"));
+        assert_eq!(closest("same_top"), Some("top1_agreement"));
+        assert_eq!(derived("same_top_p"), Some(("top1_agreement", 100.0)));
         assert_eq!(closest("perplexity_of_something_else"), None);
     }
 }

@@ -98,6 +98,7 @@ pub fn definitions() -> Value {
         "kld_mean": "mean over scored rows",
         "percentiles": "linear interpolation at q*(n-1) over the sorted per-row values (numpy default); low_support lists those with fewer than 100 rows beyond them",
         "top1_agreement": "fraction of rows whose first-index argmax (lowest token id on ties) agree",
+        "same_top_p": "llama.cpp's `Same top p`: 100 * top1_agreement, a percentage (accepted in claims; verified against top1_agreement)",
         "ppl_ref": "exp(mean NLL of the true next token under the reference, full vocabulary)",
         "ppl_cand": "exp(mean NLL of the true next token under the candidate, full vocabulary)",
         "ppl_ratio": "ppl_cand / ppl_ref",

@@ -254,6 +254,38 @@ fn activations(q: &Value, inspection: &Inspection, push: &mut Push<'_>) {
         card.as_str(),
         "none" | "bf16" | "f16" | "weight-only" | "a16"
     );
+    // A weight-only claim on a checkpoint that quantizes activations at run time (dynamic FP8,
+    // compressed-tensors `input_activations` with `dynamic: true`, NVFP4 activations): the
+    // numbers were measured with quantized activations the card does not disclose.
+    let quantized_inputs: Vec<&Module> = inspection
+        .modules
+        .iter()
+        .filter(|m| {
+            m.activations
+                .as_deref()
+                .is_some_and(|a| a != "none" && !a.ends_with("-static"))
+        })
+        .collect();
+    if weight_only && !quantized_inputs.is_empty() {
+        let mut kinds: Vec<&str> = quantized_inputs
+            .iter()
+            .filter_map(|m| m.activations.as_deref())
+            .collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        push(
+            "/fidelity/quantization/activations",
+            format!(
+                "the card says activations are `{card}` (weight-only), but the checkpoint's \
+                 quantization config quantizes the input activations of {} module{} at run time \
+                 ({}): {}",
+                quantized_inputs.len(),
+                if quantized_inputs.len() == 1 { "" } else { "s" },
+                kinds.join(", "),
+                names(&quantized_inputs)
+            ),
+        );
+    }
     if (weight_only || card.contains("dynamic")) && !static_modules.is_empty() {
         push(
             "/fidelity/quantization/activations",

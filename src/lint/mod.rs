@@ -3,7 +3,7 @@
 mod checkpoint;
 mod items;
 mod metadata;
-mod prose;
+pub(crate) mod prose;
 mod schema;
 
 use std::collections::HashMap;
@@ -162,6 +162,7 @@ pub fn lint_with_checkpoint(card: &Card, inspections: &[Inspection]) -> LintRepo
             schema::validate(&json, &locator, &mut findings);
             items::check(&json, &locator, &mut findings);
             imprecise_claims(&fidelity.value, &locator, &mut findings);
+            prose::contradictions(card, &claims_in_prose, &json, &locator, &mut findings);
             metadata::hub(
                 root.expect("fidelity implies a root"),
                 &json,

@@ -7,24 +7,120 @@ use regex::Regex;
 
 /// One place where the prose states a KLD number.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct ProseClaim {
+pub(crate) struct ProseClaim {
     /// Bytes of the KLD term (or the number, in a table row) in the whole text.
     pub span: Range<usize>,
     /// A short quote of the claim, for the message.
     pub excerpt: String,
+    /// The number as printed (`0.0123`).
+    pub text: String,
+    /// Which statistic the number is, as far as its label says.
+    pub statistic: Statistic,
 }
 
+/// The statistic a prose KLD number states, read from its label (`Mean KLD`, `KLD 99.9%`,
+/// `Maximum KLD`); a bare `KLD` is taken as the mean, as every tool that prints one means it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Statistic {
+    Mean,
+    Median,
+    Max,
+    Min,
+    /// The percentile (`99.9` for `99.9%` or `p99.9`).
+    Percentile(f64),
+}
+
+impl Statistic {
+    /// The vocabulary metric this statistic is (forward KL), when there is one.
+    pub(crate) fn metric(self) -> Option<&'static str> {
+        match self {
+            Statistic::Mean => Some("kld_mean"),
+            Statistic::Median => Some("kld_median"),
+            Statistic::Max => Some("kld_max"),
+            Statistic::Min => None,
+            Statistic::Percentile(p) => [
+                (50.0, "kld_median"),
+                (90.0, "kld_p90"),
+                (95.0, "kld_p95"),
+                (99.0, "kld_p99"),
+                (99.9, "kld_p999"),
+            ]
+            .into_iter()
+            .find(|(q, _)| (q - p).abs() < 1e-9)
+            .map(|(_, m)| m),
+        }
+    }
+
+    fn label(self) -> String {
+        match self {
+            Statistic::Mean => String::new(),
+            Statistic::Median => "median ".into(),
+            Statistic::Max => "max ".into(),
+            Statistic::Min => "min ".into(),
+            Statistic::Percentile(p) => format!("{p}th percentile "),
+        }
+    }
+}
+
+/// A KLD term: `KLD` (also `μKLD`, `𝜇KLD`, `µKLD`: the mean, as table columns write it),
+/// `KL divergence`, `kl_div`, `Kullback`, `KL(`, `KL:`, `D_KL(P||Q)`.
 static TERM: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?i)\bKLD\b|\bKL[- ]?div(?:ergence)?\b|\bKullback|\bKL\s*\(|\bKL\s*[:=]")
-        .expect("valid")
+    Regex::new(
+        r"(?i)(?:[\x{03BC}\x{00B5}\x{1D707}]|\b)KLD\b|\bKL[-_ ]?div(?:ergence)?\b|\bKullback|\bD_?\{?KL\}?(?:\s*\([^)\n]*\))?|\bKL\s*\(|\bKL\s*[:=]",
+    )
+    .expect("valid")
 });
 
-/// A fractional number: KLD values are small, so `0.0123`, `.012` or `1.2e-3`, not `512`.
+/// A fractional number: KLD values are small, so `0.0123`, `.012` or `1.2e-3`, not `512`. The
+/// group after it catches a `%`, which makes the number a percentile label (`99.9%`).
 static NUMBER: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?:^|[^\w.])(\d*\.\d+(?:[eE][-+]?\d+)?|\d+[eE]-\d+)").expect("valid")
+    Regex::new(r"(?:^|[^\w.])(\d*\.\d+(?:[eE][-+]?\d+)?|\d+[eE]-\d+)(\s*%)?").expect("valid")
 });
 
-pub(super) fn kld_claims(text: &str, body: Range<usize>) -> Vec<ProseClaim> {
+/// A percentile label: `99.9%`, `99%`, `p99.9`, `P99`.
+static PERCENT: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)(?:^|[^\w.])(?:(\d+(?:\.\d+)?)\s*%|p(\d+(?:\.\d+)?)\b)").expect("valid")
+});
+
+/// What a label says about the statistic: a percentile (`99.9%`, `p99`), else a median, maximum
+/// or minimum, else the mean.
+fn statistic(label: &str) -> Statistic {
+    for c in PERCENT.captures_iter(label) {
+        // `95% CI`, `95% confidence`, `95% interval` name an interval's level, not a percentile.
+        let after = label[c.get(0).map_or(0, |m| m.end())..]
+            .trim_start_matches([' ', '('])
+            .to_lowercase();
+        if ["ci", "conf", "interval"]
+            .iter()
+            .any(|w| after.starts_with(w))
+        {
+            continue;
+        }
+        if let Some(p) = c.get(1).or(c.get(2)).and_then(|m| m.as_str().parse().ok()) {
+            return Statistic::Percentile(p);
+        }
+    }
+    let lower = label.to_lowercase();
+    if lower.contains("median") {
+        Statistic::Median
+    } else if lower.contains("max") {
+        Statistic::Max
+    } else if lower.contains("min") {
+        Statistic::Min
+    } else {
+        Statistic::Mean
+    }
+}
+
+/// The first number in `text` that is a value, not a percentile label.
+fn value(text: &str) -> Option<regex::Match<'_>> {
+    NUMBER
+        .captures_iter(text)
+        .find(|c| c.get(2).is_none())
+        .and_then(|c| c.get(1))
+}
+
+pub(crate) fn kld_claims(text: &str, body: Range<usize>) -> Vec<ProseClaim> {
     let mut claims = Vec::new();
     let lines: Vec<(usize, &str)> = line_spans(&text[body.clone()])
         .map(|(start, line)| (body.start + start, line))
@@ -37,41 +133,143 @@ pub(super) fn kld_claims(text: &str, body: Range<usize>) -> Vec<ProseClaim> {
             continue;
         };
         if is_table_row(line) {
-            // A header (or row) naming KLD: numbers in that column of the rows below are claims.
-            let column = cell_index(line, term.start());
-            let mut j = i + 1;
-            while j < lines.len() && is_table_row(lines[j].1) {
-                let (row_start, row) = lines[j];
-                if let Some((cell_start, cell)) = cell(row, column)
-                    && let Some(m) = NUMBER.captures(cell).and_then(|c| c.get(1))
-                {
-                    claims.push(ProseClaim {
-                        span: row_start + cell_start + m.start()..row_start + cell_start + m.end(),
-                        excerpt: format!("{} {}", term.as_str().trim(), m.as_str()),
-                    });
-                    break;
+            // A header (or row) naming KLD: numbers in that column of the rows below are claims,
+            // one per column that names it.
+            let mut next = i + 1;
+            let mut seen = Vec::new();
+            for term in TERM.find_iter(line) {
+                let column = cell_index(line, term.start());
+                if seen.contains(&column) {
+                    continue;
                 }
-                j += 1;
+                seen.push(column);
+                let header = cell(line, column).map_or("", |(_, c)| c);
+                let mut j = i + 1;
+                while j < lines.len() && is_table_row(lines[j].1) {
+                    let (row_start, row) = lines[j];
+                    if let Some((cell_start, cell)) = cell(row, column)
+                        && let Some(m) = value(cell)
+                    {
+                        let stat = statistic(header);
+                        claims.push(ProseClaim {
+                            span: row_start + cell_start + m.start()
+                                ..row_start + cell_start + m.end(),
+                            excerpt: format!("{}{} {}", stat.label(), header.trim(), m.as_str()),
+                            text: m.as_str().to_owned(),
+                            statistic: stat,
+                        });
+                        break;
+                    }
+                    j += 1;
+                }
+                next = next.max(j);
             }
-            if let Some(m) = NUMBER.captures(&line[term.end()..]).and_then(|c| c.get(1)) {
-                claims.push(claim_at(start, line, term.range(), m.as_str()));
+            let rest = &line[term.end()..];
+            if let Some(m) = value(rest) {
+                let stat = statistic(&line[term.start()..term.end() + m.start()]);
+                claims.push(claim_at(start, line, term.range(), m.as_str(), stat));
             }
-            i = j.max(i + 1);
+            i = next;
             continue;
         }
-        if let Some(m) = NUMBER.captures(line).and_then(|c| c.get(1)) {
-            claims.push(claim_at(start, line, term.range(), m.as_str()));
+        if let Some(m) = value(line) {
+            // The label is what comes before the number: `KLD 99.9%: 0.563`, `Maximum KLD: 12.3`.
+            let stat = statistic(&line[..m.start()]);
+            claims.push(claim_at(start, line, term.range(), m.as_str(), stat));
         }
         i += 1;
     }
     claims
 }
 
-fn claim_at(line_start: usize, line: &str, term: Range<usize>, number: &str) -> ProseClaim {
-    let excerpt = format!("{} {number}", line[term.clone()].trim());
+/// Whether `text` names KLD (a heading such as `## KL divergence` or `### μKLD results`).
+pub(crate) fn names_kld(text: &str) -> bool {
+    TERM.is_match(text)
+}
+
+/// KLD numbers in the prose, outside the section `cardproof card` writes, that no claim of the
+/// `fidelity:` block with the same statistic agrees with (within the prose number's printed
+/// precision): a hand-written table or sentence left stale by a new measurement.
+pub(super) fn contradictions(
+    card: &crate::card::Card,
+    claims: &[ProseClaim],
+    fidelity: &serde_json::Value,
+    locator: &super::Locator<'_>,
+    out: &mut Vec<crate::findings::Finding>,
+) {
+    use crate::card::write::{SECTION_END, SECTION_START};
+    use crate::findings::{Code, Finding};
+    let body = card.body_range();
+    let text = &card.text[body.clone()];
+    let generated = match text.find(SECTION_START) {
+        Some(s) => {
+            let end = text[s..].find(SECTION_END).map_or(text.len(), |e| s + e);
+            body.start + s..body.start + end
+        }
+        None => 0..0,
+    };
+    let results = fidelity
+        .get("results")
+        .and_then(serde_json::Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    for claim in claims {
+        if generated.contains(&claim.span.start) {
+            continue;
+        }
+        let (Some(metric), Ok(value)) = (claim.statistic.metric(), claim.text.parse::<f64>())
+        else {
+            continue;
+        };
+        let disclosed: Vec<f64> = results
+            .iter()
+            .filter(|r| r.get("metric").and_then(serde_json::Value::as_str) == Some(metric))
+            .filter_map(|r| r.get("value").and_then(serde_json::Value::as_f64))
+            .collect();
+        if disclosed.is_empty() {
+            continue;
+        }
+        let tolerance = |v: f64| {
+            crate::disclosure::precision::half_unit(&claim.text)
+                + crate::disclosure::precision::NOISE_RELATIVE * v.abs()
+        };
+        if disclosed.iter().any(|v| (value - v).abs() <= tolerance(*v)) {
+            continue;
+        }
+        let listed: Vec<String> = disclosed.iter().map(|v| v.to_string()).collect();
+        out.push(locator.at_span(
+            Finding::new(
+                Code::ProseContradictsDisclosure,
+                format!(
+                    "the prose states {} ({metric}), but the `fidelity:` block claims {metric} = \
+                     {}: update or remove the prose number (`cardproof card` rewrites only its \
+                     own section)",
+                    claim.excerpt,
+                    listed.join(" or ")
+                ),
+            ),
+            claim.span.clone(),
+        ));
+    }
+}
+
+fn claim_at(
+    line_start: usize,
+    line: &str,
+    term: Range<usize>,
+    number: &str,
+    statistic: Statistic,
+) -> ProseClaim {
+    let excerpt = format!(
+        "{}{} {number}",
+        statistic.label(),
+        line[term.clone()].trim()
+    );
     ProseClaim {
         span: line_start + term.start..line_start + term.end,
         excerpt,
+        text: number.to_owned(),
+        statistic,
     }
 }
 
@@ -127,6 +325,59 @@ mod tests {
             ["KLD 0.001355"]
         );
         assert_eq!(claims("KL divergence: 1.2e-3\n"), ["KL divergence 1.2e-3"]);
+    }
+
+    fn parsed(text: &str) -> Vec<(String, Statistic)> {
+        kld_claims(text, 0..text.len())
+            .into_iter()
+            .map(|c| (c.text, c.statistic))
+            .collect()
+    }
+
+    #[test]
+    fn reads_mu_columns_dkl_and_kl_div() {
+        for mu in ["\u{03BC}", "\u{1D707}", "\u{00B5}"] {
+            let table =
+                format!("| quant | {mu}KLD | PPL |\n|---|---|---|\n| Q4 | 0.0312 | 6.1 |\n");
+            assert_eq!(
+                parsed(&table),
+                [("0.0312".to_owned(), Statistic::Mean)],
+                "{mu}"
+            );
+        }
+        assert_eq!(
+            parsed("We measured D_KL(P||Q) = 0.0123 on wikitext.\n"),
+            [("0.0123".to_owned(), Statistic::Mean)]
+        );
+        assert_eq!(
+            parsed("eval: kl_div=0.0123, ppl=6.1\n"),
+            [("0.0123".to_owned(), Statistic::Mean)]
+        );
+    }
+
+    #[test]
+    fn a_percent_is_the_percentile_label_not_the_value() {
+        assert_eq!(
+            parsed("KLD 99.9%: 0.563\n"),
+            [("0.563".to_owned(), Statistic::Percentile(99.9))]
+        );
+        assert_eq!(
+            parsed("99.9%   KLD:   0.563112\nMaximum KLD:  12.5\nMedian  KLD:   0.0011\n"),
+            [
+                ("0.563112".to_owned(), Statistic::Percentile(99.9)),
+                ("12.5".to_owned(), Statistic::Max),
+                ("0.0011".to_owned(), Statistic::Median),
+            ]
+        );
+        assert_eq!(
+            parsed("| quant | 99.9% KLD | Mean KLD |\n|---|---|---|\n| Q4 | 0.563 | 0.0312 |\n"),
+            [
+                ("0.563".to_owned(), Statistic::Percentile(99.9)),
+                ("0.0312".to_owned(), Statistic::Mean),
+            ]
+        );
+        assert_eq!(Statistic::Percentile(99.9).metric(), Some("kld_p999"));
+        assert_eq!(statistic("mean KLD (95% CI)"), Statistic::Mean);
     }
 
     #[test]

@@ -64,6 +64,16 @@ pub(super) fn validate(fidelity: &Value, locator: &Locator<'_>, out: &mut Vec<Fi
                 );
                 out.push(locator.at_value(finding, &base));
             }
+            ValidationErrorKind::OneOfNotValid { .. } | ValidationErrorKind::AnyOf { .. }
+                if !alternatives(&error).is_empty() =>
+            {
+                let finding = Finding::new(
+                    Code::SchemaViolation,
+                    one_of(&dotted(&base), error.instance(), &alternatives(&error)),
+                )
+                .item(Item::of_pointer(&base));
+                out.push(locator.at_value(finding, &base));
+            }
             _ => {
                 let finding = Finding::new(Code::SchemaViolation, describe(&error, &base))
                     .item(Item::of_pointer(&base));
@@ -158,11 +168,7 @@ fn describe(error: &ValidationError<'_>, pointer: &str) -> String {
                 .as_array()
                 .map(|a| a.iter().map(value_text).collect())
                 .unwrap_or_default();
-            format!(
-                "`{field}` must be one of {} (found {})",
-                allowed.join(", "),
-                show(value)
-            )
+            one_of(&field, value, &allowed)
         }
         _ => format!("`{field}`: {error}"),
     }
@@ -218,6 +224,54 @@ pub(super) fn dotted(pointer: &str) -> String {
         .replace("~0", "~")
 }
 
+/// "must be one of ..." with the closest allowed value as a hint.
+fn one_of(field: &str, value: &Value, allowed: &[String]) -> String {
+    let hint = value
+        .as_str()
+        .and_then(|v| closest(v, allowed))
+        .map(|c| format!("; did you mean `{c}`?"))
+        .unwrap_or_default();
+    format!(
+        "`{field}` must be one of {} (found {}){hint}",
+        allowed.join(", "),
+        show(value)
+    )
+}
+
+/// The values a `oneOf`/`anyOf` of string alternatives allows (each branch's `enum` and `const`),
+/// empty when a branch is anything else (a mapping, a number), so the generic message stays.
+fn alternatives(error: &ValidationError<'_>) -> Vec<String> {
+    let Some(fragment) = error
+        .absolute_keyword_location()
+        .and_then(|uri| uri.fragment().map(|f| f.as_str().to_owned()))
+    else {
+        return Vec::new();
+    };
+    let Some(branches) = SCHEMA.pointer(&fragment).and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for branch in branches {
+        let branch = resolve(branch);
+        if let Some(c) = branch.get("const").and_then(Value::as_str) {
+            out.push(c.to_owned());
+        } else if let Some(values) = branch.get("enum").and_then(Value::as_array) {
+            out.extend(values.iter().filter_map(Value::as_str).map(str::to_owned));
+        } else {
+            return Vec::new();
+        }
+    }
+    out
+}
+
+fn resolve(node: &Value) -> &Value {
+    node.get("$ref")
+        .and_then(Value::as_str)
+        .and_then(|r| r.strip_prefix('#'))
+        .and_then(|p| SCHEMA.pointer(p))
+        .unwrap_or(node)
+}
+
 /// The property names the failing object's schema knows, for "did you mean" hints.
 fn allowed_properties(error: &ValidationError<'_>) -> Vec<String> {
     let Some(uri) = error.absolute_keyword_location() else {
@@ -236,7 +290,7 @@ fn allowed_properties(error: &ValidationError<'_>) -> Vec<String> {
 }
 
 fn closest<'a>(name: &str, candidates: &'a [String]) -> Option<&'a str> {
-    let lower = name.to_ascii_lowercase().replace('-', "_");
+    let lower = name.to_ascii_lowercase().replace(['-', '.', ' '], "_");
     candidates
         .iter()
         .filter(|c| {

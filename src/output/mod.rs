@@ -183,10 +183,13 @@ pub enum CardAction {
 }
 
 /// Lint's counts for the card written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 pub struct LintCounts {
     pub errors: usize,
     pub warnings: usize,
+    /// The findings of the card as written (as `lint --json` gives them): among them, prose KLD
+    /// numbers outside the generated section that contradict the new block.
+    pub findings: Vec<crate::findings::Finding>,
 }
 
 /// `card --json`: the card written and its lint counts.
@@ -220,6 +223,7 @@ impl<'a> CardDocument<'a> {
             lint: LintCounts {
                 errors: lint.errors(),
                 warnings: lint.warnings(),
+                findings: lint.findings.clone(),
             },
             warnings: &update.warnings,
         }

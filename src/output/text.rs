@@ -96,6 +96,31 @@ pub fn kld_measurement(m: &Measurement) -> String {
 }
 
 /// A number that JSON can hold (a non-finite one is printed as `null`, and shown as missing).
+/// `text` broken at spaces into lines of at most `width` columns (a longer word stays whole), the
+/// first line after `first`, the others after `rest`; each line ends with a newline.
+pub fn wrap(text: &str, width: usize, first: &str, rest: &str) -> String {
+    let mut out = String::new();
+    let mut line = first.to_owned();
+    let mut empty = true;
+    for word in text.split_whitespace() {
+        let used = line.chars().count();
+        if !empty && used + 1 + word.chars().count() > width {
+            out.push_str(&line);
+            out.push('\n');
+            line = rest.to_owned();
+            empty = true;
+        }
+        if !empty {
+            line.push(' ');
+        }
+        line.push_str(word);
+        empty = false;
+    }
+    out.push_str(&line);
+    out.push('\n');
+    out
+}
+
 fn finite(v: f64) -> Option<f64> {
     v.is_finite().then_some(v)
 }
@@ -348,6 +373,17 @@ pub fn verification(r: &crate::verify::Report) -> String {
             for d in &c.differences {
                 let _ = writeln!(out, "    - {d}");
             }
+        }
+    }
+    if !r.undisclosed.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nundisclosed ({} item{}; every claim is undisclosed until the card gives them):",
+            r.undisclosed.len(),
+            if r.undisclosed.len() == 1 { "" } else { "s" }
+        );
+        for item in &r.undisclosed {
+            out.push_str(&wrap(item, 100, "  - ", "    "));
         }
     }
     let gates: Vec<String> = r

@@ -330,6 +330,7 @@ fn view_model(report: &Json, rows: &[RunRows], html: bool) -> Result<Json> {
         "explanation": overall_explanation(&key),
         "summary": summary,
         "claims": at(report, "/claims").as_array().map(|c| c.iter().map(claim_view).collect::<Vec<_>>()).unwrap_or_default(),
+        "undisclosed": at(report, "/undisclosed").as_array().map(|u| u.iter().filter_map(Json::as_str).map(str::to_owned).collect::<Vec<_>>()).unwrap_or_default(),
         "protocol": protocol_view(measurement),
         "environment": environment_view(at(measurement, "/environment")),
         "eval": items(at(measurement, "/eval"), EVAL_LABELS),

@@ -13,8 +13,7 @@ pub use crate::disclosure::precision::{
 };
 pub use crate::disclosure::results::{Claim, claims};
 
-/// Relative numerical noise allowed on top of the printed precision.
-pub const NOISE_RELATIVE: f64 = 1e-3;
+pub use crate::disclosure::precision::NOISE_RELATIVE;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -155,9 +154,13 @@ pub fn judge(
     result.tolerance = Some(tolerance);
     result.claimed_precision_relative = precision.is_finite().then_some(precision);
     if !ctx.undisclosed.is_empty() {
+        // The items themselves are the report's `undisclosed` list (one entry each), not
+        // repeated in every claim's reason as one long line.
+        let n = ctx.undisclosed.len();
         result.reason = format!(
-            "the number cannot be interpreted: {}",
-            ctx.undisclosed.join("; ")
+            "the number cannot be interpreted: {n} disclosure item{} missing or too vague (listed \
+             under `undisclosed`)",
+            if n == 1 { " is" } else { "s are" }
         );
         return result;
     }
@@ -253,6 +256,7 @@ pub fn judge(
 fn scale_name(metric: &str) -> &'static str {
     match metric {
         "top1_agreement" => "distance from agreement 0 or 1",
+        "same_top_p" => "distance from 0% or 100%",
         "ppl_ratio" => "distance from a ratio of 1",
         _ => "value",
     }

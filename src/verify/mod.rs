@@ -358,13 +358,17 @@ pub fn verify(
     let bits = rerun_done.as_ref().is_some_and(|(_, res)| res.bits);
     let lookup = |metric: &str, length: u64| -> Option<claims::Rerun> {
         let run = measurement?.run(usize::try_from(length).ok()?)?;
-        let value = *run.summary.metrics.get(metric)?;
-        let ci = run.summary.uncertainty.get(metric).map(|u| u.ci95);
-        let scale = if bits && metric.starts_with("kld") {
-            std::f64::consts::LN_2.recip()
-        } else {
-            1.0
-        };
+        // A metric on another one's scale (`same_top_p` is 100 × `top1_agreement`).
+        let (measured, factor) =
+            crate::disclosure::vocabulary::derived(metric).unwrap_or((metric, 1.0));
+        let value = *run.summary.metrics.get(measured)?;
+        let ci = run.summary.uncertainty.get(measured).map(|u| u.ci95);
+        let scale = factor
+            * if bits && metric.starts_with("kld") {
+                std::f64::consts::LN_2.recip()
+            } else {
+                1.0
+            };
         Some(claims::Rerun {
             value: value * scale,
             ci95: ci.map(|[a, b]| [a * scale, b * scale]),

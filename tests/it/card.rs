@@ -12,7 +12,7 @@ use cardproof::card::{Card, FrontMatter};
 use cardproof::disclosure::Disclosure;
 use serde_json::{Value, json};
 
-use crate::support::{cardproof_in, model, repo_root};
+use crate::support::{cardproof, cardproof_in, model, repo_root};
 
 const CANDIDATES: [&str; 4] = [
     "shakespeare-awq-int4",
@@ -214,11 +214,24 @@ fn example_cards_take_a_fresh_measurement() {
             front_matter_without(&original, &["fidelity", "model-index"]),
             "{name}"
         );
+        // The hand-written `## Fidelity` section (its heading to the end of its table) is
+        // replaced by the generated one; every other byte of the body stays.
         let body = body_without_section(text);
         let original_body = &original[parse(&original).body_range()];
+        let heading = original_body
+            .find("## Fidelity\n")
+            .expect("a hand-written section");
+        let table = heading + original_body[heading..].find("\n|").unwrap();
+        let after = table + original_body[table..].find("\n\n").unwrap() + 1;
+        assert_eq!(
+            body,
+            format!("{}\n{}", &original_body[..heading], &original_body[after..]),
+            "{name}: the body changed outside the hand-written section"
+        );
         assert!(
-            body.starts_with(original_body) && body[original_body.len()..].trim().is_empty(),
-            "{name}: the body changed outside the section"
+            written.warnings.iter().any(|w| w.contains("`## Fidelity`")),
+            "{name}: {:?}",
+            written.warnings
         );
 
         // Measured values from the measurement, identity kept from the card.
@@ -458,14 +471,15 @@ fn inputs_override_the_card_and_existing_fields_are_kept() {
         "{:?}",
         kept.warnings
     );
-    // The prose table of the old card is outside the section: said.
+    // The old card's hand-written fidelity section (with its table) is replaced: said.
     assert!(
         kept.warnings
             .iter()
-            .any(|w| w.contains("outside the cardproof section")),
+            .any(|w| w.contains("hand-written fidelity section `## Fidelity`")),
         "{:?}",
         kept.warnings
     );
+    assert!(!kept.text.contains("| 4,096 | 0.0123"), "{}", kept.text);
     lint_clean(&kept.text);
 
     let mut given = inputs(w8a16());
@@ -842,4 +856,146 @@ fn update_card_writes_beside_the_candidate_and_never_into_the_hub_cache() {
     assert!(e.is_format() && e.file == file, "{e}");
     assert!(e.to_string().contains("runs[0].context_length"), "{e}");
     assert_eq!(std::fs::read(&card).unwrap(), before);
+}
+
+/// A copy of the w8a16 example without its card, and a measurement of it on disk.
+fn bare_candidate() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let candidate = dir.path().join("candidate");
+    crate::support::copy_model("shakespeare-w8a16", &candidate);
+    std::fs::remove_file(candidate.join("README.md")).unwrap();
+    let mut measurement = w8a16().clone();
+    measurement["candidate"]["path"] = candidate.display().to_string().into();
+    let file = dir.path().join("measurement.json");
+    std::fs::write(&file, measurement.to_string()).unwrap();
+    (dir, file)
+}
+
+#[test]
+fn a_new_card_written_with_the_identity_flags_lints_clean_in_one_command() {
+    let (dir, file) = bare_candidate();
+    let candidate = dir.path().join("candidate");
+    let run = cardproof(&[
+        "card",
+        "--measurement",
+        file.to_str().unwrap(),
+        "--reference-repo",
+        "example-org/shakespeare-bf16",
+        "--reference-revision",
+        REV_A,
+        "--candidate-repo",
+        "example-org/shakespeare-w8a16",
+        "--candidate-revision",
+        REV_B,
+        "--quantization",
+        "int8-channel",
+        "--calibration",
+        "none",
+        "--json",
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let doc = run.json();
+    assert_eq!(doc["action"], "created");
+    assert_eq!(doc["lint"]["errors"], 0, "{doc:#}");
+    assert_eq!(doc["lint"]["findings"], json!([]), "{doc:#}");
+    let block = fidelity(&std::fs::read_to_string(candidate.join("README.md")).unwrap());
+    assert_eq!(block["quantization"]["method"], "int8-channel");
+    assert_eq!(block["calibration"], json!({"dataset": "none"}));
+    assert_eq!(block["reference"]["revision"], REV_A);
+    let lint = cardproof(&["lint", candidate.to_str().unwrap()]);
+    assert_eq!(lint.code, 0, "{}", lint.stderr);
+    assert!(
+        lint.stderr.contains("0 errors, 0 warnings"),
+        "{}",
+        lint.stderr
+    );
+
+    // Without them the same command names what is missing, and the card has lint errors.
+    let (_dir, file) = bare_candidate();
+    let run = cardproof(&["card", "--measurement", file.to_str().unwrap()]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("error[missing-disclosure]"),
+        "{}",
+        run.stderr
+    );
+    // A calibration revision without a dataset is a usage error.
+    let run = cardproof(&[
+        "card",
+        "--measurement",
+        file.to_str().unwrap(),
+        "--calibration-revision",
+        "main",
+    ]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+}
+
+#[test]
+fn an_update_replaces_the_hand_written_section_and_flags_a_contradicting_prose_number() {
+    let (dir, file) = bare_candidate();
+    let card = dir.path().join("candidate/README.md");
+    let first = cardproof(&[
+        "card",
+        "--measurement",
+        file.to_str().unwrap(),
+        "--reference-repo",
+        "example-org/shakespeare-bf16",
+        "--reference-revision",
+        REV_A,
+        "--candidate-repo",
+        "example-org/shakespeare-w8a16",
+        "--quantization",
+        "int8-channel",
+        "--calibration",
+        "none",
+    ]);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    // An author's card: the metadata kept, the body hand-written, with an old fidelity section
+    // and a stale number in the introduction.
+    let written = std::fs::read_to_string(&card).unwrap();
+    let front = &written[..written.find(SECTION_START).unwrap()];
+    let hand = format!(
+        "{front}Intro: this quant keeps a mean KLD of 0.5 against BF16.\n\n## KL divergence\n\n\
+         | quant | \u{03BC}KLD | 99.9% KLD |\n|---|---|---|\n| int8 | 0.0009 | 0.2 |\n\n\
+         Thanks for reading.\n\n## Usage\n\nRun it.\n"
+    );
+    std::fs::write(&card, &hand).unwrap();
+    let run = cardproof(&["card", "--measurement", file.to_str().unwrap(), "--json"]);
+    assert_eq!(run.code, 0, "warnings only: {}", run.stderr);
+    let text = std::fs::read_to_string(&card).unwrap();
+    assert!(
+        !text.contains("## KL divergence") && !text.contains("| int8 | 0.0009"),
+        "{text}"
+    );
+    assert_eq!(text.matches(SECTION_START).count(), 1, "{text}");
+    assert!(
+        text.contains("Thanks for reading.\n\n## Usage\n\nRun it.\n"),
+        "{text}"
+    );
+    assert!(
+        text.find(SECTION_END).unwrap() < text.find("Thanks for reading").unwrap()
+            && text.find("Intro:").unwrap() < text.find(SECTION_START).unwrap(),
+        "{text}"
+    );
+    let doc = run.json();
+    assert!(
+        doc["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("`## KL divergence`")),
+        "{doc:#}"
+    );
+    let findings = doc["lint"]["findings"].as_array().unwrap();
+    assert_eq!(findings.len(), 1, "{doc:#}");
+    assert_eq!(findings[0]["code"], "prose-contradicts-disclosure");
+    assert!(
+        findings[0]["message"].as_str().unwrap().contains("KLD 0.5"),
+        "{doc:#}"
+    );
+    assert!(
+        run.stderr.contains("warning[prose-contradicts-disclosure]"),
+        "{}",
+        run.stderr
+    );
 }

@@ -118,6 +118,12 @@ fn fixtures() -> Vec<Fixture> {
             None,
         ),
         (
+            Code::ProseContradictsDisclosure,
+            format!("{}\nIn short: the mean KLD is 0.0456.\n", compliant_card()),
+            None,
+            None,
+        ),
+        (
             Code::NoFidelityDisclosure,
             "---\nlicense: mit\n---\n# A model\n".into(),
             None,
@@ -381,6 +387,74 @@ fn unknown_fields_suggest_the_intended_one() {
 }
 
 #[test]
+fn a_misspelled_engine_names_the_field_and_the_closest_engine() {
+    let run = lint_text(compliant_with(
+        "    engine: vllm\n",
+        "    engine: llama.cpp\n",
+    ));
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    let f = run.finding("schema-violation");
+    let message = f["message"].as_str().unwrap();
+    assert_eq!(f["pointer"], "/fidelity/runtime/engine");
+    assert!(
+        message.contains("`fidelity.runtime.engine` must be one of")
+            && message.contains("did you mean `llama_cpp`?")
+            && !message.contains("oneOf"),
+        "{message}"
+    );
+}
+
+#[test]
+fn llama_cpp_same_top_p_is_a_known_metric() {
+    let run = lint_text(compliant_with(
+        "    - {metric: top1_agreement, value: 0.981, context_length: 4096}\n",
+        "    - {metric: top1_agreement, value: 0.981, context_length: 4096}\n    - {metric: same_top_p, value: 98.12, context_length: 4096}\n",
+    ));
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    let run = lint_text(compliant_with(
+        "    - {metric: top1_agreement, value: 0.981, context_length: 4096}\n",
+        "    - {metric: same_top_p, value: 981.2, context_length: 4096}\n",
+    ));
+    assert_eq!(
+        run.code, 1,
+        "a percentage above 100 is invalid: {}",
+        run.stdout
+    );
+    assert!(
+        run.codes().contains(&"invalid-claim".to_owned()),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn prose_kld_numbers_in_the_forms_real_cards_use_are_undisclosed_claims() {
+    for (prose, excerpt) in [
+        (
+            "| quant | \u{03BC}KLD |\n|---|---|\n| Q4_K_M | 0.0312 |\n",
+            "0.0312",
+        ),
+        (
+            "| quant | \u{1D707}KLD |\n|---|---|\n| Q4_K_M | 0.0312 |\n",
+            "0.0312",
+        ),
+        (
+            "| quant | \u{00B5}KLD |\n|---|---|\n| Q4_K_M | 0.0312 |\n",
+            "0.0312",
+        ),
+        ("We get D_KL(P||Q) = 0.0123 on wikitext.\n", "0.0123"),
+        ("eval: kl_div=0.0123\n", "0.0123"),
+        ("KLD 99.9%: 0.563\n", "99.9th percentile KLD 0.563"),
+    ] {
+        let run = lint_text(format!("---\nlicense: mit\n---\n# Quant\n\n{prose}"));
+        assert_eq!(run.code, 1, "{prose}: {}", run.stdout);
+        let f = run.finding("undisclosed-kld-claim");
+        let message = f["message"].as_str().unwrap();
+        assert!(message.contains(excerpt), "{prose}: {message}");
+    }
+}
+
+#[test]
 fn a_card_without_fidelity_or_claims_gets_one_warning_and_exit_0() {
     let run = lint_text(
         "---\nlicense: apache-2.0\nlibrary_name: transformers\n---\n# Model\n\nA model.\n",
@@ -565,6 +639,34 @@ mod with_checkpoint {
                 "/fidelity/quantization/group",
                 "/fidelity/quantization/method"
             ]
+        );
+    }
+
+    #[test]
+    fn weight_only_activations_on_a_dynamic_fp8_checkpoint_is_an_error() {
+        let dir = card_dir(compliant_with(
+            "    activations: dynamic-fp8\n",
+            "    activations: none\n",
+        ));
+        fixtures::fp8_block(dir.path());
+        let run = cardproof_in(dir.path(), &["lint", ".", "--json"]);
+        assert_eq!(run.code, 1, "{}", run.stdout);
+        let f = run.finding("quantization-mismatch");
+        assert_eq!(f["pointer"], "/fidelity/quantization/activations");
+        let message = f["message"].as_str().unwrap();
+        assert!(message.contains("fp8-dynamic"), "{message}");
+        // The same checkpoint with its activations disclosed has no such finding.
+        let dir = card_dir(compliant_card());
+        fixtures::fp8_block(dir.path());
+        let run = cardproof_in(dir.path(), &["lint", ".", "--json"]);
+        assert!(
+            !run.json()["findings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f["pointer"] == "/fidelity/quantization/activations"),
+            "{}",
+            run.stdout
         );
     }
 

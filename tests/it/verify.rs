@@ -260,6 +260,117 @@ fn edited_claims_missing_items_and_tampering_are_caught() {
 }
 
 #[test]
+fn a_llama_cpp_same_top_p_claim_is_verified_against_top1_agreement() {
+    // `same_top_p` is llama.cpp's `Same top p`: the top-1 agreement as a percentage.
+    let v = Verified::new("shakespeare-w8a16", &[]);
+    let card = std::fs::read_to_string(v.card()).unwrap();
+    let line = card
+        .lines()
+        .find(|l| l.contains("metric: top1_agreement,") && l.contains("value: "))
+        .expect("a top1_agreement claim")
+        .to_owned();
+    let text = line
+        .split("value: ")
+        .nth(1)
+        .unwrap()
+        .split([',', '}'])
+        .next()
+        .unwrap()
+        .trim();
+    let decimals = text.split_once('.').map_or(0, |(_, f)| f.len());
+    assert!(
+        decimals > 2,
+        "top1_agreement printed with {decimals} decimals"
+    );
+    let fraction: f64 = text.parse().unwrap();
+    let with = |percent: f64| {
+        let entry = line.replacen("top1_agreement", "same_top_p", 1).replacen(
+            &format!("value: {text}"),
+            &format!("value: {percent:.*}", decimals - 2),
+            1,
+        );
+        card.replacen(&line, &format!("{line}\n{entry}"), 1)
+    };
+    let claim = |r: &Run| {
+        r.json()["claims"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["metric"] == "same_top_p")
+            .expect("the same_top_p claim is judged")
+            .clone()
+    };
+    std::fs::write(v.card(), with(100.0 * fraction)).unwrap();
+    let r = v.verify();
+    assert_eq!(r.code, 0, "{}", r.stdout);
+    assert_eq!(claim(&r)["verdict"], "reproduced", "{}", r.stdout);
+    std::fs::write(v.card(), with(100.0 * fraction - 2.0)).unwrap();
+    let r = v.verify();
+    assert_eq!(r.code, 1);
+    assert_eq!(claim(&r)["verdict"], "not_reproduced", "{}", r.stdout);
+}
+
+#[test]
+fn undisclosed_items_are_listed_once_and_wrapped_for_a_terminal() {
+    let v = Verified::new("shakespeare-w8a16", &[]);
+    let card = std::fs::read_to_string(v.card()).unwrap();
+    let card = without_direction(&card).replacen(
+        "    engine_version: ",
+        "    engine_version: latest\n    x-was: ",
+        1,
+    );
+    std::fs::write(v.card(), card).unwrap();
+    let r = v.verify();
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let report = r.json();
+    assert_eq!(report["verdict"], "undisclosed");
+    let items = report["undisclosed"].as_array().unwrap();
+    assert!(items.len() >= 2, "{items:?}");
+    assert!(items.iter().all(|i| i.is_string()));
+    for c in report["claims"].as_array().unwrap() {
+        let reason = c["reason"].as_str().unwrap();
+        assert!(
+            reason.len() < 200 && reason.contains(&format!("{} disclosure items", items.len())),
+            "{reason}"
+        );
+    }
+    let md = std::fs::read_to_string(v.out().join("report.md")).unwrap();
+    assert!(md.contains("What the card leaves out"), "{md}");
+
+    let text = cardproof(&[
+        "verify",
+        v.candidate().to_str().unwrap(),
+        "--reference",
+        model("shakespeare-bf16").to_str().unwrap(),
+        "--eval-text",
+        v.text().to_str().unwrap(),
+        "--key",
+        v.key().to_str().unwrap(),
+        "--out",
+        v.out().to_str().unwrap(),
+    ]);
+    assert_eq!(text.code, 1, "{}", text.stderr);
+    let section: Vec<&str> = text
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("undisclosed ("))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .collect();
+    assert_eq!(
+        section.iter().filter(|l| l.starts_with("  - ")).count(),
+        items.len(),
+        "{}",
+        text.stdout
+    );
+    assert!(
+        section.iter().all(|l| l.chars().count() <= 100),
+        "{}",
+        text.stdout
+    );
+}
+
+#[test]
 fn sign_wraps_a_measurement_and_verify_report_accepts_it() {
     let v = Verified::new("shakespeare-awq-int4", &[]);
     let m = v.dir.path().join("m/measurement.json");

@@ -91,6 +91,20 @@ pub struct CardArgs {
     /// 40-hex commit of the candidate repository.
     #[arg(long, value_name = "SHA")]
     pub candidate_revision: Option<String>,
+    /// How the candidate was quantized: `fidelity.quantization.method`, e.g. `fp8-block`,
+    /// `int4-awq`, `nvfp4` or a GGUF type such as `q4_k_m` (replaces the card's method).
+    #[arg(long, value_name = "METHOD")]
+    pub quantization: Option<String>,
+    /// The calibration data the quantizer used: `fidelity.calibration.dataset`, a dataset id or
+    /// `none` (round-to-nearest, dynamic FP8); replaces the card's `calibration` block whole.
+    #[arg(long, value_name = "DATASET")]
+    pub calibration: Option<String>,
+    /// Revision of the calibration dataset (`fidelity.calibration.revision`; with --calibration).
+    #[arg(long, value_name = "REV", requires = "calibration")]
+    pub calibration_revision: Option<String>,
+    /// Number of calibration samples (`fidelity.calibration.samples`; with --calibration).
+    #[arg(long, value_name = "N", requires = "calibration", value_parser = clap::value_parser!(u64).range(1..))]
+    pub calibration_samples: Option<u64>,
     #[command(flatten)]
     pub output: OutputArgs,
 }

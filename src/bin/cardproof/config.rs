@@ -107,6 +107,14 @@ pub fn card_request(args: cli::CardArgs) -> cardproof::card::write::UpdateReques
         reference_revision: args.reference_revision,
         candidate_repo: args.candidate_repo,
         candidate_revision: args.candidate_revision,
+        quantization: args.quantization,
+        calibration: args
+            .calibration
+            .map(|dataset| cardproof::card::write::CalibrationInput {
+                dataset,
+                revision: args.calibration_revision,
+                samples: args.calibration_samples,
+            }),
     }
 }
 

@@ -44,6 +44,24 @@ pub(super) fn merge_fidelity(
             set(&mut f, pointer, Value::String(v.clone()));
         }
     }
+    if let Some(method) = &inputs.quantization {
+        set(
+            &mut f,
+            "/quantization/method",
+            Value::String(method.clone()),
+        );
+    }
+    if let Some(c) = &inputs.calibration {
+        let mut block = serde_json::Map::new();
+        block.insert("dataset".into(), Value::String(c.dataset.clone()));
+        if let Some(r) = &c.revision {
+            block.insert("revision".into(), Value::String(r.clone()));
+        }
+        if let Some(n) = c.samples {
+            block.insert("samples".into(), n.into());
+        }
+        set(&mut f, "/calibration", Value::Object(block));
+    }
 
     // The eval text's wording is kept when it describes the very bytes measured.
     let measured_sha = str_at(&f, "/eval/text/sha256").map(str::to_owned);

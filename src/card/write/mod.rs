@@ -58,6 +58,19 @@ pub struct CardInputs {
     pub reference_revision: Option<String>,
     pub candidate_repo: Option<String>,
     pub candidate_revision: Option<String>,
+    /// `quantization.method` (the rest of the card's `quantization` block is kept).
+    pub quantization: Option<String>,
+    /// The `calibration` block, replacing the card's whole.
+    pub calibration: Option<CalibrationInput>,
+}
+
+/// The calibration data, as the `card` command's flags give it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CalibrationInput {
+    /// `calibration.dataset`: a dataset id, or `none`.
+    pub dataset: String,
+    pub revision: Option<String>,
+    pub samples: Option<u64>,
 }
 
 /// The new card text, and what the caller should tell the user.
@@ -85,6 +98,24 @@ pub fn write_card(existing: Option<&str>, path: &Path, inputs: &CardInputs) -> R
                 path,
                 format!("{side} revision: `{r}` is not a full 40-hex commit hash (lowercase)"),
             ));
+        }
+    }
+    for (flag, value) in [
+        ("--quantization", inputs.quantization.as_deref()),
+        (
+            "--calibration",
+            inputs.calibration.as_ref().map(|c| c.dataset.as_str()),
+        ),
+        (
+            "--calibration-revision",
+            inputs
+                .calibration
+                .as_ref()
+                .and_then(|c| c.revision.as_deref()),
+        ),
+    ] {
+        if value.is_some_and(|v| v.trim().is_empty()) {
+            return Err(Error::usage(path, format!("{flag}: the value is empty")));
         }
     }
     let card = existing
@@ -209,8 +240,18 @@ pub fn write_card(existing: Option<&str>, path: &Path, inputs: &CardInputs) -> R
     // The readable section in the body.
     let section = section(&fidelity, &measured, &name);
     let new_card = existing.is_none_or(|t| t.trim().is_empty());
+    let has_markers = card
+        .as_ref()
+        .is_some_and(|c| c.text.contains(SECTION_START));
+    if !has_markers && let Some((range, heading)) = layout.hand_written_section() {
+        let line = card.as_ref().map_or(0, |c| c.line_col(range.start).line);
+        warnings.push(format!(
+            "the hand-written fidelity section `{heading}` (line {line}) was replaced by \
+             cardproof's section; other KLD numbers in the prose that contradict the new block \
+             are lint findings (`prose-contradicts-disclosure`)"
+        ));
+    }
     edits.push(layout.section_edit(&section, &name, new_card)?);
-    warnings.extend(layout.prose_warning());
 
     let text = layout.apply(edits);
     self_check(

@@ -47,6 +47,7 @@ pub(super) fn metric_label(metric: &str, units: &str) -> String {
     } else {
         return match metric {
             "top1_agreement" => "top-1 agreement".into(),
+            "same_top_p" => "same top token (%)".into(),
             "ppl_ref" => "reference perplexity".into(),
             "ppl_cand" => "candidate perplexity".into(),
             "ppl_ratio" => "PPL ratio (candidate / reference)".into(),

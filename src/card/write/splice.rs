@@ -5,17 +5,13 @@
 //! written in the file's own line endings, so that every other byte of the card stays as it was.
 //! This is the only code that knows byte offsets into the card.
 
-use std::ops::Range;
-use std::path::PathBuf;
-use std::sync::LazyLock;
-
-use regex::Regex;
-
 use super::section::markdown;
 use super::{SECTION_END, SECTION_START};
 use crate::card::yaml::{Entry, Node, NodeKind};
 use crate::card::{Card, FrontMatter};
 use crate::error::{Error, ErrorKind, Result};
+use std::ops::Range;
+use std::path::PathBuf;
 
 pub(super) struct Layout<'c> {
     text: &'c str,
@@ -246,6 +242,14 @@ impl<'c> Layout<'c> {
                 format!("`{SECTION_END}` without a `{SECTION_START}` before it"),
             ));
         }
+        if let Some((range, _)) = self.hand_written_section() {
+            let mut text = section;
+            let rest = &self.text[range.end..];
+            if !rest.is_empty() && !rest.starts_with(['\n', '\r']) {
+                text.push_str(eol);
+            }
+            return Ok(Edit { range, text });
+        }
         let end = self.text.len();
         let before = &self.text[..end];
         let lead = if new_card {
@@ -277,36 +281,68 @@ impl<'c> Layout<'c> {
         }
     }
 
-    /// A warning when the body states KLD numbers outside the generated section.
-    pub(super) fn prose_warning(&self) -> Option<String> {
-        static CLAIM: LazyLock<Regex> = LazyLock::new(|| {
-            Regex::new(r"(?i)(\bKLD\b|\bKL[- ]?div|\bKullback).*\d*\.\d+|\d*\.\d+.*\bKLD\b")
-                .expect("valid")
-        });
-        let body = &self.text[self.body.clone()];
-        let generated = match (body.find(SECTION_START), body.find(SECTION_END)) {
-            (Some(s), Some(e)) if e > s => s..e,
-            _ => body.len()..body.len(),
-        };
-        let mut offset = 0;
-        for line in body.split_inclusive('\n') {
+    /// A hand-written fidelity section of the body: a heading that names KLD or fidelity (outside
+    /// code fences), up to the next heading of its level or above, holding at least one KLD
+    /// number (lint's prose claim finder). The first such section is the one `card` replaces
+    /// when the card has no generated section yet; returns its byte range and its heading line.
+    pub(super) fn hand_written_section(&self) -> Option<(Range<usize>, String)> {
+        let body = self.body.clone();
+        let text = &self.text[body.clone()];
+        let mut headings: Vec<(usize, usize, &str)> = Vec::new(); // (start, level, line)
+        let mut fence: Option<&str> = None;
+        let mut offset = body.start;
+        for raw in text.split_inclusive('\n') {
             let start = offset;
-            offset += line.len();
-            if generated.contains(&start) {
+            offset += raw.len();
+            let line = raw.trim_end_matches(['\n', '\r']);
+            let trimmed = line.trim_start_matches(' ');
+            if line.len() - trimmed.len() > 3 {
                 continue;
             }
-            // Table rows below a KLD header carry bare numbers; the header names the metric.
-            if CLAIM.is_match(line) || (line.trim_start().starts_with('|') && line.contains("KLD"))
-            {
-                let at = self
-                    .card
-                    .map(|c| c.line_col(self.body.start + start).line)
-                    .unwrap_or(0);
-                return Some(format!(
-                    "the card body states KLD numbers outside the cardproof section (line {at}); \
-                     check that they agree with this measurement or remove them"
-                ));
+            if let Some(f) = fence {
+                if trimmed.starts_with(f) {
+                    fence = None;
+                }
+                continue;
             }
+            if trimmed.starts_with("```") || trimmed.starts_with("~~~") {
+                fence = Some(&trimmed[..3]);
+                continue;
+            }
+            let level = trimmed.bytes().take_while(|b| *b == b'#').count();
+            if (1..=6).contains(&level) && trimmed[level..].starts_with([' ', '\t']) {
+                headings.push((start, level, line));
+            }
+        }
+        for (i, &(start, level, line)) in headings.iter().enumerate() {
+            let title = line.trim_start_matches([' ', '#']);
+            if !(crate::lint::prose::names_kld(title) || title.to_lowercase().contains("fidelity"))
+            {
+                continue;
+            }
+            let end = headings[i + 1..]
+                .iter()
+                .find(|(_, l, _)| *l <= level)
+                .map_or(body.end, |(s, _, _)| *s);
+            // The section runs to the end of the last block (paragraph, table, list) that states
+            // a KLD number; what follows it under the heading (a closing remark) is kept.
+            let Some(last) = crate::lint::prose::kld_claims(self.text, start..end)
+                .iter()
+                .map(|c| c.span.end)
+                .max()
+            else {
+                continue;
+            };
+            let mut cut = end;
+            let mut at = line_start(self.text, start, last);
+            for raw in self.text[at..end].split_inclusive('\n') {
+                if raw.trim().is_empty() {
+                    cut = at;
+                    break;
+                }
+                at += raw.len();
+            }
+            return Some((start..cut, line.trim().to_owned()));
         }
         None
     }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::{CardInputs, write_card};
+use super::{CalibrationInput, CardInputs, write_card};
 use crate::card::Card;
 use crate::error::{Error, Result};
 
@@ -24,6 +24,8 @@ pub struct UpdateRequest {
     pub reference_revision: Option<String>,
     pub candidate_repo: Option<String>,
     pub candidate_revision: Option<String>,
+    pub quantization: Option<String>,
+    pub calibration: Option<CalibrationInput>,
 }
 
 /// The card written.
@@ -63,6 +65,8 @@ pub fn update_card(request: &UpdateRequest) -> Result<CardUpdate> {
             reference_revision: request.reference_revision.clone(),
             candidate_repo: request.candidate_repo.clone(),
             candidate_revision: request.candidate_revision.clone(),
+            quantization: request.quantization.clone(),
+            calibration: request.calibration.clone(),
         },
     )?;
     crate::files::write_atomically(&path, written.text.as_bytes())?;

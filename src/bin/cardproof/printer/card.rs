@@ -15,6 +15,9 @@ impl Printer {
         for w in &c.update.warnings {
             self.note(w);
         }
+        if !c.lint.findings.is_empty() {
+            self.human_findings(&c.update.card, &c.lint)?;
+        }
         self.note(&format!(
             "wrote {} (lint: {} errors, {} warnings)",
             c.update.path.display(),

@@ -24,7 +24,7 @@ impl Printer {
         self.human_findings(card, report)
     }
 
-    fn human_findings(&self, card: &Card, report: &LintReport) -> io::Result<()> {
+    pub(super) fn human_findings(&self, card: &Card, report: &LintReport) -> io::Result<()> {
         let style = self.style();
         let mut err = io::stderr().lock();
         for finding in &report.findings {
