@@ -530,7 +530,9 @@ pub struct LintArgs {
 
 #[derive(Debug, Args)]
 pub struct OutputArgs {
-    /// Output format: human diagnostics on stderr, or a document on stdout.
+    /// Output format: for people, or a document on stdout. `lint` prints all four, `check`
+    /// human, json and sarif, every other command human and json; a format a command does not
+    /// print is refused (exit 2). With json, stderr does not repeat what the document holds.
     #[arg(long, value_enum, default_value_t = FormatArg::Human)]
     pub format: FormatArg,
     /// Same as `--format json`.
@@ -545,6 +547,7 @@ pub struct OutputArgs {
 pub enum FormatArg {
     Human,
     Json,
+    /// A Markdown table (lint only).
     Markdown,
     /// SARIF 2.1.0 (lint and check only), for code scanning.
     Sarif,

@@ -191,6 +191,7 @@ pub fn export_native(
     bos: Bos,
     bos_id: Option<u32>,
     out: &Path,
+    progress: crate::rerun::score::Progress,
 ) -> Result<u64> {
     use crate::kld::llamacpp::BaseFileWriter;
     let windows = crate::runner::tokens::windows(stream, text_path, n_ctx, bos, bos_id)?;
@@ -207,12 +208,14 @@ pub fn export_native(
     let width = model.decoder.config.vocab;
     let err =
         |e: candle_core::Error| Error::runner(&model.path, format!("forward pass failed: {e}"));
-    for ids in &windows.windows {
+    progress(0, n);
+    for (w, ids) in windows.windows.iter().enumerate() {
         let hidden = model.decoder.hidden(ids).map_err(err)?;
         let logits = model.decoder.logits_at(&hidden, &rows).map_err(err)?;
         for r in 0..rows.len() {
             writer.write_row_logits(&logits[r * width..(r + 1) * width])?;
         }
+        progress(w + 1, n);
     }
     writer.finish()?;
     Ok((n * rows.len()) as u64)

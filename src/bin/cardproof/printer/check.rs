@@ -21,6 +21,9 @@ impl Printer {
                 &cardproof::output::text::inspections(&report.inspections, false, &self.style()),
             )?,
         }
+        if !self.diagnostics() {
+            return Ok(());
+        }
         let style = self.style();
         if let (Some(card), Some(lint)) = (&report.card_text, &report.card) {
             let mut err = io::stderr().lock();
