@@ -20,6 +20,13 @@ use crate::runner::tokens;
 /// What an export is doing now (its stage, for a progress display).
 type Stage<'a> = &'a (dyn Fn(&str) + Sync);
 
+/// What an export shows while it works: its stage, and windows done out of all.
+#[derive(Clone, Copy)]
+pub struct Shown<'a> {
+    pub stage: Stage<'a>,
+    pub progress: Progress<'a>,
+}
+
 /// The reference's tokenizer, the eval text tokenized with it, and the reference loaded in f32
 /// with reference semantics (what every export stores).
 fn load_reference(
@@ -44,18 +51,17 @@ fn load_reference(
     Ok((tokenizer, stream, reference))
 }
 
-/// `cardproof reference export`: a compact reference artifact from a native reference model.
+/// `cardproof reference export`: a compact reference artifact from a native reference model
+/// (the request's model, eval text, options, threads and `out`).
 pub fn export_reference(
-    model: &Path,
-    eval_text: &Path,
-    options: &MeasureOptions,
+    r: &ExportRequest,
     spec: super::artifact::ExportSpec,
     identity_extra: Value,
-    threads: usize,
-    out: &Path,
-    stage: Stage,
-    progress: Progress,
+    shown: Shown,
 ) -> Result<super::artifact::Header> {
+    let Shown { stage, progress } = shown;
+    let (model, eval_text, options, threads, out) =
+        (r.model, r.eval_text, &r.options, r.threads, r.out);
     options.check()?;
     let (tokenizer, stream, reference) = load_reference(model, eval_text, stage)?;
     stage("hashing");
@@ -121,16 +127,8 @@ pub fn export_llamacpp(
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::write(dir, e))?;
     }
-    super::artifact::llamacpp::export_native(
-        &reference,
-        &stream,
-        eval_text,
-        n_ctx,
-        bos,
-        tokenizer.bos_id,
-        out,
-        progress,
-    )
+    let windows = tokens::windows(&stream, eval_text, n_ctx, bos, tokenizer.bos_id)?;
+    super::artifact::llamacpp::export_native(&reference, &stream, &windows, out, progress)
 }
 
 /// What to export.
@@ -215,9 +213,7 @@ pub fn export(r: &ExportRequest, stage: Stage, progress: Progress) -> Result<Exp
                 extra.insert("revision".into(), rev.clone().into());
             }
             let header = export_reference(
-                r.model,
-                r.eval_text,
-                &r.options,
+                r,
                 ExportSpec {
                     kind: if r.kind == ExportKind::TopK {
                         Kind::TopK
@@ -228,10 +224,7 @@ pub fn export(r: &ExportRequest, stage: Stage, progress: Progress) -> Result<Exp
                     hidden_bf16: r.hidden_bf16,
                 },
                 Value::Object(extra),
-                r.threads,
-                r.out,
-                stage,
-                progress,
+                Shown { stage, progress },
             )?;
             let size = std::fs::metadata(r.out).map(|m| m.len()).unwrap_or(0);
             let rows: usize = header.runs.iter().map(|run| run.rows).sum();

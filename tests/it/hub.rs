@@ -943,7 +943,7 @@ fn missing_repo_revision_and_file_are_exit_2_naming_them() {
     );
     assert_eq!(r.code, 2);
     assert!(
-        r.stderr.contains("revision `no-such-branch` not found"),
+        r.message().contains("revision `no-such-branch` not found"),
         "{}",
         r.stderr
     );
