@@ -144,6 +144,13 @@ pub fn total_size(root: &Path, options: &HashOptions) -> Option<u64> {
         .map(|(sources, _)| sources.iter().map(|s| s.size).sum())
 }
 
+/// The files `hash_path` would hash in a directory, by manifest name, with their sizes (nothing is
+/// read); the same walk, links and refusals.
+pub fn list_files(root: &Path, options: &HashOptions) -> Result<Vec<(String, u64)>> {
+    let (sources, _) = collect(root, options)?;
+    Ok(sources.into_iter().map(|s| (s.name, s.size)).collect())
+}
+
 /// SHA-256 of one file's bytes.
 pub fn hash_file(path: &Path) -> Result<String> {
     let size = std::fs::metadata(path)

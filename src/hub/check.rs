@@ -16,6 +16,12 @@
 //!    key its signature and keyid are verified too.
 //!
 //! Bytes fetched are counted and reported beside the repository's size.
+//!
+//! [`check_local`] runs the same checks on a local directory before it is uploaded: the card
+//! linted against the checkpoint's headers, `files_sha256` against the root digest of the files
+//! `cardproof hash` lists (hashed only when the card claims one or a report is there), and a
+//! `report.dsse.json` against the local digests and card. The revision cannot be checked before
+//! there is one.
 
 use std::collections::BTreeMap;
 
@@ -89,14 +95,18 @@ pub struct ReportCheck {
 /// The result of `check`.
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct CheckReport {
-    /// The source as asked (`hf:ORG/NAME@REV`).
+    /// The source as asked (`hf:ORG/NAME@REV`, or the local directory).
     pub source: String,
-    pub repo: String,
-    pub revision: String,
-    /// The commit the revision resolved to: everything below is about it.
-    pub commit: String,
+    /// The Hub repository (null for a local directory).
+    pub repo: Option<String>,
+    /// The revision asked for (null for a local directory).
+    pub revision: Option<String>,
+    /// The commit the revision resolved to: everything below is about it (null for a local
+    /// directory).
+    pub commit: Option<String>,
     pub files: usize,
     pub total_bytes: u64,
+    /// Bytes read from the Hub (0 for a local directory).
     pub bytes_fetched: u64,
     /// The card's lint findings (with checkpoint cross-checks); absent without a README.md.
     pub card: Option<LintReport>,
@@ -263,9 +273,9 @@ pub fn check(
 
     Ok(CheckReport {
         source: source.to_string(),
-        repo: source.repo.clone(),
-        revision: source.revision.clone(),
-        commit: info.sha.clone(),
+        repo: Some(source.repo.clone()),
+        revision: Some(source.revision.clone()),
+        commit: Some(info.sha.clone()),
         files: info.siblings.len(),
         total_bytes: info.total_size(),
         bytes_fetched: client.bytes_fetched(),
@@ -528,6 +538,203 @@ fn check_report(
             &statement,
             card,
             &pinned.display_path(Some("README.md")).display().to_string(),
+        ));
+    }
+    let subjects = statement
+        .get("subject")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    Ok(ReportCheck {
+        file: file.to_owned(),
+        keyids,
+        signature,
+        subjects,
+        mismatches,
+    })
+}
+
+/// `cardproof check DIR`: the checks of [`check`] on a local directory about to be uploaded. The
+/// findings keep their codes (`hub-no-card`, `hub-files-digest-mismatch`, `hub-report-mismatch`);
+/// the revision and repository are not checked (there is none yet). `progress` receives byte
+/// counts while files are hashed.
+pub fn check_local(
+    dir: &std::path::Path,
+    public_key: Option<&ed25519_dalek::VerifyingKey>,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<CheckReport> {
+    use crate::checkpoint::hash::{self, HashOptions, ManifestEntry};
+    let meta = std::fs::metadata(dir).map_err(|e| crate::Error::io(dir, e))?;
+    if !meta.is_dir() {
+        return Err(crate::Error::usage(
+            dir,
+            "`check` takes a model directory (the upload: card, config and checkpoint) or \
+             hf:ORG/NAME[@REV]",
+        ));
+    }
+    let options = HashOptions::default();
+    let listed = hash::list_files(dir, &options)?;
+    let inspections = if crate::checkpoint::has_checkpoint(dir) {
+        crate::checkpoint::inspect::inspect_path(dir)?
+    } else {
+        Vec::new()
+    };
+    let mut hub_findings = Vec::new();
+    let card = if dir.join("README.md").is_file() {
+        Some(Card::open(dir)?)
+    } else {
+        hub_findings.push(HubFinding::error(
+            "hub-no-card",
+            format!(
+                "{} has no README.md: there is no card to check",
+                dir.display()
+            ),
+        ));
+        None
+    };
+    let lint = card
+        .as_ref()
+        .map(|c| crate::lint::lint_with_checkpoint(c, &inspections));
+    let metadata = card
+        .as_ref()
+        .and_then(Card::metadata)
+        .map(|m| m.to_json())
+        .unwrap_or(Value::Null);
+    let candidate = &metadata["fidelity"]["candidate"];
+    let report_file = listed
+        .iter()
+        .map(|(name, _)| name)
+        .filter(|name| name.rsplit('/').next() == Some("report.dsse.json"))
+        .min_by_key(|name| name.matches('/').count())
+        .cloned();
+    let report_dir = report_file
+        .as_deref()
+        .map(|f| f.rsplit_once('/').map_or("", |(d, _)| d).to_owned());
+    let needs_digests = candidate.get("files_sha256").is_some() || report_file.is_some();
+    let digests: Option<BTreeMap<String, (String, u64)>> = if needs_digests {
+        let manifest = hash::hash_path(dir, &options, progress)?;
+        Some(
+            manifest
+                .files
+                .into_iter()
+                .filter(|f| !excluded(&f.path, report_dir.as_deref()))
+                .map(|f| (f.path, (f.sha256, f.size)))
+                .collect(),
+        )
+    } else {
+        None
+    };
+    if let (Some(claimed), Some(digests)) = (
+        candidate.get("files_sha256").and_then(Value::as_str),
+        &digests,
+    ) {
+        let entries: Vec<ManifestEntry> = digests
+            .iter()
+            .map(|(path, (sha, size))| ManifestEntry {
+                path: path.clone(),
+                size: *size,
+                sha256: sha.clone(),
+                link: None,
+            })
+            .collect();
+        let root = {
+            use sha2::Digest as _;
+            hex(&sha2::Sha256::digest(
+                hash::manifest_text(&entries).as_bytes(),
+            ))
+        };
+        if !claimed.eq_ignore_ascii_case(&root) {
+            hub_findings.push(HubFinding::error(
+                "hub-files-digest-mismatch",
+                format!(
+                    "the card's `fidelity.candidate.files_sha256` is {claimed}, but the files in \
+                     {} have root digest {root}: the measured files are not the ones to upload",
+                    dir.display()
+                ),
+            ));
+        }
+    }
+    let report = match (&report_file, &digests) {
+        (Some(file), Some(digests)) => Some(check_local_report(
+            dir,
+            file,
+            digests,
+            public_key,
+            card.as_ref(),
+        )?),
+        _ => None,
+    };
+    if let Some(r) = &report
+        && !r.mismatches.is_empty()
+    {
+        hub_findings.push(HubFinding::error(
+            "hub-report-mismatch",
+            format!(
+                "the signed report `{}` does not match the directory: {}",
+                r.file,
+                r.mismatches
+                    .iter()
+                    .map(|m| m.detail.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        ));
+    }
+    Ok(CheckReport {
+        source: dir.display().to_string(),
+        repo: None,
+        revision: None,
+        commit: None,
+        files: listed.len(),
+        total_bytes: listed.iter().map(|(_, size)| size).sum(),
+        bytes_fetched: 0,
+        card: lint,
+        inspections,
+        hub_findings,
+        report,
+        card_text: card,
+    })
+}
+
+/// A local `report.dsse.json` against the directory's digests and card (as [`check_report`]).
+fn check_local_report(
+    dir: &std::path::Path,
+    file: &str,
+    digests: &BTreeMap<String, (String, u64)>,
+    public_key: Option<&ed25519_dalek::VerifyingKey>,
+    card: Option<&Card>,
+) -> Result<ReportCheck> {
+    let path = dir.join(file);
+    let bytes = crate::files::read_capped(&path, MAX_ENVELOPE, "a DSSE envelope")?;
+    let envelope: Value = serde_json::from_slice(&bytes).map_err(|e| {
+        crate::Error::format(
+            &path,
+            None,
+            format!("not JSON, so not a DSSE envelope: {e}"),
+        )
+    })?;
+    let parts = crate::attest::dsse::EnvelopeParts::from_value(&path, &envelope)?;
+    let keyids = parts.signatures.iter().map(|s| s.keyid.clone()).collect();
+    let (signature, statement, mut mismatches) = match public_key {
+        Some(key) => match crate::attest::verify_envelope(&path, key)? {
+            crate::attest::Outcome::Verified(v) => ("verified", v.statement, Vec::new()),
+            crate::attest::Outcome::Failed(m) => ("failed", Value::Null, m),
+        },
+        None => (
+            "not_checked",
+            crate::attest::statement::parse_statement(&path, &parts.payload)?,
+            Vec::new(),
+        ),
+    };
+    if !statement.is_null() {
+        let on_disk: BTreeMap<&str, &str> = digests
+            .iter()
+            .map(|(p, (sha, _))| (p.as_str(), sha.as_str()))
+            .collect();
+        mismatches.extend(crate::attest::verify::compare_subjects(&statement, on_disk));
+        mismatches.extend(crate::attest::compare_card(
+            &statement,
+            card,
+            &dir.join("README.md").display().to_string(),
         ));
     }
     let subjects = statement

@@ -12,24 +12,37 @@ use sha2::Digest as _;
 use crate::output::SchemaVersion;
 
 use super::options::MeasureOptions;
-use super::score::EvalInput;
+use super::score::{EvalInput, Progress};
 use crate::error::{Error, Result};
 use crate::files::write_atomically;
 use crate::runner::tokens;
+
+/// What an export is doing now (its stage, for a progress display).
+type Stage<'a> = &'a (dyn Fn(&str) + Sync);
+
+/// What an export shows while it works: its stage, and windows done out of all.
+#[derive(Clone, Copy)]
+pub struct Shown<'a> {
+    pub stage: Stage<'a>,
+    pub progress: Progress<'a>,
+}
 
 /// The reference's tokenizer, the eval text tokenized with it, and the reference loaded in f32
 /// with reference semantics (what every export stores).
 fn load_reference(
     model: &Path,
     eval_text: &Path,
+    stage: Stage,
 ) -> Result<(
     tokens::TokenizerFile,
     tokens::TokenStream,
     crate::runner::native::NativeModel,
 )> {
     use crate::runner::native;
+    stage("tokenizing");
     let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(model))?;
     let stream = tokens::tokenize(&tokenizer, eval_text)?;
+    stage("loading the reference");
     let reference = native::load(
         model,
         native::ComputeDtype::F32,
@@ -38,19 +51,22 @@ fn load_reference(
     Ok((tokenizer, stream, reference))
 }
 
-/// `cardproof reference export`: a compact reference artifact from a native reference model.
+/// `cardproof reference export`: a compact reference artifact from a native reference model
+/// (the request's model, eval text, options, threads and `out`).
 pub fn export_reference(
-    model: &Path,
-    eval_text: &Path,
-    options: &MeasureOptions,
+    r: &ExportRequest,
     spec: super::artifact::ExportSpec,
     identity_extra: Value,
-    threads: usize,
-    out: &Path,
+    shown: Shown,
 ) -> Result<super::artifact::Header> {
+    let Shown { stage, progress } = shown;
+    let (model, eval_text, options, threads, out) =
+        (r.model, r.eval_text, &r.options, r.threads, r.out);
     options.check()?;
-    let (tokenizer, stream, reference) = load_reference(model, eval_text)?;
+    let (tokenizer, stream, reference) = load_reference(model, eval_text, stage)?;
+    stage("hashing");
     let id = super::lanes::identity(&reference, model, threads, None)?;
+    stage("exporting");
     let (header, bytes) = super::artifact::export_native(
         &reference,
         &EvalInput {
@@ -76,6 +92,7 @@ pub fn export_reference(
             reference
         },
         &tokenizer.sha256,
+        progress,
     )?;
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::write(dir, e))?;
@@ -100,22 +117,18 @@ pub fn export_llamacpp(
     n_ctx: usize,
     bos: tokens::Bos,
     out: &Path,
+    stage: Stage,
+    progress: Progress,
 ) -> Result<u64> {
     crate::kld::protocol::check_context_length(n_ctx as u64)
         .map_err(|rule| Error::usage(out, format!("n_ctx: {rule}")))?;
-    let (tokenizer, stream, reference) = load_reference(model, eval_text)?;
+    let (tokenizer, stream, reference) = load_reference(model, eval_text, stage)?;
+    stage("exporting");
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::write(dir, e))?;
     }
-    super::artifact::llamacpp::export_native(
-        &reference,
-        &stream,
-        eval_text,
-        n_ctx,
-        bos,
-        tokenizer.bos_id,
-        out,
-    )
+    let windows = tokens::windows(&stream, eval_text, n_ctx, bos, tokenizer.bos_id)?;
+    super::artifact::llamacpp::export_native(&reference, &stream, &windows, out, progress)
 }
 
 /// What to export.
@@ -165,7 +178,8 @@ pub struct Exported {
 }
 
 /// Export the reference's side and describe what was written (its digest and size read back).
-pub fn export(r: &ExportRequest) -> Result<Exported> {
+/// `stage` names what it is doing; `progress` counts windows done out of all windows.
+pub fn export(r: &ExportRequest, stage: Stage, progress: Progress) -> Result<Exported> {
     use super::artifact::{ExportSpec, Kind};
     let (kind, sidecar, rows, bound, note) = match r.kind {
         ExportKind::Llamacpp => {
@@ -175,7 +189,15 @@ pub fn export(r: &ExportRequest) -> Result<Exported> {
                     "--kind llamacpp takes exactly one --context-length (a base file has one n_ctx)",
                 ));
             };
-            let rows = export_llamacpp(r.model, r.eval_text, n_ctx, r.options.bos, r.out)?;
+            let rows = export_llamacpp(
+                r.model,
+                r.eval_text,
+                n_ctx,
+                r.options.bos,
+                r.out,
+                stage,
+                progress,
+            )?;
             let note = format!(
                 "wrote {} ({rows} rows: the second half of each {n_ctx}-token window, as llama-perplexity --kl-divergence-base writes them)",
                 r.out.display(),
@@ -191,9 +213,7 @@ pub fn export(r: &ExportRequest) -> Result<Exported> {
                 extra.insert("revision".into(), rev.clone().into());
             }
             let header = export_reference(
-                r.model,
-                r.eval_text,
-                &r.options,
+                r,
                 ExportSpec {
                     kind: if r.kind == ExportKind::TopK {
                         Kind::TopK
@@ -204,8 +224,7 @@ pub fn export(r: &ExportRequest) -> Result<Exported> {
                     hidden_bf16: r.hidden_bf16,
                 },
                 Value::Object(extra),
-                r.threads,
-                r.out,
+                Shown { stage, progress },
             )?;
             let size = std::fs::metadata(r.out).map(|m| m.len()).unwrap_or(0);
             let rows: usize = header.runs.iter().map(|run| run.rows).sum();

@@ -166,11 +166,11 @@ fn tampered_or_mismatched_artifacts_are_refused() {
         dir.path().join("x").to_str().unwrap(),
     ]);
     assert_eq!(r.code, 2);
-    assert!(r.stderr.contains("context_lengths"), "{}", r.stderr);
+    assert!(r.message().contains("context_lengths"), "{}", r.stderr);
     // Another lm_head (the GGUF candidate's output matrix is Q8_0).
     let r = measure(dir.path(), &reference, &model("shakespeare-q4_0-gguf"), &[]);
     assert_eq!(r.code, 2);
-    assert!(r.stderr.contains("lm_head"), "{}", r.stderr);
+    assert!(r.message().contains("lm_head"), "{}", r.stderr);
     // Another eval text.
     let other = dir.path().join("other.txt");
     std::fs::write(&other, "some other text\n").unwrap();
@@ -182,7 +182,7 @@ fn tampered_or_mismatched_artifacts_are_refused() {
     );
     assert_eq!(r.code, 2);
     assert!(
-        r.stderr.contains("not the artifact's eval text"),
+        r.message().contains("not the artifact's eval text"),
         "{}",
         r.stderr
     );
@@ -193,7 +193,7 @@ fn tampered_or_mismatched_artifacts_are_refused() {
     std::fs::write(&art, &bytes).unwrap();
     let r = measure(dir.path(), &reference, &model("shakespeare-w8a16"), &[]);
     assert_eq!(r.code, 2);
-    assert!(r.stderr.contains("digest mismatch"), "{}", r.stderr);
+    assert!(r.message().contains("digest mismatch"), "{}", r.stderr);
 }
 
 #[test]
@@ -242,7 +242,7 @@ fn llamacpp_base_files_export_and_import() {
         &["--positions", "second-half", "--bos", "per-window"],
     );
     assert_eq!(r.code, 2);
-    assert!(r.stderr.contains("--direction forward"), "{}", r.stderr);
+    assert!(r.message().contains("--direction forward"), "{}", r.stderr);
 }
 
 /// A real llama.cpp base file as the reference: PPL(base) read from it matches what llama.cpp

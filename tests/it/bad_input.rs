@@ -7,8 +7,16 @@ fn refused(bytes: &[u8]) -> serde_json::Value {
     let dir = card_dir(bytes);
     let run = cardproof_in(dir.path(), &["lint", "README.md", "--json"]);
     assert_eq!(run.code, 2, "stderr: {}", run.stderr);
-    assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
-    assert!(run.stderr.starts_with("error: README.md"), "{}", run.stderr);
+    // The error document alone: stderr does not repeat it.
+    assert_eq!(run.stderr, "");
+    let human = cardproof_in(dir.path(), &["lint", "README.md"]);
+    assert_eq!(human.code, 2, "stderr: {}", human.stderr);
+    assert!(!human.stderr.contains("panicked"), "{}", human.stderr);
+    assert!(
+        human.stderr.starts_with("error: README.md"),
+        "{}",
+        human.stderr
+    );
     let doc = run.json();
     assert_eq!(doc["schema_version"], 1);
     assert_eq!(doc["error"]["file"], "README.md");

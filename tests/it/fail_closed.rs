@@ -476,7 +476,7 @@ fn eval_text_sources_stay_inside_the_card_directory() {
         let r = v.verify_with(&[]);
         assert_eq!(r.code, 2, "{source}: {}", r.stderr);
         assert!(
-            r.stderr.contains("--eval-text") || r.stderr.contains("outside the checkpoint"),
+            r.message().contains("--eval-text") || r.message().contains("outside the checkpoint"),
             "{source}: {}",
             r.stderr
         );

@@ -279,12 +279,22 @@ pub fn awq(dir: &Path) {
 
 /// GPTQ with act-order: qweight [in/8, out], qzeros [in/g, out/8], scales [in/g, out], g_idx [in].
 pub fn gptq(dir: &Path) {
+    gptq_bits(dir, 4);
+}
+
+/// GPTQ at `bits` (2, 3, 4 or 8) as AutoGPTQ writes it: `qweight` I32 `[in*bits/32, out]` (3-bit:
+/// 32 input rows in every 3 words), `qzeros` I32 `[groups, out*bits/32]`, group size 128.
+pub fn gptq_bits(dir: &Path, bits: u64) {
     let mut t = Tensors::default();
     add_common(&mut t, 2);
     for l in 0..2 {
         for (m, out, inn) in layer_linears(l) {
-            t.add(&format!("{m}.qweight"), Dtype::I32, &[inn / 8, out]);
-            t.add(&format!("{m}.qzeros"), Dtype::I32, &[inn / 128, out / 8]);
+            t.add(&format!("{m}.qweight"), Dtype::I32, &[inn * bits / 32, out]);
+            t.add(
+                &format!("{m}.qzeros"),
+                Dtype::I32,
+                &[inn / 128, out * bits / 32],
+            );
             t.add(&format!("{m}.scales"), Dtype::F16, &[inn / 128, out]);
             t.add(&format!("{m}.g_idx"), Dtype::I32, &[inn]);
         }
@@ -294,7 +304,7 @@ pub fn gptq(dir: &Path) {
     write_json(
         &dir.join("config.json"),
         &base_config(Some(
-            json!({"quant_method": "gptq", "bits": 4, "group_size": 128,
+            json!({"quant_method": "gptq", "bits": bits, "group_size": 128,
             "desc_act": true, "sym": true, "checkpoint_format": "gptq"}),
         )),
     );

@@ -279,3 +279,57 @@ fn a_single_file_hashes_alone() {
         "ca3d163bab055381827226140568f3bef7eaac187cebd76878e0b63e9e442356  config.json\n"
     );
 }
+
+#[test]
+fn a_manifest_of_another_directory_checks_with_sha256sum_from_where_it_was_made() {
+    // `cardproof hash DIR > manifest; sha256sum -c manifest` run where the user stands, not
+    // inside DIR.
+    let work = tempfile::tempdir().unwrap();
+    let dir = sample_dir();
+    let model = work.path().join("models/my-model");
+    std::fs::create_dir_all(work.path().join("models")).unwrap();
+    std::fs::rename(dir.path(), &model).unwrap();
+    let run = cardproof_in(work.path(), &["hash", "models/my-model"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stdout
+            .contains("  models/my-model/tokenizer/tokenizer.json\n"),
+        "{}",
+        run.stdout
+    );
+    std::fs::write(work.path().join("manifest.sha256"), &run.stdout).unwrap();
+    let check = Command::new("sha256sum")
+        .args(["-c", "manifest.sha256"])
+        .current_dir(work.path())
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    // The root digest is still the one of the paths relative to the directory (what `--json`,
+    // cards and reports carry): the same as hashing from inside it.
+    let inside = cardproof_in(&model, &["hash", "."]);
+    let root = |r: &Run| r.stderr.split_whitespace().nth(2).unwrap().to_owned();
+    assert_eq!(root(&run), root(&inside));
+    let json = cardproof_in(work.path(), &["hash", "models/my-model", "--json"]).json();
+    assert_eq!(json["root_sha256"], root(&inside));
+    assert_eq!(json["files"][0]["path"], "config.json");
+    // A single file in another directory: its path as given.
+    let one = cardproof_in(work.path(), &["hash", "models/my-model/config.json"]);
+    assert!(
+        one.stdout.ends_with("  models/my-model/config.json\n"),
+        "{}",
+        one.stdout
+    );
+    // A corrupted file is caught from there too.
+    std::fs::write(model.join("config.json"), b"{}").unwrap();
+    let check = Command::new("sha256sum")
+        .args(["-c", "manifest.sha256"])
+        .current_dir(work.path())
+        .output()
+        .unwrap();
+    assert!(!check.status.success());
+}

@@ -943,7 +943,7 @@ fn missing_repo_revision_and_file_are_exit_2_naming_them() {
     );
     assert_eq!(r.code, 2);
     assert!(
-        r.stderr.contains("revision `no-such-branch` not found"),
+        r.message().contains("revision `no-such-branch` not found"),
         "{}",
         r.stderr
     );
@@ -1262,4 +1262,90 @@ fn a_wrong_file_already_in_the_cache_is_refused() {
         "{}",
         r.stderr
     );
+}
+
+#[test]
+fn check_takes_a_local_directory_and_runs_the_pre_upload_checks() {
+    // The same checks as for `hf:` before the upload: no Hub server at all (offline, no network).
+    let repo = tempfile::tempdir().unwrap();
+    fixtures::sharded_bf16(repo.path());
+    let root = local_root_digest(repo.path());
+    let card = compliant_with(
+        r#"    files_sha256: "5d41402abc4b2a76b9719d911017c592e1b0f1f4c6fbb4cb8b2f3a9e6d7c8b9a""#,
+        &format!("    files_sha256: \"{root}\""),
+    );
+    std::fs::write(repo.path().join("README.md"), &card).unwrap();
+    let dir = repo.path().to_str().unwrap();
+    let ok = local(&["check", dir, "--json"]);
+    // The FP8 example card on BF16 tensors is a lint error (the card was linted against the
+    // checkpoint's headers); the directory checks themselves find nothing.
+    assert_eq!(ok.code, 1, "{}\n{}", ok.stdout, ok.stderr);
+    let doc = ok.json();
+    assert!(ok.stdout.contains("quantization-mismatch"), "{}", ok.stdout);
+    assert_eq!(doc["hub_findings"], serde_json::json!([]), "{}", ok.stdout);
+    assert_eq!(doc["commit"], Value::Null);
+    assert_eq!(doc["bytes_fetched"], 0);
+    assert_eq!(doc["source"], dir);
+    // The checkpoint was inspected from its headers, as `inspect` reads it.
+    let here = local(&["inspect", dir, "--json"]).json();
+    assert_eq!(doc["inspections"], here["variants"]);
+
+    // A signed report in the directory is checked against the local files and card.
+    let key = cardproof::attest::generate_key().unwrap();
+    let envelope = signed_report(
+        repo.path(),
+        &key,
+        serde_json::json!({"verdict": "reproduced"}),
+    );
+    let keys = tempfile::tempdir().unwrap();
+    let public = keys.path().join("cardproof.pub");
+    std::fs::write(
+        &public,
+        cardproof::attest::public_key_pem(&key.verifying_key()),
+    )
+    .unwrap();
+    std::fs::write(
+        repo.path().join("report.dsse.json"),
+        serde_json::to_vec(&envelope).unwrap(),
+    )
+    .unwrap();
+    let signed = local(&["check", dir, "--json", "--pub", public.to_str().unwrap()]);
+    assert_eq!(signed.code, 1, "{}\n{}", signed.stdout, signed.stderr);
+    assert_eq!(signed.json()["report"]["signature"], "verified");
+    assert_eq!(signed.json()["hub_findings"], serde_json::json!([]));
+
+    // A weight changed after the measurement and the signature: both are errors, exit 1.
+    let shard = repo.path().join("model-00002-of-00002.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&shard, bytes).unwrap();
+    let bad = local(&["check", dir, "--json"]);
+    assert_eq!(bad.code, 1, "{}", bad.stderr);
+    let codes: Vec<String> = bad.json()["hub_findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["code"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        codes,
+        ["hub-files-digest-mismatch", "hub-report-mismatch"],
+        "{}",
+        bad.stdout
+    );
+    assert!(bad.stdout.contains("model-00002-of-00002.safetensors"));
+    let human = local(&["check", dir]);
+    assert_eq!(human.code, 1);
+    assert!(
+        human.stderr.contains("(local, before upload): 3 errors")
+            && human.stderr.contains("error[hub-files-digest-mismatch]"),
+        "{}",
+        human.stderr
+    );
+
+    // A file is not a directory to upload: a usage error.
+    let file = local(&["check", &format!("{dir}/config.json")]);
+    assert_eq!(file.code, 2, "{}", file.stderr);
+    assert!(file.stderr.contains("model directory"), "{}", file.stderr);
 }

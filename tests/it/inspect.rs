@@ -1,6 +1,7 @@
 //! `cardproof inspect`: every scheme from headers alone, buckets, bits per weight, and
 //! config/tensor disagreements.
 
+use cardproof::checkpoint::dtype::Dtype;
 use serde_json::Value;
 
 use crate::fixtures::*;
@@ -177,6 +178,119 @@ fn awq_and_gptq_are_told_apart_by_packing() {
         4.0 + 16.0 / 128.0 + 4.0 / 128.0 + 32.0 / HIDDEN as f64
     );
     assert!(findings(&doc).is_empty(), "{:?}", findings(&doc));
+}
+
+#[test]
+fn a_3bit_gptq_checkpoint_has_in_features_rows_times_32_over_3() {
+    // 3-bit GPTQ packs 32 input rows into 3 int32 words: in = rows * 32 / 3, not rows * 10.
+    let dir = tempfile::tempdir().unwrap();
+    gptq_bits(dir.path(), 3);
+    let doc = inspect(dir.path());
+    let m = module(&doc, "model.layers.0.mlp.down_proj");
+    assert_eq!(m["scheme"], "int3-gptq");
+    assert_eq!(m["shape"], serde_json::json!([HIDDEN, INTERMEDIATE]));
+    assert_eq!(m["parameters"], HIDDEN * INTERMEDIATE);
+    assert_eq!(m["group_size"], 128);
+    // 3 bits + F16 scale and 3-bit zero per 128 + a 32-bit g_idx entry per input column.
+    assert_eq!(
+        bits(m),
+        3.0 + 16.0 / 128.0 + 3.0 / 128.0 + 32.0 / HIDDEN as f64
+    );
+    let q = module(&doc, "model.layers.0.self_attn.q_proj");
+    assert_eq!(q["shape"], serde_json::json!([HIDDEN, HIDDEN]));
+    assert!(findings(&doc).is_empty(), "{:?}", findings(&doc));
+}
+
+#[test]
+fn every_gptq_bit_width_reads_back_its_shape() {
+    for bits in [2u64, 3, 4, 8] {
+        let dir = tempfile::tempdir().unwrap();
+        gptq_bits(dir.path(), bits);
+        let doc = inspect(dir.path());
+        let m = module(&doc, "model.layers.0.mlp.gate_proj");
+        assert_eq!(m["scheme"], format!("int{bits}-gptq"), "{bits} bits");
+        assert_eq!(
+            m["shape"],
+            serde_json::json!([INTERMEDIATE, HIDDEN]),
+            "{bits} bits"
+        );
+        assert!(
+            findings(&doc).is_empty(),
+            "{bits} bits: {:?}",
+            findings(&doc)
+        );
+    }
+}
+
+#[test]
+fn a_3bit_gptq_qweight_whose_rows_hold_no_whole_values_is_unknown_with_a_finding() {
+    // 25 packed rows of 3-bit values are 266.67 input rows: no layout, not a rounded guess.
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = Tensors::default();
+    let m = "model.layers.0.mlp.down_proj";
+    t.add(&format!("{m}.qweight"), Dtype::I32, &[25, 64]);
+    t.add(&format!("{m}.qzeros"), Dtype::I32, &[2, 6]);
+    t.add(&format!("{m}.scales"), Dtype::F16, &[2, 64]);
+    t.write(&dir.path().join("model.safetensors"));
+    write_json(
+        &dir.path().join("config.json"),
+        &base_config(Some(serde_json::json!({
+            "quant_method": "gptq", "bits": 3, "group_size": 128
+        }))),
+    );
+    let doc = inspect(dir.path());
+    assert_eq!(module(&doc, m)["scheme"], "unknown");
+    let f = findings(&doc);
+    assert!(
+        f.iter()
+            .any(|f| f.contains(m) && f.contains("multiple of 3")),
+        "{f:?}"
+    );
+}
+
+#[test]
+fn a_vocab_only_gguf_reports_no_lm_head() {
+    // llama.cpp's vocabulary files: tokenizer metadata, no tensors. No embeddings, so no head
+    // shares them: the head is absent, not tied.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ggml-vocab-llama.gguf");
+    use cardproof::checkpoint::gguf::{GgufValue, serialize};
+    let metadata = [
+        ("general.architecture", GgufValue::String("llama".into())),
+        ("tokenizer.ggml.model", GgufValue::String("llama".into())),
+    ];
+    std::fs::write(&path, serialize(&metadata, &[], 32)).unwrap();
+    let run = cardproof(&["inspect", path.to_str().unwrap(), "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let doc = only_variant(run.json());
+    assert_eq!(doc["tensor_count"], 0);
+    assert_eq!(doc["parameter_count"], 0);
+    assert_eq!(doc["summary"]["lm_head"], "absent");
+    assert_eq!(doc["summary"]["embeddings"], Value::Null);
+    let human = cardproof(&["inspect", path.to_str().unwrap()]);
+    assert!(human.stdout.contains("lm_head absent"), "{}", human.stdout);
+    // A GGUF with embeddings and no output tensor still ties its head to them.
+    let tied = tempfile::tempdir().unwrap();
+    gguf_q4_k(&tied.path().join("m.gguf"));
+    let file = cardproof::checkpoint::gguf::read_file(&tied.path().join("m.gguf")).unwrap();
+    let whole = std::fs::read(tied.path().join("m.gguf")).unwrap();
+    let kept: Vec<_> = file
+        .tensors
+        .iter()
+        .filter(|t| t.name != "output.weight")
+        .map(|t| {
+            let data = whole[t.offset as usize..(t.offset + t.n_bytes) as usize].to_vec();
+            (t.name.clone(), t.ty, t.dims.clone(), data)
+        })
+        .collect();
+    let views: Vec<_> = kept
+        .iter()
+        .map(|(n, t, d, b)| (n.as_str(), *t, d.as_slice(), b.as_slice()))
+        .collect();
+    let path = tied.path().join("m.gguf");
+    std::fs::write(&path, serialize(&metadata, &views, 32)).unwrap();
+    let doc = only_variant(cardproof(&["inspect", path.to_str().unwrap(), "--json"]).json());
+    assert_eq!(doc["summary"]["lm_head"], "tied");
 }
 
 #[test]

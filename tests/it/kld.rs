@@ -382,10 +382,25 @@ fn non_finite_rows_are_excluded_counted_and_warned_about() {
     assert_eq!(run.code, 0);
     assert_eq!(run.json()["n_nonfinite"], 1);
     assert_eq!(run.json()["n_positions"], 19);
+    // The document counts them; the warning is for people, without --json.
+    assert_eq!(run.stderr, "");
+    let human = cardproof_in(
+        dir.path(),
+        &[
+            "kld",
+            "--reference",
+            "r.st",
+            "--candidate",
+            "c.st",
+            "--bootstrap",
+            "10",
+        ],
+    );
+    assert_eq!(human.code, 0);
     assert!(
-        run.stderr.contains("1 row with non-finite logits"),
+        human.stderr.contains("1 row with non-finite logits"),
         "{}",
-        run.stderr
+        human.stderr
     );
 }
 

@@ -527,8 +527,8 @@ fn json_output_has_the_documented_shape() {
             ]
         );
     }
-    // Human diagnostics go to stderr either way.
-    assert!(run.stderr.contains("error[unknown-metric]"));
+    // The document holds the findings; stderr does not repeat them (it does without --json).
+    assert_eq!(run.stderr, "");
 }
 
 macro_rules! example_snapshot {
@@ -710,4 +710,24 @@ fn lint_at_checks_a_model_directory_against_its_checkpoint() {
     );
     let alone = cardproof::lint::lint_at(&card, &dir.join("README.md")).unwrap();
     assert_eq!(alone.findings, cardproof::lint::lint(&card).findings);
+}
+
+#[test]
+fn a_3bit_gptq_group_size_is_not_a_false_mismatch() {
+    // A real 3-bit GPTQ upload (group size 128) was read as in = rows * 10 and its scales as
+    // "group size 120": a false config-tensor-mismatch and exit 1.
+    let dir = card_dir(compliant_card());
+    crate::fixtures::gptq_bits(dir.path(), 3);
+    let run = cardproof(&["lint", dir.path().to_str().unwrap(), "--json"]);
+    let codes = run.codes();
+    assert!(
+        !codes.iter().any(|c| c == "config-tensor-mismatch"),
+        "{codes:?}\n{}",
+        run.stdout
+    );
+    // The checkpoint was read: the FP8 card disagrees with the GPTQ tensors.
+    assert!(
+        codes.iter().any(|c| c == "quantization-mismatch"),
+        "{codes:?}"
+    );
 }

@@ -373,3 +373,261 @@ fn every_json_command_prints_one_versioned_document() {
     assert!(doc["error"]["file"].is_null(), "{doc}");
     assert_eq!(doc["error"]["kind"], "usage", "{doc}");
 }
+
+/// Every command with output flags, with arguments that parse (nothing has to exist: a refused
+/// format stops it before any work).
+fn every_command(t: &Path) -> Vec<(&'static str, Vec<String>)> {
+    let p = |name: &str| t.join(name).to_str().unwrap().to_owned();
+    let v = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    vec![
+        ("lint", v(&["lint", &p("card.md")])),
+        ("check", v(&["check", &p("model")])),
+        ("inspect", v(&["inspect", &p("model")])),
+        ("hash", v(&["hash", &p("model")])),
+        (
+            "kld",
+            v(&["kld", "--reference", &p("r"), "--candidate", &p("c")]),
+        ),
+        (
+            "measure",
+            v(&[
+                "measure",
+                "--reference",
+                &p("r"),
+                "--candidate",
+                &p("c"),
+                "--eval-text",
+                &p("t"),
+                "--context-length",
+                "128",
+                "--out",
+                &p("out"),
+            ]),
+        ),
+        ("verify", v(&["verify", &p("model"), "--out", &p("out")])),
+        ("card", v(&["card", "--measurement", &p("m.json")])),
+        ("keygen", v(&["keygen", "--out", &p("keys")])),
+        ("sign", v(&["sign", &p("m.json")])),
+        (
+            "reference export",
+            v(&[
+                "reference",
+                "export",
+                "--model",
+                &p("r"),
+                "--eval-text",
+                &p("t"),
+                "--context-length",
+                "128",
+                "--out",
+                &p("a.safetensors"),
+            ]),
+        ),
+        (
+            "verify-report",
+            v(&["verify-report", &p("e"), "--pub", &p("k")]),
+        ),
+    ]
+}
+
+#[test]
+fn a_format_a_command_does_not_print_is_a_usage_error_naming_the_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let commands = every_command(tmp.path());
+    assert_eq!(commands.len(), 12, "every command with output flags");
+    for (name, args) in commands {
+        let supported: &[&str] = match name {
+            "lint" => &["human", "json", "markdown", "sarif"],
+            "check" => &["human", "json", "sarif"],
+            _ => &["human", "json"],
+        };
+        for format in ["markdown", "sarif"] {
+            if supported.contains(&format) {
+                continue;
+            }
+            let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
+            a.extend(["--format", format]);
+            let run = cardproof(&a);
+            assert_eq!(run.code, 2, "{name} --format {format}: {}", run.stderr);
+            assert!(run.stdout.is_empty(), "{name}: {}", run.stdout);
+            let want = format!(
+                "`{name}` does not print --format {format}; it prints {}",
+                supported.join(", ")
+            );
+            assert!(
+                run.stderr.contains(&want),
+                "{name}: {want:?} not in {}",
+                run.stderr
+            );
+        }
+    }
+    // Refused before any work: keygen wrote no keys.
+    assert!(!tmp.path().join("keys").exists());
+    // The formats a command prints are honoured: lint's Markdown table, check's SARIF.
+    let card = repo_root().join("examples/cards/compliant-fp8/README.md");
+    let md = cardproof(&["lint", s(&card), "--format", "markdown"]);
+    assert_eq!(md.code, 0, "{}", md.stderr);
+    assert!(md.stdout.starts_with("### cardproof lint"), "{}", md.stdout);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(&card, dir.path().join("README.md")).unwrap();
+    let sarif = cardproof(&["check", s(dir.path()), "--format", "sarif"]);
+    assert_ne!(sarif.code, 2, "{}", sarif.stderr);
+    assert_eq!(
+        serde_json::from_str::<Value>(&sarif.stdout).unwrap()["version"],
+        "2.1.0"
+    );
+}
+
+#[test]
+fn json_diagnostics_are_not_repeated_on_stderr() {
+    // A card with findings: the document holds them; stderr stays empty. Without --json they
+    // are on stderr with their lines.
+    let card = repo_root().join("examples/cards/vague-disclosure/README.md");
+    let json = cardproof(&["lint", s(&card), "--json"]);
+    assert_eq!(json.code, 1, "{}", json.stderr);
+    assert!(!json.json()["findings"].as_array().unwrap().is_empty());
+    assert_eq!(json.stderr, "", "lint --json repeated its findings");
+    let human = cardproof(&["lint", s(&card)]);
+    assert!(human.stderr.contains("error"), "{}", human.stderr);
+    // An error: the error document alone.
+    let missing = cardproof(&["inspect", "/nonexistent/model", "--json"]);
+    assert_eq!(missing.code, 2);
+    assert_eq!(
+        missing.json()["error"]["kind"],
+        "not_found",
+        "{}",
+        missing.stdout
+    );
+    assert_eq!(missing.stderr, "", "the error was repeated on stderr");
+    let said = cardproof(&["inspect", "/nonexistent/model"]);
+    assert!(
+        said.stderr.contains("/nonexistent/model"),
+        "{}",
+        said.stderr
+    );
+    // A usage error found after parsing, and `check`'s findings and summary.
+    let usage = cardproof(&[
+        "kld",
+        "--reference",
+        "r",
+        "--candidate",
+        "c",
+        "--vocab",
+        "top-k",
+        "--json",
+    ]);
+    assert_eq!(usage.code, 2, "{}", usage.stderr);
+    assert_eq!(usage.json()["error"]["kind"], "usage", "{}", usage.stdout);
+    assert_eq!(usage.stderr, "", "the usage error was repeated on stderr");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(&card, dir.path().join("README.md")).unwrap();
+    let check = cardproof(&["check", s(dir.path()), "--json"]);
+    assert_eq!(check.code, 1, "{}", check.stderr);
+    assert_eq!(check.stderr, "", "check --json repeated its findings");
+    let check = cardproof(&["check", s(dir.path())]);
+    assert!(
+        check.stderr.contains("(local, before upload)"),
+        "{}",
+        check.stderr
+    );
+}
+
+/// `cardproof` with plain progress lines on stderr (`CARDPROOF_PROGRESS=plain`).
+fn with_plain_progress(args: &[&str]) -> Run {
+    let output = assert_cmd::Command::cargo_bin("cardproof")
+        .unwrap()
+        .current_dir(repo_root())
+        .env("NO_COLOR", "1")
+        .env("CARDPROOF_PROGRESS", "plain")
+        .args(args)
+        .output()
+        .unwrap();
+    Run {
+        code: output.status.code().unwrap(),
+        stdout: String::from_utf8(output.stdout).unwrap(),
+        stderr: String::from_utf8(output.stderr).unwrap(),
+    }
+}
+
+#[test]
+fn progress_names_each_stage_and_counts_windows_only_where_there_are_some() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let text = short_text(t, 2500);
+    let reference = model("shakespeare-bf16");
+    let m = with_plain_progress(&[
+        "measure",
+        "--reference",
+        &reference,
+        "--candidate",
+        &model("shakespeare-w8a16"),
+        "--eval-text",
+        s(&text),
+        "--context-length",
+        "128",
+        "--bootstrap",
+        "10",
+        "--out",
+        s(&t.join("m")),
+        "--json",
+    ]);
+    assert_eq!(m.code, 0, "{}", m.stderr);
+    let windows = m.json()["runs"][0]["n_windows"].clone();
+    assert!(m.stderr.contains("progress: tokenizing\n"), "{}", m.stderr);
+    assert!(
+        m.stderr.contains(&format!(
+            "progress: measuring {windows}/{windows} windows\n"
+        )),
+        "{windows}: {}",
+        m.stderr
+    );
+    assert!(!m.stderr.contains(" 0/0 "), "{}", m.stderr);
+    // `reference export` shows its progress too, like measure.
+    let e = with_plain_progress(&[
+        "reference",
+        "export",
+        "--model",
+        &reference,
+        "--eval-text",
+        s(&text),
+        "--context-length",
+        "128",
+        "--out",
+        s(&t.join("ref.safetensors")),
+    ]);
+    assert_eq!(e.code, 0, "{}", e.stderr);
+    assert!(
+        e.stderr.contains("progress: loading the reference\n"),
+        "{}",
+        e.stderr
+    );
+    assert!(
+        e.stderr.contains(&format!(
+            "progress: exporting {windows}/{windows} windows\n"
+        )),
+        "{}",
+        e.stderr
+    );
+    let l = with_plain_progress(&[
+        "reference",
+        "export",
+        "--model",
+        &reference,
+        "--eval-text",
+        s(&text),
+        "--context-length",
+        "128",
+        "--kind",
+        "llamacpp",
+        "--out",
+        s(&t.join("ref.kld")),
+    ]);
+    assert_eq!(l.code, 0, "{}", l.stderr);
+    assert!(
+        l.stderr.contains(&format!(
+            "progress: exporting {windows}/{windows} windows\n"
+        )),
+        "{}",
+        l.stderr
+    );
+}

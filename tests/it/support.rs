@@ -16,6 +16,15 @@ impl Run {
             .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", self.stdout))
     }
 
+    /// What the run said about its error: the error document's message with `--json` (which
+    /// stderr does not repeat), else stderr.
+    pub fn message(&self) -> String {
+        serde_json::from_str::<serde_json::Value>(&self.stdout)
+            .ok()
+            .and_then(|doc| doc["error"]["message"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| self.stderr.clone())
+    }
+
     /// Exit code and stderr, for readable snapshots.
     pub fn transcript(&self) -> String {
         format!("exit: {}\n--- stderr\n{}", self.code, self.stderr)

@@ -54,14 +54,17 @@ pub enum Command {
     VerifyReport(VerifyReportArgs),
     /// Check a Hub upload without downloading its weights: lint the card, inspect the checkpoint
     /// from its headers (HTTP Range reads), compare the card's candidate digest and revision with
-    /// the Hub's per-file SHA-256 and head, and check a signed report in the repository.
+    /// the Hub's per-file SHA-256 and head, and check a signed report in the repository. Given a
+    /// local directory, the same checks before the upload (files hashed only when the card
+    /// claims a digest or holds a report; no revision yet).
     Check(CheckArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// The repository: hf:ORG/NAME[@REVISION] (a branch, tag or commit; default main).
-    #[arg(value_name = "hf:ORG/NAME[@REV]")]
+    /// The repository: hf:ORG/NAME[@REVISION] (a branch, tag or commit; default main), or a
+    /// local model directory about to be uploaded.
+    #[arg(value_name = "hf:ORG/NAME[@REV] | DIR")]
     pub source: String,
     /// Also verify the signature of a report in the repository (report.dsse.json) with this
     /// public key (PEM); without it the report's subjects are still compared with the Hub.
@@ -541,7 +544,9 @@ pub struct LintArgs {
 
 #[derive(Debug, Args)]
 pub struct OutputArgs {
-    /// Output format: human diagnostics on stderr, or a document on stdout.
+    /// Output format: for people, or a document on stdout. `lint` prints all four, `check`
+    /// human, json and sarif, every other command human and json; a format a command does not
+    /// print is refused (exit 2). With json, stderr does not repeat what the document holds.
     #[arg(long, value_enum, default_value_t = FormatArg::Human)]
     pub format: FormatArg,
     /// Same as `--format json`.
@@ -556,6 +561,7 @@ pub struct OutputArgs {
 pub enum FormatArg {
     Human,
     Json,
+    /// A Markdown table (lint only).
     Markdown,
     /// SARIF 2.1.0 (lint and check only), for code scanning.
     Sarif,

@@ -22,6 +22,48 @@ pub enum Format {
     Sarif,
 }
 
+impl Format {
+    /// The flag value (`--format NAME`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Human => "human",
+            Format::Json => "json",
+            Format::Markdown => "markdown",
+            Format::Sarif => "sarif",
+        }
+    }
+}
+
+/// The formats each command prints, the one table of them: a format not listed for a command is
+/// refused (a usage error, exit 2) before any work, never silently printed as another. `schema`
+/// has no output flags (its document is always JSON).
+pub const FORMATS: &[(&str, &[Format])] = {
+    use Format::*;
+    &[
+        ("lint", &[Human, Json, Markdown, Sarif]),
+        ("check", &[Human, Json, Sarif]),
+        ("inspect", &[Human, Json]),
+        ("hash", &[Human, Json]),
+        ("kld", &[Human, Json]),
+        ("measure", &[Human, Json]),
+        ("verify", &[Human, Json]),
+        ("card", &[Human, Json]),
+        ("keygen", &[Human, Json]),
+        ("sign", &[Human, Json]),
+        ("reference export", &[Human, Json]),
+        ("verify-report", &[Human, Json]),
+    ]
+};
+
+/// The formats `command` prints (every command has an entry in [`FORMATS`]).
+pub fn formats_of(command: &str) -> &'static [Format] {
+    FORMATS
+        .iter()
+        .find(|(name, _)| *name == command)
+        .map(|(_, formats)| *formats)
+        .expect("every command with output flags is in FORMATS")
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct Output {
     pub format: Format,
@@ -30,7 +72,29 @@ pub struct Output {
 }
 
 impl Output {
-    pub fn from_args(args: &OutputArgs) -> Output {
+    /// The output of `command`; a format it does not print is a usage error naming the command
+    /// and the formats it does print (the error itself is then printed for people).
+    pub fn for_command(args: &OutputArgs, command: &str) -> Result<Output, (Output, String)> {
+        let output = Output::from_args(args);
+        let accepted = formats_of(command);
+        if accepted.contains(&output.format) {
+            return Ok(output);
+        }
+        let names: Vec<&str> = accepted.iter().map(|f| f.name()).collect();
+        Err((
+            Output {
+                format: Format::Human,
+                ..output
+            },
+            format!(
+                "`{command}` does not print --format {}; it prints {}",
+                output.format.name(),
+                names.join(", ")
+            ),
+        ))
+    }
+
+    fn from_args(args: &OutputArgs) -> Output {
         let format = match (args.json, args.format) {
             (true, _) | (_, FormatArg::Json) => Format::Json,
             (_, FormatArg::Markdown) => Format::Markdown,

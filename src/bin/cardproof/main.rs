@@ -29,23 +29,17 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    let mut output = output_args(&cli.command).map_or(
-        Output {
+    let output = match output_args(&cli.command) {
+        None => Ok(Output {
             format: Format::Json,
             color: false,
-        },
-        Output::from_args,
-    );
-    let finished = if output.format == Format::Sarif
-        && !matches!(cli.command, Command::Lint(_) | Command::Check(_))
-    {
-        // The usage error itself is not SARIF.
-        output.format = Format::Human;
-        Ok(Finished::Failed(Failure::Usage(
-            "--format sarif is for `lint` and `check` only".into(),
-        )))
-    } else {
-        run(cli.command, &Printer::new(output))
+        }),
+        Some((name, args)) => Output::for_command(args, name),
+    };
+    let (output, finished) = match output {
+        Ok(output) => (output, run(cli.command, &Printer::new(output))),
+        // A format the command does not print: refused before any work, in words.
+        Err((output, message)) => (output, Ok(Finished::Failed(Failure::Usage(message)))),
     };
     ExitCode::from(exit_code(&Printer::new(output), finished))
 }
@@ -162,21 +156,22 @@ fn exit_code(printer: &Printer, finished: io::Result<Finished>) -> u8 {
     }
 }
 
-/// The output flags of a command (`schema` has none: its document is always JSON).
-fn output_args(command: &Command) -> Option<&OutputArgs> {
+/// The name and output flags of a command, the name as [`config::FORMATS`] lists it (`schema`
+/// has none: its document is always JSON).
+fn output_args(command: &Command) -> Option<(&'static str, &OutputArgs)> {
     Some(match command {
         Command::Schema => return None,
-        Command::Lint(a) => &a.output,
-        Command::Check(a) => &a.output,
-        Command::Inspect(a) => &a.output,
-        Command::Hash(a) => &a.output,
-        Command::Kld(a) => &a.output,
-        Command::Measure(a) => &a.output,
-        Command::Verify(a) => &a.output,
-        Command::Card(a) => &a.output,
-        Command::Keygen(a) => &a.output,
-        Command::Sign(a) => &a.output,
-        Command::Reference(cli::ReferenceCommand::Export(a)) => &a.output,
-        Command::VerifyReport(a) => &a.output,
+        Command::Lint(a) => ("lint", &a.output),
+        Command::Check(a) => ("check", &a.output),
+        Command::Inspect(a) => ("inspect", &a.output),
+        Command::Hash(a) => ("hash", &a.output),
+        Command::Kld(a) => ("kld", &a.output),
+        Command::Measure(a) => ("measure", &a.output),
+        Command::Verify(a) => ("verify", &a.output),
+        Command::Card(a) => ("card", &a.output),
+        Command::Keygen(a) => ("keygen", &a.output),
+        Command::Sign(a) => ("sign", &a.output),
+        Command::Reference(cli::ReferenceCommand::Export(a)) => ("reference export", &a.output),
+        Command::VerifyReport(a) => ("verify-report", &a.output),
     })
 }

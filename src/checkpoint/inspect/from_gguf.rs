@@ -78,16 +78,15 @@ pub(super) fn inspect_gguf(paths: &[PathBuf], variant: Option<String>) -> Result
         .first()
         .and_then(|p| p.parent())
         .unwrap_or(Path::new(""));
-    let has_output = modules.iter().any(|m| m.bucket == Bucket::LmHead);
+    // No output tensor means the head shares the token embeddings, when there are any; a file
+    // without them (a vocabulary-only GGUF, tokenizer metadata and no tensors) has no head at
+    // all. An output tensor present is counted by `finish`.
+    let tied = !embeddings.is_empty();
     let summary = Summary {
         quantized: 0,
         high_precision: 0,
         schemes: BTreeMap::new(),
-        lm_head: if has_output {
-            "absent".into()
-        } else {
-            "tied".into()
-        },
+        lm_head: if tied { "tied".into() } else { "absent".into() },
         embeddings: embeddings.first().map(|e| e.scheme.clone()),
         kv_cache: None,
     };

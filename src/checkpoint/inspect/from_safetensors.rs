@@ -474,16 +474,36 @@ fn classify_awq_gptq(
     module: &mut impl FnMut(String, Vec<u64>, Option<Value>, Option<bool>) -> Module,
 ) -> Classified {
     let bits = decl_bits.unwrap_or(4).clamp(1, 32);
-    let pack = 32 / bits;
     let out_from_scales = dim(scales, 1);
     let method = declared.map(|d| d.method.as_str());
-    // AWQ packs along the output dim ([in, out/pack]); GPTQ along the input dim ([in/pack, out]).
-    let awq_shaped = dim(q, 1) * pack == out_from_scales;
+    // AWQ packs 32/bits whole fields per word along the output dim ([in, out*bits/32], 4-bit
+    // in practice); GPTQ packs a dense bit stream along the input dim ([in*bits/32, out]), so
+    // 3-bit GPTQ holds 32 input rows in every 3 words.
+    let awq_shaped = 32 % bits == 0 && dim(q, 1).checked_mul(32 / bits) == Some(out_from_scales);
     let gptq_shaped = dim(q, 1) == out_from_scales;
     let (scheme, shape) = if awq_shaped && method != Some("gptq") {
         ("awq", vec![out_from_scales, dim(q, 0)])
     } else if gptq_shaped {
-        ("gptq", vec![out_from_scales, dim(q, 0) * pack])
+        match gptq_in_features(dim(q, 0), bits) {
+            Some(inf) => ("gptq", vec![out_from_scales, inf]),
+            None => {
+                return Classified::Unknown(
+                    module(
+                        "unknown".into(),
+                        vec![out_from_scales, dim(q, 0)],
+                        None,
+                        None,
+                    ),
+                    format!(
+                        "qweight {:?} has {} packed rows; {bits}-bit GPTQ packs 32 input rows into \
+                         {bits} int32 words, so the rows must be a multiple of {}",
+                        q.shape,
+                        dim(q, 0),
+                        bits / gcd(32, bits)
+                    ),
+                );
+            }
+        }
     } else {
         let shape = vec![out_from_scales, dim(q, 0)];
         return Classified::Unknown(
@@ -506,6 +526,17 @@ fn classify_awq_gptq(
         m.activations = m.activations.or(Some("none".into()));
     }
     Classified::Module(m)
+}
+
+/// GPTQ's input features from its packed rows: `rows * 32 / bits`, exactly (3-bit: 32 values in
+/// 3 words), or `None` when the rows hold no whole number of values.
+fn gptq_in_features(rows: u64, bits: u64) -> Option<u64> {
+    let packed_bits = rows.checked_mul(32)?;
+    (bits > 0 && packed_bits % bits == 0).then(|| packed_bits / bits)
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 fn fp8_block(

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::kld::llamacpp::{BaseFile, BaseRow, RowReader};
 use crate::kld::protocol::{Direction, Positions};
 use crate::rerun::document::RunProtocol;
-use crate::runner::tokens::{Bos, Windows};
+use crate::runner::tokens::Windows;
 use crate::runner::{Runner, WindowLogits};
 
 /// What a base file says about itself, stated wherever it is used as a reference.
@@ -181,19 +181,18 @@ impl Runner for BaseFileRunner {
     }
 }
 
-/// Export the reference's second-half rows of every `n_ctx` window as a llama.cpp base file.
+/// Export the reference's second-half rows of every window (the eval text's `n_ctx`-token
+/// windows, as llama.cpp cuts them) as a llama.cpp base file.
 #[cfg(feature = "native")]
 pub fn export_native(
     model: &crate::runner::native::NativeModel,
     stream: &crate::runner::tokens::TokenStream,
-    text_path: &Path,
-    n_ctx: usize,
-    bos: Bos,
-    bos_id: Option<u32>,
+    windows: &crate::runner::tokens::Windows,
     out: &Path,
+    progress: crate::rerun::score::Progress,
 ) -> Result<u64> {
     use crate::kld::llamacpp::BaseFileWriter;
-    let windows = crate::runner::tokens::windows(stream, text_path, n_ctx, bos, bos_id)?;
+    let n_ctx = windows.length;
     let n = windows.windows.len();
     // llama.cpp stores the token stream as tokenized (before the per-chunk BOS swap).
     let tokens: Vec<i32> = stream.ids[..n * n_ctx].iter().map(|&t| t as i32).collect();
@@ -207,12 +206,14 @@ pub fn export_native(
     let width = model.decoder.config.vocab;
     let err =
         |e: candle_core::Error| Error::runner(&model.path, format!("forward pass failed: {e}"));
-    for ids in &windows.windows {
+    progress(0, n);
+    for (w, ids) in windows.windows.iter().enumerate() {
         let hidden = model.decoder.hidden(ids).map_err(err)?;
         let logits = model.decoder.logits_at(&hidden, &rows).map_err(err)?;
         for r in 0..rows.len() {
             writer.write_row_logits(&logits[r * width..(r + 1) * width])?;
         }
+        progress(w + 1, n);
     }
     writer.finish()?;
     Ok((n * rows.len()) as u64)

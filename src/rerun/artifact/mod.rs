@@ -695,6 +695,7 @@ pub fn export_native(
     spec: ExportSpec,
     reference: Value,
     tokenizer_sha256: &str,
+    progress: crate::rerun::score::Progress,
 ) -> Result<(Header, Vec<u8>)> {
     let ExportSpec {
         kind,
@@ -719,8 +720,15 @@ pub fn export_native(
     let err =
         |e: candle_core::Error| Error::runner(&model.path, format!("forward pass failed: {e}"));
     let mut runs = Vec::new();
-    for &l in &o.context_lengths {
-        let windows = tokens::windows(eval.stream, eval.text_path, l, o.bos, eval.bos_id)?;
+    let all = o
+        .context_lengths
+        .iter()
+        .map(|&l| tokens::windows(eval.stream, eval.text_path, l, o.bos, eval.bos_id))
+        .collect::<Result<Vec<_>>>()?;
+    let total: usize = all.iter().map(|w| w.windows.len()).sum();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    progress(0, total);
+    for (&l, windows) in o.context_lengths.iter().zip(all) {
         let rows: Vec<usize> = (0..l)
             .filter(|&j| o.positions.selects(j as u64, l as u64))
             .collect();
@@ -730,6 +738,8 @@ pub fn export_native(
             .par_iter()
             .map(|ids| -> Result<Part> {
                 let hidden = d.hidden(ids).map_err(err)?;
+                let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                progress(n, total);
                 let normed = d.normed_at(&hidden, &rows).map_err(err)?;
                 if kind == Kind::Hidden {
                     let h = normed

@@ -31,21 +31,58 @@ fn pool(threads: usize) -> Result<rayon::ThreadPool, Failure> {
         .map_err(|e| Failure::Usage(format!("cannot start {threads} threads: {e}")))
 }
 
-/// Run `work` with a progress bar on a terminal: its stage and its windows done.
+/// `CARDPROOF_PROGRESS=plain`: progress as plain lines on stderr when it is not a terminal (CI
+/// logs, tests): each stage as it starts, and each count of windows as it completes.
+pub const FORCE_PROGRESS: &str = "CARDPROOF_PROGRESS";
+
+fn plain_progress() -> bool {
+    std::env::var(FORCE_PROGRESS).is_ok_and(|v| v == "plain")
+}
+
+/// Run `work` with a progress bar on a terminal (`shown`), or plain lines when
+/// [`FORCE_PROGRESS`] asks for them: its stage, and the windows done while a stage counts them.
+/// A stage that counts nothing shows its name alone (not "linting 0/0 windows"); a new stage
+/// drops the previous stage's count.
 fn with_progress<T>(
     shown: bool,
     work: impl FnOnce(&(dyn Fn(&str) + Sync), rerun::Progress) -> T,
 ) -> T {
-    let bar = shown.then(|| printer::progress_bar(printer::MEASURE_PROGRESS));
+    use std::io::Write as _;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let bar = shown.then(|| printer::progress_bar(printer::STAGE_PROGRESS));
+    let lines = !shown && plain_progress();
+    let counting = AtomicBool::new(false);
+    let current = Mutex::new(String::new());
     let stage = |stage: &str| {
         if let Some(bar) = &bar {
+            if counting.swap(false, Ordering::Relaxed) {
+                bar.set_style(printer::progress_style(printer::STAGE_PROGRESS));
+            }
             bar.set_message(stage.to_owned());
+        }
+        if lines {
+            stage.clone_into(&mut current.lock().unwrap_or_else(|e| e.into_inner()));
+            let _ = writeln!(std::io::stderr().lock(), "progress: {stage}");
         }
     };
     let progress = |done: usize, total: usize| {
+        if total == 0 {
+            return;
+        }
         if let Some(bar) = &bar {
+            if !counting.swap(true, Ordering::Relaxed) {
+                bar.set_style(printer::progress_style(printer::MEASURE_PROGRESS));
+            }
             bar.set_length(total as u64);
             bar.set_position(done as u64);
+        }
+        if lines && done == total {
+            let stage = current.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "progress: {stage} {done}/{total} windows"
+            );
         }
     };
     let out = work(&stage, &progress);
@@ -161,6 +198,7 @@ pub fn export(
     args: &crate::cli::ExportArgs,
     p: crate::config::ProtocolConfig,
 ) -> super::Result<rerun::export::Exported> {
+    let shown = std::io::IsTerminal::is_terminal(&std::io::stderr());
     use crate::cli::ArtifactKindArg;
     use rerun::export::{ExportKind, ExportRequest};
     let request = ExportRequest {
@@ -191,7 +229,10 @@ pub fn export(
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from)),
         out: &args.out,
     };
-    Ok(Outcome::clean(rerun::export::export(&request)?))
+    let exported = with_progress(shown, |stage, progress| {
+        rerun::export::export(&request, stage, progress)
+    })?;
+    Ok(Outcome::clean(exported))
 }
 
 /// The Hub pins of a command's models, gathered as they are resolved (no global state).

@@ -24,7 +24,7 @@ impl Printer {
     /// `sign`: the document (`--json`), and on stderr what was written.
     pub fn signed(&self, s: &Signed) -> io::Result<()> {
         if self.json() {
-            write_json(&SignDocument::new(s))?;
+            return write_json(&SignDocument::new(s));
         }
         self.note(&format!(
             "wrote {} ({} subjects, keyid {})",

@@ -10,7 +10,8 @@ use crate::commands::card::Written;
 impl Printer {
     pub fn card_written(&self, c: &Written) -> io::Result<()> {
         if self.json() {
-            write_json(&CardDocument::new(&c.update, &c.measurement, &c.lint))?;
+            // The document holds the warnings and what was written.
+            return write_json(&CardDocument::new(&c.update, &c.measurement, &c.lint));
         }
         for w in &c.update.warnings {
             self.note(w);

@@ -21,6 +21,9 @@ impl Printer {
                 &cardproof::output::text::inspections(&report.inspections, false, &self.style()),
             )?,
         }
+        if !self.diagnostics() {
+            return Ok(());
+        }
         let style = self.style();
         if let (Some(card), Some(lint)) = (&report.card_text, &report.card) {
             let mut err = io::stderr().lock();
@@ -33,16 +36,18 @@ impl Printer {
             }
         }
         let mut err = io::stderr().lock();
+        let place = match (&report.repo, &report.commit) {
+            (Some(repo), Some(commit)) => format!("hf:{repo}@{commit}"),
+            _ => report.source.clone(),
+        };
         for f in &report.hub_findings {
             writeln!(
                 err,
-                "{}[{}]: {}\n  {} hf:{}@{}\n",
+                "{}[{}]: {}\n  {} {place}\n",
                 style.severity(f.severity),
                 f.code,
                 style.bold(&f.message),
                 style.dim("-->"),
-                report.repo,
-                report.commit
             )?;
         }
         if let Some(r) = &report.report {
@@ -76,18 +81,22 @@ impl Printer {
         } else {
             0.0
         };
-        let summary = format!(
-            "{} (commit {}): {} {}, {} {}; {} files, {} bytes; fetched {} bytes ({share:.4}%)",
-            report.source,
-            report.commit,
+        let counts = format!(
+            "{} {}, {} {}; {} files, {} bytes",
             errors,
             plural(errors, "error"),
             warnings,
             plural(warnings, "warning"),
             report.files,
             report.total_bytes,
-            report.bytes_fetched,
         );
+        let summary = match &report.commit {
+            Some(commit) => format!(
+                "{} (commit {commit}): {counts}; fetched {} bytes ({share:.4}%)",
+                report.source, report.bytes_fetched,
+            ),
+            None => format!("{} (local, before upload): {counts}", report.source),
+        };
         writeln!(err, "{}", style.bold(&summary))
     }
 }

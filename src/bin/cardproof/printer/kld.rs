@@ -21,7 +21,7 @@ impl Printer {
     }
 
     fn measurement(&self, m: &Measurement) -> io::Result<()> {
-        if m.n_nonfinite > 0 {
+        if m.n_nonfinite > 0 && self.diagnostics() {
             writeln!(
                 io::stderr().lock(),
                 "{}: {} row{} with non-finite logits (NaN or +inf) excluded, not averaged in",

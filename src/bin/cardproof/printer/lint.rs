@@ -1,5 +1,5 @@
-//! `lint`: the findings as a document, a Markdown table or SARIF on stdout, and always as
-//! diagnostics with the offending lines on stderr.
+//! `lint`: the findings as a document, a Markdown table or SARIF on stdout, and as diagnostics
+//! with the offending lines on stderr (except with `--json`, whose document holds them).
 
 use std::io::{self, Write};
 
@@ -20,6 +20,9 @@ impl Printer {
             Format::Markdown => write_stdout(&render_markdown(card, report))?,
             Format::Sarif => write_json(&sarif::lint_log(card, report))?,
             Format::Human => {}
+        }
+        if !self.diagnostics() {
+            return Ok(());
         }
         self.human_findings(card, report)
     }

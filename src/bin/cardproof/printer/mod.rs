@@ -40,10 +40,19 @@ impl Printer {
         self.output.format == Format::Json
     }
 
-    /// Print an input error: one message naming the file and place (and, with JSON, a document).
+    /// Whether diagnostics go to stderr: not with `--json`, whose one document already holds
+    /// them (findings, warnings, errors, what was written). Progress and notes about what the
+    /// document does not hold (downloads, a key created) stay on stderr. SARIF and Markdown are
+    /// renderings for another reader, so the person running the command still sees the findings.
+    fn diagnostics(&self) -> bool {
+        !self.json()
+    }
+
+    /// Print an input error: one message naming the file and place (with JSON, the error
+    /// document alone).
     pub fn error(&self, error: &cardproof::Error) -> io::Result<()> {
         if self.json() {
-            write_json(&cardproof::output::ErrorDocument::new(error))?;
+            return write_json(&cardproof::output::ErrorDocument::new(error));
         }
         let style = self.style();
         let mut err = io::stderr().lock();
@@ -65,7 +74,7 @@ impl Printer {
     /// A usage error found after argument parsing.
     pub fn usage_error(&self, message: &str) -> io::Result<()> {
         if self.json() {
-            write_json(&cardproof::output::ErrorDocument::usage(message))?;
+            return write_json(&cardproof::output::ErrorDocument::usage(message));
         }
         writeln!(
             io::stderr().lock(),
@@ -120,8 +129,10 @@ fn readable_text(path: &std::path::Path) -> Option<String> {
 /// Template of the hashing progress bar.
 pub const HASH_PROGRESS: &str =
     "{spinner} hashing {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left) {wide_bar}";
-/// Template of the measurement progress bar.
+/// Template of the measurement progress bar, while windows are counted.
 pub const MEASURE_PROGRESS: &str = "{spinner} {msg} {pos}/{len} windows ({eta} left) {wide_bar}";
+/// Template of a stage that counts nothing (tokenizing, loading, linting): its name alone.
+pub const STAGE_PROGRESS: &str = "{spinner} {msg}";
 /// Template of the download progress bar (`hf:` sources).
 pub const DOWNLOAD_PROGRESS: &str =
     "{spinner} downloading {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left) {wide_bar}";
@@ -130,8 +141,11 @@ pub const DOWNLOAD_PROGRESS: &str =
 pub fn progress_bar(template: &str) -> indicatif::ProgressBar {
     let bar =
         indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(template).expect("valid progress template"),
-    );
+    bar.set_style(progress_style(template));
     bar
+}
+
+/// A progress bar's style from one of the templates above.
+pub fn progress_style(template: &str) -> indicatif::ProgressStyle {
+    indicatif::ProgressStyle::with_template(template).expect("valid progress template")
 }

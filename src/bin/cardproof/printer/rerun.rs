@@ -51,7 +51,7 @@ impl Printer {
     /// `reference export`: the document (`--json`), and on stderr what was written.
     pub fn exported(&self, e: &cardproof::rerun::export::Exported) -> io::Result<()> {
         if self.json() {
-            write_json(e)?;
+            return write_json(e);
         }
         self.note(&e.note);
         Ok(())
