@@ -162,11 +162,15 @@ pub struct Exported {
     /// What was written, in words (the human line).
     #[serde(skip)]
     pub note: String,
+    /// The pre-flight's warnings about the protocol exported (printed on stderr).
+    #[serde(skip)]
+    pub warnings: Vec<super::preflight::Warning>,
 }
 
 /// Export the reference's side and describe what was written (its digest and size read back).
 pub fn export(r: &ExportRequest) -> Result<Exported> {
     use super::artifact::{ExportSpec, Kind};
+    let warnings = super::preflight::check_export(r)?;
     let (kind, sidecar, rows, bound, note) = match r.kind {
         ExportKind::Llamacpp => {
             let [n_ctx] = r.options.context_lengths[..] else {
@@ -238,5 +242,6 @@ pub fn export(r: &ExportRequest) -> Result<Exported> {
         rows,
         bound,
         note,
+        warnings,
     })
 }
