@@ -483,6 +483,8 @@ fn too_few_bootstrap_blocks_are_named_before_any_forward_pass() {
             "stride",
             "--stride",
             "512",
+            "--offset",
+            "0",
         ],
     );
     assert_eq!(r.code, 2, "{}", r.stderr);
