@@ -59,13 +59,13 @@ pub struct Identities<'a> {
     pub tokens: Option<(&'a str, usize)>,
     pub candidate_files_sha256: &'a str,
     pub reference_files_sha256: Option<&'a str>,
-    /// The Hub commits the candidate and reference were fetched at (`hf:` sources only).
-    pub candidate_commit: Option<&'a str>,
-    pub reference_commit: Option<&'a str>,
 }
 
-/// Every identity the card pins (digests, token stream, Hub commits) that the given files
-/// contradict. `side` names where the value comes from (`rerun`, `given files`).
+/// Every identity the card pins (the files' root digests, the eval text's digest, the token
+/// stream) that the given files contradict. `side` names where the value comes from (`rerun`,
+/// `given files`). Revisions are not identities here: publishing a card is a commit that
+/// changes the candidate's revision and not its files, and a reference's later commit may hold
+/// the same files; the root digests are what bind the numbers to bytes.
 pub fn identity_differences(card: &CardLane, id: &Identities, side: &str) -> Vec<Difference> {
     let mut out = Vec::new();
     let mut digest = |field: &str, what: &str, c: Option<&str>, r: Option<&str>| {
@@ -106,24 +106,12 @@ pub fn identity_differences(card: &CardLane, id: &Identities, side: &str) -> Vec
         Some(id.candidate_files_sha256),
     );
     digest(
-        "candidate.revision",
-        "candidate revision",
-        card.candidate_revision,
-        id.candidate_commit,
-    );
-    digest(
         "reference.files_sha256",
         "reference files (root sha256)",
         card.reference
             .and_then(|r| r.files_sha256.as_ref())
             .map(|s| s.0.as_str()),
         id.reference_files_sha256,
-    );
-    digest(
-        "reference.revision",
-        "reference revision",
-        card.reference.map(|r| r.revision.as_str()),
-        id.reference_commit,
     );
     out
 }
@@ -135,8 +123,6 @@ pub struct CardLane<'a> {
     pub reference: Option<&'a disclosure::Reference>,
     /// `candidate.files_sha256`, as the card states it.
     pub candidate_files_sha256: Option<&'a str>,
-    /// `candidate.revision`, as the card states it.
-    pub candidate_revision: Option<&'a str>,
 }
 
 /// Every difference between the card's lane and protocol and the rerun's.
@@ -259,8 +245,6 @@ pub fn lane_differences(card: &CardLane, m: &Measurement, resolved: &Resolved) -
             tokens: Some((&m.eval.tokens_sha256, m.eval.token_count)),
             candidate_files_sha256: &m.candidate.manifest_sha256,
             reference_files_sha256: Some(&m.reference.manifest_sha256),
-            candidate_commit: None,
-            reference_commit: None,
         },
         "rerun",
     ));

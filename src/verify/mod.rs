@@ -216,7 +216,6 @@ fn card_lane<'a>(
         eval,
         reference,
         candidate_files_sha256: disclosure["candidate"]["files_sha256"].as_str(),
-        candidate_revision: disclosure["candidate"]["revision"].as_str(),
     }
 }
 
@@ -345,12 +344,6 @@ pub fn verify(
             for w in &pre.warnings {
                 (r.on_warning)(w);
             }
-            let commit = |role: Role| {
-                r.pins
-                    .iter()
-                    .find(|(p, _)| *p == role)
-                    .map(|(_, pin)| pin.commit.as_str())
-            };
             let id = &pre.identity;
             let contradicted = differences::identity_differences(
                 &card_lane(runtime, eval, reference_section, &disclosure),
@@ -359,8 +352,6 @@ pub fn verify(
                     tokens: id.tokens_sha256.as_deref().zip(id.token_count),
                     candidate_files_sha256: &manifest.root_sha256,
                     reference_files_sha256: id.reference_files_sha256.as_deref(),
-                    candidate_commit: commit(Role::Candidate),
-                    reference_commit: commit(Role::Reference),
                 },
                 "given files",
             );
