@@ -8,8 +8,8 @@ use sha2::Digest as _;
 
 use super::document::{ArtifactRecord, Environment, ModelRecord, RunnerKind, TokenizerRecord};
 use super::gates::{self, Gate, Measured};
-use super::score::{self, EvalInput, Progress, Scoring};
 use super::preflight::Preflight;
+use super::score::{self, EvalInput, Progress, Scoring};
 use super::{GateRequest, NoiseFloor, NoiseFloorRun, Request, Rerun, record};
 use crate::checkpoint::hash::Manifest;
 use crate::error::{Error, Result};

@@ -238,12 +238,18 @@ pub fn max_positions(model: &Path) -> Result<Option<(usize, PathBuf, String)>> {
     for key in POSITION_KEYS {
         for (place, value) in [
             ((*key).to_owned(), json.get(*key)),
-            (format!("text_config.{key}"), nested.and_then(|t| t.get(*key))),
+            (
+                format!("text_config.{key}"),
+                nested.and_then(|t| t.get(*key)),
+            ),
         ] {
             if let Some(v) = value {
-                let n = v.as_u64().and_then(|n| usize::try_from(n).ok()).ok_or_else(|| {
-                    Error::format(&config_path, Some(&place), "not a non-negative integer")
-                })?;
+                let n = v
+                    .as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| {
+                        Error::format(&config_path, Some(&place), "not a non-negative integer")
+                    })?;
                 return Ok(Some((n, config_path, place)));
             }
         }
@@ -367,15 +373,4 @@ pub fn check_export(r: &super::export::ExportRequest) -> Result<Vec<Warning>> {
     let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(r.model))?;
     let stream = tokens::tokenize(&tokenizer, r.eval_text)?;
     bootstrap_blocks(r.eval_text, &stream, &r.options, tokenizer.bos_id)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_single_window_counts_runs_of_rows_as_its_blocks() {
-        assert_eq!(scored_rows(Positions::All, 128), 128);
-        assert_eq!(scored_rows(Positions::SecondHalf, 128), 64);
-    }
 }

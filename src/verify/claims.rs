@@ -393,6 +393,57 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_not_rerun_is_never_reproduced_and_keeps_the_cards_own_verdicts() {
+        let not_rerun = Context {
+            differences: vec!["reference files (root sha256): card a, given files b".into()],
+            not_rerun: Some(NotRerun {
+                forward: true,
+                reverse: false,
+            }),
+            ..Context::default()
+        };
+        let none = |_: &str, _: u64| None;
+        let r = judge(&claim("0.01648"), &[256], &not_rerun, &none);
+        assert_eq!(r.verdict, Verdict::NotComparable);
+        assert!(r.reason.starts_with("not rerun:") && r.reason.contains("card a, given files b"));
+        assert_eq!((r.rerun, r.differences.len()), (None, 1));
+        // What the card alone decides is decided as with a rerun.
+        assert_eq!(
+            judge(&claim("0.002"), &[256], &not_rerun, &none).verdict,
+            Verdict::Imprecise
+        );
+        let mut reverse = claim("0.01648");
+        reverse.metric = "kld_reverse_mean".into();
+        assert_eq!(
+            judge(&reverse, &[256], &not_rerun, &none).verdict,
+            Verdict::Undisclosed,
+            "a direction the protocol does not compute"
+        );
+        assert_eq!(
+            judge(&claim("0.01648"), &[512], &not_rerun, &none).verdict,
+            Verdict::Undisclosed,
+            "a context length the protocol does not run"
+        );
+        let lint = Context {
+            lint_errors: vec!["schema: broken".into()],
+            ..not_rerun.clone()
+        };
+        assert_eq!(
+            judge(&claim("0.01648"), &[256], &lint, &none).verdict,
+            Verdict::NotReproduced
+        );
+        // Fail closed: not rerun and no difference recorded is still no reproduction.
+        let bare = Context {
+            differences: Vec::new(),
+            ..not_rerun
+        };
+        assert_eq!(
+            judge(&claim("0.01648"), &[256], &bare, &none).verdict,
+            Verdict::NotComparable
+        );
+    }
+
+    #[test]
     fn printed_precision_is_half_a_unit_in_the_last_digit() {
         assert_eq!(half_unit("0.0123"), 0.5e-4);
         assert_eq!(half_unit("0.01230"), 0.5e-5);

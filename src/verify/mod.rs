@@ -319,24 +319,24 @@ pub fn verify(
                 .map(|&l| l as u64)
                 .collect();
             let request = rerun::Request {
-                    lane,
-                    candidate: r.model,
-                    eval_text: text.as_deref(),
-                    tokenizer: None,
-                    options: resolved.options.clone(),
-                    padding_included: resolved.padding_included,
-                    threads: r.threads,
-                    candidate_manifest: Some(&manifest),
-                    gates: Some(GateRequest {
-                        declared: declared_quantization(sections.quantization_method.as_deref()),
-                        checkpoint_quantized: inspections.iter().any(|i| i.summary.quantized > 0),
-                        disclosed_nonfinite: lengths
-                            .iter()
-                            .map(|&l| (l, disclosed_nonfinite(&card_claims, l)))
-                            .collect(),
-                    }),
-                    noise_floor: r.noise_floor,
-                    pins: r.pins.clone(),
+                lane,
+                candidate: r.model,
+                eval_text: text.as_deref(),
+                tokenizer: None,
+                options: resolved.options.clone(),
+                padding_included: resolved.padding_included,
+                threads: r.threads,
+                candidate_manifest: Some(&manifest),
+                gates: Some(GateRequest {
+                    declared: declared_quantization(sections.quantization_method.as_deref()),
+                    checkpoint_quantized: inspections.iter().any(|i| i.summary.quantized > 0),
+                    disclosed_nonfinite: lengths
+                        .iter()
+                        .map(|&l| (l, disclosed_nonfinite(&card_claims, l)))
+                        .collect(),
+                }),
+                noise_floor: r.noise_floor,
+                pins: r.pins.clone(),
             };
             // Everything that needs no forward pass first: a file that is not the card's is
             // found in well under a second, not after the measurement.

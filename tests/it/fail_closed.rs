@@ -277,7 +277,10 @@ fn lint_errors_and_a_declared_but_absent_quantization_fail_verify() {
     let (before, after) = card.split_once("  candidate:\n").unwrap();
     let (pinned, rest) = after.split_once("files_sha256: ").unwrap();
     let rest = rest.split_once('\n').unwrap().1;
-    let unpinned = format!("{before}  candidate:\n{}{rest}", pinned.trim_end_matches(' '));
+    let unpinned = format!(
+        "{before}  candidate:\n{}{rest}",
+        pinned.trim_end_matches(' ')
+    );
     std::fs::write(v.card(), unpinned).unwrap();
     let r = v.verify();
     assert_eq!(r.code, 1, "{}", r.stderr);

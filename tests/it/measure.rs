@@ -462,7 +462,8 @@ fn too_few_bootstrap_blocks_are_named_before_any_forward_pass() {
     // About 840 tokens in windows of 128: 6 windows, 6 blocks, a warning before the work (the
     // load then fails, after it).
     let (r, _dir) = measure_unloadable(2500, &["--context-length", "128"]);
-    let warning = "tokens make 6 windows of 128, 6 bootstrap blocks; below 30 the ci95 is too narrow";
+    let warning =
+        "tokens make 6 windows of 128, 6 bootstrap blocks; below 30 the ci95 is too narrow";
     let (Some(warned), Some(load)) = (r.stderr.find(warning), r.stderr.find("model.safetensors"))
     else {
         panic!("{}", r.stderr)

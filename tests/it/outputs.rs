@@ -316,7 +316,8 @@ fn every_output_path_is_checked_before_any_forward_pass() {
     ]);
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
-        r.stderr.contains(&format!("{}: cannot write:", artifact.display())),
+        r.stderr
+            .contains(&format!("{}: cannot write:", artifact.display())),
         "{}",
         r.stderr
     );
