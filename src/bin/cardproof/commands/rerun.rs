@@ -82,6 +82,7 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
                         threads: c.threads,
                         out: set.dir(),
                         run_id: Some(set.run_id()),
+                        on_warning: &|w| printer.warning(&w.to_string()),
                     },
                     stage,
                     progress,
