@@ -175,12 +175,16 @@ pub struct Exported {
     /// What was written, in words (the human line).
     #[serde(skip)]
     pub note: String,
+    /// The pre-flight's warnings about the protocol exported (printed on stderr).
+    #[serde(skip)]
+    pub warnings: Vec<super::preflight::Warning>,
 }
 
 /// Export the reference's side and describe what was written (its digest and size read back).
 /// `stage` names what it is doing; `progress` counts windows done out of all windows.
 pub fn export(r: &ExportRequest, stage: Stage, progress: Progress) -> Result<Exported> {
     use super::artifact::{ExportSpec, Kind};
+    let warnings = super::preflight::check_export(r)?;
     let (kind, sidecar, rows, bound, note) = match r.kind {
         ExportKind::Llamacpp => {
             let [n_ctx] = r.options.context_lengths[..] else {
@@ -257,5 +261,6 @@ pub fn export(r: &ExportRequest, stage: Stage, progress: Progress) -> Result<Exp
         rows,
         bound,
         note,
+        warnings,
     })
 }

@@ -8,6 +8,7 @@ use sha2::Digest as _;
 
 use super::document::{ArtifactRecord, Environment, ModelRecord, RunnerKind, TokenizerRecord};
 use super::gates::{self, Gate, Measured};
+use super::preflight::Preflight;
 use super::score::{self, EvalInput, Progress, Scoring};
 use super::{GateRequest, NoiseFloor, NoiseFloorRun, Request, Rerun, record};
 use crate::checkpoint::hash::Manifest;
@@ -19,34 +20,18 @@ use crate::runner::tokens::{self, TokenStream};
 
 type Stage<'a> = &'a (dyn Fn(&str) + Sync);
 
-/// The eval text a lane that tokenizes needs.
-fn eval_text<'a>(r: &Request<'a>) -> Result<&'a Path> {
-    r.eval_text.ok_or_else(|| {
-        Error::usage(
+/// The eval text, tokenizer and tokens a lane that tokenizes needs, from its pre-flight.
+fn tokenized<'a>(
+    r: &Request<'a>,
+    pre: &mut Preflight,
+) -> Result<(&'a Path, tokens::TokenizerFile, TokenStream)> {
+    match (r.eval_text, pre.tokenized.take()) {
+        (Some(text), Some((tokenizer, stream))) => Ok((text, tokenizer, stream)),
+        _ => Err(Error::internal(
             r.candidate,
-            "this lane needs the eval text (--eval-text FILE)",
-        )
-    })
-}
-
-/// The reference's tokenizer (or the one given), checked against the candidate's when it has
-/// one, and the eval text tokenized once with it.
-fn tokenize_eval(
-    reference: &Path,
-    candidate: &Path,
-    tokenizer: Option<&Path>,
-    eval_text: &Path,
-) -> Result<(tokens::TokenizerFile, TokenStream)> {
-    let tokenizer_path = tokenizer
-        .map(Path::to_owned)
-        .unwrap_or_else(|| tokens::tokenizer_path(reference));
-    let loaded = tokens::load_tokenizer(&tokenizer_path)?;
-    let candidate_tokenizer = tokens::tokenizer_path(candidate);
-    if tokenizer.is_none() && candidate_tokenizer.exists() {
-        tokens::check_same_tokenizer(&loaded, &tokens::load_tokenizer(&candidate_tokenizer)?)?;
+            "the lane was started without its pre-flight's eval text and tokens",
+        )),
     }
-    let stream = tokens::tokenize(&loaded, eval_text)?;
-    Ok((loaded, stream))
 }
 
 /// The root digest of a checkpoint's manifest, from a manifest the caller already has (verify
@@ -208,20 +193,24 @@ fn finished(
 /// Both models native.
 pub(super) fn native(
     r: &Request,
+    mut pre: Preflight,
     reference_path: &Path,
     compute: ComputeDtype,
     emulate: Emulate,
     stage: Stage,
     progress: Progress,
 ) -> Result<Rerun> {
-    let text = eval_text(r)?;
-    stage("tokenizing");
-    let (tokenizer, stream) = tokenize_eval(reference_path, r.candidate, r.tokenizer, text)?;
+    let (text, tokenizer, stream) = tokenized(r, &mut pre)?;
     stage("loading models");
     let reference = native::load(reference_path, compute, emulate)?;
     let candidate = native::load(r.candidate, compute, emulate)?;
     stage("hashing");
-    let reference_id = identity(&reference, reference_path, r.threads, None)?;
+    let reference_id = identity(
+        &reference,
+        reference_path,
+        r.threads,
+        pre.reference_manifest.as_ref(),
+    )?;
     let candidate_id = identity(&candidate, r.candidate, r.threads, r.candidate_manifest)?;
     let options = with_padding(r, candidate.vocab());
     let eval = EvalInput {
@@ -396,14 +385,13 @@ fn transformers_environment(
 /// Both models in transformers (a Python subprocess on the user's GPU).
 pub(super) fn transformers(
     r: &Request,
+    mut pre: Preflight,
     reference_path: &Path,
     runner_options: &crate::runner::transformers::TransformersOptions,
     stage: Stage,
     progress: Progress,
 ) -> Result<Rerun> {
     use crate::runner::transformers::{self, RunWork};
-    let text = eval_text(r)?;
-    stage("tokenizing");
     if !matches!(r.options.vocab, VocabMode::Full) {
         return Err(Error::unsupported(
             r.candidate,
@@ -420,9 +408,10 @@ pub(super) fn transformers(
             ));
         }
     }
-    let (tokenizer, stream) = tokenize_eval(reference_path, r.candidate, r.tokenizer, text)?;
+    let (text, tokenizer, stream) = tokenized(r, &mut pre)?;
     stage("hashing");
-    let (reference_id, width) = checkpoint_identity(reference_path, r.threads, None)?;
+    let (reference_id, width) =
+        checkpoint_identity(reference_path, r.threads, pre.reference_manifest.as_ref())?;
     // The same weights on both sides (a sweep): hashed once.
     let (candidate_id, cand_width) = if r.candidate == reference_path {
         (reference_id.clone(), width)
@@ -538,6 +527,7 @@ fn artifact_gates(
 /// vocabulary and protocol are enforced.
 pub(super) fn reference_artifact(
     r: &Request,
+    pre: Preflight,
     path: &Path,
     compute: ComputeDtype,
     emulate: Emulate,
@@ -545,8 +535,13 @@ pub(super) fn reference_artifact(
     progress: Progress,
 ) -> Result<Rerun> {
     use super::artifact::{Artifact, ArtifactRunner, Kind};
-    stage("reading the artifact");
-    let artifact = Artifact::open(path)?;
+    let artifact = match pre.artifact {
+        Some(a) => a,
+        None => {
+            stage("reading the artifact");
+            Artifact::open(path)?
+        }
+    };
     let h = &artifact.header;
     let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(r.candidate))?;
     if h.eval["tokenizer_sha256"].as_str() != Some(tokenizer.sha256.as_str()) {

@@ -4,6 +4,9 @@
 //! all run through here, so every lane records the same identity, environment and statistics
 //! and every lane's gates come from [`gates`].
 //!
+//! Before any lane loads a model, [`preflight`] checks everything that needs no forward pass
+//! (tokenizers, text, positions, bootstrap blocks, output paths, the reference's digest).
+//!
 //! Inside, the layers run one way: [`options`] (run options and the one conversion from and to
 //! the card's protocol) → [`document`] (the measurement's types) → [`score`] (windows to rows
 //! to statistics) → [`artifact`] (reference artifacts and llama.cpp base files as reference
@@ -16,6 +19,7 @@ pub mod gates;
 mod lanes;
 pub mod options;
 pub mod output;
+pub mod preflight;
 pub mod record;
 pub mod score;
 pub mod sweep;
@@ -172,23 +176,36 @@ pub struct NoiseFloorRun {
     pub metrics: std::collections::BTreeMap<String, f64>,
 }
 
-/// Run one rerun in its lane. Fails closed: any problem is an `Err`, never a partial result.
+/// Run one rerun in its lane, its [`preflight`] first. Fails closed: any problem is an `Err`,
+/// never a partial result.
 pub fn run(r: &Request, stage: &(dyn Fn(&str) + Sync), progress: Progress) -> Result<Rerun> {
+    let pre = preflight::check(r, stage)?;
+    run_checked(r, pre, stage, progress)
+}
+
+/// Run one rerun whose [`preflight::check`] the caller has run (to print its warnings or
+/// compare its identities first); `pre` must be that request's.
+pub fn run_checked(
+    r: &Request,
+    pre: preflight::Preflight,
+    stage: &(dyn Fn(&str) + Sync),
+    progress: Progress,
+) -> Result<Rerun> {
     r.options.check()?;
     let mut rerun = match r.lane {
         Lane::Native {
             reference,
             compute,
             emulate,
-        } => lanes::native(r, reference, compute, emulate, stage, progress)?,
+        } => lanes::native(r, pre, reference, compute, emulate, stage, progress)?,
         Lane::Transformers { reference, runner } => {
-            lanes::transformers(r, reference, runner, stage, progress)?
+            lanes::transformers(r, pre, reference, runner, stage, progress)?
         }
         Lane::ReferenceArtifact {
             artifact,
             compute,
             emulate,
-        } => lanes::reference_artifact(r, artifact, compute, emulate, stage, progress)?,
+        } => lanes::reference_artifact(r, pre, artifact, compute, emulate, stage, progress)?,
         Lane::LlamacppBase {
             file,
             compute,

@@ -28,6 +28,8 @@ pub struct SweepRequest<'a> {
     pub out: &'a Path,
     /// The run id every document of the sweep carries (see [`crate::outset`]).
     pub run_id: Option<&'a str>,
+    /// Told each pre-flight warning (once: every pair measures the same text and protocol).
+    pub on_warning: &'a (dyn Fn(&super::preflight::Warning) + Sync),
 }
 
 /// `sweep.json`.
@@ -129,26 +131,29 @@ pub fn run_sweep(
         let mut runner = r.runner.clone();
         runner.attention = (baseline.clone(), other.clone());
         let pair_dir = format!("{}-{baseline}-vs-{other}", r.knob);
-        let mut rerun = super::run(
-            &Request {
-                lane: Lane::Transformers {
-                    reference: r.model,
-                    runner: &runner,
-                },
-                candidate: r.model,
-                eval_text: Some(r.eval_text),
-                tokenizer: r.tokenizer,
-                options: r.options.clone(),
-                padding_included: false,
-                threads: r.threads,
-                candidate_manifest: None,
-                gates: None,
-                noise_floor: false,
-                pins: Vec::new(),
+        let request = Request {
+            lane: Lane::Transformers {
+                reference: r.model,
+                runner: &runner,
             },
-            stage,
-            progress,
-        )?;
+            candidate: r.model,
+            eval_text: Some(r.eval_text),
+            tokenizer: r.tokenizer,
+            options: r.options.clone(),
+            padding_included: false,
+            threads: r.threads,
+            candidate_manifest: None,
+            gates: None,
+            noise_floor: false,
+            pins: Vec::new(),
+        };
+        let pre = super::preflight::check(&request, stage)?;
+        if pairs.is_empty() {
+            for w in &pre.warnings {
+                (r.on_warning)(w);
+            }
+        }
+        let mut rerun = super::run_checked(&request, pre, stage, progress)?;
         rerun.measurement.run_id = r.run_id.map(str::to_owned);
         for m in &rerun.runs {
             if let Some(&k) = m.summary.metrics.get("kld_mean") {

@@ -98,6 +98,31 @@ pub struct Context {
     pub failed_gates: Vec<String>,
     /// Lint errors of the card (fail closed: nothing on an erroneous card is reproduced).
     pub lint_errors: Vec<String>,
+    /// The rerun was not run because its pre-flight found the files given are not the ones the
+    /// card names (`differences` says how); what the protocol would have computed.
+    pub not_rerun: Option<NotRerun>,
+}
+
+/// What a rerun stopped at its pre-flight would have computed: the directions of its protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotRerun {
+    pub forward: bool,
+    pub reverse: bool,
+}
+
+impl NotRerun {
+    /// Whether the rerun would have had this metric (the KL metrics of its directions, and the
+    /// rest always).
+    fn computes(self, metric: &str) -> bool {
+        use crate::disclosure::vocabulary::{is_forward_kl, is_reverse_kl};
+        if is_reverse_kl(metric) {
+            self.reverse
+        } else if is_forward_kl(metric) {
+            self.forward
+        } else {
+            true
+        }
+    }
 }
 
 /// Where the card's sample and the rerun's differ for one claim.
@@ -173,15 +198,26 @@ pub fn judge(
         }
     };
     result.context_length = Some(length);
-    let Some(r) = rerun(&claim.metric, length) else {
-        result.reason = format!(
-            "the rerun has no {} at context length {length} (not in the disclosed protocol, or not computed)",
-            claim.metric
-        );
-        return result;
+    let r = match rerun(&claim.metric, length) {
+        Some(r) => Some(r),
+        // Not rerun: judged as far as the card alone allows, never reproduced.
+        None if ctx.not_rerun.is_some_and(|n| n.computes(&claim.metric))
+            && context_lengths.contains(&length) =>
+        {
+            None
+        }
+        None => {
+            result.reason = format!(
+                "the rerun has no {} at context length {length} (not in the disclosed protocol, or not computed)",
+                claim.metric
+            );
+            return result;
+        }
     };
-    result.rerun = Some(r.value);
-    result.rerun_ci95 = r.ci95;
+    if let Some(r) = r {
+        result.rerun = Some(r.value);
+        result.rerun_ci95 = r.ci95;
+    }
     if precision > IMPRECISE_RELATIVE {
         result.verdict = Verdict::Imprecise;
         result.reason = if precision.is_finite() {
@@ -194,10 +230,16 @@ pub fn judge(
                 100.0 * IMPRECISE_RELATIVE
             )
         } else {
-            format!(
-                "printed as {}, a value at the metric's bound: its digits say nothing about the distance from it (print the measured value, e.g. {:.4e})",
-                claim.text, r.value
-            )
+            match r {
+                Some(r) => format!(
+                    "printed as {}, a value at the metric's bound: its digits say nothing about the distance from it (print the measured value, e.g. {:.4e})",
+                    claim.text, r.value
+                ),
+                None => format!(
+                    "printed as {}, a value at the metric's bound: its digits say nothing about the distance from it (print the measured value)",
+                    claim.text
+                ),
+            }
         };
         return result;
     }
@@ -220,12 +262,24 @@ pub fn judge(
     if !ctx.differences.is_empty() {
         result.verdict = Verdict::NotComparable;
         result.differences = ctx.differences.clone();
-        result.reason = format!(
-            "measured in another lane or protocol; the rerun's number is shown beside the claim (difference {:.3e})",
-            r.value - claim.value
-        );
+        result.reason = match r {
+            Some(r) => format!(
+                "measured in another lane or protocol; the rerun's number is shown beside the claim (difference {:.3e})",
+                r.value - claim.value
+            ),
+            None => format!(
+                "not rerun: the files given are not the ones the card names ({}), so no rerun of them could be compared with the claim",
+                ctx.differences.join("; ")
+            ),
+        };
         return result;
     }
+    // Fail closed: a claim that was not rerun is never judged on numbers.
+    let Some(r) = r else {
+        result.verdict = Verdict::NotComparable;
+        result.reason = "not rerun, so not compared".into();
+        return result;
+    };
     let sample = sample_differences(claim, &r);
     if !sample.is_empty() {
         result.verdict = Verdict::NotReproduced;
@@ -340,6 +394,57 @@ mod tests {
                 (r.verdict, r.reason)
             })
             .collect()
+    }
+
+    #[test]
+    fn a_claim_not_rerun_is_never_reproduced_and_keeps_the_cards_own_verdicts() {
+        let not_rerun = Context {
+            differences: vec!["reference files (root sha256): card a, given files b".into()],
+            not_rerun: Some(NotRerun {
+                forward: true,
+                reverse: false,
+            }),
+            ..Context::default()
+        };
+        let none = |_: &str, _: u64| None;
+        let r = judge(&claim("0.01648"), &[256], &not_rerun, &none);
+        assert_eq!(r.verdict, Verdict::NotComparable);
+        assert!(r.reason.starts_with("not rerun:") && r.reason.contains("card a, given files b"));
+        assert_eq!((r.rerun, r.differences.len()), (None, 1));
+        // What the card alone decides is decided as with a rerun.
+        assert_eq!(
+            judge(&claim("0.002"), &[256], &not_rerun, &none).verdict,
+            Verdict::Imprecise
+        );
+        let mut reverse = claim("0.01648");
+        reverse.metric = "kld_reverse_mean".into();
+        assert_eq!(
+            judge(&reverse, &[256], &not_rerun, &none).verdict,
+            Verdict::Undisclosed,
+            "a direction the protocol does not compute"
+        );
+        assert_eq!(
+            judge(&claim("0.01648"), &[512], &not_rerun, &none).verdict,
+            Verdict::Undisclosed,
+            "a context length the protocol does not run"
+        );
+        let lint = Context {
+            lint_errors: vec!["schema: broken".into()],
+            ..not_rerun.clone()
+        };
+        assert_eq!(
+            judge(&claim("0.01648"), &[256], &lint, &none).verdict,
+            Verdict::NotReproduced
+        );
+        // Fail closed: not rerun and no difference recorded is still no reproduction.
+        let bare = Context {
+            differences: Vec::new(),
+            ..not_rerun
+        };
+        assert_eq!(
+            judge(&claim("0.01648"), &[256], &bare, &none).verdict,
+            Verdict::NotComparable
+        );
     }
 
     #[test]

@@ -38,12 +38,82 @@ fn text(v: &impl Serialize) -> String {
 
 /// A difference worded `{what}: card {c}, rerun {r}`.
 fn plain(field: &str, what: &str, card: String, rerun: String) -> Difference {
+    worded(field, what, card, rerun, "rerun")
+}
+
+/// A difference worded `{what}: card {c}, {side} {r}`.
+fn worded(field: &str, what: &str, card: String, rerun: String, side: &str) -> Difference {
     Difference {
         field: format!("fidelity.{field}"),
-        message: format!("{what}: card {card}, rerun {rerun}"),
+        message: format!("{what}: card {card}, {side} {rerun}"),
         card,
         rerun,
     }
+}
+
+/// What the files measured are, as a rerun records them or its pre-flight finds them before
+/// (`None`: not known).
+pub struct Identities<'a> {
+    pub eval_text_sha256: Option<&'a str>,
+    /// The token stream's digest and length.
+    pub tokens: Option<(&'a str, usize)>,
+    pub candidate_files_sha256: &'a str,
+    pub reference_files_sha256: Option<&'a str>,
+}
+
+/// Every identity the card pins (the files' root digests, the eval text's digest, the token
+/// stream) that the given files contradict. `side` names where the value comes from (`rerun`,
+/// `given files`). Revisions are not identities here: publishing a card is a commit that
+/// changes the candidate's revision and not its files, and a reference's later commit may hold
+/// the same files; the root digests are what bind the numbers to bytes.
+pub fn identity_differences(card: &CardLane, id: &Identities, side: &str) -> Vec<Difference> {
+    let mut out = Vec::new();
+    let mut digest = |field: &str, what: &str, c: Option<&str>, r: Option<&str>| {
+        if let (Some(c), Some(r)) = (c, r)
+            && c != r
+        {
+            out.push(worded(field, what, c.to_owned(), r.to_owned(), side));
+        }
+    };
+    if let Some(e) = card.eval {
+        digest(
+            "eval.text.sha256",
+            "eval text sha256",
+            e.text.sha256.as_ref().map(|s| s.0.as_str()),
+            id.eval_text_sha256,
+        );
+        if let (Some(t), Some((sha256, count))) = (&e.tokens, id.tokens) {
+            digest(
+                "eval.tokens.sha256",
+                "tokens sha256",
+                Some(&t.sha256.0),
+                Some(sha256),
+            );
+            if t.count != count as u64 {
+                digest(
+                    "eval.tokens.count",
+                    "token count",
+                    Some(&t.count.to_string()),
+                    Some(&count.to_string()),
+                );
+            }
+        }
+    }
+    digest(
+        "candidate.files_sha256",
+        "candidate files (root sha256)",
+        card.candidate_files_sha256,
+        Some(id.candidate_files_sha256),
+    );
+    digest(
+        "reference.files_sha256",
+        "reference files (root sha256)",
+        card.reference
+            .and_then(|r| r.files_sha256.as_ref())
+            .map(|s| s.0.as_str()),
+        id.reference_files_sha256,
+    );
+    out
 }
 
 /// The card's sections as read, and the rerun's measurement.
@@ -168,55 +238,16 @@ pub fn lane_differences(card: &CardLane, m: &Measurement, resolved: &Resolved) -
             }
         }
     }
-    let digest = |out: &mut Vec<Difference>, field: &str, what: &str, c: Option<&str>, r: &str| {
-        if let Some(c) = c
-            && c != r
-        {
-            out.push(plain(field, what, c.to_owned(), r.to_owned()));
-        }
-    };
-    if let Some(e) = card.eval {
-        digest(
-            &mut out,
-            "eval.text.sha256",
-            "eval text sha256",
-            e.text.sha256.as_ref().map(|s| s.0.as_str()),
-            &m.eval.text_sha256,
-        );
-        if let Some(t) = &e.tokens {
-            digest(
-                &mut out,
-                "eval.tokens.sha256",
-                "tokens sha256",
-                Some(&t.sha256.0),
-                &m.eval.tokens_sha256,
-            );
-            if t.count != m.eval.token_count as u64 {
-                out.push(plain(
-                    "eval.tokens.count",
-                    "token count",
-                    t.count.to_string(),
-                    m.eval.token_count.to_string(),
-                ));
-            }
-        }
-    }
-    digest(
-        &mut out,
-        "candidate.files_sha256",
-        "candidate files (root sha256)",
-        card.candidate_files_sha256,
-        &m.candidate.manifest_sha256,
-    );
-    digest(
-        &mut out,
-        "reference.files_sha256",
-        "reference files (root sha256)",
-        card.reference
-            .and_then(|r| r.files_sha256.as_ref())
-            .map(|s| s.0.as_str()),
-        &m.reference.manifest_sha256,
-    );
+    out.extend(identity_differences(
+        card,
+        &Identities {
+            eval_text_sha256: Some(&m.eval.text_sha256),
+            tokens: Some((&m.eval.tokens_sha256, m.eval.token_count)),
+            candidate_files_sha256: &m.candidate.manifest_sha256,
+            reference_files_sha256: Some(&m.reference.manifest_sha256),
+        },
+        "rerun",
+    ));
     if let Some(a) = &resolved.aggregation {
         out.push(Difference {
             field: "fidelity.protocol.aggregation.statistic".into(),

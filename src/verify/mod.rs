@@ -38,6 +38,8 @@ pub struct VerifyRequest<'a> {
     pub transformers: Option<&'a crate::runner::transformers::TransformersOptions>,
     /// The Hub commits the candidate and reference came from (signed with the report).
     pub pins: Vec<(Role, HubPin)>,
+    /// Told each pre-flight warning before the rerun starts.
+    pub on_warning: &'a (dyn Fn(&rerun::preflight::Warning) + Sync),
 }
 
 /// One context length's rows, for the report's plots.
@@ -202,6 +204,21 @@ fn plot_rows(runs: &[rerun::RunResult]) -> Vec<PlotRows> {
         .collect()
 }
 
+/// The card's lane and identities as read.
+fn card_lane<'a>(
+    runtime: Option<&'a disclosure::Runtime>,
+    eval: Option<&'a disclosure::Eval>,
+    reference: Option<&'a disclosure::Reference>,
+    disclosure: &'a serde_json::Value,
+) -> differences::CardLane<'a> {
+    differences::CardLane {
+        runtime,
+        eval,
+        reference,
+        candidate_files_sha256: disclosure["candidate"]["files_sha256"].as_str(),
+    }
+}
+
 /// Run the whole verification. Fails closed: any error is an `Err`, never a verdict.
 pub fn verify(
     r: &VerifyRequest,
@@ -264,6 +281,9 @@ pub fn verify(
             .collect()),
     };
     let mut rerun_done: Option<(Rerun, rerun::Resolved)> = None;
+    // Set when the pre-flight stops the rerun: the files given contradict the card.
+    let mut early_differences = Vec::new();
+    let mut protocol_lengths: Vec<u64> = Vec::new();
     match resolved {
         Err(missing) => ctx.undisclosed.extend(missing),
         Ok(resolved) => {
@@ -298,37 +318,62 @@ pub fn verify(
                 .iter()
                 .map(|&l| l as u64)
                 .collect();
-            let done = rerun::run(
-                &rerun::Request {
-                    lane,
-                    candidate: r.model,
-                    eval_text: text.as_deref(),
-                    tokenizer: None,
-                    options: resolved.options.clone(),
-                    padding_included: resolved.padding_included,
-                    threads: r.threads,
-                    candidate_manifest: Some(&manifest),
-                    gates: Some(GateRequest {
-                        declared: declared_quantization(sections.quantization_method.as_deref()),
-                        checkpoint_quantized: inspections.iter().any(|i| i.summary.quantized > 0),
-                        disclosed_nonfinite: lengths
-                            .iter()
-                            .map(|&l| (l, disclosed_nonfinite(&card_claims, l)))
-                            .collect(),
-                    }),
-                    noise_floor: r.noise_floor,
-                    pins: r.pins.clone(),
-                },
-                stage,
-                progress,
-            )?;
-            for g in done.gates.iter().filter(|g| !g.passed) {
-                ctx.failed_gates.push(format!("{}: {}", g.gate, g.detail));
+            let request = rerun::Request {
+                lane,
+                candidate: r.model,
+                eval_text: text.as_deref(),
+                tokenizer: None,
+                options: resolved.options.clone(),
+                padding_included: resolved.padding_included,
+                threads: r.threads,
+                candidate_manifest: Some(&manifest),
+                gates: Some(GateRequest {
+                    declared: declared_quantization(sections.quantization_method.as_deref()),
+                    checkpoint_quantized: inspections.iter().any(|i| i.summary.quantized > 0),
+                    disclosed_nonfinite: lengths
+                        .iter()
+                        .map(|&l| (l, disclosed_nonfinite(&card_claims, l)))
+                        .collect(),
+                }),
+                noise_floor: r.noise_floor,
+                pins: r.pins.clone(),
+            };
+            // Everything that needs no forward pass first: a file that is not the card's is
+            // found in well under a second, not after the measurement.
+            let pre = rerun::preflight::check(&request, stage)?;
+            for w in &pre.warnings {
+                (r.on_warning)(w);
             }
-            rerun_done = Some((done, resolved));
+            let id = &pre.identity;
+            let contradicted = differences::identity_differences(
+                &card_lane(runtime, eval, reference_section, &disclosure),
+                &differences::Identities {
+                    eval_text_sha256: id.eval_text_sha256.as_deref(),
+                    tokens: id.tokens_sha256.as_deref().zip(id.token_count),
+                    candidate_files_sha256: &manifest.root_sha256,
+                    reference_files_sha256: id.reference_files_sha256.as_deref(),
+                },
+                "given files",
+            );
+            if contradicted.is_empty() {
+                let done = rerun::run_checked(&request, pre, stage, progress)?;
+                for g in done.gates.iter().filter(|g| !g.passed) {
+                    ctx.failed_gates.push(format!("{}: {}", g.gate, g.detail));
+                }
+                rerun_done = Some((done, resolved));
+            } else {
+                // Not rerun: every claim is judged against the card alone and none can be
+                // reproduced (docs/DESIGN.md, "Verification").
+                ctx.not_rerun = Some(claims::NotRerun {
+                    forward: resolved.options.direction.forward(),
+                    reverse: resolved.options.direction.reverse(),
+                });
+                protocol_lengths = lengths;
+                early_differences = contradicted;
+            }
         }
     }
-    let mut lane_differences = Vec::new();
+    let mut lane_differences = early_differences;
     if let Some((done, resolved)) = &rerun_done {
         if let Err(e) = &sections.runtime {
             lane_differences.push(differences::Difference {
@@ -339,12 +384,7 @@ pub fn verify(
             });
         }
         lane_differences.extend(differences::lane_differences(
-            &differences::CardLane {
-                runtime,
-                eval,
-                reference: reference_section,
-                candidate_files_sha256: disclosure["candidate"]["files_sha256"].as_str(),
-            },
+            &card_lane(runtime, eval, reference_section, &disclosure),
             &done.measurement,
             resolved,
         ));
@@ -354,7 +394,7 @@ pub fn verify(
     let measurement = rerun_done.as_ref().map(|(d, _)| &d.measurement);
     let lengths: Vec<u64> = measurement
         .map(|m| m.runs.iter().map(|r| r.context_length as u64).collect())
-        .unwrap_or_default();
+        .unwrap_or(protocol_lengths);
     let bits = rerun_done.as_ref().is_some_and(|(_, res)| res.bits);
     let lookup = |metric: &str, length: u64| -> Option<claims::Rerun> {
         let run = measurement?.run(usize::try_from(length).ok()?)?;

@@ -246,38 +246,43 @@ fn a_changed_sample_size_is_not_reproduced() {
 fn lint_errors_and_a_declared_but_absent_quantization_fail_verify() {
     // The reference's own weights under the FP8 example's card: `quantization-mismatch` used to
     // be recorded and ignored, and the gate passed because nothing was quantized.
-    let dir = tempfile::tempdir().unwrap();
-    let cand = dir.path().join("cand");
-    crate::support::copy_model("shakespeare-fp8-block", &cand);
+    let v = Verified::new("shakespeare-fp8-block", &["--compute-dtype", "f64"]);
     for f in ["model.safetensors", "config.json"] {
-        std::fs::copy(model("shakespeare-bf16").join(f), cand.join(f)).unwrap();
+        std::fs::copy(model("shakespeare-bf16").join(f), v.candidate().join(f)).unwrap();
     }
-    let lint = cardproof(&["lint", cand.to_str().unwrap(), "--json"]);
+    let lint = cardproof(&["lint", v.candidate().to_str().unwrap(), "--json"]);
     assert_eq!(lint.code, 1, "lint flags it: {}", lint.stdout);
     assert!(
         lint.stdout.contains("quantization-mismatch"),
         "{}",
         lint.stdout
     );
-    let text = crate::support::short_text(dir.path(), 3000);
-    let keys = dir.path().join("keys");
+    // The card pins the candidate's files, which are no longer those: caught before the rerun,
+    // and the lint error decides.
+    let r = v.verify();
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let report = r.json();
+    assert_eq!(report["verdict"], "not_reproduced", "{report}");
     assert_eq!(
-        cardproof(&["keygen", "--out", keys.to_str().unwrap()]).code,
-        0
+        report["lane_differences"][0]["field"], "fidelity.candidate.files_sha256",
+        "{report}"
     );
-    let r = cardproof(&[
-        "verify",
-        cand.to_str().unwrap(),
-        "--reference",
-        model("shakespeare-bf16").to_str().unwrap(),
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--key",
-        keys.join("cardproof.key").to_str().unwrap(),
-        "--out",
-        dir.path().join("report").to_str().unwrap(),
-        "--json",
-    ]);
+    assert_eq!(report["sanity"], serde_json::json!([]), "not rerun");
+    for c in report["claims"].as_array().unwrap() {
+        assert_eq!(c["verdict"], "not_reproduced", "{c}");
+        assert!(c["reason"].as_str().unwrap().contains("lint errors"), "{c}");
+    }
+    // Without that pin the rerun runs, and the gate fails too.
+    let card = std::fs::read_to_string(v.card()).unwrap();
+    let (before, after) = card.split_once("  candidate:\n").unwrap();
+    let (pinned, rest) = after.split_once("files_sha256: ").unwrap();
+    let rest = rest.split_once('\n').unwrap().1;
+    let unpinned = format!(
+        "{before}  candidate:\n{}{rest}",
+        pinned.trim_end_matches(' ')
+    );
+    std::fs::write(v.card(), unpinned).unwrap();
+    let r = v.verify();
     assert_eq!(r.code, 1, "{}", r.stderr);
     let report = r.json();
     assert_ne!(report["verdict"], "reproduced");

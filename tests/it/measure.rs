@@ -398,3 +398,145 @@ fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     f(&mut c);
     std::fs::write(path, c.to_string()).unwrap();
 }
+
+/// `measure` of an unloadable copy of the bf16 example against itself (see
+/// [`crate::support::unloadable_copy`]) on the first `chars` of the eval text: a refusal other
+/// than the load error was found before any forward pass.
+fn measure_unloadable(chars: usize, extra: &[&str]) -> (crate::support::Run, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = crate::support::unloadable_copy("shakespeare-bf16", &dir.path().join("model"));
+    let text = short_text(dir.path(), chars);
+    let out = dir.path().join("out");
+    let mut args = vec![
+        "measure",
+        "--reference",
+        model.to_str().unwrap(),
+        "--candidate",
+        model.to_str().unwrap(),
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--bootstrap",
+        "10",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let run = cardproof(&args);
+    (run, dir)
+}
+
+#[test]
+fn an_unloadable_model_fails_at_its_load_which_the_early_checks_precede() {
+    // The premise of the tests below: this model passes every early check and fails to load.
+    let (r, _dir) = measure_unloadable(10_000, &["--context-length", "128"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("model.safetensors"), "{}", r.stderr);
+    assert!(
+        r.stderr.starts_with("warning: ") && !r.stderr.contains("exceeds"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn a_context_length_past_the_models_positions_is_refused_before_any_forward_pass() {
+    let (r, dir) = measure_unloadable(10_000, &["--context-length", "2048"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    let config = dir.path().join("model/config.json");
+    assert!(
+        r.stderr.contains(&format!(
+            "{}: context length 2048 exceeds the model's max_position_embeddings 1024",
+            config.display()
+        )),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("model.safetensors"), "{}", r.stderr);
+    // At the limit it passes the check (and reaches the load).
+    let (r, _dir) = measure_unloadable(10_000, &["--context-length", "1024"]);
+    assert!(!r.stderr.contains("exceeds"), "{}", r.stderr);
+}
+
+#[test]
+fn too_few_bootstrap_blocks_are_named_before_any_forward_pass() {
+    // About 840 tokens in windows of 128: 6 windows, 6 blocks, a warning before the work (the
+    // load then fails, after it).
+    let (r, _dir) = measure_unloadable(2500, &["--context-length", "128"]);
+    let warning =
+        "tokens make 6 windows of 128, 6 bootstrap blocks; below 30 the ci95 is too narrow";
+    let (Some(warned), Some(load)) = (r.stderr.find(warning), r.stderr.find("model.safetensors"))
+    else {
+        panic!("{}", r.stderr)
+    };
+    assert!(
+        r.stderr.starts_with("warning: ") && warned < load,
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.code, 2, "the unloadable model: {}", r.stderr);
+    // One window whose one scored row is one block: no interval, refused.
+    let (r, dir) = measure_unloadable(
+        2500,
+        &[
+            "--context-length",
+            "512",
+            "--positions",
+            "stride",
+            "--stride",
+            "512",
+            "--offset",
+            "0",
+        ],
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&format!(
+            "{}: context length 512: one 512-token window, its 1 scored rows in runs of 1, 1 bootstrap block; an interval needs at least 2",
+            dir.path().join("eval.txt").display()
+        )),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("model.safetensors"), "{}", r.stderr);
+}
+
+#[test]
+fn a_candidate_with_another_tokenizer_is_refused_before_any_forward_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = crate::support::unloadable_copy("shakespeare-bf16", &dir.path().join("ref"));
+    let candidate = crate::support::unloadable_copy("shakespeare-bf16", &dir.path().join("cand"));
+    // Two tokens' ids swapped: the same vocabulary, other ids.
+    let path = candidate.join("tokenizer.json");
+    let mut t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let vocab = t["model"]["vocab"].as_object_mut().unwrap();
+    let (a, b) = (vocab["!"].clone(), vocab["#"].clone());
+    vocab.insert("!".into(), b);
+    vocab.insert("#".into(), a);
+    std::fs::write(&path, serde_json::to_vec(&t).unwrap()).unwrap();
+    let text = short_text(dir.path(), 2500);
+    let r = cardproof(&[
+        "measure",
+        "--reference",
+        reference.to_str().unwrap(),
+        "--candidate",
+        candidate.to_str().unwrap(),
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--context-length",
+        "128",
+        "--out",
+        dir.path().join("out").to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&format!(
+            "{}: tokenizer differs from the reference's {}: 2 of 2048 tokens have other ids",
+            path.display(),
+            reference.join("tokenizer.json").display()
+        )),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("model.safetensors"), "{}", r.stderr);
+}

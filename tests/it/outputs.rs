@@ -267,3 +267,60 @@ fn a_killed_run_leaves_only_a_hidden_temporary_that_the_next_run_removes() {
         ]
     );
 }
+
+#[test]
+fn every_output_path_is_checked_before_any_forward_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    // An unloadable model: a write error rather than a load error shows no model ran.
+    let model = crate::support::unloadable_copy("shakespeare-bf16", &dir.path().join("model"));
+    let text = crate::support::short_text(dir.path(), 10_000);
+    let model = model.to_str().unwrap();
+    let below_a_file = file.join("sub");
+    let r = cardproof(&[
+        "measure",
+        "--reference",
+        model,
+        "--candidate",
+        model,
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--context-length",
+        "128",
+        "--out",
+        dir.path().join("out").to_str().unwrap(),
+        "--dump-logits",
+        below_a_file.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains(&format!("{}: cannot write:", below_a_file.display())),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("model.safetensors"), "{}", r.stderr);
+    let artifact = below_a_file.join("ref.cpref");
+    let r = cardproof(&[
+        "reference",
+        "export",
+        "--model",
+        model,
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--context-length",
+        "128",
+        "--out",
+        artifact.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains(&format!("{}: cannot write:", artifact.display())),
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("model.safetensors"), "{}", r.stderr);
+    assert!(!dir.path().join("out").exists(), "nothing written");
+}

@@ -190,3 +190,12 @@ pub fn without_direction(card: &str) -> String {
     assert_ne!(without, card, "the card states a direction to remove");
     without
 }
+
+/// A copy of an example model in `to` whose weights cannot be loaded (model.safetensors cut to
+/// a few bytes) but whose config, tokenizer and files hash as usual: a command that fails on it
+/// with anything but a load error never reached a forward pass.
+pub fn unloadable_copy(name: &str, to: &Path) -> PathBuf {
+    copy_model(name, to);
+    std::fs::write(to.join("model.safetensors"), b"cut short").unwrap();
+    to.to_owned()
+}

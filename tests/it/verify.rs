@@ -814,3 +814,61 @@ fn verify_report_refuses_a_set_that_mixes_two_runs() {
     assert_eq!(r.code, 1, "{}", r.stdout);
     assert!(r.stdout.contains("mixes two runs"), "{}", r.stdout);
 }
+
+#[test]
+fn a_wrong_reference_is_caught_before_any_forward_pass() {
+    let v = Verified::new("shakespeare-w8a16", &[]);
+    // Another reference: the bf16 example's files with its weights cut short. It hashes to
+    // another digest and cannot be loaded, so a verdict (not a load error) shows no model ran.
+    let wrong = crate::support::unloadable_copy("shakespeare-bf16", &v.dir.path().join("wrong"));
+    let (candidate, text, key, out) = (v.candidate(), v.text(), v.key(), v.out());
+    let r = cardproof(&[
+        "verify",
+        candidate.to_str().unwrap(),
+        "--reference",
+        wrong.to_str().unwrap(),
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(r.code, 1, "not_comparable is findings: {}", r.stderr);
+    assert!(!r.stderr.contains("model.safetensors"), "{}", r.stderr);
+    let report = r.json();
+    assert_eq!(report["verdict"], "not_comparable", "{report}");
+    assert!(report["measurement"].is_null(), "{report}");
+    let card_digest = report["card"]["disclosure"]["reference"]["files_sha256"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let given = cardproof(&["hash", wrong.to_str().unwrap(), "--json"]).json()["root_sha256"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(card_digest, given);
+    let differences = report["lane_differences"].as_array().unwrap();
+    assert_eq!(differences.len(), 1, "{report}");
+    assert_eq!(differences[0]["field"], "fidelity.reference.files_sha256");
+    let claims = report["claims"].as_array().unwrap();
+    assert!(!claims.is_empty());
+    for claim in claims {
+        assert_eq!(claim["verdict"], "not_comparable", "{claim}");
+        let reason = claim["reason"].as_str().unwrap();
+        assert!(
+            reason.starts_with("not rerun: the files given are not the ones the card names")
+                && reason.contains(&format!(
+                    "reference files (root sha256): card {card_digest}, given files {given}"
+                )),
+            "{reason}"
+        );
+        assert!(claim["rerun"].is_null(), "{claim}");
+    }
+    // Written and signed as usual: the envelope verifies and holds the same report.
+    let envelope = v.out().join("report.dsse.json");
+    let checked = v.verify_report(&envelope, Some(&v.candidate()));
+    assert_eq!(checked.code, 0, "{}", checked.stderr);
+    assert_eq!(statement(&envelope)["predicate"], report);
+}

@@ -119,6 +119,7 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
                         threads: c.threads,
                         out: set.dir(),
                         run_id: Some(set.run_id()),
+                        on_warning: &|w| printer.warning(&w.to_string()),
                     },
                     stage,
                     progress,
@@ -133,23 +134,25 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
                 c.compute,
                 c.emulate,
             );
-            let done = rerun::run(
-                &rerun::Request {
-                    lane,
-                    candidate: &c.candidate,
-                    eval_text: c.eval_text.as_deref(),
-                    tokenizer: c.tokenizer.as_deref(),
-                    options: c.options.clone(),
-                    padding_included: false,
-                    threads: c.threads,
-                    candidate_manifest: None,
-                    gates: None,
-                    noise_floor: false,
-                    pins,
-                },
-                stage,
-                progress,
-            )?;
+            let request = rerun::Request {
+                lane,
+                candidate: &c.candidate,
+                eval_text: c.eval_text.as_deref(),
+                tokenizer: c.tokenizer.as_deref(),
+                options: c.options.clone(),
+                padding_included: false,
+                threads: c.threads,
+                candidate_manifest: None,
+                gates: None,
+                noise_floor: false,
+                pins,
+            };
+            // Everything that needs no forward pass, before the first one.
+            let pre = rerun::preflight::check(&request, stage)?;
+            for w in &pre.warnings {
+                printer.warning(&w.to_string());
+            }
+            let done = rerun::run_checked(&request, pre, stage, progress)?;
             let m = rerun::output::commit_into(set, done)?;
             Ok(Measured::Measurement(Box::new(m)))
         })
@@ -181,6 +184,7 @@ pub fn verify(config: &VerifyConfig, printer: &Printer) -> super::Result<Verifie
                 noise_floor: c.noise_floor,
                 transformers: c.transformers.as_ref(),
                 pins,
+                on_warning: &|w| printer.warning(&w.to_string()),
             };
             let mut outcome = cardproof::verify::verify(&request, stage, progress)?;
             let written = cardproof::verify::write::write_outputs(set, &mut outcome, &key)?;

@@ -83,6 +83,15 @@ impl Printer {
         )
     }
 
+    /// A one-line warning on stderr: the run goes on, its numbers weaker for it.
+    pub fn warning(&self, message: &str) {
+        let _ = writeln!(
+            io::stderr().lock(),
+            "{}: {message}",
+            self.style().severity(Severity::Warning)
+        );
+    }
+
     /// A one-line note on stderr (not an error).
     pub fn note(&self, message: &str) {
         let _ = writeln!(

@@ -53,6 +53,9 @@ impl Printer {
         if self.json() {
             return write_json(e);
         }
+        for w in &e.warnings {
+            self.warning(&w.to_string());
+        }
         self.note(&e.note);
         Ok(())
     }
