@@ -153,7 +153,9 @@ mod tests {
         assert_eq!(rerun_text("1.50E-3", 0.00150049).unwrap(), "1.500e-3");
         assert_eq!(rerun_text("3", 3.04).unwrap(), "3.0");
         assert_eq!(rerun_text("-0.5", -0.52).unwrap(), "-0.52");
-        for bad in [".inf", "0x1F", "1_000", "", "e5", "1e", "1e99999", "nan", "1.2.3"] {
+        for bad in [
+            ".inf", "0x1F", "1_000", "", "e5", "1e", "1e99999", "nan", "1.2.3",
+        ] {
             assert_eq!(rerun_text(bad, 1.0), None, "{bad:?}");
         }
         assert_eq!(rerun_text("0.5", f64::NAN), None);

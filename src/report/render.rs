@@ -15,8 +15,8 @@ use minijinja::{AutoEscape, Environment, UndefinedBehavior};
 use serde_json::{Value as Json, json};
 
 use super::RunRows;
-use crate::disclosure::precision;
 use super::svg::{svg_histogram, svg_kld_along_position};
+use crate::disclosure::precision;
 use crate::error::{Error, Result};
 
 const MD_NAME: &str = "report.md.j2";

@@ -183,16 +183,28 @@ fn markdown_has_the_key_content() {
     r["noise_floor"] = json!({"what": "the reference against itself, computed in f64 vs f32",
         "runs": [{"context_length": 256, "metrics": {"kld_mean": 3.616e-12, "top1_agreement": 1.0, "zz_extra": 2.5}}]});
     let nf = render_markdown(&r).unwrap();
-    assert!(nf.contains("**Compared:** the reference against itself, computed in f64 vs f32"), "{nf}");
+    assert!(
+        nf.contains("**Compared:** the reference against itself, computed in f64 vs f32"),
+        "{nf}"
+    );
     assert!(nf.contains("| metric | context 256 |"), "{nf}");
     assert!(nf.contains("| `kld_mean` | 3.62e-12 |"), "{nf}");
     assert!(nf.contains("| `top1_agreement` | 1 |"), "{nf}");
     assert!(nf.contains("| `zz_extra` | 2.5 |"), "{nf}");
     assert!(!nf.contains("{"), "a JSON blob in\n{nf}");
     let html = render_html(&r, &[]).unwrap();
-    assert!(html.contains("<tr><td><code class=\"metric\">kld_mean</code></td><td class=\"n\">3.62e-12</td></tr>"), "{html}");
+    assert!(
+        html.contains(
+            "<tr><td><code class=\"metric\">kld_mean</code></td><td class=\"n\">3.62e-12</td></tr>"
+        ),
+        "{html}"
+    );
     r["noise_floor"] = json!({"skipped": "not asked for"});
-    assert!(render_markdown(&r).unwrap().contains("**Skipped:** not asked for"));
+    assert!(
+        render_markdown(&r)
+            .unwrap()
+            .contains("**Skipped:** not asked for")
+    );
     assert!(md.contains("## Definitions"));
     assert!(
         !md.contains("0.016476123456789"),
@@ -211,7 +223,10 @@ fn html_has_the_key_content() {
     assert!(html.contains(r#"<code class="metric">top1_agreement</code>"#));
     assert!(html.contains("<li>engine: card says vllm 0.11.1, rerun is cardproof native</li>"));
     // Claimed as written (0.9810, not 0.981), rerun one digit finer, relative difference.
-    assert!(html.contains(r#"<td class="n" data-label="claimed">0.9810</td>"#), "{html}");
+    assert!(
+        html.contains(r#"<td class="n" data-label="claimed">0.9810</td>"#),
+        "{html}"
+    );
     assert!(html.contains(r#"<td class="n" data-label="rerun">0.93000</td>"#));
     assert!(html.contains(r#"<td class="n" data-label="relative difference">-5.2%</td>"#));
     assert!(html.contains("Relative difference = (rerun − claimed) / |claimed|."));
@@ -295,7 +310,11 @@ fn hostile_card_values_render_harmlessly_in_markdown() {
     for (i, _) in md.match_indices(['<', '&']) {
         let next = md[i + 1..].chars().next();
         if next.is_some_and(|n| n.is_ascii_alphanumeric() || "/!?#".contains(n)) {
-            assert!(i > 0 && &md[i - 1..i] == "\\", "unescaped markup at {i}: {}", &md[i.saturating_sub(20)..(i + 20).min(md.len())]);
+            assert!(
+                i > 0 && &md[i - 1..i] == "\\",
+                "unescaped markup at {i}: {}",
+                &md[i.saturating_sub(20)..(i + 20).min(md.len())]
+            );
         }
     }
     assert!(!md.contains("](javascript"));
@@ -359,7 +378,10 @@ fn escape_markdown_neutralizes_markup() {
     let e = escape_markdown;
     assert_eq!(e("plain text 42"), "plain text 42");
     // Plain text stays plain: what Markdown does not read as markup gets no backslash.
-    assert_eq!(e("kld_mean (±5.0e-6) <= 2.16e-5 & more!"), "kld_mean (±5.0e-6) <= 2.16e-5 & more!");
+    assert_eq!(
+        e("kld_mean (±5.0e-6) <= 2.16e-5 & more!"),
+        "kld_mean (±5.0e-6) <= 2.16e-5 & more!"
+    );
     assert_eq!(e("a * b, {x} ^y"), "a * b, {x} ^y");
     assert_eq!(e("a_b*c _d_ e_"), "a_b\\*c \\_d\\_ e\\_");
     assert_eq!(
@@ -371,7 +393,10 @@ fn escape_markdown_neutralizes_markup() {
     assert_eq!(e("# h"), "\\# h");
     assert_eq!(e("> q"), "\\> q");
     assert_eq!(e("a > b"), "a > b");
-    assert_eq!(e("<b>&amp;</b> <!-- x --> <?p"), "\\<b>\\&amp;\\</b> \\<!-- x --> \\<?p");
+    assert_eq!(
+        e("<b>&amp;</b> <!-- x --> <?p"),
+        "\\<b>\\&amp;\\</b> \\<!-- x --> \\<?p"
+    );
     assert_eq!(e("&#60; &x"), "\\&#60; \\&x");
     assert_eq!(e("`code`"), "\\`code\\`");
     assert_eq!(e("a\nb\r\nc\rd"), "a b c d");
@@ -418,11 +443,18 @@ fn kld_plot_bins_the_flips() {
     // 253), its height the bin's flip rate.
     assert_eq!(svg.matches(r#"class="flip""#).count(), 6);
     // j = 53 flipped in all three windows: 3 of the 24 rows of bin 48–55.
-    assert!(svg.contains("j = 48–55: top-1 flip rate 0.125 (3 of 24 rows)"), "{svg}");
+    assert!(
+        svg.contains("j = 48–55: top-1 flip rate 0.125 (3 of 24 rows)"),
+        "{svg}"
+    );
     assert!(svg.contains("j = 0–7: top-1 flip rate 0.0417 (1 of 24 rows)"));
     // The last bin ends at the window's last row, j = L − 2.
     assert!(svg.contains("j = 248–254: top-1 flip rate 0.0476 (1 of 21 rows)"));
-    assert!(svg.contains("top-1 flip rate per bin of 8 positions: 8 flips of 765 rows, in 6 of 32 bins"));
+    assert!(
+        svg.contains(
+            "top-1 flip rate per bin of 8 positions: 8 flips of 765 rows, in 6 of 32 bins"
+        )
+    );
     assert!(svg.contains("position j in the window"));
     assert!(svg.contains("mean KLD (nats)"));
     assert!(svg.contains(">flip rate</text>"));
