@@ -79,3 +79,101 @@ pub fn round_sig(x: f64, digits: i32) -> f64 {
     let scale = 10f64.powi(digits - 1 - x.abs().log10().floor() as i32);
     (x * scale).round() / scale
 }
+
+/// How a plain decimal is written: the digits after its point and its exponent (`0.0120` →
+/// (4, 0), `1.50e-3` → (2, -3), `3` → (0, 0)); `None` for anything that is not a plain decimal
+/// (a card's text is untrusted: `.inf`, `0x1F` and `1_000` are not shown as digits).
+pub fn written_digits(text: &str) -> Option<(usize, i32)> {
+    let t = text.trim();
+    let t = t.strip_prefix(['+', '-']).unwrap_or(t);
+    let (mantissa, exponent) = match t.find(['e', 'E']) {
+        Some(i) => {
+            let e = &t[i + 1..];
+            let digits = e.strip_prefix(['+', '-']).unwrap_or(e);
+            if digits.is_empty() || digits.len() > 3 || !digits.bytes().all(|b| b.is_ascii_digit())
+            {
+                return None;
+            }
+            (&t[..i], e.parse::<i32>().ok()?)
+        }
+        None => (t, 0),
+    };
+    let (whole, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let plain = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if (whole.is_empty() && frac.is_empty()) || !plain(whole) || !plain(frac) || frac.len() > 17 {
+        return None;
+    }
+    Some((frac.len(), exponent))
+}
+
+/// A rerun value printed beside a claim: one digit finer than the claim's last written digit, in
+/// the claim's notation, trailing zeros kept (claim `0.0120`, rerun 0.011993 → `0.01199`; claim
+/// `5.934e-4` → `5.9341e-4`). Every digit the claim states is shown, and the next one, which is
+/// what decides whether the rerun rounds to the claim. `None` when the claim is not a plain
+/// decimal or the value is not finite.
+pub fn rerun_text(claim_text: &str, rerun: f64) -> Option<String> {
+    let (decimals, exponent) = written_digits(claim_text)?;
+    if !rerun.is_finite() {
+        return None;
+    }
+    let d = decimals + 1;
+    if exponent == 0 && !claim_text.contains(['e', 'E']) {
+        return Some(format!("{rerun:.d$}"));
+    }
+    let mantissa = rerun / 10f64.powi(exponent);
+    Some(format!("{mantissa:.d$}e{exponent}"))
+}
+
+/// The relative difference of a rerun from its claim, `(rerun − claimed) / |claimed|` (`None`
+/// for a claim of 0 or a non-finite value).
+pub fn relative_difference(claimed: f64, rerun: f64) -> Option<f64> {
+    let r = (rerun - claimed) / claimed.abs();
+    (claimed != 0.0 && r.is_finite()).then_some(r)
+}
+
+/// A relative difference as a signed percentage to two significant digits (`+0.011%`, `-5.2%`,
+/// `0%`).
+pub fn percent_text(relative: f64) -> String {
+    let p = relative * 100.0;
+    if p == 0.0 {
+        return "0%".to_owned();
+    }
+    let e = p.abs().log10().floor() as i32;
+    let d = (1 - e).max(0) as usize;
+    format!("{p:+.d$}%")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rerun_is_shown_one_digit_finer_than_the_claim() {
+        assert_eq!(rerun_text("0.0005934", 0.000593412).unwrap(), "0.00059341");
+        assert_eq!(rerun_text("0.0120", 0.011993).unwrap(), "0.01199");
+        assert_eq!(rerun_text("0.0120", 0.0120001).unwrap(), "0.01200");
+        assert_eq!(rerun_text("0.01661", 0.016611812).unwrap(), "0.016612");
+        assert_eq!(rerun_text("1.022", 1.022162).unwrap(), "1.0222");
+        assert_eq!(rerun_text("5.934e-4", 0.000593412).unwrap(), "5.9341e-4");
+        assert_eq!(rerun_text("1.50E-3", 0.00150049).unwrap(), "1.500e-3");
+        assert_eq!(rerun_text("3", 3.04).unwrap(), "3.0");
+        assert_eq!(rerun_text("-0.5", -0.52).unwrap(), "-0.52");
+        for bad in [
+            ".inf", "0x1F", "1_000", "", "e5", "1e", "1e99999", "nan", "1.2.3",
+        ] {
+            assert_eq!(rerun_text(bad, 1.0), None, "{bad:?}");
+        }
+        assert_eq!(rerun_text("0.5", f64::NAN), None);
+    }
+
+    #[test]
+    fn relative_difference_is_against_the_claim() {
+        assert_eq!(relative_difference(0.02, 0.021), Some(0.021 / 0.02 - 1.0));
+        assert!((relative_difference(-2.0, -1.0).unwrap() - 0.5).abs() < 1e-15);
+        assert_eq!(relative_difference(0.0, 1.0), None);
+        assert_eq!(percent_text(0.000109), "+0.011%");
+        assert_eq!(percent_text(-0.0519), "-5.2%");
+        assert_eq!(percent_text(0.25), "+25%");
+        assert_eq!(percent_text(0.0), "0%");
+    }
+}

@@ -350,19 +350,24 @@ pub fn verification(r: &crate::verify::Report) -> String {
     );
     let _ = writeln!(
         out,
-        "\n{:<18} {:>6} {:>12} {:>12} {:>10}  verdict",
-        "metric", "ctx", "claimed", "rerun", "tolerance"
+        "\n{:<18} {:>6} {:>12} {:>13} {:>10} {:>10}  verdict",
+        "metric", "ctx", "claimed", "rerun", "rel. diff", "tolerance"
     );
+    use crate::disclosure::precision::{percent_text, relative_difference, rerun_text};
     for c in &r.claims {
+        let rerun = c.rerun.filter(|v| v.is_finite());
         let _ = writeln!(
             out,
-            "{:<18} {:>6} {:>12} {:>12} {:>10}  {}",
+            "{:<18} {:>6} {:>12} {:>13} {:>10} {:>10}  {}",
             c.metric,
             c.context_length.map_or("-".into(), |l| l.to_string()),
             c.claimed_text,
-            c.rerun
-                .filter(|v| v.is_finite())
-                .map_or("-".into(), |v| format!("{v:.6}")),
+            rerun.map_or("-".into(), |v| rerun_text(&c.claimed_text, v)
+                .unwrap_or_else(|| crate::report::format_number(v, 6))),
+            match (c.claimed, rerun) {
+                (Some(a), Some(b)) => relative_difference(a, b).map_or("-".into(), percent_text),
+                _ => "-".into(),
+            },
             c.tolerance
                 .filter(|v| v.is_finite())
                 .map_or("-".into(), |v| format!("{v:.1e}")),
@@ -374,6 +379,12 @@ pub fn verification(r: &crate::verify::Report) -> String {
                 let _ = writeln!(out, "    - {d}");
             }
         }
+    }
+    if !r.claims.is_empty() {
+        let _ = writeln!(
+            out,
+            "(rerun: one digit finer than the claim as written; rel. diff = (rerun - claimed) / |claimed|)"
+        );
     }
     if !r.undisclosed.is_empty() {
         let _ = writeln!(

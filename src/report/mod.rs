@@ -3,7 +3,8 @@
 //! `positions.safetensors`.
 //!
 //! Card values and paths are untrusted: report.md escapes every printed value with
-//! [`escape_markdown`] (the template's autoescape mode), report.html entity-escapes them. The
+//! [`escape_markdown`] (the template's autoescape mode; only what Markdown would read as markup,
+//! so the file reads well raw), report.html entity-escapes them. The
 //! HTML has no script and references nothing outside itself: CSS in a `<style>` block, plots as
 //! inline SVG.
 
@@ -37,15 +38,24 @@ pub struct RunRows {
 /// and table cells: nothing in the result renders as a link (inline, reference or autolink), an
 /// image, raw HTML, an entity, emphasis, code, a table cell break, a heading, a list or a quote.
 ///
-/// ASCII punctuation with an inline Markdown meaning gets a backslash, and so does a leading `#`,
-/// `-`, `+`, `=` or `1.` (block syntax can only start a line, and line breaks and other control
-/// characters become spaces: a newline would also end a table row); `<`, `>` and `&` become
-/// entities;
-/// bidirectional-override characters become U+FFFD (they can make text read differently than it
-/// is); `://` and `www.` are broken so GFM does not autolink them.
+/// It escapes only what Markdown would read as markup, so that report.md reads as plain text raw
+/// (`|rerun - claim| <= 2.2e-5 (±5e-6)` stays as it is but for the pipes, which would end a
+/// table cell):
+///
+/// - always: `\`, `` ` ``, `[`, `]`, `|`, `~` and `$` (GitHub's strikethrough and math) and `@`
+///   (GFM's e-mail autolinks); `*` unless blank on both sides; `_` unless inside a word (GFM
+///   reads no emphasis there);
+/// - `(` after `]` (a link destination), `<` before a letter, `/`, `!` or `?` (raw HTML, an
+///   autolink) and `&` before a letter, digit or `#` (an entity), each with a backslash;
+/// - block syntax, which can only start a line (line breaks and other control characters become
+///   spaces, since a newline would also end a table row): a leading `#`, `-`, `+`, `=`, `>`, or
+///   `1.` / `1)`;
+/// - bidirectional-override characters become U+FFFD (they can make text read differently than
+///   it is); `://` and `www.` are broken so GFM does not autolink them.
 pub fn escape_markdown(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + s.len() / 4);
     let bytes = s.as_bytes();
+    let chars: Vec<char> = s.chars().collect();
     // Block syntax (headings, lists, setext underlines) can only start a line; newlines become
     // spaces below, so only the first non-blank character can start one.
     let first = s
@@ -56,27 +66,32 @@ pub fn escape_markdown(s: &str) -> String {
         .take_while(|b| b.is_ascii_digit())
         .count();
     let mut prev_cr = false;
-    for (i, c) in s.char_indices() {
+    for (k, (i, c)) in s.char_indices().enumerate() {
         let was_cr = std::mem::replace(&mut prev_cr, c == '\r');
+        let prev = k.checked_sub(1).map(|p| chars[p]);
+        let next = chars.get(k + 1).copied();
+        let blank = |c: Option<char>| c.is_none_or(char::is_whitespace);
+        let word = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+        let escape = match c {
+            '\\' | '`' | '[' | ']' | '|' | '~' | '$' | '@' => true,
+            '*' => !(blank(prev) && blank(next)),
+            '_' => !(word(prev) && word(next)),
+            '(' => prev == Some(']'),
+            '<' => next.is_some_and(|n| n.is_ascii_alphabetic() || matches!(n, '/' | '!' | '?')),
+            '&' => next.is_some_and(|n| n.is_ascii_alphanumeric() || n == '#'),
+            '#' | '-' | '+' | '=' | '>' => i == first,
+            // `1.` or `1)` followed by a blank opens an ordered list.
+            '.' | ')' => {
+                lead_digits > 0
+                    && i == first + lead_digits
+                    && bytes.get(i + 1).is_none_or(|b| b.is_ascii_whitespace())
+            }
+            _ => false,
+        };
         match c {
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '&' => out.push_str("&amp;"),
-            '\\' | '`' | '*' | '_' | '[' | ']' | '(' | ')' | '!' | '|' | '{' | '}' | '~' | '$'
-            | '@' | '^' => {
+            _ if escape => {
                 out.push('\\');
                 out.push(c);
-            }
-            '#' | '-' | '+' | '=' if i == first => {
-                out.push('\\');
-                out.push(c);
-            }
-            // `1.` followed by a blank opens an ordered list.
-            '.' if lead_digits > 0
-                && i == first + lead_digits
-                && bytes.get(i + 1).is_none_or(|b| b.is_ascii_whitespace()) =>
-            {
-                out.push_str("\\.");
             }
             // GFM extended autolinks: `scheme://` and `www.`.
             ':' if bytes.get(i + 1..i + 3) == Some(b"//") => out.push_str("\\:"),

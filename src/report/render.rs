@@ -16,6 +16,7 @@ use serde_json::{Value as Json, json};
 
 use super::RunRows;
 use super::svg::{svg_histogram, svg_kld_along_position};
+use crate::disclosure::precision;
 use crate::error::{Error, Result};
 
 const MD_NAME: &str = "report.md.j2";
@@ -372,10 +373,27 @@ fn claim_view(c: &Json) -> Json {
         (Some(lo), Some(hi)) => json!([lo, hi]),
         _ => Json::Null,
     };
+    // The claim as the card wrote it (0.0120 keeps its zero) when that is a plain decimal, and
+    // the rerun one digit finer; both are digits, a sign, a point and an exponent only.
+    let claimed_text = at(c, "/claimed_text")
+        .as_str()
+        .filter(|t| precision::written_digits(t).is_some())
+        .map(|t| t.trim().to_owned());
+    let rerun_text = match (&claimed_text, rerun.as_f64()) {
+        (Some(t), Some(r)) => precision::rerun_text(t, r),
+        _ => None,
+    };
+    let rel_text = match (claimed.as_f64(), rerun.as_f64()) {
+        (Some(a), Some(b)) => precision::relative_difference(a, b).map(precision::percent_text),
+        _ => None,
+    };
     json!({
         "metric": text(at(c, "/metric")),
         "context_length": num_or_text(at(c, "/context_length")),
         "claimed": num_or_text(claimed),
+        "claimed_text": claimed_text,
+        "rerun_text": rerun_text,
+        "rel_text": rel_text,
         "claimed_uncertainty": num_or_text(at(c, "/claimed_uncertainty")),
         "rerun": num_or_text(rerun),
         "rerun_ci95": ci,
@@ -555,11 +573,8 @@ fn environment_view(env: &Json) -> Json {
     let Some(map) = env.as_object() else {
         return Json::Null;
     };
-    let items: Vec<Json> = map
-        .iter()
-        .filter(|(k, _)| k.as_str() != "lane")
-        .map(|(k, v)| json!({"label": k, "value": text(v)}))
-        .collect();
+    let mut items = Vec::new();
+    environment_items(map, "", &mut items);
     json!({"lane": text(at(env, "/lane")), "items": items})
 }
 
@@ -601,19 +616,93 @@ fn items(v: &Json, labels: &[(&str, &str)]) -> Vec<Json> {
                 .map(|v| row(k, label, v))
         })
         .collect();
-    out.extend(
-        map.iter()
-            .filter(|(k, v)| !v.is_null() && !labels.iter().any(|(l, _)| *l == k.as_str()))
-            .map(|(k, v)| row(k, k, v)),
-    );
+    for (k, v) in map
+        .iter()
+        .filter(|(k, v)| !v.is_null() && !labels.iter().any(|(l, _)| *l == k.as_str()))
+    {
+        match v {
+            // A nested object (the reference's runner) one row per field, `runner.format`.
+            Json::Object(inner) if !inner.is_empty() => {
+                for (ik, iv) in inner.iter().filter(|(_, v)| !v.is_null()) {
+                    out.push(row(ik, &format!("{k}.{ik}"), iv));
+                }
+            }
+            _ => out.push(row(k, k, v)),
+        }
+    }
     out
 }
 
+/// The noise floor as named fields: what was compared (or why it was skipped), and a table of
+/// metric × context length (metrics in the vocabulary's order, then any others).
 fn noise_floor_view(v: &Json) -> Json {
     match v {
         Json::Null => Json::Null,
-        Json::Object(_) => Json::Array(items(v, &[])),
-        other => json!([{"label": "noise floor", "value": text(other), "digest": false}]),
+        Json::Object(_) => {
+            let runs: Vec<&Json> = at(v, "/runs")
+                .as_array()
+                .map(|r| r.iter().collect())
+                .unwrap_or_default();
+            let mut names: Vec<String> = crate::disclosure::vocabulary::METRICS
+                .iter()
+                .filter(|n| runs.iter().any(|r| at(r, "/metrics").get(**n).is_some()))
+                .map(|n| (*n).to_owned())
+                .collect();
+            for r in &runs {
+                if let Some(m) = at(r, "/metrics").as_object() {
+                    for k in m.keys() {
+                        if !names.contains(k) {
+                            names.push(k.clone());
+                        }
+                    }
+                }
+            }
+            let rows: Vec<Json> = names
+                .iter()
+                .map(|n| {
+                    let values: Vec<Json> = runs
+                        .iter()
+                        .map(|r| num_or_text(at(r, "/metrics").get(n).unwrap_or(&NULL)))
+                        .collect();
+                    json!({"name": n, "values": values})
+                })
+                .collect();
+            let lengths: Vec<Json> = runs
+                .iter()
+                .map(|r| num_or_text(at(r, "/context_length")))
+                .collect();
+            json!({
+                "what": text(at(v, "/what")),
+                "skipped": text(at(v, "/skipped")),
+                "lengths": lengths,
+                "rows": rows,
+            })
+        }
+        other => json!({"what": Json::Null, "skipped": text(other), "lengths": [], "rows": []}),
+    }
+}
+
+/// The environment's nested objects (the tokenizer) as one row per field, `tokenizer.sha256`.
+fn environment_items(map: &serde_json::Map<String, Json>, prefix: &str, out: &mut Vec<Json>) {
+    for (k, v) in map {
+        if prefix.is_empty() && k == "lane" {
+            continue;
+        }
+        let label = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            Json::Object(inner) if !inner.is_empty() && prefix.is_empty() => {
+                environment_items(inner, &label, out)
+            }
+            _ => out.push(json!({
+                "label": label,
+                "value": text(v),
+                "digest": k.ends_with("sha256") || k == "revision",
+            })),
+        }
     }
 }
 

@@ -30,11 +30,17 @@ const FLIP: &str = "#cf222e";
 const AXIS: &str = "#57606a";
 const GRID: &str = "#d0d7de";
 const BAR: &str = "#54aeff";
+/// The position plot is taller: under the KLD panel, a panel of top-1 flip rates.
+const POSITION_HEIGHT: f64 = 430.0;
+const FLIP_TOP: f64 = 312.0;
+const FLIP_BOTTOM: f64 = 392.0;
+/// Bins of positions the flip panel has at most.
+pub const FLIP_BINS: usize = 32;
 
-/// Inline SVG: mean KLD at each position j (over windows) along the window, top-1 flips marked
-/// (positions whose flip rate is > 0; marker area proportional to the rate), with axes, ticks and
-/// labels. More than [`MAX_POINTS`] distinct positions are pooled into equal-width bins of
-/// positions, and then each marker stands for a bin.
+/// Inline SVG: mean KLD at each position j (over windows) along the window, with axes, ticks and
+/// labels, and under it the top-1 flip rate in at most [`FLIP_BINS`] equal bins of positions (a
+/// bar per bin with rows: flips / rows). More than [`MAX_POINTS`] distinct positions are pooled
+/// into equal-width bins for the KLD line.
 pub fn svg_kld_along_position(run: &RunRows) -> String {
     let n = run.position.len().min(run.kld.len()).min(run.flip.len());
     let max_pos = run.position[..n].iter().copied().max().unwrap_or(0);
@@ -55,7 +61,6 @@ pub fn svg_kld_along_position(run: &RunRows) -> String {
         sum: f64,
         finite: usize,
         rows: usize,
-        flips: usize,
         pos_sum: f64,
     }
     let mut bins: BTreeMap<u64, Acc> = BTreeMap::new();
@@ -68,32 +73,16 @@ pub fn svg_kld_along_position(run: &RunRows) -> String {
             acc.sum += run.kld[i];
             acc.finite += 1;
         }
-        if run.flip[i] {
-            acc.flips += 1;
-        }
     }
     struct Point {
         x: f64,
         mean: Option<f64>,
-        rows: usize,
-        flips: usize,
-        label: String,
     }
     let points: Vec<Point> = bins
-        .iter()
-        .map(|(&b, a)| {
-            let label = if bin_width == 1 {
-                format!("j = {b}")
-            } else {
-                format!("j = {}–{}", b * bin_width, b * bin_width + bin_width - 1)
-            };
-            Point {
-                x: a.pos_sum / a.rows as f64,
-                mean: (a.finite > 0).then(|| a.sum / a.finite as f64),
-                rows: a.rows,
-                flips: a.flips,
-                label,
-            }
+        .values()
+        .map(|a| Point {
+            x: a.pos_sum / a.rows as f64,
+            mean: (a.finite > 0).then(|| a.sum / a.finite as f64),
         })
         .collect();
 
@@ -106,10 +95,13 @@ pub fn svg_kld_along_position(run: &RunRows) -> String {
     x_axis.clip(x_end);
     let y_axis = Axis::linear(0.0, y_max, HEIGHT - BOTTOM, TOP);
 
-    let mut s = open_svg(&format!(
-        "Mean KLD along the window at context length {}",
-        run.context_length
-    ));
+    let mut s = open_svg_sized(
+        &format!(
+            "Mean KLD and top-1 flip rate along the window at context length {}",
+            run.context_length
+        ),
+        POSITION_HEIGHT,
+    );
     let _ = write!(
         s,
         r##"<text x="{LEFT}" y="18" font-size="14" font-weight="bold" fill="#24292f">context length {}: mean KLD by position j</text>"##,
@@ -159,26 +151,57 @@ pub fn svg_kld_along_position(run: &RunRows) -> String {
         );
     }
 
-    let mut markers = 0usize;
-    for p in points.iter().filter(|p| p.flips > 0) {
-        let rate = p.flips as f64 / p.rows as f64;
-        let x = x_axis.map(p.x);
-        // A flip where no KLD is finite still gets a marker, on the baseline.
-        let y = y_axis.map(p.mean.unwrap_or(0.0));
-        let r = 2.0 + 4.0 * rate.sqrt();
+    // Top-1 flips, binned: a marker per flipped position says nothing once most positions flip
+    // somewhere (a long eval text), so the lower panel shows the flip rate of each bin of
+    // positions, on its own axis.
+    let flip_width = (x_end as u64 + 1).div_ceil(FLIP_BINS as u64).max(1);
+    let n_bins = (x_end as u64 / flip_width + 1) as usize;
+    let mut rows_in = vec![0usize; n_bins];
+    let mut flips_in = vec![0usize; n_bins];
+    for i in 0..n {
+        let b = ((run.position[i] / flip_width) as usize).min(n_bins - 1);
+        rows_in[b] += 1;
+        flips_in[b] += usize::from(run.flip[i]);
+    }
+    let rates: Vec<Option<f64>> = rows_in
+        .iter()
+        .zip(&flips_in)
+        .map(|(&r, &f)| (r > 0).then(|| f as f64 / r as f64))
+        .collect();
+    let rate_max = rates.iter().flatten().fold(0.0f64, |a, &b| a.max(b));
+    let flip_axis = Axis::linear(0.0, rate_max, FLIP_BOTTOM, FLIP_TOP);
+    draw_flip_axes(&mut s, &x_axis, &flip_axis);
+    let mut flipped_bins = 0usize;
+    for (b, rate) in rates.iter().enumerate() {
+        let Some(rate) = *rate else { continue };
+        let lo = b as u64 * flip_width;
+        let hi = (lo + flip_width - 1).min(x_end as u64);
+        let x0 = x_axis.map(lo as f64 - 0.5).max(x_axis.p0);
+        let x1 = x_axis.map(hi as f64 + 0.5).min(x_axis.p1);
+        let y = flip_axis.map(rate);
+        let label = if lo == hi {
+            format!("j = {lo}")
+        } else {
+            format!("j = {lo}–{hi}")
+        };
+        // A bin without flips has no bar (its rate is 0, the baseline).
+        if flips_in[b] == 0 {
+            continue;
+        }
+        flipped_bins += 1;
         let _ = write!(
             s,
-            r##"<circle class="flip" cx="{}" cy="{}" r="{}" fill="{FLIP}" fill-opacity="0.55" stroke="{FLIP}"><title>{}: top-1 flip rate {} ({} of {} rows)</title></circle>"##,
-            c(x),
+            r##"<rect class="flip" x="{}" y="{}" width="{}" height="{}" fill="{FLIP}" fill-opacity="0.6"><title>{label}: top-1 flip rate {} ({} of {} rows)</title></rect>"##,
+            c(x0 + 0.5),
             c(y),
-            c(r),
-            p.label,
+            c((x1 - x0 - 1.0).max(0.5)),
+            c(FLIP_BOTTOM - y),
             format_number(rate, 3),
-            p.flips,
-            p.rows
+            flips_in[b],
+            rows_in[b]
         );
-        markers += 1;
     }
+    let total_flips: usize = flips_in.iter().sum();
 
     // Legend, on its own row under the title.
     let lx = LEFT;
@@ -190,17 +213,17 @@ pub fn svg_kld_along_position(run: &RunRows) -> String {
     );
     let _ = write!(
         s,
-        r##"<circle cx="{}" cy="30" r="4" fill="{FLIP}" fill-opacity="0.55" stroke="{FLIP}"/><text x="{}" y="34" font-size="11" fill="{AXIS}">top-1 flips: {markers} {}{} (marker area: flip rate)</text>"##,
+        r##"<rect x="{}" y="25" width="10" height="10" fill="{FLIP}" fill-opacity="0.6"/><text x="{}" y="34" font-size="11" fill="{AXIS}">top-1 flip rate per bin of {flip_width} position{}: {total_flips} flip{} of {n} rows, in {flipped_bins} of {n_bins} bins</text>"##,
         lx + 140.0,
-        lx + 148.0,
-        if bin_width > 1 { "bin" } else { "position" },
-        if markers == 1 { "" } else { "s" }
+        lx + 154.0,
+        if flip_width == 1 { "" } else { "s" },
+        if total_flips == 1 { "" } else { "s" },
     );
     if bin_width > 1 {
         let _ = write!(
             s,
-            r##"<text x="{LEFT}" y="{}" font-size="10" fill="{AXIS}">positions pooled in bins of {bin_width}</text>"##,
-            HEIGHT - 4.0
+            r##"<text x="{LEFT}" y="{}" font-size="10" fill="{AXIS}">mean KLD: positions pooled in bins of {bin_width}</text>"##,
+            POSITION_HEIGHT - 4.0
         );
     }
     s.push_str("</svg>");
@@ -321,9 +344,49 @@ pub fn svg_histogram(rows: &[RunRows]) -> String {
 }
 
 fn open_svg(label: &str) -> String {
+    open_svg_sized(label, HEIGHT)
+}
+
+fn open_svg_sized(label: &str, height: f64) -> String {
     format!(
-        r##"<svg class="plot" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="{label}" font-family="system-ui, sans-serif">"##
+        r##"<svg class="plot" viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" height="{height}" role="img" aria-label="{label}" font-family="system-ui, sans-serif">"##
     )
+}
+
+/// The flip panel's axes: rate ticks on the left, the position axis shared with the KLD panel
+/// (its ticks repeated without labels).
+fn draw_flip_axes(s: &mut String, x: &Axis, y: &Axis) {
+    let (x0, x1) = (c(x.p0), c(x.p1));
+    for (t, label) in y.ticks.iter().zip(&y.labels) {
+        let py = c(y.map(*t));
+        let _ = write!(
+            s,
+            r##"<line x1="{x0}" y1="{py}" x2="{x1}" y2="{py}" stroke="{GRID}" stroke-width="0.6"/><text x="{}" y="{py}" dy="4" font-size="10" text-anchor="end" fill="{AXIS}">{label}</text>"##,
+            c(x.p0 - 6.0)
+        );
+    }
+    for t in &x.ticks {
+        let px = c(x.map(*t));
+        let _ = write!(
+            s,
+            r##"<line x1="{px}" y1="{}" x2="{px}" y2="{}" stroke="{AXIS}" stroke-width="1"/>"##,
+            c(y.p0),
+            c(y.p0 + 4.0)
+        );
+    }
+    let _ = write!(
+        s,
+        r##"<line x1="{x0}" y1="{}" x2="{x1}" y2="{}" stroke="{AXIS}" stroke-width="1"/><line x1="{x0}" y1="{}" x2="{x0}" y2="{}" stroke="{AXIS}" stroke-width="1"/>"##,
+        c(y.p0),
+        c(y.p0),
+        c(y.p0),
+        c(y.p1)
+    );
+    let ym = c((y.p0 + y.p1) / 2.0);
+    let _ = write!(
+        s,
+        r##"<text x="16" y="{ym}" font-size="11" text-anchor="middle" fill="{AXIS}" transform="rotate(-90 16 {ym})">flip rate</text>"##
+    );
 }
 
 fn note(s: &mut String, text: &str) {

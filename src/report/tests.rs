@@ -70,12 +70,12 @@ fn sample() -> Value {
                             "ci95": "percentile interval of the block bootstrap"}
         },
         "claims": [
-            {"metric": "kld_mean", "context_length": 256, "claimed": 0.01648, "claimed_uncertainty": 0.00091,
+            {"metric": "kld_mean", "context_length": 256, "claimed": 0.01648, "claimed_text": "0.01648", "claimed_uncertainty": 0.00091,
              "rerun": 0.016476123456789, "rerun_ci95": [0.0156, 0.0174], "tolerance": 2.2e-5,
              "verdict": "reproduced", "reason": "equal within the claim's printed precision", "differences": []},
-            {"metric": "top1_agreement", "context_length": 256, "claimed": 0.981, "claimed_uncertainty": null,
+            {"metric": "top1_agreement", "context_length": 256, "claimed": 0.9810, "claimed_text": "0.9810", "claimed_uncertainty": null,
              "rerun": 0.93, "rerun_ci95": [0.925, 0.935], "tolerance": 0.00098,
-             "verdict": "not_reproduced", "reason": "outside the claim's printed precision by 0.051"},
+             "verdict": "not_reproduced", "reason": "outside the claim's printed precision: |rerun - claim| = 0.051 <= 0.00098 fails (±5.0e-5)"},
             {"metric": "kld_p99", "context_length": 256, "claimed": 0.09, "rerun": 0.0960012, "rerun_ci95": [0.09, 0.1],
              "tolerance": 0.005, "verdict": "not_comparable", "reason": "a different lane",
              "differences": ["engine: card says vllm 0.11.1, rerun is cardproof native", "device: card says NVIDIA RTX PRO 6000, rerun is cpu"]}
@@ -131,18 +131,27 @@ fn markdown_has_the_key_content() {
     assert!(md.contains("**1** reproduced"));
     assert!(md.contains("**1** not reproduced"));
     // Each claim row, with the claim as printed and the rerun with its interval.
-    assert!(md.contains("| `kld_mean` | 256 | 0.01648 ± 0.00091 | 0.016476 [0.0156, 0.0174] |"));
+    // The claim as the card wrote it (its trailing zero kept), the rerun one digit finer, the
+    // relative difference.
+    assert!(md.contains(
+        "| `kld_mean` | 256 | 0.01648 ± 0.00091 | 0.016476 | -0.024% | [0.0156, 0.0174] |"
+    ));
+    assert!(md.contains("| `top1_agreement` | 256 | 0.9810 | 0.93000 | -5.2% | [0.925, 0.935] |"));
+    // Without the claim's text (an older report.json): the number, six significant digits.
+    assert!(md.contains("| `kld_p99` | 256 | 0.09 | 0.0960012 | +6.7% | [0.09, 0.1] |"));
+    assert!(md.contains("Relative difference = (rerun − claimed) / |claimed|."));
+    // Reasons read raw: no entity, no backslash before plain punctuation; only the pipes (which
+    // would end nothing outside a table, but stay escaped) carry one.
     assert!(
-        md.contains("| `top1_agreement` | 256 | 0.981 | 0.93 [0.925, 0.935] | -0.051 (-5.2%) |")
+        md.contains("outside the claim's printed precision: \\|rerun - claim\\| = 0.051 <= 0.00098 fails (±5.0e-5)"),
+        "{md}"
     );
-    assert!(md.contains("| `kld_p99` | 256 | 0.09 | 0.096001 [0.09, 0.1] |"));
+    assert!(!md.contains("&lt;"), "{md}");
+    assert!(!md.contains("\\("), "{md}");
     assert!(md.contains("✅ reproduced"));
     assert!(md.contains("❌ not reproduced"));
     assert!(md.contains("⚠️ not comparable"));
-    assert!(
-        md.contains("engine\\: card says vllm 0.11.1, rerun is cardproof native")
-            || md.contains("engine: card says vllm 0.11.1")
-    );
+    assert!(md.contains("  - engine: card says vllm 0.11.1, rerun is cardproof native"));
     // Protocol words and digests.
     for word in [
         "forward",
@@ -169,6 +178,33 @@ fn markdown_has_the_key_content() {
     assert!(md.contains("| `kld_mean` | 0.01648 | 0.00021 | [0.0156, 0.0174] |"));
     assert!(md.contains("| 0/8–1/8 | 1376 | 0.0213 | 80 | 0.0581 |"));
     assert!(md.contains("| \\[0.95, 1.00\\] | 0 | – | 0 | – |"));
+    // The noise floor, when measured, is a table of named metrics, not a JSON blob.
+    let mut r = sample();
+    r["noise_floor"] = json!({"what": "the reference against itself, computed in f64 vs f32",
+        "runs": [{"context_length": 256, "metrics": {"kld_mean": 3.616e-12, "top1_agreement": 1.0, "zz_extra": 2.5}}]});
+    let nf = render_markdown(&r).unwrap();
+    assert!(
+        nf.contains("**Compared:** the reference against itself, computed in f64 vs f32"),
+        "{nf}"
+    );
+    assert!(nf.contains("| metric | context 256 |"), "{nf}");
+    assert!(nf.contains("| `kld_mean` | 3.62e-12 |"), "{nf}");
+    assert!(nf.contains("| `top1_agreement` | 1 |"), "{nf}");
+    assert!(nf.contains("| `zz_extra` | 2.5 |"), "{nf}");
+    assert!(!nf.contains("{"), "a JSON blob in\n{nf}");
+    let html = render_html(&r, &[]).unwrap();
+    assert!(
+        html.contains(
+            "<tr><td><code class=\"metric\">kld_mean</code></td><td class=\"n\">3.62e-12</td></tr>"
+        ),
+        "{html}"
+    );
+    r["noise_floor"] = json!({"skipped": "not asked for"});
+    assert!(
+        render_markdown(&r)
+            .unwrap()
+            .contains("**Skipped:** not asked for")
+    );
     assert!(md.contains("## Definitions"));
     assert!(
         !md.contains("0.016476123456789"),
@@ -183,9 +219,19 @@ fn html_has_the_key_content() {
     assert!(html.contains("NOT REPRODUCED"));
     assert!(html.contains(r#"<span class="badge v-reproduced">"#));
     assert!(html.contains(r#"<span class="badge v-not_comparable">"#));
-    assert!(html.contains("<code>kld_mean</code>"));
-    assert!(html.contains("<code>top1_agreement</code>"));
+    assert!(html.contains(r#"<code class="metric">kld_mean</code>"#));
+    assert!(html.contains(r#"<code class="metric">top1_agreement</code>"#));
     assert!(html.contains("<li>engine: card says vllm 0.11.1, rerun is cardproof native</li>"));
+    // Claimed as written (0.9810, not 0.981), rerun one digit finer, relative difference.
+    assert!(
+        html.contains(r#"<td class="n" data-label="claimed">0.9810</td>"#),
+        "{html}"
+    );
+    assert!(html.contains(r#"<td class="n" data-label="rerun">0.93000</td>"#));
+    assert!(html.contains(r#"<td class="n" data-label="relative difference">-5.2%</td>"#));
+    assert!(html.contains("Relative difference = (rerun − claimed) / |claimed|."));
+    // The reason in its own full-width row, not a squeezed column.
+    assert!(html.contains(r#"<tr class="reason"><td colspan="8">equal within the claim&#x27;s printed precision</td></tr>"#), "{html}");
     for word in [
         PROTO,
         TOKENS,
@@ -243,7 +289,8 @@ fn minimal_and_partial_reports_render() {
     let md = render_markdown(&r).unwrap();
     assert!(md.contains("Verdict: UNDISCLOSED"));
     assert!(
-        md.contains("| `kld_mean` | – | 0.01 | – | – | – | ❔ undisclosed | no eval text |"),
+        md.contains("| `kld_mean` | – | 0.01 | – | – | – | – | ❔ undisclosed |")
+            && md.contains("- `kld_mean` at – tokens, undisclosed: no eval text"),
         "{md}"
     );
     let html = render_html(&r, &[]).unwrap();
@@ -259,12 +306,23 @@ fn minimal_and_partial_reports_render() {
 #[test]
 fn hostile_card_values_render_harmlessly_in_markdown() {
     let md = render_markdown(&hostile()).unwrap();
-    assert!(!md.contains("<script"), "{md}");
+    // Every `<` that could open a tag, and every `&` that could open an entity, is escaped.
+    for (i, _) in md.match_indices(['<', '&']) {
+        let next = md[i + 1..].chars().next();
+        if next.is_some_and(|n| n.is_ascii_alphanumeric() || "/!?#".contains(n)) {
+            assert!(
+                i > 0 && &md[i - 1..i] == "\\",
+                "unescaped markup at {i}: {}",
+                &md[i.saturating_sub(20)..(i + 20).min(md.len())]
+            );
+        }
+    }
     assert!(!md.contains("](javascript"));
     assert!(!md.contains("](http"));
     assert!(!md.contains("https://"));
     assert!(!md.contains("www.evil"));
-    assert!(md.contains("&lt;script&gt;alert\\(1\\)&lt;/script&gt;"));
+    assert!(!md.contains("](javascript") && !md.contains("]("));
+    assert!(md.contains("\\<script>alert(1)\\</script>"), "{md}");
     // No line starts a heading other than ours, and every table row keeps its cell count.
     for line in md.lines() {
         if line.starts_with('#') {
@@ -319,23 +377,38 @@ fn hostile_card_values_render_harmlessly_in_html() {
 fn escape_markdown_neutralizes_markup() {
     let e = escape_markdown;
     assert_eq!(e("plain text 42"), "plain text 42");
-    assert_eq!(e("a_b*c"), "a\\_b\\*c");
+    // Plain text stays plain: what Markdown does not read as markup gets no backslash.
+    assert_eq!(
+        e("kld_mean (±5.0e-6) <= 2.16e-5 & more!"),
+        "kld_mean (±5.0e-6) <= 2.16e-5 & more!"
+    );
+    assert_eq!(e("a * b, {x} ^y"), "a * b, {x} ^y");
+    assert_eq!(e("a_b*c _d_ e_"), "a_b\\*c \\_d\\_ e\\_");
     assert_eq!(
         e("[x](javascript:alert(1))"),
-        "\\[x\\]\\(javascript:alert\\(1\\)\\)"
+        "\\[x\\]\\(javascript:alert(1))"
     );
-    assert_eq!(e("![i](u)"), "\\!\\[i\\]\\(u\\)");
+    assert_eq!(e("![i](u)"), "!\\[i\\]\\(u)");
     assert_eq!(e("| a | b |"), "\\| a \\| b \\|");
     assert_eq!(e("# h"), "\\# h");
-    assert_eq!(e("<b>&amp;</b>"), "&lt;b&gt;&amp;amp;&lt;/b&gt;");
+    assert_eq!(e("> q"), "\\> q");
+    assert_eq!(e("a > b"), "a > b");
+    assert_eq!(
+        e("<b>&amp;</b> <!-- x --> <?p"),
+        "\\<b>\\&amp;\\</b> \\<!-- x --> \\<?p"
+    );
+    assert_eq!(e("&#60; &x"), "\\&#60; \\&x");
     assert_eq!(e("`code`"), "\\`code\\`");
     assert_eq!(e("a\nb\r\nc\rd"), "a b c d");
-    assert_eq!(e("{x} ~y~ $z$ \\"), "\\{x\\} \\~y\\~ \\$z\\$ \\\\");
+    assert_eq!(e("~y~ $z$ \\ a@b"), "\\~y\\~ \\$z\\$ \\\\ a\\@b");
+    assert_eq!(e("**b**"), "\\*\\*b\\*\\*");
     assert_eq!(e("- item"), "\\- item");
     assert_eq!(e("  + item"), "  \\+ item");
     assert_eq!(e("a-b+c#d"), "a-b+c#d");
     assert_eq!(e("1. item"), "1\\. item");
     assert_eq!(e("12."), "12\\.");
+    assert_eq!(e("3) item"), "3\\) item");
+    assert_eq!(e("f(3) x"), "f(3) x");
     assert_eq!(e("0.1.0 v1.2"), "0.1.0 v1.2");
     assert_eq!(e("https://x.y"), "https\\://x.y");
     assert_eq!(e("WWW.x.y"), "WWW\\.x.y");
@@ -362,26 +435,58 @@ fn numbers_are_formatted_for_people() {
 }
 
 #[test]
-fn kld_plot_marks_each_flip_position() {
+fn kld_plot_bins_the_flips() {
     let rows = &sample_rows()[0];
     let svg = svg_kld_along_position(rows);
     check_svg(&svg);
-    let mut flipped: Vec<u64> = rows
-        .position
-        .iter()
-        .zip(&rows.flip)
-        .filter(|(_, f)| **f)
-        .map(|(p, _)| *p)
-        .collect();
-    flipped.sort_unstable();
-    flipped.dedup();
-    assert_eq!(flipped.len(), 6);
-    assert_eq!(svg.matches(r#"class="flip""#).count(), flipped.len());
-    // j = 53 flipped in all three windows: the biggest marker, rate 1.
-    assert!(svg.contains("j = 53: top-1 flip rate 1 (3 of 3 rows)"));
-    assert!(svg.contains("j = 3: top-1 flip rate 0.333 (1 of 3 rows)"));
+    // 255 positions in 32 bins of 8: a bar for each bin with a flip (j = 3, 53, 103, 153, 203,
+    // 253), its height the bin's flip rate.
+    assert_eq!(svg.matches(r#"class="flip""#).count(), 6);
+    // j = 53 flipped in all three windows: 3 of the 24 rows of bin 48–55.
+    assert!(
+        svg.contains("j = 48–55: top-1 flip rate 0.125 (3 of 24 rows)"),
+        "{svg}"
+    );
+    assert!(svg.contains("j = 0–7: top-1 flip rate 0.0417 (1 of 24 rows)"));
+    // The last bin ends at the window's last row, j = L − 2.
+    assert!(svg.contains("j = 248–254: top-1 flip rate 0.0476 (1 of 21 rows)"));
+    assert!(
+        svg.contains(
+            "top-1 flip rate per bin of 8 positions: 8 flips of 765 rows, in 6 of 32 bins"
+        )
+    );
     assert!(svg.contains("position j in the window"));
     assert!(svg.contains("mean KLD (nats)"));
+    assert!(svg.contains(">flip rate</text>"));
+}
+
+#[test]
+fn kld_plot_bars_carry_information_when_nearly_every_position_flips() {
+    // A long eval text: some window flips at almost every position, so one marker per flipped
+    // position would cover the axis. The bins' heights still differ: flips rise along the window.
+    let mut run = RunRows {
+        context_length: 256,
+        ..RunRows::default()
+    };
+    for w in 0..40u64 {
+        for j in 0..255u64 {
+            run.position.push(j);
+            run.kld.push(0.01);
+            run.flip.push((j * 7 + w * 13) % 255 < 10 + j / 4);
+        }
+    }
+    let svg = svg_kld_along_position(&run);
+    check_svg(&svg);
+    assert_eq!(svg.matches(r#"class="flip""#).count(), 32);
+    let heights: Vec<f64> = svg
+        .split(r#"<rect class="flip""#)
+        .skip(1)
+        .map(|r| {
+            let h = r.split("height=\"").nth(1).unwrap();
+            h[..h.find('"').unwrap()].parse().unwrap()
+        })
+        .collect();
+    assert!(heights.last().unwrap() > &(heights[0] * 2.0), "{heights:?}");
 }
 
 #[test]

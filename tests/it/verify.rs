@@ -872,3 +872,97 @@ fn a_wrong_reference_is_caught_before_any_forward_pass() {
     assert_eq!(checked.code, 0, "{}", checked.stderr);
     assert_eq!(statement(&envelope)["predicate"], report);
 }
+
+#[test]
+fn verify_shows_the_rerun_to_the_claims_digits_and_the_relative_difference() {
+    let v = Verified::new("shakespeare-w8a16", &[]);
+    let card = std::fs::read_to_string(v.card()).unwrap();
+    let line = card
+        .lines()
+        .find(|l| l.contains("metric: kld_mean,") && l.contains("value: "))
+        .expect("a kld_mean claim")
+        .to_owned();
+    let value = line
+        .split("value: ")
+        .nth(1)
+        .unwrap()
+        .split(',')
+        .next()
+        .unwrap()
+        .trim();
+    let x: f64 = value.parse().unwrap();
+    // The claim written with a trailing zero: four significant digits and a fifth that is 0.
+    let decimals = (3 - x.log10().floor() as i32) as usize;
+    let written = format!("{:.decimals$}0", x);
+    assert!(
+        written.ends_with('0') && written.parse::<f64>().is_ok(),
+        "{written}"
+    );
+    std::fs::write(
+        v.card(),
+        card.replacen(
+            &line,
+            &line.replace(&format!("value: {value}"), &format!("value: {written}")),
+            1,
+        ),
+    )
+    .unwrap();
+    let r = cardproof(&[
+        "verify",
+        v.candidate().to_str().unwrap(),
+        "--reference",
+        model("shakespeare-bf16").to_str().unwrap(),
+        "--eval-text",
+        v.text().to_str().unwrap(),
+        "--key",
+        v.key().to_str().unwrap(),
+        "--out",
+        v.out().to_str().unwrap(),
+    ]);
+    assert!(r.code == 0 || r.code == 1, "{}", r.stderr);
+    let report = read_json(&v.out().join("report.json"));
+    let claim = report["claims"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["metric"] == "kld_mean")
+        .unwrap();
+    assert_eq!(claim["claimed_text"], written.as_str());
+    let rerun = claim["rerun"].as_f64().unwrap();
+    let claimed: f64 = written.parse().unwrap();
+    // One digit finer than the claim's last written digit, and (rerun − claimed) / |claimed|.
+    let d = decimals + 2;
+    let rerun_text = format!("{rerun:.d$}");
+    let rel = cardproof::disclosure::precision::percent_text((rerun - claimed) / claimed);
+    let row = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("kld_mean "))
+        .unwrap_or_else(|| panic!("no kld_mean row in\n{}", r.stdout));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        cells[2..5],
+        [written.as_str(), rerun_text.as_str(), rel.as_str()],
+        "{row}"
+    );
+    assert!(
+        r.stdout
+            .contains("rel. diff = (rerun - claimed) / |claimed|"),
+        "{}",
+        r.stdout
+    );
+    let html = std::fs::read_to_string(v.out().join("report.html")).unwrap();
+    assert!(
+        html.contains(&format!(r#"data-label="claimed">{written} ± "#))
+            || html.contains(&format!(r#"data-label="claimed">{written}<"#)),
+        "the claim as written in report.html"
+    );
+    assert!(html.contains(&format!(r#"data-label="rerun">{rerun_text}<"#)));
+    assert!(html.contains(&format!(r#"data-label="relative difference">{rel}<"#)));
+    let md = std::fs::read_to_string(v.out().join("report.md")).unwrap();
+    assert!(md.contains(&format!("| {rerun_text} | {rel} |")), "{md}");
+    assert!(
+        !md.contains("&lt;") && !md.contains("\\("),
+        "report.md reads raw:\n{md}"
+    );
+}
