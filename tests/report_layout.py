@@ -2,7 +2,7 @@
 """Layout check of a report.html in headless Chromium, at a phone width and a desktop width.
 
 Run by .ci/run on a report the debug binary writes (needs `chromium`, a Debian package; python3
-stdlib only). Usage: tests/report_layout.py REPORT.html [--widths 390,1280] [--chromium PATH].
+stdlib only). Usage: tests/report_layout.py REPORT.html [REPORT.html ...] [--widths 390,1280] [--chromium PATH].
 
 The shipped page runs no script, so this injects a measuring script into a copy only (the file
 given is never written). Chromium loads the copy in an iframe of each width (the headless window
@@ -133,38 +133,45 @@ def measure(chromium, html, width, height=2400):
     return json.loads(text)
 
 
+def check(chromium, report, widths):
+    """Lays one report out at each width; True when anything overflows."""
+    html = report.read_text(encoding="utf-8")
+    if "<script" in html.lower():
+        sys.exit(f"report_layout: {report} contains a script; the shipped page must have none")
+    if "</body>" not in html:
+        sys.exit(f"report_layout: {report} has no </body>")
+    failed = False
+    instrumented = html.replace("</body>", MEASURE + "</body>", 1)
+    for width in widths:
+        r = measure(chromium, instrumented, width)
+        # Chromium sizes the layout viewport from --window-size; a different one would
+        # measure a page nobody asked about.
+        if abs(r["viewport"] - width) > 20:
+            sys.exit(f"report_layout: asked for {width} px, got a {r['viewport']} px viewport")
+        if r["problems"]:
+            failed = True
+            print(f"{report} at {width} px: {len(r['problems'])} layout problems")
+            for p in r["problems"][:40]:
+                print(f"  - {p}")
+            if len(r["problems"]) > 40:
+                print(f"  … and {len(r['problems']) - 40} more")
+        else:
+            print(f"{report} at {width} px: nothing overflows, no metric name wraps")
+    return failed
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("report", type=pathlib.Path, help="report.html")
+    ap.add_argument("reports", type=pathlib.Path, nargs="+", help="report.html files")
     ap.add_argument("--widths", default="390,1280")
     ap.add_argument("--chromium")
     args = ap.parse_args()
     chromium = find_chromium(args.chromium)
     if chromium is None:
         sys.exit("report_layout: chromium not found (apt-get install chromium); the layout check cannot run")
-    html = args.report.read_text(encoding="utf-8")
-    if "<script" in html.lower():
-        sys.exit(f"report_layout: {args.report} contains a script; the shipped page must have none")
-    if "</body>" not in html:
-        sys.exit(f"report_layout: {args.report} has no </body>")
     failed = False
-    instrumented = html.replace("</body>", MEASURE + "</body>", 1)
-    if True:
-        for width in [int(w) for w in args.widths.split(",")]:
-            r = measure(chromium, instrumented, width)
-            # Chromium sizes the layout viewport from --window-size; a different one would
-            # measure a page nobody asked about.
-            if abs(r["viewport"] - width) > 20:
-                sys.exit(f"report_layout: asked for {width} px, got a {r['viewport']} px viewport")
-            if r["problems"]:
-                failed = True
-                print(f"{args.report} at {width} px: {len(r['problems'])} layout problems")
-                for p in r["problems"][:40]:
-                    print(f"  - {p}")
-                if len(r["problems"]) > 40:
-                    print(f"  … and {len(r['problems']) - 40} more")
-            else:
-                print(f"{args.report} at {width} px: nothing overflows, no metric name wraps")
+    for report in args.reports:
+        failed |= check(chromium, report, [int(w) for w in args.widths.split(",")])
     sys.exit(1 if failed else 0)
 
 

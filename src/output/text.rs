@@ -354,6 +354,7 @@ pub fn verification(r: &crate::verify::Report) -> String {
         "metric", "ctx", "claimed", "rerun", "rel. diff", "tolerance"
     );
     use crate::disclosure::precision::{percent_text, relative_difference, rerun_text};
+    let mut previous = None;
     for c in &r.claims {
         let rerun = c.rerun.filter(|v| v.is_finite());
         let _ = writeln!(
@@ -374,11 +375,20 @@ pub fn verification(r: &crate::verify::Report) -> String {
             c.verdict.as_str(),
         );
         if c.verdict != Verdict::Reproduced {
-            let _ = writeln!(out, "    {}", c.reason);
-            for d in &c.differences {
-                let _ = writeln!(out, "    - {d}");
+            // One explanation per run of claims that share it, not the same lines per claim.
+            let explained = previous.is_some_and(|p: &crate::verify::claims::ClaimResult| {
+                p.verdict == c.verdict && p.reason == c.reason && p.differences == c.differences
+            });
+            if explained {
+                let _ = writeln!(out, "    (the same reason as above)");
+            } else {
+                let _ = writeln!(out, "    {}", c.reason);
+                for d in &c.differences {
+                    let _ = writeln!(out, "    - {d}");
+                }
             }
         }
+        previous = Some(c);
     }
     if !r.claims.is_empty() {
         let _ = writeln!(

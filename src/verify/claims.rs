@@ -267,10 +267,8 @@ pub fn judge(
                 "measured in another lane or protocol; the rerun's number is shown beside the claim (difference {:.3e})",
                 r.value - claim.value
             ),
-            None => format!(
-                "not rerun: the files given are not the ones the card names ({}), so no rerun of them could be compared with the claim",
-                ctx.differences.join("; ")
-            ),
+            // The differences themselves are the claim's `differences`, listed once.
+            None => "not rerun: the files given are not the ones the card names (listed under differences), so no rerun of them could be compared with the claim".into(),
         };
         return result;
     }

@@ -858,11 +858,18 @@ fn a_wrong_reference_is_caught_before_any_forward_pass() {
         assert_eq!(claim["verdict"], "not_comparable", "{claim}");
         let reason = claim["reason"].as_str().unwrap();
         assert!(
-            reason.starts_with("not rerun: the files given are not the ones the card names")
-                && reason.contains(&format!(
-                    "reference files (root sha256): card {card_digest}, given files {given}"
-                )),
+            reason.starts_with("not rerun: the files given are not the ones the card names"),
             "{reason}"
+        );
+        let expected =
+            format!("reference files (root sha256): card {card_digest}, given files {given}");
+        assert!(
+            claim["differences"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|d| d.as_str() == Some(expected.as_str())),
+            "{claim}"
         );
         assert!(claim["rerun"].is_null(), "{claim}");
     }
@@ -964,5 +971,49 @@ fn verify_shows_the_rerun_to_the_claims_digits_and_the_relative_difference() {
     assert!(
         !md.contains("&lt;") && !md.contains("\\("),
         "report.md reads raw:\n{md}"
+    );
+}
+
+#[test]
+fn a_reason_shared_by_consecutive_claims_is_printed_once() {
+    let v = Verified::new("shakespeare-w8a16", &[]);
+    let wrong = crate::support::unloadable_copy("shakespeare-bf16", &v.dir.path().join("wrong"));
+    let (candidate, text, key, out) = (v.candidate(), v.text(), v.key(), v.out());
+    let r = cardproof(&[
+        "verify",
+        candidate.to_str().unwrap(),
+        "--reference",
+        wrong.to_str().unwrap(),
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let claims = r
+        .stdout
+        .lines()
+        .filter(|l| l.ends_with(" not_comparable"))
+        .count();
+    assert!(claims >= 2, "{}", r.stdout);
+    assert_eq!(
+        r.stdout.matches("reference files (root sha256)").count(),
+        1,
+        "{}",
+        r.stdout
+    );
+    assert_eq!(
+        r.stdout.matches("not rerun: the files given").count(),
+        1,
+        "{}",
+        r.stdout
+    );
+    assert_eq!(
+        r.stdout.matches("(the same reason as above)").count(),
+        claims - 1,
+        "{}",
+        r.stdout
     );
 }
