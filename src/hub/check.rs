@@ -254,22 +254,7 @@ pub fn check(
         )?),
         _ => None,
     };
-    if let Some(r) = &report
-        && !r.mismatches.is_empty()
-    {
-        hub_findings.push(HubFinding::error(
-            "hub-report-mismatch",
-            format!(
-                "the signed report `{}` does not match the repository: {}",
-                r.file,
-                r.mismatches
-                    .iter()
-                    .map(|m| m.detail.as_str())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            ),
-        ));
-    }
+    hub_findings.extend(report_mismatch(report.as_ref(), "repository"));
 
     Ok(CheckReport {
         source: source.to_string(),
@@ -506,39 +491,64 @@ fn check_report(
         }
         e
     };
-    let envelope: Value = serde_json::from_slice(&bytes).map_err(|e| {
+    judge_envelope(
+        file,
+        &bytes,
+        tmp.path(),
+        &display,
+        digests,
+        public_key,
+        card,
+        &pinned.display_path(Some("README.md")).display().to_string(),
+    )
+    .map_err(rename)
+}
+
+/// Judges a signed report's envelope, read into `bytes` from `read_from` (shown as `display`):
+/// its signature with `public_key` when one is given, its subjects against `digests` (the files
+/// as they are) and its card digest against `card` (shown as `card_name`). The card is not a
+/// subject: its claims are bound by the signed digest of its `fidelity` block.
+#[allow(clippy::too_many_arguments)]
+fn judge_envelope(
+    file: &str,
+    bytes: &[u8],
+    read_from: &std::path::Path,
+    display: &std::path::Path,
+    digests: &BTreeMap<String, (String, u64)>,
+    public_key: Option<&ed25519_dalek::VerifyingKey>,
+    card: Option<&Card>,
+    card_name: &str,
+) -> Result<ReportCheck> {
+    let envelope: Value = serde_json::from_slice(bytes).map_err(|e| {
         crate::Error::format(
-            &display,
+            display,
             None,
             format!("not JSON, so not a DSSE envelope: {e}"),
         )
     })?;
-    let parts = crate::attest::dsse::EnvelopeParts::from_value(&display, &envelope)?;
+    let parts = crate::attest::dsse::EnvelopeParts::from_value(display, &envelope)?;
     let keyids = parts.signatures.iter().map(|s| s.keyid.clone()).collect();
-    let on_hub: BTreeMap<&str, &str> = digests
-        .iter()
-        .map(|(p, (sha, _))| (p.as_str(), sha.as_str()))
-        .collect();
     let (signature, statement, mut mismatches) = match public_key {
-        Some(key) => match crate::attest::verify_envelope(tmp.path(), key).map_err(rename)? {
+        Some(key) => match crate::attest::verify_envelope(read_from, key)? {
             crate::attest::Outcome::Verified(v) => ("verified", v.statement, Vec::new()),
             crate::attest::Outcome::Failed(m) => ("failed", Value::Null, m),
         },
         None => (
             "not_checked",
-            crate::attest::statement::parse_statement(&display, &parts.payload)?,
+            crate::attest::statement::parse_statement(display, &parts.payload)?,
             Vec::new(),
         ),
     };
     if !statement.is_null() {
-        mismatches.extend(crate::attest::verify::compare_subjects(&statement, on_hub));
-        // The card is not a subject: its claims are bound by the signed digest of its
-        // `fidelity` block, compared with the card on the Hub.
-        mismatches.extend(crate::attest::compare_card(
+        let as_they_are: BTreeMap<&str, &str> = digests
+            .iter()
+            .map(|(p, (sha, _))| (p.as_str(), sha.as_str()))
+            .collect();
+        mismatches.extend(crate::attest::verify::compare_subjects(
             &statement,
-            card,
-            &pinned.display_path(Some("README.md")).display().to_string(),
+            as_they_are,
         ));
+        mismatches.extend(crate::attest::compare_card(&statement, card, card_name));
     }
     let subjects = statement
         .get("subject")
@@ -551,6 +561,24 @@ fn check_report(
         subjects,
         mismatches,
     })
+}
+
+/// The `hub-report-mismatch` finding of a report that does not match `what` (the repository or
+/// the directory), if it does not.
+fn report_mismatch(report: Option<&ReportCheck>, what: &str) -> Option<HubFinding> {
+    let r = report.filter(|r| !r.mismatches.is_empty())?;
+    Some(HubFinding::error(
+        "hub-report-mismatch",
+        format!(
+            "the signed report `{}` does not match the {what}: {}",
+            r.file,
+            r.mismatches
+                .iter()
+                .map(|m| m.detail.as_str())
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+    ))
 }
 
 /// `cardproof check DIR`: the checks of [`check`] on a local directory about to be uploaded. The
@@ -663,22 +691,7 @@ pub fn check_local(
         )?),
         _ => None,
     };
-    if let Some(r) = &report
-        && !r.mismatches.is_empty()
-    {
-        hub_findings.push(HubFinding::error(
-            "hub-report-mismatch",
-            format!(
-                "the signed report `{}` does not match the directory: {}",
-                r.file,
-                r.mismatches
-                    .iter()
-                    .map(|m| m.detail.as_str())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            ),
-        ));
-    }
+    hub_findings.extend(report_mismatch(report.as_ref(), "directory"));
     Ok(CheckReport {
         source: dir.display().to_string(),
         repo: None,
@@ -705,47 +718,14 @@ fn check_local_report(
 ) -> Result<ReportCheck> {
     let path = dir.join(file);
     let bytes = crate::files::read_capped(&path, MAX_ENVELOPE, "a DSSE envelope")?;
-    let envelope: Value = serde_json::from_slice(&bytes).map_err(|e| {
-        crate::Error::format(
-            &path,
-            None,
-            format!("not JSON, so not a DSSE envelope: {e}"),
-        )
-    })?;
-    let parts = crate::attest::dsse::EnvelopeParts::from_value(&path, &envelope)?;
-    let keyids = parts.signatures.iter().map(|s| s.keyid.clone()).collect();
-    let (signature, statement, mut mismatches) = match public_key {
-        Some(key) => match crate::attest::verify_envelope(&path, key)? {
-            crate::attest::Outcome::Verified(v) => ("verified", v.statement, Vec::new()),
-            crate::attest::Outcome::Failed(m) => ("failed", Value::Null, m),
-        },
-        None => (
-            "not_checked",
-            crate::attest::statement::parse_statement(&path, &parts.payload)?,
-            Vec::new(),
-        ),
-    };
-    if !statement.is_null() {
-        let on_disk: BTreeMap<&str, &str> = digests
-            .iter()
-            .map(|(p, (sha, _))| (p.as_str(), sha.as_str()))
-            .collect();
-        mismatches.extend(crate::attest::verify::compare_subjects(&statement, on_disk));
-        mismatches.extend(crate::attest::compare_card(
-            &statement,
-            card,
-            &dir.join("README.md").display().to_string(),
-        ));
-    }
-    let subjects = statement
-        .get("subject")
-        .and_then(Value::as_array)
-        .map_or(0, Vec::len);
-    Ok(ReportCheck {
-        file: file.to_owned(),
-        keyids,
-        signature,
-        subjects,
-        mismatches,
-    })
+    judge_envelope(
+        file,
+        &bytes,
+        &path,
+        &path,
+        digests,
+        public_key,
+        card,
+        &dir.join("README.md").display().to_string(),
+    )
 }

@@ -355,16 +355,22 @@ fn open_svg_sized(label: &str, height: f64) -> String {
 
 /// The flip panel's axes: rate ticks on the left, the position axis shared with the KLD panel
 /// (its ticks repeated without labels).
-fn draw_flip_axes(s: &mut String, x: &Axis, y: &Axis) {
+/// Horizontal grid lines at `y`'s ticks across `x`'s span, labelled on the left.
+fn draw_y_grid(s: &mut String, x: &Axis, y: &Axis, font_size: u32) {
     let (x0, x1) = (c(x.p0), c(x.p1));
     for (t, label) in y.ticks.iter().zip(&y.labels) {
         let py = c(y.map(*t));
         let _ = write!(
             s,
-            r##"<line x1="{x0}" y1="{py}" x2="{x1}" y2="{py}" stroke="{GRID}" stroke-width="0.6"/><text x="{}" y="{py}" dy="4" font-size="10" text-anchor="end" fill="{AXIS}">{label}</text>"##,
+            r##"<line x1="{x0}" y1="{py}" x2="{x1}" y2="{py}" stroke="{GRID}" stroke-width="0.6"/><text x="{}" y="{py}" dy="4" font-size="{font_size}" text-anchor="end" fill="{AXIS}">{label}</text>"##,
             c(x.p0 - 6.0)
         );
     }
+}
+
+fn draw_flip_axes(s: &mut String, x: &Axis, y: &Axis) {
+    let (x0, x1) = (c(x.p0), c(x.p1));
+    draw_y_grid(s, x, y, 10);
     for t in &x.ticks {
         let px = c(x.map(*t));
         let _ = write!(
@@ -520,14 +526,7 @@ fn tick_label(t: f64, step: f64) -> String {
 fn draw_axes(s: &mut String, x: &Axis, y: &Axis, x_label: &str, y_label: &str) {
     let (x0, x1) = (c(x.p0), c(x.p1));
     let (y0, y1) = (c(y.p0), c(y.p1));
-    for (t, label) in y.ticks.iter().zip(&y.labels) {
-        let py = c(y.map(*t));
-        let _ = write!(
-            s,
-            r##"<line x1="{x0}" y1="{py}" x2="{x1}" y2="{py}" stroke="{GRID}" stroke-width="0.6"/><text x="{}" y="{py}" dy="4" font-size="11" text-anchor="end" fill="{AXIS}">{label}</text>"##,
-            c(x.p0 - 6.0)
-        );
-    }
+    draw_y_grid(s, x, y, 11);
     for (t, label) in x.ticks.iter().zip(&x.labels) {
         let px = c(x.map(*t));
         let _ = write!(

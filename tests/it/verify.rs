@@ -815,14 +815,13 @@ fn verify_report_refuses_a_set_that_mixes_two_runs() {
     assert!(r.stdout.contains("mixes two runs"), "{}", r.stdout);
 }
 
-#[test]
-fn a_wrong_reference_is_caught_before_any_forward_pass() {
-    let v = Verified::new("shakespeare-w8a16", &[]);
-    // Another reference: the bf16 example's files with its weights cut short. It hashes to
-    // another digest and cannot be loaded, so a verdict (not a load error) shows no model ran.
+/// Verifies `v`'s card against another reference: the bf16 example's files with its weights cut
+/// short. It hashes to another digest and cannot be loaded, so a verdict (not a load error)
+/// shows no model ran. Returns that reference's directory and the run.
+fn verify_with_a_wrong_reference(v: &Verified, extra: &[&str]) -> (PathBuf, Run) {
     let wrong = crate::support::unloadable_copy("shakespeare-bf16", &v.dir.path().join("wrong"));
     let (candidate, text, key, out) = (v.candidate(), v.text(), v.key(), v.out());
-    let r = cardproof(&[
+    let mut args = vec![
         "verify",
         candidate.to_str().unwrap(),
         "--reference",
@@ -833,8 +832,16 @@ fn a_wrong_reference_is_caught_before_any_forward_pass() {
         key.to_str().unwrap(),
         "--out",
         out.to_str().unwrap(),
-        "--json",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let run = cardproof(&args);
+    (wrong, run)
+}
+
+#[test]
+fn a_wrong_reference_is_caught_before_any_forward_pass() {
+    let v = Verified::new("shakespeare-w8a16", &[]);
+    let (wrong, r) = verify_with_a_wrong_reference(&v, &["--json"]);
     assert_eq!(r.code, 1, "not_comparable is findings: {}", r.stderr);
     assert!(!r.stderr.contains("model.safetensors"), "{}", r.stderr);
     let report = r.json();
@@ -977,20 +984,7 @@ fn verify_shows_the_rerun_to_the_claims_digits_and_the_relative_difference() {
 #[test]
 fn a_reason_shared_by_consecutive_claims_is_printed_once() {
     let v = Verified::new("shakespeare-w8a16", &[]);
-    let wrong = crate::support::unloadable_copy("shakespeare-bf16", &v.dir.path().join("wrong"));
-    let (candidate, text, key, out) = (v.candidate(), v.text(), v.key(), v.out());
-    let r = cardproof(&[
-        "verify",
-        candidate.to_str().unwrap(),
-        "--reference",
-        wrong.to_str().unwrap(),
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--key",
-        key.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (_, r) = verify_with_a_wrong_reference(&v, &[]);
     assert_eq!(r.code, 1, "{}", r.stderr);
     let claims = r
         .stdout
