@@ -166,10 +166,11 @@ pub enum Code {
     UnknownScheme,
     QuantizationMismatch,
     ProseContradictsDisclosure,
+    ProseNotInDisclosure,
 }
 
 impl Code {
-    pub const ALL: [Code; 22] = [
+    pub const ALL: [Code; 23] = [
         Code::SchemaViolation,
         Code::MissingDisclosure,
         Code::VagueDisclosure,
@@ -192,6 +193,7 @@ impl Code {
         Code::UnknownScheme,
         Code::QuantizationMismatch,
         Code::ProseContradictsDisclosure,
+        Code::ProseNotInDisclosure,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -218,6 +220,7 @@ impl Code {
             Code::UnknownScheme => "unknown-scheme",
             Code::QuantizationMismatch => "quantization-mismatch",
             Code::ProseContradictsDisclosure => "prose-contradicts-disclosure",
+            Code::ProseNotInDisclosure => "prose-not-in-disclosure",
         }
     }
 
@@ -228,6 +231,7 @@ impl Code {
             | Code::CandidateUnpinned
             | Code::CalibrationOverlapsEval
             | Code::ProseContradictsDisclosure
+            | Code::ProseNotInDisclosure
             | Code::UnquotedRevision
             | Code::Yaml11Ambiguous
             | Code::NoFidelityDisclosure => Severity::Warning,

@@ -189,7 +189,9 @@ pub(crate) fn names_kld(text: &str) -> bool {
 
 /// KLD numbers in the prose, outside the section `cardproof card` writes, that no claim of the
 /// `fidelity:` block with the same statistic agrees with (within the prose number's printed
-/// precision): a hand-written table or sentence left stale by a new measurement.
+/// precision): a hand-written table or sentence left stale by a new measurement
+/// (`prose-contradicts-disclosure`), or a statistic the block does not claim at all
+/// (`prose-not-in-disclosure`).
 pub(super) fn contradictions(
     card: &crate::card::Card,
     claims: &[ProseClaim],
@@ -227,6 +229,20 @@ pub(super) fn contradictions(
             .filter_map(|r| r.get("value").and_then(serde_json::Value::as_f64))
             .collect();
         if disclosed.is_empty() {
+            // A number the block does not claim at all: nothing to contradict, and nothing
+            // `verify` will rerun, so a reader cannot tell it from a verified one.
+            out.push(locator.at_span(
+                Finding::new(
+                    Code::ProseNotInDisclosure,
+                    format!(
+                        "the prose states {} ({metric}), which the `fidelity:` block does not \
+                         claim: it is not disclosed, so `verify` cannot check it; add it to \
+                         `fidelity.results` or remove it",
+                        claim.excerpt
+                    ),
+                ),
+                claim.span.clone(),
+            ));
             continue;
         }
         let tolerance = |v: f64| {

@@ -124,6 +124,12 @@ fn fixtures() -> Vec<Fixture> {
             None,
         ),
         (
+            Code::ProseNotInDisclosure,
+            format!("{}\nIn short: the maximum KLD is 4.56.\n", compliant_card()),
+            None,
+            None,
+        ),
+        (
             Code::NoFidelityDisclosure,
             "---\nlicense: mit\n---\n# A model\n".into(),
             None,
