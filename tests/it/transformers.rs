@@ -520,10 +520,11 @@ mod torch {
             &["--memory-limit", "1000000"],
         );
         assert_eq!(r.code, 2, "{}", r.stderr);
+        // With --json the error is the document's, not repeated on stderr.
+        let message = r.message();
         assert!(
-            r.stderr.contains("out_of_memory_plan") && r.stderr.contains("is free on cpu"),
-            "{}",
-            r.stderr
+            message.contains("out_of_memory_plan") && message.contains("is free on cpu"),
+            "{message}"
         );
     }
 
