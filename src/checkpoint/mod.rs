@@ -4,6 +4,7 @@
 pub mod dtype;
 pub mod gguf;
 pub mod hash;
+pub mod head;
 pub mod inspect;
 pub mod mmap;
 pub mod quant_config;

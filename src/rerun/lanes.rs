@@ -298,7 +298,9 @@ fn self_noise_floor(
 }
 
 /// Identity of a safetensors checkpoint without loading it: manifest and output-head digests,
-/// and the logit rows' width.
+/// and the logit rows' width. Read from config.json and the tensor names for any architecture
+/// ([`crate::checkpoint::head`]): the transformers runner measures what the native runner
+/// cannot run.
 fn checkpoint_identity(
     path: &Path,
     threads: usize,
@@ -307,24 +309,26 @@ fn checkpoint_identity(
     use crate::runner::native::weights::{SafetensorsStore, WeightStore};
     let config_path = path.join("config.json");
     let json: Value = crate::files::read_config(&config_path)?;
-    let config = crate::runner::native::config::ModelConfig::from_hf(&config_path, &json)?;
-    let store = SafetensorsStore::open(path, json)?;
-    let head = if store.has("lm_head.weight") || !config.tie_embeddings {
-        "lm_head.weight"
-    } else {
-        "model.embed_tokens.weight"
-    };
+    let store = SafetensorsStore::open(path, json.clone())?;
+    let layout = crate::checkpoint::head::head_layout(&config_path, &json, &|n| store.has(n))?;
+    let lm_head_sha256 = store.tensor_sha256(&layout.head)?.ok_or_else(|| {
+        Error::format(
+            path,
+            Some(&layout.head),
+            "the output head's tensor could not be read for its digest",
+        )
+    })?;
     Ok((
         ModelRecord {
             path: path.display().to_string(),
             format: "safetensors".into(),
             manifest_sha256: root_digest(path, threads, known)?,
-            lm_head_sha256: store.tensor_sha256(head)?.unwrap_or_default(),
-            stored_dtype: store.stored_dtype("model.embed_tokens.weight"),
+            lm_head_sha256,
+            stored_dtype: store.stored_dtype(layout.embeddings.as_deref().unwrap_or(&layout.head)),
             runner: Value::Null,
             hub: None,
         },
-        config.vocab,
+        layout.vocab,
     ))
 }
 

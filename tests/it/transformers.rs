@@ -720,3 +720,70 @@ mod torch {
         same_numbers(&doc, "spilled to disk");
     }
 }
+
+/// A copy of an example whose config.json names an architecture the native runner does not run
+/// (a hybrid Gated DeltaNet `qwen3_5_text`, as the user had).
+fn as_hybrid(name: &str, to: &Path) -> PathBuf {
+    crate::support::copy_model(name, to);
+    let path = to.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    config["model_type"] = "qwen3_5_text".into();
+    config["architectures"] = serde_json::json!(["Qwen3_5ForCausalLM"]);
+    config["full_attention_interval"] = 4.into();
+    std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    to.to_owned()
+}
+
+#[test]
+fn the_transformers_runner_takes_an_architecture_the_native_runner_does_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = as_hybrid("shakespeare-bf16", &dir.path().join("reference"));
+    let candidate = as_hybrid("shakespeare-w8a16", &dir.path().join("candidate"));
+    let seen = dir.path().join("request.json");
+    // The stand-in keeps the request it was given and stops: what matters is that cardproof
+    // started it, with the identities read without the native runner's architecture list.
+    let script = stand_in(
+        dir.path(),
+        &format!(
+            "import shutil, sys\nshutil.copy(sys.argv[1], {:?})\nprint('stand-in stops here', file=sys.stderr)\nsys.exit(1)\n",
+            seen.to_str().unwrap()
+        ),
+    );
+    let out = dir.path().join("out");
+    let r = run(
+        &[],
+        &[
+            "measure",
+            "--runner",
+            "transformers",
+            "--runner-script",
+            script.to_str().unwrap(),
+            "--reference",
+            reference.to_str().unwrap(),
+            "--candidate",
+            candidate.to_str().unwrap(),
+            "--eval-text",
+            "examples/data/eval.txt",
+            "--context-length",
+            "256",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        !r.stderr.contains("not supported by the native runner"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("stand-in stops here"), "{}", r.stderr);
+    let request: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&seen).expect("the runner was started")).unwrap();
+    let text = serde_json::to_string(&request).unwrap();
+    assert!(
+        text.contains("2048"),
+        "the logit width is in the request: {text}"
+    );
+    assert!(!out.join("measurement.json").exists());
+}
