@@ -477,6 +477,100 @@ mod torch {
         run(&[], &args)
     }
 
+    /// Writes two tiny random Qwen3.5 vision-language checkpoints (hybrid: three Gated DeltaNet
+    /// layers, then full attention; text weights under `model.language_model.*`, a vision tower
+    /// beside them) with the example's tokenizer: the reference, and the candidate with every
+    /// weight perturbed.
+    fn tiny_qwen3_5_pair(dir: &Path) -> (PathBuf, PathBuf) {
+        let script = dir.join("make_qwen3_5.py");
+        std::fs::write(
+            &script,
+            r#"import glob, shutil, sys, torch
+from transformers import Qwen3_5Config
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForConditionalGeneration
+torch.manual_seed(0)
+text = dict(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_conv_kernel_dim=4, full_attention_interval=4, max_position_embeddings=1024,
+            tie_word_embeddings=False)
+vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+config = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
+model = Qwen3_5ForConditionalGeneration(config).eval()
+out, tokenizer = sys.argv[1], sys.argv[2]
+for name, noise in (("reference", 0.0), ("candidate", 0.02)):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(noise * torch.randn_like(p))
+    model.save_pretrained(f"{out}/{name}")
+    for f in glob.glob(f"{tokenizer}/tokenizer*"):
+        shutil.copy(f, f"{out}/{name}/")
+"#,
+        )
+        .unwrap();
+        let python = std::env::var_os("CARDPROOF_PYTHON").unwrap_or_else(|| "python3".into());
+        let made = std::process::Command::new(&python)
+            .arg(&script)
+            .arg(dir)
+            .arg(model("shakespeare-bf16"))
+            .output()
+            .unwrap();
+        assert!(
+            made.status.success(),
+            "{}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+        (dir.join("reference"), dir.join("candidate"))
+    }
+
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn a_hybrid_qwen3_5_vision_language_checkpoint_is_measured_on_its_text_model() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        let (reference, candidate) = tiny_qwen3_5_pair(dir.path());
+        let text = short_text(dir.path(), 6000);
+        let dump = dir.path().join("dump");
+        let out = dir.path().join("out");
+        let r = run(
+            &[],
+            &[
+                "measure",
+                "--runner",
+                "transformers",
+                "--device",
+                "cpu",
+                "--torch-dtype",
+                "float32",
+                "--reference",
+                reference.to_str().unwrap(),
+                "--candidate",
+                candidate.to_str().unwrap(),
+                "--eval-text",
+                text.to_str().unwrap(),
+                "--context-length",
+                "128",
+                "--runner-dump",
+                dump.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--json",
+            ],
+        );
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let doc = r.json();
+        assert!(
+            doc["runs"][0]["metrics"]["kld_mean"].as_f64().unwrap() > 1e-6,
+            "{doc}"
+        );
+        assert_eq!(doc["environment"]["tokenizer"]["vocab_size"], 2048);
+        // The head is the text model's own, read without the native runner's architectures.
+        let head = doc["reference"]["lm_head_sha256"].as_str().unwrap();
+        assert_eq!(head.len(), 64, "{doc}");
+        assert_ne!(head, doc["candidate"]["lm_head_sha256"].as_str().unwrap());
+        assert_reduction_agrees(&dump);
+    }
+
     #[test]
     #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
     fn the_cpu_runner_agrees_with_cardproofs_reduction_of_its_own_logits() {
