@@ -451,6 +451,11 @@ mod torch {
     }
 
     fn cpu_measure(dir: &Path, candidate: &str, extra: &[&str]) -> Run {
+        cpu_measure_pair(dir, "examples/models/shakespeare-bf16", candidate, extra)
+    }
+
+    /// The real runner on CPU in float32, windows of 128 tokens of a short text, into `dir/out`.
+    fn cpu_measure_pair(dir: &Path, reference: &str, candidate: &str, extra: &[&str]) -> Run {
         let text = short_text(dir, 6000);
         let out = dir.join("out");
         let mut args = vec![
@@ -462,7 +467,7 @@ mod torch {
             "--torch-dtype",
             "float32",
             "--reference",
-            "examples/models/shakespeare-bf16",
+            reference,
             "--candidate",
             candidate,
             "--eval-text",
@@ -529,33 +534,12 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         require_torch();
         let dir = tempfile::tempdir().unwrap();
         let (reference, candidate) = tiny_qwen3_5_pair(dir.path());
-        let text = short_text(dir.path(), 6000);
         let dump = dir.path().join("dump");
-        let out = dir.path().join("out");
-        let r = run(
-            &[],
-            &[
-                "measure",
-                "--runner",
-                "transformers",
-                "--device",
-                "cpu",
-                "--torch-dtype",
-                "float32",
-                "--reference",
-                reference.to_str().unwrap(),
-                "--candidate",
-                candidate.to_str().unwrap(),
-                "--eval-text",
-                text.to_str().unwrap(),
-                "--context-length",
-                "128",
-                "--runner-dump",
-                dump.to_str().unwrap(),
-                "--out",
-                out.to_str().unwrap(),
-                "--json",
-            ],
+        let r = cpu_measure_pair(
+            dir.path(),
+            reference.to_str().unwrap(),
+            candidate.to_str().unwrap(),
+            &["--runner-dump", dump.to_str().unwrap()],
         );
         assert_eq!(r.code, 0, "{}", r.stderr);
         let doc = r.json();
