@@ -71,6 +71,26 @@ impl Verified {
         v
     }
 
+    /// The card's claim line of `metric` and its value as written there.
+    pub(crate) fn claim_line(&self, metric: &str) -> (String, String) {
+        let card = std::fs::read_to_string(self.card()).unwrap();
+        let line = card
+            .lines()
+            .find(|l| l.contains(&format!("metric: {metric},")) && l.contains("value: "))
+            .unwrap_or_else(|| panic!("a {metric} claim"))
+            .to_owned();
+        let value = line
+            .split("value: ")
+            .nth(1)
+            .unwrap()
+            .split([',', '}'])
+            .next()
+            .unwrap()
+            .trim()
+            .to_owned();
+        (line, value)
+    }
+
     pub(crate) fn verify(&self) -> Run {
         self.verify_with(&["--eval-text", self.text().to_str().unwrap()])
     }
@@ -264,19 +284,8 @@ fn a_llama_cpp_same_top_p_claim_is_verified_against_top1_agreement() {
     // `same_top_p` is llama.cpp's `Same top p`: the top-1 agreement as a percentage.
     let v = Verified::new("shakespeare-w8a16", &[]);
     let card = std::fs::read_to_string(v.card()).unwrap();
-    let line = card
-        .lines()
-        .find(|l| l.contains("metric: top1_agreement,") && l.contains("value: "))
-        .expect("a top1_agreement claim")
-        .to_owned();
-    let text = line
-        .split("value: ")
-        .nth(1)
-        .unwrap()
-        .split([',', '}'])
-        .next()
-        .unwrap()
-        .trim();
+    let (line, text) = v.claim_line("top1_agreement");
+    let text = text.as_str();
     let decimals = text.split_once('.').map_or(0, |(_, f)| f.len());
     assert!(
         decimals > 2,
@@ -891,19 +900,7 @@ fn a_wrong_reference_is_caught_before_any_forward_pass() {
 fn verify_shows_the_rerun_to_the_claims_digits_and_the_relative_difference() {
     let v = Verified::new("shakespeare-w8a16", &[]);
     let card = std::fs::read_to_string(v.card()).unwrap();
-    let line = card
-        .lines()
-        .find(|l| l.contains("metric: kld_mean,") && l.contains("value: "))
-        .expect("a kld_mean claim")
-        .to_owned();
-    let value = line
-        .split("value: ")
-        .nth(1)
-        .unwrap()
-        .split(',')
-        .next()
-        .unwrap()
-        .trim();
+    let (line, value) = v.claim_line("kld_mean");
     let x: f64 = value.parse().unwrap();
     // The claim written with a trailing zero: four significant digits and a fifth that is 0.
     let decimals = (3 - x.log10().floor() as i32) as usize;
