@@ -288,7 +288,7 @@ fn targets(q: &Value, inspection: &Inspection, push: &mut Push<'_>) {
             push(
                 &format!("/fidelity/quantization/targets/{i}/modules"),
                 format!(
-                    "the card says `{scheme}` covers {shown}, but {} module{} outside them {}                      stored as {scheme} (bucket{} {}): {}",
+                    "the card says `{scheme}` covers {shown}, but {} module{} outside them {} stored as {scheme} (bucket{} {}): {}",
                     outside.len(),
                     if outside.len() == 1 { "" } else { "s" },
                     if outside.len() == 1 { "is" } else { "are" },
@@ -300,7 +300,9 @@ fn targets(q: &Value, inspection: &Inspection, push: &mut Push<'_>) {
         } else if stored.is_empty() {
             push(
                 &format!("/fidelity/quantization/targets/{i}/scheme"),
-                format!("the card says `{scheme}` covers {shown}, but no module is stored as {scheme}"),
+                format!(
+                    "the card says `{scheme}` covers {shown}, but no module is stored as {scheme}"
+                ),
             );
         }
         let covered = stored.len() - outside.len();
@@ -310,7 +312,7 @@ fn targets(q: &Value, inspection: &Inspection, push: &mut Push<'_>) {
             push(
                 &format!("/fidelity/quantization/targets/{i}/count"),
                 format!(
-                    "the card says {count} `{scheme}` modules over {shown}, but the checkpoint                      stores {covered} there"
+                    "the card says {count} `{scheme}` modules over {shown}, but the checkpoint stores {covered} there"
                 ),
             );
         }

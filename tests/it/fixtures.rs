@@ -503,7 +503,11 @@ pub fn hybrid_fp8_nvfp4(dir: &Path) {
     const FF: u64 = 128;
     let mut t = Tensors::default();
     let lm = "model.language_model";
-    t.add(&format!("{lm}.embed_tokens.weight"), Dtype::BF16, &[VOCAB, H]);
+    t.add(
+        &format!("{lm}.embed_tokens.weight"),
+        Dtype::BF16,
+        &[VOCAB, H],
+    );
     t.add(&format!("{lm}.norm.weight"), Dtype::BF16, &[H]);
     for l in 0..4 {
         let p = format!("{lm}.layers.{l}");
@@ -511,7 +515,12 @@ pub fn hybrid_fp8_nvfp4(dir: &Path) {
             t.add(&format!("{p}.{n}.weight"), Dtype::BF16, &[H]);
         }
         if l == 3 {
-            for (m, out) in [("q_proj", 2 * H), ("k_proj", H / 2), ("v_proj", H / 2), ("o_proj", H)] {
+            for (m, out) in [
+                ("q_proj", 2 * H),
+                ("k_proj", H / 2),
+                ("v_proj", H / 2),
+                ("o_proj", H),
+            ] {
                 let inn = if m == "o_proj" { H } else { H };
                 fp8_static_tensor(&mut t, &format!("{p}.self_attn.{m}"), out, inn);
             }
@@ -529,17 +538,37 @@ pub fn hybrid_fp8_nvfp4(dir: &Path) {
             t.add(&format!("{g}.dt_bias"), Dtype::F32, &[4]);
             t.add(&format!("{g}.norm.weight"), Dtype::F32, &[16]);
         }
-        for (m, out, inn) in [("gate_proj", FF, H), ("up_proj", FF, H), ("down_proj", H, FF)] {
+        for (m, out, inn) in [
+            ("gate_proj", FF, H),
+            ("up_proj", FF, H),
+            ("down_proj", H, FF),
+        ] {
             nvfp4_pack(&mut t, &format!("{p}.mlp.{m}"), out, inn);
         }
     }
     nvfp4_pack(&mut t, "lm_head", VOCAB, H);
     // The vision tower and the MTP block, unquantized.
-    t.add("model.visual.patch_embed.proj.weight", Dtype::BF16, &[H, 3, 2, 4, 4]);
-    t.add("model.visual.blocks.0.attn.qkv.weight", Dtype::BF16, &[3 * H, H]);
-    t.add("model.visual.blocks.0.mlp.linear_fc1.weight", Dtype::BF16, &[FF, H]);
+    t.add(
+        "model.visual.patch_embed.proj.weight",
+        Dtype::BF16,
+        &[H, 3, 2, 4, 4],
+    );
+    t.add(
+        "model.visual.blocks.0.attn.qkv.weight",
+        Dtype::BF16,
+        &[3 * H, H],
+    );
+    t.add(
+        "model.visual.blocks.0.mlp.linear_fc1.weight",
+        Dtype::BF16,
+        &[FF, H],
+    );
     t.add("mtp.fc.weight", Dtype::BF16, &[H, 2 * H]);
-    t.add("mtp.layers.0.self_attn.q_proj.weight", Dtype::BF16, &[2 * H, H]);
+    t.add(
+        "mtp.layers.0.self_attn.q_proj.weight",
+        Dtype::BF16,
+        &[2 * H, H],
+    );
     t.add("mtp.layers.0.mlp.up_proj.weight", Dtype::BF16, &[FF, H]);
     t.write(&dir.join("model.safetensors"));
     write_json(

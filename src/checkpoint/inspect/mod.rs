@@ -44,8 +44,8 @@ pub enum Bucket {
     Mlp,
     MoeExperts,
     MoeRouter,
-    /// A shared expert's projections and its gate (`shared_expert.*`, `shared_expert_gate`,
-    /// GGUF `ffn_*_shexp`, `ffn_gate_inp_shexp`).
+    // A shared expert's projections and its gate (`shared_expert.*`, `shared_expert_gate`, GGUF
+    // `ffn_*_shexp`, `ffn_gate_inp_shexp`).
     MoeSharedExpert,
     Mtp,
     Vision,
