@@ -598,3 +598,111 @@ pub fn hybrid_fp8_nvfp4(dir: &Path) {
         }),
     );
 }
+
+/// A bf16 Qwen3-Next-style MoE checkpoint, 2 layers (GDN with the fused `in_proj_qkvz` /
+/// `in_proj_ba`, then full attention), each a sparse block of 4 experts with a router, a shared
+/// expert and its gate; one MTP layer; plus, in layer 1, experts stored fused the transformers-5
+/// way (`mlp.experts.gate_up_proj`, 3-D) to show both layouts land in the experts bucket.
+pub fn moe_hybrid_bf16(dir: &Path) {
+    const H: u64 = 64;
+    const FF: u64 = 32;
+    let mut t = Tensors::default();
+    t.add("model.embed_tokens.weight", Dtype::BF16, &[VOCAB, H]);
+    t.add("model.norm.weight", Dtype::BF16, &[H]);
+    t.add("lm_head.weight", Dtype::BF16, &[VOCAB, H]);
+    for l in 0..2 {
+        let p = format!("model.layers.{l}");
+        t.add(&format!("{p}.input_layernorm.weight"), Dtype::BF16, &[H]);
+        t.add(
+            &format!("{p}.post_attention_layernorm.weight"),
+            Dtype::BF16,
+            &[H],
+        );
+        if l == 0 {
+            t.add(
+                &format!("{p}.linear_attn.in_proj_qkvz.weight"),
+                Dtype::BF16,
+                &[3 * H, H],
+            );
+            t.add(
+                &format!("{p}.linear_attn.in_proj_ba.weight"),
+                Dtype::BF16,
+                &[8, H],
+            );
+            t.add(
+                &format!("{p}.linear_attn.conv1d.weight"),
+                Dtype::BF16,
+                &[2 * H, 1, 4],
+            );
+            t.add(
+                &format!("{p}.linear_attn.out_proj.weight"),
+                Dtype::BF16,
+                &[H, H],
+            );
+            t.add(&format!("{p}.linear_attn.A_log"), Dtype::F32, &[4]);
+            for e in 0..4 {
+                for (m, out, inn) in [
+                    ("gate_proj", FF, H),
+                    ("up_proj", FF, H),
+                    ("down_proj", H, FF),
+                ] {
+                    t.add(
+                        &format!("{p}.mlp.experts.{e}.{m}.weight"),
+                        Dtype::BF16,
+                        &[out, inn],
+                    );
+                }
+            }
+        } else {
+            for (m, out) in [
+                ("q_proj", 2 * H),
+                ("k_proj", H / 2),
+                ("v_proj", H / 2),
+                ("o_proj", H),
+            ] {
+                t.add(&format!("{p}.self_attn.{m}.weight"), Dtype::BF16, &[out, H]);
+            }
+            t.add(
+                &format!("{p}.mlp.experts.gate_up_proj"),
+                Dtype::BF16,
+                &[4, 2 * FF, H],
+            );
+            t.add(
+                &format!("{p}.mlp.experts.down_proj"),
+                Dtype::BF16,
+                &[4, H, FF],
+            );
+        }
+        t.add(&format!("{p}.mlp.gate.weight"), Dtype::BF16, &[4, H]);
+        for (m, out, inn) in [
+            ("gate_proj", FF, H),
+            ("up_proj", FF, H),
+            ("down_proj", H, FF),
+        ] {
+            t.add(
+                &format!("{p}.mlp.shared_expert.{m}.weight"),
+                Dtype::BF16,
+                &[out, inn],
+            );
+        }
+        t.add(
+            &format!("{p}.mlp.shared_expert_gate.weight"),
+            Dtype::BF16,
+            &[1, H],
+        );
+    }
+    t.add("mtp.fc.weight", Dtype::BF16, &[H, 2 * H]);
+    t.add(
+        "mtp.layers.0.mlp.experts.0.up_proj.weight",
+        Dtype::BF16,
+        &[FF, H],
+    );
+    t.add("mtp.layers.0.mlp.gate.weight", Dtype::BF16, &[4, H]);
+    t.write(&dir.join("model.safetensors"));
+    write_json(
+        &dir.join("config.json"),
+        &json!({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+            "hidden_size": H, "num_hidden_layers": 2, "vocab_size": VOCAB,
+            "num_experts": 4, "num_experts_per_tok": 2, "tie_word_embeddings": false}),
+    );
+}

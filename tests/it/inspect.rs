@@ -633,3 +633,57 @@ fn inspect_file(path: &std::path::Path) -> Value {
     assert_eq!(run.code, 0, "{}", run.stderr);
     only_variant(run.json())
 }
+
+#[test]
+fn moe_experts_routers_shared_experts_and_mtp_have_their_own_buckets() {
+    let dir = tempfile::tempdir().unwrap();
+    moe_hybrid_bf16(dir.path());
+    let doc = inspect(dir.path());
+    let bucket = |name: &str| module(&doc, name)["bucket"].as_str().unwrap().to_owned();
+    assert_eq!(
+        bucket("model.layers.0.mlp.experts.3.down_proj"),
+        "moe_experts"
+    );
+    assert_eq!(
+        bucket("model.layers.1.mlp.experts.gate_up_proj"),
+        "moe_experts"
+    );
+    assert_eq!(bucket("model.layers.0.mlp.gate"), "moe_router");
+    assert_eq!(
+        bucket("model.layers.0.mlp.shared_expert.up_proj"),
+        "moe_shared_expert"
+    );
+    assert_eq!(
+        bucket("model.layers.0.mlp.shared_expert_gate"),
+        "moe_shared_expert"
+    );
+    assert_eq!(
+        bucket("model.layers.0.linear_attn.in_proj_qkvz"),
+        "linear_attention"
+    );
+    assert_eq!(
+        bucket("model.layers.0.linear_attn.in_proj_ba"),
+        "linear_attention"
+    );
+    assert_eq!(bucket("mtp.layers.0.mlp.gate"), "mtp");
+    let b = &doc["buckets"];
+    // 12 per-expert modules in layer 0, the two fused stacks of layer 1.
+    assert_eq!(b["moe_experts"]["modules"], 14, "{b}");
+    assert_eq!(b["moe_router"]["modules"], 2, "{b}");
+    assert_eq!(b["moe_shared_expert"]["modules"], 8, "{b}");
+    assert_eq!(b["mtp"]["modules"], 3, "{b}");
+    assert_eq!(b["linear_attention"]["modules"], 4, "{b}");
+    assert_eq!(
+        module(&doc, "model.layers.1.mlp.experts.gate_up_proj")["shape"],
+        serde_json::json!([4, 64, 64])
+    );
+}
+
+#[test]
+fn moe_hybrid_human_output() {
+    let dir = tempfile::tempdir().unwrap();
+    moe_hybrid_bf16(dir.path());
+    let run = cardproof_in(dir.path(), &["inspect", "."]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    insta::assert_snapshot!(run.stdout);
+}
