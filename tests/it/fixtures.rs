@@ -521,8 +521,8 @@ pub fn hybrid_fp8_nvfp4(dir: &Path) {
                 ("v_proj", H / 2),
                 ("o_proj", H),
             ] {
-                let inn = if m == "o_proj" { H } else { H };
-                fp8_static_tensor(&mut t, &format!("{p}.self_attn.{m}"), out, inn);
+                // q_proj holds the query and the output gate: 2 × heads × head_dim = 2H.
+                fp8_static_tensor(&mut t, &format!("{p}.self_attn.{m}"), out, H);
             }
             t.add(&format!("{p}.self_attn.q_norm.weight"), Dtype::BF16, &[32]);
             t.add(&format!("{p}.self_attn.k_norm.weight"), Dtype::BF16, &[32]);

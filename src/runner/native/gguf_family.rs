@@ -596,7 +596,8 @@ pub(super) fn undo(
     match *step {
         Step::MinusOne => data.iter_mut().for_each(|w| *w -= 1.0),
         Step::LogOfNegated => {
-            if let Some(bad) = data.iter().find(|a| !(**a < 0.0)) {
+            // NaN and 0 included: no finite A_log gives them.
+            if let Some(bad) = data.iter().find(|a| a.is_nan() || **a >= 0.0) {
                 return Err(format!(
                     "ssm_a holds {bad}, which is not -exp(A_log) of any A_log (must be < 0)"
                 ));
