@@ -384,11 +384,24 @@ impl WeightStore for GgufStore {
 
     fn unread(&self) -> Vec<String> {
         let read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+        // The family's MTP (`nextn`) blocks follow the decoder layers; llama.cpp keeps them
+        // "preserved but unused", and so does the native runner: not reading them is no sign of
+        // a checkpoint that is not what its metadata says.
+        let mtp = |name: &str| {
+            self.family.as_ref().is_some_and(|c| {
+                c.mtp_layers > 0
+                    && name
+                        .strip_prefix("blk.")
+                        .and_then(|r| r.split('.').next())
+                        .and_then(|n| n.parse::<usize>().ok())
+                        .is_some_and(|n| n >= c.layers)
+            })
+        };
         self.file
             .tensors
             .iter()
             .map(|t| &t.name)
-            .filter(|name| !read.contains(*name))
+            .filter(|name| !read.contains(*name) && !mtp(name))
             .cloned()
             .collect()
     }
@@ -734,6 +747,96 @@ mod tests {
                     }
                 }
             }
+        }
+
+        /// A file with an MTP block after the decoder layers (as llama.cpp's converter writes
+        /// one without `--no-mtp`): the block is not a decoder layer, loading need not read it,
+        /// and inspect reports it in the `mtp` bucket.
+        #[test]
+        fn an_mtp_block_is_neither_a_layer_nor_an_unread_tensor() {
+            let path = fixture("qwen35.f32.gguf");
+            let file = gguf::read_file(&path).unwrap();
+            let bytes = std::fs::read(&path).unwrap();
+            let mut metadata: Vec<(String, GgufValue)> = file
+                .metadata
+                .iter()
+                .filter(|(k, _)| k != "GGUF.version")
+                .cloned()
+                .collect();
+            for (k, v) in &mut metadata {
+                match k.as_str() {
+                    "qwen35.block_count" => *v = GgufValue::U32(3),
+                    "qwen35.attention.recurrent_layers" => {
+                        *v = GgufValue::Array(gguf::GgufArray {
+                            elem_type: 7,
+                            values: vec![
+                                GgufValue::Bool(true),
+                                GgufValue::Bool(false),
+                                GgufValue::Bool(false),
+                            ],
+                        })
+                    }
+                    _ => {}
+                }
+            }
+            metadata.push(("qwen35.nextn_predict_layers".into(), GgufValue::U32(1)));
+            let data = |t: &gguf::GgufTensor| {
+                bytes[t.offset as usize..(t.offset + t.n_bytes) as usize].to_vec()
+            };
+            let mut tensors: Vec<(String, GgmlType, Vec<u64>, Vec<u8>)> = file
+                .tensors
+                .iter()
+                .map(|t| (t.name.clone(), t.ty, t.dims.clone(), data(t)))
+                .collect();
+            // The MTP block: a copy of layer 1's attention and its own projection.
+            for n in ["attn_q.weight", "attn_norm.weight"] {
+                let t = file.tensor(&format!("blk.1.{n}")).unwrap();
+                tensors.push((format!("blk.2.{n}"), t.ty, t.dims.clone(), data(t)));
+            }
+            let eh = file.tensor("blk.1.attn_output.weight").unwrap();
+            tensors.push((
+                "blk.2.nextn.eh_proj.weight".into(),
+                eh.ty,
+                eh.dims.clone(),
+                data(eh),
+            ));
+            let md: Vec<(&str, GgufValue)> = metadata
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.clone()))
+                .collect();
+            let ts: Vec<(&str, GgmlType, &[u64], &[u8])> = tensors
+                .iter()
+                .map(|(n, ty, d, b)| (n.as_str(), *ty, d.as_slice(), b.as_slice()))
+                .collect();
+            let dir = tempfile::tempdir().unwrap();
+            let out = dir.path().join("with-mtp.gguf");
+            std::fs::write(&out, gguf::serialize(&md, &ts, file.alignment)).unwrap();
+
+            let store = GgufStore::open_weights(&out, Emulate::ReferenceSemantics).unwrap();
+            let c = store.family_config().unwrap();
+            assert_eq!((c.layers, c.mtp_layers), (2, 1));
+            assert_eq!(c.layer_types.len(), 2);
+            assert!(!store.has("model.layers.2.self_attn.q_proj.weight"));
+            let m = manifest("qwen35");
+            for name in m["tensors"].as_object().unwrap().keys() {
+                store.dense(name).unwrap();
+            }
+            assert_eq!(store.unread(), Vec::<String>::new());
+
+            let inspection = crate::checkpoint::inspect::inspect_path(&out).unwrap();
+            let bucket = |name: &str| {
+                inspection[0]
+                    .modules
+                    .iter()
+                    .find(|m| m.name == name)
+                    .unwrap_or_else(|| panic!("no module {name}"))
+                    .bucket
+                    .as_str()
+            };
+            assert_eq!(bucket("blk.2.attn_q"), "mtp");
+            assert_eq!(bucket("blk.2.nextn.eh_proj"), "mtp");
+            assert_eq!(bucket("blk.1.attn_q"), "attention");
+            assert_eq!(bucket("blk.0.attn_qkv"), "linear_attention");
         }
 
         /// A hostile header gets one error naming the key, never a panic.
