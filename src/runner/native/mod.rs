@@ -5,6 +5,7 @@
 pub mod config;
 pub mod decoder;
 pub mod gguf;
+pub mod gguf_family;
 pub mod llamacpp_cpu;
 pub mod weights;
 
