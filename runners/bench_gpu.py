@@ -257,13 +257,100 @@ def profile_prefill(model, ids, out_dir, label):
     return rows
 
 
-def self64(script, length, out_dir, stride):
-    """The full 64-layer shape measured against itself, in this process (never on disk)."""
+def runner_module(script):
+    """A runner copy imported as a module, loading replaced by models already in memory."""
     import importlib.util
-    import tempfile
-    spec = importlib.util.spec_from_file_location("cardproof_runner", script)
+    spec = importlib.util.spec_from_file_location(f"cardproof_runner_{abs(hash(script))}", script)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    mod.checkpoint_files = lambda path: [path]
+    # The weights are resident already (so out of the free memory the plan reads): 0 more.
+    mod.weight_bytes = lambda path, size: 0
+    return mod
+
+
+def run_in_process(mod, held, req):
+    """The runner's own `run` on the models in `held` (path -> model); its record."""
+    mod.load_model = lambda torch_, transformers_, spec_, dtype, device, trc: held[spec_["path"]]
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    try:
+        rec = {"protocol": 1, "ok": True, **mod.run(req)}
+    except Exception as e:  # noqa: BLE001 - a failure is a result to print
+        rec = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    return rec, time.perf_counter() - t
+
+
+def pair_in_process(a, results):
+    """The hybrid pair made in GPU memory (never on disk); each runner copy's own `run` in this
+    process (the first one cold: its warm-up pays the process's compilation), then the floor."""
+    import tempfile
+    length = a.longest
+    t = time.perf_counter()
+    ref = new_model("hybrid", length).eval()
+    cand = new_model("hybrid", length).eval()
+    g = torch.Generator(device="cuda").manual_seed(1)
+    with torch.no_grad():
+        for p in cand.parameters():
+            if p.dim() == 2:
+                p.mul_(1 + 0.01 * torch.randn(p.shape, generator=g, device=p.device, dtype=p.dtype))
+    torch.cuda.synchronize()
+    results["init_seconds"] = time.perf_counter() - t
+    results["params"] = sum(p.numel() for p in ref.parameters())
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 248320, (1, length), generator=gen).cuda()
+    work = tempfile.mkdtemp(prefix="pair-")
+    held = {}
+    for name, m in (("reference", ref), ("candidate", cand)):
+        d = os.path.join(work, name)
+        m.config.save_pretrained(d)  # config.json only
+        held[d] = m
+    results["runners"] = {}
+    for spec in a.runner:
+        name, _, script = spec.partition("=")
+        os.makedirs(os.path.join(work, name), exist_ok=True)
+        req = request(os.path.join(work, "reference"), os.path.join(work, "candidate"), ids, 0,
+                      os.path.join(work, name), stride=a.row_stride, gates=True, vocab=248320)
+        rec, wall = run_in_process(runner_module(script), held, req)
+        r = summary(rec, wall)
+        results["runners"][name] = r
+        print(json.dumps({name: r}), flush=True)
+    floor = time_floor(ref, cand, ids, 0)
+    singles = []
+    for m in (ref, cand):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        floor_pass(m, ids, 0)
+        torch.cuda.synchronize()
+        singles.append(time.perf_counter() - t)
+    results["floor_seconds"] = floor
+    results["floor_single_seconds"] = singles
+    warm_floor = sum(singles)
+    for r in results["runners"].values():
+        if r["ok"]:
+            r["compute_over_floor"] = r["compute_seconds"] / warm_floor
+    print(json.dumps({"floor_first": floor, "singles": singles}), flush=True)
+    held.clear()
+    del ref, cand
+    gc.collect()
+    torch.cuda.empty_cache()
+    print(f"\nhybrid 16-layer pair in process, {results['params'] / 1e9:.2f}B each, {length} tokens, every {a.row_stride}th row; floor (2 warm bare prefills) {warm_floor:.2f} s (first, cold: {floor:.2f} s)")
+    print("| runner | prefill | head+reduce | compute vs floor | warm-up | gates | GDN kernel | peak | gates' numbers |\n|---|---|---|---|---|---|---|---|---|")
+    for name, r in results["runners"].items():
+        if r["ok"]:
+            tm = r["timings"]
+            la = (r.get("linear_attention") or {}).get("candidate") or {}
+            print(f"| {name} | {tm['prefill']:.2f} s | {tm['head_and_reduce']:.2f} s | {r['compute_over_floor']:.3f}x | {tm['warmup']:.2f} s | {tm['gates']:.2f} s | {la.get('gdn_kernel', '-')} {la.get('gdn_function', '')} | {r['peak_bytes'] / 2**30:.1f} GiB | {r['gates']} |")
+        else:
+            print(f"| {name} | failed: {str(r.get('error'))[:150]} |")
+
+
+def self64(script, length, out_dir, stride):
+    """The full 64-layer shape measured against itself, in this process (never on disk)."""
+    import tempfile
+    mod = runner_module(script)
     t = time.perf_counter()
     model = new_model("hybrid", length, layers=64).eval()
     torch.cuda.synchronize()
@@ -271,21 +358,15 @@ def self64(script, length, out_dir, stride):
     params = sum(p.numel() for p in model.parameters())
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 248320, (1, length), generator=g).cuda()
-    # The floor: two bare prefills of the one model, warmed up.
-    floor = time_floor(model, model, ids, 0)
     work = tempfile.mkdtemp(prefix="self64-")
     cfg_dir = os.path.join(work, "model")
     model.config.save_pretrained(cfg_dir)  # config.json only: the weights stay in memory
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    mod.checkpoint_files = lambda path: [path]
-    mod.weight_bytes = lambda path, size: weights
-    held = [model]
-    mod.load_model = lambda torch_, transformers_, spec_, dtype, device, trc: held[0]
+    held = {cfg_dir: model}
     req = request(cfg_dir, cfg_dir, ids, 0, work, stride=stride, gates=True, vocab=248320)
-    torch.cuda.reset_peak_memory_stats()
-    t = time.perf_counter()
-    rec = {"protocol": 1, "ok": True, **mod.run(req)}
-    wall = time.perf_counter() - t
+    # The runner first (its warm-up compiles for this length), then the floor: two bare
+    # prefills of the one model, warm.
+    rec, wall = run_in_process(mod, held, req)
+    floor = time_floor(model, model, ids, 0)
     out = summary(rec, wall)
     out.update({"length": length, "params": params, "init_seconds": made, "floor_seconds": floor})
     if out["ok"]:
@@ -298,8 +379,22 @@ def self64(script, length, out_dir, stride):
 
 
 def hybrid_main(a, results):
-    """The hybrid pair at --longest tokens (issue #17)."""
+    """The hybrid pair at --longest tokens (issue #17); `--longest 0` with --self64: the 64-layer
+    shape alone."""
     length = a.longest
+    if not length:
+        return self64_main(a, results)
+    if a.in_process:
+        pair_in_process(a, results)
+        if a.self64:
+            results["self64"] = s64 = self64(dict(x.partition("=")[::2] for x in a.runner)["new"], a.self64, a.out, a.row_stride)
+            print(json.dumps(s64), flush=True)
+            if s64["ok"]:
+                tm = s64["timings"]
+                print(f"64-layer ({s64['params'] / 1e9:.2f}B) against itself, {s64['length']} tokens: floor {s64['floor_seconds']:.2f} s; compute {s64['compute_seconds']:.2f} s ({s64['compute_over_floor']:.3f}x); warm-up {tm['warmup']:.2f} s; gates {tm['gates']:.2f} s; peak {s64['peak_bytes'] / 2**30:.1f} GiB; {s64['gates']}")
+        with open(os.path.join(a.out, f"bench-hybrid-{a.label}.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        return
     ref_dir, cand_dir = make_pair(a.work, length, shape="hybrid")
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(0, 248320, (1, length), generator=g).cuda()
@@ -355,6 +450,21 @@ def hybrid_main(a, results):
             print(f"| 64-layer self: compute | {s64['compute_seconds']:.2f} s | {s64['compute_over_floor']:.3f}x | {tm['warmup']:.2f} s | {tm['gates']:.2f} s | | {s64['peak_bytes'] / 2**30:.1f} GiB |")
         else:
             print(f"| 64-layer self failed: {str(s64.get('error'))[:100]} | | | | | | |")
+
+
+def self64_main(a, results):
+    script = dict(x.partition("=")[::2] for x in (a.runner or [f"new={os.path.join(HERE, 'transformers_runner.py')}"]))["new"]
+    results["self64"] = s64 = self64(script, a.self64, a.out, a.row_stride)
+    with open(os.path.join(a.out, f"bench-hybrid-{a.label}.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"\n{results['gpu']}, torch {results['torch']}, transformers {results['transformers']}, fla {results.get('fla')}")
+    if s64["ok"]:
+        tm = s64["timings"]
+        print(f"64-layer hybrid ({s64['params'] / 1e9:.2f}B) against itself, {s64['length']} tokens, every {a.row_stride}th row:")
+        print(f"floor {s64['floor_seconds']:.2f} s; compute {s64['compute_seconds']:.2f} s ({s64['compute_over_floor']:.3f}x); "
+              f"warm-up {tm['warmup']:.2f} s; gates {tm['gates']:.2f} s; peak {s64['peak_bytes'] / 2**30:.1f} GiB; gates {s64['gates']}")
+    else:
+        print(f"64-layer failed: {s64.get('error')}")
 
 
 def runner(ref_dir, cand_dir, ids, chunk, work, device="cuda"):
@@ -416,6 +526,7 @@ def main():
     ap.add_argument("--profile-tokens", type=int, default=0, help="hybrid: profile one bare prefill of this many tokens")
     ap.add_argument("--self64", type=int, default=0, help="hybrid: also the 64-layer shape against itself at N tokens")
     ap.add_argument("--label", default="run", help="hybrid: a name for this configuration (file names)")
+    ap.add_argument("--in-process", action="store_true", help="hybrid: the pair in GPU memory, the runners' own run in this process")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     p = torch.cuda.get_device_properties(0)

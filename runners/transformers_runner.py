@@ -246,6 +246,28 @@ def is_linear_attention(module):
     return type(module).__name__.endswith("GatedDeltaNet")
 
 
+class first_layers:
+    """The model's decoder stack cut, for the `with` block, to its first layers holding one of
+    each layer type (`config.layer_types`; the first layer where there is none)."""
+
+    def __init__(self, model):
+        self.base = model.base_model
+        config = getattr(model.config, "get_text_config", lambda: model.config)()
+        types = list(getattr(config, "layer_types", None) or [])
+        self.n = max((types.index(t) for t in set(types)), default=0) + 1
+
+    def __enter__(self):
+        self.full = getattr(self.base, "layers", None)
+        if self.full is not None and len(self.full) > self.n:
+            self.base.layers = type(self.full)(list(self.full)[: self.n])
+        return self
+
+    def __exit__(self, *exc):
+        if self.full is not None:
+            self.base.layers = self.full
+        return False
+
+
 def function_name(f):
     inner = getattr(f, "__func__", f)
     return f"{getattr(inner, '__module__', None) or '?'}.{getattr(inner, '__qualname__', None) or type(inner).__name__}"
@@ -336,6 +358,25 @@ def kernel_choice(watch, name, transformers_module):
     return "not_observed", None, []
 
 
+def cached_state(cache, idx, kind):
+    """Layer `idx`'s `kind` ("recurrent" or "conv") state in a cache: through the cache's getter
+    (transformers 5.24) or the layer's own dict of states (5.17); None when neither holds one."""
+    getter = getattr(cache, f"get_{kind}_state", None)
+    if getter is not None:
+        try:
+            found = getter(idx)
+            if found is not None:
+                return found
+        except (AttributeError, IndexError, KeyError, TypeError):
+            pass
+    try:
+        states = getattr(cache.layers[idx], f"{kind}_states")
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return None
+    found = states.get(0) if isinstance(states, dict) else states
+    return found if hasattr(found, "dtype") else None
+
+
 def dtype_name(t):
     return str(t.dtype).replace("torch.", "") if t is not None else None
 
@@ -368,11 +409,8 @@ def probe_linear_attention(torch, transformers, model, ids):
     recurrent, conv = set(), set()
     for layer in layers:
         idx = getattr(layer, "layer_idx", None)
-        try:
-            recurrent.add(dtype_name(cache.get_recurrent_state(idx)))
-            conv.add(dtype_name(cache.get_conv_state(idx)))
-        except (AttributeError, IndexError, KeyError, TypeError):
-            pass
+        recurrent.add(dtype_name(cached_state(cache, idx, "recurrent")))
+        conv.add(dtype_name(cached_state(cache, idx, "conv")))
     transformers_module = type(layers[0]).__module__
     gdn = kernel_choice(watch, "chunk_gated_delta_rule", transformers_module)
     conv1d = kernel_choice(watch, "causal_conv1d_fn", transformers_module)
@@ -913,6 +951,16 @@ def run(req):
         ids = first_window[:n]
         rows = torch.arange(n - 1)
         h = prefill(torch, transformers, m, ids, rows, n if chunk >= longest else max(1, min(chunk, n // 2)))
+        if shape not in warmed and any(is_linear_attention(x) for x in m.modules()):
+            # flash-linear-attention's Triton kernels compile for each sequence length they
+            # meet (measured: ~10 s on the first 131,072-token prefill of a process, 0 after):
+            # every length the run will prefill (the windows' and the self gate's prefix) is run
+            # once here through the first layers only, one of each layer type.
+            lengths = sorted({r["context_length"] for r in req["runs"]} | ({GATE_TOKENS} if req.get("gates") else set()))
+            with first_layers(m):
+                for length in lengths:
+                    if n < length <= longest:
+                        prefill(torch, transformers, m, first_window[:length], torch.arange(1), chunk if chunk < length else length)
         warmed.add(shape)
         logits = head_logits(torch, m, h[:2])
         reduce(torch, logits, logits, torch.zeros(2, dtype=torch.long, device=logits.device), vocab)
