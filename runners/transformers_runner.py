@@ -32,6 +32,10 @@ import time
 import traceback
 
 PROTOCOL = 1
+# Tokens the first model of each shape warms up on (see `run`'s `load`).
+WARMUP_TOKENS = 4096
+# Longest prefix the self-repeatability gate reruns (see `gate_self`).
+GATE_TOKENS = 8192
 # Bytes kept free on each device beyond the plan (allocator fragmentation, cuBLAS workspaces).
 MARGIN = 0.08
 
@@ -225,6 +229,206 @@ def set_attention(model, impl):
 def input_device(model):
     emb = model.get_input_embeddings()
     return emb.weight.device
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel choices of linear-attention (Gated DeltaNet) layers, observed
+
+
+# The functions transformers dispatches through `use_kernel_func_from_hub_with_fallback` in a
+# prefill (decode's recurrent form and conv update never run here), by the names it resolves.
+PREFILL_KERNELS = ("chunk_gated_delta_rule", "causal_conv1d_fn")
+# The distributions that ship each importable kernel package.
+KERNEL_DISTRIBUTIONS = {"fla": ("flash-linear-attention", "fla-core"), "causal_conv1d": ("causal-conv1d",)}
+
+
+def is_linear_attention(module):
+    return type(module).__name__.endswith("GatedDeltaNet")
+
+
+class first_layers:
+    """The model's decoder stack cut, for the `with` block, to its first layers holding one of
+    each layer type (`config.layer_types`; the first layer where there is none)."""
+
+    def __init__(self, model):
+        self.base = model.base_model
+        config = getattr(model.config, "get_text_config", lambda: model.config)()
+        types = list(getattr(config, "layer_types", None) or [])
+        self.n = max((types.index(t) for t in set(types)), default=0) + 1
+
+    def __enter__(self):
+        self.full = getattr(self.base, "layers", None)
+        if self.full is not None and len(self.full) > self.n:
+            self.base.layers = type(self.full)(list(self.full)[: self.n])
+        return self
+
+    def __exit__(self, *exc):
+        if self.full is not None:
+            self.base.layers = self.full
+        return False
+
+
+def function_name(f):
+    inner = getattr(f, "__func__", f)
+    return f"{getattr(inner, '__module__', None) or '?'}.{getattr(inner, '__qualname__', None) or type(inner).__name__}"
+
+
+def code_objects(f):
+    """The code objects of `f` and of every function it wraps (functools.wraps' `__wrapped__`)."""
+    codes = set()
+    seen = 0
+    while f is not None and seen < 16:
+        code = getattr(getattr(f, "__func__", f), "__code__", None)
+        if code is not None:
+            codes.add(code)
+        f = getattr(f, "__wrapped__", None)
+        seen += 1
+    return codes
+
+
+def package_versions(module_name):
+    from importlib import metadata
+
+    top = (module_name or "").split(".")[0]
+    out = []
+    for dist in KERNEL_DISTRIBUTIONS.get(top, (top,)):
+        try:
+            out.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+class KernelWatch:
+    """Watches a forward pass (sys.setprofile) and notes, for each prefill kernel transformers
+    dispatches, the function that was actually entered: transformers' dispatch shim
+    (`wrapped`, in transformers.integrations.hub_kernels) holds the implementation it resolved
+    (`implementation`) and the reference torch function (`torch_function`); a call from the shim
+    into one of the implementation's code objects is that implementation running. The forward
+    that runs for each GDN layer is noted too (a kernels-hub layer replaces it whole)."""
+
+    def __init__(self):
+        self.ran = {}
+        self.layer_forwards = set()
+
+    def __call__(self, frame, event, arg):
+        if event != "call":
+            return
+        code = frame.f_code
+        if code.co_name == "forward":
+            owner = frame.f_locals.get("self")
+            if owner is not None and is_linear_attention(owner):
+                self.layer_forwards.add(f"{frame.f_globals.get('__name__', '?')}.{code.co_qualname}")
+            return
+        back = frame.f_back
+        if back is None or back.f_code.co_name != "wrapped" or not back.f_globals.get("__name__", "").endswith("integrations.hub_kernels"):
+            return
+        shim = back.f_locals
+        name = shim.get("func_name")
+        if name not in PREFILL_KERNELS or name in self.ran:
+            return
+        impl, reference = shim.get("implementation"), shim.get("torch_function")
+        if impl is None or code not in code_objects(impl):
+            return  # a helper the shim calls (the export check, a warning), not the kernel
+        self.ran[name] = (impl, reference)
+
+    def watch(self, f):
+        previous = sys.getprofile()
+        sys.setprofile(self)
+        try:
+            return f()
+        finally:
+            sys.setprofile(previous)
+
+
+def kernel_choice(watch, name, transformers_module):
+    """(source, function, packages) of one prefill kernel as watched."""
+    if name in watch.ran:
+        impl, reference = watch.ran[name]
+        if impl is reference:
+            return "torch_fallback", function_name(reference), []
+        module = getattr(getattr(impl, "__func__", impl), "__module__", "") or ""
+        top = module.split(".")[0]
+        return ("package" if top in KERNEL_DISTRIBUTIONS else "other"), function_name(impl), package_versions(module)
+    # No dispatch seen: the layer's forward itself was replaced (a kernels-hub layer) or the
+    # function was never reached.
+    foreign = sorted(f for f in watch.layer_forwards if not f.startswith(transformers_module))
+    if foreign:
+        return "kernels_hub", foreign[0], []
+    return "not_observed", None, []
+
+
+def cached_state(cache, idx, kind):
+    """Layer `idx`'s `kind` ("recurrent" or "conv") state in a cache: through the cache's getter
+    (transformers 5.24) or the layer's own dict of states (5.17); None when neither holds one."""
+    getter = getattr(cache, f"get_{kind}_state", None)
+    if getter is not None:
+        try:
+            found = getter(idx)
+            if found is not None:
+                return found
+        except (AttributeError, IndexError, KeyError, TypeError):
+            pass
+    try:
+        states = getattr(cache.layers[idx], f"{kind}_states")
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return None
+    found = states.get(0) if isinstance(states, dict) else states
+    return found if hasattr(found, "dtype") else None
+
+
+def dtype_name(t):
+    return str(t.dtype).replace("torch.", "") if t is not None else None
+
+
+def probe_linear_attention(torch, transformers, model, ids):
+    """The kernels a model's GDN layers run in prefill and the dtypes their states hold, observed
+    on `ids` (a few tokens): one pass without a cache (the runner's one-pass prefill) watched for
+    the kernels, then two chunks with a cache (its chunked prefill), whose conv and recurrent
+    states are read back. None for a model without linear-attention layers."""
+    layers = [m for m in model.modules() if is_linear_attention(m)]
+    if not layers:
+        return None
+    base = model.base_model
+    dev = input_device(model)
+    x = torch.tensor(ids, dtype=torch.long, device=dev)[None]
+    watch = KernelWatch()
+    with torch.inference_mode():
+        watch.watch(lambda: base(input_ids=x, use_cache=False))
+        try:
+            cache = transformers.DynamicCache(config=model.config)
+        except TypeError:
+            cache = transformers.DynamicCache()
+        half = max(1, x.shape[1] // 2)
+
+        def two_chunks():
+            base(input_ids=x[:, :half], past_key_values=cache, use_cache=True)
+            base(input_ids=x[:, half:], past_key_values=cache, use_cache=True)
+
+        watch.watch(two_chunks)
+    recurrent, conv = set(), set()
+    for layer in layers:
+        idx = getattr(layer, "layer_idx", None)
+        recurrent.add(dtype_name(cached_state(cache, idx, "recurrent")))
+        conv.add(dtype_name(cached_state(cache, idx, "conv")))
+    transformers_module = type(layers[0]).__module__
+    gdn = kernel_choice(watch, "chunk_gated_delta_rule", transformers_module)
+    conv1d = kernel_choice(watch, "causal_conv1d_fn", transformers_module)
+    config = getattr(model.config, "get_text_config", lambda: model.config)()
+    ssm = getattr(config, "mamba_ssm_dtype", None) or getattr(model.config, "mamba_ssm_dtype", None)
+    one = lambda found: ", ".join(sorted(d for d in found if d)) or None  # noqa: E731
+    return {
+        "layers": len(layers),
+        "gdn_kernel": gdn[0],
+        "gdn_function": gdn[1],
+        "causal_conv1d": conv1d[0],
+        "causal_conv1d_function": conv1d[1],
+        "packages": sorted(set(gdn[2] + conv1d[2])),
+        "recurrent_state_dtype": one(recurrent),
+        "conv_state_dtype": one(conv),
+        "config_mamba_ssm_dtype": str(ssm).replace("torch.", "") if ssm is not None else None,
+        "observed_in": f"the warm-up: one pass and a two-chunk cached prefill of {x.shape[1]} tokens",
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -724,31 +928,60 @@ def run(req):
         for i in range(torch.cuda.device_count()):
             torch.cuda.reset_peak_memory_stats(i)
 
-    def load(spec):
+    longest = max(r["context_length"] for r in req["runs"])
+    first_window = runs[0][1][0]
+    # A window of the longest run: the warm-up's passes at each length are its prefixes.
+    longest_window = max(runs, key=lambda rw: rw[0]["context_length"])[1][0]
+    warmed = set()
+    linear_attention = {}
+
+    def load(spec, side):
         t = time.perf_counter()
         progress(f"loading {spec['path']}")
         m = load_model(torch, transformers, spec, dtype, device, req.get("trust_remote_code", False))
         timings["load"] += time.perf_counter() - t
-        # Warm-up (kernel selection, lazy initialization, the fused kernel's compilation) on a
-        # few tokens, timed apart, so the timings of the real work are the work's.
+        # Warm-up (kernel selection, lazy initialization, Triton compilation and autotuning, the
+        # fused reduction's compilation), timed apart, so the timings of the real work are the
+        # work's. The first model of each shape runs the plan's prefill form on the first
+        # WARMUP_TOKENS tokens of the first window: kernels that autotune (flash-linear-
+        # attention's) then choose their configurations on a realistic length, once per process;
+        # a second model of the same shape reuses them and warms up on a few tokens.
         t = time.perf_counter()
         set_attention(m, spec.get("attn_implementation", "sdpa"))
-        few = list(range(min(64, max(r["context_length"] for r in req["runs"]))))
-        h = prefill(torch, transformers, m, few, torch.arange(len(few) - 1), len(few))
+        shape = (type(m).__name__, json.dumps(read_config(spec["path"]), sort_keys=True, default=str))
+        n = min(WARMUP_TOKENS if shape not in warmed else 64, longest)
+        ids = first_window[:n]
+        rows = torch.arange(n - 1)
+        h = prefill(torch, transformers, m, ids, rows, n if chunk >= longest else max(1, min(chunk, n // 2)))
+        if shape not in warmed and any(is_linear_attention(x) for x in m.modules()):
+            # flash-linear-attention's Triton kernels compile for each sequence length they
+            # meet (measured: ~10 s on the first 131,072-token prefill of a process, 0 after):
+            # every length the run will prefill (the windows' and the self gate's prefix) is run
+            # once here through the first layers only, one of each layer type.
+            lengths = sorted({r["context_length"] for r in req["runs"]} | ({GATE_TOKENS} if req.get("gates") else set()))
+            with first_layers(m):
+                for length in lengths:
+                    if n < length <= longest:
+                        prefill(torch, transformers, m, longest_window[:length], torch.arange(1), chunk if chunk < length else length)
+        warmed.add(shape)
         logits = head_logits(torch, m, h[:2])
         reduce(torch, logits, logits, torch.zeros(2, dtype=torch.long, device=logits.device), vocab)
+        del h, logits
+        linear_attention[side] = probe_linear_attention(torch, transformers, m, first_window[:min(64, longest)])
         if device != "cpu":
             torch.cuda.synchronize()
         timings["warmup"] += time.perf_counter() - t
         return m
 
-    def hidden_of(model, spec, ids, keep):
+    def hidden_of(model, spec, ids, keep, account="prefill"):
+        """The kept rows' final hidden states; the time goes to `account` (the gates' own
+        passes are timed as the gates', not as the measurement's)."""
         set_attention(model, spec.get("attn_implementation", "sdpa"))
         t = time.perf_counter()
         h = prefill(torch, transformers, model, ids, keep, chunk)
         if device != "cpu":
             torch.cuda.synchronize()
-        timings["prefill"] += time.perf_counter() - t
+        timings[account] += time.perf_counter() - t
         return h
 
     dump = req.get("dump")
@@ -775,7 +1008,7 @@ def run(req):
                 os.path.join(dump["dir"], f"{name}.logits.safetensors"),
             )
 
-    def records_of(ref_model, h_ref, cand_model, h_cand, targets, shift=0):
+    def records_of(ref_model, h_ref, cand_model, h_cand, targets, shift=0, account="head_and_reduce"):
         """Reduce rows of the kept hidden states, head_rows at a time."""
         t = time.perf_counter()
         parts = []
@@ -791,15 +1024,17 @@ def run(req):
             del la, lb
         if device != "cpu":
             torch.cuda.synchronize()
-        timings["head_and_reduce"] += time.perf_counter() - t
+        timings[account] += time.perf_counter() - t
         return {k: torch.cat([p[k] for p in parts]).cpu() for k in parts[0]}
 
     gates = None
     done = 0
     results = []
     if mode == "side_by_side":
-        ref_model = load(specs["reference"])
-        cand_model = ref_model if shared else load(specs["candidate"])
+        ref_model = load(specs["reference"], "reference")
+        if shared:
+            linear_attention["candidate"] = linear_attention["reference"]
+        cand_model = ref_model if shared else load(specs["candidate"], "candidate")
         for ri, (r, windows) in enumerate(runs):
             keep = torch.tensor(r["rows"], dtype=torch.long)
             recs = []
@@ -822,7 +1057,7 @@ def run(req):
         # reference's output head stays loaded for the reduction. Where they are kept: on the
         # head's device when they take under a quarter of its free memory, else in host memory
         # when under half of what the host has free, else on disk beside the results.
-        ref_model = load(specs["reference"])
+        ref_model = load(specs["reference"], "reference")
         ref_record = model_record(ref_model, specs["reference"])
         kept = []
         all_rows = sum(len(r["rows"]) * r["n_windows"] for r in req["runs"])
@@ -882,7 +1117,7 @@ def run(req):
             def get_output_embeddings():
                 return ref_head
 
-        cand_model = load(specs["candidate"])
+        cand_model = load(specs["candidate"], "candidate")
         for ri, (r, windows) in enumerate(runs):
             keep = torch.tensor(r["rows"], dtype=torch.long)
             recs = []
@@ -916,8 +1151,18 @@ def run(req):
     # A shared model switches attention per side: record what each side asked for and got.
     models["reference"]["attention"] = specs["reference"].get("attn_implementation", "sdpa")
     models["candidate"]["attention"] = attn_used(cand_model)
+    env = environment(torch, transformers, req, models, timings, plan, mode)
+    if any(linear_attention.get(side) for side in ("reference", "candidate")):
+        env["linear_attention"] = {side: linear_attention.get(side) for side in ("reference", "candidate")}
+        if device != "cpu":
+            for side, rec in env["linear_attention"].items():
+                if rec and rec["gdn_kernel"] == "torch_fallback":
+                    sys.stderr.write(
+                        f"warning: the {side}'s Gated DeltaNet layers ran transformers' torch fallback "
+                        "(flash-linear-attention is not installed): correct, but far slower on a GPU\n"
+                    )
     return {
-        "environment": environment(torch, transformers, req, models, timings, plan, mode),
+        "environment": env,
         "runs": files,
         "gates": gates,
     }
@@ -925,29 +1170,38 @@ def run(req):
 
 def gate_self(torch, timings, hidden_of, records_of, ref_model, specs, ids, keep, targets, h_ref):
     """The first gate, on the first window: the reference run a second time against the first
-    run (must give exactly 0 and identical top-1)."""
-    t = time.perf_counter()
-    again = hidden_of(ref_model, specs["reference"], ids, keep)
-    same = records_of(ref_model, h_ref, ref_model, again, targets)
-    timings["gates"] += time.perf_counter() - t
+    run (must give exactly 0 and identical top-1). A window over GATE_TOKENS tokens is not run
+    a third time whole: its first GATE_TOKENS tokens are run twice and compared (the same kernels
+    on the same inputs; a fraction of the measurement's cost). Its passes are timed as the
+    gates' (`account`)."""
+    if len(ids) <= GATE_TOKENS:
+        again = hidden_of(ref_model, specs["reference"], ids, keep, account="gates")
+        same = records_of(ref_model, h_ref, ref_model, again, targets, account="gates")
+    else:
+        # At least the first kept row inside the prefix; the rows are the first kept rows, so
+        # their targets are the first targets.
+        n = min(len(ids), max(GATE_TOKENS, int(keep[0]) + 2))
+        rows = keep[keep <= n - 2]
+        first = hidden_of(ref_model, specs["reference"], ids[:n], rows, account="gates")
+        again = hidden_of(ref_model, specs["reference"], ids[:n], rows, account="gates")
+        same = records_of(ref_model, first, ref_model, again, targets[: rows.numel()], account="gates")
     ok = same["finite"].bool()
     return {
         "self_forward_mean": float(same["forward"][ok].mean()) if ok.any() else float("nan"),
         "self_reverse_mean": float(same["reverse"][ok].mean()) if ok.any() else float("nan"),
         "self_top1_identical": bool((same["ref_top1"] == same["cand_top1"]).all()),
+        "self_tokens": len(ids) if len(ids) <= GATE_TOKENS else n,
     }
 
 
 def gate_shift(torch, timings, records_of, ref_model, h_ref, cand_model, h_cand, targets):
     """The second gate: reference row k against candidate row k+1 of the kept rows (consecutive
     rows when every row is scored; the point is misalignment, not which rows): a large KL."""
-    t = time.perf_counter()
     out = float("nan")
     if h_ref.shape[0] > 1:
-        shifted = records_of(ref_model, h_ref, cand_model, h_cand, targets[:-1], shift=1)
+        shifted = records_of(ref_model, h_ref, cand_model, h_cand, targets[:-1], shift=1, account="gates")
         ok = shifted["finite"].bool()
         out = float(shifted["forward"][ok].mean()) if ok.any() else float("nan")
-    timings["gates"] += time.perf_counter() - t
     return out
 
 

@@ -284,6 +284,12 @@ pub fn measurement(doc: &crate::rerun::Measurement) -> String {
             secs("head_and_reduce"),
         );
     }
+    if let Some(la) = &e.linear_attention {
+        let _ = writeln!(out, "  linear attention: {}", la.summary());
+    }
+    if let Some(la) = &e.reference_linear_attention {
+        let _ = writeln!(out, "  reference's linear attention: {}", la.summary());
+    }
     let padding = match p.padding {
         crate::rerun::document::Padding::Excluded => "excluded",
         crate::rerun::document::Padding::Included => "included",
@@ -414,6 +420,14 @@ pub fn verification(r: &crate::verify::Report) -> String {
         .collect();
     if !gates.is_empty() {
         let _ = writeln!(out, "\nsanity gates: {}", gates.join(", "));
+    }
+    if let Some(e) = r.measurement.as_ref().map(|m| &m.environment) {
+        if let Some(la) = &e.linear_attention {
+            let _ = writeln!(out, "rerun's linear attention: {}", la.summary());
+        }
+        if let Some(la) = &e.reference_linear_attention {
+            let _ = writeln!(out, "rerun's reference linear attention: {}", la.summary());
+        }
     }
     if let Some(crate::rerun::NoiseFloor::Measured { what, runs }) = &r.noise_floor {
         for run in runs {

@@ -153,6 +153,14 @@ pub struct Environment {
     pub tokenizer: Option<TokenizerRecord>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference_artifact: Option<ArtifactRecord>,
+    /// The kernels and state dtypes of the candidate's linear-attention (Gated DeltaNet)
+    /// layers as the transformers runner observed them (absent: no such layers, or another
+    /// runner); the reference's when the candidate has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_attention: Option<crate::runner::exchange::LinearAttentionKernels>,
+    /// The reference's, where they differ from `linear_attention`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_linear_attention: Option<crate::runner::exchange::LinearAttentionKernels>,
     /// The transformers runner's own report (versions, GPUs, models), kept as given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transformers_runner: Option<crate::runner::exchange::RunnerEnvironment>,

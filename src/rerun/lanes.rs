@@ -115,6 +115,8 @@ fn native_environment(
         .into(),
         tokenizer: None,
         reference_artifact: None,
+        linear_attention: None,
+        reference_linear_attention: None,
         transformers_runner: None,
     }
 }
@@ -358,6 +360,7 @@ fn transformers_environment(
     } else {
         format!("{reference} (reference), {candidate} (candidate)")
     };
+    let (linear_attention, reference_linear_attention) = linear_attention_of(reported);
     Environment {
         runner: RunnerKind::Transformers,
         runner_version: env!("CARGO_PKG_VERSION").into(),
@@ -382,7 +385,27 @@ fn transformers_environment(
         tf32: reported.tf32,
         tokenizer: Some(tokenizer_record(tokenizer)),
         reference_artifact: None,
+        linear_attention,
+        reference_linear_attention,
         transformers_runner: Some(reported.clone()),
+    }
+}
+
+/// The candidate's linear-attention kernels (the reference's when the candidate has none), and
+/// the reference's where they differ.
+fn linear_attention_of(
+    reported: &crate::runner::exchange::RunnerEnvironment,
+) -> (
+    Option<crate::runner::exchange::LinearAttentionKernels>,
+    Option<crate::runner::exchange::LinearAttentionKernels>,
+) {
+    let Some(la) = &reported.linear_attention else {
+        return (None, None);
+    };
+    match (&la.candidate, &la.reference) {
+        (Some(c), Some(r)) if c != r => (Some(c.clone()), Some(r.clone())),
+        (Some(c), _) => (Some(c.clone()), None),
+        (None, r) => (r.clone(), None),
     }
 }
 

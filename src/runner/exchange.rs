@@ -134,8 +134,107 @@ pub struct RunnerEnvironment {
     pub gpus: Vec<Gpu>,
     #[serde(default)]
     pub models: RecordModels,
+    /// The kernels and state dtypes of each model's linear-attention (Gated DeltaNet) layers, as
+    /// observed in the warm-up (absent: neither model has such layers, or a runner from before
+    /// the field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_attention: Option<LinearAttentionRecord>,
     #[serde(flatten)]
     pub other: Map<String, Value>,
+}
+
+/// Each side's linear-attention kernels (`null`: that model has no such layers).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct LinearAttentionRecord {
+    pub reference: Option<LinearAttentionKernels>,
+    pub candidate: Option<LinearAttentionKernels>,
+}
+
+/// What a model's Gated DeltaNet layers ran in prefill: the functions transformers' kernel
+/// dispatch actually entered (not a guess from which packages import), and the dtypes the
+/// layers' cache states held after a cached prefill.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LinearAttentionKernels {
+    /// Linear-attention layers in the model.
+    pub layers: usize,
+    /// Where the chunked gated delta rule came from.
+    pub gdn_kernel: KernelSource,
+    /// The function that ran, `module.qualname` (`null`: none was observed).
+    pub gdn_function: Option<String>,
+    /// Where the causal depthwise conv1d came from.
+    pub causal_conv1d: KernelSource,
+    pub causal_conv1d_function: Option<String>,
+    /// The kernel packages that ran, `distribution version`.
+    pub packages: Vec<String>,
+    /// The recurrent (delta-rule) state's dtype in the cache (`null`: not readable).
+    pub recurrent_state_dtype: Option<String>,
+    /// The conv state's dtype in the cache.
+    pub conv_state_dtype: Option<String>,
+    /// The checkpoint config's `mamba_ssm_dtype` (what vLLM takes as the state's dtype).
+    pub config_mamba_ssm_dtype: Option<String>,
+    /// Where the choices were observed.
+    pub observed_in: String,
+}
+
+/// The origin of a kernel transformers dispatches with a fallback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum KernelSource {
+    /// The original package (flash-linear-attention's Triton kernels, causal-conv1d's CUDA one).
+    Package,
+    /// A kernels-hub layer replaced the layer's forward.
+    KernelsHub,
+    /// transformers' own torch implementation.
+    TorchFallback,
+    /// Something else was dispatched (its function is recorded).
+    Other,
+    /// No call was observed.
+    NotObserved,
+}
+
+impl KernelSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KernelSource::Package => "package",
+            KernelSource::KernelsHub => "kernels_hub",
+            KernelSource::TorchFallback => "torch_fallback",
+            KernelSource::Other => "other",
+            KernelSource::NotObserved => "not_observed",
+        }
+    }
+}
+
+impl LinearAttentionKernels {
+    /// One line for people: `GDN flash-linear-attention (fla.ops…chunk_gated_delta_rule), conv1d
+    /// torch fallback, recurrent state float32, conv state bfloat16`.
+    pub fn summary(&self) -> String {
+        let part = |source: KernelSource, function: &Option<String>| {
+            let what = match source {
+                KernelSource::TorchFallback => "torch fallback".to_owned(),
+                other => other.as_str().replace('_', " "),
+            };
+            match function {
+                Some(f) => format!("{what} ({f})"),
+                None => what,
+            }
+        };
+        let mut s = format!(
+            "{} GDN layers: delta rule {}, conv1d {}; recurrent state {}, conv state {}",
+            self.layers,
+            part(self.gdn_kernel, &self.gdn_function),
+            part(self.causal_conv1d, &self.causal_conv1d_function),
+            self.recurrent_state_dtype.as_deref().unwrap_or("?"),
+            self.conv_state_dtype.as_deref().unwrap_or("?"),
+        );
+        if let Some(d) = &self.config_mamba_ssm_dtype {
+            s.push_str(&format!(" (config mamba_ssm_dtype {d})"));
+        }
+        if !self.packages.is_empty() {
+            s.push_str(&format!("; {}", self.packages.join(", ")));
+        }
+        s
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

@@ -557,6 +557,46 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
 
     #[test]
     #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn a_hybrid_run_on_cpu_records_the_torch_fallback_kernels_and_float32_states() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        let (reference, candidate) = tiny_qwen3_5_pair(dir.path());
+        let r = cpu_measure_pair(
+            dir.path(),
+            reference.to_str().unwrap(),
+            candidate.to_str().unwrap(),
+            &[],
+        );
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let doc = r.json();
+        let env = &doc["environment"];
+        // CI's CPU has neither flash-linear-attention nor causal-conv1d: transformers' own torch
+        // functions ran, as observed on the calls, and the states are what the cache held.
+        let la = &env["linear_attention"];
+        assert_eq!(la["layers"], 3, "{env}");
+        assert_eq!(la["gdn_kernel"], "torch_fallback", "{env}");
+        assert_eq!(
+            la["gdn_function"],
+            "transformers.models.qwen3_5.modeling_qwen3_5.torch_chunk_gated_delta_rule"
+        );
+        assert_eq!(la["causal_conv1d"], "torch_fallback", "{env}");
+        assert_eq!(
+            la["causal_conv1d_function"],
+            "transformers.models.qwen3_5.modeling_qwen3_5.causal_conv1d_fn"
+        );
+        assert_eq!(la["packages"], serde_json::json!([]));
+        assert_eq!(la["recurrent_state_dtype"], "float32", "{env}");
+        assert_eq!(la["conv_state_dtype"], "float32", "{env}");
+        // Both sides ran the same: no separate reference record.
+        assert!(env.get("reference_linear_attention").is_none(), "{env}");
+        assert_eq!(
+            env["transformers_runner"]["linear_attention"]["reference"],
+            *la
+        );
+    }
+
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
     fn the_cpu_runner_agrees_with_cardproofs_reduction_of_its_own_logits() {
         require_torch();
         let dir = tempfile::tempdir().unwrap();
@@ -862,6 +902,118 @@ fn the_transformers_runner_takes_an_architecture_the_native_runner_does_not_run(
     assert!(
         text.contains("2048"),
         "the logit width is in the request: {text}"
+    );
+    assert!(!out.join("measurement.json").exists());
+}
+
+/// A stand-in that answers with the recorded GPU exchange (the replay runner) and then writes
+/// `linear_attention` into the record's environment, as the real runner does for a model with
+/// Gated DeltaNet layers.
+fn replay_with_linear_attention(dir: &Path, linear_attention: &serde_json::Value) -> PathBuf {
+    stand_in(
+        dir,
+        &format!(
+            "import json, subprocess, sys\nrc = subprocess.call([sys.executable, {replay:?}, sys.argv[1]])\nreq = json.load(open(sys.argv[1]))\nrec = json.load(open(req['record_path']))\nrec['environment']['linear_attention'] = json.loads({la:?})\njson.dump(rec, open(req['record_path'], 'w'))\nsys.exit(rc)\n",
+            replay = fixture().join("replay_runner.py").to_str().unwrap(),
+            la = linear_attention.to_string(),
+        ),
+    )
+}
+
+fn fla_kernels() -> serde_json::Value {
+    serde_json::json!({
+        "layers": 48,
+        "gdn_kernel": "package",
+        "gdn_function": "fla.ops.gated_delta_rule.chunk.chunk_gated_delta_rule",
+        "causal_conv1d": "torch_fallback",
+        "causal_conv1d_function": "transformers.models.qwen3_5.modeling_qwen3_5.causal_conv1d_fn",
+        "packages": ["flash-linear-attention 0.6.0", "fla-core 0.6.0"],
+        "recurrent_state_dtype": "float32",
+        "conv_state_dtype": "bfloat16",
+        "config_mamba_ssm_dtype": "float32",
+        "observed_in": "the warm-up"
+    })
+}
+
+fn replay_measure(script: &Path, out: &Path, json: bool) -> Run {
+    let mut args = vec![
+        "measure",
+        "--runner",
+        "transformers",
+        "--runner-script",
+        script.to_str().unwrap(),
+        "--reference",
+        "examples/models/shakespeare-bf16",
+        "--candidate",
+        "examples/models/shakespeare-w8a16",
+        "--eval-text",
+        "examples/data/eval.txt",
+        "--context-length",
+        "256",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    if json {
+        args.push("--json");
+    }
+    run(&[("CARDPROOF_REPLAY", fixture().to_str().unwrap())], &args)
+}
+
+#[test]
+fn the_gdn_kernels_the_runner_records_reach_the_measurement_and_its_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let kernels = fla_kernels();
+    // The reference differs (the torch fallback): both are kept, the reference's apart.
+    let mut reference = kernels.clone();
+    reference["gdn_kernel"] = "torch_fallback".into();
+    reference["gdn_function"] =
+        "transformers.models.qwen3_5.modeling_qwen3_5.torch_chunk_gated_delta_rule".into();
+    reference["packages"] = serde_json::json!([]);
+    let script = replay_with_linear_attention(
+        dir.path(),
+        &serde_json::json!({"reference": reference, "candidate": kernels}),
+    );
+    let out = dir.path().join("out");
+    let r = replay_measure(&script, &out, false);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.contains(
+            "linear attention: 48 GDN layers: delta rule package (fla.ops.gated_delta_rule.chunk.chunk_gated_delta_rule), conv1d torch fallback (transformers.models.qwen3_5.modeling_qwen3_5.causal_conv1d_fn); recurrent state float32, conv state bfloat16 (config mamba_ssm_dtype float32); flash-linear-attention 0.6.0, fla-core 0.6.0"
+        ),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout
+            .contains("reference's linear attention: 48 GDN layers: delta rule torch fallback"),
+        "{}",
+        r.stdout
+    );
+    let path = out.join("measurement.json");
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let env = &doc["environment"];
+    assert_eq!(env["linear_attention"], kernels, "{env}");
+    assert_eq!(env["reference_linear_attention"], reference, "{env}");
+    crate::output_schemas::assert_valid("measurement", &path.display().to_string(), &doc);
+}
+
+#[test]
+fn a_gdn_kernel_record_that_breaks_its_schema_is_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut kernels = fla_kernels();
+    kernels["gdn_kernel"] = "whatever ran".into();
+    let script = replay_with_linear_attention(
+        dir.path(),
+        &serde_json::json!({"reference": null, "candidate": kernels}),
+    );
+    let out = dir.path().join("out");
+    let r = replay_measure(&script, &out, false);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("environment.linear_attention.candidate.gdn_kernel"),
+        "{}",
+        r.stderr
     );
     assert!(!out.join("measurement.json").exists());
 }
