@@ -6,6 +6,7 @@ pub mod config;
 pub mod decoder;
 pub mod gguf;
 pub mod llamacpp_cpu;
+pub mod moe;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
