@@ -428,6 +428,14 @@ impl Decoder {
         )
     }
 
+    /// Logits at the given rows in f64, computed in the compute dtype (the f64 mode's full
+    /// precision, which [`Decoder::logits_at`]'s f32 rows would round away).
+    pub fn logits_f64_at(&self, hidden: &Tensor, rows: &[usize]) -> candle_core::Result<Vec<f64>> {
+        let normed = self.normed_at(hidden, rows)?;
+        let logits = linear(&normed.to_dtype(self.compute.candle())?, &self.lm_head)?;
+        logits.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()
+    }
+
     /// Logits (f32, row-major) of LM-head inputs `[rows, hidden]`.
     pub fn head(&self, normed: &Tensor) -> candle_core::Result<Vec<f32>> {
         let logits = linear(&normed.to_dtype(self.compute.candle())?, &self.lm_head)?;
