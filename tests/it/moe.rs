@@ -30,7 +30,7 @@ fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
 
 /// `measure` of `model` against itself on its eval.txt (windows of 32, no BOS), the native
 /// runner's rows dumped into `dir/dump`.
-fn measure_dump(model: &Path, dir: &Path, extra: &[&str]) -> Run {
+pub fn measure_dump(model: &Path, dir: &Path, extra: &[&str]) -> Run {
     let m = model.to_str().unwrap();
     let mut args = vec![
         "measure",
