@@ -115,7 +115,11 @@ pub fn dump_matches_transformers(dump: &Path, rows: &Path) -> f64 {
     let window = ints(&dumped.tensor("window").unwrap());
     let position = ints(&dumped.tensor("positions").unwrap());
     assert!(!window.is_empty());
-    assert_eq!(logits.len(), window.len() * vocab, "dumped rows are the vocabulary wide");
+    assert_eq!(
+        logits.len(),
+        window.len() * vocab,
+        "dumped rows are the vocabulary wide"
+    );
     let mut worst = 0f64;
     for (i, (&w, &p)) in window.iter().zip(&position).enumerate() {
         let row: Vec<f64> = logits[i * vocab..(i + 1) * vocab]
@@ -133,7 +137,10 @@ pub fn dump_matches_transformers(dump: &Path, rows: &Path) -> f64 {
             worst = worst.max((a - b).abs());
         }
     }
-    assert!(worst < 1e-4, "max |native - transformers| log-softmax = {worst:e}");
+    assert!(
+        worst < 1e-4,
+        "max |native - transformers| log-softmax = {worst:e}"
+    );
     worst
 }
 
@@ -143,10 +150,15 @@ fn qwen3_moe_native_rows_match_transformers_through_measure() {
     let model = fixtures().join("qwen3-moe");
     let run = measure_dump(&model, dir.path(), &[]);
     assert_eq!(run.code, 0, "{}", run.stderr);
-    let worst = dump_matches_transformers(&dir.path().join("dump"), &fixtures().join("qwen3-moe.rows.safetensors"));
-    eprintln!("qwen3_moe f32: max |native - transformers| = {worst:e}");
+    dump_matches_transformers(
+        &dir.path().join("dump"),
+        &fixtures().join("qwen3-moe.rows.safetensors"),
+    );
     let m = run.json();
-    assert_eq!(m["runs"][0]["metrics"]["kld_mean"], 0.0, "the model against itself");
+    assert_eq!(
+        m["runs"][0]["metrics"]["kld_mean"], 0.0,
+        "the model against itself"
+    );
     let record = m.to_string();
     assert!(
         record.contains("2 of 3 layers sparse: 8 experts of width 32, top-2 renormalised"),
@@ -164,7 +176,12 @@ fn fuse_experts(file: &Path, experts: usize) {
     let mut fused = 0;
     for (name, t) in st.tensors() {
         let Some((mlp, rest)) = name.split_once(".experts.") else {
-            out.push((name.clone(), t.dtype(), t.shape().to_vec(), t.data().to_vec()));
+            out.push((
+                name.clone(),
+                t.dtype(),
+                t.shape().to_vec(),
+                t.data().to_vec(),
+            ));
             continue;
         };
         if rest != "0.gate_proj.weight" {
@@ -181,8 +198,18 @@ fn fuse_experts(file: &Path, experts: usize) {
             gate_up.extend_from_slice(get(e, "up_proj").data());
             down.extend_from_slice(get(e, "down_proj").data());
         }
-        out.push((format!("{mlp}.experts.gate_up_proj"), g0.dtype(), vec![experts, 2 * inter, hidden], gate_up));
-        out.push((format!("{mlp}.experts.down_proj"), g0.dtype(), vec![experts, hidden, inter], down));
+        out.push((
+            format!("{mlp}.experts.gate_up_proj"),
+            g0.dtype(),
+            vec![experts, 2 * inter, hidden],
+            gate_up,
+        ));
+        out.push((
+            format!("{mlp}.experts.down_proj"),
+            g0.dtype(),
+            vec![experts, hidden, inter],
+            down,
+        ));
     }
     assert_eq!(fused, 2, "both sparse layers rewritten");
     let views: Vec<(String, TensorView<'_>)> = out
@@ -200,14 +227,24 @@ fn fused_expert_tensors_give_the_same_rows_as_per_expert_ones() {
     fuse_experts(&fused.join("model.safetensors"), 8);
     let run = measure_dump(&fused, dir.path(), &[]);
     assert_eq!(run.code, 0, "{}", run.stderr);
-    dump_matches_transformers(&dir.path().join("dump"), &fixtures().join("qwen3-moe.rows.safetensors"));
+    dump_matches_transformers(
+        &dir.path().join("dump"),
+        &fixtures().join("qwen3-moe.rows.safetensors"),
+    );
     // Bit for bit the per-expert checkpoint's rows.
     let per_expert = tempfile::tempdir().unwrap();
     let run = measure_dump(&fixtures().join("qwen3-moe"), per_expert.path(), &[]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let a = std::fs::read(dir.path().join("dump/candidate.logits.safetensors")).unwrap();
     let b = std::fs::read(per_expert.path().join("dump/candidate.logits.safetensors")).unwrap();
-    let logits = |bytes: &[u8]| f32s(&SafeTensors::deserialize(bytes).unwrap().tensor("logits").unwrap());
+    let logits = |bytes: &[u8]| {
+        f32s(
+            &SafeTensors::deserialize(bytes)
+                .unwrap()
+                .tensor("logits")
+                .unwrap(),
+        )
+    };
     assert_eq!(logits(&a), logits(&b));
 }
 

@@ -88,7 +88,10 @@ impl MoeConfig {
         };
         let required = |key: &str, max: usize| -> Result<usize> {
             match config.get(key) {
-                None | Some(Value::Null) => Err(bad(key, "missing (a mixture-of-experts config needs it)".into())),
+                None | Some(Value::Null) => Err(bad(
+                    key,
+                    "missing (a mixture-of-experts config needs it)".into(),
+                )),
                 Some(v) => bounded(key, v, max),
             }
         };
@@ -102,7 +105,12 @@ impl MoeConfig {
             }
             (Some(v), _) if !v.is_null() => bounded("num_experts", v, MAX_EXPERTS)?,
             (_, Some(v)) if !v.is_null() => bounded("num_local_experts", v, MAX_EXPERTS)?,
-            _ => return Err(bad("num_experts", "missing (a mixture-of-experts config needs it)".into())),
+            _ => {
+                return Err(bad(
+                    "num_experts",
+                    "missing (a mixture-of-experts config needs it)".into(),
+                ));
+            }
         };
         let top_k = required("num_experts_per_tok", MAX_EXPERTS)?;
         if top_k > num_experts {
@@ -291,11 +299,7 @@ fn store_lin(
 }
 
 /// A dense (never quantized) matrix of the exact shape, e.g. a router.
-fn dense_matrix(
-    store: &dyn WeightStore,
-    name: &str,
-    shape: &[usize],
-) -> Result<Vec<f32>> {
+fn dense_matrix(store: &dyn WeightStore, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
     let d = store.dense(name)?;
     if d.shape != shape {
         return Err(Error::format(
@@ -362,9 +366,23 @@ impl MoeBlock {
                 .map(|e| {
                     let p = format!("{mlp}.experts.{e}");
                     Ok(Mlp {
-                        gate: store_lin(store, &format!("{p}.gate_proj"), inter, hidden, dt, report)?,
+                        gate: store_lin(
+                            store,
+                            &format!("{p}.gate_proj"),
+                            inter,
+                            hidden,
+                            dt,
+                            report,
+                        )?,
                         up: store_lin(store, &format!("{p}.up_proj"), inter, hidden, dt, report)?,
-                        down: store_lin(store, &format!("{p}.down_proj"), hidden, inter, dt, report)?,
+                        down: store_lin(
+                            store,
+                            &format!("{p}.down_proj"),
+                            hidden,
+                            inter,
+                            dt,
+                            report,
+                        )?,
                     })
                 })
                 .collect::<Result<Vec<_>>>()?
@@ -438,7 +456,8 @@ impl MoeBlock {
         let dt = x.dtype();
         let routes = self.route(x)?;
         // Tokens per expert, in token order, with their weights.
-        let mut groups: Vec<(Vec<u32>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); self.experts.len()];
+        let mut groups: Vec<(Vec<u32>, Vec<f64>)> =
+            vec![(Vec::new(), Vec::new()); self.experts.len()];
         for (t, chosen) in routes.iter().enumerate() {
             for &(e, w) in chosen {
                 groups[e].0.push(t as u32);
@@ -510,7 +529,10 @@ mod tests {
 
     fn max_abs(a: &[f64], b: &[f64]) -> f64 {
         assert_eq!(a.len(), b.len());
-        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max)
     }
 
     /// A block of the fixture file (`next`: Qwen3NextSparseMoeBlock, per-expert names; `q35`:
@@ -548,9 +570,15 @@ mod tests {
                 .unwrap();
             let (_, want) = f64s(&st, &format!("{prefix}.{out}"));
             let d = max_abs(&y, &want);
-            assert!(d < tol, "{prefix} {compute:?}: max |native - transformers| = {d:e}");
+            assert!(
+                d < tol,
+                "{prefix} {compute:?}: max |native - transformers| = {d:e}"
+            );
             let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-            assert!(scale > 0.1, "{prefix}: outputs are not trivially small ({scale})");
+            assert!(
+                scale > 0.1,
+                "{prefix}: outputs are not trivially small ({scale})"
+            );
         }
     }
 
@@ -589,12 +617,28 @@ mod tests {
             tensors.insert(name, Dense { shape, data });
         };
         let (h, i) = (16, 8);
-        let router = if zero_router { vec![0.0; e * h] } else { draw(e * h) };
+        let router = if zero_router {
+            vec![0.0; e * h]
+        } else {
+            draw(e * h)
+        };
         add("m.gate.weight".into(), vec![e, h], router);
         for x in 0..e {
-            add(format!("m.experts.{x}.gate_proj.weight"), vec![i, h], draw(i * h));
-            add(format!("m.experts.{x}.up_proj.weight"), vec![i, h], draw(i * h));
-            add(format!("m.experts.{x}.down_proj.weight"), vec![h, i], draw(h * i));
+            add(
+                format!("m.experts.{x}.gate_proj.weight"),
+                vec![i, h],
+                draw(i * h),
+            );
+            add(
+                format!("m.experts.{x}.up_proj.weight"),
+                vec![i, h],
+                draw(i * h),
+            );
+            add(
+                format!("m.experts.{x}.down_proj.weight"),
+                vec![h, i],
+                draw(h * i),
+            );
         }
         let x = Tensor::from_vec(draw(12 * h), (12, h), &Device::Cpu).unwrap();
         let store = MemoryStore {
@@ -616,7 +660,11 @@ mod tests {
             experts: None,
         };
         let block = MoeBlock::load(&store, "m", &cfg, h, ComputeDtype::F32, &mut report).unwrap();
-        assert_eq!(report.schemes["f32"], 3 * e, "every expert's three modules are counted");
+        assert_eq!(
+            report.schemes["f32"],
+            3 * e,
+            "every expert's three modules are counted"
+        );
         (block, x)
     }
 
@@ -630,14 +678,21 @@ mod tests {
                 assert_eq!(chosen.len(), k);
                 let sum: f64 = chosen.iter().map(|c| c.1).sum();
                 if norm {
-                    assert!((sum - 1.0).abs() < 1e-6, "renormalised weights sum to {sum}");
+                    assert!(
+                        (sum - 1.0).abs() < 1e-6,
+                        "renormalised weights sum to {sum}"
+                    );
                 } else if k < 5 {
                     assert!(sum < 1.0, "softmax top-k without renormalisation: {sum}");
                 }
                 let row = x.narrow(0, t, 1).unwrap();
                 let mut want = vec![0f64; 16];
                 for &(e, w) in chosen {
-                    let y = block.experts[e].forward(&row).unwrap().to_vec2::<f32>().unwrap();
+                    let y = block.experts[e]
+                        .forward(&row)
+                        .unwrap()
+                        .to_vec2::<f32>()
+                        .unwrap();
                     for (acc, v) in want.iter_mut().zip(&y[0]) {
                         *acc += w * f64::from(*v);
                     }
@@ -691,7 +746,10 @@ mod tests {
             let d = &model.decoder;
             assert_eq!(d.config.arch.as_str(), "qwen3_moe");
             let experts = d.report.experts.as_deref().unwrap();
-            assert!(experts.starts_with("2 of 3 layers sparse: 8 experts"), "{experts}");
+            assert!(
+                experts.starts_with("2 of 3 layers sparse: 8 experts"),
+                "{experts}"
+            );
             let (_, want) = f64s(&st, name);
             let vocab = d.config.vocab;
             let rows: Vec<usize> = (0..ctx).collect();
@@ -706,14 +764,19 @@ mod tests {
                     let off = (w * ctx + r) * vocab;
                     let reference = &want[off..off + vocab];
                     worst = worst.max(max_abs(&lp, reference));
-                    let top = |v: &[f64]| {
-                        (0..vocab).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap()
-                    };
-                    assert_eq!(top(&lp), top(reference), "{name}: top-1 of window {w} row {r}");
+                    let top =
+                        |v: &[f64]| (0..vocab).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
+                    assert_eq!(
+                        top(&lp),
+                        top(reference),
+                        "{name}: top-1 of window {w} row {r}"
+                    );
                 }
             }
-            eprintln!("{name}: max |native - transformers| log-softmax = {worst:e}");
-            assert!(worst < tol, "{name}: max |native - transformers| = {worst:e}");
+            assert!(
+                worst < tol,
+                "{name}: max |native - transformers| = {worst:e}"
+            );
         }
     }
 
@@ -731,12 +794,18 @@ mod tests {
         let c = MoeConfig::from_hf(path(), &qwen3_moe(), MoeFamily::Qwen3Moe, 3).unwrap();
         assert_eq!((c.num_experts, c.top_k, c.intermediate), (8, 2, 32));
         assert!(c.norm_topk_prob && c.shared_intermediate.is_none());
-        assert_eq!((0..3).map(|i| c.is_sparse(i)).collect::<Vec<_>>(), [true, false, true]);
+        assert_eq!(
+            (0..3).map(|i| c.is_sparse(i)).collect::<Vec<_>>(),
+            [true, false, true]
+        );
         let mut v = qwen3_moe();
         v["decoder_sparse_step"] = json!(2);
         v["mlp_only_layers"] = json!([]);
         let c = MoeConfig::from_hf(path(), &v, MoeFamily::Qwen3Moe, 4).unwrap();
-        assert_eq!((0..4).map(|i| c.is_sparse(i)).collect::<Vec<_>>(), [false, true, false, true]);
+        assert_eq!(
+            (0..4).map(|i| c.is_sparse(i)).collect::<Vec<_>>(),
+            [false, true, false, true]
+        );
     }
 
     #[test]
@@ -748,14 +817,22 @@ mod tests {
         assert_eq!(c.num_experts, 8);
         v["num_experts"] = json!(16);
         let e = MoeConfig::from_hf(path(), &v, MoeFamily::Qwen3Moe, 3).unwrap_err();
-        assert!(e.to_string().contains("num_experts: 16 disagrees with num_local_experts 8"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("num_experts: 16 disagrees with num_local_experts 8"),
+            "{e}"
+        );
     }
 
     #[test]
     fn family_defaults_follow_transformers() {
         let mut v = qwen3_moe();
         v.as_object_mut().unwrap().remove("norm_topk_prob");
-        assert!(!MoeConfig::from_hf(path(), &v, MoeFamily::Qwen3Moe, 3).unwrap().norm_topk_prob);
+        assert!(
+            !MoeConfig::from_hf(path(), &v, MoeFamily::Qwen3Moe, 3)
+                .unwrap()
+                .norm_topk_prob
+        );
         v["shared_expert_intermediate_size"] = json!(48);
         let n = MoeConfig::from_hf(path(), &v, MoeFamily::Qwen3Next, 3).unwrap();
         assert!(n.norm_topk_prob);
@@ -763,23 +840,66 @@ mod tests {
         v["norm_topk_prob"] = json!(false);
         let q = MoeConfig::from_hf(path(), &v, MoeFamily::Qwen35Moe, 3).unwrap();
         assert!(q.norm_topk_prob, "Qwen3_5MoeTopKRouter always renormalises");
-        assert!((0..3).all(|i| q.is_sparse(i)), "every qwen3_5_moe layer is sparse");
+        assert!(
+            (0..3).all(|i| q.is_sparse(i)),
+            "every qwen3_5_moe layer is sparse"
+        );
     }
 
     #[test]
     fn hostile_moe_numbers_are_refused_naming_the_key() {
         for (key, value, says) in [
-            ("num_experts", json!(0), "num_experts: must be an integer in 1..=4096, found 0"),
-            ("num_experts", json!(1u64 << 40), "num_experts: must be an integer in 1..=4096"),
+            (
+                "num_experts",
+                json!(0),
+                "num_experts: must be an integer in 1..=4096, found 0",
+            ),
+            (
+                "num_experts",
+                json!(1u64 << 40),
+                "num_experts: must be an integer in 1..=4096",
+            ),
             ("num_experts", json!(-3), "num_experts: must be an integer"),
-            ("num_experts_per_tok", json!(9), "num_experts_per_tok: 9 is more than num_experts 8"),
-            ("num_experts_per_tok", json!(0), "num_experts_per_tok: must be an integer in 1..="),
-            ("moe_intermediate_size", json!(1.5), "moe_intermediate_size: must be an integer"),
-            ("moe_intermediate_size", json!(1u64 << 30), "moe_intermediate_size: must be an integer in 1..=1048576"),
-            ("decoder_sparse_step", json!(0), "decoder_sparse_step: must be an integer in 1..=3"),
-            ("mlp_only_layers", json!([0, 7]), "mlp_only_layers: entry 7 is not a layer index in 0..3"),
-            ("mlp_only_layers", json!("1"), "mlp_only_layers: must be a list of layer indices"),
-            ("norm_topk_prob", json!("yes"), "norm_topk_prob: must be true or false"),
+            (
+                "num_experts_per_tok",
+                json!(9),
+                "num_experts_per_tok: 9 is more than num_experts 8",
+            ),
+            (
+                "num_experts_per_tok",
+                json!(0),
+                "num_experts_per_tok: must be an integer in 1..=",
+            ),
+            (
+                "moe_intermediate_size",
+                json!(1.5),
+                "moe_intermediate_size: must be an integer",
+            ),
+            (
+                "moe_intermediate_size",
+                json!(1u64 << 30),
+                "moe_intermediate_size: must be an integer in 1..=1048576",
+            ),
+            (
+                "decoder_sparse_step",
+                json!(0),
+                "decoder_sparse_step: must be an integer in 1..=3",
+            ),
+            (
+                "mlp_only_layers",
+                json!([0, 7]),
+                "mlp_only_layers: entry 7 is not a layer index in 0..3",
+            ),
+            (
+                "mlp_only_layers",
+                json!("1"),
+                "mlp_only_layers: must be a list of layer indices",
+            ),
+            (
+                "norm_topk_prob",
+                json!("yes"),
+                "norm_topk_prob: must be true or false",
+            ),
         ] {
             let mut v = qwen3_moe();
             v[key] = value;
@@ -790,8 +910,15 @@ mod tests {
         let mut v = qwen3_moe();
         v.as_object_mut().unwrap().remove("moe_intermediate_size");
         let e = MoeConfig::from_hf(path(), &v, MoeFamily::Qwen3Moe, 3).unwrap_err();
-        assert!(e.to_string().contains("moe_intermediate_size: missing"), "{e}");
+        assert!(
+            e.to_string().contains("moe_intermediate_size: missing"),
+            "{e}"
+        );
         let e = MoeConfig::from_hf(path(), &qwen3_moe(), MoeFamily::Qwen3Next, 3).unwrap_err();
-        assert!(e.to_string().contains("shared_expert_intermediate_size: missing"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("shared_expert_intermediate_size: missing"),
+            "{e}"
+        );
     }
 }
