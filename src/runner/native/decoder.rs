@@ -1,5 +1,5 @@
-//! The decoder forward pass (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE) on candle's CPU tensors, written out
-//! rather than taken from candle-transformers so that declared activation and KV-cache
+//! The decoder forward pass (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE) on candle's CPU tensors,
+//! written out rather than taken from candle-transformers so that declared activation and KV-cache
 //! quantization can be emulated at the exact points the engines apply them (see docs/DESIGN.md).
 
 use candle_core::{DType, Device, Tensor};
