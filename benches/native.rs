@@ -86,6 +86,7 @@ fn main() {
     report("example (4.2M params)", &example.decoder, 256, 10, peak);
 
     let config = ModelConfig {
+        moe: None,
         arch: Arch::Qwen3,
         hidden: 1024,
         intermediate: 3072,

@@ -88,13 +88,17 @@ mod native_runner {
 
         fn environment(&self) -> Value {
             let r = &self.decoder.report;
-            json!({
+            let mut env = json!({
                 "architecture": self.decoder.config.arch.as_str(),
                 "format": self.format,
                 "weights": r.schemes,
                 "activation_emulation": r.activations,
                 "kv_cache": r.kv_cache.clone().unwrap_or_else(|| self.decoder.compute.as_str().to_owned()),
-            })
+            });
+            if let Some(experts) = &r.experts {
+                env["experts"] = json!(experts);
+            }
+            env
         }
     }
 }

@@ -13,6 +13,7 @@ mod inspect;
 mod kld;
 mod lint;
 mod measure;
+mod moe;
 mod native_llamacpp;
 mod output_contract;
 mod output_schemas;

@@ -837,6 +837,34 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         assert_eq!(plan["kept_hidden_where"], "disk", "{plan}");
         same_numbers(&doc, "spilled to disk");
     }
+
+    /// A fresh random qwen3_moe (tests/fixtures/moe/make.py with another seed) through the native
+    /// runner: transformers' own float32 rows within 1e-4, identical top-1.
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn a_fresh_random_qwen3_moe_matches_transformers_in_the_native_runner() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        let made_dir = dir.path().join("made");
+        let python = std::env::var_os("CARDPROOF_PYTHON").unwrap_or_else(|| "python3".into());
+        let made = std::process::Command::new(&python)
+            .arg(crate::moe::fixtures().join("make.py"))
+            .args(["--seed", "4242", "--out"])
+            .arg(&made_dir)
+            .output()
+            .unwrap();
+        assert!(
+            made.status.success(),
+            "{}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+        let run = crate::moe::measure_dump(&made_dir.join("qwen3-moe"), dir.path(), &[]);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        crate::moe::dump_matches_transformers(
+            &dir.path().join("dump"),
+            &made_dir.join("qwen3-moe.rows.safetensors"),
+        );
+    }
 }
 
 /// A copy of an example whose config.json names an architecture the native runner does not run

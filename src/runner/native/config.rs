@@ -4,10 +4,11 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use super::moe::{MoeConfig, MoeFamily};
 use crate::error::{Error, Result};
 
 /// Architectures the native runner implements (HF `model_type` spellings).
-pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
@@ -15,6 +16,8 @@ pub enum Arch {
     Mistral,
     Qwen2,
     Qwen3,
+    /// Qwen3's attention with sparse mixture-of-experts feed-forward layers ([`super::moe`]).
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -24,6 +27,7 @@ impl Arch {
             "mistral" => Some(Arch::Mistral),
             "qwen2" => Some(Arch::Qwen2),
             "qwen3" => Some(Arch::Qwen3),
+            "qwen3_moe" => Some(Arch::Qwen3Moe),
             _ => None,
         }
     }
@@ -34,6 +38,7 @@ impl Arch {
             Arch::Mistral => "mistral",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3_moe",
         }
     }
 }
@@ -67,6 +72,8 @@ pub struct ModelConfig {
     /// Biases the architecture gives its linear modules, as transformers builds them (Qwen2:
     /// q/k/v always; Llama and Qwen3: `attention_bias` on q/k/v/o, Llama's `mlp_bias`).
     pub biases: Biases,
+    /// The mixture-of-experts blocks, for architectures that have them.
+    pub moe: Option<MoeConfig>,
 }
 
 /// Which linear modules carry a bias.
@@ -194,7 +201,7 @@ impl ModelConfig {
                 mlp: false,
             },
             Arch::Mistral => Biases::default(),
-            Arch::Llama | Arch::Qwen3 => {
+            Arch::Llama | Arch::Qwen3 | Arch::Qwen3Moe => {
                 let attention = flag("attention_bias")?;
                 Biases {
                     qkv: attention,
@@ -203,12 +210,23 @@ impl ModelConfig {
                 }
             }
         };
+        let layers = uint("num_hidden_layers")?;
+        let moe = match arch {
+            Arch::Qwen3Moe => Some(MoeConfig::from_hf(
+                path,
+                config,
+                MoeFamily::Qwen3Moe,
+                layers,
+            )?),
+            _ => None,
+        };
         let cfg = ModelConfig {
+            moe,
             biases,
             arch,
             hidden,
             intermediate: uint("intermediate_size")?,
-            layers: uint("num_hidden_layers")?,
+            layers,
             heads,
             kv_heads,
             head_dim,

@@ -1,10 +1,11 @@
-//! The decoder forward pass (Llama, Mistral, Qwen2, Qwen3) on candle's CPU tensors, written out
-//! rather than taken from candle-transformers so that declared activation and KV-cache
+//! The decoder forward pass (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE) on candle's CPU tensors,
+//! written out rather than taken from candle-transformers so that declared activation and KV-cache
 //! quantization can be emulated at the exact points the engines apply them (see docs/DESIGN.md).
 
 use candle_core::{DType, Device, Tensor};
 
 use super::config::ModelConfig;
+use super::moe::MoeBlock;
 use super::weights::{InputQuant, KvQuant, Linear, WeightStore};
 use crate::dequant;
 use crate::error::{Error, Result};
@@ -19,7 +20,7 @@ pub enum ComputeDtype {
 }
 
 impl ComputeDtype {
-    fn candle(self) -> DType {
+    pub(super) fn candle(self) -> DType {
         match self {
             ComputeDtype::F32 => DType::F32,
             ComputeDtype::F64 => DType::F64,
@@ -47,11 +48,17 @@ impl ComputeDtype {
     }
 }
 
-struct Lin {
+pub(super) struct Lin {
     /// `[in, out]` view of the `[out, in]` weight.
-    wt: Tensor,
-    bias: Option<Tensor>,
-    input: InputQuant,
+    pub(super) wt: Tensor,
+    pub(super) bias: Option<Tensor>,
+    pub(super) input: InputQuant,
+}
+
+/// A layer's feed-forward block: the dense gated MLP, or a sparse mixture of experts.
+enum Ffn {
+    Dense { gate: Lin, up: Lin, down: Lin },
+    Moe(Box<MoeBlock>),
 }
 
 struct Layer {
@@ -63,9 +70,7 @@ struct Layer {
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
     mlp_norm: Tensor,
-    gate: Lin,
-    up: Lin,
-    down: Lin,
+    ffn: Ffn,
     kv: Option<KvQuant>,
 }
 
@@ -77,6 +82,8 @@ pub struct LoadReport {
     /// Emulated activation quantization and how many modules use each.
     pub activations: std::collections::BTreeMap<String, usize>,
     pub kv_cache: Option<String>,
+    /// The mixture-of-experts layers in words (see [`super::moe::MoeConfig::describe`]).
+    pub experts: Option<String>,
 }
 
 pub struct Decoder {
@@ -107,6 +114,7 @@ impl Decoder {
             schemes: Default::default(),
             activations: Default::default(),
             kv_cache: None,
+            experts: None,
         };
         let vector = |name: &str, len: usize| -> Result<Tensor> {
             let d = store.dense(name)?;
@@ -178,7 +186,10 @@ impl Decoder {
             // Qwen3 normalizes queries and keys per head; no other architecture here has those
             // weights (another model_type's q_norm is an unread tensor, refused below).
             let norm_opt = |name: String| -> Result<Option<Tensor>> {
-                if c.arch == super::config::Arch::Qwen3 {
+                if matches!(
+                    c.arch,
+                    super::config::Arch::Qwen3 | super::config::Arch::Qwen3Moe
+                ) {
                     vector(&name, c.head_dim).map(Some)
                 } else {
                     Ok(None)
@@ -236,26 +247,42 @@ impl Decoder {
                 q_norm: norm_opt(format!("{attn}.q_norm.weight"))?,
                 k_norm: norm_opt(format!("{attn}.k_norm.weight"))?,
                 mlp_norm: vector(&format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
-                gate: linear(
-                    &format!("{p}.mlp.gate_proj"),
-                    c.intermediate,
-                    c.hidden,
-                    &mut report,
-                )?,
-                up: linear(
-                    &format!("{p}.mlp.up_proj"),
-                    c.intermediate,
-                    c.hidden,
-                    &mut report,
-                )?,
-                down: linear(
-                    &format!("{p}.mlp.down_proj"),
-                    c.hidden,
-                    c.intermediate,
-                    &mut report,
-                )?,
+                ffn: match &c.moe {
+                    Some(m) if m.is_sparse(i) => Ffn::Moe(Box::new(MoeBlock::load(
+                        store,
+                        &format!("{p}.mlp"),
+                        m,
+                        c.hidden,
+                        compute,
+                        &mut report,
+                    )?)),
+                    _ => Ffn::Dense {
+                        gate: linear(
+                            &format!("{p}.mlp.gate_proj"),
+                            c.intermediate,
+                            c.hidden,
+                            &mut report,
+                        )?,
+                        up: linear(
+                            &format!("{p}.mlp.up_proj"),
+                            c.intermediate,
+                            c.hidden,
+                            &mut report,
+                        )?,
+                        down: linear(
+                            &format!("{p}.mlp.down_proj"),
+                            c.hidden,
+                            c.intermediate,
+                            &mut report,
+                        )?,
+                    },
+                },
                 kv,
             });
+        }
+        if let Some(m) = &c.moe {
+            let sparse = (0..c.layers).filter(|&i| m.is_sparse(i)).count();
+            report.experts = Some(m.describe(sparse, c.layers));
         }
         let norm = vector("model.norm.weight", c.hidden)?;
         let lm_head_stored = ["lm_head.weight", "lm_head.qweight", "lm_head.weight_packed"]
@@ -368,10 +395,14 @@ impl Decoder {
                 .reshape((n, c.heads * c.head_dim))?;
             x = (x + linear(&o, &layer.o)?)?;
             let h = rms_norm(&x, &layer.mlp_norm, c.rms_eps)?;
-            let g = linear(&h, &layer.gate)?;
-            let u = linear(&h, &layer.up)?;
-            let a = (g.silu()? * u)?;
-            x = (x + linear(&a, &layer.down)?)?;
+            let f = match &layer.ffn {
+                Ffn::Dense { gate, up, down } => {
+                    let a = (linear(&h, gate)?.silu()? * linear(&h, up)?)?;
+                    linear(&a, down)?
+                }
+                Ffn::Moe(block) => block.forward(&h)?,
+            };
+            x = (x + f)?;
         }
         Ok(x)
     }
@@ -395,6 +426,14 @@ impl Decoder {
             &self.norm,
             self.config.rms_eps,
         )
+    }
+
+    /// Logits at the given rows in f64, computed in the compute dtype (the f64 mode's full
+    /// precision, which [`Decoder::logits_at`]'s f32 rows would round away).
+    pub fn logits_f64_at(&self, hidden: &Tensor, rows: &[usize]) -> candle_core::Result<Vec<f64>> {
+        let normed = self.normed_at(hidden, rows)?;
+        let logits = linear(&normed.to_dtype(self.compute.candle())?, &self.lm_head)?;
+        logits.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()
     }
 
     /// Logits (f32, row-major) of LM-head inputs `[rows, hidden]`.
@@ -454,7 +493,7 @@ impl Decoder {
     }
 }
 
-fn linear(x: &Tensor, l: &Lin) -> candle_core::Result<Tensor> {
+pub(super) fn linear(x: &Tensor, l: &Lin) -> candle_core::Result<Tensor> {
     let x = match l.input {
         InputQuant::None => x.clone(),
         q => {

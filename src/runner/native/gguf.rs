@@ -153,6 +153,7 @@ impl GgufStore {
             .ok_or_else(|| Error::format(path, Some("token_embd.weight"), "tensor missing"))?;
         let vocab = embd.dims.get(1).copied().unwrap_or(0) as usize;
         let config = ModelConfig {
+            moe: None,
             arch,
             hidden,
             intermediate: uint("feed_forward_length")?,

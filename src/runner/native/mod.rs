@@ -7,6 +7,7 @@ pub mod decoder;
 pub mod gguf;
 pub mod gguf_family;
 pub mod llamacpp_cpu;
+pub mod moe;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
