@@ -7,7 +7,15 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 /// Architectures the native runner implements (HF `model_type` spellings).
-pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+pub const SUPPORTED: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_5",
+    "qwen3_5_text",
+    "qwen3_next",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
@@ -15,6 +23,54 @@ pub enum Arch {
     Mistral,
     Qwen2,
     Qwen3,
+    /// Qwen3.5 / Qwen3.6 text model: Gated DeltaNet layers and gated full attention.
+    Qwen3_5Text,
+    /// The Qwen3.5 vision-language wrapper: its `text_config` is a `qwen3_5_text`, its text
+    /// weights sit under `model.language_model.*`.
+    Qwen3_5,
+    /// Qwen3-Next: the hybrid layers of Qwen3.5 with fused `in_proj_qkvz` / `in_proj_ba`.
+    Qwen3Next,
+}
+
+/// Largest size a hybrid config key may give (a hostile config must not size allocations).
+pub const MAX_HYBRID_DIM: usize = 1 << 20;
+
+/// The token mixer of one layer of a hybrid model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerType {
+    /// Gated DeltaNet (`linear_attention`).
+    Linear,
+    /// Gated softmax attention (`full_attention`).
+    Full,
+}
+
+/// The Gated DeltaNet shape of a hybrid model (Qwen3.5 / Qwen3-Next).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hybrid {
+    /// One entry per layer.
+    pub layer_types: Vec<LayerType>,
+    /// `linear_conv_kernel_dim`: the depthwise causal convolution's width.
+    pub conv_kernel: usize,
+    /// `linear_num_key_heads`, `linear_num_value_heads`.
+    pub key_heads: usize,
+    pub value_heads: usize,
+    /// `linear_key_head_dim`, `linear_value_head_dim`.
+    pub key_dim: usize,
+    pub value_dim: usize,
+    /// Qwen3-Next's fused, per-key-head interleaved `in_proj_qkvz` / `in_proj_ba`.
+    pub fused_projections: bool,
+    /// `mamba_ssm_dtype` as the config declares it (what vLLM keeps the recurrent state in).
+    pub mamba_ssm_dtype: Option<String>,
+    /// `mrope_section`, recorded: for text-only input the three position rows MRoPE mixes are
+    /// equal, so it is plain RoPE on the rotary slice.
+    pub mrope_section: Option<Vec<usize>>,
+}
+
+impl Hybrid {
+    /// Width of the convolved q, k, v projection (`2·Hk·dk + Hv·dv`).
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
 }
 
 impl Arch {
@@ -24,6 +80,9 @@ impl Arch {
             "mistral" => Some(Arch::Mistral),
             "qwen2" => Some(Arch::Qwen2),
             "qwen3" => Some(Arch::Qwen3),
+            "qwen3_5_text" => Some(Arch::Qwen3_5Text),
+            "qwen3_5" => Some(Arch::Qwen3_5),
+            "qwen3_next" => Some(Arch::Qwen3Next),
             _ => None,
         }
     }
@@ -34,7 +93,20 @@ impl Arch {
             Arch::Mistral => "mistral",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen3_5Text => "qwen3_5_text",
+            Arch::Qwen3_5 => "qwen3_5",
+            Arch::Qwen3Next => "qwen3_next",
         }
+    }
+
+    /// The hybrid (Gated DeltaNet + gated attention) family.
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Arch::Qwen3_5Text | Arch::Qwen3_5 | Arch::Qwen3Next)
+    }
+
+    /// Per-head q/k RMSNorms (Qwen3 and the hybrid family).
+    pub fn has_qk_norm(self) -> bool {
+        self == Arch::Qwen3 || self.is_hybrid()
     }
 }
 
@@ -67,6 +139,13 @@ pub struct ModelConfig {
     /// Biases the architecture gives its linear modules, as transformers builds them (Qwen2:
     /// q/k/v always; Llama and Qwen3: `attention_bias` on q/k/v/o, Llama's `mlp_bias`).
     pub biases: Biases,
+    /// Dimensions of each head that RoPE rotates (the first ones; `head_dim` unless the
+    /// hybrid family's `partial_rotary_factor` says fewer).
+    pub rotary_dim: usize,
+    /// Where the text model's tensors are: `model`, or `model.language_model` (Qwen3.5 VLMs).
+    pub prefix: String,
+    /// The Gated DeltaNet layers' shape (hybrid architectures only).
+    pub hybrid: Option<Hybrid>,
 }
 
 /// Which linear modules carry a bias.
@@ -80,17 +159,47 @@ pub struct Biases {
 impl ModelConfig {
     /// Read `config.json`. Every missing or inconsistent key is an error naming it.
     pub fn from_hf(path: &Path, config: &Value) -> Result<ModelConfig> {
-        let bad = |key: &str, rule: String| Error::format(path, Some(key), rule);
-        let unsupported = |key: &str, rule: String| Error::unsupported(path, Some(key), rule);
+        let top = config;
         let model_type = config
             .get("model_type")
             .and_then(Value::as_str)
             .ok_or_else(|| {
-                bad(
-                    "model_type",
-                    "missing (needed to choose the architecture)".into(),
+                Error::format(
+                    path,
+                    Some("model_type"),
+                    "missing (needed to choose the architecture)",
                 )
             })?;
+        // A Qwen3.5 vision-language checkpoint: the text model's settings are its text_config.
+        let (config, kp, prefix) = if model_type == "qwen3_5" {
+            let text = config
+                .get("text_config")
+                .filter(|v| v.is_object())
+                .ok_or_else(|| {
+                    Error::format(
+                        path,
+                        Some("text_config"),
+                        "missing or not an object (a qwen3_5 checkpoint nests its text model's settings there)",
+                    )
+                })?;
+            match text.get("model_type") {
+                None => {}
+                Some(Value::String(t)) if t == "qwen3_5_text" => {}
+                Some(other) => {
+                    return Err(Error::format(
+                        path,
+                        Some("text_config.model_type"),
+                        format!("is {other}; a qwen3_5 checkpoint's text model is qwen3_5_text"),
+                    ));
+                }
+            }
+            (text, "text_config.", "model.language_model")
+        } else {
+            (config, "", "model")
+        };
+        let bad = |key: &str, rule: String| Error::format(path, Some(&format!("{kp}{key}")), rule);
+        let unsupported =
+            |key: &str, rule: String| Error::unsupported(path, Some(&format!("{kp}{key}")), rule);
         let arch = Arch::from_name(model_type).ok_or_else(|| {
             unsupported(
                 "model_type",
@@ -194,7 +303,7 @@ impl ModelConfig {
                 mlp: false,
             },
             Arch::Mistral => Biases::default(),
-            Arch::Llama | Arch::Qwen3 => {
+            Arch::Llama | Arch::Qwen3 | Arch::Qwen3_5Text | Arch::Qwen3_5 | Arch::Qwen3Next => {
                 let attention = flag("attention_bias")?;
                 Biases {
                     qkv: attention,
@@ -203,12 +312,22 @@ impl ModelConfig {
                 }
             }
         };
+        let layers = uint("num_hidden_layers")?;
+        let (rotary_dim, hybrid) = if arch.is_hybrid() {
+            let (rotary_dim, hybrid) = hybrid_shape(path, kp, config, rope, arch, layers, head_dim)?;
+            (rotary_dim, Some(hybrid))
+        } else {
+            (head_dim, None)
+        };
         let cfg = ModelConfig {
+            rotary_dim,
+            prefix: prefix.to_owned(),
+            hybrid,
             biases,
             arch,
             hidden,
             intermediate: uint("intermediate_size")?,
-            layers: uint("num_hidden_layers")?,
+            layers,
             heads,
             kv_heads,
             head_dim,
@@ -221,6 +340,7 @@ impl ModelConfig {
             rope_scaling,
             tie_embeddings: config
                 .get("tie_word_embeddings")
+                .or(top.get("tie_word_embeddings"))
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
             sliding_window,
@@ -231,6 +351,22 @@ impl ModelConfig {
     }
 
     pub fn validate(&self, path: &Path) -> Result<()> {
+        // Products that size projections must not overflow (a hostile config).
+        let widest = self
+            .heads
+            .checked_mul(self.head_dim)
+            .and_then(|w| w.checked_mul(2))
+            .filter(|&w| w <= 1 << 31);
+        if widest.is_none() {
+            return Err(Error::format(
+                path,
+                Some("num_attention_heads"),
+                format!(
+                    "{} heads of head_dim {} is wider than the native runner sizes",
+                    self.heads, self.head_dim
+                ),
+            ));
+        }
         if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(Error::format(
                 path,
@@ -261,12 +397,22 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// Inverse frequencies of the rotary embedding, one per pair of dimensions.
+    /// Tensors the architecture does not load, on purpose (transformers ignores them too): the
+    /// hybrid family's multi-token-prediction head (`mtp.*`), and a VLM's vision tower.
+    pub fn skipped(&self, name: &str) -> bool {
+        match self.arch {
+            Arch::Qwen3_5 => name.starts_with("mtp.") || name.starts_with("model.visual."),
+            Arch::Qwen3_5Text | Arch::Qwen3Next => name.starts_with("mtp."),
+            _ => false,
+        }
+    }
+
+    /// Inverse frequencies of the rotary embedding, one per pair of rotated dimensions.
     pub fn inv_freq(&self) -> Vec<f64> {
-        let half = self.head_dim / 2;
+        let half = self.rotary_dim / 2;
         (0..half)
             .map(|i| {
-                let f = 1.0 / self.rope_theta.powf(2.0 * i as f64 / self.head_dim as f64);
+                let f = 1.0 / self.rope_theta.powf(2.0 * i as f64 / self.rotary_dim as f64);
                 match self.rope_scaling {
                     None => f,
                     Some(s) => llama3_scale(f, s),
@@ -274,6 +420,220 @@ impl ModelConfig {
             })
             .collect()
     }
+}
+
+/// The hybrid family's keys (Qwen3.5 `qwen3_5_text`, Qwen3-Next), each range-checked before it
+/// sizes anything: the rotary slice and the Gated DeltaNet shape.
+fn hybrid_shape(
+    path: &Path,
+    kp: &str,
+    config: &Value,
+    rope: Option<&Value>,
+    arch: Arch,
+    layers: usize,
+    head_dim: usize,
+) -> Result<(usize, Hybrid)> {
+    let bad = |key: &str, rule: String| Error::format(path, Some(&format!("{kp}{key}")), rule);
+    let dim = |key: &str, default: Option<u64>| -> Result<usize> {
+        let v = match (config.get(key), default) {
+            (Some(v), _) => v,
+            (None, Some(d)) => return Ok(d as usize),
+            (None, None) => return Err(bad(key, "missing".into())),
+        };
+        v.as_u64()
+            .filter(|&n| n > 0 && n <= MAX_HYBRID_DIM as u64)
+            .map(|n| n as usize)
+            .ok_or_else(|| {
+                bad(
+                    key,
+                    format!("must be an integer from 1 to {MAX_HYBRID_DIM}, found {v}"),
+                )
+            })
+    };
+    if let Some(act) = config.get("hidden_act")
+        && act.as_str() != Some("silu")
+    {
+        return Err(Error::unsupported(
+            path,
+            Some(&format!("{kp}hidden_act")),
+            format!("{act} is not supported by the native runner for this architecture (supported: silu)"),
+        ));
+    }
+    if layers > MAX_HYBRID_DIM || head_dim > MAX_HYBRID_DIM {
+        return Err(bad(
+            "num_hidden_layers",
+            format!("num_hidden_layers and head_dim must be at most {MAX_HYBRID_DIM}"),
+        ));
+    }
+    // The rotary slice: the first head_dim·partial_rotary_factor dimensions (transformers:
+    // int(head_dim * factor)), in rope_parameters or at the top level, 0.25 by default.
+    let factor_at = rope
+        .and_then(|r| r.get("partial_rotary_factor"))
+        .map(|v| ("rope_parameters.partial_rotary_factor", v))
+        .or_else(|| {
+            config
+                .get("partial_rotary_factor")
+                .map(|v| ("partial_rotary_factor", v))
+        });
+    let factor = match factor_at {
+        None => 0.25,
+        Some((key, v)) => v
+            .as_f64()
+            .filter(|f| f.is_finite() && *f > 0.0 && *f <= 1.0)
+            .ok_or_else(|| bad(key, format!("must be a number in (0, 1], found {v}")))?,
+    };
+    let rotary_dim = (head_dim as f64 * factor) as usize;
+    if rotary_dim < 2 || !rotary_dim.is_multiple_of(2) {
+        return Err(bad(
+            "partial_rotary_factor",
+            format!(
+                "rotates {rotary_dim} of head_dim {head_dim}'s dimensions; RoPE needs an even number, at least 2"
+            ),
+        ));
+    }
+    let mrope_section = match rope
+        .and_then(|r| r.get("mrope_section"))
+        .or(config.get("mrope_section"))
+    {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(a)) => Some(
+            a.iter()
+                .map(|e| {
+                    e.as_u64()
+                        .filter(|&n| n <= MAX_HYBRID_DIM as u64)
+                        .map(|n| n as usize)
+                        .ok_or_else(|| {
+                            bad(
+                                "rope_parameters.mrope_section",
+                                format!("entries must be small non-negative integers, found {e}"),
+                            )
+                        })
+                })
+                .collect::<Result<Vec<_>>>()?,
+        ),
+        Some(v) => {
+            return Err(bad(
+                "rope_parameters.mrope_section",
+                format!("must be a list of integers, found {v}"),
+            ));
+        }
+    };
+    let layer_types = match config.get("layer_types") {
+        None | Some(Value::Null) => {
+            // transformers: linear if (i + 1) % full_attention_interval != 0.
+            let interval = dim("full_attention_interval", Some(4))?;
+            (0..layers)
+                .map(|i| {
+                    if (i + 1) % interval != 0 {
+                        LayerType::Linear
+                    } else {
+                        LayerType::Full
+                    }
+                })
+                .collect()
+        }
+        Some(Value::Array(a)) => {
+            if a.len() != layers {
+                return Err(bad(
+                    "layer_types",
+                    format!(
+                        "has {} entries for num_hidden_layers {layers}",
+                        a.len()
+                    ),
+                ));
+            }
+            a.iter()
+                .enumerate()
+                .map(|(i, t)| match t.as_str() {
+                    Some("linear_attention") => Ok(LayerType::Linear),
+                    Some("full_attention") => Ok(LayerType::Full),
+                    _ => Err(bad(
+                        &format!("layer_types[{i}]"),
+                        format!("is {t}; a layer is \"linear_attention\" or \"full_attention\""),
+                    )),
+                })
+                .collect::<Result<Vec<_>>>()?
+        }
+        Some(v) => {
+            return Err(bad(
+                "layer_types",
+                format!("must be a list of layer types, found {v}"),
+            ));
+        }
+    };
+    let key_heads = dim("linear_num_key_heads", None)?;
+    let value_heads = dim("linear_num_value_heads", None)?;
+    if !value_heads.is_multiple_of(key_heads) {
+        return Err(bad(
+            "linear_num_value_heads",
+            format!(
+                "{value_heads} is not a multiple of linear_num_key_heads {key_heads} (each key head serves a group of value heads)"
+            ),
+        ));
+    }
+    let conv_kernel = dim("linear_conv_kernel_dim", None)?;
+    if conv_kernel > 64 {
+        return Err(bad(
+            "linear_conv_kernel_dim",
+            format!("{conv_kernel} is wider than 64"),
+        ));
+    }
+    let mamba_ssm_dtype = match config.get("mamba_ssm_dtype") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(d)) => Some(d.clone()),
+        Some(v) => return Err(bad("mamba_ssm_dtype", format!("must be a dtype name, found {v}"))),
+    };
+    if arch == Arch::Qwen3Next {
+        // transformers: a mixture-of-experts block unless the layer is in mlp_only_layers,
+        // num_experts is 0 or the layer is off the decoder_sparse_step grid.
+        let experts = match config.get("num_experts") {
+            None => 512,
+            Some(v) => v
+                .as_u64()
+                .ok_or_else(|| bad("num_experts", format!("must be an integer, found {v}")))?,
+        };
+        let step = dim("decoder_sparse_step", Some(1))?;
+        let dense_only: Vec<u64> = match config.get("mlp_only_layers") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|e| {
+                    e.as_u64().ok_or_else(|| {
+                        bad("mlp_only_layers", format!("entries must be layer indices, found {e}"))
+                    })
+                })
+                .collect::<Result<_>>()?,
+            Some(v) => {
+                return Err(bad(
+                    "mlp_only_layers",
+                    format!("must be a list of layer indices, found {v}"),
+                ));
+            }
+        };
+        if let Some(i) = (0..layers)
+            .find(|&i| !dense_only.contains(&(i as u64)) && experts > 0 && (i + 1) % step == 0)
+        {
+            return Err(Error::unsupported(
+                path,
+                Some(&format!("{kp}num_experts")),
+                format!(
+                    "layer {i} is a mixture-of-experts block ({experts} experts), which the native runner does not run yet"
+                ),
+            ));
+        }
+    }
+    let hybrid = Hybrid {
+        layer_types,
+        conv_kernel,
+        key_heads,
+        value_heads,
+        key_dim: dim("linear_key_head_dim", None)?,
+        value_dim: dim("linear_value_head_dim", None)?,
+        fused_projections: arch == Arch::Qwen3Next,
+        mamba_ssm_dtype,
+        mrope_section,
+    };
+    Ok((rotary_dim, hybrid))
 }
 
 /// Llama 3.1's wavelength-dependent scaling of one inverse frequency.

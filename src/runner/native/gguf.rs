@@ -179,6 +179,9 @@ impl GgufStore {
                 o: file.tensor("blk.0.attn_output.bias").is_some(),
                 mlp: file.tensor("blk.0.ffn_up.bias").is_some(),
             },
+            rotary_dim: head_dim,
+            prefix: "model".into(),
+            hybrid: None,
         };
         config.validate(path)?;
         let store = GgufStore {
