@@ -18,6 +18,10 @@ fn fixture(name: &str) -> PathBuf {
     repo_root().join("tests/fixtures/hybrid").join(name)
 }
 
+fn next_fixture(name: &str) -> PathBuf {
+    repo_root().join("tests/fixtures/hybrid_next").join(name)
+}
+
 /// A little-endian tensor's values (the fixtures' and dumps' layout).
 fn tensor<T: FromLe>(st: &SafeTensors, name: &str) -> Vec<T> {
     st.tensor(name)
@@ -45,7 +49,11 @@ from_le!(f32, f64, i32, i64);
 
 /// The fixture's token ids and reference rows `[TOKENS, VOCAB]` (float32 and float64).
 fn reference() -> (Vec<u32>, Vec<f32>, Vec<f64>) {
-    let bytes = std::fs::read(fixture("rows.safetensors")).unwrap();
+    rows_of(&fixture("rows.safetensors"))
+}
+
+fn rows_of(path: &Path) -> (Vec<u32>, Vec<f32>, Vec<f64>) {
+    let bytes = std::fs::read(path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let ids = tensor::<i32>(&st, "ids").iter().map(|&i| i as u32).collect();
     (
@@ -86,14 +94,18 @@ fn dumped(dir: &Path, side: &str) -> Vec<(i32, i64, Vec<f32>)> {
 /// `measure` of the text layout against the VLM layout on the fixture's eval text (the 130-token
 /// sequence twice), windows of `context` tokens, no BOS, logits dumped into `dir/dump`.
 fn measure_dump(dir: &Path, context: usize) -> serde_json::Value {
+    measure_pair(dir, &fixture("qwen3_5_text"), &fixture("qwen3_5_vlm"), context)
+}
+
+fn measure_pair(dir: &Path, reference: &Path, candidate: &Path, context: usize) -> serde_json::Value {
     let ctx = context.to_string();
     let dump = dir.join("dump");
     let run = cardproof(&[
         "measure",
         "--reference",
-        fixture("qwen3_5_text").to_str().unwrap(),
+        reference.to_str().unwrap(),
         "--candidate",
-        fixture("qwen3_5_vlm").to_str().unwrap(),
+        candidate.to_str().unwrap(),
         "--eval-text",
         fixture("eval.txt").to_str().unwrap(),
         "--context-length",
@@ -125,12 +137,9 @@ fn first_window(dir: &Path) -> Vec<Vec<f32>> {
         .collect()
 }
 
-#[test]
-fn the_native_runner_matches_transformers_on_a_tiny_hybrid_qwen3_5_in_f32() {
-    let dir = tempfile::tempdir().unwrap();
-    let doc = measure_dump(dir.path(), TOKENS);
-    let (_, want, _) = reference();
-    let rows = first_window(dir.path());
+/// Max |log p| difference of window 0's dumped rows from the f32 reference, top-1 checked.
+fn agrees_with_transformers(dir: &Path, want: &[f32]) -> f64 {
+    let rows = first_window(dir);
     assert_eq!(rows.len(), TOKENS - 1, "every row but the last is scored");
     let mut worst = 0.0f64;
     for (i, row) in rows.iter().enumerate() {
@@ -141,6 +150,15 @@ fn the_native_runner_matches_transformers_on_a_tiny_hybrid_qwen3_5_in_f32() {
         }
         assert_eq!(argmax(&got), argmax(want), "top-1 of row {i}");
     }
+    worst
+}
+
+#[test]
+fn the_native_runner_matches_transformers_on_a_tiny_hybrid_qwen3_5_in_f32() {
+    let dir = tempfile::tempdir().unwrap();
+    let doc = measure_dump(dir.path(), TOKENS);
+    let (_, want, _) = reference();
+    let worst = agrees_with_transformers(dir.path(), &want);
     eprintln!("f32: max |log p native - log p transformers| = {worst:e}");
     assert!(
         worst < 1e-4,
@@ -239,6 +257,34 @@ fn the_f64_forward_matches_an_independent_float64_forward_to_1e_9() {
         // on purpose, not read.
         assert!(model.decoder.report.skipped > 0, "{layout}");
     }
+}
+
+#[test]
+fn qwen3_next_fused_projections_match_transformers_in_f32_and_f64() {
+    // Qwen3-Next's in_proj_qkvz / in_proj_ba, per key head interleaved, unfused at load; its
+    // MLPs are dense here (num_experts 0).
+    let model_dir = next_fixture("qwen3_next");
+    let (ids, want32, want64) = rows_of(&next_fixture("rows.safetensors"));
+    let dir = tempfile::tempdir().unwrap();
+    let doc = measure_pair(dir.path(), &model_dir, &model_dir, TOKENS);
+    assert_eq!(doc["runs"][0]["metrics"]["kld_mean"], 0.0, "{doc}");
+    let worst = agrees_with_transformers(dir.path(), &want32);
+    eprintln!("qwen3_next f32: max |Δ log p| = {worst:e}");
+    assert!(worst < 1e-4, "max |Δ log p| = {worst:e}");
+    let model = native::load(&model_dir, ComputeDtype::F64, Emulate::ReferenceSemantics).unwrap();
+    let hidden = model.decoder.hidden(&ids).unwrap();
+    let rows: Vec<usize> = (0..TOKENS).collect();
+    let logits = model.decoder.logits_f64_at(&hidden, &rows).unwrap();
+    let mut worst = 0.0f64;
+    for (i, row) in logits.chunks(VOCAB).enumerate() {
+        let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lse = row.iter().map(|x| (x - max).exp()).sum::<f64>().ln() + max;
+        for (g, w) in row.iter().zip(&want64[i * VOCAB..(i + 1) * VOCAB]) {
+            worst = worst.max((g - lse - w).abs());
+        }
+    }
+    eprintln!("qwen3_next f64: max |Δ log p| = {worst:e}");
+    assert!(worst < 1e-9, "max |Δ log p| = {worst:e}");
 }
 
 /// A copy of the text (or VLM) fixture with its config.json edited.
