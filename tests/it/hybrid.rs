@@ -11,7 +11,7 @@ use safetensors::SafeTensors;
 
 use crate::support::{cardproof, repo_root};
 
-const TOKENS: usize = 130;
+pub(crate) const TOKENS: usize = 130;
 const VOCAB: usize = 256;
 
 fn fixture(name: &str) -> PathBuf {
@@ -52,7 +52,7 @@ fn reference() -> (Vec<u32>, Vec<f32>, Vec<f64>) {
     rows_of(&fixture("rows.safetensors"))
 }
 
-fn rows_of(path: &Path) -> (Vec<u32>, Vec<f32>, Vec<f64>) {
+pub(crate) fn rows_of(path: &Path) -> (Vec<u32>, Vec<f32>, Vec<f64>) {
     let bytes = std::fs::read(path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let ids = tensor::<i32>(&st, "ids").iter().map(|&i| i as u32).collect();
@@ -94,10 +94,23 @@ fn dumped(dir: &Path, side: &str) -> Vec<(i32, i64, Vec<f32>)> {
 /// `measure` of the text layout against the VLM layout on the fixture's eval text (the 130-token
 /// sequence twice), windows of `context` tokens, no BOS, logits dumped into `dir/dump`.
 fn measure_dump(dir: &Path, context: usize) -> serde_json::Value {
-    measure_pair(dir, &fixture("qwen3_5_text"), &fixture("qwen3_5_vlm"), context)
+    measure_pair(
+        dir,
+        &fixture("qwen3_5_text"),
+        &fixture("qwen3_5_vlm"),
+        &fixture("eval.txt"),
+        context,
+    )
 }
 
-fn measure_pair(dir: &Path, reference: &Path, candidate: &Path, context: usize) -> serde_json::Value {
+/// `measure` of `reference` against `candidate` on `eval` (no BOS), logits dumped in `dir/dump`.
+pub(crate) fn measure_pair(
+    dir: &Path,
+    reference: &Path,
+    candidate: &Path,
+    eval: &Path,
+    context: usize,
+) -> serde_json::Value {
     let ctx = context.to_string();
     let dump = dir.join("dump");
     let run = cardproof(&[
@@ -107,7 +120,7 @@ fn measure_pair(dir: &Path, reference: &Path, candidate: &Path, context: usize) 
         "--candidate",
         candidate.to_str().unwrap(),
         "--eval-text",
-        fixture("eval.txt").to_str().unwrap(),
+        eval.to_str().unwrap(),
         "--context-length",
         &ctx,
         "--bos",
@@ -138,7 +151,7 @@ fn first_window(dir: &Path) -> Vec<Vec<f32>> {
 }
 
 /// Max |log p| difference of window 0's dumped rows from the f32 reference, top-1 checked.
-fn agrees_with_transformers(dir: &Path, want: &[f32]) -> f64 {
+pub(crate) fn agrees_with_transformers(dir: &Path, want: &[f32]) -> f64 {
     let rows = first_window(dir);
     assert_eq!(rows.len(), TOKENS - 1, "every row but the last is scored");
     let mut worst = 0.0f64;
@@ -149,6 +162,23 @@ fn agrees_with_transformers(dir: &Path, want: &[f32]) -> f64 {
             worst = worst.max((g - *w as f64).abs());
         }
         assert_eq!(argmax(&got), argmax(want), "top-1 of row {i}");
+    }
+    worst
+}
+
+/// Max |log p| difference of the native f64 forward's rows from a float64 reference.
+pub(crate) fn f64_disagreement(model_dir: &Path, ids: &[u32], want: &[f64]) -> f64 {
+    let model = native::load(model_dir, ComputeDtype::F64, Emulate::ReferenceSemantics).unwrap();
+    let hidden = model.decoder.hidden(ids).unwrap();
+    let rows: Vec<usize> = (0..ids.len()).collect();
+    let logits = model.decoder.logits_f64_at(&hidden, &rows).unwrap();
+    let mut worst = 0.0f64;
+    for (i, row) in logits.chunks(VOCAB).enumerate() {
+        let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lse = row.iter().map(|x| (x - max).exp()).sum::<f64>().ln() + max;
+        for (g, w) in row.iter().zip(&want[i * VOCAB..(i + 1) * VOCAB]) {
+            worst = worst.max((g - lse - w).abs());
+        }
     }
     worst
 }
@@ -266,23 +296,18 @@ fn qwen3_next_fused_projections_match_transformers_in_f32_and_f64() {
     let model_dir = next_fixture("qwen3_next");
     let (ids, want32, want64) = rows_of(&next_fixture("rows.safetensors"));
     let dir = tempfile::tempdir().unwrap();
-    let doc = measure_pair(dir.path(), &model_dir, &model_dir, TOKENS);
+    let doc = measure_pair(
+        dir.path(),
+        &model_dir,
+        &model_dir,
+        &fixture("eval.txt"),
+        TOKENS,
+    );
     assert_eq!(doc["runs"][0]["metrics"]["kld_mean"], 0.0, "{doc}");
     let worst = agrees_with_transformers(dir.path(), &want32);
     eprintln!("qwen3_next f32: max |Δ log p| = {worst:e}");
     assert!(worst < 1e-4, "max |Δ log p| = {worst:e}");
-    let model = native::load(&model_dir, ComputeDtype::F64, Emulate::ReferenceSemantics).unwrap();
-    let hidden = model.decoder.hidden(&ids).unwrap();
-    let rows: Vec<usize> = (0..TOKENS).collect();
-    let logits = model.decoder.logits_f64_at(&hidden, &rows).unwrap();
-    let mut worst = 0.0f64;
-    for (i, row) in logits.chunks(VOCAB).enumerate() {
-        let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let lse = row.iter().map(|x| (x - max).exp()).sum::<f64>().ln() + max;
-        for (g, w) in row.iter().zip(&want64[i * VOCAB..(i + 1) * VOCAB]) {
-            worst = worst.max((g - lse - w).abs());
-        }
-    }
+    let worst = f64_disagreement(&model_dir, &ids, &want64);
     eprintln!("qwen3_next f64: max |Δ log p| = {worst:e}");
     assert!(worst < 1e-9, "max |Δ log p| = {worst:e}");
 }
