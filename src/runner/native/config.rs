@@ -692,6 +692,102 @@ mod tests {
         assert!(e.to_string().contains("hidden_size: missing"), "{e}");
     }
 
+    fn qwen3_5_text() -> Value {
+        json!({"model_type": "qwen3_5_text", "hidden_size": 32, "intermediate_size": 64,
+               "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 16, "vocab_size": 256, "linear_num_key_heads": 2,
+               "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+               "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+               "mamba_ssm_dtype": "float32",
+               "rope_parameters": {"rope_theta": 1e4, "rope_type": "default",
+                                   "mrope_section": [11, 11, 10]}})
+    }
+
+    #[test]
+    fn hybrid_layer_types_derive_from_full_attention_interval() {
+        let path = Path::new("config.json");
+        let c = ModelConfig::from_hf(path, &qwen3_5_text()).unwrap();
+        let h = c.hybrid.as_ref().unwrap();
+        use LayerType::{Full, Linear};
+        // Default interval 4: linear if (i + 1) % 4 != 0.
+        assert_eq!(
+            h.layer_types,
+            [Linear, Linear, Linear, Full, Linear, Linear, Linear, Full]
+        );
+        assert_eq!(h.conv_dim(), 2 * 2 * 16 + 4 * 8);
+        assert_eq!(h.mamba_ssm_dtype.as_deref(), Some("float32"));
+        assert_eq!(h.mrope_section.as_deref(), Some(&[11, 11, 10][..]));
+        assert!(!h.fused_projections);
+        // partial_rotary_factor defaults to 0.25: RoPE on 4 of 16 dimensions, frequencies over 4.
+        assert_eq!(c.rotary_dim, 4);
+        assert_eq!(c.inv_freq(), vec![1.0, 1.0 / 100.0]);
+        let mut v = qwen3_5_text();
+        v["full_attention_interval"] = json!(2);
+        v["partial_rotary_factor"] = json!(0.5);
+        let c = ModelConfig::from_hf(path, &v).unwrap();
+        assert_eq!(c.hybrid.unwrap().layer_types, [Linear, Full].repeat(4));
+        assert_eq!(c.rotary_dim, 8);
+    }
+
+    #[test]
+    fn a_qwen3_5_vlm_reads_its_text_config_and_language_model_weights() {
+        let v = json!({"model_type": "qwen3_5", "tie_word_embeddings": true,
+                       "text_config": qwen3_5_text(), "vision_config": {"depth": 1}});
+        let c = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap();
+        assert_eq!(c.arch, Arch::Qwen3_5);
+        assert_eq!(c.prefix, "model.language_model");
+        assert!(c.tie_embeddings);
+        assert!(c.skipped("model.visual.blocks.0.attn.qkv.weight"));
+        assert!(c.skipped("mtp.fc.weight"));
+        assert!(!c.skipped("model.language_model.layers.0.mlp.up_proj.weight"));
+        let mut v = v;
+        v["text_config"]["model_type"] = json!("qwen3");
+        let e = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap_err();
+        assert!(e.to_string().contains("text_config.model_type"), "{e}");
+    }
+
+    #[test]
+    fn a_qwen3_next_with_expert_layers_is_refused_naming_num_experts() {
+        let mut v = qwen3_5_text();
+        v["model_type"] = json!("qwen3_next");
+        // transformers' default is 512 experts on every layer.
+        let e = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap_err();
+        assert!(e.is_unsupported(), "{e}");
+        assert!(e.to_string().contains("num_experts") && e.to_string().contains("layer 0"), "{e}");
+        v["num_experts"] = json!(8);
+        v["mlp_only_layers"] = json!([0, 1, 2, 3, 4, 5, 6]);
+        let e = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap_err();
+        assert!(e.to_string().contains("layer 7"), "{e}");
+        v["num_experts"] = json!(0);
+        let c = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap();
+        assert!(c.hybrid.unwrap().fused_projections);
+    }
+
+    #[test]
+    fn hybrid_sizes_are_range_checked_and_named() {
+        for (key, value, said) in [
+            ("linear_num_key_heads", json!(0), "linear_num_key_heads: must be an integer from 1"),
+            ("linear_num_value_heads", json!(5), "linear_num_value_heads: 5 is not a multiple"),
+            ("linear_conv_kernel_dim", json!(65), "linear_conv_kernel_dim: 65 is wider than 64"),
+            ("linear_value_head_dim", json!(-1), "linear_value_head_dim: must be an integer"),
+            ("full_attention_interval", json!(0), "full_attention_interval: must be an integer"),
+            ("layer_types", json!("linear"), "layer_types: must be a list"),
+            ("mamba_ssm_dtype", json!(3), "mamba_ssm_dtype: must be a dtype name"),
+            ("hidden_act", json!("gelu"), "hidden_act"),
+            ("partial_rotary_factor", json!(0.01), "partial_rotary_factor: rotates 0 of head_dim 16"),
+        ] {
+            let mut v = qwen3_5_text();
+            v[key] = value;
+            let e = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap_err();
+            assert!(e.to_string().contains(said), "{key}: {e}");
+        }
+        let mut v = qwen3_5_text();
+        v["num_attention_heads"] = json!(1u64 << 62);
+        v["num_key_value_heads"] = json!(1u64 << 62);
+        let e = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap_err();
+        assert!(e.to_string().contains("num_attention_heads"), "{e}");
+    }
+
     #[test]
     fn llama3_scaling_keeps_high_frequencies_and_divides_low_ones() {
         let s = Llama3Scaling {

@@ -428,3 +428,63 @@ pub fn unfuse_ba(
         .collect();
     Ok((pick_rows(&l, &b_rows), pick_rows(&l, &a_rows)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runner::native::config::LayerType;
+    use crate::runner::native::weights::InputQuant;
+    use std::path::PathBuf;
+
+    /// A `[rows, 1]` weight whose row r holds r, to see where each row lands.
+    fn numbered(rows: usize) -> Linear {
+        Linear {
+            out: rows,
+            inp: 1,
+            weight: (0..rows).map(|r| r as f32).collect(),
+            bias: None,
+            input: InputQuant::None,
+            scheme: "f32".into(),
+        }
+    }
+
+    fn store() -> crate::runner::native::weights::MemoryStore {
+        crate::runner::native::weights::MemoryStore {
+            name: PathBuf::from("memory"),
+            tensors: Default::default(),
+        }
+    }
+
+    #[test]
+    fn unfusing_follows_qwen3_next_per_key_head_layout() {
+        // 2 key heads of dim 2, 4 value heads (2 per key head) of dim 1: per key head the
+        // fused rows are [q q k k v v z z] and [b b a a].
+        let h = Hybrid {
+            layer_types: vec![LayerType::Linear],
+            conv_kernel: 4,
+            key_heads: 2,
+            value_heads: 4,
+            key_dim: 2,
+            value_dim: 1,
+            fused_projections: true,
+            mamba_ssm_dtype: None,
+            mrope_section: None,
+        };
+        let rows = |l: &Linear| l.weight.iter().map(|&w| w as usize).collect::<Vec<_>>();
+        let (qkv, z) = unfuse_qkvz(&store(), "m", numbered(16), &h, 1).unwrap();
+        assert_eq!(rows(&qkv), [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13]);
+        assert_eq!(rows(&z), [6, 7, 14, 15]);
+        let (b, a) = unfuse_ba(&store(), "m", numbered(8), &h, 1).unwrap();
+        assert_eq!(rows(&b), [0, 1, 4, 5]);
+        assert_eq!(rows(&a), [2, 3, 6, 7]);
+        let e = unfuse_qkvz(&store(), "m", numbered(15), &h, 1).unwrap_err();
+        assert!(e.to_string().contains("the config needs [16, 1]"), "{e}");
+    }
+
+    #[test]
+    fn softplus_follows_torch_threshold() {
+        assert_eq!(softplus(25.0f64), 25.0);
+        assert!((softplus(0.0f64) - std::f64::consts::LN_2).abs() < 1e-15);
+        assert!((softplus(-30.0f32) - (-30.0f32).exp()).abs() < 1e-20);
+    }
+}
