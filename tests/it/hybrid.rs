@@ -55,7 +55,10 @@ fn reference() -> (Vec<u32>, Vec<f32>, Vec<f64>) {
 pub(crate) fn rows_of(path: &Path) -> (Vec<u32>, Vec<f32>, Vec<f64>) {
     let bytes = std::fs::read(path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    let ids = tensor::<i32>(&st, "ids").iter().map(|&i| i as u32).collect();
+    let ids = tensor::<i32>(&st, "ids")
+        .iter()
+        .map(|&i| i as u32)
+        .collect();
     (
         ids,
         tensor(&st, "logprobs_f32"),
@@ -65,7 +68,12 @@ pub(crate) fn rows_of(path: &Path) -> (Vec<u32>, Vec<f32>, Vec<f64>) {
 
 fn log_softmax(row: &[f32]) -> Vec<f64> {
     let max = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
-    let lse = row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln() + max;
+    let lse = row
+        .iter()
+        .map(|&x| (x as f64 - max).exp())
+        .sum::<f64>()
+        .ln()
+        + max;
     row.iter().map(|&x| x as f64 - lse).collect()
 }
 
@@ -189,7 +197,6 @@ fn the_native_runner_matches_transformers_on_a_tiny_hybrid_qwen3_5_in_f32() {
     let doc = measure_dump(dir.path(), TOKENS);
     let (_, want, _) = reference();
     let worst = agrees_with_transformers(dir.path(), &want);
-    eprintln!("f32: max |log p native - log p transformers| = {worst:e}");
     assert!(
         worst < 1e-4,
         "max |log p native - log p transformers| = {worst:e}"
@@ -221,10 +228,12 @@ fn windows_of_63_64_65_tokens_give_the_prefix_rows_of_a_longer_window() {
             .zip(&full)
             .flat_map(|(a, b)| {
                 let (a, b) = (log_softmax(a), log_softmax(b));
-                a.into_iter().zip(b).map(|(x, y)| (x - y).abs()).collect::<Vec<_>>()
+                a.into_iter()
+                    .zip(b)
+                    .map(|(x, y)| (x - y).abs())
+                    .collect::<Vec<_>>()
             })
             .fold(0.0f64, f64::max);
-        eprintln!("f32, window of {context}: max |Δ log p| = {worst:e}");
         assert!(
             worst < 1e-4,
             "window of {context}: max |Δ log p| from the 130-token window's rows = {worst:e}"
@@ -254,8 +263,10 @@ fn in_f64_windows_of_63_64_65_tokens_give_the_prefix_rows_to_rounding() {
             .zip(&full)
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f64, f64::max);
-        eprintln!("f64, window of {context}: max |Δ logit| = {worst:e}");
-        assert!(worst < 1e-12, "window of {context}: max |Δ logit| = {worst:e}");
+        assert!(
+            worst < 1e-12,
+            "window of {context}: max |Δ logit| = {worst:e}"
+        );
     }
 }
 
@@ -280,9 +291,11 @@ fn the_f64_forward_matches_an_independent_float64_forward_to_1e_9() {
                 worst = worst.max((g - lse - w).abs());
             }
         }
-        eprintln!("f64, {layout}: max |Δ log p| = {worst:e}");
         assert!(worst < 1e-9, "{layout}: max |Δ log p| = {worst:e}");
-        assert_eq!(model.decoder.config.arch.as_str(), layout.replace("_vlm", ""));
+        assert_eq!(
+            model.decoder.config.arch.as_str(),
+            layout.replace("_vlm", "")
+        );
         // The VLM's vision tower and the text model's multi-token-prediction head were skipped
         // on purpose, not read.
         assert!(model.decoder.report.skipped > 0, "{layout}");
@@ -305,15 +318,16 @@ fn qwen3_next_fused_projections_match_transformers_in_f32_and_f64() {
     );
     assert_eq!(doc["runs"][0]["metrics"]["kld_mean"], 0.0, "{doc}");
     let worst = agrees_with_transformers(dir.path(), &want32);
-    eprintln!("qwen3_next f32: max |Δ log p| = {worst:e}");
     assert!(worst < 1e-4, "max |Δ log p| = {worst:e}");
     let worst = f64_disagreement(&model_dir, &ids, &want64);
-    eprintln!("qwen3_next f64: max |Δ log p| = {worst:e}");
     assert!(worst < 1e-9, "max |Δ log p| = {worst:e}");
 }
 
 /// A copy of the text (or VLM) fixture with its config.json edited.
-fn hostile(layout: &str, edit: impl FnOnce(&mut serde_json::Value)) -> (tempfile::TempDir, PathBuf) {
+fn hostile(
+    layout: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let to = dir.path().join(layout);
     std::fs::create_dir_all(&to).unwrap();
@@ -410,10 +424,8 @@ fn a_tensor_the_hybrid_architecture_does_not_use_is_still_refused() {
     let st = model.join("model.safetensors");
     let bytes = std::fs::read(&st).unwrap();
     let parsed = SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(String, safetensors::tensor::TensorView)> = parsed
-        .tensors()
-        .into_iter()
-        .collect();
+    let mut tensors: Vec<(String, safetensors::tensor::TensorView)> =
+        parsed.tensors().into_iter().collect();
     let extra = parsed.tensor("model.norm.weight").unwrap();
     tensors.push(("model.layers.0.linear_attn.extra.weight".into(), extra));
     let out = safetensors::serialize(tensors, None).unwrap();

@@ -577,14 +577,20 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
     #[test]
     #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
     fn the_native_runner_matches_transformers_on_fresh_random_hybrid_models() {
-        use crate::hybrid::{TOKENS, agrees_with_transformers, f64_disagreement, measure_pair, rows_of};
+        use crate::hybrid::{
+            TOKENS, agrees_with_transformers, f64_disagreement, measure_pair, rows_of,
+        };
         require_torch();
         let dir = tempfile::tempdir().unwrap();
         fresh_hybrid_models(dir.path());
         let eval = dir.path().join("eval.txt");
         for (reference, candidate, rows) in [
             ("qwen3_5_text", "qwen3_5_vlm", "rows.safetensors"),
-            ("next/qwen3_next", "next/qwen3_next", "next/rows.safetensors"),
+            (
+                "next/qwen3_next",
+                "next/qwen3_next",
+                "next/rows.safetensors",
+            ),
         ] {
             let work = tempfile::tempdir().unwrap();
             let doc = measure_pair(

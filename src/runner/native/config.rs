@@ -314,7 +314,8 @@ impl ModelConfig {
         };
         let layers = uint("num_hidden_layers")?;
         let (rotary_dim, hybrid) = if arch.is_hybrid() {
-            let (rotary_dim, hybrid) = hybrid_shape(path, kp, config, rope, arch, layers, head_dim)?;
+            let (rotary_dim, hybrid) =
+                hybrid_shape(path, kp, config, rope, arch, layers, head_dim)?;
             (rotary_dim, Some(hybrid))
         } else {
             (head_dim, None)
@@ -412,7 +413,10 @@ impl ModelConfig {
         let half = self.rotary_dim / 2;
         (0..half)
             .map(|i| {
-                let f = 1.0 / self.rope_theta.powf(2.0 * i as f64 / self.rotary_dim as f64);
+                let f = 1.0
+                    / self
+                        .rope_theta
+                        .powf(2.0 * i as f64 / self.rotary_dim as f64);
                 match self.rope_scaling {
                     None => f,
                     Some(s) => llama3_scale(f, s),
@@ -456,7 +460,9 @@ fn hybrid_shape(
         return Err(Error::unsupported(
             path,
             Some(&format!("{kp}hidden_act")),
-            format!("{act} is not supported by the native runner for this architecture (supported: silu)"),
+            format!(
+                "{act} is not supported by the native runner for this architecture (supported: silu)"
+            ),
         ));
     }
     if layers > MAX_HYBRID_DIM || head_dim > MAX_HYBRID_DIM {
@@ -536,10 +542,7 @@ fn hybrid_shape(
             if a.len() != layers {
                 return Err(bad(
                     "layer_types",
-                    format!(
-                        "has {} entries for num_hidden_layers {layers}",
-                        a.len()
-                    ),
+                    format!("has {} entries for num_hidden_layers {layers}", a.len()),
                 ));
             }
             a.iter()
@@ -581,7 +584,12 @@ fn hybrid_shape(
     let mamba_ssm_dtype = match config.get("mamba_ssm_dtype") {
         None | Some(Value::Null) => None,
         Some(Value::String(d)) => Some(d.clone()),
-        Some(v) => return Err(bad("mamba_ssm_dtype", format!("must be a dtype name, found {v}"))),
+        Some(v) => {
+            return Err(bad(
+                "mamba_ssm_dtype",
+                format!("must be a dtype name, found {v}"),
+            ));
+        }
     };
     if arch == Arch::Qwen3Next {
         // transformers: a mixture-of-experts block unless the layer is in mlp_only_layers,
@@ -599,7 +607,10 @@ fn hybrid_shape(
                 .iter()
                 .map(|e| {
                     e.as_u64().ok_or_else(|| {
-                        bad("mlp_only_layers", format!("entries must be layer indices, found {e}"))
+                        bad(
+                            "mlp_only_layers",
+                            format!("entries must be layer indices, found {e}"),
+                        )
                     })
                 })
                 .collect::<Result<_>>()?,
@@ -753,7 +764,10 @@ mod tests {
         // transformers' default is 512 experts on every layer.
         let e = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap_err();
         assert!(e.is_unsupported(), "{e}");
-        assert!(e.to_string().contains("num_experts") && e.to_string().contains("layer 0"), "{e}");
+        assert!(
+            e.to_string().contains("num_experts") && e.to_string().contains("layer 0"),
+            "{e}"
+        );
         v["num_experts"] = json!(8);
         v["mlp_only_layers"] = json!([0, 1, 2, 3, 4, 5, 6]);
         let e = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap_err();
@@ -766,15 +780,47 @@ mod tests {
     #[test]
     fn hybrid_sizes_are_range_checked_and_named() {
         for (key, value, said) in [
-            ("linear_num_key_heads", json!(0), "linear_num_key_heads: must be an integer from 1"),
-            ("linear_num_value_heads", json!(5), "linear_num_value_heads: 5 is not a multiple"),
-            ("linear_conv_kernel_dim", json!(65), "linear_conv_kernel_dim: 65 is wider than 64"),
-            ("linear_value_head_dim", json!(-1), "linear_value_head_dim: must be an integer"),
-            ("full_attention_interval", json!(0), "full_attention_interval: must be an integer"),
-            ("layer_types", json!("linear"), "layer_types: must be a list"),
-            ("mamba_ssm_dtype", json!(3), "mamba_ssm_dtype: must be a dtype name"),
+            (
+                "linear_num_key_heads",
+                json!(0),
+                "linear_num_key_heads: must be an integer from 1",
+            ),
+            (
+                "linear_num_value_heads",
+                json!(5),
+                "linear_num_value_heads: 5 is not a multiple",
+            ),
+            (
+                "linear_conv_kernel_dim",
+                json!(65),
+                "linear_conv_kernel_dim: 65 is wider than 64",
+            ),
+            (
+                "linear_value_head_dim",
+                json!(-1),
+                "linear_value_head_dim: must be an integer",
+            ),
+            (
+                "full_attention_interval",
+                json!(0),
+                "full_attention_interval: must be an integer",
+            ),
+            (
+                "layer_types",
+                json!("linear"),
+                "layer_types: must be a list",
+            ),
+            (
+                "mamba_ssm_dtype",
+                json!(3),
+                "mamba_ssm_dtype: must be a dtype name",
+            ),
             ("hidden_act", json!("gelu"), "hidden_act"),
-            ("partial_rotary_factor", json!(0.01), "partial_rotary_factor: rotates 0 of head_dim 16"),
+            (
+                "partial_rotary_factor",
+                json!(0.01),
+                "partial_rotary_factor: rotates 0 of head_dim 16",
+            ),
         ] {
             let mut v = qwen3_5_text();
             v[key] = value;

@@ -71,7 +71,13 @@ impl GatedDeltaNet {
         let projections: &[&str] = if h.fused_projections {
             &["in_proj_qkvz", "in_proj_ba", "out_proj"]
         } else {
-            &["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"]
+            &[
+                "in_proj_qkv",
+                "in_proj_z",
+                "in_proj_b",
+                "in_proj_a",
+                "out_proj",
+            ]
         };
         for p in projections {
             let bias = format!("{module}.{p}.bias");
@@ -170,9 +176,7 @@ impl GatedDeltaNet {
         match compute {
             ComputeDtype::F64 => self.forward_in::<f64>(x, |v| v),
             ComputeDtype::F32 => self.forward_in::<f32>(x, |v| v),
-            ComputeDtype::Bf16 => {
-                self.forward_in::<f32>(x, |v| half::bf16::from_f32(v).to_f32())
-            }
+            ComputeDtype::Bf16 => self.forward_in::<f32>(x, |v| half::bf16::from_f32(v).to_f32()),
         }
     }
 
@@ -188,7 +192,9 @@ impl GatedDeltaNet {
         let n = x.dim(0)?;
         let dt = x.dtype();
         let rows = |t: Tensor| -> candle_core::Result<Vec<W>> {
-            t.to_dtype(<W as WithDType>::DTYPE)?.flatten_all()?.to_vec1::<W>()
+            t.to_dtype(<W as WithDType>::DTYPE)?
+                .flatten_all()?
+                .to_vec1::<W>()
         };
         let mixed = rows(linear(x, &self.qkv)?)?;
         let width = 2 * hk * dk + hv * dv;
@@ -242,7 +248,7 @@ impl GatedDeltaNet {
             let head: Vec<W> = head.iter().map(|&e| round(e)).collect();
             let mut ss = W::default();
             for &e in &head {
-                ss = ss + e * e;
+                ss += e * e;
             }
             let inv = one / (ss / W::w_from(dv as f64) + eps).w_sqrt();
             for ((&e, &w), &zv) in head.iter().zip(&self.norm).zip(zs) {
@@ -275,7 +281,7 @@ impl GatedDeltaNet {
                 for (j, &wj) in w.iter().enumerate() {
                     // Tap j reads position t + j − (k − 1).
                     if let Some(src) = (t + j).checked_sub(k - 1) {
-                        acc = acc + wj * x[src * width + ch];
+                        acc += wj * x[src * width + ch];
                     }
                 }
                 let acc = round(acc);
