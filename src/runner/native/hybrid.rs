@@ -11,7 +11,8 @@
 //!
 //! Everything from the conv to the gated norm runs in f32 (f64 in an f64 run): transformers keeps
 //! that math in fp32 whatever the model's dtype. A bf16 run rounds where transformers casts to
-//! bf16 (the conv output, the delta rule's output, the normed value before its weight).
+//! bf16 (the conv and its SiLU, β, the delta rule's output, the normed value before and after its
+//! weight, the gated output).
 //!
 //! Qwen3-Next fuses the projections per key head: `in_proj_qkvz` holds, for each key head,
 //! `[q (dk), k (dk), v (r·dv), z (r·dv)]` and `in_proj_ba` `[b (r), a (r)]` with
@@ -218,7 +219,7 @@ impl GatedDeltaNet {
         for t in 0..n {
             for h in 0..hv {
                 let i = t * hv + h;
-                beta.push(one / (one + (W::w_from(0.0) - b[i]).w_exp()));
+                beta.push(round(one / (one + (W::w_from(0.0) - b[i]).w_exp())));
                 let decay = W::w_from(self.a_log[h]).w_exp();
                 let s = softplus(a[i] + W::w_from(self.dt_bias[h]));
                 g.push(W::w_from(0.0) - decay * s);
