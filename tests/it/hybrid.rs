@@ -274,24 +274,14 @@ fn in_f64_windows_of_63_64_65_tokens_give_the_prefix_rows_to_rounding() {
 fn the_f64_forward_matches_an_independent_float64_forward_to_1e_9() {
     let (ids, _, want) = reference();
     for layout in ["qwen3_5_text", "qwen3_5_vlm"] {
+        let worst = f64_disagreement(&fixture(layout), &ids, &want);
+        assert!(worst < 1e-9, "{layout}: max |Δ log p| = {worst:e}");
         let model = native::load(
             &fixture(layout),
             ComputeDtype::F64,
             Emulate::ReferenceSemantics,
         )
         .unwrap();
-        let hidden = model.decoder.hidden(&ids).unwrap();
-        let rows: Vec<usize> = (0..TOKENS).collect();
-        let logits = model.decoder.logits_f64_at(&hidden, &rows).unwrap();
-        let mut worst = 0.0f64;
-        for (i, row) in logits.chunks(VOCAB).enumerate() {
-            let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let lse = row.iter().map(|x| (x - max).exp()).sum::<f64>().ln() + max;
-            for (g, w) in row.iter().zip(&want[i * VOCAB..(i + 1) * VOCAB]) {
-                worst = worst.max((g - lse - w).abs());
-            }
-        }
-        assert!(worst < 1e-9, "{layout}: max |Δ log p| = {worst:e}");
         assert_eq!(
             model.decoder.config.arch.as_str(),
             layout.replace("_vlm", "")
@@ -321,6 +311,42 @@ fn qwen3_next_fused_projections_match_transformers_in_f32_and_f64() {
     assert!(worst < 1e-4, "max |Δ log p| = {worst:e}");
     let worst = f64_disagreement(&model_dir, &ids, &want64);
     assert!(worst < 1e-9, "max |Δ log p| = {worst:e}");
+}
+
+#[test]
+fn a_bf16_run_of_the_hybrid_model_stays_near_transformers_f32_rows() {
+    // bf16 compute rounds where transformers' bf16 path casts; no bf16 reference is committed,
+    // so this only bounds the bf16 path by the f32 rows (it runs, and it is the same model).
+    // transformers' own bf16 forward of this model is 0.39 from its f32 rows (top-1 on 124 of
+    // 130); this random tiny model is that sensitive to bf16.
+    let (ids, want, _) = reference();
+    let model = native::load(
+        &fixture("qwen3_5_text"),
+        ComputeDtype::Bf16,
+        Emulate::ReferenceSemantics,
+    )
+    .unwrap();
+    let hidden = model.decoder.hidden(&ids).unwrap();
+    let rows: Vec<usize> = (0..TOKENS).collect();
+    let logits = model.decoder.logits_at(&hidden, &rows).unwrap();
+    let mut worst = 0.0f64;
+    let mut same_top1 = 0;
+    for (i, row) in logits.chunks(VOCAB).enumerate() {
+        let got = log_softmax(row);
+        let want = &want[i * VOCAB..(i + 1) * VOCAB];
+        for (g, w) in got.iter().zip(want) {
+            worst = worst.max((g - *w as f64).abs());
+        }
+        same_top1 += usize::from(argmax(&got) == argmax(want));
+    }
+    assert!(
+        worst > 0.0 && worst < 1.0,
+        "bf16: max |Δ log p| = {worst:e}"
+    );
+    assert!(
+        same_top1 >= TOKENS * 8 / 10,
+        "bf16: top-1 agrees on {same_top1} of {TOKENS}"
+    );
 }
 
 /// A copy of the text (or VLM) fixture with its config.json edited.
