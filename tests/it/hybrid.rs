@@ -349,6 +349,32 @@ fn a_bf16_run_of_the_hybrid_model_stays_near_transformers_f32_rows() {
     );
 }
 
+#[test]
+fn a_quantized_hybrid_dequantizes_every_projection_through_the_linear_loader() {
+    // compressed-tensors W8A16 on every Gated DeltaNet, attention and MLP projection: the native
+    // f64 forward equals the numpy float64 forward of the dequantized weights.
+    let dir = repo_root().join("tests/fixtures/hybrid_quant");
+    let model_dir = dir.join("qwen3_5_text_w8a16");
+    let bytes = std::fs::read(dir.join("rows_w8a16.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let ids: Vec<u32> = tensor::<i32>(&st, "ids")
+        .iter()
+        .map(|&i| i as u32)
+        .collect();
+    let want: Vec<f64> = tensor(&st, "logprobs_f64");
+    let worst = f64_disagreement(&model_dir, &ids, &want);
+    assert!(worst < 1e-9, "max |Δ log p| = {worst:e}");
+    let model = native::load(&model_dir, ComputeDtype::F32, Emulate::ReferenceSemantics).unwrap();
+    // 3 GDN layers x 5 projections, 1 attention layer x 4, 4 MLPs x 3; lm_head in bf16.
+    let schemes = &model.decoder.report.schemes;
+    assert_eq!(
+        schemes.get("compressed-tensors i8 channel"),
+        Some(&31),
+        "{schemes:?}"
+    );
+    assert_eq!(schemes.values().sum::<usize>(), 32, "{schemes:?}");
+}
+
 /// A copy of the text (or VLM) fixture with its config.json edited.
 fn hostile(
     layout: &str,
