@@ -107,9 +107,32 @@ pub struct Quantization {
     /// Modules kept in high precision, as names or globs (`lm_head`, `model.layers.*.mlp.gate`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub high_precision_modules: Option<Vec<String>>,
+    /// A mixed build's schemes and the modules each covers, e.g. FP8 over the attention and GDN
+    /// projections, NVFP4 over the MLP and lm_head; `lint` checks them against the tensors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targets: Option<Vec<QuantizationTarget>>,
     /// Tool and version that produced the checkpoint, e.g. `llm-compressor 0.8.1`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool: Option<String>,
+}
+
+/// One scheme of a mixed build and the modules stored in it.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QuantizationTarget {
+    /// The scheme as `inspect` names it, or its family: `fp8` (for `fp8-tensor`, `fp8-block`),
+    /// `nvfp4`, `int4-awq`, a GGUF type such as `q8_0`.
+    #[schemars(length(min = 1))]
+    pub scheme: String,
+    /// Where the scheme is used: `inspect` bucket names (`attention`, `linear_attention`, `mlp`,
+    /// `moe_experts`, `moe_router`, `moe_shared_expert`, `mtp`, `vision`, `lm_head`,
+    /// `embeddings`, `other`) or module names and globs (`model.layers.*.mlp.down_proj`). Every
+    /// module stored in the scheme must be covered.
+    #[schemars(length(min = 1))]
+    pub modules: Vec<String>,
+    /// How many linear modules are stored in the scheme (a count the card states).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
 }
 
 /// A group size or a two-dimensional block shape.

@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use super::Locator;
-use crate::checkpoint::inspect::{Inspection, Module, Status};
+use crate::checkpoint::inspect::{Bucket, Inspection, Module, Status};
 use crate::findings::{Code, Finding, Severity};
 
 /// Findings for a card whose directory holds a checkpoint: inspect's own findings (as errors) and
@@ -41,6 +41,7 @@ pub(super) fn check(
         group(q, inspection, &mut push);
         method(q, inspection, &mut push);
         activations(q, inspection, &mut push);
+        targets(q, inspection, &mut push);
     }
 }
 
@@ -234,6 +235,88 @@ fn family(scheme: &str) -> String {
         }
     }
     s
+}
+
+/// Whether a module is stored in a scheme as the card names it: the exact scheme, a scheme of
+/// that family (`fp8` for `fp8-tensor`, `fp8-block`), or the same loose family (`awq`).
+fn in_scheme(card: &str, module: &str) -> bool {
+    let (card, module) = (card.to_ascii_lowercase(), module.to_ascii_lowercase());
+    module == card || module.starts_with(&format!("{card}-")) || family(&module) == family(&card)
+}
+
+/// A card's `targets` entry covers a module by bucket name or by module name / glob.
+fn covers(entry: &[&str], m: &Module) -> bool {
+    entry.iter().any(|t| {
+        Bucket::from_name(t).map_or_else(|| pattern_matches(t, &m.name), |b| b == m.bucket)
+    })
+}
+
+/// A mixed build's `targets`: every module stored in an entry's scheme lies in the entry's
+/// buckets or patterns, and the count is the count of such modules.
+fn targets(q: &Value, inspection: &Inspection, push: &mut Push<'_>) {
+    let Some(entries) = q.get("targets").and_then(Value::as_array) else {
+        return;
+    };
+    for (i, entry) in entries.iter().enumerate() {
+        let (Some(scheme), Some(modules)) = (
+            entry.get("scheme").and_then(Value::as_str),
+            entry.get("modules").and_then(Value::as_array),
+        ) else {
+            continue;
+        };
+        let modules: Vec<&str> = modules.iter().filter_map(Value::as_str).collect();
+        let shown = modules
+            .iter()
+            .map(|m| format!("`{m}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let stored: Vec<&Module> = inspection
+            .modules
+            .iter()
+            .filter(|m| m.status == Status::Quantized && in_scheme(scheme, &m.scheme))
+            .collect();
+        let outside: Vec<&Module> = stored
+            .iter()
+            .copied()
+            .filter(|m| !covers(&modules, m))
+            .collect();
+        if !outside.is_empty() {
+            let mut buckets: Vec<&str> = outside.iter().map(|m| m.bucket.as_str()).collect();
+            buckets.dedup();
+            buckets.sort_unstable();
+            buckets.dedup();
+            push(
+                &format!("/fidelity/quantization/targets/{i}/modules"),
+                format!(
+                    "the card says `{scheme}` covers {shown}, but {} module{} outside them {} stored as {scheme} (bucket{} {}): {}",
+                    outside.len(),
+                    if outside.len() == 1 { "" } else { "s" },
+                    if outside.len() == 1 { "is" } else { "are" },
+                    if buckets.len() == 1 { "" } else { "s" },
+                    buckets.join(", "),
+                    names(&outside)
+                ),
+            );
+        } else if stored.is_empty() {
+            push(
+                &format!("/fidelity/quantization/targets/{i}/scheme"),
+                format!(
+                    "the card says `{scheme}` covers {shown}, but no module is stored as {scheme}"
+                ),
+            );
+        }
+        let covered = stored.len() - outside.len();
+        if let Some(count) = entry.get("count").and_then(Value::as_u64)
+            && count != covered as u64
+        {
+            push(
+                &format!("/fidelity/quantization/targets/{i}/count"),
+                format!(
+                    "the card says {count} `{scheme}` modules over {shown}, but the checkpoint stores {covered} there"
+                ),
+            );
+        }
+    }
 }
 
 fn activations(q: &Value, inspection: &Inspection, push: &mut Push<'_>) {

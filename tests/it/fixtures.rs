@@ -490,3 +490,219 @@ pub fn gguf_q4_k(path: &Path) {
     ];
     std::fs::write(path, gguf::serialize(&metadata, &views, 32)).unwrap();
 }
+
+/// A Qwen3.5/3.6-style hybrid vision-language checkpoint quantized like the seed's NVFP4 build,
+/// at small scale: 4 text layers (3 Gated DeltaNet, then 1 full attention), static FP8 W8A8 on the
+/// 4 attention and 9 GDN projections (`in_proj_qkv`, `in_proj_z`, `out_proj`), NVFP4 on the 12
+/// MLP projections and lm_head; `in_proj_a` / `in_proj_b`, the GDN conv, the vision tower and the
+/// MTP block stay bf16 (compressed-tensors, VLM layout `model.language_model.*`). The seed's own
+/// build is the same pattern over 64 layers: 208 FP8 targets over 64 attention and 144 GDN
+/// projections, 193 NVFP4 targets over the MLP and lm_head.
+pub fn hybrid_fp8_nvfp4(dir: &Path) {
+    const H: u64 = 64;
+    const FF: u64 = 128;
+    let mut t = Tensors::default();
+    let lm = "model.language_model";
+    t.add(
+        &format!("{lm}.embed_tokens.weight"),
+        Dtype::BF16,
+        &[VOCAB, H],
+    );
+    t.add(&format!("{lm}.norm.weight"), Dtype::BF16, &[H]);
+    for l in 0..4 {
+        let p = format!("{lm}.layers.{l}");
+        for n in ["input_layernorm", "post_attention_layernorm"] {
+            t.add(&format!("{p}.{n}.weight"), Dtype::BF16, &[H]);
+        }
+        if l == 3 {
+            for (m, out) in [
+                ("q_proj", 2 * H),
+                ("k_proj", H / 2),
+                ("v_proj", H / 2),
+                ("o_proj", H),
+            ] {
+                // q_proj holds the query and the output gate: 2 × heads × head_dim = 2H.
+                fp8_static_tensor(&mut t, &format!("{p}.self_attn.{m}"), out, H);
+            }
+            t.add(&format!("{p}.self_attn.q_norm.weight"), Dtype::BF16, &[32]);
+            t.add(&format!("{p}.self_attn.k_norm.weight"), Dtype::BF16, &[32]);
+        } else {
+            let g = format!("{p}.linear_attn");
+            fp8_static_tensor(&mut t, &format!("{g}.in_proj_qkv"), 2 * H, H);
+            fp8_static_tensor(&mut t, &format!("{g}.in_proj_z"), H, H);
+            fp8_static_tensor(&mut t, &format!("{g}.out_proj"), H, H);
+            t.add(&format!("{g}.in_proj_a.weight"), Dtype::BF16, &[4, H]);
+            t.add(&format!("{g}.in_proj_b.weight"), Dtype::BF16, &[4, H]);
+            t.add(&format!("{g}.conv1d.weight"), Dtype::BF16, &[2 * H, 1, 4]);
+            t.add(&format!("{g}.A_log"), Dtype::F32, &[4]);
+            t.add(&format!("{g}.dt_bias"), Dtype::F32, &[4]);
+            t.add(&format!("{g}.norm.weight"), Dtype::F32, &[16]);
+        }
+        for (m, out, inn) in [
+            ("gate_proj", FF, H),
+            ("up_proj", FF, H),
+            ("down_proj", H, FF),
+        ] {
+            nvfp4_pack(&mut t, &format!("{p}.mlp.{m}"), out, inn);
+        }
+    }
+    nvfp4_pack(&mut t, "lm_head", VOCAB, H);
+    // The vision tower and the MTP block, unquantized.
+    t.add(
+        "model.visual.patch_embed.proj.weight",
+        Dtype::BF16,
+        &[H, 3, 2, 4, 4],
+    );
+    t.add(
+        "model.visual.blocks.0.attn.qkv.weight",
+        Dtype::BF16,
+        &[3 * H, H],
+    );
+    t.add(
+        "model.visual.blocks.0.mlp.linear_fc1.weight",
+        Dtype::BF16,
+        &[FF, H],
+    );
+    t.add("mtp.fc.weight", Dtype::BF16, &[H, 2 * H]);
+    t.add(
+        "mtp.layers.0.self_attn.q_proj.weight",
+        Dtype::BF16,
+        &[2 * H, H],
+    );
+    t.add("mtp.layers.0.mlp.up_proj.weight", Dtype::BF16, &[FF, H]);
+    t.write(&dir.join("model.safetensors"));
+    write_json(
+        &dir.join("config.json"),
+        &json!({
+            "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+            "tie_word_embeddings": false,
+            "text_config": {"model_type": "qwen3_5_text", "hidden_size": H, "num_hidden_layers": 4,
+                "intermediate_size": FF, "vocab_size": VOCAB, "full_attention_interval": 4,
+                "mtp_num_hidden_layers": 1},
+            "quantization_config": {
+                "quant_method": "compressed-tensors", "format": "mixed-precision",
+                "quantization_status": "compressed",
+                "config_groups": {
+                    "group_0": {"targets": ["re:.*self_attn\\.(q|k|v|o)_proj$",
+                            "re:.*linear_attn\\.(in_proj_qkv|in_proj_z|out_proj)$"],
+                        "format": "float-quantized",
+                        "weights": {"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": true, "dynamic": false},
+                        "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": true, "dynamic": false}},
+                    "group_1": {"targets": ["re:.*language_model.*mlp\\.(gate|up|down)_proj$", "lm_head"],
+                        "format": "nvfp4-pack-quantized",
+                        "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": true, "dynamic": false},
+                        "input_activations": null}
+                },
+                "ignore": ["re:.*visual.*", "re:^mtp.*"]
+            }
+        }),
+    );
+}
+
+/// A bf16 Qwen3-Next-style MoE checkpoint, 2 layers (GDN with the fused `in_proj_qkvz` /
+/// `in_proj_ba`, then full attention), each a sparse block of 4 experts with a router, a shared
+/// expert and its gate; one MTP layer; plus, in layer 1, experts stored fused the transformers-5
+/// way (`mlp.experts.gate_up_proj`, 3-D) to show both layouts land in the experts bucket.
+pub fn moe_hybrid_bf16(dir: &Path) {
+    const H: u64 = 64;
+    const FF: u64 = 32;
+    let mut t = Tensors::default();
+    t.add("model.embed_tokens.weight", Dtype::BF16, &[VOCAB, H]);
+    t.add("model.norm.weight", Dtype::BF16, &[H]);
+    t.add("lm_head.weight", Dtype::BF16, &[VOCAB, H]);
+    for l in 0..2 {
+        let p = format!("model.layers.{l}");
+        t.add(&format!("{p}.input_layernorm.weight"), Dtype::BF16, &[H]);
+        t.add(
+            &format!("{p}.post_attention_layernorm.weight"),
+            Dtype::BF16,
+            &[H],
+        );
+        if l == 0 {
+            t.add(
+                &format!("{p}.linear_attn.in_proj_qkvz.weight"),
+                Dtype::BF16,
+                &[3 * H, H],
+            );
+            t.add(
+                &format!("{p}.linear_attn.in_proj_ba.weight"),
+                Dtype::BF16,
+                &[8, H],
+            );
+            t.add(
+                &format!("{p}.linear_attn.conv1d.weight"),
+                Dtype::BF16,
+                &[2 * H, 1, 4],
+            );
+            t.add(
+                &format!("{p}.linear_attn.out_proj.weight"),
+                Dtype::BF16,
+                &[H, H],
+            );
+            t.add(&format!("{p}.linear_attn.A_log"), Dtype::F32, &[4]);
+            for e in 0..4 {
+                for (m, out, inn) in [
+                    ("gate_proj", FF, H),
+                    ("up_proj", FF, H),
+                    ("down_proj", H, FF),
+                ] {
+                    t.add(
+                        &format!("{p}.mlp.experts.{e}.{m}.weight"),
+                        Dtype::BF16,
+                        &[out, inn],
+                    );
+                }
+            }
+        } else {
+            for (m, out) in [
+                ("q_proj", 2 * H),
+                ("k_proj", H / 2),
+                ("v_proj", H / 2),
+                ("o_proj", H),
+            ] {
+                t.add(&format!("{p}.self_attn.{m}.weight"), Dtype::BF16, &[out, H]);
+            }
+            t.add(
+                &format!("{p}.mlp.experts.gate_up_proj"),
+                Dtype::BF16,
+                &[4, 2 * FF, H],
+            );
+            t.add(
+                &format!("{p}.mlp.experts.down_proj"),
+                Dtype::BF16,
+                &[4, H, FF],
+            );
+        }
+        t.add(&format!("{p}.mlp.gate.weight"), Dtype::BF16, &[4, H]);
+        for (m, out, inn) in [
+            ("gate_proj", FF, H),
+            ("up_proj", FF, H),
+            ("down_proj", H, FF),
+        ] {
+            t.add(
+                &format!("{p}.mlp.shared_expert.{m}.weight"),
+                Dtype::BF16,
+                &[out, inn],
+            );
+        }
+        t.add(
+            &format!("{p}.mlp.shared_expert_gate.weight"),
+            Dtype::BF16,
+            &[1, H],
+        );
+    }
+    t.add("mtp.fc.weight", Dtype::BF16, &[H, 2 * H]);
+    t.add(
+        "mtp.layers.0.mlp.experts.0.up_proj.weight",
+        Dtype::BF16,
+        &[FF, H],
+    );
+    t.add("mtp.layers.0.mlp.gate.weight", Dtype::BF16, &[4, H]);
+    t.write(&dir.join("model.safetensors"));
+    write_json(
+        &dir.join("config.json"),
+        &json!({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+            "hidden_size": H, "num_hidden_layers": 2, "vocab_size": VOCAB,
+            "num_experts": 4, "num_experts_per_tok": 2, "tie_word_embeddings": false}),
+    );
+}

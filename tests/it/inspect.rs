@@ -563,3 +563,127 @@ fn one_part_of_a_split_gguf_stands_for_all_parts() {
     assert_eq!(doc["tensor_count"], tensors.len());
     assert_eq!(doc["summary"]["embeddings"], "q4_k");
 }
+
+#[test]
+fn hybrid_vlm_checkpoint_reports_gdn_mtp_and_vision_in_their_own_buckets() {
+    let dir = tempfile::tempdir().unwrap();
+    hybrid_fp8_nvfp4(dir.path());
+    let doc = inspect(dir.path());
+    let b = &doc["buckets"];
+    let count = |bucket: &str| b[bucket]["modules"].as_u64().unwrap_or(0);
+    // 3 GDN layers × (in_proj_qkv, in_proj_z, out_proj FP8; in_proj_a, in_proj_b, conv1d bf16).
+    assert_eq!(count("linear_attention"), 18, "{b}");
+    assert_eq!(b["linear_attention"]["schemes"]["fp8-tensor"], 9);
+    assert_eq!(b["attention"]["schemes"]["fp8-tensor"], 4);
+    assert_eq!(b["mlp"]["schemes"]["nvfp4"], 12);
+    assert_eq!(b["lm_head"]["schemes"]["nvfp4"], 1);
+    assert_eq!(count("mtp"), 3, "{b}");
+    // The two linear vision modules (the 5-D patch-embedding conv is no linear module).
+    assert_eq!(count("vision"), 2, "{b}");
+    assert_eq!(b["mtp"]["quantized"], 0);
+    assert_eq!(b["vision"]["quantized"], 0);
+    assert_eq!(
+        module(&doc, "model.language_model.layers.0.linear_attn.conv1d")["bucket"],
+        "linear_attention"
+    );
+    assert_eq!(doc["summary"]["schemes"]["fp8-tensor"], 13);
+    assert_eq!(doc["summary"]["schemes"]["nvfp4"], 13);
+    assert!(findings(&doc).is_empty(), "{:?}", findings(&doc));
+}
+
+#[test]
+fn hybrid_vlm_checkpoint_human_output() {
+    let dir = tempfile::tempdir().unwrap();
+    hybrid_fp8_nvfp4(dir.path());
+    let run = cardproof_in(dir.path(), &["inspect", "."]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    insta::assert_snapshot!(run.stdout);
+}
+
+/// llama.cpp's converter output for the MoE hybrid (tests/fixtures/gguf_family): GDN projections
+/// (`attn_qkv`, `attn_gate`, `ssm_*`), experts, router and shared expert in their buckets.
+#[test]
+fn gguf_hybrid_moe_buckets() {
+    let path = repo_root().join("tests/fixtures/gguf_family/qwen35moe.q8_0.gguf");
+    let doc = inspect_file(&path);
+    let b = &doc["buckets"];
+    // attn_qkv, attn_gate, ssm_alpha, ssm_beta, ssm_out (Q8_0) and the squeezed conv (F32).
+    assert_eq!(b["linear_attention"]["modules"], 6, "{b}");
+    assert_eq!(b["linear_attention"]["quantized"], 5, "{b}");
+    // 2 layers × the gate, up and down expert stacks.
+    assert_eq!(b["moe_experts"]["modules"], 6, "{b}");
+    assert_eq!(b["moe_router"]["modules"], 2, "{b}");
+    // 2 layers × (gate, up, down, gate_inp_shexp).
+    assert_eq!(b["moe_shared_expert"]["modules"], 8, "{b}");
+    assert_eq!(b["attention"]["modules"], 4, "{b}");
+    assert_eq!(module(&doc, "blk.0.attn_qkv")["bucket"], "linear_attention");
+    assert_eq!(module(&doc, "blk.1.attn_q")["bucket"], "attention");
+}
+
+#[test]
+fn gguf_hybrid_moe_human_output() {
+    let path = repo_root().join("tests/fixtures/gguf_family/qwen35moe.q8_0.gguf");
+    let run = cardproof(&["inspect", path.to_str().unwrap()]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    insta::assert_snapshot!(run.stdout);
+}
+
+fn inspect_file(path: &std::path::Path) -> Value {
+    let run = cardproof(&["inspect", path.to_str().unwrap(), "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    only_variant(run.json())
+}
+
+#[test]
+fn moe_experts_routers_shared_experts_and_mtp_have_their_own_buckets() {
+    let dir = tempfile::tempdir().unwrap();
+    moe_hybrid_bf16(dir.path());
+    let doc = inspect(dir.path());
+    let bucket = |name: &str| module(&doc, name)["bucket"].as_str().unwrap().to_owned();
+    assert_eq!(
+        bucket("model.layers.0.mlp.experts.3.down_proj"),
+        "moe_experts"
+    );
+    assert_eq!(
+        bucket("model.layers.1.mlp.experts.gate_up_proj"),
+        "moe_experts"
+    );
+    assert_eq!(bucket("model.layers.0.mlp.gate"), "moe_router");
+    assert_eq!(
+        bucket("model.layers.0.mlp.shared_expert.up_proj"),
+        "moe_shared_expert"
+    );
+    assert_eq!(
+        bucket("model.layers.0.mlp.shared_expert_gate"),
+        "moe_shared_expert"
+    );
+    assert_eq!(
+        bucket("model.layers.0.linear_attn.in_proj_qkvz"),
+        "linear_attention"
+    );
+    assert_eq!(
+        bucket("model.layers.0.linear_attn.in_proj_ba"),
+        "linear_attention"
+    );
+    assert_eq!(bucket("mtp.layers.0.mlp.gate"), "mtp");
+    let b = &doc["buckets"];
+    // 12 per-expert modules in layer 0, the two fused stacks of layer 1.
+    assert_eq!(b["moe_experts"]["modules"], 14, "{b}");
+    assert_eq!(b["moe_router"]["modules"], 2, "{b}");
+    assert_eq!(b["moe_shared_expert"]["modules"], 8, "{b}");
+    assert_eq!(b["mtp"]["modules"], 3, "{b}");
+    assert_eq!(b["linear_attention"]["modules"], 4, "{b}");
+    assert_eq!(
+        module(&doc, "model.layers.1.mlp.experts.gate_up_proj")["shape"],
+        serde_json::json!([4, 64, 64])
+    );
+}
+
+#[test]
+fn moe_hybrid_human_output() {
+    let dir = tempfile::tempdir().unwrap();
+    moe_hybrid_bf16(dir.path());
+    let run = cardproof_in(dir.path(), &["inspect", "."]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    insta::assert_snapshot!(run.stdout);
+}

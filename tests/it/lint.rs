@@ -737,3 +737,129 @@ fn a_3bit_gptq_group_size_is_not_a_false_mismatch() {
         "{codes:?}"
     );
 }
+
+/// The card's `quantization.targets` (a mixed build's schemes and the modules each covers) against
+/// a hybrid checkpoint quantized like the seed's NVFP4 build: FP8 over attention and the GDN
+/// projections, NVFP4 over the MLP and lm_head.
+mod mixed_targets {
+    use crate::fixtures;
+    use crate::support::*;
+
+    fn card(targets: &str) -> String {
+        compliant_card()
+            .replace(
+                "    high_precision_modules: [lm_head, \"model.embed_tokens\", \"model.layers.*.mlp.gate\"]\n",
+                &format!(
+                    "    high_precision_modules: [\"embed_tokens\", \"linear_attn.in_proj_a\", \"linear_attn.in_proj_b\", \"linear_attn.conv1d\", vision, mtp]\n    targets:\n{targets}"
+                ),
+            )
+            .replace("    group: [128, 128]\n", "    group: 16\n")
+            .replace("    method: fp8-block\n", "    method: nvfp4\n")
+            .replace("    activations: dynamic-fp8\n", "    activations: static-fp8\n")
+    }
+
+    fn lint(targets: &str) -> Run {
+        let text = card(targets);
+        assert!(text.contains("    targets:\n"), "the card template changed");
+        let dir = card_dir(&text);
+        fixtures::hybrid_fp8_nvfp4(dir.path());
+        cardproof_in(dir.path(), &["lint", ".", "--json"])
+    }
+
+    const STATED: &str = "      - {scheme: fp8, modules: [attention, linear_attention], count: 13}\n      - {scheme: nvfp4, modules: [mlp, lm_head], count: 13}\n";
+
+    #[test]
+    fn a_card_stating_the_seeds_fp8_nvfp4_mix_is_clean() {
+        let run = lint(STATED);
+        assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    }
+
+    #[test]
+    fn a_card_misstating_which_modules_are_fp8_is_flagged_at_its_line() {
+        // FP8 said to cover attention and the MLP, NVFP4 the GDN projections: both wrong.
+        let run = lint(
+            "      - {scheme: fp8, modules: [attention, mlp], count: 13}\n      - {scheme: nvfp4, modules: [linear_attention, lm_head]}\n",
+        );
+        assert_eq!(run.code, 1, "{}", run.stdout);
+        let text = card(
+            "      - {scheme: fp8, modules: [attention, mlp], count: 13}\n      - {scheme: nvfp4, modules: [linear_attention, lm_head]}\n",
+        );
+        let line_of =
+            |needle: &str| text.lines().position(|l| l.contains(needle)).unwrap() as u64 + 1;
+        let findings: Vec<serde_json::Value> = run.json()["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["code"] == "quantization-mismatch")
+            .cloned()
+            .collect();
+        let by_pointer = |p: &str| {
+            findings
+                .iter()
+                .find(|f| f["pointer"] == p)
+                .unwrap_or_else(|| panic!("no finding at {p}: {findings:?}"))
+        };
+        let fp8 = by_pointer("/fidelity/quantization/targets/0/modules");
+        let message = fp8["message"].as_str().unwrap();
+        assert!(
+            message.contains("9 modules outside them are stored as fp8 (bucket linear_attention)")
+                && message.contains("model.language_model.layers.0.linear_attn.in_proj_qkv"),
+            "{message}"
+        );
+        assert_eq!(fp8["line"], line_of("scheme: fp8"));
+        let count = by_pointer("/fidelity/quantization/targets/0/count");
+        assert!(
+            count["message"]
+                .as_str()
+                .unwrap()
+                .contains("stores 4 there"),
+            "{count}"
+        );
+        let nvfp4 = by_pointer("/fidelity/quantization/targets/1/modules");
+        assert!(
+            nvfp4["message"]
+                .as_str()
+                .unwrap()
+                .contains("12 modules outside them are stored as nvfp4 (bucket mlp)"),
+            "{nvfp4}"
+        );
+        assert_eq!(nvfp4["line"], line_of("scheme: nvfp4"));
+        assert_eq!(findings.len(), 3, "{findings:?}");
+    }
+
+    #[test]
+    fn a_wrong_count_or_an_absent_scheme_is_flagged() {
+        let run = lint(
+            "      - {scheme: fp8, modules: [attention, linear_attention], count: 208}\n      - {scheme: nvfp4, modules: [mlp, lm_head], count: 13}\n      - {scheme: int4-awq, modules: [moe_experts]}\n",
+        );
+        assert_eq!(run.code, 1, "{}", run.stdout);
+        let pointers: Vec<String> = run.json()["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["code"] == "quantization-mismatch")
+            .map(|f| f["pointer"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            pointers,
+            [
+                "/fidelity/quantization/targets/0/count",
+                "/fidelity/quantization/targets/2/scheme"
+            ],
+            "{}",
+            run.stdout
+        );
+    }
+
+    #[test]
+    fn mixed_targets_findings_read_as_text() {
+        let text = card(
+            "      - {scheme: fp8, modules: [attention, mlp], count: 13}\n      - {scheme: nvfp4, modules: [linear_attention, lm_head]}\n",
+        );
+        let dir = card_dir(&text);
+        fixtures::hybrid_fp8_nvfp4(dir.path());
+        let run = cardproof_in(dir.path(), &["lint", "."]);
+        assert_eq!(run.code, 1);
+        insta::assert_snapshot!(run.transcript());
+    }
+}

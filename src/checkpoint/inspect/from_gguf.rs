@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::naming::bucket_of;
+use super::naming::gguf_bucket;
 use super::{Bucket, FileSummary, Inspection, Module, Status, Summary, finish, relative};
 use crate::checkpoint::gguf::{self, GgufFile};
 use crate::error::{Error, Result};
@@ -36,6 +36,22 @@ pub(super) fn inspect_gguf(paths: &[PathBuf], variant: Option<String>) -> Result
             }
         }
     }
+    // The architecture and MTP blocks are stated in the first file (a split repeats them).
+    let architecture = files
+        .first()
+        .and_then(GgufFile::architecture)
+        .unwrap_or_default()
+        .to_owned();
+    let meta = |k: &str| {
+        files
+            .first()
+            .and_then(|f| f.get(&format!("{architecture}.{k}")))
+            .and_then(gguf::GgufValue::as_u64)
+    };
+    let mtp_from = match (meta("block_count"), meta("nextn_predict_layers")) {
+        (Some(blocks), Some(n)) if n > 0 => blocks.checked_sub(n),
+        _ => None,
+    };
     for file in &files {
         tensor_count += file.tensors.len();
         for t in &file.tensors {
@@ -44,7 +60,7 @@ pub(super) fn inspect_gguf(paths: &[PathBuf], variant: Option<String>) -> Result
                 other_parameters += t.numel();
                 continue;
             }
-            let bucket = bucket_of(name, None);
+            let bucket = gguf_bucket(name, &architecture, mtp_from);
             let parameters = t.numel();
             let module = Module {
                 name: name.to_owned(),

@@ -44,12 +44,35 @@ pub enum Bucket {
     Mlp,
     MoeExperts,
     MoeRouter,
+    // A shared expert's projections and its gate (`shared_expert.*`, `shared_expert_gate`, GGUF
+    // `ffn_*_shexp`, `ffn_gate_inp_shexp`).
+    MoeSharedExpert,
     Mtp,
     Vision,
     Other,
 }
 
 impl Bucket {
+    /// Every bucket, in report order.
+    pub const ALL: [Bucket; 11] = [
+        Bucket::LmHead,
+        Bucket::Embeddings,
+        Bucket::Attention,
+        Bucket::LinearAttention,
+        Bucket::Mlp,
+        Bucket::MoeExperts,
+        Bucket::MoeRouter,
+        Bucket::MoeSharedExpert,
+        Bucket::Mtp,
+        Bucket::Vision,
+        Bucket::Other,
+    ];
+
+    /// The bucket a name (`linear_attention`) stands for.
+    pub fn from_name(name: &str) -> Option<Bucket> {
+        Bucket::ALL.into_iter().find(|b| b.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Bucket::LmHead => "lm_head",
@@ -59,6 +82,7 @@ impl Bucket {
             Bucket::Mlp => "mlp",
             Bucket::MoeExperts => "moe_experts",
             Bucket::MoeRouter => "moe_router",
+            Bucket::MoeSharedExpert => "moe_shared_expert",
             Bucket::Mtp => "mtp",
             Bucket::Vision => "vision",
             Bucket::Other => "other",

@@ -159,11 +159,16 @@ pub(super) fn bucket_of(name: &str, mtp_layer: Option<u64>) -> Bucket {
     if has("linear_attn") || last.starts_with("ssm_") || has("mamba") || has("mixer") {
         return Bucket::LinearAttention;
     }
+    if has("shared_expert")
+        || has("shared_experts")
+        || last == "shared_expert_gate"
+        || last.ends_with("_shexp")
+    {
+        return Bucket::MoeSharedExpert;
+    }
     if last == "gate" && (has("mlp") || has("block_sparse_moe"))
         || last == "router"
-        || last == "shared_expert_gate"
         || last == "ffn_gate_inp"
-        || last == "ffn_gate_inp_shexp"
     {
         return Bucket::MoeRouter;
     }
@@ -177,6 +182,28 @@ pub(super) fn bucket_of(name: &str, mtp_layer: Option<u64>) -> Bucket {
         return Bucket::Mlp;
     }
     Bucket::Other
+}
+
+/// A GGUF tensor's bucket. In the hybrid Gated DeltaNet architectures (`qwen35`, `qwen35moe`,
+/// `qwen3next`) `attn_qkv` and `attn_gate` are the GDN layer's projections (`in_proj_qkv` or the
+/// `q k v` part of `in_proj_qkvz`, and `in_proj_z`), not attention; blocks from `mtp_from` on are
+/// the MTP (`nextn`) blocks the converter appends.
+pub(super) fn gguf_bucket(name: &str, architecture: &str, mtp_from: Option<u64>) -> Bucket {
+    let parts: Vec<&str> = name.split('.').collect();
+    let layer = match parts[..] {
+        ["blk", n, ..] => n.parse::<u64>().ok(),
+        _ => None,
+    };
+    if let (Some(l), Some(first)) = (layer, mtp_from)
+        && l >= first
+    {
+        return Bucket::Mtp;
+    }
+    let hybrid = matches!(architecture, "qwen35" | "qwen35moe" | "qwen3next");
+    if hybrid && matches!(parts.last(), Some(&"attn_qkv") | Some(&"attn_gate")) {
+        return Bucket::LinearAttention;
+    }
+    bucket_of(name, None)
 }
 
 #[cfg(test)]
@@ -215,6 +242,91 @@ mod tests {
         assert_eq!(bucket_of("blk.3.ssm_out", None), Bucket::LinearAttention);
         assert_eq!(bucket_of("output", None), Bucket::LmHead);
         assert_eq!(bucket_of("token_embd", None), Bucket::Embeddings);
+    }
+
+    #[test]
+    fn the_hybrid_familys_modules_have_their_own_buckets() {
+        for (name, bucket) in [
+            (
+                "model.language_model.layers.0.linear_attn.in_proj_qkv",
+                Bucket::LinearAttention,
+            ),
+            (
+                "model.language_model.layers.0.linear_attn.in_proj_z",
+                Bucket::LinearAttention,
+            ),
+            (
+                "model.language_model.layers.0.linear_attn.in_proj_a",
+                Bucket::LinearAttention,
+            ),
+            (
+                "model.language_model.layers.0.linear_attn.conv1d",
+                Bucket::LinearAttention,
+            ),
+            (
+                "model.layers.0.linear_attn.in_proj_ba",
+                Bucket::LinearAttention,
+            ),
+            (
+                "model.language_model.layers.3.self_attn.q_proj",
+                Bucket::Attention,
+            ),
+            (
+                "model.language_model.layers.0.mlp.experts.gate_up_proj",
+                Bucket::MoeExperts,
+            ),
+            ("model.layers.0.mlp.experts.7.up_proj", Bucket::MoeExperts),
+            ("model.layers.0.mlp.gate", Bucket::MoeRouter),
+            (
+                "model.layers.0.mlp.shared_expert.down_proj",
+                Bucket::MoeSharedExpert,
+            ),
+            (
+                "model.layers.0.mlp.shared_expert_gate",
+                Bucket::MoeSharedExpert,
+            ),
+            (
+                "model.layers.0.mlp.shared_experts.up_proj",
+                Bucket::MoeSharedExpert,
+            ),
+            ("mtp.layers.0.mlp.experts.0.up_proj", Bucket::Mtp),
+            ("mtp.fc", Bucket::Mtp),
+            ("model.visual.blocks.0.attn.qkv", Bucket::Vision),
+            ("model.visual.merger.linear_fc1", Bucket::Vision),
+            ("blk.0.ffn_up_shexp", Bucket::MoeSharedExpert),
+            ("blk.0.ffn_gate_inp_shexp", Bucket::MoeSharedExpert),
+            ("blk.0.ffn_gate_inp", Bucket::MoeRouter),
+        ] {
+            assert_eq!(bucket_of(name, None), bucket, "{name}");
+        }
+        assert_eq!(
+            gguf_bucket("blk.0.attn_qkv", "qwen35", None),
+            Bucket::LinearAttention
+        );
+        assert_eq!(
+            gguf_bucket("blk.0.attn_gate", "qwen3next", None),
+            Bucket::LinearAttention
+        );
+        assert_eq!(
+            gguf_bucket("blk.3.attn_q", "qwen35", None),
+            Bucket::Attention
+        );
+        // Elsewhere a fused `attn_qkv` is attention (phi3, qwen3vl).
+        assert_eq!(
+            gguf_bucket("blk.0.attn_qkv", "phi3", None),
+            Bucket::Attention
+        );
+        assert_eq!(
+            gguf_bucket("blk.64.attn_q", "qwen35", Some(64)),
+            Bucket::Mtp
+        );
+        assert_eq!(
+            gguf_bucket("blk.63.attn_q", "qwen35", Some(64)),
+            Bucket::Attention
+        );
+        for b in Bucket::ALL {
+            assert_eq!(Bucket::from_name(b.as_str()), Some(b));
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@ use candle_core::Device;
 use candle_core::quantized::{GgmlDType, ggml_file::qtensor_from_ggml};
 
 use super::config::{Arch, ModelConfig};
+use super::gguf_family::{self, Family, GgufFamilyConfig, Plan};
 use super::llamacpp_cpu::GgmlActivation;
 use super::weights::{Dense, InputQuant, KvQuant, Linear, WeightStore};
 use crate::checkpoint::gguf::{self, GgmlType, GgufFile, GgufValue};
@@ -17,12 +18,16 @@ pub struct GgufStore {
     path: PathBuf,
     file: GgufFile,
     map: MappedFile,
-    arch: Arch,
+    /// The dense architectures' config (`None` for the hybrid / MoE family, whose shape is
+    /// [`GgufStore::family_config`]).
+    arch: Option<Arch>,
     /// llama.cpp's converter permutes Q and K rows of NORM-RoPE architectures (llama, mistral) so
     /// that its adjacent-pair rotation matches Hugging Face's half-split one; undo it on load.
     unpermute_qk: bool,
     heads: usize,
     kv_heads: usize,
+    /// `qwen35`, `qwen35moe`, `qwen3next`, `qwen3moe`: names and transforms of their own.
+    family: Option<GgufFamilyConfig>,
     emulate: Emulate,
     /// llama.cpp tensor names loading has read (see [`WeightStore::unread`]).
     read: std::sync::Mutex<std::collections::BTreeSet<String>>,
@@ -109,19 +114,8 @@ fn gguf_name(hf: &str) -> Option<String> {
 impl GgufStore {
     /// Open a GGUF file and read the decoder's shape from its metadata.
     pub fn open(path: &Path, emulate: Emulate) -> Result<(GgufStore, ModelConfig)> {
-        let file = gguf::read_file(path)?;
-        if let Some((_, count)) = file.split()
-            && count > 1
-        {
-            return Err(Error::unsupported(
-                path,
-                Some("split.count"),
-                format!(
-                    "a GGUF split into {count} files; merge it with llama-gguf-split --merge first"
-                ),
-            ));
-        }
-        let map = MappedFile::open(path)?;
+        let mut store = GgufStore::open_weights(path, emulate)?;
+        let file = &store.file;
         let arch_name = file.architecture().unwrap_or_default().to_owned();
         let arch = Arch::from_name(&arch_name).ok_or_else(|| {
             Error::unsupported(
@@ -184,22 +178,59 @@ impl GgufStore {
             hybrid: None,
         };
         config.validate(path)?;
-        let store = GgufStore {
-            path: path.to_owned(),
-            unpermute_qk: matches!(arch, Arch::Llama | Arch::Mistral),
-            file,
-            map,
-            arch,
-            heads,
-            kv_heads,
-            emulate,
-            read: Default::default(),
-        };
+        store.arch = Some(arch);
+        store.unpermute_qk = matches!(arch, Arch::Llama | Arch::Mistral);
+        store.heads = heads;
+        store.kv_heads = kv_heads;
         Ok((store, config))
     }
 
-    pub fn arch(&self) -> Arch {
+    /// Open a GGUF file for its tensors by Hugging Face name, without building the decoder's
+    /// config: the dense architectures (whose Q/K unpermute [`GgufStore::open`] sets up) and the
+    /// hybrid / MoE family, whose shape is read here ([`GgufStore::family_config`]) because the
+    /// name mapping and the transforms depend on it.
+    pub fn open_weights(path: &Path, emulate: Emulate) -> Result<GgufStore> {
+        let file = gguf::read_file(path)?;
+        if let Some((_, count)) = file.split()
+            && count > 1
+        {
+            return Err(Error::unsupported(
+                path,
+                Some("split.count"),
+                format!(
+                    "a GGUF split into {count} files; merge it with llama-gguf-split --merge first"
+                ),
+            ));
+        }
+        let map = MappedFile::open(path)?;
+        let family = match file.architecture().and_then(Family::from_name) {
+            Some(_) => Some(gguf_family::read_config(path, &file)?),
+            None => None,
+        };
+        Ok(GgufStore {
+            path: path.to_owned(),
+            file,
+            map,
+            arch: None,
+            unpermute_qk: false,
+            heads: 0,
+            kv_heads: 0,
+            family,
+            emulate,
+            read: Default::default(),
+        })
+    }
+
+    /// The dense architecture [`GgufStore::open`] found (`None` when opened with
+    /// [`GgufStore::open_weights`]).
+    pub fn arch(&self) -> Option<Arch> {
         self.arch
+    }
+
+    /// What a `qwen35` / `qwen35moe` / `qwen3next` / `qwen3moe` file's metadata says about the
+    /// model; `None` for other architectures.
+    pub fn family_config(&self) -> Option<&GgufFamilyConfig> {
+        self.family.as_ref()
     }
 
     /// `tokenizer.ggml.bos_token_id`, if the file has one.
@@ -210,43 +241,97 @@ impl GgufStore {
             .and_then(|b| u32::try_from(b).ok())
     }
 
-    fn load(&self, hf: &str) -> Result<Option<Dense>> {
-        let Some(name) = gguf_name(hf) else {
-            return Ok(None);
+    /// How a Hugging Face tensor is found in this file, if it is.
+    fn plan(&self, hf: &str) -> Option<Plan> {
+        let plan = match &self.family {
+            Some(config) => gguf_family::plan(config, hf)?,
+            None => Plan {
+                tensors: vec![gguf_name(hf)?],
+                expert: None,
+                steps: Vec::new(),
+            },
         };
-        let Some(t) = self.file.tensor(&name) else {
-            return Ok(None);
-        };
+        plan.tensors
+            .iter()
+            .all(|t| self.file.tensor(t).is_some())
+            .then_some(plan)
+    }
+
+    /// The stored tensor a Hugging Face name reads first (its type is the module's).
+    fn primary(&self, hf: &str) -> Option<&gguf::GgufTensor> {
+        self.plan(hf).and_then(|p| self.file.tensor(&p.tensors[0]))
+    }
+
+    /// One llama.cpp tensor dequantized to f32 (HF order: `[out, in]`); with `expert`, only that
+    /// expert's rows of a `[n_expert, out, in]` stack are read and dequantized.
+    fn dequantize(&self, name: &str, expert: Option<usize>) -> Result<Dense> {
+        let t = self
+            .file
+            .tensor(name)
+            .ok_or_else(|| Error::format(&self.path, Some(name), "tensor missing"))?;
         self.read
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(name.clone());
-        let bad = |rule: String| Error::format(&self.path, Some(&name), rule);
+            .insert(name.to_owned());
+        let bad = |rule: String| Error::format(&self.path, Some(name), rule);
         let ty = candle_type(t.ty).ok_or_else(|| {
-            Error::unsupported(&self.path, Some(&name), format!(
+            Error::unsupported(&self.path, Some(name), format!(
                 "ggml type {} cannot be dequantized by the native runner (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, Q8_K)",
                 t.ty.name()
             ))
         })?;
         let start = usize::try_from(t.offset).map_err(|_| bad("offset overflows".into()))?;
         let len = usize::try_from(t.n_bytes).map_err(|_| bad("size overflows".into()))?;
+        let mut dims: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
+        dims.reverse();
+        let (start, len) = match expert {
+            None => (start, len),
+            Some(e) => {
+                let [n_expert, rows, cols] = dims[..] else {
+                    return Err(bad(format!(
+                        "an expert stack must be 3-D [n_expert, out, in], found {dims:?}"
+                    )));
+                };
+                if e >= n_expert || n_expert == 0 || !len.is_multiple_of(n_expert) {
+                    return Err(bad(format!(
+                        "expert {e} of a stack of {n_expert} ({len} bytes) cannot be sliced"
+                    )));
+                }
+                // Blocks run along the rows, so each expert's rows are whole blocks, contiguous.
+                let per = len / n_expert;
+                dims = vec![rows, cols];
+                (start + e * per, per)
+            }
+        };
         let bytes = start
             .checked_add(len)
             .and_then(|end| self.map.bytes().get(start..end))
             .ok_or_else(|| bad("data lies outside the file".into()))?;
-        let mut dims: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
-        dims.reverse();
         let q = qtensor_from_ggml(ty, bytes, dims.clone(), &Device::Cpu)
             .map_err(|e| bad(format!("dequantizing: {e}")))?;
-        let tensor = q
+        let data = q
             .dequantize(&Device::Cpu)
             .and_then(|t| t.flatten_all())
             .and_then(|t| t.to_vec1::<f32>())
             .map_err(|e| bad(format!("dequantizing: {e}")))?;
-        let mut dense = Dense {
-            shape: dims,
-            data: tensor,
+        Ok(Dense { shape: dims, data })
+    }
+
+    fn load(&self, hf: &str) -> Result<Option<Dense>> {
+        let Some(plan) = self.plan(hf) else {
+            return Ok(None);
         };
+        let name = &plan.tensors[0];
+        let bad = |rule: String| Error::format(&self.path, Some(name), rule);
+        let mut dense = self.dequantize(name, plan.expert)?;
+        let second = match plan.tensors.get(1) {
+            Some(n) => Some(self.dequantize(n, None)?.data),
+            None => None,
+        };
+        for step in &plan.steps {
+            gguf_family::undo(step, &mut dense.shape, &mut dense.data, second.as_deref())
+                .map_err(bad)?;
+        }
         if self.unpermute_qk
             && (hf.ends_with("self_attn.q_proj.weight") || hf.ends_with("self_attn.k_proj.weight"))
         {
@@ -297,16 +382,29 @@ impl WeightStore for GgufStore {
     }
 
     fn has(&self, name: &str) -> bool {
-        gguf_name(name).is_some_and(|n| self.file.tensor(&n).is_some())
+        self.plan(name).is_some()
     }
 
     fn unread(&self) -> Vec<String> {
         let read = self.read.lock().unwrap_or_else(|e| e.into_inner());
+        // The family's MTP (`nextn`) blocks follow the decoder layers; llama.cpp keeps them
+        // "preserved but unused", and so does the native runner: not reading them is no sign of
+        // a checkpoint that is not what its metadata says.
+        let mtp = |name: &str| {
+            self.family.as_ref().is_some_and(|c| {
+                c.mtp_layers > 0
+                    && name
+                        .strip_prefix("blk.")
+                        .and_then(|r| r.split('.').next())
+                        .and_then(|n| n.parse::<usize>().ok())
+                        .is_some_and(|n| n >= c.layers)
+            })
+        };
         self.file
             .tensors
             .iter()
             .map(|t| &t.name)
-            .filter(|name| !read.contains(*name))
+            .filter(|name| !read.contains(*name) && !mtp(name))
             .cloned()
             .collect()
     }
@@ -322,9 +420,7 @@ impl WeightStore for GgufStore {
         let [out, inp] = w.shape[..] else {
             return Err(Error::format(&self.path, Some(module), "weight is not 2-D"));
         };
-        let ggml = gguf_name(&format!("{module}.weight"))
-            .and_then(|n| self.file.tensor(&n))
-            .map(|t| t.ty);
+        let ggml = self.primary(&format!("{module}.weight")).map(|t| t.ty);
         let ty = ggml.map_or("?", GgmlType::name);
         let input = match (self.emulate, ggml) {
             (Emulate::LlamacppCpu, Some(t)) => match t {
@@ -361,7 +457,7 @@ impl WeightStore for GgufStore {
 
     fn tensor_sha256(&self, name: &str) -> Result<Option<String>> {
         use sha2::{Digest, Sha256};
-        let Some(t) = gguf_name(name).and_then(|n| self.file.tensor(&n)) else {
+        let Some(t) = self.primary(name) else {
             return Ok(None);
         };
         let bytes = usize::try_from(t.offset)
@@ -375,8 +471,7 @@ impl WeightStore for GgufStore {
     }
 
     fn stored_dtype(&self, name: &str) -> String {
-        gguf_name(name)
-            .and_then(|n| self.file.tensor(&n))
+        self.primary(name)
             .map_or("unknown".into(), |t| t.ty.name().to_lowercase())
     }
 }
@@ -423,5 +518,389 @@ mod tests {
         let gguf = [0.0, 2.0, 1.0, 3.0];
         let hf = unpermute_rows(&gguf, &[4, 1], 1).unwrap();
         assert_eq!(hf, vec![0.0, 1.0, 2.0, 3.0]);
+    }
+
+    /// tests/fixtures/gguf_family: tiny random HF models converted by llama.cpp's own converter.
+    mod family {
+        use super::super::*;
+        use crate::runner::native::gguf_family::LayerKind;
+        use serde_json::Value;
+        use sha2::{Digest, Sha256};
+
+        fn fixture(name: &str) -> PathBuf {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/gguf_family")
+                .join(name)
+        }
+
+        fn manifest(family: &str) -> Value {
+            let text = std::fs::read_to_string(fixture(&format!("{family}.hf.json"))).unwrap();
+            serde_json::from_str(&text).unwrap()
+        }
+
+        fn open(file: &str) -> GgufStore {
+            GgufStore::open_weights(&fixture(file), Emulate::ReferenceSemantics).unwrap()
+        }
+
+        fn sha(data: &[f32]) -> String {
+            let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+            crate::checkpoint::hash::hex(&Sha256::digest(&bytes))
+        }
+
+        fn shape(entry: &Value) -> Vec<usize> {
+            entry["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_u64().unwrap() as usize)
+                .collect()
+        }
+
+        /// Every HF tensor read back from the F32 GGUF equals the HF checkpoint's: bit for bit
+        /// (SHA-256 of the f32 values), except `A_log`, which llama.cpp stores as `-exp(A_log)`,
+        /// so `ln(-ssm_a)` is within a few ulps. And every GGUF tensor was needed for one.
+        fn hf_tensors_come_back_exactly(family: &str) {
+            let m = manifest(family);
+            let store = open(&format!("{family}.f32.gguf"));
+            let tensors = m["tensors"].as_object().unwrap();
+            let mut exact = 0;
+            for (name, entry) in tensors {
+                assert!(store.has(name), "{family}: {name} has no GGUF tensor");
+                let got = store.dense(name).unwrap();
+                assert_eq!(got.shape, shape(entry), "{family}: {name} shape");
+                if name.ends_with(".A_log") {
+                    let want: Vec<f64> = entry["values"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.as_f64().unwrap())
+                        .collect();
+                    for (g, w) in got.data.iter().zip(&want) {
+                        let ulp = f64::from(f32::EPSILON) * w.abs().max(f64::MIN_POSITIVE);
+                        assert!(
+                            (f64::from(*g) - w).abs() <= 4.0 * ulp,
+                            "{family}: {name}: {g} against A_log {w}"
+                        );
+                    }
+                } else {
+                    assert_eq!(
+                        sha(&got.data),
+                        entry["sha256"].as_str().unwrap(),
+                        "{family}: {name} differs from the HF tensor"
+                    );
+                    exact += 1;
+                }
+            }
+            assert!(exact > 20, "{family}: only {exact} tensors compared");
+            assert_eq!(
+                store.unread(),
+                Vec::<String>::new(),
+                "{family}: GGUF tensors no HF tensor reads"
+            );
+        }
+
+        #[test]
+        fn qwen35_gguf_gives_back_the_hf_tensors() {
+            hf_tensors_come_back_exactly("qwen35");
+        }
+
+        #[test]
+        fn qwen35moe_gguf_gives_back_the_hf_tensors() {
+            hf_tensors_come_back_exactly("qwen35moe");
+        }
+
+        #[test]
+        fn qwen3next_gguf_gives_back_the_hf_tensors() {
+            hf_tensors_come_back_exactly("qwen3next");
+        }
+
+        #[test]
+        fn qwen3moe_gguf_gives_back_the_hf_tensors() {
+            hf_tensors_come_back_exactly("qwen3moe");
+        }
+
+        #[test]
+        fn vlm_text_names_read_the_same_tensors() {
+            let store = open("qwen35.f32.gguf");
+            for name in [
+                "model.layers.0.linear_attn.in_proj_qkv.weight",
+                "model.layers.1.self_attn.q_norm.weight",
+                "model.norm.weight",
+            ] {
+                let vlm = name.replacen("model.", "model.language_model.", 1);
+                assert_eq!(
+                    store.dense(&vlm).unwrap().data,
+                    store.dense(name).unwrap().data,
+                    "{vlm}"
+                );
+            }
+            assert!(!store.has("model.visual.blocks.0.attn.qkv.weight"));
+            assert!(!store.has("mtp.layers.0.self_attn.q_proj.weight"));
+            assert!(!store.has("model.layers.2.input_layernorm.weight"));
+        }
+
+        /// The Q8_0 file gives the same tensors within Q8_0's rounding (half a step of
+        /// `amax/127` per block; a full step of the row's amax allowed), and its F32 tensors
+        /// (norms, router, GDN parameters) bit for bit. One expert at a time is sliced out of
+        /// the quantized stacks.
+        #[test]
+        fn qwen35moe_q8_0_gives_back_the_hf_tensors_within_quantization() {
+            let m = manifest("qwen35moe");
+            let f32s = open("qwen35moe.f32.gguf");
+            let q8 = open("qwen35moe.q8_0.gguf");
+            let mut quantized = 0;
+            for name in m["tensors"].as_object().unwrap().keys() {
+                let want = f32s.dense(name).unwrap();
+                let got = q8.dense(name).unwrap();
+                assert_eq!(got.shape, want.shape, "{name}");
+                if q8.stored_dtype(name) == "q8_0" {
+                    quantized += 1;
+                    let cols = *want.shape.last().unwrap();
+                    for (g, w) in got.data.chunks(cols).zip(want.data.chunks(cols)) {
+                        let step = w.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+                        for (a, b) in g.iter().zip(w) {
+                            assert!((a - b).abs() <= step, "{name}: {a} against {b}");
+                        }
+                    }
+                    assert_ne!(got.data, want.data, "{name}: Q8_0 left every value exact");
+                } else {
+                    assert_eq!(got.data, want.data, "{name}");
+                }
+            }
+            assert!(quantized >= 20, "only {quantized} Q8_0 tensors");
+            assert_eq!(q8.unread(), Vec::<String>::new());
+        }
+
+        /// `family_config` against the HF config the GGUF was converted from.
+        #[test]
+        fn family_config_matches_the_hf_config() {
+            for family in ["qwen35", "qwen35moe", "qwen3next", "qwen3moe"] {
+                let m = manifest(family);
+                let hf = &m["config"];
+                let u = |k: &str| {
+                    hf[k]
+                        .as_u64()
+                        .unwrap_or_else(|| panic!("{family}: config.json has no {k}"))
+                        as usize
+                };
+                let store = open(&format!("{family}.f32.gguf"));
+                let c = store.family_config().unwrap();
+                assert_eq!(c.family.as_str(), family);
+                assert_eq!(c.family.hf_model_type(), m["model_type"].as_str().unwrap());
+                assert_eq!(c.hidden, u("hidden_size"), "{family}");
+                assert_eq!(c.layers, u("num_hidden_layers"), "{family}");
+                assert_eq!(c.heads, u("num_attention_heads"), "{family}");
+                assert_eq!(c.kv_heads, u("num_key_value_heads"), "{family}");
+                assert_eq!(c.head_dim, u("head_dim"), "{family}");
+                assert_eq!(c.vocab, u("vocab_size"), "{family}");
+                assert_eq!(
+                    c.tie_embeddings,
+                    hf["tie_word_embeddings"].as_bool().unwrap()
+                );
+                assert_eq!(
+                    c.rms_eps as f32,
+                    hf["rms_norm_eps"].as_f64().unwrap() as f32
+                );
+                assert_eq!(c.max_positions, Some(u("max_position_embeddings")));
+                assert_eq!(c.mtp_layers, 0);
+                let partial = hf["rope_parameters"]["partial_rotary_factor"]
+                    .as_f64()
+                    .unwrap_or(1.0);
+                assert_eq!(c.partial_rotary_factor(), partial, "{family}");
+                if let Some(types) = hf["layer_types"].as_array().filter(|_| c.family.hybrid()) {
+                    let want: Vec<LayerKind> = types
+                        .iter()
+                        .map(|t| match t.as_str().unwrap() {
+                            "linear_attention" => LayerKind::LinearAttention,
+                            _ => LayerKind::FullAttention,
+                        })
+                        .collect();
+                    assert_eq!(c.layer_types, want, "{family}");
+                    let l = c.linear.unwrap();
+                    assert_eq!(l.conv_kernel, u("linear_conv_kernel_dim"));
+                    assert_eq!(l.key_heads, u("linear_num_key_heads"));
+                    assert_eq!(l.key_head_dim, u("linear_key_head_dim"));
+                    assert_eq!(l.value_heads, u("linear_num_value_heads"));
+                    assert_eq!(l.value_head_dim, u("linear_value_head_dim"));
+                } else {
+                    assert!(c.linear.is_none(), "{family}");
+                    assert!(c.layer_types.iter().all(|t| *t == LayerKind::FullAttention));
+                }
+                match &c.moe {
+                    Some(moe) => {
+                        let experts = if hf["num_experts"].is_u64() {
+                            u("num_experts")
+                        } else {
+                            u("num_local_experts")
+                        };
+                        assert_eq!(moe.experts, experts, "{family}");
+                        assert_eq!(moe.experts_used, u("num_experts_per_tok"));
+                        assert_eq!(moe.expert_intermediate, u("moe_intermediate_size"));
+                        assert_eq!(
+                            moe.shared_expert_intermediate,
+                            hf.get("shared_expert_intermediate_size")
+                                .and_then(Value::as_u64)
+                                .map(|n| n as usize)
+                        );
+                        assert_eq!(moe.sparse_layers, vec![true; c.layers], "{family}");
+                    }
+                    None => {
+                        assert_eq!(family, "qwen35");
+                        assert_eq!(c.intermediate, Some(u("intermediate_size")));
+                    }
+                }
+            }
+        }
+
+        /// A file with an MTP block after the decoder layers (as llama.cpp's converter writes
+        /// one without `--no-mtp`): the block is not a decoder layer, loading need not read it,
+        /// and inspect reports it in the `mtp` bucket.
+        #[test]
+        fn an_mtp_block_is_neither_a_layer_nor_an_unread_tensor() {
+            let path = fixture("qwen35.f32.gguf");
+            let file = gguf::read_file(&path).unwrap();
+            let bytes = std::fs::read(&path).unwrap();
+            let mut metadata: Vec<(String, GgufValue)> = file
+                .metadata
+                .iter()
+                .filter(|(k, _)| k != "GGUF.version")
+                .cloned()
+                .collect();
+            for (k, v) in &mut metadata {
+                match k.as_str() {
+                    "qwen35.block_count" => *v = GgufValue::U32(3),
+                    "qwen35.attention.recurrent_layers" => {
+                        *v = GgufValue::Array(gguf::GgufArray {
+                            elem_type: 7,
+                            values: vec![
+                                GgufValue::Bool(true),
+                                GgufValue::Bool(false),
+                                GgufValue::Bool(false),
+                            ],
+                        })
+                    }
+                    _ => {}
+                }
+            }
+            metadata.push(("qwen35.nextn_predict_layers".into(), GgufValue::U32(1)));
+            let data = |t: &gguf::GgufTensor| {
+                bytes[t.offset as usize..(t.offset + t.n_bytes) as usize].to_vec()
+            };
+            let mut tensors: Vec<(String, GgmlType, Vec<u64>, Vec<u8>)> = file
+                .tensors
+                .iter()
+                .map(|t| (t.name.clone(), t.ty, t.dims.clone(), data(t)))
+                .collect();
+            // The MTP block: a copy of layer 1's attention and its own projection.
+            for n in ["attn_q.weight", "attn_norm.weight"] {
+                let t = file.tensor(&format!("blk.1.{n}")).unwrap();
+                tensors.push((format!("blk.2.{n}"), t.ty, t.dims.clone(), data(t)));
+            }
+            let eh = file.tensor("blk.1.attn_output.weight").unwrap();
+            tensors.push((
+                "blk.2.nextn.eh_proj.weight".into(),
+                eh.ty,
+                eh.dims.clone(),
+                data(eh),
+            ));
+            let md: Vec<(&str, GgufValue)> = metadata
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.clone()))
+                .collect();
+            let ts: Vec<(&str, GgmlType, &[u64], &[u8])> = tensors
+                .iter()
+                .map(|(n, ty, d, b)| (n.as_str(), *ty, d.as_slice(), b.as_slice()))
+                .collect();
+            let dir = tempfile::tempdir().unwrap();
+            let out = dir.path().join("with-mtp.gguf");
+            std::fs::write(&out, gguf::serialize(&md, &ts, file.alignment)).unwrap();
+
+            let store = GgufStore::open_weights(&out, Emulate::ReferenceSemantics).unwrap();
+            let c = store.family_config().unwrap();
+            assert_eq!((c.layers, c.mtp_layers), (2, 1));
+            assert_eq!(c.layer_types.len(), 2);
+            assert!(!store.has("model.layers.2.self_attn.q_proj.weight"));
+            let m = manifest("qwen35");
+            for name in m["tensors"].as_object().unwrap().keys() {
+                store.dense(name).unwrap();
+            }
+            assert_eq!(store.unread(), Vec::<String>::new());
+
+            let inspection = crate::checkpoint::inspect::inspect_path(&out).unwrap();
+            let bucket = |name: &str| {
+                inspection[0]
+                    .modules
+                    .iter()
+                    .find(|m| m.name == name)
+                    .unwrap_or_else(|| panic!("no module {name}"))
+                    .bucket
+                    .as_str()
+            };
+            assert_eq!(bucket("blk.2.attn_q"), "mtp");
+            assert_eq!(bucket("blk.2.nextn.eh_proj"), "mtp");
+            assert_eq!(bucket("blk.1.attn_q"), "attention");
+            assert_eq!(bucket("blk.0.attn_qkv"), "linear_attention");
+        }
+
+        /// A hostile header gets one error naming the key, never a panic.
+        #[test]
+        fn family_config_refuses_inconsistent_metadata() {
+            let path = fixture("qwen35.f32.gguf");
+            let file = gguf::read_file(&path).unwrap();
+            let with = |key: &str, value: GgufValue| {
+                let mut f = file.clone();
+                f.metadata.retain(|(k, _)| k != key);
+                f.metadata.push((key.to_owned(), value));
+                gguf_family::read_config(&path, &f).unwrap_err().to_string()
+            };
+            let e = with("qwen35.ssm.group_count", GgufValue::U32(3));
+            assert!(
+                e.contains("qwen35.ssm.group_count") && e.contains("do not divide"),
+                "{e}"
+            );
+            let e = with("qwen35.ssm.inner_size", GgufValue::U32(30));
+            assert!(e.contains("qwen35.ssm.inner_size"), "{e}");
+            let e = with("qwen35.rope.dimension_count", GgufValue::U32(17));
+            assert!(e.contains("qwen35.rope.dimension_count"), "{e}");
+            let e = with(
+                "qwen35.attention.recurrent_layers",
+                GgufValue::Array(gguf::GgufArray {
+                    elem_type: 7,
+                    values: vec![GgufValue::Bool(true)],
+                }),
+            );
+            assert!(e.contains("1 entries for 2 blocks"), "{e}");
+            let e = with("qwen35.nextn_predict_layers", GgufValue::U32(2));
+            assert!(
+                e.contains("qwen35.nextn_predict_layers") && e.contains("no decoder layer"),
+                "{e}"
+            );
+            let e = with("qwen35.attention.head_count_kv", GgufValue::U32(0));
+            assert!(e.contains("qwen35.attention.head_count_kv"), "{e}");
+        }
+
+        /// A stored `ssm_a` that is not negative is no `-exp(A_log)`: an error naming the tensor.
+        #[test]
+        fn positive_ssm_a_is_refused_with_the_tensor_name() {
+            let path = fixture("qwen35.f32.gguf");
+            let bytes = std::fs::read(&path).unwrap();
+            let file = gguf::read_file(&path).unwrap();
+            let t = file.tensor("blk.0.ssm_a").unwrap();
+            let mut hostile = bytes.clone();
+            let at = t.offset as usize;
+            hostile[at..at + 4].copy_from_slice(&1.0f32.to_le_bytes());
+            let dir = tempfile::tempdir().unwrap();
+            let p = dir.path().join("hostile.gguf");
+            std::fs::write(&p, hostile).unwrap();
+            let store = GgufStore::open_weights(&p, Emulate::ReferenceSemantics).unwrap();
+            let e = store
+                .dense("model.layers.0.linear_attn.A_log")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("blk.0.ssm_a") && e.contains("must be < 0"),
+                "{e}"
+            );
+        }
     }
 }

@@ -6,6 +6,7 @@ pub mod config;
 pub mod decoder;
 pub mod delta_rule;
 pub mod gguf;
+pub mod gguf_family;
 pub mod hybrid;
 pub mod llamacpp_cpu;
 pub mod weights;
