@@ -375,6 +375,51 @@ fn a_quantized_hybrid_dequantizes_every_projection_through_the_linear_loader() {
     assert_eq!(schemes.values().sum::<usize>(), 32, "{schemes:?}");
 }
 
+#[test]
+fn a_qwen35_gguf_runs_on_the_hybrid_decoder_and_expert_families_are_refused() {
+    // tests/fixtures/gguf_family: llama.cpp's converter output of tiny random HF models, whose
+    // tensors the GGUF store gives back exactly under their HF names (its own tests).
+    let dir = repo_root().join("tests/fixtures/gguf_family");
+    let run = |dtype| {
+        let model = native::load(
+            &dir.join("qwen35.f32.gguf"),
+            dtype,
+            Emulate::ReferenceSemantics,
+        )
+        .unwrap();
+        assert_eq!(model.decoder.config.arch.as_str(), "qwen3_5_text");
+        let ids: Vec<u32> = (0..70).map(|i| (i * 7 % 64) as u32).collect();
+        let hidden = model.decoder.hidden(&ids).unwrap();
+        let rows: Vec<usize> = (0..ids.len()).collect();
+        model.decoder.logits_f64_at(&hidden, &rows).unwrap()
+    };
+    let (f32s, f64s) = (run(ComputeDtype::F32), run(ComputeDtype::F64));
+    assert!(f64s.iter().all(|v| v.is_finite()));
+    let worst = f32s
+        .iter()
+        .zip(&f64s)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f64, f64::max);
+    assert!(worst < 1e-4, "f32 against f64 on the GGUF: {worst:e}");
+    for moe in [
+        "qwen35moe.f32.gguf",
+        "qwen3next.f32.gguf",
+        "qwen3moe.f32.gguf",
+    ] {
+        let e = native::load(
+            &dir.join(moe),
+            ComputeDtype::F32,
+            Emulate::ReferenceSemantics,
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{moe} loaded"));
+        assert!(
+            e.is_unsupported() && e.to_string().contains("mixture-of-experts"),
+            "{moe}: {e}"
+        );
+    }
+}
+
 /// A copy of the text (or VLM) fixture with its config.json edited.
 fn hostile(
     layout: &str,

@@ -426,6 +426,117 @@ impl ModelConfig {
     }
 }
 
+impl ModelConfig {
+    /// The decoder's shape for a GGUF file of the hybrid family (`qwen35`; `qwen3next` without
+    /// expert layers), from what [`super::gguf_family::read_config`] read; its store gives the
+    /// tensors back under their Hugging Face names with the converter's transforms undone.
+    pub fn from_gguf_family(
+        path: &Path,
+        f: &super::gguf_family::GgufFamilyConfig,
+    ) -> Result<ModelConfig> {
+        use super::gguf_family::{Family, LayerKind};
+        let arch_key = "general.architecture";
+        let sparse = f
+            .moe
+            .as_ref()
+            .is_some_and(|m| m.sparse_layers.iter().any(|&s| s));
+        let arch = match f.family {
+            Family::Qwen35 => Arch::Qwen3_5Text,
+            Family::Qwen3Next if !sparse => Arch::Qwen3Next,
+            other => {
+                return Err(Error::unsupported(
+                    path,
+                    Some(arch_key),
+                    format!(
+                        "`{}` has mixture-of-experts layers, which the native runner does not run yet",
+                        other.as_str()
+                    ),
+                ));
+            }
+        };
+        let missing = |key: &str| Error::format(path, Some(key), "missing for this architecture");
+        let key = |k: &str| format!("{}.{k}", f.family.as_str());
+        let linear = f.linear.ok_or_else(|| missing(&key("ssm.conv_kernel")))?;
+        let intermediate = f
+            .intermediate
+            .ok_or_else(|| missing(&key("feed_forward_length")))?;
+        if !(2..=f.head_dim).contains(&f.rotary_dims) || !f.rotary_dims.is_multiple_of(2) {
+            return Err(Error::format(
+                path,
+                Some(&key("rope.dimension_count")),
+                format!(
+                    "{} rotary dimensions for head_dim {}; RoPE needs an even number from 2 to head_dim",
+                    f.rotary_dims, f.head_dim
+                ),
+            ));
+        }
+        if linear.key_heads == 0 || !linear.value_heads.is_multiple_of(linear.key_heads) {
+            return Err(Error::format(
+                path,
+                Some(&key("ssm.time_step_rank")),
+                format!(
+                    "{} value heads for {} key heads: each key head serves a group of value heads",
+                    linear.value_heads, linear.key_heads
+                ),
+            ));
+        }
+        if f.layer_types.len() != f.layers {
+            return Err(Error::format(
+                path,
+                Some(&key("block_count")),
+                format!(
+                    "{} layers with {} layer types",
+                    f.layers,
+                    f.layer_types.len()
+                ),
+            ));
+        }
+        let hybrid = Hybrid {
+            layer_types: f
+                .layer_types
+                .iter()
+                .map(|k| match k {
+                    LayerKind::LinearAttention => LayerType::Linear,
+                    LayerKind::FullAttention => LayerType::Full,
+                })
+                .collect(),
+            conv_kernel: linear.conv_kernel,
+            key_heads: linear.key_heads,
+            value_heads: linear.value_heads,
+            key_dim: linear.key_head_dim,
+            value_dim: linear.value_head_dim,
+            fused_projections: arch == Arch::Qwen3Next,
+            mamba_ssm_dtype: None,
+            mrope_section: f
+                .rope_sections
+                .as_ref()
+                .map(|s| s.iter().map(|&n| n as usize).collect()),
+        };
+        let cfg = ModelConfig {
+            arch,
+            hidden: f.hidden,
+            intermediate,
+            layers: f.layers,
+            heads: f.heads,
+            kv_heads: f.kv_heads,
+            head_dim: f.head_dim,
+            vocab: f.vocab,
+            rms_eps: f.rms_eps,
+            rope_theta: f.rope_theta,
+            rope_scaling: None,
+            tie_embeddings: f.tie_embeddings,
+            sliding_window: None,
+            max_positions: f.max_positions,
+            biases: Biases::default(),
+            rotary_dim: f.rotary_dims,
+            prefix: "model".into(),
+            hybrid: Some(hybrid),
+        };
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+}
+
 /// The hybrid family's keys (Qwen3.5 `qwen3_5_text`, Qwen3-Next), each range-checked before it
 /// sizes anything: the rotary slice and the Gated DeltaNet shape.
 fn hybrid_shape(
