@@ -102,6 +102,9 @@ fn main() {
         sliding_window: None,
         max_positions: Some(40_960),
         biases: Default::default(),
+        rotary_dim: 128,
+        prefix: "model".into(),
+        hybrid: None,
     };
     let store = synthetic(&config, 7);
     let decoder = Decoder::load(&store, config, ComputeDtype::F32).unwrap();

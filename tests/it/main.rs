@@ -9,6 +9,7 @@ mod fixtures;
 mod hash;
 mod hub;
 mod hub_server;
+mod hybrid;
 mod inspect;
 mod kld;
 mod lint;

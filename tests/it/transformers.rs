@@ -555,6 +555,60 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         assert_reduction_agrees(&dump);
     }
 
+    /// tests/fixtures/hybrid/make.py with a fresh seed into `dir`: new random Qwen3.5 (text and
+    /// VLM layouts) and Qwen3-Next models, and transformers' rows for each.
+    fn fresh_hybrid_models(dir: &Path) {
+        let python = std::env::var_os("CARDPROOF_PYTHON").unwrap_or_else(|| "python3".into());
+        let made = std::process::Command::new(&python)
+            .arg(repo_root().join("tests/fixtures/hybrid/make.py"))
+            .arg(dir)
+            .arg("--next-out")
+            .arg(dir.join("next"))
+            .args(["--seed", "2026"])
+            .output()
+            .unwrap();
+        assert!(
+            made.status.success(),
+            "{}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+    }
+
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn the_native_runner_matches_transformers_on_fresh_random_hybrid_models() {
+        use crate::hybrid::{
+            TOKENS, agrees_with_transformers, f64_disagreement, measure_pair, rows_of,
+        };
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        fresh_hybrid_models(dir.path());
+        let eval = dir.path().join("eval.txt");
+        for (reference, candidate, rows) in [
+            ("qwen3_5_text", "qwen3_5_vlm", "rows.safetensors"),
+            (
+                "next/qwen3_next",
+                "next/qwen3_next",
+                "next/rows.safetensors",
+            ),
+        ] {
+            let work = tempfile::tempdir().unwrap();
+            let doc = measure_pair(
+                work.path(),
+                &dir.path().join(reference),
+                &dir.path().join(candidate),
+                &eval,
+                TOKENS,
+            );
+            assert_eq!(doc["runs"][0]["metrics"]["kld_mean"], 0.0, "{doc}");
+            let (ids, want, want64) = rows_of(&dir.path().join(rows));
+            let worst = agrees_with_transformers(work.path(), &want);
+            assert!(worst < 1e-4, "{reference}: f32 max |Δ log p| = {worst:e}");
+            let worst = f64_disagreement(&dir.path().join(reference), &ids, &want64);
+            assert!(worst < 1e-9, "{reference}: f64 max |Δ log p| = {worst:e}");
+        }
+    }
+
     #[test]
     #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
     fn a_hybrid_run_on_cpu_records_the_torch_fallback_kernels_and_float32_states() {

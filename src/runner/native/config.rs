@@ -8,7 +8,16 @@ use super::moe::{MoeConfig, MoeFamily};
 use crate::error::{Error, Result};
 
 /// Architectures the native runner implements (HF `model_type` spellings).
-pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"];
+pub const SUPPORTED: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "qwen3_5",
+    "qwen3_5_text",
+    "qwen3_next",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
@@ -18,6 +27,54 @@ pub enum Arch {
     Qwen3,
     /// Qwen3's attention with sparse mixture-of-experts feed-forward layers ([`super::moe`]).
     Qwen3Moe,
+    /// Qwen3.5 / Qwen3.6 text model: Gated DeltaNet layers and gated full attention.
+    Qwen3_5Text,
+    /// The Qwen3.5 vision-language wrapper: its `text_config` is a `qwen3_5_text`, its text
+    /// weights sit under `model.language_model.*`.
+    Qwen3_5,
+    /// Qwen3-Next: the hybrid layers of Qwen3.5 with fused `in_proj_qkvz` / `in_proj_ba`.
+    Qwen3Next,
+}
+
+/// Largest size a hybrid config key may give (a hostile config must not size allocations).
+pub const MAX_HYBRID_DIM: usize = 1 << 20;
+
+/// The token mixer of one layer of a hybrid model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerType {
+    /// Gated DeltaNet (`linear_attention`).
+    Linear,
+    /// Gated softmax attention (`full_attention`).
+    Full,
+}
+
+/// The Gated DeltaNet shape of a hybrid model (Qwen3.5 / Qwen3-Next).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hybrid {
+    /// One entry per layer.
+    pub layer_types: Vec<LayerType>,
+    /// `linear_conv_kernel_dim`: the depthwise causal convolution's width.
+    pub conv_kernel: usize,
+    /// `linear_num_key_heads`, `linear_num_value_heads`.
+    pub key_heads: usize,
+    pub value_heads: usize,
+    /// `linear_key_head_dim`, `linear_value_head_dim`.
+    pub key_dim: usize,
+    pub value_dim: usize,
+    /// Qwen3-Next's fused, per-key-head interleaved `in_proj_qkvz` / `in_proj_ba`.
+    pub fused_projections: bool,
+    /// `mamba_ssm_dtype` as the config declares it (what vLLM keeps the recurrent state in).
+    pub mamba_ssm_dtype: Option<String>,
+    /// `mrope_section`, recorded: for text-only input the three position rows MRoPE mixes are
+    /// equal, so it is plain RoPE on the rotary slice.
+    pub mrope_section: Option<Vec<usize>>,
+}
+
+impl Hybrid {
+    /// Width of the convolved q, k, v projection (`2·Hk·dk + Hv·dv`).
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
 }
 
 impl Arch {
@@ -28,6 +85,9 @@ impl Arch {
             "qwen2" => Some(Arch::Qwen2),
             "qwen3" => Some(Arch::Qwen3),
             "qwen3_moe" => Some(Arch::Qwen3Moe),
+            "qwen3_5_text" => Some(Arch::Qwen3_5Text),
+            "qwen3_5" => Some(Arch::Qwen3_5),
+            "qwen3_next" => Some(Arch::Qwen3Next),
             _ => None,
         }
     }
@@ -39,7 +99,20 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Qwen3Moe => "qwen3_moe",
+            Arch::Qwen3_5Text => "qwen3_5_text",
+            Arch::Qwen3_5 => "qwen3_5",
+            Arch::Qwen3Next => "qwen3_next",
         }
+    }
+
+    /// The hybrid (Gated DeltaNet + gated attention) family.
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Arch::Qwen3_5Text | Arch::Qwen3_5 | Arch::Qwen3Next)
+    }
+
+    /// Per-head q/k RMSNorms (Qwen3 and the hybrid family).
+    pub fn has_qk_norm(self) -> bool {
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe) || self.is_hybrid()
     }
 }
 
@@ -74,6 +147,13 @@ pub struct ModelConfig {
     pub biases: Biases,
     /// The mixture-of-experts blocks, for architectures that have them.
     pub moe: Option<MoeConfig>,
+    /// Dimensions of each head that RoPE rotates (the first ones; `head_dim` unless the
+    /// hybrid family's `partial_rotary_factor` says fewer).
+    pub rotary_dim: usize,
+    /// Where the text model's tensors are: `model`, or `model.language_model` (Qwen3.5 VLMs).
+    pub prefix: String,
+    /// The Gated DeltaNet layers' shape (hybrid architectures only).
+    pub hybrid: Option<Hybrid>,
 }
 
 /// Which linear modules carry a bias.
@@ -87,17 +167,47 @@ pub struct Biases {
 impl ModelConfig {
     /// Read `config.json`. Every missing or inconsistent key is an error naming it.
     pub fn from_hf(path: &Path, config: &Value) -> Result<ModelConfig> {
-        let bad = |key: &str, rule: String| Error::format(path, Some(key), rule);
-        let unsupported = |key: &str, rule: String| Error::unsupported(path, Some(key), rule);
+        let top = config;
         let model_type = config
             .get("model_type")
             .and_then(Value::as_str)
             .ok_or_else(|| {
-                bad(
-                    "model_type",
-                    "missing (needed to choose the architecture)".into(),
+                Error::format(
+                    path,
+                    Some("model_type"),
+                    "missing (needed to choose the architecture)",
                 )
             })?;
+        // A Qwen3.5 vision-language checkpoint: the text model's settings are its text_config.
+        let (config, kp, prefix) = if model_type == "qwen3_5" {
+            let text = config
+                .get("text_config")
+                .filter(|v| v.is_object())
+                .ok_or_else(|| {
+                    Error::format(
+                        path,
+                        Some("text_config"),
+                        "missing or not an object (a qwen3_5 checkpoint nests its text model's settings there)",
+                    )
+                })?;
+            match text.get("model_type") {
+                None => {}
+                Some(Value::String(t)) if t == "qwen3_5_text" => {}
+                Some(other) => {
+                    return Err(Error::format(
+                        path,
+                        Some("text_config.model_type"),
+                        format!("is {other}; a qwen3_5 checkpoint's text model is qwen3_5_text"),
+                    ));
+                }
+            }
+            (text, "text_config.", "model.language_model")
+        } else {
+            (config, "", "model")
+        };
+        let bad = |key: &str, rule: String| Error::format(path, Some(&format!("{kp}{key}")), rule);
+        let unsupported =
+            |key: &str, rule: String| Error::unsupported(path, Some(&format!("{kp}{key}")), rule);
         let arch = Arch::from_name(model_type).ok_or_else(|| {
             unsupported(
                 "model_type",
@@ -201,7 +311,12 @@ impl ModelConfig {
                 mlp: false,
             },
             Arch::Mistral => Biases::default(),
-            Arch::Llama | Arch::Qwen3 | Arch::Qwen3Moe => {
+            Arch::Llama
+            | Arch::Qwen3
+            | Arch::Qwen3Moe
+            | Arch::Qwen3_5Text
+            | Arch::Qwen3_5
+            | Arch::Qwen3Next => {
                 let attention = flag("attention_bias")?;
                 Biases {
                     qkv: attention,
@@ -220,8 +335,18 @@ impl ModelConfig {
             )?),
             _ => None,
         };
+        let (rotary_dim, hybrid) = if arch.is_hybrid() {
+            let (rotary_dim, hybrid) =
+                hybrid_shape(path, kp, config, rope, arch, layers, head_dim)?;
+            (rotary_dim, Some(hybrid))
+        } else {
+            (head_dim, None)
+        };
         let cfg = ModelConfig {
             moe,
+            rotary_dim,
+            prefix: prefix.to_owned(),
+            hybrid,
             biases,
             arch,
             hidden,
@@ -239,6 +364,7 @@ impl ModelConfig {
             rope_scaling,
             tie_embeddings: config
                 .get("tie_word_embeddings")
+                .or(top.get("tie_word_embeddings"))
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
             sliding_window,
@@ -249,6 +375,22 @@ impl ModelConfig {
     }
 
     pub fn validate(&self, path: &Path) -> Result<()> {
+        // Products that size projections must not overflow (a hostile config).
+        let widest = self
+            .heads
+            .checked_mul(self.head_dim)
+            .and_then(|w| w.checked_mul(2))
+            .filter(|&w| w <= 1 << 31);
+        if widest.is_none() {
+            return Err(Error::format(
+                path,
+                Some("num_attention_heads"),
+                format!(
+                    "{} heads of head_dim {} is wider than the native runner sizes",
+                    self.heads, self.head_dim
+                ),
+            ));
+        }
         if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(Error::format(
                 path,
@@ -279,12 +421,25 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// Inverse frequencies of the rotary embedding, one per pair of dimensions.
+    /// Tensors the architecture does not load, on purpose (transformers ignores them too): the
+    /// hybrid family's multi-token-prediction head (`mtp.*`), and a VLM's vision tower.
+    pub fn skipped(&self, name: &str) -> bool {
+        match self.arch {
+            Arch::Qwen3_5 => name.starts_with("mtp.") || name.starts_with("model.visual."),
+            Arch::Qwen3_5Text | Arch::Qwen3Next => name.starts_with("mtp."),
+            _ => false,
+        }
+    }
+
+    /// Inverse frequencies of the rotary embedding, one per pair of rotated dimensions.
     pub fn inv_freq(&self) -> Vec<f64> {
-        let half = self.head_dim / 2;
+        let half = self.rotary_dim / 2;
         (0..half)
             .map(|i| {
-                let f = 1.0 / self.rope_theta.powf(2.0 * i as f64 / self.head_dim as f64);
+                let f = 1.0
+                    / self
+                        .rope_theta
+                        .powf(2.0 * i as f64 / self.rotary_dim as f64);
                 match self.rope_scaling {
                     None => f,
                     Some(s) => llama3_scale(f, s),
@@ -292,6 +447,339 @@ impl ModelConfig {
             })
             .collect()
     }
+}
+
+impl ModelConfig {
+    /// The decoder's shape for a GGUF file of the hybrid family (`qwen35`; `qwen3next` without
+    /// expert layers), from what [`super::gguf_family::read_config`] read; its store gives the
+    /// tensors back under their Hugging Face names with the converter's transforms undone.
+    pub fn from_gguf_family(
+        path: &Path,
+        f: &super::gguf_family::GgufFamilyConfig,
+    ) -> Result<ModelConfig> {
+        use super::gguf_family::{Family, LayerKind};
+        let arch_key = "general.architecture";
+        let sparse = f
+            .moe
+            .as_ref()
+            .is_some_and(|m| m.sparse_layers.iter().any(|&s| s));
+        let arch = match f.family {
+            Family::Qwen35 => Arch::Qwen3_5Text,
+            Family::Qwen3Next if !sparse => Arch::Qwen3Next,
+            other => {
+                return Err(Error::unsupported(
+                    path,
+                    Some(arch_key),
+                    format!(
+                        "`{}` has mixture-of-experts layers, which the native runner does not run yet",
+                        other.as_str()
+                    ),
+                ));
+            }
+        };
+        let missing = |key: &str| Error::format(path, Some(key), "missing for this architecture");
+        let key = |k: &str| format!("{}.{k}", f.family.as_str());
+        let linear = f.linear.ok_or_else(|| missing(&key("ssm.conv_kernel")))?;
+        let intermediate = f
+            .intermediate
+            .ok_or_else(|| missing(&key("feed_forward_length")))?;
+        if !(2..=f.head_dim).contains(&f.rotary_dims) || !f.rotary_dims.is_multiple_of(2) {
+            return Err(Error::format(
+                path,
+                Some(&key("rope.dimension_count")),
+                format!(
+                    "{} rotary dimensions for head_dim {}; RoPE needs an even number from 2 to head_dim",
+                    f.rotary_dims, f.head_dim
+                ),
+            ));
+        }
+        if linear.key_heads == 0 || !linear.value_heads.is_multiple_of(linear.key_heads) {
+            return Err(Error::format(
+                path,
+                Some(&key("ssm.time_step_rank")),
+                format!(
+                    "{} value heads for {} key heads: each key head serves a group of value heads",
+                    linear.value_heads, linear.key_heads
+                ),
+            ));
+        }
+        if f.layer_types.len() != f.layers {
+            return Err(Error::format(
+                path,
+                Some(&key("block_count")),
+                format!(
+                    "{} layers with {} layer types",
+                    f.layers,
+                    f.layer_types.len()
+                ),
+            ));
+        }
+        let hybrid = Hybrid {
+            layer_types: f
+                .layer_types
+                .iter()
+                .map(|k| match k {
+                    LayerKind::LinearAttention => LayerType::Linear,
+                    LayerKind::FullAttention => LayerType::Full,
+                })
+                .collect(),
+            conv_kernel: linear.conv_kernel,
+            key_heads: linear.key_heads,
+            value_heads: linear.value_heads,
+            key_dim: linear.key_head_dim,
+            value_dim: linear.value_head_dim,
+            fused_projections: arch == Arch::Qwen3Next,
+            mamba_ssm_dtype: None,
+            mrope_section: f
+                .rope_sections
+                .as_ref()
+                .map(|s| s.iter().map(|&n| n as usize).collect()),
+        };
+        let cfg = ModelConfig {
+            moe: None,
+            arch,
+            hidden: f.hidden,
+            intermediate,
+            layers: f.layers,
+            heads: f.heads,
+            kv_heads: f.kv_heads,
+            head_dim: f.head_dim,
+            vocab: f.vocab,
+            rms_eps: f.rms_eps,
+            rope_theta: f.rope_theta,
+            rope_scaling: None,
+            tie_embeddings: f.tie_embeddings,
+            sliding_window: None,
+            max_positions: f.max_positions,
+            biases: Biases::default(),
+            rotary_dim: f.rotary_dims,
+            prefix: "model".into(),
+            hybrid: Some(hybrid),
+        };
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+}
+
+/// The hybrid family's keys (Qwen3.5 `qwen3_5_text`, Qwen3-Next), each range-checked before it
+/// sizes anything: the rotary slice and the Gated DeltaNet shape.
+fn hybrid_shape(
+    path: &Path,
+    kp: &str,
+    config: &Value,
+    rope: Option<&Value>,
+    arch: Arch,
+    layers: usize,
+    head_dim: usize,
+) -> Result<(usize, Hybrid)> {
+    let bad = |key: &str, rule: String| Error::format(path, Some(&format!("{kp}{key}")), rule);
+    let dim = |key: &str, default: Option<u64>| -> Result<usize> {
+        let v = match (config.get(key), default) {
+            (Some(v), _) => v,
+            (None, Some(d)) => return Ok(d as usize),
+            (None, None) => return Err(bad(key, "missing".into())),
+        };
+        v.as_u64()
+            .filter(|&n| n > 0 && n <= MAX_HYBRID_DIM as u64)
+            .map(|n| n as usize)
+            .ok_or_else(|| {
+                bad(
+                    key,
+                    format!("must be an integer from 1 to {MAX_HYBRID_DIM}, found {v}"),
+                )
+            })
+    };
+    if let Some(act) = config.get("hidden_act")
+        && act.as_str() != Some("silu")
+    {
+        return Err(Error::unsupported(
+            path,
+            Some(&format!("{kp}hidden_act")),
+            format!(
+                "{act} is not supported by the native runner for this architecture (supported: silu)"
+            ),
+        ));
+    }
+    if layers > MAX_HYBRID_DIM || head_dim > MAX_HYBRID_DIM {
+        return Err(bad(
+            "num_hidden_layers",
+            format!("num_hidden_layers and head_dim must be at most {MAX_HYBRID_DIM}"),
+        ));
+    }
+    // The rotary slice: the first head_dim·partial_rotary_factor dimensions (transformers:
+    // int(head_dim * factor)), in rope_parameters or at the top level, 0.25 by default.
+    let factor_at = rope
+        .and_then(|r| r.get("partial_rotary_factor"))
+        .map(|v| ("rope_parameters.partial_rotary_factor", v))
+        .or_else(|| {
+            config
+                .get("partial_rotary_factor")
+                .map(|v| ("partial_rotary_factor", v))
+        });
+    let factor = match factor_at {
+        None => 0.25,
+        Some((key, v)) => v
+            .as_f64()
+            .filter(|f| f.is_finite() && *f > 0.0 && *f <= 1.0)
+            .ok_or_else(|| bad(key, format!("must be a number in (0, 1], found {v}")))?,
+    };
+    let rotary_dim = (head_dim as f64 * factor) as usize;
+    if rotary_dim < 2 || !rotary_dim.is_multiple_of(2) {
+        return Err(bad(
+            "partial_rotary_factor",
+            format!(
+                "rotates {rotary_dim} of head_dim {head_dim}'s dimensions; RoPE needs an even number, at least 2"
+            ),
+        ));
+    }
+    let mrope_section = match rope
+        .and_then(|r| r.get("mrope_section"))
+        .or(config.get("mrope_section"))
+    {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(a)) => Some(
+            a.iter()
+                .map(|e| {
+                    e.as_u64()
+                        .filter(|&n| n <= MAX_HYBRID_DIM as u64)
+                        .map(|n| n as usize)
+                        .ok_or_else(|| {
+                            bad(
+                                "rope_parameters.mrope_section",
+                                format!("entries must be small non-negative integers, found {e}"),
+                            )
+                        })
+                })
+                .collect::<Result<Vec<_>>>()?,
+        ),
+        Some(v) => {
+            return Err(bad(
+                "rope_parameters.mrope_section",
+                format!("must be a list of integers, found {v}"),
+            ));
+        }
+    };
+    let layer_types = match config.get("layer_types") {
+        None | Some(Value::Null) => {
+            // transformers: linear if (i + 1) % full_attention_interval != 0.
+            let interval = dim("full_attention_interval", Some(4))?;
+            (0..layers)
+                .map(|i| {
+                    if (i + 1) % interval != 0 {
+                        LayerType::Linear
+                    } else {
+                        LayerType::Full
+                    }
+                })
+                .collect()
+        }
+        Some(Value::Array(a)) => {
+            if a.len() != layers {
+                return Err(bad(
+                    "layer_types",
+                    format!("has {} entries for num_hidden_layers {layers}", a.len()),
+                ));
+            }
+            a.iter()
+                .enumerate()
+                .map(|(i, t)| match t.as_str() {
+                    Some("linear_attention") => Ok(LayerType::Linear),
+                    Some("full_attention") => Ok(LayerType::Full),
+                    _ => Err(bad(
+                        &format!("layer_types[{i}]"),
+                        format!("is {t}; a layer is \"linear_attention\" or \"full_attention\""),
+                    )),
+                })
+                .collect::<Result<Vec<_>>>()?
+        }
+        Some(v) => {
+            return Err(bad(
+                "layer_types",
+                format!("must be a list of layer types, found {v}"),
+            ));
+        }
+    };
+    let key_heads = dim("linear_num_key_heads", None)?;
+    let value_heads = dim("linear_num_value_heads", None)?;
+    if !value_heads.is_multiple_of(key_heads) {
+        return Err(bad(
+            "linear_num_value_heads",
+            format!(
+                "{value_heads} is not a multiple of linear_num_key_heads {key_heads} (each key head serves a group of value heads)"
+            ),
+        ));
+    }
+    let conv_kernel = dim("linear_conv_kernel_dim", None)?;
+    if conv_kernel > 64 {
+        return Err(bad(
+            "linear_conv_kernel_dim",
+            format!("{conv_kernel} is wider than 64"),
+        ));
+    }
+    let mamba_ssm_dtype = match config.get("mamba_ssm_dtype") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(d)) => Some(d.clone()),
+        Some(v) => {
+            return Err(bad(
+                "mamba_ssm_dtype",
+                format!("must be a dtype name, found {v}"),
+            ));
+        }
+    };
+    if arch == Arch::Qwen3Next {
+        // transformers: a mixture-of-experts block unless the layer is in mlp_only_layers,
+        // num_experts is 0 or the layer is off the decoder_sparse_step grid.
+        let experts = match config.get("num_experts") {
+            None => 512,
+            Some(v) => v
+                .as_u64()
+                .ok_or_else(|| bad("num_experts", format!("must be an integer, found {v}")))?,
+        };
+        let step = dim("decoder_sparse_step", Some(1))?;
+        let dense_only: Vec<u64> = match config.get("mlp_only_layers") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|e| {
+                    e.as_u64().ok_or_else(|| {
+                        bad(
+                            "mlp_only_layers",
+                            format!("entries must be layer indices, found {e}"),
+                        )
+                    })
+                })
+                .collect::<Result<_>>()?,
+            Some(v) => {
+                return Err(bad(
+                    "mlp_only_layers",
+                    format!("must be a list of layer indices, found {v}"),
+                ));
+            }
+        };
+        if let Some(i) = (0..layers)
+            .find(|&i| !dense_only.contains(&(i as u64)) && experts > 0 && (i + 1) % step == 0)
+        {
+            return Err(Error::unsupported(
+                path,
+                Some(&format!("{kp}num_experts")),
+                format!(
+                    "layer {i} is a mixture-of-experts block ({experts} experts), which the native runner does not run yet"
+                ),
+            ));
+        }
+    }
+    let hybrid = Hybrid {
+        layer_types,
+        conv_kernel,
+        key_heads,
+        value_heads,
+        key_dim: dim("linear_key_head_dim", None)?,
+        value_dim: dim("linear_value_head_dim", None)?,
+        fused_projections: arch == Arch::Qwen3Next,
+        mamba_ssm_dtype,
+        mrope_section,
+    };
+    Ok((rotary_dim, hybrid))
 }
 
 /// Llama 3.1's wavelength-dependent scaling of one inverse frequency.
@@ -348,6 +836,137 @@ mod tests {
         v.as_object_mut().unwrap().remove("hidden_size");
         let e = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap_err();
         assert!(e.to_string().contains("hidden_size: missing"), "{e}");
+    }
+
+    fn qwen3_5_text() -> Value {
+        json!({"model_type": "qwen3_5_text", "hidden_size": 32, "intermediate_size": 64,
+               "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 16, "vocab_size": 256, "linear_num_key_heads": 2,
+               "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+               "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+               "mamba_ssm_dtype": "float32",
+               "rope_parameters": {"rope_theta": 1e4, "rope_type": "default",
+                                   "mrope_section": [11, 11, 10]}})
+    }
+
+    #[test]
+    fn hybrid_layer_types_derive_from_full_attention_interval() {
+        let path = Path::new("config.json");
+        let c = ModelConfig::from_hf(path, &qwen3_5_text()).unwrap();
+        let h = c.hybrid.as_ref().unwrap();
+        use LayerType::{Full, Linear};
+        // Default interval 4: linear if (i + 1) % 4 != 0.
+        assert_eq!(
+            h.layer_types,
+            [Linear, Linear, Linear, Full, Linear, Linear, Linear, Full]
+        );
+        assert_eq!(h.conv_dim(), 2 * 2 * 16 + 4 * 8);
+        assert_eq!(h.mamba_ssm_dtype.as_deref(), Some("float32"));
+        assert_eq!(h.mrope_section.as_deref(), Some(&[11, 11, 10][..]));
+        assert!(!h.fused_projections);
+        // partial_rotary_factor defaults to 0.25: RoPE on 4 of 16 dimensions, frequencies over 4.
+        assert_eq!(c.rotary_dim, 4);
+        assert_eq!(c.inv_freq(), vec![1.0, 1.0 / 100.0]);
+        let mut v = qwen3_5_text();
+        v["full_attention_interval"] = json!(2);
+        v["partial_rotary_factor"] = json!(0.5);
+        let c = ModelConfig::from_hf(path, &v).unwrap();
+        assert_eq!(c.hybrid.unwrap().layer_types, [Linear, Full].repeat(4));
+        assert_eq!(c.rotary_dim, 8);
+    }
+
+    #[test]
+    fn a_qwen3_5_vlm_reads_its_text_config_and_language_model_weights() {
+        let v = json!({"model_type": "qwen3_5", "tie_word_embeddings": true,
+                       "text_config": qwen3_5_text(), "vision_config": {"depth": 1}});
+        let c = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap();
+        assert_eq!(c.arch, Arch::Qwen3_5);
+        assert_eq!(c.prefix, "model.language_model");
+        assert!(c.tie_embeddings);
+        assert!(c.skipped("model.visual.blocks.0.attn.qkv.weight"));
+        assert!(c.skipped("mtp.fc.weight"));
+        assert!(!c.skipped("model.language_model.layers.0.mlp.up_proj.weight"));
+        let mut v = v;
+        v["text_config"]["model_type"] = json!("qwen3");
+        let e = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap_err();
+        assert!(e.to_string().contains("text_config.model_type"), "{e}");
+    }
+
+    #[test]
+    fn a_qwen3_next_with_expert_layers_is_refused_naming_num_experts() {
+        let mut v = qwen3_5_text();
+        v["model_type"] = json!("qwen3_next");
+        // transformers' default is 512 experts on every layer.
+        let e = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap_err();
+        assert!(e.is_unsupported(), "{e}");
+        assert!(
+            e.to_string().contains("num_experts") && e.to_string().contains("layer 0"),
+            "{e}"
+        );
+        v["num_experts"] = json!(8);
+        v["mlp_only_layers"] = json!([0, 1, 2, 3, 4, 5, 6]);
+        let e = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap_err();
+        assert!(e.to_string().contains("layer 7"), "{e}");
+        v["num_experts"] = json!(0);
+        let c = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap();
+        assert!(c.hybrid.unwrap().fused_projections);
+    }
+
+    #[test]
+    fn hybrid_sizes_are_range_checked_and_named() {
+        for (key, value, said) in [
+            (
+                "linear_num_key_heads",
+                json!(0),
+                "linear_num_key_heads: must be an integer from 1",
+            ),
+            (
+                "linear_num_value_heads",
+                json!(5),
+                "linear_num_value_heads: 5 is not a multiple",
+            ),
+            (
+                "linear_conv_kernel_dim",
+                json!(65),
+                "linear_conv_kernel_dim: 65 is wider than 64",
+            ),
+            (
+                "linear_value_head_dim",
+                json!(-1),
+                "linear_value_head_dim: must be an integer",
+            ),
+            (
+                "full_attention_interval",
+                json!(0),
+                "full_attention_interval: must be an integer",
+            ),
+            (
+                "layer_types",
+                json!("linear"),
+                "layer_types: must be a list",
+            ),
+            (
+                "mamba_ssm_dtype",
+                json!(3),
+                "mamba_ssm_dtype: must be a dtype name",
+            ),
+            ("hidden_act", json!("gelu"), "hidden_act"),
+            (
+                "partial_rotary_factor",
+                json!(0.01),
+                "partial_rotary_factor: rotates 0 of head_dim 16",
+            ),
+        ] {
+            let mut v = qwen3_5_text();
+            v[key] = value;
+            let e = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap_err();
+            assert!(e.to_string().contains(said), "{key}: {e}");
+        }
+        let mut v = qwen3_5_text();
+        v["num_attention_heads"] = json!(1u64 << 62);
+        v["num_key_value_heads"] = json!(1u64 << 62);
+        let e = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap_err();
+        assert!(e.to_string().contains("num_attention_heads"), "{e}");
     }
 
     #[test]

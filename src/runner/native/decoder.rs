@@ -1,10 +1,13 @@
-//! The decoder forward pass (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE) on candle's CPU tensors,
-//! written out rather than taken from candle-transformers so that declared activation and KV-cache
-//! quantization can be emulated at the exact points the engines apply them (see docs/DESIGN.md).
+//! The decoder forward pass (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, and the hybrid Qwen3.5 / Qwen3-Next
+//! family) on candle's CPU tensors, written out rather than taken from candle-transformers so
+//! that declared activation and KV-cache quantization can be emulated at the exact points the
+//! engines apply them (see docs/DESIGN.md). A layer is a token mixer (softmax attention, the
+//! hybrid family's gated attention, or a Gated DeltaNet, in [`super::hybrid`]) and an FFN.
 
 use candle_core::{DType, Device, Tensor};
 
-use super::config::ModelConfig;
+use super::config::{LayerType, ModelConfig};
+use super::hybrid::GatedDeltaNet;
 use super::moe::MoeBlock;
 use super::weights::{InputQuant, KvQuant, Linear, WeightStore};
 use crate::dequant;
@@ -55,23 +58,51 @@ pub(super) struct Lin {
     pub(super) input: InputQuant,
 }
 
-/// A layer's feed-forward block: the dense gated MLP, or a sparse mixture of experts.
-enum Ffn {
-    Dense { gate: Lin, up: Lin, down: Lin },
-    Moe(Box<MoeBlock>),
-}
-
-struct Layer {
-    attn_norm: Tensor,
+/// Softmax attention: the dense architectures', or the hybrid family's gated one (`q_proj` gives
+/// a query and a sigmoid output gate per head, RoPE on the first `rotary_dim` dimensions).
+struct Attention {
     q: Lin,
     k: Lin,
     v: Lin,
     o: Lin,
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
+    gated: bool,
+    kv: Option<KvQuant>,
+}
+
+/// A layer's token mixer.
+enum Mixer {
+    Attention(Attention),
+    DeltaNet(Box<GatedDeltaNet>),
+}
+
+/// A layer's feed-forward block: the dense gated MLP, or a sparse mixture of experts.
+enum Ffn {
+    /// SwiGLU: down(silu(gate(x)) · up(x)).
+    Dense { gate: Lin, up: Lin, down: Lin },
+    Moe(Box<MoeBlock>),
+}
+
+impl Ffn {
+    fn forward(&self, h: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Ffn::Dense { gate, up, down } => {
+                let g = linear(h, gate)?;
+                let u = linear(h, up)?;
+                let a = (g.silu()? * u)?;
+                linear(&a, down)
+            }
+            Ffn::Moe(block) => block.forward(h),
+        }
+    }
+}
+
+struct Layer {
+    attn_norm: Tensor,
+    mixer: Mixer,
     mlp_norm: Tensor,
     ffn: Ffn,
-    kv: Option<KvQuant>,
 }
 
 /// What was loaded and how: for the measurement's environment record.
@@ -84,6 +115,8 @@ pub struct LoadReport {
     pub kv_cache: Option<String>,
     /// The mixture-of-experts layers in words (see [`super::moe::MoeConfig::describe`]).
     pub experts: Option<String>,
+    /// Tensors not loaded on purpose (a VLM's vision tower, multi-token-prediction heads).
+    pub skipped: usize,
 }
 
 pub struct Decoder {
@@ -96,7 +129,7 @@ pub struct Decoder {
     lm_head: Lin,
 }
 
-fn cerr(store: &dyn WeightStore, what: &str) -> impl Fn(candle_core::Error) -> Error {
+pub(super) fn cerr(store: &dyn WeightStore, what: &str) -> impl Fn(candle_core::Error) -> Error {
     let path = store.path().to_owned();
     let what = what.to_owned();
     move |e| Error::runner(&path, format!("{what}: tensor operation failed: {e}"))
@@ -115,60 +148,22 @@ impl Decoder {
             activations: Default::default(),
             kv_cache: None,
             experts: None,
+            skipped: 0,
         };
-        let vector = |name: &str, len: usize| -> Result<Tensor> {
-            let d = store.dense(name)?;
-            if d.shape != [len] {
-                return Err(Error::format(
-                    store.path(),
-                    Some(name),
-                    format!("has shape {:?}; the config needs [{len}]", d.shape),
-                ));
-            }
-            Tensor::from_vec(d.data, len, &dev)
-                .and_then(|t| t.to_dtype(dt))
-                .map_err(cerr(store, name))
-        };
-        let linear =
-            |module: &str, out: usize, inp: usize, report: &mut LoadReport| -> Result<Lin> {
-                let l: Linear = store.linear(module)?;
-                if (l.out, l.inp) != (out, inp) {
-                    return Err(Error::format(
-                        store.path(),
-                        Some(module),
-                        format!(
-                            "weight is [{}, {}]; the config needs [{out}, {inp}]",
-                            l.out, l.inp
-                        ),
-                    ));
-                }
-                *report.schemes.entry(l.scheme.clone()).or_default() += 1;
-                if l.input != InputQuant::None {
-                    *report.activations.entry(l.input.describe()).or_default() += 1;
-                }
-                let w = Tensor::from_vec(l.weight, (out, inp), &dev)
-                    .and_then(|t| t.to_dtype(dt))
-                    .map_err(cerr(store, module))?;
-                let bias = match l.bias {
-                    Some(b) => Some(
-                        Tensor::from_vec(b, out, &dev)
-                            .and_then(|t| t.to_dtype(dt))
-                            .map_err(cerr(store, module))?,
-                    ),
-                    None => None,
-                };
-                Ok(Lin {
-                    wt: w.t().map_err(cerr(store, module))?,
-                    bias,
-                    input: l.input,
-                })
-            };
         let c = &config;
-        let embed_d = store.dense("model.embed_tokens.weight")?;
+        // The hybrid family's norms are zero-centred: x·rsqrt(mean x² + eps)·(1 + w).
+        let zero_centred = c.arch.is_hybrid();
+        let vector = |name: &str, len: usize| load_vector(store, name, len, dt, zero_centred);
+        let linear = |module: &str, out: usize, inp: usize, report: &mut LoadReport| {
+            load_linear(store, module, out, inp, dt, report)
+        };
+        let p0 = &c.prefix;
+        let embed_name = format!("{p0}.embed_tokens.weight");
+        let embed_d = store.dense(&embed_name)?;
         if embed_d.shape != [c.vocab, c.hidden] {
             return Err(Error::format(
                 store.path(),
-                Some("model.embed_tokens.weight"),
+                Some(&embed_name),
                 format!(
                     "has shape {:?}; the config needs [{}, {}]",
                     embed_d.shape, c.vocab, c.hidden
@@ -177,33 +172,45 @@ impl Decoder {
         }
         let embed = Tensor::from_vec(embed_d.data, (c.vocab, c.hidden), &dev)
             .and_then(|t| t.to_dtype(dt))
-            .map_err(cerr(store, "model.embed_tokens.weight"))?;
+            .map_err(cerr(store, &embed_name))?;
         let (q_out, kv_out) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
         let mut layers = Vec::with_capacity(c.layers);
+        // The hybrid family's q_proj carries a per-head output gate beside the query.
+        let q_proj_out = if c.arch.is_hybrid() { 2 * q_out } else { q_out };
         for i in 0..c.layers {
-            let p = format!("model.layers.{i}");
+            let p = format!("{p0}.layers.{i}");
             let attn = format!("{p}.self_attn");
-            // Qwen3 normalizes queries and keys per head; no other architecture here has those
-            // weights (another model_type's q_norm is an unread tensor, refused below).
+            let layer_type = c
+                .hybrid
+                .as_ref()
+                .map_or(LayerType::Full, |h| h.layer_types[i]);
+            // Qwen3 and the hybrid family normalize queries and keys per head; no other
+            // architecture here has those weights (another model_type's q_norm is an unread
+            // tensor, refused below).
             let norm_opt = |name: String| -> Result<Option<Tensor>> {
-                if matches!(
-                    c.arch,
-                    super::config::Arch::Qwen3 | super::config::Arch::Qwen3Moe
-                ) {
+                if c.arch.has_qk_norm() {
                     vector(&name, c.head_dim).map(Some)
                 } else {
                     Ok(None)
                 }
             };
-            for (module, expected) in [
+            let attention_biases = [
                 ("self_attn.q_proj", c.biases.qkv),
                 ("self_attn.k_proj", c.biases.qkv),
                 ("self_attn.v_proj", c.biases.qkv),
                 ("self_attn.o_proj", c.biases.o),
+            ];
+            let mlp_biases = [
                 ("mlp.gate_proj", c.biases.mlp),
                 ("mlp.up_proj", c.biases.mlp),
                 ("mlp.down_proj", c.biases.mlp),
-            ] {
+            ];
+            let mut checked = Vec::new();
+            if layer_type == LayerType::Full {
+                checked.extend(attention_biases);
+            }
+            checked.extend(mlp_biases);
+            for (module, expected) in checked {
                 let name = format!("{p}.{module}.bias");
                 if store.has(&name) != expected {
                     return Err(Error::format(
@@ -227,25 +234,44 @@ impl Decoder {
                     ));
                 }
             }
-            let kv = store.kv_cache(&attn)?;
-            match kv {
-                Some(KvQuant::Fp8(s)) => {
-                    report.kv_cache = Some(format!(
-                        "fp8_e4m3 per tensor (emulated; layer {i}: k_scale {}, v_scale {})",
-                        s.k_scale, s.v_scale
-                    ));
+            let attn_norm = vector(&format!("{p}.input_layernorm.weight"), c.hidden)?;
+            let mixer = match (layer_type, &c.hybrid) {
+                (LayerType::Linear, Some(h)) => Mixer::DeltaNet(Box::new(GatedDeltaNet::load(
+                    store,
+                    &format!("{p}.linear_attn"),
+                    c,
+                    h,
+                    compute,
+                    &mut report,
+                )?)),
+                _ => {
+                    // The KV cache (and its quantization) exists only in attention layers.
+                    let kv = store.kv_cache(&attn)?;
+                    match kv {
+                        Some(KvQuant::Fp8(s)) => {
+                            report.kv_cache = Some(format!(
+                                "fp8_e4m3 per tensor (emulated; layer {i}: k_scale {}, v_scale {})",
+                                s.k_scale, s.v_scale
+                            ));
+                        }
+                        Some(KvQuant::F16) => report.kv_cache = Some("f16 (emulated)".into()),
+                        None => {}
+                    }
+                    Mixer::Attention(Attention {
+                        q: linear(&format!("{attn}.q_proj"), q_proj_out, c.hidden, &mut report)?,
+                        k: linear(&format!("{attn}.k_proj"), kv_out, c.hidden, &mut report)?,
+                        v: linear(&format!("{attn}.v_proj"), kv_out, c.hidden, &mut report)?,
+                        o: linear(&format!("{attn}.o_proj"), c.hidden, q_out, &mut report)?,
+                        q_norm: norm_opt(format!("{attn}.q_norm.weight"))?,
+                        k_norm: norm_opt(format!("{attn}.k_norm.weight"))?,
+                        gated: c.arch.is_hybrid(),
+                        kv,
+                    })
                 }
-                Some(KvQuant::F16) => report.kv_cache = Some("f16 (emulated)".into()),
-                None => {}
-            }
+            };
             layers.push(Layer {
-                attn_norm: vector(&format!("{p}.input_layernorm.weight"), c.hidden)?,
-                q: linear(&format!("{attn}.q_proj"), q_out, c.hidden, &mut report)?,
-                k: linear(&format!("{attn}.k_proj"), kv_out, c.hidden, &mut report)?,
-                v: linear(&format!("{attn}.v_proj"), kv_out, c.hidden, &mut report)?,
-                o: linear(&format!("{attn}.o_proj"), c.hidden, q_out, &mut report)?,
-                q_norm: norm_opt(format!("{attn}.q_norm.weight"))?,
-                k_norm: norm_opt(format!("{attn}.k_norm.weight"))?,
+                attn_norm,
+                mixer,
                 mlp_norm: vector(&format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
                 ffn: match &c.moe {
                     Some(m) if m.is_sparse(i) => Ffn::Moe(Box::new(MoeBlock::load(
@@ -277,14 +303,13 @@ impl Decoder {
                         )?,
                     },
                 },
-                kv,
             });
         }
         if let Some(m) = &c.moe {
             let sparse = (0..c.layers).filter(|&i| m.is_sparse(i)).count();
             report.experts = Some(m.describe(sparse, c.layers));
         }
-        let norm = vector("model.norm.weight", c.hidden)?;
+        let norm = vector(&format!("{p0}.norm.weight"), c.hidden)?;
         let lm_head_stored = ["lm_head.weight", "lm_head.qweight", "lm_head.weight_packed"]
             .iter()
             .any(|n| store.has(n));
@@ -292,8 +317,7 @@ impl Decoder {
             // transformers ties: the output layer *is* the embedding, whatever lm_head the files
             // hold. A stored lm_head is accepted only as a byte-identical copy.
             if lm_head_stored
-                && store.tensor_sha256("lm_head.weight")?
-                    != store.tensor_sha256("model.embed_tokens.weight")?
+                && store.tensor_sha256("lm_head.weight")? != store.tensor_sha256(&embed_name)?
             {
                 return Err(Error::format(
                     store.path(),
@@ -315,7 +339,10 @@ impl Decoder {
                 "missing, and the config does not tie the word embeddings",
             ));
         };
-        let unread = store.unread();
+        // What the architecture skips on purpose (as transformers does) is not unread.
+        let (skipped, unread): (Vec<String>, Vec<String>) =
+            store.unread().into_iter().partition(|n| c.skipped(n));
+        report.skipped = skipped.len();
         if let Some(first) = unread.first() {
             return Err(Error::format(
                 store.path(),
@@ -347,64 +374,109 @@ impl Decoder {
 
     /// Final hidden states `[n, hidden]` (before the final norm) of one window.
     pub fn hidden(&self, ids: &[u32]) -> candle_core::Result<Tensor> {
-        let c = &self.config;
         let n = ids.len();
         let dev = Device::Cpu;
         let ids_t = Tensor::from_vec(ids.to_vec(), n, &dev)?;
         let mut x = self.embed.index_select(&ids_t, 0)?;
         let (cos, sin) = self.rope_tables(n)?;
         let mask = self.mask(n)?;
-        let scale = 1.0 / (c.head_dim as f64).sqrt();
-        let rep = c.heads / c.kv_heads;
         for layer in &self.layers {
-            let h = rms_norm(&x, &layer.attn_norm, c.rms_eps)?;
-            let q = linear(&h, &layer.q)?.reshape((n, c.heads, c.head_dim))?;
-            let k = linear(&h, &layer.k)?.reshape((n, c.kv_heads, c.head_dim))?;
-            let v = linear(&h, &layer.v)?.reshape((n, c.kv_heads, c.head_dim))?;
-            let q = match &layer.q_norm {
-                Some(w) => rms_norm(&q, w, c.rms_eps)?,
-                None => q,
+            let h = self.norm(&x, &layer.attn_norm)?;
+            let mixed = match &layer.mixer {
+                Mixer::Attention(a) => self.attention(a, &h, &cos, &sin, &mask)?,
+                Mixer::DeltaNet(g) => g.forward(&h, self.compute)?,
             };
-            let k = match &layer.k_norm {
-                Some(w) => rms_norm(&k, w, c.rms_eps)?,
-                None => k,
-            };
-            let q = rope(&q, &cos, &sin)?;
-            let mut k = rope(&k, &cos, &sin)?;
-            let mut v = v;
-            match layer.kv {
-                Some(KvQuant::Fp8(s)) => {
-                    k = fake_quant_tensor(&k, |d| dequant::fake_quant_fp8_static(d, s.k_scale))?;
-                    v = fake_quant_tensor(&v, |d| dequant::fake_quant_fp8_static(d, s.v_scale))?;
-                }
-                Some(KvQuant::F16) => {
-                    k = k.to_dtype(DType::F16)?.to_dtype(k.dtype())?;
-                    v = v.to_dtype(DType::F16)?.to_dtype(v.dtype())?;
-                }
-                None => {}
-            }
-            // [heads, n, d]
-            let q = q.transpose(0, 1)?.contiguous()?;
-            let k = repeat_kv(&k.transpose(0, 1)?, rep)?;
-            let v = repeat_kv(&v.transpose(0, 1)?, rep)?;
-            let att = (q.matmul(&k.t()?)? * scale)?.broadcast_add(&mask)?;
-            let att = softmax_last(&att)?;
-            let o = att
-                .matmul(&v)?
-                .transpose(0, 1)?
-                .reshape((n, c.heads * c.head_dim))?;
-            x = (x + linear(&o, &layer.o)?)?;
-            let h = rms_norm(&x, &layer.mlp_norm, c.rms_eps)?;
-            let f = match &layer.ffn {
-                Ffn::Dense { gate, up, down } => {
-                    let a = (linear(&h, gate)?.silu()? * linear(&h, up)?)?;
-                    linear(&a, down)?
-                }
-                Ffn::Moe(block) => block.forward(&h)?,
-            };
-            x = (x + f)?;
+            x = (x + mixed)?;
+            let h = self.norm(&x, &layer.mlp_norm)?;
+            x = (x + layer.ffn.forward(&h)?)?;
         }
         Ok(x)
+    }
+
+    /// An RMSNorm of the model (zero-centred weights were loaded as 1 + w); the hybrid family
+    /// computes it in fp32 and casts back, as transformers does.
+    fn norm(&self, x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
+        let eps = self.config.rms_eps;
+        if self.config.arch.is_hybrid() && x.dtype() == DType::BF16 {
+            let y = rms_norm(&x.to_dtype(DType::F32)?, &w.to_dtype(DType::F32)?, eps)?;
+            return y.to_dtype(DType::BF16);
+        }
+        rms_norm(x, w, eps)
+    }
+
+    /// One attention block's output (before the residual add) on normed input `h` `[n, hidden]`.
+    fn attention(
+        &self,
+        layer: &Attention,
+        h: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &Tensor,
+    ) -> candle_core::Result<Tensor> {
+        let c = &self.config;
+        let n = h.dim(0)?;
+        let scale = 1.0 / (c.head_dim as f64).sqrt();
+        let rep = c.heads / c.kv_heads;
+        let (q, gate) = if layer.gated {
+            // Per head: [query (head_dim), gate (head_dim)].
+            let qg = linear(h, &layer.q)?.reshape((n, c.heads, 2 * c.head_dim))?;
+            let q = qg.narrow(2, 0, c.head_dim)?.contiguous()?;
+            let gate = qg
+                .narrow(2, c.head_dim, c.head_dim)?
+                .contiguous()?
+                .reshape((n, c.heads * c.head_dim))?;
+            (q, Some(gate))
+        } else {
+            (
+                linear(h, &layer.q)?.reshape((n, c.heads, c.head_dim))?,
+                None,
+            )
+        };
+        let k = linear(h, &layer.k)?.reshape((n, c.kv_heads, c.head_dim))?;
+        let v = linear(h, &layer.v)?.reshape((n, c.kv_heads, c.head_dim))?;
+        let q = match &layer.q_norm {
+            Some(w) => self.norm(&q, w)?,
+            None => q,
+        };
+        let k = match &layer.k_norm {
+            Some(w) => self.norm(&k, w)?,
+            None => k,
+        };
+        let (q, mut k) = if c.rotary_dim == c.head_dim {
+            (rope(&q, cos, sin)?, rope(&k, cos, sin)?)
+        } else {
+            (
+                partial_rope(&q, cos, sin, c.rotary_dim)?,
+                partial_rope(&k, cos, sin, c.rotary_dim)?,
+            )
+        };
+        let mut v = v;
+        match layer.kv {
+            Some(KvQuant::Fp8(s)) => {
+                k = fake_quant_tensor(&k, |d| dequant::fake_quant_fp8_static(d, s.k_scale))?;
+                v = fake_quant_tensor(&v, |d| dequant::fake_quant_fp8_static(d, s.v_scale))?;
+            }
+            Some(KvQuant::F16) => {
+                k = k.to_dtype(DType::F16)?.to_dtype(k.dtype())?;
+                v = v.to_dtype(DType::F16)?.to_dtype(v.dtype())?;
+            }
+            None => {}
+        }
+        // [heads, n, d]
+        let q = q.transpose(0, 1)?.contiguous()?;
+        let k = repeat_kv(&k.transpose(0, 1)?, rep)?;
+        let v = repeat_kv(&v.transpose(0, 1)?, rep)?;
+        let att = (q.matmul(&k.t()?)? * scale)?.broadcast_add(mask)?;
+        let att = softmax_last(&att)?;
+        let o = att
+            .matmul(&v)?
+            .transpose(0, 1)?
+            .reshape((n, c.heads * c.head_dim))?;
+        let o = match &gate {
+            Some(g) => (o * sigmoid(g)?)?,
+            None => o,
+        };
+        linear(&o, &layer.o)
     }
 
     /// Logits `[rows.len(), vocab]` (f32, row-major) at the given rows of [`Decoder::hidden`]'s
@@ -421,15 +493,11 @@ impl Decoder {
             rows.len(),
             &Device::Cpu,
         )?;
-        rms_norm(
-            &hidden.index_select(&rows_t, 0)?,
-            &self.norm,
-            self.config.rms_eps,
-        )
+        self.norm(&hidden.index_select(&rows_t, 0)?, &self.norm)
     }
 
-    /// Logits at the given rows in f64, computed in the compute dtype (the f64 mode's full
-    /// precision, which [`Decoder::logits_at`]'s f32 rows would round away).
+    /// Logits `[rows.len(), vocab]` at the given rows in the compute dtype, widened to f64 (an
+    /// f64 run's logits without the f32 rounding of [`Decoder::logits_at`]).
     pub fn logits_f64_at(&self, hidden: &Tensor, rows: &[usize]) -> candle_core::Result<Vec<f64>> {
         let normed = self.normed_at(hidden, rows)?;
         let logits = linear(&normed.to_dtype(self.compute.candle())?, &self.lm_head)?;
@@ -452,10 +520,11 @@ impl Decoder {
         )?)
     }
 
-    /// cos and sin `[n, head_dim]` in the half-split (NeoX / Hugging Face) layout, computed in f64.
+    /// cos and sin `[n, rotary_dim]` in the half-split (NeoX / Hugging Face) layout, computed in
+    /// f64 (`rotary_dim` is `head_dim` but for the hybrid family's partial RoPE).
     fn rope_tables(&self, n: usize) -> candle_core::Result<(Tensor, Tensor)> {
         let inv = self.config.inv_freq();
-        let d = self.config.head_dim;
+        let d = self.config.rotary_dim;
         let mut cos = Vec::with_capacity(n * d);
         let mut sin = Vec::with_capacity(n * d);
         // Angles in f64 (engines form them in f32, which drifts at long positions; this runner's
@@ -491,6 +560,87 @@ impl Decoder {
             .collect();
         Tensor::from_vec(m, (n, n), &Device::Cpu)?.to_dtype(self.compute.candle())
     }
+}
+
+/// A norm weight `[len]` in the compute dtype (`1 + w`, formed in f64, when zero-centred).
+pub(super) fn load_vector(
+    store: &dyn WeightStore,
+    name: &str,
+    len: usize,
+    dt: DType,
+    zero_centred: bool,
+) -> Result<Tensor> {
+    let d = store.dense(name)?;
+    if d.shape != [len] {
+        return Err(Error::format(
+            store.path(),
+            Some(name),
+            format!("has shape {:?}; the config needs [{len}]", d.shape),
+        ));
+    }
+    let t = if zero_centred {
+        let w: Vec<f64> = d.data.iter().map(|&w| 1.0 + w as f64).collect();
+        Tensor::from_vec(w, len, &Device::Cpu)
+    } else {
+        Tensor::from_vec(d.data, len, &Device::Cpu)
+    };
+    t.and_then(|t| t.to_dtype(dt)).map_err(cerr(store, name))
+}
+
+/// A linear module, dequantized, checked against the config's `[out, in]`, counted in the report.
+pub(super) fn load_linear(
+    store: &dyn WeightStore,
+    module: &str,
+    out: usize,
+    inp: usize,
+    dt: DType,
+    report: &mut LoadReport,
+) -> Result<Lin> {
+    let l: Linear = store.linear(module)?;
+    lin_from(store, module, l, out, inp, dt, report)
+}
+
+/// [`load_linear`] on a module already read (and perhaps rearranged) by the caller.
+pub(super) fn lin_from(
+    store: &dyn WeightStore,
+    module: &str,
+    l: Linear,
+    out: usize,
+    inp: usize,
+    dt: DType,
+    report: &mut LoadReport,
+) -> Result<Lin> {
+    if (l.out, l.inp) != (out, inp) {
+        return Err(Error::format(
+            store.path(),
+            Some(module),
+            format!(
+                "weight is [{}, {}]; the config needs [{out}, {inp}]",
+                l.out, l.inp
+            ),
+        ));
+    }
+    *report.schemes.entry(l.scheme.clone()).or_default() += 1;
+    if l.input != InputQuant::None {
+        *report.activations.entry(l.input.describe()).or_default() += 1;
+    }
+    let dev = Device::Cpu;
+    let w = Tensor::from_vec(l.weight, (out, inp), &dev)
+        .and_then(|t| t.to_dtype(dt))
+        .map_err(cerr(store, module))?;
+    let bias = match l.bias {
+        Some(b) => Some(
+            Tensor::from_vec(b, out, &dev)
+                .and_then(|t| t.to_dtype(dt))
+                .map_err(cerr(store, module))?,
+        ),
+        None => None,
+    };
+    Ok(Lin {
+        wt: w.t().map_err(cerr(store, module))?,
+        bias,
+        input: l.input,
+    })
 }
 
 pub(super) fn linear(x: &Tensor, l: &Lin) -> candle_core::Result<Tensor> {
@@ -544,6 +694,24 @@ fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
     let x2 = x.narrow(2, d / 2, d / 2)?;
     let rotated = Tensor::cat(&[&x2.neg()?, &x1], 2)?;
     x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?
+}
+
+/// RoPE on the first `rotary` dimensions of each head (rotate-half on that slice), the rest
+/// passed through: the hybrid family's partial rotary embedding.
+fn partial_rope(
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    rotary: usize,
+) -> candle_core::Result<Tensor> {
+    let d = x.dim(2)?;
+    let rotated = rope(&x.narrow(2, 0, rotary)?, cos, sin)?;
+    Tensor::cat(&[&rotated, &x.narrow(2, rotary, d - rotary)?], 2)
+}
+
+/// 1 / (1 + exp(−x)).
+pub(super) fn sigmoid(x: &Tensor) -> candle_core::Result<Tensor> {
+    (x.neg()?.exp()? + 1.0)?.recip()
 }
 
 /// `[kv_heads, n, d]` → `[kv_heads * rep, n, d]`, head h using kv head h / rep.

@@ -115,6 +115,12 @@ impl GgufStore {
     /// Open a GGUF file and read the decoder's shape from its metadata.
     pub fn open(path: &Path, emulate: Emulate) -> Result<(GgufStore, ModelConfig)> {
         let mut store = GgufStore::open_weights(path, emulate)?;
+        // The hybrid family: its shape was read with the weights (tensors come back under their
+        // Hugging Face names), and the hybrid decoder runs it.
+        if let Some(family) = store.family_config() {
+            let config = ModelConfig::from_gguf_family(path, family)?;
+            return Ok((store, config));
+        }
         let file = &store.file;
         let arch_name = file.architecture().unwrap_or_default().to_owned();
         let arch = Arch::from_name(&arch_name).ok_or_else(|| {
@@ -174,6 +180,9 @@ impl GgufStore {
                 o: file.tensor("blk.0.attn_output.bias").is_some(),
                 mlp: file.tensor("blk.0.ffn_up.bias").is_some(),
             },
+            rotary_dim: head_dim,
+            prefix: "model".into(),
+            hybrid: None,
         };
         config.validate(path)?;
         store.arch = Some(arch);

@@ -4,8 +4,10 @@
 
 pub mod config;
 pub mod decoder;
+pub mod delta_rule;
 pub mod gguf;
 pub mod gguf_family;
+pub mod hybrid;
 pub mod llamacpp_cpu;
 pub mod moe;
 pub mod weights;
@@ -99,13 +101,14 @@ pub fn load(path: &Path, compute: ComputeDtype, emulate: Emulate) -> Result<Nati
         (Box::new(store), config)
     };
     // Tied embeddings: the output layer is the embedding (as transformers loads it).
+    let embed = format!("{}.embed_tokens.weight", config.prefix);
     let head = if config.tie_embeddings {
-        "model.embed_tokens.weight"
+        embed.as_str()
     } else {
         "lm_head.weight"
     };
     let lm_head_sha256 = store.tensor_sha256(head)?.unwrap_or_default();
-    let stored_dtype = store.stored_dtype("model.embed_tokens.weight");
+    let stored_dtype = store.stored_dtype(&embed);
     let decoder = Decoder::load(store.as_ref(), config, compute)?;
     Ok(NativeModel {
         path,
