@@ -80,7 +80,11 @@ enum Mixer {
 /// A layer's feed-forward block: the dense gated MLP, or a sparse mixture of experts.
 enum Ffn {
     /// SwiGLU: down(silu(gate(x)) · up(x)).
-    Dense { gate: Lin, up: Lin, down: Lin },
+    Dense {
+        gate: Lin,
+        up: Lin,
+        down: Lin,
+    },
     Moe(Box<MoeBlock>),
 }
 

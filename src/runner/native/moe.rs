@@ -553,6 +553,7 @@ mod tests {
                 activations: Default::default(),
                 kv_cache: None,
                 experts: None,
+                skipped: 0,
             };
             let block = MoeBlock::load(&store, prefix, &cfg, 64, compute, &mut report).unwrap();
             let xt = Tensor::from_vec(x.clone(), (shape[0], shape[1]), &Device::Cpu)
@@ -658,6 +659,7 @@ mod tests {
             activations: Default::default(),
             kv_cache: None,
             experts: None,
+            skipped: 0,
         };
         let block = MoeBlock::load(&store, "m", &cfg, h, ComputeDtype::F32, &mut report).unwrap();
         assert_eq!(
