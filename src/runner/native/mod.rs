@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod decoder;
+pub mod delta_rule;
 pub mod gguf;
 pub mod llamacpp_cpu;
 pub mod weights;
