@@ -585,16 +585,8 @@ mod tests {
         x.iter().map(|&x| x as f32).collect()
     }
 
-    type Form<F> = fn(
-        DeltaRuleShape,
-        &[F],
-        &[F],
-        &[F],
-        &[F],
-        &[F],
-        &mut [F],
-        StateDtype,
-    ) -> Result<Vec<F>>;
+    type Form<F> =
+        fn(DeltaRuleShape, &[F], &[F], &[F], &[F], &[F], &mut [F], StateDtype) -> Result<Vec<F>>;
 
     fn run<F: DeltaFloat>(
         form: Form<F>,
@@ -689,7 +681,10 @@ mod tests {
             for form in [chunked as Form<f64>, recurrent] {
                 let (o, s) = run_split(form, &x, <[f64]>::to_vec, cuts);
                 assert!(rel_diff(&o, &whole) < 1e-12, "split at {cuts:?}");
-                assert!(rel_diff(&s, &whole_state) < 1e-12, "state split at {cuts:?}");
+                assert!(
+                    rel_diff(&s, &whole_state) < 1e-12,
+                    "state split at {cuts:?}"
+                );
             }
             let (o, s) = run_split::<f32>(chunked, &x, to32, cuts);
             assert!(rel_diff(&o, &to32(&whole)) < 1e-5, "f32 split at {cuts:?}");
@@ -783,16 +778,34 @@ mod tests {
         let mut state = x.state.clone();
         let short = &x.v[1..];
         for form in [chunked as Form<f64>, recurrent] {
-            let e = form(x.shape, &x.q, &x.k, short, &x.g, &x.beta, &mut state, StateDtype::F32)
-                .unwrap_err();
+            let e = form(
+                x.shape,
+                &x.q,
+                &x.k,
+                short,
+                &x.g,
+                &x.beta,
+                &mut state,
+                StateDtype::F32,
+            )
+            .unwrap_err();
             assert!(e.is_internal(), "{e}");
             assert!(e.to_string().contains("`v` holds 159 values"), "{e}");
             let bad = DeltaRuleShape {
                 value_heads: 3,
                 ..x.shape
             };
-            let e = form(bad, &x.q, &x.k, &x.v, &x.g, &x.beta, &mut state, StateDtype::F32)
-                .unwrap_err();
+            let e = form(
+                bad,
+                &x.q,
+                &x.k,
+                &x.v,
+                &x.g,
+                &x.beta,
+                &mut state,
+                StateDtype::F32,
+            )
+            .unwrap_err();
             assert!(e.to_string().contains("not a multiple"), "{e}");
         }
         // An empty sequence is fine and leaves the state alone.
@@ -822,6 +835,9 @@ mod tests {
         for bad in ["", "fp8", "F32", "half", "float64"] {
             assert_eq!(StateDtype::from_name(bad), None, "{bad}");
         }
-        assert_eq!(serde_json::to_string(&StateDtype::Bf16).unwrap(), "\"bf16\"");
+        assert_eq!(
+            serde_json::to_string(&StateDtype::Bf16).unwrap(),
+            "\"bf16\""
+        );
     }
 }
