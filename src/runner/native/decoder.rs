@@ -6,6 +6,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::config::ModelConfig;
 use super::weights::{InputQuant, KvQuant, Linear, WeightStore};
+use super::delta_rule::StateDtype;
 use crate::dequant;
 use crate::error::{Error, Result};
 
@@ -82,6 +83,9 @@ pub struct LoadReport {
 pub struct Decoder {
     pub config: ModelConfig,
     pub compute: ComputeDtype,
+    /// The dtype the carried recurrent (Gated DeltaNet) state is rounded to: read by hybrid
+    /// layers; this dense decoder has no recurrent state and ignores it.
+    pub recurrent_state: StateDtype,
     pub report: LoadReport,
     embed: Tensor,
     layers: Vec<Layer>,
@@ -100,6 +104,7 @@ impl Decoder {
         store: &dyn WeightStore,
         config: ModelConfig,
         compute: ComputeDtype,
+        recurrent_state: StateDtype,
     ) -> Result<Decoder> {
         let dt = compute.candle();
         let dev = Device::Cpu;
@@ -310,12 +315,19 @@ impl Decoder {
         Ok(Decoder {
             config,
             compute,
+            recurrent_state,
             report,
             embed,
             layers,
             norm,
             lm_head,
         })
+    }
+
+    /// Whether the model carries a recurrent state from token to token (linear-attention
+    /// layers), which [`Decoder::recurrent_state`] applies to. This dense decoder has none.
+    pub fn has_recurrent_state(&self) -> bool {
+        false
     }
 
     /// Final hidden states `[n, hidden]` (before the final norm) of one window.
