@@ -328,8 +328,7 @@ impl MeasureConfig {
             RunnerArg::Transformers => Some(flags.options()?),
         };
         let sweep = flags.sweep()?;
-        let recurrent_state =
-            recurrent_state(&args.recurrent_state_dtype, transformers.is_some())?;
+        let recurrent_state = recurrent_state(&args.recurrent_state_dtype, transformers.is_some())?;
         if sweep.is_none() && args.reference.is_none() && args.reference_artifact.is_none() {
             return Err("--reference or --reference-artifact is required".into());
         }
@@ -452,8 +451,7 @@ impl VerifyConfig {
             }
             RunnerArg::Transformers => Some(transformers_flags(&args.transformers).options()?),
         };
-        let recurrent_state =
-            recurrent_state(&args.recurrent_state_dtype, transformers.is_some())?;
+        let recurrent_state = recurrent_state(&args.recurrent_state_dtype, transformers.is_some())?;
         Ok(VerifyConfig {
             recurrent_state,
             threads: threads(args.threads),

@@ -5,8 +5,8 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::ModelConfig;
-use super::weights::{InputQuant, KvQuant, Linear, WeightStore};
 use super::delta_rule::StateDtype;
+use super::weights::{InputQuant, KvQuant, Linear, WeightStore};
 use crate::dequant;
 use crate::error::{Error, Result};
 
