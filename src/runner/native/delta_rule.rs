@@ -246,11 +246,7 @@ fn check<F>(
 /// `dst = src * rsqrt(sum src^2 + eps) * scale`.
 #[inline]
 fn l2_normalised<F: DeltaFloat>(src: &[F], scale: F, dst: &mut [F]) {
-    let mut sum = F::ZERO;
-    for &x in src {
-        sum += x * x;
-    }
-    let inv = F::ONE / (sum + F::from_f64(L2_EPS)).sqrt();
+    let inv = F::ONE / (dot(src, src) + F::from_f64(L2_EPS)).sqrt();
     for (d, &x) in dst.iter_mut().zip(src) {
         *d = x * inv * scale;
     }
@@ -264,13 +260,22 @@ fn axpy<F: DeltaFloat>(y: &mut [F], a: F, x: &[F]) {
     }
 }
 
+/// `a . b` with eight independent accumulators, so the compiler can keep them in vector lanes (a
+/// single running sum is a serial chain it may not reorder).
 #[inline]
 fn dot<F: DeltaFloat>(a: &[F], b: &[F]) -> F {
-    let mut s = F::ZERO;
-    for (&a, &b) in a.iter().zip(b) {
-        s += a * b;
+    let mut acc = [F::ZERO; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let mut tail = F::ZERO;
+    for (&x, &y) in ca.remainder().iter().zip(cb.remainder()) {
+        tail += x * y;
     }
-    s
+    for (x, y) in ca.zip(cb) {
+        for ((s, &x), &y) in acc.iter_mut().zip(x).zip(y) {
+            *s += x * y;
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
 /// The scale applied to q: `key_dim^-0.5`.
