@@ -75,7 +75,17 @@ fn time<F: DeltaFloat>(x: &Inputs<F>, form: Form<F>, reps: usize) -> f64 {
     for _ in 0..reps {
         let mut state = vec![F::ZERO; s.value_heads * s.key_dim * s.value_dim];
         let t = Instant::now();
-        let o = form(s, &x.q, &x.k, &x.v, &x.g, &x.beta, &mut state, StateDtype::F32).unwrap();
+        let o = form(
+            s,
+            &x.q,
+            &x.k,
+            &x.v,
+            &x.g,
+            &x.beta,
+            &mut state,
+            StateDtype::F32,
+        )
+        .unwrap();
         best = best.min(t.elapsed().as_secs_f64());
         assert_eq!(o.len(), s.tokens * s.value_heads * s.value_dim);
     }
@@ -94,9 +104,14 @@ fn row<F: DeltaFloat>(name: &str, dtype: &str, lengths: &[usize]) {
         let _ = time(&x, form, 1);
         let t = time(&x, form, 3);
         per_token.push(t / n as f64);
+        // The rule's nominal work, the same for both forms: per token and value head, kᵀS, the
+        // rank-1 update and qᵀS, 6 · key_dim · value_dim FLOPs.
+        let s = x.shape;
+        let flops = 6.0 * (n * s.value_heads * s.key_dim * s.value_dim) as f64;
         println!(
-            "{name:9} {dtype} {n:6} tokens: {t:8.3} s  {:9.0} tokens/s",
-            n as f64 / t
+            "{name:9} {dtype} {n:6} tokens: {t:8.3} s  {:9.0} tokens/s  {:6.1} GFLOP/s (nominal)",
+            n as f64 / t,
+            flops / t / 1e9
         );
     }
     if let [a, .., b] = per_token[..] {

@@ -424,8 +424,8 @@ pub fn chunked<F: DeltaFloat>(
         let mut qc = vec![F::ZERO; CHUNK * dk];
         let mut kc = vec![F::ZERO; CHUNK * dk];
         let mut u = vec![F::ZERO; CHUNK * dv];
-        let mut kk = vec![F::ZERO; CHUNK * CHUNK];
-        let mut qk = vec![F::ZERO; CHUNK * CHUNK];
+        let mut kk = [F::ZERO; CHUNK * CHUNK];
+        let mut qk = [F::ZERO; CHUNK * CHUNK];
         let mut cum = [F::ZERO; CHUNK];
         let mut ecum = [F::ZERO; CHUNK];
         let mut c0 = t0;
