@@ -10,7 +10,7 @@ use candle_core::{Device, Tensor};
 use cardproof::runner::native::config::{Arch, ModelConfig};
 use cardproof::runner::native::decoder::{ComputeDtype, Decoder};
 use cardproof::runner::native::weights::synthetic;
-use cardproof::runner::native::{self, Emulate};
+use cardproof::runner::native::{self, Emulate, StateDtype};
 
 /// Best of `reps` timings, in seconds.
 fn best<F: FnMut()>(reps: usize, mut f: F) -> f64 {
@@ -82,7 +82,13 @@ fn main() {
 
     let root =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/models/shakespeare-bf16");
-    let example = native::load(&root, ComputeDtype::F32, Emulate::ReferenceSemantics).unwrap();
+    let example = native::load(
+        &root,
+        ComputeDtype::F32,
+        Emulate::ReferenceSemantics,
+        StateDtype::F32,
+    )
+    .unwrap();
     report("example (4.2M params)", &example.decoder, 256, 10, peak);
 
     let config = ModelConfig {
@@ -107,7 +113,7 @@ fn main() {
         hybrid: None,
     };
     let store = synthetic(&config, 7);
-    let decoder = Decoder::load(&store, config, ComputeDtype::F32).unwrap();
+    let decoder = Decoder::load(&store, config, ComputeDtype::F32, StateDtype::F32).unwrap();
     drop(store);
     report("synthetic Qwen3-0.6B shape (0.6B)", &decoder, 256, 2, peak);
 }

@@ -205,6 +205,13 @@ pub struct Runtime {
     /// KV-cache dtype as run (`bf16`, `fp8_e4m3`, `q8_0`, ...).
     #[schemars(length(min = 1))]
     pub kv_cache_dtype: String,
+    /// The dtype the carried recurrent state of linear-attention (Gated DeltaNet) layers is kept
+    /// in, as run (vLLM's `mamba_ssm_cache_dtype`, SGLang's `mamba_ssm_dtype`): `f32`, `bf16`,
+    /// `f16` (or `float32`, `bfloat16`, `float16`, with or without `torch.`). For hybrid models;
+    /// absent means the engine's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(torch\.)?(f32|float32|bf16|bfloat16|f16|float16)$"))]
+    pub recurrent_state_dtype: Option<String>,
     /// Dtype of activations and accumulation (`bf16`, `f16`, `f32`).
     #[schemars(length(min = 1))]
     pub compute_dtype: String,

@@ -253,7 +253,7 @@ pub fn measurement(doc: &crate::rerun::Measurement) -> String {
     };
     let _ = writeln!(
         out,
-        "runner: {} ({} {}), {} compute, {where_}",
+        "runner: {} ({} {}), {} compute{}, {where_}",
         match e.runner {
             crate::rerun::document::RunnerKind::Native => "native",
             crate::rerun::document::RunnerKind::Transformers => "transformers",
@@ -261,6 +261,10 @@ pub fn measurement(doc: &crate::rerun::Measurement) -> String {
         e.engine,
         e.engine_version.as_deref().unwrap_or("?"),
         e.compute_dtype,
+        e.recurrent_state_dtype
+            .as_ref()
+            .map(|d| format!(", {d} recurrent state"))
+            .unwrap_or_default(),
     );
     if let Some(t) = e.transformers_runner.as_ref().and_then(|r| {
         r.other

@@ -141,6 +141,10 @@ pub struct Environment {
     pub compute_dtype: String,
     pub attention: String,
     pub kv_cache_dtype: Option<String>,
+    /// The dtype the candidate's carried recurrent (Gated DeltaNet) state was kept in (`f32`,
+    /// `bf16`, `f16`; native runner; absent in records that predate it and for transformers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recurrent_state_dtype: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub emulate: Option<crate::runner::native::Emulate>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

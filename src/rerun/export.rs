@@ -47,6 +47,7 @@ fn load_reference(
         model,
         native::ComputeDtype::F32,
         native::Emulate::ReferenceSemantics,
+        native::StateDtype::F32,
     )?;
     Ok((tokenizer, stream, reference))
 }

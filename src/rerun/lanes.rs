@@ -15,7 +15,7 @@ use crate::checkpoint::hash::Manifest;
 use crate::error::{Error, Result};
 use crate::kld::protocol::VocabMode;
 use crate::runner::Runner;
-use crate::runner::native::{self, ComputeDtype, Emulate, NativeModel};
+use crate::runner::native::{self, ComputeDtype, Emulate, NativeModel, StateDtype};
 use crate::runner::tokens::{self, TokenStream};
 
 type Stage<'a> = &'a (dyn Fn(&str) + Sync);
@@ -87,6 +87,23 @@ fn reference_kv(candidate: &NativeModel, compute: ComputeDtype) -> String {
     }
 }
 
+/// The candidate for a native lane, its recurrent state in the request's dtype. A knob that
+/// would change nothing (a model without recurrent layers) is refused, not recorded.
+fn load_candidate(r: &Request, compute: ComputeDtype, emulate: Emulate) -> Result<NativeModel> {
+    let candidate = native::load(r.candidate, compute, emulate, r.recurrent_state)?;
+    if r.recurrent_state != StateDtype::F32 && !candidate.decoder.has_recurrent_state() {
+        return Err(Error::usage(
+            r.candidate,
+            format!(
+                "--recurrent-state-dtype {}: the candidate ({}) has no recurrent (linear-attention) layers, so there is no state to keep in it",
+                r.recurrent_state,
+                candidate.decoder.config.arch.as_str()
+            ),
+        ));
+    }
+    Ok(candidate)
+}
+
 /// What every native run records about where and how it ran.
 fn native_environment(
     candidate: &NativeModel,
@@ -105,6 +122,10 @@ fn native_environment(
         compute_dtype: compute.as_str().into(),
         attention: "eager".into(),
         kv_cache_dtype: Some(reference_kv(candidate, compute)),
+        recurrent_state_dtype: candidate
+            .decoder
+            .has_recurrent_state()
+            .then(|| candidate.decoder.recurrent_state.as_str().into()),
         emulate: Some(emulate),
         threads: Some(threads),
         tf32: None,
@@ -204,8 +225,10 @@ pub(super) fn native(
 ) -> Result<Rerun> {
     let (text, tokenizer, stream) = tokenized(r, &mut pre)?;
     stage("loading models");
-    let reference = native::load(reference_path, compute, emulate)?;
-    let candidate = native::load(r.candidate, compute, emulate)?;
+    // The reference keeps the exact f32 state (the reference semantics); the knob emulates the
+    // candidate's engine.
+    let reference = native::load(reference_path, compute, emulate, StateDtype::F32)?;
+    let candidate = load_candidate(r, compute, emulate)?;
     stage("hashing");
     let reference_id = identity(
         &reference,
@@ -278,7 +301,7 @@ fn self_noise_floor(
     } else {
         ComputeDtype::F64
     };
-    let twin = native::load(path, other, Emulate::ReferenceSemantics)?;
+    let twin = native::load(path, other, Emulate::ReferenceSemantics, StateDtype::F32)?;
     let mut floor_options = options.clone();
     floor_options.bootstrap.resamples = floor_options.bootstrap.resamples.min(200);
     let f = score::measure_models(reference, &twin, eval, &floor_options, &|_, _| {})?;
@@ -380,6 +403,9 @@ fn transformers_environment(
         kv_cache_dtype: reported.models.candidate["kv_cache_dtype"]
             .as_str()
             .map(str::to_owned),
+        // transformers keeps the recurrent state in fp32; which GDN kernel ran is the runner's
+        // record to make.
+        recurrent_state_dtype: None,
         emulate: None,
         threads: None,
         tf32: reported.tf32,
@@ -604,7 +630,7 @@ pub(super) fn reference_artifact(
         text_bytes: 0,
     };
     stage("loading the candidate");
-    let candidate = native::load(r.candidate, compute, emulate)?;
+    let candidate = load_candidate(r, compute, emulate)?;
     let width = candidate.decoder.config.vocab;
     if width != h.logit_width {
         return Err(Error::mismatch(
@@ -728,7 +754,7 @@ pub(super) fn llamacpp_base(
         text_bytes: 0,
     };
     stage("loading the candidate");
-    let candidate = native::load(r.candidate, compute, emulate)?;
+    let candidate = load_candidate(r, compute, emulate)?;
     let width = base.n_vocab as usize;
     if candidate.decoder.config.vocab != width {
         return Err(Error::mismatch(

@@ -34,7 +34,7 @@ pub use score::{Progress, RunResult};
 
 use crate::checkpoint::hash::Manifest;
 use crate::error::Result;
-use crate::runner::native::{ComputeDtype, Emulate};
+use crate::runner::native::{ComputeDtype, Emulate, StateDtype};
 
 /// Where the reference's logits come from, and how the candidate runs.
 #[derive(Debug, Clone, Copy)]
@@ -130,6 +130,10 @@ pub struct Request<'a> {
     pub noise_floor: bool,
     /// The Hub commits the models came from, recorded in the measurement.
     pub pins: Vec<(Role, HubPin)>,
+    /// The dtype the candidate's recurrent (Gated DeltaNet) state is kept in, emulating an
+    /// engine's SSM-state dtype (native lanes; the reference keeps f32; dense models have no
+    /// such state). The transformers lane runs its own state (fp32) and refuses another.
+    pub recurrent_state: StateDtype,
 }
 
 /// What the sanity gates need from outside the run.
@@ -192,6 +196,15 @@ pub fn run_checked(
     progress: Progress,
 ) -> Result<Rerun> {
     r.options.check()?;
+    if matches!(r.lane, Lane::Transformers { .. }) && r.recurrent_state != StateDtype::F32 {
+        return Err(crate::Error::usage(
+            Path::new("--recurrent-state-dtype"),
+            format!(
+                "a {} recurrent state is emulated by the native runner only; the transformers runner keeps the state in fp32",
+                r.recurrent_state
+            ),
+        ));
+    }
     let mut rerun = match r.lane {
         Lane::Native {
             reference,

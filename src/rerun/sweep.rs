@@ -146,6 +146,7 @@ pub fn run_sweep(
             gates: None,
             noise_floor: false,
             pins: Vec::new(),
+            recurrent_state: crate::runner::native::StateDtype::F32,
         };
         let pre = super::preflight::check(&request, stage)?;
         if pairs.is_empty() {

@@ -186,6 +186,9 @@ pub fn lane_differences(card: &CardLane, m: &Measurement, resolved: &Resolved) -
                     out.push(plain(field, what, text(c), text(v)));
                 }
             }
+            if let Some(d) = state_difference(rt, r.recurrent_state_dtype.as_deref()) {
+                out.push(d);
+            }
             if let (Some(c), Some(v)) = (rt.device_count, r.device_count)
                 && c != v
             {
@@ -236,6 +239,9 @@ pub fn lane_differences(card: &CardLane, m: &Measurement, resolved: &Resolved) -
                     out.push(plain(field, what, c.clone(), v.clone()));
                 }
             }
+            if let Some(d) = state_difference(rt, env.recurrent_state_dtype.as_deref()) {
+                out.push(d);
+            }
         }
     }
     out.extend(identity_differences(
@@ -257,4 +263,26 @@ pub fn lane_differences(card: &CardLane, m: &Measurement, resolved: &Resolved) -
         });
     }
     out
+}
+
+/// The recurrent-state dtype of the card's runtime against the rerun's, by canonical name (`f32`
+/// = `float32` = `torch.float32`). Either side absent is the engine's default, fp32 (cardproof's
+/// native runner and transformers both keep the state in fp32); a card value that names no dtype
+/// never matches.
+fn state_difference(rt: &disclosure::Runtime, rerun: Option<&str>) -> Option<Difference> {
+    use crate::runner::native::StateDtype;
+    let card = rt.recurrent_state_dtype.as_deref().unwrap_or("f32");
+    let rerun = rerun.unwrap_or("f32");
+    let same = matches!(
+        (StateDtype::from_name(card), StateDtype::from_name(rerun)),
+        (Some(a), Some(b)) if a == b
+    );
+    (!same).then(|| {
+        plain(
+            "runtime.recurrent_state_dtype",
+            "recurrent-state dtype",
+            card.to_owned(),
+            rerun.to_owned(),
+        )
+    })
 }

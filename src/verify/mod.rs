@@ -38,6 +38,9 @@ pub struct VerifyRequest<'a> {
     pub transformers: Option<&'a crate::runner::transformers::TransformersOptions>,
     /// The Hub commits the candidate and reference came from (signed with the report).
     pub pins: Vec<(Role, HubPin)>,
+    /// The dtype the candidate's recurrent state is kept in for the rerun (native runner;
+    /// `--recurrent-state-dtype`, default f32); a card that discloses another is not reproduced.
+    pub recurrent_state: crate::runner::native::StateDtype,
     /// Told each pre-flight warning before the rerun starts.
     pub on_warning: &'a (dyn Fn(&rerun::preflight::Warning) + Sync),
 }
@@ -337,6 +340,7 @@ pub fn verify(
                 }),
                 noise_floor: r.noise_floor,
                 pins: r.pins.clone(),
+                recurrent_state: r.recurrent_state,
             };
             // Everything that needs no forward pass first: a file that is not the card's is
             // found in well under a second, not after the measurement.

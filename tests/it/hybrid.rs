@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use cardproof::runner::native::{self, ComputeDtype, Emulate};
+use cardproof::runner::native::{self, ComputeDtype, Emulate, StateDtype};
 use safetensors::SafeTensors;
 
 use crate::support::{cardproof, repo_root};
@@ -176,7 +176,13 @@ pub(crate) fn agrees_with_transformers(dir: &Path, want: &[f32]) -> f64 {
 
 /// Max |log p| difference of the native f64 forward's rows from a float64 reference.
 pub(crate) fn f64_disagreement(model_dir: &Path, ids: &[u32], want: &[f64]) -> f64 {
-    let model = native::load(model_dir, ComputeDtype::F64, Emulate::ReferenceSemantics).unwrap();
+    let model = native::load(
+        model_dir,
+        ComputeDtype::F64,
+        Emulate::ReferenceSemantics,
+        StateDtype::F32,
+    )
+    .unwrap();
     let hidden = model.decoder.hidden(ids).unwrap();
     let rows: Vec<usize> = (0..ids.len()).collect();
     let logits = model.decoder.logits_f64_at(&hidden, &rows).unwrap();
@@ -248,6 +254,7 @@ fn in_f64_windows_of_63_64_65_tokens_give_the_prefix_rows_to_rounding() {
         &fixture("qwen3_5_text"),
         ComputeDtype::F64,
         Emulate::ReferenceSemantics,
+        StateDtype::F32,
     )
     .unwrap();
     let logits = |n: usize| {
@@ -280,6 +287,7 @@ fn the_f64_forward_matches_an_independent_float64_forward_to_1e_9() {
             &fixture(layout),
             ComputeDtype::F64,
             Emulate::ReferenceSemantics,
+            StateDtype::F32,
         )
         .unwrap();
         assert_eq!(
@@ -324,6 +332,7 @@ fn a_bf16_run_of_the_hybrid_model_stays_near_transformers_f32_rows() {
         &fixture("qwen3_5_text"),
         ComputeDtype::Bf16,
         Emulate::ReferenceSemantics,
+        StateDtype::F32,
     )
     .unwrap();
     let hidden = model.decoder.hidden(&ids).unwrap();
@@ -364,7 +373,13 @@ fn a_quantized_hybrid_dequantizes_every_projection_through_the_linear_loader() {
     let want: Vec<f64> = tensor(&st, "logprobs_f64");
     let worst = f64_disagreement(&model_dir, &ids, &want);
     assert!(worst < 1e-9, "max |Δ log p| = {worst:e}");
-    let model = native::load(&model_dir, ComputeDtype::F32, Emulate::ReferenceSemantics).unwrap();
+    let model = native::load(
+        &model_dir,
+        ComputeDtype::F32,
+        Emulate::ReferenceSemantics,
+        StateDtype::F32,
+    )
+    .unwrap();
     // 3 GDN layers x 5 projections, 1 attention layer x 4, 4 MLPs x 3; lm_head in bf16.
     let schemes = &model.decoder.report.schemes;
     assert_eq!(
@@ -385,6 +400,7 @@ fn a_qwen35_gguf_runs_on_the_hybrid_decoder_and_expert_families_are_refused() {
             &dir.join("qwen35.f32.gguf"),
             dtype,
             Emulate::ReferenceSemantics,
+            StateDtype::F32,
         )
         .unwrap();
         assert_eq!(model.decoder.config.arch.as_str(), "qwen3_5_text");
@@ -410,6 +426,7 @@ fn a_qwen35_gguf_runs_on_the_hybrid_decoder_and_expert_families_are_refused() {
             &dir.join(moe),
             ComputeDtype::F32,
             Emulate::ReferenceSemantics,
+            StateDtype::F32,
         )
         .err()
         .unwrap_or_else(|| panic!("{moe} loaded"));

@@ -863,3 +863,37 @@ mod mixed_targets {
         insta::assert_snapshot!(run.transcript());
     }
 }
+
+#[test]
+fn a_recurrent_state_dtype_in_the_runtime_is_checked_against_the_dtypes_engines_keep() {
+    // Accepted: cardproof's names and torch's spellings (as vLLM's and SGLang's flags take them).
+    for good in ["f32", "bf16", "f16", "float32", "bfloat16", "torch.float16"] {
+        let run = lint_text(compliant_with(
+            "    kv_cache_dtype: bf16\n",
+            &format!("    kv_cache_dtype: bf16\n    recurrent_state_dtype: {good}\n"),
+        ));
+        assert_eq!(run.code, 0, "{good}: {}", run.stdout);
+        assert_eq!(run.codes(), Vec::<String>::new(), "{good}");
+    }
+    // Anything else is a schema violation at its own line.
+    for bad in ["fp8", "auto", "float64", "BF16"] {
+        let card = compliant_with(
+            "    kv_cache_dtype: bf16\n",
+            &format!("    kv_cache_dtype: bf16\n    recurrent_state_dtype: {bad}\n"),
+        );
+        let line = card
+            .lines()
+            .position(|l| l.contains("recurrent_state_dtype"))
+            .unwrap()
+            + 1;
+        let run = lint_text(&card);
+        assert_eq!(run.code, 1, "{bad}: {}", run.stdout);
+        let f = run.finding("schema-violation");
+        assert_eq!(
+            f["pointer"], "/fidelity/runtime/recurrent_state_dtype",
+            "{f}"
+        );
+        assert_eq!(f["line"], line as u64, "{f}");
+        assert_eq!(f["severity"], "error", "{f}");
+    }
+}

@@ -3,6 +3,7 @@
 mod artifact;
 mod bad_input;
 mod card;
+mod delta_rule;
 mod dequant_reference;
 mod fail_closed;
 mod fixtures;

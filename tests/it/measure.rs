@@ -137,6 +137,9 @@ fn measurement_json_carries_protocol_digests_and_a_fidelity_block() {
     assert_eq!(f["eval"]["bos"], "per_window");
     assert_eq!(f["eval"]["tokens"]["sha256"], doc["eval"]["tokens_sha256"]);
     assert_eq!(f["runtime"]["engine"], "cardproof");
+    // A dense model has no recurrent state: none is recorded or disclosed.
+    assert!(doc["environment"].get("recurrent_state_dtype").is_none());
+    assert!(f["runtime"].get("recurrent_state_dtype").is_none());
     assert!(
         f["results"]
             .as_array()
@@ -539,4 +542,63 @@ fn a_candidate_with_another_tokenizer_is_refused_before_any_forward_pass() {
         r.stderr
     );
     assert!(!r.stderr.contains("model.safetensors"), "{}", r.stderr);
+}
+
+#[test]
+fn the_recurrent_state_dtype_flag_is_validated_and_refused_where_it_would_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = short_text(dir.path(), 2500);
+    let bf16 = model("shakespeare-bf16");
+    let out = dir.path().join("out");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "measure",
+            "--reference",
+            &bf16,
+            "--candidate",
+            &bf16,
+            "--eval-text",
+            text.to_str().unwrap(),
+            "--context-length",
+            "128",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        cardproof(&args)
+    };
+    // Not a dtype: exit 2 naming the flag, the value and the choices, before any work.
+    let r = run(&["--recurrent-state-dtype", "fp8"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("--recurrent-state-dtype: `fp8` is not a state dtype"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("bf16 (bfloat16)"), "{}", r.stderr);
+    // The transformers runner keeps its own fp32 state.
+    let r = run(&[
+        "--runner",
+        "transformers",
+        "--recurrent-state-dtype",
+        "bfloat16",
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("--runner transformers keeps the state in fp32"),
+        "{}",
+        r.stderr
+    );
+    // A dense candidate has no recurrent state to keep in bf16: refused, not silently ignored.
+    let r = run(&["--recurrent-state-dtype", "bf16"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("has no recurrent (linear-attention) layers"),
+        "{}",
+        r.stderr
+    );
+    assert!(!out.join("measurement.json").exists());
 }

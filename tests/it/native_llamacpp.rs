@@ -9,7 +9,7 @@ use cardproof::kld::llamacpp::{BaseFile, parse_printed};
 use cardproof::kld::protocol::{Positions, VocabMode};
 use cardproof::kld::row::{Scratch, reduce};
 use cardproof::runner::Runner;
-use cardproof::runner::native::{self, ComputeDtype, Emulate};
+use cardproof::runner::native::{self, ComputeDtype, Emulate, StateDtype};
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llamacpp")
@@ -30,12 +30,19 @@ fn peer_check(emulate: Emulate) {
     let dir = fixtures();
     let base = BaseFile::open(&dir.join("ref.kld")).unwrap();
     let n_ctx = base.n_ctx as usize;
-    let reference = native::load(&dir.join("ref-f32.gguf"), ComputeDtype::F32, emulate).unwrap();
+    let reference = native::load(
+        &dir.join("ref-f32.gguf"),
+        ComputeDtype::F32,
+        emulate,
+        StateDtype::F32,
+    )
+    .unwrap();
     for quant in ["q5_0", "q6_k"] {
         let candidate = native::load(
             &dir.join(format!("cand-{quant}.gguf")),
             ComputeDtype::F32,
             emulate,
+            StateDtype::F32,
         )
         .unwrap();
         let printed =

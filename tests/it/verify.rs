@@ -1008,3 +1008,59 @@ fn a_reason_shared_by_consecutive_claims_is_printed_once() {
         r.stdout
     );
 }
+
+#[test]
+fn a_card_whose_recurrent_state_dtype_differs_from_the_rerun_is_not_reproduced() {
+    let v = Verified::new("shakespeare-w8a16", &[]);
+    let card = std::fs::read_to_string(v.card()).unwrap();
+    let kv = card
+        .lines()
+        .find(|l| l.trim_start().starts_with("kv_cache_dtype:"))
+        .expect("the written card's runtime names its KV-cache dtype")
+        .to_owned();
+    let indent = &kv[..kv.len() - kv.trim_start().len()];
+    let with_state = |dtype: &str| {
+        card.replacen(
+            &kv,
+            &format!("{kv}\n{indent}recurrent_state_dtype: {dtype}"),
+            1,
+        )
+    };
+    let text = v.text();
+    let eval = ["--eval-text", text.to_str().unwrap()];
+
+    // The card says its numbers were measured with a bf16 state; the rerun keeps f32: another
+    // lane, as with a KV-cache dtype mismatch, so no claim is reproduced (exit 1).
+    std::fs::write(v.card(), with_state("bf16")).unwrap();
+    let r = v.verify();
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let report = r.json();
+    assert_eq!(report["verdict"], "not_comparable", "{report}");
+    assert_eq!(
+        report["lane_differences"],
+        serde_json::json!([{
+            "field": "fidelity.runtime.recurrent_state_dtype",
+            "card": "bf16",
+            "rerun": "f32",
+            "message": "recurrent-state dtype: card bf16, rerun f32",
+        }])
+    );
+    for claim in report["claims"].as_array().unwrap() {
+        assert_eq!(claim["verdict"], "not_comparable", "{claim}");
+    }
+
+    // The same dtype in torch's spelling is the same dtype.
+    std::fs::write(v.card(), with_state("torch.float32")).unwrap();
+    let r = v.verify();
+    assert_eq!(r.code, 0, "{}", r.stdout);
+    assert_eq!(r.json()["verdict"], "reproduced");
+
+    // A bad flag value is exit 2 naming the flag, before any work.
+    let r = v.verify_with(&[&eval[..], &["--recurrent-state-dtype", "half"]].concat());
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert!(
+        r.message().contains("--recurrent-state-dtype: `half`"),
+        "{}",
+        r.stdout
+    );
+}

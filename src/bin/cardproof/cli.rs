@@ -236,6 +236,12 @@ pub struct VerifyArgs {
     pub runner: RunnerArg,
     #[command(flatten)]
     pub transformers: TransformersArgs,
+    /// The dtype the candidate's recurrent (Gated DeltaNet) state is kept in, emulating an
+    /// engine's SSM-state dtype: f32, bf16 or f16 (also float32, bfloat16, float16). Native
+    /// runner, hybrid models only; recorded, and compared with the card's
+    /// runtime.recurrent_state_dtype.
+    #[arg(long, value_name = "DTYPE", default_value = "f32")]
+    pub recurrent_state_dtype: String,
     /// Private key (PKCS#8 PEM) to sign the report with (default: the user's key, created on first
     /// use under the config directory).
     #[arg(long, value_name = "KEY")]
@@ -362,6 +368,12 @@ pub struct MeasureArgs {
     /// (GGUF models: activations quantized to q8_0/q8_K/f16 as ggml's dot products do, f16 KV).
     #[arg(long, value_enum, default_value_t = EmulateArg::Reference)]
     pub emulate: EmulateArg,
+    /// The dtype the candidate's recurrent (Gated DeltaNet) state is kept in, emulating an
+    /// engine's SSM-state dtype: f32, bf16 or f16 (also float32, bfloat16, float16). Native
+    /// runner, hybrid models only; recorded, and compared with the card's
+    /// runtime.recurrent_state_dtype.
+    #[arg(long, value_name = "DTYPE", default_value = "f32")]
+    pub recurrent_state_dtype: String,
     /// Worker threads (default: every core).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use cardproof::kld::protocol::{Bootstrap, Bos, Direction, Positions, Tail, VocabMode};
 use cardproof::rerun::options::ProtocolFlags;
-use cardproof::runner::native::{ComputeDtype, Emulate};
+use cardproof::runner::native::{ComputeDtype, Emulate, StateDtype};
 use cardproof::runner::transformers::{TransformersFlags, TransformersOptions};
 use clap::ValueEnum;
 
@@ -291,6 +291,8 @@ pub struct MeasureConfig {
     pub options: cardproof::rerun::MeasureOptions,
     pub compute: ComputeDtype,
     pub emulate: Emulate,
+    /// `--recurrent-state-dtype`.
+    pub recurrent_state: StateDtype,
     pub threads: usize,
     pub out: PathBuf,
     /// Show a progress bar (stderr is a terminal).
@@ -326,6 +328,7 @@ impl MeasureConfig {
             RunnerArg::Transformers => Some(flags.options()?),
         };
         let sweep = flags.sweep()?;
+        let recurrent_state = recurrent_state(&args.recurrent_state_dtype, transformers.is_some())?;
         if sweep.is_none() && args.reference.is_none() && args.reference_artifact.is_none() {
             return Err("--reference or --reference-artifact is required".into());
         }
@@ -337,6 +340,7 @@ impl MeasureConfig {
         Ok(MeasureConfig {
             compute: ComputeDtype::from_name(&name(args.compute_dtype)).expect("a native dtype"),
             emulate: Emulate::from_name(&name(args.emulate)).expect("a native emulation"),
+            recurrent_state,
             threads: threads(args.threads),
             progress: std::io::stderr().is_terminal(),
             reference: args.reference,
@@ -371,6 +375,23 @@ fn transformers_flags(a: &cli::TransformersArgs) -> TransformersFlags {
         keep_hidden: a.keep_hidden.clone(),
         runner_dump: a.runner_dump.clone(),
     }
+}
+
+/// `--recurrent-state-dtype`: a dtype name, and f32 only with the transformers runner (which
+/// keeps its own fp32 state).
+fn recurrent_state(value: &str, transformers: bool) -> Result<StateDtype, String> {
+    let dtype = StateDtype::from_name(value).ok_or_else(|| {
+        format!(
+            "--recurrent-state-dtype: `{value}` is not a state dtype; use one of {}",
+            StateDtype::NAMES
+        )
+    })?;
+    if transformers && dtype != StateDtype::F32 {
+        return Err(format!(
+            "--recurrent-state-dtype {dtype} is emulated by the native runner; --runner transformers keeps the state in fp32"
+        ));
+    }
+    Ok(dtype)
 }
 
 /// `--threads`, by default every core.
@@ -413,6 +434,8 @@ pub struct VerifyConfig {
     pub progress: bool,
     /// `--runner transformers` and its settings.
     pub transformers: Option<TransformersOptions>,
+    /// `--recurrent-state-dtype`.
+    pub recurrent_state: StateDtype,
 }
 
 impl VerifyConfig {
@@ -428,7 +451,9 @@ impl VerifyConfig {
             }
             RunnerArg::Transformers => Some(transformers_flags(&args.transformers).options()?),
         };
+        let recurrent_state = recurrent_state(&args.recurrent_state_dtype, transformers.is_some())?;
         Ok(VerifyConfig {
+            recurrent_state,
             threads: threads(args.threads),
             progress: std::io::stderr().is_terminal(),
             path: args.path,

@@ -84,6 +84,9 @@ pub(super) fn section(f: &Value, m: &Measured, name: &str) -> String {
     if let Some(kv) = str_at(f, "/runtime/kv_cache_dtype") {
         setup.push(format!("{} KV cache", markdown(kv)));
     }
+    if let Some(state) = str_at(f, "/runtime/recurrent_state_dtype") {
+        setup.push(format!("{} recurrent state", markdown(state)));
+    }
     if let Some(d) = str_at(f, "/runtime/device") {
         setup.push(format!("on {}", markdown(d)));
     }

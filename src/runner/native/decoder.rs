@@ -7,6 +7,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::{LayerType, ModelConfig};
+use super::delta_rule::StateDtype;
 use super::hybrid::GatedDeltaNet;
 use super::moe::MoeBlock;
 use super::weights::{InputQuant, KvQuant, Linear, WeightStore};
@@ -126,6 +127,9 @@ pub struct LoadReport {
 pub struct Decoder {
     pub config: ModelConfig,
     pub compute: ComputeDtype,
+    /// The dtype the carried recurrent (Gated DeltaNet) state is rounded to: read by hybrid
+    /// layers; this dense decoder has no recurrent state and ignores it.
+    pub recurrent_state: StateDtype,
     pub report: LoadReport,
     embed: Tensor,
     layers: Vec<Layer>,
@@ -144,6 +148,7 @@ impl Decoder {
         store: &dyn WeightStore,
         config: ModelConfig,
         compute: ComputeDtype,
+        recurrent_state: StateDtype,
     ) -> Result<Decoder> {
         let dt = compute.candle();
         let dev = Device::Cpu;
@@ -246,6 +251,7 @@ impl Decoder {
                     c,
                     h,
                     compute,
+                    recurrent_state,
                     &mut report,
                 )?)),
                 _ => {
@@ -368,12 +374,21 @@ impl Decoder {
         Ok(Decoder {
             config,
             compute,
+            recurrent_state,
             report,
             embed,
             layers,
             norm,
             lm_head,
         })
+    }
+
+    /// Whether the model carries a recurrent state from token to token (linear-attention
+    /// layers), which [`Decoder::recurrent_state`] applies to.
+    pub fn has_recurrent_state(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| matches!(l.mixer, Mixer::DeltaNet(_)))
     }
 
     /// Final hidden states `[n, hidden]` (before the final norm) of one window.

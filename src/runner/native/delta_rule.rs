@@ -1,10 +1,60 @@
-//! The gated delta rule of Gated DeltaNet layers (Qwen3.5 / Qwen3.6, Qwen3-Next).
+//! The gated delta rule of Gated DeltaNet layers (Qwen3-Next, Qwen3.5 / Qwen3.6), pure Rust on
+//! slices: the recurrent form (one token at a time, what decode runs) and the chunked form (64
+//! tokens at a time, the WY/UT transform, what prefill runs), both over a carried state.
 //!
-//! A minimal, correct recurrent form (and a `chunked` entry point that runs it), written so that
-//! the hybrid decoder could be built and tested against transformers; the chunked (64) form and
-//! the state-dtype plumbing replace this file.
+//! The math is transformers' `torch_recurrent_gated_delta_rule` / `torch_chunk_gated_delta_rule`
+//! with `use_qk_l2norm_in_kernel=True`: q and k are L2-normalised (`x * rsqrt(sum x^2 + 1e-6)`),
+//! q is scaled by `key_dim^-0.5`, value head `h` reads key head `h / (value_heads / key_heads)`
+//! (`repeat_interleave`), and per token, per value head, with the state `S` (`key_dim x
+//! value_dim`):
+//!
+//! ```text
+//! S <- S * exp(g_t);  kv = k^T S;  delta = (v - kv) * beta_t;  S <- S + k (x) delta;  o = q^T S
+//! ```
+//!
+//! Both forms are generic over [`DeltaFloat`] (`f32`, `f64`): the native runner's f64 mode runs
+//! them in f64 all through; its f32 and bf16 compute modes pass f32, as transformers does all
+//! delta-rule math in fp32.
+//!
+//! The chunked form handles a last partial chunk as a chunk of its own length: nothing is padded,
+//! so no padded position can reach the state (the class of transformers #46190, where prefill
+//! and prefill-then-decode disagreed on Qwen3.5). It gives the recurrent form's output and final
+//! state, and the same for a sequence split anywhere with the state carried between the calls.
+//!
+//! # The state dtype ([`StateDtype`])
+//!
+//! Engines keep the carried recurrent state ("SSM state") in a dtype of their own: vLLM's
+//! `--mamba-ssm-cache-dtype`, SGLang's `--mamba-ssm-dtype`, bf16 by default on some backends.
+//! What is emulated: the carried state is rounded (round to nearest even) to that dtype wherever
+//! an engine materialises it between steps — after every token in the recurrent form, and at
+//! every chunk boundary (every 64 tokens, and at the end of the call) in the chunked form. The
+//! arithmetic itself stays in the compute precision (`F`), as the engines' kernels accumulate in
+//! fp32. What is not emulated: a kernel's own accumulation order, a state kept in the low dtype
+//! *inside* a chunk, the conv state's dtype, and fp16 overflow handling beyond IEEE's (a state
+//! entry past 65504 becomes infinite, as a cast would make it). `StateDtype::F32` means no
+//! rounding at all: in f32 mode the state is f32, and in the f64 mode it is kept in f64 (the
+//! reference precision), not rounded to f32. With `Bf16` or `F16`, the two forms round at
+//! different places and so no longer agree exactly, as two engines would not.
 
-/// Sizes of one delta-rule call.
+use std::fmt::Debug;
+use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
+
+/// The chunk length of the chunked form (transformers', flash-linear-attention's and llama.cpp's).
+pub const CHUNK: usize = 64;
+
+/// The epsilon of the q/k L2 norm (transformers' `l2norm`, "aligned with FLA").
+pub const L2_EPS: f64 = 1e-6;
+
+/// Tokens computed per parallel block: the per-head output scratch is `BLOCK x value_dim`, so
+/// memory stays flat on 100k-token prefills. A multiple of [`CHUNK`].
+const BLOCK: usize = 4 * CHUNK;
+
+/// Sizes of one sequence's gated delta rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeltaRuleShape {
     pub tokens: usize,
@@ -14,9 +64,9 @@ pub struct DeltaRuleShape {
     pub value_dim: usize,
 }
 
-/// The dtype the recurrent state is rounded to after every token (engines that keep it in bf16
-/// or f16 drift from an fp32 state).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Precision the carried recurrent state is kept in between steps (engines' SSM-state dtype).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum StateDtype {
     #[default]
     F32,
@@ -24,37 +74,91 @@ pub enum StateDtype {
     F16,
 }
 
-/// The float types the delta rule runs in.
+impl StateDtype {
+    /// The accepted spellings: `f32`/`float32`, `bf16`/`bfloat16`, `f16`/`float16` (also with a
+    /// `torch.` prefix, as configs and engines print them).
+    pub fn from_name(name: &str) -> Option<Self> {
+        let name = name.strip_prefix("torch.").unwrap_or(name);
+        match name {
+            "f32" | "float32" => Some(Self::F32),
+            "bf16" | "bfloat16" => Some(Self::Bf16),
+            "f16" | "float16" => Some(Self::F16),
+            _ => None,
+        }
+    }
+
+    /// The canonical name (`f32`, `bf16`, `f16`), as recorded and as the card writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+            Self::F16 => "f16",
+        }
+    }
+
+    /// The names [`StateDtype::from_name`] accepts, for messages.
+    pub const NAMES: &'static str = "f32 (float32), bf16 (bfloat16), f16 (float16)";
+}
+
+impl std::fmt::Display for StateDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The floating-point types the delta rule runs in: `f32` and `f64`.
 pub trait DeltaFloat:
     Copy
-    + Default
-    + std::ops::Add<Output = Self>
-    + std::ops::Sub<Output = Self>
-    + std::ops::Mul<Output = Self>
-    + std::ops::Div<Output = Self>
+    + Send
+    + Sync
+    + Debug
+    + PartialOrd
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + Neg<Output = Self>
+    + AddAssign
+    + SubAssign
+    + MulAssign
+    + 'static
 {
-    fn from_f64(v: f64) -> Self;
+    const ZERO: Self;
+    const ONE: Self;
+    /// A per-step log decay below which `exp` is exactly 0 in this type: `g` is clamped there, so
+    /// an infinite decay (a hostile `A_log`) resets the state in both forms instead of making the
+    /// chunked form's cumulative sums `-inf - -inf`.
+    const DECAY_FLOOR: Self;
+    fn from_f64(x: f64) -> Self;
     fn to_f64(self) -> f64;
     fn exp(self) -> Self;
     fn sqrt(self) -> Self;
-    /// Round to the state dtype (a no-op for the F32 state when `Self` is f32 or wider).
+    /// The larger of two values (`NaN` stays `NaN`).
+    fn max_of(self, other: Self) -> Self;
+    /// `self` rounded to `dtype` and back (`F32` leaves it as is).
     fn round_state(self, dtype: StateDtype) -> Self;
 }
 
 impl DeltaFloat for f32 {
-    fn from_f64(v: f64) -> f32 {
-        v as f32
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    const DECAY_FLOOR: Self = -110.0;
+    fn from_f64(x: f64) -> Self {
+        x as f32
     }
     fn to_f64(self) -> f64 {
-        self as f64
+        f64::from(self)
     }
-    fn exp(self) -> f32 {
+    fn exp(self) -> Self {
         f32::exp(self)
     }
-    fn sqrt(self) -> f32 {
+    fn sqrt(self) -> Self {
         f32::sqrt(self)
     }
-    fn round_state(self, dtype: StateDtype) -> f32 {
+    fn max_of(self, other: Self) -> Self {
+        if self.is_nan() { self } else { self.max(other) }
+    }
+    fn round_state(self, dtype: StateDtype) -> Self {
         match dtype {
             StateDtype::F32 => self,
             StateDtype::Bf16 => half::bf16::from_f32(self).to_f32(),
@@ -64,19 +168,25 @@ impl DeltaFloat for f32 {
 }
 
 impl DeltaFloat for f64 {
-    fn from_f64(v: f64) -> f64 {
-        v
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    const DECAY_FLOOR: Self = -750.0;
+    fn from_f64(x: f64) -> Self {
+        x
     }
     fn to_f64(self) -> f64 {
         self
     }
-    fn exp(self) -> f64 {
+    fn exp(self) -> Self {
         f64::exp(self)
     }
-    fn sqrt(self) -> f64 {
+    fn sqrt(self) -> Self {
         f64::sqrt(self)
     }
-    fn round_state(self, dtype: StateDtype) -> f64 {
+    fn max_of(self, other: Self) -> Self {
+        if self.is_nan() { self } else { self.max(other) }
+    }
+    fn round_state(self, dtype: StateDtype) -> Self {
         match dtype {
             StateDtype::F32 => self,
             StateDtype::Bf16 => half::bf16::from_f64(self).to_f64(),
@@ -85,28 +195,135 @@ impl DeltaFloat for f64 {
     }
 }
 
-/// The chunked form (here: the recurrent one, which it must equal).
-#[allow(clippy::too_many_arguments)]
-pub fn chunked<F: DeltaFloat>(
+/// Checks every slice against the shape: a mismatch is a bug in the caller (an internal error),
+/// never an out-of-bounds read or a silently wrong answer.
+fn check<F>(
     shape: DeltaRuleShape,
     q: &[F],
     k: &[F],
     v: &[F],
     g: &[F],
     beta: &[F],
-    state: &mut [F],
-    state_dtype: StateDtype,
-) -> Vec<F> {
-    recurrent(shape, q, k, v, g, beta, state, state_dtype)
+    state: &[F],
+) -> Result<()> {
+    let DeltaRuleShape {
+        tokens,
+        key_heads,
+        value_heads,
+        key_dim,
+        value_dim,
+    } = shape;
+    let here = Path::new("delta_rule");
+    let fail = |what: String| Err(Error::internal(here, format!("gated delta rule: {what}")));
+    if key_heads == 0 || value_heads == 0 || key_dim == 0 || value_dim == 0 {
+        return fail(format!("empty head shape {shape:?}"));
+    }
+    if value_heads % key_heads != 0 {
+        return fail(format!(
+            "{value_heads} value heads are not a multiple of {key_heads} key heads"
+        ));
+    }
+    let size = |a: usize, b: usize, c: usize| a.checked_mul(b).and_then(|x| x.checked_mul(c));
+    let expect = [
+        ("q", q.len(), size(tokens, key_heads, key_dim)),
+        ("k", k.len(), size(tokens, key_heads, key_dim)),
+        ("v", v.len(), size(tokens, value_heads, value_dim)),
+        ("g", g.len(), size(tokens, value_heads, 1)),
+        ("beta", beta.len(), size(tokens, value_heads, 1)),
+        ("state", state.len(), size(value_heads, key_dim, value_dim)),
+    ];
+    for (name, len, want) in expect {
+        if Some(len) != want {
+            return fail(format!(
+                "`{name}` holds {len} values where the shape {shape:?} needs {}",
+                want.map_or("more than usize::MAX".into(), |w| w.to_string())
+            ));
+        }
+    }
+    Ok(())
 }
 
-/// Token by token: per value head h (served by key head h / (value_heads / key_heads)),
-/// S ← S·exp(g); δ = (v − kᵀS)·β; S ← S + k ⊗ δ; o = qᵀS, with q and k L2-normalised
-/// (`x / sqrt(Σx² + 1e-6)`) and q scaled by key_dim^-1/2.
-///
-/// q, k `[tokens, key_heads, key_dim]`; v `[tokens, value_heads, value_dim]`; g, beta
-/// `[tokens, value_heads]`; state `[value_heads, key_dim, value_dim]`, in and out. Returns the
-/// output `[tokens, value_heads, value_dim]`.
+/// `dst = src * rsqrt(sum src^2 + eps) * scale`.
+#[inline]
+fn l2_normalised<F: DeltaFloat>(src: &[F], scale: F, dst: &mut [F]) {
+    let inv = F::ONE / (dot(src, src) + F::from_f64(L2_EPS)).sqrt();
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = x * inv * scale;
+    }
+}
+
+/// `y += a * x`.
+#[inline]
+fn axpy<F: DeltaFloat>(y: &mut [F], a: F, x: &[F]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
+/// `a . b` with eight independent accumulators, so the compiler can keep them in vector lanes (a
+/// single running sum is a serial chain it may not reorder).
+#[inline]
+fn dot<F: DeltaFloat>(a: &[F], b: &[F]) -> F {
+    let mut acc = [F::ZERO; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let mut tail = F::ZERO;
+    for (&x, &y) in ca.remainder().iter().zip(cb.remainder()) {
+        tail += x * y;
+    }
+    for (x, y) in ca.zip(cb) {
+        for ((s, &x), &y) in acc.iter_mut().zip(x).zip(y) {
+            *s += x * y;
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// The scale applied to q: `key_dim^-0.5`.
+fn q_scale<F: DeltaFloat>(key_dim: usize) -> F {
+    F::from_f64((key_dim as f64).powf(-0.5))
+}
+
+/// Runs `head` over every value head in parallel, one block of tokens at a time, and
+/// interleaves the per-head outputs into `[tokens, value_heads, value_dim]`. `head(h, t0, t1,
+/// state_h, out)` computes tokens `t0..t1` of value head `h` into `out` (`(t1 - t0) x
+/// value_dim`), reading and updating that head's state.
+fn by_heads<F, H>(shape: DeltaRuleShape, state: &mut [F], head: H) -> Vec<F>
+where
+    F: DeltaFloat,
+    H: Fn(usize, usize, usize, &mut [F], &mut [F]) + Sync,
+{
+    let DeltaRuleShape {
+        tokens,
+        value_heads,
+        key_dim,
+        value_dim,
+        ..
+    } = shape;
+    let mut out = vec![F::ZERO; tokens * value_heads * value_dim];
+    let block = BLOCK.min(tokens.max(1));
+    let mut scratch: Vec<Vec<F>> = (0..value_heads)
+        .map(|_| vec![F::ZERO; block * value_dim])
+        .collect();
+    let mut t0 = 0;
+    while t0 < tokens {
+        let t1 = (t0 + block).min(tokens);
+        scratch
+            .par_iter_mut()
+            .zip(state.par_chunks_mut(key_dim * value_dim))
+            .enumerate()
+            .for_each(|(h, (buf, s))| head(h, t0, t1, s, &mut buf[..(t1 - t0) * value_dim]));
+        let rows = &mut out[t0 * value_heads * value_dim..t1 * value_heads * value_dim];
+        for (i, row) in rows.chunks_exact_mut(value_heads * value_dim).enumerate() {
+            for (h, dst) in row.chunks_exact_mut(value_dim).enumerate() {
+                dst.copy_from_slice(&scratch[h][i * value_dim..(i + 1) * value_dim]);
+            }
+        }
+        t0 = t1;
+    }
+    out
+}
+
+/// The recurrent form: one token at a time (what decode runs). Arguments as [`chunked`].
 #[allow(clippy::too_many_arguments)]
 pub fn recurrent<F: DeltaFloat>(
     shape: DeltaRuleShape,
@@ -117,70 +334,515 @@ pub fn recurrent<F: DeltaFloat>(
     beta: &[F],
     state: &mut [F],
     state_dtype: StateDtype,
-) -> Vec<F> {
+) -> Result<Vec<F>> {
+    check(shape, q, k, v, g, beta, state)?;
     let DeltaRuleShape {
-        tokens,
         key_heads,
         value_heads,
         key_dim: dk,
         value_dim: dv,
+        ..
     } = shape;
-    let group = value_heads / key_heads.max(1);
-    let scale = F::from_f64(1.0 / (dk as f64).sqrt());
-    let eps = F::from_f64(1e-6);
-    let one = F::from_f64(1.0);
-    let mut out = vec![F::default(); tokens * value_heads * dv];
-    let (mut qn, mut kn) = (vec![F::default(); dk], vec![F::default(); dk]);
-    let mut mem = vec![F::default(); dv];
-    for t in 0..tokens {
-        for h in 0..value_heads {
-            let kh = h / group.max(1);
+    let group = value_heads / key_heads;
+    let scale = q_scale::<F>(dk);
+    Ok(by_heads(shape, state, |h, t0, t1, s, out| {
+        let kh = h / group;
+        let (mut qn, mut kn) = (vec![F::ZERO; dk], vec![F::ZERO; dk]);
+        let mut kv = vec![F::ZERO; dv];
+        for (t, o) in (t0..t1).zip(out.chunks_exact_mut(dv)) {
             let at = (t * key_heads + kh) * dk;
-            let l2 = |x: &[F], into: &mut [F]| {
-                let mut s = F::default();
-                for &e in x {
-                    s = s + e * e;
-                }
-                let inv = one / (s + eps).sqrt();
-                for (o, &e) in into.iter_mut().zip(x) {
-                    *o = e * inv;
-                }
-            };
-            l2(&q[at..at + dk], &mut qn);
-            l2(&k[at..at + dk], &mut kn);
-            for e in qn.iter_mut() {
-                *e = *e * scale;
-            }
-            let s = &mut state[h * dk * dv..(h + 1) * dk * dv];
-            let decay = g[t * value_heads + h].exp();
-            for e in s.iter_mut() {
-                *e = *e * decay;
-            }
-            mem.iter_mut().for_each(|m| *m = F::default());
-            for i in 0..dk {
-                for j in 0..dv {
-                    mem[j] = mem[j] + s[i * dv + j] * kn[i];
-                }
-            }
+            l2_normalised(&q[at..at + dk], scale, &mut qn);
+            l2_normalised(&k[at..at + dk], F::ONE, &mut kn);
+            let vt = &v[(t * value_heads + h) * dv..][..dv];
+            let decay = g[t * value_heads + h].max_of(F::DECAY_FLOOR).exp();
             let b = beta[t * value_heads + h];
-            let vt = &v[(t * value_heads + h) * dv..(t * value_heads + h + 1) * dv];
-            for j in 0..dv {
-                mem[j] = (vt[j] - mem[j]) * b;
+            // kv = k^T (S * decay), read before the update.
+            kv.fill(F::ZERO);
+            for (&kr, srow) in kn.iter().zip(s.chunks_exact(dv)) {
+                axpy(&mut kv, kr, srow);
             }
-            for i in 0..dk {
-                for j in 0..dv {
-                    s[i * dv + j] = (s[i * dv + j] + kn[i] * mem[j]).round_state(state_dtype);
-                }
+            // delta = (v - kv) * beta, kept in `kv`.
+            for (d, &x) in kv.iter_mut().zip(vt) {
+                *d = (x - *d * decay) * b;
             }
-            let o = &mut out[(t * value_heads + h) * dv..(t * value_heads + h + 1) * dv];
-            for j in 0..dv {
-                let mut acc = F::default();
-                for i in 0..dk {
-                    acc = acc + s[i * dv + j] * qn[i];
+            // S <- S * decay + k (x) delta (rounded to the state dtype); o = q^T S.
+            o.fill(F::ZERO);
+            for ((&kr, &qr), srow) in kn.iter().zip(&qn).zip(s.chunks_exact_mut(dv)) {
+                for (sv, &d) in srow.iter_mut().zip(&kv) {
+                    *sv = *sv * decay + kr * d;
                 }
-                o[j] = acc;
+                if state_dtype != StateDtype::F32 {
+                    for sv in srow.iter_mut() {
+                        *sv = sv.round_state(state_dtype);
+                    }
+                }
+                axpy(o, qr, srow);
             }
         }
+    }))
+}
+
+/// The chunked form (chunks of [`CHUNK`] tokens, the WY/UT transform): what prefill runs, with
+/// cost linear in tokens.
+///
+/// `q`, `k`: `[tokens, key_heads, key_dim]` as they leave the conv + SiLU (not yet normalised);
+/// `v`: `[tokens, value_heads, value_dim]`; `g` (per-step log decay, `<= 0`) and `beta`:
+/// `[tokens, value_heads]`; `state`: `[value_heads, key_dim, value_dim]`, the carried state, read
+/// and updated in place (zeros for a fresh sequence). Returns `o`: `[tokens, value_heads,
+/// value_dim]`. A slice whose length does not match the shape is an internal error.
+///
+/// Per chunk of `L` tokens, with `c` the in-chunk cumulative log decay and `S` the state at the
+/// chunk's start: the delta-rule corrections `u` solve the unit-lower-triangular system
+/// `u_i + sum_{j<i} beta_i (k_i . k_j) exp(c_i - c_j) u_j = beta_i (v_i - exp(c_i) k_i^T S)` by
+/// forward substitution; then `o_i = exp(c_i) q_i^T S + sum_{j<=i} (q_i . k_j) exp(c_i - c_j) u_j`
+/// and `S <- exp(c_L) S + sum_j exp(c_L - c_j) k_j (x) u_j`. A last partial chunk is a chunk of
+/// its own length (no padding).
+#[allow(clippy::too_many_arguments)]
+pub fn chunked<F: DeltaFloat>(
+    shape: DeltaRuleShape,
+    q: &[F],
+    k: &[F],
+    v: &[F],
+    g: &[F],
+    beta: &[F],
+    state: &mut [F],
+    state_dtype: StateDtype,
+) -> Result<Vec<F>> {
+    check(shape, q, k, v, g, beta, state)?;
+    let DeltaRuleShape {
+        key_heads,
+        value_heads,
+        key_dim: dk,
+        value_dim: dv,
+        ..
+    } = shape;
+    let group = value_heads / key_heads;
+    let scale = q_scale::<F>(dk);
+    Ok(by_heads(shape, state, |h, t0, t1, s, out| {
+        let kh = h / group;
+        // Per-chunk scratch, allocated once per head and block.
+        let mut qc = vec![F::ZERO; CHUNK * dk];
+        let mut kc = vec![F::ZERO; CHUNK * dk];
+        let mut u = vec![F::ZERO; CHUNK * dv];
+        let mut kk = [F::ZERO; CHUNK * CHUNK];
+        let mut qk = [F::ZERO; CHUNK * CHUNK];
+        let mut cum = [F::ZERO; CHUNK];
+        let mut ecum = [F::ZERO; CHUNK];
+        let mut c0 = t0;
+        while c0 < t1 {
+            let len = CHUNK.min(t1 - c0);
+            let (qc, kc, u) = (&mut qc[..len * dk], &mut kc[..len * dk], &mut u[..len * dv]);
+            let out = &mut out[(c0 - t0) * dv..(c0 - t0 + len) * dv];
+            // Normalised q (scaled) and k, the cumulative log decay.
+            let mut acc = F::ZERO;
+            for i in 0..len {
+                let t = c0 + i;
+                let at = (t * key_heads + kh) * dk;
+                l2_normalised(&q[at..at + dk], scale, &mut qc[i * dk..(i + 1) * dk]);
+                l2_normalised(&k[at..at + dk], F::ONE, &mut kc[i * dk..(i + 1) * dk]);
+                acc += g[t * value_heads + h].max_of(F::DECAY_FLOOR);
+                cum[i] = acc;
+                ecum[i] = acc.exp();
+            }
+            // Decayed Gram matrices: kk[i][j] = beta_i (k_i . k_j) exp(c_i - c_j) for j < i,
+            // qk[i][j] = (q_i . k_j) exp(c_i - c_j) for j <= i.
+            for i in 0..len {
+                let b = beta[(c0 + i) * value_heads + h];
+                let (qi, ki) = (&qc[i * dk..(i + 1) * dk], &kc[i * dk..(i + 1) * dk]);
+                for j in 0..=i {
+                    let kj = &kc[j * dk..(j + 1) * dk];
+                    let decay = (cum[i] - cum[j]).exp();
+                    qk[i * CHUNK + j] = dot(qi, kj) * decay;
+                    if j < i {
+                        kk[i * CHUNK + j] = b * dot(ki, kj) * decay;
+                    }
+                }
+            }
+            // Right-hand side: beta_i (v_i - exp(c_i) k_i^T S); and o_i = exp(c_i) q_i^T S.
+            for i in 0..len {
+                let t = c0 + i;
+                let b = beta[t * value_heads + h];
+                let ui = &mut u[i * dv..(i + 1) * dv];
+                let oi = &mut out[i * dv..(i + 1) * dv];
+                ui.fill(F::ZERO);
+                oi.fill(F::ZERO);
+                let (ki, qi) = (&kc[i * dk..(i + 1) * dk], &qc[i * dk..(i + 1) * dk]);
+                for ((&kr, &qr), srow) in ki.iter().zip(qi).zip(s.chunks_exact(dv)) {
+                    for ((uv, ov), &sv) in ui.iter_mut().zip(oi.iter_mut()).zip(srow) {
+                        *uv += kr * sv;
+                        *ov += qr * sv;
+                    }
+                }
+                let vt = &v[(t * value_heads + h) * dv..][..dv];
+                let e = ecum[i];
+                for ((uv, ov), &x) in ui.iter_mut().zip(oi.iter_mut()).zip(vt) {
+                    *uv = b * (x - e * *uv);
+                    *ov *= e;
+                }
+            }
+            // Forward substitution (unit lower triangular), then the in-chunk attention.
+            for i in 1..len {
+                let (done, rest) = u.split_at_mut(i * dv);
+                let ui = &mut rest[..dv];
+                for (j, uj) in done.chunks_exact(dv).enumerate() {
+                    axpy(ui, -kk[i * CHUNK + j], uj);
+                }
+            }
+            for i in 0..len {
+                let oi = &mut out[i * dv..(i + 1) * dv];
+                for (j, uj) in u.chunks_exact(dv).take(i + 1).enumerate() {
+                    axpy(oi, qk[i * CHUNK + j], uj);
+                }
+            }
+            // S <- exp(c_L) S + sum_j exp(c_L - c_j) k_j (x) u_j, rounded at the boundary.
+            let last = cum[len - 1];
+            let e_last = ecum[len - 1];
+            for w in s.iter_mut() {
+                *w *= e_last;
+            }
+            for (j, uj) in u.chunks_exact(dv).enumerate() {
+                let w = (last - cum[j]).exp();
+                let kj = &kc[j * dk..(j + 1) * dk];
+                for (&kr, srow) in kj.iter().zip(s.chunks_exact_mut(dv)) {
+                    axpy(srow, kr * w, uj);
+                }
+            }
+            if state_dtype != StateDtype::F32 {
+                for w in s.iter_mut() {
+                    *w = w.round_state(state_dtype);
+                }
+            }
+            c0 += len;
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small deterministic generator (splitmix64) with normal draws (Box-Muller).
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> f64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+        }
+        fn normal(&mut self) -> f64 {
+            let (a, b) = (self.next().max(1e-300), self.next());
+            (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()
+        }
+        fn normals(&mut self, n: usize) -> Vec<f64> {
+            (0..n).map(|_| self.normal()).collect()
+        }
     }
-    out
+
+    /// Inputs of one sequence as transformers' GDN layer makes them: g = -exp(a) * softplus(b),
+    /// beta = sigmoid(x).
+    struct Inputs {
+        shape: DeltaRuleShape,
+        q: Vec<f64>,
+        k: Vec<f64>,
+        v: Vec<f64>,
+        g: Vec<f64>,
+        beta: Vec<f64>,
+        state: Vec<f64>,
+    }
+
+    fn inputs(tokens: usize, seed: u64) -> Inputs {
+        let shape = DeltaRuleShape {
+            tokens,
+            key_heads: 2,
+            value_heads: 4,
+            key_dim: 16,
+            value_dim: 8,
+        };
+        let mut r = Rng(seed);
+        let nk = tokens * shape.key_heads * shape.key_dim;
+        let nv = tokens * shape.value_heads * shape.value_dim;
+        let ng = tokens * shape.value_heads;
+        let g = (0..ng)
+            .map(|_| {
+                let (a, b) = (r.normal() * 0.5 - 1.0, r.normal());
+                -a.exp() * (1.0 + b.exp()).ln()
+            })
+            .collect();
+        let beta = (0..ng).map(|_| 1.0 / (1.0 + (-r.normal()).exp())).collect();
+        Inputs {
+            q: r.normals(nk),
+            k: r.normals(nk),
+            v: r.normals(nv),
+            g,
+            beta,
+            state: r
+                .normals(shape.value_heads * shape.key_dim * shape.value_dim)
+                .into_iter()
+                .map(|x| x * 0.1)
+                .collect(),
+            shape,
+        }
+    }
+
+    fn to32(x: &[f64]) -> Vec<f32> {
+        x.iter().map(|&x| x as f32).collect()
+    }
+
+    type Form<F> =
+        fn(DeltaRuleShape, &[F], &[F], &[F], &[F], &[F], &mut [F], StateDtype) -> Result<Vec<F>>;
+
+    fn run<F: DeltaFloat>(
+        form: Form<F>,
+        x: &Inputs,
+        conv: fn(&[f64]) -> Vec<F>,
+        dtype: StateDtype,
+    ) -> (Vec<F>, Vec<F>) {
+        let mut state = conv(&x.state);
+        let o = form(
+            x.shape,
+            &conv(&x.q),
+            &conv(&x.k),
+            &conv(&x.v),
+            &conv(&x.g),
+            &conv(&x.beta),
+            &mut state,
+            dtype,
+        )
+        .unwrap();
+        (o, state)
+    }
+
+    /// Runs the sequence in pieces split at `cuts`, carrying the state.
+    fn run_split<F: DeltaFloat>(
+        form: Form<F>,
+        x: &Inputs,
+        conv: fn(&[f64]) -> Vec<F>,
+        cuts: &[usize],
+    ) -> (Vec<F>, Vec<F>) {
+        let s = x.shape;
+        let mut state = conv(&x.state);
+        let mut out = Vec::new();
+        let mut bounds = vec![0];
+        bounds.extend_from_slice(cuts);
+        bounds.push(s.tokens);
+        for w in bounds.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            let shape = DeltaRuleShape { tokens: b - a, ..s };
+            let kd = s.key_heads * s.key_dim;
+            let vd = s.value_heads * s.value_dim;
+            let hv = s.value_heads;
+            out.extend(
+                form(
+                    shape,
+                    &conv(&x.q[a * kd..b * kd]),
+                    &conv(&x.k[a * kd..b * kd]),
+                    &conv(&x.v[a * vd..b * vd]),
+                    &conv(&x.g[a * hv..b * hv]),
+                    &conv(&x.beta[a * hv..b * hv]),
+                    &mut state,
+                    StateDtype::F32,
+                )
+                .unwrap(),
+            );
+        }
+        (out, state)
+    }
+
+    /// The largest |a - b| relative to the largest |b| (at least 1).
+    fn rel_diff<F: DeltaFloat>(a: &[F], b: &[F]) -> f64 {
+        let f = |x: F| x.to_f64();
+        assert_eq!(a.len(), b.len());
+        let scale = b.iter().map(|&x| f(x).abs()).fold(1.0, f64::max);
+        a.iter()
+            .zip(b)
+            .map(|(&x, &y)| (f(x) - f(y)).abs())
+            .fold(0.0, f64::max)
+            / scale
+    }
+
+    #[test]
+    fn recurrent_and_chunked_agree_at_chunk_edges_f32_and_f64() {
+        for tokens in [1, 63, 64, 65, 200] {
+            let x = inputs(tokens, 7 + tokens as u64);
+            let (ro, rs) = run::<f32>(recurrent, &x, to32, StateDtype::F32);
+            let (co, cs) = run::<f32>(chunked, &x, to32, StateDtype::F32);
+            assert!(rel_diff(&co, &ro) < 1e-5, "f32 output, {tokens} tokens");
+            assert!(rel_diff(&cs, &rs) < 1e-5, "f32 state, {tokens} tokens");
+            let (ro, rs) = run::<f64>(recurrent, &x, <[f64]>::to_vec, StateDtype::F32);
+            let (co, cs) = run::<f64>(chunked, &x, <[f64]>::to_vec, StateDtype::F32);
+            assert!(rel_diff(&co, &ro) < 1e-12, "f64 output, {tokens} tokens");
+            assert!(rel_diff(&cs, &rs) < 1e-12, "f64 state, {tokens} tokens");
+            assert!(ro.iter().all(|x| x.is_finite()) && ro.iter().any(|&x| x != 0.0));
+        }
+    }
+
+    #[test]
+    fn a_sequence_split_anywhere_gives_the_same_output_and_state() {
+        let x = inputs(200, 3);
+        let (whole, whole_state) = run::<f64>(chunked, &x, <[f64]>::to_vec, StateDtype::F32);
+        for cuts in [&[1][..], &[63], &[64], &[65], &[10, 100, 129], &[199]] {
+            for form in [chunked as Form<f64>, recurrent] {
+                let (o, s) = run_split(form, &x, <[f64]>::to_vec, cuts);
+                assert!(rel_diff(&o, &whole) < 1e-12, "split at {cuts:?}");
+                assert!(
+                    rel_diff(&s, &whole_state) < 1e-12,
+                    "state split at {cuts:?}"
+                );
+            }
+            let (o, s) = run_split::<f32>(chunked, &x, to32, cuts);
+            assert!(rel_diff(&o, &to32(&whole)) < 1e-5, "f32 split at {cuts:?}");
+            assert!(rel_diff(&s, &to32(&whole_state)) < 1e-5);
+        }
+    }
+
+    #[test]
+    fn a_low_precision_state_changes_the_output_and_f32_does_not() {
+        let x = inputs(130, 11);
+        for form in [chunked as Form<f32>, recurrent] {
+            let (plain, _) = run::<f32>(form, &x, to32, StateDtype::F32);
+            // F32 in f32 mode: no rounding, bit for bit the plain run (deterministic).
+            assert_eq!(run::<f32>(form, &x, to32, StateDtype::F32).0, plain);
+            for dtype in [StateDtype::Bf16, StateDtype::F16] {
+                let (a, sa) = run::<f32>(form, &x, to32, dtype);
+                let (b, _) = run::<f32>(form, &x, to32, dtype);
+                assert_eq!(a, b, "{dtype} deterministic");
+                let d = rel_diff(&a, &plain);
+                assert!(d > 1e-6, "{dtype} changes the output ({d})");
+                assert!(d < 0.1, "{dtype} changes the output a little ({d})");
+                // The carried state is representable in the dtype.
+                assert!(sa.iter().all(|&w| w.round_state(dtype) == w));
+            }
+            // bf16 (8 mantissa bits) moves it more than f16 (11).
+            let bf = rel_diff(&run::<f32>(form, &x, to32, StateDtype::Bf16).0, &plain);
+            let hf = rel_diff(&run::<f32>(form, &x, to32, StateDtype::F16).0, &plain);
+            assert!(bf > hf, "bf16 {bf} vs f16 {hf}");
+        }
+        // In f64 mode F32 keeps f64: no rounding to f32 at all.
+        let (a, _) = run::<f64>(chunked, &x, <[f64]>::to_vec, StateDtype::F32);
+        let (r, _) = run::<f64>(recurrent, &x, <[f64]>::to_vec, StateDtype::F32);
+        assert!(rel_diff(&a, &r) < 1e-12);
+    }
+
+    #[test]
+    fn recurrent_matches_a_direct_transcription_of_the_rule() {
+        // S <- S*exp(g); kv = k^T S; delta = (v - kv)*beta; S <- S + k (x) delta; o = q^T S,
+        // written out on one head group with plain indexing.
+        let x = inputs(9, 5);
+        let s = x.shape;
+        let (dk, dv) = (s.key_dim, s.value_dim);
+        let mut state = x.state.clone();
+        let mut want = vec![0.0; s.tokens * s.value_heads * dv];
+        for h in 0..s.value_heads {
+            let kh = h / (s.value_heads / s.key_heads);
+            let st = &mut state[h * dk * dv..(h + 1) * dk * dv];
+            for t in 0..s.tokens {
+                let at = (t * s.key_heads + kh) * dk;
+                let norm = |x: &[f64]| {
+                    let n = 1.0 / (x.iter().map(|a| a * a).sum::<f64>() + 1e-6).sqrt();
+                    x.iter().map(|a| a * n).collect::<Vec<_>>()
+                };
+                let qn: Vec<f64> = norm(&x.q[at..at + dk])
+                    .iter()
+                    .map(|a| a / (dk as f64).sqrt())
+                    .collect();
+                let kn = norm(&x.k[at..at + dk]);
+                let gi = x.g[t * s.value_heads + h].exp();
+                st.iter_mut().for_each(|w| *w *= gi);
+                for c in 0..dv {
+                    let kv: f64 = (0..dk).map(|r| kn[r] * st[r * dv + c]).sum();
+                    let delta = (x.v[(t * s.value_heads + h) * dv + c] - kv)
+                        * x.beta[t * s.value_heads + h];
+                    for r in 0..dk {
+                        st[r * dv + c] += kn[r] * delta;
+                    }
+                    want[(t * s.value_heads + h) * dv + c] =
+                        (0..dk).map(|r| qn[r] * st[r * dv + c]).sum();
+                }
+            }
+        }
+        let (o, st) = run::<f64>(recurrent, &x, <[f64]>::to_vec, StateDtype::F32);
+        assert!(rel_diff(&o, &want) < 1e-13);
+        assert!(rel_diff(&st, &state) < 1e-13);
+    }
+
+    #[test]
+    fn an_infinite_decay_resets_the_state_in_both_forms() {
+        let mut x = inputs(100, 17);
+        x.g[40 * x.shape.value_heads + 1] = f64::NEG_INFINITY;
+        let (ro, rs) = run::<f64>(recurrent, &x, <[f64]>::to_vec, StateDtype::F32);
+        let (co, cs) = run::<f64>(chunked, &x, <[f64]>::to_vec, StateDtype::F32);
+        assert!(co.iter().all(|x| x.is_finite()));
+        assert!(rel_diff(&co, &ro) < 1e-12 && rel_diff(&cs, &rs) < 1e-12);
+    }
+
+    #[test]
+    fn lengths_that_do_not_match_the_shape_are_an_error() {
+        let x = inputs(5, 1);
+        let mut state = x.state.clone();
+        let short = &x.v[1..];
+        for form in [chunked as Form<f64>, recurrent] {
+            let e = form(
+                x.shape,
+                &x.q,
+                &x.k,
+                short,
+                &x.g,
+                &x.beta,
+                &mut state,
+                StateDtype::F32,
+            )
+            .unwrap_err();
+            assert!(e.is_internal(), "{e}");
+            assert!(e.to_string().contains("`v` holds 159 values"), "{e}");
+            let bad = DeltaRuleShape {
+                value_heads: 3,
+                ..x.shape
+            };
+            let e = form(
+                bad,
+                &x.q,
+                &x.k,
+                &x.v,
+                &x.g,
+                &x.beta,
+                &mut state,
+                StateDtype::F32,
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains("not a multiple"), "{e}");
+        }
+        // An empty sequence is fine and leaves the state alone.
+        let empty = DeltaRuleShape {
+            tokens: 0,
+            ..x.shape
+        };
+        let o = chunked::<f64>(empty, &[], &[], &[], &[], &[], &mut state, StateDtype::Bf16);
+        assert!(o.unwrap().is_empty());
+        assert_eq!(state, x.state);
+    }
+
+    #[test]
+    fn state_dtype_names() {
+        for (n, d) in [
+            ("f32", StateDtype::F32),
+            ("float32", StateDtype::F32),
+            ("torch.float32", StateDtype::F32),
+            ("bf16", StateDtype::Bf16),
+            ("bfloat16", StateDtype::Bf16),
+            ("f16", StateDtype::F16),
+            ("float16", StateDtype::F16),
+        ] {
+            assert_eq!(StateDtype::from_name(n), Some(d), "{n}");
+            assert_eq!(StateDtype::from_name(d.as_str()), Some(d));
+        }
+        for bad in ["", "fp8", "F32", "half", "float64"] {
+            assert_eq!(StateDtype::from_name(bad), None, "{bad}");
+        }
+        assert_eq!(
+            serde_json::to_string(&StateDtype::Bf16).unwrap(),
+            "\"bf16\""
+        );
+    }
 }

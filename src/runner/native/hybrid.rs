@@ -63,6 +63,7 @@ impl GatedDeltaNet {
         c: &ModelConfig,
         h: &Hybrid,
         compute: ComputeDtype,
+        state_dtype: StateDtype,
         report: &mut LoadReport,
     ) -> Result<GatedDeltaNet> {
         let dt = compute.candle();
@@ -168,7 +169,7 @@ impl GatedDeltaNet {
                 key_dim: dk,
                 value_dim: dv,
             },
-            state_dtype: StateDtype::default(),
+            state_dtype,
         })
     }
 
@@ -241,7 +242,8 @@ impl GatedDeltaNet {
             &beta,
             &mut state,
             self.state_dtype,
-        );
+        )
+        .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         let z = rows(linear(x, &self.z)?)?;
         let mut normed = Vec::with_capacity(n * hv * dv);
         let eps = W::w_from(self.eps);
@@ -303,7 +305,7 @@ fn softplus<W: Work>(x: W) -> W {
 }
 
 /// The working float of the layer (f32, or f64 in an f64 run).
-trait Work: DeltaFloat + WithDType + PartialOrd {
+trait Work: DeltaFloat + WithDType + PartialOrd + Default {
     fn w_from(v: f64) -> Self;
     fn w_to(self) -> f64;
     fn w_exp(self) -> Self;

@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 pub use decoder::{ComputeDtype, Decoder};
+pub use delta_rule::StateDtype;
 pub use gguf::Emulate;
 use weights::{SafetensorsStore, WeightStore};
 
@@ -75,7 +76,15 @@ pub fn resolve(path: &Path) -> Result<(PathBuf, &'static str)> {
     }
 }
 
-pub fn load(path: &Path, compute: ComputeDtype, emulate: Emulate) -> Result<NativeModel> {
+/// Loads a model for the native runner: `compute` is the forward pass's precision, `emulate`
+/// whose numerics to follow, `recurrent_state` the dtype a hybrid model's carried recurrent
+/// state is kept in (dense models have none and ignore it).
+pub fn load(
+    path: &Path,
+    compute: ComputeDtype,
+    emulate: Emulate,
+    recurrent_state: StateDtype,
+) -> Result<NativeModel> {
     let (path, format) = resolve(path)?;
     let bos_id;
     let (store, config): (Box<dyn WeightStore>, config::ModelConfig) = if format == "gguf" {
@@ -109,7 +118,7 @@ pub fn load(path: &Path, compute: ComputeDtype, emulate: Emulate) -> Result<Nati
     };
     let lm_head_sha256 = store.tensor_sha256(head)?.unwrap_or_default();
     let stored_dtype = store.stored_dtype(&embed);
-    let decoder = Decoder::load(store.as_ref(), config, compute)?;
+    let decoder = Decoder::load(store.as_ref(), config, compute, recurrent_state)?;
     Ok(NativeModel {
         path,
         format,

@@ -743,6 +743,7 @@ mod tests {
                 &fixtures().join("qwen3-moe"),
                 compute,
                 crate::runner::native::Emulate::ReferenceSemantics,
+                crate::runner::native::delta_rule::StateDtype::F32,
             )
             .unwrap();
             let d = &model.decoder;

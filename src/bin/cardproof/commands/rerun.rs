@@ -146,6 +146,7 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
                 gates: None,
                 noise_floor: false,
                 pins,
+                recurrent_state: c.recurrent_state,
             };
             // Everything that needs no forward pass, before the first one.
             let pre = rerun::preflight::check(&request, stage)?;
@@ -184,6 +185,7 @@ pub fn verify(config: &VerifyConfig, printer: &Printer) -> super::Result<Verifie
                 noise_floor: c.noise_floor,
                 transformers: c.transformers.as_ref(),
                 pins,
+                recurrent_state: c.recurrent_state,
                 on_warning: &|w| printer.warning(&w.to_string()),
             };
             let mut outcome = cardproof::verify::verify(&request, stage, progress)?;
