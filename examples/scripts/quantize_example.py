@@ -269,8 +269,44 @@ def awq_config():
 # --------------------------------------------------------------------------------------------
 
 
+# The hybrid Qwen3.5 model's projections, by layer type. The Gated DeltaNet layers' in_proj_a and
+# in_proj_b (one output per value head) stay BF16, as in the published Qwen3.5 quantizations whose
+# FP8 targets are exactly the attention projections plus in_proj_qkv, in_proj_z and out_proj.
+HYBRID_LINEARS = {
+    "linear_attention": (
+        "linear_attn.in_proj_qkv",
+        "linear_attn.in_proj_z",
+        "linear_attn.out_proj",
+    ),
+    "full_attention": (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+    ),
+}
+HYBRID_UNQUANTIZED = ("linear_attn.in_proj_a", "linear_attn.in_proj_b")
+MLP_LINEARS = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
 def linear_names(cfg):
-    return [f"model.layers.{i}.{m}" for i in range(cfg["num_hidden_layers"]) for m in LINEARS]
+    if cfg["model_type"] == "qwen3":
+        return [f"model.layers.{i}.{m}" for i in range(cfg["num_hidden_layers"]) for m in LINEARS]
+    return [
+        f"model.layers.{i}.{m}"
+        for i, kind in enumerate(cfg["layer_types"])
+        for m in HYBRID_LINEARS[kind] + MLP_LINEARS
+    ]
+
+
+def hybrid_ignore(qcfg):
+    """The exclusion lists of a hybrid model's quantization_config: lm_head and the GDN gates."""
+    qcfg = json.loads(json.dumps(qcfg))
+    if qcfg["quant_method"] == "compressed-tensors":
+        qcfg["ignore"] = ["lm_head"] + [f"re:.*{m}$" for m in HYBRID_UNQUANTIZED]
+    else:
+        qcfg["modules_to_not_convert"] = ["lm_head"] + [m.split(".")[1] for m in HYBRID_UNQUANTIZED]
+    return qcfg
 
 
 def copy_side_files(src, dst):
@@ -487,18 +523,26 @@ def main():
 
     with open(os.path.join(args.src, "config.json")) as f:
         cfg = json.load(f)
-    assert cfg["model_type"] == "qwen3", cfg["model_type"]
+    assert cfg["model_type"] in ("qwen3", "qwen3_5_text"), cfg["model_type"]
     st = read_safetensors(os.path.join(args.src, "model.safetensors"))
 
-    variants = [
-        ("shakespeare-w8a16", lambda d: write_safetensors_variant(
-            args.src, d, cfg, st, quant_int8_channel, ct_w8a16_config())),
-        ("shakespeare-fp8-block", lambda d: write_safetensors_variant(
-            args.src, d, cfg, st, quant_fp8_block, fp8_block_config())),
-        ("shakespeare-awq-int4", lambda d: write_safetensors_variant(
-            args.src, d, cfg, st, quant_awq_gemm, awq_config(), dtype="float16")),
-        ("shakespeare-q4_0-gguf", lambda d: write_gguf_variant(args.src, d, cfg, st)),
-    ]
+    if cfg["model_type"] == "qwen3_5_text":
+        variants = [
+            ("shakespeare-hybrid-w8a16", lambda d: write_safetensors_variant(
+                args.src, d, cfg, st, quant_int8_channel, hybrid_ignore(ct_w8a16_config()))),
+            ("shakespeare-hybrid-fp8-block", lambda d: write_safetensors_variant(
+                args.src, d, cfg, st, quant_fp8_block, hybrid_ignore(fp8_block_config()))),
+        ]
+    else:
+        variants = [
+            ("shakespeare-w8a16", lambda d: write_safetensors_variant(
+                args.src, d, cfg, st, quant_int8_channel, ct_w8a16_config())),
+            ("shakespeare-fp8-block", lambda d: write_safetensors_variant(
+                args.src, d, cfg, st, quant_fp8_block, fp8_block_config())),
+            ("shakespeare-awq-int4", lambda d: write_safetensors_variant(
+                args.src, d, cfg, st, quant_awq_gemm, awq_config(), dtype="float16")),
+            ("shakespeare-q4_0-gguf", lambda d: write_gguf_variant(args.src, d, cfg, st)),
+        ]
     src_sizes, src_total = dir_report(args.src)
     print(f"source {args.src}: model.safetensors {src_sizes['model.safetensors']:,} bytes")
     grand = src_total

@@ -1,5 +1,9 @@
 #!/usr/bin/env python3
-"""Train cardproof's example model: a ~4M-parameter Qwen3-architecture decoder on Tiny Shakespeare.
+"""Train cardproof's example models: ~4M-parameter decoders on Tiny Shakespeare.
+
+`--arch qwen3` (the default) is a dense Qwen3 decoder; `--arch qwen3_5` is a ~1.4M-parameter
+hybrid Qwen3.5 text model of the seed's family (three Gated DeltaNet layers then one gated
+full-attention layer, with partial RoPE and zero-centred norms) at half the width.
 
 The text (examples/data/tinyshakespeare.txt) is Shakespeare's plays as collected in
 karpathy/char-rnn (data/tinyshakespeare/input.txt); the plays are in the public domain. The last
@@ -14,6 +18,8 @@ Writes OUT/{config.json, generation_config.json, model.safetensors (bf16), token
 tokenizer_config.json} and examples/data/eval.txt.
 
     python3 examples/scripts/train_example.py --out examples/models/shakespeare-bf16
+    python3 examples/scripts/train_example.py --arch qwen3_5 --steps 800 \
+        --out examples/models/shakespeare-hybrid-bf16 --keep-eval
 """
 
 import argparse
@@ -24,7 +30,13 @@ import time
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    PreTrainedTokenizerFast,
+    Qwen3_5ForCausalLM,
+    Qwen3_5TextConfig,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "..", "data")
@@ -63,14 +75,21 @@ def main():
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arch", choices=["qwen3", "qwen3_5"], default="qwen3")
+    ap.add_argument(
+        "--keep-eval",
+        action="store_true",
+        help="do not rewrite examples/data/eval.txt (it is the same cut of the text either way)",
+    )
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
 
     text = open(os.path.join(DATA, "tinyshakespeare.txt"), encoding="utf-8").read()
     train_text, eval_text, val_text = split_text(text)
-    with open(os.path.join(DATA, "eval.txt"), "w", encoding="utf-8") as f:
-        f.write(eval_text)
+    if not args.keep_eval:
+        with open(os.path.join(DATA, "eval.txt"), "w", encoding="utf-8") as f:
+            f.write(eval_text)
 
     tok = train_tokenizer(train_text)
     eos = tok.token_to_id("<|endoftext|>")
@@ -78,23 +97,49 @@ def main():
     val_ids = torch.tensor(tok.encode(val_text).ids, dtype=torch.long)
     print(f"tokens: train {len(train_ids)}, val {len(val_ids)}", flush=True)
 
-    config = Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=1024,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        bos_token_id=eos,
-        eos_token_id=eos,
-        attention_bias=False,
-    )
-    model = Qwen3ForCausalLM(config).to(dev)
+    if args.arch == "qwen3":
+        config = Qwen3Config(
+            vocab_size=VOCAB,
+            hidden_size=256,
+            intermediate_size=768,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            max_position_embeddings=1024,
+            rope_theta=10000.0,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            bos_token_id=eos,
+            eos_token_id=eos,
+            attention_bias=False,
+        )
+        model = Qwen3ForCausalLM(config).to(dev)
+    else:
+        # The seed's layout at toy scale: layers 0-2 Gated DeltaNet, layer 3 full attention
+        # (full_attention_interval 4), 2 key heads serving 4 value heads in the GDN layers. Half
+        # the dense example's width, so that the repository stays small enough to travel.
+        config = Qwen3_5TextConfig(
+            vocab_size=VOCAB,
+            hidden_size=128,
+            intermediate_size=384,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=32,
+            linear_value_head_dim=32,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            max_position_embeddings=1024,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            bos_token_id=eos,
+            eos_token_id=eos,
+        )
+        model = Qwen3_5ForCausalLM(config).to(dev)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"parameters: {n_params}", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -156,6 +201,7 @@ def main():
                 "seq": args.seq,
                 "lr": args.lr,
                 "seed": args.seed,
+                "arch": args.arch,
                 "val_loss": val,
                 "eval_text_loss": ev,
                 "parameters": n_params,

@@ -29,6 +29,18 @@ MODELS = os.path.join("examples", "models")
 REFERENCE = "shakespeare-bf16"
 # The commit of this repository that added examples/models (weights and tokenizer).
 REVISION = "aebc08a6edbab4465a99260c28646dfe1034e3b9"
+# The hybrid (Gated DeltaNet) example: its reference and the commit that added its weights.
+HYBRID_REFERENCE = "shakespeare-hybrid-bf16"
+HYBRID_REVISION = "865481ed8a5ae63c786b2d6fa270382f5d3eae6a"
+DENSE_ABOUT = ("cardproof's 4.2M-parameter example model\n(Qwen3 architecture, trained on Tiny "
+               "Shakespeare by `examples/scripts/train_example.py`)")
+HYBRID_ABOUT = ("cardproof's 1.4M-parameter hybrid example model\n(Qwen3.5 architecture: three "
+                "Gated DeltaNet layers then one gated full-attention layer, trained on Tiny "
+                "Shakespeare by `examples/scripts/train_example.py --arch qwen3_5`)")
+# What the hybrid quantizations keep in BF16 besides lm_head and the embedding: the GDN layers'
+# beta and decay projections (one output per value head).
+HYBRID_KEPT = ["lm_head", "model.embed_tokens", "model.layers.*.linear_attn.in_proj_a",
+               "model.layers.*.linear_attn.in_proj_b"]
 
 CANDIDATES = {
     "shakespeare-w8a16": {
@@ -67,6 +79,31 @@ CANDIDATES = {
         "tags": ["gguf", "q4_0"],
         "library": "gguf",
     },
+    "shakespeare-hybrid-w8a16": {
+        "title": "INT8 weights per output channel (compressed-tensors W8A16)",
+        "reference": HYBRID_REFERENCE,
+        "revision": HYBRID_REVISION,
+        "about": HYBRID_ABOUT,
+        "quantization": {"method": "int8-channel", "weights": "int8", "activations": "bf16",
+                          "symmetric": True, "high_precision_modules": HYBRID_KEPT,
+                          "tool": "examples/scripts/quantize_example.py"},
+        "tags": ["compressed-tensors", "int8", "w8a16", "gated-deltanet"],
+        "library": "transformers",
+    },
+    "shakespeare-hybrid-fp8-block": {
+        "title": "FP8 E4M3 weights in 128x128 blocks, dynamic FP8 activations (fine-grained FP8)",
+        "reference": HYBRID_REFERENCE,
+        "revision": HYBRID_REVISION,
+        "about": HYBRID_ABOUT,
+        "quantization": {"method": "fp8-block", "weights": "fp8_e4m3", "activations": "dynamic-fp8",
+                          "group": [128, 128], "symmetric": True,
+                          "high_precision_modules": HYBRID_KEPT,
+                          "tool": "examples/scripts/quantize_example.py"},
+        "tags": ["fp8", "gated-deltanet"],
+        "library": "transformers",
+        # As for the dense FP8 example: emulated FP8 activations are measured in f64.
+        "measure": ["--compute-dtype", "f64"],
+    },
 }
 
 
@@ -92,8 +129,8 @@ def quote_digests(v):
     return v
 
 
-def measure(cardproof, candidate, out, extra):
-    cmd = [cardproof, "measure", "--reference", os.path.join(MODELS, REFERENCE),
+def measure(cardproof, candidate, reference, out, extra):
+    cmd = [cardproof, "measure", "--reference", os.path.join(MODELS, reference),
            "--candidate", os.path.join(MODELS, candidate), "--eval-text", "examples/data/eval.txt",
            "--context-length", "256", "--bos", "none", "--positions", "all", "--out", out, "--json"] + extra
     print("$ " + " ".join(cmd), file=sys.stderr)
@@ -102,22 +139,24 @@ def measure(cardproof, candidate, out, extra):
 
 
 def card(name, spec, doc):
+    reference = spec.get("reference", REFERENCE)
+    revision = spec.get("revision", REVISION)
     f = doc["fidelity"]
-    f["reference"] = {"repo": f"{MODELS}/{REFERENCE}", "revision": REVISION, **f["reference"]}
-    f["candidate"] = {"repo": f"{MODELS}/{name}", "revision": REVISION, **f["candidate"]}
+    f["reference"] = {"repo": f"{MODELS}/{reference}", "revision": revision, **f["reference"]}
+    f["candidate"] = {"repo": f"{MODELS}/{name}", "revision": revision, **f["candidate"]}
     q = f.setdefault("quantization", {})
     q.update(spec["quantization"])
     f["calibration"] = {"dataset": "none"}
     # A path relative to the repository root: `cardproof verify` reads the text from it.
     f["eval"]["text"]["source"] = "examples/data/eval.txt"
-    f["eval"]["tokenizer"] = {"repo": f"{MODELS}/{REFERENCE}", "revision": REVISION}
+    f["eval"]["tokenizer"] = {"repo": f"{MODELS}/{reference}", "revision": revision}
     ordered = {k: f[k] for k in ("schema", "reference", "candidate", "quantization", "calibration",
                                  "runtime", "eval", "protocol", "results") if k in f}
     meta = {
         "license": "apache-2.0",
         "library_name": spec["library"],
         "pipeline_tag": "text-generation",
-        "base_model": f"{MODELS}/{REFERENCE}",
+        "base_model": f"{MODELS}/{reference}",
         "base_model_relation": "quantized",
         "tags": spec["tags"],
         "fidelity": quote_digests(ordered),
@@ -133,8 +172,7 @@ def card(name, spec, doc):
     body = f"""
 # {name}
 
-{spec['title']} of [{REFERENCE}](../{REFERENCE}), cardproof's 4.2M-parameter example model
-(Qwen3 architecture, trained on Tiny Shakespeare by `examples/scripts/train_example.py`). Made by
+{spec['title']} of [{reference}](../{reference}), {spec.get('about', DENSE_ABOUT)}. Made by
 `examples/scripts/quantize_example.py`; this card by `examples/scripts/write_cards.py` from a
 `cardproof measure` run.
 
@@ -165,10 +203,15 @@ def main():
     ap = argparse.ArgumentParser()
     target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
     ap.add_argument("--cardproof", default=os.path.join(target, "release", "cardproof"))
+    ap.add_argument("--only", action="append", choices=sorted(CANDIDATES),
+                    help="write only this candidate's card (repeatable; default: all)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for name, spec in CANDIDATES.items():
-            doc = measure(os.path.abspath(args.cardproof), name, os.path.join(tmp, name), spec.get("measure", []))
+            if args.only and name not in args.only:
+                continue
+            doc = measure(os.path.abspath(args.cardproof), name, spec.get("reference", REFERENCE),
+                          os.path.join(tmp, name), spec.get("measure", []))
             path = os.path.join(ROOT, MODELS, name, "README.md")
             with open(path, "w", encoding="utf-8") as f:
                 f.write(card(name, spec, doc))
