@@ -1064,3 +1064,36 @@ fn a_card_whose_recurrent_state_dtype_differs_from_the_rerun_is_not_reproduced()
         r.stdout
     );
 }
+
+/// The committed cards of the hybrid (Gated DeltaNet) examples reproduce on CPU as they stand:
+/// their own reference, the whole eval text, the cards' protocol. Also guards that a
+/// compressed-tensors `targets: [Linear]` config is not read as covering the GDN layers'
+/// depthwise `conv1d` (an `nn.Conv1d`), which would be a lint error and block `reproduced`.
+#[test]
+fn the_hybrid_example_cards_reproduce_as_committed() {
+    for example in ["shakespeare-hybrid-w8a16", "shakespeare-hybrid-fp8-block"] {
+        let out = tempfile::tempdir().unwrap();
+        let lint = cardproof(&["lint", model(example).to_str().unwrap()]);
+        assert_eq!(lint.code, 0, "{example}: {}{}", lint.stdout, lint.stderr);
+        let r = cardproof(&[
+            "verify",
+            model(example).to_str().unwrap(),
+            "--reference",
+            model("shakespeare-hybrid-bf16").to_str().unwrap(),
+            "--eval-text",
+            repo_root().join("examples/data/eval.txt").to_str().unwrap(),
+            "--out",
+            out.path().to_str().unwrap(),
+            "--json",
+        ]);
+        assert_eq!(r.code, 0, "{example}: {}\n{}", r.stderr, r.stdout);
+        let report = r.json();
+        assert_eq!(report["verdict"], "reproduced", "{example}: {report}");
+        assert_eq!(report["claims"].as_array().unwrap().len(), 5, "{example}");
+        let environment = &report["measurement"]["environment"];
+        assert_eq!(
+            environment["recurrent_state_dtype"], "f32",
+            "{example}: {environment}"
+        );
+    }
+}

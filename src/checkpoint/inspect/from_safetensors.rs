@@ -325,7 +325,14 @@ fn classify(
         return Ok(Classified::NotLinear(float_parameters(members)));
     };
     let is_linear_shape = weight.shape.len() >= 2 && weight.shape.len() <= 3;
-    if !is_linear_shape && bucket != Bucket::Embeddings {
+    // A Gated DeltaNet's (or Mamba's) depthwise causal convolution, `[channels, 1, kernel]`, is an
+    // `nn.Conv1d`: quantizers' `Linear` targets never cover it, so a float one is a parameter of
+    // its layer, not a module left in high precision.
+    let is_depthwise_conv = prefix.ends_with(".conv1d")
+        && weight.shape.len() == 3
+        && weight.shape[1] == 1
+        && !quantized_by_scales;
+    if (!is_linear_shape || is_depthwise_conv) && bucket != Bucket::Embeddings {
         return Ok(Classified::NotLinear(float_parameters(members)));
     }
     let shape = weight.shape.clone();
