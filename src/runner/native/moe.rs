@@ -262,7 +262,8 @@ fn dense_lin(
     })
 }
 
-/// A linear module through the store (dequantized as its format defines), shape-checked.
+/// An expert's linear module through the store (dequantized as its format defines), shape-checked
+/// and counted by [`super::decoder::lin_from`]; an expert has no bias.
 fn store_lin(
     store: &dyn WeightStore,
     module: &str,
@@ -272,16 +273,6 @@ fn store_lin(
     report: &mut LoadReport,
 ) -> Result<Lin> {
     let l = store.linear(module)?;
-    if (l.out, l.inp) != (out, inp) {
-        return Err(Error::format(
-            store.path(),
-            Some(module),
-            format!(
-                "weight is [{}, {}]; the config needs [{out}, {inp}]",
-                l.out, l.inp
-            ),
-        ));
-    }
     if l.bias.is_some() {
         return Err(Error::format(
             store.path(),
@@ -289,13 +280,7 @@ fn store_lin(
             "present, but transformers' MoE experts have no bias (it would ignore it)",
         ));
     }
-    *report.schemes.entry(l.scheme.clone()).or_default() += 1;
-    if l.input != InputQuant::None {
-        *report.activations.entry(l.input.describe()).or_default() += 1;
-    }
-    let mut lin = dense_lin(store.path(), module, l.weight, out, inp, dt)?;
-    lin.input = l.input;
-    Ok(lin)
+    super::decoder::lin_from(store, module, l, out, inp, dt, report)
 }
 
 /// A dense (never quantized) matrix of the exact shape, e.g. a router.
