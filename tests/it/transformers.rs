@@ -182,8 +182,8 @@ fn stand_in(dir: &Path, source: &str) -> PathBuf {
     path
 }
 
-fn measure_with(script: &Path, extra: &[&str]) -> Run {
-    let out = script.parent().unwrap().join("out");
+/// `measure` of the W8A16 example against BF16 through a stand-in runner script.
+fn stand_in_measure(script: &Path, out: &Path, env: &[(&str, &str)], extra: &[&str]) -> Run {
     let mut args = vec![
         "measure",
         "--runner",
@@ -202,7 +202,12 @@ fn measure_with(script: &Path, extra: &[&str]) -> Run {
         out.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    let r = run(&[], &args);
+    run(env, &args)
+}
+
+fn measure_with(script: &Path, extra: &[&str]) -> Run {
+    let out = script.parent().unwrap().join("out");
+    let r = stand_in_measure(script, &out, &[], extra);
     assert!(
         !out.join("measurement.json").exists(),
         "a failed run must leave no measurement"
@@ -1018,27 +1023,14 @@ fn fla_kernels() -> serde_json::Value {
 }
 
 fn replay_measure(script: &Path, out: &Path, json: bool) -> Run {
-    let mut args = vec![
-        "measure",
-        "--runner",
-        "transformers",
-        "--runner-script",
-        script.to_str().unwrap(),
-        "--reference",
-        "examples/models/shakespeare-bf16",
-        "--candidate",
-        "examples/models/shakespeare-w8a16",
-        "--eval-text",
-        "examples/data/eval.txt",
-        "--context-length",
-        "256",
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    if json {
-        args.push("--json");
-    }
-    run(&[("CARDPROOF_REPLAY", fixture().to_str().unwrap())], &args)
+    let replay = fixture();
+    let extra: &[&str] = if json { &["--json"] } else { &[] };
+    stand_in_measure(
+        script,
+        out,
+        &[("CARDPROOF_REPLAY", replay.to_str().unwrap())],
+        extra,
+    )
 }
 
 #[test]
