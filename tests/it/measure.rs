@@ -2,7 +2,9 @@
 
 use std::path::Path;
 
-use crate::support::{cardproof, cardproof_in, model, repo_root, short_text};
+use crate::support::{
+    cardproof, cardproof_in, copy_dir, edit_config, model, repo_root, short_text,
+};
 
 fn measure(
     reference: &str,
@@ -243,7 +245,7 @@ fn bad_inputs_are_exit_2_with_one_clear_message() {
 
     // An unsupported architecture is named, with the supported ones.
     let broken = dir.path().join("gemma");
-    copy_model(
+    copy_dir(
         &repo_root().join("examples/models/shakespeare-bf16"),
         &broken,
     );
@@ -284,7 +286,7 @@ fn bad_inputs_are_exit_2_with_one_clear_message() {
 
     // A different tokenizer.
     let other = dir.path().join("other-tok");
-    copy_model(
+    copy_dir(
         &repo_root().join("examples/models/shakespeare-bf16"),
         &other,
     );
@@ -351,7 +353,7 @@ fn bad_inputs_are_exit_2_with_one_clear_message() {
 fn an_unknown_quant_method_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let candidate = dir.path().join("unknown-method");
-    copy_model(
+    copy_dir(
         &repo_root().join("examples/models/shakespeare-fp8-block"),
         &candidate,
     );
@@ -384,22 +386,6 @@ fn an_unknown_quant_method_is_refused_naming_it() {
     );
     assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
     assert!(!out.join("measurement.json").exists());
-}
-
-fn copy_model(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
-    }
-}
-
-fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
-    let path = dir.join("config.json");
-    let mut c: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    f(&mut c);
-    std::fs::write(path, c.to_string()).unwrap();
 }
 
 /// `measure` of an unloadable copy of the bf16 example against itself (see

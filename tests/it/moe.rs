@@ -6,26 +6,10 @@ use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
-use crate::support::{Run, cardproof, repo_root};
+use crate::support::{Run, cardproof, copy_dir, edit_config, repo_root};
 
 pub fn fixtures() -> PathBuf {
     repo_root().join("tests/fixtures/moe")
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
-    }
-}
-
-fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
-    let path = dir.join("config.json");
-    let mut c: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    f(&mut c);
-    std::fs::write(path, c.to_string()).unwrap();
 }
 
 /// `measure` of `model` against itself on its eval.txt (windows of 32, no BOS), the native

@@ -132,11 +132,25 @@ pub fn short_text(dir: &Path, chars: usize) -> PathBuf {
 
 /// A copy of an example model's files in `to`.
 pub fn copy_model(name: &str, to: &Path) {
+    copy_dir(Path::new(&model(name)), to);
+}
+
+/// A copy of the files of the model directory `from` in `to`.
+pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(model(name)).unwrap() {
+    for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
     }
+}
+
+/// Rewrite `dir/config.json` with `f`.
+pub fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    f(&mut c);
+    std::fs::write(path, c.to_string()).unwrap();
 }
 
 /// A short `measure` of `candidate` against the bf16 example on `text` (windows of 128 tokens,
