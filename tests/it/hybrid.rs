@@ -506,21 +506,7 @@ fn hostile_hybrid_configs_exit_2_naming_the_key() {
     ];
     for (layout, edit, said) in cases {
         let (dir, model) = hostile(layout, edit);
-        let run = cardproof(&[
-            "measure",
-            "--reference",
-            model.to_str().unwrap(),
-            "--candidate",
-            fixture("qwen3_5_text").to_str().unwrap(),
-            "--eval-text",
-            fixture("eval.txt").to_str().unwrap(),
-            "--context-length",
-            "64",
-            "--bos",
-            "none",
-            "--out",
-            dir.path().join("out").to_str().unwrap(),
-        ]);
+        let run = measure_against_text_model(&model, dir.path());
         assert_eq!(run.code, 2, "{said}: {}", run.stderr);
         assert!(
             run.stderr.contains(said) && run.stderr.contains("config.json"),
@@ -529,6 +515,25 @@ fn hostile_hybrid_configs_exit_2_naming_the_key() {
         );
         assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
     }
+}
+
+/// `measure` of a (broken) copy of a fixture model against the text fixture, windows of 64.
+fn measure_against_text_model(model: &Path, dir: &Path) -> crate::support::Run {
+    cardproof(&[
+        "measure",
+        "--reference",
+        model.to_str().unwrap(),
+        "--candidate",
+        fixture("qwen3_5_text").to_str().unwrap(),
+        "--eval-text",
+        fixture("eval.txt").to_str().unwrap(),
+        "--context-length",
+        "64",
+        "--bos",
+        "none",
+        "--out",
+        dir.join("out").to_str().unwrap(),
+    ])
 }
 
 #[test]
@@ -544,21 +549,7 @@ fn a_tensor_the_hybrid_architecture_does_not_use_is_still_refused() {
     tensors.push(("model.layers.0.linear_attn.extra.weight".into(), extra));
     let out = safetensors::serialize(tensors, None).unwrap();
     std::fs::write(&st, out).unwrap();
-    let run = cardproof(&[
-        "measure",
-        "--reference",
-        model.to_str().unwrap(),
-        "--candidate",
-        fixture("qwen3_5_text").to_str().unwrap(),
-        "--eval-text",
-        fixture("eval.txt").to_str().unwrap(),
-        "--context-length",
-        "64",
-        "--bos",
-        "none",
-        "--out",
-        dir.path().join("out").to_str().unwrap(),
-    ]);
+    let run = measure_against_text_model(&model, dir.path());
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(
         run.stderr
