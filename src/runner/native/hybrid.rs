@@ -304,7 +304,8 @@ fn softplus<W: Work>(x: W) -> W {
     }
 }
 
-/// The working float of the layer (f32, or f64 in an f64 run).
+/// The working float of the layer (f32, or f64 in an f64 run). Its own method names, because
+/// `DeltaFloat` and candle's `WithDType` both define `from_f64` / `to_f64`.
 trait Work: DeltaFloat + WithDType + PartialOrd + Default {
     fn w_from(v: f64) -> Self;
     fn w_to(self) -> f64;
