@@ -16,6 +16,8 @@ pub const SUPPORTED: &[&str] = &[
     "qwen3_moe",
     "qwen3_5",
     "qwen3_5_text",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
     "qwen3_next",
 ];
 
@@ -32,7 +34,14 @@ pub enum Arch {
     /// The Qwen3.5 vision-language wrapper: its `text_config` is a `qwen3_5_text`, its text
     /// weights sit under `model.language_model.*`.
     Qwen3_5,
-    /// Qwen3-Next: the hybrid layers of Qwen3.5 with fused `in_proj_qkvz` / `in_proj_ba`.
+    /// Qwen3.5-MoE text model (`qwen3_5_moe_text`): the hybrid layers of Qwen3.5 with a sparse
+    /// mixture-of-experts block (shared expert, always renormalised) in every layer.
+    Qwen3_5MoeText,
+    /// The Qwen3.5-MoE vision-language wrapper (`qwen3_5_moe`), laid out like [`Arch::Qwen3_5`].
+    Qwen3_5Moe,
+    /// Qwen3-Next: the hybrid layers of Qwen3.5 with fused `in_proj_qkvz` / `in_proj_ba`, and
+    /// sparse mixture-of-experts blocks where `num_experts`, `decoder_sparse_step` and
+    /// `mlp_only_layers` put them.
     Qwen3Next,
 }
 
@@ -87,6 +96,8 @@ impl Arch {
             "qwen3_moe" => Some(Arch::Qwen3Moe),
             "qwen3_5_text" => Some(Arch::Qwen3_5Text),
             "qwen3_5" => Some(Arch::Qwen3_5),
+            "qwen3_5_moe_text" => Some(Arch::Qwen3_5MoeText),
+            "qwen3_5_moe" => Some(Arch::Qwen3_5Moe),
             "qwen3_next" => Some(Arch::Qwen3Next),
             _ => None,
         }
@@ -101,13 +112,28 @@ impl Arch {
             Arch::Qwen3Moe => "qwen3_moe",
             Arch::Qwen3_5Text => "qwen3_5_text",
             Arch::Qwen3_5 => "qwen3_5",
+            Arch::Qwen3_5MoeText => "qwen3_5_moe_text",
+            Arch::Qwen3_5Moe => "qwen3_5_moe",
             Arch::Qwen3Next => "qwen3_next",
         }
     }
 
     /// The hybrid (Gated DeltaNet + gated attention) family.
     pub fn is_hybrid(self) -> bool {
-        matches!(self, Arch::Qwen3_5Text | Arch::Qwen3_5 | Arch::Qwen3Next)
+        matches!(
+            self,
+            Arch::Qwen3_5Text
+                | Arch::Qwen3_5
+                | Arch::Qwen3_5MoeText
+                | Arch::Qwen3_5Moe
+                | Arch::Qwen3Next
+        )
+    }
+
+    /// A vision-language wrapper whose text model sits under `text_config` and
+    /// `model.language_model.*`.
+    pub fn is_vlm(self) -> bool {
+        matches!(self, Arch::Qwen3_5 | Arch::Qwen3_5Moe)
     }
 
     /// Per-head q/k RMSNorms (Qwen3 and the hybrid family).
@@ -179,7 +205,12 @@ impl ModelConfig {
                 )
             })?;
         // A Qwen3.5 vision-language checkpoint: the text model's settings are its text_config.
-        let (config, kp, prefix) = if model_type == "qwen3_5" {
+        let vlm_text = match model_type {
+            "qwen3_5" => Some("qwen3_5_text"),
+            "qwen3_5_moe" => Some("qwen3_5_moe_text"),
+            _ => None,
+        };
+        let (config, kp, prefix) = if let Some(text_type) = vlm_text {
             let text = config
                 .get("text_config")
                 .filter(|v| v.is_object())
@@ -187,17 +218,19 @@ impl ModelConfig {
                     Error::format(
                         path,
                         Some("text_config"),
-                        "missing or not an object (a qwen3_5 checkpoint nests its text model's settings there)",
+                        format!("missing or not an object (a {model_type} checkpoint nests its text model's settings there)"),
                     )
                 })?;
             match text.get("model_type") {
                 None => {}
-                Some(Value::String(t)) if t == "qwen3_5_text" => {}
+                Some(Value::String(t)) if t == text_type => {}
                 Some(other) => {
                     return Err(Error::format(
                         path,
                         Some("text_config.model_type"),
-                        format!("is {other}; a qwen3_5 checkpoint's text model is qwen3_5_text"),
+                        format!(
+                            "is {other}; a {model_type} checkpoint's text model is {text_type}"
+                        ),
                     ));
                 }
             }
@@ -316,6 +349,8 @@ impl ModelConfig {
             | Arch::Qwen3Moe
             | Arch::Qwen3_5Text
             | Arch::Qwen3_5
+            | Arch::Qwen3_5MoeText
+            | Arch::Qwen3_5Moe
             | Arch::Qwen3Next => {
                 let attention = flag("attention_bias")?;
                 Biases {
@@ -326,14 +361,27 @@ impl ModelConfig {
             }
         };
         let layers = uint("num_hidden_layers")?;
-        let moe = match arch {
-            Arch::Qwen3Moe => Some(MoeConfig::from_hf(
-                path,
-                config,
-                MoeFamily::Qwen3Moe,
-                layers,
-            )?),
+        let moe_family = match arch {
+            Arch::Qwen3Moe => Some(MoeFamily::Qwen3Moe),
+            Arch::Qwen3_5MoeText | Arch::Qwen3_5Moe => Some(MoeFamily::Qwen35Moe),
+            // transformers: num_experts 0 makes every Qwen3-Next MLP dense.
+            Arch::Qwen3Next if config.get("num_experts").and_then(Value::as_u64) != Some(0) => {
+                Some(MoeFamily::Qwen3Next)
+            }
             _ => None,
+        };
+        let moe = match moe_family {
+            Some(family) => Some(MoeConfig::from_hf_at(path, config, family, layers, kp)?),
+            None => None,
+        };
+        // A model whose every layer is sparse has no dense MLP width (Qwen3.5-MoE).
+        let all_sparse = moe
+            .as_ref()
+            .is_some_and(|m| (0..layers).all(|i| m.is_sparse(i)));
+        let intermediate = match opt_uint("intermediate_size")? {
+            Some(n) => n,
+            None if all_sparse => 0,
+            None => uint("intermediate_size")?,
         };
         let (rotary_dim, hybrid) = if arch.is_hybrid() {
             let (rotary_dim, hybrid) =
@@ -350,7 +398,7 @@ impl ModelConfig {
             biases,
             arch,
             hidden,
-            intermediate: uint("intermediate_size")?,
+            intermediate,
             layers,
             heads,
             kv_heads,
@@ -425,8 +473,10 @@ impl ModelConfig {
     /// hybrid family's multi-token-prediction head (`mtp.*`), and a VLM's vision tower.
     pub fn skipped(&self, name: &str) -> bool {
         match self.arch {
-            Arch::Qwen3_5 => name.starts_with("mtp.") || name.starts_with("model.visual."),
-            Arch::Qwen3_5Text | Arch::Qwen3Next => name.starts_with("mtp."),
+            Arch::Qwen3_5 | Arch::Qwen3_5Moe => {
+                name.starts_with("mtp.") || name.starts_with("model.visual.")
+            }
+            Arch::Qwen3_5Text | Arch::Qwen3_5MoeText | Arch::Qwen3Next => name.starts_with("mtp."),
             _ => false,
         }
     }
@@ -450,59 +500,23 @@ impl ModelConfig {
 }
 
 impl ModelConfig {
-    /// The decoder's shape for a GGUF file of the hybrid family (`qwen35`; `qwen3next` without
-    /// expert layers), from what [`super::gguf_family::read_config`] read; its store gives the
-    /// tensors back under their Hugging Face names with the converter's transforms undone.
+    /// The decoder's shape for a GGUF file of the Qwen3.5 / Qwen3-Next / Qwen3-MoE families
+    /// (`qwen35`, `qwen35moe`, `qwen3next`, `qwen3moe`), from what
+    /// [`super::gguf_family::read_config`] read; its store gives the tensors back under their
+    /// Hugging Face names with the converter's transforms undone.
     pub fn from_gguf_family(
         path: &Path,
         f: &super::gguf_family::GgufFamilyConfig,
     ) -> Result<ModelConfig> {
         use super::gguf_family::{Family, LayerKind};
-        let arch_key = "general.architecture";
-        let sparse = f
-            .moe
-            .as_ref()
-            .is_some_and(|m| m.sparse_layers.iter().any(|&s| s));
         let arch = match f.family {
             Family::Qwen35 => Arch::Qwen3_5Text,
-            Family::Qwen3Next if !sparse => Arch::Qwen3Next,
-            other => {
-                return Err(Error::unsupported(
-                    path,
-                    Some(arch_key),
-                    format!(
-                        "`{}` has mixture-of-experts layers, which the native runner does not run yet",
-                        other.as_str()
-                    ),
-                ));
-            }
+            Family::Qwen35Moe => Arch::Qwen3_5MoeText,
+            Family::Qwen3Next => Arch::Qwen3Next,
+            Family::Qwen3Moe => Arch::Qwen3Moe,
         };
         let missing = |key: &str| Error::format(path, Some(key), "missing for this architecture");
         let key = |k: &str| format!("{}.{k}", f.family.as_str());
-        let linear = f.linear.ok_or_else(|| missing(&key("ssm.conv_kernel")))?;
-        let intermediate = f
-            .intermediate
-            .ok_or_else(|| missing(&key("feed_forward_length")))?;
-        if !(2..=f.head_dim).contains(&f.rotary_dims) || !f.rotary_dims.is_multiple_of(2) {
-            return Err(Error::format(
-                path,
-                Some(&key("rope.dimension_count")),
-                format!(
-                    "{} rotary dimensions for head_dim {}; RoPE needs an even number from 2 to head_dim",
-                    f.rotary_dims, f.head_dim
-                ),
-            ));
-        }
-        if linear.key_heads == 0 || !linear.value_heads.is_multiple_of(linear.key_heads) {
-            return Err(Error::format(
-                path,
-                Some(&key("ssm.time_step_rank")),
-                format!(
-                    "{} value heads for {} key heads: each key head serves a group of value heads",
-                    linear.value_heads, linear.key_heads
-                ),
-            ));
-        }
         if f.layer_types.len() != f.layers {
             return Err(Error::format(
                 path,
@@ -514,29 +528,131 @@ impl ModelConfig {
                 ),
             ));
         }
-        let hybrid = Hybrid {
-            layer_types: f
-                .layer_types
-                .iter()
-                .map(|k| match k {
-                    LayerKind::LinearAttention => LayerType::Linear,
-                    LayerKind::FullAttention => LayerType::Full,
+        let moe = match &f.moe {
+            None => None,
+            Some(m) => {
+                let family = match f.family {
+                    Family::Qwen3Moe => MoeFamily::Qwen3Moe,
+                    Family::Qwen3Next => MoeFamily::Qwen3Next,
+                    Family::Qwen35Moe | Family::Qwen35 => MoeFamily::Qwen35Moe,
+                };
+                if m.experts == 0 || m.experts > super::moe::MAX_EXPERTS {
+                    return Err(Error::format(
+                        path,
+                        Some(&key("expert_count")),
+                        format!(
+                            "{} experts; the native runner takes 1 to {}",
+                            m.experts,
+                            super::moe::MAX_EXPERTS
+                        ),
+                    ));
+                }
+                if m.experts_used == 0 {
+                    return Err(Error::format(
+                        path,
+                        Some(&key("expert_used_count")),
+                        "0 experts per token",
+                    ));
+                }
+                if m.sparse_layers.len() != f.layers {
+                    return Err(Error::format(
+                        path,
+                        Some(&key("block_count")),
+                        format!(
+                            "{} layers but {} layers' router tensors were looked for",
+                            f.layers,
+                            m.sparse_layers.len()
+                        ),
+                    ));
+                }
+                let shared_intermediate = match family {
+                    MoeFamily::Qwen3Moe => None,
+                    _ => Some(
+                        m.shared_expert_intermediate
+                            .ok_or_else(|| missing(&key("expert_shared_feed_forward_length")))?,
+                    ),
+                };
+                Some(MoeConfig {
+                    family,
+                    num_experts: m.experts,
+                    top_k: m.experts_used,
+                    intermediate: m.expert_intermediate,
+                    // llama.cpp's graphs for these families renormalise the chosen weights
+                    // (`norm_w` true) unless the file says otherwise; Qwen3.5-MoE always does.
+                    norm_topk_prob: family == MoeFamily::Qwen35Moe
+                        || m.norm_topk_prob.unwrap_or(true),
+                    shared_intermediate,
+                    // Which layers are sparse is what the tensor table holds (a router or not).
+                    sparse_step: 1,
+                    mlp_only_layers: (0..f.layers).filter(|&l| !m.sparse_layers[l]).collect(),
                 })
-                .collect(),
-            conv_kernel: linear.conv_kernel,
-            key_heads: linear.key_heads,
-            value_heads: linear.value_heads,
-            key_dim: linear.key_head_dim,
-            value_dim: linear.value_head_dim,
-            fused_projections: arch == Arch::Qwen3Next,
-            mamba_ssm_dtype: None,
-            mrope_section: f
-                .rope_sections
-                .as_ref()
-                .map(|s| s.iter().map(|&n| n as usize).collect()),
+            }
+        };
+        let all_sparse = moe.as_ref().is_some_and(|m| m.mlp_only_layers.is_empty());
+        let intermediate = match f.intermediate {
+            Some(n) => n,
+            None if all_sparse => 0,
+            None => return Err(missing(&key("feed_forward_length"))),
+        };
+        let (rotary_dim, hybrid) = if f.family.hybrid() {
+            let linear = f.linear.ok_or_else(|| missing(&key("ssm.conv_kernel")))?;
+            if !(2..=f.head_dim).contains(&f.rotary_dims) || !f.rotary_dims.is_multiple_of(2) {
+                return Err(Error::format(
+                    path,
+                    Some(&key("rope.dimension_count")),
+                    format!(
+                        "{} rotary dimensions for head_dim {}; RoPE needs an even number from 2 to head_dim",
+                        f.rotary_dims, f.head_dim
+                    ),
+                ));
+            }
+            if linear.key_heads == 0 || !linear.value_heads.is_multiple_of(linear.key_heads) {
+                return Err(Error::format(
+                    path,
+                    Some(&key("ssm.time_step_rank")),
+                    format!(
+                        "{} value heads for {} key heads: each key head serves a group of value heads",
+                        linear.value_heads, linear.key_heads
+                    ),
+                ));
+            }
+            let hybrid = Hybrid {
+                layer_types: f
+                    .layer_types
+                    .iter()
+                    .map(|k| match k {
+                        LayerKind::LinearAttention => LayerType::Linear,
+                        LayerKind::FullAttention => LayerType::Full,
+                    })
+                    .collect(),
+                conv_kernel: linear.conv_kernel,
+                key_heads: linear.key_heads,
+                value_heads: linear.value_heads,
+                key_dim: linear.key_head_dim,
+                value_dim: linear.value_head_dim,
+                fused_projections: arch == Arch::Qwen3Next,
+                mamba_ssm_dtype: None,
+                mrope_section: f
+                    .rope_sections
+                    .as_ref()
+                    .map(|s| s.iter().map(|&n| n as usize).collect()),
+            };
+            (f.rotary_dims, Some(hybrid))
+        } else {
+            if f.rotary_dims != f.head_dim {
+                return Err(Error::unsupported(
+                    path,
+                    Some(&key("rope.dimension_count")),
+                    format!(
+                        "{} rotary dimensions for head_dim {}; this architecture rotates whole heads",
+                        f.rotary_dims, f.head_dim
+                    ),
+                ));
+            }
+            (f.head_dim, None)
         };
         let cfg = ModelConfig {
-            moe: None,
+            moe,
             arch,
             hidden: f.hidden,
             intermediate,
@@ -552,9 +668,9 @@ impl ModelConfig {
             sliding_window: None,
             max_positions: f.max_positions,
             biases: Biases::default(),
-            rotary_dim: f.rotary_dims,
+            rotary_dim,
             prefix: "model".into(),
-            hybrid: Some(hybrid),
+            hybrid,
         };
         cfg.validate(path)?;
         Ok(cfg)
@@ -726,48 +842,6 @@ fn hybrid_shape(
             ));
         }
     };
-    if arch == Arch::Qwen3Next {
-        // transformers: a mixture-of-experts block unless the layer is in mlp_only_layers,
-        // num_experts is 0 or the layer is off the decoder_sparse_step grid.
-        let experts = match config.get("num_experts") {
-            None => 512,
-            Some(v) => v
-                .as_u64()
-                .ok_or_else(|| bad("num_experts", format!("must be an integer, found {v}")))?,
-        };
-        let step = dim("decoder_sparse_step", Some(1))?;
-        let dense_only: Vec<u64> = match config.get("mlp_only_layers") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|e| {
-                    e.as_u64().ok_or_else(|| {
-                        bad(
-                            "mlp_only_layers",
-                            format!("entries must be layer indices, found {e}"),
-                        )
-                    })
-                })
-                .collect::<Result<_>>()?,
-            Some(v) => {
-                return Err(bad(
-                    "mlp_only_layers",
-                    format!("must be a list of layer indices, found {v}"),
-                ));
-            }
-        };
-        if let Some(i) = (0..layers)
-            .find(|&i| !dense_only.contains(&(i as u64)) && experts > 0 && (i + 1) % step == 0)
-        {
-            return Err(Error::unsupported(
-                path,
-                Some(&format!("{kp}num_experts")),
-                format!(
-                    "layer {i} is a mixture-of-experts block ({experts} experts), which the native runner does not run yet"
-                ),
-            ));
-        }
-    }
     let hybrid = Hybrid {
         layer_types,
         conv_kernel,
@@ -893,23 +967,64 @@ mod tests {
     }
 
     #[test]
-    fn a_qwen3_next_with_expert_layers_is_refused_naming_num_experts() {
+    fn a_qwen3_next_reads_its_expert_layers_with_transformers_rule() {
         let mut v = qwen3_5_text();
         v["model_type"] = json!("qwen3_next");
-        // transformers' default is 512 experts on every layer.
+        // No num_experts: transformers would build 512 experts per layer; the runner refuses to
+        // guess the expert keys and names the first one missing.
         let e = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap_err();
-        assert!(e.is_unsupported(), "{e}");
-        assert!(
-            e.to_string().contains("num_experts") && e.to_string().contains("layer 0"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("num_experts"), "{e}");
         v["num_experts"] = json!(8);
+        v["num_experts_per_tok"] = json!(2);
+        v["moe_intermediate_size"] = json!(16);
+        v["shared_expert_intermediate_size"] = json!(24);
         v["mlp_only_layers"] = json!([0, 1, 2, 3, 4, 5, 6]);
-        let e = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap_err();
-        assert!(e.to_string().contains("layer 7"), "{e}");
+        let c = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap();
+        let m = c.moe.as_ref().unwrap();
+        assert_eq!(m.family, MoeFamily::Qwen3Next);
+        assert!(m.norm_topk_prob, "Qwen3-Next renormalises by default");
+        let sparse: Vec<usize> = (0..c.layers).filter(|&i| m.is_sparse(i)).collect();
+        assert_eq!(sparse, [7]);
         v["num_experts"] = json!(0);
         let c = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap();
+        assert!(c.moe.is_none());
         assert!(c.hybrid.unwrap().fused_projections);
+    }
+
+    #[test]
+    fn a_qwen3_5_moe_vlm_nests_its_expert_keys_and_needs_no_dense_width() {
+        let mut text = qwen3_5_text();
+        text["model_type"] = json!("qwen3_5_moe_text");
+        text.as_object_mut().unwrap().remove("intermediate_size");
+        text["num_experts"] = json!(4);
+        text["num_experts_per_tok"] = json!(2);
+        text["moe_intermediate_size"] = json!(16);
+        let v = json!({"model_type": "qwen3_5_moe", "text_config": text.clone()});
+        // The shared expert's width is required, and the error names it under text_config.
+        let e = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("text_config.shared_expert_intermediate_size"),
+            "{e}"
+        );
+        text["shared_expert_intermediate_size"] = json!(24);
+        text["norm_topk_prob"] = json!(false);
+        let v = json!({"model_type": "qwen3_5_moe", "text_config": text});
+        let c = ModelConfig::from_hf(Path::new("config.json"), &v).unwrap();
+        assert_eq!(c.arch, Arch::Qwen3_5Moe);
+        assert_eq!(c.prefix, "model.language_model");
+        assert_eq!(c.intermediate, 0);
+        let m = c.moe.as_ref().unwrap();
+        assert!(
+            m.norm_topk_prob,
+            "Qwen3.5-MoE's router renormalises whatever the config says"
+        );
+        assert!((0..c.layers).all(|i| m.is_sparse(i)));
+        assert!(c.skipped("model.visual.blocks.0.attn.qkv.weight") && c.skipped("mtp.fc.weight"));
+        let wrong =
+            json!({"model_type": "qwen3_5_moe", "text_config": {"model_type": "qwen3_5_text"}});
+        let e = ModelConfig::from_hf(Path::new("config.json"), &wrong).unwrap_err();
+        assert!(e.to_string().contains("qwen3_5_moe_text"), "{e}");
     }
 
     #[test]

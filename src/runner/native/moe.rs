@@ -79,7 +79,21 @@ impl MoeConfig {
         family: MoeFamily,
         layers: usize,
     ) -> Result<MoeConfig> {
-        let bad = |key: &str, rule: String| Error::format(path, Some(key), rule);
+        MoeConfig::from_hf_at(path, config, family, layers, "")
+    }
+
+    /// [`MoeConfig::from_hf`] for keys nested under `key_prefix` (`text_config.` in a VLM), which
+    /// errors name.
+    pub fn from_hf_at(
+        path: &Path,
+        config: &Value,
+        family: MoeFamily,
+        layers: usize,
+        key_prefix: &str,
+    ) -> Result<MoeConfig> {
+        let bad = |key: &str, rule: String| {
+            Error::format(path, Some(&format!("{key_prefix}{key}")), rule)
+        };
         let bounded = |key: &str, v: &Value, max: usize| -> Result<usize> {
             v.as_u64()
                 .and_then(|n| usize::try_from(n).ok())
