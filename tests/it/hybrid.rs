@@ -436,33 +436,58 @@ fn a_quantized_hybrid_dequantizes_every_projection_through_the_linear_loader() {
     assert_eq!(schemes.values().sum::<usize>(), 32, "{schemes:?}");
 }
 
+/// The native rows (log-softmax of the logits, f64) of a GGUF file on `ids`.
+fn gguf_rows(path: &Path, dtype: ComputeDtype, ids: &[u32]) -> (String, Vec<f64>) {
+    let model = native::load(path, dtype, Emulate::ReferenceSemantics, StateDtype::F32).unwrap();
+    let hidden = model.decoder.hidden(ids).unwrap();
+    let rows: Vec<usize> = (0..ids.len()).collect();
+    let logits = model.decoder.logits_f64_at(&hidden, &rows).unwrap();
+    let normed = logits
+        .chunks(VOCAB)
+        .flat_map(|row| {
+            let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let lse = row.iter().map(|&x| (x - max).exp()).sum::<f64>().ln() + max;
+            row.iter().map(move |&x| x - lse).collect::<Vec<_>>()
+        })
+        .collect();
+    (model.decoder.config.arch.as_str().to_owned(), normed)
+}
+
 #[test]
-fn a_qwen35_gguf_runs_on_the_hybrid_decoder_in_f32_and_f64() {
-    // tests/fixtures/gguf_family: llama.cpp's converter output of tiny random HF models, whose
-    // tensors the GGUF store gives back exactly under their HF names (its own tests).
+fn every_gguf_family_runs_natively_and_matches_transformers_in_f32() {
+    // tests/fixtures/gguf_family: llama.cpp's converter output of tiny random HF models (whose
+    // tensors the GGUF store gives back exactly under their HF names, its own tests), and
+    // transformers' float32 rows of those HF models (rows.py, which checks it recreated them).
     let dir = repo_root().join("tests/fixtures/gguf_family");
-    let run = |dtype| {
-        let model = native::load(
-            &dir.join("qwen35.f32.gguf"),
-            dtype,
-            Emulate::ReferenceSemantics,
-            StateDtype::F32,
-        )
-        .unwrap();
-        assert_eq!(model.decoder.config.arch.as_str(), "qwen3_5_text");
-        let ids: Vec<u32> = (0..70).map(|i| (i * 7 % 64) as u32).collect();
-        let hidden = model.decoder.hidden(&ids).unwrap();
-        let rows: Vec<usize> = (0..ids.len()).collect();
-        model.decoder.logits_f64_at(&hidden, &rows).unwrap()
-    };
-    let (f32s, f64s) = (run(ComputeDtype::F32), run(ComputeDtype::F64));
-    assert!(f64s.iter().all(|v| v.is_finite()));
-    let worst = f32s
-        .iter()
-        .zip(&f64s)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f64, f64::max);
-    assert!(worst < 1e-4, "f32 against f64 on the GGUF: {worst:e}");
+    for (family, arch) in [
+        ("qwen35", "qwen3_5_text"),
+        ("qwen35moe", "qwen3_5_moe_text"),
+        ("qwen3next", "qwen3_next"),
+        ("qwen3moe", "qwen3_moe"),
+    ] {
+        let bytes = std::fs::read(dir.join(format!("{family}.rows.safetensors"))).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let ids: Vec<u32> = tensor::<i32>(&st, "ids")
+            .iter()
+            .map(|&i| i as u32)
+            .collect();
+        let want: Vec<f32> = tensor(&st, "logprobs_f32");
+        let gguf = dir.join(format!("{family}.f32.gguf"));
+        let (got_arch, f32s) = gguf_rows(&gguf, ComputeDtype::F32, &ids);
+        assert_eq!(got_arch, arch, "{family}");
+        let (_, f64s) = gguf_rows(&gguf, ComputeDtype::F64, &ids);
+        let worst = |a: &[f64]| {
+            a.iter()
+                .zip(&want)
+                .map(|(g, w)| (g - *w as f64).abs())
+                .fold(0.0f64, f64::max)
+        };
+        assert!(worst(&f32s) < 1e-5, "{family} f32: {:e}", worst(&f32s));
+        assert!(worst(&f64s) < 1e-5, "{family} f64: {:e}", worst(&f64s));
+        for (i, (g, w)) in f32s.chunks(VOCAB).zip(want.chunks(VOCAB)).enumerate() {
+            assert_eq!(argmax(g), argmax(w), "{family}: top-1 of row {i}");
+        }
+    }
 }
 
 /// A copy of the text (or VLM) fixture with its config.json edited.

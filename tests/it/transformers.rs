@@ -561,7 +561,8 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
     }
 
     /// tests/fixtures/hybrid/make.py with a fresh seed into `dir`: new random Qwen3.5 (text and
-    /// VLM layouts) and Qwen3-Next models, and transformers' rows for each.
+    /// VLM layouts), Qwen3-Next (dense, and with expert layers) and Qwen3.5-MoE models, and
+    /// transformers' rows for each.
     fn fresh_hybrid_models(dir: &Path) {
         let python = std::env::var_os("CARDPROOF_PYTHON").unwrap_or_else(|| "python3".into());
         let made = std::process::Command::new(&python)
@@ -595,6 +596,16 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
                 "next/qwen3_next",
                 "next/qwen3_next",
                 "next/rows.safetensors",
+            ),
+            (
+                "moe/qwen3_next_moe",
+                "moe/qwen3_next_moe",
+                "moe/qwen3_next_moe.rows.safetensors",
+            ),
+            (
+                "moe/qwen3_5_moe_text",
+                "moe/qwen3_5_moe_text",
+                "moe/qwen3_5_moe_text.rows.safetensors",
             ),
         ] {
             let work = tempfile::tempdir().unwrap();
