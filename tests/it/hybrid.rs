@@ -304,48 +304,55 @@ fn the_f64_forward_matches_an_independent_float64_forward_to_1e_9() {
 fn qwen3_next_fused_projections_match_transformers_in_f32_and_f64() {
     // Qwen3-Next's in_proj_qkvz / in_proj_ba, per key head interleaved, unfused at load; its
     // MLPs are dense here (num_experts 0).
-    let model_dir = next_fixture("qwen3_next");
-    let (ids, want32, want64) = rows_of(&next_fixture("rows.safetensors"));
+    matches_transformers_in_f32_and_f64(
+        &next_fixture("qwen3_next"),
+        &next_fixture("rows.safetensors"),
+        None,
+    );
+}
+
+/// A model through `measure` (f32, against itself) and the f64 forward: transformers' f32 rows
+/// within 1e-4 with the same top-1, the float64 rows within 1e-9, and `expect` (the expert
+/// layers in words) in the measurement document.
+fn matches_transformers_in_f32_and_f64(model_dir: &Path, rows: &Path, expect: Option<&str>) {
+    let (ids, want32, want64) = rows_of(rows);
     let dir = tempfile::tempdir().unwrap();
     let doc = measure_pair(
         dir.path(),
-        &model_dir,
-        &model_dir,
+        model_dir,
+        model_dir,
         &fixture("eval.txt"),
         TOKENS,
     );
     assert_eq!(doc["runs"][0]["metrics"]["kld_mean"], 0.0, "{doc}");
+    if let Some(expect) = expect {
+        assert!(doc.to_string().contains(expect), "no `{expect}` in {doc}");
+    }
     let worst = agrees_with_transformers(dir.path(), &want32);
-    assert!(worst < 1e-4, "max |Δ log p| = {worst:e}");
-    let worst = f64_disagreement(&model_dir, &ids, &want64);
-    assert!(worst < 1e-9, "max |Δ log p| = {worst:e}");
+    assert!(
+        worst < 1e-4,
+        "{}: max |Δ log p| = {worst:e}",
+        model_dir.display()
+    );
+    let worst = f64_disagreement(model_dir, &ids, &want64);
+    assert!(
+        worst < 1e-9,
+        "{}: max |Δ log p| = {worst:e}",
+        model_dir.display()
+    );
 }
 
 fn moe_fixture(name: &str) -> PathBuf {
     repo_root().join("tests/fixtures/hybrid_moe").join(name)
 }
 
-/// A hybrid MoE fixture through `measure` (f32, against itself) and the f64 forward: transformers'
-/// f32 rows within 1e-4 with the same top-1, the numpy float64 rows within 1e-9, and the expert
-/// layers named in the measurement's environment.
+/// A hybrid MoE fixture against its rows, its expert layers described as `sparse`.
 fn hybrid_moe_matches_transformers(name: &str, sparse: &str) {
-    let model_dir = moe_fixture(name);
-    let (ids, want32, want64) = rows_of(&moe_fixture(&format!("{name}.rows.safetensors")));
-    let dir = tempfile::tempdir().unwrap();
-    let doc = measure_pair(
-        dir.path(),
-        &model_dir,
-        &model_dir,
-        &fixture("eval.txt"),
-        TOKENS,
+    matches_transformers_in_f32_and_f64(
+        &moe_fixture(name),
+        &moe_fixture(&format!("{name}.rows.safetensors")),
+        Some(sparse),
     );
-    assert_eq!(doc["runs"][0]["metrics"]["kld_mean"], 0.0, "{doc}");
-    let env = doc.to_string();
-    assert!(env.contains(sparse), "{name}: no `{sparse}` in {doc}");
-    let f32_worst = agrees_with_transformers(dir.path(), &want32);
-    assert!(f32_worst < 1e-4, "{name}: max |Δ log p| = {f32_worst:e}");
-    let f64_worst = f64_disagreement(&model_dir, &ids, &want64);
-    assert!(f64_worst < 1e-9, "{name}: max |Δ log p| = {f64_worst:e}");
 }
 
 #[test]
