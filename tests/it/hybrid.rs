@@ -374,6 +374,54 @@ fn qwen3_5_moe_text_matches_transformers_in_f32_and_f64() {
     );
 }
 
+/// The rows of `ids` prefilled at once and prefilled in two calls split at `cut` (keys, values,
+/// conv inputs and recurrent states carried between them): the largest |Δ logit|.
+fn split_prefill_gap(model: &native::NativeModel, ids: &[u32], cut: usize) -> f64 {
+    let rows: Vec<usize> = (0..ids.len()).collect();
+    let whole = model.decoder.hidden(ids).unwrap();
+    let whole = model.decoder.logits_f64_at(&whole, &rows).unwrap();
+    let mut cache = native::DecoderCache::default();
+    let mut split = Vec::new();
+    for part in [&ids[..cut], &ids[cut..]] {
+        let h = model.decoder.hidden_continued(part, &mut cache).unwrap();
+        let rows: Vec<usize> = (0..part.len()).collect();
+        split.extend(model.decoder.logits_f64_at(&h, &rows).unwrap());
+    }
+    assert_eq!(cache.tokens, ids.len());
+    whole
+        .iter()
+        .zip(&split)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f64, f64::max)
+}
+
+#[test]
+fn a_prefill_split_at_63_64_65_tokens_gives_the_rows_of_one_prefill() {
+    // The family's gate: every hybrid fixture (GDN + gated attention; fused projections; expert
+    // layers), split around the 64-token chunk edge, with the carried state. In f64 the two
+    // agree to rounding; in f32 the chunks' different alignment rounds differently.
+    let (ids, _, _) = reference();
+    for dir in [
+        fixture("qwen3_5_text"),
+        next_fixture("qwen3_next"),
+        moe_fixture("qwen3_next_moe"),
+        moe_fixture("qwen3_5_moe_text"),
+    ] {
+        for (dtype, tolerance) in [(ComputeDtype::F64, 1e-10), (ComputeDtype::F32, 1e-4)] {
+            let model =
+                native::load(&dir, dtype, Emulate::ReferenceSemantics, StateDtype::F32).unwrap();
+            for cut in [1, 63, 64, 65, 129] {
+                let gap = split_prefill_gap(&model, &ids, cut);
+                assert!(
+                    gap < tolerance,
+                    "{} {dtype:?} split at {cut}: max |Δ logit| {gap:e}",
+                    dir.display()
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn a_bf16_run_of_the_hybrid_model_stays_near_transformers_f32_rows() {
     // bf16 compute rounds where transformers' bf16 path casts; no bf16 reference is committed,

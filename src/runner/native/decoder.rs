@@ -137,6 +137,21 @@ pub struct Decoder {
     lm_head: Lin,
 }
 
+/// What [`Decoder::hidden_continued`] carries between calls on one sequence.
+#[derive(Default)]
+pub struct DecoderCache {
+    /// Tokens already run (the next one's position).
+    pub tokens: usize,
+    layers: Vec<LayerCache>,
+}
+
+#[derive(Default)]
+struct LayerCache {
+    /// Keys and values `[tokens, kv_heads, head_dim]` of an attention layer.
+    kv: Option<(Tensor, Tensor)>,
+    delta: super::hybrid::DeltaNetState,
+}
+
 pub(super) fn cerr(store: &dyn WeightStore, what: &str) -> impl Fn(candle_core::Error) -> Error {
     let path = store.path().to_owned();
     let what = what.to_owned();
@@ -393,22 +408,38 @@ impl Decoder {
 
     /// Final hidden states `[n, hidden]` (before the final norm) of one window.
     pub fn hidden(&self, ids: &[u32]) -> candle_core::Result<Tensor> {
+        self.hidden_continued(ids, &mut DecoderCache::default())
+    }
+
+    /// Final hidden states of `ids` continuing the tokens `cache` holds (keys and values of the
+    /// attention layers, conv inputs and recurrent states of the Gated DeltaNet layers), which
+    /// it then holds too: a window prefilled in pieces gives the rows of one prefill.
+    pub fn hidden_continued(
+        &self,
+        ids: &[u32],
+        cache: &mut DecoderCache,
+    ) -> candle_core::Result<Tensor> {
         let n = ids.len();
+        let past = cache.tokens;
+        if cache.layers.len() != self.layers.len() {
+            cache.layers = self.layers.iter().map(|_| LayerCache::default()).collect();
+        }
         let dev = Device::Cpu;
         let ids_t = Tensor::from_vec(ids.to_vec(), n, &dev)?;
         let mut x = self.embed.index_select(&ids_t, 0)?;
-        let (cos, sin) = self.rope_tables(n)?;
-        let mask = self.mask(n)?;
-        for layer in &self.layers {
+        let (cos, sin) = self.rope_tables(past, n)?;
+        let mask = self.mask(past, n)?;
+        for (layer, carried) in self.layers.iter().zip(&mut cache.layers) {
             let h = self.norm(&x, &layer.attn_norm)?;
             let mixed = match &layer.mixer {
-                Mixer::Attention(a) => self.attention(a, &h, &cos, &sin, &mask)?,
-                Mixer::DeltaNet(g) => g.forward(&h, self.compute)?,
+                Mixer::Attention(a) => self.attention(a, &h, &cos, &sin, &mask, &mut carried.kv)?,
+                Mixer::DeltaNet(g) => g.forward_carried(&h, self.compute, &mut carried.delta)?,
             };
             x = (x + mixed)?;
             let h = self.norm(&x, &layer.mlp_norm)?;
             x = (x + layer.ffn.forward(&h)?)?;
         }
+        cache.tokens += n;
         Ok(x)
     }
 
@@ -431,6 +462,7 @@ impl Decoder {
         cos: &Tensor,
         sin: &Tensor,
         mask: &Tensor,
+        kv_cache: &mut Option<(Tensor, Tensor)>,
     ) -> candle_core::Result<Tensor> {
         let c = &self.config;
         let n = h.dim(0)?;
@@ -481,6 +513,12 @@ impl Decoder {
             }
             None => {}
         }
+        // The earlier tokens' keys and values (as stored: after RoPE and any KV quantization).
+        let (k, v) = match kv_cache.take() {
+            Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 0)?, Tensor::cat(&[&pv, &v], 0)?),
+            None => (k, v),
+        };
+        *kv_cache = Some((k.clone(), v.clone()));
         // [heads, n, d]
         let q = q.transpose(0, 1)?.contiguous()?;
         let k = repeat_kv(&k.transpose(0, 1)?, rep)?;
@@ -541,14 +579,14 @@ impl Decoder {
 
     /// cos and sin `[n, rotary_dim]` in the half-split (NeoX / Hugging Face) layout, computed in
     /// f64 (`rotary_dim` is `head_dim` but for the hybrid family's partial RoPE).
-    fn rope_tables(&self, n: usize) -> candle_core::Result<(Tensor, Tensor)> {
+    fn rope_tables(&self, start: usize, n: usize) -> candle_core::Result<(Tensor, Tensor)> {
         let inv = self.config.inv_freq();
         let d = self.config.rotary_dim;
         let mut cos = Vec::with_capacity(n * d);
         let mut sin = Vec::with_capacity(n * d);
         // Angles in f64 (engines form them in f32, which drifts at long positions; this runner's
         // lane is the exact math).
-        for p in 0..n {
+        for p in start..start + n {
             for _half in 0..2 {
                 for f in &inv {
                     let angle = p as f64 * f;
@@ -563,12 +601,13 @@ impl Decoder {
         Ok((cos, sin))
     }
 
-    /// Additive causal mask `[n, n]` (with the sliding window, if any).
-    fn mask(&self, n: usize) -> candle_core::Result<Tensor> {
+    /// Additive causal mask `[n, past + n]` of `n` new tokens after `past` cached ones (with the
+    /// sliding window, if any).
+    fn mask(&self, past: usize, n: usize) -> candle_core::Result<Tensor> {
         let window = self.config.sliding_window.unwrap_or(usize::MAX);
-        let m: Vec<f32> = (0..n)
+        let m: Vec<f32> = (past..past + n)
             .flat_map(|i| {
-                (0..n).map(move |j| {
+                (0..past + n).map(move |j| {
                     if j > i || i - j >= window {
                         f32::NEG_INFINITY
                     } else {
@@ -577,7 +616,7 @@ impl Decoder {
                 })
             })
             .collect();
-        Tensor::from_vec(m, (n, n), &Device::Cpu)?.to_dtype(self.compute.candle())
+        Tensor::from_vec(m, (n, past + n), &Device::Cpu)?.to_dtype(self.compute.candle())
     }
 }
 

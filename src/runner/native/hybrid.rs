@@ -173,18 +173,37 @@ impl GatedDeltaNet {
         })
     }
 
-    /// The layer's output `[n, hidden]` (before the residual add) on normed input `x`.
+    /// The layer's output `[n, hidden]` (before the residual add) on normed input `x`, from a
+    /// fresh state.
     pub fn forward(&self, x: &Tensor, compute: ComputeDtype) -> candle_core::Result<Tensor> {
+        self.forward_carried(x, compute, &mut DeltaNetState::default())
+    }
+
+    /// The layer's output continuing from `carried` (the conv inputs and recurrent state the
+    /// tokens before left; empty for a fresh sequence), which is updated to the state after `x`.
+    pub fn forward_carried(
+        &self,
+        x: &Tensor,
+        compute: ComputeDtype,
+        carried: &mut DeltaNetState,
+    ) -> candle_core::Result<Tensor> {
         match compute {
-            ComputeDtype::F64 => self.forward_in::<f64>(x, |v| v),
-            ComputeDtype::F32 => self.forward_in::<f32>(x, |v| v),
-            ComputeDtype::Bf16 => self.forward_in::<f32>(x, |v| half::bf16::from_f32(v).to_f32()),
+            ComputeDtype::F64 => self.forward_in::<f64>(x, |v| v, carried),
+            ComputeDtype::F32 => self.forward_in::<f32>(x, |v| v, carried),
+            ComputeDtype::Bf16 => {
+                self.forward_in::<f32>(x, |v| half::bf16::from_f32(v).to_f32(), carried)
+            }
         }
     }
 
     /// The forward in the working float `W`; `round` is the cast to the model's dtype and back
     /// (identity unless the run is bf16).
-    fn forward_in<W: Work>(&self, x: &Tensor, round: fn(W) -> W) -> candle_core::Result<Tensor> {
+    fn forward_in<W: Work>(
+        &self,
+        x: &Tensor,
+        round: fn(W) -> W,
+        carried: &mut DeltaNetState,
+    ) -> candle_core::Result<Tensor> {
         let Shape {
             key_heads: hk,
             value_heads: hv,
@@ -198,9 +217,21 @@ impl GatedDeltaNet {
                 .flatten_all()?
                 .to_vec1::<W>()
         };
-        let mixed = rows(linear(x, &self.qkv)?)?;
         let width = 2 * hk * dk + hv * dv;
-        let conv = self.causal_conv_silu(&mixed, n, width, round);
+        // The conv reads the kernel − 1 inputs before this call's first token (zeros when fresh).
+        let history = self.kernel - 1;
+        let mut mixed: Vec<W> = if carried.conv.len() == history * width {
+            carried.conv.iter().map(|&e| W::w_from(e)).collect()
+        } else {
+            vec![W::default(); history * width]
+        };
+        mixed.extend(rows(linear(x, &self.qkv)?)?);
+        carried.conv = mixed[mixed.len() - history * width..]
+            .iter()
+            .map(|&e| e.w_to())
+            .collect();
+        let conv = self.causal_conv_silu(&mixed, history + n, width, round);
+        let conv = &conv[history * width..];
         let (mut q, mut k, mut v) = (
             Vec::with_capacity(n * hk * dk),
             Vec::with_capacity(n * hk * dk),
@@ -226,7 +257,11 @@ impl GatedDeltaNet {
                 g.push(W::w_from(0.0) - decay * s);
             }
         }
-        let mut state = vec![W::default(); hv * dk * dv];
+        let mut state: Vec<W> = if carried.recurrent.len() == hv * dk * dv {
+            carried.recurrent.iter().map(|&e| W::w_from(e)).collect()
+        } else {
+            vec![W::default(); hv * dk * dv]
+        };
         let o = delta_rule::chunked(
             DeltaRuleShape {
                 tokens: n,
@@ -244,6 +279,7 @@ impl GatedDeltaNet {
             self.state_dtype,
         )
         .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        carried.recurrent = state.iter().map(|&e| e.w_to()).collect();
         let z = rows(linear(x, &self.z)?)?;
         let mut normed = Vec::with_capacity(n * hv * dv);
         let eps = W::w_from(self.eps);
@@ -293,6 +329,15 @@ impl GatedDeltaNet {
         }
         out
     }
+}
+
+/// What a Gated DeltaNet layer carries from one call to the next, widened to f64 (exact for the
+/// f32 and f64 working floats): the last `kernel − 1` conv inputs `[kernel − 1, conv width]` and
+/// the recurrent state `[value heads, dk, dv]`. Empty for a fresh sequence.
+#[derive(Debug, Clone, Default)]
+pub struct DeltaNetState {
+    pub conv: Vec<f64>,
+    pub recurrent: Vec<f64>,
 }
 
 /// log(1 + eˣ), with torch's threshold: x itself above 20.

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-pub use decoder::{ComputeDtype, Decoder};
+pub use decoder::{ComputeDtype, Decoder, DecoderCache};
 pub use delta_rule::StateDtype;
 pub use gguf::Emulate;
 use weights::{SafetensorsStore, WeightStore};
