@@ -143,6 +143,8 @@ pub struct DecoderCache {
     /// Tokens already run (the next one's position).
     pub tokens: usize,
     layers: Vec<LayerCache>,
+    /// Drop each layer's state once it is used ([`Decoder::hidden`]'s single call).
+    discard: bool,
 }
 
 #[derive(Default)]
@@ -408,7 +410,13 @@ impl Decoder {
 
     /// Final hidden states `[n, hidden]` (before the final norm) of one window.
     pub fn hidden(&self, ids: &[u32]) -> candle_core::Result<Tensor> {
-        self.hidden_continued(ids, &mut DecoderCache::default())
+        // Nothing is kept: each layer's keys and values are freed once the layer is done, as
+        // before the cache existed (a long window's cache would be gigabytes).
+        let mut once = DecoderCache {
+            discard: true,
+            ..DecoderCache::default()
+        };
+        self.hidden_continued(ids, &mut once)
     }
 
     /// Final hidden states of `ids` continuing the tokens `cache` holds (keys and values of the
@@ -435,6 +443,9 @@ impl Decoder {
                 Mixer::Attention(a) => self.attention(a, &h, &cos, &sin, &mask, &mut carried.kv)?,
                 Mixer::DeltaNet(g) => g.forward_carried(&h, self.compute, &mut carried.delta)?,
             };
+            if cache.discard {
+                *carried = LayerCache::default();
+            }
             x = (x + mixed)?;
             let h = self.norm(&x, &layer.mlp_norm)?;
             x = (x + layer.ffn.forward(&h)?)?;
