@@ -52,13 +52,15 @@ fn reference() -> (Vec<u32>, Vec<f32>, Vec<f64>) {
     rows_of(&fixture("rows.safetensors"))
 }
 
+/// The `ids` tensor (int32) of a rows file as token ids.
+fn ids_of(st: &SafeTensors) -> Vec<u32> {
+    tensor::<i32>(st, "ids").iter().map(|&i| i as u32).collect()
+}
+
 pub(crate) fn rows_of(path: &Path) -> (Vec<u32>, Vec<f32>, Vec<f64>) {
     let bytes = std::fs::read(path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    let ids = tensor::<i32>(&st, "ids")
-        .iter()
-        .map(|&i| i as u32)
-        .collect();
+    let ids = ids_of(&st);
     (
         ids,
         tensor(&st, "logprobs_f32"),
@@ -67,14 +69,13 @@ pub(crate) fn rows_of(path: &Path) -> (Vec<u32>, Vec<f32>, Vec<f64>) {
 }
 
 fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
-    let lse = row
-        .iter()
-        .map(|&x| (x as f64 - max).exp())
-        .sum::<f64>()
-        .ln()
-        + max;
-    row.iter().map(|&x| x as f64 - lse).collect()
+    log_softmax_f64(&row.iter().map(|&x| f64::from(x)).collect::<Vec<_>>())
+}
+
+fn log_softmax_f64(row: &[f64]) -> Vec<f64> {
+    let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let lse = row.iter().map(|&x| (x - max).exp()).sum::<f64>().ln() + max;
+    row.iter().map(|&x| x - lse).collect()
 }
 
 fn argmax<T: PartialOrd + Copy>(row: &[T]) -> usize {
@@ -176,25 +177,23 @@ pub(crate) fn agrees_with_transformers(dir: &Path, want: &[f32]) -> f64 {
 
 /// Max |log p| difference of the native f64 forward's rows from a float64 reference.
 pub(crate) fn f64_disagreement(model_dir: &Path, ids: &[u32], want: &[f64]) -> f64 {
-    let model = native::load(
-        model_dir,
-        ComputeDtype::F64,
-        Emulate::ReferenceSemantics,
-        StateDtype::F32,
-    )
-    .unwrap();
+    let (_, got) = native_log_probs(model_dir, ComputeDtype::F64, ids);
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| (g - w).abs())
+        .fold(0.0f64, f64::max)
+}
+
+/// The native runner's architecture and its log-softmax rows `[ids.len(), VOCAB]` (computed in
+/// f64 from the compute dtype's logits) for a checkpoint directory or GGUF file.
+fn native_log_probs(path: &Path, dtype: ComputeDtype, ids: &[u32]) -> (String, Vec<f64>) {
+    let model = native::load(path, dtype, Emulate::ReferenceSemantics, StateDtype::F32).unwrap();
     let hidden = model.decoder.hidden(ids).unwrap();
     let rows: Vec<usize> = (0..ids.len()).collect();
     let logits = model.decoder.logits_f64_at(&hidden, &rows).unwrap();
-    let mut worst = 0.0f64;
-    for (i, row) in logits.chunks(VOCAB).enumerate() {
-        let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let lse = row.iter().map(|x| (x - max).exp()).sum::<f64>().ln() + max;
-        for (g, w) in row.iter().zip(&want[i * VOCAB..(i + 1) * VOCAB]) {
-            worst = worst.max((g - lse - w).abs());
-        }
-    }
-    worst
+    let rows = logits.chunks(VOCAB).flat_map(log_softmax_f64).collect();
+    (model.decoder.config.arch.as_str().to_owned(), rows)
 }
 
 #[test]
@@ -467,10 +466,7 @@ fn a_quantized_hybrid_dequantizes_every_projection_through_the_linear_loader() {
     let model_dir = dir.join("qwen3_5_text_w8a16");
     let bytes = std::fs::read(dir.join("rows_w8a16.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    let ids: Vec<u32> = tensor::<i32>(&st, "ids")
-        .iter()
-        .map(|&i| i as u32)
-        .collect();
+    let ids: Vec<u32> = ids_of(&st);
     let want: Vec<f64> = tensor(&st, "logprobs_f64");
     let worst = f64_disagreement(&model_dir, &ids, &want);
     assert!(worst < 1e-9, "max |Δ log p| = {worst:e}");
@@ -491,23 +487,6 @@ fn a_quantized_hybrid_dequantizes_every_projection_through_the_linear_loader() {
     assert_eq!(schemes.values().sum::<usize>(), 32, "{schemes:?}");
 }
 
-/// The native rows (log-softmax of the logits, f64) of a GGUF file on `ids`.
-fn gguf_rows(path: &Path, dtype: ComputeDtype, ids: &[u32]) -> (String, Vec<f64>) {
-    let model = native::load(path, dtype, Emulate::ReferenceSemantics, StateDtype::F32).unwrap();
-    let hidden = model.decoder.hidden(ids).unwrap();
-    let rows: Vec<usize> = (0..ids.len()).collect();
-    let logits = model.decoder.logits_f64_at(&hidden, &rows).unwrap();
-    let normed = logits
-        .chunks(VOCAB)
-        .flat_map(|row| {
-            let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let lse = row.iter().map(|&x| (x - max).exp()).sum::<f64>().ln() + max;
-            row.iter().map(move |&x| x - lse).collect::<Vec<_>>()
-        })
-        .collect();
-    (model.decoder.config.arch.as_str().to_owned(), normed)
-}
-
 #[test]
 fn every_gguf_family_runs_natively_and_matches_transformers_in_f32() {
     // tests/fixtures/gguf_family: llama.cpp's converter output of tiny random HF models (whose
@@ -522,15 +501,12 @@ fn every_gguf_family_runs_natively_and_matches_transformers_in_f32() {
     ] {
         let bytes = std::fs::read(dir.join(format!("{family}.rows.safetensors"))).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
-        let ids: Vec<u32> = tensor::<i32>(&st, "ids")
-            .iter()
-            .map(|&i| i as u32)
-            .collect();
+        let ids: Vec<u32> = ids_of(&st);
         let want: Vec<f32> = tensor(&st, "logprobs_f32");
         let gguf = dir.join(format!("{family}.f32.gguf"));
-        let (got_arch, f32s) = gguf_rows(&gguf, ComputeDtype::F32, &ids);
+        let (got_arch, f32s) = native_log_probs(&gguf, ComputeDtype::F32, &ids);
         assert_eq!(got_arch, arch, "{family}");
-        let (_, f64s) = gguf_rows(&gguf, ComputeDtype::F64, &ids);
+        let (_, f64s) = native_log_probs(&gguf, ComputeDtype::F64, &ids);
         let worst = |a: &[f64]| {
             a.iter()
                 .zip(&want)
@@ -545,77 +521,94 @@ fn every_gguf_family_runs_natively_and_matches_transformers_in_f32() {
     }
 }
 
-/// A copy of the text (or VLM) fixture with its config.json edited.
-fn hostile(
-    layout: &str,
-    edit: impl FnOnce(&mut serde_json::Value),
-) -> (tempfile::TempDir, PathBuf) {
+/// A copy of a fixture model with its config.json edited.
+fn hostile(from: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
-    let to = dir.path().join(layout);
-    std::fs::create_dir_all(&to).unwrap();
-    for entry in std::fs::read_dir(fixture(layout)).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
-    }
-    let path = to.join("config.json");
-    let mut config: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    edit(&mut config);
-    std::fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    let to = dir.path().join(from.file_name().unwrap());
+    crate::support::copy_dir(from, &to);
+    crate::support::edit_config(&to, edit);
     (dir, to)
 }
 
 #[test]
 fn hostile_hybrid_configs_exit_2_naming_the_key() {
     type Edit = Box<dyn FnOnce(&mut serde_json::Value)>;
-    let cases: Vec<(&str, Edit, &str)> = vec![
+    let cases: Vec<(PathBuf, Edit, &str)> = vec![
         (
-            "qwen3_5_text",
+            fixture("qwen3_5_text"),
             Box::new(|c| c["layer_types"][2] = "sliding_attention".into()),
             "layer_types[2]",
         ),
         (
-            "qwen3_5_text",
+            fixture("qwen3_5_text"),
             Box::new(|c| c["layer_types"] = serde_json::json!(["linear_attention"])),
             "layer_types: has 1 entries for num_hidden_layers 4",
         ),
         (
-            "qwen3_5_text",
+            fixture("qwen3_5_text"),
             Box::new(|c| c["linear_num_value_heads"] = 3.into()),
             "linear_num_value_heads: 3 is not a multiple of linear_num_key_heads 2",
         ),
         (
-            "qwen3_5_text",
+            fixture("qwen3_5_text"),
             Box::new(|c| c["linear_key_head_dim"] = 0.into()),
             "linear_key_head_dim: must be an integer from 1",
         ),
         (
-            "qwen3_5_text",
+            fixture("qwen3_5_text"),
             Box::new(|c| c["linear_conv_kernel_dim"] = (1u64 << 40).into()),
             "linear_conv_kernel_dim: must be an integer from 1",
         ),
         (
-            "qwen3_5_text",
+            fixture("qwen3_5_text"),
             Box::new(|c| c["rope_parameters"]["partial_rotary_factor"] = 1.5.into()),
             "rope_parameters.partial_rotary_factor: must be a number in (0, 1]",
         ),
         (
-            "qwen3_5_vlm",
+            fixture("qwen3_5_vlm"),
             Box::new(|c| c["text_config"]["linear_value_head_dim"] = 0.into()),
             "text_config.linear_value_head_dim: must be an integer from 1",
         ),
         (
-            "qwen3_5_vlm",
+            fixture("qwen3_5_vlm"),
             Box::new(|c| {
                 c.as_object_mut().unwrap().remove("text_config");
             }),
             "text_config: missing or not an object",
         ),
+        (
+            moe_fixture("qwen3_5_moe_text"),
+            Box::new(|c| c["num_experts_per_tok"] = 9.into()),
+            "num_experts_per_tok: 9 is more than num_experts 4",
+        ),
+        (
+            moe_fixture("qwen3_next_moe"),
+            Box::new(|c| {
+                c.as_object_mut().unwrap().remove("num_experts");
+            }),
+            "num_experts: missing",
+        ),
+        (
+            // The VLM wrapper of Qwen3.5-MoE: its MoE keys are named under text_config.
+            moe_fixture("qwen3_5_moe_text"),
+            Box::new(|c| {
+                let mut text = c.take();
+                text.as_object_mut()
+                    .unwrap()
+                    .remove("shared_expert_intermediate_size");
+                *c = serde_json::json!({"model_type": "qwen3_5_moe", "text_config": text});
+            }),
+            "text_config.shared_expert_intermediate_size: missing",
+        ),
     ];
-    for (layout, edit, said) in cases {
-        let (dir, model) = hostile(layout, edit);
+    for (from, edit, said) in cases {
+        let (dir, model) = hostile(&from, edit);
         let run = measure_against_text_model(&model, dir.path());
         assert_eq!(run.code, 2, "{said}: {}", run.stderr);
+        assert!(
+            !dir.path().join("out").exists(),
+            "{said}: an output was written"
+        );
         assert!(
             run.stderr.contains(said) && run.stderr.contains("config.json"),
             "expected `{said}` in: {}",
@@ -647,7 +640,7 @@ fn measure_against_text_model(model: &Path, dir: &Path) -> crate::support::Run {
 #[test]
 fn a_tensor_the_hybrid_architecture_does_not_use_is_still_refused() {
     // mtp.* and model.visual.* are skipped on purpose; anything else unread is not.
-    let (dir, model) = hostile("qwen3_5_text", |_| {});
+    let (dir, model) = hostile(&fixture("qwen3_5_text"), |_| {});
     let st = model.join("model.safetensors");
     let bytes = std::fs::read(&st).unwrap();
     let parsed = SafeTensors::deserialize(&bytes).unwrap();

@@ -517,10 +517,10 @@ impl ModelConfig {
         };
         let missing = |key: &str| Error::format(path, Some(key), "missing for this architecture");
         let key = |k: &str| format!("{}.{k}", f.family.as_str());
+        let bad = |k: &str, rule: String| Error::format(path, Some(&key(k)), rule);
         if f.layer_types.len() != f.layers {
-            return Err(Error::format(
-                path,
-                Some(&key("block_count")),
+            return Err(bad(
+                "block_count",
                 format!(
                     "{} layers with {} layer types",
                     f.layers,
@@ -537,9 +537,8 @@ impl ModelConfig {
                     Family::Qwen35Moe | Family::Qwen35 => MoeFamily::Qwen35Moe,
                 };
                 if m.experts == 0 || m.experts > super::moe::MAX_EXPERTS {
-                    return Err(Error::format(
-                        path,
-                        Some(&key("expert_count")),
+                    return Err(bad(
+                        "expert_count",
                         format!(
                             "{} experts; the native runner takes 1 to {}",
                             m.experts,
@@ -548,16 +547,11 @@ impl ModelConfig {
                     ));
                 }
                 if m.experts_used == 0 {
-                    return Err(Error::format(
-                        path,
-                        Some(&key("expert_used_count")),
-                        "0 experts per token",
-                    ));
+                    return Err(bad("expert_used_count", "0 experts per token".into()));
                 }
                 if m.sparse_layers.len() != f.layers {
-                    return Err(Error::format(
-                        path,
-                        Some(&key("block_count")),
+                    return Err(bad(
+                        "block_count",
                         format!(
                             "{} layers but {} layers' router tensors were looked for",
                             f.layers,
@@ -597,9 +591,8 @@ impl ModelConfig {
         let (rotary_dim, hybrid) = if f.family.hybrid() {
             let linear = f.linear.ok_or_else(|| missing(&key("ssm.conv_kernel")))?;
             if !(2..=f.head_dim).contains(&f.rotary_dims) || !f.rotary_dims.is_multiple_of(2) {
-                return Err(Error::format(
-                    path,
-                    Some(&key("rope.dimension_count")),
+                return Err(bad(
+                    "rope.dimension_count",
                     format!(
                         "{} rotary dimensions for head_dim {}; RoPE needs an even number from 2 to head_dim",
                         f.rotary_dims, f.head_dim
@@ -607,9 +600,8 @@ impl ModelConfig {
                 ));
             }
             if linear.key_heads == 0 || !linear.value_heads.is_multiple_of(linear.key_heads) {
-                return Err(Error::format(
-                    path,
-                    Some(&key("ssm.time_step_rank")),
+                return Err(bad(
+                    "ssm.time_step_rank",
                     format!(
                         "{} value heads for {} key heads: each key head serves a group of value heads",
                         linear.value_heads, linear.key_heads
