@@ -420,93 +420,124 @@ pub fn chunked<F: DeltaFloat>(
     let scale = q_scale::<F>(dk);
     Ok(by_heads(shape, state, |h, t0, t1, s, out| {
         let kh = h / group;
-        // Per-chunk scratch, allocated once per head and block.
-        let mut qc = vec![F::ZERO; CHUNK * dk];
-        let mut kc = vec![F::ZERO; CHUNK * dk];
+        // Per-chunk scratch, allocated once per head and block. `qk_rows` stacks the chunk's
+        // normalised q (rows 0..L) over its k (rows L..2L), so one product serves both.
+        let mut qk_rows = vec![F::ZERO; 2 * CHUNK * dk];
+        let mut gram = vec![F::ZERO; 2 * CHUNK * CHUNK];
+        let mut read = vec![F::ZERO; 2 * CHUNK * dv];
         let mut u = vec![F::ZERO; CHUNK * dv];
-        let mut kk = [F::ZERO; CHUNK * CHUNK];
-        let mut qk = [F::ZERO; CHUNK * CHUNK];
+        let mut kw = vec![F::ZERO; CHUNK * dk];
+        let mut qk = vec![F::ZERO; CHUNK * CHUNK];
         let mut cum = [F::ZERO; CHUNK];
         let mut ecum = [F::ZERO; CHUNK];
         let mut c0 = t0;
         while c0 < t1 {
             let len = CHUNK.min(t1 - c0);
-            let (qc, kc, u) = (&mut qc[..len * dk], &mut kc[..len * dk], &mut u[..len * dv]);
+            let rows = &mut qk_rows[..2 * len * dk];
             let out = &mut out[(c0 - t0) * dv..(c0 - t0 + len) * dv];
             // Normalised q (scaled) and k, the cumulative log decay.
             let mut acc = F::ZERO;
             for i in 0..len {
                 let t = c0 + i;
                 let at = (t * key_heads + kh) * dk;
-                l2_normalised(&q[at..at + dk], scale, &mut qc[i * dk..(i + 1) * dk]);
-                l2_normalised(&k[at..at + dk], F::ONE, &mut kc[i * dk..(i + 1) * dk]);
+                let (qs, ks) = rows.split_at_mut(len * dk);
+                l2_normalised(&q[at..at + dk], scale, &mut qs[i * dk..(i + 1) * dk]);
+                l2_normalised(&k[at..at + dk], F::ONE, &mut ks[i * dk..(i + 1) * dk]);
                 acc += g[t * value_heads + h].max_of(F::DECAY_FLOOR);
                 cum[i] = acc;
                 ecum[i] = acc.exp();
             }
-            // Decayed Gram matrices: kk[i][j] = beta_i (k_i . k_j) exp(c_i - c_j) for j < i,
-            // qk[i][j] = (q_i . k_j) exp(c_i - c_j) for j <= i.
+            let rows = &qk_rows[..2 * len * dk];
+            let kc = &rows[len * dk..];
+            // [q; k] k^T: the chunk's q.k and k.k products, one [2L, dk] x [dk, L] product.
+            let gram = &mut gram[..2 * len * len];
+            matmul(
+                gram,
+                len,
+                None,
+                MatRef::rows(rows, 2 * len, dk),
+                MatRef::rows(kc, len, dk).transposed(),
+            );
+            // [q; k] S: every token's read of the chunk-start state, one [2L, dk] x [dk, dv].
+            let read = &mut read[..2 * len * dv];
+            matmul(
+                read,
+                dv,
+                None,
+                MatRef::rows(rows, 2 * len, dk),
+                MatRef::rows(s, dk, dv),
+            );
+            // Decayed, masked Gram matrices: qk[i][j] = (q_i . k_j) exp(c_i - c_j) for j <= i;
+            // kk[i][j] = beta_i (k_i . k_j) exp(c_i - c_j) for j < i (kept in gram's k half).
+            let (gq, gk) = gram.split_at_mut(len * len);
+            let qk = &mut qk[..len * len];
             for i in 0..len {
                 let b = beta[(c0 + i) * value_heads + h];
-                let (qi, ki) = (&qc[i * dk..(i + 1) * dk], &kc[i * dk..(i + 1) * dk]);
-                for j in 0..=i {
-                    let kj = &kc[j * dk..(j + 1) * dk];
-                    let decay = (cum[i] - cum[j]).exp();
-                    qk[i * CHUNK + j] = dot(qi, kj) * decay;
-                    if j < i {
-                        kk[i * CHUNK + j] = b * dot(ki, kj) * decay;
+                for j in 0..len {
+                    let at = i * len + j;
+                    if j <= i {
+                        let decay = (cum[i] - cum[j]).exp();
+                        qk[at] = gq[at] * decay;
+                        gk[at] = if j < i { b * gk[at] * decay } else { F::ZERO };
+                    } else {
+                        qk[at] = F::ZERO;
+                        gk[at] = F::ZERO;
                     }
                 }
             }
             // Right-hand side: beta_i (v_i - exp(c_i) k_i^T S); and o_i = exp(c_i) q_i^T S.
+            let u = &mut u[..len * dv];
+            let (read_q, read_k) = read.split_at(len * dv);
             for i in 0..len {
                 let t = c0 + i;
                 let b = beta[t * value_heads + h];
-                let ui = &mut u[i * dv..(i + 1) * dv];
-                let oi = &mut out[i * dv..(i + 1) * dv];
-                ui.fill(F::ZERO);
-                oi.fill(F::ZERO);
-                let (ki, qi) = (&kc[i * dk..(i + 1) * dk], &qc[i * dk..(i + 1) * dk]);
-                for ((&kr, &qr), srow) in ki.iter().zip(qi).zip(s.chunks_exact(dv)) {
-                    for ((uv, ov), &sv) in ui.iter_mut().zip(oi.iter_mut()).zip(srow) {
-                        *uv += kr * sv;
-                        *ov += qr * sv;
-                    }
-                }
-                let vt = &v[(t * value_heads + h) * dv..][..dv];
                 let e = ecum[i];
-                for ((uv, ov), &x) in ui.iter_mut().zip(oi.iter_mut()).zip(vt) {
-                    *uv = b * (x - e * *uv);
-                    *ov *= e;
+                let vt = &v[(t * value_heads + h) * dv..][..dv];
+                let rows_i = i * dv..(i + 1) * dv;
+                for ((uv, &w), &x) in u[rows_i.clone()]
+                    .iter_mut()
+                    .zip(&read_k[rows_i.clone()])
+                    .zip(vt)
+                {
+                    *uv = b * (x - e * w);
+                }
+                for (ov, &w) in out[rows_i.clone()].iter_mut().zip(&read_q[rows_i]) {
+                    *ov = e * w;
                 }
             }
-            // Forward substitution (unit lower triangular), then the in-chunk attention.
+            // Forward substitution (unit lower triangular): u_i -= sum_{j<i} kk[i][j] u_j.
             for i in 1..len {
                 let (done, rest) = u.split_at_mut(i * dv);
                 let ui = &mut rest[..dv];
                 for (j, uj) in done.chunks_exact(dv).enumerate() {
-                    axpy(ui, -kk[i * CHUNK + j], uj);
+                    axpy(ui, -gk[i * len + j], uj);
                 }
             }
-            for i in 0..len {
-                let oi = &mut out[i * dv..(i + 1) * dv];
-                for (j, uj) in u.chunks_exact(dv).take(i + 1).enumerate() {
-                    axpy(oi, qk[i * CHUNK + j], uj);
-                }
-            }
-            // S <- exp(c_L) S + sum_j exp(c_L - c_j) k_j (x) u_j, rounded at the boundary.
+            // o += qk u: the in-chunk attention, one [L, L] x [L, dv] product.
+            matmul(
+                out,
+                dv,
+                Some(F::ONE),
+                MatRef::rows(qk, len, len),
+                MatRef::rows(u, len, dv),
+            );
+            // S <- exp(c_L) S + sum_j exp(c_L - c_j) k_j (x) u_j: one [dk, L] x [L, dv]
+            // product, then rounded to the state dtype at the chunk boundary.
             let last = cum[len - 1];
-            let e_last = ecum[len - 1];
-            for w in s.iter_mut() {
-                *w *= e_last;
-            }
-            for (j, uj) in u.chunks_exact(dv).enumerate() {
+            let kw = &mut kw[..len * dk];
+            for (j, (dst, src)) in kw.chunks_exact_mut(dk).zip(kc.chunks_exact(dk)).enumerate() {
                 let w = (last - cum[j]).exp();
-                let kj = &kc[j * dk..(j + 1) * dk];
-                for (&kr, srow) in kj.iter().zip(s.chunks_exact_mut(dv)) {
-                    axpy(srow, kr * w, uj);
+                for (d, &x) in dst.iter_mut().zip(src) {
+                    *d = x * w;
                 }
             }
+            matmul(
+                s,
+                dv,
+                Some(ecum[len - 1]),
+                MatRef::rows(kw, len, dk).transposed(),
+                MatRef::rows(u, len, dv),
+            );
             if state_dtype != StateDtype::F32 {
                 for w in s.iter_mut() {
                     *w = w.round_state(state_dtype);
@@ -515,6 +546,100 @@ pub fn chunked<F: DeltaFloat>(
             c0 += len;
         }
     }))
+}
+
+/// A read-only strided matrix view over a slice: element `(r, c)` is `data[r * rs + c * cs]`.
+#[derive(Clone, Copy)]
+struct MatRef<'a, F> {
+    data: &'a [F],
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a, F> MatRef<'a, F> {
+    /// The row-major `rows x cols` matrix at the start of `data`.
+    fn rows(data: &'a [F], rows: usize, cols: usize) -> Self {
+        Self {
+            data,
+            rows,
+            cols,
+            rs: cols,
+            cs: 1,
+        }
+    }
+
+    /// The same elements read as the transpose (no copy).
+    fn transposed(self) -> Self {
+        Self {
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+            ..self
+        }
+    }
+
+    /// Whether every element lies inside `data` (what makes the raw product below sound).
+    fn in_bounds(&self) -> bool {
+        self.rows == 0
+            || self.cols == 0
+            || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.data.len()
+    }
+}
+
+/// `dst = lhs rhs`, or `dst = alpha dst + lhs rhs` with `Some(alpha)`, where `dst` is row-major
+/// with `dst_cols` columns: the `gemm` crate's kernels (the ones candle runs), single-threaded, as
+/// the callers already run one head per thread. The shapes are checked before the raw call: a
+/// mismatch is a bug and panics rather than reading out of bounds.
+fn matmul<F: DeltaFloat>(
+    dst: &mut [F],
+    dst_cols: usize,
+    alpha: Option<F>,
+    lhs: MatRef<'_, F>,
+    rhs: MatRef<'_, F>,
+) {
+    let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
+    assert!(
+        rhs.rows == k && n == dst_cols && dst.len() >= m * n && lhs.in_bounds() && rhs.in_bounds(),
+        "delta rule product: [{m}, {k}] x [{}, {n}] into [{}, {dst_cols}]",
+        rhs.rows,
+        dst.len() / dst_cols.max(1)
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    let stride = |x: usize| x as isize;
+    // SAFETY: every index the product touches is `r * rs + c * cs` with `r`, `c` inside the
+    // checked shapes, and each view's largest such index is inside its slice (`in_bounds`, and
+    // `dst.len() >= m * n` for the row-major destination); `dst` does not alias `lhs` or `rhs`
+    // (it is a `&mut`). `F` is `f32` or `f64` (the only `DeltaFloat`s), both of which `gemm`
+    // dispatches natively.
+    #[allow(unsafe_code)]
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            stride(n),
+            alpha.is_some(),
+            lhs.data.as_ptr(),
+            stride(lhs.cs),
+            stride(lhs.rs),
+            rhs.data.as_ptr(),
+            stride(rhs.cs),
+            stride(rhs.rs),
+            alpha.unwrap_or(F::ZERO),
+            F::ONE,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
 }
 
 #[cfg(test)]
@@ -560,6 +685,11 @@ mod tests {
             key_dim: 16,
             value_dim: 8,
         };
+        inputs_of(shape, seed)
+    }
+
+    fn inputs_of(shape: DeltaRuleShape, seed: u64) -> Inputs {
+        let tokens = shape.tokens;
         let mut r = Rng(seed);
         let nk = tokens * shape.key_heads * shape.key_dim;
         let nv = tokens * shape.value_heads * shape.value_dim;
@@ -676,6 +806,26 @@ mod tests {
             assert!(rel_diff(&cs, &rs) < 1e-12, "f64 state, {tokens} tokens");
             assert!(ro.iter().all(|x| x.is_finite()) && ro.iter().any(|&x| x != 0.0));
         }
+    }
+
+    /// Head sizes like real models' (and not square), so the blocked products run the matrix
+    /// kernels' full-width paths, not only their small-size edges.
+    #[test]
+    fn recurrent_and_chunked_agree_at_model_sized_heads() {
+        let shape = DeltaRuleShape {
+            tokens: 150,
+            key_heads: 1,
+            value_heads: 2,
+            key_dim: 128,
+            value_dim: 96,
+        };
+        let x = inputs_of(shape, 29);
+        let (ro, rs) = run::<f64>(recurrent, &x, <[f64]>::to_vec, StateDtype::F32);
+        let (co, cs) = run::<f64>(chunked, &x, <[f64]>::to_vec, StateDtype::F32);
+        assert!(rel_diff(&co, &ro) < 1e-12 && rel_diff(&cs, &rs) < 1e-12);
+        let (ro, rs) = run::<f32>(recurrent, &x, to32, StateDtype::F32);
+        let (co, cs) = run::<f32>(chunked, &x, to32, StateDtype::F32);
+        assert!(rel_diff(&co, &ro) < 1e-5 && rel_diff(&cs, &rs) < 1e-5);
     }
 
     #[test]

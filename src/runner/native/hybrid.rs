@@ -542,4 +542,67 @@ mod tests {
         assert!((softplus(0.0f64) - std::f64::consts::LN_2).abs() < 1e-15);
         assert!((softplus(-30.0f32) - (-30.0f32).exp()).abs() < 1e-20);
     }
+
+    /// The benchmarks' synthetic hybrid model (benches/native.rs) loads through the real
+    /// loader and runs: a tensor it forgets or misnames would fail here, not in a bench.
+    #[test]
+    fn the_synthetic_hybrid_model_loads_and_its_chunked_prefill_matches_a_split_one() {
+        use crate::runner::native::config::{Arch, ModelConfig};
+        use crate::runner::native::decoder::{ComputeDtype, Decoder, DecoderCache};
+        let config = ModelConfig {
+            arch: Arch::Qwen3_5Text,
+            hidden: 32,
+            intermediate: 48,
+            layers: 4,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 16,
+            vocab: 64,
+            rms_eps: 1e-6,
+            rope_theta: 1e7,
+            rope_scaling: None,
+            tie_embeddings: false,
+            sliding_window: None,
+            max_positions: Some(4096),
+            biases: Default::default(),
+            rotary_dim: 4,
+            prefix: "model".into(),
+            moe: None,
+            hybrid: Some(Hybrid {
+                layer_types: vec![
+                    LayerType::Linear,
+                    LayerType::Linear,
+                    LayerType::Linear,
+                    LayerType::Full,
+                ],
+                conv_kernel: 4,
+                key_heads: 2,
+                value_heads: 4,
+                key_dim: 8,
+                value_dim: 8,
+                fused_projections: false,
+                mamba_ssm_dtype: None,
+                mrope_section: None,
+            }),
+        };
+        let store = crate::runner::native::weights::synthetic(&config, 3);
+        let d = Decoder::load(&store, config, ComputeDtype::F64, StateDtype::F32).unwrap();
+        let ids: Vec<u32> = (0..150u32).map(|i| (i * 37) % 64).collect();
+        let rows: Vec<usize> = (0..ids.len()).collect();
+        let whole = d.logits_at(&d.hidden(&ids).unwrap(), &rows).unwrap();
+        assert!(whole.iter().all(|x| x.is_finite()));
+        let mut cache = DecoderCache::default();
+        let mut split = Vec::new();
+        for part in [&ids[..70], &ids[70..]] {
+            let h = d.hidden_continued(part, &mut cache).unwrap();
+            let r: Vec<usize> = (0..part.len()).collect();
+            split.extend(d.logits_at(&h, &r).unwrap());
+        }
+        let worst = whole
+            .iter()
+            .zip(&split)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst < 1e-5, "split prefill differs by {worst}");
+    }
 }

@@ -781,6 +781,8 @@ pub fn synthetic(config: &super::config::ModelConfig, seed: u64) -> MemoryStore 
     );
     add("model.norm.weight".into(), vec![c.hidden], 1.0, &mut rng);
     let (q, kv) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+    // The hybrid family's q_proj carries a per-head output gate beside the query.
+    let q_rows = if c.arch.is_hybrid() { 2 * q } else { q };
     for i in 0..c.layers {
         let p = format!("model.layers.{i}");
         add(
@@ -795,35 +797,83 @@ pub fn synthetic(config: &super::config::ModelConfig, seed: u64) -> MemoryStore 
             1.0,
             &mut rng,
         );
-        add(
-            format!("{p}.self_attn.q_proj.weight"),
-            vec![q, c.hidden],
-            s,
-            &mut rng,
-        );
-        add(
-            format!("{p}.self_attn.k_proj.weight"),
-            vec![kv, c.hidden],
-            s,
-            &mut rng,
-        );
-        add(
-            format!("{p}.self_attn.v_proj.weight"),
-            vec![kv, c.hidden],
-            s,
-            &mut rng,
-        );
-        add(
-            format!("{p}.self_attn.o_proj.weight"),
-            vec![c.hidden, q],
-            s,
-            &mut rng,
-        );
+        let linear = c
+            .hybrid
+            .as_ref()
+            .filter(|h| h.layer_types[i] == super::config::LayerType::Linear);
+        if let Some(h) = linear {
+            // A Gated DeltaNet layer, Qwen3.5's separate projections (A_log is moved near -2
+            // below: slow decays, so the state carries context as trained layers' mostly do).
+            let m = format!("{p}.linear_attn");
+            let width = h.value_heads * h.value_dim;
+            for (name, shape, scale) in [
+                ("in_proj_qkv.weight", vec![h.conv_dim(), c.hidden], s),
+                ("in_proj_z.weight", vec![width, c.hidden], s),
+                ("in_proj_b.weight", vec![h.value_heads, c.hidden], s),
+                ("in_proj_a.weight", vec![h.value_heads, c.hidden], s),
+                (
+                    "out_proj.weight",
+                    vec![c.hidden, width],
+                    1.0 / (width as f32).sqrt(),
+                ),
+                ("conv1d.weight", vec![h.conv_dim(), 1, h.conv_kernel], 0.5),
+                ("A_log", vec![h.value_heads], 0.5),
+                ("dt_bias", vec![h.value_heads], 0.5),
+                ("norm.weight", vec![h.value_dim], 1.0),
+            ] {
+                add(format!("{m}.{name}"), shape, scale, &mut rng);
+            }
+        } else {
+            add(
+                format!("{p}.self_attn.q_proj.weight"),
+                vec![q_rows, c.hidden],
+                s,
+                &mut rng,
+            );
+            add(
+                format!("{p}.self_attn.k_proj.weight"),
+                vec![kv, c.hidden],
+                s,
+                &mut rng,
+            );
+            add(
+                format!("{p}.self_attn.v_proj.weight"),
+                vec![kv, c.hidden],
+                s,
+                &mut rng,
+            );
+            add(
+                format!("{p}.self_attn.o_proj.weight"),
+                vec![c.hidden, q],
+                s,
+                &mut rng,
+            );
+            for (module, out, with) in [
+                ("self_attn.q_proj", q_rows, c.biases.qkv),
+                ("self_attn.k_proj", kv, c.biases.qkv),
+                ("self_attn.v_proj", kv, c.biases.qkv),
+                ("self_attn.o_proj", c.hidden, c.biases.o),
+            ] {
+                if with {
+                    add(format!("{p}.{module}.bias"), vec![out], s, &mut rng);
+                }
+            }
+            if c.arch.has_qk_norm() {
+                add(
+                    format!("{p}.self_attn.q_norm.weight"),
+                    vec![c.head_dim],
+                    1.0,
+                    &mut rng,
+                );
+                add(
+                    format!("{p}.self_attn.k_norm.weight"),
+                    vec![c.head_dim],
+                    1.0,
+                    &mut rng,
+                );
+            }
+        }
         for (module, out, with) in [
-            ("self_attn.q_proj", q, c.biases.qkv),
-            ("self_attn.k_proj", kv, c.biases.qkv),
-            ("self_attn.v_proj", kv, c.biases.qkv),
-            ("self_attn.o_proj", c.hidden, c.biases.o),
             ("mlp.gate_proj", c.intermediate, c.biases.mlp),
             ("mlp.up_proj", c.intermediate, c.biases.mlp),
             ("mlp.down_proj", c.hidden, c.biases.mlp),
@@ -831,20 +881,6 @@ pub fn synthetic(config: &super::config::ModelConfig, seed: u64) -> MemoryStore 
             if with {
                 add(format!("{p}.{module}.bias"), vec![out], s, &mut rng);
             }
-        }
-        if c.arch == super::config::Arch::Qwen3 {
-            add(
-                format!("{p}.self_attn.q_norm.weight"),
-                vec![c.head_dim],
-                1.0,
-                &mut rng,
-            );
-            add(
-                format!("{p}.self_attn.k_norm.weight"),
-                vec![c.head_dim],
-                1.0,
-                &mut rng,
-            );
         }
         add(
             format!("{p}.mlp.gate_proj.weight"),
@@ -864,6 +900,11 @@ pub fn synthetic(config: &super::config::ModelConfig, seed: u64) -> MemoryStore 
             1.0 / (c.intermediate as f32).sqrt(),
             &mut rng,
         );
+    }
+    for (name, t) in tensors.iter_mut() {
+        if name.ends_with(".linear_attn.A_log") {
+            t.data.iter_mut().for_each(|x| *x -= 2.0);
+        }
     }
     MemoryStore {
         name: PathBuf::from("synthetic"),
