@@ -947,12 +947,25 @@ def run(req):
         # attention's) then choose their configurations on a realistic length, once per process;
         # a second model of the same shape reuses them and warms up on a few tokens.
         t = time.perf_counter()
+        # Each warm-up step's time, so a slow warm-up says where it went (compilation and
+        # autotuning show up as the step that first meets a kernel or a length).
+        steps = timings.setdefault("warmup_steps", [])
+        mark = [t]
+
+        def step(what):
+            if device != "cpu":
+                torch.cuda.synchronize()
+            now = time.perf_counter()
+            steps.append({"model": side, "step": what, "seconds": now - mark[0]})
+            mark[0] = now
+
         set_attention(m, spec.get("attn_implementation", "sdpa"))
         shape = (type(m).__name__, json.dumps(read_config(spec["path"]), sort_keys=True, default=str))
         n = min(WARMUP_TOKENS if shape not in warmed else 64, longest)
         ids = first_window[:n]
         rows = torch.arange(n - 1)
         h = prefill(torch, transformers, m, ids, rows, n if chunk >= longest else max(1, min(chunk, n // 2)))
+        step(f"prefill of {n} tokens, every layer")
         if shape not in warmed and any(is_linear_attention(x) for x in m.modules()):
             # flash-linear-attention's Triton kernels compile for each sequence length they
             # meet (measured: ~10 s on the first 131,072-token prefill of a process, 0 after):
@@ -963,11 +976,14 @@ def run(req):
                 for length in lengths:
                     if n < length <= longest:
                         prefill(torch, transformers, m, longest_window[:length], torch.arange(1), chunk if chunk < length else length)
+                        step(f"prefill of {length} tokens, first layer of each type")
         warmed.add(shape)
         logits = head_logits(torch, m, h[:2])
         reduce(torch, logits, logits, torch.zeros(2, dtype=torch.long, device=logits.device), vocab)
         del h, logits
+        step("output head and reduction")
         linear_attention[side] = probe_linear_attention(torch, transformers, m, first_window[:min(64, longest)])
+        step("linear-attention probe")
         if device != "cpu":
             torch.cuda.synchronize()
         timings["warmup"] += time.perf_counter() - t
@@ -1227,7 +1243,14 @@ def main(argv):
         doc = {"protocol": PROTOCOL, "ok": False, "error": {"kind": e.kind, "message": str(e)}}
         code = 3
     except Exception as e:  # noqa: BLE001 - every failure must reach cardproof as a record
-        kind = "out_of_memory" if "OutOfMemoryError" in type(e).__name__ else "internal"
+        if "OutOfMemoryError" in type(e).__name__:
+            kind = "out_of_memory"
+        elif isinstance(e, ImportError):
+            # A package the checkpoint's loader or kernels need is not installed here (e.g.
+            # transformers' FP8 path wants `kernels`): the environment's problem, not a bug.
+            kind = "missing_package"
+        else:
+            kind = "internal"
         doc = {
             "protocol": PROTOCOL,
             "ok": False,

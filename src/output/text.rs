@@ -276,7 +276,7 @@ pub fn measurement(doc: &crate::rerun::Measurement) -> String {
         let secs = |k: &str| t.get(k).and_then(serde_json::Value::as_f64).unwrap_or(0.0);
         let _ = writeln!(
             out,
-            "  attention {}, prefill chunk {}, reduction {}; load {:.1} s, prefill {:.1} s, head and reduction {:.1} s",
+            "  attention {}, prefill chunk {}, reduction {}; load {:.1} s, warm-up {:.1} s, prefill {:.1} s, head and reduction {:.1} s, gates {:.1} s",
             e.attention,
             r.chunk_size.map_or("null".into(), |c| c.to_string()),
             r.other
@@ -284,8 +284,10 @@ pub fn measurement(doc: &crate::rerun::Measurement) -> String {
                 .and_then(|k| k.as_str())
                 .unwrap_or("?"),
             secs("load"),
+            secs("warmup"),
             secs("prefill"),
             secs("head_and_reduce"),
+            secs("gates"),
         );
     }
     if let Some(la) = &e.linear_attention {

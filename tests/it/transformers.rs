@@ -697,6 +697,28 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         }
     }
 
+    /// A package the run needs and the Python lacks (here flash-attn, which CPU machines never
+    /// have) is named as the environment's problem, without a traceback, and nothing is written.
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn a_missing_package_is_reported_as_missing_not_as_an_internal_error() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        let r = cpu_measure(
+            dir.path(),
+            "examples/models/shakespeare-bf16",
+            &["--attention", "flash_attention_2"],
+        );
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        let message = r.message();
+        assert!(
+            message.contains("(missing_package)") && message.contains("FlashAttention2"),
+            "{message}"
+        );
+        assert!(!message.contains("Traceback"), "{message}");
+        assert!(!dir.path().join("out/measurement.json").exists());
+    }
+
     #[test]
     #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
     fn a_run_that_cannot_fit_is_refused_before_loading() {

@@ -423,11 +423,11 @@ pub fn chunked<F: DeltaFloat>(
         // Per-chunk scratch, allocated once per head and block. `qk_rows` stacks the chunk's
         // normalised q (rows 0..L) over its k (rows L..2L), so one product serves both.
         let mut qk_rows = vec![F::ZERO; 2 * CHUNK * dk];
-        let mut gram = vec![F::ZERO; 2 * CHUNK * CHUNK];
+        let mut gram = [F::ZERO; 2 * CHUNK * CHUNK];
         let mut read = vec![F::ZERO; 2 * CHUNK * dv];
         let mut u = vec![F::ZERO; CHUNK * dv];
         let mut kw = vec![F::ZERO; CHUNK * dk];
-        let mut qk = vec![F::ZERO; CHUNK * CHUNK];
+        let mut qk = [F::ZERO; CHUNK * CHUNK];
         let mut cum = [F::ZERO; CHUNK];
         let mut ecum = [F::ZERO; CHUNK];
         let mut c0 = t0;
@@ -488,20 +488,19 @@ pub fn chunked<F: DeltaFloat>(
             // Right-hand side: beta_i (v_i - exp(c_i) k_i^T S); and o_i = exp(c_i) q_i^T S.
             let u = &mut u[..len * dv];
             let (read_q, read_k) = read.split_at(len * dv);
-            for i in 0..len {
+            let rows_of = u
+                .chunks_exact_mut(dv)
+                .zip(out.chunks_exact_mut(dv))
+                .zip(read_k.chunks_exact(dv).zip(read_q.chunks_exact(dv)));
+            for (i, ((ui, oi), (rk, rq))) in rows_of.enumerate() {
                 let t = c0 + i;
                 let b = beta[t * value_heads + h];
                 let e = ecum[i];
                 let vt = &v[(t * value_heads + h) * dv..][..dv];
-                let rows_i = i * dv..(i + 1) * dv;
-                for ((uv, &w), &x) in u[rows_i.clone()]
-                    .iter_mut()
-                    .zip(&read_k[rows_i.clone()])
-                    .zip(vt)
-                {
+                for ((uv, &w), &x) in ui.iter_mut().zip(rk).zip(vt) {
                     *uv = b * (x - e * w);
                 }
-                for (ov, &w) in out[rows_i.clone()].iter_mut().zip(&read_q[rows_i]) {
+                for (ov, &w) in oi.iter_mut().zip(rq) {
                     *ov = e * w;
                 }
             }
