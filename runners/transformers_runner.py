@@ -205,7 +205,9 @@ def load_model(torch, transformers, spec, dtype, device, trust_remote_code):
             raise RunnerError("load_failed", f"{spec['path']}: compressed-tensors checkpoint, but this transformers cannot decompress it: {e}")
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(spec["path"], **kwargs)
-    except (ValueError, ImportError, OSError, KeyError) as e:
+    except ImportError as e:
+        raise RunnerError("missing_package", f"{spec['path']}: transformers could not load it, a package it needs is missing: {type(e).__name__}: {e}")
+    except (ValueError, OSError, KeyError) as e:
         raise RunnerError("load_failed", f"{spec['path']}: transformers could not load it: {type(e).__name__}: {e}")
     model.eval()
     return model

@@ -253,7 +253,7 @@ pub fn measurement(doc: &crate::rerun::Measurement) -> String {
     };
     let _ = writeln!(
         out,
-        "runner: {} ({} {}), {} compute{}, {where_}",
+        "runner: {} ({} {}), {} compute{}{}, {where_}",
         match e.runner {
             crate::rerun::document::RunnerKind::Native => "native",
             crate::rerun::document::RunnerKind::Transformers => "transformers",
@@ -264,6 +264,12 @@ pub fn measurement(doc: &crate::rerun::Measurement) -> String {
         e.recurrent_state_dtype
             .as_ref()
             .map(|d| format!(", {d} recurrent state"))
+            .unwrap_or_default(),
+        // The KV cache, where it is not simply the compute dtype.
+        e.kv_cache_dtype
+            .as_ref()
+            .filter(|k| **k != e.compute_dtype)
+            .map(|k| format!(", KV cache {k}"))
             .unwrap_or_default(),
     );
     if let Some(t) = e.transformers_runner.as_ref().and_then(|r| {

@@ -80,6 +80,9 @@ pub fn cpu_name() -> String {
 }
 
 fn reference_kv(candidate: &NativeModel, compute: ComputeDtype) -> String {
+    if let Some(setting) = candidate.decoder.kv_cache_setting() {
+        return setting.label();
+    }
     match &candidate.decoder.report.kv_cache {
         Some(kv) if kv.starts_with("f16") => "f16".to_owned(),
         Some(_) => "fp8_e4m3".to_owned(),
@@ -90,7 +93,12 @@ fn reference_kv(candidate: &NativeModel, compute: ComputeDtype) -> String {
 /// The candidate for a native lane, its recurrent state in the request's dtype. A knob that
 /// would change nothing (a model without recurrent layers) is refused, not recorded.
 fn load_candidate(r: &Request, compute: ComputeDtype, emulate: Emulate) -> Result<NativeModel> {
-    let candidate = native::load(r.candidate, compute, emulate, r.recurrent_state)?;
+    let mut candidate = native::load(r.candidate, compute, emulate, r.recurrent_state)?;
+    if let Some(setting) = r.kv_cache {
+        candidate.decoder.set_kv_cache(setting).map_err(|e| {
+            Error::usage(r.candidate, format!("--kv-cache {}: {e}", setting.label()))
+        })?;
+    }
     if r.recurrent_state != StateDtype::F32 && !candidate.decoder.has_recurrent_state() {
         return Err(Error::usage(
             r.candidate,

@@ -134,6 +134,9 @@ pub struct Request<'a> {
     /// engine's SSM-state dtype (native lanes; the reference keeps f32; dense models have no
     /// such state). The transformers lane runs its own state (fp32) and refuses another.
     pub recurrent_state: StateDtype,
+    /// The candidate's KV-cache schemes (`--kv-cache`; native lanes, write-then-read), replacing
+    /// what its checkpoint declares; `None`: as declared. The reference keeps its own.
+    pub kv_cache: Option<crate::runner::native::kv_cache::KvCacheSetting>,
 }
 
 /// What the sanity gates need from outside the run.
@@ -203,6 +206,12 @@ pub fn run_checked(
                 "a {} recurrent state is emulated by the native runner only; the transformers runner keeps the state in fp32",
                 r.recurrent_state
             ),
+        ));
+    }
+    if matches!(r.lane, Lane::Transformers { .. }) && r.kv_cache.is_some_and(|s| s.is_quantized()) {
+        return Err(crate::Error::usage(
+            Path::new("--kv-cache"),
+            "a quantized KV cache is emulated by the native runner only, for now; the transformers runner keeps the model dtype",
         ));
     }
     let mut rerun = match r.lane {

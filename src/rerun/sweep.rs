@@ -147,6 +147,7 @@ pub fn run_sweep(
             noise_floor: false,
             pins: Vec::new(),
             recurrent_state: crate::runner::native::StateDtype::F32,
+            kv_cache: None,
         };
         let pre = super::preflight::check(&request, stage)?;
         if pairs.is_empty() {

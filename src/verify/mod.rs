@@ -341,6 +341,7 @@ pub fn verify(
                 noise_floor: r.noise_floor,
                 pins: r.pins.clone(),
                 recurrent_state: r.recurrent_state,
+                kv_cache: None,
             };
             // Everything that needs no forward pass first: a file that is not the card's is
             // found in well under a second, not after the measurement.

@@ -13,6 +13,7 @@ mod hub_server;
 mod hybrid;
 mod inspect;
 mod kld;
+mod kv_cache;
 mod lint;
 mod measure;
 mod moe;

@@ -17,6 +17,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process and moved into its config at once: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Check a card's fidelity disclosure, Hub metadata and KLD claims.
@@ -374,6 +376,18 @@ pub struct MeasureArgs {
     /// runtime.recurrent_state_dtype.
     #[arg(long, value_name = "DTYPE", default_value = "f32")]
     pub recurrent_state_dtype: String,
+    /// The candidate's KV-cache scheme, keys and values (attention layers; write-then-read, as
+    /// llama.cpp and vLLM store a chunk before attending to it): none (the model dtype), f16,
+    /// bf16, or llama.cpp's q8_0, q4_0, q4_1, q5_0, q5_1 (blocks of 32, ggml's reference
+    /// rounding). Native runner; recorded as the run's kv_cache_dtype.
+    #[arg(long, value_name = "SCHEME")]
+    pub kv_cache: Option<String>,
+    /// The keys' scheme alone (overrides --kv-cache for K; llama.cpp's -ctk).
+    #[arg(long, value_name = "SCHEME")]
+    pub kv_cache_k: Option<String>,
+    /// The values' scheme alone (overrides --kv-cache for V; llama.cpp's -ctv).
+    #[arg(long, value_name = "SCHEME")]
+    pub kv_cache_v: Option<String>,
     /// Worker threads (default: every core).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use cardproof::kld::protocol::{Bootstrap, Bos, Direction, Positions, Tail, VocabMode};
 use cardproof::rerun::options::ProtocolFlags;
+use cardproof::runner::native::kv_cache::KvCacheSetting;
 use cardproof::runner::native::{ComputeDtype, Emulate, StateDtype};
 use cardproof::runner::transformers::{TransformersFlags, TransformersOptions};
 use clap::ValueEnum;
@@ -293,6 +294,8 @@ pub struct MeasureConfig {
     pub emulate: Emulate,
     /// `--recurrent-state-dtype`.
     pub recurrent_state: StateDtype,
+    /// `--kv-cache`, `--kv-cache-k`, `--kv-cache-v`.
+    pub kv_cache: Option<KvCacheSetting>,
     pub threads: usize,
     pub out: PathBuf,
     /// Show a progress bar (stderr is a terminal).
@@ -329,6 +332,14 @@ impl MeasureConfig {
         };
         let sweep = flags.sweep()?;
         let recurrent_state = recurrent_state(&args.recurrent_state_dtype, transformers.is_some())?;
+        let kv_cache = KvCacheSetting::from_flags(
+            args.kv_cache.as_deref(),
+            args.kv_cache_k.as_deref(),
+            args.kv_cache_v.as_deref(),
+        )?;
+        if transformers.is_some() && kv_cache.is_some_and(|s| s.is_quantized()) {
+            return Err("--kv-cache is emulated by the native runner only, for now; --runner transformers keeps the model dtype".into());
+        }
         if sweep.is_none() && args.reference.is_none() && args.reference_artifact.is_none() {
             return Err("--reference or --reference-artifact is required".into());
         }
@@ -341,6 +352,7 @@ impl MeasureConfig {
             compute: ComputeDtype::from_name(&name(args.compute_dtype)).expect("a native dtype"),
             emulate: Emulate::from_name(&name(args.emulate)).expect("a native emulation"),
             recurrent_state,
+            kv_cache,
             threads: threads(args.threads),
             progress: std::io::stderr().is_terminal(),
             reference: args.reference,

@@ -131,6 +131,8 @@ pub struct Decoder {
     /// layers; this dense decoder has no recurrent state and ignores it.
     pub recurrent_state: StateDtype,
     pub report: LoadReport,
+    /// The KV-cache schemes [`Decoder::set_kv_cache`] set, if it was called.
+    kv_setting: Option<super::kv_cache::KvCacheSetting>,
     embed: Tensor,
     layers: Vec<Layer>,
     norm: Tensor,
@@ -282,7 +284,8 @@ impl Decoder {
                             ));
                         }
                         Some(KvQuant::F16) => report.kv_cache = Some("f16 (emulated)".into()),
-                        None => {}
+                        // A store never declares a run's scheme; `set_kv_cache` sets it.
+                        Some(KvQuant::Scheme(_)) | None => {}
                     }
                     Mixer::Attention(Attention {
                         q: linear(&format!("{attn}.q_proj"), q_proj_out, c.hidden, &mut report)?,
@@ -393,11 +396,58 @@ impl Decoder {
             compute,
             recurrent_state,
             report,
+            kv_setting: None,
             embed,
             layers,
             norm,
             lm_head,
         })
+    }
+
+    /// Sets every attention layer's KV cache to `setting` (replacing what the checkpoint
+    /// declares; Gated DeltaNet layers have no KV cache). Blocked schemes need a head size that is
+    /// a multiple of 32, as llama.cpp does; the error says which.
+    pub fn set_kv_cache(
+        &mut self,
+        setting: super::kv_cache::KvCacheSetting,
+    ) -> std::result::Result<(), String> {
+        let d = self.config.head_dim;
+        for s in [setting.k, setting.v] {
+            if s.is_blocked() && !d.is_multiple_of(super::kv_cache::BLOCK) {
+                return Err(format!(
+                    "the KV-cache scheme {s} quantizes blocks of {} values along the head, and this model's head size is {d}",
+                    super::kv_cache::BLOCK
+                ));
+            }
+        }
+        self.kv_setting = Some(setting);
+        let mut attention_layers = 0;
+        for layer in &mut self.layers {
+            if let Mixer::Attention(a) = &mut layer.mixer {
+                a.kv = setting.is_quantized().then_some(KvQuant::Scheme(setting));
+                attention_layers += 1;
+            }
+        }
+        self.report.kv_cache = setting.is_quantized().then(|| {
+            if setting.k == setting.v {
+                format!(
+                    "{} (emulated, K and V; {attention_layers} attention layers)",
+                    setting.k.describe()
+                )
+            } else {
+                format!(
+                    "K {}; V {} (emulated; {attention_layers} attention layers)",
+                    setting.k.describe(),
+                    setting.v.describe()
+                )
+            }
+        });
+        Ok(())
+    }
+
+    /// The KV-cache schemes the run set ([`Decoder::set_kv_cache`]); `None`: the checkpoint's.
+    pub fn kv_cache_setting(&self) -> Option<super::kv_cache::KvCacheSetting> {
+        self.kv_setting
     }
 
     /// Whether the model carries a recurrent state from token to token (linear-attention
@@ -521,6 +571,14 @@ impl Decoder {
             Some(KvQuant::F16) => {
                 k = k.to_dtype(DType::F16)?.to_dtype(k.dtype())?;
                 v = v.to_dtype(DType::F16)?.to_dtype(v.dtype())?;
+            }
+            Some(KvQuant::Scheme(s)) => {
+                // Write-then-read, as llama.cpp's and vLLM's graphs store the chunk's keys and
+                // values in the cache before attention reads them back: every row this pass
+                // attends to is the cache's, its own tokens' included. Rows of one head.
+                let d = c.head_dim;
+                k = fake_quant_tensor(&k, |x| s.k.apply(x, d))?;
+                v = fake_quant_tensor(&v, |x| s.v.apply(x, d))?;
             }
             None => {}
         }

@@ -8,6 +8,7 @@ pub mod delta_rule;
 pub mod gguf;
 pub mod gguf_family;
 pub mod hybrid;
+pub mod kv_cache;
 pub mod llamacpp_cpu;
 pub mod moe;
 pub mod weights;

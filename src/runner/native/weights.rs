@@ -83,6 +83,9 @@ pub enum KvQuant {
     Fp8(KvFp8),
     /// An f16 cache (llama.cpp's default).
     F16,
+    /// A scheme the run asks for (`--kv-cache`), K and V separately; it replaces what the
+    /// checkpoint declares.
+    Scheme(super::kv_cache::KvCacheSetting),
 }
 
 /// Source of weights by Hugging Face name.

@@ -147,6 +147,7 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
                 noise_floor: false,
                 pins,
                 recurrent_state: c.recurrent_state,
+                kv_cache: c.kv_cache,
             };
             // Everything that needs no forward pass, before the first one.
             let pre = rerun::preflight::check(&request, stage)?;

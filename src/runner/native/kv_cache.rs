@@ -1,0 +1,530 @@
+//! KV-cache quantization schemes, each named after the engine whose numerics it follows: what a
+//! key or value row becomes when an engine writes it to a quantized cache and reads it back for
+//! attention (issue #18).
+//!
+//! The llama.cpp block types (`-ctk`/`-ctv`) follow ggml's reference quantizers
+//! (`ggml-quants.c`, `quantize_row_*_ref`, which the CUDA KV write path in `cpy-utils.cuh`
+//! repeats), as gguf-py's numpy quantizers transcribe them bit for bit: blocks of 32 values along
+//! the head dimension, scales (and minima) stored as f16 rounded to nearest even, and each type's
+//! own rounding of the codes:
+//!
+//! | type | scale | code | value read back |
+//! |---|---|---|---|
+//! | `q8_0` | `d = amax / 127` | `roundf(x / d)` (half away from zero) | `q · d16` |
+//! | `q4_0` | `d = vmax / −8` (`vmax`: the signed value of largest magnitude, first on ties) | `min(15, trunc(x / d + 8.5))` | `(q − 8) · d16` |
+//! | `q4_1` | `d = (max − min) / 15`, `m = min` | `min(15, trunc((x − min) / d + 0.5))` | `q · d16 + m16` |
+//! | `q5_0` | `d = vmax / −16` | `min(31, trunc(x / d + 16.5))` | `(q − 16) · d16` |
+//! | `q5_1` | `d = (max − min) / 31`, `m = min` | `min(31, trunc((x − min) / d + 0.5))` | `q · d16 + m16` |
+//!
+//! The codes are computed with the f32 scale (`x · (1/d)`, as ggml does) and read back with the
+//! f16 one. A zero scale gives zero codes. [`encode_block`] gives ggml's block bytes, so the
+//! emulation is checked byte for byte against gguf-py (tests/fixtures/kv_cache); [`decode_block`]
+//! reads them back as ggml's `dequantize_row_*` does.
+//!
+//! Not emulated here: llama.cpp's CPU backend writes q8_0 through its SIMD `quantize_row_q8_0`
+//! (`127 / amax`, round to nearest even), which differs from the reference in the last code on
+//! some values; the CUDA and reference paths, which this follows, agree with each other.
+
+use half::{bf16, f16};
+
+/// Values per llama.cpp block.
+pub const BLOCK: usize = 32;
+
+/// One KV-cache scheme (for K or for V).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvScheme {
+    /// The model dtype: nothing is rounded.
+    None,
+    F16,
+    Bf16,
+    Q8_0,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+}
+
+impl KvScheme {
+    /// Every scheme, in the order messages list them.
+    pub const ALL: [KvScheme; 8] = [
+        KvScheme::None,
+        KvScheme::F16,
+        KvScheme::Bf16,
+        KvScheme::Q8_0,
+        KvScheme::Q4_0,
+        KvScheme::Q4_1,
+        KvScheme::Q5_0,
+        KvScheme::Q5_1,
+    ];
+
+    /// The canonical name (`q8_0`), as flags and cards spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvScheme::None => "none",
+            KvScheme::F16 => "f16",
+            KvScheme::Bf16 => "bf16",
+            KvScheme::Q8_0 => "q8_0",
+            KvScheme::Q4_0 => "q4_0",
+            KvScheme::Q4_1 => "q4_1",
+            KvScheme::Q5_0 => "q5_0",
+            KvScheme::Q5_1 => "q5_1",
+        }
+    }
+
+    /// A scheme by its canonical name or an engine's spelling of it (`float16`, `bfloat16`,
+    /// `Q8_0`).
+    pub fn from_name(name: &str) -> Option<KvScheme> {
+        let lower = name.to_ascii_lowercase();
+        let canonical = match lower.as_str() {
+            "float16" | "fp16" | "half" => "f16",
+            "bfloat16" => "bf16",
+            "auto" => "none",
+            other => other,
+        };
+        Self::ALL.into_iter().find(|s| s.as_str() == canonical)
+    }
+
+    /// The accepted names, for messages.
+    pub fn names() -> String {
+        Self::ALL.map(KvScheme::as_str).join(", ")
+    }
+
+    /// The engine whose numerics the scheme follows, for records and reports.
+    pub fn describe(self) -> &'static str {
+        match self {
+            KvScheme::None => "the model dtype (not rounded)",
+            KvScheme::F16 => "f16 (round to nearest even)",
+            KvScheme::Bf16 => "bf16 (round to nearest even)",
+            KvScheme::Q8_0 => "llama.cpp q8_0: blocks of 32, f16 scale amax/127, roundf",
+            KvScheme::Q4_0 => "llama.cpp q4_0: blocks of 32, f16 scale vmax/-8, +8.5 truncation",
+            KvScheme::Q4_1 => "llama.cpp q4_1: blocks of 32, f16 scale and minimum, 15 steps",
+            KvScheme::Q5_0 => "llama.cpp q5_0: blocks of 32, f16 scale vmax/-16, +16.5 truncation",
+            KvScheme::Q5_1 => "llama.cpp q5_1: blocks of 32, f16 scale and minimum, 31 steps",
+        }
+    }
+
+    /// Whether rows must be a whole number of 32-value blocks.
+    pub fn is_blocked(self) -> bool {
+        !matches!(self, KvScheme::None | KvScheme::F16 | KvScheme::Bf16)
+    }
+
+    /// Rounds `rows` (each `row_len` values: one head's key or value of one token) to what the
+    /// cache gives back, in place. Blocked schemes need `row_len` to be a multiple of
+    /// [`BLOCK`] (llama.cpp refuses other head sizes for these types); the caller checks it at
+    /// load time, and a mismatch here is a bug (the last partial block is left unrounded
+    /// rather than read out of bounds).
+    pub fn apply(self, rows: &mut [f32], row_len: usize) {
+        match self {
+            KvScheme::None => {}
+            KvScheme::F16 => rows
+                .iter_mut()
+                .for_each(|v| *v = f16::from_f32(*v).to_f32()),
+            KvScheme::Bf16 => rows
+                .iter_mut()
+                .for_each(|v| *v = bf16::from_f32(*v).to_f32()),
+            blocked => {
+                debug_assert!(row_len.is_multiple_of(BLOCK), "row of {row_len} values");
+                let mut bytes = [0u8; 40];
+                for block in rows.chunks_exact_mut(BLOCK) {
+                    let block: &mut [f32; BLOCK] = block.try_into().expect("a whole block");
+                    let n = encode_block(blocked, block, &mut bytes);
+                    decode_block(blocked, &bytes[..n], block);
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for KvScheme {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The KV-cache schemes of one run: K and V separately (llama.cpp's `-ctk` / `-ctv`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct KvCacheSetting {
+    pub k: KvScheme,
+    pub v: KvScheme,
+}
+
+impl KvCacheSetting {
+    /// From `--kv-cache` (both) and `--kv-cache-k` / `--kv-cache-v` (each overrides its half).
+    /// `None` when no flag is given. An unknown name is an error listing the known ones.
+    pub fn from_flags(
+        both: Option<&str>,
+        k: Option<&str>,
+        v: Option<&str>,
+    ) -> Result<Option<KvCacheSetting>, String> {
+        if both.is_none() && k.is_none() && v.is_none() {
+            return Ok(None);
+        }
+        let parse = |flag: &str, name: &str| {
+            KvScheme::from_name(name).ok_or_else(|| {
+                format!(
+                    "{flag}: `{name}` is not a KV-cache scheme; use one of {}",
+                    KvScheme::names()
+                )
+            })
+        };
+        let base = match both {
+            Some(name) => parse("--kv-cache", name)?,
+            None => KvScheme::None,
+        };
+        Ok(Some(KvCacheSetting {
+            k: k.map(|n| parse("--kv-cache-k", n))
+                .transpose()?
+                .unwrap_or(base),
+            v: v.map(|n| parse("--kv-cache-v", n))
+                .transpose()?
+                .unwrap_or(base),
+        }))
+    }
+
+    /// Whether anything is rounded.
+    pub fn is_quantized(self) -> bool {
+        self.k != KvScheme::None || self.v != KvScheme::None
+    }
+
+    /// The name recorded as the run's `kv_cache_dtype`: the scheme (`q8_0`) when K and V share
+    /// it, else `k:q8_0,v:q4_0`.
+    pub fn label(self) -> String {
+        if self.k == self.v {
+            self.k.as_str().to_owned()
+        } else {
+            format!("k:{},v:{}", self.k, self.v)
+        }
+    }
+}
+
+/// Bytes of one block of `scheme` (ggml's `sizeof(block_*)`); 0 for unblocked schemes.
+pub fn block_bytes(scheme: KvScheme) -> usize {
+    match scheme {
+        KvScheme::Q8_0 => 34,
+        KvScheme::Q4_0 => 18,
+        KvScheme::Q4_1 => 20,
+        KvScheme::Q5_0 => 22,
+        KvScheme::Q5_1 => 24,
+        _ => 0,
+    }
+}
+
+/// The value of largest magnitude, with its sign (the first such on ties, as numpy's `argmax`
+/// and ggml's strict `>` scan pick it).
+fn signed_extreme(x: &[f32; BLOCK]) -> f32 {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
+fn min_max(x: &[f32; BLOCK]) -> (f32, f32) {
+    x.iter()
+        .fold((f32::MAX, -f32::MAX), |(lo, hi), &v| (lo.min(v), hi.max(v)))
+}
+
+/// `1 / d`, or 0 for a zero scale (ggml's `d ? 1.0f/d : 0.0f`).
+fn inverse(d: f32) -> f32 {
+    if d == 0.0 { 0.0 } else { 1.0 / d }
+}
+
+/// ggml's `(int8_t)` / `(uint8_t)` cast of a non-negative float: truncation toward zero.
+fn truncated(x: f32) -> u8 {
+    x.trunc().clamp(0.0, 255.0) as u8
+}
+
+/// Packs 32 codes of up to 5 bits as ggml does: the low nibbles of values `j` and `j + 16` share
+/// byte `j` (low, high); the fifth bits go to a little-endian 32-bit mask.
+fn pack_nibbles(codes: &[u8; BLOCK], qs: &mut [u8]) {
+    for j in 0..BLOCK / 2 {
+        qs[j] = (codes[j] & 0x0F) | ((codes[j + BLOCK / 2] & 0x0F) << 4);
+    }
+}
+
+fn high_bits(codes: &[u8; BLOCK]) -> [u8; 4] {
+    let mut mask = 0u32;
+    for (j, &c) in codes.iter().enumerate() {
+        mask |= u32::from(c >> 4 & 1) << j;
+    }
+    mask.to_le_bytes()
+}
+
+/// Encodes one block of a blocked scheme into `out` in ggml's layout and returns its length
+/// ([`block_bytes`]). Non-finite inputs give what ggml's arithmetic gives (the caller decides
+/// whether to accept them); an unblocked scheme writes nothing and returns 0.
+pub fn encode_block(scheme: KvScheme, x: &[f32; BLOCK], out: &mut [u8]) -> usize {
+    let f16_bytes = |v: f32| f16::from_f32(v).to_le_bytes();
+    let mut codes = [0u8; BLOCK];
+    match scheme {
+        KvScheme::Q8_0 => {
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = inverse(d);
+            out[..2].copy_from_slice(&f16_bytes(d));
+            for (o, &v) in out[2..34].iter_mut().zip(x) {
+                // roundf: half away from zero.
+                *o = ((v * id).round() as i8) as u8;
+            }
+        }
+        KvScheme::Q4_0 | KvScheme::Q5_0 => {
+            let (levels, offset, top) = if scheme == KvScheme::Q4_0 {
+                (-8.0, 8.5, 15)
+            } else {
+                (-16.0, 16.5, 31)
+            };
+            let d = signed_extreme(x) / levels;
+            let id = inverse(d);
+            for (c, &v) in codes.iter_mut().zip(x) {
+                *c = truncated(v * id + offset).min(top);
+            }
+            out[..2].copy_from_slice(&f16_bytes(d));
+            if scheme == KvScheme::Q4_0 {
+                pack_nibbles(&codes, &mut out[2..18]);
+            } else {
+                out[2..6].copy_from_slice(&high_bits(&codes));
+                pack_nibbles(&codes, &mut out[6..22]);
+            }
+        }
+        KvScheme::Q4_1 | KvScheme::Q5_1 => {
+            let (steps, top) = if scheme == KvScheme::Q4_1 {
+                (15.0, 15)
+            } else {
+                (31.0, 31)
+            };
+            let (min, max) = min_max(x);
+            let d = (max - min) / steps;
+            let id = inverse(d);
+            for (c, &v) in codes.iter_mut().zip(x) {
+                *c = truncated((v - min) * id + 0.5).min(top);
+            }
+            out[..2].copy_from_slice(&f16_bytes(d));
+            out[2..4].copy_from_slice(&f16_bytes(min));
+            if scheme == KvScheme::Q4_1 {
+                pack_nibbles(&codes, &mut out[4..20]);
+            } else {
+                out[4..8].copy_from_slice(&high_bits(&codes));
+                pack_nibbles(&codes, &mut out[8..24]);
+            }
+        }
+        KvScheme::None | KvScheme::F16 | KvScheme::Bf16 => return 0,
+    }
+    block_bytes(scheme)
+}
+
+/// Reads one block back as ggml's `dequantize_row_*` does (f32 products of the f16 scale).
+pub fn decode_block(scheme: KvScheme, bytes: &[u8], out: &mut [f32; BLOCK]) {
+    let half_at = |i: usize| f16::from_le_bytes([bytes[i], bytes[i + 1]]).to_f32();
+    let nibble = |qs: &[u8], j: usize| {
+        if j < BLOCK / 2 {
+            qs[j] & 0x0F
+        } else {
+            qs[j - BLOCK / 2] >> 4
+        }
+    };
+    let high =
+        |qh: &[u8], j: usize| (u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]) >> j & 1) as u8;
+    match scheme {
+        KvScheme::Q8_0 => {
+            let d = half_at(0);
+            for (o, &q) in out.iter_mut().zip(&bytes[2..34]) {
+                *o = f32::from(q as i8) * d;
+            }
+        }
+        KvScheme::Q4_0 => {
+            let d = half_at(0);
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = (f32::from(nibble(&bytes[2..18], j)) - 8.0) * d;
+            }
+        }
+        KvScheme::Q5_0 => {
+            let d = half_at(0);
+            for (j, o) in out.iter_mut().enumerate() {
+                let q = nibble(&bytes[6..22], j) | high(&bytes[2..6], j) << 4;
+                *o = (f32::from(q) - 16.0) * d;
+            }
+        }
+        KvScheme::Q4_1 => {
+            let (d, m) = (half_at(0), half_at(2));
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = f32::from(nibble(&bytes[4..20], j)) * d + m;
+            }
+        }
+        KvScheme::Q5_1 => {
+            let (d, m) = (half_at(0), half_at(2));
+            for (j, o) in out.iter_mut().enumerate() {
+                let q = nibble(&bytes[8..24], j) | high(&bytes[4..8], j) << 4;
+                *o = f32::from(q) * d + m;
+            }
+        }
+        KvScheme::None | KvScheme::F16 | KvScheme::Bf16 => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_engine_spellings_are_accepted() {
+        for s in KvScheme::ALL {
+            assert_eq!(KvScheme::from_name(s.as_str()), Some(s));
+        }
+        assert_eq!(KvScheme::from_name("Q8_0"), Some(KvScheme::Q8_0));
+        assert_eq!(KvScheme::from_name("float16"), Some(KvScheme::F16));
+        assert_eq!(KvScheme::from_name("bfloat16"), Some(KvScheme::Bf16));
+        for bad in ["", "q8", "int4", "q2_k", "iq4_xs"] {
+            assert_eq!(KvScheme::from_name(bad), None, "{bad}");
+        }
+        assert!(KvScheme::names().contains("q5_1"));
+    }
+
+    #[test]
+    fn a_block_reads_back_within_half_a_step_but_a_clamped_extreme() {
+        let x: [f32; BLOCK] = std::array::from_fn(|i| ((i * 37 % 32) as f32 - 15.5) / 7.0);
+        for s in KvScheme::ALL.into_iter().filter(|s| s.is_blocked()) {
+            let mut y = x;
+            s.apply(&mut y, BLOCK);
+            let (lo, hi) = min_max(&x);
+            let steps = match s {
+                KvScheme::Q8_0 => 254.0,
+                KvScheme::Q4_0 | KvScheme::Q4_1 => 15.0,
+                _ => 31.0,
+            };
+            // Symmetric types spread 2·amax over their steps, affine ones max − min.
+            let span = if matches!(s, KvScheme::Q4_1 | KvScheme::Q5_1) {
+                hi - lo
+            } else {
+                2.0 * lo.abs().max(hi.abs())
+            };
+            let step = span / steps;
+            // q4_0 and q5_0 put the signed extreme on code 0, so the opposite extreme of the same
+            // magnitude lands one past the top code and is clamped: a whole step off.
+            let clamped = |a: f32| {
+                matches!(s, KvScheme::Q4_0 | KvScheme::Q5_0)
+                    && a.abs() == lo.abs().max(hi.abs())
+                    && a.signum() != signed_extreme(&x).signum()
+            };
+            for (a, b) in x.iter().zip(&y) {
+                let bound = if clamped(*a) { 1.0 } else { 0.5 } * step * 1.01 + 1e-3;
+                assert!((a - b).abs() <= bound, "{s}: {a} -> {b}");
+            }
+            assert_ne!(x, y, "{s} rounds something");
+        }
+    }
+
+    #[test]
+    fn zeros_stay_zeros_and_a_zero_scale_gives_zero_codes() {
+        for s in KvScheme::ALL {
+            let mut y = [0f32; BLOCK];
+            s.apply(&mut y, BLOCK);
+            assert_eq!(y, [0f32; BLOCK], "{s}");
+        }
+        // A constant block: affine types read it back through the minimum alone.
+        let mut y = [1.25f32; BLOCK];
+        KvScheme::Q4_1.apply(&mut y, BLOCK);
+        assert_eq!(y, [1.25f32; BLOCK]);
+    }
+
+    /// gguf-py's quantizers (bit-exact with ggml's reference ones) on random and adversarial
+    /// blocks: the same bytes, and the same values read back (tests/fixtures/kv_cache).
+    #[test]
+    fn every_block_matches_gguf_py_byte_for_byte() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/kv_cache/llamacpp.json"
+        );
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let floats = |v: &serde_json::Value| -> Vec<f32> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|b| f32::from_bits(b.as_u64().unwrap() as u32))
+                .collect()
+        };
+        let blocks: Vec<[f32; BLOCK]> = doc["blocks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| floats(b).try_into().unwrap())
+            .collect();
+        assert!(blocks.len() >= 50);
+        let types = doc["types"].as_object().unwrap();
+        assert_eq!(types.len(), 5);
+        for (name, t) in types {
+            let scheme = KvScheme::from_name(name).unwrap();
+            let bytes = t["bytes"].as_array().unwrap();
+            let values = t["values"].as_array().unwrap();
+            assert_eq!(bytes.len(), blocks.len());
+            for (i, x) in blocks.iter().enumerate() {
+                let mut out = [0u8; 40];
+                let n = encode_block(scheme, x, &mut out);
+                let hex: String = out[..n].iter().map(|b| format!("{b:02x}")).collect();
+                assert_eq!(hex, bytes[i].as_str().unwrap(), "{name} block {i}: {x:?}");
+                let want = floats(&values[i]);
+                let mut y = [0f32; BLOCK];
+                decode_block(scheme, &out[..n], &mut y);
+                let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+                let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want, "{name} block {i} read back");
+                // `apply` is encode-then-decode.
+                let mut z = *x;
+                scheme.apply(&mut z, BLOCK);
+                assert_eq!(z.map(f32::to_bits).to_vec(), want);
+            }
+        }
+    }
+
+    /// A head size that is not a whole number of blocks is refused at load, naming both; the
+    /// float schemes take any head size; `none` clears a setting.
+    #[test]
+    fn a_head_size_that_is_not_whole_blocks_is_refused_for_block_schemes() {
+        use crate::runner::native::StateDtype;
+        use crate::runner::native::config::{Arch, ModelConfig};
+        use crate::runner::native::decoder::{ComputeDtype, Decoder};
+        let config = ModelConfig {
+            arch: Arch::Qwen3,
+            hidden: 32,
+            intermediate: 48,
+            layers: 1,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 16,
+            vocab: 64,
+            rms_eps: 1e-6,
+            rope_theta: 1e6,
+            rope_scaling: None,
+            tie_embeddings: false,
+            sliding_window: None,
+            max_positions: Some(4096),
+            biases: Default::default(),
+            rotary_dim: 16,
+            prefix: "model".into(),
+            moe: None,
+            hybrid: None,
+        };
+        let store = crate::runner::native::weights::synthetic(&config, 1);
+        let mut d = Decoder::load(&store, config, ComputeDtype::F32, StateDtype::F32).unwrap();
+        let both = |s| KvCacheSetting { k: s, v: s };
+        let e = d.set_kv_cache(both(KvScheme::Q4_0)).unwrap_err();
+        assert!(
+            e.contains("blocks of 32") && e.contains("head size is 16"),
+            "{e}"
+        );
+        let ids: Vec<u32> = (0..20).collect();
+        let plain = d.logits_at(&d.hidden(&ids).unwrap(), &[19]).unwrap();
+        d.set_kv_cache(both(KvScheme::F16)).unwrap();
+        assert_eq!(d.kv_cache_setting(), Some(both(KvScheme::F16)));
+        assert!(d.report.kv_cache.as_deref().unwrap().starts_with("f16"));
+        let rounded = d.logits_at(&d.hidden(&ids).unwrap(), &[19]).unwrap();
+        assert_ne!(plain, rounded, "an f16 cache changes the logits a little");
+        d.set_kv_cache(both(KvScheme::None)).unwrap();
+        assert_eq!(d.report.kv_cache, None);
+        assert_eq!(d.logits_at(&d.hidden(&ids).unwrap(), &[19]).unwrap(), plain);
+    }
+}
