@@ -191,6 +191,23 @@ fn method(q: &Value, inspection: &Inspection, push: &mut Push<'_>) {
         .keys()
         .filter(|s| !matches!(s.as_str(), "bf16" | "f16" | "f32" | "f64"))
         .collect();
+    // `none`: the weights are the reference's dtype (a KV-cache-only or runtime-only study).
+    if method == "none" {
+        if !schemes.is_empty() {
+            push(
+                "/fidelity/quantization/method",
+                format!(
+                    "the card says `none`, but the checkpoint holds quantized linear modules ({})",
+                    schemes
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+        }
+        return;
+    }
     if schemes.is_empty() {
         push(
             "/fidelity/quantization/method",

@@ -16,6 +16,7 @@ use crate::disclosure::{self, read::Sections};
 use crate::error::{Error, Result};
 use crate::findings::Code;
 use crate::rerun::{self, GateRequest, HubPin, Lane, Progress, Rerun, Role};
+use crate::runner::native::kv_cache::KvCacheSetting;
 use crate::runner::native::{ComputeDtype, Emulate};
 use claims::{Claim, ClaimResult, Context, Verdict};
 pub use report::Report;
@@ -321,6 +322,14 @@ pub fn verify(
                 .iter()
                 .map(|&l| l as u64)
                 .collect();
+            // A card whose runtime names a quantized KV-cache scheme this runner emulates is
+            // rerun with it (native lane); any other value is compared as before.
+            let kv_cache = match &lane {
+                Lane::Native { .. } => runtime
+                    .and_then(|rt| KvCacheSetting::from_label(&rt.kv_cache_dtype))
+                    .filter(|s| s.k.is_blocked() || s.v.is_blocked()),
+                _ => None,
+            };
             let request = rerun::Request {
                 lane,
                 candidate: r.model,
@@ -341,7 +350,7 @@ pub fn verify(
                 noise_floor: r.noise_floor,
                 pins: r.pins.clone(),
                 recurrent_state: r.recurrent_state,
-                kv_cache: None,
+                kv_cache,
             };
             // Everything that needs no forward pass first: a file that is not the card's is
             // found in well under a second, not after the measurement.

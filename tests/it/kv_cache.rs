@@ -99,3 +99,68 @@ fn an_unknown_kv_cache_scheme_is_refused_with_the_list() {
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("native runner only"), "{}", r.stderr);
 }
+
+/// A card written from a `--kv-cache q4_0` measurement discloses `kv_cache_dtype: q4_0`, and
+/// `verify` reruns it with that cache (native lane): reproduced. The same card claiming those
+/// numbers for a q8_0 cache is rerun with q8_0 and is not.
+#[test]
+fn verify_reruns_a_card_with_the_kv_cache_scheme_it_discloses() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let text = short_text(d, 6000);
+    let cand = d.join("cand");
+    copy_model("shakespeare-bf16", &cand);
+    let r = measure_short(&cand, &text, &d.join("m"), "1000", &["--kv-cache", "q4_0"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let rev = "0123456789abcdef0123456789abcdef01234567";
+    let m = d.join("m/measurement.json");
+    let card = cand.join("README.md");
+    std::fs::remove_file(&card).ok();
+    let r = cardproof(&[
+        "card",
+        "--measurement",
+        m.to_str().unwrap(),
+        "--into",
+        card.to_str().unwrap(),
+        "--reference-repo",
+        "example/shakespeare-bf16",
+        "--reference-revision",
+        rev,
+        "--candidate-repo",
+        "example/shakespeare-bf16-kv-q4_0",
+        "--candidate-revision",
+        rev,
+        "--quantization",
+        "none",
+        "--calibration",
+        "none",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let written = std::fs::read_to_string(&card).unwrap();
+    assert!(written.contains("kv_cache_dtype: q4_0"), "{written}");
+    let reference = model("shakespeare-bf16");
+    let verify = |out: &str| {
+        cardproof(&[
+            "verify",
+            cand.to_str().unwrap(),
+            "--reference",
+            &reference,
+            "--eval-text",
+            text.to_str().unwrap(),
+            "--out",
+            d.join(out).to_str().unwrap(),
+            "--json",
+        ])
+    };
+    let r = verify("v1");
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert_eq!(r.json()["verdict"], "reproduced", "{}", r.stdout);
+    std::fs::write(
+        &card,
+        written.replace("kv_cache_dtype: q4_0", "kv_cache_dtype: q8_0"),
+    )
+    .unwrap();
+    let r = verify("v2");
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert_eq!(r.json()["verdict"], "not_reproduced", "{}", r.stdout);
+}

@@ -648,6 +648,44 @@ mod with_checkpoint {
         );
     }
 
+    /// `quantization.method: none` (weights left as they are: a KV-cache or runtime study) on an
+    /// unquantized checkpoint used to be reported as a mismatch with itself.
+    #[test]
+    fn method_none_matches_an_unquantized_checkpoint_and_not_a_quantized_one() {
+        let method_findings = |run: &Run| -> Vec<String> {
+            run.json()["findings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|f| {
+                    f["code"] == "quantization-mismatch"
+                        && f["pointer"] == "/fidelity/quantization/method"
+                })
+                .map(|f| f["message"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let none = compliant_with("    method: fp8-block\n", "    method: none\n");
+        let dir = card_dir(&none);
+        copy_model("shakespeare-bf16", dir.path());
+        std::fs::write(dir.path().join("README.md"), &none).unwrap();
+        let run = cardproof_in(dir.path(), &["lint", ".", "--json"]);
+        assert_eq!(
+            method_findings(&run),
+            Vec::<String>::new(),
+            "{}",
+            run.stdout
+        );
+        let dir = card_dir(&none);
+        fixtures::fp8_block(dir.path());
+        let run = cardproof_in(dir.path(), &["lint", ".", "--json"]);
+        let found = method_findings(&run);
+        assert!(
+            found.len() == 1
+                && found[0].contains("the card says `none`, but the checkpoint holds quantized"),
+            "{found:?}"
+        );
+    }
+
     #[test]
     fn weight_only_activations_on_a_dynamic_fp8_checkpoint_is_an_error() {
         let dir = card_dir(compliant_with(

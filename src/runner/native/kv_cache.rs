@@ -182,6 +182,21 @@ impl KvCacheSetting {
         }))
     }
 
+    /// A recorded [`KvCacheSetting::label`] read back (`q8_0`, `k:q8_0,v:q4_0`); `None` for
+    /// anything else.
+    pub fn from_label(label: &str) -> Option<KvCacheSetting> {
+        if let Some(scheme) = KvScheme::from_name(label.trim()) {
+            return Some(KvCacheSetting {
+                k: scheme,
+                v: scheme,
+            });
+        }
+        let (k, v) = label.split_once(',')?;
+        let k = KvScheme::from_name(k.trim().strip_prefix("k:")?)?;
+        let v = KvScheme::from_name(v.trim().strip_prefix("v:")?)?;
+        Some(KvCacheSetting { k, v })
+    }
+
     /// Whether anything is rounded.
     pub fn is_quantized(self) -> bool {
         self.k != KvScheme::None || self.v != KvScheme::None
