@@ -186,6 +186,25 @@ pub fn round_to_e4m3(x: f32) -> f32 {
     (c / spacing).round_ties_even() * spacing
 }
 
+/// Rounds to the nearest FP8 E5M2 value, ties to even, saturating at ±57344; NaN stays NaN.
+/// vLLM's CUDA KV-cache write (`__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2)`) saturates
+/// the same way; a plain torch cast would make out-of-range values infinite instead.
+pub fn round_to_e5m2(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let c = x.clamp(-57344.0, 57344.0);
+    let a = c.abs();
+    if a < pow2(-14) {
+        // Subnormal range: a fixed spacing of 2^-16.
+        return (c * pow2(16)).round_ties_even() * pow2(-16);
+    }
+    // Normal: 2 mantissa bits, so the spacing is 2^(e-2) for a in [2^e, 2^(e+1)).
+    let e = ((a.to_bits() >> 23) & 0xFF) as i32 - 127;
+    let spacing = pow2(e - 2);
+    (c / spacing).round_ties_even() * spacing
+}
+
 /// Rounds to the nearest FP4 E2M1 value, ties to even, saturating at ±6; NaN stays NaN.
 ///
 /// Checked against: compressed-tensors `quantization/utils/fp4_utils.py::cast_to_fp4` (torch

@@ -37,7 +37,7 @@ pub use fake_quant::{
 };
 pub use floats::{
     e8m0_to_f32, fp4_e2m1_to_f32, fp8_e4m3_to_f32, fp8_e5m2_to_f32, round_to_e2m1, round_to_e4m3,
-    to_f32,
+    round_to_e5m2, to_f32,
 };
 pub use fp4::{ct_mxfp4, ct_nvfp4, modelopt_nvfp4, mxfp4};
 pub use fp8::fp8_block;

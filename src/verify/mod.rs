@@ -327,7 +327,7 @@ pub fn verify(
             let kv_cache = match &lane {
                 Lane::Native { .. } => runtime
                     .and_then(|rt| KvCacheSetting::from_label(&rt.kv_cache_dtype))
-                    .filter(|s| s.k.is_blocked() || s.v.is_blocked()),
+                    .filter(|s| s.k.is_quantized() || s.v.is_quantized()),
                 _ => None,
             };
             let request = rerun::Request {

@@ -164,3 +164,89 @@ fn verify_reruns_a_card_with_the_kv_cache_scheme_it_discloses() {
     assert_eq!(r.code, 1, "{}", r.stdout);
     assert_eq!(r.json()["verdict"], "not_reproduced", "{}", r.stdout);
 }
+
+/// The bf16 example made into a checkpoint that declares an FP8 KV cache (compressed-tensors'
+/// `kv_cache_scheme`) with per-layer `k_scale` / `v_scale` of `scale`.
+fn with_declared_fp8_kv(to: &Path, scale: f32) {
+    copy_model("shakespeare-bf16", to);
+    let path = to.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    let layers = tensors
+        .iter()
+        .filter(|t| t.0.ends_with(".self_attn.k_proj.weight"))
+        .count();
+    assert!(layers > 0);
+    for l in 0..layers {
+        for kv in ["k_scale", "v_scale"] {
+            tensors.push((
+                format!("model.layers.{l}.self_attn.{kv}"),
+                safetensors::Dtype::F32,
+                vec![],
+                scale.to_le_bytes().to_vec(),
+            ));
+        }
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &path).unwrap();
+    edit_config(to, |c| {
+        c["quantization_config"] = serde_json::json!({
+            "quant_method": "compressed-tensors",
+            "format": "dense",
+            "config_groups": {},
+            "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": false, "symmetric": true},
+        });
+    });
+}
+
+/// vLLM's `fp8_e4m3` takes the checkpoint's own scales where it declares them (the same numbers
+/// as the declared cache's emulation) and 1.0 where it does not; `none` switches the declared
+/// cache off.
+#[test]
+fn fp8_e4m3_uses_the_checkpoints_kv_scales_and_none_turns_a_declared_cache_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let text = short_text(d, 4000);
+    let cand = d.join("cand");
+    with_declared_fp8_kv(&cand, 0.05);
+    let kld = |flags: &[&str], out: &str| {
+        let r = measure_short(&cand, &text, &d.join(out), "100", flags);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let m: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(d.join(out).join("measurement.json")).unwrap(),
+        )
+        .unwrap();
+        m["runs"][0]["metrics"]["kld_mean"].as_f64().unwrap()
+    };
+    let declared = kld(&[], "declared");
+    let fp8 = kld(&["--kv-cache", "fp8_e4m3"], "fp8");
+    let off = kld(&["--kv-cache", "none"], "off");
+    assert!(declared > 0.0, "the declared FP8 cache moves the numbers");
+    assert_eq!(
+        fp8, declared,
+        "the checkpoint's scales, as the declared emulation"
+    );
+    assert_eq!(
+        off, 0.0,
+        "no cache rounding: the bf16 weights against themselves"
+    );
+    // Scale 1.0 (vLLM's default without scales) on the plain example gives other numbers.
+    let (plain_fp8, _, _) = self_with(d, &["--kv-cache", "fp8_e4m3"]);
+    assert!(
+        plain_fp8 > 0.0 && plain_fp8 != declared,
+        "{plain_fp8} vs {declared}"
+    );
+}

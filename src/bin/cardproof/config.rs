@@ -337,7 +337,7 @@ impl MeasureConfig {
             args.kv_cache_k.as_deref(),
             args.kv_cache_v.as_deref(),
         )?;
-        if transformers.is_some() && kv_cache.is_some_and(|s| s.is_quantized()) {
+        if transformers.is_some() && kv_cache.is_some_and(|s| s.changes_anything()) {
             return Err("--kv-cache is emulated by the native runner only, for now; --runner transformers keeps the model dtype".into());
         }
         if sweep.is_none() && args.reference.is_none() && args.reference_artifact.is_none() {

@@ -285,7 +285,7 @@ impl Decoder {
                         }
                         Some(KvQuant::F16) => report.kv_cache = Some("f16 (emulated)".into()),
                         // A store never declares a run's scheme; `set_kv_cache` sets it.
-                        Some(KvQuant::Scheme(_)) | None => {}
+                        Some(KvQuant::Scheme { .. }) | None => {}
                     }
                     Mixer::Attention(Attention {
                         q: linear(&format!("{attn}.q_proj"), q_proj_out, c.hidden, &mut report)?,
@@ -422,21 +422,44 @@ impl Decoder {
         }
         self.kv_setting = Some(setting);
         let mut attention_layers = 0;
+        let mut checkpoint_scales = 0;
         for layer in &mut self.layers {
             if let Mixer::Attention(a) = &mut layer.mixer {
-                a.kv = setting.is_quantized().then_some(KvQuant::Scheme(setting));
+                // vLLM's per-tensor fp8 takes the checkpoint's scales where it declares them.
+                let (k_scale, v_scale) = match a.kv {
+                    Some(KvQuant::Fp8(s)) => {
+                        checkpoint_scales += 1;
+                        (s.k_scale, s.v_scale)
+                    }
+                    Some(KvQuant::Scheme {
+                        k_scale, v_scale, ..
+                    }) => (k_scale, v_scale),
+                    _ => (1.0, 1.0),
+                };
+                a.kv = setting.changes_anything().then_some(KvQuant::Scheme {
+                    setting,
+                    k_scale,
+                    v_scale,
+                });
                 attention_layers += 1;
             }
         }
-        self.report.kv_cache = setting.is_quantized().then(|| {
+        let scales = if !(setting.k.takes_tensor_scale() || setting.v.takes_tensor_scale()) {
+            String::new()
+        } else if checkpoint_scales > 0 {
+            "; the checkpoint's k_scale and v_scale".to_owned()
+        } else {
+            "; scales 1.0 (the checkpoint declares none)".to_owned()
+        };
+        self.report.kv_cache = setting.changes_anything().then(|| {
             if setting.k == setting.v {
                 format!(
-                    "{} (emulated, K and V; {attention_layers} attention layers)",
+                    "{} (emulated, K and V; {attention_layers} attention layers{scales})",
                     setting.k.describe()
                 )
             } else {
                 format!(
-                    "K {}; V {} (emulated; {attention_layers} attention layers)",
+                    "K {}; V {} (emulated; {attention_layers} attention layers{scales})",
                     setting.k.describe(),
                     setting.v.describe()
                 )
@@ -572,13 +595,17 @@ impl Decoder {
                 k = k.to_dtype(DType::F16)?.to_dtype(k.dtype())?;
                 v = v.to_dtype(DType::F16)?.to_dtype(v.dtype())?;
             }
-            Some(KvQuant::Scheme(s)) => {
+            Some(KvQuant::Scheme {
+                setting,
+                k_scale,
+                v_scale,
+            }) => {
                 // Write-then-read, as llama.cpp's and vLLM's graphs store the chunk's keys and
                 // values in the cache before attention reads them back: every row this pass
                 // attends to is the cache's, its own tokens' included. Rows of one head.
                 let d = c.head_dim;
-                k = fake_quant_tensor(&k, |x| s.k.apply(x, d))?;
-                v = fake_quant_tensor(&v, |x| s.v.apply(x, d))?;
+                k = fake_quant_tensor(&k, |x| setting.k.apply_scaled(x, d, k_scale))?;
+                v = fake_quant_tensor(&v, |x| setting.v.apply_scaled(x, d, v_scale))?;
             }
             None => {}
         }

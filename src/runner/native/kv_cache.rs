@@ -1,6 +1,8 @@
 //! KV-cache quantization schemes, each named after the engine whose numerics it follows: what a
 //! key or value row becomes when an engine writes it to a quantized cache and reads it back for
-//! attention (issue #18).
+//! attention (issue #18). llama.cpp's block types are below; vLLM's (`fp8_e4m3`, `fp8_e5m2`,
+//! `int8_per_token_head`, `fp8_per_token_head`) are described at their [`KvScheme`] variants and
+//! checked bit for bit against torch's casts as vLLM's write paths use them.
 //!
 //! The llama.cpp block types (`-ctk`/`-ctv`) follow ggml's reference quantizers
 //! (`ggml-quants.c`, `quantize_row_*_ref`, which the CUDA KV write path in `cpy-utils.cuh`
@@ -43,11 +45,24 @@ pub enum KvScheme {
     Q4_1,
     Q5_0,
     Q5_1,
+    /// vLLM `fp8_e4m3` (`fp8`): one fp32 scale per tensor (the checkpoint's `k_scale` /
+    /// `v_scale`, else 1.0, vLLM's default without `calculate_kv_scales`), `x / scale` cast to
+    /// e4m3 with round to nearest even, saturating at ±448 (the CUDA write's `__NV_SATFINITE`).
+    Fp8E4m3,
+    /// vLLM `fp8_e5m2`: as `fp8_e4m3` with e5m2 (±57344).
+    Fp8E5m2,
+    /// vLLM `int8_per_token_head`: one fp32 scale per token and head, `max(amax / 127, 1e-6)`,
+    /// codes `clamp(x · (1 / scale), −128, 127)` stored as int8 by truncation toward zero (the
+    /// Triton kernel's float-to-int store).
+    Int8PerTokenHead,
+    /// vLLM `fp8_per_token_head`: scale `max(amax / 448, 1e-6)` per token and head, codes
+    /// `clamp(x · (1 / scale), ±448)` cast to e4m3 (round to nearest even).
+    Fp8PerTokenHead,
 }
 
 impl KvScheme {
     /// Every scheme, in the order messages list them.
-    pub const ALL: [KvScheme; 8] = [
+    pub const ALL: [KvScheme; 12] = [
         KvScheme::None,
         KvScheme::F16,
         KvScheme::Bf16,
@@ -56,6 +71,10 @@ impl KvScheme {
         KvScheme::Q4_1,
         KvScheme::Q5_0,
         KvScheme::Q5_1,
+        KvScheme::Fp8E4m3,
+        KvScheme::Fp8E5m2,
+        KvScheme::Int8PerTokenHead,
+        KvScheme::Fp8PerTokenHead,
     ];
 
     /// The canonical name (`q8_0`), as flags and cards spell it.
@@ -69,6 +88,10 @@ impl KvScheme {
             KvScheme::Q4_1 => "q4_1",
             KvScheme::Q5_0 => "q5_0",
             KvScheme::Q5_1 => "q5_1",
+            KvScheme::Fp8E4m3 => "fp8_e4m3",
+            KvScheme::Fp8E5m2 => "fp8_e5m2",
+            KvScheme::Int8PerTokenHead => "int8_per_token_head",
+            KvScheme::Fp8PerTokenHead => "fp8_per_token_head",
         }
     }
 
@@ -80,6 +103,7 @@ impl KvScheme {
             "float16" | "fp16" | "half" => "f16",
             "bfloat16" => "bf16",
             "auto" => "none",
+            "fp8" => "fp8_e4m3",
             other => other,
         };
         Self::ALL.into_iter().find(|s| s.as_str() == canonical)
@@ -101,12 +125,31 @@ impl KvScheme {
             KvScheme::Q4_1 => "llama.cpp q4_1: blocks of 32, f16 scale and minimum, 15 steps",
             KvScheme::Q5_0 => "llama.cpp q5_0: blocks of 32, f16 scale vmax/-16, +16.5 truncation",
             KvScheme::Q5_1 => "llama.cpp q5_1: blocks of 32, f16 scale and minimum, 31 steps",
+            KvScheme::Fp8E4m3 => "vLLM fp8_e4m3: per-tensor fp32 scale, RNE, saturating",
+            KvScheme::Fp8E5m2 => "vLLM fp8_e5m2: per-tensor fp32 scale, RNE, saturating",
+            KvScheme::Int8PerTokenHead => {
+                "vLLM int8_per_token_head: fp32 scale amax/127 per token and head, truncated codes"
+            }
+            KvScheme::Fp8PerTokenHead => {
+                "vLLM fp8_per_token_head: fp32 scale amax/448 per token and head, e4m3 RNE"
+            }
         }
     }
 
-    /// Whether rows must be a whole number of 32-value blocks.
+    /// Whether rows must be a whole number of 32-value blocks (llama.cpp's types).
     pub fn is_blocked(self) -> bool {
+        block_bytes(self) > 0
+    }
+
+    /// Whether the scheme quantizes (not merely a float cast): what a card's disclosure of it
+    /// makes worth following in a rerun.
+    pub fn is_quantized(self) -> bool {
         !matches!(self, KvScheme::None | KvScheme::F16 | KvScheme::Bf16)
+    }
+
+    /// Whether the scheme takes a per-tensor scale (vLLM's per-tensor fp8).
+    pub fn takes_tensor_scale(self) -> bool {
+        matches!(self, KvScheme::Fp8E4m3 | KvScheme::Fp8E5m2)
     }
 
     /// Rounds `rows` (each `row_len` values: one head's key or value of one token) to what the
@@ -115,7 +158,23 @@ impl KvScheme {
     /// load time, and a mismatch here is a bug (the last partial block is left unrounded
     /// rather than read out of bounds).
     pub fn apply(self, rows: &mut [f32], row_len: usize) {
+        self.apply_scaled(rows, row_len, 1.0);
+    }
+
+    /// [`KvScheme::apply`] with the per-tensor scale of the fp8 schemes (ignored by the others).
+    pub fn apply_scaled(self, rows: &mut [f32], row_len: usize, tensor_scale: f32) {
         match self {
+            KvScheme::Fp8E4m3 => rows.iter_mut().for_each(|v| {
+                *v = crate::dequant::round_to_e4m3(*v / tensor_scale) * tensor_scale;
+            }),
+            KvScheme::Fp8E5m2 => rows.iter_mut().for_each(|v| {
+                *v = crate::dequant::round_to_e5m2(*v / tensor_scale) * tensor_scale;
+            }),
+            KvScheme::Int8PerTokenHead | KvScheme::Fp8PerTokenHead => {
+                for row in rows.chunks_mut(row_len.max(1)) {
+                    per_token_head(self, row);
+                }
+            }
             KvScheme::None => {}
             KvScheme::F16 => rows
                 .iter_mut()
@@ -198,7 +257,7 @@ impl KvCacheSetting {
     }
 
     /// Whether anything is rounded.
-    pub fn is_quantized(self) -> bool {
+    pub fn changes_anything(self) -> bool {
         self.k != KvScheme::None || self.v != KvScheme::None
     }
 
@@ -210,6 +269,26 @@ impl KvCacheSetting {
         } else {
             format!("k:{},v:{}", self.k, self.v)
         }
+    }
+}
+
+/// vLLM's per-token-head quantization of one head's row, read back (`q · scale`).
+fn per_token_head(scheme: KvScheme, row: &mut [f32]) {
+    let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let (top, bottom) = match scheme {
+        KvScheme::Int8PerTokenHead => (127.0, -128.0),
+        _ => (448.0, -448.0),
+    };
+    let scale = (amax / top).max(1e-6);
+    let inv = 1.0 / scale;
+    for v in row.iter_mut() {
+        let q = (*v * inv).clamp(bottom, top);
+        let q = match scheme {
+            // Through the integer, as the cache holds it (a negative zero reads back as 0).
+            KvScheme::Int8PerTokenHead => f32::from(q.trunc() as i8),
+            _ => crate::dequant::round_to_e4m3(q),
+        };
+        *v = q * scale;
     }
 }
 
@@ -326,7 +405,7 @@ pub fn encode_block(scheme: KvScheme, x: &[f32; BLOCK], out: &mut [u8]) -> usize
                 pack_nibbles(&codes, &mut out[8..24]);
             }
         }
-        KvScheme::None | KvScheme::F16 | KvScheme::Bf16 => return 0,
+        _ => return 0,
     }
     block_bytes(scheme)
 }
@@ -376,7 +455,7 @@ pub fn decode_block(scheme: KvScheme, bytes: &[u8], out: &mut [f32; BLOCK]) {
                 *o = f32::from(q) * d + m;
             }
         }
-        KvScheme::None | KvScheme::F16 | KvScheme::Bf16 => {}
+        _ => {}
     }
 }
 
@@ -392,6 +471,15 @@ mod tests {
         assert_eq!(KvScheme::from_name("Q8_0"), Some(KvScheme::Q8_0));
         assert_eq!(KvScheme::from_name("float16"), Some(KvScheme::F16));
         assert_eq!(KvScheme::from_name("bfloat16"), Some(KvScheme::Bf16));
+        assert_eq!(KvScheme::from_name("fp8"), Some(KvScheme::Fp8E4m3));
+        let both = KvCacheSetting::from_label("int8_per_token_head").unwrap();
+        assert_eq!(both.label(), "int8_per_token_head");
+        let mixed = KvCacheSetting::from_label("k:q8_0,v:fp8_e5m2").unwrap();
+        assert_eq!((mixed.k, mixed.v), (KvScheme::Q8_0, KvScheme::Fp8E5m2));
+        assert_eq!(mixed.label(), "k:q8_0,v:fp8_e5m2");
+        for bad in ["f32", "k:q8_0", "v:q8_0,k:q4_0", "k:q8_0,v:int2"] {
+            assert_eq!(KvCacheSetting::from_label(bad), None, "{bad}");
+        }
         for bad in ["", "q8", "int4", "q2_k", "iq4_xs"] {
             assert_eq!(KvScheme::from_name(bad), None, "{bad}");
         }
@@ -541,5 +629,44 @@ mod tests {
         d.set_kv_cache(both(KvScheme::None)).unwrap();
         assert_eq!(d.report.kv_cache, None);
         assert_eq!(d.logits_at(&d.hidden(&ids).unwrap(), &[19]).unwrap(), plain);
+    }
+
+    /// vLLM's schemes against torch's casts as vLLM's write paths use them (fp8 per tensor at
+    /// three scales, int8 and fp8 per token and head), bit for bit (tests/fixtures/kv_cache).
+    #[test]
+    fn vllm_schemes_match_torchs_casts_bit_for_bit() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/kv_cache/vllm.json"
+        );
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let floats = |v: &serde_json::Value| -> Vec<f32> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|b| f32::from_bits(b.as_u64().unwrap() as u32))
+                .collect()
+        };
+        let head_dim = doc["head_dim"].as_u64().unwrap() as usize;
+        let rows = floats(&doc["rows"]);
+        let cases = doc["cases"].as_array().unwrap();
+        assert_eq!(cases.len(), 8);
+        for case in cases {
+            let name = case["scheme"].as_str().unwrap();
+            let scheme = KvScheme::from_name(name).unwrap();
+            let scale = case["scale"].as_f64().unwrap() as f32;
+            let want = floats(&case["values"]);
+            let mut got = rows.clone();
+            scheme.apply_scaled(&mut got, head_dim, scale);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "{name} at scale {scale}, value {i}: {} -> {g}, torch {w}",
+                    rows[i]
+                );
+            }
+        }
     }
 }

@@ -85,7 +85,12 @@ pub enum KvQuant {
     F16,
     /// A scheme the run asks for (`--kv-cache`), K and V separately; it replaces what the
     /// checkpoint declares.
-    Scheme(super::kv_cache::KvCacheSetting),
+    Scheme {
+        setting: super::kv_cache::KvCacheSetting,
+        /// The per-tensor scales of vLLM's fp8 schemes: the checkpoint's, else 1.0.
+        k_scale: f32,
+        v_scale: f32,
+    },
 }
 
 /// Source of weights by Hugging Face name.
