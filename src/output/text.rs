@@ -498,10 +498,12 @@ pub fn sweep(doc: &crate::rerun::sweep::Sweep) -> String {
         }
     }
     if let Some(f) = doc.noise_floor_kld_mean.filter(|f| f.is_finite()) {
-        let _ = writeln!(
-            out,
-            "\ncross-kernel noise floor (largest kld_mean above): {f:.6} nats"
-        );
+        let what = if doc.knob == "kv_cache" {
+            "largest KV-cache effect"
+        } else {
+            "cross-kernel noise floor"
+        };
+        let _ = writeln!(out, "\n{what} (largest kld_mean above): {f:.6} nats");
     }
     out
 }

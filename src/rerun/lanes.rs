@@ -235,7 +235,12 @@ pub(super) fn native(
     stage("loading models");
     // The reference keeps the exact f32 state (the reference semantics); the knob emulates the
     // candidate's engine.
-    let reference = native::load(reference_path, compute, emulate, StateDtype::F32)?;
+    let mut reference = native::load(reference_path, compute, emulate, StateDtype::F32)?;
+    if let Some(setting) = r.reference_kv_cache {
+        reference.decoder.set_kv_cache(setting).map_err(|e| {
+            Error::usage(reference_path, format!("KV cache {}: {e}", setting.label()))
+        })?;
+    }
     let candidate = load_candidate(r, compute, emulate)?;
     stage("hashing");
     let reference_id = identity(

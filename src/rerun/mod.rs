@@ -137,6 +137,9 @@ pub struct Request<'a> {
     /// The candidate's KV-cache schemes (`--kv-cache`; native lanes, write-then-read), replacing
     /// what its checkpoint declares; `None`: as declared. The reference keeps its own.
     pub kv_cache: Option<crate::runner::native::kv_cache::KvCacheSetting>,
+    /// The reference's KV-cache schemes: set only by a `kv_cache` sweep, whose baseline is the
+    /// reference (native lanes); `None`: as its checkpoint declares.
+    pub reference_kv_cache: Option<crate::runner::native::kv_cache::KvCacheSetting>,
 }
 
 /// What the sanity gates need from outside the run.

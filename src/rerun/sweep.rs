@@ -1,6 +1,9 @@
-//! `measure --runner transformers --sweep attention=A,B,...`: one model's weights against
-//! themselves under each setting, the first the baseline (design.md's backend-only test). Each
-//! pair is one [`super::run`] in the transformers lane; `sweep.json` is the [`Sweep`] document.
+//! `measure --runner transformers --sweep attention=A,B,...` and `measure --sweep
+//! kv_cache=A,B,...`: one model's weights against themselves under each setting, the first the
+//! baseline (design.md's backend-only test; the seed study's KV-cache test). Each pair is one
+//! [`super::run`], in the transformers lane (attention) or the native one (the KV cache: the
+//! reference's cache in the baseline scheme, the candidate's in the other); `sweep.json` is the
+//! [`Sweep`] document.
 
 use std::path::Path;
 
@@ -21,7 +24,10 @@ pub struct SweepRequest<'a> {
     pub eval_text: &'a Path,
     pub tokenizer: Option<&'a Path>,
     pub options: &'a MeasureOptions,
-    pub runner: &'a crate::runner::transformers::TransformersOptions,
+    /// The transformers runner's settings (`attention` sweeps); `None`: the native runner.
+    pub runner: Option<&'a crate::runner::transformers::TransformersOptions>,
+    /// The native runner's compute dtype (`kv_cache` sweeps).
+    pub compute: crate::runner::native::ComputeDtype,
     pub knob: &'a str,
     pub values: &'a [String],
     pub threads: usize,
@@ -127,15 +133,50 @@ pub fn run_sweep(
     // Written only when every pair has run: a failed sweep leaves no partial results.
     let mut outputs: Vec<(std::path::PathBuf, Rerun)> = Vec::new();
     let mut floor: Option<f64> = None;
+    let kv = |v: &str| {
+        crate::runner::native::kv_cache::KvCacheSetting::from_label(v).ok_or_else(|| {
+            Error::usage(
+                Path::new("--sweep"),
+                format!("`{v}` is not a KV-cache scheme"),
+            )
+        })
+    };
     for other in &r.values[1..] {
-        let mut runner = r.runner.clone();
-        runner.attention = (baseline.clone(), other.clone());
-        let pair_dir = format!("{}-{baseline}-vs-{other}", r.knob);
-        let request = Request {
-            lane: Lane::Transformers {
+        let (lane_runner, kv_pair) = match (r.knob, r.runner) {
+            ("attention", Some(runner)) => {
+                let mut runner = runner.clone();
+                runner.attention = (baseline.clone(), other.clone());
+                (Some(runner), None)
+            }
+            ("kv_cache", None) => (None, Some((kv(baseline)?, kv(other)?))),
+            (knob, _) => {
+                return Err(Error::usage(
+                    Path::new("--sweep"),
+                    format!(
+                        "a `{knob}` sweep runs in {}",
+                        if knob == "attention" {
+                            "the transformers runner"
+                        } else {
+                            "the native runner"
+                        }
+                    ),
+                ));
+            }
+        };
+        let pair_dir = format!("{}-{baseline}-vs-{other}", r.knob).replace([':', '/'], "_");
+        let lane = match &lane_runner {
+            Some(runner) => Lane::Transformers {
                 reference: r.model,
-                runner: &runner,
+                runner,
             },
+            None => Lane::Native {
+                reference: r.model,
+                compute: r.compute,
+                emulate: crate::runner::native::Emulate::ReferenceSemantics,
+            },
+        };
+        let request = Request {
+            lane,
             candidate: r.model,
             eval_text: Some(r.eval_text),
             tokenizer: r.tokenizer,
@@ -147,7 +188,8 @@ pub fn run_sweep(
             noise_floor: false,
             pins: Vec::new(),
             recurrent_state: crate::runner::native::StateDtype::F32,
-            kv_cache: None,
+            kv_cache: kv_pair.map(|(_, other)| other),
+            reference_kv_cache: kv_pair.map(|(baseline, _)| baseline),
         };
         let pre = super::preflight::check(&request, stage)?;
         if pairs.is_empty() {
@@ -182,7 +224,14 @@ pub fn run_sweep(
         knob: r.knob.to_owned(),
         values: r.values.to_vec(),
         model: r.model.display().to_string(),
-        definition: "each pair measures the same weights under the baseline setting (as reference) and the other setting (as candidate), same tokens and rows: any KL is the kernel's, not the weights'".into(),
+        definition: format!(
+            "each pair measures the same weights under the baseline setting (as reference) and the other setting (as candidate), same tokens and rows: any KL is the {}'s, not the weights'",
+            if r.knob == "kv_cache" {
+                "KV-cache scheme"
+            } else {
+                "kernel"
+            }
+        ),
         noise_floor_kld_mean: floor,
         pairs,
     };

@@ -124,9 +124,9 @@ pub fn parse_sweep(s: &str) -> Result<(String, Vec<String>), String> {
     let (knob, values) = s
         .split_once('=')
         .ok_or_else(|| format!("--sweep {s}: expected KNOB=A,B (e.g. attention=eager,sdpa)"))?;
-    if knob != "attention" {
+    if knob != "attention" && knob != "kv_cache" {
         return Err(format!(
-            "--sweep {s}: the knob can be `attention` (the weights stay the same, the kernel changes)"
+            "--sweep {s}: the knob can be `attention` (the kernel changes) or `kv_cache` (the KV-cache scheme changes); the weights stay the same"
         ));
     }
     let values: Vec<String> = values.split(',').map(|v| v.trim().to_owned()).collect();
@@ -136,7 +136,14 @@ pub fn parse_sweep(s: &str) -> Result<(String, Vec<String>), String> {
         ));
     }
     for v in &values {
-        check_attention(v)?;
+        if knob == "attention" {
+            check_attention(v)?;
+        } else if crate::runner::native::kv_cache::KvCacheSetting::from_label(v).is_none() {
+            return Err(format!(
+                "--sweep {s}: `{v}` is not a KV-cache scheme; use one of {}",
+                crate::runner::native::kv_cache::KvScheme::names()
+            ));
+        }
     }
     Ok((knob.to_owned(), values))
 }
@@ -253,7 +260,7 @@ mod tests {
             ),
             (
                 "dtype=bf16,f32",
-                "--sweep dtype=bf16,f32: the knob can be `attention` (the weights stay the same, the kernel changes)",
+                "--sweep dtype=bf16,f32: the knob can be `attention` (the kernel changes) or `kv_cache` (the KV-cache scheme changes); the weights stay the same",
             ),
             (
                 "attention=sdpa",

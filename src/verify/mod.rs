@@ -351,6 +351,7 @@ pub fn verify(
                 pins: r.pins.clone(),
                 recurrent_state: r.recurrent_state,
                 kv_cache,
+                reference_kv_cache: None,
             };
             // Everything that needs no forward pass first: a file that is not the card's is
             // found in well under a second, not after the measurement.

@@ -51,10 +51,10 @@ fn a_quantized_kv_cache_moves_the_model_against_itself_and_int4_far_more_than_in
     );
     // K and V separately: the keys alone at q4_0 move it less than both.
     let (k_only, kv, _) = self_with(dir.path(), &["--kv-cache-k", "q4_0"]);
-    assert_eq!(kv, "k:q4_0,v:none");
+    assert_eq!(kv, "k:q4_0/v:none");
     assert!(k_only > 0.0 && k_only < q4, "k only {k_only}, both {q4}");
     let (mixed, kv, _) = self_with(dir.path(), &["--kv-cache", "q8_0", "--kv-cache-v", "q4_0"]);
-    assert_eq!(kv, "k:q8_0,v:q4_0");
+    assert_eq!(kv, "k:q8_0/v:q4_0");
     assert!(mixed > q8 && mixed < q4, "{mixed}");
 }
 
@@ -249,4 +249,92 @@ fn fp8_e4m3_uses_the_checkpoints_kv_scales_and_none_turns_a_declared_cache_off()
         plain_fp8 > 0.0 && plain_fp8 != declared,
         "{plain_fp8} vs {declared}"
     );
+}
+
+/// `--sweep kv_cache=none,q8_0,q4_0`: the same weights, the baseline's cache for the reference
+/// and each other scheme's for the candidate; sweep.json lists each pair's KL and where top-1
+/// flips sit, and each pair's measurement records its scheme.
+#[test]
+fn a_kv_cache_sweep_measures_each_scheme_against_the_baseline() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let text = short_text(d, 4000);
+    let out = d.join("sweep");
+    let model = model("shakespeare-bf16");
+    let r = cardproof(&[
+        "measure",
+        "--sweep",
+        "kv_cache=none,q8_0,q4_0",
+        "--candidate",
+        &model,
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--context-length",
+        "128",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("largest KV-cache effect"), "{}", r.stdout);
+    let sweep: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("sweep.json")).unwrap()).unwrap();
+    assert_eq!(sweep["knob"], "kv_cache");
+    let pairs = sweep["pairs"].as_array().unwrap();
+    assert_eq!(pairs.len(), 2);
+    let kld = |i: usize| pairs[i]["runs"][0]["kld_mean"].as_f64().unwrap();
+    let flips = |i: usize| pairs[i]["runs"][0]["n_flips"].as_u64().unwrap();
+    assert_eq!(pairs[0]["other"], "q8_0");
+    assert_eq!(pairs[0]["environment"]["kv_cache_dtype"], "q8_0");
+    assert!(
+        kld(0) > 0.0 && kld(1) > 10.0 * kld(0),
+        "{} {}",
+        kld(0),
+        kld(1)
+    );
+    assert!(flips(1) > flips(0), "{} {}", flips(0), flips(1));
+    assert_eq!(sweep["noise_floor_kld_mean"].as_f64(), Some(kld(1)));
+    for p in pairs {
+        assert!(out.join(p["measurement"].as_str().unwrap()).exists(), "{p}");
+    }
+    // The same pair through --kv-cache (the reference's cache is the baseline `none`): the same.
+    let (direct, _, _) = self_with(d, &["--kv-cache", "q4_0"]);
+    assert_eq!(direct, kld(1));
+}
+
+#[test]
+fn kv_cache_sweeps_and_flags_that_cannot_run_are_refused_before_any_work() {
+    let model = model("shakespeare-bf16");
+    let base = [
+        "measure",
+        "--candidate",
+        &model,
+        "--eval-text",
+        "examples/data/eval.txt",
+        "--context-length",
+        "128",
+    ];
+    for (extra, message) in [
+        (
+            &["--sweep", "kv_cache=none,int3"][..],
+            "`int3` is not a KV-cache scheme",
+        ),
+        (
+            &["--sweep", "kv_cache=none,q8_0", "--runner", "transformers"][..],
+            "native runner only",
+        ),
+        (
+            &["--sweep", "attention=eager,sdpa"][..],
+            "--sweep attention=... needs --runner transformers",
+        ),
+        (
+            &["--sweep", "kv_cache=none,q8_0", "--kv-cache", "q4_0"][..],
+            "do not combine",
+        ),
+    ] {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let r = cardproof(&args);
+        assert_eq!(r.code, 2, "{extra:?}: {}", r.stderr);
+        assert!(r.stderr.contains(message), "{extra:?}: {}", r.stderr);
+    }
 }

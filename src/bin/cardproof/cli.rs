@@ -462,8 +462,9 @@ pub struct TransformersArgs {
     #[arg(long)]
     pub trust_remote_code: bool,
     /// Measure the candidate's weights against themselves under several settings, the first as
-    /// the baseline: `attention=eager,sdpa`. Gives the cross-kernel noise floor and where top-1
-    /// flips sit along position.
+    /// the baseline: `attention=eager,sdpa` (transformers runner; the cross-kernel noise floor)
+    /// or `kv_cache=none,q8_0,q4_0` (native runner; KV-cache schemes as --kv-cache names them).
+    /// Gives the KL of each setting and where top-1 flips sit along position.
     #[arg(long, value_name = "KNOB=A,B")]
     pub sweep: Option<String>,
     /// A runner program to use instead of the embedded one (development).

@@ -315,8 +315,13 @@ impl MeasureConfig {
         options.dump_logits = args.dump_logits.clone();
         let flags = transformers_flags(&args.transformers);
         let transformers = match args.runner {
-            RunnerArg::Native if flags.sweep.is_some() => {
-                return Err("--sweep needs --runner transformers".into());
+            RunnerArg::Native
+                if flags
+                    .sweep
+                    .as_deref()
+                    .is_some_and(|s| !s.starts_with("kv_cache=")) =>
+            {
+                return Err("--sweep attention=... needs --runner transformers".into());
             }
             RunnerArg::Native => None,
             RunnerArg::Transformers if args.reference_artifact.is_some() => {
@@ -337,6 +342,15 @@ impl MeasureConfig {
             args.kv_cache_k.as_deref(),
             args.kv_cache_v.as_deref(),
         )?;
+        if transformers.is_some() && sweep.as_ref().is_some_and(|(knob, _)| knob == "kv_cache") {
+            return Err("--sweep kv_cache=... is emulated by the native runner only, for now; leave out --runner transformers".into());
+        }
+        if sweep.is_some() && kv_cache.is_some() {
+            return Err(
+                "--kv-cache and --sweep do not combine: a sweep sets each side's scheme itself"
+                    .into(),
+            );
+        }
         if transformers.is_some() && kv_cache.is_some_and(|s| s.changes_anything()) {
             return Err("--kv-cache is emulated by the native runner only, for now; --runner transformers keeps the model dtype".into());
         }

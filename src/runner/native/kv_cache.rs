@@ -241,7 +241,7 @@ impl KvCacheSetting {
         }))
     }
 
-    /// A recorded [`KvCacheSetting::label`] read back (`q8_0`, `k:q8_0,v:q4_0`); `None` for
+    /// A recorded [`KvCacheSetting::label`] read back (`q8_0`, `k:q8_0/v:q4_0`); `None` for
     /// anything else.
     pub fn from_label(label: &str) -> Option<KvCacheSetting> {
         if let Some(scheme) = KvScheme::from_name(label.trim()) {
@@ -250,7 +250,7 @@ impl KvCacheSetting {
                 v: scheme,
             });
         }
-        let (k, v) = label.split_once(',')?;
+        let (k, v) = label.split_once('/')?;
         let k = KvScheme::from_name(k.trim().strip_prefix("k:")?)?;
         let v = KvScheme::from_name(v.trim().strip_prefix("v:")?)?;
         Some(KvCacheSetting { k, v })
@@ -262,12 +262,12 @@ impl KvCacheSetting {
     }
 
     /// The name recorded as the run's `kv_cache_dtype`: the scheme (`q8_0`) when K and V share
-    /// it, else `k:q8_0,v:q4_0`.
+    /// it, else `k:q8_0/v:q4_0`.
     pub fn label(self) -> String {
         if self.k == self.v {
             self.k.as_str().to_owned()
         } else {
-            format!("k:{},v:{}", self.k, self.v)
+            format!("k:{}/v:{}", self.k, self.v)
         }
     }
 }
@@ -474,10 +474,16 @@ mod tests {
         assert_eq!(KvScheme::from_name("fp8"), Some(KvScheme::Fp8E4m3));
         let both = KvCacheSetting::from_label("int8_per_token_head").unwrap();
         assert_eq!(both.label(), "int8_per_token_head");
-        let mixed = KvCacheSetting::from_label("k:q8_0,v:fp8_e5m2").unwrap();
+        let mixed = KvCacheSetting::from_label("k:q8_0/v:fp8_e5m2").unwrap();
         assert_eq!((mixed.k, mixed.v), (KvScheme::Q8_0, KvScheme::Fp8E5m2));
-        assert_eq!(mixed.label(), "k:q8_0,v:fp8_e5m2");
-        for bad in ["f32", "k:q8_0", "v:q8_0,k:q4_0", "k:q8_0,v:int2"] {
+        assert_eq!(mixed.label(), "k:q8_0/v:fp8_e5m2");
+        for bad in [
+            "f32",
+            "k:q8_0",
+            "v:q8_0/k:q4_0",
+            "k:q8_0/v:int2",
+            "k:q8_0,v:q4_0",
+        ] {
             assert_eq!(KvCacheSetting::from_label(bad), None, "{bad}");
         }
         for bad in ["", "q8", "int4", "q2_k", "iq4_xs"] {

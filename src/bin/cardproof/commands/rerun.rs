@@ -106,14 +106,15 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
     let c = &config;
     let measured = pool(c.threads)?.install(|| {
         with_progress(c.progress, |stage, progress| {
-            if let (Some(runner), Some((knob, values))) = (&c.transformers, &c.sweep) {
+            if let Some((knob, values)) = &c.sweep {
                 let sweep = rerun::sweep::run_sweep(
                     &rerun::sweep::SweepRequest {
                         model: &c.candidate,
                         eval_text: c.eval_text.as_deref().unwrap_or(Path::new("")),
                         tokenizer: c.tokenizer.as_deref(),
                         options: &c.options,
-                        runner,
+                        runner: c.transformers.as_ref(),
+                        compute: c.compute,
                         knob,
                         values,
                         threads: c.threads,
@@ -148,6 +149,7 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
                 pins,
                 recurrent_state: c.recurrent_state,
                 kv_cache: c.kv_cache,
+                reference_kv_cache: None,
             };
             // Everything that needs no forward pass, before the first one.
             let pre = rerun::preflight::check(&request, stage)?;
