@@ -434,6 +434,124 @@ def probe_linear_attention(torch, transformers, model, ids):
 
 
 # ---------------------------------------------------------------------------------------------
+# KV-cache schemes (issue #18): the same formulas as cardproof's native runner
+# (src/runner/native/kv_cache.rs), in float32 torch, applied where the engine writes the cache.
+
+
+def _roundf(torch, x):
+    """C's roundf (half away from zero), exactly: floor plus the doubled remainder's floor, as
+    gguf-py writes it (floor(|x| + 0.5) is wrong for the float just below 0.5)."""
+    a = x.abs()
+    f = torch.floor(a)
+    return torch.sign(x) * (f + torch.floor(2 * (a - f)))
+
+
+def _llamacpp_blocks(torch, name, x):
+    """llama.cpp's reference quantizers on rows of blocks of 32 (float32 in and out)."""
+    b = x.reshape(-1, 32)
+    f16 = lambda v: v.to(torch.float16).float()  # noqa: E731
+    inv = lambda d: torch.where(d == 0, torch.zeros_like(d), 1.0 / d)  # noqa: E731
+    if name == "q8_0":
+        d = b.abs().amax(-1, keepdim=True) / 127
+        # Through the integer code, as the block stores it (a negative zero reads back as 0).
+        q = _roundf(torch, b * inv(d)).to(torch.int32).float()
+        return (q * f16(d)).reshape(x.shape)
+    if name in ("q4_0", "q5_0"):
+        levels, offset, top = (-8.0, 8.5, 15) if name == "q4_0" else (-16.0, 16.5, 31)
+        vmax = torch.gather(b, -1, b.abs().argmax(-1, keepdim=True))
+        d = vmax / levels
+        q = torch.trunc(b * inv(d) + offset).clamp(0, top)
+        return ((q + levels) * f16(d)).reshape(x.shape)
+    steps = 15.0 if name == "q4_1" else 31.0
+    lo = b.amin(-1, keepdim=True)
+    d = (b.amax(-1, keepdim=True) - lo) / steps
+    q = torch.trunc((b - lo) * inv(d) + 0.5).clamp(0, steps)
+    return (q * f16(d) + f16(lo)).reshape(x.shape)
+
+
+KV_SCHEMES = ("none", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
+              "fp8_e4m3", "fp8_e5m2", "int8_per_token_head", "fp8_per_token_head")
+
+
+def kv_quantize(torch, name, x, tensor_scale=1.0):
+    """`x` ([..., head_dim], any float dtype) as the cache gives it back under scheme `name`,
+    in x's dtype. The arithmetic is float32, as cardproof's native runner does it."""
+    if name == "none":
+        return x
+    dtype = x.dtype
+    v = x.float()
+    if name == "f16":
+        out = v.to(torch.float16).float()
+    elif name == "bf16":
+        out = v.to(torch.bfloat16).float()
+    elif name in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"):
+        out = _llamacpp_blocks(torch, name, v)
+    elif name in ("fp8_e4m3", "fp8_e5m2"):
+        fp8, top = (torch.float8_e4m3fn, 448.0) if name == "fp8_e4m3" else (torch.float8_e5m2, 57344.0)
+        out = (v / tensor_scale).clamp(-top, top).to(fp8).float() * tensor_scale
+    elif name in ("int8_per_token_head", "fp8_per_token_head"):
+        qmax, qmin = (127.0, -128.0) if name == "int8_per_token_head" else (448.0, -448.0)
+        scale = (v.abs().amax(-1, keepdim=True) / qmax).clamp(min=1e-6)
+        q = (v * (1.0 / scale)).clamp(qmin, qmax)
+        q = q.to(torch.int8) if name == "int8_per_token_head" else q.to(torch.float8_e4m3fn)
+        out = q.float() * scale
+    else:
+        raise RunnerError("unsupported", f"KV-cache scheme `{name}` is not one of {', '.join(KV_SCHEMES)}")
+    return out.to(dtype)
+
+
+def kv_setting(spec, path):
+    """The (k, v) schemes a request model asks for, checked; None for the model dtype."""
+    kv = spec.get("kv_cache")
+    if not kv or (kv.get("k", "none") == "none" and kv.get("v", "none") == "none"):
+        return None
+    k, v = kv.get("k", "none"), kv.get("v", "none")
+    for name in (k, v):
+        if name not in KV_SCHEMES:
+            raise RunnerError("unsupported", f"KV-cache scheme `{name}` is not one of {', '.join(KV_SCHEMES)}")
+    qc = read_config(path, whole=True).get("quantization_config") or {}
+    if any(n in ("fp8_e4m3", "fp8_e5m2") for n in (k, v)) and qc.get("kv_cache_scheme"):
+        raise RunnerError(
+            "unsupported",
+            f"{path}: the checkpoint declares its own KV-cache scales (kv_cache_scheme); this runner applies "
+            "per-tensor fp8 with scale 1.0 only; use --runner native, which takes the checkpoint's k_scale/v_scale",
+        )
+    return (k, v)
+
+
+def kv_label(setting):
+    k, v = setting
+    return k if k == v else f"k:{k}/v:{v}"
+
+
+def new_cache(torch, transformers, model):
+    """A DynamicCache for `model`; with a KV-cache scheme set on the model, one that rounds each
+    chunk's keys and values as the engine writes them, before attention reads the cache back
+    (write-then-read: a one-pass prefill sees the scheme on its own tokens too). Each token is
+    rounded once, when written, as an engine's cache holds it."""
+    setting = getattr(model, "_cardproof_kv", None)
+    cls = transformers.DynamicCache
+    if setting is not None:
+        k_name, v_name = setting
+
+        class RoundingCache(transformers.DynamicCache):
+            def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+                return super().update(
+                    kv_quantize(torch, k_name, key_states),
+                    kv_quantize(torch, v_name, value_states),
+                    layer_idx,
+                    *args,
+                    **kwargs,
+                )
+
+        cls = RoundingCache
+    try:
+        return cls(config=model.config)
+    except TypeError:
+        return cls()
+
+
+# ---------------------------------------------------------------------------------------------
 # Forward pass and reduction
 
 
@@ -443,17 +561,19 @@ def prefill(torch, transformers, model, ids, keep, chunk):
     base = model.base_model
     dev = input_device(model)
     ids_t = torch.tensor(ids, dtype=torch.long, device=dev)[None]
-    try:
-        cache = transformers.DynamicCache(config=model.config)
-    except TypeError:
-        cache = transformers.DynamicCache()
+    cache = new_cache(torch, transformers, model)
     head_dev = model.get_output_embeddings().weight.device
     out = []
     n = ids_t.shape[1]
     with torch.inference_mode():
         if chunk >= n:
-            # The whole window in one pass, as the engine's own prefill runs it (no cache kept).
-            h = base(input_ids=ids_t, use_cache=False).last_hidden_state[0]
+            # The whole window in one pass, as the engine's own prefill runs it (no cache kept,
+            # unless a KV-cache scheme needs one to round what attention reads).
+            if getattr(model, "_cardproof_kv", None) is None:
+                h = base(input_ids=ids_t, use_cache=False).last_hidden_state[0]
+            else:
+                h = base(input_ids=ids_t, past_key_values=cache, use_cache=True).last_hidden_state[0]
+            del cache
             return h.index_select(0, keep.to(h.device)).to(head_dev)
         for start in range(0, n, chunk):
             end = min(n, start + chunk)
@@ -874,12 +994,14 @@ def model_record(model, spec):
     # The floating dtype the model computes in (its first floating parameter's; a quantized
     # checkpoint's first parameter may be an integer weight). The KV cache holds that dtype.
     dtype = str(model.dtype).replace("torch.", "")
+    kv = kv_setting(spec, spec["path"])
     return {
         "path": spec["path"],
         "attention": attn_used(model),
         "param_dtype": dtype,
         "logits_dtype": str(model.get_output_embeddings().weight.dtype).replace("torch.", ""),
-        "kv_cache_dtype": dtype,
+        # A scheme cardproof applies (`kv_cache` in the request), else the model dtype.
+        "kv_cache_dtype": kv_label(kv) if kv else dtype,
         "quant_method": (q or {}).get("quant_method") if isinstance(q, dict) else q,
         "run_compressed": (q or {}).get("run_compressed") if isinstance(q, dict) else None,
         "device_map": {k: str(v) for k, v in (getattr(model, "hf_device_map", None) or {}).items()} or str(model.device),
@@ -941,6 +1063,7 @@ def run(req):
         t = time.perf_counter()
         progress(f"loading {spec['path']}")
         m = load_model(torch, transformers, spec, dtype, device, req.get("trust_remote_code", False))
+        m._cardproof_kv = kv_setting(spec, spec["path"])
         timings["load"] += time.perf_counter() - t
         # Warm-up (kernel selection, lazy initialization, Triton compilation and autotuning, the
         # fused reduction's compilation), timed apart, so the timings of the real work are the
@@ -995,6 +1118,8 @@ def run(req):
         """The kept rows' final hidden states; the time goes to `account` (the gates' own
         passes are timed as the gates', not as the measurement's)."""
         set_attention(model, spec.get("attn_implementation", "sdpa"))
+        # Per side: one model shared by both sides (a sweep) switches its scheme with its side.
+        model._cardproof_kv = kv_setting(spec, spec["path"])
         t = time.perf_counter()
         h = prefill(torch, transformers, model, ids, keep, chunk)
         if device != "cpu":

@@ -496,6 +496,7 @@ pub(super) fn transformers(
     let options = with_padding(r, width);
     let mut runner_options = runner_options.clone();
     runner_options.gates = r.gates.is_some();
+    runner_options.kv_cache = (r.reference_kv_cache, r.kv_cache);
     let eval = EvalInput {
         stream: &stream,
         text_path: text,
@@ -545,6 +546,36 @@ pub(super) fn transformers(
         ..candidate_id
     };
     let environment = transformers_environment(&output.environment, &tokenizer);
+    // The runner says which KV cache each side ran with: a scheme asked for and not applied
+    // (a runner program older than the request) is an error, not a silently plain run.
+    for (side, asked, record) in [
+        (
+            "reference",
+            r.reference_kv_cache,
+            &output.environment.models.reference,
+        ),
+        (
+            "candidate",
+            r.kv_cache,
+            &output.environment.models.candidate,
+        ),
+    ] {
+        let Some(asked) = asked.filter(|s| s.changes_anything()) else {
+            continue;
+        };
+        let ran = record["kv_cache_dtype"]
+            .as_str()
+            .unwrap_or("(none recorded)");
+        if ran != asked.label() {
+            return Err(Error::runner(
+                r.candidate,
+                format!(
+                    "the transformers runner ran the {side} with KV cache `{ran}` where `{}` was asked for",
+                    asked.label()
+                ),
+            ));
+        }
+    }
     let floor = r.noise_floor.then(|| NoiseFloor::Skipped {
         skipped: "the noise floor of the transformers runner is its kernel sweep: `cardproof measure --runner transformers --sweep attention=sdpa,eager`".into(),
     });

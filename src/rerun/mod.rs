@@ -211,14 +211,6 @@ pub fn run_checked(
             ),
         ));
     }
-    if matches!(r.lane, Lane::Transformers { .. })
-        && r.kv_cache.is_some_and(|s| s.changes_anything())
-    {
-        return Err(crate::Error::usage(
-            Path::new("--kv-cache"),
-            "a quantized KV cache is emulated by the native runner only, for now; the transformers runner keeps the model dtype",
-        ));
-    }
     let mut rerun = match r.lane {
         Lane::Native {
             reference,

@@ -148,18 +148,11 @@ pub fn run_sweep(
                 runner.attention = (baseline.clone(), other.clone());
                 (Some(runner), None)
             }
-            ("kv_cache", None) => (None, Some((kv(baseline)?, kv(other)?))),
+            ("kv_cache", runner) => (runner.cloned(), Some((kv(baseline)?, kv(other)?))),
             (knob, _) => {
                 return Err(Error::usage(
                     Path::new("--sweep"),
-                    format!(
-                        "a `{knob}` sweep runs in {}",
-                        if knob == "attention" {
-                            "the transformers runner"
-                        } else {
-                            "the native runner"
-                        }
-                    ),
+                    format!("a `{knob}` sweep runs in the transformers runner"),
                 ));
             }
         };

@@ -57,6 +57,17 @@ pub struct RequestModels {
 pub struct RequestModel {
     pub path: String,
     pub attn_implementation: String,
+    /// The KV-cache schemes the runner applies where the model writes its cache (write-then-
+    /// read); absent: the model dtype.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<RequestKvCache>,
+}
+
+/// Keys' and values' KV-cache schemes, by cardproof's names (`q8_0`, `int8_per_token_head`).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct RequestKvCache {
+    pub k: String,
+    pub v: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

@@ -110,6 +110,12 @@ pub struct TransformersOptions {
     /// Whether `verify` may take the attention implementation and the dtype from the card's
     /// runtime (neither was given on the command line).
     pub follow_card: (bool, bool),
+    /// The reference's and the candidate's KV-cache schemes (`None`: the model dtype), set by
+    /// the rerun from its request, not by flags of their own.
+    pub kv_cache: (
+        Option<crate::runner::native::kv_cache::KvCacheSetting>,
+        Option<crate::runner::native::kv_cache::KvCacheSetting>,
+    ),
 }
 
 impl Default for TransformersOptions {
@@ -132,6 +138,7 @@ impl Default for TransformersOptions {
             gates: false,
             dump_rows: None,
             follow_card: (true, true),
+            kv_cache: (None, None),
         }
     }
 }
@@ -215,15 +222,24 @@ fn write_request(
             rows: w.rows.to_vec(),
         });
     }
-    let model = |p: &Path, attention: &str| RequestModel {
-        path: absolute(p).display().to_string(),
-        attn_implementation: attention.to_owned(),
-    };
+    let model =
+        |p: &Path, attention: &str, kv: Option<crate::runner::native::kv_cache::KvCacheSetting>| {
+            RequestModel {
+                path: absolute(p).display().to_string(),
+                attn_implementation: attention.to_owned(),
+                kv_cache: kv.filter(|s| s.changes_anything()).map(|s| {
+                    crate::runner::exchange::RequestKvCache {
+                        k: s.k.as_str().to_owned(),
+                        v: s.v.as_str().to_owned(),
+                    }
+                }),
+            }
+        };
     let request = RunnerRequest {
         protocol: PROTOCOL,
         models: RequestModels {
-            reference: model(reference, &o.attention.0),
-            candidate: model(candidate, &o.attention.1),
+            reference: model(reference, &o.attention.0, o.kv_cache.0),
+            candidate: model(candidate, &o.attention.1, o.kv_cache.1),
         },
         dtype: o.dtype.clone(),
         device: o.device.as_request(),

@@ -108,6 +108,7 @@ impl TransformersFlags {
             keep_hidden: keep_hidden.into(),
             gates: false,
             dump_rows: self.runner_dump.clone().map(|d| (d, DUMP_ROWS)),
+            kv_cache: (None, None),
         })
     }
 

@@ -322,10 +322,11 @@ pub fn verify(
                 .iter()
                 .map(|&l| l as u64)
                 .collect();
-            // A card whose runtime names a quantized KV-cache scheme this runner emulates is
-            // rerun with it (native lane); any other value is compared as before.
+            // A card whose runtime names a quantized KV-cache scheme the runners emulate is
+            // rerun with it (native and transformers lanes; a llama.cpp base file's lane has
+            // nothing to set); any other value is compared as before.
             let kv_cache = match &lane {
-                Lane::Native { .. } => runtime
+                Lane::Native { .. } | Lane::Transformers { .. } => runtime
                     .and_then(|rt| KvCacheSetting::from_label(&rt.kv_cache_dtype))
                     .filter(|s| s.k.is_quantized() || s.v.is_quantized()),
                 _ => None,

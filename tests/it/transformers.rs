@@ -175,6 +175,47 @@ fn a_recorded_gpu_exchange_gives_the_recorded_measurement() {
     assert_eq!(ours["protocol_sha256"], recorded["protocol_sha256"]);
 }
 
+/// A runner program that does not apply a KV-cache scheme it was asked for (the recorded GPU
+/// exchange, replayed: its record says the model dtype) fails the run instead of passing off a
+/// plain run as a quantized-cache one, and nothing is written.
+#[test]
+fn a_runner_that_ignores_the_kv_cache_scheme_asked_for_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let script = fixture().join("replay_runner.py");
+    let result = run(
+        &[("CARDPROOF_REPLAY", fixture().to_str().unwrap())],
+        &[
+            "measure",
+            "--runner",
+            "transformers",
+            "--runner-script",
+            script.to_str().unwrap(),
+            "--reference",
+            &model("shakespeare-bf16"),
+            "--candidate",
+            &model("shakespeare-w8a16"),
+            "--eval-text",
+            "examples/data/eval.txt",
+            "--context-length",
+            "256",
+            "--kv-cache",
+            "q8_0",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(result.code, 2, "{}", result.stderr);
+    assert!(
+        result
+            .stderr
+            .contains("ran the candidate with KV cache `bfloat16` where `q8_0` was asked for"),
+        "{}",
+        result.stderr
+    );
+    assert!(!out.join("measurement.json").exists());
+}
+
 /// A stand-in runner program: Python source run in place of the real one.
 fn stand_in(dir: &Path, source: &str) -> PathBuf {
     let path = dir.join("runner.py");
@@ -357,7 +398,7 @@ fn runner_flags_are_validated_before_any_work() {
     for (extra, message) in [
         (
             &["--sweep", "attention=sdpa,eager"][..],
-            "--sweep needs --runner transformers",
+            "--sweep attention=... needs --runner transformers",
         ),
         (
             &["--runner", "transformers", "--device", "tpu"][..],
@@ -792,6 +833,97 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         );
         let pair = read(&out.join("attention-sdpa-vs-eager/measurement.json"));
         crate::output_schemas::assert_valid("measurement", "the sweep pair's measurement", &pair);
+    }
+
+    /// The runner's torch KV-cache quantizers against the fixtures the native ones are checked
+    /// on (gguf-py's llama.cpp blocks, torch's casts on vLLM's paths), bit for bit in float32.
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn the_runners_kv_quantizers_match_the_fixtures_bit_for_bit() {
+        require_torch();
+        let python = std::env::var_os("CARDPROOF_PYTHON").unwrap_or_else(|| "python3".into());
+        let out = std::process::Command::new(python)
+            .arg(repo_root().join("tests/kv_quant_check.py"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("13 cases bit for bit"), "{text}");
+    }
+
+    /// A KV-cache sweep in the transformers runner (CPU, float32) gives the native runner's
+    /// numbers for the same schemes: the same formulas where each engine writes its cache; the
+    /// two forwards' float32 rounding moves a few codes across a step, so within 2%.
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn a_kv_cache_sweep_in_the_transformers_runner_matches_the_native_runner() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        let text = short_text(dir.path(), 6000);
+        let out = dir.path().join("sweep");
+        let r = run(
+            &[],
+            &[
+                "measure",
+                "--runner",
+                "transformers",
+                "--device",
+                "cpu",
+                "--torch-dtype",
+                "float32",
+                "--sweep",
+                "kv_cache=none,q8_0,q4_0,k:q4_0/v:none",
+                "--candidate",
+                "examples/models/shakespeare-bf16",
+                "--eval-text",
+                text.to_str().unwrap(),
+                "--context-length",
+                "128",
+                "--out",
+                out.to_str().unwrap(),
+                "--json",
+            ],
+        );
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let doc = r.json();
+        let pairs = doc["pairs"].as_array().unwrap();
+        assert_eq!(pairs.len(), 3);
+        for pair in pairs {
+            let scheme = pair["other"].as_str().unwrap();
+            assert_eq!(pair["environment"]["kv_cache_dtype"], scheme);
+            let gpu_lane = pair["runs"][0]["kld_mean"].as_f64().unwrap();
+            let native = run(
+                &[],
+                &[
+                    "measure",
+                    "--reference",
+                    "examples/models/shakespeare-bf16",
+                    "--candidate",
+                    "examples/models/shakespeare-bf16",
+                    "--eval-text",
+                    text.to_str().unwrap(),
+                    "--context-length",
+                    "128",
+                    "--kv-cache",
+                    scheme,
+                    "--out",
+                    dir.path()
+                        .join(scheme.replace([':', '/'], "_"))
+                        .to_str()
+                        .unwrap(),
+                    "--json",
+                ],
+            );
+            assert_eq!(native.code, 0, "{}", native.message());
+            let native = native.json()["runs"][0]["metrics"]["kld_mean"]
+                .as_f64()
+                .unwrap();
+            assert!(
+                gpu_lane > 0.0 && rel(gpu_lane, native) < 0.02,
+                "{scheme}: transformers {gpu_lane}, native {native}"
+            );
+        }
     }
 
     /// A copy of the FP8 example whose card is written from a transformers measurement on CPU, and a

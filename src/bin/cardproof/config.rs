@@ -342,17 +342,11 @@ impl MeasureConfig {
             args.kv_cache_k.as_deref(),
             args.kv_cache_v.as_deref(),
         )?;
-        if transformers.is_some() && sweep.as_ref().is_some_and(|(knob, _)| knob == "kv_cache") {
-            return Err("--sweep kv_cache=... is emulated by the native runner only, for now; leave out --runner transformers".into());
-        }
         if sweep.is_some() && kv_cache.is_some() {
             return Err(
                 "--kv-cache and --sweep do not combine: a sweep sets each side's scheme itself"
                     .into(),
             );
-        }
-        if transformers.is_some() && kv_cache.is_some_and(|s| s.changes_anything()) {
-            return Err("--kv-cache is emulated by the native runner only, for now; --runner transformers keeps the model dtype".into());
         }
         if sweep.is_none() && args.reference.is_none() && args.reference_artifact.is_none() {
             return Err("--reference or --reference-artifact is required".into());

@@ -227,17 +227,27 @@ impl KvCacheSetting {
                 )
             })
         };
+        // `--kv-cache` also takes a recorded label (`k:q8_0/v:q4_0`), so a run's record can be
+        // passed back as it is.
         let base = match both {
-            Some(name) => parse("--kv-cache", name)?,
-            None => KvScheme::None,
+            Some(name) => KvCacheSetting::from_label(name).ok_or_else(|| {
+                format!(
+                    "--kv-cache: `{name}` is not a KV-cache scheme; use one of {} (or k:SCHEME/v:SCHEME)",
+                    KvScheme::names()
+                )
+            })?,
+            None => KvCacheSetting {
+                k: KvScheme::None,
+                v: KvScheme::None,
+            },
         };
         Ok(Some(KvCacheSetting {
             k: k.map(|n| parse("--kv-cache-k", n))
                 .transpose()?
-                .unwrap_or(base),
+                .unwrap_or(base.k),
             v: v.map(|n| parse("--kv-cache-v", n))
                 .transpose()?
-                .unwrap_or(base),
+                .unwrap_or(base.v),
         }))
     }
 

@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""The transformers runner's KV-cache quantizers (runners/transformers_runner.py, `kv_quantize`)
+against the fixtures cardproof's native quantizers are checked on (tests/fixtures/kv_cache):
+gguf-py's llama.cpp blocks and torch's casts on vLLM's write paths, bit for bit in float32. Run by
+the CI torch test `transformers::torch::the_runners_kv_quantizers_match_the_fixtures_bit_for_bit`:
+
+    python3 tests/kv_quant_check.py
+"""
+
+import importlib.util
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures", "kv_cache")
+
+
+def runner():
+    spec = importlib.util.spec_from_file_location("transformers_runner", os.path.join(ROOT, "runners", "transformers_runner.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def floats(bits):
+    return torch.from_numpy(np.array(bits, dtype="<u4").view("<f4").copy())
+
+
+def same(name, got, want):
+    g = got.contiguous().view(torch.int32)
+    w = want.contiguous().view(torch.int32)
+    bad = (g != w).nonzero().flatten()
+    if len(bad):
+        i = int(bad[0])
+        raise SystemExit(f"{name}: {len(bad)} values differ, first at {i}: {got.flatten()[i].item()!r} vs {want.flatten()[i].item()!r}")
+
+
+def main():
+    r = runner()
+    checked = 0
+    with open(os.path.join(FIXTURES, "llamacpp.json")) as f:
+        doc = json.load(f)
+    blocks = floats([v for b in doc["blocks"] for v in b]).reshape(len(doc["blocks"]), 32)
+    for name, t in doc["types"].items():
+        want = floats([v for row in t["values"] for v in row]).reshape(blocks.shape)
+        same(name, r.kv_quantize(torch, name, blocks), want)
+        checked += 1
+    with open(os.path.join(FIXTURES, "vllm.json")) as f:
+        doc = json.load(f)
+    rows = floats(doc["rows"]).reshape(-1, doc["head_dim"])
+    for case in doc["cases"]:
+        want = floats(case["values"]).reshape(rows.shape)
+        got = r.kv_quantize(torch, case["scheme"], rows, tensor_scale=np.float32(case["scale"]).item())
+        same(f"{case['scheme']} at scale {case['scale']}", got, want)
+        checked += 1
+    print(f"kv quantizers: {checked} cases bit for bit")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
