@@ -83,8 +83,6 @@ fn an_unknown_kv_cache_scheme_is_refused_with_the_list() {
     );
     let r = cardproof(&[
         "measure",
-        "--runner",
-        "transformers",
         "--reference",
         &model("shakespeare-bf16"),
         "--candidate",
@@ -94,10 +92,14 @@ fn an_unknown_kv_cache_scheme_is_refused_with_the_list() {
         "--context-length",
         "128",
         "--kv-cache-v",
-        "q4_0",
+        "int4",
     ]);
     assert_eq!(r.code, 2, "{}", r.stderr);
-    assert!(r.stderr.contains("native runner only"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("--kv-cache-v: `int4` is not a KV-cache scheme"),
+        "{}",
+        r.stderr
+    );
 }
 
 /// A card written from a `--kv-cache q4_0` measurement discloses `kv_cache_dtype: q4_0`, and
@@ -317,10 +319,6 @@ fn kv_cache_sweeps_and_flags_that_cannot_run_are_refused_before_any_work() {
         (
             &["--sweep", "kv_cache=none,int3"][..],
             "`int3` is not a KV-cache scheme",
-        ),
-        (
-            &["--sweep", "kv_cache=none,q8_0", "--runner", "transformers"][..],
-            "native runner only",
         ),
         (
             &["--sweep", "attention=eager,sdpa"][..],
