@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::support::{Run, cardproof};
+use crate::support::{Run, cardproof, rewrite_safetensors};
 use crate::verify::{Verified, model};
 
 /// Replace the first line of the card containing `needle` with `with`.
@@ -121,41 +121,18 @@ fn coarse_and_unreadable_claims_fail_verification() {
 
 /// A copy of `model` whose embedding row for `token` is NaN.
 fn with_nan_embedding_row(dir: &Path, token: usize) {
-    let path = dir.join("model.safetensors");
-    let bytes = std::fs::read(&path).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(name, view)| {
-            (
-                name,
-                view.dtype(),
-                view.shape().to_vec(),
-                view.data().to_vec(),
-            )
-        })
-        .collect();
-    let embed = tensors
-        .iter_mut()
-        .find(|t| t.0 == "model.embed_tokens.weight")
-        .unwrap();
-    assert_eq!(embed.1, safetensors::Dtype::BF16);
-    let hidden = embed.2[1];
-    for k in 0..hidden {
-        let at = 2 * (token * hidden + k);
-        embed.3[at..at + 2].copy_from_slice(&half::bf16::NAN.to_le_bytes());
-    }
-    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
-        .iter()
-        .map(|(n, d, s, b)| {
-            (
-                n.clone(),
-                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
-            )
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, &path).unwrap();
+    rewrite_safetensors(&dir.join("model.safetensors"), |tensors| {
+        let embed = tensors
+            .iter_mut()
+            .find(|t| t.0 == "model.embed_tokens.weight")
+            .unwrap();
+        assert_eq!(embed.1, safetensors::Dtype::BF16);
+        let hidden = embed.2[1];
+        for k in 0..hidden {
+            let at = 2 * (token * hidden + k);
+            embed.3[at..at + 2].copy_from_slice(&half::bf16::NAN.to_le_bytes());
+        }
+    });
 }
 
 /// A token of `text` that occurs in exactly one of its 128-token windows (so a NaN embedding

@@ -58,50 +58,6 @@ fn a_quantized_kv_cache_moves_the_model_against_itself_and_int4_far_more_than_in
     assert!(mixed > q8 && mixed < q4, "{mixed}");
 }
 
-#[test]
-fn an_unknown_kv_cache_scheme_is_refused_with_the_list() {
-    let r = cardproof(&[
-        "measure",
-        "--reference",
-        &model("shakespeare-bf16"),
-        "--candidate",
-        &model("shakespeare-bf16"),
-        "--eval-text",
-        "examples/data/eval.txt",
-        "--context-length",
-        "128",
-        "--kv-cache",
-        "int3",
-    ]);
-    assert_eq!(r.code, 2, "{}", r.stderr);
-    assert!(
-        r.stderr
-            .contains("--kv-cache: `int3` is not a KV-cache scheme")
-            && r.stderr.contains("q8_0, q4_0, q4_1, q5_0, q5_1"),
-        "{}",
-        r.stderr
-    );
-    let r = cardproof(&[
-        "measure",
-        "--reference",
-        &model("shakespeare-bf16"),
-        "--candidate",
-        &model("shakespeare-bf16"),
-        "--eval-text",
-        "examples/data/eval.txt",
-        "--context-length",
-        "128",
-        "--kv-cache-v",
-        "int4",
-    ]);
-    assert_eq!(r.code, 2, "{}", r.stderr);
-    assert!(
-        r.stderr.contains("--kv-cache-v: `int4` is not a KV-cache scheme"),
-        "{}",
-        r.stderr
-    );
-}
-
 /// A card written from a `--kv-cache q4_0` measurement discloses `kv_cache_dtype: q4_0`, and
 /// `verify` reruns it with that cache (native lane): reproduced. The same card claiming those
 /// numbers for a q8_0 cache is rerun with q8_0 and is not.
@@ -171,39 +127,23 @@ fn verify_reruns_a_card_with_the_kv_cache_scheme_it_discloses() {
 /// `kv_cache_scheme`) with per-layer `k_scale` / `v_scale` of `scale`.
 fn with_declared_fp8_kv(to: &Path, scale: f32) {
     copy_model("shakespeare-bf16", to);
-    let path = to.join("model.safetensors");
-    let bytes = std::fs::read(&path).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
-        .collect();
-    let layers = tensors
-        .iter()
-        .filter(|t| t.0.ends_with(".self_attn.k_proj.weight"))
-        .count();
-    assert!(layers > 0);
-    for l in 0..layers {
-        for kv in ["k_scale", "v_scale"] {
-            tensors.push((
-                format!("model.layers.{l}.self_attn.{kv}"),
-                safetensors::Dtype::F32,
-                vec![],
-                scale.to_le_bytes().to_vec(),
-            ));
+    rewrite_safetensors(&to.join("model.safetensors"), |tensors| {
+        let layers = tensors
+            .iter()
+            .filter(|t| t.0.ends_with(".self_attn.k_proj.weight"))
+            .count();
+        assert!(layers > 0);
+        for l in 0..layers {
+            for kv in ["k_scale", "v_scale"] {
+                tensors.push((
+                    format!("model.layers.{l}.self_attn.{kv}"),
+                    safetensors::Dtype::F32,
+                    vec![],
+                    scale.to_le_bytes().to_vec(),
+                ));
+            }
         }
-    }
-    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
-        .iter()
-        .map(|(n, d, s, b)| {
-            (
-                n.clone(),
-                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
-            )
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, &path).unwrap();
+    });
     edit_config(to, |c| {
         c["quantization_config"] = serde_json::json!({
             "quant_method": "compressed-tensors",
@@ -304,7 +244,7 @@ fn a_kv_cache_sweep_measures_each_scheme_against_the_baseline() {
 }
 
 #[test]
-fn kv_cache_sweeps_and_flags_that_cannot_run_are_refused_before_any_work() {
+fn kv_cache_flags_and_sweeps_that_cannot_run_are_refused_with_the_list() {
     let model = model("shakespeare-bf16");
     let base = [
         "measure",
@@ -316,6 +256,14 @@ fn kv_cache_sweeps_and_flags_that_cannot_run_are_refused_before_any_work() {
         "128",
     ];
     for (extra, message) in [
+        (
+            &["--kv-cache", "int3"][..],
+            "--kv-cache: `int3` is not a KV-cache scheme; use one of none, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1,",
+        ),
+        (
+            &["--kv-cache-v", "int4"][..],
+            "--kv-cache-v: `int4` is not a KV-cache scheme",
+        ),
         (
             &["--sweep", "kv_cache=none,int3"][..],
             "`int3` is not a KV-cache scheme",

@@ -213,3 +213,29 @@ pub fn unloadable_copy(name: &str, to: &Path) -> PathBuf {
     std::fs::write(to.join("model.safetensors"), b"cut short").unwrap();
     to.to_owned()
 }
+
+/// One tensor of a safetensors file, owned: name, dtype, shape, bytes.
+pub type OwnedTensor = (String, safetensors::Dtype, Vec<usize>, Vec<u8>);
+
+/// Rewrites the safetensors file at `path` with `edit` applied to its tensors (to change, add
+/// or drop some), keeping the rest byte for byte.
+pub fn rewrite_safetensors(path: &Path, edit: impl FnOnce(&mut Vec<OwnedTensor>)) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<OwnedTensor> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    edit(&mut tensors);
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}

@@ -182,28 +182,12 @@ fn a_recorded_gpu_exchange_gives_the_recorded_measurement() {
 fn a_runner_that_ignores_the_kv_cache_scheme_asked_for_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let script = fixture().join("replay_runner.py");
-    let result = run(
-        &[("CARDPROOF_REPLAY", fixture().to_str().unwrap())],
-        &[
-            "measure",
-            "--runner",
-            "transformers",
-            "--runner-script",
-            script.to_str().unwrap(),
-            "--reference",
-            &model("shakespeare-bf16"),
-            "--candidate",
-            &model("shakespeare-w8a16"),
-            "--eval-text",
-            "examples/data/eval.txt",
-            "--context-length",
-            "256",
-            "--kv-cache",
-            "q8_0",
-            "--out",
-            out.to_str().unwrap(),
-        ],
+    let replay = fixture();
+    let result = stand_in_measure(
+        &replay.join("replay_runner.py"),
+        &out,
+        &[("CARDPROOF_REPLAY", replay.to_str().unwrap())],
+        &["--kv-cache", "q8_0"],
     );
     assert_eq!(result.code, 2, "{}", result.stderr);
     assert!(

@@ -551,21 +551,27 @@ mod tests {
 
     /// gguf-py's quantizers (bit-exact with ggml's reference ones) on random and adversarial
     /// blocks: the same bytes, and the same values read back (tests/fixtures/kv_cache).
+    /// A fixture's floats, kept as their u32 bit patterns.
+    fn floats(v: &serde_json::Value) -> Vec<f32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|b| f32::from_bits(b.as_u64().unwrap() as u32))
+            .collect()
+    }
+
+    /// A fixture file of tests/fixtures/kv_cache.
+    fn fixture(name: &str) -> serde_json::Value {
+        let path = format!(
+            "{}/tests/fixtures/kv_cache/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
     #[test]
     fn every_block_matches_gguf_py_byte_for_byte() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/kv_cache/llamacpp.json"
-        );
-        let doc: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        let floats = |v: &serde_json::Value| -> Vec<f32> {
-            v.as_array()
-                .unwrap()
-                .iter()
-                .map(|b| f32::from_bits(b.as_u64().unwrap() as u32))
-                .collect()
-        };
+        let doc = fixture("llamacpp.json");
         let blocks: Vec<[f32; BLOCK]> = doc["blocks"]
             .as_array()
             .unwrap()
@@ -651,19 +657,7 @@ mod tests {
     /// three scales, int8 and fp8 per token and head), bit for bit (tests/fixtures/kv_cache).
     #[test]
     fn vllm_schemes_match_torchs_casts_bit_for_bit() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/kv_cache/vllm.json"
-        );
-        let doc: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        let floats = |v: &serde_json::Value| -> Vec<f32> {
-            v.as_array()
-                .unwrap()
-                .iter()
-                .map(|b| f32::from_bits(b.as_u64().unwrap() as u32))
-                .collect()
-        };
+        let doc = fixture("vllm.json");
         let head_dim = doc["head_dim"].as_u64().unwrap() as usize;
         let rows = floats(&doc["rows"]);
         let cases = doc["cases"].as_array().unwrap();
