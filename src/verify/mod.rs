@@ -42,6 +42,8 @@ pub struct VerifyRequest<'a> {
     /// The dtype the candidate's recurrent state is kept in for the rerun (native runner;
     /// `--recurrent-state-dtype`, default f32); a card that discloses another is not reproduced.
     pub recurrent_state: crate::runner::native::StateDtype,
+    /// `--kv-cache`: the candidate's KV-cache scheme for the rerun, in place of the card's.
+    pub kv_cache: Option<KvCacheSetting>,
     /// Told each pre-flight warning before the rerun starts.
     pub on_warning: &'a (dyn Fn(&rerun::preflight::Warning) + Sync),
 }
@@ -326,9 +328,11 @@ pub fn verify(
             // rerun with it (native and transformers lanes; a llama.cpp base file's lane has
             // nothing to set); any other value is compared as before.
             let kv_cache = match &lane {
-                Lane::Native { .. } | Lane::Transformers { .. } => runtime
-                    .and_then(|rt| KvCacheSetting::from_label(&rt.kv_cache_dtype))
-                    .filter(|s| s.k.is_quantized() || s.v.is_quantized()),
+                Lane::Native { .. } | Lane::Transformers { .. } => r.kv_cache.or_else(|| {
+                    runtime
+                        .and_then(|rt| KvCacheSetting::from_label(&rt.kv_cache_dtype))
+                        .filter(|s| s.k.is_quantized() || s.v.is_quantized())
+                }),
                 _ => None,
             };
             let request = rerun::Request {

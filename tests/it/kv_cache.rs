@@ -121,6 +121,30 @@ fn verify_reruns_a_card_with_the_kv_cache_scheme_it_discloses() {
     let r = verify("v2");
     assert_eq!(r.code, 1, "{}", r.stdout);
     assert_eq!(r.json()["verdict"], "not_reproduced", "{}", r.stdout);
+    // `verify --kv-cache` reruns with another scheme than the card's: the rerun then differs
+    // from the card's runtime, so no claim is reproduced and the difference is named.
+    std::fs::write(&card, &written).unwrap();
+    let r = cardproof(&[
+        "verify",
+        cand.to_str().unwrap(),
+        "--reference",
+        &reference,
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--kv-cache",
+        "q8_0",
+        "--out",
+        d.join("v3").to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    let doc = r.json();
+    assert_ne!(doc["verdict"], "reproduced", "{}", r.stdout);
+    assert!(
+        r.stdout.contains("runtime.kv_cache_dtype") && r.stdout.contains("q8_0"),
+        "{}",
+        r.stdout
+    );
 }
 
 /// The bf16 example made into a checkpoint that declares an FP8 KV cache (compressed-tensors'

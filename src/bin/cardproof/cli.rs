@@ -244,6 +244,17 @@ pub struct VerifyArgs {
     /// runtime.recurrent_state_dtype.
     #[arg(long, value_name = "DTYPE", default_value = "f32")]
     pub recurrent_state_dtype: String,
+    /// Rerun with this KV-cache scheme for the candidate instead of the one the card's
+    /// runtime.kv_cache_dtype names (as `measure --kv-cache`); a rerun that differs from the
+    /// card is not comparable with it.
+    #[arg(long, value_name = "SCHEME")]
+    pub kv_cache: Option<String>,
+    /// The keys' scheme alone (overrides --kv-cache for K).
+    #[arg(long, value_name = "SCHEME")]
+    pub kv_cache_k: Option<String>,
+    /// The values' scheme alone (overrides --kv-cache for V).
+    #[arg(long, value_name = "SCHEME")]
+    pub kv_cache_v: Option<String>,
     /// Private key (PKCS#8 PEM) to sign the report with (default: the user's key, created on first
     /// use under the config directory).
     #[arg(long, value_name = "KEY")]

@@ -456,6 +456,8 @@ pub struct VerifyConfig {
     pub transformers: Option<TransformersOptions>,
     /// `--recurrent-state-dtype`.
     pub recurrent_state: StateDtype,
+    /// `--kv-cache`, `--kv-cache-k`, `--kv-cache-v` (else the card's scheme).
+    pub kv_cache: Option<KvCacheSetting>,
 }
 
 impl VerifyConfig {
@@ -472,8 +474,14 @@ impl VerifyConfig {
             RunnerArg::Transformers => Some(transformers_flags(&args.transformers).options()?),
         };
         let recurrent_state = recurrent_state(&args.recurrent_state_dtype, transformers.is_some())?;
+        let kv_cache = KvCacheSetting::from_flags(
+            args.kv_cache.as_deref(),
+            args.kv_cache_k.as_deref(),
+            args.kv_cache_v.as_deref(),
+        )?;
         Ok(VerifyConfig {
             recurrent_state,
+            kv_cache,
             threads: threads(args.threads),
             progress: std::io::stderr().is_terminal(),
             path: args.path,

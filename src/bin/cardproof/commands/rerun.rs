@@ -189,6 +189,7 @@ pub fn verify(config: &VerifyConfig, printer: &Printer) -> super::Result<Verifie
                 transformers: c.transformers.as_ref(),
                 pins,
                 recurrent_state: c.recurrent_state,
+                kv_cache: c.kv_cache,
                 on_warning: &|w| printer.warning(&w.to_string()),
             };
             let mut outcome = cardproof::verify::verify(&request, stage, progress)?;
