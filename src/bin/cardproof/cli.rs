@@ -62,6 +62,25 @@ pub enum Command {
     Check(CheckArgs),
 }
 
+/// `--kv-cache`, `--kv-cache-k`, `--kv-cache-v` (measure and verify).
+#[derive(Debug, Args)]
+pub struct KvCacheArgs {
+    /// The candidate's KV-cache scheme, keys and values (attention layers; write-then-read, as
+    /// llama.cpp and vLLM store a chunk before attending to it): none (the model dtype), f16,
+    /// bf16; llama.cpp's q8_0, q4_0, q4_1, q5_0, q5_1 (blocks of 32, ggml's reference rounding);
+    /// vLLM's fp8_e4m3 (fp8) and fp8_e5m2 (per-tensor scale: the checkpoint's k_scale/v_scale,
+    /// else 1.0), int8_per_token_head and fp8_per_token_head; or k:SCHEME/v:SCHEME. Recorded as
+    /// the run's kv_cache_dtype.
+    #[arg(long, value_name = "SCHEME")]
+    pub kv_cache: Option<String>,
+    /// The keys' scheme alone (overrides --kv-cache for K; llama.cpp's -ctk).
+    #[arg(long, value_name = "SCHEME")]
+    pub kv_cache_k: Option<String>,
+    /// The values' scheme alone (overrides --kv-cache for V; llama.cpp's -ctv).
+    #[arg(long, value_name = "SCHEME")]
+    pub kv_cache_v: Option<String>,
+}
+
 #[derive(Debug, Args)]
 pub struct CheckArgs {
     /// The repository: hf:ORG/NAME[@REVISION] (a branch, tag or commit; default main), or a
@@ -244,17 +263,10 @@ pub struct VerifyArgs {
     /// runtime.recurrent_state_dtype.
     #[arg(long, value_name = "DTYPE", default_value = "f32")]
     pub recurrent_state_dtype: String,
-    /// Rerun with this KV-cache scheme for the candidate instead of the one the card's
-    /// runtime.kv_cache_dtype names (as `measure --kv-cache`); a rerun that differs from the
-    /// card is not comparable with it.
-    #[arg(long, value_name = "SCHEME")]
-    pub kv_cache: Option<String>,
-    /// The keys' scheme alone (overrides --kv-cache for K).
-    #[arg(long, value_name = "SCHEME")]
-    pub kv_cache_k: Option<String>,
-    /// The values' scheme alone (overrides --kv-cache for V).
-    #[arg(long, value_name = "SCHEME")]
-    pub kv_cache_v: Option<String>,
+    /// The candidate's KV-cache scheme for the rerun, in place of the one the card's
+    /// runtime.kv_cache_dtype names (a rerun that differs from the card is not comparable).
+    #[command(flatten)]
+    pub kv_cache: KvCacheArgs,
     /// Private key (PKCS#8 PEM) to sign the report with (default: the user's key, created on first
     /// use under the config directory).
     #[arg(long, value_name = "KEY")]
@@ -387,20 +399,8 @@ pub struct MeasureArgs {
     /// runtime.recurrent_state_dtype.
     #[arg(long, value_name = "DTYPE", default_value = "f32")]
     pub recurrent_state_dtype: String,
-    /// The candidate's KV-cache scheme, keys and values (attention layers; write-then-read, as
-    /// llama.cpp and vLLM store a chunk before attending to it): none (the model dtype), f16,
-    /// bf16; llama.cpp's q8_0, q4_0, q4_1, q5_0, q5_1 (blocks of 32, ggml's reference rounding);
-    /// vLLM's fp8_e4m3 (fp8) and fp8_e5m2 (per-tensor scale: the checkpoint's k_scale/v_scale,
-    /// else 1.0), int8_per_token_head and fp8_per_token_head. Native runner; recorded as the
-    /// run's kv_cache_dtype.
-    #[arg(long, value_name = "SCHEME")]
-    pub kv_cache: Option<String>,
-    /// The keys' scheme alone (overrides --kv-cache for K; llama.cpp's -ctk).
-    #[arg(long, value_name = "SCHEME")]
-    pub kv_cache_k: Option<String>,
-    /// The values' scheme alone (overrides --kv-cache for V; llama.cpp's -ctv).
-    #[arg(long, value_name = "SCHEME")]
-    pub kv_cache_v: Option<String>,
+    #[command(flatten)]
+    pub kv_cache: KvCacheArgs,
     /// Worker threads (default: every core).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,
@@ -474,7 +474,7 @@ pub struct TransformersArgs {
     pub trust_remote_code: bool,
     /// Measure the candidate's weights against themselves under several settings, the first as
     /// the baseline: `attention=eager,sdpa` (transformers runner; the cross-kernel noise floor)
-    /// or `kv_cache=none,q8_0,q4_0` (native runner; KV-cache schemes as --kv-cache names them).
+    /// or `kv_cache=none,q8_0,q4_0` (either runner; KV-cache schemes as --kv-cache names them).
     /// Gives the KL of each setting and where top-1 flips sit along position.
     #[arg(long, value_name = "KNOB=A,B")]
     pub sweep: Option<String>,

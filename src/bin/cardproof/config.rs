@@ -337,11 +337,7 @@ impl MeasureConfig {
         };
         let sweep = flags.sweep()?;
         let recurrent_state = recurrent_state(&args.recurrent_state_dtype, transformers.is_some())?;
-        let kv_cache = KvCacheSetting::from_flags(
-            args.kv_cache.as_deref(),
-            args.kv_cache_k.as_deref(),
-            args.kv_cache_v.as_deref(),
-        )?;
+        let kv_cache = kv_cache(&args.kv_cache)?;
         if sweep.is_some() && kv_cache.is_some() {
             return Err(
                 "--kv-cache and --sweep do not combine: a sweep sets each side's scheme itself"
@@ -395,6 +391,15 @@ fn transformers_flags(a: &cli::TransformersArgs) -> TransformersFlags {
         keep_hidden: a.keep_hidden.clone(),
         runner_dump: a.runner_dump.clone(),
     }
+}
+
+/// `--kv-cache`, `--kv-cache-k`, `--kv-cache-v`: `None` when none is given.
+fn kv_cache(args: &cli::KvCacheArgs) -> Result<Option<KvCacheSetting>, String> {
+    KvCacheSetting::from_flags(
+        args.kv_cache.as_deref(),
+        args.kv_cache_k.as_deref(),
+        args.kv_cache_v.as_deref(),
+    )
 }
 
 /// `--recurrent-state-dtype`: a dtype name, and f32 only with the transformers runner (which
@@ -474,11 +479,7 @@ impl VerifyConfig {
             RunnerArg::Transformers => Some(transformers_flags(&args.transformers).options()?),
         };
         let recurrent_state = recurrent_state(&args.recurrent_state_dtype, transformers.is_some())?;
-        let kv_cache = KvCacheSetting::from_flags(
-            args.kv_cache.as_deref(),
-            args.kv_cache_k.as_deref(),
-            args.kv_cache_v.as_deref(),
-        )?;
+        let kv_cache = kv_cache(&args.kv_cache)?;
         Ok(VerifyConfig {
             recurrent_state,
             kv_cache,
