@@ -20,6 +20,7 @@
 //! layout once at load, so one forward serves both.
 
 use candle_core::{Device, Tensor, WithDType};
+use rayon::prelude::*;
 
 use super::config::{Hybrid, ModelConfig};
 use super::decoder::{ComputeDtype, Lin, LoadReport, lin_from, linear, load_linear};
@@ -281,21 +282,28 @@ impl GatedDeltaNet {
         .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         carried.recurrent = state.iter().map(|&e| e.w_to()).collect();
         let z = rows(linear(x, &self.z)?)?;
-        let mut normed = Vec::with_capacity(n * hv * dv);
+        // The gated RMSNorm, one (token, value head) row per task: the same operations in the
+        // same order as one loop, so the result does not depend on the threads.
+        let mut normed = vec![W::default(); n * hv * dv];
         let eps = W::w_from(self.eps);
-        for (head, zs) in o.chunks(dv).zip(z.chunks(dv)) {
-            let head: Vec<W> = head.iter().map(|&e| round(e)).collect();
-            let mut ss = W::default();
-            for &e in &head {
-                ss += e * e;
-            }
-            let inv = one / (ss / W::w_from(dv as f64) + eps).w_sqrt();
-            for ((&e, &w), &zv) in head.iter().zip(&self.norm).zip(zs) {
-                let y = round(round(e * inv) * W::w_from(w));
-                let silu = zv / (one + (W::w_from(0.0) - zv).w_exp());
-                normed.push(round(y * silu));
-            }
-        }
+        let norm = &self.norm;
+        normed
+            .par_chunks_mut(dv)
+            .zip(o.par_chunks(dv))
+            .zip(z.par_chunks(dv))
+            .for_each(|((out, head), zs)| {
+                let mut ss = W::default();
+                for &e in head {
+                    let e = round(e);
+                    ss += e * e;
+                }
+                let inv = one / (ss / W::w_from(dv as f64) + eps).w_sqrt();
+                for (((dst, &e), &w), &zv) in out.iter_mut().zip(head).zip(norm).zip(zs) {
+                    let y = round(round(round(e) * inv) * W::w_from(w));
+                    let silu = zv / (one + (W::w_from(0.0) - zv).w_exp());
+                    *dst = round(y * silu);
+                }
+            });
         let normed = Tensor::from_vec(normed, (n, hv * dv), &Device::Cpu)?.to_dtype(dt)?;
         linear(&normed, &self.out)
     }
@@ -313,8 +321,10 @@ impl GatedDeltaNet {
         let one = W::w_from(1.0);
         let weights: Vec<W> = self.conv.iter().map(|&w| W::w_from(w)).collect();
         let mut out = vec![W::default(); n * width];
-        for t in 0..n {
-            for ch in 0..width {
+        // One time step per task (each output depends only on inputs): the same operations
+        // in the same order as one loop.
+        out.par_chunks_mut(width).enumerate().for_each(|(t, row)| {
+            for (ch, dst) in row.iter_mut().enumerate() {
                 let w = &weights[ch * k..(ch + 1) * k];
                 let mut acc = W::default();
                 for (j, &wj) in w.iter().enumerate() {
@@ -324,9 +334,9 @@ impl GatedDeltaNet {
                     }
                 }
                 let acc = round(acc);
-                out[t * width + ch] = round(acc / (one + (W::w_from(0.0) - acc).w_exp()));
+                *dst = round(acc / (one + (W::w_from(0.0) - acc).w_exp()));
             }
-        }
+        });
         out
     }
 }
