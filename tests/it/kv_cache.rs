@@ -97,8 +97,9 @@ fn verify_reruns_a_card_with_the_kv_cache_scheme_it_discloses() {
     let written = std::fs::read_to_string(&card).unwrap();
     assert!(written.contains("kv_cache_dtype: q4_0"), "{written}");
     let reference = model("shakespeare-bf16");
-    let verify = |out: &str| {
-        cardproof(&[
+    let verify = |out: &str, extra: &[&str]| {
+        let out = d.join(out);
+        let mut args = vec![
             "verify",
             cand.to_str().unwrap(),
             "--reference",
@@ -106,11 +107,13 @@ fn verify_reruns_a_card_with_the_kv_cache_scheme_it_discloses() {
             "--eval-text",
             text.to_str().unwrap(),
             "--out",
-            d.join(out).to_str().unwrap(),
+            out.to_str().unwrap(),
             "--json",
-        ])
+        ];
+        args.extend_from_slice(extra);
+        cardproof(&args)
     };
-    let r = verify("v1");
+    let r = verify("v1", &[]);
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
     assert_eq!(r.json()["verdict"], "reproduced", "{}", r.stdout);
     std::fs::write(
@@ -118,25 +121,13 @@ fn verify_reruns_a_card_with_the_kv_cache_scheme_it_discloses() {
         written.replace("kv_cache_dtype: q4_0", "kv_cache_dtype: q8_0"),
     )
     .unwrap();
-    let r = verify("v2");
+    let r = verify("v2", &[]);
     assert_eq!(r.code, 1, "{}", r.stdout);
     assert_eq!(r.json()["verdict"], "not_reproduced", "{}", r.stdout);
     // `verify --kv-cache` reruns with another scheme than the card's: the rerun then differs
     // from the card's runtime, so no claim is reproduced and the difference is named.
     std::fs::write(&card, &written).unwrap();
-    let r = cardproof(&[
-        "verify",
-        cand.to_str().unwrap(),
-        "--reference",
-        &reference,
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--kv-cache",
-        "q8_0",
-        "--out",
-        d.join("v3").to_str().unwrap(),
-        "--json",
-    ]);
+    let r = verify("v3", &["--kv-cache", "q8_0"]);
     assert_eq!(r.code, 1, "{}", r.stdout);
     let doc = r.json();
     assert_ne!(doc["verdict"], "reproduced", "{}", r.stdout);

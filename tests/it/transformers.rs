@@ -763,14 +763,10 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         );
     }
 
-    #[test]
-    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
-    fn an_attention_sweep_measures_the_kernel_alone() {
-        require_torch();
-        let dir = tempfile::tempdir().unwrap();
-        let text = short_text(dir.path(), 6000);
-        let out = dir.path().join("sweep");
-        let r = run(
+    /// `measure --sweep SWEEP` of the bf16 example in the real runner on CPU, float32, windows
+    /// of 128 tokens of `text`, into `out`, with `--json`.
+    fn cpu_sweep(text: &Path, out: &Path, sweep: &str) -> Run {
+        run(
             &[],
             &[
                 "measure",
@@ -781,7 +777,7 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
                 "--torch-dtype",
                 "float32",
                 "--sweep",
-                "attention=sdpa,eager",
+                sweep,
                 "--candidate",
                 "examples/models/shakespeare-bf16",
                 "--eval-text",
@@ -792,7 +788,17 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
                 out.to_str().unwrap(),
                 "--json",
             ],
-        );
+        )
+    }
+
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn an_attention_sweep_measures_the_kernel_alone() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        let text = short_text(dir.path(), 6000);
+        let out = dir.path().join("sweep");
+        let r = cpu_sweep(&text, &out, "attention=sdpa,eager");
         assert_eq!(r.code, 0, "{}", r.stderr);
         let doc = r.json();
         let pair = &doc["pairs"][0];
@@ -846,29 +852,7 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         let dir = tempfile::tempdir().unwrap();
         let text = short_text(dir.path(), 6000);
         let out = dir.path().join("sweep");
-        let r = run(
-            &[],
-            &[
-                "measure",
-                "--runner",
-                "transformers",
-                "--device",
-                "cpu",
-                "--torch-dtype",
-                "float32",
-                "--sweep",
-                "kv_cache=none,q8_0,q4_0,k:q4_0/v:none",
-                "--candidate",
-                "examples/models/shakespeare-bf16",
-                "--eval-text",
-                text.to_str().unwrap(),
-                "--context-length",
-                "128",
-                "--out",
-                out.to_str().unwrap(),
-                "--json",
-            ],
-        );
+        let r = cpu_sweep(&text, &out, "kv_cache=none,q8_0,q4_0,k:q4_0/v:none");
         assert_eq!(r.code, 0, "{}", r.stderr);
         let doc = r.json();
         let pairs = doc["pairs"].as_array().unwrap();
