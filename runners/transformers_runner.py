@@ -500,8 +500,45 @@ def kv_quantize(torch, name, x, tensor_scale=1.0):
     return out.to(dtype)
 
 
+LLAMACPP_BLOCKED = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+
+
+def hadamard_matrix(torch, n, device):
+    """ggml_gen_hadamard's orthonormal Sylvester matrix (entries +-(1/sqrtf(n)) as f32), in
+    float64 so that one rotation rounds to float32 once, as the native runner does it."""
+    import numpy
+
+    entry = float(numpy.float32(1.0 / float(numpy.sqrt(numpy.float32(n)))))
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return (h * entry).to(device)
+
+
+def rotation_sizes(head_dim):
+    """llama.cpp's rotation blocks for (K, V): the largest power of two >= 64 dividing the head,
+    and 64; None where the head is not a multiple of 64 (llama.cpp does not rotate it)."""
+    if head_dim <= 0 or head_dim % 64:
+        return None
+    k = 64
+    while head_dim % (2 * k) == 0:
+        k *= 2
+    return k, 64
+
+
+def kv_rounded(torch, name, x, rotation):
+    """`x` as the cache gives it back: rounded by `name`, in llama.cpp's rotated basis (H x,
+    rounded, rotated back: the same attention as rotating Q and the output) when `rotation` is a
+    block size."""
+    if rotation is None:
+        return kv_quantize(torch, name, x)
+    h = hadamard_matrix(torch, rotation, x.device)
+    rot = lambda t: (t.double().reshape(-1, rotation) @ h).float().reshape(t.shape)  # noqa: E731
+    return rot(kv_quantize(torch, name, rot(x.float()))).to(x.dtype)
+
+
 def kv_setting(spec, path):
-    """The (k, v) schemes a request model asks for, checked; None for the model dtype."""
+    """The (k, v, rotation) a request model asks for, checked; None for the model dtype."""
     kv = spec.get("kv_cache")
     if not kv or (kv.get("k", "none") == "none" and kv.get("v", "none") == "none"):
         return None
@@ -509,6 +546,15 @@ def kv_setting(spec, path):
     for name in (k, v):
         if name not in KV_SCHEMES:
             raise RunnerError("unsupported", f"KV-cache scheme `{name}` is not one of {', '.join(KV_SCHEMES)}")
+    rotation = kv.get("rotation")
+    if rotation not in (None, "none", "hadamard"):
+        raise RunnerError("unsupported", f"KV-cache rotation `{rotation}` is not hadamard or none")
+    hadamard = rotation == "hadamard"
+    if hadamard:
+        if any(n not in LLAMACPP_BLOCKED and n not in ("none", "f16", "bf16") for n in (k, v)):
+            raise RunnerError("unsupported", "llama.cpp's Hadamard rotation goes with its own cache types only")
+        if not any(n in LLAMACPP_BLOCKED for n in (k, v)):
+            raise RunnerError("unsupported", "llama.cpp's Hadamard rotation applies only to a quantized cache")
     qc = read_config(path, whole=True).get("quantization_config") or {}
     if any(n in ("fp8_e4m3", "fp8_e5m2") for n in (k, v)) and qc.get("kv_cache_scheme"):
         raise RunnerError(
@@ -516,11 +562,11 @@ def kv_setting(spec, path):
             f"{path}: the checkpoint declares its own KV-cache scales (kv_cache_scheme); this runner applies "
             "per-tensor fp8 with scale 1.0 only; use --runner native, which takes the checkpoint's k_scale/v_scale",
         )
-    return (k, v)
+    return (k, v, hadamard)
 
 
 def kv_label(setting):
-    k, v = setting
+    k, v, _ = setting
     return k if k == v else f"k:{k}/v:{v}"
 
 
@@ -532,13 +578,26 @@ def new_cache(torch, transformers, model):
     setting = getattr(model, "_cardproof_kv", None)
     cls = transformers.DynamicCache
     if setting is not None:
-        k_name, v_name = setting
+        k_name, v_name, hadamard = setting
+
+        def sizes(x):
+            if not hadamard:
+                return None, None
+            found = rotation_sizes(x.shape[-1])
+            if found is None:
+                raise RunnerError(
+                    "unsupported",
+                    f"llama.cpp rotates only heads whose size is a multiple of 64, and this model's is {x.shape[-1]}",
+                )
+            return (found[0] if k_name in LLAMACPP_BLOCKED else None,
+                    found[1] if v_name in LLAMACPP_BLOCKED else None)
 
         class RoundingCache(transformers.DynamicCache):
             def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+                k_rot, v_rot = sizes(key_states)
                 return super().update(
-                    kv_quantize(torch, k_name, key_states),
-                    kv_quantize(torch, v_name, value_states),
+                    kv_rounded(torch, k_name, key_states, k_rot),
+                    kv_rounded(torch, v_name, value_states, v_rot),
                     layer_idx,
                     *args,
                     **kwargs,
@@ -1002,6 +1061,7 @@ def model_record(model, spec):
         "logits_dtype": str(model.get_output_embeddings().weight.dtype).replace("torch.", ""),
         # A scheme cardproof applies (`kv_cache` in the request), else the model dtype.
         "kv_cache_dtype": kv_label(kv) if kv else dtype,
+        "kv_cache_rotation": "hadamard" if kv and kv[2] else "none",
         "quant_method": (q or {}).get("quant_method") if isinstance(q, dict) else q,
         "run_compressed": (q or {}).get("run_compressed") if isinstance(q, dict) else None,
         "device_map": {k: str(v) for k, v in (getattr(model, "hf_device_map", None) or {}).items()} or str(model.device),

@@ -167,10 +167,11 @@ pub enum Code {
     QuantizationMismatch,
     ProseContradictsDisclosure,
     ProseNotInDisclosure,
+    KvCacheMismatch,
 }
 
 impl Code {
-    pub const ALL: [Code; 23] = [
+    pub const ALL: [Code; 24] = [
         Code::SchemaViolation,
         Code::MissingDisclosure,
         Code::VagueDisclosure,
@@ -194,6 +195,7 @@ impl Code {
         Code::QuantizationMismatch,
         Code::ProseContradictsDisclosure,
         Code::ProseNotInDisclosure,
+        Code::KvCacheMismatch,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -221,6 +223,7 @@ impl Code {
             Code::QuantizationMismatch => "quantization-mismatch",
             Code::ProseContradictsDisclosure => "prose-contradicts-disclosure",
             Code::ProseNotInDisclosure => "prose-not-in-disclosure",
+            Code::KvCacheMismatch => "kv-cache-mismatch",
         }
     }
 

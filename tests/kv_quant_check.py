@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The transformers runner's KV-cache quantizers (runners/transformers_runner.py, `kv_quantize`)
 against the fixtures cardproof's native quantizers are checked on (tests/fixtures/kv_cache):
-gguf-py's llama.cpp blocks and torch's casts on vLLM's write paths, bit for bit in float32. Run by
+gguf-py's llama.cpp blocks, torch's casts on vLLM's write paths and llama.cpp's Hadamard
+rotation (rotation.json), bit for bit in float32. Run by
 the CI torch test `transformers::torch::the_runners_kv_quantizers_match_the_fixtures_bit_for_bit`:
 
     python3 tests/kv_quant_check.py
@@ -56,6 +57,14 @@ def main():
         want = floats(case["values"]).reshape(rows.shape)
         got = r.kv_quantize(torch, case["scheme"], rows, tensor_scale=np.float32(case["scale"]).item())
         same(f"{case['scheme']} at scale {case['scale']}", got, want)
+        checked += 1
+    with open(os.path.join(FIXTURES, "rotation.json")) as f:
+        doc = json.load(f)
+    for case in doc["cases"]:
+        rows = floats(case["rows"]).reshape(-1, case["head_dim"])
+        want = floats(case["values"]).reshape(rows.shape)
+        got = r.kv_rounded(torch, case["scheme"], rows, case["block"])
+        same(f"{case['scheme']} rotated in blocks of {case['block']} (head {case['head_dim']})", got, want)
         checked += 1
     print(f"kv quantizers: {checked} cases bit for bit")
     return 0

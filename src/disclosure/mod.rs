@@ -4,6 +4,7 @@
 //! when the two drift), and lint validates cards against it. Doc comments become the schema's
 //! descriptions, so they are written for card authors.
 
+pub mod kv_cache;
 pub mod precision;
 pub mod read;
 pub mod results;
@@ -205,6 +206,10 @@ pub struct Runtime {
     /// KV-cache dtype as run (`bf16`, `fp8_e4m3`, `q8_0`, ...).
     #[schemars(length(min = 1))]
     pub kv_cache_dtype: String,
+    /// The KV cache in detail, K and V separately: granularity, scale source, llama.cpp's
+    /// Hadamard rotation, read-back semantics. Optional; must agree with `kv_cache_dtype`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<kv_cache::KvCache>,
     /// The dtype the carried recurrent state of linear-attention (Gated DeltaNet) layers is kept
     /// in, as run (vLLM's `mamba_ssm_cache_dtype`, SGLang's `mamba_ssm_dtype`): `f32`, `bf16`,
     /// `f16` (or `float32`, `bfloat16`, `float16`, with or without `torch.`). For hybrid models;

@@ -8,8 +8,10 @@
 use serde_json::Value;
 
 use super::Locator;
+use crate::disclosure::kv_cache::KvCache;
 use crate::disclosure::vocabulary;
 use crate::findings::{Code, Finding, Item};
+use crate::runner::native::kv_cache::KvCacheSetting;
 
 /// Words that name no particular version, kernel or device.
 const PLACEHOLDERS: &[&str] = &[
@@ -32,10 +34,12 @@ pub(super) fn check(fidelity: &Value, locator: &Locator<'_>, out: &mut Vec<Findi
 
     reference(fidelity, &mut push);
     runtime(fidelity, &mut push);
+    kv_cache(fidelity, &mut push);
     eval_text(fidelity, &mut push);
     calibration(fidelity, &mut push);
     positions(fidelity, &mut push);
     claims(fidelity, locator, out);
+    kv_cache_coherent(fidelity, locator, out);
     candidate(fidelity, locator, out);
     calibration_overlap(fidelity, locator, out);
 }
@@ -170,6 +174,74 @@ fn runtime(f: &Value, push: &mut Push<'_>) {
                 );
             }
         }
+    }
+}
+
+/// The card's structured KV-cache entry, when it has one that parses (a malformed one is a
+/// schema violation already).
+fn kv_cache_entry(f: &Value) -> Option<KvCache> {
+    serde_json::from_value(f.pointer("/runtime/kv_cache")?.clone()).ok()
+}
+
+/// A KV-cache name that leaves out what moves the number: per-tensor fp8 without where its
+/// scale came from (1.0, the checkpoint's, computed), llama.cpp's quantized types without
+/// whether the Hadamard rotation was on (default since April 2026, per build).
+fn kv_cache(f: &Value, push: &mut Push<'_>) {
+    let Some(dtype) = str_at(f, "/runtime/kv_cache_dtype") else {
+        return;
+    };
+    let entry = kv_cache_entry(f);
+    let Some(setting) = entry
+        .as_ref()
+        .and_then(|e| e.setting().ok())
+        .or_else(|| KvCacheSetting::from_label(dtype))
+    else {
+        return;
+    };
+    let schemes = [setting.k, setting.v];
+    let pointer = if f.pointer("/runtime/kv_cache").is_some() {
+        "/fidelity/runtime/kv_cache"
+    } else {
+        "/fidelity/runtime/kv_cache_dtype"
+    };
+    let scale_source = entry.as_ref().and_then(|e| e.scale_source);
+    if schemes.iter().any(|s| s.takes_tensor_scale()) && scale_source.is_none() {
+        push(
+            Item::Runtime,
+            pointer,
+            format!(
+                "the KV cache is `{dtype}` (one scale per tensor) without `runtime.kv_cache.scale_source`: a scale of 1.0, the checkpoint's `k_scale`/`v_scale` and scales computed from the first window give different numbers"
+            ),
+        );
+    }
+    let llama_cpp = matches!(
+        str_at(f, "/runtime/engine"),
+        Some("llama_cpp" | "ik_llama_cpp")
+    );
+    let rotation = entry.as_ref().and_then(|e| e.rotation);
+    if llama_cpp && schemes.iter().any(|s| s.is_blocked()) && rotation.is_none() {
+        push(
+            Item::Runtime,
+            pointer,
+            format!(
+                "the KV cache is `{dtype}` on llama.cpp without `runtime.kv_cache.rotation`: builds since April 2026 rotate Q/K/V by a Hadamard matrix before a quantized store unless `LLAMA_ATTN_ROT_DISABLE=1`, and the two give different numbers"
+            ),
+        );
+    }
+}
+
+/// The structured KV-cache entry must name real schemes, agree with `kv_cache_dtype` and with
+/// itself (a granularity or scale source its schemes do not have).
+fn kv_cache_coherent(f: &Value, locator: &Locator<'_>, out: &mut Vec<Finding>) {
+    let (Some(entry), Some(dtype)) = (kv_cache_entry(f), str_at(f, "/runtime/kv_cache_dtype"))
+    else {
+        return;
+    };
+    for (field, message) in entry.contradictions(dtype) {
+        out.push(locator.at_value(
+            Finding::new(Code::KvCacheMismatch, message).item(Some(Item::Runtime)),
+            &format!("/fidelity/runtime/kv_cache/{field}"),
+        ));
     }
 }
 

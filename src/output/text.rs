@@ -269,7 +269,16 @@ pub fn measurement(doc: &crate::rerun::Measurement) -> String {
         e.kv_cache_dtype
             .as_ref()
             .filter(|k| **k != e.compute_dtype)
-            .map(|k| format!(", KV cache {k}"))
+            .map(|k| {
+                let rotated = e.kv_cache.as_ref().and_then(|c| c.rotation)
+                    == Some(crate::disclosure::kv_cache::KvRotation::Hadamard);
+                let rotated = if rotated {
+                    " (Hadamard-rotated, llama.cpp's)"
+                } else {
+                    ""
+                };
+                format!(", KV cache {k}{rotated}")
+            })
             .unwrap_or_default(),
     );
     if let Some(t) = e.transformers_runner.as_ref().and_then(|r| {

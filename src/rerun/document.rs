@@ -141,6 +141,10 @@ pub struct Environment {
     pub compute_dtype: String,
     pub attention: String,
     pub kv_cache_dtype: Option<String>,
+    /// How the candidate's KV cache was rounded, when a scheme was set (K and V, granularity,
+    /// scale source, rotation, semantics); absent: the model dtype, or a record that predates it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<crate::disclosure::kv_cache::KvCache>,
     /// The dtype the candidate's carried recurrent (Gated DeltaNet) state was kept in (`f32`,
     /// `bf16`, `f16`; native runner; absent in records that predate it and for transformers).
     #[serde(default, skip_serializing_if = "Option::is_none")]

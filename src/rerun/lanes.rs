@@ -96,7 +96,7 @@ fn load_candidate(r: &Request, compute: ComputeDtype, emulate: Emulate) -> Resul
     let mut candidate = native::load(r.candidate, compute, emulate, r.recurrent_state)?;
     if let Some(setting) = r.kv_cache {
         candidate.decoder.set_kv_cache(setting).map_err(|e| {
-            Error::usage(r.candidate, format!("--kv-cache {}: {e}", setting.label()))
+            Error::usage(r.candidate, format!("--kv-cache {}: {e}", setting.name()))
         })?;
     }
     if r.recurrent_state != StateDtype::F32 && !candidate.decoder.has_recurrent_state() {
@@ -130,6 +130,7 @@ fn native_environment(
         compute_dtype: compute.as_str().into(),
         attention: "eager".into(),
         kv_cache_dtype: Some(reference_kv(candidate, compute)),
+        kv_cache: candidate.decoder.kv_cache_record(),
         recurrent_state_dtype: candidate
             .decoder
             .has_recurrent_state()
@@ -238,7 +239,7 @@ pub(super) fn native(
     let mut reference = native::load(reference_path, compute, emulate, StateDtype::F32)?;
     if let Some(setting) = r.reference_kv_cache {
         reference.decoder.set_kv_cache(setting).map_err(|e| {
-            Error::usage(reference_path, format!("KV cache {}: {e}", setting.label()))
+            Error::usage(reference_path, format!("KV cache {}: {e}", setting.name()))
         })?;
     }
     let candidate = load_candidate(r, compute, emulate)?;
@@ -416,6 +417,8 @@ fn transformers_environment(
         kv_cache_dtype: reported.models.candidate["kv_cache_dtype"]
             .as_str()
             .map(str::to_owned),
+        // Set from the request once the record is checked against it (see `run_transformers`).
+        kv_cache: None,
         // transformers keeps the recurrent state in fp32; which GDN kernel ran is the runner's
         // record to make.
         recurrent_state_dtype: None,
@@ -545,7 +548,15 @@ pub(super) fn transformers(
         runner: output.environment.models.candidate.clone(),
         ..candidate_id
     };
-    let environment = transformers_environment(&output.environment, &tokenizer);
+    let environment = Environment {
+        // The runner's cache rounds write-then-read, rotated as asked, per-tensor scales 1.0 (it
+        // refuses checkpoint scales); that the scheme ran is checked below.
+        kv_cache: r
+            .kv_cache
+            .filter(|s| s.changes_anything())
+            .map(|s| crate::disclosure::kv_cache::KvCache::as_run(s, false)),
+        ..transformers_environment(&output.environment, &tokenizer)
+    };
     // The runner says which KV cache each side ran with: a scheme asked for and not applied
     // (a runner program older than the request) is an error, not a silently plain run.
     for (side, asked, record) in [
@@ -566,12 +577,18 @@ pub(super) fn transformers(
         let ran = record["kv_cache_dtype"]
             .as_str()
             .unwrap_or("(none recorded)");
-        if ran != asked.label() {
+        let rotated = record["kv_cache_rotation"].as_str() == Some("hadamard");
+        if ran != asked.label() || rotated != asked.hadamard {
+            let ran = if rotated {
+                format!("{ran}+hadamard")
+            } else {
+                ran.to_owned()
+            };
             return Err(Error::runner(
                 r.candidate,
                 format!(
                     "the transformers runner ran the {side} with KV cache `{ran}` where `{}` was asked for",
-                    asked.label()
+                    asked.name()
                 ),
             ));
         }

@@ -68,6 +68,9 @@ pub struct RequestModel {
 pub struct RequestKvCache {
     pub k: String,
     pub v: String,
+    /// `hadamard`: llama.cpp's rotation of the quantized sides (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotation: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

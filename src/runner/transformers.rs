@@ -231,6 +231,7 @@ fn write_request(
                     crate::runner::exchange::RequestKvCache {
                         k: s.k.as_str().to_owned(),
                         v: s.v.as_str().to_owned(),
+                        rotation: s.hadamard.then(|| "hadamard".to_owned()),
                     }
                 }),
             }

@@ -243,6 +243,9 @@ pub fn lane_differences(card: &CardLane, m: &Measurement, resolved: &Resolved) -
                 out.push(d);
             }
         }
+        if rt.engine == rerun_engine {
+            out.extend(kv_cache_differences(rt, env.kv_cache.as_ref()));
+        }
     }
     out.extend(identity_differences(
         card,
@@ -263,6 +266,42 @@ pub fn lane_differences(card: &CardLane, m: &Measurement, resolved: &Resolved) -
         });
     }
     out
+}
+
+/// The card's structured KV-cache entry against how the rerun's cache ran: granularity, scale
+/// source, rotation and semantics, each a field the card states (the schemes themselves are
+/// `kv_cache_dtype`'s comparison). A rerun without a rounded cache ran the model dtype.
+fn kv_cache_differences(
+    rt: &disclosure::Runtime,
+    ran: Option<&crate::disclosure::kv_cache::KvCache>,
+) -> Vec<Difference> {
+    use crate::disclosure::kv_cache::{KvCache, KvRotation};
+    use crate::runner::native::kv_cache::KvCacheSetting;
+    let Some(card) = &rt.kv_cache else {
+        // A card without the entry states no rotation; a rotated rerun is not what it says.
+        return match ran.and_then(|r| r.rotation) {
+            Some(rotation @ KvRotation::Hadamard) => vec![plain(
+                "runtime.kv_cache.rotation",
+                "KV-cache rotation",
+                "(not stated)".into(),
+                rotation.to_string(),
+            )],
+            _ => Vec::new(),
+        };
+    };
+    let unrounded = KvCache::as_run(KvCacheSetting::plain(), false);
+    card.differences(ran.unwrap_or(&unrounded))
+        .into_iter()
+        .filter(|(field, _, _)| !matches!(*field, "k" | "v"))
+        .map(|(field, c, r)| {
+            plain(
+                &format!("runtime.kv_cache.{field}"),
+                &format!("KV-cache {}", field.replace('_', " ")),
+                c,
+                r,
+            )
+        })
+        .collect()
 }
 
 /// The recurrent-state dtype of the card's runtime against the rerun's, by canonical name (`f32`

@@ -330,7 +330,14 @@ pub fn verify(
             let kv_cache = match &lane {
                 Lane::Native { .. } | Lane::Transformers { .. } => r.kv_cache.or_else(|| {
                     runtime
-                        .and_then(|rt| KvCacheSetting::from_label(&rt.kv_cache_dtype))
+                        .and_then(|rt| {
+                            // The structured entry names K and V separately; lint holds it to
+                            // agree with `kv_cache_dtype`.
+                            rt.kv_cache
+                                .as_ref()
+                                .and_then(|e| e.setting().ok())
+                                .or_else(|| KvCacheSetting::from_label(&rt.kv_cache_dtype))
+                        })
                         .filter(|s| s.k.is_quantized() || s.v.is_quantized())
                 }),
                 _ => None,

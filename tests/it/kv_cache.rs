@@ -58,6 +58,52 @@ fn a_quantized_kv_cache_moves_the_model_against_itself_and_int4_far_more_than_in
     assert!(mixed > q8 && mixed < q4, "{mixed}");
 }
 
+/// llama.cpp's Hadamard rotation spreads a head's outlier channels over its block before the
+/// cache rounds it: on the bf16 example (heads of 64) q4_0 rotated moves the model less than
+/// q4_0 plain. The record keeps the cache type as `kv_cache_dtype` and the rotation in
+/// `kv_cache.rotation`; the text output names it.
+#[test]
+fn the_hadamard_rotation_lowers_a_4_bit_caches_kld_and_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plain, _, _) = self_with(dir.path(), &["--kv-cache", "q4_0"]);
+    let (rotated, kv, text) = self_with(
+        dir.path(),
+        &["--kv-cache", "q4_0", "--kv-cache-rotation", "hadamard"],
+    );
+    assert_eq!(kv, "q4_0");
+    assert!(
+        text.contains("KV cache q4_0 (Hadamard-rotated, llama.cpp's)"),
+        "{text}"
+    );
+    assert!(
+        rotated > 0.0 && rotated < plain,
+        "rotated {rotated}, plain {plain}"
+    );
+    let m: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            dir.path()
+                .join("kv-cache_q4_0_kv-cache-rotation_hadamard/measurement.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(m["environment"]["kv_cache"]["rotation"], "hadamard");
+    // The one-word spelling is the same run.
+    let (same, _, _) = self_with(dir.path(), &["--kv-cache", "q4_0+hadamard"]);
+    assert_eq!(same, rotated);
+    // A rotation llama.cpp would not do is refused: the hybrid example's heads are 32 wide.
+    let text = short_text(dir.path(), 2000);
+    let r = measure_short(
+        Path::new(&model("shakespeare-hybrid-bf16")),
+        &text,
+        &dir.path().join("hybrid"),
+        "100",
+        &["--kv-cache", "q8_0+hadamard"],
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("multiple of 64"), "{}", r.stderr);
+}
+
 /// A card written from a `--kv-cache q4_0` measurement discloses `kv_cache_dtype: q4_0`, and
 /// `verify` reruns it with that cache (native lane): reproduced. The same card claiming those
 /// numbers for a q8_0 cache is rerun with q8_0 and is not.
@@ -96,6 +142,22 @@ fn verify_reruns_a_card_with_the_kv_cache_scheme_it_discloses() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     let written = std::fs::read_to_string(&card).unwrap();
     assert!(written.contains("kv_cache_dtype: q4_0"), "{written}");
+    // The measurement's record of how the cache ran travels into the card.
+    let lint = cardproof(&["lint", card.to_str().unwrap(), "--json"]);
+    assert!(
+        !lint.stdout.contains("kv-cache-mismatch"),
+        "{}",
+        lint.stdout
+    );
+    for field in [
+        "k: q4_0",
+        "granularity: block_32",
+        "scale_source: dynamic",
+        "rotation: none",
+        "semantics: write_then_read",
+    ] {
+        assert!(written.contains(field), "{field} in {written}");
+    }
     let reference = model("shakespeare-bf16");
     let verify = |out: &str, extra: &[&str]| {
         let out = d.join(out);
@@ -126,6 +188,26 @@ fn verify_reruns_a_card_with_the_kv_cache_scheme_it_discloses() {
     assert_eq!(r.json()["verdict"], "not_reproduced", "{}", r.stdout);
     // `verify --kv-cache` reruns with another scheme than the card's: the rerun then differs
     // from the card's runtime, so no claim is reproduced and the difference is named.
+    std::fs::write(&card, &written).unwrap();
+    // The same numbers claimed for a rotated cache (llama.cpp's Hadamard): the rerun follows
+    // the rotation, which lowers q4_0's KLD, so they are not reproduced.
+    std::fs::write(
+        &card,
+        written.replace("rotation: none", "rotation: hadamard"),
+    )
+    .unwrap();
+    let r = verify("v4", &[]);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert_eq!(r.json()["verdict"], "not_reproduced", "{}", r.stdout);
+    // Rerun rotated where the card says it was not: the difference is named.
+    std::fs::write(&card, &written).unwrap();
+    let r = verify("v5", &["--kv-cache", "q4_0+hadamard"]);
+    assert_ne!(r.json()["verdict"], "reproduced", "{}", r.stdout);
+    assert!(
+        r.stdout.contains("runtime.kv_cache.rotation"),
+        "{}",
+        r.stdout
+    );
     std::fs::write(&card, &written).unwrap();
     let r = verify("v3", &["--kv-cache", "q8_0"]);
     assert_eq!(r.code, 1, "{}", r.stdout);
@@ -298,4 +380,78 @@ fn kv_cache_flags_and_sweeps_that_cannot_run_are_refused_with_the_list() {
         assert_eq!(r.code, 2, "{extra:?}: {}", r.stderr);
         assert!(r.stderr.contains(message), "{extra:?}: {}", r.stderr);
     }
+}
+
+/// `kv_cache_dtype`'s one word leaves out what moves the number: a per-tensor fp8 cache needs
+/// where its scale came from, llama.cpp's quantized types whether the Hadamard rotation ran.
+/// `runtime.kv_cache` says both; an entry that contradicts the one-word name is an error.
+#[test]
+fn a_kv_cache_name_that_hides_its_scales_or_rotation_is_vague_until_the_entry_says_them() {
+    let vague_at = |card: String, pointer: &str, words: &str| {
+        let run = lint_text(&card);
+        let f = run.finding("vague-disclosure");
+        assert_eq!(f["pointer"], pointer, "{}", run.stdout);
+        assert!(f["message"].as_str().unwrap().contains(words), "{f}");
+        assert!(f["line"].as_u64().is_some(), "{f}");
+    };
+    let clean = |card: String| {
+        let run = lint_text(&card);
+        assert_eq!(run.codes(), Vec::<String>::new(), "{}", run.stdout);
+        assert_eq!(run.code, 0);
+    };
+    let fp8 = |entry: &str| {
+        compliant_with(
+            "    kv_cache_dtype: bf16\n",
+            &format!("    kv_cache_dtype: fp8_e4m3\n{entry}"),
+        )
+    };
+    vague_at(
+        fp8(""),
+        "/fidelity/runtime/kv_cache_dtype",
+        "runtime.kv_cache.scale_source",
+    );
+    vague_at(
+        fp8("    kv_cache: {k: fp8_e4m3, v: fp8_e4m3}\n"),
+        "/fidelity/runtime/kv_cache",
+        "scale_source",
+    );
+    clean(fp8(
+        "    kv_cache: {k: fp8_e4m3, v: fp8_e4m3, scale_source: checkpoint}\n",
+    ));
+    // A per-tensor scheme cannot have per-block scales.
+    let run = lint_text(fp8(
+        "    kv_cache: {k: fp8_e4m3, v: fp8_e4m3, scale_source: dynamic}\n",
+    ));
+    assert_eq!(run.code, 1);
+    let f = run.finding("kv-cache-mismatch");
+    assert_eq!(f["pointer"], "/fidelity/runtime/kv_cache/scale_source");
+
+    let llama = |entry: &str| {
+        compliant_with(
+            "    engine: vllm\n    engine_version: \"0.11.1\"\n",
+            "    engine: llama_cpp\n    engine_version: b7000\n",
+        )
+        .replace(
+            "    kv_cache_dtype: bf16\n",
+            &format!("    kv_cache_dtype: q8_0\n{entry}"),
+        )
+    };
+    vague_at(
+        llama(""),
+        "/fidelity/runtime/kv_cache_dtype",
+        "LLAMA_ATTN_ROT_DISABLE",
+    );
+    clean(llama(
+        "    kv_cache: {k: q8_0, v: q8_0, rotation: hadamard}\n",
+    ));
+    clean(llama("    kv_cache: {k: q8_0, v: q8_0, rotation: none}\n"));
+    // vLLM has no rotation: a q8_0 word there is not asked for one.
+    assert!(
+        !lint_text(compliant_with(
+            "    kv_cache_dtype: bf16\n",
+            "    kv_cache_dtype: q8_0\n"
+        ))
+        .codes()
+        .contains(&"vague-disclosure".to_owned())
+    );
 }

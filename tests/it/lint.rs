@@ -53,6 +53,15 @@ fn fixtures() -> Vec<Fixture> {
             Some("runtime"),
         ),
         (
+            Code::KvCacheMismatch,
+            compliant_with(
+                "    kv_cache_dtype: bf16\n",
+                "    kv_cache_dtype: bf16\n    kv_cache: {k: q8_0, v: q4_0}\n",
+            ),
+            Some("/fidelity/runtime/kv_cache/k"),
+            Some("runtime"),
+        ),
+        (
             Code::UnknownMetric,
             compliant_with("{metric: kld_p99,", "{metric: kld_99th,"),
             Some("/fidelity/results/1/metric"),

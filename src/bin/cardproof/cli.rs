@@ -62,7 +62,7 @@ pub enum Command {
     Check(CheckArgs),
 }
 
-/// `--kv-cache`, `--kv-cache-k`, `--kv-cache-v` (measure and verify).
+/// `--kv-cache`, `--kv-cache-k`, `--kv-cache-v`, `--kv-cache-rotation` (measure and verify).
 #[derive(Debug, Args)]
 pub struct KvCacheArgs {
     /// The candidate's KV-cache scheme, keys and values (attention layers; write-then-read, as
@@ -79,6 +79,11 @@ pub struct KvCacheArgs {
     /// The values' scheme alone (overrides --kv-cache for V; llama.cpp's -ctv).
     #[arg(long, value_name = "SCHEME")]
     pub kv_cache_v: Option<String>,
+    /// hadamard: llama.cpp's rotation of a quantized cache (its default since April 2026; Q/K in
+    /// blocks of the largest power of two dividing the head, V in blocks of 64; heads that are a
+    /// multiple of 64) or none (LLAMA_ATTN_ROT_DISABLE=1). Also written SCHEME+hadamard.
+    #[arg(long, value_name = "ROTATION")]
+    pub kv_cache_rotation: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -393,12 +393,13 @@ fn transformers_flags(a: &cli::TransformersArgs) -> TransformersFlags {
     }
 }
 
-/// `--kv-cache`, `--kv-cache-k`, `--kv-cache-v`: `None` when none is given.
+/// `--kv-cache`, `--kv-cache-k`, `--kv-cache-v`, `--kv-cache-rotation`: `None` when none is given.
 fn kv_cache(args: &cli::KvCacheArgs) -> Result<Option<KvCacheSetting>, String> {
     KvCacheSetting::from_flags(
         args.kv_cache.as_deref(),
         args.kv_cache_k.as_deref(),
         args.kv_cache_v.as_deref(),
+        args.kv_cache_rotation.as_deref(),
     )
 }
 

@@ -133,6 +133,8 @@ pub struct Decoder {
     pub report: LoadReport,
     /// The KV-cache schemes [`Decoder::set_kv_cache`] set, if it was called.
     kv_setting: Option<super::kv_cache::KvCacheSetting>,
+    /// Whether the per-tensor fp8 schemes took the checkpoint's `k_scale` / `v_scale`.
+    kv_checkpoint_scales: bool,
     embed: Tensor,
     layers: Vec<Layer>,
     norm: Tensor,
@@ -397,6 +399,7 @@ impl Decoder {
             recurrent_state,
             report,
             kv_setting: None,
+            kv_checkpoint_scales: false,
             embed,
             layers,
             norm,
@@ -420,6 +423,7 @@ impl Decoder {
                 ));
             }
         }
+        let (k_rotation, v_rotation) = setting.rotations(d)?;
         self.kv_setting = Some(setting);
         let mut attention_layers = 0;
         let mut checkpoint_scales = 0;
@@ -440,10 +444,13 @@ impl Decoder {
                     setting,
                     k_scale,
                     v_scale,
+                    k_rotation,
+                    v_rotation,
                 });
                 attention_layers += 1;
             }
         }
+        self.kv_checkpoint_scales = checkpoint_scales > 0;
         let scales = if !(setting.k.takes_tensor_scale() || setting.v.takes_tensor_scale()) {
             String::new()
         } else if checkpoint_scales > 0 {
@@ -451,15 +458,27 @@ impl Decoder {
         } else {
             "; scales 1.0 (the checkpoint declares none)".to_owned()
         };
+        let rotation = match (k_rotation, v_rotation) {
+            (None, None) => String::new(),
+            (k, v) => {
+                let side =
+                    |name: &str, n: Option<usize>| n.map(|n| format!("{name} in blocks of {n}"));
+                let sides: Vec<String> = [side("Q/K", k), side("V", v)]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                format!("; llama.cpp's Hadamard rotation, {}", sides.join(", "))
+            }
+        };
         self.report.kv_cache = setting.changes_anything().then(|| {
             if setting.k == setting.v {
                 format!(
-                    "{} (emulated, K and V; {attention_layers} attention layers{scales})",
+                    "{} (emulated, K and V; {attention_layers} attention layers{scales}{rotation})",
                     setting.k.describe()
                 )
             } else {
                 format!(
-                    "K {}; V {} (emulated; {attention_layers} attention layers{scales})",
+                    "K {}; V {} (emulated; {attention_layers} attention layers{scales}{rotation})",
                     setting.k.describe(),
                     setting.v.describe()
                 )
@@ -471,6 +490,28 @@ impl Decoder {
     /// The KV-cache schemes the run set ([`Decoder::set_kv_cache`]); `None`: the checkpoint's.
     pub fn kv_cache_setting(&self) -> Option<super::kv_cache::KvCacheSetting> {
         self.kv_setting
+    }
+
+    /// How the run's KV cache rounds, for the measurement record: the set scheme, else the
+    /// checkpoint's own fp8 declaration; `None` when nothing is rounded.
+    pub fn kv_cache_record(&self) -> Option<crate::disclosure::kv_cache::KvCache> {
+        use super::kv_cache::{KvCacheSetting, KvScheme};
+        let setting = match self.kv_setting {
+            Some(s) => s,
+            None if self.layers.iter().any(|l| {
+                matches!(&l.mixer, Mixer::Attention(a) if matches!(a.kv, Some(KvQuant::Fp8(_))))
+            }) =>
+            {
+                return Some(crate::disclosure::kv_cache::KvCache::as_run(
+                    KvCacheSetting::both(KvScheme::Fp8E4m3),
+                    true,
+                ));
+            }
+            None => return None,
+        };
+        setting.changes_anything().then(|| {
+            crate::disclosure::kv_cache::KvCache::as_run(setting, self.kv_checkpoint_scales)
+        })
     }
 
     /// Whether the model carries a recurrent state from token to token (linear-attention
@@ -599,13 +640,18 @@ impl Decoder {
                 setting,
                 k_scale,
                 v_scale,
+                k_rotation,
+                v_rotation,
             }) => {
                 // Write-then-read, as llama.cpp's and vLLM's graphs store the chunk's keys and
                 // values in the cache before attention reads them back: every row this pass
                 // attends to is the cache's, its own tokens' included. Rows of one head.
                 let d = c.head_dim;
-                k = fake_quant_tensor(&k, |x| setting.k.apply_scaled(x, d, k_scale))?;
-                v = fake_quant_tensor(&v, |x| setting.v.apply_scaled(x, d, v_scale))?;
+                // With llama.cpp's rotation, rounded in the rotated basis and rotated back
+                // (the same attention as rotating Q and the output; kv_cache.rs says why).
+                use super::kv_cache::rotated;
+                k = fake_quant_tensor(&k, |x| rotated(setting.k, x, d, k_scale, k_rotation))?;
+                v = fake_quant_tensor(&v, |x| rotated(setting.v, x, d, v_scale, v_rotation))?;
             }
             None => {}
         }

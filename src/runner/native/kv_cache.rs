@@ -23,6 +23,17 @@
 //! emulation is checked byte for byte against gguf-py (tests/fixtures/kv_cache); [`decode_block`]
 //! reads them back as ggml's `dequantize_row_*` does.
 //!
+//! llama.cpp's Hadamard rotation (PR #21038, on by default for quantized cache types since
+//! April 2026; `LLAMA_ATTN_ROT_DISABLE=1` turns it off) is [`KvCacheSetting::hadamard`]: where
+//! the K type is quantized and the head size a multiple of 64, Q and K are multiplied by the
+//! orthonormal Sylvester–Walsh–Hadamard matrix `H_n` (entries `±(1/sqrtf(n))` in f32, `H·H =
+//! I`) in blocks of `n` along the head, `n` the largest power of two that divides the head size
+//! (`build_input_k_rot`); V likewise in blocks of 64 (`build_input_v_rot`), with the attention
+//! output rotated back. Since `(H q)·k̂ = q·(H k̂)` and `Σ p·(H v̂)` is `H` of `Σ p·v̂`, the
+//! emulation rotates the row, rounds it, and rotates the rounded row back ([`rotated`]), which
+//! is the same attention without touching Q or the output; the rotation is done in f64 and
+//! rounded to f32 once (ggml's f32 matrix product can differ from it in the last bit).
+//!
 //! Not emulated here: llama.cpp's CPU backend writes q8_0 through its SIMD `quantize_row_q8_0`
 //! (`127 / amax`, round to nearest even), which differs from the reference in the last code on
 //! some values; the CUDA and reference paths, which this follows, agree with each other.
@@ -201,11 +212,81 @@ impl std::fmt::Display for KvScheme {
     }
 }
 
-/// The KV-cache schemes of one run: K and V separately (llama.cpp's `-ctk` / `-ctv`).
+/// The KV-cache schemes of one run: K and V separately (llama.cpp's `-ctk` / `-ctv`), and
+/// whether llama.cpp's Hadamard rotation runs with them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct KvCacheSetting {
     pub k: KvScheme,
     pub v: KvScheme,
+    /// llama.cpp's rotation of each llama.cpp-quantized side (see the module doc); written
+    /// `+hadamard` after the schemes' name.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub hadamard: bool,
+}
+
+/// The suffix [`KvCacheSetting::name`] gives a rotated setting.
+const HADAMARD_SUFFIX: &str = "+hadamard";
+
+/// llama.cpp's rotation block sizes for keys and values of a head of `head_dim` values: keys in
+/// blocks of the largest power of two (at least 64) that divides the head, values in blocks of
+/// 64; `None` where llama.cpp does not rotate (a head size that is not a multiple of 64).
+pub fn rotation_sizes(head_dim: usize) -> Option<(usize, usize)> {
+    if head_dim == 0 || !head_dim.is_multiple_of(64) {
+        return None;
+    }
+    let mut k = 64;
+    while head_dim.is_multiple_of(k * 2) {
+        k *= 2;
+    }
+    Some((k, 64))
+}
+
+/// `x ← H_n x` on each block of `n` values (`n` a power of two): the Sylvester Walsh–Hadamard
+/// transform scaled by ggml's f32 entry `1/sqrtf(n)`, done in f64 and rounded to f32 once.
+pub fn hadamard(x: &mut [f32], n: usize) {
+    debug_assert!(n.is_power_of_two() && x.len().is_multiple_of(n));
+    // ggml_gen_hadamard: `1.0 / sqrtf(n)` (a double quotient) stored as f32.
+    let entry = f64::from((1.0 / f64::from((n as f32).sqrt())) as f32);
+    let mut y = vec![0f64; n];
+    for block in x.chunks_exact_mut(n) {
+        for (a, b) in y.iter_mut().zip(block.iter()) {
+            *a = f64::from(*b);
+        }
+        let mut h = 1;
+        while h < n {
+            for i in (0..n).step_by(2 * h) {
+                for j in i..i + h {
+                    let (a, b) = (y[j], y[j + h]);
+                    y[j] = a + b;
+                    y[j + h] = a - b;
+                }
+            }
+            h *= 2;
+        }
+        for (b, a) in block.iter_mut().zip(y.iter()) {
+            // `+ 0.0`: a zero comes out +0, as a dot product accumulated from 0 gives it.
+            *b = (*a * entry + 0.0) as f32;
+        }
+    }
+}
+
+/// `rows` rounded by `scheme` in the rotated basis and rotated back (`H · round(H x)`) when
+/// `rotation` is a block size, else rounded as they are.
+pub fn rotated(
+    scheme: KvScheme,
+    rows: &mut [f32],
+    row_len: usize,
+    tensor_scale: f32,
+    rotation: Option<usize>,
+) {
+    match rotation {
+        Some(n) => {
+            hadamard(rows, n);
+            scheme.apply_scaled(rows, row_len, tensor_scale);
+            hadamard(rows, n);
+        }
+        None => scheme.apply_scaled(rows, row_len, tensor_scale),
+    }
 }
 
 impl KvCacheSetting {
@@ -215,10 +296,26 @@ impl KvCacheSetting {
         both: Option<&str>,
         k: Option<&str>,
         v: Option<&str>,
+        rotation: Option<&str>,
     ) -> Result<Option<KvCacheSetting>, String> {
         if both.is_none() && k.is_none() && v.is_none() {
-            return Ok(None);
+            return match rotation {
+                None => Ok(None),
+                Some(r) => Err(format!(
+                    "--kv-cache-rotation {r}: rotates a quantized KV cache; give the cache with --kv-cache (or -k / -v)"
+                )),
+            };
         }
+        let hadamard = match rotation {
+            None => None,
+            Some(r) if r.eq_ignore_ascii_case("hadamard") => Some(true),
+            Some(r) if r.eq_ignore_ascii_case("none") => Some(false),
+            Some(r) => {
+                return Err(format!(
+                    "--kv-cache-rotation: `{r}` is not a rotation; use `hadamard` (llama.cpp's, its default for quantized caches since April 2026) or `none`"
+                ));
+            }
+        };
         let parse = |flag: &str, name: &str| {
             KvScheme::from_name(name).ok_or_else(|| {
                 format!(
@@ -236,10 +333,7 @@ impl KvCacheSetting {
                     KvScheme::names()
                 )
             })?,
-            None => KvCacheSetting {
-                k: KvScheme::None,
-                v: KvScheme::None,
-            },
+            None => KvCacheSetting::plain(),
         };
         Ok(Some(KvCacheSetting {
             k: k.map(|n| parse("--kv-cache-k", n))
@@ -248,22 +342,74 @@ impl KvCacheSetting {
             v: v.map(|n| parse("--kv-cache-v", n))
                 .transpose()?
                 .unwrap_or(base.v),
+            hadamard: hadamard.unwrap_or(base.hadamard),
         }))
+    }
+
+    /// Nothing rounded, nothing rotated: the model dtype.
+    pub fn plain() -> KvCacheSetting {
+        KvCacheSetting::both(KvScheme::None)
+    }
+
+    /// `scheme` for K and V, unrotated.
+    pub fn both(scheme: KvScheme) -> KvCacheSetting {
+        KvCacheSetting {
+            k: scheme,
+            v: scheme,
+            hadamard: false,
+        }
+    }
+
+    /// The rotation block sizes for keys and values of a head of `head_dim`: a side is rotated
+    /// where the setting asks for the rotation and that side is one of llama.cpp's quantized
+    /// types, as llama.cpp decides it (`attn_rot_k`, `attn_rot_v`). An error where the setting
+    /// asks for a rotation llama.cpp would not do.
+    pub fn rotations(self, head_dim: usize) -> Result<(Option<usize>, Option<usize>), String> {
+        if !self.hadamard {
+            return Ok((None, None));
+        }
+        if let Some(s) = [self.k, self.v]
+            .into_iter()
+            .find(|s| s.is_quantized() && !s.is_blocked())
+        {
+            return Err(format!(
+                "llama.cpp's Hadamard rotation goes with its own cache types (q8_0, q4_0, ...), not with {s}"
+            ));
+        }
+        if !self.k.is_blocked() && !self.v.is_blocked() {
+            return Err(
+                "llama.cpp's Hadamard rotation applies only to a quantized cache; neither K nor V is one".into(),
+            );
+        }
+        let Some((k, v)) = rotation_sizes(head_dim) else {
+            return Err(format!(
+                "llama.cpp rotates only heads whose size is a multiple of 64, and this model's is {head_dim}: llama.cpp runs it unrotated, so drop the rotation"
+            ));
+        };
+        Ok((
+            self.k.is_blocked().then_some(k),
+            self.v.is_blocked().then_some(v),
+        ))
     }
 
     /// A recorded [`KvCacheSetting::label`] read back (`q8_0`, `k:q8_0/v:q4_0`); `None` for
     /// anything else.
     pub fn from_label(label: &str) -> Option<KvCacheSetting> {
-        if let Some(scheme) = KvScheme::from_name(label.trim()) {
+        let label = label.trim();
+        let (label, hadamard) = match label.strip_suffix(HADAMARD_SUFFIX) {
+            Some(rest) => (rest.trim_end(), true),
+            None => (label, false),
+        };
+        if let Some(scheme) = KvScheme::from_name(label) {
             return Some(KvCacheSetting {
-                k: scheme,
-                v: scheme,
+                hadamard,
+                ..KvCacheSetting::both(scheme)
             });
         }
         let (k, v) = label.split_once('/')?;
         let k = KvScheme::from_name(k.trim().strip_prefix("k:")?)?;
         let v = KvScheme::from_name(v.trim().strip_prefix("v:")?)?;
-        Some(KvCacheSetting { k, v })
+        Some(KvCacheSetting { k, v, hadamard })
     }
 
     /// Whether anything is rounded.
@@ -278,6 +424,17 @@ impl KvCacheSetting {
             self.k.as_str().to_owned()
         } else {
             format!("k:{}/v:{}", self.k, self.v)
+        }
+    }
+
+    /// The whole setting in one word, rotation included (`q4_0+hadamard`): what sweeps, flags
+    /// and messages use. The record's `kv_cache_dtype` is [`KvCacheSetting::label`], the cache
+    /// types alone, as engines' flags name them; its rotation is `kv_cache.rotation`.
+    pub fn name(self) -> String {
+        if self.hadamard {
+            format!("{}{HADAMARD_SUFFIX}", self.label())
+        } else {
+            self.label()
         }
     }
 }
@@ -635,7 +792,7 @@ mod tests {
         };
         let store = crate::runner::native::weights::synthetic(&config, 1);
         let mut d = Decoder::load(&store, config, ComputeDtype::F32, StateDtype::F32).unwrap();
-        let both = |s| KvCacheSetting { k: s, v: s };
+        let both = KvCacheSetting::both;
         let e = d.set_kv_cache(both(KvScheme::Q4_0)).unwrap_err();
         assert!(
             e.contains("blocks of 32") && e.contains("head size is 16"),
@@ -651,6 +808,118 @@ mod tests {
         d.set_kv_cache(both(KvScheme::None)).unwrap();
         assert_eq!(d.report.kv_cache, None);
         assert_eq!(d.logits_at(&d.hidden(&ids).unwrap(), &[19]).unwrap(), plain);
+    }
+
+    /// llama.cpp's rotation blocks (`build_input_k_rot` / `build_input_v_rot`): K the largest
+    /// power of two dividing the head, V 64; heads not a multiple of 64 are not rotated.
+    #[test]
+    fn rotation_blocks_follow_llama_cpps_rule() {
+        assert_eq!(rotation_sizes(64), Some((64, 64)));
+        assert_eq!(rotation_sizes(128), Some((128, 64)));
+        assert_eq!(rotation_sizes(192), Some((64, 64)));
+        assert_eq!(rotation_sizes(256), Some((256, 64)));
+        assert_eq!(rotation_sizes(576), Some((64, 64)));
+        for d in [0, 32, 80, 96, 100] {
+            assert_eq!(rotation_sizes(d), None, "{d}");
+        }
+        let q4 = KvCacheSetting {
+            hadamard: true,
+            ..KvCacheSetting::both(KvScheme::Q4_0)
+        };
+        assert_eq!(q4.rotations(128), Ok((Some(128), Some(64))));
+        let k_only = KvCacheSetting::from_label("k:q8_0/v:f16+hadamard").unwrap();
+        assert!(k_only.hadamard);
+        assert_eq!(k_only.rotations(64), Ok((Some(64), None)));
+        assert_eq!(k_only.name(), "k:q8_0/v:f16+hadamard");
+        assert_eq!(k_only.label(), "k:q8_0/v:f16");
+        assert!(q4.rotations(96).unwrap_err().contains("multiple of 64"));
+        let fp8 = KvCacheSetting::from_label("fp8_e4m3+hadamard").unwrap();
+        assert!(
+            fp8.rotations(128)
+                .unwrap_err()
+                .contains("not with fp8_e4m3")
+        );
+        let floats = KvCacheSetting::from_label("f16+hadamard").unwrap();
+        assert!(
+            floats
+                .rotations(128)
+                .unwrap_err()
+                .contains("only to a quantized cache")
+        );
+        assert_eq!(
+            KvCacheSetting::both(KvScheme::Q4_0).rotations(96),
+            Ok((None, None))
+        );
+    }
+
+    /// The flags: `--kv-cache-rotation` sets or clears the rotation, needs a cache, and refuses
+    /// other words.
+    #[test]
+    fn the_rotation_flag_is_checked() {
+        let s = KvCacheSetting::from_flags(Some("q4_0"), None, None, Some("hadamard"))
+            .unwrap()
+            .unwrap();
+        assert!(s.hadamard && s.k == KvScheme::Q4_0);
+        let s = KvCacheSetting::from_flags(Some("q4_0+hadamard"), None, None, Some("none"))
+            .unwrap()
+            .unwrap();
+        assert!(!s.hadamard);
+        let e = KvCacheSetting::from_flags(None, None, None, Some("hadamard")).unwrap_err();
+        assert!(e.contains("--kv-cache"), "{e}");
+        let e = KvCacheSetting::from_flags(Some("q8_0"), None, None, Some("h32")).unwrap_err();
+        assert!(e.contains("`h32` is not a rotation"), "{e}");
+    }
+
+    /// The rotation is orthonormal and its own inverse (up to the f32 rounding of a round
+    /// trip), and spreads a spike over the block.
+    #[test]
+    fn the_hadamard_rotation_is_its_own_inverse() {
+        let mut x: Vec<f32> = (0..256).map(|i| ((i * 37) % 23) as f32 - 11.0).collect();
+        let orig = x.clone();
+        hadamard(&mut x, 128);
+        let norm = |v: &[f32]| v.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>();
+        assert!((norm(&x) / norm(&orig) - 1.0).abs() < 1e-6);
+        hadamard(&mut x, 128);
+        for (a, b) in x.iter().zip(&orig) {
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} {b}");
+        }
+        let mut spike = vec![0f32; 64];
+        spike[3] = 8.0;
+        hadamard(&mut spike, 64);
+        assert!(spike.iter().all(|v| v.abs() == 1.0), "{spike:?}");
+    }
+
+    /// Rotated, rounded and rotated back, bit for bit what an independent numpy construction
+    /// with gguf-py's quantizers gives (tests/fixtures/kv_cache/rotation.json: heads of 64 to
+    /// 256, K and V block sizes, q8_0 / q4_0 / q5_1).
+    #[test]
+    fn the_rotated_cache_matches_numpy_and_gguf_py_bit_for_bit() {
+        let doc = fixture("rotation.json");
+        let cases = doc["cases"].as_array().unwrap();
+        assert_eq!(cases.len(), 18);
+        for case in cases {
+            let scheme = KvScheme::from_name(case["scheme"].as_str().unwrap()).unwrap();
+            let head_dim = case["head_dim"].as_u64().unwrap() as usize;
+            let block = case["block"].as_u64().unwrap() as usize;
+            let mut rows = floats(&case["rows"]);
+            let want = floats(&case["values"]);
+            rotated(scheme, &mut rows, head_dim, 1.0, Some(block));
+            let differing = rows
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            let first = rows
+                .iter()
+                .zip(&want)
+                .position(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(
+                differing,
+                0,
+                "{scheme} head {head_dim} block {block}: first at {first:?}: {:?}",
+                first.map(|i| (rows[i], want[i]))
+            );
+        }
     }
 
     /// vLLM's schemes against torch's casts as vLLM's write paths use them (fp8 per tensor at

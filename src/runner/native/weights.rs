@@ -90,6 +90,9 @@ pub enum KvQuant {
         /// The per-tensor scales of vLLM's fp8 schemes: the checkpoint's, else 1.0.
         k_scale: f32,
         v_scale: f32,
+        /// llama.cpp's Hadamard rotation block sizes for keys and values, where they rotate.
+        k_rotation: Option<usize>,
+        v_rotation: Option<usize>,
     },
 }
 
