@@ -526,19 +526,42 @@ def rotation_sizes(head_dim):
     return k, 64
 
 
-def kv_rounded(torch, name, x, rotation):
-    """`x` as the cache gives it back: rounded by `name`, in llama.cpp's rotated basis (H x,
-    rounded, rotated back: the same attention as rotating Q and the output) when `rotation` is a
-    block size."""
+def kv_rounded(torch, name, x, rotation, tensor_scale=1.0):
+    """`x` as the cache gives it back: rounded by `name` (a per-tensor fp8 side by
+    `tensor_scale`), in llama.cpp's rotated basis (H x, rounded, rotated back: the same attention
+    as rotating Q and the output) when `rotation` is a block size."""
     if rotation is None:
-        return kv_quantize(torch, name, x)
+        return kv_quantize(torch, name, x, tensor_scale)
     h = hadamard_matrix(torch, rotation, x.device)
     rot = lambda t: (t.double().reshape(-1, rotation) @ h).float().reshape(t.shape)  # noqa: E731
-    return rot(kv_quantize(torch, name, rot(x.float()))).to(x.dtype)
+    return rot(kv_quantize(torch, name, rot(x.float()), tensor_scale)).to(x.dtype)
+
+
+# vLLM's divisors for computed scales (K_SCALE_CONSTANT, V_SCALE_CONSTANT in vllm/envs.py).
+K_SCALE_RANGE, V_SCALE_RANGE = 200.0, 100.0
+FP8_PER_TENSOR = ("fp8_e4m3", "fp8_e5m2")
+
+
+def computed_scales(torch, key, value):
+    """vLLM's Attention.calc_kv_scales on one layer's first forward pass: the largest magnitude
+    of the keys and of the values (in their dtype) over a 0-dim float32 range, so the quotient is
+    float32. A zero or non-finite scale is refused (vLLM would divide by it)."""
+    out = []
+    for side, x, top in (("key", key, K_SCALE_RANGE), ("value", value, V_SCALE_RANGE)):
+        scale = x.abs().max() / torch.tensor(top, dtype=torch.float32, device=x.device)
+        s = float(scale)
+        if bool(torch.isnan(x).any()) or not (math.isfinite(s) and s > 0):
+            raise RunnerError(
+                "unsupported",
+                f"the computed {side} scale is {s}: the first forward pass gave no finite, non-zero {side}s to scale by",
+            )
+        out.append(scale)
+    return tuple(out)
 
 
 def kv_setting(spec, path):
-    """The (k, v, rotation) a request model asks for, checked; None for the model dtype."""
+    """The (k, v, rotation, computed scales) a request model asks for, checked; None for the
+    model dtype."""
     kv = spec.get("kv_cache")
     if not kv or (kv.get("k", "none") == "none" and kv.get("v", "none") == "none"):
         return None
@@ -555,18 +578,25 @@ def kv_setting(spec, path):
             raise RunnerError("unsupported", "llama.cpp's Hadamard rotation goes with its own cache types only")
         if not any(n in LLAMACPP_BLOCKED for n in (k, v)):
             raise RunnerError("unsupported", "llama.cpp's Hadamard rotation applies only to a quantized cache")
+    scales = kv.get("scales")
+    if scales not in (None, "computed"):
+        raise RunnerError("unsupported", f"KV-cache scales `{scales}` are not computed (or absent: 1.0)")
+    computed = scales == "computed"
+    if computed and not any(n in FP8_PER_TENSOR for n in (k, v)):
+        raise RunnerError("unsupported", "computed KV-cache scales belong to the per-tensor fp8 caches only")
     qc = read_config(path, whole=True).get("quantization_config") or {}
-    if any(n in ("fp8_e4m3", "fp8_e5m2") for n in (k, v)) and qc.get("kv_cache_scheme"):
+    if any(n in FP8_PER_TENSOR for n in (k, v)) and not computed and qc.get("kv_cache_scheme"):
         raise RunnerError(
             "unsupported",
             f"{path}: the checkpoint declares its own KV-cache scales (kv_cache_scheme); this runner applies "
-            "per-tensor fp8 with scale 1.0 only; use --runner native, which takes the checkpoint's k_scale/v_scale",
+            "per-tensor fp8 with scale 1.0 or computed scales only; use --runner native, which takes the "
+            "checkpoint's k_scale/v_scale",
         )
-    return (k, v, hadamard)
+    return (k, v, hadamard, computed)
 
 
 def kv_label(setting):
-    k, v, _ = setting
+    k, v = setting[0], setting[1]
     return k if k == v else f"k:{k}/v:{v}"
 
 
@@ -578,7 +608,11 @@ def new_cache(torch, transformers, model):
     setting = getattr(model, "_cardproof_kv", None)
     cls = transformers.DynamicCache
     if setting is not None:
-        k_name, v_name, hadamard = setting
+        k_name, v_name, hadamard, computed = setting
+        # vLLM's computed scales: per layer, from the model's first forward pass (its first
+        # window's first prefill chunk), then frozen for every later window.
+        # Keyed by the setting: a model shared by a sweep's two sides computes each side's own.
+        frozen = model.__dict__.setdefault("_cardproof_kv_scales", {}).setdefault(setting, {})
 
         def sizes(x):
             if not hadamard:
@@ -595,9 +629,14 @@ def new_cache(torch, transformers, model):
         class RoundingCache(transformers.DynamicCache):
             def update(self, key_states, value_states, layer_idx, *args, **kwargs):
                 k_rot, v_rot = sizes(key_states)
+                k_scale = v_scale = 1.0
+                if computed:
+                    if layer_idx not in frozen:
+                        frozen[layer_idx] = computed_scales(torch, key_states, value_states) + (key_states.shape[-2],)
+                    k_scale, v_scale, _ = frozen[layer_idx]
                 return super().update(
-                    kv_rounded(torch, k_name, key_states, k_rot),
-                    kv_rounded(torch, v_name, value_states, v_rot),
+                    kv_rounded(torch, k_name, key_states, k_rot, k_scale),
+                    kv_rounded(torch, v_name, value_states, v_rot, v_scale),
                     layer_idx,
                     *args,
                     **kwargs,
@@ -1046,6 +1085,19 @@ def environment(torch, transformers, req, models, timings, plan, mode):
     return env
 
 
+def kv_scales_record(model, setting):
+    """The per-layer KV-cache scales this run computed under `setting` (vLLM's
+    calculate_kv_scales), or None."""
+    found = model.__dict__.get("_cardproof_kv_scales", {}).get(setting)
+    if not found:
+        return None
+    layers = sorted(found.items())
+    return {
+        "tokens": int(layers[0][1][2]),
+        "layers": [{"layer": int(i), "k_scale": float(k), "v_scale": float(v)} for i, (k, v, _) in layers],
+    }
+
+
 def model_record(model, spec):
     q = getattr(model.config, "quantization_config", None)
     if q is not None and not isinstance(q, dict):
@@ -1062,6 +1114,8 @@ def model_record(model, spec):
         # A scheme cardproof applies (`kv_cache` in the request), else the model dtype.
         "kv_cache_dtype": kv_label(kv) if kv else dtype,
         "kv_cache_rotation": "hadamard" if kv and kv[2] else "none",
+        "kv_cache_scales": "computed" if kv and kv[3] else "unit",
+        "kv_scales": kv_scales_record(model, kv),
         "quant_method": (q or {}).get("quant_method") if isinstance(q, dict) else q,
         "run_compressed": (q or {}).get("run_compressed") if isinstance(q, dict) else None,
         "device_map": {k: str(v) for k, v in (getattr(model, "hf_device_map", None) or {}).items()} or str(model.device),
@@ -1172,6 +1226,8 @@ def run(req):
         if device != "cpu":
             torch.cuda.synchronize()
         timings["warmup"] += time.perf_counter() - t
+        # Scales computed from the first forward pass are the measurement's, not the warm-up's.
+        m.__dict__.pop("_cardproof_kv_scales", None)
         return m
 
     def hidden_of(model, spec, ids, keep, account="prefill"):
@@ -1309,6 +1365,8 @@ def run(req):
             kept.append(hs)
         ref_head = ref_model.get_output_embeddings()
         ref_cfg = ref_model.config
+        # The record was taken before the pass; the scales it computed are known only now.
+        ref_record["kv_scales"] = kv_scales_record(ref_model, kv_setting(specs["reference"], specs["reference"]["path"]))
         del ref_model
         if device != "cpu":
             torch.cuda.empty_cache()

@@ -58,6 +58,17 @@ def main():
         got = r.kv_quantize(torch, case["scheme"], rows, tensor_scale=np.float32(case["scale"]).item())
         same(f"{case['scheme']} at scale {case['scale']}", got, want)
         checked += 1
+    # vLLM's calc_kv_scales (amax/200 for keys, amax/100 for values, in float32), from the
+    # model dtype's max as vLLM takes it, against numpy in float32.
+    for dtype in (torch.float32, torch.bfloat16):
+        x = rows.to(dtype)
+        k, v = r.computed_scales(torch, x, -x)
+        amax = np.float32(np.abs(x.float().numpy()).max())
+        for side, got, top in (("k", k, 200), ("v", v, 100)):
+            want = amax / np.float32(top)
+            if got.dtype != torch.float32 or np.float32(got.item()) != want:
+                raise SystemExit(f"computed {side}_scale from {dtype}: {got!r}, numpy {want!r}")
+        checked += 1
     with open(os.path.join(FIXTURES, "rotation.json")) as f:
         doc = json.load(f)
     for case in doc["cases"]:

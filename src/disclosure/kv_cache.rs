@@ -48,6 +48,29 @@ pub struct KvCache {
     pub semantics: Option<KvSemantics>,
 }
 
+/// The per-tensor fp8 scales a run computed (`scale_source: computed`, vLLM's
+/// `calculate_kv_scales`): each attention layer's `amax(|key|)/200` and `amax(|value|)/100`
+/// on the first forward pass, then frozen.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ComputedKvScales {
+    /// Tokens of the forward pass they came from: the measurement's first window (or its first
+    /// prefill chunk, where the runner prefills in chunks).
+    #[schemars(range(min = 1))]
+    pub tokens: usize,
+    /// One entry per attention layer, in model order.
+    pub layers: Vec<LayerKvScales>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LayerKvScales {
+    /// The layer's index in the model (Gated DeltaNet layers have no KV cache and no entry).
+    pub layer: usize,
+    pub k_scale: f64,
+    pub v_scale: f64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum KvGranularity {
@@ -168,11 +191,13 @@ displayed_by_name!(KvGranularity, KvScaleSource, KvRotation, KvSemantics);
 
 impl KvCache {
     /// How cardproof's runners ran `setting`: write-then-read, its rotation, the per-tensor
-    /// schemes' scales from the checkpoint or 1.0 (`checkpoint_scales`). K and V of different
+    /// schemes' scales computed (the setting's `computed_scales`), else from the checkpoint or
+    /// 1.0 (`checkpoint_scales`). K and V of different
     /// granularity or scale source leave those fields out (one field cannot hold both).
     pub fn as_run(setting: KvCacheSetting, checkpoint_scales: bool) -> KvCache {
         let source = |s: KvScheme| match KvScaleSource::allowed(s) {
             [one] => *one,
+            _ if setting.computed_scales => KvScaleSource::Computed,
             _ if checkpoint_scales => KvScaleSource::Checkpoint,
             _ => KvScaleSource::Unit,
         };
@@ -201,6 +226,8 @@ impl KvCache {
             k,
             v,
             hadamard: self.rotation == Some(KvRotation::Hadamard),
+            computed_scales: self.scale_source == Some(KvScaleSource::Computed)
+                && (k.takes_tensor_scale() || v.takes_tensor_scale()),
         })
     }
 

@@ -277,7 +277,17 @@ pub fn measurement(doc: &crate::rerun::Measurement) -> String {
                 } else {
                     ""
                 };
-                format!(", KV cache {k}{rotated}")
+                let computed = e
+                    .kv_scales
+                    .as_ref()
+                    .map(|s| {
+                        format!(
+                            " (scales computed from the first {} tokens, vLLM's calculate_kv_scales)",
+                            s.tokens
+                        )
+                    })
+                    .unwrap_or_default();
+                format!(", KV cache {k}{rotated}{computed}")
             })
             .unwrap_or_default(),
     );

@@ -145,6 +145,10 @@ pub struct Environment {
     /// scale source, rotation, semantics); absent: the model dtype, or a record that predates it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_cache: Option<crate::disclosure::kv_cache::KvCache>,
+    /// The candidate's computed per-tensor KV-cache scales, where `kv_cache.scale_source` is
+    /// `computed`: the tokens they came from and each attention layer's pair.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_scales: Option<crate::disclosure::kv_cache::ComputedKvScales>,
     /// The dtype the candidate's carried recurrent (Gated DeltaNet) state was kept in (`f32`,
     /// `bf16`, `f16`; native runner; absent in records that predate it and for transformers).
     #[serde(default, skip_serializing_if = "Option::is_none")]

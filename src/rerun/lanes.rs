@@ -112,6 +112,23 @@ fn load_candidate(r: &Request, compute: ComputeDtype, emulate: Emulate) -> Resul
     Ok(candidate)
 }
 
+/// The computed KV-cache scales a transformers runner's model record holds (`kv_scales`), typed;
+/// a record that holds something else is the runner's error.
+fn computed_scales_of(
+    candidate: &Path,
+    record: &serde_json::Value,
+) -> Result<Option<crate::disclosure::kv_cache::ComputedKvScales>> {
+    match record.get("kv_scales") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => serde_json::from_value(v.clone()).map(Some).map_err(|e| {
+            Error::runner(
+                candidate,
+                format!("the transformers runner's record has kv_scales that do not read: {e}"),
+            )
+        }),
+    }
+}
+
 /// What every native run records about where and how it ran.
 fn native_environment(
     candidate: &NativeModel,
@@ -131,6 +148,7 @@ fn native_environment(
         attention: "eager".into(),
         kv_cache_dtype: Some(reference_kv(candidate, compute)),
         kv_cache: candidate.decoder.kv_cache_record(),
+        kv_scales: candidate.decoder.computed_kv_scales(),
         recurrent_state_dtype: candidate
             .decoder
             .has_recurrent_state()
@@ -419,6 +437,7 @@ fn transformers_environment(
             .map(str::to_owned),
         // Set from the request once the record is checked against it (see `run_transformers`).
         kv_cache: None,
+        kv_scales: None,
         // transformers keeps the recurrent state in fp32; which GDN kernel ran is the runner's
         // record to make.
         recurrent_state_dtype: None,
@@ -555,6 +574,7 @@ pub(super) fn transformers(
             .kv_cache
             .filter(|s| s.changes_anything())
             .map(|s| crate::disclosure::kv_cache::KvCache::as_run(s, false)),
+        kv_scales: computed_scales_of(r.candidate, &output.environment.models.candidate)?,
         ..transformers_environment(&output.environment, &tokenizer)
     };
     // The runner says which KV cache each side ran with: a scheme asked for and not applied
@@ -578,12 +598,13 @@ pub(super) fn transformers(
             .as_str()
             .unwrap_or("(none recorded)");
         let rotated = record["kv_cache_rotation"].as_str() == Some("hadamard");
-        if ran != asked.label() || rotated != asked.hadamard {
-            let ran = if rotated {
-                format!("{ran}+hadamard")
-            } else {
-                ran.to_owned()
-            };
+        let computed = record["kv_cache_scales"].as_str() == Some("computed");
+        if ran != asked.label() || rotated != asked.hadamard || computed != asked.computed_scales {
+            let ran = format!(
+                "{ran}{}{}",
+                if rotated { "+hadamard" } else { "" },
+                if computed { "+computed" } else { "" }
+            );
             return Err(Error::runner(
                 r.candidate,
                 format!(

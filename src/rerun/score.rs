@@ -282,6 +282,11 @@ pub fn measure_models(
         ));
     }
     let plans = plan_runs(eval, o)?;
+    // What a run computes from its first forward pass, on the measurement's first window.
+    if let Some(first) = plans.iter().find_map(|p| p.windows.windows.first()) {
+        reference.calibrate(first)?;
+        candidate.calibrate(first)?;
+    }
     let total: usize = plans.iter().map(|p| p.windows.windows.len()).sum();
     let done = std::sync::atomic::AtomicUsize::new(0);
     let chunk = (CHUNK_BYTES / 4 / width).max(1);

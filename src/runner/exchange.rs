@@ -71,6 +71,10 @@ pub struct RequestKvCache {
     /// `hadamard`: llama.cpp's rotation of the quantized sides (absent: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rotation: Option<String>,
+    /// `computed`: the per-tensor fp8 sides' scales computed from the first forward pass
+    /// (vLLM's calculate_kv_scales; absent: 1.0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scales: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

@@ -22,6 +22,12 @@ pub trait Runner: Sync {
     fn window<'a>(&'a self, ids: &[u32]) -> Result<Box<dyn WindowLogits + 'a>>;
     /// What this runner is and how it was configured, for the measurement's environment record.
     fn environment(&self) -> Value;
+    /// Sets what the run computes once from its first forward pass (vLLM's computed KV-cache
+    /// scales), on the measurement's first window, before windows run in parallel. A runner
+    /// with nothing to calibrate does nothing.
+    fn calibrate(&self, _ids: &[u32]) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// One window's forward pass, kept so the output head can run on chunks of rows.
@@ -84,6 +90,13 @@ mod native_runner {
                 model: self,
                 hidden,
             }))
+        }
+
+        fn calibrate(&self, ids: &[u32]) -> Result<()> {
+            self.decoder
+                .calibrate_kv_scales(ids)
+                .map(|_| ())
+                .map_err(|e| Error::runner(&self.path, format!("KV-scale calibration failed: {e}")))
         }
 
         fn environment(&self) -> Value {

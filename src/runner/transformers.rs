@@ -232,6 +232,7 @@ fn write_request(
                         k: s.k.as_str().to_owned(),
                         v: s.v.as_str().to_owned(),
                         rotation: s.hadamard.then(|| "hadamard".to_owned()),
+                        scales: s.computed_scales.then(|| "computed".to_owned()),
                     }
                 }),
             }

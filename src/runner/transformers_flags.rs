@@ -139,11 +139,20 @@ pub fn parse_sweep(s: &str) -> Result<(String, Vec<String>), String> {
     for v in &values {
         if knob == "attention" {
             check_attention(v)?;
-        } else if crate::runner::native::kv_cache::KvCacheSetting::from_label(v).is_none() {
-            return Err(format!(
-                "--sweep {s}: `{v}` is not a KV-cache scheme; use one of {}",
-                crate::runner::native::kv_cache::KvScheme::names()
-            ));
+        } else {
+            match crate::runner::native::kv_cache::KvCacheSetting::from_label(v) {
+                None => {
+                    return Err(format!(
+                        "--sweep {s}: `{v}` is not a KV-cache scheme; use one of {} (SCHEME+hadamard, SCHEME+computed)",
+                        crate::runner::native::kv_cache::KvScheme::names()
+                    ));
+                }
+                Some(setting) => {
+                    setting
+                        .checked_scales()
+                        .map_err(|e| format!("--sweep {s}: `{v}`: {e}"))?;
+                }
+            }
         }
     }
     Ok((knob.to_owned(), values))

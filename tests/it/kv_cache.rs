@@ -290,6 +290,83 @@ fn fp8_e4m3_uses_the_checkpoints_kv_scales_and_none_turns_a_declared_cache_off()
     );
 }
 
+/// vLLM's `calculate_kv_scales`: `--kv-cache-scales computed` (or `fp8_e4m3+computed`) takes
+/// each layer's scales from the first window's pass (amax/200, amax/100) instead of 1.0 or the
+/// checkpoint's; the record says `scale_source: computed` and the scales found.
+#[test]
+fn computed_fp8_scales_replace_unit_and_checkpoint_scales_and_are_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (unit, _, _) = self_with(d, &["--kv-cache", "fp8_e4m3"]);
+    let (computed, kv, text) = self_with(
+        d,
+        &["--kv-cache", "fp8_e4m3", "--kv-cache-scales", "computed"],
+    );
+    assert_eq!(kv, "fp8_e4m3");
+    assert!(
+        computed > 0.0 && computed != unit,
+        "computed {computed}, unit {unit}"
+    );
+    let (same, _, _) = self_with(d, &["--kv-cache", "fp8_e4m3+computed"]);
+    assert_eq!(
+        same, computed,
+        "one spelling, one run; the scales are frozen"
+    );
+    let m: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            d.join("kv-cache_fp8_e4m3_kv-cache-scales_computed/measurement.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let env = &m["environment"];
+    assert_eq!(env["kv_cache"]["scale_source"], "computed", "{env}");
+    assert_eq!(env["kv_scales"]["tokens"], 128, "{env}");
+    let layers = env["kv_scales"]["layers"].as_array().unwrap();
+    assert!(!layers.is_empty());
+    for l in layers {
+        let (k, v) = (
+            l["k_scale"].as_f64().unwrap(),
+            l["v_scale"].as_f64().unwrap(),
+        );
+        assert!(k > 0.0 && v > 0.0 && k != v, "{l}");
+    }
+    assert!(
+        text.contains("KV cache fp8_e4m3 (scales computed from the first 128 tokens"),
+        "{text}"
+    );
+    // On a checkpoint that declares its scales, computed ones replace them.
+    let cand = d.join("declared");
+    with_declared_fp8_kv(&cand, 0.05);
+    let t = short_text(d, 4000);
+    let kld = |flags: &[&str], out: &str| {
+        let r = measure_short(&cand, &t, &d.join(out), "100", flags);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let m: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(d.join(out).join("measurement.json")).unwrap(),
+        )
+        .unwrap();
+        m["runs"][0]["metrics"]["kld_mean"].as_f64().unwrap()
+    };
+    let declared = kld(&[], "d1");
+    let recomputed = kld(&["--kv-cache", "fp8+computed"], "d2");
+    assert_eq!(
+        recomputed, computed,
+        "the same weights, the same computed scales"
+    );
+    assert_ne!(recomputed, declared);
+    // Computed scales belong to the per-tensor caches.
+    let r = measure_short(
+        Path::new(&model("shakespeare-bf16")),
+        &t,
+        &d.join("bad"),
+        "100",
+        &["--kv-cache", "q8_0", "--kv-cache-scales", "computed"],
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("per-tensor fp8"), "{}", r.stderr);
+}
+
 /// `--sweep kv_cache=none,q8_0,q4_0`: the same weights, the baseline's cache for the reference
 /// and each other scheme's for the candidate; sweep.json lists each pair's KL and where top-1
 /// flips sit, and each pair's measurement records its scheme.

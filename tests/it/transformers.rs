@@ -840,7 +840,7 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         let text = String::from_utf8_lossy(&out.stdout).into_owned()
             + &String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{text}");
-        assert!(text.contains("31 cases bit for bit"), "{text}");
+        assert!(text.contains("33 cases bit for bit"), "{text}");
     }
 
     /// A KV-cache sweep in the transformers runner (CPU, float32) gives the native runner's
@@ -853,14 +853,21 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         let dir = tempfile::tempdir().unwrap();
         let text = short_text(dir.path(), 6000);
         let out = dir.path().join("sweep");
-        let r = cpu_sweep(&text, &out, "kv_cache=none,q8_0,q4_0,k:q4_0/v:none");
+        let r = cpu_sweep(
+            &text,
+            &out,
+            "kv_cache=none,q8_0,q4_0,k:q4_0/v:none,fp8_e4m3+computed",
+        );
         assert_eq!(r.code, 0, "{}", r.stderr);
         let doc = r.json();
         let pairs = doc["pairs"].as_array().unwrap();
-        assert_eq!(pairs.len(), 3);
+        assert_eq!(pairs.len(), 4);
         for pair in pairs {
             let scheme = pair["other"].as_str().unwrap();
-            assert_eq!(pair["environment"]["kv_cache_dtype"], scheme);
+            assert_eq!(
+                pair["environment"]["kv_cache_dtype"],
+                scheme.trim_end_matches("+computed")
+            );
             let gpu_lane = pair["runs"][0]["kld_mean"].as_f64().unwrap();
             let native = run(
                 &[],

@@ -69,7 +69,7 @@ pub struct KvCacheArgs {
     /// llama.cpp and vLLM store a chunk before attending to it): none (the model dtype), f16,
     /// bf16; llama.cpp's q8_0, q4_0, q4_1, q5_0, q5_1 (blocks of 32, ggml's reference rounding);
     /// vLLM's fp8_e4m3 (fp8) and fp8_e5m2 (per-tensor scale: the checkpoint's k_scale/v_scale,
-    /// else 1.0), int8_per_token_head and fp8_per_token_head; or k:SCHEME/v:SCHEME. Recorded as
+    /// else 1.0, or computed: --kv-cache-scales), int8_per_token_head and fp8_per_token_head; or k:SCHEME/v:SCHEME. Recorded as
     /// the run's kv_cache_dtype.
     #[arg(long, value_name = "SCHEME")]
     pub kv_cache: Option<String>,
@@ -84,6 +84,12 @@ pub struct KvCacheArgs {
     /// multiple of 64) or none (LLAMA_ATTN_ROT_DISABLE=1). Also written SCHEME+hadamard.
     #[arg(long, value_name = "ROTATION")]
     pub kv_cache_rotation: Option<String>,
+    /// Where a per-tensor fp8 cache's scales come from: checkpoint (its k_scale/v_scale, else
+    /// 1.0; the default) or computed (vLLM's calculate_kv_scales: each layer's amax/200 for keys
+    /// and amax/100 for values on the first forward pass, then frozen). Also written
+    /// SCHEME+computed.
+    #[arg(long, value_name = "SOURCE")]
+    pub kv_cache_scales: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -400,6 +400,7 @@ fn kv_cache(args: &cli::KvCacheArgs) -> Result<Option<KvCacheSetting>, String> {
         args.kv_cache_k.as_deref(),
         args.kv_cache_v.as_deref(),
         args.kv_cache_rotation.as_deref(),
+        args.kv_cache_scales.as_deref(),
     )
 }
 

@@ -70,6 +70,9 @@ struct Attention {
     k_norm: Option<Tensor>,
     gated: bool,
     kv: Option<KvQuant>,
+    /// The layer's (k_scale, v_scale) computed by [`Decoder::calibrate_kv_scales`] where the
+    /// setting asks for them: set once, by the calibration pass, then read by every window.
+    computed_scales: std::sync::OnceLock<(f32, f32)>,
 }
 
 /// A layer's token mixer.
@@ -135,6 +138,12 @@ pub struct Decoder {
     kv_setting: Option<super::kv_cache::KvCacheSetting>,
     /// Whether the per-tensor fp8 schemes took the checkpoint's `k_scale` / `v_scale`.
     kv_checkpoint_scales: bool,
+    /// Set only while [`Decoder::calibrate_kv_scales`] runs its pass: attention layers then
+    /// compute their scales instead of refusing to run without them.
+    kv_calibrating: std::sync::atomic::AtomicBool,
+    /// The tokens the computed scales came from, once calibrated (the lock also keeps two
+    /// calibrations from racing).
+    kv_calibration: std::sync::Mutex<Option<usize>>,
     embed: Tensor,
     layers: Vec<Layer>,
     norm: Tensor,
@@ -298,6 +307,7 @@ impl Decoder {
                         k_norm: norm_opt(format!("{attn}.k_norm.weight"))?,
                         gated: c.arch.is_hybrid(),
                         kv,
+                        computed_scales: Default::default(),
                     })
                 }
             };
@@ -400,6 +410,8 @@ impl Decoder {
             report,
             kv_setting: None,
             kv_checkpoint_scales: false,
+            kv_calibrating: Default::default(),
+            kv_calibration: Default::default(),
             embed,
             layers,
             norm,
@@ -424,7 +436,12 @@ impl Decoder {
             }
         }
         let (k_rotation, v_rotation) = setting.rotations(d)?;
+        let setting = setting.checked_scales()?;
         self.kv_setting = Some(setting);
+        *self
+            .kv_calibration
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner()) = None;
         let mut attention_layers = 0;
         let mut checkpoint_scales = 0;
         for layer in &mut self.layers {
@@ -440,6 +457,7 @@ impl Decoder {
                     }) => (k_scale, v_scale),
                     _ => (1.0, 1.0),
                 };
+                a.computed_scales = Default::default();
                 a.kv = setting.changes_anything().then_some(KvQuant::Scheme {
                     setting,
                     k_scale,
@@ -453,6 +471,12 @@ impl Decoder {
         self.kv_checkpoint_scales = checkpoint_scales > 0;
         let scales = if !(setting.k.takes_tensor_scale() || setting.v.takes_tensor_scale()) {
             String::new()
+        } else if setting.computed_scales {
+            format!(
+                "; scales computed from the first forward pass, amax/{} for keys and amax/{} for values (vLLM's calculate_kv_scales)",
+                super::kv_cache::K_SCALE_RANGE,
+                super::kv_cache::V_SCALE_RANGE
+            )
         } else if checkpoint_scales > 0 {
             "; the checkpoint's k_scale and v_scale".to_owned()
         } else {
@@ -485,6 +509,56 @@ impl Decoder {
             }
         });
         Ok(())
+    }
+
+    /// Computes each attention layer's fp8 scales from one forward pass of `ids`, as vLLM's
+    /// `calculate_kv_scales` does on the engine's first batch: layer by layer, each from the keys
+    /// and values it receives (so later layers see the earlier layers' rounding), then frozen.
+    /// Runs only where the setting computes scales and they are not yet computed; returns
+    /// whether it ran. Windows run in parallel, so a runner calls this once, on the first
+    /// window, before any other: a window that needs the scales and finds none is an error.
+    pub fn calibrate_kv_scales(&self, ids: &[u32]) -> candle_core::Result<bool> {
+        if !self.kv_setting.is_some_and(|s| s.computed_scales) {
+            return Ok(false);
+        }
+        let mut done = self
+            .kv_calibration
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if done.is_some() {
+            return Ok(false);
+        }
+        use std::sync::atomic::Ordering;
+        self.kv_calibrating.store(true, Ordering::SeqCst);
+        let pass = self.hidden(ids);
+        self.kv_calibrating.store(false, Ordering::SeqCst);
+        pass?;
+        *done = Some(ids.len());
+        Ok(true)
+    }
+
+    /// The scales [`Decoder::calibrate_kv_scales`] computed, for the measurement record;
+    /// `None` before it ran or where the setting takes none.
+    pub fn computed_kv_scales(&self) -> Option<crate::disclosure::kv_cache::ComputedKvScales> {
+        use crate::disclosure::kv_cache::{ComputedKvScales, LayerKvScales};
+        let tokens = (*self
+            .kv_calibration
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()))?;
+        let layers = self
+            .layers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| match &l.mixer {
+                Mixer::Attention(a) => a.computed_scales.get().map(|&(k, v)| LayerKvScales {
+                    layer: i,
+                    k_scale: f64::from(k),
+                    v_scale: f64::from(v),
+                }),
+                _ => None,
+            })
+            .collect();
+        Some(ComputedKvScales { tokens, layers })
     }
 
     /// The KV-cache schemes the run set ([`Decoder::set_kv_cache`]); `None`: the checkpoint's.
@@ -579,6 +653,32 @@ impl Decoder {
         rms_norm(x, w, eps)
     }
 
+    /// A layer's computed (k_scale, v_scale): set by the calibration pass from this pass's
+    /// keys and values, else read; an error where the run never calibrated (fail closed:
+    /// scales of 1.0 would quietly measure another cache).
+    fn computed_scales(
+        &self,
+        layer: &Attention,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> candle_core::Result<(f32, f32)> {
+        if let Some(s) = layer.computed_scales.get() {
+            return Ok(*s);
+        }
+        if !self
+            .kv_calibrating
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(candle_core::Error::Msg(
+                "the KV cache computes its scales from the first forward pass, and this run did not calibrate them first".into(),
+            ));
+        }
+        let flat = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+        let found = super::kv_cache::computed_scales(&flat(k)?, &flat(v)?)
+            .map_err(candle_core::Error::Msg)?;
+        Ok(*layer.computed_scales.get_or_init(|| found))
+    }
+
     /// One attention block's output (before the residual add) on normed input `h` `[n, hidden]`.
     fn attention(
         &self,
@@ -647,6 +747,11 @@ impl Decoder {
                 // values in the cache before attention reads them back: every row this pass
                 // attends to is the cache's, its own tokens' included. Rows of one head.
                 let d = c.head_dim;
+                let (k_scale, v_scale) = if setting.computed_scales {
+                    self.computed_scales(layer, &k, &v)?
+                } else {
+                    (k_scale, v_scale)
+                };
                 // With llama.cpp's rotation, rounded in the rotated basis and rotated back
                 // (the same attention as rotating Q and the output; kv_cache.rs says why).
                 use super::kv_cache::rotated;

@@ -222,10 +222,43 @@ pub struct KvCacheSetting {
     /// `+hadamard` after the schemes' name.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub hadamard: bool,
+    /// vLLM's `calculate_kv_scales`: each attention layer's per-tensor fp8 scales computed
+    /// once, from the first forward pass ([`computed_scales`]), instead of the checkpoint's
+    /// (else 1.0); written `+computed` after the name.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub computed_scales: bool,
 }
 
 /// The suffix [`KvCacheSetting::name`] gives a rotated setting.
 const HADAMARD_SUFFIX: &str = "+hadamard";
+/// The suffix [`KvCacheSetting::name`] gives a setting whose fp8 scales are computed.
+const COMPUTED_SUFFIX: &str = "+computed";
+
+/// vLLM's divisors for computed scales (`K_SCALE_CONSTANT`, `V_SCALE_CONSTANT`, defaults of
+/// `vllm/envs.py`): `k_scale = amax(|key|) / 200`, `v_scale = amax(|value|) / 100`.
+pub const K_SCALE_RANGE: f32 = 200.0;
+pub const V_SCALE_RANGE: f32 = 100.0;
+
+/// vLLM's `Attention.calc_kv_scales` on one layer's keys and values of the first forward pass
+/// (after RoPE and any key norm, as the layer receives them): the largest magnitude of each,
+/// divided in f32 (the 0-dim model-dtype max over a 0-dim fp32 range promotes to fp32). An
+/// error where a scale would be zero or not finite (vLLM would divide by it), naming the side.
+pub fn computed_scales(keys: &[f32], values: &[f32]) -> Result<(f32, f32), String> {
+    let amax = |x: &[f32]| {
+        x.iter()
+            .fold(0f32, |m, v| if v.abs() > m { v.abs() } else { m })
+    };
+    let (ka, va) = (amax(keys), amax(values));
+    let (k, v) = (ka / K_SCALE_RANGE, va / V_SCALE_RANGE);
+    for (side, s, a) in [("key", k, ka), ("value", v, va)] {
+        if !(s.is_finite() && s > 0.0) || keys.iter().chain(values).any(|x| x.is_nan()) {
+            return Err(format!(
+                "the computed {side} scale is {s} (amax {a}): the first forward pass gave no finite, non-zero {side}s to scale by"
+            ));
+        }
+    }
+    Ok((k, v))
+}
 
 /// llama.cpp's rotation block sizes for keys and values of a head of `head_dim` values: keys in
 /// blocks of the largest power of two (at least 64) that divides the head, values in blocks of
@@ -297,15 +330,29 @@ impl KvCacheSetting {
         k: Option<&str>,
         v: Option<&str>,
         rotation: Option<&str>,
+        scales: Option<&str>,
     ) -> Result<Option<KvCacheSetting>, String> {
         if both.is_none() && k.is_none() && v.is_none() {
-            return match rotation {
-                None => Ok(None),
-                Some(r) => Err(format!(
+            return match (rotation, scales) {
+                (None, None) => Ok(None),
+                (Some(r), _) => Err(format!(
                     "--kv-cache-rotation {r}: rotates a quantized KV cache; give the cache with --kv-cache (or -k / -v)"
+                )),
+                (None, Some(s)) => Err(format!(
+                    "--kv-cache-scales {s}: sets the scales of a per-tensor fp8 KV cache; give the cache with --kv-cache (or -k / -v)"
                 )),
             };
         }
+        let computed = match scales {
+            None => None,
+            Some(s) if s.eq_ignore_ascii_case("computed") => Some(true),
+            Some(s) if s.eq_ignore_ascii_case("checkpoint") => Some(false),
+            Some(s) => {
+                return Err(format!(
+                    "--kv-cache-scales: `{s}` is not a scale source; use `computed` (vLLM's calculate_kv_scales: amax/200 for keys, amax/100 for values, from the first forward pass) or `checkpoint` (its k_scale/v_scale, else 1.0)"
+                ));
+            }
+        };
         let hadamard = match rotation {
             None => None,
             Some(r) if r.eq_ignore_ascii_case("hadamard") => Some(true),
@@ -335,7 +382,7 @@ impl KvCacheSetting {
             })?,
             None => KvCacheSetting::plain(),
         };
-        Ok(Some(KvCacheSetting {
+        KvCacheSetting {
             k: k.map(|n| parse("--kv-cache-k", n))
                 .transpose()?
                 .unwrap_or(base.k),
@@ -343,7 +390,21 @@ impl KvCacheSetting {
                 .transpose()?
                 .unwrap_or(base.v),
             hadamard: hadamard.unwrap_or(base.hadamard),
-        }))
+            computed_scales: computed.unwrap_or(base.computed_scales),
+        }
+        .checked_scales()
+        .map(Some)
+    }
+
+    /// Itself, or an error where it computes scales and neither side takes a per-tensor one.
+    pub fn checked_scales(self) -> Result<KvCacheSetting, String> {
+        if self.computed_scales && !(self.k.takes_tensor_scale() || self.v.takes_tensor_scale()) {
+            return Err(format!(
+                "computed scales (vLLM's calculate_kv_scales) belong to the per-tensor fp8 caches (fp8_e4m3, fp8_e5m2), and this cache is {}",
+                self.label()
+            ));
+        }
+        Ok(self)
     }
 
     /// Nothing rounded, nothing rotated: the model dtype.
@@ -357,6 +418,7 @@ impl KvCacheSetting {
             k: scheme,
             v: scheme,
             hadamard: false,
+            computed_scales: false,
         }
     }
 
@@ -395,21 +457,37 @@ impl KvCacheSetting {
     /// A recorded [`KvCacheSetting::label`] read back (`q8_0`, `k:q8_0/v:q4_0`); `None` for
     /// anything else.
     pub fn from_label(label: &str) -> Option<KvCacheSetting> {
-        let label = label.trim();
-        let (label, hadamard) = match label.strip_suffix(HADAMARD_SUFFIX) {
-            Some(rest) => (rest.trim_end(), true),
-            None => (label, false),
-        };
-        if let Some(scheme) = KvScheme::from_name(label) {
-            return Some(KvCacheSetting {
-                hadamard,
-                ..KvCacheSetting::both(scheme)
-            });
+        let mut label = label.trim();
+        let (mut hadamard, mut computed_scales) = (false, false);
+        // The suffixes in either order, each once.
+        loop {
+            if let Some(rest) = label.strip_suffix(HADAMARD_SUFFIX).filter(|_| !hadamard) {
+                (label, hadamard) = (rest.trim_end(), true);
+            } else if let Some(rest) = label
+                .strip_suffix(COMPUTED_SUFFIX)
+                .filter(|_| !computed_scales)
+            {
+                (label, computed_scales) = (rest.trim_end(), true);
+            } else {
+                break;
+            }
         }
-        let (k, v) = label.split_once('/')?;
-        let k = KvScheme::from_name(k.trim().strip_prefix("k:")?)?;
-        let v = KvScheme::from_name(v.trim().strip_prefix("v:")?)?;
-        Some(KvCacheSetting { k, v, hadamard })
+        let (k, v) = match KvScheme::from_name(label) {
+            Some(scheme) => (scheme, scheme),
+            None => {
+                let (k, v) = label.split_once('/')?;
+                (
+                    KvScheme::from_name(k.trim().strip_prefix("k:")?)?,
+                    KvScheme::from_name(v.trim().strip_prefix("v:")?)?,
+                )
+            }
+        };
+        Some(KvCacheSetting {
+            k,
+            v,
+            hadamard,
+            computed_scales,
+        })
     }
 
     /// Whether anything is rounded.
@@ -431,11 +509,14 @@ impl KvCacheSetting {
     /// and messages use. The record's `kv_cache_dtype` is [`KvCacheSetting::label`], the cache
     /// types alone, as engines' flags name them; its rotation is `kv_cache.rotation`.
     pub fn name(self) -> String {
+        let mut name = self.label();
         if self.hadamard {
-            format!("{}{HADAMARD_SUFFIX}", self.label())
-        } else {
-            self.label()
+            name.push_str(HADAMARD_SUFFIX);
         }
+        if self.computed_scales {
+            name.push_str(COMPUTED_SUFFIX);
+        }
+        name
     }
 }
 
@@ -808,6 +889,92 @@ mod tests {
         d.set_kv_cache(both(KvScheme::None)).unwrap();
         assert_eq!(d.report.kv_cache, None);
         assert_eq!(d.logits_at(&d.hidden(&ids).unwrap(), &[19]).unwrap(), plain);
+
+        // Computed fp8 scales: refused until calibrated, computed once, frozen, recorded.
+        d.set_kv_cache(both(KvScheme::Fp8E4m3)).unwrap();
+        let unit = d.logits_at(&d.hidden(&ids).unwrap(), &[19]).unwrap();
+        let computed = KvCacheSetting::from_label("fp8_e4m3+computed").unwrap();
+        d.set_kv_cache(computed).unwrap();
+        let e = d.hidden(&ids).unwrap_err().to_string();
+        assert!(e.contains("did not calibrate"), "{e}");
+        assert_eq!(d.computed_kv_scales(), None);
+        assert!(d.calibrate_kv_scales(&ids[..12]).unwrap());
+        assert!(!d.calibrate_kv_scales(&ids).unwrap(), "calibrated once");
+        let found = d.computed_kv_scales().unwrap();
+        assert_eq!((found.tokens, found.layers.len()), (12, 1));
+        assert!(found.layers[0].k_scale > 0.0 && found.layers[0].v_scale > 0.0);
+        let scaled = d.logits_at(&d.hidden(&ids).unwrap(), &[19]).unwrap();
+        assert_ne!(scaled, unit, "amax/200 is not a scale of 1.0");
+        assert_ne!(scaled, plain);
+        assert!(
+            d.report
+                .kv_cache
+                .as_deref()
+                .unwrap()
+                .contains("calculate_kv_scales")
+        );
+        let record = d.kv_cache_record().unwrap();
+        assert_eq!(
+            record.scale_source,
+            Some(crate::disclosure::kv_cache::KvScaleSource::Computed)
+        );
+        assert_eq!(record.setting().unwrap(), computed);
+        // Setting the cache again forgets the scales.
+        d.set_kv_cache(computed).unwrap();
+        assert_eq!(d.computed_kv_scales(), None);
+        let e = d
+            .set_kv_cache(KvCacheSetting {
+                computed_scales: true,
+                ..both(KvScheme::F16)
+            })
+            .unwrap_err();
+        assert!(e.contains("per-tensor fp8"), "{e}");
+    }
+
+    /// vLLM's `calc_kv_scales`: amax/200 for keys, amax/100 for values, in f32; a zero or NaN
+    /// pass is refused rather than divided by.
+    #[test]
+    fn computed_scales_follow_vllms_calc_kv_scales() {
+        let (k, v) = computed_scales(&[0.5, -3.0, 1.0], &[-0.25, 2.0]).unwrap();
+        assert_eq!(k, 3.0f32 / 200.0);
+        assert_eq!(v, 2.0f32 / 100.0);
+        let e = computed_scales(&[0.0, 0.0], &[1.0]).unwrap_err();
+        assert!(e.contains("key scale"), "{e}");
+        let e = computed_scales(&[1.0], &[0.0]).unwrap_err();
+        assert!(e.contains("value scale"), "{e}");
+        assert!(computed_scales(&[1.0, f32::NAN], &[1.0]).is_err());
+    }
+
+    /// `+computed` and `+hadamard` read back in either order; the scales flag sets or clears
+    /// it and refuses caches without a per-tensor scale.
+    #[test]
+    fn the_scales_flag_and_suffix_are_checked() {
+        let s = KvCacheSetting::from_label("k:q4_0/v:fp8_e4m3+computed+hadamard").unwrap();
+        assert!(s.computed_scales && s.hadamard);
+        assert_eq!(s.name(), "k:q4_0/v:fp8_e4m3+hadamard+computed");
+        assert_eq!(KvCacheSetting::from_label(&s.name()), Some(s));
+        assert_eq!(s.label(), "k:q4_0/v:fp8_e4m3");
+        assert_eq!(
+            KvCacheSetting::from_label("fp8_e4m3+computed+computed"),
+            None
+        );
+        let s = KvCacheSetting::from_flags(Some("fp8"), None, None, None, Some("computed"))
+            .unwrap()
+            .unwrap();
+        assert!(s.computed_scales);
+        let s =
+            KvCacheSetting::from_flags(Some("fp8+computed"), None, None, None, Some("checkpoint"))
+                .unwrap()
+                .unwrap();
+        assert!(!s.computed_scales);
+        let e = KvCacheSetting::from_flags(Some("q8_0"), None, None, None, Some("computed"))
+            .unwrap_err();
+        assert!(e.contains("per-tensor fp8"), "{e}");
+        let e = KvCacheSetting::from_flags(None, None, None, None, Some("computed")).unwrap_err();
+        assert!(e.contains("--kv-cache"), "{e}");
+        let e =
+            KvCacheSetting::from_flags(Some("fp8"), None, None, None, Some("dynamic")).unwrap_err();
+        assert!(e.contains("`dynamic` is not a scale source"), "{e}");
     }
 
     /// llama.cpp's rotation blocks (`build_input_k_rot` / `build_input_v_rot`): K the largest
@@ -856,17 +1023,18 @@ mod tests {
     /// other words.
     #[test]
     fn the_rotation_flag_is_checked() {
-        let s = KvCacheSetting::from_flags(Some("q4_0"), None, None, Some("hadamard"))
+        let s = KvCacheSetting::from_flags(Some("q4_0"), None, None, Some("hadamard"), None)
             .unwrap()
             .unwrap();
         assert!(s.hadamard && s.k == KvScheme::Q4_0);
-        let s = KvCacheSetting::from_flags(Some("q4_0+hadamard"), None, None, Some("none"))
+        let s = KvCacheSetting::from_flags(Some("q4_0+hadamard"), None, None, Some("none"), None)
             .unwrap()
             .unwrap();
         assert!(!s.hadamard);
-        let e = KvCacheSetting::from_flags(None, None, None, Some("hadamard")).unwrap_err();
+        let e = KvCacheSetting::from_flags(None, None, None, Some("hadamard"), None).unwrap_err();
         assert!(e.contains("--kv-cache"), "{e}");
-        let e = KvCacheSetting::from_flags(Some("q8_0"), None, None, Some("h32")).unwrap_err();
+        let e =
+            KvCacheSetting::from_flags(Some("q8_0"), None, None, Some("h32"), None).unwrap_err();
         assert!(e.contains("`h32` is not a rotation"), "{e}");
     }
 
