@@ -20,7 +20,63 @@ use crate::checkpoint::safetensors::{self as st, SafetensorsFile};
 use crate::error::{Error, Result};
 
 pub use render::{format_number, render_html, render_markdown};
-pub use svg::{MAX_POINTS, svg_histogram, svg_kld_along_position};
+pub use svg::{
+    MAX_POINTS, SWEEP_BINS, escape_xml, svg_histogram, svg_kld_along_position, svg_sweep,
+};
+
+/// One row of a sweep page's table: a setting against the baseline at one context length.
+pub struct SweepRow<'a> {
+    pub setting: &'a str,
+    pub context_length: usize,
+    pub kld_mean: Option<f64>,
+    pub kld_p99: Option<f64>,
+    pub top1_agreement: Option<f64>,
+    pub n_flips: usize,
+    pub n_positions: usize,
+}
+
+/// sweep.html: a self-contained page (no script, nothing fetched) with the sweep's table and a
+/// plot per context length ([`svg_sweep`]). Every value from the run is escaped.
+pub fn render_sweep_html(
+    knob: &str,
+    baseline: &str,
+    definition: &str,
+    rows: &[SweepRow<'_>],
+    plots: &[String],
+) -> String {
+    let num = |x: Option<f64>| x.map_or("–".to_owned(), |v| format_number(v, 3));
+    let mut table = String::new();
+    for r in rows {
+        table.push_str(&format!(
+            "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} of {}</td></tr>\n",
+            escape_xml(r.setting),
+            r.context_length,
+            num(r.kld_mean),
+            num(r.kld_p99),
+            num(r.top1_agreement),
+            r.n_flips,
+            r.n_positions
+        ));
+    }
+    format!(
+        r#"<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>cardproof sweep: {knob}</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:760px;margin:2em auto;color:#24292f}}table{{border-collapse:collapse}}td,th{{border:1px solid #d0d7de;padding:4px 8px;text-align:right}}td:first-child,th:first-child{{text-align:left}}.plot{{max-width:100%;height:auto}}</style>
+</head><body>
+<h1>Sweep of <code>{knob}</code> against <code>{baseline}</code></h1>
+<p>{definition}</p>
+<p>KLD: forward KL(P<sub>{baseline}</sub> ‖ P<sub>setting</sub>) per scored row, nats; mean and 99th percentile over rows. A flip: the two settings' top-1 tokens differ at a row.</p>
+<table><thead><tr><th>setting</th><th>context</th><th>kld_mean</th><th>kld_p99</th><th>top-1 agreement</th><th>top-1 flips</th></tr></thead><tbody>
+{table}</tbody></table>
+{plots}
+</body></html>
+"#,
+        knob = escape_xml(knob),
+        baseline = escape_xml(baseline),
+        definition = escape_xml(definition),
+        plots = plots.join("\n"),
+    )
+}
 
 /// Per scored row of one context length, for the plots (from positions.safetensors).
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -552,3 +552,190 @@ fn draw_axes(s: &mut String, x: &Axis, y: &Axis, x_label: &str, y_label: &str) {
         r##"<text x="16" y="{ym}" font-size="12" text-anchor="middle" fill="{AXIS}" transform="rotate(-90 16 {ym})">{y_label}</text>"##
     );
 }
+
+/// Colours of a sweep plot's settings, in order (the baseline has no line: it is the reference).
+const SERIES: [&str; 6] = [
+    "#0969da", "#cf222e", "#1a7f37", "#8250df", "#bf8700", "#57606a",
+];
+/// Bins of positions a sweep plot pools rows into.
+pub const SWEEP_BINS: usize = 48;
+
+/// Inline SVG for a sweep at one context length: for each setting measured against the
+/// baseline, the mean KLD in each of [`SWEEP_BINS`] equal bins of positions on a log axis (the
+/// settings differ by decades: int8 close, int4 far), and under it each setting's top-1 flip
+/// rate per bin. A bin whose mean KLD is 0 has no point on the log axis (the line breaks).
+pub fn svg_sweep(context_length: usize, baseline: &str, series: &[(String, RunRows)]) -> String {
+    let x_end = series
+        .iter()
+        .flat_map(|(_, r)| r.position.iter().copied())
+        .max()
+        .map_or(0.0, |p| p as f64)
+        .max(context_length.saturating_sub(2) as f64)
+        .max(1.0);
+    let width = (x_end as u64 + 1).div_ceil(SWEEP_BINS as u64).max(1);
+    let n_bins = (x_end as u64 / width + 1) as usize;
+    // Per series and bin: (mean KLD, flip rate), `None` for a bin without rows.
+    let binned: Vec<Vec<Option<(f64, f64)>>> = series
+        .iter()
+        .map(|(_, run)| {
+            let n = run.position.len().min(run.kld.len()).min(run.flip.len());
+            let mut acc = vec![(0.0f64, 0usize, 0usize, 0usize); n_bins];
+            for i in 0..n {
+                let b = ((run.position[i] / width) as usize).min(n_bins - 1);
+                let a = &mut acc[b];
+                if run.kld[i].is_finite() {
+                    a.0 += run.kld[i];
+                    a.1 += 1;
+                }
+                a.2 += usize::from(run.flip[i]);
+                a.3 += 1;
+            }
+            acc.iter()
+                .map(|&(sum, finite, flips, rows)| {
+                    (rows > 0 && finite > 0)
+                        .then(|| (sum / finite as f64, flips as f64 / rows as f64))
+                })
+                .collect()
+        })
+        .collect();
+    let positive = binned
+        .iter()
+        .flatten()
+        .flatten()
+        .map(|p| p.0)
+        .filter(|&m| m > 0.0);
+    let (lo, hi) = positive.fold((f64::INFINITY, 0f64), |(lo, hi), m| (lo.min(m), hi.max(m)));
+    let (d_lo, d_hi) = if hi > 0.0 {
+        let (a, b) = (lo.log10().floor(), hi.log10().ceil());
+        (a, if b > a { b } else { a + 1.0 })
+    } else {
+        (-6.0, 0.0)
+    };
+    let decades: Vec<f64> = (d_lo as i32..=d_hi as i32).map(f64::from).collect();
+    let y_axis = Axis {
+        lo: d_lo,
+        hi: d_hi,
+        p0: HEIGHT - BOTTOM,
+        p1: TOP + 16.0,
+        labels: decades.iter().map(|d| format!("1e{d}")).collect(),
+        ticks: decades,
+    };
+    let mut x_axis = Axis::linear(0.0, x_end, LEFT, WIDTH - RIGHT);
+    x_axis.clip(x_end);
+    let mut s = open_svg_sized(
+        &format!(
+            "Mean KLD and top-1 flip rate along the window for each setting against {baseline} at context length {context_length}"
+        ),
+        POSITION_HEIGHT,
+    );
+    let _ = write!(
+        s,
+        r##"<text x="{LEFT}" y="18" font-size="14" font-weight="bold" fill="#24292f">context length {context_length}: mean KLD against {} by position (bins of {width})</text>"##,
+        escape_xml(baseline)
+    );
+    draw_axes(
+        &mut s,
+        &x_axis,
+        &y_axis,
+        "position j in the window",
+        "mean KLD (nats, log)",
+    );
+    let rate_max = binned
+        .iter()
+        .flatten()
+        .flatten()
+        .map(|p| p.1)
+        .fold(0.0f64, f64::max);
+    let flip_axis = Axis::linear(0.0, rate_max, FLIP_BOTTOM, FLIP_TOP);
+    draw_flip_axes(&mut s, &x_axis, &flip_axis);
+    let centre = |b: usize| {
+        let lo = (b as u64 * width) as f64;
+        (lo + (lo + width as f64 - 1.0).min(x_end)) / 2.0
+    };
+    let (mut legend_x, mut legend_y) = (LEFT, 30.0);
+    for (k, ((name, _), bins)) in series.iter().zip(&binned).enumerate() {
+        let colour = SERIES[k % SERIES.len()];
+        // Runs of consecutive drawable bins, each its own polyline.
+        let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new()];
+        let mut flips: Vec<(f64, f64)> = Vec::new();
+        for (b, p) in bins.iter().enumerate() {
+            match p {
+                Some((m, rate)) => {
+                    flips.push((x_axis.map(centre(b)), flip_axis.map(*rate)));
+                    if *m > 0.0 {
+                        runs.last_mut()
+                            .expect("one run at least")
+                            .push((x_axis.map(centre(b)), y_axis.map(m.log10())));
+                        continue;
+                    }
+                    runs.push(Vec::new());
+                }
+                None => runs.push(Vec::new()),
+            }
+        }
+        let name = escape_xml(name);
+        for points in runs.iter().filter(|r| !r.is_empty()) {
+            polyline(&mut s, points, colour, &format!("{name}: mean KLD"));
+        }
+        if !flips.is_empty() {
+            polyline(&mut s, &flips, colour, &format!("{name}: top-1 flip rate"));
+        }
+        // Legend entries one after another, each as wide as its name (about 7 px a character
+        // at 11 px), wrapping to the next row past the plot's right edge.
+        let entry = 30.0 + 7.0 * series[k].0.chars().count() as f64;
+        if legend_x > LEFT && legend_x + entry > WIDTH - RIGHT {
+            (legend_x, legend_y) = (LEFT, legend_y + 14.0);
+        }
+        let (lx, ly) = (legend_x, legend_y);
+        legend_x += entry;
+        let _ = write!(
+            s,
+            r##"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{colour}" stroke-width="2"/><text x="{}" y="{}" font-size="11" fill="{AXIS}">{name}</text>"##,
+            lx + 16.0,
+            lx + 20.0,
+            ly + 4.0
+        );
+    }
+    s.push_str("</svg>");
+    s
+}
+
+/// One line through `points` (a point alone is a dot), titled for the hover text.
+fn polyline(s: &mut String, points: &[(f64, f64)], colour: &str, title: &str) {
+    if let [(x, y)] = points {
+        let _ = write!(
+            s,
+            r##"<circle cx="{}" cy="{}" r="2.5" fill="{colour}"><title>{title}</title></circle>"##,
+            c(*x),
+            c(*y)
+        );
+        return;
+    }
+    let _ = write!(
+        s,
+        r##"<polyline class="series" fill="none" stroke="{colour}" stroke-width="1.5" points=""##
+    );
+    for (i, (x, y)) in points.iter().enumerate() {
+        if i > 0 {
+            s.push(' ');
+        }
+        let _ = write!(s, "{},{}", c(*x), c(*y));
+    }
+    let _ = write!(s, r##""><title>{title}</title></polyline>"##);
+}
+
+/// Text for an SVG or HTML text node or attribute.
+pub fn escape_xml(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for ch in text.chars() {
+        match ch {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            _ => out.push(ch),
+        }
+    }
+    out
+}

@@ -724,3 +724,64 @@ fn check_balanced(html: &str) {
     }
     assert!(stack.is_empty(), "unclosed: {stack:?}");
 }
+
+/// A sweep plot: one KLD line and one flip line per setting, a bin of zero KLD breaks the log
+/// line instead of drawing at -inf, names are escaped, and every coordinate is finite.
+#[test]
+fn sweep_plot_draws_each_setting_on_a_log_axis_and_breaks_at_zero() {
+    let rows = |scale: f64, zero_from: u64| RunRows {
+        context_length: 100,
+        position: (0..99).collect(),
+        kld: (0..99u64)
+            .map(|j| {
+                if j >= zero_from {
+                    0.0
+                } else {
+                    scale * (1.0 + j as f64 / 99.0)
+                }
+            })
+            .collect(),
+        flip: (0..99u64).map(|j| j % 7 == 0).collect(),
+    };
+    let svg = svg_sweep(
+        100,
+        "bf16",
+        &[
+            ("q8_0".to_owned(), rows(1e-4, 99)),
+            ("<q4_0>".to_owned(), rows(3e-2, 50)),
+        ],
+    );
+    assert!(svg.contains("<title>q8_0: mean KLD</title>"), "{svg}");
+    assert!(
+        svg.contains("&lt;q4_0&gt;: mean KLD") && !svg.contains("<q4_0>"),
+        "{svg}"
+    );
+    // Decades from 1e-4 (q8_0's floor) to 1e-1 (q4_0's top).
+    for d in ["1e-4", "1e-1"] {
+        assert!(svg.contains(&format!(">{d}</text>")), "{d} in {svg}");
+    }
+    // q4_0 is zero from position 50 on: its KLD line stops there (one line, not two), while
+    // its flip line runs on; q8_0 has one of each.
+    assert_eq!(svg.matches("&lt;q4_0&gt;: mean KLD").count(), 1);
+    assert_eq!(svg.matches(": top-1 flip rate").count(), 2);
+    assert!(!svg.contains("NaN") && !svg.contains("inf"), "{svg}");
+    let page = render_sweep_html(
+        "kv_cache",
+        "bf16",
+        "def",
+        &[SweepRow {
+            setting: "<q4_0>",
+            context_length: 100,
+            kld_mean: Some(0.03),
+            kld_p99: None,
+            top1_agreement: Some(0.9),
+            n_flips: 3,
+            n_positions: 99,
+        }],
+        &[svg],
+    );
+    assert!(
+        page.contains("<td><code>&lt;q4_0&gt;</code></td><td>100</td><td>0.03</td><td>–</td>"),
+        "{page}"
+    );
+}

@@ -232,6 +232,58 @@ pub fn run_sweep(
     let mut text = serde_json::to_vec_pretty(&document)
         .map_err(|e| Error::internal(r.out, format!("cannot encode sweep.json: {e}")))?;
     text.push(b'\n');
+    // The page first: sweep.json, written last, says the sweep is complete.
+    write_atomically(
+        &r.out.join("sweep.html"),
+        sweep_html(&document, &outputs).as_bytes(),
+    )?;
     write_atomically(&r.out.join("sweep.json"), &text)?;
     Ok(document)
+}
+
+/// sweep.html: the pairs' table and, per context length, each setting's KLD and flip rate
+/// along position against the baseline (from the pairs' rows, as their positions files hold them).
+fn sweep_html(document: &Sweep, outputs: &[(std::path::PathBuf, Rerun)]) -> String {
+    use crate::report::{RunRows, SweepRow};
+    let baseline = document.values.first().map_or("", String::as_str);
+    let mut rows = Vec::new();
+    let mut by_length: std::collections::BTreeMap<usize, Vec<(String, RunRows)>> =
+        Default::default();
+    for (pair, (_, rerun)) in document.pairs.iter().zip(outputs) {
+        for (flips, run) in pair.runs.iter().zip(&rerun.runs) {
+            rows.push(SweepRow {
+                setting: &pair.other,
+                context_length: flips.context_length,
+                kld_mean: flips.kld_mean,
+                kld_p99: flips.kld_p99,
+                top1_agreement: flips.top1_agreement,
+                n_flips: flips.n_flips,
+                n_positions: flips.n_positions,
+            });
+            by_length.entry(run.context_length).or_default().push((
+                pair.other.clone(),
+                RunRows {
+                    context_length: run.context_length,
+                    position: run.rows.iter().map(|s| s.position).collect(),
+                    kld: run.rows.iter().map(|s| s.record.forward).collect(),
+                    flip: run
+                        .rows
+                        .iter()
+                        .map(|s| s.record.ref_top1 != s.record.cand_top1)
+                        .collect(),
+                },
+            ));
+        }
+    }
+    let plots: Vec<String> = by_length
+        .iter()
+        .map(|(&length, series)| crate::report::svg_sweep(length, baseline, series))
+        .collect();
+    crate::report::render_sweep_html(
+        &document.knob,
+        baseline,
+        &document.definition,
+        &rows,
+        &plots,
+    )
 }

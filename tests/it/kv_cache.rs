@@ -415,6 +415,28 @@ fn a_kv_cache_sweep_measures_each_scheme_against_the_baseline() {
     // The same pair through --kv-cache (the reference's cache is the baseline `none`): the same.
     let (direct, _, _) = self_with(d, &["--kv-cache", "q4_0"]);
     assert_eq!(direct, kld(1));
+    // sweep.html: the table and one plot with a KLD line and a flip-rate line per setting.
+    let page = std::fs::read_to_string(out.join("sweep.html")).unwrap();
+    for needle in [
+        "<h1>Sweep of <code>kv_cache</code> against <code>none</code></h1>",
+        "<td><code>q8_0</code></td><td>128</td>",
+        "<td><code>q4_0</code></td><td>128</td>",
+        "<title>q8_0: mean KLD</title>",
+        "<title>q4_0: mean KLD</title>",
+        "<title>q4_0: top-1 flip rate</title>",
+        "mean KLD (nats, log)",
+    ] {
+        assert!(page.contains(needle), "{needle} in {page}");
+    }
+    assert_eq!(
+        page.matches("<svg").count(),
+        1,
+        "one context length, one plot"
+    );
+    assert!(
+        !page.contains("<script") && !page.contains("http"),
+        "self-contained"
+    );
 }
 
 #[test]
