@@ -416,3 +416,19 @@ fn write_dump(
     );
     write_atomically(&dir.join(format!("{side}.logits.safetensors")), &bytes)
 }
+
+/// A run's rows as the report's plots take them: position, forward KL, top-1 flip.
+impl From<&RunResult> for crate::report::RunRows {
+    fn from(run: &RunResult) -> crate::report::RunRows {
+        crate::report::RunRows {
+            context_length: run.context_length,
+            position: run.rows.iter().map(|s| s.position).collect(),
+            kld: run.rows.iter().map(|s| s.record.forward).collect(),
+            flip: run
+                .rows
+                .iter()
+                .map(|s| s.record.ref_top1 != s.record.cand_top1)
+                .collect(),
+        }
+    }
+}

@@ -260,19 +260,10 @@ fn sweep_html(document: &Sweep, outputs: &[(std::path::PathBuf, Rerun)]) -> Stri
                 n_flips: flips.n_flips,
                 n_positions: flips.n_positions,
             });
-            by_length.entry(run.context_length).or_default().push((
-                pair.other.clone(),
-                RunRows {
-                    context_length: run.context_length,
-                    position: run.rows.iter().map(|s| s.position).collect(),
-                    kld: run.rows.iter().map(|s| s.record.forward).collect(),
-                    flip: run
-                        .rows
-                        .iter()
-                        .map(|s| s.record.ref_top1 != s.record.cand_top1)
-                        .collect(),
-                },
-            ));
+            by_length
+                .entry(run.context_length)
+                .or_default()
+                .push((pair.other.clone(), RunRows::from(run)));
         }
     }
     let plots: Vec<String> = by_length

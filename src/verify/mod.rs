@@ -48,14 +48,6 @@ pub struct VerifyRequest<'a> {
     pub on_warning: &'a (dyn Fn(&rerun::preflight::Warning) + Sync),
 }
 
-/// One context length's rows, for the report's plots.
-pub struct PlotRows {
-    pub context_length: usize,
-    pub position: Vec<u64>,
-    pub kld: Vec<f64>,
-    pub flip: Vec<bool>,
-}
-
 /// A finished verification.
 pub struct VerifyOutcome {
     /// report.json: the in-toto predicate.
@@ -65,7 +57,8 @@ pub struct VerifyOutcome {
     pub manifest: Manifest,
     /// The rerun (its measurement is also in the report).
     pub rerun: Option<Rerun>,
-    pub rows: Vec<PlotRows>,
+    /// Each context length's rows, for the report's plots.
+    pub rows: Vec<crate::report::RunRows>,
 }
 
 /// The eval text: `--eval-text`, else the card's `eval.text.source` as a path inside the card's
@@ -195,19 +188,8 @@ fn declared_quantization(method: Option<&str>) -> Option<String> {
     (!plain.contains(&method.to_ascii_lowercase().as_str())).then(|| method.to_owned())
 }
 
-fn plot_rows(runs: &[rerun::RunResult]) -> Vec<PlotRows> {
-    runs.iter()
-        .map(|run| PlotRows {
-            context_length: run.context_length,
-            position: run.rows.iter().map(|s| s.position).collect(),
-            kld: run.rows.iter().map(|s| s.record.forward).collect(),
-            flip: run
-                .rows
-                .iter()
-                .map(|s| s.record.ref_top1 != s.record.cand_top1)
-                .collect(),
-        })
-        .collect()
+fn plot_rows(runs: &[rerun::RunResult]) -> Vec<crate::report::RunRows> {
+    runs.iter().map(crate::report::RunRows::from).collect()
 }
 
 /// The card's lane and identities as read.

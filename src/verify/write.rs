@@ -43,20 +43,11 @@ pub fn write_outputs(
     text.push(b'\n');
     set.write("report.dsse.json", &text)?;
 
-    let rows: Vec<RunRows> = outcome
-        .rows
-        .iter()
-        .map(|r| RunRows {
-            context_length: r.context_length,
-            position: r.position.clone(),
-            kld: r.kld.clone(),
-            flip: r.flip.clone(),
-        })
-        .collect();
+    let rows: &[RunRows] = &outcome.rows;
     set.write("report.md", report::render_markdown(&report)?.as_bytes())?;
     set.write(
         "report.html",
-        report::render_html(&report, &rows)?.as_bytes(),
+        report::render_html(&report, rows)?.as_bytes(),
     )?;
     set.commit()
 }

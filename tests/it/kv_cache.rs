@@ -220,6 +220,16 @@ fn verify_reruns_a_card_with_the_kv_cache_scheme_it_discloses() {
     );
 }
 
+/// `candidate` against the bf16 example over `text` with `flags`: its kld_mean.
+fn kld_of(candidate: &Path, text: &Path, out: &Path, flags: &[&str]) -> f64 {
+    let r = measure_short(candidate, text, out, "100", flags);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("measurement.json")).unwrap())
+            .unwrap();
+    m["runs"][0]["metrics"]["kld_mean"].as_f64().unwrap()
+}
+
 /// The bf16 example made into a checkpoint that declares an FP8 KV cache (compressed-tensors'
 /// `kv_cache_scheme`) with per-layer `k_scale` / `v_scale` of `scale`.
 fn with_declared_fp8_kv(to: &Path, scale: f32) {
@@ -261,15 +271,7 @@ fn fp8_e4m3_uses_the_checkpoints_kv_scales_and_none_turns_a_declared_cache_off()
     let text = short_text(d, 4000);
     let cand = d.join("cand");
     with_declared_fp8_kv(&cand, 0.05);
-    let kld = |flags: &[&str], out: &str| {
-        let r = measure_short(&cand, &text, &d.join(out), "100", flags);
-        assert_eq!(r.code, 0, "{}", r.stderr);
-        let m: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(d.join(out).join("measurement.json")).unwrap(),
-        )
-        .unwrap();
-        m["runs"][0]["metrics"]["kld_mean"].as_f64().unwrap()
-    };
+    let kld = |flags: &[&str], out: &str| kld_of(&cand, &text, &d.join(out), flags);
     let declared = kld(&[], "declared");
     let fp8 = kld(&["--kv-cache", "fp8_e4m3"], "fp8");
     let off = kld(&["--kv-cache", "none"], "off");
@@ -339,15 +341,7 @@ fn computed_fp8_scales_replace_unit_and_checkpoint_scales_and_are_recorded() {
     let cand = d.join("declared");
     with_declared_fp8_kv(&cand, 0.05);
     let t = short_text(d, 4000);
-    let kld = |flags: &[&str], out: &str| {
-        let r = measure_short(&cand, &t, &d.join(out), "100", flags);
-        assert_eq!(r.code, 0, "{}", r.stderr);
-        let m: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(d.join(out).join("measurement.json")).unwrap(),
-        )
-        .unwrap();
-        m["runs"][0]["metrics"]["kld_mean"].as_f64().unwrap()
-    };
+    let kld = |flags: &[&str], out: &str| kld_of(&cand, &t, &d.join(out), flags);
     let declared = kld(&[], "d1");
     let recomputed = kld(&["--kv-cache", "fp8+computed"], "d2");
     assert_eq!(
