@@ -23,6 +23,7 @@ Only safetensors checkpoints are loaded, and `trust_remote_code` stays off unles
 says otherwise (the user's `--trust-remote-code`).
 """
 
+import functools
 import json
 import math
 import os
@@ -503,9 +504,11 @@ def kv_quantize(torch, name, x, tensor_scale=1.0):
 LLAMACPP_BLOCKED = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 
 
+@functools.lru_cache(maxsize=16)
 def hadamard_matrix(torch, n, device):
     """ggml_gen_hadamard's orthonormal Sylvester matrix (entries +-(1/sqrtf(n)) as f32), in
-    float64 so that one rotation rounds to float32 once, as the native runner does it."""
+    float64 so that one rotation rounds to float32 once, as the native runner does it. Cached per
+    (n, device): callers only read it."""
     import numpy
 
     entry = float(numpy.float32(1.0 / float(numpy.sqrt(numpy.float32(n)))))

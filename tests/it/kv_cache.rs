@@ -220,6 +220,84 @@ fn verify_reruns_a_card_with_the_kv_cache_scheme_it_discloses() {
     );
 }
 
+/// A card written from a `fp8_e4m3+computed` measurement says `scale_source: computed`, and
+/// `verify` reruns it with computed scales: reproduced. Rerun with the checkpoint's scales
+/// (`--kv-cache fp8_e4m3`, 1.0 here) instead, the scale source differs and is named.
+#[test]
+fn verify_follows_a_cards_computed_kv_scales() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let text = short_text(d, 4000);
+    let cand = d.join("cand");
+    copy_model("shakespeare-bf16", &cand);
+    let r = measure_short(
+        &cand,
+        &text,
+        &d.join("m"),
+        "100",
+        &["--kv-cache", "fp8_e4m3+computed"],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let card = cand.join("README.md");
+    std::fs::remove_file(&card).ok();
+    let rev = "0123456789abcdef0123456789abcdef01234567";
+    let r = cardproof(&[
+        "card",
+        "--measurement",
+        d.join("m/measurement.json").to_str().unwrap(),
+        "--into",
+        card.to_str().unwrap(),
+        "--reference-repo",
+        "example/shakespeare-bf16",
+        "--reference-revision",
+        rev,
+        "--candidate-repo",
+        "example/shakespeare-bf16-kv-fp8",
+        "--candidate-revision",
+        rev,
+        "--quantization",
+        "none",
+        "--calibration",
+        "none",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let written = std::fs::read_to_string(&card).unwrap();
+    assert!(written.contains("scale_source: computed"), "{written}");
+    let lint = cardproof(&["lint", card.to_str().unwrap(), "--json"]);
+    assert!(
+        !lint.stdout.contains("kv-cache-mismatch"),
+        "{}",
+        lint.stdout
+    );
+    let reference = model("shakespeare-bf16");
+    let verify = |out: &str, extra: &[&str]| {
+        let out = d.join(out);
+        let mut args = vec![
+            "verify",
+            cand.to_str().unwrap(),
+            "--reference",
+            &reference,
+            "--eval-text",
+            text.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        cardproof(&args)
+    };
+    let r = verify("v1", &[]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert_eq!(r.json()["verdict"], "reproduced", "{}", r.stdout);
+    let r = verify("v2", &["--kv-cache", "fp8_e4m3"]);
+    assert_ne!(r.json()["verdict"], "reproduced", "{}", r.stdout);
+    assert!(
+        r.stdout.contains("runtime.kv_cache.scale_source"),
+        "{}",
+        r.stdout
+    );
+}
+
 /// `candidate` against the bf16 example over `text` with `flags`: its kld_mean.
 fn kld_of(candidate: &Path, text: &Path, out: &Path, flags: &[&str]) -> f64 {
     let r = measure_short(candidate, text, out, "100", flags);
