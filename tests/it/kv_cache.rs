@@ -104,6 +104,58 @@ fn the_hadamard_rotation_lowers_a_4_bit_caches_kld_and_is_recorded() {
     assert!(r.stderr.contains("multiple of 64"), "{}", r.stderr);
 }
 
+/// A card for `cand` written from `measurement` (`candidate_repo` on the Hub side), into
+/// `cand/README.md`; returns the card's path and text.
+fn card_from(
+    measurement: &Path,
+    cand: &Path,
+    candidate_repo: &str,
+) -> (std::path::PathBuf, String) {
+    let rev = "0123456789abcdef0123456789abcdef01234567";
+    let card = cand.join("README.md");
+    std::fs::remove_file(&card).ok();
+    let r = cardproof(&[
+        "card",
+        "--measurement",
+        measurement.to_str().unwrap(),
+        "--into",
+        card.to_str().unwrap(),
+        "--reference-repo",
+        "example/shakespeare-bf16",
+        "--reference-revision",
+        rev,
+        "--candidate-repo",
+        candidate_repo,
+        "--candidate-revision",
+        rev,
+        "--quantization",
+        "none",
+        "--calibration",
+        "none",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let written = std::fs::read_to_string(&card).unwrap();
+    (card, written)
+}
+
+/// `verify` of `cand` against the bf16 example over `text`, written to `out`, with `extra` flags.
+fn verify_card(cand: &Path, text: &Path, out: &Path, extra: &[&str]) -> Run {
+    let reference = model("shakespeare-bf16");
+    let mut args = vec![
+        "verify",
+        cand.to_str().unwrap(),
+        "--reference",
+        &reference,
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    cardproof(&args)
+}
+
 /// A card written from a `--kv-cache q4_0` measurement discloses `kv_cache_dtype: q4_0`, and
 /// `verify` reruns it with that cache (native lane): reproduced. The same card claiming those
 /// numbers for a q8_0 cache is rerun with q8_0 and is not.
@@ -116,31 +168,11 @@ fn verify_reruns_a_card_with_the_kv_cache_scheme_it_discloses() {
     copy_model("shakespeare-bf16", &cand);
     let r = measure_short(&cand, &text, &d.join("m"), "1000", &["--kv-cache", "q4_0"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    let rev = "0123456789abcdef0123456789abcdef01234567";
-    let m = d.join("m/measurement.json");
-    let card = cand.join("README.md");
-    std::fs::remove_file(&card).ok();
-    let r = cardproof(&[
-        "card",
-        "--measurement",
-        m.to_str().unwrap(),
-        "--into",
-        card.to_str().unwrap(),
-        "--reference-repo",
-        "example/shakespeare-bf16",
-        "--reference-revision",
-        rev,
-        "--candidate-repo",
+    let (card, written) = card_from(
+        &d.join("m/measurement.json"),
+        &cand,
         "example/shakespeare-bf16-kv-q4_0",
-        "--candidate-revision",
-        rev,
-        "--quantization",
-        "none",
-        "--calibration",
-        "none",
-    ]);
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let written = std::fs::read_to_string(&card).unwrap();
+    );
     assert!(written.contains("kv_cache_dtype: q4_0"), "{written}");
     // The measurement's record of how the cache ran travels into the card.
     let lint = cardproof(&["lint", card.to_str().unwrap(), "--json"]);
@@ -158,23 +190,7 @@ fn verify_reruns_a_card_with_the_kv_cache_scheme_it_discloses() {
     ] {
         assert!(written.contains(field), "{field} in {written}");
     }
-    let reference = model("shakespeare-bf16");
-    let verify = |out: &str, extra: &[&str]| {
-        let out = d.join(out);
-        let mut args = vec![
-            "verify",
-            cand.to_str().unwrap(),
-            "--reference",
-            &reference,
-            "--eval-text",
-            text.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--json",
-        ];
-        args.extend_from_slice(extra);
-        cardproof(&args)
-    };
+    let verify = |out: &str, extra: &[&str]| verify_card(&cand, &text, &d.join(out), extra);
     let r = verify("v1", &[]);
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
     assert_eq!(r.json()["verdict"], "reproduced", "{}", r.stdout);
@@ -238,30 +254,11 @@ fn verify_follows_a_cards_computed_kv_scales() {
         &["--kv-cache", "fp8_e4m3+computed"],
     );
     assert_eq!(r.code, 0, "{}", r.stderr);
-    let card = cand.join("README.md");
-    std::fs::remove_file(&card).ok();
-    let rev = "0123456789abcdef0123456789abcdef01234567";
-    let r = cardproof(&[
-        "card",
-        "--measurement",
-        d.join("m/measurement.json").to_str().unwrap(),
-        "--into",
-        card.to_str().unwrap(),
-        "--reference-repo",
-        "example/shakespeare-bf16",
-        "--reference-revision",
-        rev,
-        "--candidate-repo",
+    let (card, written) = card_from(
+        &d.join("m/measurement.json"),
+        &cand,
         "example/shakespeare-bf16-kv-fp8",
-        "--candidate-revision",
-        rev,
-        "--quantization",
-        "none",
-        "--calibration",
-        "none",
-    ]);
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let written = std::fs::read_to_string(&card).unwrap();
+    );
     assert!(written.contains("scale_source: computed"), "{written}");
     let lint = cardproof(&["lint", card.to_str().unwrap(), "--json"]);
     assert!(
@@ -269,23 +266,7 @@ fn verify_follows_a_cards_computed_kv_scales() {
         "{}",
         lint.stdout
     );
-    let reference = model("shakespeare-bf16");
-    let verify = |out: &str, extra: &[&str]| {
-        let out = d.join(out);
-        let mut args = vec![
-            "verify",
-            cand.to_str().unwrap(),
-            "--reference",
-            &reference,
-            "--eval-text",
-            text.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--json",
-        ];
-        args.extend_from_slice(extra);
-        cardproof(&args)
-    };
+    let verify = |out: &str, extra: &[&str]| verify_card(&cand, &text, &d.join(out), extra);
     let r = verify("v1", &[]);
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
     assert_eq!(r.json()["verdict"], "reproduced", "{}", r.stdout);
