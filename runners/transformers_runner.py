@@ -595,7 +595,20 @@ def kv_setting(spec, path):
             "per-tensor fp8 with scale 1.0 or computed scales only; use --runner native, which takes the "
             "checkpoint's k_scale/v_scale",
         )
-    return (k, v, hadamard, computed)
+    semantics = kv.get("semantics")
+    if semantics not in (None, "write_then_read", "quantized_cache_residual"):
+        raise RunnerError("unsupported", f"KV-cache semantics `{semantics}` is not write_then_read or quantized_cache_residual")
+    residual = None
+    if semantics == "quantized_cache_residual":
+        if computed:
+            raise RunnerError("unsupported", "computed KV-cache scales are vLLM's (write-then-read), not transformers' QuantizedCache")
+        length = kv.get("residual_length", 128)
+        chunk = kv.get("prefill_chunk", length)
+        for what, n in (("residual length", length), ("prefill chunk", chunk)):
+            if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 1 << 20:
+                raise RunnerError("unsupported", f"KV-cache {what} `{n}` is not 1 to {1 << 20} tokens")
+        residual = (length, chunk)
+    return (k, v, hadamard, computed, residual)
 
 
 def kv_label(setting):
@@ -611,7 +624,7 @@ def new_cache(torch, transformers, model):
     setting = getattr(model, "_cardproof_kv", None)
     cls = transformers.DynamicCache
     if setting is not None:
-        k_name, v_name, hadamard, computed = setting
+        k_name, v_name, hadamard, computed, residual = setting
         # vLLM's computed scales: per layer, from the model's first forward pass (its first
         # window's first prefill chunk), then frozen for every later window.
         # Keyed by the setting: a model shared by a sweep's two sides computes each side's own.
@@ -637,6 +650,8 @@ def new_cache(torch, transformers, model):
                     if layer_idx not in frozen:
                         frozen[layer_idx] = computed_scales(torch, key_states, value_states) + (key_states.shape[-2],)
                     k_scale, v_scale, _ = frozen[layer_idx]
+                if residual is not None:
+                    return self.residual_update(key_states, value_states, layer_idx, k_rot, v_rot, *args, **kwargs)
                 return super().update(
                     kv_rounded(torch, k_name, key_states, k_rot, k_scale),
                     kv_rounded(torch, v_name, value_states, v_rot, v_scale),
@@ -644,6 +659,34 @@ def new_cache(torch, transformers, model):
                     *args,
                     **kwargs,
                 )
+
+            def residual_update(self, key_states, value_states, layer_idx, k_rot, v_rot, *args, **kwargs):
+                """transformers' QuantizedLayer.update with this scheme's rounding: the first
+                update stores its states rounded and returns them as they are; later ones
+                return cat(stored, residual, new) unrounded past the stored part, and round the
+                whole history again once the residual and the new states reach the residual
+                length."""
+                tails = self.__dict__.setdefault("_cardproof_raw_tail", {})
+                if layer_idx not in tails:
+                    super().update(
+                        kv_rounded(torch, k_name, key_states, k_rot),
+                        kv_rounded(torch, v_name, value_states, v_rot),
+                        layer_idx,
+                        *args,
+                        **kwargs,
+                    )
+                    tails[layer_idx] = 0
+                    return key_states, value_states
+                keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+                n = key_states.shape[-2]
+                if tails[layer_idx] + n >= residual[0]:
+                    layer = self.layers[layer_idx]
+                    layer.keys = kv_rounded(torch, k_name, keys, k_rot)
+                    layer.values = kv_rounded(torch, v_name, values, v_rot)
+                    tails[layer_idx] = 0
+                else:
+                    tails[layer_idx] += n
+                return keys, values
 
         cls = RoundingCache
     try:
@@ -666,6 +709,11 @@ def prefill(torch, transformers, model, ids, keep, chunk):
     head_dev = model.get_output_embeddings().weight.device
     out = []
     n = ids_t.shape[1]
+    setting = getattr(model, "_cardproof_kv", None)
+    if setting is not None and setting[4] is not None:
+        # transformers' QuantizedCache semantics are defined per update: the model's own
+        # prefill chunk (a single pass would read nothing rounded).
+        chunk = setting[4][1]
     with torch.inference_mode():
         if chunk >= n:
             # The whole window in one pass, as the engine's own prefill runs it (no cache kept,
@@ -1118,6 +1166,8 @@ def model_record(model, spec):
         "kv_cache_dtype": kv_label(kv) if kv else dtype,
         "kv_cache_rotation": "hadamard" if kv and kv[2] else "none",
         "kv_cache_scales": "computed" if kv and kv[3] else "unit",
+        "kv_cache_semantics": "quantized_cache_residual" if kv and kv[4] else "write_then_read",
+        "kv_cache_residual": list(kv[4]) if kv and kv[4] else None,
         "kv_scales": kv_scales_record(model, kv),
         "quant_method": (q or {}).get("quant_method") if isinstance(q, dict) else q,
         "run_compressed": (q or {}).get("run_compressed") if isinstance(q, dict) else None,

@@ -10,7 +10,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::runner::native::kv_cache::{KvCacheSetting, KvScheme};
+use crate::runner::native::kv_cache::{KvCacheSetting, KvScheme, MAX_RESIDUAL, ResidualWindow};
 
 /// The KV cache as run, K and V separately. Optional: `kv_cache_dtype` stays the one-line name;
 /// when both are given they must agree.
@@ -46,6 +46,16 @@ pub struct KvCache {
     /// prefill and a recent window unquantized).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub semantics: Option<KvSemantics>,
+    /// Under `quantized_cache_residual`: transformers' `residual_length`, the tokens held
+    /// unrounded before the whole history is rounded again (its default 128).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1048576))]
+    pub residual_length: Option<u32>,
+    /// Under `quantized_cache_residual`: tokens per prefill chunk (one update of the cache),
+    /// which the number depends on (default: the residual length).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1048576))]
+    pub prefill_chunk: Option<u32>,
 }
 
 /// The per-tensor fp8 scales a run computed (`scale_source: computed`, vLLM's
@@ -214,7 +224,13 @@ impl KvCache {
             } else {
                 KvRotation::None
             }),
-            semantics: Some(KvSemantics::WriteThenRead),
+            semantics: Some(if setting.residual.is_some() {
+                KvSemantics::QuantizedCacheResidual
+            } else {
+                KvSemantics::WriteThenRead
+            }),
+            residual_length: setting.residual.map(|w| w.length),
+            prefill_chunk: setting.residual.map(|w| w.chunk),
         }
     }
 
@@ -222,7 +238,19 @@ impl KvCache {
     pub fn setting(&self) -> Result<KvCacheSetting, (&'static str, &str)> {
         let k = KvScheme::from_name(&self.k).ok_or(("k", self.k.as_str()))?;
         let v = KvScheme::from_name(&self.v).ok_or(("v", self.v.as_str()))?;
+        let residual = (self.semantics == Some(KvSemantics::QuantizedCacheResidual))
+            .then(|| ResidualWindow::new(self.residual_length, self.prefill_chunk))
+            .transpose()
+            .map_err(|_| {
+                let bad = |n: Option<u32>| n.is_some_and(|n| !(1..=MAX_RESIDUAL).contains(&n));
+                if bad(self.residual_length) {
+                    ("residual_length", "out of range")
+                } else {
+                    ("prefill_chunk", "out of range")
+                }
+            })?;
         Ok(KvCacheSetting {
+            residual,
             k,
             v,
             hadamard: self.rotation == Some(KvRotation::Hadamard),
@@ -236,6 +264,12 @@ impl KvCache {
     pub fn contradictions(&self, kv_cache_dtype: &str) -> Vec<(&'static str, String)> {
         let setting = match self.setting() {
             Ok(s) => s,
+            Err((field @ ("residual_length" | "prefill_chunk"), _)) => {
+                return vec![(
+                    field,
+                    format!("`runtime.kv_cache.{field}` must be 1 to {MAX_RESIDUAL} tokens"),
+                )];
+            }
             Err((field, name)) => {
                 return vec![(
                     field,
@@ -299,6 +333,27 @@ impl KvCache {
                 }
             }
         }
+        let residual_semantics = self.semantics == Some(KvSemantics::QuantizedCacheResidual);
+        for (field, given) in [
+            ("residual_length", self.residual_length),
+            ("prefill_chunk", self.prefill_chunk),
+        ] {
+            if given.is_some() && !residual_semantics {
+                out.push((
+                    field,
+                    format!(
+                        "`{field}` sizes transformers' QuantizedCache window, and `semantics` is {}: say `semantics: quantized_cache_residual` or leave it out",
+                        self.semantics.map_or("not stated".to_owned(), |s| format!("`{s}`"))
+                    ),
+                ));
+            }
+        }
+        if residual_semantics && self.scale_source == Some(KvScaleSource::Computed) {
+            out.push((
+                "scale_source",
+                "`scale_source: computed` is vLLM's calculate_kv_scales (write-then-read); with `semantics: quantized_cache_residual` it is no engine's cache".into(),
+            ));
+        }
         if self.rotation == Some(KvRotation::Hadamard)
             && !(setting.k.is_quantized() || setting.v.is_quantized())
         {
@@ -353,6 +408,20 @@ impl KvCache {
         );
         cmp(&mut out, "rotation", self.rotation, ran.rotation);
         cmp(&mut out, "semantics", self.semantics, ran.semantics);
+        // Under the residual semantics the window's sizes move the number: a card that leaves
+        // them out means transformers' defaults.
+        if self.semantics == Some(KvSemantics::QuantizedCacheResidual) {
+            let length = self
+                .residual_length
+                .or(Some(crate::runner::native::kv_cache::DEFAULT_RESIDUAL));
+            cmp(&mut out, "residual_length", length, ran.residual_length);
+            cmp(
+                &mut out,
+                "prefill_chunk",
+                self.prefill_chunk.or(length),
+                ran.prefill_chunk,
+            );
+        }
         out
     }
 }
@@ -369,6 +438,8 @@ mod tests {
             scale_source: None,
             rotation: None,
             semantics: None,
+            residual_length: None,
+            prefill_chunk: None,
         }
     }
 
@@ -407,6 +478,42 @@ mod tests {
         let mut e = entry("bf16", "bf16");
         e.rotation = Some(KvRotation::Hadamard);
         assert_eq!(e.contradictions("bf16")[0].0, "rotation");
+    }
+
+    /// The residual window's sizes belong to transformers' semantics: without it they
+    /// contradict; with it a card that leaves them out means transformers' defaults, and a
+    /// rerun with other sizes differs on each.
+    #[test]
+    fn a_residual_window_is_compared_with_transformers_defaults() {
+        let mut card = entry("q8_0", "q8_0");
+        card.residual_length = Some(64);
+        assert_eq!(card.contradictions("q8_0")[0].0, "residual_length");
+        card.semantics = Some(KvSemantics::QuantizedCacheResidual);
+        assert!(card.contradictions("q8_0").is_empty());
+        card.residual_length = Some(0);
+        assert_eq!(card.contradictions("q8_0")[0].0, "residual_length");
+        card.residual_length = None;
+        let default = KvCacheSetting::from_label("q8_0+residual").unwrap();
+        assert_eq!(card.setting().unwrap(), default);
+        assert!(
+            card.differences(&KvCache::as_run(default, false))
+                .is_empty()
+        );
+        let other = KvCacheSetting::from_label("q8_0+residual128+chunk32").unwrap();
+        assert_eq!(
+            card.differences(&KvCache::as_run(other, false)),
+            [("prefill_chunk", "128".to_owned(), "32".to_owned())]
+        );
+        let plain = KvCache::as_run(KvCacheSetting::from_label("q8_0").unwrap(), false);
+        let fields: Vec<_> = card.differences(&plain).into_iter().map(|d| d.0).collect();
+        assert_eq!(fields, ["semantics", "residual_length", "prefill_chunk"]);
+        card.scale_source = Some(KvScaleSource::Computed);
+        let fields: Vec<_> = card
+            .contradictions("q8_0")
+            .into_iter()
+            .map(|c| c.0)
+            .collect();
+        assert!(fields.contains(&"scale_source"), "{fields:?}");
     }
 
     #[test]

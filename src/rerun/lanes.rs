@@ -599,9 +599,30 @@ pub(super) fn transformers(
             .unwrap_or("(none recorded)");
         let rotated = record["kv_cache_rotation"].as_str() == Some("hadamard");
         let computed = record["kv_cache_scales"].as_str() == Some("computed");
-        if ran != asked.label() || rotated != asked.hadamard || computed != asked.computed_scales {
+        // transformers' QuantizedCache window as [residual length, prefill chunk].
+        let residual = (record["kv_cache_semantics"].as_str() == Some("quantized_cache_residual"))
+            .then(|| {
+                let n = |i: usize| record["kv_cache_residual"][i].as_u64();
+                (n(0), n(1))
+            });
+        let asked_residual = asked
+            .residual
+            .map(|w| (Some(u64::from(w.length)), Some(u64::from(w.chunk))));
+        if ran != asked.label()
+            || rotated != asked.hadamard
+            || computed != asked.computed_scales
+            || residual != asked_residual
+        {
+            let window = match residual {
+                Some((length, chunk)) => format!(
+                    "+residual{}+chunk{}",
+                    length.map_or("?".into(), |n| n.to_string()),
+                    chunk.map_or("?".into(), |n| n.to_string())
+                ),
+                None => String::new(),
+            };
             let ran = format!(
-                "{ran}{}{}",
+                "{ran}{}{}{window}",
                 if rotated { "+hadamard" } else { "" },
                 if computed { "+computed" } else { "" }
             );

@@ -75,6 +75,14 @@ pub struct RequestKvCache {
     /// (vLLM's calculate_kv_scales; absent: 1.0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scales: Option<String>,
+    /// `quantized_cache_residual`: transformers' QuantizedCache semantics (absent:
+    /// write-then-read), with its residual length and the model's prefill chunk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub semantics: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residual_length: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_chunk: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

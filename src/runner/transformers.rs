@@ -233,6 +233,9 @@ fn write_request(
                         v: s.v.as_str().to_owned(),
                         rotation: s.hadamard.then(|| "hadamard".to_owned()),
                         scales: s.computed_scales.then(|| "computed".to_owned()),
+                        semantics: s.residual.map(|_| "quantized_cache_residual".to_owned()),
+                        residual_length: s.residual.map(|w| w.length),
+                        prefill_chunk: s.residual.map(|w| w.chunk),
                     }
                 }),
             }

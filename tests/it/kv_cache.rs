@@ -279,6 +279,79 @@ fn verify_follows_a_cards_computed_kv_scales() {
     );
 }
 
+/// transformers' QuantizedCache semantics by name: context length 128 in chunks of 32 with a
+/// window of 64 moves the number less than write-then-read (a quarter of the rows read
+/// nothing rounded, and every chunk reads itself unrounded), and a chunk as long as the window
+/// sees no quantization at all (one update). The record carries the semantics and both sizes;
+/// a card written from it verifies, and a rerun with another chunk is named.
+#[test]
+fn quantized_cache_residual_semantics_run_by_name_and_verify_follows_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let text = short_text(d, 4000);
+    let cand = d.join("cand");
+    copy_model("shakespeare-bf16", &cand);
+    let kld = |out: &str, flags: &[&str]| kld_of(&cand, &text, &d.join(out), flags);
+    let write_then_read = kld("wtr", &["--kv-cache", "q4_0"]);
+    let residual = kld(
+        "res",
+        &[
+            "--kv-cache",
+            "q4_0",
+            "--kv-cache-semantics",
+            "quantized_cache_residual",
+            "--kv-cache-residual",
+            "64",
+            "--kv-cache-chunk",
+            "32",
+        ],
+    );
+    assert!(
+        residual > 0.0 && residual < write_then_read,
+        "residual {residual}, write-then-read {write_then_read}"
+    );
+    assert_eq!(kld("one", &["--kv-cache", "q4_0+residual128"]), 0.0);
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("res/measurement.json")).unwrap())
+            .unwrap();
+    let kv = &m["environment"]["kv_cache"];
+    assert_eq!(kv["semantics"], "quantized_cache_residual", "{kv}");
+    assert_eq!(
+        (kv["residual_length"].as_u64(), kv["prefill_chunk"].as_u64()),
+        (Some(64), Some(32))
+    );
+    let (card, written) = card_from(
+        &d.join("res/measurement.json"),
+        &cand,
+        "example/shakespeare-bf16-kv-q4-residual",
+    );
+    assert!(
+        written.contains("semantics: quantized_cache_residual"),
+        "{written}"
+    );
+    let lint = cardproof(&["lint", card.to_str().unwrap(), "--json"]);
+    assert!(
+        !lint.stdout.contains("kv-cache-mismatch"),
+        "{}",
+        lint.stdout
+    );
+    let r = verify_card(&cand, &text, &d.join("v1"), &[]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert_eq!(r.json()["verdict"], "reproduced", "{}", r.stdout);
+    let r = verify_card(
+        &cand,
+        &text,
+        &d.join("v2"),
+        &["--kv-cache", "q4_0+residual64"],
+    );
+    assert_ne!(r.json()["verdict"], "reproduced", "{}", r.stdout);
+    assert!(
+        r.stdout.contains("runtime.kv_cache.prefill_chunk"),
+        "{}",
+        r.stdout
+    );
+}
+
 /// `candidate` against the bf16 example over `text` with `flags`: its kld_mean.
 fn kld_of(candidate: &Path, text: &Path, out: &Path, flags: &[&str]) -> f64 {
     let r = measure_short(candidate, text, out, "100", flags);

@@ -856,17 +856,17 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         let r = cpu_sweep(
             &text,
             &out,
-            "kv_cache=none,q8_0,q4_0,k:q4_0/v:none,fp8_e4m3+computed",
+            "kv_cache=none,q8_0,q4_0,k:q4_0/v:none,fp8_e4m3+computed,q4_0+residual64+chunk32",
         );
         assert_eq!(r.code, 0, "{}", r.stderr);
         let doc = r.json();
         let pairs = doc["pairs"].as_array().unwrap();
-        assert_eq!(pairs.len(), 4);
+        assert_eq!(pairs.len(), 5);
         for pair in pairs {
             let scheme = pair["other"].as_str().unwrap();
             assert_eq!(
                 pair["environment"]["kv_cache_dtype"],
-                scheme.trim_end_matches("+computed")
+                scheme.split('+').next().unwrap()
             );
             let gpu_lane = pair["runs"][0]["kld_mean"].as_f64().unwrap();
             let native = run(
@@ -885,7 +885,7 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
                     scheme,
                     "--out",
                     dir.path()
-                        .join(scheme.replace([':', '/'], "_"))
+                        .join(scheme.replace([':', '/', '+'], "_"))
                         .to_str()
                         .unwrap(),
                     "--json",

@@ -90,6 +90,21 @@ pub struct KvCacheArgs {
     /// SCHEME+computed.
     #[arg(long, value_name = "SOURCE")]
     pub kv_cache_scales: Option<String>,
+    /// When the stored K/V are read back rounded: write_then_read (vLLM, llama.cpp; the
+    /// default: a chunk's own keys and values are rounded before attention reads them) or
+    /// quantized_cache_residual (transformers' QuantizedCache: the first prefill chunk reads
+    /// unrounded, later chunks read the rounded history plus an unrounded residual window, the
+    /// whole history rounded again when the window fills; windows are prefilled in chunks).
+    /// Also written SCHEME+residualN.
+    #[arg(long, value_name = "SEMANTICS")]
+    pub kv_cache_semantics: Option<String>,
+    /// transformers' residual_length under quantized_cache_residual (default 128).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub kv_cache_residual: Option<u32>,
+    /// Tokens per prefill chunk under quantized_cache_residual (default: the residual length).
+    /// Also written SCHEME+residualN+chunkC.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub kv_cache_chunk: Option<u32>,
 }
 
 #[derive(Debug, Args)]

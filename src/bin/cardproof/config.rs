@@ -395,13 +395,16 @@ fn transformers_flags(a: &cli::TransformersArgs) -> TransformersFlags {
 
 /// `--kv-cache`, `--kv-cache-k`, `--kv-cache-v`, `--kv-cache-rotation`: `None` when none is given.
 fn kv_cache(args: &cli::KvCacheArgs) -> Result<Option<KvCacheSetting>, String> {
-    KvCacheSetting::from_flags(
-        args.kv_cache.as_deref(),
-        args.kv_cache_k.as_deref(),
-        args.kv_cache_v.as_deref(),
-        args.kv_cache_rotation.as_deref(),
-        args.kv_cache_scales.as_deref(),
-    )
+    KvCacheSetting::from_flags(cardproof::runner::native::kv_cache::KvFlags {
+        both: args.kv_cache.as_deref(),
+        k: args.kv_cache_k.as_deref(),
+        v: args.kv_cache_v.as_deref(),
+        rotation: args.kv_cache_rotation.as_deref(),
+        scales: args.kv_cache_scales.as_deref(),
+        semantics: args.kv_cache_semantics.as_deref(),
+        residual: args.kv_cache_residual,
+        chunk: args.kv_cache_chunk,
+    })
 }
 
 /// `--recurrent-state-dtype`: a dtype name, and f32 only with the transformers runner (which

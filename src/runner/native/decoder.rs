@@ -77,7 +77,7 @@ struct Attention {
 
 /// A layer's token mixer.
 enum Mixer {
-    Attention(Attention),
+    Attention(Box<Attention>),
     DeltaNet(Box<GatedDeltaNet>),
 }
 
@@ -164,6 +164,9 @@ pub struct DecoderCache {
 struct LayerCache {
     /// Keys and values `[tokens, kv_heads, head_dim]` of an attention layer.
     kv: Option<(Tensor, Tensor)>,
+    /// The last rows of `kv` held unrounded: transformers' residual window
+    /// ([`super::kv_cache::ResidualWindow`]); 0 under write-then-read.
+    raw_tail: usize,
     delta: super::hybrid::DeltaNetState,
 }
 
@@ -298,7 +301,7 @@ impl Decoder {
                         // A store never declares a run's scheme; `set_kv_cache` sets it.
                         Some(KvQuant::Scheme { .. }) | None => {}
                     }
-                    Mixer::Attention(Attention {
+                    Mixer::Attention(Box::new(Attention {
                         q: linear(&format!("{attn}.q_proj"), q_proj_out, c.hidden, &mut report)?,
                         k: linear(&format!("{attn}.k_proj"), kv_out, c.hidden, &mut report)?,
                         v: linear(&format!("{attn}.v_proj"), kv_out, c.hidden, &mut report)?,
@@ -308,7 +311,7 @@ impl Decoder {
                         gated: c.arch.is_hybrid(),
                         kv,
                         computed_scales: Default::default(),
-                    })
+                    }))
                 }
             };
             layers.push(Layer {
@@ -494,6 +497,13 @@ impl Decoder {
                 format!("; llama.cpp's Hadamard rotation, {}", sides.join(", "))
             }
         };
+        let rotation = match setting.residual {
+            Some(w) => format!(
+                "{rotation}; transformers' QuantizedCache semantics: the first prefill chunk and a residual window of {} tokens read unrounded, prefill chunks of {}",
+                w.length, w.chunk
+            ),
+            None => rotation,
+        };
         self.report.kv_cache = setting.changes_anything().then(|| {
             if setting.k == setting.v {
                 format!(
@@ -598,6 +608,16 @@ impl Decoder {
 
     /// Final hidden states `[n, hidden]` (before the final norm) of one window.
     pub fn hidden(&self, ids: &[u32]) -> candle_core::Result<Tensor> {
+        // transformers' QuantizedCache semantics are defined per update: the window is
+        // prefilled in the setting's chunks (one pass would read nothing rounded).
+        if let Some(window) = self.kv_setting.and_then(|s| s.residual) {
+            let mut cache = DecoderCache::default();
+            let parts = ids
+                .chunks(window.chunk as usize)
+                .map(|part| self.hidden_continued(part, &mut cache))
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            return Tensor::cat(&parts, 0);
+        }
         // Nothing is kept: each layer's keys and values are freed once the layer is done, as
         // before the cache existed (a long window's cache would be gigabytes).
         let mut once = DecoderCache {
@@ -628,7 +648,7 @@ impl Decoder {
         for (layer, carried) in self.layers.iter().zip(&mut cache.layers) {
             let h = self.norm(&x, &layer.attn_norm)?;
             let mixed = match &layer.mixer {
-                Mixer::Attention(a) => self.attention(a, &h, &cos, &sin, &mask, &mut carried.kv)?,
+                Mixer::Attention(a) => self.attention(a, &h, &cos, &sin, &mask, carried)?,
                 Mixer::DeltaNet(g) => g.forward_carried(&h, self.compute, &mut carried.delta)?,
             };
             if cache.discard {
@@ -687,7 +707,7 @@ impl Decoder {
         cos: &Tensor,
         sin: &Tensor,
         mask: &Tensor,
-        kv_cache: &mut Option<(Tensor, Tensor)>,
+        cache: &mut LayerCache,
     ) -> candle_core::Result<Tensor> {
         let c = &self.config;
         let n = h.dim(0)?;
@@ -718,7 +738,7 @@ impl Decoder {
             Some(w) => self.norm(&k, w)?,
             None => k,
         };
-        let (q, mut k) = if c.rotary_dim == c.head_dim {
+        let (q, k) = if c.rotary_dim == c.head_dim {
             (rope(&q, cos, sin)?, rope(&k, cos, sin)?)
         } else {
             (
@@ -726,7 +746,36 @@ impl Decoder {
                 partial_rope(&k, cos, sin, c.rotary_dim)?,
             )
         };
-        let mut v = v;
+        let (k, v) = self.cached(layer, k, v, cache)?;
+        // [heads, n, d]
+        let q = q.transpose(0, 1)?.contiguous()?;
+        let k = repeat_kv(&k.transpose(0, 1)?, rep)?;
+        let v = repeat_kv(&v.transpose(0, 1)?, rep)?;
+        let att = (q.matmul(&k.t()?)? * scale)?.broadcast_add(mask)?;
+        let att = softmax_last(&att)?;
+        let o = att
+            .matmul(&v)?
+            .transpose(0, 1)?
+            .reshape((n, c.heads * c.head_dim))?;
+        let o = match &gate {
+            Some(g) => (o * sigmoid(g)?)?,
+            None => o,
+        };
+        linear(&o, &layer.o)
+    }
+
+    /// The keys and values attention reads `[tokens, kv_heads, head_dim]`, this chunk's `k`, `v`
+    /// (after RoPE) appended to what `cache` holds, which then holds them as the layer's KV
+    /// cache stores them: rounded by its scheme, and under transformers' QuantizedCache
+    /// semantics with its unrounded residual window.
+    fn cached(
+        &self,
+        layer: &Attention,
+        k: Tensor,
+        v: Tensor,
+        cache: &mut LayerCache,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let (mut k, mut v) = (k, v);
         match layer.kv {
             Some(KvQuant::Fp8(s)) => {
                 k = fake_quant_tensor(&k, |d| dequant::fake_quant_fp8_static(d, s.k_scale))?;
@@ -743,10 +792,7 @@ impl Decoder {
                 k_rotation,
                 v_rotation,
             }) => {
-                // Write-then-read, as llama.cpp's and vLLM's graphs store the chunk's keys and
-                // values in the cache before attention reads them back: every row this pass
-                // attends to is the cache's, its own tokens' included. Rows of one head.
-                let d = c.head_dim;
+                let d = self.config.head_dim;
                 let (k_scale, v_scale) = if setting.computed_scales {
                     self.computed_scales(layer, &k, &v)?
                 } else {
@@ -755,32 +801,43 @@ impl Decoder {
                 // With llama.cpp's rotation, rounded in the rotated basis and rotated back
                 // (the same attention as rotating Q and the output; kv_cache.rs says why).
                 use super::kv_cache::rotated;
-                k = fake_quant_tensor(&k, |x| rotated(setting.k, x, d, k_scale, k_rotation))?;
-                v = fake_quant_tensor(&v, |x| rotated(setting.v, x, d, v_scale, v_rotation))?;
+                let round = |k: &Tensor, v: &Tensor| -> candle_core::Result<(Tensor, Tensor)> {
+                    Ok((
+                        fake_quant_tensor(k, |x| rotated(setting.k, x, d, k_scale, k_rotation))?,
+                        fake_quant_tensor(v, |x| rotated(setting.v, x, d, v_scale, v_rotation))?,
+                    ))
+                };
+                let Some(window) = setting.residual else {
+                    // Write-then-read, as llama.cpp's and vLLM's graphs store the chunk's keys
+                    // and values in the cache before attention reads them back: every row this
+                    // pass attends to is the cache's, its own tokens' included.
+                    (k, v) = round(&k, &v)?;
+                    return append(cache, k, v);
+                };
+                // transformers' QuantizedLayer.update, step for step.
+                let n = k.dim(0)?;
+                let Some((pk, pv)) = cache.kv.take() else {
+                    // The first update: stored rounded, read as they are.
+                    cache.kv = Some(round(&k, &v)?);
+                    cache.raw_tail = 0;
+                    return Ok((k, v));
+                };
+                let k = Tensor::cat(&[&pk, &k], 0)?;
+                let v = Tensor::cat(&[&pv, &v], 0)?;
+                if cache.raw_tail + n >= window.length as usize {
+                    // The window is full: the whole history rounded again, from what attention
+                    // reads now.
+                    cache.kv = Some(round(&k, &v)?);
+                    cache.raw_tail = 0;
+                } else {
+                    cache.kv = Some((k.clone(), v.clone()));
+                    cache.raw_tail += n;
+                }
+                return Ok((k, v));
             }
             None => {}
         }
-        // The earlier tokens' keys and values (as stored: after RoPE and any KV quantization).
-        let (k, v) = match kv_cache.take() {
-            Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 0)?, Tensor::cat(&[&pv, &v], 0)?),
-            None => (k, v),
-        };
-        *kv_cache = Some((k.clone(), v.clone()));
-        // [heads, n, d]
-        let q = q.transpose(0, 1)?.contiguous()?;
-        let k = repeat_kv(&k.transpose(0, 1)?, rep)?;
-        let v = repeat_kv(&v.transpose(0, 1)?, rep)?;
-        let att = (q.matmul(&k.t()?)? * scale)?.broadcast_add(mask)?;
-        let att = softmax_last(&att)?;
-        let o = att
-            .matmul(&v)?
-            .transpose(0, 1)?
-            .reshape((n, c.heads * c.head_dim))?;
-        let o = match &gate {
-            Some(g) => (o * sigmoid(g)?)?,
-            None => o,
-        };
-        linear(&o, &layer.o)
+        append(cache, k, v)
     }
 
     /// Logits `[rows.len(), vocab]` (f32, row-major) at the given rows of [`Decoder::hidden`]'s
@@ -976,6 +1033,17 @@ pub(super) fn linear(x: &Tensor, l: &Lin) -> candle_core::Result<Tensor> {
 }
 
 /// Quantize-dequantize a tensor's values in f32, keeping its shape and dtype.
+/// `k`, `v` appended to the layer's stored keys and values (as stored: after RoPE and any KV
+/// rounding), which then hold them: what attention reads.
+fn append(cache: &mut LayerCache, k: Tensor, v: Tensor) -> candle_core::Result<(Tensor, Tensor)> {
+    let (k, v) = match cache.kv.take() {
+        Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 0)?, Tensor::cat(&[&pv, &v], 0)?),
+        None => (k, v),
+    };
+    cache.kv = Some((k.clone(), v.clone()));
+    Ok((k, v))
+}
+
 fn fake_quant_tensor(t: &Tensor, f: impl Fn(&mut [f32])) -> candle_core::Result<Tensor> {
     let shape = t.shape().clone();
     let dt = t.dtype();

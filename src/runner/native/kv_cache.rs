@@ -227,12 +227,72 @@ pub struct KvCacheSetting {
     /// (else 1.0); written `+computed` after the name.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub computed_scales: bool,
+    /// transformers' `QuantizedCache` semantics instead of write-then-read
+    /// ([`ResidualWindow`]); written `+residualN` (and `+chunkC`) after the name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub residual: Option<ResidualWindow>,
+}
+
+/// transformers' `QuantizedCache` semantics (`QuantizedLayer.update`, cache_utils.py), with the
+/// scheme's own rounding: the first update of a sequence (its first prefill chunk) stores its
+/// keys and values rounded but attention reads them unrounded; each later update reads
+/// `cat(stored, residual, new)` with the residual and the new chunk unrounded, and once the
+/// residual and the new chunk reach `length` tokens the whole history is rounded again from
+/// what attention read (stored rows included) and the residual emptied. A single prefill
+/// therefore sees no KV quantization at all: the window is prefilled in chunks of `chunk`
+/// tokens, which the number depends on, so both are recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ResidualWindow {
+    /// `residual_length` (transformers' default [`DEFAULT_RESIDUAL`]).
+    pub length: u32,
+    /// Tokens per prefill chunk (default: `length`).
+    pub chunk: u32,
+}
+
+/// transformers' default `residual_length`.
+pub const DEFAULT_RESIDUAL: u32 = 128;
+/// The largest residual length or prefill chunk accepted: bounds the loops they size.
+pub const MAX_RESIDUAL: u32 = 1 << 20;
+
+impl ResidualWindow {
+    /// A window of `length` (default 128) and `chunk` (default `length`), each in
+    /// 1..=[`MAX_RESIDUAL`].
+    pub fn new(length: Option<u32>, chunk: Option<u32>) -> Result<ResidualWindow, String> {
+        let length = length.unwrap_or(DEFAULT_RESIDUAL);
+        let chunk = chunk.unwrap_or(length);
+        for (what, n) in [("residual length", length), ("prefill chunk", chunk)] {
+            if !(1..=MAX_RESIDUAL).contains(&n) {
+                return Err(format!(
+                    "the KV cache's {what} is {n}; it must be 1 to {MAX_RESIDUAL} tokens"
+                ));
+            }
+        }
+        Ok(ResidualWindow { length, chunk })
+    }
+}
+
+/// The raw values of the KV-cache flags (`--kv-cache`, `--kv-cache-k`, `--kv-cache-v`,
+/// `--kv-cache-rotation`, `--kv-cache-scales`, `--kv-cache-semantics`, `--kv-cache-residual`,
+/// `--kv-cache-chunk`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KvFlags<'a> {
+    pub both: Option<&'a str>,
+    pub k: Option<&'a str>,
+    pub v: Option<&'a str>,
+    pub rotation: Option<&'a str>,
+    pub scales: Option<&'a str>,
+    pub semantics: Option<&'a str>,
+    pub residual: Option<u32>,
+    pub chunk: Option<u32>,
 }
 
 /// The suffix [`KvCacheSetting::name`] gives a rotated setting.
 const HADAMARD_SUFFIX: &str = "+hadamard";
 /// The suffix [`KvCacheSetting::name`] gives a setting whose fp8 scales are computed.
 const COMPUTED_SUFFIX: &str = "+computed";
+/// The suffix [`KvCacheSetting::name`] gives transformers' QuantizedCache semantics, followed
+/// by the residual length (and `+chunkC` where the prefill chunk differs from it).
+const RESIDUAL_SUFFIX: &str = "+residual";
 
 /// vLLM's divisors for computed scales (`K_SCALE_CONSTANT`, `V_SCALE_CONSTANT`, defaults of
 /// `vllm/envs.py`): `k_scale = amax(|key|) / 200`, `v_scale = amax(|value|) / 100`.
@@ -323,23 +383,34 @@ pub fn rotated(
 }
 
 impl KvCacheSetting {
-    /// From `--kv-cache` (both) and `--kv-cache-k` / `--kv-cache-v` (each overrides its half).
-    /// `None` when no flag is given. An unknown name is an error listing the known ones.
-    pub fn from_flags(
-        both: Option<&str>,
-        k: Option<&str>,
-        v: Option<&str>,
-        rotation: Option<&str>,
-        scales: Option<&str>,
-    ) -> Result<Option<KvCacheSetting>, String> {
+    /// From `--kv-cache` (both) and `--kv-cache-k` / `--kv-cache-v` (each overrides its half),
+    /// with the rotation, scale and semantics flags. `None` when no flag is given. An unknown
+    /// name is an error listing the known ones.
+    pub fn from_flags(flags: KvFlags<'_>) -> Result<Option<KvCacheSetting>, String> {
+        let KvFlags {
+            both,
+            k,
+            v,
+            rotation,
+            scales,
+            semantics,
+            residual,
+            chunk,
+        } = flags;
         if both.is_none() && k.is_none() && v.is_none() {
-            return match (rotation, scales) {
-                (None, None) => Ok(None),
-                (Some(r), _) => Err(format!(
+            let residual = residual.map(|n| format!("--kv-cache-residual {n}"));
+            let chunk = chunk.map(|n| format!("--kv-cache-chunk {n}"));
+            let semantics = semantics.map(|s| format!("--kv-cache-semantics {s}"));
+            return match (rotation, scales, semantics.or(residual).or(chunk)) {
+                (None, None, None) => Ok(None),
+                (Some(r), _, _) => Err(format!(
                     "--kv-cache-rotation {r}: rotates a quantized KV cache; give the cache with --kv-cache (or -k / -v)"
                 )),
-                (None, Some(s)) => Err(format!(
+                (None, Some(s), _) => Err(format!(
                     "--kv-cache-scales {s}: sets the scales of a per-tensor fp8 KV cache; give the cache with --kv-cache (or -k / -v)"
+                )),
+                (None, None, Some(flag)) => Err(format!(
+                    "{flag}: sets how a quantized KV cache is read back; give the cache with --kv-cache (or -k / -v)"
                 )),
             };
         }
@@ -363,6 +434,16 @@ impl KvCacheSetting {
                 ));
             }
         };
+        let residual_semantics = match semantics {
+            None => None,
+            Some(s) if s.eq_ignore_ascii_case("quantized_cache_residual") => Some(true),
+            Some(s) if s.eq_ignore_ascii_case("write_then_read") => Some(false),
+            Some(s) => {
+                return Err(format!(
+                    "--kv-cache-semantics: `{s}` is not a read-back semantics; use `write_then_read` (vLLM, llama.cpp: a chunk's keys and values are stored before attention reads them) or `quantized_cache_residual` (transformers' QuantizedCache: the first prefill chunk and a residual window read unrounded)"
+                ));
+            }
+        };
         let parse = |flag: &str, name: &str| {
             KvScheme::from_name(name).ok_or_else(|| {
                 format!(
@@ -382,6 +463,19 @@ impl KvCacheSetting {
             })?,
             None => KvCacheSetting::plain(),
         };
+        let residual = match (residual_semantics, base.residual) {
+            (Some(false), _) if residual.is_some() || chunk.is_some() => {
+                return Err(
+                    "--kv-cache-residual and --kv-cache-chunk size transformers' QuantizedCache window; they do not go with --kv-cache-semantics write_then_read".into(),
+                );
+            }
+            (Some(false), _) => None,
+            (None, None) if residual.is_none() && chunk.is_none() => None,
+            (_, from_label) => Some(ResidualWindow::new(
+                residual.or(from_label.map(|w| w.length)),
+                chunk.or(from_label.map(|w| w.chunk)),
+            )?),
+        };
         KvCacheSetting {
             k: k.map(|n| parse("--kv-cache-k", n))
                 .transpose()?
@@ -391,6 +485,7 @@ impl KvCacheSetting {
                 .unwrap_or(base.v),
             hadamard: hadamard.unwrap_or(base.hadamard),
             computed_scales: computed.unwrap_or(base.computed_scales),
+            residual,
         }
         .checked_scales()
         .map(Some)
@@ -403,6 +498,11 @@ impl KvCacheSetting {
                 "computed scales (vLLM's calculate_kv_scales) belong to the per-tensor fp8 caches (fp8_e4m3, fp8_e5m2), and this cache is {}",
                 self.label()
             ));
+        }
+        if self.computed_scales && self.residual.is_some() {
+            return Err(
+                "computed scales are vLLM's (calculate_kv_scales, write-then-read); transformers' QuantizedCache semantics with them is no engine's cache, so it is not emulated".into(),
+            );
         }
         Ok(self)
     }
@@ -419,6 +519,7 @@ impl KvCacheSetting {
             v: scheme,
             hadamard: false,
             computed_scales: false,
+            residual: None,
         }
     }
 
@@ -457,21 +558,38 @@ impl KvCacheSetting {
     /// A recorded [`KvCacheSetting::label`] read back (`q8_0`, `k:q8_0/v:q4_0`); `None` for
     /// anything else.
     pub fn from_label(label: &str) -> Option<KvCacheSetting> {
-        let mut label = label.trim();
+        let mut parts = label.trim().split('+');
+        let label = parts.next()?.trim();
         let (mut hadamard, mut computed_scales) = (false, false);
-        // The suffixes in either order, each once.
-        loop {
-            if let Some(rest) = label.strip_suffix(HADAMARD_SUFFIX).filter(|_| !hadamard) {
-                (label, hadamard) = (rest.trim_end(), true);
-            } else if let Some(rest) = label
-                .strip_suffix(COMPUTED_SUFFIX)
-                .filter(|_| !computed_scales)
-            {
-                (label, computed_scales) = (rest.trim_end(), true);
-            } else {
-                break;
+        let (mut residual, mut chunk): (Option<u32>, Option<u32>) = (None, None);
+        // The suffixes in any order, each once.
+        for suffix in parts {
+            let number = |digits: &str| -> Option<u32> {
+                (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+                    .then(|| digits.parse().ok())
+                    .flatten()
+            };
+            match suffix.trim() {
+                "hadamard" if !hadamard => hadamard = true,
+                "computed" if !computed_scales => computed_scales = true,
+                "residual" if residual.is_none() => residual = Some(DEFAULT_RESIDUAL),
+                s if residual.is_none() && s.starts_with("residual") => {
+                    residual = Some(number(&s["residual".len()..])?);
+                }
+                s if chunk.is_none() && s.starts_with("chunk") => {
+                    chunk = Some(number(&s["chunk".len()..])?);
+                }
+                _ => return None,
             }
         }
+        // A chunk alone sizes nothing: write-then-read reads the same in any chunks.
+        if chunk.is_some() && residual.is_none() {
+            return None;
+        }
+        let residual = match residual {
+            Some(_) => Some(ResidualWindow::new(residual, chunk).ok()?),
+            None => None,
+        };
         let (k, v) = match KvScheme::from_name(label) {
             Some(scheme) => (scheme, scheme),
             None => {
@@ -487,6 +605,7 @@ impl KvCacheSetting {
             v,
             hadamard,
             computed_scales,
+            residual,
         })
     }
 
@@ -515,6 +634,12 @@ impl KvCacheSetting {
         }
         if self.computed_scales {
             name.push_str(COMPUTED_SUFFIX);
+        }
+        if let Some(w) = self.residual {
+            name.push_str(&format!("{RESIDUAL_SUFFIX}{}", w.length));
+            if w.chunk != w.length {
+                name.push_str(&format!("+chunk{}", w.chunk));
+            }
         }
         name
     }
@@ -845,8 +970,8 @@ mod tests {
 
     /// A head size that is not a whole number of blocks is refused at load, naming both; the
     /// float schemes take any head size; `none` clears a setting.
-    #[test]
-    fn a_head_size_that_is_not_whole_blocks_is_refused_for_block_schemes() {
+    /// A one-layer decoder with synthetic weights and a head of 16.
+    fn tiny_decoder() -> crate::runner::native::decoder::Decoder {
         use crate::runner::native::StateDtype;
         use crate::runner::native::config::{Arch, ModelConfig};
         use crate::runner::native::decoder::{ComputeDtype, Decoder};
@@ -872,7 +997,12 @@ mod tests {
             hybrid: None,
         };
         let store = crate::runner::native::weights::synthetic(&config, 1);
-        let mut d = Decoder::load(&store, config, ComputeDtype::F32, StateDtype::F32).unwrap();
+        Decoder::load(&store, config, ComputeDtype::F32, StateDtype::F32).unwrap()
+    }
+
+    #[test]
+    fn a_head_size_that_is_not_whole_blocks_is_refused_for_block_schemes() {
+        let mut d = tiny_decoder();
         let both = KvCacheSetting::both;
         let e = d.set_kv_cache(both(KvScheme::Q4_0)).unwrap_err();
         assert!(
@@ -931,6 +1061,152 @@ mod tests {
         assert!(e.contains("per-tensor fp8"), "{e}");
     }
 
+    /// transformers' QuantizedCache semantics: a window no longer than one chunk reads nothing
+    /// rounded; the first chunk's rows are the plain model's; the history is rounded again only
+    /// once the residual window fills, after the chunk that fills it has read it unrounded.
+    #[test]
+    fn quantized_cache_residual_reads_the_first_chunk_and_the_window_unrounded() {
+        let mut d = tiny_decoder();
+        let ids: Vec<u32> = (0..20).collect();
+        let rows: Vec<usize> = (0..20).collect();
+        let logits = |d: &crate::runner::native::decoder::Decoder| {
+            let all = d.logits_at(&d.hidden(&ids).unwrap(), &rows).unwrap();
+            let vocab = all.len() / rows.len();
+            all.chunks(vocab).map(<[f32]>::to_vec).collect::<Vec<_>>()
+        };
+        let plain = logits(&d);
+        let int8 = KvScheme::Int8PerTokenHead;
+        let residual = |length, chunk| KvCacheSetting {
+            residual: Some(ResidualWindow { length, chunk }),
+            ..KvCacheSetting::both(int8)
+        };
+        d.set_kv_cache(KvCacheSetting::both(int8)).unwrap();
+        let write_then_read = logits(&d);
+        d.set_kv_cache(residual(128, 20)).unwrap();
+        assert_eq!(
+            logits(&d),
+            plain,
+            "one update reads its own states unrounded"
+        );
+        assert!(
+            d.report
+                .kv_cache
+                .as_deref()
+                .unwrap()
+                .contains("QuantizedCache")
+        );
+        let record = d.kv_cache_record().unwrap();
+        assert_eq!(
+            (
+                record.semantics,
+                record.residual_length,
+                record.prefill_chunk
+            ),
+            (
+                Some(crate::disclosure::kv_cache::KvSemantics::QuantizedCacheResidual),
+                Some(128),
+                Some(20)
+            )
+        );
+        assert_eq!(record.setting().unwrap(), residual(128, 20));
+        // Chunks of 4: [0, 4) unrounded; a window of 8 fills at the third chunk (4 + 4), a
+        // window of 12 at the fourth (8 + 4).
+        d.set_kv_cache(residual(8, 4)).unwrap();
+        let eight = logits(&d);
+        d.set_kv_cache(residual(12, 4)).unwrap();
+        let twelve = logits(&d);
+        // The unrounded model prefilled in the same chunks (a chunk's products round in the
+        // last bit unlike one pass's).
+        let chunked_plain = {
+            let mut cache = crate::runner::native::decoder::DecoderCache::default();
+            d.set_kv_cache(KvCacheSetting::plain()).unwrap();
+            let parts: Vec<_> = ids
+                .chunks(4)
+                .map(|p| d.hidden_continued(p, &mut cache).unwrap())
+                .collect();
+            let hidden = candle_core::Tensor::cat(&parts, 0).unwrap();
+            let all = d.logits_at(&hidden, &rows).unwrap();
+            let vocab = all.len() / rows.len();
+            all.chunks(vocab).map(<[f32]>::to_vec).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            eight[..4],
+            chunked_plain[..4],
+            "the first chunk reads unrounded"
+        );
+        for r in 4..20 {
+            assert_ne!(
+                eight[r], chunked_plain[r],
+                "row {r} reads the rounded first chunk"
+            );
+            assert_ne!(
+                eight[r], write_then_read[r],
+                "row {r} reads its own chunk unrounded"
+            );
+        }
+        assert_eq!(
+            eight[..12],
+            twelve[..12],
+            "no flush is read before the third chunk ends"
+        );
+        for r in 12..16 {
+            assert_ne!(eight[r], twelve[r], "row {r}: flushed at 8, not yet at 12");
+        }
+        // The flags, the suffix and their limits.
+        let flags = |semantics, residual, chunk| {
+            KvCacheSetting::from_flags(KvFlags {
+                both: Some("q8_0"),
+                semantics,
+                residual,
+                chunk,
+                ..Default::default()
+            })
+        };
+        let q8 = |length, chunk| KvCacheSetting {
+            residual: Some(ResidualWindow { length, chunk }),
+            ..KvCacheSetting::both(KvScheme::Q8_0)
+        };
+        assert_eq!(
+            flags(Some("quantized_cache_residual"), None, None).unwrap(),
+            Some(q8(128, 128))
+        );
+        assert_eq!(flags(None, Some(64), Some(16)).unwrap(), Some(q8(64, 16)));
+        assert_eq!(q8(64, 16).name(), "q8_0+residual64+chunk16");
+        assert_eq!(
+            KvCacheSetting::from_label("q8_0+residual64+chunk16"),
+            Some(q8(64, 16))
+        );
+        assert_eq!(
+            KvCacheSetting::from_label("q8_0+residual"),
+            Some(q8(128, 128))
+        );
+        for bad in [
+            "q8_0+chunk16",
+            "q8_0+residual0",
+            "q8_0+residualx",
+            "q8_0+residual+residual",
+        ] {
+            assert_eq!(KvCacheSetting::from_label(bad), None, "{bad}");
+        }
+        let e = flags(Some("write_then_read"), Some(64), None).unwrap_err();
+        assert!(e.contains("do not go with"), "{e}");
+        let e = flags(Some("lazy"), None, None).unwrap_err();
+        assert!(e.contains("quantized_cache_residual"), "{e}");
+        let e = KvCacheSetting::from_flags(KvFlags {
+            both: Some("fp8+computed+residual"),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.contains("no engine's cache"), "{e}");
+        let e = KvCacheSetting::from_flags(KvFlags {
+            residual: Some(64),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.contains("give the cache"), "{e}");
+        assert!(ResidualWindow::new(Some(MAX_RESIDUAL + 1), None).is_err());
+    }
+
     /// vLLM's `calc_kv_scales`: amax/200 for keys, amax/100 for values, in f32; a zero or NaN
     /// pass is refused rather than divided by.
     #[test]
@@ -958,22 +1234,41 @@ mod tests {
             KvCacheSetting::from_label("fp8_e4m3+computed+computed"),
             None
         );
-        let s = KvCacheSetting::from_flags(Some("fp8"), None, None, None, Some("computed"))
-            .unwrap()
-            .unwrap();
+        let s = KvCacheSetting::from_flags(KvFlags {
+            both: Some("fp8"),
+            scales: Some("computed"),
+            ..Default::default()
+        })
+        .unwrap()
+        .unwrap();
         assert!(s.computed_scales);
-        let s =
-            KvCacheSetting::from_flags(Some("fp8+computed"), None, None, None, Some("checkpoint"))
-                .unwrap()
-                .unwrap();
+        let s = KvCacheSetting::from_flags(KvFlags {
+            both: Some("fp8+computed"),
+            scales: Some("checkpoint"),
+            ..Default::default()
+        })
+        .unwrap()
+        .unwrap();
         assert!(!s.computed_scales);
-        let e = KvCacheSetting::from_flags(Some("q8_0"), None, None, None, Some("computed"))
-            .unwrap_err();
+        let e = KvCacheSetting::from_flags(KvFlags {
+            both: Some("q8_0"),
+            scales: Some("computed"),
+            ..Default::default()
+        })
+        .unwrap_err();
         assert!(e.contains("per-tensor fp8"), "{e}");
-        let e = KvCacheSetting::from_flags(None, None, None, None, Some("computed")).unwrap_err();
+        let e = KvCacheSetting::from_flags(KvFlags {
+            scales: Some("computed"),
+            ..Default::default()
+        })
+        .unwrap_err();
         assert!(e.contains("--kv-cache"), "{e}");
-        let e =
-            KvCacheSetting::from_flags(Some("fp8"), None, None, None, Some("dynamic")).unwrap_err();
+        let e = KvCacheSetting::from_flags(KvFlags {
+            both: Some("fp8"),
+            scales: Some("dynamic"),
+            ..Default::default()
+        })
+        .unwrap_err();
         assert!(e.contains("`dynamic` is not a scale source"), "{e}");
     }
 
@@ -1023,18 +1318,34 @@ mod tests {
     /// other words.
     #[test]
     fn the_rotation_flag_is_checked() {
-        let s = KvCacheSetting::from_flags(Some("q4_0"), None, None, Some("hadamard"), None)
-            .unwrap()
-            .unwrap();
+        let s = KvCacheSetting::from_flags(KvFlags {
+            both: Some("q4_0"),
+            rotation: Some("hadamard"),
+            ..Default::default()
+        })
+        .unwrap()
+        .unwrap();
         assert!(s.hadamard && s.k == KvScheme::Q4_0);
-        let s = KvCacheSetting::from_flags(Some("q4_0+hadamard"), None, None, Some("none"), None)
-            .unwrap()
-            .unwrap();
+        let s = KvCacheSetting::from_flags(KvFlags {
+            both: Some("q4_0+hadamard"),
+            rotation: Some("none"),
+            ..Default::default()
+        })
+        .unwrap()
+        .unwrap();
         assert!(!s.hadamard);
-        let e = KvCacheSetting::from_flags(None, None, None, Some("hadamard"), None).unwrap_err();
+        let e = KvCacheSetting::from_flags(KvFlags {
+            rotation: Some("hadamard"),
+            ..Default::default()
+        })
+        .unwrap_err();
         assert!(e.contains("--kv-cache"), "{e}");
-        let e =
-            KvCacheSetting::from_flags(Some("q8_0"), None, None, Some("h32"), None).unwrap_err();
+        let e = KvCacheSetting::from_flags(KvFlags {
+            both: Some("q8_0"),
+            rotation: Some("h32"),
+            ..Default::default()
+        })
+        .unwrap_err();
         assert!(e.contains("`h32` is not a rotation"), "{e}");
     }
 
