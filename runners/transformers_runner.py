@@ -457,6 +457,8 @@ def _llamacpp_blocks(torch, name, x):
         # Through the integer code, as the block stores it (a negative zero reads back as 0).
         q = _roundf(torch, b * inv(d)).to(torch.int32).float()
         return (q * f16(d)).reshape(x.shape)
+    if name == "iq4_nl":
+        return _iq4_nl_blocks(torch, b).reshape(x.shape)
     if name in ("q4_0", "q5_0"):
         levels, offset, top = (-8.0, 8.5, 15) if name == "q4_0" else (-16.0, 16.5, 31)
         vmax = torch.gather(b, -1, b.abs().argmax(-1, keepdim=True))
@@ -470,7 +472,41 @@ def _llamacpp_blocks(torch, name, x):
     return (q * f16(d) + f16(lo)).reshape(x.shape)
 
 
-KV_SCHEMES = ("none", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
+LLAMACPP_BLOCKED = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _iq4_nl_blocks(torch, b):
+    """ggml's CPU iq4_nl write (quantize_row_iq4_nl_ref, no importance weights) on blocks [n, 32],
+    read back: codes nearest x / (vmax / -127) in the table (ties up), then the scale refit to
+    sum(w q x) / sum(w q^2) with w = x^2, summed in order in float32 as the C loop does (a
+    reduction kernel would sum in another order). Blocks whose largest magnitude is below 1e-15
+    read back as zero."""
+    table = torch.tensor(IQ4_NL_VALUES, dtype=torch.float32, device=b.device)
+    vmax = torch.gather(b, -1, b.abs().argmax(-1, keepdim=True))
+    tiny = vmax.abs() < 1e-15
+    ident = torch.where(tiny, torch.ones_like(vmax), vmax / table[0])
+    al = b * (1.0 / ident)
+    # best_index_int8: the first table value above al, then the nearer neighbour, ties up.
+    hi = torch.searchsorted(table, al.contiguous(), right=True).clamp(1, 15)
+    lower, upper = table[hi - 1], table[hi]
+    idx = torch.where(al - lower < upper - al, hi - 1, hi)
+    idx = torch.where(al <= table[0], torch.zeros_like(idx), idx)
+    idx = torch.where(al >= table[15], torch.full_like(idx, 15), idx)
+    q = table[idx]
+    sumqx = torch.zeros_like(vmax)
+    sumq2 = torch.zeros_like(vmax)
+    for j in range(32):
+        x, qj = b[:, j:j + 1], q[:, j:j + 1]
+        wq = (x * x) * qj
+        sumqx = sumqx + wq * x
+        sumq2 = sumq2 + wq * qj
+    d = torch.where(sumq2 > 0, sumqx / torch.where(sumq2 > 0, sumq2, torch.ones_like(sumq2)), torch.zeros_like(sumq2))
+    d = torch.where(tiny, torch.zeros_like(d), d)
+    return d.to(torch.float16).float() * q
+
+
+KV_SCHEMES = ("none", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl",
               "fp8_e4m3", "fp8_e5m2", "int8_per_token_head", "fp8_per_token_head")
 
 
@@ -485,7 +521,7 @@ def kv_quantize(torch, name, x, tensor_scale=1.0):
         out = v.to(torch.float16).float()
     elif name == "bf16":
         out = v.to(torch.bfloat16).float()
-    elif name in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1"):
+    elif name in LLAMACPP_BLOCKED:
         out = _llamacpp_blocks(torch, name, v)
     elif name in ("fp8_e4m3", "fp8_e5m2"):
         fp8, top = (torch.float8_e4m3fn, 448.0) if name == "fp8_e4m3" else (torch.float8_e5m2, 57344.0)
@@ -499,9 +535,6 @@ def kv_quantize(torch, name, x, tensor_scale=1.0):
     else:
         raise RunnerError("unsupported", f"KV-cache scheme `{name}` is not one of {', '.join(KV_SCHEMES)}")
     return out.to(dtype)
-
-
-LLAMACPP_BLOCKED = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 
 
 @functools.lru_cache(maxsize=16)

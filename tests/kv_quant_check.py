@@ -50,6 +50,20 @@ def main():
         want = floats([v for row in t["values"] for v in row]).reshape(blocks.shape)
         same(name, r.kv_quantize(torch, name, blocks), want)
         checked += 1
+    # ggml's own iq4_nl write (ggml-quants.c): blocks whose codes ggml leaves unset read back as
+    # zeros of either sign, so they are compared as numbers.
+    with open(os.path.join(FIXTURES, "iq4_nl.json")) as f:
+        doc = json.load(f)
+    blocks = floats([v for b in doc["blocks"] for v in b]).reshape(len(doc["blocks"]), 32)
+    t = doc["types"]["iq4_nl"]
+    want = floats([v for row in t["values"] for v in row]).reshape(blocks.shape)
+    got = r.kv_quantize(torch, "iq4_nl", blocks)
+    loose = torch.zeros(len(blocks), dtype=torch.bool)
+    loose[t["codes_undefined"]] = True
+    same("iq4_nl", got[~loose], want[~loose])
+    if not torch.equal(got[loose], want[loose]):
+        raise SystemExit("iq4_nl: a block below ggml's 1e-15 threshold does not read back as zeros")
+    checked += 1
     with open(os.path.join(FIXTURES, "vllm.json")) as f:
         doc = json.load(f)
     rows = floats(doc["rows"]).reshape(-1, doc["head_dim"])

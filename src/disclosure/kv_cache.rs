@@ -19,7 +19,7 @@ use crate::runner::native::kv_cache::{KvCacheSetting, KvScheme, MAX_RESIDUAL, Re
 #[schemars(extend("patternProperties" = {"^x[-_]": {}}))]
 pub struct KvCache {
     /// The key cache's scheme, by the name of the engine numerics it follows: `none` (the
-    /// model dtype), `f16`, `bf16`, llama.cpp `q8_0` / `q4_0` / `q4_1` / `q5_0` / `q5_1`, vLLM
+    /// model dtype), `f16`, `bf16`, llama.cpp `q8_0` / `q4_0` / `q4_1` / `q5_0` / `q5_1` / `iq4_nl`, vLLM
     /// `fp8_e4m3` / `fp8_e5m2` (per tensor), `int8_per_token_head`, `fp8_per_token_head`.
     #[schemars(length(min = 1))]
     pub k: String,
@@ -273,10 +273,7 @@ impl KvCache {
             Err((field, name)) => {
                 return vec![(
                     field,
-                    format!(
-                        "`runtime.kv_cache.{field}` is `{name}`, not a KV-cache scheme cardproof knows (one of: {})",
-                        KvScheme::names()
-                    ),
+                    format!("`runtime.kv_cache.{field}`: {}", KvScheme::unknown(name)),
                 )];
             }
         };

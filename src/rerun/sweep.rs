@@ -137,7 +137,7 @@ pub fn run_sweep(
         crate::runner::native::kv_cache::KvCacheSetting::from_label(v).ok_or_else(|| {
             Error::usage(
                 Path::new("--sweep"),
-                format!("`{v}` is not a KV-cache scheme"),
+                crate::runner::native::kv_cache::KvCacheSetting::unknown_label(v),
             )
         })
     };

@@ -143,8 +143,8 @@ pub fn parse_sweep(s: &str) -> Result<(String, Vec<String>), String> {
             match crate::runner::native::kv_cache::KvCacheSetting::from_label(v) {
                 None => {
                     return Err(format!(
-                        "--sweep {s}: `{v}` is not a KV-cache scheme; use one of {} (SCHEME+hadamard, SCHEME+computed)",
-                        crate::runner::native::kv_cache::KvScheme::names()
+                        "--sweep {s}: {}",
+                        crate::runner::native::kv_cache::KvCacheSetting::unknown_label(v)
                     ));
                 }
                 Some(setting) => {

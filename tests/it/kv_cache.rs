@@ -591,6 +591,23 @@ fn kv_cache_flags_and_sweeps_that_cannot_run_are_refused_with_the_list() {
             "`int3` is not a KV-cache scheme",
         ),
         (
+            &["--sweep", "kv_cache=none,k:q8_0/v:int3+hadamard"][..],
+            "`int3` is not a KV-cache scheme",
+        ),
+        // An engine's cache type that is known but not emulated says so, and why.
+        (
+            &["--kv-cache", "int4_per_token_head"][..],
+            "--kv-cache: `int4_per_token_head` is vLLM's, but its numerics (the channels per fp16 scale",
+        ),
+        (
+            &["--kv-cache-k", "iq4_xs"][..],
+            "--kv-cache-k: `iq4_xs` is a ggml weight type, not one llama.cpp accepts for its KV cache",
+        ),
+        (
+            &["--kv-cache", "q4_0+rotated"][..],
+            "`q4_0+rotated` is not a KV-cache setting: the suffixes are +hadamard",
+        ),
+        (
             &["--sweep", "attention=eager,sdpa"][..],
             "--sweep attention=... needs --runner transformers",
         ),

@@ -17,6 +17,13 @@
 //! | `q4_1` | `d = (max − min) / 15`, `m = min` | `min(15, trunc((x − min) / d + 0.5))` | `q · d16 + m16` |
 //! | `q5_0` | `d = vmax / −16` | `min(31, trunc(x / d + 16.5))` | `(q − 16) · d16` |
 //! | `q5_1` | `d = (max − min) / 31`, `m = min` | `min(31, trunc((x − min) / d + 0.5))` | `q · d16 + m16` |
+//! | `iq4_nl` | `d = Σ w·t[q]·x / Σ w·t[q]²`, `w = x²` (in order, f32) | index of the table value `t` nearest `x · (1 / (vmax / −127))`, ties up | `d16 · t[q]` |
+//!
+//! `iq4_nl` follows the CPU backend's write (`quantize_row_iq4_nl_ref`; gguf-py has no iq4_nl
+//! quantizer, so its fixture comes from ggml-quants.c itself, compiled without FP contraction as
+//! ggml-base is on x86-64). llama.cpp's CUDA write (`quantize_f32_iq4_nl_block`) sums the
+//! least-squares terms in another order, with fused multiply-adds, and keeps `vmax / −127` where
+//! the fit is degenerate, so its f16 scale can differ from the CPU's in the last place.
 //!
 //! The codes are computed with the f32 scale (`x · (1/d)`, as ggml does) and read back with the
 //! f16 one. A zero scale gives zero codes. [`encode_block`] gives ggml's block bytes, so the
@@ -56,6 +63,9 @@ pub enum KvScheme {
     Q4_1,
     Q5_0,
     Q5_1,
+    /// llama.cpp `iq4_nl`: blocks of 32, 4-bit indices into a fixed non-uniform table
+    /// ([`IQ4_NL_VALUES`]) with an f16 scale refit by least squares (see the module's table).
+    Iq4Nl,
     /// vLLM `fp8_e4m3` (`fp8`): one fp32 scale per tensor (the checkpoint's `k_scale` /
     /// `v_scale`, else 1.0, vLLM's default without `calculate_kv_scales`), `x / scale` cast to
     /// e4m3 with round to nearest even, saturating at ±448 (the CUDA write's `__NV_SATFINITE`).
@@ -73,7 +83,7 @@ pub enum KvScheme {
 
 impl KvScheme {
     /// Every scheme, in the order messages list them.
-    pub const ALL: [KvScheme; 12] = [
+    pub const ALL: [KvScheme; 13] = [
         KvScheme::None,
         KvScheme::F16,
         KvScheme::Bf16,
@@ -82,6 +92,7 @@ impl KvScheme {
         KvScheme::Q4_1,
         KvScheme::Q5_0,
         KvScheme::Q5_1,
+        KvScheme::Iq4Nl,
         KvScheme::Fp8E4m3,
         KvScheme::Fp8E5m2,
         KvScheme::Int8PerTokenHead,
@@ -99,6 +110,7 @@ impl KvScheme {
             KvScheme::Q4_1 => "q4_1",
             KvScheme::Q5_0 => "q5_0",
             KvScheme::Q5_1 => "q5_1",
+            KvScheme::Iq4Nl => "iq4_nl",
             KvScheme::Fp8E4m3 => "fp8_e4m3",
             KvScheme::Fp8E5m2 => "fp8_e5m2",
             KvScheme::Int8PerTokenHead => "int8_per_token_head",
@@ -125,6 +137,41 @@ impl KvScheme {
         Self::ALL.map(KvScheme::as_str).join(", ")
     }
 
+    /// Why `name` is not a scheme, for messages: an engine's cache type that cardproof knows of
+    /// but does not emulate says so and why (a run of it cannot be followed), anything else
+    /// gets the list.
+    pub fn unknown(name: &str) -> String {
+        let lower = name.trim().to_ascii_lowercase();
+        let why = match lower.as_str() {
+            "int4_per_token_head" | "int2_per_token_head" => Some(
+                "vLLM's, but its numerics (the channels per fp16 scale and the magnitude levels of its codebook) are not pinned from a retrievable vLLM source, so cardproof does not emulate it",
+            ),
+            "nvfp4" | "fp8_inc" | "fp8_ds_mla" => {
+                Some("a vLLM cache type cardproof does not emulate")
+            }
+            s if s.starts_with("turboquant") => {
+                Some("vLLM's TurboQuant cache, which cardproof does not emulate")
+            }
+            s if s.starts_with("exl3") || s.starts_with("exllamav3") => {
+                Some("exllamav3's cache, which cardproof does not emulate")
+            }
+            "iq4_xs" | "q2_k" | "q3_k" | "q4_k" | "q5_k" | "q6_k" | "q8_k" => {
+                Some("a ggml weight type, not one llama.cpp accepts for its KV cache")
+            }
+            _ => None,
+        };
+        match why {
+            Some(why) => format!(
+                "`{name}` is {why}; the KV-cache schemes are {}",
+                Self::names()
+            ),
+            None => format!(
+                "`{name}` is not a KV-cache scheme; use one of {}",
+                Self::names()
+            ),
+        }
+    }
+
     /// The engine whose numerics the scheme follows, for records and reports.
     pub fn describe(self) -> &'static str {
         match self {
@@ -136,6 +183,9 @@ impl KvScheme {
             KvScheme::Q4_1 => "llama.cpp q4_1: blocks of 32, f16 scale and minimum, 15 steps",
             KvScheme::Q5_0 => "llama.cpp q5_0: blocks of 32, f16 scale vmax/-16, +16.5 truncation",
             KvScheme::Q5_1 => "llama.cpp q5_1: blocks of 32, f16 scale and minimum, 31 steps",
+            KvScheme::Iq4Nl => {
+                "llama.cpp iq4_nl: blocks of 32, non-uniform 16-value table, least-squares f16 scale"
+            }
             KvScheme::Fp8E4m3 => "vLLM fp8_e4m3: per-tensor fp32 scale, RNE, saturating",
             KvScheme::Fp8E5m2 => "vLLM fp8_e5m2: per-tensor fp32 scale, RNE, saturating",
             KvScheme::Int8PerTokenHead => {
@@ -445,20 +495,15 @@ impl KvCacheSetting {
             }
         };
         let parse = |flag: &str, name: &str| {
-            KvScheme::from_name(name).ok_or_else(|| {
-                format!(
-                    "{flag}: `{name}` is not a KV-cache scheme; use one of {}",
-                    KvScheme::names()
-                )
-            })
+            KvScheme::from_name(name).ok_or_else(|| format!("{flag}: {}", KvScheme::unknown(name)))
         };
         // `--kv-cache` also takes a recorded label (`k:q8_0/v:q4_0`), so a run's record can be
         // passed back as it is.
         let base = match both {
             Some(name) => KvCacheSetting::from_label(name).ok_or_else(|| {
                 format!(
-                    "--kv-cache: `{name}` is not a KV-cache scheme; use one of {} (or k:SCHEME/v:SCHEME)",
-                    KvScheme::names()
+                    "--kv-cache: {} (or k:SCHEME/v:SCHEME, with +hadamard, +computed, +residualN)",
+                    KvCacheSetting::unknown_label(name)
                 )
             })?,
             None => KvCacheSetting::plain(),
@@ -553,6 +598,24 @@ impl KvCacheSetting {
             self.k.is_blocked().then_some(k),
             self.v.is_blocked().then_some(v),
         ))
+    }
+
+    /// Why [`KvCacheSetting::from_label`] refused `label`, naming the part at fault.
+    pub fn unknown_label(label: &str) -> String {
+        let base = label.trim().split('+').next().unwrap_or("").trim();
+        let schemes: Vec<&str> = match (base.strip_prefix("k:"), base.split_once("/v:")) {
+            (Some(_), Some((k, v))) => vec![&k[2..], v],
+            _ => vec![base],
+        };
+        match schemes
+            .into_iter()
+            .find(|s| KvScheme::from_name(s).is_none())
+        {
+            Some(bad) => KvScheme::unknown(bad),
+            None => format!(
+                "`{label}` is not a KV-cache setting: the suffixes are +hadamard, +computed, +residualN and +chunkC (with a residual), each once"
+            ),
+        }
     }
 
     /// A recorded [`KvCacheSetting::label`] read back (`q8_0`, `k:q8_0/v:q4_0`); `None` for
@@ -669,7 +732,7 @@ fn per_token_head(scheme: KvScheme, row: &mut [f32]) {
 pub fn block_bytes(scheme: KvScheme) -> usize {
     match scheme {
         KvScheme::Q8_0 => 34,
-        KvScheme::Q4_0 => 18,
+        KvScheme::Q4_0 | KvScheme::Iq4Nl => 18,
         KvScheme::Q4_1 => 20,
         KvScheme::Q5_0 => 22,
         KvScheme::Q5_1 => 24,
@@ -778,9 +841,69 @@ pub fn encode_block(scheme: KvScheme, x: &[f32; BLOCK], out: &mut [u8]) -> usize
                 pack_nibbles(&codes, &mut out[8..24]);
             }
         }
+        KvScheme::Iq4Nl => {
+            let (d, codes) = iq4_nl(x);
+            out[..2].copy_from_slice(&f16_bytes(d));
+            pack_nibbles(&codes, &mut out[2..18]);
+        }
         _ => return 0,
     }
     block_bytes(scheme)
+}
+
+/// iq4_nl's table (ggml-common.h's `kvalues_iq4nl`): a code is an index into it.
+pub const IQ4_NL_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// The index of the table value nearest `x` (ggml's `best_index_int8`: a bisection, and a tie
+/// between two neighbours goes to the upper one).
+fn nearest_iq4_nl_index(x: f32) -> u8 {
+    let values = IQ4_NL_VALUES.map(f32::from);
+    if x <= values[0] {
+        return 0;
+    }
+    if x >= values[15] {
+        return 15;
+    }
+    let (mut lo, mut hi) = (0usize, 15usize);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if x < values[mid] {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    if x - values[hi - 1] < values[hi] - x {
+        (hi - 1) as u8
+    } else {
+        hi as u8
+    }
+}
+
+/// ggml's CPU iq4_nl write (`quantize_row_iq4_nl_ref`, one block, no importance weights): codes
+/// from the scale `vmax / −127`, then the scale refit to `Σ w·q·x / Σ w·q²` with `w = x²`,
+/// summed in order in f32. Below a largest magnitude of 1e-15 (`GROUP_MAX_EPS`) the scale is 0;
+/// ggml leaves the codes unset there and this writes zeros (the values read back are zero
+/// either way).
+fn iq4_nl(x: &[f32; BLOCK]) -> (f32, [u8; BLOCK]) {
+    let mut codes = [0u8; BLOCK];
+    let max = signed_extreme(x);
+    if max.abs() < 1e-15 {
+        return (0.0, codes);
+    }
+    let id = 1.0 / (max / f32::from(IQ4_NL_VALUES[0]));
+    let (mut sumqx, mut sumq2) = (0f32, 0f32);
+    for (c, &v) in codes.iter_mut().zip(x) {
+        *c = nearest_iq4_nl_index(id * v);
+        let q = f32::from(IQ4_NL_VALUES[usize::from(*c)]);
+        let w = v * v;
+        sumqx += w * q * v;
+        sumq2 += w * q * q;
+    }
+    let d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
+    (d, codes)
 }
 
 /// Reads one block back as ggml's `dequantize_row_*` does (f32 products of the f16 scale).
@@ -806,6 +929,12 @@ pub fn decode_block(scheme: KvScheme, bytes: &[u8], out: &mut [f32; BLOCK]) {
             let d = half_at(0);
             for (j, o) in out.iter_mut().enumerate() {
                 *o = (f32::from(nibble(&bytes[2..18], j)) - 8.0) * d;
+            }
+        }
+        KvScheme::Iq4Nl => {
+            let d = half_at(0);
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = d * f32::from(IQ4_NL_VALUES[usize::from(nibble(&bytes[2..18], j))]);
             }
         }
         KvScheme::Q5_0 => {
@@ -875,6 +1004,9 @@ mod tests {
             let steps = match s {
                 KvScheme::Q8_0 => 254.0,
                 KvScheme::Q4_0 | KvScheme::Q4_1 => 15.0,
+                // iq4_nl's widest gap (−127 to −104) is 23 of the table's 240: as coarse as 10.4
+                // even steps; its least-squares scale can shrink that a little further.
+                KvScheme::Iq4Nl => 240.0 / 23.0 * 0.9,
                 _ => 31.0,
             };
             // Symmetric types spread 2·amax over their steps, affine ones max − min.
@@ -912,8 +1044,6 @@ mod tests {
         assert_eq!(y, [1.25f32; BLOCK]);
     }
 
-    /// gguf-py's quantizers (bit-exact with ggml's reference ones) on random and adversarial
-    /// blocks: the same bytes, and the same values read back (tests/fixtures/kv_cache).
     /// A fixture's floats, kept as their u32 bit patterns.
     fn floats(v: &serde_json::Value) -> Vec<f32> {
         v.as_array()
@@ -932,9 +1062,10 @@ mod tests {
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
     }
 
-    #[test]
-    fn every_block_matches_gguf_py_byte_for_byte() {
-        let doc = fixture("llamacpp.json");
+    /// Every block of a fixture file of llama.cpp blocks: the same bytes (but codes ggml leaves
+    /// unset), the same values read back, and `apply` the same as encode-then-decode.
+    fn check_llamacpp_blocks(file: &str, types_expected: usize) {
+        let doc = fixture(file);
         let blocks: Vec<[f32; BLOCK]> = doc["blocks"]
             .as_array()
             .unwrap()
@@ -943,33 +1074,61 @@ mod tests {
             .collect();
         assert!(blocks.len() >= 50);
         let types = doc["types"].as_object().unwrap();
-        assert_eq!(types.len(), 5);
+        assert_eq!(types.len(), types_expected);
         for (name, t) in types {
             let scheme = KvScheme::from_name(name).unwrap();
             let bytes = t["bytes"].as_array().unwrap();
             let values = t["values"].as_array().unwrap();
+            let undefined: Vec<u64> = t["codes_undefined"]
+                .as_array()
+                .map(|a| a.iter().map(|i| i.as_u64().unwrap()).collect())
+                .unwrap_or_default();
             assert_eq!(bytes.len(), blocks.len());
             for (i, x) in blocks.iter().enumerate() {
                 let mut out = [0u8; 40];
                 let n = encode_block(scheme, x, &mut out);
                 let hex: String = out[..n].iter().map(|b| format!("{b:02x}")).collect();
-                assert_eq!(hex, bytes[i].as_str().unwrap(), "{name} block {i}: {x:?}");
+                let want_hex = bytes[i].as_str().unwrap();
                 let want = floats(&values[i]);
                 let mut y = [0f32; BLOCK];
                 decode_block(scheme, &out[..n], &mut y);
+                let mut z = *x;
+                scheme.apply(&mut z, BLOCK);
+                if undefined.contains(&(i as u64)) {
+                    // The scale only, and values equal as numbers (an unset code's table value
+                    // gives the zero its sign).
+                    assert_eq!(hex[..4], want_hex[..4], "{name} block {i} scale");
+                    assert_eq!(y.to_vec(), want, "{name} block {i} read back");
+                    assert_eq!(z.to_vec(), want, "{name} block {i} applied");
+                    continue;
+                }
+                assert_eq!(hex, want_hex, "{name} block {i}: {x:?}");
                 let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
                 let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
                 assert_eq!(got, want, "{name} block {i} read back");
-                // `apply` is encode-then-decode.
-                let mut z = *x;
-                scheme.apply(&mut z, BLOCK);
-                assert_eq!(z.map(f32::to_bits).to_vec(), want);
+                assert_eq!(
+                    z.map(f32::to_bits).to_vec(),
+                    want,
+                    "{name} block {i} applied"
+                );
             }
         }
     }
 
-    /// A head size that is not a whole number of blocks is refused at load, naming both; the
-    /// float schemes take any head size; `none` clears a setting.
+    /// gguf-py's quantizers (bit-exact with ggml's reference ones) on random and adversarial
+    /// blocks (tests/fixtures/kv_cache/llamacpp.json).
+    #[test]
+    fn every_block_matches_gguf_py_byte_for_byte() {
+        check_llamacpp_blocks("llamacpp.json", 5);
+    }
+
+    /// ggml's own CPU iq4_nl write, compiled from ggml-quants.c (gguf-py has no iq4_nl
+    /// quantizer), on the same blocks and iq4_nl's own ties (tests/fixtures/kv_cache/iq4_nl.json).
+    #[test]
+    fn iq4_nl_blocks_match_ggml_quants_c_byte_for_byte() {
+        check_llamacpp_blocks("iq4_nl.json", 1);
+    }
+
     /// A one-layer decoder with synthetic weights and a head of 16.
     fn tiny_decoder() -> crate::runner::native::decoder::Decoder {
         use crate::runner::native::StateDtype;
@@ -1000,6 +1159,8 @@ mod tests {
         Decoder::load(&store, config, ComputeDtype::F32, StateDtype::F32).unwrap()
     }
 
+    /// A head size that is not a whole number of blocks is refused at load, naming both; the
+    /// float schemes take any head size; `none` clears a setting.
     #[test]
     fn a_head_size_that_is_not_whole_blocks_is_refused_for_block_schemes() {
         let mut d = tiny_decoder();
