@@ -506,7 +506,41 @@ def _iq4_nl_blocks(torch, b):
     return d.to(torch.float16).float() * q
 
 
+EXL3_SCHEMES = {f"exl3_q{b}": b for b in range(2, 9)}
+EXL3_R32 = 0.17677669529663688110  # 1/sqrt(32), rounded to float32 where it multiplies
+
+
+def _walsh_hadamard_32(torch, v):
+    """Unnormalized Walsh-Hadamard transform of groups [n, 32] in float32, one butterfly stage per
+    index bit from the lowest ((a, b) -> (a + b, a - b)), the order of exllamav3's kernel."""
+    n = v.shape[0]
+    h = 1
+    while h < 32:
+        w = v.reshape(n, 32 // (2 * h), 2, h)
+        a, b = w[:, :, 0, :], w[:, :, 1, :]
+        v = torch.stack((a + b, a - b), dim=2).reshape(n, 32)
+        h *= 2
+    return v
+
+
+def _exl3_groups(torch, bits, b):
+    """exllamav3's quantized cache (quant_block_x4 / dequant_block_x4, no compander) on groups
+    [n, 32]: f16 in, H32 rotation scaled by 1/sqrt(32), f16 absmax scale (+1e-10), codes
+    floor(v / s * m + m) clamped to [0, 2m - 1] with m = 2^(bits-1), read back as
+    (q - (m - 0.5)) * (s16 * 1/sqrt(32) / m), rotated back, f16 out."""
+    m = float(1 << (bits - 1))
+    r32 = torch.tensor(EXL3_R32, dtype=torch.float32, device=b.device)
+    v = _walsh_hadamard_32(torch, b.to(torch.float16).float()) * r32
+    s = v.abs().amax(-1, keepdim=True) + torch.tensor(1e-10, dtype=torch.float32, device=b.device)
+    inv = 1.0 / s
+    q = torch.floor(v * inv * m + m).clamp(0, 2 * m - 1)
+    step = s.to(torch.float16).float() * r32 * (1.0 / m)
+    w = _walsh_hadamard_32(torch, (q - (m - 0.5)) * step)
+    return w.to(torch.float16).float()
+
+
 KV_SCHEMES = ("none", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl",
+              *EXL3_SCHEMES,
               "fp8_e4m3", "fp8_e5m2", "int8_per_token_head", "fp8_per_token_head")
 
 
@@ -515,6 +549,8 @@ def kv_quantize(torch, name, x, tensor_scale=1.0):
     in x's dtype. The arithmetic is float32, as cardproof's native runner does it."""
     if name == "none":
         return x
+    if (name in LLAMACPP_BLOCKED or name in EXL3_SCHEMES) and x.shape[-1] % 32:
+        raise RunnerError("unsupported", f"KV-cache scheme `{name}` quantizes groups of 32 values along the head, and this model's head size is {x.shape[-1]}")
     dtype = x.dtype
     v = x.float()
     if name == "f16":
@@ -523,6 +559,8 @@ def kv_quantize(torch, name, x, tensor_scale=1.0):
         out = v.to(torch.bfloat16).float()
     elif name in LLAMACPP_BLOCKED:
         out = _llamacpp_blocks(torch, name, v)
+    elif name in EXL3_SCHEMES:
+        out = _exl3_groups(torch, EXL3_SCHEMES[name], v.reshape(-1, 32)).reshape(v.shape)
     elif name in ("fp8_e4m3", "fp8_e5m2"):
         fp8, top = (torch.float8_e4m3fn, 448.0) if name == "fp8_e4m3" else (torch.float8_e5m2, 57344.0)
         out = (v / tensor_scale).clamp(-top, top).to(fp8).float() * tensor_scale

@@ -19,7 +19,8 @@ use crate::runner::native::kv_cache::{KvCacheSetting, KvScheme, MAX_RESIDUAL, Re
 #[schemars(extend("patternProperties" = {"^x[-_]": {}}))]
 pub struct KvCache {
     /// The key cache's scheme, by the name of the engine numerics it follows: `none` (the
-    /// model dtype), `f16`, `bf16`, llama.cpp `q8_0` / `q4_0` / `q4_1` / `q5_0` / `q5_1` / `iq4_nl`, vLLM
+    /// model dtype), `f16`, `bf16`, llama.cpp `q8_0` / `q4_0` / `q4_1` / `q5_0` / `q5_1` / `iq4_nl`,
+    /// exllamav3 `exl3_q2` to `exl3_q8`, vLLM
     /// `fp8_e4m3` / `fp8_e5m2` (per tensor), `int8_per_token_head`, `fp8_per_token_head`.
     #[schemars(length(min = 1))]
     pub k: String,
@@ -27,7 +28,7 @@ pub struct KvCache {
     #[schemars(length(min = 1))]
     pub v: String,
     /// What one scale covers: `element` (a float cast, no scale), `per_tensor`,
-    /// `per_token_head`, `block_32` (llama.cpp's blocks of 32 values).
+    /// `per_token_head`, `block_32` (llama.cpp's blocks and exllamav3's groups of 32 values).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub granularity: Option<KvGranularity>,
     /// Where the scales come from: `unit` (1.0), `checkpoint` (its `k_scale` / `v_scale`),
@@ -139,7 +140,7 @@ impl KvGranularity {
 
     /// What one scale covers in `scheme`.
     pub fn of(scheme: KvScheme) -> KvGranularity {
-        if scheme.is_blocked() {
+        if scheme.in_groups_of_32() {
             KvGranularity::Block32
         } else if scheme.takes_tensor_scale() {
             KvGranularity::PerTensor

@@ -62,6 +62,47 @@ fn a_quantized_kv_cache_moves_the_model_against_itself_and_int4_far_more_than_in
 /// cache rounds it: on the bf16 example (heads of 64) q4_0 rotated moves the model less than
 /// q4_0 plain. The record keeps the cache type as `kv_cache_dtype` and the rotation in
 /// `kv_cache.rotation`; the text output names it.
+/// exllamav3's widths order as bits do, and its cache is recorded with its groups of 32 and
+/// dynamic scales; llama.cpp's rotation does not go with it (its own H32 is the scheme's).
+#[test]
+fn exllamav3_caches_order_by_width_and_refuse_llama_cpps_rotation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (q8, kv, text) = self_with(dir.path(), &["--kv-cache", "exl3_q8"]);
+    assert_eq!(kv, "exl3_q8");
+    assert!(text.contains("KV cache exl3_q8"), "{text}");
+    let (q4, _, _) = self_with(dir.path(), &["--kv-cache", "exl3_q4"]);
+    let (q2, _, _) = self_with(dir.path(), &["--kv-cache", "exl3_q2"]);
+    assert!(q8 > 0.0 && q4 > 5.0 * q8 && q2 > 2.0 * q4, "{q8} {q4} {q2}");
+    let out = dir.path().join("mixed");
+    let r = measure_short(
+        Path::new(&model("shakespeare-bf16")),
+        &short_text(dir.path(), 4000),
+        &out,
+        "100",
+        &["--kv-cache-k", "exl3_q8", "--kv-cache-v", "exl3_q4"],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("measurement.json")).unwrap())
+            .unwrap();
+    let entry = &m["environment"]["kv_cache"];
+    assert_eq!(m["environment"]["kv_cache_dtype"], "k:exl3_q8/v:exl3_q4");
+    assert_eq!(
+        (&entry["granularity"], &entry["scale_source"]),
+        (&"block_32".into(), &"dynamic".into()),
+        "{entry}"
+    );
+    let r = measure_short(
+        Path::new(&model("shakespeare-bf16")),
+        &short_text(dir.path(), 4000),
+        &dir.path().join("rotated"),
+        "100",
+        &["--kv-cache", "exl3_q4+hadamard"],
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("not with exl3_q4"), "{}", r.stderr);
+}
+
 #[test]
 fn the_hadamard_rotation_lowers_a_4_bit_caches_kld_and_is_recorded() {
     let dir = tempfile::tempdir().unwrap();

@@ -840,7 +840,7 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         let text = String::from_utf8_lossy(&out.stdout).into_owned()
             + &String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{text}");
-        assert!(text.contains("34 cases bit for bit"), "{text}");
+        assert!(text.contains("41 cases bit for bit"), "{text}");
     }
 
     /// A KV-cache sweep in the transformers runner (CPU, float32) gives the native runner's
@@ -856,12 +856,12 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         let r = cpu_sweep(
             &text,
             &out,
-            "kv_cache=none,q8_0,q4_0,k:q4_0/v:none,fp8_e4m3+computed,q4_0+residual64+chunk32,iq4_nl+hadamard",
+            "kv_cache=none,q8_0,q4_0,k:q4_0/v:none,fp8_e4m3+computed,q4_0+residual64+chunk32,iq4_nl+hadamard,exl3_q4",
         );
         assert_eq!(r.code, 0, "{}", r.stderr);
         let doc = r.json();
         let pairs = doc["pairs"].as_array().unwrap();
-        assert_eq!(pairs.len(), 6);
+        assert_eq!(pairs.len(), 7);
         for pair in pairs {
             let scheme = pair["other"].as_str().unwrap();
             assert_eq!(

@@ -68,6 +68,7 @@ pub struct KvCacheArgs {
     /// The candidate's KV-cache scheme, keys and values (attention layers; write-then-read, as
     /// llama.cpp and vLLM store a chunk before attending to it): none (the model dtype), f16,
     /// bf16; llama.cpp's q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl (blocks of 32, ggml's reference rounding);
+    /// exllamav3's exl3_q2 .. exl3_q8 (groups of 32 rotated by H32, f16 absmax scales);
     /// vLLM's fp8_e4m3 (fp8) and fp8_e5m2 (per-tensor scale: the checkpoint's k_scale/v_scale,
     /// else 1.0, or computed: --kv-cache-scales), int8_per_token_head and fp8_per_token_head; or k:SCHEME/v:SCHEME. Recorded as
     /// the run's kv_cache_dtype.

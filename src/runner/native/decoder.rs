@@ -431,7 +431,7 @@ impl Decoder {
     ) -> std::result::Result<(), String> {
         let d = self.config.head_dim;
         for s in [setting.k, setting.v] {
-            if s.is_blocked() && !d.is_multiple_of(super::kv_cache::BLOCK) {
+            if s.in_groups_of_32() && !d.is_multiple_of(super::kv_cache::BLOCK) {
                 return Err(format!(
                     "the KV-cache scheme {s} quantizes blocks of {} values along the head, and this model's head size is {d}",
                     super::kv_cache::BLOCK

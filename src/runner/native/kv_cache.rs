@@ -66,6 +66,22 @@ pub enum KvScheme {
     /// llama.cpp `iq4_nl`: blocks of 32, 4-bit indices into a fixed non-uniform table
     /// ([`IQ4_NL_VALUES`]) with an f16 scale refit by least squares (see the module's table).
     Iq4Nl,
+    /// exllamav3's quantized cache at 2 to 8 bits (`CacheLayer_quant`; see [`exl3_group`]):
+    /// groups of 32 values rotated by H32, one f16 absmax scale, a midpoint grid.
+    #[serde(rename = "exl3_q2")]
+    Exl3Q2,
+    #[serde(rename = "exl3_q3")]
+    Exl3Q3,
+    #[serde(rename = "exl3_q4")]
+    Exl3Q4,
+    #[serde(rename = "exl3_q5")]
+    Exl3Q5,
+    #[serde(rename = "exl3_q6")]
+    Exl3Q6,
+    #[serde(rename = "exl3_q7")]
+    Exl3Q7,
+    #[serde(rename = "exl3_q8")]
+    Exl3Q8,
     /// vLLM `fp8_e4m3` (`fp8`): one fp32 scale per tensor (the checkpoint's `k_scale` /
     /// `v_scale`, else 1.0, vLLM's default without `calculate_kv_scales`), `x / scale` cast to
     /// e4m3 with round to nearest even, saturating at ±448 (the CUDA write's `__NV_SATFINITE`).
@@ -83,7 +99,7 @@ pub enum KvScheme {
 
 impl KvScheme {
     /// Every scheme, in the order messages list them.
-    pub const ALL: [KvScheme; 13] = [
+    pub const ALL: [KvScheme; 20] = [
         KvScheme::None,
         KvScheme::F16,
         KvScheme::Bf16,
@@ -93,6 +109,13 @@ impl KvScheme {
         KvScheme::Q5_0,
         KvScheme::Q5_1,
         KvScheme::Iq4Nl,
+        KvScheme::Exl3Q2,
+        KvScheme::Exl3Q3,
+        KvScheme::Exl3Q4,
+        KvScheme::Exl3Q5,
+        KvScheme::Exl3Q6,
+        KvScheme::Exl3Q7,
+        KvScheme::Exl3Q8,
         KvScheme::Fp8E4m3,
         KvScheme::Fp8E5m2,
         KvScheme::Int8PerTokenHead,
@@ -111,6 +134,13 @@ impl KvScheme {
             KvScheme::Q5_0 => "q5_0",
             KvScheme::Q5_1 => "q5_1",
             KvScheme::Iq4Nl => "iq4_nl",
+            KvScheme::Exl3Q2 => "exl3_q2",
+            KvScheme::Exl3Q3 => "exl3_q3",
+            KvScheme::Exl3Q4 => "exl3_q4",
+            KvScheme::Exl3Q5 => "exl3_q5",
+            KvScheme::Exl3Q6 => "exl3_q6",
+            KvScheme::Exl3Q7 => "exl3_q7",
+            KvScheme::Exl3Q8 => "exl3_q8",
             KvScheme::Fp8E4m3 => "fp8_e4m3",
             KvScheme::Fp8E5m2 => "fp8_e5m2",
             KvScheme::Int8PerTokenHead => "int8_per_token_head",
@@ -152,9 +182,9 @@ impl KvScheme {
             s if s.starts_with("turboquant") => {
                 Some("vLLM's TurboQuant cache, which cardproof does not emulate")
             }
-            s if s.starts_with("exl3") || s.starts_with("exllamav3") => {
-                Some("exllamav3's cache, which cardproof does not emulate")
-            }
+            s if s.starts_with("exl3") || s.starts_with("exllamav3") => Some(
+                "not one of exllamav3's cache widths cardproof names (exl3_q2 to exl3_q8: k_bits / v_bits of CacheLayer_quant, without the cubic compander)",
+            ),
             "iq4_xs" | "q2_k" | "q3_k" | "q4_k" | "q5_k" | "q6_k" | "q8_k" => {
                 Some("a ggml weight type, not one llama.cpp accepts for its KV cache")
             }
@@ -186,6 +216,15 @@ impl KvScheme {
             KvScheme::Iq4Nl => {
                 "llama.cpp iq4_nl: blocks of 32, non-uniform 16-value table, least-squares f16 scale"
             }
+            KvScheme::Exl3Q2
+            | KvScheme::Exl3Q3
+            | KvScheme::Exl3Q4
+            | KvScheme::Exl3Q5
+            | KvScheme::Exl3Q6
+            | KvScheme::Exl3Q7
+            | KvScheme::Exl3Q8 => {
+                "exllamav3 quantized cache: f16 in, groups of 32 rotated by H32, f16 absmax scale, midpoint grid"
+            }
             KvScheme::Fp8E4m3 => "vLLM fp8_e4m3: per-tensor fp32 scale, RNE, saturating",
             KvScheme::Fp8E5m2 => "vLLM fp8_e5m2: per-tensor fp32 scale, RNE, saturating",
             KvScheme::Int8PerTokenHead => {
@@ -197,9 +236,30 @@ impl KvScheme {
         }
     }
 
-    /// Whether rows must be a whole number of 32-value blocks (llama.cpp's types).
+    /// Whether the scheme is one of llama.cpp's block types (rows a whole number of blocks of
+    /// 32; what llama.cpp's Hadamard rotation goes with).
     pub fn is_blocked(self) -> bool {
         block_bytes(self) > 0
+    }
+
+    /// exllamav3's bits per value, for its schemes.
+    pub fn exl3_bits(self) -> Option<u32> {
+        Some(match self {
+            KvScheme::Exl3Q2 => 2,
+            KvScheme::Exl3Q3 => 3,
+            KvScheme::Exl3Q4 => 4,
+            KvScheme::Exl3Q5 => 5,
+            KvScheme::Exl3Q6 => 6,
+            KvScheme::Exl3Q7 => 7,
+            KvScheme::Exl3Q8 => 8,
+            _ => return None,
+        })
+    }
+
+    /// Whether one scale covers each 32 values along the head (llama.cpp's blocks and
+    /// exllamav3's groups), so the head size must be a multiple of 32.
+    pub fn in_groups_of_32(self) -> bool {
+        self.is_blocked() || self.exl3_bits().is_some()
     }
 
     /// Whether the scheme quantizes (not merely a float cast): what a card's disclosure of it
@@ -237,6 +297,13 @@ impl KvScheme {
                 }
             }
             KvScheme::None => {}
+            s if s.exl3_bits().is_some() => {
+                let bits = s.exl3_bits().expect("an exllamav3 scheme");
+                debug_assert!(row_len.is_multiple_of(BLOCK), "row of {row_len} values");
+                for group in rows.chunks_exact_mut(BLOCK) {
+                    exl3_group(bits, group.try_into().expect("a whole group"));
+                }
+            }
             KvScheme::F16 => rows
                 .iter_mut()
                 .for_each(|v| *v = f16::from_f32(*v).to_f32()),
@@ -851,6 +918,61 @@ pub fn encode_block(scheme: KvScheme, x: &[f32; BLOCK], out: &mut [u8]) -> usize
     block_bytes(scheme)
 }
 
+/// `1/sqrt(32)` as exllamav3's kernels spell it (rounded to f32).
+const EXL3_R32: f32 = 0.176_776_69;
+
+/// The unnormalized Walsh–Hadamard transform of 32 values in f32, one butterfly stage per index
+/// bit from the lowest (`(a, b) -> (a + b, a − b)`): the order of exllamav3's in-register H4 and
+/// its lane-shuffled H8, so each stage rounds as the kernel's does.
+fn walsh_hadamard_32(v: &mut [f32; BLOCK]) {
+    let mut h = 1;
+    while h < BLOCK {
+        for i in 0..BLOCK {
+            if i & h == 0 {
+                let (a, b) = (v[i], v[i + h]);
+                v[i] = a + b;
+                v[i + h] = a - b;
+            }
+        }
+        h <<= 1;
+    }
+}
+
+/// One group of 32 values as exllamav3's quantized cache stores and reads it back
+/// (`q_cache_kernels.cuh`, `quant_block_x4` and `dequant_block_x4`, no compander): the values
+/// as f16 (the cache takes half), rotated by H32 and scaled by `1/sqrt(32)`; the scale `s` is the
+/// rotated group's absmax plus 1e-10, stored as f16; codes `floor((v / s) · 2^(b−1) + 2^(b−1))`
+/// clamped to `[0, 2^b − 1]` (the reciprocal `1/s` in f32, as the kernel multiplies by it);
+/// read back as `(q − (2^(b−1) − 0.5)) · (s16 · 1/sqrt(32) / 2^(b−1))`, rotated back by H32 and
+/// rounded to f16.
+fn exl3_group(bits: u32, x: &mut [f32; BLOCK]) {
+    let (scale, codes) = exl3_encode(bits, x);
+    *x = exl3_decode(bits, scale, &codes);
+}
+
+/// exllamav3's write of one group: its f16 scale and codes.
+fn exl3_encode(bits: u32, x: &[f32; BLOCK]) -> (f16, [i32; BLOCK]) {
+    let m = (1u32 << (bits - 1)) as f32;
+    let qmax = (1i32 << bits) - 1;
+    let mut v = x.map(|a| f16::from_f32(a).to_f32());
+    walsh_hadamard_32(&mut v);
+    v.iter_mut().for_each(|e| *e *= EXL3_R32);
+    let s = v.iter().fold(0f32, |acc, e| acc.max(e.abs())) + 1e-10;
+    let inv = 1.0 / s;
+    // fmaf(v·inv, m, m): m is a power of two, so the product is exact and only the sum rounds.
+    let codes = v.map(|e| ((e * inv * m + m).floor() as i32).clamp(0, qmax));
+    (f16::from_f32(s), codes)
+}
+
+/// exllamav3's read of one group back to f16 values.
+fn exl3_decode(bits: u32, scale: f16, codes: &[i32; BLOCK]) -> [f32; BLOCK] {
+    let m = (1u32 << (bits - 1)) as f32;
+    let step = scale.to_f32() * EXL3_R32 * (1.0 / m);
+    let mut w = codes.map(|q| (q as f32 - (m - 0.5)) * step);
+    walsh_hadamard_32(&mut w);
+    w.map(|e| f16::from_f32(e).to_f32())
+}
+
 /// iq4_nl's table (ggml-common.h's `kvalues_iq4nl`): a code is an index into it.
 pub const IQ4_NL_VALUES: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
@@ -1127,6 +1249,61 @@ mod tests {
     #[test]
     fn iq4_nl_blocks_match_ggml_quants_c_byte_for_byte() {
         check_llamacpp_blocks("iq4_nl.json", 1);
+    }
+
+    /// exllamav3's own warp kernels (`quant_block_x4` / `dequant_block_x4`, run on the CPU by
+    /// make_exl3.py's lane shim) on random and edge groups at 2 to 8 bits: the same f16 scale and
+    /// the same f16 values read back (tests/fixtures/kv_cache/exl3.json).
+    #[test]
+    fn exl3_groups_match_exllamav3s_kernels_bit_for_bit() {
+        assert_eq!(EXL3_R32, (1.0f64 / 32f64.sqrt()) as f32);
+        let doc = fixture("exl3.json");
+        let groups: Vec<[f32; BLOCK]> = doc["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| floats(b).try_into().unwrap())
+            .collect();
+        assert!(groups.len() >= 60);
+        let bits = doc["bits"].as_object().unwrap();
+        assert_eq!(bits.len(), 7);
+        let u16s = |v: &serde_json::Value| -> Vec<u16> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b.as_u64().unwrap() as u16)
+                .collect()
+        };
+        for (b, t) in bits {
+            let b: u32 = b.parse().unwrap();
+            let scheme = KvScheme::ALL
+                .into_iter()
+                .find(|s| s.exl3_bits() == Some(b))
+                .unwrap();
+            let scales = u16s(&t["scales"]);
+            let values = t["values"].as_array().unwrap();
+            for (i, x) in groups.iter().enumerate() {
+                let (scale, _) = exl3_encode(b, x);
+                assert_eq!(scale.to_bits(), scales[i], "{scheme} group {i} scale");
+                let want: Vec<u32> = u16s(&values[i])
+                    .into_iter()
+                    .map(|h| f16::from_bits(h).to_f32().to_bits())
+                    .collect();
+                let mut y = *x;
+                scheme.apply(&mut y, BLOCK);
+                // A scale past f16's range is inf and the values read back NaN (f16's largest
+                // values do that); a NaN's sign bit is the platform's, not the format's.
+                let got: Vec<u32> = y
+                    .iter()
+                    .zip(&want)
+                    .map(|(g, w)| match g.is_nan() && f32::from_bits(*w).is_nan() {
+                        true => *w,
+                        false => g.to_bits(),
+                    })
+                    .collect();
+                assert_eq!(got, want, "{scheme} group {i}");
+            }
+        }
     }
 
     /// A one-layer decoder with synthetic weights and a head of 16.
