@@ -277,6 +277,43 @@ fn verify_reruns_a_card_with_the_kv_cache_scheme_it_discloses() {
     );
 }
 
+/// A card written from an exllamav3 cache measurement reproduces through `verify`, which reruns
+/// its scheme; the same card naming vLLM's `int4_per_token_head`, which cardproof cannot follow,
+/// is not reproduced and the report says why.
+#[test]
+fn verify_follows_an_exllamav3_card_and_cannot_reproduce_an_unemulated_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let text = short_text(d, 4000);
+    let cand = d.join("cand");
+    copy_model("shakespeare-bf16", &cand);
+    let r = measure_short(
+        &cand,
+        &text,
+        &d.join("m"),
+        "1000",
+        &["--kv-cache", "exl3_q4"],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let (card, written) = card_from(
+        &d.join("m/measurement.json"),
+        &cand,
+        "example/shakespeare-bf16-kv-exl3",
+    );
+    assert!(written.contains("kv_cache_dtype: exl3_q4"), "{written}");
+    let r = verify_card(&cand, &text, &d.join("v1"), &[]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert_eq!(r.json()["verdict"], "reproduced", "{}", r.stdout);
+    std::fs::write(&card, written.replace("exl3_q4", "int4_per_token_head")).unwrap();
+    let r = verify_card(&cand, &text, &d.join("v2"), &[]);
+    assert_ne!(r.json()["verdict"], "reproduced", "{}", r.stdout);
+    assert!(
+        r.stdout.contains("int4_per_token_head") && r.stdout.contains("not pinned"),
+        "{}",
+        r.stdout
+    );
+}
+
 /// A card written from a `fp8_e4m3+computed` measurement says `scale_source: computed`, and
 /// `verify` reruns it with computed scales: reproduced. Rerun with the checkpoint's scales
 /// (`--kv-cache fp8_e4m3`, 1.0 here) instead, the scale source differs and is named.
