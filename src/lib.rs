@@ -12,6 +12,7 @@
 pub mod attest;
 pub mod card;
 pub mod checkpoint;
+pub mod conversation;
 pub mod dequant;
 pub mod disclosure;
 pub mod error;

@@ -3,6 +3,7 @@
 mod artifact;
 mod bad_input;
 mod card;
+mod chat_templates;
 mod delta_rule;
 mod dequant_reference;
 mod fail_closed;

@@ -843,6 +843,46 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         assert!(text.contains("41 cases bit for bit"), "{text}");
     }
 
+    /// Every chat template of the corpus renders to transformers' bytes with every conversation,
+    /// or fails where transformers fails (tests/it/chat_templates.rs).
+    #[test]
+    #[ignore = "needs transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn chat_templates_render_as_transformers_renders_them() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        let expected = dir.path().join("renders.json");
+        let python = std::env::var_os("CARDPROOF_PYTHON").unwrap_or_else(|| "python3".into());
+        let out = std::process::Command::new(python)
+            .arg(repo_root().join("tests/chat_template_check.py"))
+            .arg(&expected)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let c = crate::chat_templates::mismatches(&expected);
+        assert!(c.renders >= 300, "{} renders", c.renders);
+        assert!(
+            c.bad.is_empty(),
+            "{} of {} differ:\n{}",
+            c.bad.len(),
+            c.renders,
+            c.bad.join("\n")
+        );
+        // Measured on the corpus of 70 templates × 5 conversations: what may be refused or
+        // lenient stays bounded, so a regression that refuses or loosens more fails here.
+        assert!(c.refused.len() <= 1, "refused: {:?}", c.refused);
+        assert!(c.lenient <= 13, "{} lenient renders", c.lenient);
+        assert!(c.identical >= 332, "{} identical", c.identical);
+        assert_eq!(
+            c.identical + c.lenient + c.refused.len() * 5,
+            c.renders,
+            "every render accounted for"
+        );
+    }
+
     /// A KV-cache sweep in the transformers runner (CPU, float32) gives the native runner's
     /// numbers for the same schemes: the same formulas where each engine writes its cache; the
     /// two forwards' float32 rounding moves a few codes across a step, so within 2%.
