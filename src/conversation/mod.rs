@@ -2,6 +2,8 @@
 //! renders them ([`template`]), from the context [`template_context`] builds as transformers'
 //! `render_jinja_template` builds it.
 
+pub mod file;
+pub mod source;
 pub mod template;
 
 use serde_json::{Map, Value};
@@ -36,6 +38,51 @@ pub fn template_context(
     Value::Object(context)
 }
 
+/// The special tokens transformers hands every template (`special_tokens_map`: `bos_token`,
+/// `eos_token`, ... as strings), from a `tokenizer_config.json`, where each is a string or an
+/// added-token object with `content`.
+pub fn special_tokens(tokenizer_config: &Value) -> Map<String, Value> {
+    let mut out = Map::new();
+    for key in [
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "sep_token",
+        "pad_token",
+        "cls_token",
+        "mask_token",
+    ] {
+        let token = match &tokenizer_config[key] {
+            Value::String(s) => Some(s.clone()),
+            Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_owned),
+            _ => None,
+        };
+        if let Some(token) = token {
+            out.insert(key.into(), Value::String(token));
+        }
+    }
+    out
+}
+
+/// One conversation rendered by `template` as `apply_chat_template(tokenize=False)` renders it:
+/// the special tokens first, the conversation's own kwargs over them.
+pub fn render(
+    template: &template::ChatTemplate,
+    conversation: &file::Conversation,
+    special: &Map<String, Value>,
+) -> Result<String, String> {
+    let mut kwargs = special.clone();
+    for (k, v) in &conversation.kwargs {
+        kwargs.insert(k.clone(), v.clone());
+    }
+    template.render(&template_context(
+        &conversation.messages,
+        conversation.tools.as_ref(),
+        conversation.add_generation_prompt,
+        &kwargs,
+    ))
+}
+
 /// transformers' `_alias_reasoning_fields` for one message: `{"thinking": r, **message,
 /// "reasoning_content": r}`.
 fn alias_reasoning(message: &Value) -> Value {
@@ -62,6 +109,28 @@ fn alias_reasoning(message: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn special_tokens_and_kwargs_reach_the_template() {
+        let special = special_tokens(&serde_json::json!({
+            "bos_token": {"content": "<s>", "special": true},
+            "eos_token": "</s>",
+            "pad_token": null
+        }));
+        assert_eq!(special.len(), 2);
+        let t = template::ChatTemplate::new(
+            "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}{% if enable_thinking %}<think>{% endif %}{{ eos_token }}",
+            0,
+        )
+        .unwrap();
+        let c = file::Conversation {
+            messages: vec![serde_json::json!({"role": "user", "content": "hi"})],
+            tools: None,
+            add_generation_prompt: true,
+            kwargs: serde_json::from_value(serde_json::json!({"enable_thinking": true})).unwrap(),
+        };
+        assert_eq!(render(&t, &c, &special).unwrap(), "<s>[user]hi<think></s>");
+    }
 
     #[test]
     fn reasoning_is_aliased_as_transformers_aliases_it() {

@@ -5,8 +5,8 @@
 
 use std::path::Path;
 
+use cardproof::conversation::render;
 use cardproof::conversation::template::ChatTemplate;
-use cardproof::conversation::template_context;
 
 use crate::support::*;
 
@@ -35,21 +35,14 @@ pub fn mismatches(expected: &Path) -> Corpus {
             .find(|c| c["name"] == case_name)
             .unwrap();
         let source = std::fs::read_to_string(fixtures.join("templates").join(name)).unwrap();
-        let mut kwargs = special.clone();
-        for (k, v) in case["kwargs"].as_object().unwrap() {
-            kwargs.insert(k.clone(), v.clone());
-        }
-        let tools = case
-            .get("tools")
-            .filter(|t| t.as_bool() == Some(true))
-            .map(|_| &conversations["tools"]);
-        let context = template_context(
-            case["messages"].as_array().unwrap(),
-            tools,
-            case["add_generation_prompt"].as_bool().unwrap(),
-            &kwargs,
-        );
-        let ours = ChatTemplate::new(&source, clock).and_then(|t| t.render(&context));
+        let conversation = cardproof::conversation::file::Conversation {
+            messages: case["messages"].as_array().unwrap().clone(),
+            tools: (case["tools"] == true).then(|| conversations["tools"].clone()),
+            add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
+            kwargs: case["kwargs"].as_object().unwrap().clone(),
+        };
+        let ours =
+            ChatTemplate::new(&source, clock).and_then(|t| render(&t, &conversation, special));
         match (r.get("text").and_then(|t| t.as_str()), ours) {
             (Some(want), Ok(got)) if want == got => {}
             (Some(want), Ok(got)) => {
