@@ -179,6 +179,30 @@ fn card_from(
     (card, written)
 }
 
+/// A copy of the bf16 example measured against itself with `kv_flags` over a short text of
+/// `chars` characters (`resamples` bootstrap resamples), and its card written from that
+/// measurement as `repo`: (candidate dir, text, card path, the card's text).
+fn kv_card(
+    d: &Path,
+    chars: usize,
+    resamples: &str,
+    kv_flags: &[&str],
+    repo: &str,
+) -> (
+    std::path::PathBuf,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    String,
+) {
+    let text = short_text(d, chars);
+    let cand = d.join("cand");
+    copy_model("shakespeare-bf16", &cand);
+    let r = measure_short(&cand, &text, &d.join("m"), resamples, kv_flags);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let (card, written) = card_from(&d.join("m/measurement.json"), &cand, repo);
+    (cand, text, card, written)
+}
+
 /// `verify` of `cand` against the bf16 example over `text`, written to `out`, with `extra` flags.
 fn verify_card(cand: &Path, text: &Path, out: &Path, extra: &[&str]) -> Run {
     let reference = model("shakespeare-bf16");
@@ -284,20 +308,11 @@ fn verify_reruns_a_card_with_the_kv_cache_scheme_it_discloses() {
 fn verify_follows_an_exllamav3_card_and_cannot_reproduce_an_unemulated_cache() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let text = short_text(d, 4000);
-    let cand = d.join("cand");
-    copy_model("shakespeare-bf16", &cand);
-    let r = measure_short(
-        &cand,
-        &text,
-        &d.join("m"),
+    let (cand, text, card, written) = kv_card(
+        d,
+        4000,
         "1000",
         &["--kv-cache", "exl3_q4"],
-    );
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let (card, written) = card_from(
-        &d.join("m/measurement.json"),
-        &cand,
         "example/shakespeare-bf16-kv-exl3",
     );
     assert!(written.contains("kv_cache_dtype: exl3_q4"), "{written}");
@@ -321,20 +336,11 @@ fn verify_follows_an_exllamav3_card_and_cannot_reproduce_an_unemulated_cache() {
 fn verify_follows_a_cards_computed_kv_scales() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let text = short_text(d, 4000);
-    let cand = d.join("cand");
-    copy_model("shakespeare-bf16", &cand);
-    let r = measure_short(
-        &cand,
-        &text,
-        &d.join("m"),
+    let (cand, text, card, written) = kv_card(
+        d,
+        4000,
         "100",
         &["--kv-cache", "fp8_e4m3+computed"],
-    );
-    assert_eq!(r.code, 0, "{}", r.stderr);
-    let (card, written) = card_from(
-        &d.join("m/measurement.json"),
-        &cand,
         "example/shakespeare-bf16-kv-fp8",
     );
     assert!(written.contains("scale_source: computed"), "{written}");
