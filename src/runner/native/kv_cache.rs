@@ -1184,16 +1184,20 @@ mod tests {
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
     }
 
+    /// A fixture's list of 32-value blocks.
+    fn fixture_blocks(v: &serde_json::Value) -> Vec<[f32; BLOCK]> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|b| floats(b).try_into().unwrap())
+            .collect()
+    }
+
     /// Every block of a fixture file of llama.cpp blocks: the same bytes (but codes ggml leaves
     /// unset), the same values read back, and `apply` the same as encode-then-decode.
     fn check_llamacpp_blocks(file: &str, types_expected: usize) {
         let doc = fixture(file);
-        let blocks: Vec<[f32; BLOCK]> = doc["blocks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|b| floats(b).try_into().unwrap())
-            .collect();
+        let blocks = fixture_blocks(&doc["blocks"]);
         assert!(blocks.len() >= 50);
         let types = doc["types"].as_object().unwrap();
         assert_eq!(types.len(), types_expected);
@@ -1258,12 +1262,7 @@ mod tests {
     fn exl3_groups_match_exllamav3s_kernels_bit_for_bit() {
         assert_eq!(EXL3_R32, (1.0f64 / 32f64.sqrt()) as f32);
         let doc = fixture("exl3.json");
-        let groups: Vec<[f32; BLOCK]> = doc["groups"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|b| floats(b).try_into().unwrap())
-            .collect();
+        let groups = fixture_blocks(&doc["groups"]);
         assert!(groups.len() >= 60);
         let bits = doc["bits"].as_object().unwrap();
         assert_eq!(bits.len(), 7);
