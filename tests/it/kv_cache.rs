@@ -687,6 +687,11 @@ fn kv_cache_flags_and_sweeps_that_cannot_run_are_refused_with_the_list() {
             &["--kv-cache-k", "iq4_xs"][..],
             "--kv-cache-k: `iq4_xs` is a ggml weight type, not one llama.cpp accepts for its KV cache",
         ),
+        // Refused from the flags alone, before any runner starts (the transformers one too).
+        (
+            &["--runner", "transformers", "--kv-cache", "exl3_q4+hadamard"][..],
+            "llama.cpp's Hadamard rotation goes with its own cache types (q8_0, q4_0, ...), not with exl3_q4",
+        ),
         (
             &["--kv-cache", "q4_0+rotated"][..],
             "`q4_0+rotated` is not a KV-cache setting: the suffixes are +hadamard",

@@ -604,7 +604,33 @@ impl KvCacheSetting {
     }
 
     /// Itself, or an error where it computes scales and neither side takes a per-tensor one.
+    /// Where the setting asks for llama.cpp's rotation, that K or V is one of llama.cpp's
+    /// quantized types and neither side is another engine's.
+    fn check_rotation_schemes(self) -> Result<(), String> {
+        if !self.hadamard {
+            return Ok(());
+        }
+        if let Some(s) = [self.k, self.v]
+            .into_iter()
+            .find(|s| s.is_quantized() && !s.is_blocked())
+        {
+            return Err(format!(
+                "llama.cpp's Hadamard rotation goes with its own cache types (q8_0, q4_0, ...), not with {s}"
+            ));
+        }
+        if !self.k.is_blocked() && !self.v.is_blocked() {
+            return Err(
+                "llama.cpp's Hadamard rotation applies only to a quantized cache; neither K nor V is one".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The setting, if its parts go together without a model to look at (scale source and
+    /// semantics, rotation and schemes): what flags, sweeps and cards are checked with before a
+    /// runner starts.
     pub fn checked_scales(self) -> Result<KvCacheSetting, String> {
+        self.check_rotation_schemes()?;
         if self.computed_scales && !(self.k.takes_tensor_scale() || self.v.takes_tensor_scale()) {
             return Err(format!(
                 "computed scales (vLLM's calculate_kv_scales) belong to the per-tensor fp8 caches (fp8_e4m3, fp8_e5m2), and this cache is {}",
@@ -643,19 +669,7 @@ impl KvCacheSetting {
         if !self.hadamard {
             return Ok((None, None));
         }
-        if let Some(s) = [self.k, self.v]
-            .into_iter()
-            .find(|s| s.is_quantized() && !s.is_blocked())
-        {
-            return Err(format!(
-                "llama.cpp's Hadamard rotation goes with its own cache types (q8_0, q4_0, ...), not with {s}"
-            ));
-        }
-        if !self.k.is_blocked() && !self.v.is_blocked() {
-            return Err(
-                "llama.cpp's Hadamard rotation applies only to a quantized cache; neither K nor V is one".into(),
-            );
-        }
+        self.check_rotation_schemes()?;
         let Some((k, v)) = rotation_sizes(head_dim) else {
             return Err(format!(
                 "llama.cpp rotates only heads whose size is a multiple of 64, and this model's is {head_dim}: llama.cpp runs it unrotated, so drop the rotation"
