@@ -3,8 +3,13 @@
 of conversations.json as transformers renders it (`render_jinja_template`, the function under
 `apply_chat_template`), with `strftime_now` on a fixed clock, and writes one JSON document:
 
-    {"clock": seconds, "renders": [{"template": name, "case": name, "text": str} or
-                                    {"template": name, "case": name, "error": str}, ...]}
+    {"clock": seconds, "special": {...}, "renders": [
+        {"template": name, "case": name, "text": str, "ids": [int, ...]} or
+        {"template": name, "case": name, "error": str}, ...]}
+
+`ids` are what `apply_chat_template(..., tokenize=True)` returns with the corpus tokenizer
+(tests/fixtures/chat_templates/tokenizer.json, made by make_tokenizer.py): the rendered text
+tokenized with its special tokens parsed as control tokens and no special tokens added.
 
 Run by the CI test `transformers::torch::chat_templates_render_as_transformers_renders_them`,
 which renders the same with cardproof and compares the bytes:
@@ -17,6 +22,7 @@ import json
 import os
 import sys
 
+from transformers import PreTrainedTokenizerFast
 from transformers.utils import chat_template_utils as ctu
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -33,6 +39,7 @@ def main():
     with open(os.path.join(FIXTURES, "conversations.json")) as f:
         doc = json.load(f)
     names = sorted(n for n in os.listdir(os.path.join(FIXTURES, "templates")) if n.endswith(".jinja"))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=os.path.join(FIXTURES, "tokenizer.json"), **SPECIAL)
     renders = []
     for name in names:
         with open(os.path.join(FIXTURES, "templates", name), encoding="utf-8") as f:
@@ -50,6 +57,20 @@ def main():
                     **SPECIAL,
                     **case["kwargs"],
                 )[0][0]
+                ids = tokenizer.apply_chat_template(
+                    case["messages"],
+                    tools=doc["tools"] if case.get("tools") else None,
+                    chat_template=source,
+                    add_generation_prompt=case["add_generation_prompt"],
+                    tokenize=True,
+                    return_dict=False,
+                    **case["kwargs"],
+                )
+                if ids and isinstance(ids[0], list):
+                    ids = ids[0]
+                if tokenizer.decode(ids) != entry["text"]:
+                    raise AssertionError("apply_chat_template's ids do not decode to its text")
+                entry["ids"] = list(ids)
             except Exception as e:  # noqa: BLE001 - a template's own error is a result here
                 entry["error"] = f"{type(e).__name__}: {e}"
             renders.append(entry)

@@ -2,8 +2,10 @@
 //! renders them ([`template`]), from the context [`template_context`] builds as transformers'
 //! `render_jinja_template` builds it.
 
+pub mod eval;
 pub mod file;
 pub mod source;
+pub mod spans;
 pub mod template;
 
 use serde_json::{Map, Value};

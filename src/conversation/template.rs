@@ -231,7 +231,9 @@ fn python_string(s: &str, options: &JsonOptions, out: &mut String) {
             '\u{8}' => out.push_str("\\b"),
             '\u{c}' => out.push_str("\\f"),
             c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c if options.ensure_ascii && (c as u32) > 0x7e => {
+            // cardproof's field markers stay raw: they are never in a render it keeps, and a
+            // marked render must strip back to the plain one.
+            c if options.ensure_ascii && (c as u32) > 0x7e && !super::spans::is_marker(c) => {
                 let mut units = [0u16; 2];
                 for unit in c.encode_utf16(&mut units) {
                     out.push_str(&format!("\\u{unit:04x}"));

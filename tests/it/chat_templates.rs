@@ -5,7 +5,9 @@
 
 use std::path::Path;
 
-use cardproof::conversation::render;
+use cardproof::conversation::eval::{TokenizerContext, render_one};
+use cardproof::conversation::file::Conversation;
+use cardproof::conversation::spans::{Segment, TurnMarkers};
 use cardproof::conversation::template::ChatTemplate;
 
 use crate::support::*;
@@ -21,6 +23,7 @@ pub fn mismatches(expected: &Path) -> Corpus {
     )
     .unwrap();
     let clock = doc["clock"].as_i64().unwrap();
+    let tokenizer = corpus_tokenizer();
     let special = doc["special"].as_object().unwrap();
     let renders = doc["renders"].as_array().unwrap();
     let mut bad = Vec::new();
@@ -35,17 +38,27 @@ pub fn mismatches(expected: &Path) -> Corpus {
             .find(|c| c["name"] == case_name)
             .unwrap();
         let source = std::fs::read_to_string(fixtures.join("templates").join(name)).unwrap();
-        let conversation = cardproof::conversation::file::Conversation {
-            messages: case["messages"].as_array().unwrap().clone(),
-            tools: (case["tools"] == true).then(|| conversations["tools"].clone()),
-            add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
-            kwargs: case["kwargs"].as_object().unwrap().clone(),
+        let conversation = case_conversation(&conversations, case);
+        let context = TokenizerContext {
+            special: special.clone(),
+            markers: markers(),
         };
-        let ours =
-            ChatTemplate::new(&source, clock).and_then(|t| render(&t, &conversation, special));
+        let ours = ChatTemplate::new(&source, clock)
+            .and_then(|t| render_one(&t, &conversation, &tokenizer, &context));
+        let ours = ours.map(|(labelled, ids, _)| (labelled.text, ids));
         match (r.get("text").and_then(|t| t.as_str()), ours) {
-            (Some(want), Ok(got)) if want == got => {}
-            (Some(want), Ok(got)) => {
+            (Some(want), Ok((got, ids))) if want == got => {
+                let want_ids: Vec<u32> = serde_json::from_value(r["ids"].clone()).unwrap();
+                if ids != want_ids {
+                    let at = ids.iter().zip(&want_ids).position(|(a, b)| a != b);
+                    bad.push(format!(
+                        "{name} / {case_name}: same text, other token ids (first difference at {at:?}: transformers {:?}, cardproof {:?})",
+                        at.map(|i| want_ids.get(i)),
+                        at.map(|i| ids.get(i))
+                    ));
+                }
+            }
+            (Some(want), Ok((got, _))) => {
                 let at = want
                     .bytes()
                     .zip(got.bytes())
@@ -105,4 +118,138 @@ pub struct Corpus {
     /// Renders where transformers raised on None iteration or a generator and cardproof did not.
     pub lenient: usize,
     pub bad: Vec<String>,
+}
+
+/// The corpus tokenizer (make_tokenizer.py): the examples' BPE plus the corpus's control tokens.
+pub fn corpus_tokenizer() -> tokenizers::Tokenizer {
+    tokenizers::Tokenizer::from_file(
+        repo_root().join("tests/fixtures/chat_templates/tokenizer.json"),
+    )
+    .unwrap()
+}
+
+/// The corpus's turn markers (make_tokenizer.py's markers.json).
+pub fn markers() -> TurnMarkers {
+    let m: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("tests/fixtures/chat_templates/markers.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let list = |k: &str| serde_json::from_value(m[k].clone()).unwrap();
+    TurnMarkers {
+        stops: list("stops"),
+        specials: list("specials"),
+    }
+}
+
+/// One case of conversations.json as a conversation.
+pub fn case_conversation(
+    conversations: &serde_json::Value,
+    case: &serde_json::Value,
+) -> Conversation {
+    Conversation {
+        messages: case["messages"].as_array().unwrap().clone(),
+        tools: (case["tools"] == true).then(|| conversations["tools"].clone()),
+        add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
+        kwargs: case["kwargs"].as_object().unwrap().clone(),
+    }
+}
+
+/// Every corpus template labels every conversation it renders, or names the message and field
+/// it cannot place; where it labels, the labels say what the conversation holds: each message's
+/// text lies in its own content (or tool result, or reasoning) ranges, and every tool call's
+/// function name in a tool-call range of its message.
+#[test]
+fn every_corpus_render_is_labelled_from_the_rendering() {
+    let fixtures = repo_root().join("tests/fixtures/chat_templates");
+    let conversations: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures.join("conversations.json")).unwrap(),
+    )
+    .unwrap();
+    let mut names: Vec<String> = std::fs::read_dir(fixtures.join("templates"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    let special: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_value(serde_json::json!({"bos_token": "<s>", "eos_token": "</s>"}))
+            .unwrap();
+    let context = TokenizerContext {
+        special: special.clone(),
+        markers: markers(),
+    };
+    let (mut labelled, mut refused, mut wrong) = (0, Vec::new(), Vec::new());
+    for name in &names {
+        let source = std::fs::read_to_string(fixtures.join("templates").join(name)).unwrap();
+        let Ok(template) = ChatTemplate::new(&source, 0) else {
+            continue;
+        };
+        for case in conversations["cases"].as_array().unwrap() {
+            let c = case_conversation(&conversations, case);
+            if cardproof::conversation::render(&template, &c, &special).is_err() {
+                continue;
+            }
+            let l = match cardproof::conversation::spans::label(
+                &template,
+                &c,
+                &special,
+                &context.markers,
+            ) {
+                Ok(l) => l,
+                Err(e) => {
+                    refused.push(format!("{name} / {}: {e}", case["name"]));
+                    continue;
+                }
+            };
+            labelled += 1;
+            let text_of = |k: u32, segment: Segment| -> String {
+                l.ranges
+                    .iter()
+                    .filter(|r| r.message == Some(k) && r.segment == segment)
+                    .map(|r| &l.text[r.start..r.end])
+                    .collect()
+            };
+            let owned = |k: u32| -> String {
+                l.ranges
+                    .iter()
+                    .filter(|r| r.message == Some(k))
+                    .map(|r| &l.text[r.start..r.end])
+                    .collect()
+            };
+            for (k, m) in c.messages.iter().enumerate() {
+                let k = k as u32;
+                if let Some(content) = m["content"]
+                    .as_str()
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                {
+                    let segment = if m["role"] == "tool" {
+                        Segment::ToolResult
+                    } else {
+                        Segment::Content
+                    };
+                    let got = text_of(k, segment);
+                    // A template may leave a message out (earlier reasoning, a system prompt
+                    // folded elsewhere); what it writes must be the message's own text.
+                    if l.text.contains(content) && !got.contains(content) {
+                        wrong.push(format!("{name} / {}: message {k}'s text is not in its {segment:?} ranges ({got:?})", case["name"]));
+                    }
+                }
+                for call in m["tool_calls"].as_array().into_iter().flatten() {
+                    let function = call["function"]["name"].as_str().unwrap();
+                    // Templates that write no call, or only the first, are fine; a call written
+                    // in the message's turn must be in its tool-call ranges.
+                    if owned(k).contains(function)
+                        && !text_of(k, Segment::ToolCall).contains(function)
+                    {
+                        wrong.push(format!("{name} / {}: message {k}'s call of {function} is not in its tool-call ranges", case["name"]));
+                    }
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+
+    assert!(labelled >= 329, "{labelled} labelled");
+    assert!(refused.is_empty(), "refused: {refused:?}");
 }

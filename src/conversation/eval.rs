@@ -1,0 +1,309 @@
+//! A conversation file as an eval text: every conversation rendered with the chat template as
+//! transformers renders it, labelled ([`super::spans`]), tokenized as `apply_chat_template(...,
+//! tokenize=True)` tokenizes it (special tokens in the text parsed as control tokens, none
+//! added), and the token streams concatenated in file order, each token carrying its
+//! [`TokenLabel`].
+//!
+//! What a card discloses of it is the [`ConversationRecord`]: the file's digest, the template's
+//! source and digest, the kwargs, the clock `strftime_now` read, the rendered text's digest, and
+//! how many tokens each segment and role holds.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use super::file::{self, Conversation};
+use super::source::TemplateSource;
+use super::spans::{self, Labelled, Role, Segment, TurnMarkers};
+use super::template::ChatTemplate;
+use crate::checkpoint::hash::hex;
+use crate::error::{Error, Result};
+
+/// The clock `strftime_now` reads unless a run names another: 2026-01-01 00:00:00 UTC. A render
+/// must not depend on the day it runs, so the date is an input, recorded with the render.
+pub const DEFAULT_CLOCK: i64 = 1_767_225_600;
+
+/// What one token of a conversation eval text is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenLabel {
+    /// The conversation (index in the file).
+    pub conversation: u32,
+    /// The message (index in its conversation); `None` for the generation prompt.
+    pub message: Option<u32>,
+    pub role: Option<Role>,
+    pub segment: Segment,
+}
+
+/// Where the template was taken from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TemplateFrom {
+    /// The reference model's directory (`chat_template.jinja` or `tokenizer_config.json`).
+    Reference,
+    /// The candidate's: quant repositories sometimes ship a patched template.
+    Candidate,
+    /// A file named with `--chat-template`.
+    File,
+}
+
+impl TemplateFrom {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TemplateFrom::Reference => "reference",
+            TemplateFrom::Candidate => "candidate",
+            TemplateFrom::File => "file",
+        }
+    }
+}
+
+/// The template a conversation eval text was rendered with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct TemplateRecord {
+    pub from: TemplateFrom,
+    /// The file it was read from, as given.
+    pub path: String,
+    /// The name within a `tokenizer_config.json` list of templates, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// SHA-256 of the template's text.
+    pub sha256: String,
+}
+
+/// How a conversation eval text was rendered and what it holds: what a card discloses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct ConversationRecord {
+    pub conversations: usize,
+    pub messages: usize,
+    pub template: TemplateRecord,
+    /// Each distinct set of template kwargs the conversations carry (`enable_thinking`, ...),
+    /// in file order.
+    pub kwargs: Vec<Map<String, Value>>,
+    /// Seconds since the epoch (UTC) that `strftime_now` read.
+    pub clock: i64,
+    /// The renderer and the semantics it follows.
+    pub renderer: String,
+    /// SHA-256 of the rendered text, every conversation's render concatenated in file order.
+    pub rendered_sha256: String,
+    /// Tokens per segment (`content`, `reasoning`, `tool_call`, `tool_result`, `scaffolding`).
+    pub segment_tokens: BTreeMap<String, usize>,
+    /// Tokens per role (`none`: the generation prompt).
+    pub role_tokens: BTreeMap<String, usize>,
+}
+
+/// A conversation file tokenized, with each token's label.
+#[derive(Debug, Clone)]
+pub struct Rendered {
+    pub ids: Vec<u32>,
+    pub labels: Vec<TokenLabel>,
+    pub record: ConversationRecord,
+}
+
+/// What rendering needs from the tokenizer's directory: the special tokens a template sees, and
+/// the tokens that end turns.
+#[derive(Debug, Clone, Default)]
+pub struct TokenizerContext {
+    /// `bos_token`, `eos_token`, ... as transformers hands them to every template.
+    pub special: Map<String, Value>,
+    pub markers: TurnMarkers,
+}
+
+impl TokenizerContext {
+    /// From the directory holding `tokenizer.json`: `tokenizer_config.json` (special tokens,
+    /// `eos_token`) and `generation_config.json` (`eos_token_id`, an id or a list), and the
+    /// tokenizer's added tokens marked special.
+    pub fn read(dir: &Path, tokenizer: &tokenizers::Tokenizer) -> Result<TokenizerContext> {
+        let config = crate::files::read_config_if_present(&dir.join("tokenizer_config.json"))?
+            .unwrap_or(Value::Null);
+        let special = super::special_tokens(&config);
+        let mut stops: Vec<String> = Vec::new();
+        if let Some(Value::String(eos)) = special.get("eos_token") {
+            stops.push(eos.clone());
+        }
+        let generation = dir.join("generation_config.json");
+        if let Some(g) = crate::files::read_config_if_present(&generation)? {
+            let ids: Vec<&Value> = match &g["eos_token_id"] {
+                Value::Array(list) => list.iter().collect(),
+                Value::Null => Vec::new(),
+                one => vec![one],
+            };
+            for id in ids {
+                let token = id
+                    .as_u64()
+                    .and_then(|i| u32::try_from(i).ok())
+                    .and_then(|i| tokenizer.id_to_token(i))
+                    .ok_or_else(|| {
+                        Error::format(
+                            &generation,
+                            Some("eos_token_id"),
+                            format!("{id} is not a token id of the tokenizer"),
+                        )
+                    })?;
+                stops.push(token);
+            }
+        }
+        stops.sort();
+        stops.dedup();
+        let mut specials: Vec<String> = tokenizer
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|t| t.special && !stops.contains(&t.content))
+            .map(|t| t.content)
+            .collect();
+        specials.sort();
+        Ok(TokenizerContext {
+            special,
+            markers: TurnMarkers { stops, specials },
+        })
+    }
+}
+
+/// Every conversation of `path` rendered with `template`, labelled and tokenized with
+/// `tokenizer`.
+pub fn render_file(
+    path: &Path,
+    template: &TemplateSource,
+    from: TemplateFrom,
+    tokenizer: &tokenizers::Tokenizer,
+    context: &TokenizerContext,
+    clock: i64,
+) -> Result<Rendered> {
+    let conversations = file::read(path)?;
+    let compiled = ChatTemplate::new(&template.text, clock)
+        .map_err(|e| Error::format(&template.file, template.name.as_deref(), e))?;
+    let mut ids = Vec::new();
+    let mut labels = Vec::new();
+    let mut rendered = Sha256::new();
+    let mut kwargs: Vec<Map<String, Value>> = Vec::new();
+    for (i, c) in conversations.iter().enumerate() {
+        let at = format!("conversation {}", i + 1);
+        let labelled = spans::label(&compiled, c, &context.special, &context.markers)
+            .map_err(|why| Error::format(path, Some(&at), why))?;
+        rendered.update(labelled.text.as_bytes());
+        let encoding = tokenizer
+            .encode(labelled.text.as_str(), false)
+            .map_err(|e| {
+                Error::tokenizer(
+                    path,
+                    Some(&at),
+                    format!("tokenizing its render failed: {e}"),
+                )
+            })?;
+        labels.extend(label_tokens(&labelled, encoding.get_offsets(), i as u32));
+        ids.extend_from_slice(encoding.get_ids());
+        if !kwargs.contains(&c.kwargs) {
+            kwargs.push(c.kwargs.clone());
+        }
+    }
+    let mut segment_tokens = BTreeMap::new();
+    let mut role_tokens = BTreeMap::new();
+    for l in &labels {
+        *segment_tokens
+            .entry(l.segment.as_str().to_owned())
+            .or_insert(0) += 1;
+        *role_tokens
+            .entry(l.role.map_or("none", Role::as_str).to_owned())
+            .or_insert(0) += 1;
+    }
+    let record = ConversationRecord {
+        conversations: conversations.len(),
+        messages: conversations.iter().map(|c| c.messages.len()).sum(),
+        template: TemplateRecord {
+            from,
+            path: template.file.display().to_string(),
+            name: template.name.clone(),
+            sha256: template.sha256.clone(),
+        },
+        kwargs,
+        clock,
+        renderer: renderer(),
+        rendered_sha256: hex(&rendered.finalize()),
+        segment_tokens,
+        role_tokens,
+    };
+    Ok(Rendered {
+        ids,
+        labels,
+        record,
+    })
+}
+
+/// The renderer's name and the semantics it follows, recorded with every render.
+pub fn renderer() -> String {
+    format!(
+        "cardproof {} (minijinja 3, transformers apply_chat_template semantics)",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// Each token's label: the message and segment holding most of its bytes (ties: the earlier);
+/// a token with no bytes (offsets empty) takes the label at its start.
+pub fn label_tokens(
+    labelled: &Labelled,
+    offsets: &[(usize, usize)],
+    conversation: u32,
+) -> Vec<TokenLabel> {
+    let ranges = &labelled.ranges;
+    let mut first = 0usize;
+    offsets
+        .iter()
+        .map(|&(start, end)| {
+            while first + 1 < ranges.len() && ranges[first].end <= start {
+                first += 1;
+            }
+            let mut best: Option<(usize, &spans::Range)> = None;
+            for r in ranges[first..]
+                .iter()
+                .take_while(|r| r.start < end.max(start + 1))
+            {
+                let overlap = r.end.min(end.max(start + 1)) - r.start.max(start);
+                if best.is_none_or(|(b, _)| overlap > b) {
+                    best = Some((overlap, r));
+                }
+            }
+            let r = best.map_or_else(
+                || {
+                    ranges.last().copied().unwrap_or(spans::Range {
+                        start: 0,
+                        end: 0,
+                        message: None,
+                        segment: Segment::Scaffolding,
+                    })
+                },
+                |(_, r)| *r,
+            );
+            TokenLabel {
+                conversation,
+                message: r.message,
+                role: r.message.map(|m| labelled.roles[m as usize]),
+                segment: r.segment,
+            }
+        })
+        .collect()
+}
+
+/// Whether an eval text is a conversation file: `.json` and `.jsonl` are, anything else is
+/// plain text.
+pub fn is_conversation_file(path: &Path) -> bool {
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("json" | "jsonl")
+    )
+}
+
+/// `conversation`'s render and its ids with `tokenizer`, for checks against transformers.
+pub fn render_one(
+    template: &ChatTemplate,
+    conversation: &Conversation,
+    tokenizer: &tokenizers::Tokenizer,
+    context: &TokenizerContext,
+) -> std::result::Result<(Labelled, Vec<u32>, Vec<TokenLabel>), String> {
+    let labelled = spans::label(template, conversation, &context.special, &context.markers)?;
+    let encoding = tokenizer
+        .encode(labelled.text.as_str(), false)
+        .map_err(|e| e.to_string())?;
+    let labels = label_tokens(&labelled, encoding.get_offsets(), 0);
+    Ok((labelled, encoding.get_ids().to_vec(), labels))
+}
