@@ -99,11 +99,27 @@ def read_request(path):
             require(key in run, f"runs[{i}] has no {key!r}")
         length = run["context_length"]
         require(isinstance(length, int) and length >= 2, f"runs[{i}].context_length must be >= 2")
-        rows = run["rows"]
-        require(
-            all(isinstance(r, int) and 0 <= r <= length - 2 for r in rows) and rows == sorted(set(rows)) and rows,
-            f"runs[{i}].rows must be increasing row indices in 0..={length - 2}",
-        )
+        n_windows = run["n_windows"]
+        require(isinstance(n_windows, int) and n_windows >= 1, f"runs[{i}].n_windows must be >= 1")
+        per_window = run.get("window_rows")
+        if per_window is None:
+            # One list of rows shared by every window.
+            per_window = [run["rows"]] * n_windows
+            require(run["rows"], f"runs[{i}].rows must not be empty")
+        else:
+            require(
+                isinstance(per_window, list) and len(per_window) == n_windows and not run["rows"],
+                f"runs[{i}].window_rows must hold one list per window (and rows be empty)",
+            )
+            require(any(per_window), f"runs[{i}].window_rows selects no row")
+        for w, rows in enumerate(per_window):
+            require(
+                isinstance(rows, list)
+                and all(isinstance(r, int) and 0 <= r <= length - 2 for r in rows)
+                and rows == sorted(set(rows)),
+                f"runs[{i}] window {w}: rows must be increasing row indices in 0..={length - 2}",
+            )
+        run["window_rows"] = per_window
     return req
 
 
@@ -1033,7 +1049,7 @@ def plan_memory(torch, req, cfg, weights, dtype_size, chunk, free):
     inter = cfg.get("intermediate_size", 4 * hidden)
     vocab_width = cfg.get("vocab_size", req["vocab_size"])
     longest = max(r["context_length"] for r in req["runs"])
-    most_rows = max(len(r["rows"]) for r in req["runs"])
+    most_rows = max(len(rows) for r in req["runs"] for rows in r["window_rows"])
     chunk = min(chunk, longest)
     eager = any(m.get("attn_implementation") == "eager" for m in req["models"].values())
     whole = chunk >= longest
@@ -1412,6 +1428,7 @@ def run(req):
 
     gates = None
     done = 0
+    dumped = False
     results = []
     if mode == "side_by_side":
         ref_model = load(specs["reference"], "reference")
@@ -1419,15 +1436,23 @@ def run(req):
             linear_attention["candidate"] = linear_attention["reference"]
         cand_model = ref_model if shared else load(specs["candidate"], "candidate")
         for ri, (r, windows) in enumerate(runs):
-            keep = torch.tensor(r["rows"], dtype=torch.long)
             recs = []
             for w, ids in enumerate(windows):
-                targets = next_tokens(torch, ids, r["rows"], vocab)
+                rows = r["window_rows"][w]
+                if not rows:
+                    # No token of this window is scored: nothing to run.
+                    recs.append(None)
+                    done += 1
+                    progress("measuring", done, total_windows)
+                    continue
+                keep = torch.tensor(rows, dtype=torch.long)
+                targets = next_tokens(torch, ids, rows, vocab)
                 h_ref = hidden_of(ref_model, specs["reference"], ids, keep)
                 h_cand = hidden_of(cand_model, specs["candidate"], ids, keep)
                 recs.append(records_of(ref_model, h_ref, cand_model, h_cand, targets))
-                if dump and ri == 0 and w == 0:
-                    dump_logits(ref_model, h_ref, cand_model, h_cand, targets, r["rows"])
+                if dump and not dumped:
+                    dumped = True
+                    dump_logits(ref_model, h_ref, cand_model, h_cand, targets, rows)
                 if req.get("gates") and gates is None:
                     gates = run_gates(torch, timings, hidden_of, records_of, ref_model, cand_model, specs, ids, keep, targets, h_ref, h_cand)
                 del h_ref, h_cand
@@ -1443,7 +1468,7 @@ def run(req):
         ref_model = load(specs["reference"], "reference")
         ref_record = model_record(ref_model, specs["reference"])
         kept = []
-        all_rows = sum(len(r["rows"]) * r["n_windows"] for r in req["runs"])
+        all_rows = sum(len(rows) for r in req["runs"] for rows in r["window_rows"])
         kept_bytes = all_rows * cfg.get("hidden_size", 0) * dtype_size
         where = req.get("keep_hidden") or "auto"
         if where == "auto":
@@ -1475,12 +1500,18 @@ def run(req):
             return x
 
         for ri, (r, windows) in enumerate(runs):
-            keep = torch.tensor(r["rows"], dtype=torch.long)
             hs = []
             for w, ids in enumerate(windows):
+                rows = r["window_rows"][w]
+                if not rows:
+                    hs.append(None)
+                    done += 1
+                    progress("measuring reference", done, 2 * total_windows)
+                    continue
+                keep = torch.tensor(rows, dtype=torch.long)
                 h = hidden_of(ref_model, specs["reference"], ids, keep)
                 if req.get("gates") and gates is None:
-                    targets = next_tokens(torch, ids, r["rows"], vocab)
+                    targets = next_tokens(torch, ids, rows, vocab)
                     gates = gate_self(torch, timings, hidden_of, records_of, ref_model, specs, ids, keep, targets, h)
                 hs.append(stash(h, ri, w))
                 del h
@@ -1503,15 +1534,23 @@ def run(req):
                 return ref_head
 
         cand_model = load(specs["candidate"], "candidate")
+        shifted = False
         for ri, (r, windows) in enumerate(runs):
-            keep = torch.tensor(r["rows"], dtype=torch.long)
             recs = []
             for w, ids in enumerate(windows):
-                targets = next_tokens(torch, ids, r["rows"], vocab)
+                rows = r["window_rows"][w]
+                if not rows:
+                    recs.append(None)
+                    done += 1
+                    progress("measuring candidate", done, 2 * total_windows)
+                    continue
+                keep = torch.tensor(rows, dtype=torch.long)
+                targets = next_tokens(torch, ids, rows, vocab)
                 h_ref = unstash(kept[ri][w]).to(ref_head.weight.device)
                 h_cand = hidden_of(cand_model, specs["candidate"], ids, keep)
                 recs.append(records_of(HeadOnly, h_ref, cand_model, h_cand, targets))
-                if req.get("gates") and ri == 0 and w == 0:
+                if req.get("gates") and not shifted:
+                    shifted = True
                     gates["shift_forward_mean"] = gate_shift(torch, timings, records_of, HeadOnly, h_ref, cand_model, h_cand, targets)
                 kept[ri][w] = None
                 done += 1
@@ -1521,14 +1560,17 @@ def run(req):
     os.makedirs(req["result_dir"], exist_ok=True)
     files = []
     for ri, ((r, windows), recs) in enumerate(zip(runs, results)):
-        n_rows = len(r["rows"])
-        tensors = {k: torch.cat([x[k] for x in recs]).contiguous() for k in recs[0]}
-        tensors["window"] = torch.arange(len(windows), dtype=torch.int32).repeat_interleave(n_rows)
-        tensors["position"] = torch.tensor(r["rows"], dtype=torch.int64).repeat(len(windows))
+        per_window = r["window_rows"]
+        n_rows = sum(len(rows) for rows in per_window)
+        ran = [x for x in recs if x is not None]
+        tensors = {k: torch.cat([x[k] for x in ran]).contiguous() for k in ran[0]}
+        counts = torch.tensor([len(rows) for rows in per_window], dtype=torch.long)
+        tensors["window"] = torch.arange(len(windows), dtype=torch.int32).repeat_interleave(counts)
+        tensors["position"] = torch.tensor([j for rows in per_window for j in rows], dtype=torch.int64)
         path = os.path.join(req["result_dir"], f"run{ri}.safetensors")
-        save_file(tensors, path + ".tmp", metadata={"context_length": str(r["context_length"]), "rows": str(len(windows) * n_rows)})
+        save_file(tensors, path + ".tmp", metadata={"context_length": str(r["context_length"]), "rows": str(n_rows)})
         os.replace(path + ".tmp", path)
-        files.append({"context_length": r["context_length"], "path": path, "rows": len(windows) * n_rows})
+        files.append({"context_length": r["context_length"], "path": path, "rows": n_rows})
     timings["total"] = time.perf_counter() - t0
     if mode == "side_by_side":
         ref_record = model_record(ref_model, specs["reference"])

@@ -543,9 +543,8 @@ mod tests {
 
         // An option out of range: a context length no window fits in.
         let stream = crate::runner::tokens::TokenStream {
-            ids: vec![1, 2, 3],
-            text_sha256: String::new(),
             text_bytes: 3,
+            ..crate::runner::tokens::TokenStream::of_ids(vec![1, 2, 3], String::new())
         };
         let e = crate::runner::tokens::windows(
             &stream,

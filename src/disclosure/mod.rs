@@ -371,6 +371,16 @@ pub struct Positions {
     /// For `from`: score rows j >= from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<u64>,
+    /// For `role` (conversation eval texts): score rows predicting a token of this role's
+    /// messages (`system`, `developer`, `user`, `assistant`, `tool`, `other`); with `stride`
+    /// and `offset`, only those rows with j mod stride = offset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<crate::kld::protocol::Role>,
+    /// For `span` (conversation eval texts): score rows predicting a token of this segment
+    /// (`content`, `reasoning`, `tool_call`, `tool_result`, `scaffolding`); with `stride` and
+    /// `offset`, only those rows with j mod stride = offset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span: Option<crate::kld::protocol::Segment>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
@@ -384,6 +394,11 @@ pub enum PositionPolicy {
     SecondHalf,
     /// Rows j >= from.
     From,
+    /// Rows predicting a token of one role's messages (conversation eval texts).
+    Role,
+    /// Rows predicting a token of one segment: content, reasoning, tool calls, tool results,
+    /// template scaffolding (conversation eval texts).
+    Span,
 }
 
 /// KL direction and units (disclosure item `kl_direction`).

@@ -64,6 +64,126 @@ pub enum VocabMode {
     },
 }
 
+/// What a token of a rendered conversation is.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Segment {
+    /// A message's content (not a tool message's).
+    Content,
+    /// A message's reasoning (`reasoning_content`, `thinking`, `reasoning`).
+    Reasoning,
+    /// A tool call as the template writes it: markup, function name and arguments.
+    ToolCall,
+    /// A tool message's content (the result the model reads).
+    ToolResult,
+    /// Everything else the template writes: role headers, turn markers, tool declarations.
+    Scaffolding,
+}
+
+impl Segment {
+    pub const ALL: [Segment; 5] = [
+        Segment::Content,
+        Segment::Reasoning,
+        Segment::ToolCall,
+        Segment::ToolResult,
+        Segment::Scaffolding,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Segment::Content => "content",
+            Segment::Reasoning => "reasoning",
+            Segment::ToolCall => "tool_call",
+            Segment::ToolResult => "tool_result",
+            Segment::Scaffolding => "scaffolding",
+        }
+    }
+
+    /// The segment a name spells (snake or kebab case).
+    pub fn parse(name: &str) -> Option<Segment> {
+        Segment::ALL
+            .into_iter()
+            .find(|s| s.as_str() == name.replace('-', "_"))
+    }
+}
+
+/// A message's role, as position policies and per-span metrics name it.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    /// `tool`, and Llama 3.1's `ipython` (the role its template gives tool results).
+    Tool,
+    /// Any other role string.
+    Other,
+}
+
+impl Role {
+    pub const ALL: [Role; 6] = [
+        Role::System,
+        Role::Developer,
+        Role::User,
+        Role::Assistant,
+        Role::Tool,
+        Role::Other,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::Developer => "developer",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+            Role::Other => "other",
+        }
+    }
+
+    /// A message's `role` string as a role.
+    pub fn of(role: &str) -> Role {
+        match role {
+            "system" => Role::System,
+            "developer" => Role::Developer,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "tool" | "ipython" => Role::Tool,
+            _ => Role::Other,
+        }
+    }
+
+    /// The role a policy names (`other` only as itself).
+    pub fn parse(name: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+}
+
 /// Which rows of each window are scored. Row j predicts token j+1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "policy", rename_all = "snake_case")]
@@ -78,20 +198,92 @@ pub enum Positions {
     From {
         from: u64,
     },
+    /// Rows whose predicted token belongs to a message of `role` (conversation eval texts),
+    /// and, with a stride, also j mod stride = offset.
+    Role {
+        role: Role,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stride: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        offset: Option<u64>,
+    },
+    /// Rows whose predicted token lies in `span` (conversation eval texts), and, with a
+    /// stride, also j mod stride = offset.
+    Span {
+        span: Segment,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stride: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        offset: Option<u64>,
+    },
 }
 
 impl Positions {
-    /// Whether row j of a window of `len` tokens is scored. The last row (j = len - 1) predicts a
-    /// token outside the window and is never scored.
+    /// Whether row j of a window of `len` tokens is scored, for the policies that look at
+    /// positions only (a role or span policy selects nothing here: see
+    /// [`Positions::selects_token`]). The last row (j = len - 1) predicts a token outside the
+    /// window and is never scored.
     pub fn selects(self, j: u64, len: u64) -> bool {
+        self.selects_token(j, len, None)
+    }
+
+    /// Whether row j of a window of `len` tokens is scored, where `next` is what its predicted
+    /// token (j + 1) is: its message's role (`None` for the generation prompt) and segment.
+    pub fn selects_token(self, j: u64, len: u64, next: Option<(Option<Role>, Segment)>) -> bool {
         if j + 1 >= len {
             return false;
         }
+        // A stride without its offset is refused by `check`; here it selects nothing.
+        let every = |stride: Option<u64>, offset: Option<u64>| match (stride, offset) {
+            (None, None) => true,
+            (Some(s), Some(o)) => s > 0 && j % s == o,
+            _ => false,
+        };
         match self {
             Positions::All => true,
             Positions::Stride { stride, offset } => j % stride == offset,
             Positions::SecondHalf => j >= len / 2,
             Positions::From { from } => j >= from,
+            Positions::Role {
+                role,
+                stride,
+                offset,
+            } => next.is_some_and(|(r, _)| r == Some(role)) && every(stride, offset),
+            Positions::Span {
+                span,
+                stride,
+                offset,
+            } => next.is_some_and(|(_, s)| s == span) && every(stride, offset),
+        }
+    }
+
+    /// Whether the policy needs each token's role and segment (a conversation eval text).
+    pub fn needs_labels(self) -> bool {
+        matches!(self, Positions::Role { .. } | Positions::Span { .. })
+    }
+
+    /// The policy as written on a command line and in text output: `all`, `stride:32:31`,
+    /// `role:assistant`, `span:tool_call+stride:32:31`.
+    pub fn spelling(self) -> String {
+        let every = |stride: Option<u64>, offset: Option<u64>| match (stride, offset) {
+            (Some(s), Some(o)) => format!("+stride:{s}:{o}"),
+            _ => String::new(),
+        };
+        match self {
+            Positions::All => "all".into(),
+            Positions::Stride { stride, offset } => format!("stride:{stride}:{offset}"),
+            Positions::SecondHalf => "second_half".into(),
+            Positions::From { from } => format!("from:{from}"),
+            Positions::Role {
+                role,
+                stride,
+                offset,
+            } => format!("role:{}{}", role.as_str(), every(stride, offset)),
+            Positions::Span {
+                span,
+                stride,
+                offset,
+            } => format!("span:{}{}", span.as_str(), every(stride, offset)),
         }
     }
 }
@@ -99,11 +291,24 @@ impl Positions {
 impl Positions {
     /// Why this policy cannot run: a stride of 0 (no residue exists) or an offset not below it.
     pub fn check(self) -> Result<(), String> {
+        let bad = |stride: u64, offset: u64| {
+            Err(format!(
+                "positions: offset {offset} must be below stride {stride} (and the stride at least 1)"
+            ))
+        };
         match self {
             Positions::Stride { stride, offset } if stride == 0 || offset >= stride => {
-                Err(format!(
-                    "positions: offset {offset} must be below stride {stride} (and the stride at least 1)"
-                ))
+                bad(stride, offset)
+            }
+            Positions::Role { stride, offset, .. } | Positions::Span { stride, offset, .. } => {
+                match (stride, offset) {
+                    (None, None) => Ok(()),
+                    (Some(s), Some(o)) if s > 0 && o < s => Ok(()),
+                    (Some(s), Some(o)) => bad(s, o),
+                    _ => {
+                        Err("positions: a stride needs its offset, and an offset its stride".into())
+                    }
+                }
             }
             _ => Ok(()),
         }

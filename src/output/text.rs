@@ -48,6 +48,31 @@ pub fn describe_protocol(
         Positions::SecondHalf => "second half of each window (llama.cpp)".to_owned(),
         Positions::From { from } => format!("rows j >= {from}"),
         Positions::All => "all rows".to_owned(),
+        Positions::Role { role, .. } => {
+            let every = match positions {
+                Positions::Role {
+                    stride: Some(s),
+                    offset: Some(o),
+                    ..
+                } => format!(" with j mod {s} = {o}"),
+                _ => String::new(),
+            };
+            format!(
+                "rows predicting a token of a {} message{every}",
+                role.as_str()
+            )
+        }
+        Positions::Span { span, .. } => {
+            let every = match positions {
+                Positions::Span {
+                    stride: Some(s),
+                    offset: Some(o),
+                    ..
+                } => format!(" with j mod {s} = {o}"),
+                _ => String::new(),
+            };
+            format!("rows predicting a token of a {} span{every}", span.as_str())
+        }
     };
     (direction, vocab, positions)
 }

@@ -123,6 +123,9 @@ pub struct EvalRecord {
     pub tokens_sha256: String,
     pub token_count: usize,
     pub bos: Bos,
+    /// For a conversation eval text: how it was rendered and what it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<crate::conversation::eval::ConversationRecord>,
 }
 
 /// Where and how the numbers were computed.
@@ -215,6 +218,10 @@ pub struct RunRecord {
     pub bootstrap_block: String,
     #[serde(flatten)]
     pub summary: Summary,
+    /// For a conversation eval text: the rows by segment, by role and inside/outside tool
+    /// calls, each summarized as the run is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spans: Vec<super::spans::SpanSummary>,
 }
 
 /// The ready `fidelity:` block: the disclosure's own types for every section a measurement

@@ -41,7 +41,14 @@ fn load_reference(
     use crate::runner::native;
     stage("tokenizing");
     let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(model))?;
-    let stream = tokens::tokenize(&tokenizer, eval_text)?;
+    // A conversation file renders with the reference's own template.
+    let stream = tokens::tokenize_eval_text(
+        &tokenizer,
+        eval_text,
+        &tokens::ChatTemplateChoice::default(),
+        model,
+        model,
+    )?;
     stage("loading the reference");
     let reference = native::load(
         model,

@@ -724,14 +724,13 @@ pub(super) fn reference_artifact(
             ));
         }
     }
-    let stream = TokenStream {
-        ids: artifact.tokens.clone(),
-        text_sha256: h.eval["text_sha256"]
+    let stream = TokenStream::of_ids(
+        artifact.tokens.clone(),
+        h.eval["text_sha256"]
             .as_str()
             .unwrap_or_default()
             .to_owned(),
-        text_bytes: 0,
-    };
+    );
     stage("loading the candidate");
     let candidate = load_candidate(r, compute, emulate)?;
     let width = candidate.decoder.config.vocab;
@@ -851,11 +850,10 @@ pub(super) fn llamacpp_base(
     use crate::kld::llamacpp::BaseFile;
     stage("reading the base file");
     let base = BaseFile::open(path)?;
-    let stream = TokenStream {
-        ids: base.tokens.iter().map(|&t| t as u32).collect(),
-        text_sha256: String::new(),
-        text_bytes: 0,
-    };
+    let stream = TokenStream::of_ids(
+        base.tokens.iter().map(|&t| t as u32).collect(),
+        String::new(),
+    );
     stage("loading the candidate");
     let candidate = load_candidate(r, compute, emulate)?;
     let width = base.n_vocab as usize;

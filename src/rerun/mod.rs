@@ -22,6 +22,7 @@ pub mod output;
 pub mod preflight;
 pub mod record;
 pub mod score;
+pub mod spans;
 pub mod sweep;
 
 use std::path::Path;
@@ -116,6 +117,8 @@ pub struct Request<'a> {
     pub eval_text: Option<&'a Path>,
     /// A tokenizer to use instead of the reference's.
     pub tokenizer: Option<&'a Path>,
+    /// Where a conversation eval text's chat template comes from (plain text ignores it).
+    pub chat_template: crate::runner::tokens::ChatTemplateChoice,
     pub options: MeasureOptions,
     /// Score every logit entry, padding included (the card says `padding: included`): the
     /// vocabulary size is the models' logit width, known once they are loaded.

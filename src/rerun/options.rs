@@ -66,6 +66,10 @@ pub struct ProtocolFlags {
     pub offset: Option<u64>,
     /// For `--positions from` only.
     pub from: Option<u64>,
+    /// For `--positions role:ROLE` only.
+    pub role: Option<crate::kld::protocol::Role>,
+    /// For `--positions span:SEGMENT` only.
+    pub span: Option<crate::kld::protocol::Segment>,
     pub vocab_size: Option<usize>,
     /// Bootstrap resamples (the level is 0.95).
     pub bootstrap: usize,
@@ -84,6 +88,8 @@ impl Default for ProtocolFlags {
             stride: None,
             offset: None,
             from: None,
+            role: None,
+            span: None,
             vocab_size: None,
             bootstrap: 1000,
             seed: 0,
@@ -175,11 +181,35 @@ impl ProtocolFlags {
             PositionPolicy::From => Positions::From {
                 from: self.from.ok_or("--positions from needs --from N")?,
             },
+            PositionPolicy::Role => Positions::Role {
+                role: self
+                    .role
+                    .ok_or("--positions role needs a role: role:assistant")?,
+                stride: self.stride,
+                offset: self.offset,
+            },
+            PositionPolicy::Span => Positions::Span {
+                span: self
+                    .span
+                    .ok_or("--positions span needs a segment: span:tool_call")?,
+                stride: self.stride,
+                offset: self.offset,
+            },
         };
+        let labelled = matches!(self.positions, PositionPolicy::Role | PositionPolicy::Span);
+        if labelled && self.stride.is_some() != self.offset.is_some() {
+            return Err("--stride and --offset go together (0 <= K < N)".into());
+        }
+        if labelled && let Err(why) = positions.check() {
+            return Err(format!("--offset/--stride: {why}"));
+        }
         if (self.stride.is_some() || self.offset.is_some())
             && self.positions != PositionPolicy::Stride
+            && !labelled
         {
-            return Err("--stride and --offset need --positions stride".into());
+            return Err(
+                "--stride and --offset need --positions stride (or a role: or span: policy)".into(),
+            );
         }
         if self.from.is_some() && self.positions != PositionPolicy::From {
             return Err("--from needs --positions from".into());
@@ -265,6 +295,35 @@ pub fn resolve(
                 None
             }
         },
+        disclosure::PositionPolicy::Role | disclosure::PositionPolicy::Span => {
+            let policy = match (pos.policy, pos.role, pos.span) {
+                (disclosure::PositionPolicy::Role, Some(role), _) => Some(Positions::Role {
+                    role,
+                    stride: pos.stride,
+                    offset: pos.offset,
+                }),
+                (disclosure::PositionPolicy::Span, _, Some(span)) => Some(Positions::Span {
+                    span,
+                    stride: pos.stride,
+                    offset: pos.offset,
+                }),
+                _ => None,
+            };
+            match policy.map(|p| (p, p.check())) {
+                Some((p, Ok(()))) => Some(p),
+                Some((_, Err(why))) => {
+                    missing.push(format!("protocol.{why}"));
+                    None
+                }
+                None => {
+                    missing.push(
+                        "protocol.positions: a role policy needs `role`, a span policy `span`"
+                            .into(),
+                    );
+                    None
+                }
+            }
+        }
     };
     let v = &p.vocab;
     let vocab = match v.mode {
@@ -358,6 +417,7 @@ pub fn resolve(
 /// The ready `fidelity.protocol` block of a measurement run with `o` (the inverse of
 /// [`resolve`]): what a card states so that its numbers can be rerun exactly.
 pub fn disclosed_protocol(o: &MeasureOptions, padding_included: bool) -> disclosure::Protocol {
+    let (mut role, mut span) = (None, None);
     let (policy, stride, offset, from) = match o.positions {
         Positions::All => (disclosure::PositionPolicy::All, None, None, None),
         Positions::Stride { stride, offset } => (
@@ -368,6 +428,22 @@ pub fn disclosed_protocol(o: &MeasureOptions, padding_included: bool) -> disclos
         ),
         Positions::SecondHalf => (disclosure::PositionPolicy::SecondHalf, None, None, None),
         Positions::From { from } => (disclosure::PositionPolicy::From, None, None, Some(from)),
+        Positions::Role {
+            role: r,
+            stride,
+            offset,
+        } => {
+            role = Some(r);
+            (disclosure::PositionPolicy::Role, stride, offset, None)
+        }
+        Positions::Span {
+            span: s,
+            stride,
+            offset,
+        } => {
+            span = Some(s);
+            (disclosure::PositionPolicy::Span, stride, offset, None)
+        }
     };
     // No padding rows at all reads as the default policy, `excluded`.
     let padding = Some(if padding_included {
@@ -413,6 +489,8 @@ pub fn disclosed_protocol(o: &MeasureOptions, padding_included: bool) -> disclos
             stride,
             offset,
             from,
+            role,
+            span,
         },
         kl: disclosure::Kl {
             direction: o.direction,

@@ -29,7 +29,6 @@ use super::artifact::Artifact;
 use super::{Lane, MeasureOptions, Request};
 use crate::checkpoint::hash::{HashOptions, Manifest, hash_path};
 use crate::error::{Error, Result};
-use crate::kld::protocol::Positions;
 use crate::runner::native;
 use crate::runner::tokens::{self, TokenStream, TokenizerFile};
 
@@ -105,6 +104,20 @@ pub fn check(r: &Request, stage: &(dyn Fn(&str) + Sync)) -> Result<Preflight> {
         reference_manifest: None,
         artifact: None,
     };
+    if o.positions.needs_labels()
+        && matches!(
+            r.lane,
+            Lane::ReferenceArtifact { .. } | Lane::LlamacppBase { .. }
+        )
+    {
+        return Err(Error::usage(
+            r.candidate,
+            format!(
+                "--positions {}: a reference artifact or llama.cpp base file holds the same rows of every window and no conversation labels; rerun against the reference model",
+                o.positions.spelling()
+            ),
+        ));
+    }
     match r.lane {
         Lane::Native { reference, .. } | Lane::Transformers { reference, .. } => {
             model_lane(r, &mut pre, reference, stage)?
@@ -125,11 +138,7 @@ pub fn check(r: &Request, stage: &(dyn Fn(&str) + Sync)) -> Result<Preflight> {
                 tokens_sha256: Some(tokens::tokens_sha256(&a.tokens)),
                 token_count: Some(a.tokens.len()),
             };
-            let stream = TokenStream {
-                ids: a.tokens.clone(),
-                text_sha256: String::new(),
-                text_bytes: 0,
-            };
+            let stream = TokenStream::of_ids(a.tokens.clone(), String::new());
             let bos_id = tokens::load_tokenizer(&tokens::tokenizer_path(r.candidate))
                 .ok()
                 .and_then(|t| t.bos_id);
@@ -163,7 +172,8 @@ fn model_lane(
         )
     })?;
     stage("tokenizing");
-    let (tokenizer, stream) = tokenize_eval(reference, r.candidate, r.tokenizer, text)?;
+    let (tokenizer, stream) =
+        tokenize_eval(reference, r.candidate, r.tokenizer, text, &r.chat_template)?;
     for model in [reference, r.candidate] {
         context_lengths(model, &r.options.context_lengths)?;
     }
@@ -195,6 +205,7 @@ pub(super) fn tokenize_eval(
     candidate: &Path,
     tokenizer: Option<&Path>,
     eval_text: &Path,
+    chat_template: &tokens::ChatTemplateChoice,
 ) -> Result<(TokenizerFile, TokenStream)> {
     let tokenizer_path = tokenizer
         .map(Path::to_owned)
@@ -204,7 +215,8 @@ pub(super) fn tokenize_eval(
     if tokenizer.is_none() && candidate_tokenizer.exists() {
         tokens::check_same_tokenizer(&loaded, &tokens::load_tokenizer(&candidate_tokenizer)?)?;
     }
-    let stream = tokens::tokenize(&loaded, eval_text)?;
+    let stream =
+        tokens::tokenize_eval_text(&loaded, eval_text, chat_template, reference, candidate)?;
     Ok((loaded, stream))
 }
 
@@ -275,8 +287,9 @@ fn context_lengths(model: &Path, lengths: &[usize]) -> Result<()> {
     Ok(())
 }
 
-/// The bootstrap blocks each context length gives, as the scoring forms them: one per window, or
-/// runs of scored rows when the text makes a single window.
+/// The bootstrap blocks each context length gives, as the scoring forms them (from the same
+/// plan, [`super::score::plan_runs`]): one per window with a scored row, or runs of scored rows
+/// when the text makes a single window.
 fn bootstrap_blocks(
     file: &Path,
     stream: &TokenStream,
@@ -284,21 +297,33 @@ fn bootstrap_blocks(
     bos_id: Option<u32>,
 ) -> Result<Vec<Warning>> {
     let mut warnings = Vec::new();
-    for &l in &o.context_lengths {
-        let windows = tokens::windows(stream, file, l, o.bos, bos_id)?;
-        let n_windows = windows.windows.len();
+    let eval = super::score::EvalInput {
+        stream,
+        text_path: file,
+        bos_id,
+        tokenizer_vocab: 0,
+    };
+    for plan in super::score::plan_runs(&eval, o)? {
+        let l = plan.windows.length;
+        let n_windows = plan.windows.windows.len();
         let (blocks, what) = if n_windows == 1 {
-            let rows = scored_rows(o.positions, l);
+            let rows = plan.n_rows();
             let run = (rows / 100).clamp(1, crate::kld::BOOTSTRAP_MAX_RUN);
             (
                 rows.div_ceil(run),
                 format!("one {l}-token window, its {rows} scored rows in runs of {run}"),
             )
         } else {
+            let scored = plan.rows.iter().filter(|r| !r.is_empty()).count();
+            let of = if scored == n_windows {
+                String::new()
+            } else {
+                format!(" ({scored} with a token the positions policy selects)")
+            };
             (
-                n_windows,
+                scored,
                 format!(
-                    "{} tokens make {n_windows} windows of {l}",
+                    "{} tokens make {n_windows} windows of {l}{of}",
                     stream.ids.len()
                 ),
             )
@@ -322,13 +347,6 @@ fn bootstrap_blocks(
         }
     }
     Ok(warnings)
-}
-
-/// Rows the position policy scores in an `l`-token window (as `score::plan_runs` selects them).
-fn scored_rows(positions: Positions, l: usize) -> usize {
-    (0..l)
-        .filter(|&j| positions.selects(j as u64, l as u64))
-        .count()
 }
 
 /// A directory output is written into: made if missing, and a file can be created in it.
@@ -363,6 +381,15 @@ fn writable_file(file: &Path) -> Result<()> {
 /// and the eval text's bootstrap blocks for the protocol exported.
 pub fn check_export(r: &super::export::ExportRequest) -> Result<Vec<Warning>> {
     r.options.check()?;
+    if r.options.positions.needs_labels() {
+        return Err(Error::usage(
+            r.eval_text,
+            format!(
+                "--positions {}: an artifact scores the same rows of every window; export with a position policy that does not select by role or span",
+                r.options.positions.spelling()
+            ),
+        ));
+    }
     writable_file(r.out)?;
     context_lengths(r.model, &r.options.context_lengths)?;
     if r.kind == super::export::ExportKind::Llamacpp {
@@ -371,6 +398,12 @@ pub fn check_export(r: &super::export::ExportRequest) -> Result<Vec<Warning>> {
         return Ok(Vec::new());
     }
     let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(r.model))?;
-    let stream = tokens::tokenize(&tokenizer, r.eval_text)?;
+    let stream = tokens::tokenize_eval_text(
+        &tokenizer,
+        r.eval_text,
+        &tokens::ChatTemplateChoice::default(),
+        r.model,
+        r.model,
+    )?;
     bootstrap_blocks(r.eval_text, &stream, &r.options, tokenizer.bos_id)
 }

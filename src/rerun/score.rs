@@ -34,6 +34,10 @@ pub struct RunResult {
     pub n_nonfinite: usize,
     pub summary: Summary,
     pub rows: Vec<Scored>,
+    /// For a conversation eval text: each row's predicted token's label (parallel to `rows`).
+    pub labels: Vec<crate::conversation::eval::TokenLabel>,
+    /// For a conversation eval text: the statistics of each segment's and role's rows.
+    pub spans: Vec<super::spans::SpanSummary>,
     pub bootstrap_block: String,
 }
 
@@ -48,6 +52,7 @@ impl RunResult {
             n_nonfinite: self.n_nonfinite,
             bootstrap_block: self.bootstrap_block.clone(),
             summary: self.summary.clone(),
+            spans: self.spans.clone(),
         }
     }
 }
@@ -95,7 +100,33 @@ pub struct EvalInput<'a> {
 /// One context length's windows and the rows scored in each.
 pub struct RunPlan {
     pub windows: tokens::Windows,
-    pub rows: Vec<usize>,
+    /// Per window, the rows scored (increasing). The same for every window unless the policy
+    /// selects by what each token is (a role or span of a conversation).
+    pub rows: Vec<Vec<usize>>,
+    /// The conversation's labels, and where window 0's first token sits in them (-1 when a
+    /// `per_document` BOS was put before the stream).
+    labels: Option<(std::sync::Arc<tokens::ConversationTokens>, isize)>,
+}
+
+impl RunPlan {
+    /// What the token row `j` of window `w` predicts (token j + 1) is, for a conversation.
+    pub fn label(&self, w: usize, j: usize) -> Option<crate::conversation::eval::TokenLabel> {
+        let (conversation, start) = self.labels.as_ref()?;
+        let at = *start + (w * self.windows.length + j + 1) as isize;
+        usize::try_from(at)
+            .ok()
+            .and_then(|i| conversation.labels.get(i).copied())
+    }
+
+    /// Every scored row of every window.
+    pub fn n_rows(&self) -> usize {
+        self.rows.iter().map(Vec::len).sum()
+    }
+
+    /// Whether every window scores the same rows.
+    pub fn uniform(&self) -> bool {
+        self.rows.windows(2).all(|p| p[0] == p[1])
+    }
 }
 
 /// The logit entries to use: the requested size, else the tokenizer's (padding excluded).
@@ -123,53 +154,100 @@ fn used_vocab(eval: &EvalInput, width: usize, o: &MeasureOptions) -> Result<usiz
 /// The windows of every context length and the rows the position policy scores in them.
 pub fn plan_runs(eval: &EvalInput, o: &MeasureOptions) -> Result<Vec<RunPlan>> {
     o.check()?;
+    let conversation = eval.stream.conversation.clone();
+    if o.positions.needs_labels() && conversation.is_none() {
+        return Err(Error::usage(
+            eval.text_path,
+            format!(
+                "--positions {} selects tokens by role or span, which only a conversation eval text (.json or .jsonl) has",
+                o.positions.spelling()
+            ),
+        ));
+    }
+    let start = if o.bos == tokens::Bos::PerDocument {
+        -1
+    } else {
+        0
+    };
     o.context_lengths
         .iter()
         .map(|&l| {
             let windows = tokens::windows(eval.stream, eval.text_path, l, o.bos, eval.bos_id)?;
-            let rows: Vec<usize> = (0..l)
-                .filter(|&j| o.positions.selects(j as u64, l as u64))
+            let mut plan = RunPlan {
+                windows,
+                rows: Vec::new(),
+                labels: conversation.clone().map(|c| (c, start)),
+            };
+            let rows: Vec<Vec<usize>> = (0..plan.windows.windows.len())
+                .map(|w| {
+                    (0..l)
+                        .filter(|&j| {
+                            let next = plan.label(w, j).map(|t| (t.role, t.segment));
+                            o.positions.selects_token(j as u64, l as u64, next)
+                        })
+                        .collect()
+                })
                 .collect();
-            if rows.is_empty() {
+            plan.rows = rows;
+            if plan.n_rows() == 0 {
                 return Err(Error::usage(
                     eval.text_path,
                     format!(
-                        "the position policy {:?} selects no row of a {l}-token window",
-                        o.positions
+                        "the position policy {} selects no row of the {l}-token windows",
+                        o.positions.spelling()
                     ),
                 ));
             }
-            Ok(RunPlan { windows, rows })
+            Ok(plan)
         })
         .collect()
 }
 
+/// The rows of a single window are cut into runs of this many for the bootstrap.
+fn single_window_run(plan: &RunPlan) -> usize {
+    (plan.n_rows() / 100).clamp(1, crate::kld::BOOTSTRAP_MAX_RUN)
+}
+
 /// Each window's records (one per scored row, `None` for a non-finite row) as scored rows with
-/// their bootstrap blocks: windows, or runs of rows inside a single window.
-fn scored_rows(plan: &RunPlan, per_window: Vec<Vec<Option<RowRecord>>>) -> (Vec<Scored>, usize) {
+/// their bootstrap blocks (windows, or runs of rows inside a single window) and, for a
+/// conversation, each row's label.
+fn scored_rows(
+    plan: &RunPlan,
+    per_window: Vec<Vec<Option<RowRecord>>>,
+) -> (
+    Vec<Scored>,
+    Vec<crate::conversation::eval::TokenLabel>,
+    usize,
+) {
     let l = plan.windows.length;
     let single = plan.windows.windows.len() == 1;
-    let run_len = (plan.rows.len() / 100).clamp(1, crate::kld::BOOTSTRAP_MAX_RUN);
+    let run_len = single_window_run(plan);
     let mut scored = Vec::new();
+    let mut labels = Vec::new();
     let mut n_nonfinite = 0;
     for (w, records) in per_window.into_iter().enumerate() {
-        for (rank, (record, &j)) in records.into_iter().zip(&plan.rows).enumerate() {
+        for (rank, (record, &j)) in records.into_iter().zip(&plan.rows[w]).enumerate() {
             match record {
-                Some(record) => scored.push(Scored {
-                    record,
-                    block: if single {
-                        (rank / run_len) as u32
-                    } else {
-                        w as u32
-                    },
-                    position: j as u64,
-                    window_len: l as u64,
-                }),
+                Some(record) => {
+                    scored.push(Scored {
+                        record,
+                        block: if single {
+                            (rank / run_len) as u32
+                        } else {
+                            w as u32
+                        },
+                        position: j as u64,
+                        window_len: l as u64,
+                    });
+                    if let Some(label) = plan.label(w, j) {
+                        labels.push(label);
+                    }
+                }
                 None => n_nonfinite += 1,
             }
         }
     }
-    (scored, n_nonfinite)
+    (scored, labels, n_nonfinite)
 }
 
 /// Statistics of every run and the measurement's protocol and eval records.
@@ -185,7 +263,7 @@ fn finish_measurement(
     let mut runs = Vec::new();
     for (plan, per_window) in plans.iter().zip(per_run) {
         let l = plan.windows.length;
-        let (scored, n_nonfinite) = scored_rows(plan, per_window);
+        let (scored, labels, n_nonfinite) = scored_rows(plan, per_window);
         if scored.is_empty() {
             return Err(Error::runner(
                 eval.text_path,
@@ -201,7 +279,8 @@ fn finish_measurement(
             o.bootstrap.level,
         );
         let single = plan.windows.windows.len() == 1;
-        let run_len = (plan.rows.len() / 100).clamp(1, crate::kld::BOOTSTRAP_MAX_RUN);
+        let run_len = single_window_run(plan);
+        let spans = super::spans::summarize(&scored, &labels, o);
         runs.push(RunResult {
             context_length: l,
             n_windows: plan.windows.windows.len(),
@@ -210,6 +289,8 @@ fn finish_measurement(
             n_nonfinite,
             summary,
             rows: scored,
+            labels,
+            spans,
             bootstrap_block: if single {
                 format!("run:{run_len}")
             } else {
@@ -228,6 +309,7 @@ fn finish_measurement(
             tokens_sha256: tokens::tokens_sha256(&stream.ids),
             token_count: stream.ids.len(),
             bos: o.bos,
+            conversation: stream.conversation.as_ref().map(|c| c.record.clone()),
         },
         runs,
         vocab_size,
@@ -294,9 +376,9 @@ pub fn measure_models(
 
     let mut per_run = Vec::new();
     for plan in &plans {
-        let (windows, rows) = (&plan.windows, &plan.rows);
+        let windows = &plan.windows;
         let dump = o.dump_logits.is_some();
-        if dump && windows.windows.len() * rows.len() * vocab_size * 4 * 2 > MAX_DUMP_BYTES {
+        if dump && plan.n_rows() * vocab_size * 4 * 2 > MAX_DUMP_BYTES {
             return Err(Error::usage(
                 text_path,
                 format!(
@@ -308,7 +390,14 @@ pub fn measure_models(
         let results: Vec<WindowOut> = windows
             .windows
             .par_iter()
-            .map(|ids| -> Result<WindowOut> {
+            .zip(&plan.rows)
+            .map(|(ids, rows)| -> Result<WindowOut> {
+                if rows.is_empty() {
+                    // A window with no token the policy selects: nothing to run.
+                    let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                    progress(n, total);
+                    return Ok((Vec::new(), Vec::new(), Vec::new()));
+                }
                 let a = reference.window(ids)?;
                 let b = candidate.window(ids)?;
                 let mut scratch = row::Scratch::default();
@@ -349,7 +438,7 @@ pub fn measure_models(
         let mut per_window = Vec::with_capacity(results.len());
         for (w, (records, da, db)) in results.into_iter().enumerate() {
             if dump {
-                for &j in rows {
+                for &j in &plan.rows[w] {
                     dump_meta.push((w as u32, j as u64, windows.windows[w][j + 1]));
                 }
             }

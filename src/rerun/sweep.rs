@@ -23,6 +23,8 @@ pub struct SweepRequest<'a> {
     pub model: &'a Path,
     pub eval_text: &'a Path,
     pub tokenizer: Option<&'a Path>,
+    /// How a conversation eval text is rendered.
+    pub chat_template: &'a crate::runner::tokens::ChatTemplateChoice,
     pub options: &'a MeasureOptions,
     /// The transformers runner's settings (`attention` sweeps); `None`: the native runner.
     pub runner: Option<&'a crate::runner::transformers::TransformersOptions>,
@@ -173,6 +175,7 @@ pub fn run_sweep(
             candidate: r.model,
             eval_text: Some(r.eval_text),
             tokenizer: r.tokenizer,
+            chat_template: r.chat_template.clone(),
             options: r.options.clone(),
             padding_included: false,
             threads: r.threads,

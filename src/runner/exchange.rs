@@ -98,7 +98,12 @@ pub struct RequestRun {
     pub context_length: usize,
     pub tokens_file: String,
     pub n_windows: usize,
+    /// The rows scored in every window (increasing), when every window scores the same rows.
     pub rows: Vec<usize>,
+    /// Per window, the rows scored, when they differ from window to window (a role or span
+    /// policy over a conversation); `rows` is then empty. A window with no row is not run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_rows: Option<Vec<Vec<usize>>>,
 }
 
 /// `record.json`: what the program did, or why it failed.

@@ -194,6 +194,129 @@ pub struct TokenStream {
     pub ids: Vec<u32>,
     pub text_sha256: String,
     pub text_bytes: u64,
+    /// For a conversation eval text: each token's label and how the text was rendered.
+    pub conversation: Option<std::sync::Arc<ConversationTokens>>,
+}
+
+/// What a conversation eval text adds to its token stream.
+#[derive(Debug, Clone)]
+pub struct ConversationTokens {
+    /// One per token of the stream.
+    pub labels: Vec<crate::conversation::eval::TokenLabel>,
+    pub record: crate::conversation::eval::ConversationRecord,
+}
+
+impl TokenStream {
+    /// A stream of ids with nothing known of the text they came from.
+    pub fn of_ids(ids: Vec<u32>, text_sha256: String) -> TokenStream {
+        TokenStream {
+            ids,
+            text_sha256,
+            text_bytes: 0,
+            conversation: None,
+        }
+    }
+}
+
+/// How a conversation eval text is rendered: where its chat template comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatTemplateChoice {
+    pub from: crate::conversation::eval::TemplateFrom,
+    /// The file, for `TemplateFrom::File`.
+    pub file: Option<PathBuf>,
+    /// A named template of a `tokenizer_config.json` list.
+    pub name: Option<String>,
+    /// What `strftime_now` reads (seconds since the epoch, UTC).
+    pub clock: i64,
+}
+
+impl Default for ChatTemplateChoice {
+    fn default() -> Self {
+        ChatTemplateChoice {
+            from: crate::conversation::eval::TemplateFrom::Reference,
+            file: None,
+            name: None,
+            clock: crate::conversation::eval::DEFAULT_CLOCK,
+        }
+    }
+}
+
+/// The eval text tokenized: a conversation file (`.json`/`.jsonl`) rendered with `choice`'s
+/// template and labelled ([`tokenize_conversations`]), anything else as plain text
+/// ([`tokenize`]).
+pub fn tokenize_eval_text(
+    tokenizer: &TokenizerFile,
+    text_path: &Path,
+    choice: &ChatTemplateChoice,
+    reference: &Path,
+    candidate: &Path,
+) -> Result<TokenStream> {
+    if crate::conversation::eval::is_conversation_file(text_path) {
+        tokenize_conversations(tokenizer, text_path, choice, reference, candidate)
+    } else {
+        tokenize(tokenizer, text_path)
+    }
+}
+
+/// A conversation eval text (`.json`/`.jsonl`) rendered with the chosen template, labelled and
+/// tokenized with `tokenizer` (its directory's `tokenizer_config.json` and
+/// `generation_config.json` give the template's special tokens and the turn ends). `reference`
+/// and `candidate` are the model paths a template is taken from.
+pub fn tokenize_conversations(
+    tokenizer: &TokenizerFile,
+    text_path: &Path,
+    choice: &ChatTemplateChoice,
+    reference: &Path,
+    candidate: &Path,
+) -> Result<TokenStream> {
+    use crate::conversation::eval::{self, TemplateFrom};
+    use crate::conversation::source::TemplateSource;
+    let bytes = crate::files::read_capped(
+        text_path,
+        crate::conversation::file::MAX_CONVERSATION_BYTES,
+        "a conversation file",
+    )?;
+    let model_dir = |model: &Path| {
+        if model.is_file() {
+            model.parent().unwrap_or(Path::new(".")).to_owned()
+        } else {
+            model.to_owned()
+        }
+    };
+    let template = match (choice.from, &choice.file) {
+        (TemplateFrom::File, Some(file)) => TemplateSource::from_file(file)?,
+        (TemplateFrom::File, None) => {
+            return Err(Error::usage(
+                text_path,
+                "a template from a file needs the file (--chat-template FILE)",
+            ));
+        }
+        (TemplateFrom::Reference, _) => {
+            TemplateSource::from_model_dir(&model_dir(reference), choice.name.as_deref())?
+        }
+        (TemplateFrom::Candidate, _) => {
+            TemplateSource::from_model_dir(&model_dir(candidate), choice.name.as_deref())?
+        }
+    };
+    let dir = tokenizer.path.parent().unwrap_or(Path::new("."));
+    let context = eval::TokenizerContext::read(dir, &tokenizer.tokenizer)?;
+    let rendered = eval::render_file(
+        text_path,
+        &template,
+        choice.from,
+        &tokenizer.tokenizer,
+        &context,
+        choice.clock,
+    )?;
+    Ok(TokenStream {
+        ids: rendered.ids,
+        text_sha256: hex(&Sha256::digest(&bytes)),
+        text_bytes: bytes.len() as u64,
+        conversation: Some(std::sync::Arc::new(ConversationTokens {
+            labels: rendered.labels,
+            record: rendered.record,
+        })),
+    })
 }
 
 /// Tokenize the eval text (no special tokens added; BOS is the window policy's business).
@@ -222,6 +345,7 @@ pub fn tokenize(tokenizer: &TokenizerFile, text_path: &Path) -> Result<TokenStre
         ids: encoding.get_ids().to_vec(),
         text_sha256,
         text_bytes: size,
+        conversation: None,
     })
 }
 
@@ -331,11 +455,7 @@ mod tests {
     }
 
     fn stream(n: u32) -> TokenStream {
-        TokenStream {
-            ids: (10..10 + n).collect(),
-            text_sha256: String::new(),
-            text_bytes: 0,
-        }
+        TokenStream::of_ids((10..10 + n).collect(), String::new())
     }
 
     #[test]

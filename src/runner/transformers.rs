@@ -147,7 +147,19 @@ impl Default for TransformersOptions {
 pub struct RunWork<'a> {
     pub context_length: usize,
     pub windows: &'a [Vec<u32>],
-    pub rows: &'a [usize],
+    /// Per window, the rows scored.
+    pub rows: &'a [Vec<usize>],
+}
+
+impl RunWork<'_> {
+    /// The rows every window shares, if they share them.
+    fn shared_rows(&self) -> Option<&[usize]> {
+        let first = self.rows.first()?;
+        self.rows
+            .iter()
+            .all(|r| r == first)
+            .then_some(first.as_slice())
+    }
 }
 
 /// What the runner returned.
@@ -219,7 +231,8 @@ fn write_request(
             context_length: w.context_length,
             tokens_file: path.display().to_string(),
             n_windows: w.windows.len(),
-            rows: w.rows.to_vec(),
+            rows: w.shared_rows().map(<[usize]>::to_vec).unwrap_or_default(),
+            window_rows: w.shared_rows().is_none().then(|| w.rows.to_vec()),
         });
     }
     let model =
@@ -484,7 +497,7 @@ fn read_run(
 /// Per-window records from one result file (also used on recorded fixtures).
 pub fn read_records(path: &Path, work: &RunWork) -> Result<Vec<Vec<Option<RowRecord>>>> {
     let file = safetensors::read_file(path)?;
-    let n = work.windows.len() * work.rows.len();
+    let n: usize = work.rows.iter().map(Vec::len).sum();
     let f64s = |name: &str| column(&file, name, n, Dtype::F64);
     let i32s = |name: &str| column(&file, name, n, Dtype::I32);
     let forward = f64s("forward")?;
@@ -499,10 +512,13 @@ pub fn read_records(path: &Path, work: &RunWork) -> Result<Vec<Vec<Option<RowRec
     let finite = column(&file, "finite", n, Dtype::U8)?;
     let bad = |row: usize, what: String| Error::runner(path, format!("row {row}: {what}"));
     let mut out = Vec::with_capacity(work.windows.len());
+    // Rows in order: window by window, each window's rows in order.
+    let mut next = 0usize;
     for w in 0..work.windows.len() {
-        let mut records = Vec::with_capacity(work.rows.len());
-        for (k, &j) in work.rows.iter().enumerate() {
-            let r = w * work.rows.len() + k;
+        let mut records = Vec::with_capacity(work.rows[w].len());
+        for &j in &work.rows[w] {
+            let r = next;
+            next += 1;
             if window[r] as usize != w || position[r] as usize != j {
                 return Err(bad(
                     r,

@@ -44,6 +44,9 @@ pub struct VerifyRequest<'a> {
     pub recurrent_state: crate::runner::native::StateDtype,
     /// `--kv-cache`: the candidate's KV-cache scheme for the rerun, in place of the card's.
     pub kv_cache: Option<KvCacheSetting>,
+    /// `--chat-template*`: how a conversation eval text is rendered, in place of what the
+    /// card discloses.
+    pub chat_template: Option<crate::runner::tokens::ChatTemplateChoice>,
     /// Told each pre-flight warning before the rerun starts.
     pub on_warning: &'a (dyn Fn(&rerun::preflight::Warning) + Sync),
 }
@@ -329,6 +332,7 @@ pub fn verify(
                 candidate: r.model,
                 eval_text: text.as_deref(),
                 tokenizer: None,
+                chat_template: r.chat_template.clone().unwrap_or_default(),
                 options: resolved.options.clone(),
                 padding_included: resolved.padding_included,
                 threads: r.threads,

@@ -108,6 +108,28 @@ pub struct KvCacheArgs {
     pub kv_cache_chunk: Option<u32>,
 }
 
+/// How a conversation eval text (`--eval-text FILE.json|.jsonl`) is rendered (measure and
+/// verify).
+#[derive(Debug, Args)]
+pub struct ChatTemplateArgs {
+    /// Render conversations with this chat template file (Jinja, as transformers renders it)
+    /// instead of the reference model's own.
+    #[arg(long, value_name = "FILE", conflicts_with = "chat_template_from")]
+    pub chat_template: Option<PathBuf>,
+    /// Whose template renders the conversations: reference (the default; chat_template.jinja, else
+    /// tokenizer_config.json's chat_template) or candidate (quant repositories sometimes ship a
+    /// patched one).
+    #[arg(long, value_name = "MODEL", value_parser = ["reference", "candidate"])]
+    pub chat_template_from: Option<String>,
+    /// A named template of tokenizer_config.json's list (default: `default`).
+    #[arg(long, value_name = "NAME")]
+    pub chat_template_name: Option<String>,
+    /// The time strftime_now reads, in seconds since 1970 UTC (default 1767225600,
+    /// 2026-01-01): a render must not depend on the day it runs. Recorded.
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
+    pub chat_template_clock: Option<i64>,
+}
+
 #[derive(Debug, Args)]
 pub struct CheckArgs {
     /// The repository: hf:ORG/NAME[@REVISION] (a branch, tag or commit; default main), or a
@@ -294,6 +316,10 @@ pub struct VerifyArgs {
     /// runtime.kv_cache_dtype names (a rerun that differs from the card is not comparable).
     #[command(flatten)]
     pub kv_cache: KvCacheArgs,
+    /// How a conversation eval text is rendered, in place of what the card's
+    /// eval.conversation discloses (a render that differs from the card's is not comparable).
+    #[command(flatten)]
+    pub chat_template: ChatTemplateArgs,
     /// Private key (PKCS#8 PEM) to sign the report with (default: the user's key, created on first
     /// use under the config directory).
     #[arg(long, value_name = "KEY")]
@@ -353,10 +379,13 @@ pub struct ProtocolArgs {
     /// For `--vocab threshold`: drop reference terms with log p at or below this.
     #[arg(long, value_name = "LOGP", default_value_t = -16.0, allow_negative_numbers = true)]
     pub threshold: f64,
-    /// Scored rows of each window (row j predicts token j+1).
-    #[arg(long, value_enum, default_value_t = PositionsArg::All)]
+    /// Scored rows of each window (row j predicts token j+1): all, stride, second-half, from,
+    /// or, on a conversation eval text, role:ROLE (system, developer, user, assistant, tool,
+    /// other) or span:SEGMENT (content, reasoning, tool-call, tool-result, scaffolding): the
+    /// rows predicting such a token (with --stride/--offset, only those with j mod N = K).
+    #[arg(long, value_parser = parse_positions, default_value = "all", value_name = "POLICY")]
     pub positions: PositionsArg,
-    /// For `--positions stride`: score rows with j mod N = offset.
+    /// For `--positions stride` (or role:/span:): score rows with j mod N = offset.
     #[arg(long, value_name = "N")]
     pub stride: Option<u64>,
     /// For `--positions stride`: the residue K (0 <= K < N).
@@ -428,6 +457,8 @@ pub struct MeasureArgs {
     pub recurrent_state_dtype: String,
     #[command(flatten)]
     pub kv_cache: KvCacheArgs,
+    #[command(flatten)]
+    pub chat_template: ChatTemplateArgs,
     /// Worker threads (default: every core).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,
@@ -562,12 +593,58 @@ pub enum TailArg {
     Renormalized,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum PositionsArg {
-    All,
-    Stride,
-    SecondHalf,
-    From,
+/// `--positions`: a policy, with the role or segment a `role:`/`span:` policy names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PositionsArg {
+    pub policy: cardproof::disclosure::PositionPolicy,
+    pub role: Option<cardproof::kld::protocol::Role>,
+    pub span: Option<cardproof::kld::protocol::Segment>,
+}
+
+fn parse_positions(value: &str) -> Result<PositionsArg, String> {
+    use cardproof::disclosure::PositionPolicy as P;
+    use cardproof::kld::protocol::{Role, Segment};
+    let plain = |policy| PositionsArg {
+        policy,
+        role: None,
+        span: None,
+    };
+    match value.split_once(':') {
+        None => match value {
+            "all" => Ok(plain(P::All)),
+            "stride" => Ok(plain(P::Stride)),
+            "second-half" | "second_half" => Ok(plain(P::SecondHalf)),
+            "from" => Ok(plain(P::From)),
+            "role" | "span" => Err(format!(
+                "`{value}` needs what it selects: {value}:{}",
+                if value == "role" { "assistant" } else { "tool-call" }
+            )),
+            _ => Err(
+                "expected all, stride, second-half, from, role:ROLE or span:SEGMENT".to_owned(),
+            ),
+        },
+        Some(("role", name)) => Role::parse(name)
+            .map(|r| PositionsArg {
+                policy: P::Role,
+                role: Some(r),
+                span: None,
+            })
+            .ok_or_else(|| {
+                format!("unknown role `{name}` (system, developer, user, assistant, tool, other)")
+            }),
+        Some(("span", name)) => Segment::parse(name)
+            .map(|s| PositionsArg {
+                policy: P::Span,
+                role: None,
+                span: Some(s),
+            })
+            .ok_or_else(|| {
+                format!(
+                    "unknown segment `{name}` (content, reasoning, tool-call, tool-result, scaffolding)"
+                )
+            }),
+        Some((other, _)) => Err(format!("unknown policy `{other}:` (role: or span:)")),
+    }
 }
 
 #[derive(Debug, Args)]

@@ -9,6 +9,7 @@ use cardproof::kld::protocol::{Bootstrap, Bos, Direction, Positions, Tail, Vocab
 use cardproof::rerun::options::ProtocolFlags;
 use cardproof::runner::native::kv_cache::KvCacheSetting;
 use cardproof::runner::native::{ComputeDtype, Emulate, StateDtype};
+use cardproof::runner::tokens::ChatTemplateChoice;
 use cardproof::runner::transformers::{TransformersFlags, TransformersOptions};
 use clap::ValueEnum;
 
@@ -245,7 +246,9 @@ fn protocol_flags(a: &cli::ProtocolArgs) -> ProtocolFlags {
         top_k: a.top_k,
         tail: a.tail.into(),
         threshold: a.threshold,
-        positions: a.positions.into(),
+        positions: a.positions.policy,
+        role: a.positions.role,
+        span: a.positions.span,
         stride: a.stride,
         offset: a.offset,
         from: a.from,
@@ -272,7 +275,6 @@ same_variants! {
     DirectionArg => Direction { Forward, Reverse, Both }
     VocabArg => cardproof::disclosure::VocabMode { Full, TopK, Threshold }
     TailArg => Tail { Lumped, Dropped, Renormalized }
-    PositionsArg => cardproof::disclosure::PositionPolicy { All, Stride, SecondHalf, From }
     BosArg => Bos { None, PerWindow, PerDocument }
 }
 
@@ -296,6 +298,8 @@ pub struct MeasureConfig {
     pub recurrent_state: StateDtype,
     /// `--kv-cache`, `--kv-cache-k`, `--kv-cache-v`.
     pub kv_cache: Option<KvCacheSetting>,
+    /// `--chat-template*`: how a conversation eval text is rendered.
+    pub chat_template: ChatTemplateChoice,
     pub threads: usize,
     pub out: PathBuf,
     /// Show a progress bar (stderr is a terminal).
@@ -357,6 +361,7 @@ impl MeasureConfig {
             emulate: Emulate::from_name(&name(args.emulate)).expect("a native emulation"),
             recurrent_state,
             kv_cache,
+            chat_template: chat_template(&args.chat_template).unwrap_or_default(),
             threads: threads(args.threads),
             progress: std::io::stderr().is_terminal(),
             reference: args.reference,
@@ -394,6 +399,30 @@ fn transformers_flags(a: &cli::TransformersArgs) -> TransformersFlags {
 }
 
 /// `--kv-cache`, `--kv-cache-k`, `--kv-cache-v`, `--kv-cache-rotation`: `None` when none is given.
+/// `--chat-template*` as the library's choice; `None` when no flag is given.
+fn chat_template(args: &cli::ChatTemplateArgs) -> Option<ChatTemplateChoice> {
+    use cardproof::conversation::eval::TemplateFrom;
+    if args.chat_template.is_none()
+        && args.chat_template_from.is_none()
+        && args.chat_template_name.is_none()
+        && args.chat_template_clock.is_none()
+    {
+        return None;
+    }
+    let from = match (&args.chat_template, args.chat_template_from.as_deref()) {
+        (Some(_), _) => TemplateFrom::File,
+        (None, Some("candidate")) => TemplateFrom::Candidate,
+        _ => TemplateFrom::Reference,
+    };
+    let default = ChatTemplateChoice::default();
+    Some(ChatTemplateChoice {
+        from,
+        file: args.chat_template.clone(),
+        name: args.chat_template_name.clone(),
+        clock: args.chat_template_clock.unwrap_or(default.clock),
+    })
+}
+
 fn kv_cache(args: &cli::KvCacheArgs) -> Result<Option<KvCacheSetting>, String> {
     KvCacheSetting::from_flags(cardproof::runner::native::kv_cache::KvFlags {
         both: args.kv_cache.as_deref(),
@@ -468,6 +497,8 @@ pub struct VerifyConfig {
     pub recurrent_state: StateDtype,
     /// `--kv-cache`, `--kv-cache-k`, `--kv-cache-v` (else the card's scheme).
     pub kv_cache: Option<KvCacheSetting>,
+    /// `--chat-template*` (else what the card's eval.conversation discloses).
+    pub chat_template: Option<ChatTemplateChoice>,
 }
 
 impl VerifyConfig {
@@ -488,6 +519,7 @@ impl VerifyConfig {
         Ok(VerifyConfig {
             recurrent_state,
             kv_cache,
+            chat_template: chat_template(&args.chat_template),
             threads: threads(args.threads),
             progress: std::io::stderr().is_terminal(),
             path: args.path,

@@ -112,6 +112,7 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
                         model: &c.candidate,
                         eval_text: c.eval_text.as_deref().unwrap_or(Path::new("")),
                         tokenizer: c.tokenizer.as_deref(),
+                        chat_template: &c.chat_template,
                         options: &c.options,
                         runner: c.transformers.as_ref(),
                         compute: c.compute,
@@ -140,6 +141,7 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
                 candidate: &c.candidate,
                 eval_text: c.eval_text.as_deref(),
                 tokenizer: c.tokenizer.as_deref(),
+                chat_template: c.chat_template.clone(),
                 options: c.options.clone(),
                 padding_included: false,
                 threads: c.threads,
@@ -190,6 +192,7 @@ pub fn verify(config: &VerifyConfig, printer: &Printer) -> super::Result<Verifie
                 pins,
                 recurrent_state: c.recurrent_state,
                 kv_cache: c.kv_cache,
+                chat_template: c.chat_template.clone(),
                 on_warning: &|w| printer.warning(&w.to_string()),
             };
             let mut outcome = cardproof::verify::verify(&request, stage, progress)?;
