@@ -168,10 +168,11 @@ pub enum Code {
     ProseContradictsDisclosure,
     ProseNotInDisclosure,
     KvCacheMismatch,
+    ConversationAllPositions,
 }
 
 impl Code {
-    pub const ALL: [Code; 24] = [
+    pub const ALL: [Code; 25] = [
         Code::SchemaViolation,
         Code::MissingDisclosure,
         Code::VagueDisclosure,
@@ -196,6 +197,7 @@ impl Code {
         Code::ProseContradictsDisclosure,
         Code::ProseNotInDisclosure,
         Code::KvCacheMismatch,
+        Code::ConversationAllPositions,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -224,6 +226,7 @@ impl Code {
             Code::ProseContradictsDisclosure => "prose-contradicts-disclosure",
             Code::ProseNotInDisclosure => "prose-not-in-disclosure",
             Code::KvCacheMismatch => "kv-cache-mismatch",
+            Code::ConversationAllPositions => "conversation-all-positions",
         }
     }
 
@@ -237,7 +240,8 @@ impl Code {
             | Code::ProseNotInDisclosure
             | Code::UnquotedRevision
             | Code::Yaml11Ambiguous
-            | Code::NoFidelityDisclosure => Severity::Warning,
+            | Code::NoFidelityDisclosure
+            | Code::ConversationAllPositions => Severity::Warning,
             _ => Severity::Error,
         }
     }

@@ -278,6 +278,62 @@ pub struct Eval {
     /// Whether a chat template was applied to the text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template: Option<bool>,
+    /// For a conversation eval text (`text.kind: conversation`): how the conversations were
+    /// rendered into the tokens scored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<EvalConversation>,
+}
+
+/// What an eval text is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EvalTextKind {
+    /// Plain text, tokenized as it is.
+    Text,
+    /// Conversations (JSON or JSONL in the shape `apply_chat_template` takes: messages, tools,
+    /// kwargs), rendered with a chat template, then tokenized with special tokens parsed.
+    Conversation,
+}
+
+/// How a conversation eval text became tokens: the template (where it came from and its
+/// digest: a quant repository may ship a patched one), the kwargs, the clock `strftime_now`
+/// read, and the rendered text's digest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("patternProperties" = {"^x[-_]": {}}))]
+pub struct EvalConversation {
+    pub template: ChatTemplateSource,
+    /// The distinct sets of template kwargs the conversations carry (`enable_thinking`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kwargs: Option<Vec<serde_json::Map<String, serde_json::Value>>>,
+    /// Seconds since 1970 UTC that `strftime_now` read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock: Option<i64>,
+    /// SHA-256 of the rendered text (every conversation's render, in file order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rendered_sha256: Option<Sha256>,
+    /// The renderer and the semantics it follows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renderer: Option<String>,
+}
+
+/// Where a conversation eval text's chat template came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("patternProperties" = {"^x[-_]": {}}))]
+pub struct ChatTemplateSource {
+    /// `reference` (the reference repository's template), `candidate` (the candidate
+    /// repository's own) or `file`.
+    pub from: crate::conversation::eval::TemplateFrom,
+    /// The file, as named when it was rendered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// A named template of a `tokenizer_config.json` list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// SHA-256 of the template's text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<Sha256>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -287,6 +343,9 @@ pub struct EvalText {
     /// Dataset id and file or URI, e.g. `wikitext-2-raw-v1/test`.
     #[schemars(length(min = 1))]
     pub source: String,
+    /// `text` (the default) or `conversation`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<EvalTextKind>,
     /// SHA-256 of the exact text bytes scored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<Sha256>,

@@ -38,6 +38,7 @@ pub(super) fn check(fidelity: &Value, locator: &Locator<'_>, out: &mut Vec<Findi
     eval_text(fidelity, &mut push);
     calibration(fidelity, &mut push);
     positions(fidelity, &mut push);
+    conversation_positions(fidelity, locator, out);
     claims(fidelity, locator, out);
     kv_cache_coherent(fidelity, locator, out);
     candidate(fidelity, locator, out);
@@ -268,6 +269,48 @@ fn eval_text(f: &Value, push: &mut Push<'_>) {
             ),
         );
     }
+    if is_conversation(f) && f.pointer("/eval/conversation/template/sha256").is_none() {
+        let at = if f.pointer("/eval/conversation/template").is_some() {
+            "/fidelity/eval/conversation/template"
+        } else {
+            "/fidelity/eval/text"
+        };
+        push(
+            Item::EvalText,
+            at,
+            "the text is conversations, but no `eval.conversation.template.sha256` says which \
+             chat template rendered them: templates differ between the reference's repository, \
+             a quant repository's patched copy and an engine's built-in one, and each renders \
+             other tokens"
+                .into(),
+        );
+    }
+}
+
+/// Whether the card says its eval text is conversations.
+fn is_conversation(f: &Value) -> bool {
+    str_at(f, "/eval/text/kind") == Some("conversation")
+        || f.pointer("/eval/conversation").is_some()
+}
+
+/// A conversation scored at every position mixes what the model generates with what it reads
+/// (system prompt, tool declarations, tool results, template markup); said, not refused.
+fn conversation_positions(f: &Value, locator: &Locator<'_>, out: &mut Vec<Finding>) {
+    let policy = str_at(f, "/protocol/positions/policy");
+    if !is_conversation(f) || matches!(policy, None | Some("role" | "span")) {
+        return;
+    }
+    out.push(locator.at_value(
+        Finding::new(
+            Code::ConversationAllPositions,
+            format!(
+                "the eval text is conversations but positions policy `{}` scores every kind of token alike: the number mixes what the model generates (the assistant's text and tool calls) with what it only reads (system prompt, tool declarations, tool results, template markup); measure `role: assistant` or `span: tool_call` too, as separate results",
+                policy.unwrap_or_default()
+            ),
+        )
+        .item(Some(Item::Positions)),
+        "/fidelity/protocol/positions/policy",
+    ));
 }
 
 fn calibration(f: &Value, push: &mut Push<'_>) {

@@ -71,7 +71,7 @@ pub fn describe_protocol(
                 } => format!(" with j mod {s} = {o}"),
                 _ => String::new(),
             };
-            format!("rows predicting a token of a {} span{every}", span.as_str())
+            format!("rows predicting tokens of {} spans{every}", span.as_str())
         }
     };
     (direction, vocab, positions)
@@ -272,6 +272,33 @@ pub fn measurement(doc: &crate::rerun::Measurement) -> String {
         ev.tokens_sha256,
         ev.bos.as_str()
     );
+    if let Some(c) = &ev.conversation {
+        let t = &c.template;
+        let _ = writeln!(
+            out,
+            "  {} conversation{}, {} messages, rendered with chat template {}{} ({}; sha256 {}; rendered_sha256 {}); tokens: {}",
+            c.conversations,
+            if c.conversations == 1 { "" } else { "s" },
+            c.messages,
+            t.path,
+            t.name
+                .as_deref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default(),
+            match t.from {
+                crate::conversation::eval::TemplateFrom::File => "a file",
+                crate::conversation::eval::TemplateFrom::Reference => "the reference's",
+                crate::conversation::eval::TemplateFrom::Candidate => "the candidate's",
+            },
+            t.sha256,
+            c.rendered_sha256,
+            c.segment_tokens
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     let where_ = match e.threads {
         Some(t) => format!("{t} threads, {}", e.device),
         None => e.device.clone(),
@@ -382,8 +409,40 @@ pub fn measurement(doc: &crate::rerun::Measurement) -> String {
             &s.low_support,
             &s.diagnostics,
         );
+        spans(&mut out, &run.spans);
     }
     out
+}
+
+/// The per-span table of a conversation run: each segment's, role's and inside/outside
+/// tool-call rows with their mean KL (and its interval), top-1 agreement and flips.
+#[cfg(feature = "native")]
+pub fn spans(out: &mut String, spans: &[crate::rerun::spans::SpanSummary]) {
+    if spans.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\n{:<22} {:>8} {:>10}  {:<22} {:>9} {:>7}",
+        "by span", "rows", "kld_mean", "95% CI", "top1_agr", "flips"
+    );
+    for s in spans {
+        let metric = |k: &str| s.metrics.get(k).copied().and_then(finite);
+        let ci = match s.uncertainty.get("kld_mean").map(|u| u.ci95.map(finite)) {
+            Some([Some(a), Some(b)]) => format!("[{a:.6}, {b:.6}]"),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "{:<22} {:>8} {:>10} {:<22} {:>9} {:>7}",
+            format!("{} {}", s.by.replace('_', "-"), s.name),
+            s.n_positions,
+            metric("kld_mean").map_or("-".into(), |v| format!("{v:.6}")),
+            format!(" {ci}"),
+            metric("top1_agreement").map_or("-".into(), |v| format!("{v:.4}")),
+            s.top1_flips
+        );
+    }
 }
 
 /// `verify`'s human output: the verdict, what was verified, one line per claim (with the reason

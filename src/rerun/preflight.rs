@@ -65,7 +65,7 @@ impl std::fmt::Display for Warning {
 
 /// The identities of what a rerun will measure, known before it does (`None`: not known until
 /// the lane has loaded it). They are the values the measurement records.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Identity {
     /// The reference's root digest (`measurement.reference.manifest_sha256`).
     pub reference_files_sha256: Option<String>,
@@ -74,6 +74,10 @@ pub struct Identity {
     /// The token stream's digest and length (`measurement.eval.tokens_sha256`, `token_count`).
     pub tokens_sha256: Option<String>,
     pub token_count: Option<usize>,
+    /// How a conversation eval text was rendered (`None`: plain text, or no text read).
+    pub conversation: Option<crate::conversation::eval::ConversationRecord>,
+    /// Whether the eval text was read here (so no `conversation` means plain text).
+    pub text_read: bool,
 }
 
 /// A request that passed its pre-flight: the warnings to print, the identities, and what was
@@ -137,6 +141,8 @@ pub fn check(r: &Request, stage: &(dyn Fn(&str) + Sync)) -> Result<Preflight> {
                 eval_text_sha256: text("text_sha256"),
                 tokens_sha256: Some(tokens::tokens_sha256(&a.tokens)),
                 token_count: Some(a.tokens.len()),
+                conversation: None,
+                text_read: false,
             };
             let stream = TokenStream::of_ids(a.tokens.clone(), String::new());
             let bos_id = tokens::load_tokenizer(&tokens::tokenizer_path(r.candidate))
@@ -192,6 +198,8 @@ fn model_lane(
         eval_text_sha256: Some(stream.text_sha256.clone()),
         tokens_sha256: Some(tokens::tokens_sha256(&stream.ids)),
         token_count: Some(stream.ids.len()),
+        conversation: stream.conversation.as_ref().map(|c| c.record.clone()),
+        text_read: true,
     };
     pre.reference_manifest = Some(manifest);
     pre.tokenized = Some((tokenizer, stream));

@@ -134,6 +134,11 @@ fn fidelity_draft(
         eval: disclosure::Eval {
             text: disclosure::EvalText {
                 source: text_name,
+                kind: m
+                    .eval
+                    .conversation
+                    .as_ref()
+                    .map(|_| disclosure::EvalTextKind::Conversation),
                 sha256: digest(&m.eval.text_sha256),
                 revision: None,
                 split: None,
@@ -144,7 +149,26 @@ fn fidelity_draft(
                 sha256: Sha256(m.eval.tokens_sha256.clone()),
             }),
             bos: o.bos,
-            chat_template: None,
+            chat_template: m.eval.conversation.as_ref().map(|_| true),
+            conversation: m
+                .eval
+                .conversation
+                .as_ref()
+                .map(|c| disclosure::EvalConversation {
+                    template: disclosure::ChatTemplateSource {
+                        from: c.template.from,
+                        // Its file's name, as the text's: where the card sits, the file sits beside it.
+                        path: Path::new(&c.template.path)
+                            .file_name()
+                            .map(|n| n.to_string_lossy().into_owned()),
+                        name: c.template.name.clone(),
+                        sha256: Some(Sha256(c.template.sha256.clone())),
+                    },
+                    kwargs: Some(c.kwargs.clone()),
+                    clock: Some(c.clock),
+                    rendered_sha256: Some(Sha256(c.rendered_sha256.clone())),
+                    renderer: Some(c.renderer.clone()),
+                }),
         },
         protocol: disclosed_protocol(o, m.protocol.padding == Padding::Included),
         results,

@@ -226,8 +226,9 @@ pub struct ChatTemplateChoice {
     pub file: Option<PathBuf>,
     /// A named template of a `tokenizer_config.json` list.
     pub name: Option<String>,
-    /// What `strftime_now` reads (seconds since the epoch, UTC).
-    pub clock: i64,
+    /// What `strftime_now` reads (seconds since the epoch, UTC); `None`: the default,
+    /// [`crate::conversation::eval::DEFAULT_CLOCK`] (for `verify`: the card's).
+    pub clock: Option<i64>,
 }
 
 impl Default for ChatTemplateChoice {
@@ -236,7 +237,7 @@ impl Default for ChatTemplateChoice {
             from: crate::conversation::eval::TemplateFrom::Reference,
             file: None,
             name: None,
-            clock: crate::conversation::eval::DEFAULT_CLOCK,
+            clock: None,
         }
     }
 }
@@ -306,7 +307,7 @@ pub fn tokenize_conversations(
         choice.from,
         &tokenizer.tokenizer,
         &context,
-        choice.clock,
+        choice.clock.unwrap_or(eval::DEFAULT_CLOCK),
     )?;
     Ok(TokenStream {
         ids: rendered.ids,

@@ -55,6 +55,10 @@ fn worded(field: &str, what: &str, card: String, rerun: String, side: &str) -> D
 /// (`None`: not known).
 pub struct Identities<'a> {
     pub eval_text_sha256: Option<&'a str>,
+    /// How a conversation eval text was rendered (`None`: plain text, or not known).
+    pub conversation: Option<&'a crate::conversation::eval::ConversationRecord>,
+    /// Whether the eval text was read (so the absence of `conversation` means plain text).
+    pub text_known: bool,
     /// The token stream's digest and length.
     pub tokens: Option<(&'a str, usize)>,
     pub candidate_files_sha256: &'a str,
@@ -82,6 +86,7 @@ pub fn identity_differences(card: &CardLane, id: &Identities, side: &str) -> Vec
             e.text.sha256.as_ref().map(|s| s.0.as_str()),
             id.eval_text_sha256,
         );
+
         if let (Some(t), Some((sha256, count))) = (&e.tokens, id.tokens) {
             digest(
                 "eval.tokens.sha256",
@@ -112,6 +117,88 @@ pub fn identity_differences(card: &CardLane, id: &Identities, side: &str) -> Vec
             .and_then(|r| r.files_sha256.as_ref())
             .map(|s| s.0.as_str()),
         id.reference_files_sha256,
+    );
+    if let Some(e) = card.eval
+        && id.text_known
+    {
+        out.extend(conversation_differences(e, id.conversation, side));
+    }
+    out
+}
+
+/// A conversation eval text's render, the card's against the rerun's: the kind of text, the
+/// template (where from, its digest, its name), the kwargs, the clock and the rendered text's
+/// digest, each where the card states it. A template or render that differs makes the tokens
+/// other tokens, whatever the file's digest says.
+fn conversation_differences(
+    e: &disclosure::Eval,
+    ran: Option<&crate::conversation::eval::ConversationRecord>,
+    side: &str,
+) -> Vec<Difference> {
+    let card_kind = match (e.text.kind, &e.conversation) {
+        (Some(disclosure::EvalTextKind::Conversation), _) | (None, Some(_)) => "conversation",
+        _ => "text",
+    };
+    let ran_kind = if ran.is_some() {
+        "conversation"
+    } else {
+        "text"
+    };
+    if card_kind != ran_kind {
+        return vec![worded(
+            "eval.text.kind",
+            "eval text kind",
+            card_kind.into(),
+            ran_kind.into(),
+            side,
+        )];
+    }
+    let (Some(c), Some(r)) = (&e.conversation, ran) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut differ = |field: &str, what: &str, card: Option<String>, rerun: String| {
+        if let Some(card) = card
+            && card != rerun
+        {
+            out.push(worded(field, what, card, rerun, side));
+        }
+    };
+    differ(
+        "eval.conversation.template.from",
+        "chat template source",
+        Some(c.template.from.as_str().to_owned()),
+        r.template.from.as_str().to_owned(),
+    );
+    differ(
+        "eval.conversation.template.sha256",
+        "chat template sha256",
+        c.template.sha256.as_ref().map(|d| d.0.clone()),
+        r.template.sha256.clone(),
+    );
+    differ(
+        "eval.conversation.template.name",
+        "chat template name",
+        c.template.name.clone(),
+        r.template.name.clone().unwrap_or_else(|| "(none)".into()),
+    );
+    differ(
+        "eval.conversation.clock",
+        "strftime_now clock",
+        c.clock.map(|t| t.to_string()),
+        r.clock.to_string(),
+    );
+    differ(
+        "eval.conversation.kwargs",
+        "template kwargs",
+        c.kwargs.as_ref().map(|k| text(k)),
+        text(&r.kwargs),
+    );
+    differ(
+        "eval.conversation.rendered_sha256",
+        "rendered text sha256",
+        c.rendered_sha256.as_ref().map(|d| d.0.clone()),
+        r.rendered_sha256.clone(),
     );
     out
 }
@@ -251,6 +338,8 @@ pub fn lane_differences(card: &CardLane, m: &Measurement, resolved: &Resolved) -
         card,
         &Identities {
             eval_text_sha256: Some(&m.eval.text_sha256),
+            conversation: m.eval.conversation.as_ref(),
+            text_known: m.eval.text_path.is_some(),
             tokens: Some((&m.eval.tokens_sha256, m.eval.token_count)),
             candidate_files_sha256: &m.candidate.manifest_sha256,
             reference_files_sha256: Some(&m.reference.manifest_sha256),

@@ -65,8 +65,7 @@ pub struct VerifyOutcome {
 }
 
 /// The eval text: `--eval-text`, else the card's `eval.text.source` as a path inside the card's
-/// directory. A card never makes cardproof read a file outside its own directory (an absolute
-/// path, `..`, or a link out of it): whatever it names would be hashed and signed.
+/// directory ([`card_file`]).
 fn eval_text_path(
     card_dir: &Path,
     eval: Option<&disclosure::Eval>,
@@ -79,13 +78,31 @@ fn eval_text_path(
     let digest = eval
         .and_then(|e| e.text.sha256.as_ref())
         .map_or("not disclosed", |d| d.0.as_str());
+    card_file(
+        card_dir,
+        source,
+        "fidelity.eval.text.source",
+        &format!("the eval text `{source}` (sha256 {digest})"),
+        "--eval-text FILE",
+    )
+}
+
+/// A file a card names, as a path inside the card's directory. A card never makes cardproof
+/// read a file outside its own directory (an absolute path, `..`, or a link out of it):
+/// whatever it names would be hashed and signed. `what` names the file in the error, `flag` how
+/// to give it instead.
+fn card_file(
+    card_dir: &Path,
+    source: &str,
+    field: &str,
+    what: &str,
+    flag: &str,
+) -> Result<PathBuf> {
     let refuse = |why: &str| {
         Error::card(
             card_dir,
-            Some("fidelity.eval.text.source"),
-            format!(
-                "the eval text `{source}` (sha256 {digest}) {why}; pass it with --eval-text FILE"
-            ),
+            Some(field),
+            format!("{what} {why}; pass it with {flag}"),
         )
     };
     let relative = Path::new(source);
@@ -117,6 +134,56 @@ fn eval_text_path(
         return Err(refuse("is not a regular file in the card's directory"));
     }
     Ok(real)
+}
+
+/// How the rerun renders a conversation eval text: `--chat-template*` when given, else as the
+/// card's `eval.conversation` says (its template's source, name and clock; a template file by
+/// its path inside the card's directory). A card without the block renders with the
+/// reference's template, and any difference from what it states is a difference.
+fn chat_template_choice(
+    card_dir: &Path,
+    eval: Option<&disclosure::Eval>,
+    given: Option<&crate::runner::tokens::ChatTemplateChoice>,
+    text: Option<&Path>,
+) -> Result<crate::runner::tokens::ChatTemplateChoice> {
+    use crate::conversation::eval::TemplateFrom;
+    use crate::runner::tokens::ChatTemplateChoice;
+    let conversation_text = text.is_some_and(crate::conversation::eval::is_conversation_file);
+    let card = eval.and_then(|e| e.conversation.as_ref());
+    if let Some(g) = given {
+        // The flags name the template; the clock, unless given too, is the card's.
+        return Ok(ChatTemplateChoice {
+            clock: g.clock.or(card.and_then(|c| c.clock)),
+            ..g.clone()
+        });
+    }
+    let Some(c) = card else {
+        return Ok(ChatTemplateChoice::default());
+    };
+    let file = match c.template.from {
+        TemplateFrom::File if conversation_text => {
+            let digest = c
+                .template
+                .sha256
+                .as_ref()
+                .map_or("not disclosed", |d| d.0.as_str());
+            let path = c.template.path.as_deref().unwrap_or_default();
+            Some(card_file(
+                card_dir,
+                path,
+                "fidelity.eval.conversation.template.path",
+                &format!("the chat template `{path}` (sha256 {digest})"),
+                "--chat-template FILE",
+            )?)
+        }
+        _ => None,
+    };
+    Ok(ChatTemplateChoice {
+        from: c.template.from,
+        file,
+        name: c.template.name.clone(),
+        clock: c.clock,
+    })
 }
 
 fn compute_dtype(card_dir: &Path, name: &str) -> Result<ComputeDtype> {
@@ -332,7 +399,12 @@ pub fn verify(
                 candidate: r.model,
                 eval_text: text.as_deref(),
                 tokenizer: None,
-                chat_template: r.chat_template.clone().unwrap_or_default(),
+                chat_template: chat_template_choice(
+                    &card_dir,
+                    eval,
+                    r.chat_template.as_ref(),
+                    text.as_deref(),
+                )?,
                 options: resolved.options.clone(),
                 padding_included: resolved.padding_included,
                 threads: r.threads,
@@ -362,6 +434,8 @@ pub fn verify(
                 &card_lane(runtime, eval, reference_section, &disclosure),
                 &differences::Identities {
                     eval_text_sha256: id.eval_text_sha256.as_deref(),
+                    conversation: id.conversation.as_ref(),
+                    text_known: id.text_read,
                     tokens: id.tokens_sha256.as_deref().zip(id.token_count),
                     candidate_files_sha256: &manifest.root_sha256,
                     reference_files_sha256: id.reference_files_sha256.as_deref(),

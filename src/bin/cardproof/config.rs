@@ -414,12 +414,11 @@ fn chat_template(args: &cli::ChatTemplateArgs) -> Option<ChatTemplateChoice> {
         (None, Some("candidate")) => TemplateFrom::Candidate,
         _ => TemplateFrom::Reference,
     };
-    let default = ChatTemplateChoice::default();
     Some(ChatTemplateChoice {
         from,
         file: args.chat_template.clone(),
         name: args.chat_template_name.clone(),
-        clock: args.chat_template_clock.unwrap_or(default.clock),
+        clock: args.chat_template_clock,
     })
 }
 
