@@ -191,7 +191,7 @@ fn conversation_differences(
     differ(
         "eval.conversation.kwargs",
         "template kwargs",
-        c.kwargs.as_ref().map(|k| text(k)),
+        c.kwargs.as_ref().map(text),
         text(&r.kwargs),
     );
     differ(
