@@ -88,6 +88,11 @@ pub struct RunRows {
     pub kld: Vec<f64>,
     /// Whether the two models' top-1 tokens differ at the row.
     pub flip: Vec<bool>,
+    /// For a conversation eval text: the predicted token's index in the token stream (empty
+    /// for plain text).
+    pub token: Vec<u64>,
+    /// For a conversation eval text: the predicted token's segment (empty for plain text).
+    pub segment: Vec<crate::kld::protocol::Segment>,
 }
 
 /// Markdown escaping for untrusted text (card values, paths), for use in paragraphs, list items
@@ -212,11 +217,51 @@ pub fn read_positions(path: &Path) -> Result<Vec<RunRows>> {
                     "position, kld, ref_top1 and cand_top1 differ in length",
                 ));
             }
+            // A conversation's rows also say where each token sits and what it is.
+            let (token, segment) = match (
+                file.get(&format!("{p}.token")),
+                file.get(&format!("{p}.segment")),
+            ) {
+                (Some(_), Some(_)) => {
+                    let token: Vec<u64> = read_array(&file, &format!("{p}.token"), Dtype::I64)?
+                        .chunks_exact(8)
+                        .map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default()).max(0) as u64)
+                        .collect();
+                    let segment = read_array(&file, &format!("{p}.segment"), Dtype::U8)?
+                        .iter()
+                        .map(|&c| {
+                            crate::kld::protocol::Segment::ALL
+                                .get(c as usize)
+                                .copied()
+                                .ok_or_else(|| {
+                                    Error::format(
+                                        path,
+                                        Some(&format!("{p}.segment")),
+                                        format!("{c} is not a segment code (0..=4)"),
+                                    )
+                                })
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    (token, segment)
+                }
+                _ => (Vec::new(), Vec::new()),
+            };
+            if (!token.is_empty() || !segment.is_empty())
+                && (token.len() != n || segment.len() != n)
+            {
+                return Err(Error::format(
+                    path,
+                    Some(&p),
+                    "token and segment differ in length from position",
+                ));
+            }
             Ok(RunRows {
                 context_length: l,
                 position,
                 kld,
                 flip: a.iter().zip(&b).map(|(a, b)| a != b).collect(),
+                token,
+                segment,
             })
         })
         .collect()

@@ -15,7 +15,7 @@ use minijinja::{AutoEscape, Environment, UndefinedBehavior};
 use serde_json::{Value as Json, json};
 
 use super::RunRows;
-use super::svg::{svg_histogram, svg_kld_along_position};
+use super::svg::{svg_histogram, svg_kld_along_conversation, svg_kld_along_position};
 use crate::disclosure::precision;
 use crate::error::{Error, Result};
 
@@ -758,15 +758,37 @@ fn run_view(r: &Json, rows: &[RunRows], html: bool) -> Json {
             .unwrap_or_default()
     };
     let length = at(r, "/context_length");
-    let plot = if html {
-        length
-            .as_u64()
-            .and_then(|l| rows.iter().find(|x| x.context_length as u64 == l))
-            .map(|x| Json::String(svg_kld_along_position(x)))
-            .unwrap_or(Json::Null)
-    } else {
-        Json::Null
-    };
+    let run_rows = length
+        .as_u64()
+        .and_then(|l| rows.iter().find(|x| x.context_length as u64 == l))
+        .filter(|_| html);
+    let plot = run_rows
+        .map(|x| Json::String(svg_kld_along_position(x)))
+        .unwrap_or(Json::Null);
+    let conversation_plot = run_rows
+        .and_then(svg_kld_along_conversation)
+        .map_or(Json::Null, Json::String);
+    // A conversation's rows by segment, role and inside/outside tool calls.
+    let spans: Vec<Json> = at(r, "/spans")
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|p| {
+                    let ci = at(p, "/uncertainty/kld_mean/ci95");
+                    json!({
+                        "by": at(p, "/by").as_str().unwrap_or_default().replace('_', "-"),
+                        "name": text(at(p, "/name")),
+                        "n": num_or_text(at(p, "/n_positions")),
+                        "kld_mean": num_or_text(at(p, "/metrics/kld_mean")),
+                        "ci_lo": num_or_text(at(ci, "/0")),
+                        "ci_hi": num_or_text(at(ci, "/1")),
+                        "top1_agreement": num_or_text(at(p, "/metrics/top1_agreement")),
+                        "top1_flips": num_or_text(at(p, "/top1_flips")),
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     json!({
         "context_length": num_or_text(length),
         "n_windows": num_or_text(at(r, "/n_windows")),
@@ -779,6 +801,8 @@ fn run_view(r: &Json, rows: &[RunRows], html: bool) -> Json {
         "by_depth": buckets("/diagnostics/by_depth"),
         "by_confidence": buckets("/diagnostics/by_confidence"),
         "plot": plot,
+        "conversation_plot": conversation_plot,
+        "spans": spans,
     })
 }
 

@@ -230,6 +230,180 @@ pub fn svg_kld_along_position(run: &RunRows) -> String {
     s
 }
 
+/// Shade of the tool-call spans behind the conversation plot.
+const TOOL_CALL: &str = "#fb8f44";
+
+/// Inline SVG for a conversation eval text (`None` for plain text): the mean KLD along the
+/// token stream (bins of equal width, at most [`MAX_POINTS`]) over shaded tool-call spans, and
+/// under it the cumulative count of top-1 flips along the conversation, in all and inside tool
+/// calls (the seed study's figure: where do the flips pile up?).
+pub fn svg_kld_along_conversation(run: &RunRows) -> Option<String> {
+    use crate::kld::protocol::Segment;
+    let n = run
+        .token
+        .len()
+        .min(run.segment.len())
+        .min(run.kld.len())
+        .min(run.flip.len());
+    if n == 0 {
+        return None;
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| run.token[i]);
+    let first = run.token[order[0]];
+    let last = run.token[order[n - 1]];
+    let span = (last - first + 1).max(1);
+    let bin_width = span.div_ceil(MAX_POINTS as u64).max(1);
+
+    // Mean KLD per bin of tokens.
+    let mut bins: BTreeMap<u64, (f64, usize, f64)> = BTreeMap::new();
+    for &i in &order {
+        let b = (run.token[i] - first) / bin_width;
+        let e = bins.entry(b).or_insert((0.0, 0, 0.0));
+        if run.kld[i].is_finite() {
+            e.0 += run.kld[i];
+            e.1 += 1;
+        }
+        e.2 += 1.0;
+    }
+    let y_max = bins
+        .values()
+        .filter(|b| b.1 > 0)
+        .map(|b| b.0 / b.1 as f64)
+        .fold(0.0f64, f64::max);
+    let x_end = last.max(first + 1) as f64;
+    let mut x_axis = Axis::linear(first as f64, x_end, LEFT, WIDTH - RIGHT);
+    x_axis.clip(x_end);
+    let y_axis = Axis::linear(0.0, y_max, HEIGHT - BOTTOM, TOP);
+    let total_flips = (0..n).filter(|&i| run.flip[i]).count();
+    let call_flips = (0..n)
+        .filter(|&i| run.flip[i] && run.segment[i] == Segment::ToolCall)
+        .count();
+    let flip_axis = Axis::counts(total_flips.max(1), FLIP_BOTTOM, FLIP_TOP);
+
+    let mut s = open_svg_sized(
+        &format!(
+            "Mean KLD along the conversation and cumulative top-1 flips at context length {}",
+            run.context_length
+        ),
+        POSITION_HEIGHT,
+    );
+    let _ = write!(
+        s,
+        r##"<text x="{LEFT}" y="18" font-size="14" font-weight="bold" fill="#24292f">context length {}: along the conversation</text>"##,
+        run.context_length
+    );
+    // Tool-call spans: runs of consecutive scored tool-call tokens, drawn first (behind).
+    let mut spans: Vec<(u64, u64)> = Vec::new();
+    for &i in &order {
+        if run.segment[i] != Segment::ToolCall {
+            continue;
+        }
+        let t = run.token[i];
+        match spans.last_mut() {
+            Some((_, end)) if t <= *end + 1 => *end = t,
+            _ => spans.push((t, t)),
+        }
+    }
+    for (a, b) in &spans {
+        let x0 = x_axis.map(*a as f64 - 0.5).max(x_axis.p0);
+        let x1 = x_axis.map(*b as f64 + 0.5).min(x_axis.p1);
+        let _ = write!(
+            s,
+            r##"<rect class="tool-call" x="{}" y="{}" width="{}" height="{}" fill="{TOOL_CALL}" fill-opacity="0.18"><title>tool call: tokens {a}–{b}</title></rect>"##,
+            c(x0),
+            c(TOP),
+            c((x1 - x0).max(0.8)),
+            c(FLIP_BOTTOM - TOP)
+        );
+    }
+    draw_axes(
+        &mut s,
+        &x_axis,
+        &y_axis,
+        "token in the conversation",
+        "mean KLD (nats)",
+    );
+    let coords: Vec<(f64, f64)> = bins
+        .iter()
+        .filter(|(_, b)| b.1 > 0)
+        .map(|(k, b)| {
+            let x = first as f64 + (*k as f64 + 0.5) * bin_width as f64;
+            (x_axis.map(x.min(last as f64)), y_axis.map(b.0 / b.1 as f64))
+        })
+        .collect();
+    polyline(
+        &mut s,
+        &coords,
+        LINE,
+        &format!("mean KLD per bin of {bin_width} token(s)"),
+    );
+
+    // Cumulative flips, all and inside tool calls.
+    draw_y_grid(&mut s, &x_axis, &flip_axis, 10);
+    let _ = write!(
+        s,
+        r##"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="{AXIS}" stroke-width="1"/>"##,
+        c(x_axis.p0),
+        c(FLIP_BOTTOM),
+        c(x_axis.p1),
+        c(FLIP_BOTTOM)
+    );
+    let ym = c((FLIP_BOTTOM + FLIP_TOP) / 2.0);
+    let _ = write!(
+        s,
+        r##"<text x="16" y="{ym}" font-size="11" text-anchor="middle" fill="{AXIS}" transform="rotate(-90 16 {ym})">flips</text>"##
+    );
+    let cumulative = |keep: &dyn Fn(usize) -> bool| -> Vec<(f64, f64)> {
+        let mut count = 0usize;
+        let mut points = vec![(x_axis.map(first as f64), flip_axis.map(0.0))];
+        let mut last_bin = None;
+        for &i in &order {
+            if run.flip[i] && keep(i) {
+                count += 1;
+            }
+            let b = (run.token[i] - first) / bin_width;
+            let point = (x_axis.map(run.token[i] as f64), flip_axis.map(count as f64));
+            if last_bin == Some(b) {
+                if let Some(p) = points.last_mut() {
+                    *p = point;
+                }
+            } else {
+                points.push(point);
+                last_bin = Some(b);
+            }
+        }
+        points
+    };
+    polyline(
+        &mut s,
+        &cumulative(&|_| true),
+        FLIP,
+        &format!("cumulative top-1 flips: {total_flips}"),
+    );
+    polyline(
+        &mut s,
+        &cumulative(&|i| run.segment[i] == Segment::ToolCall),
+        TOOL_CALL,
+        &format!("cumulative top-1 flips inside tool calls: {call_flips}"),
+    );
+    let lx = LEFT;
+    let _ = write!(
+        s,
+        r##"<line x1="{lx}" y1="30" x2="{}" y2="30" stroke="{LINE}" stroke-width="1.5"/><text x="{}" y="34" font-size="11" fill="{AXIS}">mean KLD</text><rect x="{}" y="25" width="10" height="10" fill="{TOOL_CALL}" fill-opacity="0.35"/><text x="{}" y="34" font-size="11" fill="{AXIS}">tool calls ({} spans)</text><line x1="{}" y1="30" x2="{}" y2="30" stroke="{FLIP}" stroke-width="1.5"/><text x="{}" y="34" font-size="11" fill="{AXIS}">flips: {total_flips} ({call_flips} in tool calls)</text>"##,
+        lx + 18.0,
+        lx + 22.0,
+        lx + 90.0,
+        lx + 104.0,
+        spans.len(),
+        lx + 250.0,
+        lx + 268.0,
+        lx + 272.0,
+    );
+    s.push_str("</svg>");
+    Some(s)
+}
+
 /// Inline SVG histogram of per-row KLD over all runs: log-spaced bins (up to 10 per decade);
 /// rows with KLD = 0 (or below, from rounding) cannot sit on a log axis and are counted in a note
 /// on the plot, as are non-finite values.

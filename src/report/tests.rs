@@ -104,6 +104,7 @@ fn sample_rows() -> Vec<RunRows> {
         position,
         kld,
         flip,
+        ..RunRows::default()
     }]
 }
 
@@ -500,18 +501,21 @@ fn plots_survive_degenerate_input() {
         position: vec![0, 1, 2, 0, 1, 2],
         kld: vec![0.0; 6],
         flip: vec![false; 6],
+        ..RunRows::default()
     };
     let single = RunRows {
         context_length: 16,
         position: vec![7],
         kld: vec![0.25],
         flip: vec![true],
+        ..RunRows::default()
     };
     let nonfinite = RunRows {
         context_length: 8,
         position: vec![0, 1, 2],
         kld: vec![f64::NAN, f64::INFINITY, 1e-300],
         flip: vec![true, false, false],
+        ..RunRows::default()
     };
     for run in [&empty, &zero, &single, &nonfinite] {
         let svg = svg_kld_along_position(run);
@@ -562,6 +566,7 @@ fn long_windows_are_pooled() {
         position: (0..n).collect(),
         kld: (0..n).map(|j| 1.0 / (j + 1) as f64).collect(),
         flip: (0..n).map(|j| j % 997 == 0).collect(),
+        ..RunRows::default()
     };
     let svg = svg_kld_along_position(&run);
     check_svg(&svg);
@@ -610,6 +615,7 @@ fn positions_file_round_trips() {
             position: vec![0, 1, 2],
             kld: vec![0.5, 0.0, 0.25],
             flip: vec![false, true, false],
+            ..RunRows::default()
         }]
     );
     // A missing array is an error naming it.
@@ -742,6 +748,7 @@ fn sweep_plot_draws_each_setting_on_a_log_axis_and_breaks_at_zero() {
             })
             .collect(),
         flip: (0..99u64).map(|j| j % 7 == 0).collect(),
+        ..RunRows::default()
     };
     let svg = svg_sweep(
         100,

@@ -81,6 +81,51 @@ pub fn positions_file(runs: &[RunResult], protocol_sha256: &str) -> Vec<u8> {
             vec![n],
             f64s(&|r| r.record.nll_cand.unwrap_or(f64::NAN)),
         ));
+        if run.labels.len() == run.rows.len() && !run.labels.is_empty() {
+            // A conversation's rows: where each predicted token sits and what it is.
+            owned.push((
+                format!("{p}.token"),
+                Dtype::I64,
+                vec![n],
+                run.tokens
+                    .iter()
+                    .flat_map(|&t| (t as i64).to_le_bytes())
+                    .collect(),
+            ));
+            let codes = |f: &dyn Fn(&crate::conversation::eval::TokenLabel) -> u8| -> Vec<u8> {
+                run.labels.iter().map(f).collect()
+            };
+            owned.push((
+                format!("{p}.segment"),
+                Dtype::U8,
+                vec![n],
+                codes(&|l| segment_code(l.segment)),
+            ));
+            owned.push((
+                format!("{p}.role"),
+                Dtype::U8,
+                vec![n],
+                codes(&|l| l.role.map_or(255, role_code)),
+            ));
+            owned.push((
+                format!("{p}.message"),
+                Dtype::I32,
+                vec![n],
+                run.labels
+                    .iter()
+                    .flat_map(|l| l.message.map_or(-1, |m| m as i32).to_le_bytes())
+                    .collect(),
+            ));
+            owned.push((
+                format!("{p}.conversation"),
+                Dtype::I32,
+                vec![n],
+                run.labels
+                    .iter()
+                    .flat_map(|l| (l.conversation as i32).to_le_bytes())
+                    .collect(),
+            ));
+        }
     }
     let tensors: Vec<(&str, Dtype, &[u64], &[u8])> = owned
         .iter()
@@ -90,9 +135,25 @@ pub fn positions_file(runs: &[RunResult], protocol_sha256: &str) -> Vec<u8> {
     metadata.insert("protocol_sha256".to_owned(), protocol_sha256.to_owned());
     metadata.insert(
         "definitions".to_owned(),
-        "per scored row: window index (or bootstrap run in a single window), position j (row j predicts token j+1), forward and reverse KL in nats, first-index argmax of each model, the reference's top-1 probability, NLL of the true next token (NaN when unknown)".to_owned(),
+        "per scored row: window index (or bootstrap run in a single window), position j (row j predicts token j+1), forward and reverse KL in nats, first-index argmax of each model, the reference's top-1 probability, NLL of the true next token (NaN when unknown); for a conversation eval text also the predicted token's index in the token stream, its segment (0 content, 1 reasoning, 2 tool_call, 3 tool_result, 4 scaffolding), its message's role (0 system, 1 developer, 2 user, 3 assistant, 4 tool, 5 other, 255 none), its message (-1 none) and conversation".to_owned(),
     );
     serialize(&tensors, &metadata)
+}
+
+/// A segment's code in positions.safetensors (its place in [`Segment::ALL`]).
+pub fn segment_code(s: crate::kld::protocol::Segment) -> u8 {
+    crate::kld::protocol::Segment::ALL
+        .iter()
+        .position(|&x| x == s)
+        .unwrap_or(4) as u8
+}
+
+/// A role's code in positions.safetensors (its place in [`Role::ALL`]).
+pub fn role_code(r: crate::kld::protocol::Role) -> u8 {
+    crate::kld::protocol::Role::ALL
+        .iter()
+        .position(|&x| x == r)
+        .unwrap_or(5) as u8
 }
 
 /// The document as written: pretty JSON and a trailing newline.

@@ -36,6 +36,9 @@ pub struct RunResult {
     pub rows: Vec<Scored>,
     /// For a conversation eval text: each row's predicted token's label (parallel to `rows`).
     pub labels: Vec<crate::conversation::eval::TokenLabel>,
+    /// For a conversation eval text: each row's predicted token's index in the eval text's
+    /// token stream (parallel to `rows`).
+    pub tokens: Vec<u64>,
     /// For a conversation eval text: the statistics of each segment's and role's rows.
     pub spans: Vec<super::spans::SpanSummary>,
     pub bootstrap_block: String,
@@ -111,11 +114,17 @@ pub struct RunPlan {
 impl RunPlan {
     /// What the token row `j` of window `w` predicts (token j + 1) is, for a conversation.
     pub fn label(&self, w: usize, j: usize) -> Option<crate::conversation::eval::TokenLabel> {
-        let (conversation, start) = self.labels.as_ref()?;
+        let (conversation, _) = self.labels.as_ref()?;
+        self.token(w, j)
+            .and_then(|i| conversation.labels.get(i as usize).copied())
+    }
+
+    /// The index in the eval text's token stream of the token row `j` of window `w` predicts,
+    /// for a conversation (`None` for a BOS put before the stream).
+    pub fn token(&self, w: usize, j: usize) -> Option<u64> {
+        let (_, start) = self.labels.as_ref()?;
         let at = *start + (w * self.windows.length + j + 1) as isize;
-        usize::try_from(at)
-            .ok()
-            .and_then(|i| conversation.labels.get(i).copied())
+        u64::try_from(at).ok()
     }
 
     /// Every scored row of every window.
@@ -211,19 +220,22 @@ fn single_window_run(plan: &RunPlan) -> usize {
 /// Each window's records (one per scored row, `None` for a non-finite row) as scored rows with
 /// their bootstrap blocks (windows, or runs of rows inside a single window) and, for a
 /// conversation, each row's label.
-fn scored_rows(
-    plan: &RunPlan,
-    per_window: Vec<Vec<Option<RowRecord>>>,
-) -> (
+/// A run's scored rows, their labels and stream indices (conversations), and the non-finite rows
+/// left out.
+type ScoredRows = (
     Vec<Scored>,
     Vec<crate::conversation::eval::TokenLabel>,
+    Vec<u64>,
     usize,
-) {
+);
+
+fn scored_rows(plan: &RunPlan, per_window: Vec<Vec<Option<RowRecord>>>) -> ScoredRows {
     let l = plan.windows.length;
     let single = plan.windows.windows.len() == 1;
     let run_len = single_window_run(plan);
     let mut scored = Vec::new();
     let mut labels = Vec::new();
+    let mut tokens = Vec::new();
     let mut n_nonfinite = 0;
     for (w, records) in per_window.into_iter().enumerate() {
         for (rank, (record, &j)) in records.into_iter().zip(&plan.rows[w]).enumerate() {
@@ -239,15 +251,16 @@ fn scored_rows(
                         position: j as u64,
                         window_len: l as u64,
                     });
-                    if let Some(label) = plan.label(w, j) {
+                    if let (Some(label), Some(token)) = (plan.label(w, j), plan.token(w, j)) {
                         labels.push(label);
+                        tokens.push(token);
                     }
                 }
                 None => n_nonfinite += 1,
             }
         }
     }
-    (scored, labels, n_nonfinite)
+    (scored, labels, tokens, n_nonfinite)
 }
 
 /// Statistics of every run and the measurement's protocol and eval records.
@@ -263,7 +276,7 @@ fn finish_measurement(
     let mut runs = Vec::new();
     for (plan, per_window) in plans.iter().zip(per_run) {
         let l = plan.windows.length;
-        let (scored, labels, n_nonfinite) = scored_rows(plan, per_window);
+        let (scored, labels, tokens, n_nonfinite) = scored_rows(plan, per_window);
         if scored.is_empty() {
             return Err(Error::runner(
                 eval.text_path,
@@ -290,6 +303,7 @@ fn finish_measurement(
             summary,
             rows: scored,
             labels,
+            tokens,
             spans,
             bootstrap_block: if single {
                 format!("run:{run_len}")
@@ -518,6 +532,8 @@ impl From<&RunResult> for crate::report::RunRows {
                 .iter()
                 .map(|s| s.record.ref_top1 != s.record.cand_top1)
                 .collect(),
+            token: run.tokens.clone(),
+            segment: run.labels.iter().map(|l| l.segment).collect(),
         }
     }
 }
