@@ -259,6 +259,38 @@ pub fn tokenize_eval_text(
     }
 }
 
+/// What the `--chat-template*` flags name, each over what a run would otherwise use (the
+/// defaults for `measure`, the card's `eval.conversation` for `verify`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChatTemplateFlags {
+    /// `--chat-template FILE` (`TemplateFrom::File`) or `--chat-template-from`.
+    pub from: Option<crate::conversation::eval::TemplateFrom>,
+    pub file: Option<PathBuf>,
+    pub name: Option<String>,
+    pub clock: Option<i64>,
+}
+
+impl ChatTemplateFlags {
+    /// Whether no flag was given.
+    pub fn is_empty(&self) -> bool {
+        *self == ChatTemplateFlags::default()
+    }
+
+    /// `base` with what the flags name in its place.
+    pub fn over(&self, base: ChatTemplateChoice) -> ChatTemplateChoice {
+        let (from, file) = match self.from {
+            Some(from) => (from, self.file.clone()),
+            None => (base.from, base.file),
+        };
+        ChatTemplateChoice {
+            from,
+            file,
+            name: self.name.clone().or(base.name),
+            clock: self.clock.or(base.clock),
+        }
+    }
+}
+
 /// A conversation eval text (`.json`/`.jsonl`) rendered with the chosen template, labelled and
 /// tokenized with `tokenizer` (its directory's `tokenizer_config.json` and
 /// `generation_config.json` give the template's special tokens and the turn ends). `reference`

@@ -44,9 +44,9 @@ pub struct VerifyRequest<'a> {
     pub recurrent_state: crate::runner::native::StateDtype,
     /// `--kv-cache`: the candidate's KV-cache scheme for the rerun, in place of the card's.
     pub kv_cache: Option<KvCacheSetting>,
-    /// `--chat-template*`: how a conversation eval text is rendered, in place of what the
-    /// card discloses.
-    pub chat_template: Option<crate::runner::tokens::ChatTemplateChoice>,
+    /// `--chat-template*`: how a conversation eval text is rendered, each flag in place of what
+    /// the card discloses.
+    pub chat_template: crate::runner::tokens::ChatTemplateFlags,
     /// Told each pre-flight warning before the rerun starts.
     pub on_warning: &'a (dyn Fn(&rerun::preflight::Warning) + Sync),
 }
@@ -136,32 +136,26 @@ fn card_file(
     Ok(real)
 }
 
-/// How the rerun renders a conversation eval text: `--chat-template*` when given, else as the
-/// card's `eval.conversation` says (its template's source, name and clock; a template file by
-/// its path inside the card's directory). A card without the block renders with the
-/// reference's template, and any difference from what it states is a difference.
+/// How the rerun renders a conversation eval text: as the card's `eval.conversation` says (its
+/// template's source, name and clock; a template file by its path inside the card's
+/// directory), with each `--chat-template*` flag in place of what it names. A card without the
+/// block renders with the reference's template, and any difference from what a card states is
+/// a difference.
 fn chat_template_choice(
     card_dir: &Path,
     eval: Option<&disclosure::Eval>,
-    given: Option<&crate::runner::tokens::ChatTemplateChoice>,
+    flags: &crate::runner::tokens::ChatTemplateFlags,
     text: Option<&Path>,
 ) -> Result<crate::runner::tokens::ChatTemplateChoice> {
     use crate::conversation::eval::TemplateFrom;
     use crate::runner::tokens::ChatTemplateChoice;
     let conversation_text = text.is_some_and(crate::conversation::eval::is_conversation_file);
-    let card = eval.and_then(|e| e.conversation.as_ref());
-    if let Some(g) = given {
-        // The flags name the template; the clock, unless given too, is the card's.
-        return Ok(ChatTemplateChoice {
-            clock: g.clock.or(card.and_then(|c| c.clock)),
-            ..g.clone()
-        });
-    }
-    let Some(c) = card else {
-        return Ok(ChatTemplateChoice::default());
+    let Some(c) = eval.and_then(|e| e.conversation.as_ref()) else {
+        return Ok(flags.over(ChatTemplateChoice::default()));
     };
     let file = match c.template.from {
-        TemplateFrom::File if conversation_text => {
+        // A template the flags replace is not looked for.
+        TemplateFrom::File if conversation_text && flags.from.is_none() => {
             let digest = c
                 .template
                 .sha256
@@ -178,12 +172,12 @@ fn chat_template_choice(
         }
         _ => None,
     };
-    Ok(ChatTemplateChoice {
+    Ok(flags.over(ChatTemplateChoice {
         from: c.template.from,
         file,
         name: c.template.name.clone(),
         clock: c.clock,
-    })
+    }))
 }
 
 fn compute_dtype(card_dir: &Path, name: &str) -> Result<ComputeDtype> {
@@ -402,7 +396,7 @@ pub fn verify(
                 chat_template: chat_template_choice(
                     &card_dir,
                     eval,
-                    r.chat_template.as_ref(),
+                    &r.chat_template,
                     text.as_deref(),
                 )?,
                 options: resolved.options.clone(),

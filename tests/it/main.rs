@@ -4,6 +4,7 @@ mod artifact;
 mod bad_input;
 mod card;
 mod chat_templates;
+mod conversation;
 mod delta_rule;
 mod dequant_reference;
 mod fail_closed;

@@ -9,7 +9,7 @@ use cardproof::kld::protocol::{Bootstrap, Bos, Direction, Positions, Tail, Vocab
 use cardproof::rerun::options::ProtocolFlags;
 use cardproof::runner::native::kv_cache::KvCacheSetting;
 use cardproof::runner::native::{ComputeDtype, Emulate, StateDtype};
-use cardproof::runner::tokens::ChatTemplateChoice;
+use cardproof::runner::tokens::{ChatTemplateChoice, ChatTemplateFlags};
 use cardproof::runner::transformers::{TransformersFlags, TransformersOptions};
 use clap::ValueEnum;
 
@@ -361,7 +361,7 @@ impl MeasureConfig {
             emulate: Emulate::from_name(&name(args.emulate)).expect("a native emulation"),
             recurrent_state,
             kv_cache,
-            chat_template: chat_template(&args.chat_template).unwrap_or_default(),
+            chat_template: chat_template(&args.chat_template).over(ChatTemplateChoice::default()),
             threads: threads(args.threads),
             progress: std::io::stderr().is_terminal(),
             reference: args.reference,
@@ -399,27 +399,21 @@ fn transformers_flags(a: &cli::TransformersArgs) -> TransformersFlags {
 }
 
 /// `--kv-cache`, `--kv-cache-k`, `--kv-cache-v`, `--kv-cache-rotation`: `None` when none is given.
-/// `--chat-template*` as the library's choice; `None` when no flag is given.
-fn chat_template(args: &cli::ChatTemplateArgs) -> Option<ChatTemplateChoice> {
+/// `--chat-template*` as the library reads them.
+fn chat_template(args: &cli::ChatTemplateArgs) -> ChatTemplateFlags {
     use cardproof::conversation::eval::TemplateFrom;
-    if args.chat_template.is_none()
-        && args.chat_template_from.is_none()
-        && args.chat_template_name.is_none()
-        && args.chat_template_clock.is_none()
-    {
-        return None;
-    }
     let from = match (&args.chat_template, args.chat_template_from.as_deref()) {
-        (Some(_), _) => TemplateFrom::File,
-        (None, Some("candidate")) => TemplateFrom::Candidate,
-        _ => TemplateFrom::Reference,
+        (Some(_), _) => Some(TemplateFrom::File),
+        (None, Some("candidate")) => Some(TemplateFrom::Candidate),
+        (None, Some(_)) => Some(TemplateFrom::Reference),
+        (None, None) => None,
     };
-    Some(ChatTemplateChoice {
+    ChatTemplateFlags {
         from,
         file: args.chat_template.clone(),
         name: args.chat_template_name.clone(),
         clock: args.chat_template_clock,
-    })
+    }
 }
 
 fn kv_cache(args: &cli::KvCacheArgs) -> Result<Option<KvCacheSetting>, String> {
@@ -496,8 +490,8 @@ pub struct VerifyConfig {
     pub recurrent_state: StateDtype,
     /// `--kv-cache`, `--kv-cache-k`, `--kv-cache-v` (else the card's scheme).
     pub kv_cache: Option<KvCacheSetting>,
-    /// `--chat-template*` (else what the card's eval.conversation discloses).
-    pub chat_template: Option<ChatTemplateChoice>,
+    /// `--chat-template*`, each over what the card's eval.conversation discloses.
+    pub chat_template: ChatTemplateFlags,
 }
 
 impl VerifyConfig {
