@@ -9,7 +9,7 @@ use crate::support::*;
 /// The example conversation cut to its first `messages` messages (a whole tool exchange: the
 /// cut ends after an assistant's answer), written into `dir` with the example template beside
 /// it. Returns (conversation, template).
-pub fn short_conversation(dir: &Path, messages: usize) -> (PathBuf, PathBuf) {
+pub(crate) fn short_conversation(dir: &Path, messages: usize) -> (PathBuf, PathBuf) {
     let data = repo_root().join("examples/data");
     let mut doc: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(data.join("tool-conversation.json")).unwrap(),

@@ -843,6 +843,86 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         assert!(text.contains("41 cases bit for bit"), "{text}");
     }
 
+    /// A conversation in the transformers runner: the rows a span policy selects differ from
+    /// window to window (windows without a tool call are not run), and they give the same rows
+    /// and numbers as the tool-call span of the runner's run over every row, and the native
+    /// runner's rows (the bf16 example against itself with llama.cpp's q8_0 KV cache, which
+    /// both runners write alike: float32 forwards within 2%, as the KV-cache sweep test).
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn a_conversation_runs_in_the_transformers_runner_by_span() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        let (conversation, template) = crate::conversation::short_conversation(dir.path(), 16);
+        let measure = |out: &str, runner: &[&str], extra: &[&str]| {
+            let out = dir.path().join(out);
+            let mut args = vec![
+                "measure",
+                "--reference",
+                "examples/models/shakespeare-bf16",
+                "--candidate",
+                "examples/models/shakespeare-bf16",
+                "--kv-cache",
+                "q8_0",
+                "--eval-text",
+                conversation.to_str().unwrap(),
+                "--chat-template",
+                template.to_str().unwrap(),
+                "--context-length",
+                "128",
+                "--bootstrap",
+                "100",
+                "--out",
+                out.to_str().unwrap(),
+                "--json",
+            ];
+            args.extend_from_slice(runner);
+            args.extend_from_slice(extra);
+            let r = run(&[], &args);
+            assert_eq!(r.code, 0, "{}", r.stderr);
+            r.json()
+        };
+        let torch = [
+            "--runner",
+            "transformers",
+            "--device",
+            "cpu",
+            "--torch-dtype",
+            "float32",
+        ];
+        let span = ["--positions", "span:tool-call"];
+        let all = measure("all", &torch, &[]);
+        let calls = measure("calls", &torch, &span);
+        let native = measure("native", &[], &span);
+        assert_eq!(calls["environment"]["runner"], "transformers");
+        assert_eq!(
+            calls["eval"]["tokens_sha256"],
+            native["eval"]["tokens_sha256"]
+        );
+        let inside = all["runs"][0]["spans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["by"] == "segment" && s["name"] == "tool_call")
+            .unwrap()
+            .clone();
+        let only = &calls["runs"][0];
+        assert_eq!(only["n_positions"], inside["n_positions"]);
+        assert_eq!(only["n_positions"], native["runs"][0]["n_positions"]);
+        for metric in ["kld_mean", "top1_agreement", "kld_max"] {
+            let (a, b) = (
+                only["metrics"][metric].as_f64().unwrap(),
+                inside["metrics"][metric].as_f64().unwrap(),
+            );
+            assert!(rel(a, b) < 1e-12, "{metric}: {a} vs {b}");
+        }
+        let (t, n) = (
+            only["metrics"]["kld_mean"].as_f64().unwrap(),
+            native["runs"][0]["metrics"]["kld_mean"].as_f64().unwrap(),
+        );
+        assert!(t > 0.0 && rel(t, n) < 0.02, "transformers {t}, native {n}");
+    }
+
     /// Every chat template of the corpus renders to transformers' bytes with every conversation,
     /// or fails where transformers fails (tests/it/chat_templates.rs).
     #[test]
