@@ -371,6 +371,33 @@ fn positions(f: &Value, push: &mut Push<'_>) {
             ),
         );
     }
+    for (name, field) in [("role", "role"), ("span", "span")] {
+        if policy != Some(name) {
+            continue;
+        }
+        if f.pointer(&format!("/protocol/positions/{field}")).is_none() {
+            push(
+                Item::Positions,
+                "/fidelity/protocol/positions/policy",
+                format!("policy `{name}` does not say which {field} it scores (`{field}:`)"),
+            );
+        } else if !is_conversation(f) {
+            push(
+                Item::Positions,
+                "/fidelity/protocol/positions/policy",
+                format!(
+                    "policy `{name}` selects tokens of a conversation's messages, but the eval text is not said to be conversations (`eval.text.kind: conversation` and `eval.conversation`)"
+                ),
+            );
+        }
+        if stride.is_some() != offset.is_some() {
+            push(
+                Item::Positions,
+                "/fidelity/protocol/positions",
+                "a stride needs its offset, and an offset its stride".into(),
+            );
+        }
+    }
     let from = f
         .pointer("/protocol/positions/from")
         .and_then(Value::as_u64);

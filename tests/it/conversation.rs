@@ -453,6 +453,33 @@ fn lint_says_what_a_conversation_card_leaves_out() {
         "{f}"
     );
     assert_eq!(f["pointer"], "/fidelity/eval/conversation/template");
+
+    // A role policy that names no role, and a span policy on plain text: vague.
+    std::fs::write(
+        candidate.join("README.md"),
+        card.replace("policy: all", "policy: role"),
+    )
+    .unwrap();
+    let r = cardproof(&["lint", candidate.to_str().unwrap(), "--json"]);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(
+        r.finding("vague-disclosure")["message"]
+            .as_str()
+            .unwrap()
+            .contains("policy `role` does not say which role it scores"),
+        "{}",
+        r.stdout
+    );
+    let plain = std::fs::read_to_string(model("shakespeare-fp8-block") + "/README.md").unwrap();
+    assert!(plain.contains("policy: all"));
+    let r = lint_text(plain.replace("policy: all", "policy: span\n      span: tool_call"));
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("the eval text is not said to be conversations"),
+        "{}",
+        r.stdout
+    );
 }
 
 #[test]
