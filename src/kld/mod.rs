@@ -111,6 +111,15 @@ pub fn definitions() -> Value {
 /// Measure `candidate` against `reference`.
 pub fn measure(reference: &Path, candidate: &Path, options: &Options) -> Result<Measurement> {
     options.check()?;
+    if options.positions.needs_labels() {
+        return Err(Error::usage(
+            reference,
+            format!(
+                "--positions {}: logit files say nothing of which token is whose; a role or span policy needs a conversation eval text (measure --eval-text FILE.json)",
+                options.positions.spelling()
+            ),
+        ));
+    }
     let r = LogitSource::open(reference, options.context_length)?;
     let c = LogitSource::open(candidate, options.context_length)?;
     check_pair(&r, &c)?;

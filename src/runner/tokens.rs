@@ -271,11 +271,6 @@ pub struct ChatTemplateFlags {
 }
 
 impl ChatTemplateFlags {
-    /// Whether no flag was given.
-    pub fn is_empty(&self) -> bool {
-        *self == ChatTemplateFlags::default()
-    }
-
     /// `base` with what the flags name in its place.
     pub fn over(&self, base: ChatTemplateChoice) -> ChatTemplateChoice {
         let (from, file) = match self.from {

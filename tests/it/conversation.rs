@@ -233,6 +233,42 @@ fn role_and_span_policies_and_conversation_files_refuse_what_they_cannot_do() {
         assert!(r.stderr.contains(needle), "{flags:?}: {}", r.stderr);
     }
 
+    // Lanes without labels: logit files, reference artifacts.
+    let r = cardproof(&[
+        "kld",
+        "--reference",
+        "a.safetensors",
+        "--candidate",
+        "b.safetensors",
+        "--positions",
+        "role:user",
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("logit files say nothing"), "{}", r.stderr);
+    let reference = model("shakespeare-bf16");
+    let artifact = dir.path().join("a.artifact");
+    let r = cardproof(&[
+        "reference",
+        "export",
+        "--model",
+        &reference,
+        "--eval-text",
+        conversation.to_str().unwrap(),
+        "--context-length",
+        "128",
+        "--positions",
+        "span:tool-call",
+        "--out",
+        artifact.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("an artifact scores the same rows"),
+        "{}",
+        r.stderr
+    );
+    assert!(!artifact.exists());
+
     // Bad files: each one error naming the file and the place, exit 2, nothing written.
     let broken = dir.path().join("broken.json");
     std::fs::write(
