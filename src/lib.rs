@@ -31,6 +31,8 @@ pub mod runner;
 pub mod schema;
 pub mod span;
 #[cfg(feature = "native")]
+pub mod study;
+#[cfg(feature = "native")]
 pub mod verify;
 
 pub use error::{Error, ErrorKind, Result};

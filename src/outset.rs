@@ -71,6 +71,8 @@ pub enum Kind {
     Verify,
     /// `measure`: measurement.json and positions.safetensors, or a sweep.
     Measure,
+    /// `study`: study.json and its renderings and envelope, each arm's measurement.
+    Study,
 }
 
 impl Kind {
@@ -78,6 +80,7 @@ impl Kind {
         match self {
             Kind::Verify => "verify",
             Kind::Measure => "measure",
+            Kind::Study => "study",
         }
     }
 }

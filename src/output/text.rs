@@ -445,6 +445,125 @@ pub fn spans(out: &mut String, spans: &[crate::rerun::spans::SpanSummary]) {
     }
 }
 
+/// `study`'s human output: per context length, the arms' table and the paired comparisons.
+#[cfg(feature = "native")]
+pub fn study(d: &crate::study::document::StudyDocument) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "study {}: {} arms against {} ({} tokens, {} runner; protocol_sha256 {})",
+        d.name,
+        d.arms.len(),
+        d.reference.path,
+        d.eval.token_count,
+        d.runner,
+        d.protocol_sha256
+    );
+    let arm_seconds: f64 = d.arms.iter().map(|a| a.seconds).sum();
+    let _ = writeln!(
+        out,
+        "time: reference pass {:.1} s, arms {:.1} s, total {:.1} s",
+        d.timings.reference_seconds, arm_seconds, d.timings.total_seconds
+    );
+    let num = |v: Option<f64>, digits: usize| {
+        v.filter(|x| x.is_finite())
+            .map_or("-".to_owned(), |x| format!("{x:.digits$}"))
+    };
+    for (run_index, &length) in d.protocol.context_lengths.iter().enumerate() {
+        let tool_calls = d.arms.iter().any(|a| {
+            a.runs
+                .get(run_index)
+                .is_some_and(|r| r.tool_call_flips.is_some())
+        });
+        let _ = writeln!(
+            out,
+            "\n== context length {length}\n{:<18} {:<16} {:>7} {:>10}  {:<22} {:>9} {:>8} {:>7}{} {:>9} {:>7}",
+            "arm",
+            "changes",
+            "bits/w",
+            "kld_mean",
+            "95% CI",
+            "kld_p99",
+            "top1_agr",
+            "flips",
+            if tool_calls { "  in calls" } else { "" },
+            "ppl_ratio",
+            "seconds"
+        );
+        for a in &d.arms {
+            let Some(r) = a.runs.get(run_index) else {
+                continue;
+            };
+            let m = |k: &str| r.metrics.get(k).copied();
+            let ci = match r.uncertainty.get("kld_mean").map(|u| u.ci95) {
+                Some([lo, hi]) if lo.is_finite() && hi.is_finite() => {
+                    format!("[{lo:.6}, {hi:.6}]")
+                }
+                _ => String::new(),
+            };
+            let changes = if a.mixed {
+                format!(
+                    "{} (mixed)",
+                    a.changed
+                        .iter()
+                        .map(|v| v.as_str())
+                        .collect::<Vec<_>>()
+                        .join("+")
+                )
+            } else {
+                a.changes.as_str().to_owned()
+            };
+            let _ = writeln!(
+                out,
+                "{:<18} {:<16} {:>7} {:>10}  {:<22} {:>9} {:>8} {:>7}{} {:>9} {:>7}",
+                a.name,
+                changes,
+                num(a.bits_per_weight, 2),
+                num(m("kld_mean"), 6),
+                ci,
+                num(m("kld_p99"), 5),
+                num(m("top1_agreement"), 4),
+                r.top1_flips,
+                if tool_calls {
+                    format!(
+                        "{:>10}",
+                        r.tool_call_flips.map_or("-".into(), |n| n.to_string())
+                    )
+                } else {
+                    String::new()
+                },
+                num(m("ppl_ratio"), 5),
+                format!("{:.1}", a.seconds)
+            );
+        }
+        let pairs: Vec<_> = d
+            .comparisons
+            .iter()
+            .filter(|c| c.context_length == length as usize)
+            .collect();
+        if !pairs.is_empty() {
+            let _ = writeln!(
+                out,
+                "\npaired on the same rows: mean(KL_A - KL_B), 95% CI, and the smallest difference this sample detects"
+            );
+            for c in pairs {
+                let _ = writeln!(
+                    out,
+                    "  {:<16} vs {:<16} {:>+11.6} [{:+.6}, {:+.6}]  A is {:<20} mde {:.2e}",
+                    c.a,
+                    c.b,
+                    c.difference,
+                    c.ci95[0],
+                    c.ci95[1],
+                    c.verdict.as_str(),
+                    c.mde
+                );
+            }
+        }
+    }
+    out
+}
+
 /// `verify`'s human output: the verdict, what was verified, one line per claim (with the reason
 /// when it is not reproduced), the gates and the noise floor.
 #[cfg(feature = "native")]

@@ -9,6 +9,7 @@
 //! inline SVG.
 
 mod render;
+mod study_svg;
 mod svg;
 #[cfg(test)]
 mod tests;
@@ -19,7 +20,8 @@ use crate::checkpoint::dtype::Dtype;
 use crate::checkpoint::safetensors::{self as st, SafetensorsFile};
 use crate::error::{Error, Result};
 
-pub use render::{format_number, render_html, render_markdown};
+pub use render::{format_number, render_html, render_markdown, render_study};
+pub use study_svg::{ArmPoint, FlipSeries, svg_cumulative_flips, svg_forest, svg_kld_vs_bits};
 pub use svg::{
     MAX_POINTS, SWEEP_BINS, escape_xml, svg_histogram, svg_kld_along_position, svg_sweep,
 };
@@ -93,6 +95,8 @@ pub struct RunRows {
     pub token: Vec<u64>,
     /// For a conversation eval text: the predicted token's segment (empty for plain text).
     pub segment: Vec<crate::kld::protocol::Segment>,
+    /// The window of each row (empty when not known: rows read back from a positions file).
+    pub window: Vec<u32>,
 }
 
 /// Markdown escaping for untrusted text (card values, paths), for use in paragraphs, list items
@@ -262,6 +266,7 @@ pub fn read_positions(path: &Path) -> Result<Vec<RunRows>> {
                 flip: a.iter().zip(&b).map(|(a, b)| a != b).collect(),
                 token,
                 segment,
+                window: Vec::new(),
             })
         })
         .collect()

@@ -41,6 +41,19 @@ pub fn render_html(report: &Json, rows: &[RunRows]) -> Result<String> {
     render(HTML_NAME, HTML_TEMPLATE, &view)
 }
 
+const STUDY_MD_TEMPLATE: &str = include_str!("../../templates/study.md.j2");
+const STUDY_HTML_TEMPLATE: &str = include_str!("../../templates/study.html.j2");
+
+/// study.md (`html` false) or study.html from a study's view (the study document with its plots
+/// as strings), with the report's environment, filters and escaping.
+pub fn render_study(view: &Json, html: bool) -> Result<String> {
+    if html {
+        render("study.html.j2", STUDY_HTML_TEMPLATE, view)
+    } else {
+        render("study.md.j2", STUDY_MD_TEMPLATE, view)
+    }
+}
+
 fn template_path(name: &str) -> std::path::PathBuf {
     Path::new("templates").join(name)
 }

@@ -12,12 +12,12 @@ use std::fmt::Write as _;
 use super::RunRows;
 use super::render::format_number;
 
-const WIDTH: f64 = 720.0;
-const HEIGHT: f64 = 300.0;
-const LEFT: f64 = 72.0;
-const RIGHT: f64 = 20.0;
-const TOP: f64 = 48.0;
-const BOTTOM: f64 = 48.0;
+pub(super) const WIDTH: f64 = 720.0;
+pub(super) const HEIGHT: f64 = 300.0;
+pub(super) const LEFT: f64 = 72.0;
+pub(super) const RIGHT: f64 = 20.0;
+pub(super) const TOP: f64 = 48.0;
+pub(super) const BOTTOM: f64 = 48.0;
 
 /// Above this many distinct positions, neighbouring positions are pooled into bins so a 131k-token
 /// window stays a plot of at most this many points (and markers).
@@ -25,10 +25,10 @@ pub const MAX_POINTS: usize = 1000;
 /// Histogram bins at most (log-spaced); decades beyond are clamped into the first bin.
 const MAX_BINS: usize = 60;
 
-const LINE: &str = "#0969da";
-const FLIP: &str = "#cf222e";
-const AXIS: &str = "#57606a";
-const GRID: &str = "#d0d7de";
+pub(super) const LINE: &str = "#0969da";
+pub(super) const FLIP: &str = "#cf222e";
+pub(super) const AXIS: &str = "#57606a";
+pub(super) const GRID: &str = "#d0d7de";
 const BAR: &str = "#54aeff";
 /// The position plot is taller: under the KLD panel, a panel of top-1 flip rates.
 const POSITION_HEIGHT: f64 = 430.0;
@@ -521,7 +521,7 @@ fn open_svg(label: &str) -> String {
     open_svg_sized(label, HEIGHT)
 }
 
-fn open_svg_sized(label: &str, height: f64) -> String {
+pub(super) fn open_svg_sized(label: &str, height: f64) -> String {
     format!(
         r##"<svg class="plot" viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" height="{height}" role="img" aria-label="{label}" font-family="system-ui, sans-serif">"##
     )
@@ -530,7 +530,7 @@ fn open_svg_sized(label: &str, height: f64) -> String {
 /// The flip panel's axes: rate ticks on the left, the position axis shared with the KLD panel
 /// (its ticks repeated without labels).
 /// Horizontal grid lines at `y`'s ticks across `x`'s span, labelled on the left.
-fn draw_y_grid(s: &mut String, x: &Axis, y: &Axis, font_size: u32) {
+pub(super) fn draw_y_grid(s: &mut String, x: &Axis, y: &Axis, font_size: u32) {
     let (x0, x1) = (c(x.p0), c(x.p1));
     for (t, label) in y.ticks.iter().zip(&y.labels) {
         let py = c(y.map(*t));
@@ -569,7 +569,7 @@ fn draw_flip_axes(s: &mut String, x: &Axis, y: &Axis) {
     );
 }
 
-fn note(s: &mut String, text: &str) {
+pub(super) fn note(s: &mut String, text: &str) {
     let _ = write!(
         s,
         r##"<text x="{}" y="{}" font-size="13" text-anchor="middle" fill="{AXIS}">{text}</text>"##,
@@ -579,7 +579,7 @@ fn note(s: &mut String, text: &str) {
 }
 
 /// A coordinate, rounded for size; never NaN or infinite (those would break the SVG).
-fn c(v: f64) -> String {
+pub(super) fn c(v: f64) -> String {
     let v = if v.is_finite() { v } else { 0.0 };
     let r = (v * 10.0).round() / 10.0;
     if r == 0.0 {
@@ -590,18 +590,18 @@ fn c(v: f64) -> String {
 }
 
 /// A linear mapping from data to pixels with its ticks.
-struct Axis {
-    lo: f64,
-    hi: f64,
-    p0: f64,
-    p1: f64,
-    ticks: Vec<f64>,
-    labels: Vec<String>,
+pub(super) struct Axis {
+    pub(super) lo: f64,
+    pub(super) hi: f64,
+    pub(super) p0: f64,
+    pub(super) p1: f64,
+    pub(super) ticks: Vec<f64>,
+    pub(super) labels: Vec<String>,
 }
 
 impl Axis {
     /// From `lo` to at least `hi`, extended to a round tick; a degenerate range becomes [lo, lo+1].
-    fn linear(lo: f64, hi: f64, p0: f64, p1: f64) -> Axis {
+    pub(super) fn linear(lo: f64, hi: f64, p0: f64, p1: f64) -> Axis {
         let lo = if lo.is_finite() { lo } else { 0.0 };
         let mut hi = if hi.is_finite() { hi } else { lo };
         if hi <= lo {
@@ -627,7 +627,7 @@ impl Axis {
     }
 
     /// End the axis at `hi` exactly, dropping ticks beyond it.
-    fn clip(&mut self, hi: f64) {
+    pub(super) fn clip(&mut self, hi: f64) {
         if hi > self.lo {
             self.hi = hi;
             let keep = self
@@ -641,7 +641,7 @@ impl Axis {
     }
 
     /// Counts from 0: integer ticks only.
-    fn counts(max: usize, p0: f64, p1: f64) -> Axis {
+    pub(super) fn counts(max: usize, p0: f64, p1: f64) -> Axis {
         let hi = (max as f64).max(1.0);
         let step = nice_step(hi / 5.0).max(1.0);
         let top = (hi / step).ceil() * step;
@@ -659,7 +659,7 @@ impl Axis {
         }
     }
 
-    fn map(&self, v: f64) -> f64 {
+    pub(super) fn map(&self, v: f64) -> f64 {
         let span = self.hi - self.lo;
         if span.is_nan() || span <= 0.0 || !v.is_finite() {
             return self.p0;
@@ -697,7 +697,7 @@ fn tick_label(t: f64, step: f64) -> String {
     format_number(t, 3)
 }
 
-fn draw_axes(s: &mut String, x: &Axis, y: &Axis, x_label: &str, y_label: &str) {
+pub(super) fn draw_axes(s: &mut String, x: &Axis, y: &Axis, x_label: &str, y_label: &str) {
     let (x0, x1) = (c(x.p0), c(x.p1));
     let (y0, y1) = (c(y.p0), c(y.p1));
     draw_y_grid(s, x, y, 11);
@@ -728,7 +728,7 @@ fn draw_axes(s: &mut String, x: &Axis, y: &Axis, x_label: &str, y_label: &str) {
 }
 
 /// Colours of a sweep plot's settings, in order (the baseline has no line: it is the reference).
-const SERIES: [&str; 6] = [
+pub(super) const SERIES: [&str; 6] = [
     "#0969da", "#cf222e", "#1a7f37", "#8250df", "#bf8700", "#57606a",
 ];
 /// Bins of positions a sweep plot pools rows into.
@@ -875,7 +875,7 @@ pub fn svg_sweep(context_length: usize, baseline: &str, series: &[(String, RunRo
 }
 
 /// One line through `points` (a point alone is a dot), titled for the hover text.
-fn polyline(s: &mut String, points: &[(f64, f64)], colour: &str, title: &str) {
+pub(super) fn polyline(s: &mut String, points: &[(f64, f64)], colour: &str, title: &str) {
     if let [(x, y)] = points {
         let _ = write!(
             s,

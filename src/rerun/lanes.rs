@@ -10,7 +10,7 @@ use super::document::{ArtifactRecord, Environment, ModelRecord, RunnerKind, Toke
 use super::gates::{self, Gate, Measured};
 use super::preflight::Preflight;
 use super::score::{self, EvalInput, Progress, Scoring};
-use super::{GateRequest, NoiseFloor, NoiseFloorRun, Request, Rerun, record};
+use super::{GateRequest, Lane, NoiseFloor, NoiseFloorRun, Request, Rerun, record};
 use crate::checkpoint::hash::Manifest;
 use crate::error::{Error, Result};
 use crate::kld::protocol::VocabMode;
@@ -318,6 +318,120 @@ pub(super) fn native(
         gates_out,
         noise_floor,
     ))
+}
+
+/// One arm of a study, measured against the study's reference pass: its rerun, each row's
+/// record (for paired comparisons), and the seconds its pass took.
+pub struct ArmOutcome {
+    pub rerun: Rerun,
+    pub records: score::PerRun,
+    pub seconds: f64,
+}
+
+/// Several candidates against one native reference pass (a study): every request shares the
+/// first one's reference, eval text, tokenizer and options; each has its own candidate and
+/// settings, and its `Native` lane's compute dtype is the candidate's (the reference runs in
+/// `reference_compute`). The reference runs once per window and its windows are kept; each
+/// candidate is loaded, measured against them, and dropped, so N arms cost N + 1 passes and
+/// hold one candidate at a time. Each arm's numbers are what a single `measure` of that pair
+/// gives (the same planning, reduction and statistics). `progress(arm, done, total)`: arm 0 is
+/// the reference's pass.
+pub(super) fn native_arms(
+    requests: &[Request],
+    names: &[String],
+    mut pre: Preflight,
+    reference_path: &Path,
+    reference_compute: ComputeDtype,
+    stage: Stage,
+    progress: &(dyn Fn(usize, usize, usize) + Sync),
+) -> Result<ArmsOutcome> {
+    let first = requests
+        .first()
+        .ok_or_else(|| Error::internal(reference_path, "a study without arms"))?;
+    let (text, tokenizer, stream) = tokenized(first, &mut pre)?;
+    stage("loading the reference");
+    let emulate = match first.lane {
+        Lane::Native { emulate, .. } => emulate,
+        _ => Emulate::ReferenceSemantics,
+    };
+    let mut reference = native::load(reference_path, reference_compute, emulate, StateDtype::F32)?;
+    if let Some(setting) = first.reference_kv_cache {
+        reference.decoder.set_kv_cache(setting).map_err(|e| {
+            Error::usage(reference_path, format!("KV cache {}: {e}", setting.name()))
+        })?;
+    }
+    let reference_id = identity(
+        &reference,
+        reference_path,
+        first.threads,
+        pre.reference_manifest.as_ref(),
+    )?;
+    let options = with_padding(first, reference.vocab());
+    let eval = EvalInput {
+        stream: &stream,
+        text_path: text,
+        bos_id: tokenizer.bos_id,
+        tokenizer_vocab: tokenizer.vocab_size,
+    };
+    stage(&format!(
+        "reference pass ({} arms to follow)",
+        requests.len()
+    ));
+    let started = std::time::Instant::now();
+    let mut pass = score::reference_pass(&reference, &eval, &options, &|d, t| progress(0, d, t))?;
+    let reference_seconds = started.elapsed().as_secs_f64();
+    let mut out = Vec::with_capacity(requests.len());
+    for (i, r) in requests.iter().enumerate() {
+        let Lane::Native {
+            compute, emulate, ..
+        } = r.lane
+        else {
+            return Err(Error::internal(
+                r.candidate,
+                "a native study arm outside the native lane",
+            ));
+        };
+        let name = names.get(i).map_or("?", String::as_str);
+        stage(&format!("arm {}/{} {name}: loading", i + 1, requests.len()));
+        let candidate = load_candidate(r, compute, emulate)?;
+        stage(&format!("arm {}/{} {name}", i + 1, requests.len()));
+        let candidate_id = identity(&candidate, r.candidate, r.threads, r.candidate_manifest)?;
+        let started = std::time::Instant::now();
+        let (scoring, records) =
+            score::measure_against(&mut pass, &candidate, &eval, &options, &|d, t| {
+                progress(i + 1, d, t)
+            })?;
+        let seconds = started.elapsed().as_secs_f64();
+        let mut environment = native_environment(&candidate, compute, emulate, r.threads);
+        environment.tokenizer = Some(tokenizer_record(&tokenizer));
+        let mut rerun = finished(
+            scoring,
+            &options,
+            (reference_id.clone(), candidate_id, environment),
+            Vec::new(),
+            None,
+        );
+        for (role, pin) in &r.pins {
+            rerun.measurement.pin(*role, pin);
+        }
+        out.push(ArmOutcome {
+            rerun,
+            records,
+            seconds,
+        });
+    }
+    Ok(ArmsOutcome {
+        reference: reference_id,
+        reference_seconds,
+        arms: out,
+    })
+}
+
+/// A study's runs: the reference's identity and pass time, and each arm's outcome.
+pub struct ArmsOutcome {
+    pub reference: ModelRecord,
+    pub reference_seconds: f64,
+    pub arms: Vec<ArmOutcome>,
 }
 
 /// The reference against itself in a second compute dtype.

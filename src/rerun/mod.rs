@@ -16,13 +16,14 @@ pub mod artifact;
 pub mod document;
 pub mod export;
 pub mod gates;
-mod lanes;
+pub(crate) mod lanes;
 pub mod options;
 pub mod output;
 pub mod preflight;
 pub mod record;
 pub mod score;
 pub mod spans;
+pub mod study;
 pub mod sweep;
 
 use std::path::Path;

@@ -792,11 +792,11 @@ mod tests {
             ),
             (
                 |f| f.offset = Some(1),
-                "--stride and --offset need --positions stride",
+                "--stride and --offset need --positions stride (or a role: or span: policy)",
             ),
             (
                 |f| f.stride = Some(2),
-                "--stride and --offset need --positions stride",
+                "--stride and --offset need --positions stride (or a role: or span: policy)",
             ),
             (|f| f.positions = P::From, "--positions from needs --from N"),
             (|f| f.from = Some(3), "--from needs --positions from"),

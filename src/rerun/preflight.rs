@@ -228,6 +228,16 @@ pub(super) fn tokenize_eval(
     Ok((loaded, stream))
 }
 
+/// What a study's further arm must share with its first: the reference's tokenizer, part by
+/// part, and context lengths within the arm's candidate's trained positions.
+pub(super) fn check_arm(r: &Request, tokenizer: &TokenizerFile) -> Result<()> {
+    let candidate_tokenizer = tokens::tokenizer_path(r.candidate);
+    if r.tokenizer.is_none() && candidate_tokenizer.exists() {
+        tokens::check_same_tokenizer(tokenizer, &tokens::load_tokenizer(&candidate_tokenizer)?)?;
+    }
+    context_lengths(r.candidate, &r.options.context_lengths)
+}
+
 /// The config.json keys that hold a model's trained positions, by architecture family
 /// (Llama/Qwen/Mistral, GPT-2, GPT-J/Falcon-style, MPT, ChatGLM).
 const POSITION_KEYS: &[&str] = &[

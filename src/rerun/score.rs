@@ -386,7 +386,6 @@ pub fn measure_models(
     let total: usize = plans.iter().map(|p| p.windows.windows.len()).sum();
     let done = std::sync::atomic::AtomicUsize::new(0);
     let chunk = (CHUNK_BYTES / 4 / width).max(1);
-    let want_reverse = o.direction.reverse();
 
     let mut per_run = Vec::new();
     for plan in &plans {
@@ -400,51 +399,28 @@ pub fn measure_models(
                 ),
             ));
         }
-        type WindowOut = (Vec<Option<RowRecord>>, Vec<f32>, Vec<f32>);
+        let shape = Shape {
+            width,
+            vocab_size,
+            chunk,
+            dump,
+        };
         let results: Vec<WindowOut> = windows
             .windows
             .par_iter()
             .zip(&plan.rows)
             .map(|(ids, rows)| -> Result<WindowOut> {
-                if rows.is_empty() {
+                let out = if rows.is_empty() {
                     // A window with no token the policy selects: nothing to run.
-                    let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-                    progress(n, total);
-                    return Ok((Vec::new(), Vec::new(), Vec::new()));
-                }
-                let a = reference.window(ids)?;
-                let b = candidate.window(ids)?;
-                let mut scratch = row::Scratch::default();
-                let mut out = Vec::with_capacity(rows.len());
-                let (mut dump_a, mut dump_b) = (Vec::new(), Vec::new());
-                for part in rows.chunks(chunk) {
-                    let la = a.logits(part)?;
-                    let lb = b.logits(part)?;
-                    for (k, &j) in part.iter().enumerate() {
-                        let ra = &la[k * width..k * width + vocab_size];
-                        let rb = &lb[k * width..k * width + vocab_size];
-                        let token = Some(ids[j + 1]).filter(|&t| (t as usize) < vocab_size);
-                        let exact_nll = a.token_nll(j);
-                        out.push(
-                            row::reduce(ra, rb, token, o.vocab, want_reverse, &mut scratch).map(
-                                |mut record: RowRecord| {
-                                    if let Some(n) = exact_nll.filter(|_| record.nll_ref.is_some())
-                                    {
-                                        record.nll_ref = Some(n);
-                                    }
-                                    record
-                                },
-                            ),
-                        );
-                        if dump {
-                            dump_a.extend_from_slice(ra);
-                            dump_b.extend_from_slice(rb);
-                        }
-                    }
-                }
+                    (Vec::new(), Vec::new(), Vec::new())
+                } else {
+                    let a = reference.window(ids)?;
+                    let b = candidate.window(ids)?;
+                    reduce_window(a.as_ref(), b.as_ref(), ids, rows, &shape, o)?
+                };
                 let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
                 progress(n, total);
-                Ok((out, dump_a, dump_b))
+                Ok(out)
             })
             .collect::<Result<_>>()?;
         let (mut dump_a, mut dump_b) = (Vec::new(), Vec::new());
@@ -468,6 +444,188 @@ pub fn measure_models(
     }
     finish_measurement(eval, o, &plans, per_run, vocab_size, width)
 }
+
+/// One window's records, and its dumped logits when asked for.
+type WindowOut = (Vec<Option<RowRecord>>, Vec<f32>, Vec<f32>);
+
+/// The logit rows' geometry: entries per row, entries used, rows per head chunk, and whether the
+/// rows are dumped.
+struct Shape {
+    width: usize,
+    vocab_size: usize,
+    chunk: usize,
+    dump: bool,
+}
+
+/// One window's scored rows reduced: the reference's and the candidate's logits at `rows`, a
+/// chunk of rows at a time, into one record per row (`None`: non-finite). Every lane that runs
+/// models reduces here, so a study's arm and a single `measure` compute the same numbers.
+fn reduce_window(
+    a: &dyn crate::runner::WindowLogits,
+    b: &dyn crate::runner::WindowLogits,
+    ids: &[u32],
+    rows: &[usize],
+    shape: &Shape,
+    o: &MeasureOptions,
+) -> Result<WindowOut> {
+    let (width, vocab_size) = (shape.width, shape.vocab_size);
+    let want_reverse = o.direction.reverse();
+    let mut scratch = row::Scratch::default();
+    let mut out = Vec::with_capacity(rows.len());
+    let (mut dump_a, mut dump_b) = (Vec::new(), Vec::new());
+    for part in rows.chunks(shape.chunk) {
+        let la = a.logits(part)?;
+        let lb = b.logits(part)?;
+        for (k, &j) in part.iter().enumerate() {
+            let ra = &la[k * width..k * width + vocab_size];
+            let rb = &lb[k * width..k * width + vocab_size];
+            let token = Some(ids[j + 1]).filter(|&t| (t as usize) < vocab_size);
+            let exact_nll = a.token_nll(j);
+            out.push(
+                row::reduce(ra, rb, token, o.vocab, want_reverse, &mut scratch).map(
+                    |mut record: RowRecord| {
+                        if let Some(n) = exact_nll.filter(|_| record.nll_ref.is_some()) {
+                            record.nll_ref = Some(n);
+                        }
+                        record
+                    },
+                ),
+            );
+            if shape.dump {
+                dump_a.extend_from_slice(ra);
+                dump_b.extend_from_slice(rb);
+            }
+        }
+    }
+    Ok((out, dump_a, dump_b))
+}
+
+/// The reference's forward pass over every window of every run, kept (each window's final
+/// hidden states) so that several candidates are measured against one pass: a study of N arms
+/// costs N + 1 passes, not 2N.
+pub struct ReferencePass<'a> {
+    pub plans: Vec<RunPlan>,
+    /// Per run, per window: the reference's kept window (`None`: no scored row, not run).
+    windows: Vec<Vec<Option<Box<dyn crate::runner::WindowLogits + 'a>>>>,
+    width: usize,
+    vocab_size: usize,
+}
+
+/// Run the reference once over `eval` under `o` and keep its windows.
+pub fn reference_pass<'a>(
+    reference: &'a dyn Runner,
+    eval: &EvalInput,
+    o: &MeasureOptions,
+    progress: Progress,
+) -> Result<ReferencePass<'a>> {
+    let width = reference.vocab();
+    let vocab_size = used_vocab(eval, width, o)?;
+    if o.dump_logits.is_some() {
+        return Err(Error::usage(
+            eval.text_path,
+            "--dump-logits dumps one pair; a study keeps its rows in each arm's positions.safetensors",
+        ));
+    }
+    let plans = plan_runs(eval, o)?;
+    if let Some(first) = plans.iter().find_map(|p| p.windows.windows.first()) {
+        reference.calibrate(first)?;
+    }
+    let total: usize = plans.iter().map(|p| p.windows.windows.len()).sum();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let mut windows = Vec::with_capacity(plans.len());
+    for plan in &plans {
+        let kept = plan
+            .windows
+            .windows
+            .par_iter()
+            .zip(&plan.rows)
+            .map(|(ids, rows)| {
+                let w = if rows.is_empty() {
+                    None
+                } else {
+                    Some(reference.window(ids)?)
+                };
+                let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                progress(n, total);
+                Ok(w)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        windows.push(kept);
+    }
+    Ok(ReferencePass {
+        plans,
+        windows,
+        width,
+        vocab_size,
+    })
+}
+
+/// One candidate against a kept reference pass: the same scoring as [`measure_models`], the
+/// reference's logits recomputed from its kept windows. Also returns, per run, per window, the
+/// rows' records (for paired comparisons between candidates).
+pub fn measure_against(
+    pass: &mut ReferencePass,
+    candidate: &dyn Runner,
+    eval: &EvalInput,
+    o: &MeasureOptions,
+    progress: Progress,
+) -> Result<(Scoring, PerRun)> {
+    if candidate.vocab() != pass.width {
+        return Err(Error::mismatch(
+            eval.text_path,
+            None,
+            format!(
+                "vocabulary mismatch: the reference's logit rows have {} entries, the candidate's {}",
+                pass.width,
+                candidate.vocab()
+            ),
+        ));
+    }
+    if let Some(first) = pass.plans.iter().find_map(|p| p.windows.windows.first()) {
+        candidate.calibrate(first)?;
+    }
+    let shape = Shape {
+        width: pass.width,
+        vocab_size: pass.vocab_size,
+        chunk: (CHUNK_BYTES / 4 / pass.width).max(1),
+        dump: false,
+    };
+    let total: usize = pass.plans.iter().map(|p| p.windows.windows.len()).sum();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let mut per_run = Vec::with_capacity(pass.plans.len());
+    for (plan, kept) in pass.plans.iter().zip(pass.windows.iter_mut()) {
+        let per_window = kept
+            .par_iter_mut()
+            .zip(plan.windows.windows.par_iter())
+            .zip(plan.rows.par_iter())
+            .map(|((a, ids), rows)| {
+                let out = match a {
+                    Some(a) => {
+                        let b = candidate.window(ids)?;
+                        reduce_window(a.as_ref(), b.as_ref(), ids, rows, &shape, o)?.0
+                    }
+                    None => Vec::new(),
+                };
+                let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                progress(n, total);
+                Ok(out)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        per_run.push(per_window);
+    }
+    let scoring = finish_measurement(
+        eval,
+        o,
+        &pass.plans,
+        per_run.clone(),
+        pass.vocab_size,
+        pass.width,
+    )?;
+    Ok((scoring, per_run))
+}
+
+/// Per run, per window, one record per scored row (`None`: non-finite).
+pub type PerRun = Vec<Vec<Vec<Option<RowRecord>>>>;
 
 /// A logit dump in the layout `cardproof kld` reads, plus the windows' input ids.
 fn write_dump(
@@ -534,6 +692,12 @@ impl From<&RunResult> for crate::report::RunRows {
                 .collect(),
             token: run.tokens.clone(),
             segment: run.labels.iter().map(|l| l.segment).collect(),
+            // A single window's blocks are runs of rows, not windows.
+            window: run
+                .rows
+                .iter()
+                .map(|s| if run.n_windows == 1 { 0 } else { s.block })
+                .collect(),
         }
     }
 }

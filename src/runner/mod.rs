@@ -31,7 +31,7 @@ pub trait Runner: Sync {
 }
 
 /// One window's forward pass, kept so the output head can run on chunks of rows.
-pub trait WindowLogits {
+pub trait WindowLogits: Send {
     /// Logits `[rows.len(), vocab]` row-major, f32.
     fn logits(&self, rows: &[usize]) -> Result<Vec<f32>>;
     /// The true next token's NLL at a row when the logits alone do not give it exactly (a top-K

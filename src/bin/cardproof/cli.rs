@@ -54,6 +54,10 @@ pub enum Command {
     /// Check a signed report offline: the signature, the keyid, and (with --checkpoint) that every
     /// subject digest matches the files. Exit 1 on any mismatch.
     VerifyReport(VerifyReportArgs),
+    /// Run a study: one reference against several arms (quantized checkpoints, KV-cache schemes,
+    /// kernels), each changing one variable, measured against one reference pass; writes each
+    /// arm's measurement, the paired comparisons and study.json/.md/.html, signed.
+    Study(StudyArgs),
     /// Check a Hub upload without downloading its weights: lint the card, inspect the checkpoint
     /// from its headers (HTTP Range reads), compare the card's candidate digest and revision with
     /// the Hub's per-file SHA-256 and head, and check a signed report in the repository. Given a
@@ -128,6 +132,26 @@ pub struct ChatTemplateArgs {
     /// 2026-01-01): a render must not depend on the day it runs. Recorded.
     #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
     pub chat_template_clock: Option<i64>,
+}
+
+#[derive(Debug, Args)]
+pub struct StudyArgs {
+    /// The study file (YAML; `cardproof/study-v1`, see schema/study-file-v1.schema.json).
+    pub file: PathBuf,
+    /// Where the study goes (default: ./cardproof-out/<study name>/), written as one set.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Private key to sign study.json with (default: the user's key).
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<PathBuf>,
+    /// Replace an --out that holds files other than a cardproof set.
+    #[arg(long)]
+    pub force: bool,
+    /// Worker threads (default: every core).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: Option<u16>,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Debug, Args)]

@@ -48,6 +48,7 @@ pub const FORMATS: &[(&str, &[Format])] = {
         ("hash", &[Human, Json]),
         ("kld", &[Human, Json]),
         ("measure", &[Human, Json]),
+        ("study", &[Human, Json]),
         ("verify", &[Human, Json]),
         ("card", &[Human, Json]),
         ("keygen", &[Human, Json]),
@@ -469,6 +470,36 @@ fn out_dir(out: Option<&Path>, model: &Path, other: Option<&Path>) -> Result<Pat
     cardproof::outset::outside_checkpoints(&out, &models)
         .map_err(|e| format!("--out {}: {}", out.display(), e.message()))?;
     Ok(out)
+}
+
+#[derive(Debug, Clone)]
+pub struct StudyConfig {
+    pub file: PathBuf,
+    pub out: PathBuf,
+    pub key: Option<PathBuf>,
+    pub force: bool,
+    pub threads: usize,
+    pub progress: bool,
+}
+
+impl StudyConfig {
+    pub fn from_args(args: cli::StudyArgs) -> StudyConfig {
+        let out = args.out.clone().unwrap_or_else(|| {
+            let name = args
+                .file
+                .file_stem()
+                .map_or("study".into(), |s| s.to_string_lossy().into_owned());
+            PathBuf::from("cardproof-out").join(name)
+        });
+        StudyConfig {
+            file: args.file,
+            out,
+            key: args.key,
+            force: args.force,
+            threads: threads(args.threads),
+            progress: std::io::stderr().is_terminal(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

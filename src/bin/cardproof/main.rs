@@ -116,6 +116,10 @@ fn run(command: Command, printer: &Printer) -> io::Result<Finished> {
             }),
             Err(message) => Ok(Finished::Failed(Failure::Usage(message))),
         },
+        Command::Study(args) => {
+            let config = config::StudyConfig::from_args(args);
+            finish(rerun::study(&config, printer), |s| printer.studied(s))
+        }
         Command::Verify(args) => match config::VerifyConfig::from_args(args) {
             Ok(config) => finish(rerun::verify(&config, printer), |v| printer.verification(v)),
             Err(message) => Ok(Finished::Failed(Failure::Usage(message))),
@@ -167,6 +171,7 @@ fn output_args(command: &Command) -> Option<(&'static str, &OutputArgs)> {
         Command::Hash(a) => ("hash", &a.output),
         Command::Kld(a) => ("kld", &a.output),
         Command::Measure(a) => ("measure", &a.output),
+        Command::Study(a) => ("study", &a.output),
         Command::Verify(a) => ("verify", &a.output),
         Command::Card(a) => ("card", &a.output),
         Command::Keygen(a) => ("keygen", &a.output),

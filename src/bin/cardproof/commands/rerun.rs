@@ -18,6 +18,50 @@ pub enum Measured {
 }
 
 /// What `verify` wrote.
+/// A finished study and the files written.
+pub struct Studied {
+    pub document: cardproof::study::document::StudyDocument,
+    pub written: Vec<PathBuf>,
+}
+
+/// `study`: the study file read and planned, the output set opened, every arm run against one
+/// reference pass, the documents written and signed, the set committed as one unit.
+pub fn study(config: &crate::config::StudyConfig, printer: &Printer) -> super::Result<Studied> {
+    let c = config;
+    let study = cardproof::study::file::Study::read(&c.file)?;
+    // Checked before the set is opened: a study that cannot run leaves --out as it was.
+    let plan = cardproof::study::plan::plan(&study)?;
+    let mut models: Vec<&Path> = vec![plan.reference.as_path()];
+    models.extend(plan.arms.iter().map(|a| a.candidate.as_path()));
+    let set = OutputSet::create(
+        &c.out,
+        &cardproof::outset::SetOptions {
+            kind: Kind::Study,
+            force: c.force,
+            models: &models,
+        },
+    )?;
+    let key = signing_key(printer, c.key.as_deref())?;
+    let outcome = pool(c.threads)?.install(|| {
+        with_progress(c.progress, |stage, progress| {
+            cardproof::study::run::run(
+                &study,
+                set.dir(),
+                Some(set.run_id()),
+                c.threads,
+                stage,
+                progress,
+            )
+        })
+    })?;
+    cardproof::study::write_documents(set.dir(), &outcome, &key)?;
+    let written = set.commit()?;
+    Ok(Outcome::clean(Studied {
+        document: outcome.document,
+        written,
+    }))
+}
+
 pub struct Verified {
     pub report: cardproof::verify::Report,
     pub written: Vec<PathBuf>,

@@ -34,6 +34,23 @@ impl Printer {
         writeln!(io::stderr().lock(), "wrote {written}")
     }
 
+    /// `study`: study.json (`--json`) or the arms' table, then the files.
+    pub fn studied(&self, s: &crate::commands::rerun::Studied) -> io::Result<()> {
+        if self.json() {
+            write_json(&s.document)?;
+        } else {
+            write_stdout(&cardproof::output::text::study(&s.document))?;
+        }
+        let mut err = io::stderr().lock();
+        for path in s.written.iter().filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("study"))
+        }) {
+            writeln!(err, "wrote {}", path.display())?;
+        }
+        Ok(())
+    }
+
     /// `verify`: the report document (`--json`) or a verdict table, then the files.
     pub fn verification(&self, v: &Verified) -> io::Result<()> {
         if self.json() {

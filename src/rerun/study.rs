@@ -1,0 +1,62 @@
+//! A study's runs (issue #20): one reference pass, then each arm's candidate against it. The
+//! arms are ordinary rerun requests sharing a reference, an eval text and options, so every
+//! arm's measurement is what a single `measure` of the pair records; only the reference's pass
+//! is shared. The comparison between arms and the report are [`crate::study`]'s.
+
+use std::path::Path;
+
+pub use super::lanes::{ArmOutcome, ArmsOutcome};
+use super::{Lane, Request, preflight};
+use crate::error::{Error, Result};
+
+/// Run every arm against one reference pass. `requests` share the first one's reference, eval
+/// text, tokenizer, chat template and options (checked here); each has its own candidate and
+/// settings. All must be in the native lane; the first request's pre-flight runs in full, the
+/// others' tokenizers and context lengths are checked before any forward pass.
+pub fn run_arms(
+    requests: &[Request],
+    names: &[String],
+    reference_compute: crate::runner::native::ComputeDtype,
+    stage: &(dyn Fn(&str) + Sync),
+    progress: &(dyn Fn(usize, usize, usize) + Sync),
+) -> Result<ArmsOutcome> {
+    let first = requests
+        .first()
+        .ok_or_else(|| Error::usage(Path::new("study"), "a study needs at least one arm"))?;
+    let Lane::Native { reference, .. } = first.lane else {
+        return Err(Error::usage(
+            first.candidate,
+            "a study's arms run in the native lane here",
+        ));
+    };
+    for r in requests {
+        let same = matches!(r.lane, Lane::Native { reference: other, .. } if other == reference)
+            && r.eval_text == first.eval_text
+            && r.tokenizer == first.tokenizer
+            && r.chat_template == first.chat_template
+            && r.options.context_lengths == first.options.context_lengths
+            && r.options.positions == first.options.positions
+            && r.reference_kv_cache == first.reference_kv_cache;
+        if !same {
+            return Err(Error::internal(
+                r.candidate,
+                "a study arm with another reference, text or protocol than the first arm's",
+            ));
+        }
+    }
+    let pre = preflight::check(first, stage)?;
+    if let Some((tokenizer, _)) = &pre.tokenized {
+        for r in &requests[1..] {
+            preflight::check_arm(r, tokenizer)?;
+        }
+    }
+    super::lanes::native_arms(
+        requests,
+        names,
+        pre,
+        reference,
+        reference_compute,
+        stage,
+        progress,
+    )
+}

@@ -1,0 +1,123 @@
+//! `study.json`: a study's arms, their numbers and the comparisons between them, typed
+//! (`schema/study-v1.schema.json`). Each arm's full measurement is beside it
+//! (`arms/<name>/measurement.json`, the document `measure` writes, which `card` reads).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::compare::Paired;
+use super::file::Variable;
+use super::plan::ArmKind;
+use crate::kld::stats::{Bucket, Uncertainty};
+
+/// The definitions every study document carries.
+pub const DEFINITIONS: &str = "Every arm is measured against the same reference pass (the reference with the baseline's settings), on the same tokens and rows: KL in nats, forward KL(P_ref || P_arm) and reverse KL(P_arm || P_ref) per row, means over rows, 95% intervals by the seeded block bootstrap (blocks: windows, or runs of rows in a single window). top1_flips: rows whose first-index argmax differs between the reference and the arm. tool_call_flips: of those, rows predicting a token of a tool call (conversation eval texts). bits_per_weight: stored bytes of the linear weights with their scales x 8 / logical weights (inspect). Comparisons: for arms A and B, d_i = KL_A,i - KL_B,i (forward) over the rows finite in both; difference = mean(d); ci95 its block-bootstrap percentile interval; verdict closer (interval below 0: A is nearer the reference), farther (above 0) or not_distinguishable; mde = 2.80 x the bootstrap standard error (z_0.975 + z_0.80): the smallest true difference this sample detects four times in five. Controls: control-repeat is the baseline measured against itself again (0 in a deterministic lane); control-kernel is the reference's weights with another kernel (native: the other compute dtype; transformers: another attention implementation), the lane's noise floor.";
+
+/// study.json.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(title = "cardproof study v1")]
+pub struct StudyDocument {
+    pub schema_version: crate::output::SchemaVersion,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// Always `study`.
+    pub kind: String,
+    pub name: String,
+    pub study_file: StudyFileRecord,
+    pub reference: ReferenceRecord,
+    /// The eval text, as every arm's measurement records it.
+    pub eval: crate::rerun::document::EvalRecord,
+    /// The protocol every arm was scored under, and its digest.
+    pub protocol: crate::rerun::document::RunProtocol,
+    pub protocol_sha256: String,
+    /// `native` or `transformers`.
+    pub runner: String,
+    pub device: String,
+    pub definitions: String,
+    pub arms: Vec<ArmSummary>,
+    /// Every pair of the study's own arms, per context length.
+    pub comparisons: Vec<Paired>,
+    pub timings: Timings,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct StudyFileRecord {
+    pub path: String,
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct ReferenceRecord {
+    pub path: String,
+    pub manifest_sha256: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bits_per_weight: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+}
+
+/// One arm: what it is, what it changes, and its numbers per context length.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct ArmSummary {
+    pub name: String,
+    pub kind: ArmKind,
+    /// What the study file says the arm changes.
+    pub changes: Variable,
+    /// What it changes against the baseline, found by cardproof.
+    pub changed: Vec<Variable>,
+    /// It changes other or more variables than it says (the study file allowed it).
+    pub mixed: bool,
+    pub candidate: String,
+    pub manifest_sha256: String,
+    pub settings: ArmSettings,
+    /// Bits per weight and stored size of the checkpoint's files (inspect).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bits_per_weight: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+    /// The arm's measurement, relative to study.json.
+    pub measurement: String,
+    pub runs: Vec<ArmRun>,
+    /// Seconds the arm's pass took (its model's forward passes and the reduction).
+    pub seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct ArmSettings {
+    pub kv_cache: String,
+    pub compute_dtype: String,
+    pub attention: String,
+    pub recurrent_state: String,
+    pub emulate: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct ArmRun {
+    pub context_length: usize,
+    pub n_positions: usize,
+    pub top1_flips: usize,
+    /// Flips at rows predicting a tool-call token (conversation eval texts only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_flips: Option<usize>,
+    #[serde(deserialize_with = "crate::json_f64::map")]
+    #[schemars(with = "BTreeMap<String, Option<f64>>")]
+    pub metrics: BTreeMap<String, f64>,
+    pub uncertainty: BTreeMap<String, Uncertainty>,
+    /// Mean KL and flips by depth in the window.
+    pub by_depth: Vec<Bucket>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Timings {
+    /// The reference's one pass.
+    pub reference_seconds: f64,
+    /// Every pass, the reference's and each arm's, and the comparisons.
+    pub total_seconds: f64,
+}
+
+impl StudyDocument {
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("a study document serializes")
+    }
+}

@@ -1,0 +1,386 @@
+//! The study file (YAML; `schema/study-file-v1.schema.json`): one reference, one eval text, one
+//! protocol, and arms that each change one declared variable against the baseline.
+//!
+//! ```yaml
+//! study: cardproof/study-v1
+//! reference: ../models/shakespeare-bf16          # paths are relative to the study file
+//! eval: {text: ../data/eval.txt}                 # or a conversation .json with chat_template
+//! protocol: {context_lengths: [256], positions: {policy: all}}
+//! arms:
+//!   - {name: w8a16, candidate: ../models/shakespeare-w8a16, changes: weights}
+//!   - {name: kv-q8_0, kv_cache: q8_0, changes: kv_cache}
+//! ```
+//!
+//! The baseline is the reference itself with the study's settings; an arm without `candidate`
+//! runs the reference's weights. Every arm's settings are compared with the baseline's, and an
+//! arm that changes another variable than the one it names, or more than one, is refused unless
+//! it says `mixed: true` (and is then marked in every output).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::kld::protocol::{Bos, Direction};
+
+/// The study file's `study:` value.
+pub const STUDY_ID: &str = "cardproof/study-v1";
+
+/// The most arms a study may have: each is a model loaded and a pass over the text.
+pub const MAX_ARMS: usize = 64;
+
+/// A study file as written.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "cardproof study file v1")]
+pub struct StudyFile {
+    /// Always `cardproof/study-v1`.
+    pub study: String,
+    /// A name for the study's outputs (default: the file's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The reference model (a path relative to the study file).
+    pub reference: String,
+    pub eval: StudyEval,
+    pub protocol: StudyProtocol,
+    /// `native` (the default: pure Rust on CPU) or `transformers` (the user's GPU).
+    #[serde(default)]
+    pub runner: StudyRunner,
+    /// The baseline's settings (default: the runner's defaults); every arm starts from them.
+    #[serde(default)]
+    pub baseline: Settings,
+    pub arms: Vec<Arm>,
+    /// The controls every study runs unless told not to.
+    #[serde(default)]
+    pub controls: Controls,
+}
+
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum StudyRunner {
+    #[default]
+    Native,
+    Transformers,
+}
+
+/// The eval text, and for a conversation file how it is rendered.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StudyEval {
+    /// A text file, or a conversation file (`.json`/`.jsonl`), relative to the study file.
+    pub text: String,
+    /// A chat template file for a conversation (default: the reference's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<String>,
+    /// `reference` or `candidate`'s template instead of a file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_from: Option<crate::conversation::eval::TemplateFrom>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_clock: Option<i64>,
+    /// BOS policy (default `none`).
+    #[serde(default = "no_bos")]
+    pub bos: Bos,
+}
+
+fn no_bos() -> Bos {
+    Bos::None
+}
+
+/// What every arm is scored under.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StudyProtocol {
+    #[schemars(length(min = 1))]
+    pub context_lengths: Vec<u64>,
+    /// The card's positions block (`{policy: all}`, `{policy: stride, stride: 32, offset: 31}`,
+    /// `{policy: span, span: tool_call}`, ...); default all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub positions: Option<crate::disclosure::Positions>,
+    /// KL direction (default `both`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direction: Option<Direction>,
+    /// Bootstrap resamples (default 1000) and seed (default 0) for every interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resamples: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+/// The settings an arm can change. Absent: the baseline's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// The candidate's KV-cache scheme (`q8_0`, `k:q8_0/v:q4_0+hadamard`, `fp8_e4m3`, ...;
+    /// `none`: the model dtype).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<String>,
+    /// The native runner's compute dtype (`f32`, `f64`, `bf16`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_dtype: Option<String>,
+    /// The attention kernel (transformers' `attn_implementation`: `sdpa`, `eager`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<String>,
+    /// The candidate's recurrent-state dtype (`f32`, `bf16`, `f16`; hybrid models).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recurrent_state: Option<String>,
+    /// The native runner's emulation (`reference-semantics`, `llamacpp-cpu`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub emulate: Option<String>,
+}
+
+/// What an arm changes against the baseline.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Variable {
+    /// Another checkpoint (a quantization of the reference).
+    Weights,
+    KvCache,
+    /// The attention kernel, or for the native runner the compute dtype.
+    Kernel,
+    RecurrentState,
+    Emulation,
+    /// Nothing: the baseline again (a repeatability control).
+    None,
+}
+
+impl Variable {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Variable::Weights => "weights",
+            Variable::KvCache => "kv_cache",
+            Variable::Kernel => "kernel",
+            Variable::RecurrentState => "recurrent_state",
+            Variable::Emulation => "emulation",
+            Variable::None => "none",
+        }
+    }
+}
+
+/// One arm.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Arm {
+    /// A short name (letters, digits, `.`, `_`, `-`): the arm's output directory.
+    pub name: String,
+    /// The candidate checkpoint (relative to the study file); absent: the reference's weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<String>,
+    /// The one variable this arm changes against the baseline.
+    pub changes: Variable,
+    /// Allow changing more than `changes` says (the arm is then marked `mixed`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mixed: bool,
+    #[serde(flatten)]
+    pub settings: Settings,
+}
+
+/// The controls: the baseline measured against itself (repeatability: 0 in a deterministic
+/// lane) and the reference's weights with another kernel (the lane's noise floor).
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Controls {
+    #[serde(default = "yes")]
+    pub repeatability: bool,
+    #[serde(default = "yes")]
+    pub noise_floor: bool,
+}
+
+impl Default for Controls {
+    fn default() -> Self {
+        Controls {
+            repeatability: true,
+            noise_floor: true,
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The study file and where it is (paths in it are relative to its directory).
+#[derive(Debug, Clone)]
+pub struct Study {
+    pub path: PathBuf,
+    pub file: StudyFile,
+    /// SHA-256 of the file's bytes.
+    pub sha256: String,
+}
+
+/// The most bytes a study file may hold.
+pub const MAX_STUDY_BYTES: u64 = 1 << 20;
+
+impl Study {
+    /// Reads and checks a study file: YAML 1.2 under the card's budgets, the schema's types
+    /// (an error names the field and its line), the arms' names, and the ranges of every
+    /// number that sizes something.
+    pub fn read(path: &Path) -> Result<Study> {
+        let bytes = crate::files::read_capped(path, MAX_STUDY_BYTES, "a study file")?;
+        let sha256 = crate::checkpoint::hash::hex(&<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+        let text = std::str::from_utf8(&bytes)
+            .map_err(|_| Error::format(path, None, "a study file must be UTF-8"))?;
+        let node = crate::card::yaml::parse(text, 0, crate::card::yaml::Budget::default())
+            .map_err(|e| {
+                use crate::card::yaml::YamlError;
+                let (offset, why) = match e {
+                    YamlError::Syntax { offset, message } => (offset, message),
+                    YamlError::DuplicateKey { offset, key, .. } => {
+                        (offset, format!("the key `{key}` is given twice"))
+                    }
+                    YamlError::Budget {
+                        offset,
+                        what,
+                        limit,
+                    } => (offset, format!("more than {limit} {what}")),
+                    YamlError::Unsupported { offset, message } => (offset, message),
+                };
+                let (line, column) = line_column(text, offset);
+                let mut err = Error::format(path, None, format!("not a YAML study file: {why}"));
+                err.at = Some(crate::span::LineCol { line, column });
+                err
+            })?
+            .ok_or_else(|| Error::format(path, None, "is empty"))?;
+        let value = node.to_json();
+        let at = |field: &str| -> Option<(usize, usize)> {
+            let mut found = None;
+            node.walk(&mut |pointer, span, _| {
+                if pointer == field && found.is_none() {
+                    found = span.map(|s| line_column(text, s.start));
+                }
+            });
+            found
+        };
+        let file: StudyFile = serde_path_to_error::deserialize(&value).map_err(|e| {
+            let field = e.path().to_string();
+            let pointer = format!(
+                "/{}",
+                field
+                    .split('.')
+                    .filter(|p| *p != "?")
+                    .collect::<Vec<_>>()
+                    .join("/")
+            );
+            let place = at(&pointer).or_else(|| {
+                let parent = pointer.rsplit_once('/').map_or("", |(p, _)| p);
+                at(parent)
+            });
+            let mut err = Error::format(path, Some(&field), e.into_inner().to_string());
+            if let Some((line, column)) = place {
+                err.at = Some(crate::span::LineCol { line, column });
+            }
+            err
+        })?;
+        let study = Study {
+            path: path.to_owned(),
+            file,
+            sha256,
+        };
+        study.check()?;
+        Ok(study)
+    }
+
+    fn check(&self) -> Result<()> {
+        let f = &self.file;
+        let bad = |field: &str, rule: String| Error::format(&self.path, Some(field), rule);
+        if f.study != STUDY_ID {
+            return Err(bad(
+                "study",
+                format!("is `{}`; this cardproof reads `{STUDY_ID}`", f.study),
+            ));
+        }
+        if f.arms.is_empty() {
+            return Err(bad("arms", "a study needs at least one arm".into()));
+        }
+        if f.arms.len() > MAX_ARMS {
+            return Err(bad(
+                "arms",
+                format!("{} arms; at most {MAX_ARMS}", f.arms.len()),
+            ));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, arm) in f.arms.iter().enumerate() {
+            let field = format!("arms[{i}].name");
+            let ok = !arm.name.is_empty()
+                && arm.name.len() <= 64
+                && arm
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+                && !arm.name.starts_with('.');
+            if !ok {
+                return Err(bad(
+                    &field,
+                    format!(
+                        "`{}` is not a name of 1 to 64 letters, digits, `.`, `_` and `-` (not starting with `.`)",
+                        arm.name
+                    ),
+                ));
+            }
+            if arm.name.starts_with("control-") || arm.name == "baseline" {
+                return Err(bad(
+                    &field,
+                    format!("`{}` is reserved for the study's own arms", arm.name),
+                ));
+            }
+            if !names.insert(arm.name.clone()) {
+                return Err(bad(&field, format!("`{}` names two arms", arm.name)));
+            }
+        }
+        for (i, &l) in f.protocol.context_lengths.iter().enumerate() {
+            crate::kld::protocol::check_context_length(l)
+                .map_err(|why| bad(&format!("protocol.context_lengths[{i}]"), why))?;
+        }
+        if f.protocol.context_lengths.is_empty() {
+            return Err(bad(
+                "protocol.context_lengths",
+                "name at least one context length".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A path the study file names, relative to its directory.
+    pub fn resolve(&self, relative: &str) -> PathBuf {
+        let p = Path::new(relative);
+        if p.is_absolute() {
+            return p.to_owned();
+        }
+        self.path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .join(p)
+    }
+
+    /// The study's name: its `name`, else the file's stem.
+    pub fn name(&self) -> String {
+        self.file.name.clone().unwrap_or_else(|| {
+            self.path
+                .file_stem()
+                .map_or("study".into(), |s| s.to_string_lossy().into_owned())
+        })
+    }
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let offset = text.floor_char_boundary(offset.min(text.len()));
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+/// The JSON Schema of the study file.
+pub fn json_schema() -> serde_json::Value {
+    crate::schema::generate::<StudyFile>(crate::schema::settings(), STUDY_SCHEMA_URI)
+}
+
+/// Where the study file's schema is published.
+pub const STUDY_SCHEMA_URI: &str = "https://cardproof.dev/schema/study-file-v1.schema.json";

@@ -1,0 +1,324 @@
+//! A study file's arms as runs: each arm's settings resolved over the baseline's, what it
+//! really changes found by comparing them (and its checkpoint with the reference), and the
+//! controls added. An arm that changes another variable than it names, or several, is refused
+//! unless it says `mixed: true`.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::file::{Arm, Settings, Study, StudyRunner, Variable};
+use crate::error::{Error, Result};
+use crate::rerun::MeasureOptions;
+use crate::runner::native::kv_cache::KvCacheSetting;
+use crate::runner::native::{ComputeDtype, Emulate, StateDtype};
+use crate::runner::tokens::ChatTemplateChoice;
+
+/// An arm's settings, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    pub kv_cache: Option<KvCacheSetting>,
+    pub compute: ComputeDtype,
+    pub attention: String,
+    pub recurrent_state: StateDtype,
+    pub emulate: Emulate,
+}
+
+/// Why an arm is in the study.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ArmKind {
+    /// One of the study file's arms.
+    Study,
+    /// The baseline against itself again: what repeating the run changes (0 in a deterministic
+    /// lane).
+    Repeatability,
+    /// The reference's weights with another kernel: the lane's numerical floor.
+    NoiseFloor,
+}
+
+/// One arm, ready to run.
+#[derive(Debug, Clone)]
+pub struct PlannedArm {
+    pub name: String,
+    pub kind: ArmKind,
+    /// What the arm says it changes.
+    pub declared: Variable,
+    /// What it changes against the baseline, found.
+    pub changed: Vec<Variable>,
+    pub mixed: bool,
+    /// The checkpoint it runs (the reference's for a settings arm).
+    pub candidate: PathBuf,
+    pub settings: Resolved,
+}
+
+/// A study ready to run.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub reference: PathBuf,
+    pub eval_text: PathBuf,
+    pub chat_template: ChatTemplateChoice,
+    pub options: MeasureOptions,
+    pub runner: StudyRunner,
+    pub baseline: Resolved,
+    pub arms: Vec<PlannedArm>,
+}
+
+/// The study's arms resolved and checked, controls last.
+pub fn plan(study: &Study) -> Result<Plan> {
+    let f = &study.file;
+    let field_error = |field: &str, rule: String| Error::format(&study.path, Some(field), rule);
+    let baseline = resolve(&f.baseline, None, f.runner)
+        .map_err(|(field, why)| field_error(&format!("baseline.{field}"), why))?;
+    let reference = study.resolve(&f.reference);
+    let reference_real = canonical(&reference)
+        .map_err(|e| field_error("reference", format!("{}: {e}", reference.display())))?;
+    let mut arms = Vec::new();
+    for (i, arm) in f.arms.iter().enumerate() {
+        arms.push(plan_arm(
+            study,
+            i,
+            arm,
+            &baseline,
+            &reference,
+            &reference_real,
+        )?);
+    }
+    if f.controls.repeatability {
+        arms.push(PlannedArm {
+            name: "control-repeat".into(),
+            kind: ArmKind::Repeatability,
+            declared: Variable::None,
+            changed: Vec::new(),
+            mixed: false,
+            candidate: reference.clone(),
+            settings: baseline.clone(),
+        });
+    }
+    if f.controls.noise_floor {
+        let mut settings = baseline.clone();
+        match f.runner {
+            // The native runner has one attention kernel; its floor is the compute dtype's.
+            StudyRunner::Native => {
+                settings.compute = if baseline.compute == ComputeDtype::F64 {
+                    ComputeDtype::F32
+                } else {
+                    ComputeDtype::F64
+                };
+            }
+            StudyRunner::Transformers => {
+                settings.attention = if baseline.attention == "eager" {
+                    "sdpa".into()
+                } else {
+                    "eager".into()
+                };
+            }
+        }
+        arms.push(PlannedArm {
+            name: "control-kernel".into(),
+            kind: ArmKind::NoiseFloor,
+            declared: Variable::Kernel,
+            changed: vec![Variable::Kernel],
+            mixed: false,
+            candidate: reference.clone(),
+            settings,
+        });
+    }
+    let e = &f.eval;
+    let text = study.resolve(&e.text);
+    let chat_template = ChatTemplateChoice {
+        from: match (&e.chat_template, e.chat_template_from) {
+            (Some(_), _) => crate::conversation::eval::TemplateFrom::File,
+            (None, Some(from)) => from,
+            (None, None) => crate::conversation::eval::TemplateFrom::Reference,
+        },
+        file: e.chat_template.as_deref().map(|t| study.resolve(t)),
+        name: e.chat_template_name.clone(),
+        clock: e.chat_template_clock,
+    };
+    let options = protocol_options(study)?;
+    Ok(Plan {
+        reference,
+        eval_text: text,
+        chat_template,
+        options,
+        runner: f.runner,
+        baseline,
+        arms,
+    })
+}
+
+fn canonical(p: &Path) -> std::io::Result<PathBuf> {
+    std::fs::canonicalize(p)
+}
+
+fn plan_arm(
+    study: &Study,
+    i: usize,
+    arm: &Arm,
+    baseline: &Resolved,
+    reference: &Path,
+    reference_real: &Path,
+) -> Result<PlannedArm> {
+    let at = |field: &str| format!("arms[{i}].{field}");
+    let err = |field: &str, rule: String| Error::format(&study.path, Some(&at(field)), rule);
+    let settings = resolve(&arm.settings, Some(baseline), study.file.runner)
+        .map_err(|(field, why)| err(field, why))?;
+    let candidate = match &arm.candidate {
+        Some(c) => study.resolve(c),
+        None => reference.to_owned(),
+    };
+    let real = canonical(&candidate)
+        .map_err(|e| err("candidate", format!("{}: {e}", candidate.display())))?;
+    let mut changed = Vec::new();
+    if real != reference_real {
+        changed.push(Variable::Weights);
+    }
+    if settings.kv_cache != baseline.kv_cache {
+        changed.push(Variable::KvCache);
+    }
+    if settings.compute != baseline.compute || settings.attention != baseline.attention {
+        changed.push(Variable::Kernel);
+    }
+    if settings.recurrent_state != baseline.recurrent_state {
+        changed.push(Variable::RecurrentState);
+    }
+    if settings.emulate != baseline.emulate {
+        changed.push(Variable::Emulation);
+    }
+    let isolated = match arm.changes {
+        Variable::None => changed.is_empty(),
+        v => changed == [v],
+    };
+    if !isolated && !arm.mixed {
+        let found = if changed.is_empty() {
+            "nothing".to_owned()
+        } else {
+            changed
+                .iter()
+                .map(|v| v.as_str())
+                .collect::<Vec<_>>()
+                .join(" and ")
+        };
+        return Err(err(
+            "changes",
+            format!(
+                "arm `{}` says it changes {} but changes {found} against the baseline: each arm isolates one variable (write `mixed: true` to run it anyway, marked as mixed)",
+                arm.name,
+                arm.changes.as_str()
+            ),
+        ));
+    }
+    Ok(PlannedArm {
+        name: arm.name.clone(),
+        kind: ArmKind::Study,
+        declared: arm.changes,
+        mixed: !isolated,
+        changed,
+        candidate,
+        settings,
+    })
+}
+
+/// Settings over `base` (the baseline's; `None`: the runner's defaults). The error names the
+/// field.
+fn resolve(
+    s: &Settings,
+    base: Option<&Resolved>,
+    runner: StudyRunner,
+) -> std::result::Result<Resolved, (&'static str, String)> {
+    let default = Resolved {
+        kv_cache: None,
+        compute: ComputeDtype::F32,
+        attention: match runner {
+            StudyRunner::Native => "eager".into(),
+            StudyRunner::Transformers => "sdpa".into(),
+        },
+        recurrent_state: StateDtype::F32,
+        emulate: Emulate::ReferenceSemantics,
+    };
+    let base = base.unwrap_or(&default);
+    let kv_cache = match s.kv_cache.as_deref() {
+        None => base.kv_cache,
+        Some("none") => None,
+        Some(label) => Some(
+            KvCacheSetting::from_label(label)
+                .ok_or_else(|| ("kv_cache", KvCacheSetting::unknown_label(label)))?,
+        ),
+    };
+    let compute = match s.compute_dtype.as_deref() {
+        None => base.compute,
+        Some(name) => ComputeDtype::from_name(name).ok_or((
+            "compute_dtype",
+            format!("`{name}` is not a compute dtype (f32, f64, bf16)"),
+        ))?,
+    };
+    if runner == StudyRunner::Transformers && s.compute_dtype.is_some() {
+        return Err((
+            "compute_dtype",
+            "the transformers runner's dtype is the runner's (`torch_dtype`), not an arm's".into(),
+        ));
+    }
+    let attention = match s.attention.as_deref() {
+        None => base.attention.clone(),
+        Some(a) if runner == StudyRunner::Native && a != "eager" => {
+            return Err((
+                "attention",
+                format!(
+                    "`{a}`: the native runner has one attention kernel (eager); its kernel arm changes compute_dtype, or use runner: transformers"
+                ),
+            ));
+        }
+        Some(a) => a.to_owned(),
+    };
+    let recurrent_state = match s.recurrent_state.as_deref() {
+        None => base.recurrent_state,
+        Some(name) => StateDtype::from_name(name).ok_or((
+            "recurrent_state",
+            format!("`{name}` is not a state dtype (f32, bf16, f16)"),
+        ))?,
+    };
+    let emulate = match s.emulate.as_deref() {
+        None => base.emulate,
+        Some(name) => Emulate::from_name(name).ok_or((
+            "emulate",
+            format!("`{name}` is not an emulation (reference-semantics, llamacpp-cpu)"),
+        ))?,
+    };
+    Ok(Resolved {
+        kv_cache,
+        compute,
+        attention,
+        recurrent_state,
+        emulate,
+    })
+}
+
+/// The study's protocol as run options, through the same checks as `measure`'s flags.
+fn protocol_options(study: &Study) -> Result<MeasureOptions> {
+    let p = &study.file.protocol;
+    let mut flags = crate::rerun::options::ProtocolFlags::default();
+    if let Some(pos) = &p.positions {
+        flags.positions = pos.policy;
+        flags.stride = pos.stride;
+        flags.offset = pos.offset;
+        flags.from = pos.from;
+        flags.role = pos.role;
+        flags.span = pos.span;
+    }
+    flags.direction = p.direction;
+    if let Some(r) = p.resamples {
+        flags.bootstrap = r;
+    }
+    if let Some(s) = p.seed {
+        flags.seed = s;
+    }
+    let lengths: Vec<usize> = p
+        .context_lengths
+        .iter()
+        .map(|&l| usize::try_from(l).unwrap_or(usize::MAX))
+        .collect();
+    flags
+        .options(&lengths, study.file.eval.bos)
+        .map_err(|why| Error::format(&study.path, Some("protocol"), why))
+}

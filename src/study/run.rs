@@ -1,0 +1,238 @@
+//! Running a study: its plan's arms as rerun requests against one reference pass, each arm's
+//! measurement written as `measure` writes it, the arms summarized and paired, and study.json,
+//! study.md and study.html written beside them.
+
+use std::path::Path;
+
+use super::compare::{self, Paired};
+use super::document::{
+    ArmRun, ArmSettings, ArmSummary, DEFINITIONS, ReferenceRecord, StudyDocument, StudyFileRecord,
+    Timings,
+};
+use super::file::{Study, StudyRunner};
+use super::plan::{self, ArmKind, Plan, PlannedArm};
+use crate::error::{Error, Result};
+use crate::kld::protocol::Segment;
+use crate::rerun::{self, Lane, Request};
+
+/// A finished study: its document and, per arm, the rows the plots draw.
+pub struct StudyOutcome {
+    pub document: StudyDocument,
+    /// Per arm (the document's order), each context length's rows.
+    pub rows: Vec<Vec<crate::report::RunRows>>,
+}
+
+/// Run `study` and write every arm's measurement and the study's documents into `out` (the
+/// output set's directory). `progress(done, total)` counts windows of the current pass; `stage`
+/// names each pass (`arm 3/7 fp8-block`).
+pub fn run(
+    study: &Study,
+    out: &Path,
+    run_id: Option<&str>,
+    threads: usize,
+    stage: &(dyn Fn(&str) + Sync),
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<StudyOutcome> {
+    let started = std::time::Instant::now();
+    let plan = plan::plan(study)?;
+    if plan.runner == StudyRunner::Transformers {
+        return Err(Error::unsupported(
+            &study.path,
+            Some("runner"),
+            "a study in the transformers runner is not built yet; use runner: native",
+        ));
+    }
+    let requests: Vec<Request> = plan
+        .arms
+        .iter()
+        .map(|a| request(&plan, a, threads))
+        .collect();
+    let names: Vec<String> = plan.arms.iter().map(|a| a.name.clone()).collect();
+    let outcome = rerun::study::run_arms(
+        &requests,
+        &names,
+        plan.baseline.compute,
+        stage,
+        &|_, done, total| progress(done, total),
+    )?;
+    stage("comparing the arms");
+    let o = &plan.options;
+    let mut arms = Vec::with_capacity(plan.arms.len());
+    let mut rows = Vec::with_capacity(plan.arms.len());
+    for (arm, result) in plan.arms.iter().zip(&outcome.arms) {
+        let m = &result.rerun.measurement;
+        let (bits_per_weight, size_bytes) = footprint(&arm.candidate);
+        let dir = format!("arms/{}", arm.name);
+        let mut measurement = m.clone();
+        measurement.run_id = run_id.map(str::to_owned);
+        rerun::output::write_measurement(&out.join(&dir), &measurement, &result.rerun.runs)?;
+        arms.push(ArmSummary {
+            name: arm.name.clone(),
+            kind: arm.kind,
+            changes: arm.declared,
+            changed: arm.changed.clone(),
+            mixed: arm.mixed,
+            candidate: arm.candidate.display().to_string(),
+            manifest_sha256: m.candidate.manifest_sha256.clone(),
+            settings: ArmSettings {
+                kv_cache: arm.settings.kv_cache.map_or("none".into(), |s| s.name()),
+                compute_dtype: arm.settings.compute.as_str().into(),
+                attention: arm.settings.attention.clone(),
+                recurrent_state: arm.settings.recurrent_state.as_str().into(),
+                emulate: format!("{:?}", arm.settings.emulate),
+            },
+            bits_per_weight,
+            size_bytes,
+            measurement: format!("{dir}/measurement.json"),
+            runs: result
+                .rerun
+                .runs
+                .iter()
+                .map(|run| ArmRun {
+                    context_length: run.context_length,
+                    n_positions: run.n_positions,
+                    top1_flips: run
+                        .rows
+                        .iter()
+                        .filter(|r| r.record.ref_top1 != r.record.cand_top1)
+                        .count(),
+                    tool_call_flips: (!run.labels.is_empty()).then(|| {
+                        run.rows
+                            .iter()
+                            .zip(&run.labels)
+                            .filter(|(r, l)| {
+                                l.segment == Segment::ToolCall
+                                    && r.record.ref_top1 != r.record.cand_top1
+                            })
+                            .count()
+                    }),
+                    metrics: run.summary.metrics.clone(),
+                    uncertainty: run.summary.uncertainty.clone(),
+                    by_depth: run.summary.diagnostics.by_depth.clone(),
+                })
+                .collect(),
+            seconds: result.seconds,
+        });
+        rows.push(
+            result
+                .rerun
+                .runs
+                .iter()
+                .map(crate::report::RunRows::from)
+                .collect(),
+        );
+    }
+    let comparisons = comparisons(&plan, &outcome, o);
+    let first = &outcome
+        .arms
+        .first()
+        .ok_or_else(|| Error::internal(&study.path, "a study ran no arm"))?
+        .rerun
+        .measurement;
+    let (reference_bits, reference_size) = footprint(&plan.reference);
+    let document = StudyDocument {
+        schema_version: crate::output::SchemaVersion,
+        run_id: run_id.map(str::to_owned),
+        kind: "study".into(),
+        name: study.name(),
+        study_file: StudyFileRecord {
+            path: study.path.display().to_string(),
+            sha256: study.sha256.clone(),
+        },
+        reference: ReferenceRecord {
+            path: plan.reference.display().to_string(),
+            manifest_sha256: outcome.reference.manifest_sha256.clone(),
+            bits_per_weight: reference_bits,
+            size_bytes: reference_size,
+        },
+        eval: first.eval.clone(),
+        protocol: first.protocol.clone(),
+        protocol_sha256: first.protocol_sha256.clone(),
+        runner: "native".into(),
+        device: first.environment.device.clone(),
+        definitions: DEFINITIONS.into(),
+        arms,
+        comparisons,
+        timings: Timings {
+            reference_seconds: outcome.reference_seconds,
+            total_seconds: started.elapsed().as_secs_f64(),
+        },
+    };
+    Ok(StudyOutcome { document, rows })
+}
+
+/// An arm as a rerun request: the study's reference, text, template and options, the arm's
+/// checkpoint and settings.
+fn request<'a>(plan: &'a Plan, arm: &'a PlannedArm, threads: usize) -> Request<'a> {
+    Request {
+        lane: Lane::Native {
+            reference: &plan.reference,
+            compute: arm.settings.compute,
+            emulate: arm.settings.emulate,
+        },
+        candidate: &arm.candidate,
+        eval_text: Some(&plan.eval_text),
+        tokenizer: None,
+        chat_template: plan.chat_template.clone(),
+        options: plan.options.clone(),
+        padding_included: false,
+        threads,
+        candidate_manifest: None,
+        gates: None,
+        noise_floor: false,
+        pins: Vec::new(),
+        recurrent_state: arm.settings.recurrent_state,
+        kv_cache: arm.settings.kv_cache,
+        reference_kv_cache: plan.baseline.kv_cache,
+    }
+}
+
+/// Every pair of the study's own arms (not the controls), per context length.
+fn comparisons(
+    plan: &Plan,
+    outcome: &rerun::study::ArmsOutcome,
+    o: &rerun::MeasureOptions,
+) -> Vec<Paired> {
+    let own: Vec<usize> = (0..plan.arms.len())
+        .filter(|&i| plan.arms[i].kind == ArmKind::Study)
+        .collect();
+    let mut out = Vec::new();
+    for (run, &length) in o.context_lengths.iter().enumerate() {
+        for (x, &i) in own.iter().enumerate() {
+            for &j in &own[x + 1..] {
+                let (a, b) = (&outcome.arms[i].records, &outcome.arms[j].records);
+                let (Some(a), Some(b)) = (a.get(run), b.get(run)) else {
+                    continue;
+                };
+                out.push(compare::paired(
+                    (&plan.arms[i].name, a),
+                    (&plan.arms[j].name, b),
+                    length,
+                    o.bootstrap.resamples,
+                    o.bootstrap.seed,
+                    o.bootstrap.level,
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// A checkpoint's bits per weight (over its linear modules, weighted by parameters) and the
+/// stored size of its files, from its headers; `None` where inspect cannot say.
+fn footprint(path: &Path) -> (Option<f64>, Option<u64>) {
+    let Ok(inspections) = crate::checkpoint::inspect::inspect_path(path) else {
+        return (None, None);
+    };
+    let Some(i) = inspections.first() else {
+        return (None, None);
+    };
+    let (bits, params) = i.modules.iter().fold((0.0, 0u64), |(b, p), m| {
+        (
+            b + m.bits_per_weight * m.parameters as f64,
+            p + m.parameters,
+        )
+    });
+    let size = i.files.iter().map(|f| f.size).sum();
+    ((params > 0).then(|| bits / params as f64), Some(size))
+}
