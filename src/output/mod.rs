@@ -477,6 +477,8 @@ pub const DOCUMENTS: &[Document] = &[
     #[cfg(feature = "native")]
     Document::of::<crate::rerun::export::Exported>("export"),
     #[cfg(feature = "native")]
+    Document::of::<crate::study::document::StudyDocument>("study"),
+    #[cfg(feature = "native")]
     Document::exchange::<crate::runner::exchange::RunnerRequest>("runner-request"),
     #[cfg(feature = "native")]
     Document::exchange::<crate::runner::exchange::RunnerRecord>("runner-record"),

@@ -539,7 +539,7 @@ pub fn study(d: &crate::study::document::StudyDocument) -> String {
         let pairs: Vec<_> = d
             .comparisons
             .iter()
-            .filter(|c| c.context_length == length as usize)
+            .filter(|c| c.context_length == length)
             .collect();
         if !pairs.is_empty() {
             let _ = writeln!(

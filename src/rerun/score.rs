@@ -468,13 +468,31 @@ fn reduce_window(
     shape: &Shape,
     o: &MeasureOptions,
 ) -> Result<WindowOut> {
+    reduce_window_with(&|part, _| a.logits(part), a, b, ids, rows, shape, o)
+}
+
+/// The reference's logits of a chunk of rows, given the rows and the chunk's index.
+type ReferenceLogits<'a> = dyn Fn(&[usize], usize) -> Result<Vec<f32>> + 'a;
+
+/// [`reduce_window`] with the reference's logits of each chunk (`k`-th) from `reference`: the
+/// window's head, or a study's kept logits of the same chunk.
+#[allow(clippy::too_many_arguments)]
+fn reduce_window_with(
+    reference: &ReferenceLogits,
+    a: &dyn crate::runner::WindowLogits,
+    b: &dyn crate::runner::WindowLogits,
+    ids: &[u32],
+    rows: &[usize],
+    shape: &Shape,
+    o: &MeasureOptions,
+) -> Result<WindowOut> {
     let (width, vocab_size) = (shape.width, shape.vocab_size);
     let want_reverse = o.direction.reverse();
     let mut scratch = row::Scratch::default();
     let mut out = Vec::with_capacity(rows.len());
     let (mut dump_a, mut dump_b) = (Vec::new(), Vec::new());
-    for part in rows.chunks(shape.chunk) {
-        let la = a.logits(part)?;
+    for (k, part) in rows.chunks(shape.chunk).enumerate() {
+        let la = reference(part, k)?;
         let lb = b.logits(part)?;
         for (k, &j) in part.iter().enumerate() {
             let ra = &la[k * width..k * width + vocab_size];
@@ -507,9 +525,17 @@ pub struct ReferencePass<'a> {
     pub plans: Vec<RunPlan>,
     /// Per run, per window: the reference's kept window (`None`: no scored row, not run).
     windows: Vec<Vec<Option<Box<dyn crate::runner::WindowLogits + 'a>>>>,
+    /// Per run, per window, per chunk of rows: the reference's logits, kept when every scored
+    /// row's fit in [`KEPT_LOGITS_BYTES`] (each arm then skips the reference's head); computed
+    /// in the same chunks as a single measurement's, so the values are the same bits.
+    logits: Option<Vec<Vec<Vec<Vec<f32>>>>>,
     width: usize,
     vocab_size: usize,
 }
+
+/// A study keeps the reference's logits of every scored row when they take at most this many
+/// bytes; above it, each arm recomputes them from the kept windows (the reference's head only).
+pub const KEPT_LOGITS_BYTES: usize = 1 << 30;
 
 /// Run the reference once over `eval` under `o` and keep its windows.
 pub fn reference_pass<'a>(
@@ -552,9 +578,29 @@ pub fn reference_pass<'a>(
             .collect::<Result<Vec<_>>>()?;
         windows.push(kept);
     }
+    let chunk = (CHUNK_BYTES / 4 / width).max(1);
+    let rows: usize = plans.iter().map(RunPlan::n_rows).sum();
+    let logits = if rows.saturating_mul(width).saturating_mul(4) <= KEPT_LOGITS_BYTES {
+        let mut all = Vec::with_capacity(plans.len());
+        for (plan, kept) in plans.iter().zip(&mut windows) {
+            let per_window = kept
+                .par_iter_mut()
+                .zip(plan.rows.par_iter())
+                .map(|(a, rows)| match a {
+                    Some(a) => rows.chunks(chunk).map(|part| a.logits(part)).collect(),
+                    None => Ok(Vec::new()),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            all.push(per_window);
+        }
+        Some(all)
+    } else {
+        None
+    };
     Ok(ReferencePass {
         plans,
         windows,
+        logits,
         width,
         vocab_size,
     })
@@ -593,16 +639,23 @@ pub fn measure_against(
     let total: usize = pass.plans.iter().map(|p| p.windows.windows.len()).sum();
     let done = std::sync::atomic::AtomicUsize::new(0);
     let mut per_run = Vec::with_capacity(pass.plans.len());
-    for (plan, kept) in pass.plans.iter().zip(pass.windows.iter_mut()) {
+    for (run, (plan, kept)) in pass.plans.iter().zip(pass.windows.iter_mut()).enumerate() {
+        let logits = pass.logits.as_ref().map(|l| &l[run]);
         let per_window = kept
             .par_iter_mut()
+            .enumerate()
             .zip(plan.windows.windows.par_iter())
             .zip(plan.rows.par_iter())
-            .map(|((a, ids), rows)| {
+            .map(|(((w, a), ids), rows)| {
                 let out = match a {
                     Some(a) => {
                         let b = candidate.window(ids)?;
-                        reduce_window(a.as_ref(), b.as_ref(), ids, rows, &shape, o)?.0
+                        let a = a.as_ref();
+                        let kept = |part: &[usize], k: usize| match logits {
+                            Some(l) => Ok(l[w][k].clone()),
+                            None => a.logits(part),
+                        };
+                        reduce_window_with(&kept, a, b.as_ref(), ids, rows, &shape, o)?.0
                     }
                     None => Vec::new(),
                 };

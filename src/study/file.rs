@@ -247,22 +247,47 @@ impl Study {
             })?
             .ok_or_else(|| Error::format(path, None, "is empty"))?;
         let value = node.to_json();
+        // The version first: a file for another cardproof says so, not what it lacks.
+        match value.get("study").and_then(serde_json::Value::as_str) {
+            Some(STUDY_ID) => {}
+            Some(other) => {
+                return Err(Error::format(
+                    path,
+                    Some("study"),
+                    format!("is `{other}`; this cardproof reads `{STUDY_ID}`"),
+                ));
+            }
+            None => {
+                return Err(Error::format(
+                    path,
+                    Some("study"),
+                    format!("is missing: a study file starts with `study: {STUDY_ID}`"),
+                ));
+            }
+        }
         let at = |field: &str| -> Option<(usize, usize)> {
             let mut found = None;
-            node.walk(&mut |pointer, span, _| {
+            node.walk(&mut |pointer, key, node| {
                 if pointer == field && found.is_none() {
-                    found = span.map(|s| line_column(text, s.start));
+                    let start = key.map_or(node.span.start, |k| k.start);
+                    found = Some(line_column(text, start));
                 }
             });
             found
         };
         let file: StudyFile = serde_path_to_error::deserialize(&value).map_err(|e| {
-            let field = e.path().to_string();
+            let field = match e.path().to_string() {
+                p if p == "." => "(top level)".to_owned(),
+                p => p,
+            };
+            // `arms[0].colour` as a JSON pointer: `/arms/0/colour`.
             let pointer = format!(
                 "/{}",
                 field
+                    .replace('[', ".")
+                    .replace(']', "")
                     .split('.')
-                    .filter(|p| *p != "?")
+                    .filter(|p| *p != "?" && !p.is_empty())
                     .collect::<Vec<_>>()
                     .join("/")
             );
@@ -379,8 +404,11 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
 
 /// The JSON Schema of the study file.
 pub fn json_schema() -> serde_json::Value {
-    crate::schema::generate::<StudyFile>(crate::schema::settings(), STUDY_SCHEMA_URI)
+    crate::schema::generate::<StudyFile>(
+        crate::schema::settings().for_deserialize(),
+        STUDY_SCHEMA_URI,
+    )
 }
 
-/// Where the study file's schema is published.
+/// Where the study file's schema is published (and committed: `schema/study-file-v1.schema.json`).
 pub const STUDY_SCHEMA_URI: &str = "https://cardproof.dev/schema/study-file-v1.schema.json";

@@ -83,7 +83,7 @@ fn view(d: &StudyDocument, rows: &[Vec<RunRows>], html: bool) -> Json {
         let pairs: Vec<Json> = d
             .comparisons
             .iter()
-            .filter(|c| c.context_length == length as usize)
+            .filter(|c| c.context_length == length)
             .map(|c| {
                 json!({
                     "a": c.a, "b": c.b, "difference": c.difference,
@@ -98,7 +98,7 @@ fn view(d: &StudyDocument, rows: &[Vec<RunRows>], html: bool) -> Json {
             })
             .collect();
         let plots = if html {
-            plots(d, rows, run_index, length as usize)
+            plots(d, rows, run_index, length)
         } else {
             Vec::new()
         };

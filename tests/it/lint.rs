@@ -163,6 +163,15 @@ fn fixtures() -> Vec<Fixture> {
             None,
         ),
         (
+            Code::ConversationAllPositions,
+            compliant_with(
+                "      source: \"wikitext-2-raw-v1/test\"\n",
+                "      source: \"chat.json\"\n      kind: conversation\n",
+            ),
+            Some("/fidelity/protocol/positions/policy"),
+            Some("positions"),
+        ),
+        (
             Code::MetadataNotMapping,
             "---\n- just\n- a list\n---\n# Card\n".into(),
             None,

@@ -24,6 +24,7 @@ mod output_contract;
 mod output_schemas;
 mod outputs;
 mod schema;
+mod study;
 mod support;
 mod transformers;
 mod verify;
