@@ -91,6 +91,11 @@ def read_request(path):
     for side in ("reference", "candidate"):
         m = req["models"].get(side)
         require(isinstance(m, dict) and isinstance(m.get("path"), str), f"models.{side}.path missing")
+    arms = req["models"].get("arms")
+    require(
+        arms is None or (isinstance(arms, list) and arms and all(isinstance(a, dict) and isinstance(a.get("path"), str) for a in arms)),
+        "models.arms must be a non-empty list of models with a path",
+    )
     require(isinstance(req["vocab_size"], int) and req["vocab_size"] > 0, "vocab_size must be a positive integer")
     require(req.get("keep_hidden") in (None, "auto", "device", "host", "disk"), "keep_hidden must be auto, device, host or disk")
     require(req.get("mode", "auto") in ("auto", "side_by_side", "sequential"), "mode must be auto, side_by_side or sequential")
@@ -1051,7 +1056,8 @@ def plan_memory(torch, req, cfg, weights, dtype_size, chunk, free):
     longest = max(r["context_length"] for r in req["runs"])
     most_rows = max(len(rows) for r in req["runs"] for rows in r["window_rows"])
     chunk = min(chunk, longest)
-    eager = any(m.get("attn_implementation") == "eager" for m in req["models"].values())
+    models = [req["models"]["reference"], req["models"]["candidate"], *(req["models"].get("arms") or [])]
+    eager = any(m.get("attn_implementation") == "eager" for m in models)
     whole = chunk >= longest
     # One pass keeps one layer's keys and values at a time; chunks keep every layer's (the cache).
     kv = 2 * (1 if whole else layers) * kv_heads * head_dim * longest * dtype_size
@@ -1282,9 +1288,16 @@ def run(req):
     dtype = torch_dtype(torch, req.get("dtype", "bfloat16"))
     dtype_size = torch.tensor([], dtype=dtype).element_size()
     specs = req["models"]
+    # A study's arms: several candidates against one reference pass (sequential: the
+    # reference's kept hidden states serve every arm; one arm loaded at a time).
+    arm_specs = specs.get("arms") or None
+    if arm_specs:
+        req["mode"] = "sequential"
+        specs["candidate"] = max(arm_specs, key=lambda a: weight_bytes(a["path"], dtype_size))
     shared = (
         specs["candidate"]["path"] == specs["reference"]["path"]
         and not req.get("load_twice", False)
+        and not arm_specs
     )
     weights = {
         "reference": weight_bytes(specs["reference"]["path"], dtype_size),
@@ -1492,10 +1505,11 @@ def run(req):
             torch.save(h.cpu(), path)
             return path
 
-        def unstash(x):
+        def unstash(x, last=True):
             if isinstance(x, str):
                 h = torch.load(x, weights_only=True)
-                os.remove(x)
+                if last:
+                    os.remove(x)
                 return h
             return x
 
@@ -1533,51 +1547,86 @@ def run(req):
             def get_output_embeddings():
                 return ref_head
 
-        cand_model = load(specs["candidate"], "candidate")
-        shifted = False
-        for ri, (r, windows) in enumerate(runs):
-            recs = []
-            for w, ids in enumerate(windows):
-                rows = r["window_rows"][w]
-                if not rows:
-                    recs.append(None)
+        arm_list = arm_specs or [specs["candidate"]]
+        arm_results = []
+        for ai, cspec in enumerate(arm_list):
+            last = ai == len(arm_list) - 1
+            t_arm = time.perf_counter()
+            what = f"arm {ai + 1}/{len(arm_list)}" if arm_specs else "candidate"
+            if arm_specs:
+                done = 0
+            cand_model = load(cspec, "candidate")
+            shifted = False
+            arm_runs = []
+            for ri, (r, windows) in enumerate(runs):
+                recs = []
+                for w, ids in enumerate(windows):
+                    rows = r["window_rows"][w]
+                    if not rows:
+                        recs.append(None)
+                        done += 1
+                        progress(f"measuring {what}", done, total_windows if arm_specs else 2 * total_windows)
+                        continue
+                    keep = torch.tensor(rows, dtype=torch.long)
+                    targets = next_tokens(torch, ids, rows, vocab)
+                    h_ref = unstash(kept[ri][w], last).to(ref_head.weight.device)
+                    h_cand = hidden_of(cand_model, cspec, ids, keep)
+                    recs.append(records_of(HeadOnly, h_ref, cand_model, h_cand, targets))
+                    if req.get("gates") and not shifted:
+                        shifted = True
+                        gates["shift_forward_mean"] = gate_shift(torch, timings, records_of, HeadOnly, h_ref, cand_model, h_cand, targets)
+                    if last:
+                        kept[ri][w] = None
                     done += 1
-                    progress("measuring candidate", done, 2 * total_windows)
-                    continue
-                keep = torch.tensor(rows, dtype=torch.long)
-                targets = next_tokens(torch, ids, rows, vocab)
-                h_ref = unstash(kept[ri][w]).to(ref_head.weight.device)
-                h_cand = hidden_of(cand_model, specs["candidate"], ids, keep)
-                recs.append(records_of(HeadOnly, h_ref, cand_model, h_cand, targets))
-                if req.get("gates") and not shifted:
-                    shifted = True
-                    gates["shift_forward_mean"] = gate_shift(torch, timings, records_of, HeadOnly, h_ref, cand_model, h_cand, targets)
-                kept[ri][w] = None
-                done += 1
-                progress("measuring candidate", done, 2 * total_windows)
-            results.append(recs)
+                    progress(f"measuring {what}", done, total_windows if arm_specs else 2 * total_windows)
+                arm_runs.append(recs)
+            cand_record = model_record(cand_model, cspec)
+            cand_record["attention"] = attn_used(cand_model)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            arm_results.append((arm_runs, cand_record, time.perf_counter() - t_arm))
+            if not last:
+                del cand_model
+                if device != "cpu":
+                    torch.cuda.empty_cache()
+        results = arm_results[0][0]
 
     os.makedirs(req["result_dir"], exist_ok=True)
-    files = []
-    for ri, ((r, windows), recs) in enumerate(zip(runs, results)):
-        per_window = r["window_rows"]
-        n_rows = sum(len(rows) for rows in per_window)
-        ran = [x for x in recs if x is not None]
-        tensors = {k: torch.cat([x[k] for x in ran]).contiguous() for k in ran[0]}
-        counts = torch.tensor([len(rows) for rows in per_window], dtype=torch.long)
-        tensors["window"] = torch.arange(len(windows), dtype=torch.int32).repeat_interleave(counts)
-        tensors["position"] = torch.tensor([j for rows in per_window for j in rows], dtype=torch.int64)
-        path = os.path.join(req["result_dir"], f"run{ri}.safetensors")
-        save_file(tensors, path + ".tmp", metadata={"context_length": str(r["context_length"]), "rows": str(n_rows)})
-        os.replace(path + ".tmp", path)
-        files.append({"context_length": r["context_length"], "path": path, "rows": n_rows})
+
+    def save_runs(results, suffix):
+        files = []
+        for ri, ((r, windows), recs) in enumerate(zip(runs, results)):
+            per_window = r["window_rows"]
+            n_rows = sum(len(rows) for rows in per_window)
+            ran = [x for x in recs if x is not None]
+            tensors = {k: torch.cat([x[k] for x in ran]).contiguous() for k in ran[0]}
+            counts = torch.tensor([len(rows) for rows in per_window], dtype=torch.long)
+            tensors["window"] = torch.arange(len(windows), dtype=torch.int32).repeat_interleave(counts)
+            tensors["position"] = torch.tensor([j for rows in per_window for j in rows], dtype=torch.int64)
+            path = os.path.join(req["result_dir"], f"run{ri}{suffix}.safetensors")
+            save_file(tensors, path + ".tmp", metadata={"context_length": str(r["context_length"]), "rows": str(n_rows)})
+            os.replace(path + ".tmp", path)
+            files.append({"context_length": r["context_length"], "path": path, "rows": n_rows})
+        return files
+
+    files = save_runs(results, "")
+    arms_out = None
+    if arm_specs:
+        arms_out = [
+            {"runs": save_runs(arm_runs, f"-arm{ai}"), "model": rec, "seconds": seconds}
+            for ai, (arm_runs, rec, seconds) in enumerate(arm_results)
+        ]
+        cand_model = None
     timings["total"] = time.perf_counter() - t0
     if mode == "side_by_side":
         ref_record = model_record(ref_model, specs["reference"])
-    models = {"reference": ref_record, "candidate": model_record(cand_model, specs["candidate"])}
+    if arm_specs:
+        models = {"reference": ref_record, "candidate": arms_out[0]["model"]}
+    else:
+        models = {"reference": ref_record, "candidate": model_record(cand_model, specs["candidate"])}
+        models["candidate"]["attention"] = attn_used(cand_model)
     # A shared model switches attention per side: record what each side asked for and got.
     models["reference"]["attention"] = specs["reference"].get("attn_implementation", "sdpa")
-    models["candidate"]["attention"] = attn_used(cand_model)
     env = environment(torch, transformers, req, models, timings, plan, mode)
     if any(linear_attention.get(side) for side in ("reference", "candidate")):
         env["linear_attention"] = {side: linear_attention.get(side) for side in ("reference", "candidate")}
@@ -1588,11 +1637,14 @@ def run(req):
                         f"warning: the {side}'s Gated DeltaNet layers ran transformers' torch fallback "
                         "(flash-linear-attention is not installed): correct, but far slower on a GPU\n"
                     )
-    return {
+    out = {
         "environment": env,
         "runs": files,
         "gates": gates,
     }
+    if arms_out is not None:
+        out["arms"] = arms_out
+    return out
 
 
 def gate_self(torch, timings, hidden_of, records_of, ref_model, specs, ids, keep, targets, h_ref):

@@ -693,18 +693,216 @@ pub(super) fn transformers(
     };
     // The runner says which KV cache each side ran with: a scheme asked for and not applied
     // (a runner program older than the request) is an error, not a silently plain run.
-    for (side, asked, record) in [
-        (
-            "reference",
-            r.reference_kv_cache,
-            &output.environment.models.reference,
+    kv_cache_ran(
+        r.candidate,
+        &[
+            (
+                "reference",
+                r.reference_kv_cache,
+                &output.environment.models.reference,
+            ),
+            (
+                "candidate",
+                r.kv_cache,
+                &output.environment.models.candidate,
+            ),
+        ],
+    )?;
+    let floor = r.noise_floor.then(|| NoiseFloor::Skipped {
+        skipped: "the noise floor of the transformers runner is its kernel sweep: `cardproof measure --runner transformers --sweep attention=sdpa,eager`".into(),
+    });
+    Ok(finished(
+        scoring,
+        &options,
+        (reference_id, candidate_id, environment),
+        gates_out,
+        floor,
+    ))
+}
+
+/// A study's arms in the transformers runner: the reference (with `runner_options`' reference
+/// attention and KV cache) once per window, its hidden states kept, each arm's candidate in
+/// turn against them (one program run: N arms cost N + 1 passes). Each arm's request gives its
+/// candidate, attention (`attentions[i]`) and KV cache; they share the first request's
+/// reference, text and options. Each arm's numbers are those of a single `measure --runner
+/// transformers` of the pair.
+pub(super) fn transformers_arms(
+    requests: &[Request],
+    attentions: &[String],
+    mut pre: Preflight,
+    reference_path: &Path,
+    runner_options: &crate::runner::transformers::TransformersOptions,
+    stage: Stage,
+    progress: &(dyn Fn(usize, usize, usize) + Sync),
+) -> Result<ArmsOutcome> {
+    use crate::runner::transformers::{self, ArmModel, RunWork};
+    let first = requests
+        .first()
+        .ok_or_else(|| Error::internal(reference_path, "a study without arms"))?;
+    if !matches!(first.options.vocab, VocabMode::Full) {
+        return Err(Error::unsupported(
+            first.candidate,
+            None,
+            "the transformers runner computes full-vocabulary KL only",
+        ));
+    }
+    for model in std::iter::once(reference_path).chain(requests.iter().map(|r| r.candidate)) {
+        if native::resolve(model)?.1 != "safetensors" {
+            return Err(Error::unsupported(
+                model,
+                None,
+                "the transformers runner loads safetensors checkpoint directories; a GGUF arm runs in runner: native",
+            ));
+        }
+    }
+    let (text, tokenizer, stream) = tokenized(first, &mut pre)?;
+    stage("hashing");
+    let (reference_id, width) = checkpoint_identity(
+        reference_path,
+        first.threads,
+        pre.reference_manifest.as_ref(),
+    )?;
+    let mut ids = Vec::with_capacity(requests.len());
+    for r in requests {
+        let (id, w) = checkpoint_identity(r.candidate, r.threads, r.candidate_manifest)?;
+        if w != width {
+            return Err(Error::mismatch(
+                r.candidate,
+                Some("config.json vocab_size"),
+                format!(
+                    "vocabulary mismatch: the arm's logit rows have {w} entries, the reference's {width}"
+                ),
+            ));
+        }
+        ids.push(id);
+    }
+    let options = with_padding(first, width);
+    let mut runner_options = runner_options.clone();
+    runner_options.gates = false;
+    runner_options.kv_cache = (first.reference_kv_cache, None);
+    let eval = EvalInput {
+        stream: &stream,
+        text_path: text,
+        bos_id: tokenizer.bos_id,
+        tokenizer_vocab: tokenizer.vocab_size,
+    };
+    stage(&format!(
+        "transformers runner: reference pass, then {} arms",
+        requests.len()
+    ));
+    let plans = score::plan_runs(&eval, &options)?;
+    let vocab_size = score::used_vocab(&eval, width, &options)?;
+    let work: Vec<RunWork> = plans
+        .iter()
+        .map(|p| RunWork {
+            context_length: p.windows.length,
+            windows: &p.windows.windows,
+            rows: &p.rows,
+        })
+        .collect();
+    let arms: Vec<ArmModel> = requests
+        .iter()
+        .zip(attentions)
+        .map(|(r, attention)| ArmModel {
+            path: r.candidate,
+            attention: attention.clone(),
+            kv_cache: r.kv_cache,
+        })
+        .collect();
+    let arm_index = std::sync::atomic::AtomicUsize::new(0);
+    let report = |stage_name: &str, counts: Option<(usize, usize)>| match counts {
+        Some((done, total)) => progress(
+            arm_index.load(std::sync::atomic::Ordering::Relaxed),
+            done,
+            total,
         ),
-        (
-            "candidate",
-            r.kv_cache,
-            &output.environment.models.candidate,
-        ),
-    ] {
+        None => {
+            // "loading <path>" marks a model's turn: the reference first, then each arm.
+            if stage_name.starts_with("loading") {
+                arm_index.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            stage(stage_name)
+        }
+    };
+    let started = std::time::Instant::now();
+    let (outputs, environment) = transformers::run_arms(
+        reference_path,
+        &arms,
+        &work,
+        vocab_size,
+        &runner_options,
+        &report,
+    )?;
+    let total_seconds = started.elapsed().as_secs_f64();
+    let arm_seconds: f64 = outputs.iter().map(|o| o.seconds).sum();
+    let reference_id = ModelRecord {
+        runner: environment.models.reference.clone(),
+        ..reference_id
+    };
+    let mut out = Vec::with_capacity(requests.len());
+    for ((r, id), output) in requests.iter().zip(ids).zip(outputs) {
+        kv_cache_ran(
+            r.candidate,
+            &[
+                (
+                    "reference",
+                    r.reference_kv_cache,
+                    &environment.models.reference,
+                ),
+                ("candidate", r.kv_cache, &output.model),
+            ],
+        )?;
+        let records = output.records;
+        let scoring = score::measure_records(&eval, &options, width, |_, _| Ok(records.clone()))?;
+        let mut env = environment.clone();
+        env.models.candidate = output.model.clone();
+        let arm_environment = Environment {
+            kv_cache: r
+                .kv_cache
+                .filter(|s| s.changes_anything())
+                .map(|s| crate::disclosure::kv_cache::KvCache::as_run(s, false)),
+            kv_scales: computed_scales_of(r.candidate, &output.model)?,
+            ..transformers_environment(&env, &tokenizer)
+        };
+        let candidate_id = ModelRecord {
+            runner: output.model,
+            ..id
+        };
+        let mut rerun = finished(
+            scoring,
+            &options,
+            (reference_id.clone(), candidate_id, arm_environment),
+            Vec::new(),
+            None,
+        );
+        for (role, pin) in &r.pins {
+            rerun.measurement.pin(*role, pin);
+        }
+        out.push(ArmOutcome {
+            rerun,
+            records,
+            seconds: output.seconds,
+        });
+    }
+    Ok(ArmsOutcome {
+        reference: reference_id,
+        // The program's whole run less its arms': the reference's pass, loading and warm-up.
+        reference_seconds: (total_seconds - arm_seconds).max(0.0),
+        arms: out,
+    })
+}
+
+/// Each side's KV cache as the transformers runner recorded it against what was asked: a
+/// scheme asked for and not applied is the runner's error, naming both.
+fn kv_cache_ran(
+    candidate: &Path,
+    sides: &[(
+        &str,
+        Option<crate::runner::native::kv_cache::KvCacheSetting>,
+        &Value,
+    )],
+) -> Result<()> {
+    for &(side, asked, record) in sides {
         let Some(asked) = asked.filter(|s| s.changes_anything()) else {
             continue;
         };
@@ -741,7 +939,7 @@ pub(super) fn transformers(
                 if computed { "+computed" } else { "" }
             );
             return Err(Error::runner(
-                r.candidate,
+                candidate,
                 format!(
                     "the transformers runner ran the {side} with KV cache `{ran}` where `{}` was asked for",
                     asked.name()
@@ -749,16 +947,7 @@ pub(super) fn transformers(
             ));
         }
     }
-    let floor = r.noise_floor.then(|| NoiseFloor::Skipped {
-        skipped: "the noise floor of the transformers runner is its kernel sweep: `cardproof measure --runner transformers --sweep attention=sdpa,eager`".into(),
-    });
-    Ok(finished(
-        scoring,
-        &options,
-        (reference_id, candidate_id, environment),
-        gates_out,
-        floor,
-    ))
+    Ok(())
 }
 
 /// The gates of a lane whose reference is a stored artifact: the artifact's rows against

@@ -139,7 +139,7 @@ impl RunPlan {
 }
 
 /// The logit entries to use: the requested size, else the tokenizer's (padding excluded).
-fn used_vocab(eval: &EvalInput, width: usize, o: &MeasureOptions) -> Result<usize> {
+pub(super) fn used_vocab(eval: &EvalInput, width: usize, o: &MeasureOptions) -> Result<usize> {
     if eval.tokenizer_vocab > width {
         return Err(Error::mismatch(
             eval.text_path,

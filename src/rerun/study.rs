@@ -11,11 +11,13 @@ use crate::error::{Error, Result};
 
 /// Run every arm against one reference pass. `requests` share the first one's reference, eval
 /// text, tokenizer, chat template and options (checked here); each has its own candidate and
-/// settings. All must be in the native lane; the first request's pre-flight runs in full, the
-/// others' tokenizers and context lengths are checked before any forward pass.
+/// settings. All are in the native lane, or all in the transformers lane (each arm's attention
+/// in `attentions`); the first request's pre-flight runs in full, the others' tokenizers and
+/// context lengths are checked before any forward pass.
 pub fn run_arms(
     requests: &[Request],
     names: &[String],
+    attentions: &[String],
     reference_compute: crate::runner::native::ComputeDtype,
     stage: &(dyn Fn(&str) + Sync),
     progress: &(dyn Fn(usize, usize, usize) + Sync),
@@ -23,14 +25,23 @@ pub fn run_arms(
     let first = requests
         .first()
         .ok_or_else(|| Error::usage(Path::new("study"), "a study needs at least one arm"))?;
-    let Lane::Native { reference, .. } = first.lane else {
-        return Err(Error::usage(
-            first.candidate,
-            "a study's arms run in the native lane here",
-        ));
+    let reference = match first.lane {
+        Lane::Native { reference, .. } | Lane::Transformers { reference, .. } => reference,
+        _ => {
+            return Err(Error::usage(
+                first.candidate,
+                "a study's arms run two models: the native or the transformers lane",
+            ));
+        }
     };
+    let transformers = matches!(first.lane, Lane::Transformers { .. });
     for r in requests {
-        let same = matches!(r.lane, Lane::Native { reference: other, .. } if other == reference)
+        let lane_reference = match r.lane {
+            Lane::Native { reference, .. } if !transformers => Some(reference),
+            Lane::Transformers { reference, .. } if transformers => Some(reference),
+            _ => None,
+        };
+        let same = lane_reference == Some(reference)
             && r.eval_text == first.eval_text
             && r.tokenizer == first.tokenizer
             && r.chat_template == first.chat_template
@@ -50,13 +61,18 @@ pub fn run_arms(
             preflight::check_arm(r, tokenizer)?;
         }
     }
-    super::lanes::native_arms(
-        requests,
-        names,
-        pre,
-        reference,
-        reference_compute,
-        stage,
-        progress,
-    )
+    match first.lane {
+        Lane::Transformers { runner, .. } => super::lanes::transformers_arms(
+            requests, attentions, pre, reference, runner, stage, progress,
+        ),
+        _ => super::lanes::native_arms(
+            requests,
+            names,
+            pre,
+            reference,
+            reference_compute,
+            stage,
+            progress,
+        ),
+    }
 }

@@ -51,6 +51,10 @@ fn keep_hidden_auto() -> String {
 pub struct RequestModels {
     pub reference: RequestModel,
     pub candidate: RequestModel,
+    /// A study's arms: several candidates measured in turn against one reference pass (the
+    /// runner then keeps the reference's hidden states for all of them and answers `arms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arms: Option<Vec<RequestModel>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -123,6 +127,18 @@ pub struct RunnerRecord {
     /// The gates' raw numbers (absent or null: not asked for).
     #[serde(default)]
     pub gates: Option<GateNumbers>,
+    /// For a request with `models.arms`: each arm's runs, model record and seconds, in the
+    /// request's order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arms: Option<Vec<RecordArm>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct RecordArm {
+    pub runs: Vec<RecordRun>,
+    /// The arm's model as it ran (the candidate's record of a single pair).
+    pub model: serde_json::Value,
+    pub seconds: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

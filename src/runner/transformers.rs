@@ -189,12 +189,20 @@ pub fn run(
         .prefix("cardproof-transformers-")
         .tempdir()
         .map_err(|e| Error::io(&std::env::temp_dir(), e))?;
-    let request = write_request(dir.path(), reference, candidate, work, vocab_size, options)?;
+    let request = write_request(
+        dir.path(),
+        reference,
+        candidate,
+        None,
+        work,
+        vocab_size,
+        options,
+    )?;
     let record = invoke(dir.path(), candidate, &request, options, progress)?;
     let records = work
         .iter()
         .enumerate()
-        .map(|(i, w)| read_run(candidate, &record, i, w, &request))
+        .map(|(i, w)| read_run(candidate, &record.runs, i, w, &request))
         .collect::<Result<Vec<_>>>()?;
     if let Some((keep, _)) = &options.dump_rows {
         keep_exchange(dir.path(), keep, work.len())?;
@@ -206,11 +214,82 @@ pub fn run(
     })
 }
 
+/// One arm of a study in the runner: its checkpoint, attention and KV-cache scheme.
+#[derive(Debug, Clone)]
+pub struct ArmModel<'a> {
+    pub path: &'a Path,
+    pub attention: String,
+    pub kv_cache: Option<crate::runner::native::kv_cache::KvCacheSetting>,
+}
+
+/// One arm's answer: per run, per window, its rows' records; its model record; its seconds.
+#[derive(Debug)]
+pub struct ArmOutput {
+    pub records: Vec<Vec<Vec<Option<RowRecord>>>>,
+    pub model: serde_json::Value,
+    pub seconds: f64,
+}
+
+/// Run the program on a study: the reference (with `options`' reference attention and KV
+/// cache) once per window, each arm against its kept hidden states in turn.
+pub fn run_arms(
+    reference: &Path,
+    arms: &[ArmModel],
+    work: &[RunWork],
+    vocab_size: usize,
+    options: &TransformersOptions,
+    progress: RunnerProgress,
+) -> Result<(Vec<ArmOutput>, RunnerEnvironment)> {
+    let first = arms
+        .first()
+        .ok_or_else(|| Error::internal(reference, "a study without arms"))?;
+    let dir = tempfile::Builder::new()
+        .prefix("cardproof-transformers-")
+        .tempdir()
+        .map_err(|e| Error::io(&std::env::temp_dir(), e))?;
+    let request = write_request(
+        dir.path(),
+        reference,
+        first.path,
+        Some(arms),
+        work,
+        vocab_size,
+        options,
+    )?;
+    let record = invoke(dir.path(), first.path, &request, options, progress)?;
+    let answered = record.arms.clone().unwrap_or_default();
+    if answered.len() != arms.len() {
+        return Err(Error::runner(
+            first.path,
+            format!(
+                "the transformers runner answered {} arms for the {} asked (an older runner program?)",
+                answered.len(),
+                arms.len()
+            ),
+        ));
+    }
+    let mut out = Vec::with_capacity(arms.len());
+    for (arm, a) in arms.iter().zip(answered) {
+        let records = work
+            .iter()
+            .enumerate()
+            .map(|(i, w)| read_run(arm.path, &a.runs, i, w, &request))
+            .collect::<Result<Vec<_>>>()?;
+        out.push(ArmOutput {
+            records,
+            model: a.model,
+            seconds: a.seconds,
+        });
+    }
+    Ok((out, record.environment.unwrap_or_default()))
+}
+
 /// Write the token files and the request; returns the request's path.
 fn write_request(
     dir: &Path,
     reference: &Path,
     candidate: &Path,
+    arms: Option<&[ArmModel]>,
     work: &[RunWork],
     vocab_size: usize,
     o: &TransformersOptions,
@@ -258,6 +337,11 @@ fn write_request(
         models: RequestModels {
             reference: model(reference, &o.attention.0, o.kv_cache.0),
             candidate: model(candidate, &o.attention.1, o.kv_cache.1),
+            arms: arms.map(|arms| {
+                arms.iter()
+                    .map(|a| model(a.path, &a.attention, a.kv_cache))
+                    .collect()
+            }),
         },
         dtype: o.dtype.clone(),
         device: o.device.as_request(),
@@ -464,12 +548,12 @@ fn describe(status: std::process::ExitStatus) -> String {
 /// Read run `i`'s result file and check it holds exactly the rows asked for.
 fn read_run(
     candidate: &Path,
-    record: &RunnerRecord,
+    runs: &[crate::runner::exchange::RecordRun],
     i: usize,
     work: &RunWork,
     request: &Path,
 ) -> Result<Vec<Vec<Option<RowRecord>>>> {
-    let path = match record.runs.get(i).and_then(|r| r.path.as_deref()) {
+    let path = match runs.get(i).and_then(|r| r.path.as_deref()) {
         Some(p) => PathBuf::from(p),
         None => {
             return Err(Error::runner(

@@ -159,7 +159,7 @@ pub fn parse_sweep(s: &str) -> Result<(String, Vec<String>), String> {
 }
 
 /// Whether `v` is an attention implementation the runner can ask transformers for.
-fn check_attention(v: &str) -> Result<(), String> {
+pub fn check_attention(v: &str) -> Result<(), String> {
     if ATTENTION_IMPLEMENTATIONS.contains(&v) {
         Ok(())
     } else {

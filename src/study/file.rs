@@ -46,6 +46,9 @@ pub struct StudyFile {
     /// `native` (the default: pure Rust on CPU) or `transformers` (the user's GPU).
     #[serde(default)]
     pub runner: StudyRunner,
+    /// The transformers runner's settings (`runner: transformers`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transformers: Option<TransformersSettings>,
     /// The baseline's settings (default: the runner's defaults); every arm starts from them.
     #[serde(default)]
     pub baseline: Settings,
@@ -88,6 +91,32 @@ pub struct StudyEval {
 
 fn no_bos() -> Bos {
     Bos::None
+}
+
+/// How the transformers runner runs (`runner: transformers`); absent fields are the runner's
+/// defaults, as `measure --runner transformers` has them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TransformersSettings {
+    /// The Python interpreter (default `$CARDPROOF_PYTHON`, else `python3`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
+    /// `cuda` (the default), `cuda:N`, `auto` or `cpu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// `bfloat16` (the default), `float16` or `float32`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch_dtype: Option<String>,
+    /// Tokens per prefill chunk (default: planned).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk_size: Option<u32>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tf32: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deterministic: bool,
+    /// Where the reference's hidden states wait for the arms: `auto`, `device`, `host`, `disk`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_hidden: Option<String>,
 }
 
 /// What every arm is scored under.

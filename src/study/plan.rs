@@ -60,6 +60,9 @@ pub struct Plan {
     pub chat_template: ChatTemplateChoice,
     pub options: MeasureOptions,
     pub runner: StudyRunner,
+    /// The transformers runner's options (`runner: transformers`), the reference's attention
+    /// the baseline's.
+    pub transformers: Option<crate::runner::transformers::TransformersOptions>,
     pub baseline: Resolved,
     pub arms: Vec<PlannedArm>,
 }
@@ -137,12 +140,49 @@ pub fn plan(study: &Study) -> Result<Plan> {
         clock: e.chat_template_clock,
     };
     let options = protocol_options(study)?;
+    let transformers = match f.runner {
+        StudyRunner::Native => {
+            if f.transformers.is_some() {
+                return Err(field_error(
+                    "transformers",
+                    "is for runner: transformers".into(),
+                ));
+            }
+            None
+        }
+        StudyRunner::Transformers => {
+            let t = f.transformers.clone().unwrap_or_default();
+            let flags = crate::runner::transformers_flags::TransformersFlags {
+                python: t.python.map(PathBuf::from),
+                device: t.device.unwrap_or_else(|| "cuda".into()),
+                torch_dtype: t.torch_dtype,
+                attention: Some(baseline.attention.clone()),
+                chunk_size: t.chunk_size,
+                tf32: t.tf32,
+                deterministic: t.deterministic,
+                keep_hidden: t.keep_hidden.unwrap_or_else(|| "auto".into()),
+                ..Default::default()
+            };
+            Some(
+                flags
+                    .options()
+                    .map_err(|why| field_error("transformers", why))?,
+            )
+        }
+    };
+    if transformers.is_some() {
+        for (i, arm) in arms.iter().enumerate() {
+            crate::runner::transformers_flags::check_attention(&arm.settings.attention)
+                .map_err(|why| field_error(&format!("arms[{i}].attention"), why))?;
+        }
+    }
     Ok(Plan {
         reference,
         eval_text: text,
         chat_template,
         options,
         runner: f.runner,
+        transformers,
         baseline,
         arms,
     })

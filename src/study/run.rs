@@ -35,22 +35,21 @@ pub fn run(
 ) -> Result<StudyOutcome> {
     let started = std::time::Instant::now();
     let plan = plan::plan(study)?;
-    if plan.runner == StudyRunner::Transformers {
-        return Err(Error::unsupported(
-            &study.path,
-            Some("runner"),
-            "a study in the transformers runner is not built yet; use runner: native",
-        ));
-    }
     let requests: Vec<Request> = plan
         .arms
         .iter()
         .map(|a| request(&plan, a, threads))
         .collect();
     let names: Vec<String> = plan.arms.iter().map(|a| a.name.clone()).collect();
+    let attentions: Vec<String> = plan
+        .arms
+        .iter()
+        .map(|a| a.settings.attention.clone())
+        .collect();
     let outcome = rerun::study::run_arms(
         &requests,
         &names,
+        &attentions,
         plan.baseline.compute,
         stage,
         &|_, done, total| progress(done, total),
@@ -148,7 +147,11 @@ pub fn run(
         eval: first.eval.clone(),
         protocol: first.protocol.clone(),
         protocol_sha256: first.protocol_sha256.clone(),
-        runner: "native".into(),
+        runner: match plan.runner {
+            StudyRunner::Native => "native",
+            StudyRunner::Transformers => "transformers",
+        }
+        .into(),
         device: first.environment.device.clone(),
         definitions: DEFINITIONS.into(),
         arms,
@@ -164,12 +167,19 @@ pub fn run(
 /// An arm as a rerun request: the study's reference, text, template and options, the arm's
 /// checkpoint and settings.
 fn request<'a>(plan: &'a Plan, arm: &'a PlannedArm, threads: usize) -> Request<'a> {
-    Request {
-        lane: Lane::Native {
+    let lane = match &plan.transformers {
+        Some(runner) => Lane::Transformers {
+            reference: &plan.reference,
+            runner,
+        },
+        None => Lane::Native {
             reference: &plan.reference,
             compute: arm.settings.compute,
             emulate: arm.settings.emulate,
         },
+    };
+    Request {
+        lane,
         candidate: &arm.candidate,
         eval_text: Some(&plan.eval_text),
         tokenizer: None,

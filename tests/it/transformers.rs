@@ -923,6 +923,90 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         assert!(t > 0.0 && rel(t, n) < 0.02, "transformers {t}, native {n}");
     }
 
+    /// A study in the transformers runner (CPU, float32): one program run, the reference's pass
+    /// kept for every arm, and each arm's numbers those of the single `measure --runner
+    /// transformers` of its pair.
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn a_study_in_the_transformers_runner_equals_its_single_measures() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        let text = short_text(dir.path(), 6000);
+        let models = repo_root().join("examples/models");
+        let study = dir.path().join("study.yaml");
+        std::fs::write(
+            &study,
+            format!(
+                "study: cardproof/study-v1\nreference: {m}/shakespeare-bf16\neval: {{text: {t}}}\nprotocol: {{context_lengths: [128], resamples: 100}}\nrunner: transformers\ntransformers: {{device: cpu, torch_dtype: float32}}\narms:\n  - {{name: fp8-block, candidate: {m}/shakespeare-fp8-block, changes: weights}}\n  - {{name: kv-q8_0, kv_cache: q8_0, changes: kv_cache}}\n  - {{name: eager, attention: eager, changes: kernel}}\n",
+                m = models.display(),
+                t = text.display()
+            ),
+        )
+        .unwrap();
+        let out = dir.path().join("out");
+        let r = run(
+            &[],
+            &[
+                "study",
+                study.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--json",
+            ],
+        );
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let doc = r.json();
+        assert_eq!(doc["runner"], "transformers");
+        for (arm, candidate, extra) in [
+            ("fp8-block", "shakespeare-fp8-block", &[][..]),
+            ("kv-q8_0", "shakespeare-bf16", &["--kv-cache", "q8_0"][..]),
+        ] {
+            let single_dir = dir.path().join(arm);
+            std::fs::create_dir_all(&single_dir).unwrap();
+            let r = cpu_measure_pair(
+                &single_dir,
+                "examples/models/shakespeare-bf16",
+                models.join(candidate).to_str().unwrap(),
+                &[&["--bootstrap", "100"], extra].concat(),
+            );
+            assert_eq!(r.code, 0, "{}", r.stderr);
+            let single = r.json();
+            let a: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(out.join(format!("arms/{arm}/measurement.json"))).unwrap(),
+            )
+            .unwrap();
+            assert_eq!(a["eval"]["tokens_sha256"], single["eval"]["tokens_sha256"]);
+            assert_eq!(
+                a["runs"][0]["n_positions"],
+                single["runs"][0]["n_positions"]
+            );
+            for (name, x) in a["runs"][0]["metrics"].as_object().unwrap() {
+                let y = &single["runs"][0]["metrics"][name];
+                if let (Some(x), Some(y)) = (x.as_f64(), y.as_f64()) {
+                    assert!(rel(x, y) < 1e-12, "{arm} {name}: study {x}, single {y}");
+                }
+            }
+        }
+        // The kernel arm ran eager attention; the repeat control is exactly 0.
+        let arm = |name: &str| {
+            doc["arms"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|a| a["name"] == name)
+                .unwrap()
+                .clone()
+        };
+        assert_eq!(arm("eager")["settings"]["attention"], "eager");
+        let m: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.join("arms/eager/measurement.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(m["reference"]["runner"]["attention"], "sdpa");
+        assert_eq!(m["candidate"]["runner"]["attention"], "eager");
+        assert_eq!(arm("control-repeat")["runs"][0]["metrics"]["kld_mean"], 0.0);
+    }
+
     /// Every chat template of the corpus renders to transformers' bytes with every conversation,
     /// or fails where transformers fails (tests/it/chat_templates.rs).
     #[test]
