@@ -168,6 +168,57 @@ fn every_arm_equals_the_single_measure_of_its_pair() {
         "--json",
     ]);
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+
+    // A card from the study: the arm's claims, the study's table of arms in the section; it
+    // lints clean and verify reproduces it (the arm's numbers are its single measurement's).
+    let candidate = dir.path().join("candidate");
+    copy_model("shakespeare-w8a16", &candidate);
+    let r = cardproof(&[
+        "card",
+        "--study",
+        out.join("study.json").to_str().unwrap(),
+        "--arm",
+        "w8a16",
+        "--into",
+        candidate.join("README.md").to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let card = std::fs::read_to_string(candidate.join("README.md")).unwrap();
+    assert!(card.contains("**Among the study's arms**"), "{card}");
+    assert!(card.contains("| **w8a16** | weights |"), "{card}");
+    let lint = cardproof(&["lint", candidate.to_str().unwrap()]);
+    assert_eq!(lint.code, 0, "{}", lint.stderr);
+    let r = cardproof(&[
+        "verify",
+        candidate.to_str().unwrap(),
+        "--reference",
+        models.join("shakespeare-bf16").to_str().unwrap(),
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--key",
+        keys.join("cardproof.key").to_str().unwrap(),
+        "--out",
+        dir.path().join("verified").to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.json()["verdict"], "reproduced");
+    // An arm the study does not have is named with the ones it has.
+    let r = cardproof(&[
+        "card",
+        "--study",
+        out.join("study.json").to_str().unwrap(),
+        "--arm",
+        "nope",
+        "--into",
+        candidate.join("README.md").to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("it has: w8a16, q4_0-gguf"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]

@@ -171,8 +171,20 @@ pub struct CheckArgs {
 #[derive(Debug, Args)]
 pub struct CardArgs {
     /// The measurement.json that `cardproof measure` wrote.
-    #[arg(long, value_name = "FILE")]
-    pub measurement: PathBuf,
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_unless_present = "study",
+        conflicts_with = "study"
+    )]
+    pub measurement: Option<PathBuf>,
+    /// A study's study.json: write the arm named by --arm (its measurement beside study.json),
+    /// with the study's table of its arms in the fidelity section.
+    #[arg(long, value_name = "STUDY_JSON", requires = "arm")]
+    pub study: Option<PathBuf>,
+    /// With --study: the arm whose card this is.
+    #[arg(long, value_name = "NAME", requires = "study")]
+    pub arm: Option<String>,
     /// The card to write or update (default: README.md in the measured candidate's directory).
     #[arg(long, value_name = "FILE")]
     pub into: Option<PathBuf>,

@@ -168,7 +168,8 @@ impl KldConfig {
 /// `card`: the library's request as it is (its checks are the writer's).
 pub fn card_request(args: cli::CardArgs) -> cardproof::card::write::UpdateRequest {
     cardproof::card::write::UpdateRequest {
-        measurement: args.measurement,
+        measurement: args.measurement.unwrap_or_default(),
+        study: args.study.zip(args.arm),
         into: args.into,
         reference_repo: args.reference_repo,
         reference_revision: args.reference_revision,

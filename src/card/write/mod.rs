@@ -35,6 +35,7 @@ use self::splice::{Edit, Entries, Layout};
 use super::Card;
 use crate::error::{Error, Result};
 
+pub use self::section::markdown;
 pub use self::update::{CardUpdate, UpdateRequest, default_card_path, update_card};
 
 /// The line that opens the generated section of the card body.
@@ -62,6 +63,9 @@ pub struct CardInputs {
     pub quantization: Option<String>,
     /// The `calibration` block, replacing the card's whole.
     pub calibration: Option<CalibrationInput>,
+    /// A study's comparison of this checkpoint with its other arms (Markdown, escaped), put
+    /// into the fidelity section under the claims (`card --study`).
+    pub comparison: Option<String>,
 }
 
 /// The calibration data, as the `card` command's flags give it.
@@ -238,7 +242,7 @@ pub fn write_card(existing: Option<&str>, path: &Path, inputs: &CardInputs) -> R
     }
 
     // The readable section in the body.
-    let section = section(&fidelity, &measured, &name);
+    let section = section(&fidelity, &measured, &name, inputs.comparison.as_deref());
     let new_card = existing.is_none_or(|t| t.trim().is_empty());
     let has_markers = card
         .as_ref()

@@ -11,7 +11,7 @@ use super::model_index::{context_lengths, lane, metric_label};
 use super::{Measured, SECTION_END, SECTION_START, f64_at, str_at, u64_at};
 
 /// Escape text that came from a card or a measurement for Markdown.
-pub(super) fn markdown(text: &str) -> String {
+pub fn markdown(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
@@ -44,7 +44,7 @@ fn grouped(n: u64) -> String {
     out
 }
 
-pub(super) fn section(f: &Value, m: &Measured, name: &str) -> String {
+pub(super) fn section(f: &Value, m: &Measured, name: &str, comparison: Option<&str>) -> String {
     let doc = &m.doc;
     let env = &doc.environment;
     let mut p = String::new();
@@ -145,6 +145,25 @@ pub(super) fn section(f: &Value, m: &Measured, name: &str) -> String {
             "Rows j ≥ {} of each window are scored (row j predicts token j+1)",
             u64_at(f, "/protocol/positions/from").unwrap_or(0)
         ),
+        Some(policy @ ("role" | "span")) => {
+            let what = str_at(f, &format!("/protocol/positions/{policy}")).unwrap_or("?");
+            let every = match (
+                u64_at(f, "/protocol/positions/stride"),
+                u64_at(f, "/protocol/positions/offset"),
+            ) {
+                (Some(n), Some(k)) => format!(" with j mod {n} = {k}"),
+                _ => String::new(),
+            };
+            format!(
+                "Rows predicting a token of the conversation's {} {}{every} are scored (row j predicts token j+1)",
+                markdown(what),
+                if policy == "role" {
+                    "messages"
+                } else {
+                    "spans"
+                }
+            )
+        }
         _ => "Rows are scored as the `fidelity.protocol.positions` metadata says".to_owned(),
     };
     p.push_str(&positions);
@@ -286,6 +305,13 @@ pub(super) fn section(f: &Value, m: &Measured, name: &str) -> String {
                 );
             let label = metric_label(metric, units);
             s.push_str(&format!("| {label} | {value} | {interval} |\n"));
+        }
+        s.push('\n');
+    }
+    if let Some(table) = comparison {
+        s.push_str(table);
+        if !table.ends_with('\n') {
+            s.push('\n');
         }
         s.push('\n');
     }

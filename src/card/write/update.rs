@@ -14,8 +14,11 @@ use crate::error::{Error, Result};
 /// What `cardproof card` writes, and where.
 #[derive(Debug, Clone, Default)]
 pub struct UpdateRequest {
-    /// The `measurement.json` (`cardproof measure`).
+    /// The `measurement.json` (`cardproof measure`); with `study`, empty: the arm's.
     pub measurement: PathBuf,
+    /// A study's `study.json` and one of its arms: the arm's measurement is written, with the
+    /// study's comparison of the arms in the fidelity section.
+    pub study: Option<(PathBuf, String)>,
     /// The card to write; `None`: README.md beside the measured candidate
     /// ([`default_card_path`]).
     pub into: Option<PathBuf>,
@@ -46,6 +49,17 @@ pub struct CardUpdate {
 /// Read the measurement, write it into the card (creating the card when there is none) whole and
 /// atomically, and read the file back.
 pub fn update_card(request: &UpdateRequest) -> Result<CardUpdate> {
+    let (measurement_path, comparison) = match &request.study {
+        Some((study, arm)) => {
+            let (path, table) = crate::study::render::card_comparison(study, arm)?;
+            (path, Some(table))
+        }
+        None => (request.measurement.clone(), None),
+    };
+    let request = &UpdateRequest {
+        measurement: measurement_path,
+        ..request.clone()
+    };
     let measurement = read_measurement(&request.measurement)?;
     let path = match &request.into {
         Some(p) => p.clone(),
@@ -67,6 +81,7 @@ pub fn update_card(request: &UpdateRequest) -> Result<CardUpdate> {
             candidate_revision: request.candidate_revision.clone(),
             quantization: request.quantization.clone(),
             calibration: request.calibration.clone(),
+            comparison,
         },
     )?;
     crate::files::write_atomically(&path, written.text.as_bytes())?;
