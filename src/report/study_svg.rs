@@ -88,6 +88,7 @@ pub fn svg_cumulative_flips(context_length: usize, series: &[FlipSeries]) -> Str
 }
 
 /// One arm as a point or bar: its name, mean KLD and interval, and bits per weight.
+#[derive(Debug, Clone)]
 pub struct ArmPoint {
     pub name: String,
     pub kld_mean: f64,

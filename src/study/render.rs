@@ -168,12 +168,19 @@ fn plots(d: &StudyDocument, rows: &[Vec<RunRows>], run_index: usize, length: usi
             })
         })
         .collect();
+    // The controls are no quantization: they stay off the size chart.
+    let own: Vec<ArmPoint> = points
+        .iter()
+        .zip(&d.arms)
+        .filter(|(_, a)| a.kind == super::plan::ArmKind::Study)
+        .map(|(p, _)| p.clone())
+        .collect();
     vec![
         json!({"svg": svg_cumulative_flips(length, &flips),
                "caption": "Top-1 flips counted along the eval text, one line per arm: where the flips pile up."}),
         json!({"svg": svg_sweep(length, "the reference", &along),
                "caption": "Mean KLD by position in the window (log axis, bins of positions) and, below, the top-1 flip rate, per arm."}),
-        json!({"svg": svg_kld_vs_bits(length, &points),
+        json!({"svg": svg_kld_vs_bits(length, &own),
                "caption": "Mean KLD against bits per weight, each arm's 95% interval as a bar: the size a closer quant costs."}),
         json!({"svg": svg_forest(length, &points),
                "caption": "Each arm's mean KLD and 95% block-bootstrap interval."}),
