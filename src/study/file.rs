@@ -233,6 +233,15 @@ fn yes() -> bool {
     true
 }
 
+/// What the command line puts over a study file: the runner, and the transformers runner's
+/// device and dtype. Recorded as what ran (study.json's `runner`, each arm's environment).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub runner: Option<StudyRunner>,
+    pub device: Option<String>,
+    pub torch_dtype: Option<String>,
+}
+
 /// The study file and where it is (paths in it are relative to its directory).
 #[derive(Debug, Clone)]
 pub struct Study {
@@ -397,6 +406,26 @@ impl Study {
             ));
         }
         Ok(())
+    }
+
+    /// The command line's settings over the file's.
+    pub fn apply(&mut self, o: &Overrides) {
+        if let Some(r) = o.runner {
+            self.file.runner = r;
+        }
+        if self.file.runner == StudyRunner::Native {
+            self.file.transformers = None;
+            return;
+        }
+        if o.device.is_some() || o.torch_dtype.is_some() || self.file.transformers.is_none() {
+            let t = self.file.transformers.get_or_insert_with(Default::default);
+            if o.device.is_some() {
+                t.device = o.device.clone();
+            }
+            if o.torch_dtype.is_some() {
+                t.torch_dtype = o.torch_dtype.clone();
+            }
+        }
     }
 
     /// A path the study file names, relative to its directory.

@@ -144,6 +144,15 @@ pub struct StudyArgs {
     /// Private key to sign study.json with (default: the user's key).
     #[arg(long, value_name = "KEY")]
     pub key: Option<PathBuf>,
+    /// Run the study in this runner instead of the file's `runner` (native or transformers).
+    #[arg(long, value_name = "RUNNER", value_parser = ["native", "transformers"])]
+    pub runner: Option<String>,
+    /// For the transformers runner: the device instead of the file's (cuda, cuda:N, auto, cpu).
+    #[arg(long, value_name = "DEVICE")]
+    pub device: Option<String>,
+    /// For the transformers runner: the dtype instead of the file's (bfloat16, float16, float32).
+    #[arg(long, value_name = "DTYPE")]
+    pub torch_dtype: Option<String>,
     /// Replace an --out that holds files other than a cardproof set.
     #[arg(long)]
     pub force: bool,

@@ -476,6 +476,8 @@ fn out_dir(out: Option<&Path>, model: &Path, other: Option<&Path>) -> Result<Pat
 #[derive(Debug, Clone)]
 pub struct StudyConfig {
     pub file: PathBuf,
+    /// `--runner`, `--device`, `--torch-dtype` over the file's.
+    pub overrides: cardproof::study::file::Overrides,
     pub out: PathBuf,
     pub key: Option<PathBuf>,
     pub force: bool,
@@ -493,6 +495,17 @@ impl StudyConfig {
             PathBuf::from("cardproof-out").join(name)
         });
         StudyConfig {
+            overrides: cardproof::study::file::Overrides {
+                runner: args.runner.as_deref().map(|r| {
+                    if r == "transformers" {
+                        cardproof::study::file::StudyRunner::Transformers
+                    } else {
+                        cardproof::study::file::StudyRunner::Native
+                    }
+                }),
+                device: args.device,
+                torch_dtype: args.torch_dtype,
+            },
             file: args.file,
             out,
             key: args.key,

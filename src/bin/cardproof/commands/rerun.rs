@@ -28,7 +28,8 @@ pub struct Studied {
 /// reference pass, the documents written and signed, the set committed as one unit.
 pub fn study(config: &crate::config::StudyConfig, printer: &Printer) -> super::Result<Studied> {
     let c = config;
-    let study = cardproof::study::file::Study::read(&c.file)?;
+    let mut study = cardproof::study::file::Study::read(&c.file)?;
+    study.apply(&c.overrides);
     // Checked before the set is opened: a study that cannot run leaves --out as it was.
     let plan = cardproof::study::plan::plan(&study)?;
     let mut models: Vec<&Path> = vec![plan.reference.as_path()];
