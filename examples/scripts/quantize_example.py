@@ -26,6 +26,8 @@ the `quantization_config` their loaders (transformers / vLLM) read.
                            GGUFWriter): linear weights Q4_0, token_embd / output Q8_0, norms F32,
                            metadata and tensor names as llama.cpp's convert_hf_to_gguf.py writes
                            them for Qwen3 (no Q/K permutation for qwen3).
+  shakespeare-bf16-gguf/   the same GGUF layout with every matrix BF16 (the source's bits): the
+                           reference llama.cpp runs the Q4_0 file against (`--runner llamacpp`).
 
 Embeddings, norms and lm_head stay BF16 in the safetensors variants (bit-identical copies).
 Everything is deterministic: the same input gives byte-identical outputs.
@@ -424,19 +426,27 @@ def gguf_vocab(src):
     return tok, tokens, types, merges, vocab
 
 
-def write_gguf_variant(src, dst, cfg, st):
+def write_gguf_variant(src, dst, cfg, st, kind="q4_0"):
+    """kind "q4_0": linear weights Q4_0, token_embd / output Q8_0 (llama-quantize's Q4_0 mix);
+    kind "bf16": every matrix BF16, the bits of the safetensors source (convert_hf_to_gguf.py
+    --outtype bf16), the reference a llama.cpp measurement of the Q4_0 file runs against."""
     os.makedirs(dst, exist_ok=True)
     path = os.path.join(dst, "model.gguf")
-    qtype_linear = gguf.GGMLQuantizationType.Q4_0
-    qtype_vocab = gguf.GGMLQuantizationType.Q8_0
+    if kind == "bf16":
+        qtype_linear = qtype_vocab = gguf.GGMLQuantizationType.BF16
+        file_type = gguf.LlamaFileType.MOSTLY_BF16
+    else:
+        qtype_linear = gguf.GGMLQuantizationType.Q4_0
+        qtype_vocab = gguf.GGMLQuantizationType.Q8_0
+        file_type = gguf.LlamaFileType.MOSTLY_Q4_0
 
     w = gguf.GGUFWriter(path, "qwen3")
     # general.* (convert_hf_to_gguf.py writes these from its Metadata; llama-quantize adds the
     # quantization version and rewrites file_type)
     w.add_type("model")
-    w.add_name("shakespeare-q4_0")
+    w.add_name(f"shakespeare-{kind}")
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q4_0))
+    w.add_file_type(int(file_type))
     # qwen3.* hyperparameters (TextModel.set_gguf_parameters)
     rope = cfg.get("rope_parameters") or {}
     theta = rope.get("rope_theta", cfg.get("rope_theta"))
@@ -542,6 +552,7 @@ def main():
             ("shakespeare-awq-int4", lambda d: write_safetensors_variant(
                 args.src, d, cfg, st, quant_awq_gemm, awq_config(), dtype="float16")),
             ("shakespeare-q4_0-gguf", lambda d: write_gguf_variant(args.src, d, cfg, st)),
+            ("shakespeare-bf16-gguf", lambda d: write_gguf_variant(args.src, d, cfg, st, "bf16")),
         ]
     src_sizes, src_total = dir_report(args.src)
     print(f"source {args.src}: model.safetensors {src_sizes['model.safetensors']:,} bytes")

@@ -15,7 +15,9 @@ mod base_file;
 mod compat;
 mod printed;
 
-pub use base_file::{BaseFile, BaseFileWriter, BaseRow, MAGIC, RowReader, encode_row};
+pub use base_file::{
+    BaseFile, BaseFileWriter, BaseRow, BaseStream, MAGIC, MAX_STREAM_TOKENS, RowReader, encode_row,
+};
 pub use compat::{
     CompatAccumulator, CompatStats, KL_GATE, MIN_ROWS, RowScore, compare_base_files, row_kld,
     score_row, score_row_log_probs,

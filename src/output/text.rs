@@ -306,10 +306,7 @@ pub fn measurement(doc: &crate::rerun::Measurement) -> String {
     let _ = writeln!(
         out,
         "runner: {} ({} {}), {} compute{}{}, {where_}",
-        match e.runner {
-            crate::rerun::document::RunnerKind::Native => "native",
-            crate::rerun::document::RunnerKind::Transformers => "transformers",
-        },
+        e.runner.as_str(),
         e.engine,
         e.engine_version.as_deref().unwrap_or("?"),
         e.compute_dtype,

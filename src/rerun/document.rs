@@ -131,7 +131,7 @@ pub struct EvalRecord {
 /// Where and how the numbers were computed.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Environment {
-    /// `native` or `transformers`.
+    /// `native`, `transformers` or `llamacpp`.
     pub runner: RunnerKind,
     pub runner_version: String,
     pub engine: String,
@@ -179,6 +179,10 @@ pub struct Environment {
     /// The transformers runner's own report (versions, GPUs, models), kept as given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transformers_runner: Option<crate::runner::exchange::RunnerEnvironment>,
+    /// How both models ran in llama.cpp (`runner: llamacpp`): the build, each side's flags and
+    /// what its log says it did, and the printout gate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llamacpp: Option<crate::runner::llamacpp::LlamacppRecord>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -186,6 +190,19 @@ pub struct Environment {
 pub enum RunnerKind {
     Native,
     Transformers,
+    /// The user's `llama-perplexity`, both models.
+    Llamacpp,
+}
+
+impl RunnerKind {
+    /// The name, as `--runner` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunnerKind::Native => "native",
+            RunnerKind::Transformers => "transformers",
+            RunnerKind::Llamacpp => "llamacpp",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

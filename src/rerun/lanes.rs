@@ -166,6 +166,7 @@ fn native_environment(
         linear_attention: None,
         reference_linear_attention: None,
         transformers_runner: None,
+        llamacpp: None,
     }
 }
 
@@ -563,6 +564,7 @@ fn transformers_environment(
         linear_attention,
         reference_linear_attention,
         transformers_runner: Some(reported.clone()),
+        llamacpp: None,
     }
 }
 

@@ -17,6 +17,7 @@ pub mod document;
 pub mod export;
 pub mod gates;
 pub(crate) mod lanes;
+pub mod llamacpp;
 pub mod options;
 pub mod output;
 pub mod preflight;
@@ -58,6 +59,11 @@ pub enum Lane<'a> {
         artifact: &'a Path,
         compute: ComputeDtype,
         emulate: Emulate,
+    },
+    /// Both models in the user's `llama-perplexity` (GGUF files).
+    Llamacpp {
+        reference: &'a Path,
+        runner: &'a crate::runner::llamacpp::LlamacppOptions,
     },
     /// A llama.cpp `--kl-divergence-base` file as the reference; the candidate native.
     LlamacppBase {
@@ -206,11 +212,13 @@ pub fn run_checked(
     progress: Progress,
 ) -> Result<Rerun> {
     r.options.check()?;
-    if matches!(r.lane, Lane::Transformers { .. }) && r.recurrent_state != StateDtype::F32 {
+    if matches!(r.lane, Lane::Transformers { .. } | Lane::Llamacpp { .. })
+        && r.recurrent_state != StateDtype::F32
+    {
         return Err(crate::Error::usage(
             Path::new("--recurrent-state-dtype"),
             format!(
-                "a {} recurrent state is emulated by the native runner only; the transformers runner keeps the state in fp32",
+                "a {} recurrent state is emulated by the native runner only; the transformers and llama.cpp runners keep their own state",
                 r.recurrent_state
             ),
         ));
@@ -234,6 +242,9 @@ pub fn run_checked(
             compute,
             emulate,
         } => lanes::llamacpp_base(r, file, compute, emulate, stage, progress)?,
+        Lane::Llamacpp { reference, runner } => {
+            llamacpp::run(r, pre, reference, runner, stage, progress)?
+        }
     };
     if let Some(g) = &r.gates {
         rerun.gates.push(gates::finite_rows(

@@ -151,6 +151,10 @@ pub fn check(r: &Request, stage: &(dyn Fn(&str) + Sync)) -> Result<Preflight> {
             pre.warnings = bootstrap_blocks(artifact, &stream, o, bos_id)?;
             pre.artifact = Some(a);
         }
+        Lane::Llamacpp { reference, .. } => {
+            stage("hashing");
+            super::llamacpp::preflight(r, &mut pre, reference)?
+        }
         Lane::LlamacppBase { .. } => {
             // The base file's window is its own n_ctx (checked against the candidate when the
             // lane opens it); the protocol's lengths are what the candidate is asked to run.
@@ -290,7 +294,7 @@ pub fn max_positions(model: &Path) -> Result<Option<(usize, PathBuf, String)>> {
 /// Every context length within the model's trained positions. Past them a RoPE model runs on
 /// positions it never saw and its numbers say nothing about the quantization; no flag allows it,
 /// because no card's claim is about such a window.
-fn context_lengths(model: &Path, lengths: &[usize]) -> Result<()> {
+pub(super) fn context_lengths(model: &Path, lengths: &[usize]) -> Result<()> {
     let Some((max, file, key)) = max_positions(model)? else {
         return Ok(());
     };

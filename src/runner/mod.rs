@@ -3,6 +3,7 @@
 
 #[cfg(feature = "native")]
 pub mod exchange;
+pub mod llamacpp;
 pub mod native;
 pub mod tokens;
 #[cfg(feature = "native")]

@@ -219,6 +219,7 @@ pub fn lane_differences(card: &CardLane, m: &Measurement, resolved: &Resolved) -
     let rerun_engine = match env.runner {
         RunnerKind::Transformers => Engine::Transformers,
         RunnerKind::Native => Engine::Cardproof,
+        RunnerKind::Llamacpp => Engine::LlamaCpp,
     };
     if let Some(rt) = card.runtime {
         if rt.engine != rerun_engine {

@@ -351,6 +351,8 @@ pub struct VerifyArgs {
     pub runner: RunnerArg,
     #[command(flatten)]
     pub transformers: TransformersArgs,
+    #[command(flatten)]
+    pub llamacpp: LlamacppArgs,
     /// The dtype the candidate's recurrent (Gated DeltaNet) state is kept in, emulating an
     /// engine's SSM-state dtype: f32, bf16 or f16 (also float32, bfloat16, float16). Native
     /// runner, hybrid models only; recorded, and compared with the card's
@@ -487,6 +489,8 @@ pub struct MeasureArgs {
     pub runner: RunnerArg,
     #[command(flatten)]
     pub transformers: TransformersArgs,
+    #[command(flatten)]
+    pub llamacpp: LlamacppArgs,
     /// Compute precision of the native runner's forward pass.
     #[arg(long, value_enum, default_value_t = ComputeArg::F32)]
     pub compute_dtype: ComputeArg,
@@ -539,6 +543,34 @@ pub enum RunnerArg {
     Native,
     /// torch + transformers in a Python subprocess, on the user's GPU (runners/).
     Transformers,
+    /// The user's own llama.cpp `llama-perplexity` (any build: CPU, CUDA, Metal, Vulkan), both
+    /// models as GGUF files, llama.cpp's protocol (--positions second-half --direction forward,
+    /// one --context-length).
+    Llamacpp,
+}
+
+/// Settings of `--runner llamacpp` (llama-perplexity's flags; the KV cache is --kv-cache).
+#[derive(Debug, Args)]
+pub struct LlamacppArgs {
+    /// The `llama-perplexity` binary (default: on PATH).
+    #[arg(long, value_name = "PATH")]
+    pub llamacpp_bin: Option<PathBuf>,
+    /// `-ngl`: layers offloaded to the GPU (a number, auto or all; 0 runs on the CPU).
+    #[arg(long, value_name = "N")]
+    pub llamacpp_gpu_layers: Option<String>,
+    /// `-fa`: flash attention on, off or auto (llama.cpp's default: auto).
+    #[arg(long, value_name = "ON|OFF|AUTO")]
+    pub llamacpp_flash_attn: Option<String>,
+    /// `-b`: logical batch size.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub llamacpp_batch: Option<u32>,
+    /// `-ub`: physical batch size.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub llamacpp_ubatch: Option<u32>,
+    /// Skip llama.cpp's own KLD pass, which prints its statistics for the printout gate (one
+    /// process fewer; a rerun without the gate is never reproduced).
+    #[arg(long)]
+    pub llamacpp_no_gate: bool,
 }
 
 /// Settings of `--runner transformers` (ignored by the native runner).

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use cardproof::kld::protocol::{Bootstrap, Bos, Direction, Positions, Tail, VocabMode};
 use cardproof::rerun::options::ProtocolFlags;
+use cardproof::runner::llamacpp::{LlamacppOptions, LlamacppSettings};
 use cardproof::runner::native::kv_cache::KvCacheSetting;
 use cardproof::runner::native::{ComputeDtype, Emulate, StateDtype};
 use cardproof::runner::tokens::{ChatTemplateChoice, ChatTemplateFlags};
@@ -308,6 +309,8 @@ pub struct MeasureConfig {
     pub progress: bool,
     /// `--runner transformers` and its settings.
     pub transformers: Option<TransformersOptions>,
+    /// `--runner llamacpp` and its settings.
+    pub llamacpp: Option<LlamacppOptions>,
     /// `--sweep`: the knob and its values.
     pub sweep: Option<(String, Vec<String>)>,
     /// `--force`: replace an --out that is not a cardproof set.
@@ -340,9 +343,29 @@ impl MeasureConfig {
                 return Err("--runner transformers computes full-vocabulary KL only; --vocab top-k and threshold need --runner native".into());
             }
             RunnerArg::Transformers => Some(flags.options()?),
+            RunnerArg::Llamacpp => None,
+        };
+        let llamacpp = match args.runner {
+            RunnerArg::Llamacpp if args.reference_artifact.is_some() => {
+                return Err("--runner llamacpp runs two GGUF models; a --reference-artifact (or base file) is measured by the native runner".into());
+            }
+            RunnerArg::Llamacpp if args.dump_logits.is_some() => {
+                return Err("--dump-logits needs --runner native".into());
+            }
+            RunnerArg::Llamacpp => {
+                // llama.cpp's rows define only the forward KL: the default direction is it.
+                if args.protocol.direction.is_none() {
+                    options.direction = cardproof::kld::protocol::Direction::Forward;
+                }
+                Some(llamacpp_options(&args.llamacpp, args.threads)?)
+            }
+            _ => None,
         };
         let sweep = flags.sweep()?;
-        let recurrent_state = recurrent_state(&args.recurrent_state_dtype, transformers.is_some())?;
+        let recurrent_state = recurrent_state(
+            &args.recurrent_state_dtype,
+            transformers.is_some() || llamacpp.is_some(),
+        )?;
         let kv_cache = kv_cache(&args.kv_cache)?;
         if sweep.is_some() && kv_cache.is_some() {
             return Err(
@@ -375,9 +398,31 @@ impl MeasureConfig {
             options,
             out,
             transformers,
+            llamacpp,
             sweep,
         })
     }
+}
+
+/// `--runner llamacpp`'s flags, checked.
+fn llamacpp_options(
+    a: &cli::LlamacppArgs,
+    threads: Option<u16>,
+) -> Result<LlamacppOptions, String> {
+    let settings = LlamacppSettings {
+        threads: threads.map(u32::from),
+        batch: a.llamacpp_batch,
+        ubatch: a.llamacpp_ubatch,
+        gpu_layers: a.llamacpp_gpu_layers.clone(),
+        flash_attn: a.llamacpp_flash_attn.clone(),
+        ..LlamacppSettings::default()
+    };
+    settings.check()?;
+    Ok(LlamacppOptions {
+        binary: a.llamacpp_bin.clone(),
+        settings,
+        no_gate: a.llamacpp_no_gate,
+    })
 }
 
 /// The transformers runner's flags as the library reads them.
@@ -531,6 +576,8 @@ pub struct VerifyConfig {
     pub progress: bool,
     /// `--runner transformers` and its settings.
     pub transformers: Option<TransformersOptions>,
+    /// `--runner llamacpp` and its settings.
+    pub llamacpp: Option<LlamacppOptions>,
     /// `--recurrent-state-dtype`.
     pub recurrent_state: StateDtype,
     /// `--kv-cache`, `--kv-cache-k`, `--kv-cache-v` (else the card's scheme).
@@ -551,8 +598,22 @@ impl VerifyConfig {
                 return Err("--sweep belongs to `measure`".into());
             }
             RunnerArg::Transformers => Some(transformers_flags(&args.transformers).options()?),
+            RunnerArg::Llamacpp => None,
         };
-        let recurrent_state = recurrent_state(&args.recurrent_state_dtype, transformers.is_some())?;
+        let llamacpp = match args.runner {
+            RunnerArg::Llamacpp if args.reference_artifact.is_some() => {
+                return Err("--runner llamacpp reruns two GGUF models; a --reference-artifact is measured by the native runner".into());
+            }
+            RunnerArg::Llamacpp if args.transformers.sweep.is_some() => {
+                return Err("--sweep belongs to `measure`".into());
+            }
+            RunnerArg::Llamacpp => Some(llamacpp_options(&args.llamacpp, args.threads)?),
+            _ => None,
+        };
+        let recurrent_state = recurrent_state(
+            &args.recurrent_state_dtype,
+            transformers.is_some() || llamacpp.is_some(),
+        )?;
         let kv_cache = kv_cache(&args.kv_cache)?;
         Ok(VerifyConfig {
             recurrent_state,
@@ -569,6 +630,7 @@ impl VerifyConfig {
             force: args.force,
             out,
             transformers,
+            llamacpp,
         })
     }
 }

@@ -28,10 +28,7 @@ pub(super) fn model_name(fidelity: &Value, m: &Measured, path: &Path) -> String 
 /// The lane the numbers were measured in, e.g. `cardproof-native`.
 pub(super) fn lane(m: &Measured) -> String {
     use crate::runner::native::Emulate;
-    let runner = match m.doc.environment.runner {
-        crate::rerun::document::RunnerKind::Native => "native",
-        crate::rerun::document::RunnerKind::Transformers => "transformers",
-    };
+    let runner = m.doc.environment.runner.as_str();
     let mut lane = format!("cardproof-{runner}");
     if m.doc.environment.emulate == Some(Emulate::LlamacppCpu) {
         lane.push_str("-llamacpp-cpu");

@@ -72,6 +72,10 @@ pub(super) fn section(f: &Value, m: &Measured, name: &str, comparison: Option<&s
         crate::rerun::document::RunnerKind::Transformers => {
             format!("cardproof's {} runner", markdown("transformers"))
         }
+        crate::rerun::document::RunnerKind::Llamacpp => format!(
+            "llama.cpp's {} (both models; rows read by cardproof)",
+            markdown("llama-perplexity")
+        ),
     };
     p.push_str(&format!(" by {runner}"));
     let mut setup = Vec::new();

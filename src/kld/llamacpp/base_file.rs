@@ -300,6 +300,119 @@ impl BaseFile {
     }
 }
 
+/// A base file read as a stream, from its first byte: a named pipe that llama-perplexity's base
+/// pass writes into (a 100k-token base file at a 248k vocabulary is ~50 GB: it is read once and
+/// never kept). Header and tokens are read and checked at once; rows then arrive in order, and a
+/// stream that ends early is an error naming the row.
+pub struct BaseStream<R: Read> {
+    pub path: PathBuf,
+    pub n_ctx: u32,
+    pub n_vocab: u32,
+    pub n_chunk: u32,
+    pub tokens: Vec<i32>,
+    /// The header and the tokens as read (a tee forwards them first).
+    pub head: Vec<u8>,
+    pub rows: RowReader<R>,
+}
+
+/// A stream may hold at most this many tokens (a file is bounded by its size; a stream is not).
+pub const MAX_STREAM_TOKENS: u64 = 1 << 28;
+
+impl<R: Read> BaseStream<R> {
+    /// Reads and checks the header and the tokens of `input`, named `path` in errors.
+    pub fn open(path: &Path, mut input: R) -> Result<BaseStream<R>> {
+        let mut header = [0u8; HEADER_BYTES as usize];
+        let got = read_up_to(&mut input, &mut header).map_err(|e| Error::io(path, e))?;
+        if got < header.len() || &header[..8] != MAGIC {
+            return Err(Error::format(
+                path,
+                None,
+                format!(
+                    "not a llama.cpp KLD base stream: {got} bytes before it ended, starting \"{}\"",
+                    header[..got.min(8)].escape_ascii()
+                ),
+            ));
+        }
+        let field = |name: &str, at: usize| -> Result<u32> {
+            let v =
+                i32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]);
+            u32::try_from(v)
+                .ok()
+                .filter(|&v| v > 0)
+                .ok_or_else(|| Error::format(path, Some(name), format!("{v} is not positive")))
+        };
+        let (n_ctx, n_vocab, n_chunk) = (
+            field("n_ctx", 8)?,
+            field("n_vocab", 12)?,
+            field("n_chunk", 16)?,
+        );
+        let layout = Layout {
+            n_ctx: n_ctx.into(),
+            n_vocab: n_vocab.into(),
+            n_chunk: n_chunk.into(),
+        };
+        if n_ctx < 3 || n_vocab as usize > crate::kld::MAX_VOCAB {
+            return Err(Error::format(
+                path,
+                None,
+                format!(
+                    "n_ctx {n_ctx} (at least 3) or n_vocab {n_vocab} (at most {}) is out of range",
+                    crate::kld::MAX_VOCAB
+                ),
+            ));
+        }
+        let n_tokens = layout
+            .n_tokens()
+            .filter(|&n| n <= MAX_STREAM_TOKENS)
+            .ok_or_else(|| {
+                Error::format(
+                    path,
+                    None,
+                    format!("n_ctx {n_ctx} x n_chunk {n_chunk} is over {MAX_STREAM_TOKENS} tokens"),
+                )
+            })? as usize;
+        let mut head = header.to_vec();
+        let mut bytes = vec![0u8; 4 * n_tokens];
+        input.read_exact(&mut bytes).map_err(|e| {
+            Error::format(
+                path,
+                None,
+                format!("the stream ended inside the token ids: {e}"),
+            )
+        })?;
+        let mut tokens = Vec::with_capacity(n_tokens);
+        for (i, b) in bytes.chunks_exact(4).enumerate() {
+            let t = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            if t < 0 || t.unsigned_abs() >= n_vocab {
+                return Err(Error::format(
+                    path,
+                    Some(&layout.describe_token(i as u64)),
+                    format!("token id {t} is outside the vocabulary 0..{n_vocab}"),
+                ));
+            }
+            tokens.push(t);
+        }
+        head.extend_from_slice(&bytes);
+        let n_rows = layout.n_rows().unwrap_or(0);
+        Ok(BaseStream {
+            path: path.to_owned(),
+            n_ctx,
+            n_vocab,
+            n_chunk,
+            tokens,
+            head,
+            rows: RowReader {
+                path: path.to_owned(),
+                inner: input,
+                layout,
+                n_rows,
+                next: 0,
+                bytes: vec![0; layout.row_bytes() as usize],
+            },
+        })
+    }
+}
+
 /// The read buffer for a file of `len` bytes: [`READ_BUFFER`], or less for a small file.
 fn buffer_for(len: u64) -> usize {
     usize::try_from(len).map_or(READ_BUFFER, |len| len.clamp(64, READ_BUFFER))
@@ -390,18 +503,30 @@ impl BaseRow {
     }
 }
 
-/// Sequential reads of a base file's rows, through a bounded buffer.
+/// Sequential reads of a base file's rows, through a bounded buffer (a file's, or a stream's:
+/// the named pipe llama-perplexity writes into).
 #[derive(Debug)]
-pub struct RowReader {
+pub struct RowReader<R = BufReader<File>> {
     path: PathBuf,
-    inner: BufReader<File>,
+    inner: R,
     layout: Layout,
     n_rows: u64,
     next: u64,
     bytes: Vec<u8>,
 }
 
-impl RowReader {
+impl<R: Read> RowReader<R> {
+    /// The bytes of the row last read, as stored (scale, minimum, codes, padding): what a tee
+    /// forwards to another reader.
+    pub fn last_row_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Rows in the file or stream.
+    pub fn n_rows(&self) -> u64 {
+        self.n_rows
+    }
+
     /// The index of the row the next call reads.
     pub fn position(&self) -> u64 {
         self.next
@@ -419,7 +544,7 @@ impl RowReader {
                 Error::format(
                     &self.path,
                     Some(&self.layout.describe_row(r)),
-                    "the file ended inside this row (it shrank after it was opened)",
+                    "the file ended inside or before this row (it shrank after it was opened, or its writer stopped)",
                 )
             } else {
                 Error::io(&self.path, e)
@@ -449,7 +574,9 @@ impl RowReader {
         self.next += 1;
         Ok(true)
     }
+}
 
+impl RowReader<BufReader<File>> {
     /// Skips `n` rows without decoding them (to start at a later chunk, or to sample).
     pub fn skip_rows(&mut self, n: u64) -> Result<()> {
         let target = self.next.checked_add(n).filter(|&t| t <= self.n_rows);

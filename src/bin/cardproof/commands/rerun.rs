@@ -174,13 +174,16 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
                 set.commit()?;
                 return Ok::<_, cardproof::Error>(Measured::Sweep(sweep));
             }
-            let lane = rerun::Lane::choose(
-                c.reference.as_deref(),
-                c.reference_artifact.as_deref(),
-                c.transformers.as_ref(),
-                c.compute,
-                c.emulate,
-            );
+            let lane = match (&c.llamacpp, c.reference.as_deref()) {
+                (Some(runner), Some(reference)) => rerun::Lane::Llamacpp { reference, runner },
+                _ => rerun::Lane::choose(
+                    c.reference.as_deref(),
+                    c.reference_artifact.as_deref(),
+                    c.transformers.as_ref(),
+                    c.compute,
+                    c.emulate,
+                ),
+            };
             let request = rerun::Request {
                 lane,
                 candidate: &c.candidate,

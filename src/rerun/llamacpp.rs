@@ -1,0 +1,714 @@
+//! The llama.cpp lane (`--runner llamacpp`): both models run in the user's own
+//! `llama-perplexity` ([`crate::runner::llamacpp`]), every pair of rows is reduced here with the
+//! same row reduction as every other lane, and llama.cpp's own printed block must agree with
+//! cardproof's llama.cpp-compatible reduction of the same rows (the printout gate).
+//!
+//! llama.cpp decides what it scores, so the protocol must be its own: the second half of each
+//! `-c` window, forward KL (its rows keep a 16-nat window below each maximum), BOS as its GGUF's
+//! `tokenizer.ggml.add_bos_token` says, one context length per run, plain text (it tokenizes the
+//! file itself). Anything else is refused before a process starts.
+
+use std::path::{Path, PathBuf};
+
+use super::document::{Environment, ModelRecord, RunnerKind};
+use super::gates::{self, Gate, Measured};
+use super::preflight::Preflight;
+use super::score::{self, EvalInput, Progress};
+use super::{Request, Rerun};
+use crate::error::{Error, Result};
+use crate::kld::llamacpp::{BaseRow, KL_GATE, score_row_log_probs};
+use crate::kld::protocol::{Bos, Direction, Positions, VocabMode};
+use crate::kld::row::{self, RowRecord};
+use crate::runner::llamacpp::{
+    self as engine, LlamacppOptions, LlamacppRecord, LlamacppSettings, PairSpec,
+};
+use crate::runner::native;
+use crate::runner::native::kv_cache::KvCacheSetting;
+use crate::runner::tokens::TokenStream;
+
+type Stage<'a> = &'a (dyn Fn(&str) + Sync);
+
+/// How cardproof asks for what llama.cpp computes: the flags that say it.
+pub const PROTOCOL_FLAGS: &str = "--positions second-half --vocab threshold";
+
+/// Why the request's protocol is not what llama.cpp computes (empty: it is).
+pub fn protocol_differences(o: &super::MeasureOptions) -> Vec<String> {
+    let mut out = Vec::new();
+    if o.positions != Positions::SecondHalf {
+        out.push(format!(
+            "positions: llama-perplexity scores the second half of each window; run with --positions second-half, not {}",
+            o.positions.spelling()
+        ));
+    }
+    if o.direction != Direction::Forward {
+        out.push(
+            "direction: llama.cpp's rows keep a 16-nat window below each maximum, so only the forward KL is defined; run with --direction forward".into(),
+        );
+    }
+    if o.vocab
+        != (VocabMode::Threshold {
+            log_p: f64::from(KL_GATE),
+        })
+    {
+        out.push(format!(
+            "vocab: llama.cpp sums the KL over the reference's entries above log p = {KL_GATE} (its gate); run with --vocab threshold --threshold {KL_GATE}"
+        ));
+    }
+    if o.context_lengths.len() != 1 {
+        out.push(format!(
+            "context lengths: llama-perplexity runs one -c per pass; give one --context-length (asked: {:?})",
+            o.context_lengths
+        ));
+    }
+    out
+}
+
+/// The GGUF file of a model given as a file or a directory holding one. A safetensors
+/// reference is not converted behind the user's back: llama.cpp's converter says how.
+fn gguf_of(model: &Path, role: &str) -> Result<PathBuf> {
+    let (path, format) = native::resolve(model)?;
+    if format != "gguf" {
+        return Err(Error::unsupported(
+            model,
+            None,
+            format!(
+                "the llama.cpp runner runs GGUF files and this {role} is safetensors; convert it with llama.cpp's own converter (`python convert_hf_to_gguf.py {} --outtype bf16 --outfile {role}.gguf`, from the same llama.cpp source as the binary) and pass the .gguf: cardproof does not convert on its own",
+                model.display()
+            ),
+        ));
+    }
+    Ok(path)
+}
+
+/// What llama.cpp's tokenization adds at the start of each window for this GGUF: its
+/// `tokenizer.ggml.add_bos_token` (absent: whether the token stream starts with the BOS), and
+/// the BOS id.
+fn bos_of(gguf: &Path, first_token: Option<i32>) -> Result<(bool, Option<u32>)> {
+    use crate::checkpoint::gguf::GgufValue;
+    let file = crate::checkpoint::gguf::read_file(gguf)?;
+    let bos = file
+        .get("tokenizer.ggml.bos_token_id")
+        .and_then(GgufValue::as_u64)
+        .and_then(|b| u32::try_from(b).ok());
+    let add = match file.get("tokenizer.ggml.add_bos_token") {
+        Some(GgufValue::Bool(b)) => *b,
+        _ => bos.is_some() && first_token.map(|t| t as i64) == bos.map(i64::from),
+    };
+    Ok((add, bos))
+}
+
+/// The settings the reference runs with: the candidate's flags, llama.cpp's default cache (or
+/// the request's reference cache, a KV sweep's baseline).
+fn reference_settings(r: &Request, given: &LlamacppSettings) -> Result<LlamacppSettings> {
+    let (k, v, rotation) = engine::cache_flags(r.reference_kv_cache)
+        .map_err(|e| Error::usage(Path::new("--kv-cache"), e))?;
+    Ok(LlamacppSettings {
+        cache_type_k: k,
+        cache_type_v: v,
+        rotation,
+        ..given.clone()
+    })
+}
+
+/// The candidate's settings: the flags, with the request's KV cache as `-ctk/-ctv`.
+pub fn candidate_settings(
+    kv: Option<KvCacheSetting>,
+    given: &LlamacppSettings,
+) -> Result<LlamacppSettings> {
+    let (k, v, rotation) =
+        engine::cache_flags(kv).map_err(|e| Error::usage(Path::new("--kv-cache"), e))?;
+    let s = LlamacppSettings {
+        cache_type_k: k.or(given.cache_type_k.clone()),
+        cache_type_v: v.or(given.cache_type_v.clone()),
+        rotation: if kv.is_some() {
+            rotation
+        } else {
+            given.rotation
+        },
+        ..given.clone()
+    };
+    s.check()
+        .map_err(|e| Error::usage(Path::new("--runner llamacpp"), e))?;
+    Ok(s)
+}
+
+/// The pre-flight of the llama.cpp lane: the protocol is llama.cpp's, the text plain, both
+/// models GGUF, the reference hashed; the tokens are llama.cpp's, known once it runs.
+pub(super) fn preflight(r: &Request, pre: &mut Preflight, reference: &Path) -> Result<()> {
+    let differences = protocol_differences(&r.options);
+    if !differences.is_empty() {
+        return Err(Error::usage(
+            r.candidate,
+            format!("--runner llamacpp: {}", differences.join("; ")),
+        ));
+    }
+    let text = r.eval_text.ok_or_else(|| {
+        Error::usage(
+            r.candidate,
+            "the llama.cpp runner needs the eval text (--eval-text FILE)",
+        )
+    })?;
+    if crate::conversation::eval::is_conversation_file(text) {
+        return Err(Error::unsupported(
+            text,
+            None,
+            "llama-perplexity reads plain text and tokenizes it without parsing special tokens; a conversation eval text runs with --runner native or transformers",
+        ));
+    }
+    let reference = gguf_of(reference, "reference")?;
+    let candidate = gguf_of(r.candidate, "candidate")?;
+    for model in [&reference, &candidate] {
+        super::preflight::context_lengths(model, &r.options.context_lengths)?;
+    }
+    let bytes = std::fs::read(text).map_err(|e| Error::io(text, e))?;
+    let manifest = crate::checkpoint::hash::hash_path(
+        &reference,
+        &crate::checkpoint::hash::HashOptions {
+            threads: Some(r.threads),
+            include_all: false,
+        },
+        &|_| {},
+    )?;
+    pre.identity = super::preflight::Identity {
+        reference_files_sha256: Some(manifest.root_sha256.clone()),
+        eval_text_sha256: Some(sha256_hex(&bytes)),
+        tokens_sha256: None,
+        token_count: None,
+        conversation: None,
+        text_read: true,
+    };
+    pre.reference_manifest = Some(manifest);
+    Ok(())
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    crate::checkpoint::hash::hex(&sha2::Sha256::digest(bytes))
+}
+
+/// One row pair reduced with llama.cpp's own per-row arithmetic ([`score_row_log_probs`]: the
+/// KL over the reference's entries above its gate of -16, the candidate's stored log-probs as
+/// they are, the true token's NLL from each stored row, first-index top-1), into the record
+/// every lane's statistics read: so kld_mean is llama.cpp's `Mean KLD` and top1_agreement its
+/// `Same top p`, on the same rows.
+struct RowReducer {
+    reference: Vec<f32>,
+    candidate: Vec<f32>,
+    scratch: row::Scratch,
+}
+
+/// The first index of the maximum (strict `>`, as llama.cpp's argmax).
+fn first_max(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+impl RowReducer {
+    fn new(width: usize) -> Self {
+        RowReducer {
+            reference: vec![0.0; width],
+            candidate: vec![0.0; width],
+            scratch: row::Scratch::default(),
+        }
+    }
+
+    /// The reference row decoded, its codes of 0 (below its 16-nat window) masked.
+    fn decode_reference(&mut self, a: &BaseRow) {
+        a.decode_into(&mut self.reference);
+        for (v, &c) in self.reference.iter_mut().zip(&a.codes) {
+            if c == 0 && a.scale > 0.0 {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+    }
+
+    fn reduce(&mut self, a: &BaseRow, b: &BaseRow, token: i32) -> Option<RowRecord> {
+        b.decode_into(&mut self.candidate);
+        let score = score_row_log_probs(a, &self.candidate, token);
+        let (ref_top1, cand_top1) = (first_max_codes(a), first_max(&self.candidate));
+        let record = RowRecord {
+            forward: score.kld,
+            reverse: f64::NAN,
+            ref_top1: ref_top1 as u32,
+            cand_top1: cand_top1 as u32,
+            ref_top1_prob: f64::from(a.log_prob(ref_top1)).exp(),
+            nll_ref: Some(f64::from(score.nll_base)),
+            nll_cand: Some(f64::from(score.nll)),
+        };
+        let finite = record.forward.is_finite()
+            && record.nll_ref.is_some_and(f64::is_finite)
+            && record.nll_cand.is_some_and(f64::is_finite);
+        finite.then_some(record)
+    }
+
+    /// A stored reference row against another row (gates; cardproof's full-vocabulary KL over
+    /// the unmasked entries), both directions when `reverse`.
+    fn kl(&mut self, a: &BaseRow, b: &[f32], reverse: bool) -> Option<RowRecord> {
+        self.decode_reference(a);
+        row::reduce(
+            &self.reference,
+            b,
+            None,
+            VocabMode::Full,
+            reverse,
+            &mut self.scratch,
+        )
+    }
+}
+
+/// The reference row's first-index maximum, on its codes (monotone in the log-probability).
+fn first_max_codes(a: &BaseRow) -> usize {
+    let mut best = 0;
+    for (i, &c) in a.codes.iter().enumerate() {
+        if c > a.codes[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// What the gates keep of the first chunk while the rows stream by.
+#[derive(Default)]
+struct GateRows {
+    /// The reference's first-chunk rows, for the self-compare.
+    reference: Vec<BaseRow>,
+    /// Forward KL of reference row j against candidate row j + 1 (first chunk).
+    shift_sum: f64,
+    shift_n: usize,
+    previous: Option<BaseRow>,
+}
+
+/// Both models in llama.cpp.
+pub(super) fn run(
+    r: &Request,
+    pre: Preflight,
+    reference: &Path,
+    options_given: &LlamacppOptions,
+    stage: Stage,
+    progress: Progress,
+) -> Result<Rerun> {
+    let text = r
+        .eval_text
+        .ok_or_else(|| Error::internal(r.candidate, "the llama.cpp lane without its eval text"))?;
+    let reference_gguf = gguf_of(reference, "reference")?;
+    let candidate_gguf = gguf_of(r.candidate, "candidate")?;
+    let binary = engine::find_binary(options_given.binary.as_deref())?;
+    let build = engine::build_of(&binary)?;
+    let ref_settings = reference_settings(r, &options_given.settings)?;
+    let cand_settings = candidate_settings(r.kv_cache, &options_given.settings)?;
+    let options = r.options.clone();
+    let n_ctx = options.context_lengths[0];
+    let gate_printout = !options_given.no_gate;
+    let want_gates = r.gates.is_some();
+
+    stage("running llama.cpp");
+    let per_chunk = (n_ctx - 1 - n_ctx / 2) as u64;
+    let mut records: Vec<Option<RowRecord>> = Vec::new();
+    let mut reducer: Option<RowReducer> = None;
+    let mut kept = GateRows::default();
+    let report = |done: usize, total: usize| progress(done, total);
+    let pair = engine::run_pair(
+        &PairSpec {
+            binary: &binary,
+            reference: &reference_gguf,
+            candidate: &candidate_gguf,
+            text,
+            n_ctx,
+            reference_settings: &ref_settings,
+            candidate_settings: &cand_settings,
+            gate: gate_printout,
+        },
+        &mut |a, b, index, token| {
+            let red = reducer.get_or_insert_with(|| RowReducer::new(a.codes.len()));
+            records.push(red.reduce(a, b, token));
+            if want_gates && index < per_chunk {
+                kept.reference.push(a.clone());
+                if let Some(prev) = kept.previous.take() {
+                    let mut shifted = vec![0f32; b.codes.len()];
+                    b.decode_into(&mut shifted);
+                    if let Some(rec) = red.kl(&prev, &shifted, false) {
+                        kept.shift_sum += rec.forward;
+                        kept.shift_n += 1;
+                    }
+                }
+                kept.previous = Some(a.clone());
+            }
+            Ok(())
+        },
+        &report,
+    )?;
+    let gate_record = match (&pair.printed, gate_printout) {
+        (Some(printed), true) => Some(engine::gate(&pair.compat, printed).map_err(|e| {
+            Error::runner(
+                &binary,
+                format!(
+                    "the printout gate failed: {e}. llama.cpp's own statistics and cardproof's reading of its rows disagree, so neither is reported"
+                ),
+            )
+        })?),
+        _ => None,
+    };
+
+    // The token stream llama.cpp scored, windowed as cardproof windows it.
+    let first = pair.tokens.first().copied();
+    let (add_bos, bos_id) = bos_of(&reference_gguf, first)?;
+    let wanted = if add_bos { Bos::PerWindow } else { Bos::None };
+    if options.bos != wanted {
+        return Err(Error::usage(
+            &reference_gguf,
+            format!(
+                "llama.cpp {} a BOS at each window's start for this GGUF (tokenizer.ggml.add_bos_token {add_bos}); the protocol says bos: {}: run with --bos {}",
+                if add_bos { "puts" } else { "puts no" },
+                options.bos.as_str(),
+                wanted.as_str().replace('_', "-"),
+            ),
+        ));
+    }
+    let ids: Vec<u32> = pair
+        .tokens
+        .iter()
+        .map(|&t| u32::try_from(t).unwrap_or(u32::MAX))
+        .collect();
+    let width = pair.n_vocab as usize;
+    let stream = TokenStream::of_ids(
+        ids,
+        pre.identity.eval_text_sha256.clone().unwrap_or_default(),
+    );
+    let eval = EvalInput {
+        stream: &stream,
+        text_path: text,
+        bos_id,
+        tokenizer_vocab: width,
+    };
+    let mut records = Some(records);
+    let scoring = score::measure_records(&eval, &options, width, |plans, _vocab_size| {
+        let plan = plans
+            .first()
+            .ok_or_else(|| Error::internal(text, "no run planned"))?;
+        let half = n_ctx / 2;
+        let expected: Vec<usize> = (half..n_ctx - 1).collect();
+        if plan.windows.windows.len() != pair.n_chunk as usize
+            || plan.rows.iter().any(|rows| *rows != expected)
+        {
+            return Err(Error::internal(
+                text,
+                format!(
+                    "llama.cpp scored {} chunks of rows {half}..{}; cardproof planned {} windows of other rows",
+                    pair.n_chunk,
+                    n_ctx - 2,
+                    plan.windows.windows.len()
+                ),
+            ));
+        }
+        let all = records.take().unwrap_or_default();
+        let per_window: Vec<Vec<Option<RowRecord>>> = all
+            .chunks(per_chunk as usize)
+            .map(<[Option<RowRecord>]>::to_vec)
+            .collect();
+        Ok(vec![per_window])
+    })?;
+
+    // The numbers are llama.cpp's per-row arithmetic: the protocol says so.
+    let mut scoring = scoring;
+    scoring.protocol.llamacpp_compat = true;
+    let gates_out = match &r.gates {
+        Some(g) => {
+            stage("sanity gates: the reference again");
+            self_and_shift_gates(
+                &binary,
+                &reference_gguf,
+                text,
+                n_ctx,
+                &ref_settings,
+                &kept,
+                Measured::of_metrics(
+                    scoring.runs.first().map(|run| &run.summary.metrics),
+                    g.checkpoint_quantized,
+                    g.declared.clone(),
+                ),
+            )?
+        }
+        None => Vec::new(),
+    };
+
+    let model_record = |given: &Path, gguf: &Path, observed: &engine::LlamacppObserved, known| {
+        Ok::<_, Error>(ModelRecord {
+            path: given.display().to_string(),
+            format: "gguf".into(),
+            manifest_sha256: match known {
+                Some(m) => m,
+                None => root_digest(given, r.threads)?,
+            },
+            lm_head_sha256: lm_head_sha256(gguf),
+            stored_dtype: observed
+                .file_type
+                .as_deref()
+                .map_or_else(|| "?".into(), str::to_ascii_lowercase),
+            runner: serde_json::json!({
+                "engine": "llama.cpp",
+                "architecture": crate::checkpoint::gguf::read_file(gguf)
+                    .ok()
+                    .and_then(|f| f.architecture().map(str::to_owned)),
+                "param_dtype": observed.file_type,
+                "attention": format!(
+                    "flash_attn={}",
+                    observed.flash_attn.as_deref().unwrap_or("?")
+                ),
+                "kv_cache": [observed.cache_type_k, observed.cache_type_v],
+                "gguf": gguf.display().to_string(),
+                "n_vocab": pair.n_vocab,
+            }),
+            hub: None,
+        })
+    };
+    let reference_id = model_record(
+        reference,
+        &reference_gguf,
+        &pair.reference_observed,
+        pre.reference_manifest
+            .as_ref()
+            .map(|m| m.root_sha256.clone()),
+    )?;
+    let candidate_id = model_record(
+        r.candidate,
+        &candidate_gguf,
+        &pair.candidate_observed,
+        r.candidate_manifest.map(|m| m.root_sha256.clone()),
+    )?;
+    let record = LlamacppRecord {
+        build: build.clone(),
+        reference_settings: ref_settings,
+        candidate_settings: cand_settings.clone(),
+        reference: pair.reference_observed.clone(),
+        candidate: pair.candidate_observed.clone(),
+        n_ctx: pair.n_ctx,
+        chunks: pair.n_chunk,
+        ppl_stride: 0,
+        gate: gate_record,
+        seconds: pair.seconds,
+    };
+    let environment = environment(&record, r.kv_cache, r.threads);
+    let mut rerun = Rerun {
+        measurement: super::record::measurement(
+            &scoring,
+            &options,
+            reference_id,
+            candidate_id,
+            environment,
+        ),
+        runs: scoring.runs,
+        gates: gates_out,
+        noise_floor: r.noise_floor.then(|| super::NoiseFloor::Skipped {
+            skipped: "llama.cpp's noise floor is its own settings sweep: `cardproof measure --runner llamacpp --sweep llamacpp.flash_attn=on,off`".into(),
+        }),
+    };
+    if !gate_printout {
+        rerun.gates.push(Gate {
+            gate: "llamacpp_printout".into(),
+            passed: false,
+            detail: "llama.cpp's own KLD pass was skipped (--llamacpp-no-gate): its printout was not compared with cardproof's reading of the rows".into(),
+        });
+    } else if let Some(g) = &rerun
+        .measurement
+        .environment
+        .llamacpp
+        .as_ref()
+        .and_then(|l| l.gate.clone())
+    {
+        rerun.gates.push(Gate {
+            gate: "llamacpp_printout".into(),
+            passed: true,
+            detail: format!(
+                "llama.cpp printed Mean KLD {:.6}, cardproof's llama.cpp-compatible reduction of the same {} rows gives {:.6} (allowed ±{:.1e})",
+                g.printed_kld_mean, g.rows, g.cardproof_kld_mean, g.allowed
+            ),
+        });
+    }
+    Ok(rerun)
+}
+
+/// The reference run a second time on its first chunk (`--chunks 1`), compared row by row with
+/// the first run's (llama.cpp is deterministic on one machine: the KL must be exactly 0), and
+/// the one-row shift from the first chunk kept while streaming.
+fn self_and_shift_gates(
+    binary: &Path,
+    reference: &Path,
+    text: &Path,
+    n_ctx: usize,
+    settings: &LlamacppSettings,
+    kept: &GateRows,
+    measured: Measured,
+) -> Result<Vec<Gate>> {
+    let width = kept.reference.first().map_or(0, |r| r.codes.len());
+    let mut red = RowReducer::new(width);
+    let (mut forward, mut reverse, mut n, mut same_top1) = (0.0, 0.0, 0usize, true);
+    let mut decoded = vec![0f32; width];
+    let mut mismatch = None;
+    let rows = engine::run_single(
+        binary,
+        reference,
+        text,
+        n_ctx,
+        Some(1),
+        settings,
+        &mut |row, index| {
+            let Some(first) = kept.reference.get(index as usize) else {
+                mismatch = Some(format!(
+                    "the second run wrote row {index} beyond the first chunk"
+                ));
+                return Ok(());
+            };
+            row.decode_into(&mut decoded);
+            // Same masking on both sides: reverse KL over the kept entries.
+            for (v, &c) in decoded.iter_mut().zip(&row.codes) {
+                if c == 0 && row.scale > 0.0 {
+                    *v = f32::NEG_INFINITY;
+                }
+            }
+            match red.kl(first, &decoded, true) {
+                Some(rec) => {
+                    forward += rec.forward;
+                    reverse += rec.reverse;
+                    same_top1 &= rec.ref_top1 == rec.cand_top1;
+                    n += 1;
+                }
+                // A non-finite row: nothing shown, so the gate fails.
+                None => forward = f64::NAN,
+            }
+            Ok(())
+        },
+    )?;
+    if let Some(m) = mismatch {
+        return Err(Error::runner(binary, m));
+    }
+    if rows as usize != kept.reference.len() {
+        return Err(Error::runner(
+            binary,
+            format!(
+                "the reference's second run wrote {rows} rows of its first chunk; the first run wrote {}",
+                kept.reference.len()
+            ),
+        ));
+    }
+    let n = n.max(1) as f64;
+    let self_compare = gates::SelfCompare {
+        forward: forward / n,
+        reverse: reverse / n,
+        same_top1,
+    };
+    let shift = kept.shift_sum / kept.shift_n.max(1) as f64;
+    Ok(gates::judge(self_compare, shift, measured))
+}
+
+fn root_digest(path: &Path, threads: usize) -> Result<String> {
+    Ok(crate::checkpoint::hash::hash_path(
+        path,
+        &crate::checkpoint::hash::HashOptions {
+            threads: Some(threads),
+            include_all: false,
+        },
+        &|_| {},
+    )?
+    .root_sha256)
+}
+
+/// The output head's digest, where cardproof reads the GGUF's architecture (empty otherwise:
+/// llama.cpp runs architectures cardproof's native runner does not).
+fn lm_head_sha256(gguf: &Path) -> String {
+    native::gguf::GgufStore::open(gguf, native::Emulate::ReferenceSemantics)
+        .ok()
+        .and_then(|(store, config)| {
+            use native::weights::WeightStore;
+            let head = if config.tie_embeddings {
+                format!("{}.embed_tokens.weight", config.prefix)
+            } else {
+                "lm_head.weight".into()
+            };
+            store.tensor_sha256(&head).ok().flatten()
+        })
+        .unwrap_or_default()
+}
+
+/// The environment record of a llama.cpp run.
+fn environment(record: &LlamacppRecord, kv: Option<KvCacheSetting>, threads: usize) -> Environment {
+    let c = &record.candidate;
+    let device = if c.backend == "cpu" {
+        super::lanes::cpu_name()
+    } else {
+        c.device.clone()
+    };
+    let kv_label = match (&c.cache_type_k, &c.cache_type_v) {
+        (Some(k), Some(v)) if k == v => k.clone(),
+        (Some(k), Some(v)) => format!("k:{k}/v:{v}"),
+        _ => record
+            .candidate_settings
+            .cache_type_k
+            .clone()
+            .unwrap_or_else(|| "f16".into()),
+    };
+    let rotated = c.rotation_k == Some(true) || c.rotation_v == Some(true);
+    Environment {
+        runner: RunnerKind::Llamacpp,
+        runner_version: env!("CARGO_PKG_VERSION").into(),
+        engine: "llama.cpp".into(),
+        engine_version: Some(engine_version(&record.build)),
+        torch_version: None,
+        cuda_version: None,
+        device,
+        compute_dtype: "f32".into(),
+        attention: format!(
+            "flash_attn={}",
+            c.flash_attn.clone().unwrap_or_else(|| "?".into())
+        ),
+        kv_cache_dtype: Some(kv_label),
+        kv_cache: kv.filter(|s| s.changes_anything()).map(|s| {
+            let mut as_run = crate::disclosure::kv_cache::KvCache::as_run(s, false);
+            // What llama.cpp did, not what was asked: it rotates only heads of a multiple of 64.
+            as_run.rotation = Some(if rotated {
+                crate::disclosure::kv_cache::KvRotation::Hadamard
+            } else {
+                crate::disclosure::kv_cache::KvRotation::None
+            });
+            as_run
+        }),
+        kv_scales: None,
+        recurrent_state_dtype: None,
+        emulate: None,
+        threads: record
+            .candidate_settings
+            .threads
+            .map(|t| t as usize)
+            .or(Some(threads)),
+        tf32: None,
+        lane: format!(
+            "llama.cpp {} on {} ({}): both models in llama-perplexity, each pair of rows read from its --kl-divergence-base streams and reduced by cardproof; llama.cpp's printed statistics {}",
+            engine_version(&record.build),
+            c.backend,
+            c.device,
+            if record.gate.is_some() {
+                "agree with cardproof's llama.cpp-compatible reduction (printout gate)"
+            } else {
+                "were not compared (no gate)"
+            }
+        ),
+        tokenizer: None,
+        reference_artifact: None,
+        linear_attention: None,
+        reference_linear_attention: None,
+        transformers_runner: None,
+        llamacpp: Some(record.clone()),
+    }
+}
+
+/// llama.cpp's version as cards write it: `b6590 (abcdef12)`, or the printed version.
+pub fn engine_version(b: &engine::LlamacppBuild) -> String {
+    match (&b.build, &b.commit) {
+        (Some(n), Some(c)) => format!("b{n} ({c})"),
+        _ => b.version.trim_start_matches("version:").trim().to_owned(),
+    }
+}

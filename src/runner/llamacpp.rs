@@ -1,0 +1,1029 @@
+//! llama.cpp as a runner (issue #21): the user's own `llama-perplexity` (any build: CPU, CUDA,
+//! Metal, Vulkan) runs both models, and cardproof reduces what they write.
+//!
+//! Three processes run at once, joined by named pipes in a private temporary directory:
+//!
+//! - the reference's base pass, `llama-perplexity -m REF -f TEXT -c L --kl-divergence-base
+//!   ref.pipe`, and the candidate's, the same with `-m CAND` into `cand.pipe`: each writes its
+//!   `--kl-divergence-base` stream (header, tokens, one uint16 row per scored position);
+//! - llama.cpp's own KLD pass, `llama-perplexity -m CAND -c L --kl-divergence-base gate.pipe
+//!   --kl-divergence`, which reads the reference's stream (forwarded by cardproof as it reads it)
+//!   and prints llama.cpp's statistics block.
+//!
+//! cardproof reads the two base streams row by row in lockstep, reduces each pair of rows, and
+//! forwards every reference byte to the gate; nothing is stored (a 100k-token base stream at a
+//! 248k vocabulary is ~50 GB). The printed block must agree with cardproof's llama.cpp-compatible
+//! reduction of the same rows within the candidate's uint16 rounding, or the run is an error
+//! naming both numbers: the printout gate. A process that fails, or a pipe that no process opens,
+//! is an error with that process's last log lines, never a hang.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::kld::llamacpp::{BaseRow, CompatAccumulator, CompatStats, PrintedStats};
+
+/// The settings a llama.cpp run is made with; each is a `llama-perplexity` flag, recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct LlamacppSettings {
+    /// `-t`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
+    /// `-b`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<u32>,
+    /// `-ub`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ubatch: Option<u32>,
+    /// `-ngl` (a number, `auto` or `all`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_layers: Option<String>,
+    /// `-fa`: `on`, `off` or `auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flash_attn: Option<String>,
+    /// `-ctk` and `-ctv` (llama.cpp's cache types: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl,
+    /// q5_0, q5_1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_type_k: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_type_v: Option<String>,
+    /// The Hadamard rotation of a quantized cache (llama.cpp's default since 2026-04); `false`
+    /// sets `LLAMA_ATTN_ROT_DISABLE=1`.
+    pub rotation: bool,
+}
+
+impl Default for LlamacppSettings {
+    fn default() -> Self {
+        LlamacppSettings {
+            threads: None,
+            batch: None,
+            ubatch: None,
+            gpu_layers: None,
+            flash_attn: None,
+            cache_type_k: None,
+            cache_type_v: None,
+            rotation: true,
+        }
+    }
+}
+
+/// llama.cpp's cache types, as `-ctk`/`-ctv` take them.
+pub const CACHE_TYPES: [&str; 9] = [
+    "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1",
+];
+
+impl LlamacppSettings {
+    /// Why these settings cannot run, naming the flag.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        for (flag, v) in [("-ctk", &self.cache_type_k), ("-ctv", &self.cache_type_v)] {
+            if let Some(v) = v
+                && !CACHE_TYPES.contains(&v.as_str())
+            {
+                return Err(format!(
+                    "{flag} {v}: llama.cpp's cache types are {}",
+                    CACHE_TYPES.join(", ")
+                ));
+            }
+        }
+        if let Some(fa) = &self.flash_attn
+            && !matches!(fa.as_str(), "on" | "off" | "auto")
+        {
+            return Err(format!("-fa {fa}: expected on, off or auto"));
+        }
+        if let Some(n) = &self.gpu_layers
+            && !(n == "auto" || n == "all" || n.parse::<u32>().is_ok())
+        {
+            return Err(format!(
+                "-ngl {n}: expected a number of layers, auto or all"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The flags, in `llama-perplexity`'s spelling.
+    pub fn args(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut push = |flag: &str, v: Option<String>| {
+            if let Some(v) = v {
+                out.push(flag.to_owned());
+                out.push(v);
+            }
+        };
+        push("-t", self.threads.map(|n| n.to_string()));
+        push("-b", self.batch.map(|n| n.to_string()));
+        push("-ub", self.ubatch.map(|n| n.to_string()));
+        push("-ngl", self.gpu_layers.clone());
+        push("-fa", self.flash_attn.clone());
+        push("-ctk", self.cache_type_k.clone());
+        push("-ctv", self.cache_type_v.clone());
+        out
+    }
+}
+
+/// `--runner llamacpp` as the command line sets it up.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LlamacppOptions {
+    /// `--llamacpp-bin` (else `llama-perplexity` on `PATH`).
+    pub binary: Option<PathBuf>,
+    /// The flags both models run with; the candidate's KV cache comes from the request's
+    /// `kv_cache` (`--kv-cache`), the reference keeps llama.cpp's default cache.
+    pub settings: LlamacppSettings,
+    /// Skip llama.cpp's own KLD pass (the printout gate): one process fewer, and a rerun that is
+    /// never `reproduced`.
+    pub no_gate: bool,
+}
+
+/// llama.cpp's cache flags for a KV-cache setting: `-ctk`, `-ctv` and the rotation. llama.cpp
+/// rotates a quantized side unless `LLAMA_ATTN_ROT_DISABLE` is set, so cardproof's `q8_0` (no
+/// rotation) runs with it set and `q8_0+hadamard` without; an unrounded side is llama.cpp's
+/// default f16 cache.
+pub fn cache_flags(
+    kv: Option<crate::runner::native::kv_cache::KvCacheSetting>,
+) -> std::result::Result<(Option<String>, Option<String>, bool), String> {
+    use crate::runner::native::kv_cache::KvScheme;
+    let Some(kv) = kv else {
+        return Ok((None, None, true));
+    };
+    if kv.computed_scales || kv.residual.is_some() {
+        return Err(format!(
+            "--kv-cache {}: llama.cpp's cache is write-then-read with per-block scales; computed scales and residual windows belong to vLLM and transformers",
+            kv.name()
+        ));
+    }
+    let flag = |s: KvScheme| -> std::result::Result<Option<String>, String> {
+        match s {
+            KvScheme::None => Ok(None),
+            s if CACHE_TYPES.contains(&s.as_str()) => Ok(Some(s.as_str().to_owned())),
+            s => Err(format!(
+                "--kv-cache {}: `{s}` is not a llama.cpp cache type ({})",
+                kv.name(),
+                CACHE_TYPES.join(", ")
+            )),
+        }
+    };
+    let quantized = kv.k.is_blocked() || kv.v.is_blocked();
+    Ok((flag(kv.k)?, flag(kv.v)?, kv.hadamard || !quantized))
+}
+
+/// What a `llama-perplexity` binary says it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct LlamacppBuild {
+    pub binary: String,
+    /// The `--version` line as printed.
+    pub version: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    /// `built with ...`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compiler: Option<String>,
+}
+
+/// The binary to run: `given`, else `llama-perplexity` on `PATH`.
+pub fn find_binary(given: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = given {
+        if p.is_file() {
+            return Ok(p.to_owned());
+        }
+        return Err(Error::io(
+            p,
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such file (--llamacpp-bin)",
+            ),
+        ));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join("llama-perplexity"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            Error::usage(
+                Path::new("--llamacpp-bin"),
+                "no llama-perplexity on PATH: build llama.cpp's `llama-perplexity` (cmake --build build --target llama-perplexity) and name it with --llamacpp-bin PATH",
+            )
+        })
+}
+
+/// `binary --version`, parsed: `version: 6590 (abcdef12)` (upstream) or `version: 0.5.0-dev
+/// (build 1, commit 0c1e570)` (a source release), then `built with ...`.
+pub fn build_of(binary: &Path) -> Result<LlamacppBuild> {
+    let out = Command::new(binary)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| Error::runner(binary, format!("cannot start it: {e}")))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("version:"))
+        .ok_or_else(|| {
+            Error::runner(
+                binary,
+                format!(
+                    "`--version` printed no `version:` line; is it llama-perplexity? ({})",
+                    text.trim()
+                ),
+            )
+        })?
+        .trim()
+        .to_owned();
+    let inside = line
+        .split_once('(')
+        .and_then(|(_, r)| r.split_once(')'))
+        .map(|(i, _)| i.to_owned());
+    let (mut build, mut commit) = (None, None);
+    if let Some(inside) = &inside {
+        for part in inside.split(',').map(str::trim) {
+            if let Some(b) = part.strip_prefix("build ") {
+                build = Some(b.to_owned());
+            } else if let Some(c) = part.strip_prefix("commit ") {
+                commit = Some(c.to_owned());
+            } else if part.chars().all(|c| c.is_ascii_hexdigit()) && !part.is_empty() {
+                commit = Some(part.to_owned());
+            }
+        }
+    }
+    if build.is_none() {
+        // `version: 6590 (abcdef12)`: the number is the build.
+        build = line
+            .trim_start_matches("version:")
+            .split_whitespace()
+            .next()
+            .filter(|n| n.chars().all(|c| c.is_ascii_digit()))
+            .map(str::to_owned);
+    }
+    Ok(LlamacppBuild {
+        binary: binary.display().to_string(),
+        version: line,
+        build,
+        commit,
+        compiler: text
+            .lines()
+            .find_map(|l| l.strip_prefix("built with "))
+            .map(|s| s.trim().to_owned()),
+    })
+}
+
+/// What a run's log (`-lv 4`) says it did: where it computed and with which numerics, as
+/// llama.cpp resolved them (an `auto` flash attention, the rotation it chose, the batch sizes).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct LlamacppObserved {
+    /// `cpu`, `cuda`, `metal`, `vulkan`, ...
+    pub backend: String,
+    pub device: String,
+    /// `offloaded N/M layers to GPU`, when printed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offloaded: Option<String>,
+    /// Flash attention as resolved: `enabled` or `disabled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flash_attn: Option<String>,
+    /// The KV cache's types as allocated (`K (q8_0)`, `V (f16)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_type_k: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_type_v: Option<String>,
+    /// llama.cpp's Hadamard rotation of K and V as it decided them (`attn_rot_k`, `attn_rot_v`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotation_k: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotation_v: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_batch: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_ubatch: Option<u32>,
+    /// The model file's type (`Q4_0`, `BF16`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_type: Option<String>,
+    /// The CPU features ggml was built for and found (`system_info`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_info: Option<String>,
+}
+
+/// What a run's log says it did.
+pub fn observe(log: &str) -> LlamacppObserved {
+    let mut d = LlamacppObserved {
+        backend: "cpu".into(),
+        device: "cpu".into(),
+        ..Default::default()
+    };
+    let after = |l: &str, key: &str| -> Option<String> {
+        let (_, rest) = l.split_once(key)?;
+        Some(rest.trim().trim_start_matches('=').trim().to_owned())
+    };
+    for line in log.lines() {
+        let l = line.trim();
+        for (needle, backend) in [
+            ("ggml_cuda_init", "cuda"),
+            ("ggml_metal", "metal"),
+            ("ggml_vulkan", "vulkan"),
+            ("ggml_sycl", "sycl"),
+            ("ggml_hip", "hip"),
+        ] {
+            if l.contains(needle) {
+                d.backend = backend.into();
+            }
+        }
+        if let Some((_, rest)) = l.split_once("Device 0: ") {
+            d.device = rest.split(',').next().unwrap_or(rest).trim().to_owned();
+        }
+        if let Some(rest) = after(l, "offloaded ") {
+            d.offloaded = Some(rest);
+        }
+        if let Some(v) = after(l, "llama_context: flash_attn") {
+            d.flash_attn = Some(v);
+        }
+        if l.contains("Flash Attention enabled") {
+            d.flash_attn = Some("enabled".into());
+        } else if l.contains("Flash Attention not supported")
+            || l.contains("Flash Attention disabled")
+        {
+            d.flash_attn = Some("disabled".into());
+        }
+        if l.contains("llama_kv_cache: size =") {
+            let ty = |side: &str| {
+                let (_, rest) = l.split_once(&format!("{side} ("))?;
+                Some(rest.split(')').next()?.to_owned())
+            };
+            d.cache_type_k = ty("K").or(d.cache_type_k.take());
+            d.cache_type_v = ty("V").or(d.cache_type_v.take());
+        }
+        let flag = |v: Option<String>| v.and_then(|v| v.split(',').next().map(|n| n.trim() == "1"));
+        if let Some(v) = flag(after(l, "attn_rot_k =")) {
+            d.rotation_k = Some(v);
+        }
+        if let Some(v) = flag(after(l, "attn_rot_v =")) {
+            d.rotation_v = Some(v);
+        }
+        if let Some(v) = after(l, "llama_context: n_batch") {
+            d.n_batch = v.parse().ok();
+        }
+        if let Some(v) = after(l, "llama_context: n_ubatch") {
+            d.n_ubatch = v.parse().ok();
+        }
+        if let Some(v) = after(l, "print_info: file type") {
+            d.file_type = Some(v);
+        }
+        if let Some((_, rest)) = l.split_once("system_info: ") {
+            d.system_info = Some(rest.trim().to_owned());
+        }
+    }
+    if d.offloaded.as_deref().is_some_and(|o| o.starts_with("0/")) {
+        d.backend = "cpu".into();
+        d.device = "cpu".into();
+    }
+    d
+}
+
+/// A pair run's results.
+pub struct PairRun {
+    pub n_ctx: u32,
+    pub n_vocab: u32,
+    pub n_chunk: u32,
+    /// The token stream llama.cpp scored (from the reference's base stream).
+    pub tokens: Vec<i32>,
+    /// cardproof's llama.cpp-compatible statistics of the rows (the candidate from its stored
+    /// rows).
+    pub compat: CompatStats,
+    /// The block llama.cpp's own KLD pass printed (absent without the gate).
+    pub printed: Option<PrintedStats>,
+    /// What the reference's and the candidate's runs did, from their logs.
+    pub reference_observed: LlamacppObserved,
+    pub candidate_observed: LlamacppObserved,
+    /// Each process's log, last lines.
+    pub logs: Vec<(String, String)>,
+    /// Seconds from the start to the last row.
+    pub seconds: f64,
+}
+
+/// What a pair run runs: the binary, the two GGUF files, the text, the window, each side's
+/// settings (a sweep changes the candidate's only), and whether llama.cpp's own KLD pass runs
+/// beside it as the printout gate.
+pub struct PairSpec<'a> {
+    pub binary: &'a Path,
+    pub reference: &'a Path,
+    pub candidate: &'a Path,
+    pub text: &'a Path,
+    pub n_ctx: usize,
+    pub reference_settings: &'a LlamacppSettings,
+    pub candidate_settings: &'a LlamacppSettings,
+    pub gate: bool,
+}
+
+/// The processes of a run: each one's name, its child, and its log file.
+type Children<'a> = Vec<(&'a str, Child, PathBuf)>;
+
+/// A private directory for a run's pipes and logs, deleted when dropped.
+fn run_dir() -> Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix("cardproof-llamacpp-")
+        .tempdir()
+        .map_err(|e| Error::io(&std::env::temp_dir(), e))
+}
+
+fn make_pipe(dir: &Path, name: &str) -> Result<PathBuf> {
+    let p = dir.join(name);
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        &p,
+        rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+    )
+    .map_err(|e| Error::io(&p, e.into()))?;
+    Ok(p)
+}
+
+/// How one `llama-perplexity` process runs: which model, which text (none in KLD mode, where
+/// the base stream carries the tokens), its window, chunks and settings.
+struct Launch<'a> {
+    model: &'a Path,
+    text: Option<&'a Path>,
+    base: &'a Path,
+    kld: bool,
+    n_ctx: usize,
+    chunks: Option<u32>,
+    settings: &'a LlamacppSettings,
+}
+
+/// Starts one process, its stdout and stderr into `dir/log`.
+fn spawn(binary: &Path, dir: &Path, log: &str, l: &Launch) -> Result<(Child, PathBuf)> {
+    let mut c = Command::new(binary);
+    // `-lv 4`: llama.cpp's informational lines (the resolved flash attention, the cache types,
+    // the rotation), without its debug lines.
+    c.arg("-m")
+        .arg(l.model)
+        .args(["-c", &l.n_ctx.to_string(), "-lv", "4"]);
+    if let Some(text) = l.text {
+        c.arg("-f").arg(text);
+    }
+    if let Some(n) = l.chunks {
+        c.args(["--chunks", &n.to_string()]);
+    }
+    c.arg("--kl-divergence-base").arg(l.base);
+    if l.kld {
+        c.arg("--kl-divergence");
+    }
+    c.args(l.settings.args());
+    if !l.settings.rotation {
+        c.env("LLAMA_ATTN_ROT_DISABLE", "1");
+    }
+    let path = dir.join(log);
+    let file = std::fs::File::create(&path).map_err(|e| Error::io(dir, e))?;
+    let err = file.try_clone().map_err(|e| Error::io(dir, e))?;
+    let child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(file))
+        .stderr(Stdio::from(err))
+        .spawn()
+        .map_err(|e| Error::runner(binary, format!("cannot start it: {e}")))?;
+    Ok((child, path))
+}
+
+/// Run the reference and the candidate (GGUF files) over the text in windows of `n_ctx`, every
+/// pair of rows handed to `row` (reference row, candidate row, row index, true next token) as
+/// it arrives; with `gate`, llama.cpp's own KLD pass reads the reference's rows too and its
+/// printout is returned beside cardproof's reduction. `progress(done, total)` counts chunks.
+pub fn run_pair(
+    spec: &PairSpec,
+    row: &mut dyn FnMut(&BaseRow, &BaseRow, u64, i32) -> Result<()>,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<PairRun> {
+    let started = Instant::now();
+    let binary = spec.binary;
+    let dir = run_dir()?;
+    let (ref_pipe, cand_pipe) = (
+        make_pipe(dir.path(), "ref.pipe")?,
+        make_pipe(dir.path(), "cand.pipe")?,
+    );
+    let gate_pipe = if spec.gate {
+        Some(make_pipe(dir.path(), "gate.pipe")?)
+    } else {
+        None
+    };
+    fn launch<'a>(
+        spec: &'a PairSpec,
+        model: &'a Path,
+        base: &'a Path,
+        kld: bool,
+        settings: &'a LlamacppSettings,
+    ) -> Launch<'a> {
+        Launch {
+            model,
+            text: (!kld).then_some(spec.text),
+            base,
+            kld,
+            n_ctx: spec.n_ctx,
+            chunks: None,
+            settings,
+        }
+    }
+    let mut children: Children = Vec::new();
+    let (c, log) = spawn(
+        binary,
+        dir.path(),
+        "reference.log",
+        &launch(
+            spec,
+            spec.reference,
+            &ref_pipe,
+            false,
+            spec.reference_settings,
+        ),
+    )?;
+    children.push(("reference", c, log));
+    let (c, log) = spawn(
+        binary,
+        dir.path(),
+        "candidate.log",
+        &launch(
+            spec,
+            spec.candidate,
+            &cand_pipe,
+            false,
+            spec.candidate_settings,
+        ),
+    )?;
+    children.push(("candidate", c, log));
+    if let Some(g) = &gate_pipe {
+        let (c, log) = spawn(
+            binary,
+            dir.path(),
+            "gate.log",
+            &launch(spec, spec.candidate, g, true, spec.candidate_settings),
+        )?;
+        children.push(("gate", c, log));
+    }
+    let result = (|| -> Result<(PairRun, Vec<(String, String)>)> {
+        let mut ref_in = open_pipe(&ref_pipe, false, &mut children, binary)?;
+        let mut cand_in = open_pipe(&cand_pipe, false, &mut children, binary)?;
+        let mut gate_out = match &gate_pipe {
+            Some(g) => Some(open_pipe(g, true, &mut children, binary)?),
+            None => None,
+        };
+        let mut a = crate::kld::llamacpp::BaseStream::open(
+            &ref_pipe,
+            std::io::BufReader::with_capacity(1 << 20, ref_in.take()?),
+        )?;
+        let mut b = crate::kld::llamacpp::BaseStream::open(
+            &cand_pipe,
+            std::io::BufReader::with_capacity(1 << 20, cand_in.take()?),
+        )?;
+        if (a.n_ctx, a.n_vocab, a.n_chunk) != (b.n_ctx, b.n_vocab, b.n_chunk)
+            || a.tokens != b.tokens
+        {
+            return Err(Error::mismatch(
+                spec.candidate,
+                None,
+                format!(
+                    "llama.cpp tokenized or cut the text differently for the candidate (n_ctx {}, n_vocab {}, {} chunks) than for the reference (n_ctx {}, n_vocab {}, {} chunks), or to other tokens: not the same vocabulary",
+                    b.n_ctx, b.n_vocab, b.n_chunk, a.n_ctx, a.n_vocab, a.n_chunk
+                ),
+            ));
+        }
+        let mut gate_writer = match gate_out.as_mut() {
+            Some(g) => Some(std::io::BufWriter::with_capacity(1 << 20, g.take()?)),
+            None => None,
+        };
+        if let Some(w) = &mut gate_writer {
+            w.write_all(&a.head).map_err(|e| gate_error(&e))?;
+        }
+        let per_chunk = u64::from(a.n_ctx - 1 - a.n_ctx / 2);
+        let total_chunks = a.n_chunk as usize;
+        let (mut ra, mut rb) = (BaseRow::default(), BaseRow::default());
+        let mut acc = CompatAccumulator::new();
+        let mut cand_logp = vec![0f32; a.n_vocab as usize];
+        let mut r = 0u64;
+        progress(0, total_chunks);
+        loop {
+            let more_a = a.rows.next_row(&mut ra)?;
+            let more_b = b.rows.next_row(&mut rb)?;
+            if more_a != more_b {
+                return Err(Error::runner(
+                    binary,
+                    format!(
+                        "the {} base stream ended at row {r} while the other went on",
+                        if more_a { "candidate's" } else { "reference's" }
+                    ),
+                ));
+            }
+            if !more_a {
+                break;
+            }
+            if let Some(w) = &mut gate_writer {
+                w.write_all(a.rows.last_row_bytes())
+                    .map_err(|e| gate_error(&e))?;
+            }
+            let (chunk, j) = (r / per_chunk, u64::from(a.n_ctx / 2) + r % per_chunk);
+            let token = a.tokens[(chunk * u64::from(a.n_ctx) + j + 1) as usize];
+            rb.decode_into(&mut cand_logp);
+            acc.push_log_probs(&ra, &cand_logp, token);
+            row(&ra, &rb, r, token)?;
+            r += 1;
+            if r.is_multiple_of(per_chunk) {
+                progress((r / per_chunk) as usize, total_chunks);
+            }
+        }
+        if r != per_chunk * u64::from(a.n_chunk) {
+            return Err(Error::runner(
+                binary,
+                format!(
+                    "the base streams ended after {r} rows; {} chunks of {per_chunk} were announced",
+                    a.n_chunk
+                ),
+            ));
+        }
+        if let Some(mut w) = gate_writer {
+            w.flush().map_err(|e| gate_error(&e))?;
+        }
+        drop(gate_out);
+        let seconds = started.elapsed().as_secs_f64();
+        let n = acc.count();
+        let compat = acc.finish().ok_or_else(|| {
+            Error::usage(
+                spec.text,
+                format!(
+                    "llama.cpp scored {n} rows; its statistics need {} (a longer text, or a shorter context)",
+                    crate::kld::llamacpp::MIN_ROWS
+                ),
+            )
+        })?;
+        let logs = wait_all(&mut children, binary)?;
+        let log_of = |name: &str| {
+            logs.iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, l)| l.clone())
+                .unwrap_or_default()
+        };
+        let printed = spec
+            .gate
+            .then(|| crate::kld::llamacpp::parse_printed(&log_of("gate")));
+        Ok((
+            PairRun {
+                n_ctx: a.n_ctx,
+                n_vocab: a.n_vocab,
+                n_chunk: a.n_chunk,
+                tokens: std::mem::take(&mut a.tokens),
+                compat,
+                printed,
+                reference_observed: observe(&log_of("reference")),
+                candidate_observed: observe(&log_of("candidate")),
+                logs: Vec::new(),
+                seconds,
+            },
+            logs,
+        ))
+    })();
+    finish_run(result, &mut children, binary).map(|(mut run, logs)| {
+        run.logs = logs.into_iter().map(|(n, l)| (n, tail(&l, 40))).collect();
+        run
+    })
+}
+
+/// One model's base stream alone, `chunks` chunks of it: each row to `row` (the row, its
+/// index). The reference run a second time for the self-compare gate.
+#[allow(clippy::too_many_arguments)]
+pub fn run_single(
+    binary: &Path,
+    model: &Path,
+    text: &Path,
+    n_ctx: usize,
+    chunks: Option<u32>,
+    settings: &LlamacppSettings,
+    row: &mut dyn FnMut(&BaseRow, u64) -> Result<()>,
+) -> Result<u64> {
+    let dir = run_dir()?;
+    let pipe = make_pipe(dir.path(), "single.pipe")?;
+    let mut children: Children = Vec::new();
+    let (c, log) = spawn(
+        binary,
+        dir.path(),
+        "single.log",
+        &Launch {
+            model,
+            text: Some(text),
+            base: &pipe,
+            kld: false,
+            n_ctx,
+            chunks,
+            settings,
+        },
+    )?;
+    children.push(("reference (again)", c, log));
+    let result = (|| -> Result<(u64, Vec<(String, String)>)> {
+        let mut input = open_pipe(&pipe, false, &mut children, binary)?;
+        let mut s = crate::kld::llamacpp::BaseStream::open(
+            &pipe,
+            std::io::BufReader::with_capacity(1 << 20, input.take()?),
+        )?;
+        let mut r = 0u64;
+        let mut buf = BaseRow::default();
+        while s.rows.next_row(&mut buf)? {
+            row(&buf, r)?;
+            r += 1;
+        }
+        Ok((r, wait_all(&mut children, binary)?))
+    })();
+    finish_run(result, &mut children, binary).map(|(n, _)| n)
+}
+
+/// A run's result, or its error with what each process said last (every process stopped).
+fn finish_run<T>(result: Result<T>, children: &mut Children, binary: &Path) -> Result<T> {
+    let e = match result {
+        Ok(v) => return Ok(v),
+        Err(e) => e,
+    };
+    for (_, child, _) in children.iter_mut() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let mut said = String::new();
+    for (name, _, log) in children.iter() {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let t = tail(&text, 6);
+        if !t.trim().is_empty() {
+            said.push_str(&format!("\n  {name}: {}", t.trim().replace('\n', "\n    ")));
+        }
+    }
+    if said.is_empty() {
+        Err(e)
+    } else {
+        Err(Error::runner(
+            binary,
+            format!("{e}; llama-perplexity said:{said}"),
+        ))
+    }
+}
+
+fn gate_error(e: &std::io::Error) -> Error {
+    Error::runner(
+        Path::new("llama-perplexity --kl-divergence"),
+        format!("its base stream broke while cardproof forwarded it: {e}"),
+    )
+}
+
+/// The last `n` lines of `text`.
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// One end of a named pipe, opened while its process runs.
+struct PipeEnd {
+    file: Option<std::fs::File>,
+}
+
+impl PipeEnd {
+    /// The open file, once.
+    fn take(&mut self) -> Result<std::fs::File> {
+        self.file
+            .take()
+            .ok_or_else(|| Error::internal(Path::new("llama-perplexity"), "a pipe taken twice"))
+    }
+}
+
+/// Opens `pipe` for reading (or writing) once its process opens the other end. The open blocks,
+/// so it runs on a thread; if a process exits first, cardproof opens the other end itself to
+/// release the thread and reports the process's failure.
+fn open_pipe(pipe: &Path, write: bool, children: &mut Children, binary: &Path) -> Result<PipeEnd> {
+    let (tx, rx) = mpsc::channel();
+    let path = pipe.to_owned();
+    std::thread::spawn(move || {
+        let f = if write {
+            std::fs::OpenOptions::new().write(true).open(&path)
+        } else {
+            std::fs::File::open(&path)
+        };
+        let _ = tx.send(f);
+    });
+    loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(f) => {
+                return f
+                    .map(|f| PipeEnd { file: Some(f) })
+                    .map_err(|e| Error::io(pipe, e));
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(Error::internal(pipe, "the pipe's opener stopped"));
+            }
+        }
+        for (name, child, _) in children.iter_mut() {
+            if let Ok(Some(status)) = child.try_wait()
+                && !status.success()
+            {
+                // Release the blocked open, then fail with the process's status.
+                let _ = if write {
+                    std::fs::File::open(pipe).map(drop)
+                } else {
+                    std::fs::OpenOptions::new().write(true).open(pipe).map(drop)
+                };
+                return Err(Error::runner(
+                    binary,
+                    format!("the {name} process exited ({status}) before opening its stream"),
+                ));
+            }
+        }
+    }
+}
+
+/// Waits for every process; each must exit 0. Returns each one's whole log.
+fn wait_all(children: &mut Children, binary: &Path) -> Result<Vec<(String, String)>> {
+    let mut logs = Vec::new();
+    for (name, child, log) in children.iter_mut() {
+        let status = child
+            .wait()
+            .map_err(|e| Error::runner(binary, e.to_string()))?;
+        let text = std::fs::read_to_string(&*log).unwrap_or_default();
+        if !status.success() {
+            return Err(Error::runner(
+                binary,
+                format!(
+                    "the {name} process exited with {status}: {}",
+                    tail(&text, 8)
+                ),
+            ));
+        }
+        logs.push(((*name).to_owned(), text));
+    }
+    Ok(logs)
+}
+
+/// The printout gate's numbers: llama.cpp's printed block beside cardproof's reduction of the
+/// same rows, and what the gate allowed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct PrintoutGate {
+    pub rows: u64,
+    pub printed_kld_mean: f64,
+    pub cardproof_kld_mean: f64,
+    pub allowed: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub printed_ppl_base: Option<f64>,
+    pub cardproof_ppl_base: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub printed_same_top: Option<f64>,
+    pub cardproof_same_top: f64,
+}
+
+/// The printout gate: llama.cpp's printed block against cardproof's reduction of the same rows.
+/// The candidate's rows reach cardproof as uint16 codes (at most `scale/2 <= 1.22e-4` nats off
+/// per log-prob) while llama.cpp's pass uses its full-precision logits, so each row's KL differs
+/// by at most 1.22e-4 and the mean by a sum of independent roundings (sd <= 1.22e-4/√(3n)); the
+/// gate allows six of those standard deviations plus the printed half-unit. The reference
+/// perplexity comes from the same reference rows and the same arithmetic: its last printed digit.
+/// Top-1 agreement may differ where the candidate's two best entries round to one code: one row
+/// in a thousand, plus the printed half-unit.
+pub fn gate(
+    compat: &CompatStats,
+    printed: &PrintedStats,
+) -> std::result::Result<PrintoutGate, String> {
+    const STEP: f64 = 1.22e-4;
+    let n = compat.n.max(1) as f64;
+    let Some((kld, _)) = printed.kld_mean else {
+        return Err("llama.cpp printed no `Mean    KLD` line (its log ended early)".into());
+    };
+    let allowed = 6.0 * STEP / (3.0 * n).sqrt() + 5e-7;
+    let d = compat.kld_mean.0 - kld;
+    if d.abs() > allowed {
+        return Err(format!(
+            "mean KLD: llama.cpp printed {kld:.6}, cardproof's reduction of the same rows gives {:.6} (difference {d:+.2e}, allowed {allowed:.1e})",
+            compat.kld_mean.0
+        ));
+    }
+    if let Some((ppl, _)) = printed.ppl_base {
+        let d = compat.ppl_base.0 - ppl;
+        let tol = 5e-7 + compat.ppl_base.0 * 1e-6;
+        if d.abs() > tol {
+            return Err(format!(
+                "PPL(base): llama.cpp printed {ppl:.6}, cardproof's reduction gives {:.6}",
+                compat.ppl_base.0
+            ));
+        }
+    }
+    if let Some((top, _)) = printed.same_top {
+        let d = compat.same_top.0 - top;
+        if d.abs() > 1e-3 + 5e-6 {
+            return Err(format!(
+                "same top p: llama.cpp printed {:.3} %, cardproof's reduction gives {:.3} %",
+                100.0 * top,
+                100.0 * compat.same_top.0
+            ));
+        }
+    }
+    Ok(PrintoutGate {
+        rows: compat.n,
+        printed_kld_mean: kld,
+        cardproof_kld_mean: compat.kld_mean.0,
+        allowed,
+        printed_ppl_base: printed.ppl_base.map(|p| p.0),
+        cardproof_ppl_base: compat.ppl_base.0,
+        printed_same_top: printed.same_top.map(|p| p.0),
+        cardproof_same_top: compat.same_top.0,
+    })
+}
+
+/// How a measurement ran in llama.cpp: the binary, each side's flags and what its log says it
+/// did, the window and chunks, and the printout gate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct LlamacppRecord {
+    pub build: LlamacppBuild,
+    pub reference_settings: LlamacppSettings,
+    pub candidate_settings: LlamacppSettings,
+    pub reference: LlamacppObserved,
+    pub candidate: LlamacppObserved,
+    /// `-c`.
+    pub n_ctx: u32,
+    /// Chunks scored (every whole window of the text; `--chunks` is not set).
+    pub chunks: u32,
+    /// `--ppl-stride` (0: llama.cpp's non-overlapping windows; the only mode its base streams
+    /// support).
+    pub ppl_stride: u32,
+    /// `null` when the gate was skipped (`--llamacpp-no-gate`).
+    pub gate: Option<PrintoutGate>,
+    /// Seconds from the processes' start to the last row.
+    pub seconds: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_of_upstream_and_source_releases_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("llama-perplexity");
+        for (printed, build, commit) in [
+            (
+                "version: 0.5.0-dev (build 1, commit 0c1e570)\nbuilt with GNU 12.2.0 for Linux x86_64",
+                Some("1"),
+                Some("0c1e570"),
+            ),
+            (
+                "version: 6590 (abcdef12)\nbuilt with cc",
+                Some("6590"),
+                Some("abcdef12"),
+            ),
+        ] {
+            std::fs::write(&bin, format!("#!/bin/sh\necho '{printed}' >&2\n")).unwrap();
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+            let b = build_of(&bin).unwrap();
+            assert_eq!(b.build.as_deref(), build);
+            assert_eq!(b.commit.as_deref(), commit);
+            assert!(b.compiler.is_some());
+        }
+    }
+
+    #[test]
+    fn the_device_and_the_numerics_come_from_the_log() {
+        let cuda = "ggml_cuda_init: found 1 CUDA devices:\n  Device 0: NVIDIA H200, compute capability 9.0, VMM: yes\nload_tensors: offloaded 37/37 layers to GPU";
+        let d = observe(cuda);
+        assert_eq!(
+            (d.backend.as_str(), d.device.as_str()),
+            ("cuda", "NVIDIA H200")
+        );
+        assert_eq!(
+            observe("load_tensors: CPU_Mapped model buffer").backend,
+            "cpu"
+        );
+        // As llama-perplexity b0c1e570 prints them at -lv 4.
+        let cpu = "0.00.012.890 I llama_context: n_batch               = 2048\n0.00.012.890 I llama_context: n_ubatch              = 512\n0.00.012.890 I llama_context: flash_attn            = auto\n0.00.015.059 I llama_kv_cache: size =    4.00 MiB (   256 cells,   4 layers,  8/8 seqs), K (q8_0):    2.00 MiB, V (f16):    2.00 MiB\n0.00.015.076 I llama_kv_cache: attn_rot_k = 1, n_embd_head_k_all = 64\n0.00.015.077 I llama_kv_cache: attn_rot_v = 0, n_embd_head_k_all = 64\n0.00.015.709 I resolve_fused_ops: Flash Attention enabled\n0.00.011.285 I print_info: file type   = Q4_0";
+        let d = observe(cpu);
+        assert_eq!(d.flash_attn.as_deref(), Some("enabled"));
+        assert_eq!(
+            (d.cache_type_k.as_deref(), d.cache_type_v.as_deref()),
+            (Some("q8_0"), Some("f16"))
+        );
+        assert_eq!((d.rotation_k, d.rotation_v), (Some(true), Some(false)));
+        assert_eq!((d.n_batch, d.n_ubatch), (Some(2048), Some(512)));
+        assert_eq!(d.file_type.as_deref(), Some("Q4_0"));
+    }
+
+    #[test]
+    fn settings_are_checked_and_spelled_as_llama_cpp_takes_them() {
+        let s = LlamacppSettings {
+            threads: Some(2),
+            cache_type_k: Some("q8_0".into()),
+            flash_attn: Some("on".into()),
+            ..Default::default()
+        };
+        assert!(s.check().is_ok());
+        assert_eq!(s.args(), ["-t", "2", "-fa", "on", "-ctk", "q8_0"]);
+        let bad = LlamacppSettings {
+            cache_type_v: Some("q3_k".into()),
+            ..Default::default()
+        };
+        assert!(bad.check().unwrap_err().contains("-ctv q3_k"));
+    }
+}
