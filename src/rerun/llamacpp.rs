@@ -638,9 +638,14 @@ fn lm_head_sha256(gguf: &Path) -> String {
 fn environment(record: &LlamacppRecord, kv: Option<KvCacheSetting>, threads: usize) -> Environment {
     let c = &record.candidate;
     let device = if c.backend == "cpu" {
-        super::lanes::cpu_name()
+        format!("cpu: {}", super::lanes::cpu_name())
     } else {
         c.device.clone()
+    };
+    let place = if c.backend == "cpu" {
+        "the CPU backend".to_owned()
+    } else {
+        format!("the {} backend, {}", c.backend, c.device)
     };
     let kv_label = match (&c.cache_type_k, &c.cache_type_v) {
         (Some(k), Some(v)) if k == v => k.clone(),
@@ -686,10 +691,8 @@ fn environment(record: &LlamacppRecord, kv: Option<KvCacheSetting>, threads: usi
             .or(Some(threads)),
         tf32: None,
         lane: format!(
-            "llama.cpp {} on {} ({}): both models in llama-perplexity, each pair of rows read from its --kl-divergence-base streams and reduced by cardproof; llama.cpp's printed statistics {}",
+            "llama.cpp {} on {place}: both models in llama-perplexity, each pair of rows read from its --kl-divergence-base streams and reduced by cardproof; llama.cpp's printed statistics {}",
             engine_version(&record.build),
-            c.backend,
-            c.device,
             if record.gate.is_some() {
                 "agree with cardproof's llama.cpp-compatible reduction (printout gate)"
             } else {

@@ -178,6 +178,20 @@ fn fidelity_draft(
 /// The card's `runtime` item from a measurement's environment record.
 pub fn runtime(environment: &Environment) -> disclosure::Runtime {
     let text = |v: &Option<String>| v.clone().unwrap_or_else(|| "?".into());
+    if let (RunnerKind::Llamacpp, Some(l)) = (environment.runner, &environment.llamacpp) {
+        return disclosure::Runtime {
+            engine: Engine::LlamaCpp,
+            engine_version: text(&environment.engine_version),
+            attention_backend: environment.attention.clone(),
+            kv_cache_dtype: text(&environment.kv_cache_dtype),
+            kv_cache: environment.kv_cache.clone(),
+            recurrent_state_dtype: None,
+            compute_dtype: environment.compute_dtype.clone(),
+            device: environment.device.clone(),
+            device_count: Some(1),
+            flags: Some(llamacpp_flags(l)),
+        };
+    }
     if environment.runner != RunnerKind::Transformers {
         return disclosure::Runtime {
             engine: Engine::Cardproof,
@@ -230,4 +244,53 @@ pub fn runtime(environment: &Environment) -> disclosure::Runtime {
         device_count: Some(gpus.max(1) as u64),
         flags: Some(flags),
     }
+}
+
+/// The flags of a llama.cpp run as a card's `runtime.flags` carries them: each setting that
+/// changes a number, as asked and as llama.cpp resolved it, under llama.cpp's own names.
+pub fn llamacpp_flags(
+    l: &crate::runner::llamacpp::LlamacppRecord,
+) -> std::collections::BTreeMap<String, FlagValue> {
+    let mut flags = std::collections::BTreeMap::new();
+    let c = &l.candidate;
+    let s = &l.candidate_settings;
+    let mut text = |k: &str, v: Option<String>| {
+        if let Some(v) = v {
+            flags.insert(k.to_owned(), FlagValue::Text(v));
+        }
+    };
+    text("backend", Some(c.backend.clone()));
+    text("build", l.build.build.clone());
+    text("commit", l.build.commit.clone());
+    text("n_gpu_layers", s.gpu_layers.clone());
+    text("flash_attn", c.flash_attn.clone().or(s.flash_attn.clone()));
+    text(
+        "cache_type_k",
+        c.cache_type_k.clone().or(s.cache_type_k.clone()),
+    );
+    text(
+        "cache_type_v",
+        c.cache_type_v.clone().or(s.cache_type_v.clone()),
+    );
+    let mut int = |k: &str, v: Option<u32>| {
+        if let Some(v) = v {
+            flags.insert(k.to_owned(), FlagValue::Integer(i64::from(v)));
+        }
+    };
+    int("n_batch", c.n_batch.or(s.batch));
+    int("n_ubatch", c.n_ubatch.or(s.ubatch));
+    int("threads", s.threads);
+    int("ppl_stride", Some(l.ppl_stride));
+    int("chunks", Some(l.chunks));
+    flags.insert(
+        "attn_rotation".into(),
+        FlagValue::Bool(c.rotation_k == Some(true) || c.rotation_v == Some(true)),
+    );
+    flags.insert(
+        "reduction".into(),
+        FlagValue::Text(
+            "cardproof's llama.cpp-compatible reader of llama-perplexity's base streams".into(),
+        ),
+    );
+    flags
 }

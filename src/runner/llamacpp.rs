@@ -395,8 +395,8 @@ pub struct PairRun {
     /// cardproof's llama.cpp-compatible statistics of the rows (the candidate from its stored
     /// rows).
     pub compat: CompatStats,
-    /// The block llama.cpp's own KLD pass printed (absent without the gate).
-    pub printed: Option<PrintedStats>,
+    /// What llama.cpp's own KLD pass printed (absent without the gate).
+    pub printed: Option<Printed>,
     /// What the reference's and the candidate's runs did, from their logs.
     pub reference_observed: LlamacppObserved,
     pub candidate_observed: LlamacppObserved,
@@ -475,6 +475,12 @@ fn spawn(binary: &Path, dir: &Path, log: &str, l: &Launch) -> Result<(Child, Pat
     c.args(l.settings.args());
     if !l.settings.rotation {
         c.env("LLAMA_ATTN_ROT_DISABLE", "1");
+    }
+    // Three processes share the cores: OpenMP workers that spin after each graph starve the
+    // others (and llama.cpp's own log thread, which then loses its last lines at exit). Passive
+    // waiting changes no number.
+    if std::env::var_os("OMP_WAIT_POLICY").is_none() {
+        c.env("OMP_WAIT_POLICY", "PASSIVE");
     }
     let path = dir.join(log);
     let file = std::fs::File::create(&path).map_err(|e| Error::io(dir, e))?;
@@ -593,8 +599,11 @@ pub fn run_pair(
             Some(g) => Some(std::io::BufWriter::with_capacity(1 << 20, g.take()?)),
             None => None,
         };
+        // The gate's stream is the reference's, padded (see [`gate_padding`]).
+        let pad = gate_padding(a.n_chunk, a.n_ctx, spec.candidate_settings.batch);
         if let Some(w) = &mut gate_writer {
-            w.write_all(&a.head).map_err(|e| gate_error(&e))?;
+            w.write_all(&padded_head(&a.tokens, a.n_ctx, a.n_vocab, a.n_chunk, pad))
+                .map_err(|e| gate_error(&e))?;
         }
         let per_chunk = u64::from(a.n_ctx - 1 - a.n_ctx / 2);
         let total_chunks = a.n_chunk as usize;
@@ -642,6 +651,10 @@ pub fn run_pair(
             ));
         }
         if let Some(mut w) = gate_writer {
+            let last = a.rows.last_row_bytes().to_vec();
+            for _ in 0..u64::from(pad) * per_chunk {
+                w.write_all(&last).map_err(|e| gate_error(&e))?;
+            }
             w.flush().map_err(|e| gate_error(&e))?;
         }
         drop(gate_out);
@@ -663,9 +676,17 @@ pub fn run_pair(
                 .map(|(_, l)| l.clone())
                 .unwrap_or_default()
         };
-        let printed = spec
-            .gate
-            .then(|| crate::kld::llamacpp::parse_printed(&log_of("gate")));
+        let printed = spec.gate.then(|| printed_of(&log_of("gate"), a.n_chunk));
+        if printed.as_ref().is_some_and(|p| p.stats.kld_mean.is_none()) {
+            return Err(Error::runner(
+                binary,
+                format!(
+                    "llama.cpp's own KLD pass (the printout gate) printed no line for chunk {} of its table; its log ends:\n{}",
+                    a.n_chunk,
+                    tail(&log_of("gate"), 8)
+                ),
+            ));
+        }
         Ok((
             PairRun {
                 n_ctx: a.n_ctx,
@@ -756,9 +777,14 @@ fn finish_run<T>(result: Result<T>, children: &mut Children, binary: &Path) -> R
     if said.is_empty() {
         Err(e)
     } else {
+        let what = if e.file == binary {
+            e.message()
+        } else {
+            e.to_string()
+        };
         Err(Error::runner(
             binary,
-            format!("{e}; llama-perplexity said:{said}"),
+            format!("{what}; llama-perplexity said:{said}"),
         ))
     }
 }
@@ -857,75 +883,147 @@ fn wait_all(children: &mut Children, binary: &Path) -> Result<Vec<(String, Strin
     Ok(logs)
 }
 
-/// The printout gate's numbers: llama.cpp's printed block beside cardproof's reduction of the
-/// same rows, and what the gate allowed.
+/// What llama.cpp's KLD pass printed, and where it was read.
+#[derive(Debug, Clone)]
+pub struct Printed {
+    pub stats: PrintedStats,
+    /// Which printed line the numbers come from.
+    pub source: &'static str,
+    /// Half a unit of the printed mean KLD's last digit.
+    pub half_unit: f64,
+}
+
+/// Padding chunks after the real ones in the gate's stream. llama.cpp's logger is a worker
+/// thread the program does not join at exit (common/log.cpp: "logs may be lost if not flushed
+/// before the program exits", llama.cpp issue 22142): on a busy machine the lines printed last,
+/// the statistics block and the final chunks' lines, are sometimes never written. So the gate's
+/// stream carries the reference's chunks and then enough copies of its last row to make
+/// llama.cpp start one more batch (of `n_seq = max(1, n_batch / n_ctx)` chunks) after the
+/// batch holding the last real chunk: the running line printed for that chunk, the mean KLD
+/// and same-top rate of every real row, is then written while llama.cpp still computes a
+/// forward pass.
+pub fn gate_padding(n_chunk: u32, n_ctx: u32, batch: Option<u32>) -> u32 {
+    let n_seq = (batch.unwrap_or(2048) / n_ctx.max(1)).max(1);
+    let last_batch = n_chunk.saturating_sub(1) / n_seq;
+    (last_batch + 1) * n_seq + 1 - n_chunk
+}
+
+/// A base stream's header for `n_chunk + pad` chunks: the tokens, then the last chunk's tokens
+/// again for each padding chunk.
+fn padded_head(tokens: &[i32], n_ctx: u32, n_vocab: u32, n_chunk: u32, pad: u32) -> Vec<u8> {
+    let mut head = Vec::with_capacity(20 + 4 * (tokens.len() + (pad * n_ctx) as usize));
+    head.extend_from_slice(crate::kld::llamacpp::MAGIC);
+    for v in [n_ctx, n_vocab, n_chunk + pad] {
+        head.extend_from_slice(&v.to_le_bytes());
+    }
+    let last = &tokens[tokens.len().saturating_sub(n_ctx as usize)..];
+    for t in tokens.iter().chain((0..pad).flat_map(|_| last.iter())) {
+        head.extend_from_slice(&t.to_le_bytes());
+    }
+    head
+}
+
+/// The KLD pass's printout for the real rows: the running line of chunk `n_chunk` in its table
+/// (`43  4.0349 ± 0.0939  0.12852 ± 0.00450  0.08710 ± 0.00154  9.959 ± 0.204 %  86.816 ±
+/// 0.458 %`: PPL(Q), ln(PPL(Q)/PPL(base)), mean KLD, RMS Δp, same top p, each ± its error).
+/// The statistics block after it covers the padding chunks too and is not read.
+pub fn printed_of(log: &str, n_chunk: u32) -> Printed {
+    let mut stats = PrintedStats::default();
+    for line in log.lines().rev() {
+        let mut fields = line.split_whitespace();
+        if fields.next().and_then(|c| c.parse::<u32>().ok()) != Some(n_chunk) {
+            continue;
+        }
+        let numbers: Vec<f64> = fields
+            .filter(|f| *f != "±" && *f != "%")
+            .map_while(|f| f.parse::<f64>().ok())
+            .collect();
+        if numbers.len() == 10 {
+            stats.ppl_q = Some((numbers[0], numbers[1]));
+            stats.ln_ratio = Some((numbers[2], numbers[3]));
+            stats.kld_mean = Some((numbers[4], numbers[5]));
+            stats.same_top = Some((numbers[8] / 100.0, numbers[9] / 100.0));
+            break;
+        }
+    }
+    Printed {
+        stats,
+        source: "the running line of the last chunk",
+        half_unit: 5e-6,
+    }
+}
+
+/// The printout gate's numbers: llama.cpp's printout beside cardproof's reduction of the same
+/// rows, and what the gate allowed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PrintoutGate {
+    /// Which printed line the numbers come from.
+    pub source: String,
     pub rows: u64,
     pub printed_kld_mean: f64,
     pub cardproof_kld_mean: f64,
+    /// The largest difference of mean KLD the gate allows.
     pub allowed: f64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub printed_ppl_base: Option<f64>,
-    pub cardproof_ppl_base: f64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub printed_same_top: Option<f64>,
+    pub printed_ppl_q: f64,
+    pub cardproof_ppl_q: f64,
+    pub printed_same_top: f64,
     pub cardproof_same_top: f64,
 }
 
-/// The printout gate: llama.cpp's printed block against cardproof's reduction of the same rows.
-/// The candidate's rows reach cardproof as uint16 codes (at most `scale/2 <= 1.22e-4` nats off
-/// per log-prob) while llama.cpp's pass uses its full-precision logits, so each row's KL differs
-/// by at most 1.22e-4 and the mean by a sum of independent roundings (sd <= 1.22e-4/√(3n)); the
-/// gate allows six of those standard deviations plus the printed half-unit. The reference
-/// perplexity comes from the same reference rows and the same arithmetic: its last printed digit.
-/// Top-1 agreement may differ where the candidate's two best entries round to one code: one row
-/// in a thousand, plus the printed half-unit.
-pub fn gate(
-    compat: &CompatStats,
-    printed: &PrintedStats,
-) -> std::result::Result<PrintoutGate, String> {
+/// The printout gate: llama.cpp's printout against cardproof's llama.cpp-compatible reduction of
+/// the same rows. The candidate's rows reach cardproof as uint16 codes (at most
+/// `scale/2 <= 1.22e-4` nats off per log-prob) while llama.cpp's pass uses its full-precision
+/// logits, so each row's KL and NLL differ by at most 1.22e-4, and their means by a sum of
+/// independent roundings (sd <= 1.22e-4/√(3n)): the gate allows six of those standard
+/// deviations plus half a unit of the printed last digit. Top-1 agreement may differ where the
+/// candidate's two best entries round to one code: one row in a thousand, plus the half-unit.
+pub fn gate(compat: &CompatStats, p: &Printed) -> std::result::Result<PrintoutGate, String> {
     const STEP: f64 = 1.22e-4;
+    let printed = &p.stats;
     let n = compat.n.max(1) as f64;
-    let Some((kld, _)) = printed.kld_mean else {
-        return Err("llama.cpp printed no `Mean    KLD` line (its log ended early)".into());
-    };
-    let allowed = 6.0 * STEP / (3.0 * n).sqrt() + 5e-7;
-    let d = compat.kld_mean.0 - kld;
-    if d.abs() > allowed {
+    let spread = 6.0 * STEP / (3.0 * n).sqrt();
+    let (Some((kld, _)), Some((ppl_q, _)), Some((top, _))) =
+        (printed.kld_mean, printed.ppl_q, printed.same_top)
+    else {
         return Err(format!(
-            "mean KLD: llama.cpp printed {kld:.6}, cardproof's reduction of the same rows gives {:.6} (difference {d:+.2e}, allowed {allowed:.1e})",
+            "llama.cpp's printout ({}) lacks its mean KLD, PPL(Q) or same-top value",
+            p.source
+        ));
+    };
+    let allowed = spread + p.half_unit;
+    let d = compat.kld_mean.0 - kld;
+    if d.abs() > allowed || !d.is_finite() {
+        return Err(format!(
+            "mean KLD: llama.cpp printed {kld}, cardproof's reduction of the same rows gives {:.7} (difference {d:+.2e}, allowed {allowed:.1e})",
             compat.kld_mean.0
         ));
     }
-    if let Some((ppl, _)) = printed.ppl_base {
-        let d = compat.ppl_base.0 - ppl;
-        let tol = 5e-7 + compat.ppl_base.0 * 1e-6;
-        if d.abs() > tol {
-            return Err(format!(
-                "PPL(base): llama.cpp printed {ppl:.6}, cardproof's reduction gives {:.6}",
-                compat.ppl_base.0
-            ));
-        }
+    // PPL(Q) is printed with 4 decimals.
+    let d = compat.ppl_q.0 - ppl_q;
+    let tol = 5e-5 + compat.ppl_q.0 * spread;
+    if d.abs() > tol || !d.is_finite() {
+        return Err(format!(
+            "PPL(Q): llama.cpp printed {ppl_q}, cardproof's reduction gives {:.5} (allowed ±{tol:.1e})",
+            compat.ppl_q.0
+        ));
     }
-    if let Some((top, _)) = printed.same_top {
-        let d = compat.same_top.0 - top;
-        if d.abs() > 1e-3 + 5e-6 {
-            return Err(format!(
-                "same top p: llama.cpp printed {:.3} %, cardproof's reduction gives {:.3} %",
-                100.0 * top,
-                100.0 * compat.same_top.0
-            ));
-        }
+    let d = compat.same_top.0 - top;
+    if d.abs() > 1e-3 + 5e-6 || !d.is_finite() {
+        return Err(format!(
+            "same top p: llama.cpp printed {:.3} %, cardproof's reduction gives {:.3} %",
+            100.0 * top,
+            100.0 * compat.same_top.0
+        ));
     }
     Ok(PrintoutGate {
+        source: p.source.into(),
         rows: compat.n,
         printed_kld_mean: kld,
         cardproof_kld_mean: compat.kld_mean.0,
         allowed,
-        printed_ppl_base: printed.ppl_base.map(|p| p.0),
-        cardproof_ppl_base: compat.ppl_base.0,
-        printed_same_top: printed.same_top.map(|p| p.0),
+        printed_ppl_q: ppl_q,
+        cardproof_ppl_q: compat.ppl_q.0,
+        printed_same_top: top,
         cardproof_same_top: compat.same_top.0,
     })
 }
@@ -1008,6 +1106,43 @@ mod tests {
         assert_eq!((d.rotation_k, d.rotation_v), (Some(true), Some(false)));
         assert_eq!((d.n_batch, d.n_ubatch), (Some(2048), Some(512)));
         assert_eq!(d.file_type.as_deref(), Some("Q4_0"));
+    }
+
+    #[test]
+    fn the_gate_stream_always_starts_one_more_batch_after_the_last_real_chunk() {
+        // 43 chunks of 256 at n_batch 2048: batches of 8, the last real one is chunks 41..43 of
+        // batch [40, 48); 6 padding chunks make batch [48, 49) start after it.
+        assert_eq!(gate_padding(43, 256, None), 6);
+        for (n_chunk, n_ctx, batch) in [
+            (1, 256, None),
+            (8, 256, None),
+            (9, 256, None),
+            (5, 4096, None),
+            (7, 512, Some(1024)),
+        ] {
+            let pad = gate_padding(n_chunk, n_ctx, batch);
+            let n_seq = (batch.unwrap_or(2048) / n_ctx).max(1);
+            let last_batch = (n_chunk - 1) / n_seq;
+            assert!(
+                n_chunk + pad > (last_batch + 1) * n_seq,
+                "{n_chunk} {n_ctx} {batch:?}"
+            );
+            assert!(pad <= n_seq, "at most one batch of padding");
+        }
+        let head = padded_head(&[1, 2, 3, 4, 5, 6], 3, 10, 2, 1);
+        assert_eq!(head.len(), 20 + 4 * 9);
+        assert_eq!(&head[16..20], &3u32.to_le_bytes());
+        assert_eq!(&head[20 + 4 * 6..], &[4, 0, 0, 0, 5, 0, 0, 0, 6, 0, 0, 0]);
+    }
+
+    #[test]
+    fn the_running_line_of_the_last_chunk_is_read() {
+        let log = "  42       4.0549 ±    0.0958       0.12843 ±    0.00458       0.08750 ±    0.00157     9.994 ±  0.207 %    86.783 ±  0.464 %\n  43       4.0349 ±    0.0939       0.12852 ±    0.00450       0.08710 ±    0.00154     9.959 ±  0.204 %    86.816 ±  0.458 %\n  44       4.1 ±    0.09       0.1 ±    0.004       0.09 ±    0.001     9.9 ±  0.2 %    86.0 ±  0.4 %";
+        let p = printed_of(log, 43);
+        assert_eq!(p.stats.kld_mean, Some((0.0871, 0.00154)));
+        assert_eq!(p.stats.ppl_q, Some((4.0349, 0.0939)));
+        assert_eq!(p.stats.same_top, Some((0.86816, 0.00458)));
+        assert!(printed_of(log, 45).stats.kld_mean.is_none());
     }
 
     #[test]

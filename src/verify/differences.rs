@@ -240,6 +240,8 @@ pub fn lane_differences(card: &CardLane, m: &Measurement, resolved: &Resolved) -
                     env.lane,
                 ),
             });
+        } else if rerun_engine == Engine::LlamaCpp {
+            out.extend(llamacpp_differences(rt, m));
         } else if rerun_engine == Engine::Transformers {
             // Same engine: its version, the GPU and every numerics knob must match too.
             let r = &m.fidelity.runtime;
@@ -414,4 +416,86 @@ fn state_difference(rt: &disclosure::Runtime, rerun: Option<&str>) -> Option<Dif
             rerun.to_owned(),
         )
     })
+}
+
+/// A card measured in llama.cpp against a llama.cpp rerun: the build, the backend (and the GPU
+/// where one ran), the attention and KV-cache settings as llama.cpp resolved them, and each
+/// numerics flag the card states. Threads are recorded, not compared (ggml splits rows, not
+/// sums, across threads); a flag the card does not state is llama.cpp's default on both sides.
+fn llamacpp_differences(rt: &disclosure::Runtime, m: &Measurement) -> Vec<Difference> {
+    let mut out = Vec::new();
+    let r = &m.fidelity.runtime;
+    if normalized_build(&rt.engine_version) != normalized_build(&r.engine_version) {
+        out.push(plain(
+            "runtime.engine_version",
+            "llama.cpp build",
+            rt.engine_version.clone(),
+            r.engine_version.clone(),
+        ));
+    }
+    for (field, what, c, v) in [
+        (
+            "runtime.attention_backend",
+            "attention",
+            &rt.attention_backend,
+            &r.attention_backend,
+        ),
+        (
+            "runtime.kv_cache_dtype",
+            "KV-cache dtype",
+            &rt.kv_cache_dtype,
+            &r.kv_cache_dtype,
+        ),
+    ] {
+        if !c.eq_ignore_ascii_case(v) {
+            out.push(plain(field, what, c.clone(), v.clone()));
+        }
+    }
+    let empty = std::collections::BTreeMap::new();
+    let card_flags = rt.flags.as_ref().unwrap_or(&empty);
+    let rerun_flags = r.flags.as_ref().unwrap_or(&empty);
+    let backend =
+        |f: &std::collections::BTreeMap<String, disclosure::FlagValue>| f.get("backend").map(text);
+    if backend(card_flags).is_some_and(|b| b != "cpu") && rt.device != r.device {
+        out.push(plain(
+            "runtime.device",
+            "device",
+            rt.device.clone(),
+            r.device.clone(),
+        ));
+    }
+    for flag in [
+        "backend",
+        "flash_attn",
+        "cache_type_k",
+        "cache_type_v",
+        "attn_rotation",
+        "n_batch",
+        "n_ubatch",
+        "n_gpu_layers",
+        "ppl_stride",
+    ] {
+        if let Some(c) = card_flags.get(flag) {
+            let v = rerun_flags.get(flag);
+            if v.is_none_or(|v| text(v) != text(c)) {
+                out.push(plain(
+                    &format!("runtime.flags.{flag}"),
+                    &format!("llama.cpp {flag}"),
+                    text(c),
+                    v.map_or("(not set)".into(), text),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// A llama.cpp version as its parts: `b6590 (abcdef12)`, `6590 (abcdef12)` and
+/// `version: 6590 (abcdef12)` are one build.
+fn normalized_build(v: &str) -> String {
+    v.trim()
+        .trim_start_matches("version:")
+        .trim()
+        .trim_start_matches('b')
+        .to_ascii_lowercase()
 }

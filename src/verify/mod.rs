@@ -37,6 +37,9 @@ pub struct VerifyRequest<'a> {
     pub noise_floor: bool,
     /// Rerun with the transformers runner (the user's GPU) instead of the native one.
     pub transformers: Option<&'a crate::runner::transformers::TransformersOptions>,
+    /// Rerun with the user's llama.cpp (`--runner llamacpp`); the card's llama.cpp flags are
+    /// followed where the user set none.
+    pub llamacpp: Option<&'a crate::runner::llamacpp::LlamacppOptions>,
     /// The Hub commits the candidate and reference came from (signed with the report).
     pub pins: Vec<(Role, HubPin)>,
     /// The dtype the candidate's recurrent state is kept in for the rerun (native runner;
@@ -233,6 +236,53 @@ fn follow_card_runtime(
     }
 }
 
+/// A claim measured in llama.cpp is rerun with the card's llama.cpp flags wherever the user set
+/// none: flash attention, the batch sizes and the GPU layers (the KV cache is the card's
+/// `kv_cache_dtype`, as for every lane). Anything the rerun still does differently is a listed
+/// difference, not a silent change.
+fn follow_card_llamacpp(
+    given: &crate::runner::llamacpp::LlamacppOptions,
+    rt: Option<&disclosure::Runtime>,
+) -> crate::runner::llamacpp::LlamacppOptions {
+    use disclosure::FlagValue;
+    let mut o = given.clone();
+    let Some(flags) = rt
+        .filter(|rt| rt.engine == disclosure::Engine::LlamaCpp)
+        .and_then(|rt| rt.flags.as_ref())
+    else {
+        return o;
+    };
+    let number = |key: &str| match flags.get(key) {
+        Some(FlagValue::Integer(n)) => u32::try_from(*n).ok(),
+        Some(FlagValue::Text(t)) => t.parse().ok(),
+        _ => None,
+    };
+    let s = &mut o.settings;
+    if s.flash_attn.is_none()
+        && let Some(FlagValue::Text(fa)) = flags.get("flash_attn")
+    {
+        s.flash_attn = match fa.as_str() {
+            "enabled" | "on" | "true" | "1" => Some("on".into()),
+            "disabled" | "off" | "false" | "0" => Some("off".into()),
+            _ => None,
+        };
+    }
+    if s.batch.is_none() {
+        s.batch = number("n_batch");
+    }
+    if s.ubatch.is_none() {
+        s.ubatch = number("n_ubatch");
+    }
+    if s.gpu_layers.is_none() {
+        s.gpu_layers = match flags.get("n_gpu_layers") {
+            Some(FlagValue::Integer(n)) => Some(n.to_string()),
+            Some(FlagValue::Text(t)) => Some(t.clone()),
+            _ => None,
+        };
+    }
+    o
+}
+
 /// The rows a card says were left out as non-finite at a context length (the largest any of its
 /// claims there states; `None` when none states it).
 fn disclosed_nonfinite(claims: &[Claim], length: u64) -> Option<u64> {
@@ -342,10 +392,19 @@ pub fn verify(
             let card_dir = card_path.parent().unwrap_or(Path::new(".")).to_owned();
             let compute = compute_dtype(&card_path, &resolved.compute)?;
             let mut runner;
+            let llamacpp_runner;
             let text;
             let lane = if let Some(artifact) = r.reference_artifact {
                 text = eval_text_path(&card_dir, eval, r.eval_text).ok();
                 Lane::artifact(artifact, compute, Emulate::ReferenceSemantics)
+            } else if let Some(given) = r.llamacpp {
+                let reference = required_reference(r, reference_section)?;
+                text = Some(eval_text_path(&card_dir, eval, r.eval_text)?);
+                llamacpp_runner = follow_card_llamacpp(given, runtime);
+                Lane::Llamacpp {
+                    reference,
+                    runner: &llamacpp_runner,
+                }
             } else if let Some(given) = r.transformers {
                 let reference = required_reference(r, reference_section)?;
                 text = Some(eval_text_path(&card_dir, eval, r.eval_text)?);
@@ -374,18 +433,20 @@ pub fn verify(
             // rerun with it (native and transformers lanes; a llama.cpp base file's lane has
             // nothing to set); any other value is compared as before.
             let kv_cache = match &lane {
-                Lane::Native { .. } | Lane::Transformers { .. } => r.kv_cache.or_else(|| {
-                    runtime
-                        .and_then(|rt| {
-                            // The structured entry names K and V separately; lint holds it to
-                            // agree with `kv_cache_dtype`.
-                            rt.kv_cache
-                                .as_ref()
-                                .and_then(|e| e.setting().ok())
-                                .or_else(|| KvCacheSetting::from_label(&rt.kv_cache_dtype))
-                        })
-                        .filter(|s| s.k.is_quantized() || s.v.is_quantized())
-                }),
+                Lane::Native { .. } | Lane::Transformers { .. } | Lane::Llamacpp { .. } => {
+                    r.kv_cache.or_else(|| {
+                        runtime
+                            .and_then(|rt| {
+                                // The structured entry names K and V separately; lint holds it to
+                                // agree with `kv_cache_dtype`.
+                                rt.kv_cache
+                                    .as_ref()
+                                    .and_then(|e| e.setting().ok())
+                                    .or_else(|| KvCacheSetting::from_label(&rt.kv_cache_dtype))
+                            })
+                            .filter(|s| s.k.is_quantized() || s.v.is_quantized())
+                    })
+                }
                 _ => None,
             };
             let request = rerun::Request {

@@ -237,6 +237,7 @@ pub fn verify(config: &VerifyConfig, printer: &Printer) -> super::Result<Verifie
                 threads: c.threads,
                 noise_floor: c.noise_floor,
                 transformers: c.transformers.as_ref(),
+                llamacpp: c.llamacpp.as_ref(),
                 pins,
                 recurrent_state: c.recurrent_state,
                 kv_cache: c.kv_cache,
