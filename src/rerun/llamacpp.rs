@@ -99,14 +99,17 @@ fn bos_of(gguf: &Path, first_token: Option<i32>) -> Result<(bool, Option<u32>)> 
 
 /// The settings the reference runs with: the candidate's flags, llama.cpp's default cache (or
 /// the request's reference cache, a KV sweep's baseline).
-fn reference_settings(r: &Request, given: &LlamacppSettings) -> Result<LlamacppSettings> {
+fn reference_settings(r: &Request, given: &LlamacppOptions) -> Result<LlamacppSettings> {
+    if let Some(own) = &given.reference {
+        return Ok(own.clone());
+    }
     let (k, v, rotation) = engine::cache_flags(r.reference_kv_cache)
         .map_err(|e| Error::usage(Path::new("--kv-cache"), e))?;
     Ok(LlamacppSettings {
         cache_type_k: k,
         cache_type_v: v,
         rotation,
-        ..given.clone()
+        ..given.settings.clone()
     })
 }
 
@@ -299,7 +302,7 @@ pub(super) fn run(
     let candidate_gguf = gguf_of(r.candidate, "candidate")?;
     let binary = engine::find_binary(options_given.binary.as_deref())?;
     let build = engine::build_of(&binary)?;
-    let ref_settings = reference_settings(r, &options_given.settings)?;
+    let ref_settings = reference_settings(r, options_given)?;
     let cand_settings = candidate_settings(r.kv_cache, &options_given.settings)?;
     let options = r.options.clone();
     let n_ctx = options.context_lengths[0];

@@ -28,6 +28,8 @@ pub struct SweepRequest<'a> {
     pub options: &'a MeasureOptions,
     /// The transformers runner's settings (`attention` sweeps); `None`: the native runner.
     pub runner: Option<&'a crate::runner::transformers::TransformersOptions>,
+    /// The llama.cpp runner's settings (`llamacpp.*` sweeps).
+    pub llamacpp: Option<&'a crate::runner::llamacpp::LlamacppOptions>,
     /// The native runner's compute dtype (`kv_cache` sweeps).
     pub compute: crate::runner::native::ComputeDtype,
     pub knob: &'a str,
@@ -143,8 +145,21 @@ pub fn run_sweep(
             )
         })
     };
+    let mut llamacpp_pair = None;
     for other in &r.values[1..] {
+        if let Some(given) = r.llamacpp {
+            let knob = |v: &str| {
+                crate::runner::llamacpp::with_knob(&given.settings, r.knob, v)
+                    .map_err(|e| Error::usage(Path::new("--sweep"), format!("{}={v}: {e}", r.knob)))
+            };
+            llamacpp_pair = Some(crate::runner::llamacpp::LlamacppOptions {
+                settings: knob(other)?,
+                reference: Some(knob(baseline)?),
+                ..given.clone()
+            });
+        }
         let (lane_runner, kv_pair) = match (r.knob, r.runner) {
+            (knob, _) if knob.starts_with("llamacpp.") => (None, None),
             ("attention", Some(runner)) => {
                 let mut runner = runner.clone();
                 runner.attention = (baseline.clone(), other.clone());
@@ -159,12 +174,16 @@ pub fn run_sweep(
             }
         };
         let pair_dir = format!("{}-{baseline}-vs-{other}", r.knob).replace([':', '/'], "_");
-        let lane = match &lane_runner {
-            Some(runner) => Lane::Transformers {
+        let lane = match (&lane_runner, &llamacpp_pair) {
+            (_, Some(runner)) => Lane::Llamacpp {
                 reference: r.model,
                 runner,
             },
-            None => Lane::Native {
+            (Some(runner), None) => Lane::Transformers {
+                reference: r.model,
+                runner,
+            },
+            (None, None) => Lane::Native {
                 reference: r.model,
                 compute: r.compute,
                 emulate: crate::runner::native::Emulate::ReferenceSemantics,
@@ -222,10 +241,11 @@ pub fn run_sweep(
         model: r.model.display().to_string(),
         definition: format!(
             "each pair measures the same weights under the baseline setting (as reference) and the other setting (as candidate), same tokens and rows: any KL is the {}'s, not the weights'",
-            if r.knob == "kv_cache" {
-                "KV-cache scheme"
-            } else {
-                "kernel"
+            match r.knob {
+                "kv_cache" | "llamacpp.kv" => "KV-cache scheme",
+                "llamacpp.backend" => "backend",
+                "llamacpp.flash_attn" => "attention kernel",
+                _ => "kernel",
             }
         ),
         noise_floor_kld_mean: floor,

@@ -43,6 +43,9 @@ pub struct LlamacppSettings {
     /// `-ngl` (a number, `auto` or `all`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_layers: Option<String>,
+    /// `-dev` (`none`: no offloading at all, llama.cpp's CPU backend alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
     /// `-fa`: `on`, `off` or `auto`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flash_attn: Option<String>,
@@ -64,6 +67,7 @@ impl Default for LlamacppSettings {
             batch: None,
             ubatch: None,
             gpu_layers: None,
+            device: None,
             flash_attn: None,
             cache_type_k: None,
             cache_type_v: None,
@@ -118,6 +122,7 @@ impl LlamacppSettings {
         push("-b", self.batch.map(|n| n.to_string()));
         push("-ub", self.ubatch.map(|n| n.to_string()));
         push("-ngl", self.gpu_layers.clone());
+        push("-dev", self.device.clone());
         push("-fa", self.flash_attn.clone());
         push("-ctk", self.cache_type_k.clone());
         push("-ctv", self.cache_type_v.clone());
@@ -136,6 +141,57 @@ pub struct LlamacppOptions {
     /// Skip llama.cpp's own KLD pass (the printout gate): one process fewer, and a rerun that is
     /// never `reproduced`.
     pub no_gate: bool,
+    /// The reference's flags where a sweep runs it differently from the candidate (`None`: the
+    /// same flags; its KV cache is the request's reference cache either way).
+    pub reference: Option<LlamacppSettings>,
+}
+
+/// The settings knobs of `--sweep llamacpp.KNOB=A,B,...`, in llama.cpp's terms.
+pub const SWEEP_KNOBS: [&str; 3] = ["llamacpp.kv", "llamacpp.flash_attn", "llamacpp.backend"];
+
+/// `settings` with a sweep knob set to `value`: `llamacpp.kv` a cache type for K and V
+/// (`q8_0`) or `k:TYPE/v:TYPE`, with llama.cpp's default rotation of quantized types;
+/// `llamacpp.flash_attn` `on`, `off` or `auto`; `llamacpp.backend` `cpu` (`-dev none -ngl 0`:
+/// nothing offloaded) or a GPU backend (`cuda`, `metal`, `vulkan`, ...: `-ngl all` on the build's
+/// devices). Which GPU backend runs is the binary's: the run records what its log says.
+pub fn with_knob(
+    settings: &LlamacppSettings,
+    knob: &str,
+    value: &str,
+) -> std::result::Result<LlamacppSettings, String> {
+    let mut s = settings.clone();
+    match knob {
+        "llamacpp.kv" => {
+            let (k, v) = match value.split_once('/') {
+                Some((k, v)) => (
+                    k.strip_prefix("k:").unwrap_or(k),
+                    v.strip_prefix("v:").unwrap_or(v),
+                ),
+                None => (value, value),
+            };
+            s.cache_type_k = Some(k.to_owned());
+            s.cache_type_v = Some(v.to_owned());
+            s.rotation = true;
+        }
+        "llamacpp.flash_attn" => s.flash_attn = Some(value.to_owned()),
+        "llamacpp.backend" => {
+            if value == "cpu" {
+                s.device = Some("none".into());
+                s.gpu_layers = Some("0".into());
+            } else {
+                s.device = None;
+                s.gpu_layers = Some("all".into());
+            }
+        }
+        other => {
+            return Err(format!(
+                "`{other}` is not a llama.cpp sweep knob ({})",
+                SWEEP_KNOBS.join(", ")
+            ));
+        }
+    }
+    s.check()?;
+    Ok(s)
 }
 
 /// llama.cpp's cache flags for a KV-cache setting: `-ctk`, `-ctv` and the rotation. llama.cpp

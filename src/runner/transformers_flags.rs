@@ -125,9 +125,11 @@ pub fn parse_sweep(s: &str) -> Result<(String, Vec<String>), String> {
     let (knob, values) = s
         .split_once('=')
         .ok_or_else(|| format!("--sweep {s}: expected KNOB=A,B (e.g. attention=eager,sdpa)"))?;
-    if knob != "attention" && knob != "kv_cache" {
+    let llamacpp = crate::runner::llamacpp::SWEEP_KNOBS.contains(&knob);
+    if knob != "attention" && knob != "kv_cache" && !llamacpp {
         return Err(format!(
-            "--sweep {s}: the knob can be `attention` (the kernel changes) or `kv_cache` (the KV-cache scheme changes); the weights stay the same"
+            "--sweep {s}: the knob can be `attention` (the kernel changes), `kv_cache` (the KV-cache scheme changes) or, with --runner llamacpp, {} (llama.cpp's settings); the weights stay the same",
+            crate::runner::llamacpp::SWEEP_KNOBS.join(", ")
         ));
     }
     let values: Vec<String> = values.split(',').map(|v| v.trim().to_owned()).collect();
@@ -137,7 +139,14 @@ pub fn parse_sweep(s: &str) -> Result<(String, Vec<String>), String> {
         ));
     }
     for v in &values {
-        if knob == "attention" {
+        if llamacpp {
+            crate::runner::llamacpp::with_knob(
+                &crate::runner::llamacpp::LlamacppSettings::default(),
+                knob,
+                v,
+            )
+            .map_err(|e| format!("--sweep {s}: `{v}`: {e}"))?;
+        } else if knob == "attention" {
             check_attention(v)?;
         } else {
             match crate::runner::native::kv_cache::KvCacheSetting::from_label(v) {

@@ -328,7 +328,7 @@ impl MeasureConfig {
                 if flags
                     .sweep
                     .as_deref()
-                    .is_some_and(|s| !s.starts_with("kv_cache=")) =>
+                    .is_some_and(|s| s.starts_with("attention=")) =>
             {
                 return Err("--sweep attention=... needs --runner transformers".into());
             }
@@ -362,6 +362,19 @@ impl MeasureConfig {
             _ => None,
         };
         let sweep = flags.sweep()?;
+        if let Some((knob, _)) = &sweep {
+            let llamacpp_knob = knob.starts_with("llamacpp.");
+            if llamacpp_knob != llamacpp.is_some() {
+                return Err(if llamacpp_knob {
+                    format!("--sweep {knob}=...: llama.cpp's settings sweep with --runner llamacpp")
+                } else {
+                    format!(
+                        "--sweep {knob}=...: with --runner llamacpp the knobs are llama.cpp's: {}",
+                        cardproof::runner::llamacpp::SWEEP_KNOBS.join(", ")
+                    )
+                });
+            }
+        }
         let recurrent_state = recurrent_state(
             &args.recurrent_state_dtype,
             transformers.is_some() || llamacpp.is_some(),
@@ -422,6 +435,7 @@ fn llamacpp_options(
         binary: a.llamacpp_bin.clone(),
         settings,
         no_gate: a.llamacpp_no_gate,
+        reference: None,
     })
 }
 

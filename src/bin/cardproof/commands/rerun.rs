@@ -160,6 +160,7 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
                         chat_template: &c.chat_template,
                         options: &c.options,
                         runner: c.transformers.as_ref(),
+                        llamacpp: c.llamacpp.as_ref(),
                         compute: c.compute,
                         knob,
                         values,

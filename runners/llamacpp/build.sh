@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Build llama.cpp's `llama-perplexity` from a pinned source a package registry serves: the
+# llama-cpp-python sdist, which vendors llama.cpp under vendor/llama.cpp. Prints the binary's
+# path on stdout (everything else goes to stderr).
+#
+#   runners/llamacpp/build.sh            CPU build (what CI and the llama.cpp runner's tests use)
+#   runners/llamacpp/build.sh --cuda     CUDA build (GGML_CUDA=ON; needs nvcc)
+#
+# The build is cached under $CARDPROOF_CACHE (default ~/.cache/cardproof), keyed by the source's
+# sha256, the backend and, for the CPU build (compiled for the host's instruction sets), the
+# CPU's flags: a second run on the same machine prints the cached binary at once.
+set -euo pipefail
+
+VERSION=0.3.36
+SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+backend=cpu
+[ "${1:-}" = "--cuda" ] && backend=cuda
+
+cache="${CARDPROOF_CACHE:-$HOME/.cache/cardproof}"
+cpu_key=""
+if [ "$backend" = cpu ] && [ -r /proc/cpuinfo ]; then
+  cpu_key="-$(grep -m1 '^flags' /proc/cpuinfo | sha256sum | cut -c1-12)"
+fi
+out="$cache/llama-perplexity-$VERSION-${SHA256:0:12}-$backend$cpu_key"
+if [ -x "$out/llama-perplexity" ]; then
+  echo "$out/llama-perplexity"
+  exit 0
+fi
+
+command -v cmake >/dev/null 2>&1 || python3 -m pip install --quiet cmake >&2
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+python3 -m pip download --quiet --no-deps --no-binary :all: --dest "$work" \
+  "llama-cpp-python==$VERSION" >&2
+sdist="$work/llama_cpp_python-$VERSION.tar.gz"
+echo "$SHA256  $sdist" | sha256sum --check --quiet - >&2 || {
+  echo "llama-cpp-python $VERSION: the sdist's sha256 is not the pinned one" >&2
+  exit 1
+}
+tar -xzf "$sdist" -C "$work"
+src="$work/llama_cpp_python-$VERSION/vendor/llama.cpp"
+flags=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF
+       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF)
+[ "$backend" = cuda ] && flags+=(-DGGML_CUDA=ON)
+cmake -S "$src" -B "$work/build" "${flags[@]}" >&2
+cmake --build "$work/build" --target llama-perplexity -j "$(nproc)" >&2
+mkdir -p "$out"
+cp "$work/build/bin/llama-perplexity" "$out/llama-perplexity.tmp"
+mv "$out/llama-perplexity.tmp" "$out/llama-perplexity"
+echo "$out/llama-perplexity"
