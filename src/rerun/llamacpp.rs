@@ -14,7 +14,7 @@ use super::document::{Environment, ModelRecord, RunnerKind};
 use super::gates::{self, Gate, Measured};
 use super::preflight::Preflight;
 use super::score::{self, EvalInput, Progress};
-use super::{Request, Rerun};
+use super::{Lane, Request, Rerun};
 use crate::error::{Error, Result};
 use crate::kld::llamacpp::{BaseRow, KL_GATE, score_row_log_probs};
 use crate::kld::protocol::{Bos, Direction, Positions, VocabMode};
@@ -160,6 +160,10 @@ pub(super) fn preflight(r: &Request, pre: &mut Preflight, reference: &Path) -> R
     }
     let reference = gguf_of(reference, "reference")?;
     let candidate = gguf_of(r.candidate, "candidate")?;
+    // The binary before the hashing: a missing one fails at once.
+    if let Lane::Llamacpp { runner, .. } = r.lane {
+        engine::find_binary(runner.binary.as_deref())?;
+    }
     for model in [&reference, &candidate] {
         super::preflight::context_lengths(model, &r.options.context_lengths)?;
     }

@@ -247,12 +247,9 @@ pub fn find_binary(given: Option<&Path>) -> Result<PathBuf> {
         if p.is_file() {
             return Ok(p.to_owned());
         }
-        return Err(Error::io(
+        return Err(Error::usage(
             p,
-            std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                "no such file (--llamacpp-bin)",
-            ),
+            "no such file: --llamacpp-bin names llama.cpp's llama-perplexity binary",
         ));
     }
     let path = std::env::var_os("PATH").unwrap_or_default();

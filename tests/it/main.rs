@@ -17,6 +17,7 @@ mod inspect;
 mod kld;
 mod kv_cache;
 mod lint;
+mod llamacpp;
 mod measure;
 mod moe;
 mod native_llamacpp;

@@ -1,0 +1,373 @@
+//! `--runner llamacpp`: refusals that need no llama.cpp (every `cargo test`), a stand-in binary
+//! that fails, and (ignored unless asked for: `.ci/run` builds llama.cpp's `llama-perplexity`
+//! with runners/llamacpp/build.sh and sets CARDPROOF_LLAMACPP_BIN) the real llama.cpp against
+//! the example GGUF pair.
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+
+use crate::support::{Run, repo_root};
+
+const BF16_GGUF: &str = "examples/models/shakespeare-bf16-gguf";
+const Q4_0_GGUF: &str = "examples/models/shakespeare-q4_0-gguf";
+/// The example card measured by llama.cpp (`measure --runner llamacpp`, then `card`).
+const LLAMACPP_CARD: &str = "examples/models/shakespeare-q4_0-gguf-llamacpp";
+
+fn run(args: &[&str]) -> Run {
+    let output = Command::cargo_bin("cardproof")
+        .expect("binary builds")
+        .current_dir(repo_root())
+        .env("NO_COLOR", "1")
+        .args(args)
+        .output()
+        .expect("binary runs");
+    Run {
+        code: output.status.code().expect("exited normally"),
+        stdout: String::from_utf8(output.stdout).expect("UTF-8"),
+        stderr: String::from_utf8(output.stderr).expect("UTF-8"),
+    }
+}
+
+/// The measure flags of llama.cpp's protocol on the example pair, with `bin` and `out`.
+fn measure_args<'a>(bin: &'a str, out: &'a str) -> Vec<&'a str> {
+    vec![
+        "measure",
+        "--runner",
+        "llamacpp",
+        "--llamacpp-bin",
+        bin,
+        "--reference",
+        BF16_GGUF,
+        "--candidate",
+        Q4_0_GGUF,
+        "--eval-text",
+        "examples/data/eval.txt",
+        "--context-length",
+        "256",
+        "--positions",
+        "second-half",
+        "--vocab",
+        "threshold",
+        "--threads",
+        "2",
+        "--out",
+        out,
+        "--force",
+    ]
+}
+
+/// An executable shell script in `dir`.
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    path
+}
+
+#[test]
+fn the_llamacpp_runner_refuses_a_protocol_llama_cpp_does_not_compute() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut args = measure_args("/nonexistent/llama-perplexity", out.to_str().unwrap());
+    // Drop `--positions second-half --vocab threshold`: every position, the full vocabulary.
+    let at = args.iter().position(|a| *a == "--positions").unwrap();
+    args.drain(at..at + 4);
+    let r = run(&args);
+    assert_eq!(r.code, 2, "{}", r.transcript());
+    let m = r.message();
+    assert!(m.contains("--positions second-half"), "{m}");
+    assert!(m.contains("--vocab threshold"), "{m}");
+    assert!(!out.exists(), "a refused run writes nothing");
+}
+
+#[test]
+fn the_llamacpp_runner_refuses_a_safetensors_reference_saying_how_to_convert() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut args = measure_args("/nonexistent/llama-perplexity", out.to_str().unwrap());
+    let at = args.iter().position(|a| *a == BF16_GGUF).unwrap();
+    args[at] = "examples/models/shakespeare-bf16";
+    let r = run(&args);
+    assert_eq!(r.code, 2, "{}", r.transcript());
+    assert!(
+        r.message().contains("convert_hf_to_gguf.py"),
+        "{}",
+        r.message()
+    );
+}
+
+#[test]
+fn the_llamacpp_runner_refuses_a_conversation_eval_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut args = measure_args("/nonexistent/llama-perplexity", out.to_str().unwrap());
+    let at = args
+        .iter()
+        .position(|a| *a == "examples/data/eval.txt")
+        .unwrap();
+    args[at] = "examples/data/tool-conversation.json";
+    let r = run(&args);
+    assert_eq!(r.code, 2, "{}", r.transcript());
+    assert!(r.message().contains("plain text"), "{}", r.message());
+}
+
+#[test]
+fn a_missing_llama_perplexity_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let r = run(&measure_args(
+        "/nonexistent/llama-perplexity",
+        out.to_str().unwrap(),
+    ));
+    assert_eq!(r.code, 2, "{}", r.transcript());
+    assert!(r.message().contains("--llamacpp-bin"), "{}", r.message());
+    assert!(!out.exists());
+}
+
+#[test]
+fn a_llama_perplexity_that_fails_is_an_error_with_its_own_words_and_no_output() {
+    let dir = tempfile::tempdir().unwrap();
+    // Answers --version, then fails as llama.cpp does on a model it cannot load.
+    let bin = script(
+        dir.path(),
+        "llama-perplexity",
+        r#"if [ "$1" = "--version" ]; then echo 'version: 6590 (abcdef12)' >&2; exit 0; fi
+echo 'llama_model_load: error loading model: tensor data is not within the file bounds' >&2
+exit 1"#,
+    );
+    let out = dir.path().join("out");
+    let r = run(&measure_args(bin.to_str().unwrap(), out.to_str().unwrap()));
+    assert_ne!(r.code, 0, "{}", r.transcript());
+    let m = r.message();
+    assert!(m.contains("exited"), "{m}");
+    assert!(
+        m.contains("tensor data is not within the file bounds"),
+        "{m}"
+    );
+    assert!(
+        !out.join("measurement.json").exists(),
+        "no result after a failed run"
+    );
+}
+
+#[test]
+fn a_sweep_of_llama_cpp_settings_needs_the_llamacpp_runner() {
+    let r = run(&[
+        "measure",
+        "--candidate",
+        Q4_0_GGUF,
+        "--eval-text",
+        "examples/data/eval.txt",
+        "--context-length",
+        "256",
+        "--sweep",
+        "llamacpp.kv=f16,q8_0",
+    ]);
+    assert_eq!(r.code, 2, "{}", r.transcript());
+    assert!(r.message().contains("--runner llamacpp"), "{}", r.message());
+    let r = run(&[
+        "measure",
+        "--runner",
+        "llamacpp",
+        "--candidate",
+        Q4_0_GGUF,
+        "--eval-text",
+        "examples/data/eval.txt",
+        "--context-length",
+        "256",
+        "--sweep",
+        "llamacpp.kv=f16,q3_k",
+    ]);
+    assert_eq!(r.code, 2, "{}", r.transcript());
+    assert!(r.message().contains("q3_k"), "{}", r.message());
+}
+
+/// The real llama.cpp: built by runners/llamacpp/build.sh, named by CARDPROOF_LLAMACPP_BIN.
+/// `.ci/run` runs these with `--ignored`, where a missing binary fails them.
+mod real {
+    use super::*;
+
+    fn bin() -> String {
+        std::env::var("CARDPROOF_LLAMACPP_BIN").expect(
+            "CARDPROOF_LLAMACPP_BIN names llama-perplexity (runners/llamacpp/build.sh builds it)",
+        )
+    }
+
+    fn measurement(dir: &Path) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(dir.join("measurement.json")).unwrap()).unwrap()
+    }
+
+    #[test]
+    #[ignore = "needs llama.cpp's llama-perplexity (CARDPROOF_LLAMACPP_BIN; .ci/run builds it)"]
+    fn verify_reproduces_the_card_llama_cpp_measured() {
+        let bin = bin();
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("report");
+        let r = run(&[
+            "verify",
+            LLAMACPP_CARD,
+            "--runner",
+            "llamacpp",
+            "--llamacpp-bin",
+            &bin,
+            "--reference",
+            BF16_GGUF,
+            "--eval-text",
+            "examples/data/eval.txt",
+            "--threads",
+            "2",
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+        ]);
+        assert_eq!(r.code, 0, "{}", r.transcript());
+        let report = r.json();
+        assert_eq!(report["verdict"], "reproduced", "{}", r.stdout);
+        let gates = report["sanity"].as_array().unwrap();
+        for name in ["self_compare", "one_row_shift", "llamacpp_printout"] {
+            assert!(
+                gates
+                    .iter()
+                    .any(|g| g["gate"] == name && g["passed"] == true),
+                "{name}: {gates:?}"
+            );
+        }
+    }
+
+    #[test]
+    #[ignore = "needs llama.cpp's llama-perplexity (CARDPROOF_LLAMACPP_BIN; .ci/run builds it)"]
+    fn llama_cpps_printout_agrees_with_cardproofs_reduction_and_the_lane_is_recorded() {
+        let bin = bin();
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("m");
+        let r = run(&measure_args(&bin, out.to_str().unwrap()));
+        assert_eq!(r.code, 0, "{}", r.transcript());
+        let m = measurement(&out);
+        let env = &m["environment"];
+        assert_eq!(env["runner"], "llamacpp");
+        let gate = &env["llamacpp"]["gate"];
+        let printed = gate["printed_kld_mean"].as_f64().unwrap();
+        let ours = gate["cardproof_kld_mean"].as_f64().unwrap();
+        assert!(
+            (printed - ours).abs() <= gate["allowed"].as_f64().unwrap(),
+            "{gate}"
+        );
+        // The measurement's own mean is the same rows' llama.cpp arithmetic.
+        let kld = m["runs"][0]["metrics"]["kld_mean"].as_f64().unwrap();
+        assert!((kld - ours).abs() < 1e-9 * ours.max(1.0), "{kld} vs {ours}");
+        assert_eq!(m["protocol"]["llamacpp_compat"], true);
+        let flags = &m["fidelity"]["runtime"]["flags"];
+        assert_eq!(flags["backend"], "cpu");
+        assert_eq!(flags["cache_type_k"], "f16");
+        assert_eq!(m["fidelity"]["runtime"]["engine"], "llama_cpp");
+        // 43 windows of 256 tokens, rows 128..=254 of each.
+        assert_eq!(m["runs"][0]["n_positions"], 43 * 127);
+    }
+
+    #[test]
+    #[ignore = "needs llama.cpp's llama-perplexity (CARDPROOF_LLAMACPP_BIN; .ci/run builds it)"]
+    fn a_printout_that_disagrees_with_the_rows_fails_the_gate() {
+        let bin = bin();
+        let dir = tempfile::tempdir().unwrap();
+        // llama.cpp's own KLD pass with its running mean KLD column raised by 1%.
+        let liar = script(
+            dir.path(),
+            "llama-perplexity",
+            &format!(
+                r#"case "$*" in
+  *--kl-divergence\ *|*--kl-divergence) "{bin}" "$@" 2>&1 | awk '{{ if ($1 ~ /^[0-9]+$/ && NF >= 15) {{ $8 = sprintf("%.5f", $8 * 1.01) }} print }}' ;;
+  *) exec "{bin}" "$@" ;;
+esac"#
+            ),
+        );
+        let out = dir.path().join("m");
+        let r = run(&measure_args(liar.to_str().unwrap(), out.to_str().unwrap()));
+        assert_ne!(r.code, 0, "{}", r.transcript());
+        let m = r.message();
+        assert!(m.contains("printout gate"), "{m}");
+        assert!(m.contains("mean KLD"), "{m}");
+        assert!(!out.join("measurement.json").exists());
+    }
+
+    #[test]
+    #[ignore = "needs llama.cpp's llama-perplexity (CARDPROOF_LLAMACPP_BIN; .ci/run builds it)"]
+    fn a_rerun_with_another_kv_cache_is_not_comparable_naming_each_flag() {
+        let bin = bin();
+        let dir = tempfile::tempdir().unwrap();
+        let r = run(&[
+            "verify",
+            LLAMACPP_CARD,
+            "--runner",
+            "llamacpp",
+            "--llamacpp-bin",
+            &bin,
+            "--reference",
+            BF16_GGUF,
+            "--eval-text",
+            "examples/data/eval.txt",
+            "--kv-cache",
+            "q8_0+hadamard",
+            "--threads",
+            "2",
+            "--out",
+            dir.path().join("r").to_str().unwrap(),
+        ]);
+        assert_eq!(r.code, 1, "{}", r.transcript());
+        assert!(r.stdout.contains("not_comparable"), "{}", r.stdout);
+        for named in [
+            "cache_type_k: card f16, rerun q8_0",
+            "attn_rotation: card false, rerun true",
+        ] {
+            assert!(r.stdout.contains(named), "{named}: {}", r.stdout);
+        }
+    }
+
+    #[test]
+    #[ignore = "needs llama.cpp's llama-perplexity (CARDPROOF_LLAMACPP_BIN; .ci/run builds it)"]
+    fn a_kv_sweep_runs_in_llama_cpp_and_grows_with_fewer_bits() {
+        let bin = bin();
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("s");
+        let r = run(&[
+            "measure",
+            "--runner",
+            "llamacpp",
+            "--llamacpp-bin",
+            &bin,
+            "--candidate",
+            Q4_0_GGUF,
+            "--eval-text",
+            "examples/data/eval.txt",
+            "--context-length",
+            "256",
+            "--positions",
+            "second-half",
+            "--vocab",
+            "threshold",
+            "--threads",
+            "2",
+            "--sweep",
+            "llamacpp.kv=f16,q8_0,q4_0",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(r.code, 0, "{}", r.transcript());
+        let sweep: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("sweep.json")).unwrap()).unwrap();
+        let kld = |i: usize| sweep["pairs"][i]["runs"][0]["kld_mean"].as_f64().unwrap();
+        assert!(
+            kld(0) > 0.0 && kld(1) > 10.0 * kld(0),
+            "{} {}",
+            kld(0),
+            kld(1)
+        );
+        let env = &sweep["pairs"][1]["environment"]["llamacpp"];
+        assert_eq!(env["candidate"]["cache_type_k"], "q4_0");
+        assert_eq!(env["reference"]["cache_type_k"], "f16");
+    }
+}
