@@ -279,7 +279,7 @@ mod tests {
             ),
             (
                 "dtype=bf16,f32",
-                "--sweep dtype=bf16,f32: the knob can be `attention` (the kernel changes) or `kv_cache` (the KV-cache scheme changes); the weights stay the same",
+                "--sweep dtype=bf16,f32: the knob can be `attention` (the kernel changes), `kv_cache` (the KV-cache scheme changes) or, with --runner llamacpp, llamacpp.kv, llamacpp.flash_attn, llamacpp.backend (llama.cpp's settings); the weights stay the same",
             ),
             (
                 "attention=sdpa",
