@@ -2,6 +2,7 @@
 //! finds it, and a line index so every finding can point at a line and column.
 
 pub mod canonical;
+pub mod from_llamacpp;
 pub mod write;
 pub mod yaml;
 

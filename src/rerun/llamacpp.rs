@@ -498,6 +498,7 @@ pub(super) fn run(
         ppl_stride: 0,
         gate: gate_record,
         seconds: pair.seconds,
+        imported_from: None,
     };
     let environment = environment(&record, r.kv_cache, r.threads);
     let mut rerun = Rerun {

@@ -282,15 +282,19 @@ pub fn llamacpp_flags(
     int("threads", s.threads);
     int("ppl_stride", Some(l.ppl_stride));
     int("chunks", Some(l.chunks));
-    flags.insert(
-        "attn_rotation".into(),
-        FlagValue::Bool(c.rotation_k == Some(true) || c.rotation_v == Some(true)),
-    );
+    if c.rotation_k.is_some() || c.rotation_v.is_some() {
+        flags.insert(
+            "attn_rotation".into(),
+            FlagValue::Bool(c.rotation_k == Some(true) || c.rotation_v == Some(true)),
+        );
+    }
     flags.insert(
         "reduction".into(),
-        FlagValue::Text(
-            "cardproof's llama.cpp-compatible reader of llama-perplexity's base streams".into(),
-        ),
+        FlagValue::Text(if l.imported_from.is_some() {
+            "llama.cpp's own --kl-divergence printout (imported from its log)".into()
+        } else {
+            "cardproof's llama.cpp-compatible reader of llama-perplexity's base streams".into()
+        }),
     );
     flags
 }

@@ -1101,6 +1101,9 @@ pub struct LlamacppRecord {
     pub gate: Option<PrintoutGate>,
     /// Seconds from the processes' start to the last row.
     pub seconds: f64,
+    /// Not rerun: llama.cpp's own printout, imported from this log (`card --from-llamacpp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub imported_from: Option<String>,
 }
 
 #[cfg(test)]

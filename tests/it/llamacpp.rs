@@ -371,3 +371,109 @@ esac"#
         assert_eq!(env["reference"]["cache_type_k"], "f16");
     }
 }
+
+/// `card --from-llamacpp`: a real `--kl-divergence` log (tests/fixtures/llamacpp) written as a
+/// card whose claims are llama.cpp's printed numbers and whose gaps lint names.
+mod import {
+    use super::*;
+
+    const LOG: &str = "tests/fixtures/llamacpp/q4_0-kld-c256-chunks2.log";
+    const BASE: &str = "tests/fixtures/llamacpp/bf16-c256-chunks2.base";
+
+    fn candidate_dir() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(
+            repo_root().join(Q4_0_GGUF).join("model.gguf"),
+            dir.path().join("model.gguf"),
+        )
+        .unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_llama_cpp_log_becomes_a_card_with_its_printed_numbers_and_lint_names_the_gaps() {
+        let dir = candidate_dir();
+        let card = dir.path().join("README.md");
+        let r = run(&[
+            "card",
+            "--from-llamacpp",
+            LOG,
+            "--base-file",
+            BASE,
+            "--into",
+            card.to_str().unwrap(),
+        ]);
+        // Written, with lint errors: a log cannot disclose the reference or the text.
+        assert_eq!(r.code, 1, "{}", r.transcript());
+        let text = std::fs::read_to_string(&card).unwrap();
+        for line in [
+            "engine: llama_cpp",
+            "method: iid_stderr",
+            "policy: second_half",
+            "mode: threshold",
+            // Mean KLD: 0.094644 ± 0.006676 as printed; 1.96 standard errors as the half-width.
+            "{metric: kld_mean, value: 0.09464, uncertainty: 0.013, context_length: 256, n_positions: 254}",
+            "count: 512",
+            "flash_attn=enabled",
+        ] {
+            assert!(text.contains(line), "{line}:\n{text}");
+        }
+        let m = r.stderr.clone();
+        for gap in [
+            "`runtime.engine_version` is `unknown`",
+            "`eval.text.source` is `unknown`",
+            "fidelity.reference.revision",
+        ] {
+            assert!(m.contains(gap), "{gap}: {m}");
+        }
+    }
+
+    #[test]
+    fn a_base_file_of_another_run_is_refused() {
+        let dir = candidate_dir();
+        let log = dir.path().join("other.log");
+        let text = std::fs::read_to_string(repo_root().join(LOG)).unwrap();
+        std::fs::write(
+            &log,
+            text.replace("computing over 2 chunks", "computing over 3 chunks"),
+        )
+        .unwrap();
+        let card = dir.path().join("README.md");
+        let r = run(&[
+            "card",
+            "--from-llamacpp",
+            log.to_str().unwrap(),
+            "--base-file",
+            BASE,
+            "--into",
+            card.to_str().unwrap(),
+        ]);
+        assert_eq!(r.code, 2, "{}", r.transcript());
+        assert!(
+            r.message().contains("not this run's base file"),
+            "{}",
+            r.message()
+        );
+        assert!(!card.exists());
+    }
+
+    #[test]
+    fn a_log_without_a_kld_block_is_refused_naming_it() {
+        let dir = candidate_dir();
+        let log = dir.path().join("ppl.log");
+        std::fs::write(&log, "perplexity: calculating perplexity over 43 chunks\nFinal estimate: PPL = 4.0349 +/- 0.09385\n").unwrap();
+        let r = run(&[
+            "card",
+            "--from-llamacpp",
+            log.to_str().unwrap(),
+            "--into",
+            dir.path().join("README.md").to_str().unwrap(),
+        ]);
+        assert_eq!(r.code, 2, "{}", r.transcript());
+        assert!(
+            r.message().contains("KL divergence statistics"),
+            "{}",
+            r.message()
+        );
+    }
+}

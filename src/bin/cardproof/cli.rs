@@ -183,10 +183,19 @@ pub struct CardArgs {
     #[arg(
         long,
         value_name = "FILE",
-        required_unless_present = "study",
-        conflicts_with = "study"
+        required_unless_present_any = ["study", "from_llamacpp"],
+        conflicts_with_all = ["study", "from_llamacpp"]
     )]
     pub measurement: Option<PathBuf>,
+    /// The log of a `llama-perplexity --kl-divergence` run (its printed statistics block and
+    /// the lines before it): its numbers become the claims, llama.cpp the runtime; needs
+    /// --into (the card beside the GGUF it measured). Lint then names what a log cannot disclose.
+    #[arg(long, value_name = "LOG", conflicts_with = "study", requires = "into")]
+    pub from_llamacpp: Option<PathBuf>,
+    /// With --from-llamacpp: the run's `--kl-divergence-base` file, read for its header only
+    /// (the token stream's count and digest).
+    #[arg(long, value_name = "FILE", requires = "from_llamacpp")]
+    pub base_file: Option<PathBuf>,
     /// A study's study.json: write the arm named by --arm (its measurement beside study.json),
     /// with the study's table of its arms in the fidelity section.
     #[arg(long, value_name = "STUDY_JSON", requires = "arm")]

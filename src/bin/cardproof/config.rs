@@ -171,6 +171,7 @@ pub fn card_request(args: cli::CardArgs) -> cardproof::card::write::UpdateReques
     cardproof::card::write::UpdateRequest {
         measurement: args.measurement.unwrap_or_default(),
         study: args.study.zip(args.arm),
+        from_llamacpp: args.from_llamacpp.map(|log| (log, args.base_file)),
         into: args.into,
         reference_repo: args.reference_repo,
         reference_revision: args.reference_revision,

@@ -72,8 +72,19 @@ pub(super) fn section(f: &Value, m: &Measured, name: &str, comparison: Option<&s
         crate::rerun::document::RunnerKind::Transformers => {
             format!("cardproof's {} runner", markdown("transformers"))
         }
+        crate::rerun::document::RunnerKind::Llamacpp
+            if env
+                .llamacpp
+                .as_ref()
+                .is_some_and(|l| l.imported_from.is_some()) =>
+        {
+            format!(
+                "llama.cpp's {} (its printed statistics, imported from its log; not rerun by cardproof)",
+                markdown("llama-perplexity --kl-divergence")
+            )
+        }
         crate::rerun::document::RunnerKind::Llamacpp => format!(
-            "llama.cpp's {} (both models; rows read by cardproof)",
+            "llama.cpp's {} (both models; each pair of rows read and reduced by cardproof, llama.cpp's printout checked against it)",
             markdown("llama-perplexity")
         ),
     };
@@ -241,6 +252,9 @@ pub(super) fn section(f: &Value, m: &Measured, name: &str, comparison: Option<&s
             }
             p.push('.');
         }
+        Some("iid_stderr") => p.push_str(&format!(
+            "Intervals are {level_words} normal intervals from llama.cpp's i.i.d. per-token standard errors (±1.96 of them; the rows of a window are not independent, so they are narrower than a block bootstrap's); llama.cpp prints none for percentiles."
+        )),
         _ => p.push_str("No uncertainty is stated."),
     }
 

@@ -19,6 +19,9 @@ pub struct UpdateRequest {
     /// A study's `study.json` and one of its arms: the arm's measurement is written, with the
     /// study's comparison of the arms in the fidelity section.
     pub study: Option<(PathBuf, String)>,
+    /// A `llama-perplexity --kl-divergence` log, and its base file: llama.cpp's printed
+    /// numbers written as the claims ([`crate::card::from_llamacpp`]); needs `into`.
+    pub from_llamacpp: Option<(PathBuf, Option<PathBuf>)>,
     /// The card to write; `None`: README.md beside the measured candidate
     /// ([`default_card_path`]).
     pub into: Option<PathBuf>,
@@ -60,10 +63,39 @@ pub fn update_card(request: &UpdateRequest) -> Result<CardUpdate> {
         measurement: measurement_path,
         ..request.clone()
     };
-    let measurement = read_measurement(&request.measurement)?;
-    let path = match &request.into {
-        Some(p) => p.clone(),
-        None => default_card_path(&request.measurement, &measurement)?,
+    let mut imported_warnings = Vec::new();
+    let (measurement, path) = match &request.from_llamacpp {
+        Some((log, base)) => {
+            let into = request.into.clone().ok_or_else(|| {
+                Error::usage(
+                    log,
+                    "--from-llamacpp needs --into CARD, beside the GGUF it measured",
+                )
+            })?;
+            let dir = match into.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+                _ => PathBuf::from("."),
+            };
+            let threads = std::thread::available_parallelism().map_or(1, usize::from);
+            let (m, warnings) = crate::card::from_llamacpp::measurement_from_log(
+                log,
+                base.as_deref(),
+                &dir,
+                threads,
+            )?;
+            imported_warnings = warnings;
+            let value = serde_json::to_value(&m)
+                .map_err(|e| Error::internal(log, format!("cannot encode the measurement: {e}")))?;
+            (value, into)
+        }
+        None => {
+            let measurement = read_measurement(&request.measurement)?;
+            let path = match &request.into {
+                Some(p) => p.clone(),
+                None => default_card_path(&request.measurement, &measurement)?,
+            };
+            (measurement, path)
+        }
     };
     let existing = match std::fs::read_to_string(&path) {
         Ok(t) => Some(t),
@@ -90,11 +122,13 @@ pub fn update_card(request: &UpdateRequest) -> Result<CardUpdate> {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
+    let mut warnings = imported_warnings;
+    warnings.extend(written.warnings);
     Ok(CardUpdate {
         path,
         created: existing.is_none(),
         sha256,
-        warnings: written.warnings,
+        warnings,
         card,
     })
 }

@@ -1,0 +1,384 @@
+//! `cardproof card --from-llamacpp LOG`: what publishers already have, a `llama-perplexity
+//! --kl-divergence` log, turned into a measurement document whose claims are llama.cpp's printed
+//! numbers and whose runtime is llama.cpp's, so `card` writes it like any measurement. With the
+//! base file's header (`--base-file`), the token stream's count and digest are known too.
+//!
+//! A log cannot disclose everything a claim needs: the reference checkpoint (a base file holds
+//! logits, not the model), the eval text (llama.cpp reads `-f` in the base pass, not in the KLD
+//! pass whose log this is), the build where the log does not print it, the BOS policy where the
+//! model file is not at hand. Those stay out of the block, and lint names each.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::kld::llamacpp::{BaseFile, PrintedStats};
+use crate::kld::protocol::{Bootstrap, Bos, Direction, Positions, VocabMode};
+use crate::kld::stats::{Diagnostics, Summary, Uncertainty};
+use crate::rerun::document::{
+    Environment, EvalRecord, Measurement, ModelRecord, Padding, RunnerKind,
+};
+use crate::rerun::options::MeasureOptions;
+use crate::rerun::score::{RunResult, Scoring};
+use crate::runner::llamacpp::{LlamacppBuild, LlamacppRecord, LlamacppSettings, observe};
+
+/// The largest log read (a 100k-token run's log at `-lv 4` is well under this).
+const MAX_LOG_BYTES: u64 = 64 * 1024 * 1024;
+
+/// What the block says where the log does not tell: a word lint reports as vague, item by item.
+const UNKNOWN: &str = "unknown";
+
+/// A normal 95% interval from an i.i.d. standard error: llama.cpp prints `value ± SE`.
+const Z95: f64 = 1.959_963_984_540_054;
+
+/// What the log says, read.
+struct Log {
+    printed: PrintedStats,
+    n_ctx: u32,
+    n_chunk: u32,
+    /// `build: 6590 (abcdef12)` or `main: build = 6590 (abcdef12)`, where printed.
+    build: Option<(String, Option<String>)>,
+    /// The candidate's GGUF as the log names it.
+    model: Option<String>,
+    text: String,
+}
+
+fn read_log(path: &Path) -> Result<Log> {
+    let bytes = crate::files::read_capped(path, MAX_LOG_BYTES, "a llama-perplexity log")?;
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let printed = crate::kld::llamacpp::parse_printed(&text);
+    if printed.kld_mean.is_none() {
+        return Err(Error::format(
+            path,
+            None,
+            "holds no `====== KL divergence statistics ======` block with a `Mean    KLD` line: give the log of a `llama-perplexity --kl-divergence` run",
+        ));
+    }
+    // `kl_divergence: computing over 43 chunks, n_ctx=256, batch_size=2048, n_seq=8`
+    let (mut n_ctx, mut n_chunk, mut build, mut model) = (None, None, None, None);
+    for line in text.lines() {
+        if let Some((_, rest)) = line.split_once("computing over ") {
+            n_chunk = rest.split_whitespace().next().and_then(|n| n.parse().ok());
+            n_ctx = rest
+                .split_once("n_ctx=")
+                .and_then(|(_, r)| r.split(|c: char| !c.is_ascii_digit()).next())
+                .and_then(|n| n.parse().ok());
+        }
+        let b = line
+            .split_once("build: ")
+            .or_else(|| line.split_once("build = "))
+            .map(|(_, r)| r.trim());
+        if let Some(b) = b.filter(|_| build.is_none()) {
+            let number = b.split_whitespace().next().unwrap_or("").to_owned();
+            let commit = b
+                .split_once('(')
+                .and_then(|(_, r)| r.split_once(')'))
+                .map(|(c, _)| c.to_owned());
+            if number.chars().all(|c| c.is_ascii_digit()) && !number.is_empty() {
+                build = Some((number, commit));
+            }
+        }
+        if let Some((_, rest)) = line.split_once("loaded meta data with ") {
+            model = rest
+                .split_once(" from ")
+                .map(|(_, r)| r.split(" (version").next().unwrap_or(r).trim().to_owned());
+        }
+    }
+    let (Some(n_ctx), Some(n_chunk)) = (n_ctx, n_chunk) else {
+        return Err(Error::format(
+            path,
+            None,
+            "names no `computing over N chunks, n_ctx=L` line: the window and the number of scored rows are not known (pass the whole log of the run)",
+        ));
+    };
+    crate::kld::protocol::check_context_length(u64::from(n_ctx))
+        .map_err(|e| Error::format(path, Some("n_ctx"), e))?;
+    if !(3..=crate::kld::protocol::MAX_CONTEXT_LENGTH as u32).contains(&n_ctx) || n_chunk == 0 {
+        return Err(Error::format(
+            path,
+            Some("n_ctx"),
+            format!("{n_chunk} chunks of {n_ctx} tokens score no rows"),
+        ));
+    }
+    Ok(Log {
+        printed,
+        n_ctx,
+        n_chunk,
+        build,
+        model,
+        text,
+    })
+}
+
+/// The metrics a printed block gives, as cardproof names them, with llama.cpp's standard error
+/// where it prints one (it prints none for percentiles).
+fn metrics(p: &PrintedStats) -> Vec<(&'static str, f64, Option<f64>)> {
+    let mut out = Vec::new();
+    for (name, v) in [
+        ("kld_mean", p.kld_mean),
+        ("top1_agreement", p.same_top),
+        ("ppl_ratio", p.ratio),
+        ("ppl_ref", p.ppl_base),
+        ("ppl_cand", p.ppl_q),
+    ] {
+        if let Some((v, se)) = v {
+            out.push((name, v, Some(se)));
+        }
+    }
+    for (name, v) in [
+        ("kld_p99", p.kld_p99),
+        ("kld_p999", p.kld_p999),
+        ("kld_p95", p.kld_p95),
+        ("kld_p90", p.kld_p90),
+        ("kld_median", p.kld_median),
+        ("kld_max", p.kld_max),
+    ] {
+        if let Some(v) = v {
+            out.push((name, v, None));
+        }
+    }
+    out
+}
+
+/// The measurement document of a llama.cpp KLD log (and its base file's header).
+pub fn measurement_from_log(
+    log_path: &Path,
+    base_file: Option<&Path>,
+    candidate_dir: &Path,
+    threads: usize,
+) -> Result<(Measurement, Vec<String>)> {
+    let log = read_log(log_path)?;
+    let mut warnings = Vec::new();
+    let (tokens_sha256, token_count, n_vocab) = match base_file {
+        Some(b) => {
+            let base = BaseFile::open(b)?;
+            if (base.n_ctx, base.n_chunk) != (log.n_ctx, log.n_chunk) {
+                return Err(Error::mismatch(
+                    b,
+                    None,
+                    format!(
+                        "holds {} chunks of {} tokens; the log's run scored {} chunks of {}: not this run's base file",
+                        base.n_chunk, base.n_ctx, log.n_chunk, log.n_ctx
+                    ),
+                ));
+            }
+            let ids: Vec<u32> = base.tokens.iter().map(|&t| t as u32).collect();
+            (
+                crate::runner::tokens::tokens_sha256(&ids),
+                ids.len(),
+                base.n_vocab as usize,
+            )
+        }
+        None => {
+            warnings.push(
+                "no --base-file: the token stream's digest (eval.tokens) is not known".into(),
+            );
+            (String::new(), (log.n_chunk * log.n_ctx) as usize, 0)
+        }
+    };
+    let model_file = log.model.as_deref().map(Path::new).filter(|p| p.is_file());
+    let bos = match model_file {
+        Some(f) => {
+            use crate::checkpoint::gguf::GgufValue;
+            let file = crate::checkpoint::gguf::read_file(f)?;
+            match file.get("tokenizer.ggml.add_bos_token") {
+                Some(GgufValue::Bool(true)) => Bos::PerWindow,
+                _ => Bos::None,
+            }
+        }
+        None => {
+            warnings.push("the model file the log names is not at hand: eval.bos is written as `none`; check it (llama.cpp adds a BOS when the GGUF's tokenizer.ggml.add_bos_token is true)".into());
+            Bos::None
+        }
+    };
+    let options = MeasureOptions {
+        direction: Direction::Forward,
+        vocab: VocabMode::Threshold {
+            log_p: f64::from(crate::kld::llamacpp::KL_GATE),
+        },
+        positions: Positions::SecondHalf,
+        bootstrap: Bootstrap {
+            resamples: 1,
+            seed: 0,
+            level: 0.95,
+        },
+        context_lengths: vec![log.n_ctx as usize],
+        bos,
+        vocab_size: None,
+        dump_logits: None,
+    };
+    let values = metrics(&log.printed);
+    let mut summary = Summary {
+        metrics: Default::default(),
+        uncertainty: Default::default(),
+        low_support: Vec::new(),
+        diagnostics: Diagnostics {
+            by_depth: Vec::new(),
+            by_confidence: Vec::new(),
+        },
+    };
+    for (name, v, se) in values {
+        summary.metrics.insert(name.into(), v);
+        if let Some(se) = se {
+            summary.uncertainty.insert(
+                name.into(),
+                Uncertainty {
+                    sem: Some(se),
+                    ci95: [v - Z95 * se, v + Z95 * se],
+                },
+            );
+        }
+    }
+    let per_chunk = (log.n_ctx - 1 - log.n_ctx / 2) as usize;
+    let run = RunResult {
+        context_length: log.n_ctx as usize,
+        n_windows: log.n_chunk as usize,
+        dropped_tokens: 0,
+        n_positions: per_chunk * log.n_chunk as usize,
+        n_nonfinite: 0,
+        summary,
+        rows: Vec::new(),
+        labels: Vec::new(),
+        tokens: Vec::new(),
+        spans: Vec::new(),
+        bootstrap_block: "window".into(),
+    };
+    let mut protocol = crate::rerun::score::run_protocol(
+        &options,
+        n_vocab,
+        Padding::of(n_vocab, n_vocab, n_vocab),
+    );
+    protocol.llamacpp_compat = true;
+    let scoring = Scoring {
+        protocol,
+        eval: EvalRecord {
+            text_path: None,
+            text_sha256: String::new(),
+            text_bytes: 0,
+            tokens_sha256,
+            token_count,
+            bos,
+            conversation: None,
+        },
+        runs: vec![run],
+        vocab_size: n_vocab,
+    };
+    let observed = observe(&log.text);
+    let candidate_manifest = crate::checkpoint::hash::hash_path(
+        candidate_dir,
+        &crate::checkpoint::hash::HashOptions {
+            threads: Some(threads),
+            include_all: false,
+        },
+        &|_| {},
+    )?;
+    let build = LlamacppBuild {
+        binary: String::new(),
+        version: log
+            .build
+            .as_ref()
+            .map_or_else(|| UNKNOWN.into(), |(b, _)| format!("version: {b}")),
+        build: log.build.as_ref().map(|(b, _)| b.clone()),
+        commit: log.build.as_ref().and_then(|(_, c)| c.clone()),
+        compiler: None,
+    };
+    if log.build.is_none() {
+        warnings.push("the log prints no `build:` line: runtime.engine_version is not known; write the build llama.cpp's `--version` gives".into());
+    }
+    let settings = LlamacppSettings::default();
+    let record = LlamacppRecord {
+        build: build.clone(),
+        reference_settings: settings.clone(),
+        candidate_settings: settings,
+        reference: Default::default(),
+        candidate: observed.clone(),
+        n_ctx: log.n_ctx,
+        chunks: log.n_chunk,
+        ppl_stride: 0,
+        gate: None,
+        seconds: 0.0,
+        imported_from: Some(log_path.display().to_string()),
+    };
+    // The CPU's model is not in a llama.cpp log (its instruction sets are: system_info).
+    let device = if observed.backend == "cpu" {
+        UNKNOWN.to_owned()
+    } else {
+        observed.device.clone()
+    };
+    let environment = Environment {
+        runner: RunnerKind::Llamacpp,
+        runner_version: env!("CARGO_PKG_VERSION").into(),
+        engine: "llama.cpp".into(),
+        engine_version: Some(match (&build.build, &build.commit) {
+            (Some(n), Some(c)) => format!("b{n} ({c})"),
+            (Some(n), None) => format!("b{n}"),
+            _ => UNKNOWN.into(),
+        }),
+        torch_version: None,
+        cuda_version: None,
+        device,
+        compute_dtype: "f32".into(),
+        attention: observed
+            .flash_attn
+            .as_ref()
+            .map_or_else(|| UNKNOWN.into(), |fa| format!("flash_attn={fa}")),
+        kv_cache_dtype: Some(match (&observed.cache_type_k, &observed.cache_type_v) {
+            (Some(k), Some(v)) if k == v => k.clone(),
+            (Some(k), Some(v)) => format!("k:{k}/v:{v}"),
+            _ => UNKNOWN.into(),
+        }),
+        kv_cache: None,
+        kv_scales: None,
+        recurrent_state_dtype: None,
+        emulate: None,
+        threads: None,
+        tf32: None,
+        lane: format!(
+            "llama.cpp's own --kl-divergence printout, imported from {} by cardproof card --from-llamacpp (not rerun)",
+            log_path.display()
+        ),
+        tokenizer: None,
+        reference_artifact: None,
+        linear_attention: None,
+        reference_linear_attention: None,
+        transformers_runner: None,
+        llamacpp: Some(record),
+    };
+    if observed.flash_attn.is_none() || observed.cache_type_k.is_none() {
+        warnings.push("the log does not show flash attention or the KV-cache types (llama.cpp prints them at `-lv 4`): runtime.attention_backend and kv_cache_dtype say `unknown`".into());
+    }
+    let reference = ModelRecord {
+        path: String::new(),
+        format: "gguf".into(),
+        manifest_sha256: String::new(),
+        lm_head_sha256: String::new(),
+        stored_dtype: String::new(),
+        runner: serde_json::Value::Null,
+        hub: None,
+    };
+    let candidate = ModelRecord {
+        path: candidate_dir.display().to_string(),
+        format: "gguf".into(),
+        manifest_sha256: candidate_manifest.root_sha256,
+        lm_head_sha256: String::new(),
+        stored_dtype: observed
+            .file_type
+            .as_deref()
+            .map_or_else(String::new, str::to_ascii_lowercase),
+        runner: serde_json::Value::Null,
+        hub: None,
+    };
+    let mut m =
+        crate::rerun::record::measurement(&scoring, &options, reference, candidate, environment);
+    // llama.cpp's ± is an i.i.d. per-token standard error, not a bootstrap: the claims' 95%
+    // half-widths are 1.96 of them.
+    m.fidelity.protocol.aggregation.uncertainty = crate::disclosure::Uncertainty {
+        method: crate::disclosure::UncertaintyMethod::IidStderr,
+        level: Some(0.95),
+        resamples: None,
+        seed: None,
+        block: None,
+    };
+    m.fidelity.eval.text.source = UNKNOWN.into();
+    warnings.push("the reference checkpoint and the eval text are not in a --kl-divergence log: fill fidelity.reference and eval.text (lint names each)".into());
+    Ok((m, warnings))
+}
