@@ -16,7 +16,7 @@ use super::preflight::Preflight;
 use super::score::{self, EvalInput, Progress};
 use super::{Lane, Request, Rerun};
 use crate::error::{Error, Result};
-use crate::kld::llamacpp::{BaseRow, KL_GATE, score_row_log_probs};
+use crate::kld::llamacpp::{BaseRow, KL_GATE};
 use crate::kld::protocol::{Bos, Direction, Positions, VocabMode};
 use crate::kld::row::{self, RowRecord};
 use crate::runner::llamacpp::{
@@ -193,33 +193,17 @@ fn sha256_hex(bytes: &[u8]) -> String {
     crate::checkpoint::hash::hex(&sha2::Sha256::digest(bytes))
 }
 
-/// One row pair reduced with llama.cpp's own per-row arithmetic ([`score_row_log_probs`]: the
-/// KL over the reference's entries above its gate of -16, the candidate's stored log-probs as
-/// they are, the true token's NLL from each stored row, first-index top-1), into the record
-/// every lane's statistics read: so kld_mean is llama.cpp's `Mean KLD` and top1_agreement its
-/// `Same top p`, on the same rows.
+/// The gates' reductions: stored reference rows against other rows, cardproof's full-vocabulary
+/// KL over the reference's unmasked entries.
 struct RowReducer {
     reference: Vec<f32>,
-    candidate: Vec<f32>,
     scratch: row::Scratch,
-}
-
-/// The first index of the maximum (strict `>`, as llama.cpp's argmax).
-fn first_max(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best
 }
 
 impl RowReducer {
     fn new(width: usize) -> Self {
         RowReducer {
             reference: vec![0.0; width],
-            candidate: vec![0.0; width],
             scratch: row::Scratch::default(),
         }
     }
@@ -232,25 +216,6 @@ impl RowReducer {
                 *v = f32::NEG_INFINITY;
             }
         }
-    }
-
-    fn reduce(&mut self, a: &BaseRow, b: &BaseRow, token: i32) -> Option<RowRecord> {
-        b.decode_into(&mut self.candidate);
-        let score = score_row_log_probs(a, &self.candidate, token);
-        let (ref_top1, cand_top1) = (first_max_codes(a), first_max(&self.candidate));
-        let record = RowRecord {
-            forward: score.kld,
-            reverse: f64::NAN,
-            ref_top1: ref_top1 as u32,
-            cand_top1: cand_top1 as u32,
-            ref_top1_prob: f64::from(a.log_prob(ref_top1)).exp(),
-            nll_ref: Some(f64::from(score.nll_base)),
-            nll_cand: Some(f64::from(score.nll)),
-        };
-        let finite = record.forward.is_finite()
-            && record.nll_ref.is_some_and(f64::is_finite)
-            && record.nll_cand.is_some_and(f64::is_finite);
-        finite.then_some(record)
     }
 
     /// A stored reference row against another row (gates; cardproof's full-vocabulary KL over
@@ -268,15 +233,23 @@ impl RowReducer {
     }
 }
 
-/// The reference row's first-index maximum, on its codes (monotone in the log-probability).
-fn first_max_codes(a: &BaseRow) -> usize {
-    let mut best = 0;
-    for (i, &c) in a.codes.iter().enumerate() {
-        if c > a.codes[best] {
-            best = i;
-        }
-    }
-    best
+/// The record every lane's statistics read, from a pair of rows llama.cpp's way
+/// ([`engine::ScoredRow`]): so kld_mean is llama.cpp's `Mean KLD` and top1_agreement its `Same
+/// top p`, on the same rows. `None`: a non-finite row.
+fn record_of(a: &BaseRow, s: &engine::ScoredRow) -> Option<RowRecord> {
+    let record = RowRecord {
+        forward: s.score.kld,
+        reverse: f64::NAN,
+        ref_top1: s.ref_top1 as u32,
+        cand_top1: s.cand_top1 as u32,
+        ref_top1_prob: f64::from(a.log_prob(s.ref_top1)).exp(),
+        nll_ref: Some(f64::from(s.score.nll_base)),
+        nll_cand: Some(f64::from(s.score.nll)),
+    };
+    let finite = record.forward.is_finite()
+        && record.nll_ref.is_some_and(f64::is_finite)
+        && record.nll_cand.is_some_and(f64::is_finite);
+    finite.then_some(record)
 }
 
 /// What the gates keep of the first chunk while the rows stream by.
@@ -330,9 +303,9 @@ pub(super) fn run(
             candidate_settings: &cand_settings,
             gate: gate_printout,
         },
-        &mut |a, b, index, token| {
+        &mut |a, b, scored, index, _token| {
             let red = reducer.get_or_insert_with(|| RowReducer::new(a.codes.len()));
-            records.push(red.reduce(a, b, token));
+            records.push(record_of(a, scored));
             if want_gates && index < per_chunk {
                 kept.reference.push(a.clone());
                 if let Some(prev) = kept.previous.take() {
@@ -350,7 +323,7 @@ pub(super) fn run(
         &report,
     )?;
     let gate_record = match (&pair.printed, gate_printout) {
-        (Some(printed), true) => Some(engine::gate(&pair.compat, printed).map_err(|e| {
+        (Some(printed), true) => Some(engine::gate(&pair.compat, printed, pair.clamped_candidate_tokens).map_err(|e| {
             Error::runner(
                 &binary,
                 format!(
@@ -701,10 +674,14 @@ fn environment(record: &LlamacppRecord, kv: Option<KvCacheSetting>, threads: usi
         lane: format!(
             "llama.cpp {} on {place}: both models in llama-perplexity, each pair of rows read from its --kl-divergence-base streams and reduced by cardproof; llama.cpp's printed statistics {}",
             engine_version(&record.build),
-            if record.gate.is_some() {
-                "agree with cardproof's llama.cpp-compatible reduction (printout gate)"
-            } else {
-                "were not compared (no gate)"
+            match &record.gate {
+                Some(g) if g.clamped_candidate_tokens > 0 => format!(
+                    "agree with cardproof's llama.cpp-compatible reduction (printout gate); on {} rows the candidate's true token lay below its stored 16-nat window, so its NLL reads as the floor and PPL(Q) is a lower bound (llama.cpp printed {}, cardproof {:.4})",
+                    g.clamped_candidate_tokens, g.printed_ppl_q, g.cardproof_ppl_q
+                ),
+                Some(_) =>
+                    "agree with cardproof's llama.cpp-compatible reduction (printout gate)".into(),
+                None => "were not compared (no gate)".into(),
             }
         ),
         tokenizer: None,
