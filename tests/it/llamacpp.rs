@@ -5,8 +5,6 @@
 
 use std::path::{Path, PathBuf};
 
-use assert_cmd::Command;
-
 use crate::support::{Run, repo_root};
 
 const BF16_GGUF: &str = "examples/models/shakespeare-bf16-gguf";
@@ -15,18 +13,7 @@ const Q4_0_GGUF: &str = "examples/models/shakespeare-q4_0-gguf";
 const LLAMACPP_CARD: &str = "examples/models/shakespeare-q4_0-gguf-llamacpp";
 
 fn run(args: &[&str]) -> Run {
-    let output = Command::cargo_bin("cardproof")
-        .expect("binary builds")
-        .current_dir(repo_root())
-        .env("NO_COLOR", "1")
-        .args(args)
-        .output()
-        .expect("binary runs");
-    Run {
-        code: output.status.code().expect("exited normally"),
-        stdout: String::from_utf8(output.stdout).expect("UTF-8"),
-        stderr: String::from_utf8(output.stderr).expect("UTF-8"),
-    }
+    crate::support::cardproof(args)
 }
 
 /// The measure flags of llama.cpp's protocol on the example pair, with `bin` and `out`.

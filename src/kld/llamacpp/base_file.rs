@@ -151,14 +151,7 @@ impl BaseFile {
                 format!("truncated: {len} bytes, shorter than the 20-byte header"),
             ));
         }
-        let field = |name: &str, at: usize| -> Result<u32> {
-            let v =
-                i32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]);
-            u32::try_from(v)
-                .ok()
-                .filter(|&v| v > 0)
-                .ok_or_else(|| Error::format(path, Some(name), format!("{v} is not positive")))
-        };
+        let field = |name: &str, at: usize| header_field(path, &header, name, at);
         let n_ctx = field("n_ctx", 8)?;
         let n_vocab = field("n_vocab", 12)?;
         let n_chunk = field("n_chunk", 16)?;
@@ -333,14 +326,7 @@ impl<R: Read> BaseStream<R> {
                 ),
             ));
         }
-        let field = |name: &str, at: usize| -> Result<u32> {
-            let v =
-                i32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]);
-            u32::try_from(v)
-                .ok()
-                .filter(|&v| v > 0)
-                .ok_or_else(|| Error::format(path, Some(name), format!("{v} is not positive")))
-        };
+        let field = |name: &str, at: usize| header_field(path, &header, name, at);
         let (n_ctx, n_vocab, n_chunk) = (
             field("n_ctx", 8)?,
             field("n_vocab", 12)?,
@@ -661,6 +647,15 @@ pub(super) fn encode_row_into(logits: &[f32], row: &mut BaseRow) {
     } else {
         row.codes.resize(logits.len(), 0);
     }
+}
+
+/// A positive i32 header field at byte `at` (`n_ctx`, `n_vocab`, `n_chunk`).
+fn header_field(path: &Path, header: &[u8], name: &str, at: usize) -> Result<u32> {
+    let v = i32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]);
+    u32::try_from(v)
+        .ok()
+        .filter(|&v| v > 0)
+        .ok_or_else(|| Error::format(path, Some(name), format!("{v} is not positive")))
 }
 
 /// Writes a base file llama.cpp's `--kl-divergence` reads, so cardproof's references can be
