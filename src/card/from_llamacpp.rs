@@ -308,11 +308,7 @@ pub fn measurement_from_log(
         runner: RunnerKind::Llamacpp,
         runner_version: env!("CARGO_PKG_VERSION").into(),
         engine: "llama.cpp".into(),
-        engine_version: Some(match (&build.build, &build.commit) {
-            (Some(n), Some(c)) => format!("b{n} ({c})"),
-            (Some(n), None) => format!("b{n}"),
-            _ => UNKNOWN.into(),
-        }),
+        engine_version: Some(build.engine_version()),
         torch_version: None,
         cuda_version: None,
         device,
@@ -321,11 +317,7 @@ pub fn measurement_from_log(
             .flash_attn
             .as_ref()
             .map_or_else(|| UNKNOWN.into(), |fa| format!("flash_attn={fa}")),
-        kv_cache_dtype: Some(match (&observed.cache_type_k, &observed.cache_type_v) {
-            (Some(k), Some(v)) if k == v => k.clone(),
-            (Some(k), Some(v)) => format!("k:{k}/v:{v}"),
-            _ => UNKNOWN.into(),
-        }),
+        kv_cache_dtype: Some(observed.kv_label().unwrap_or_else(|| UNKNOWN.into())),
         kv_cache: None,
         kv_scales: None,
         recurrent_state_dtype: None,

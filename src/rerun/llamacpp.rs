@@ -84,6 +84,14 @@ fn gguf_of(model: &Path, role: &str) -> Result<PathBuf> {
 /// `tokenizer.ggml.add_bos_token` (absent: whether the token stream starts with the BOS), and
 /// the BOS id.
 fn bos_of(gguf: &Path, first_token: Option<i32>) -> Result<(bool, Option<u32>)> {
+    let (declared, bos) = declared_bos(gguf)?;
+    let add = declared
+        .unwrap_or_else(|| bos.is_some() && first_token.map(|t| t as i64) == bos.map(i64::from));
+    Ok((add, bos))
+}
+
+/// The GGUF's `tokenizer.ggml.add_bos_token` (where it says) and BOS id.
+fn declared_bos(gguf: &Path) -> Result<(Option<bool>, Option<u32>)> {
     use crate::checkpoint::gguf::GgufValue;
     let file = crate::checkpoint::gguf::read_file(gguf)?;
     let bos = file
@@ -91,10 +99,28 @@ fn bos_of(gguf: &Path, first_token: Option<i32>) -> Result<(bool, Option<u32>)> 
         .and_then(GgufValue::as_u64)
         .and_then(|b| u32::try_from(b).ok());
     let add = match file.get("tokenizer.ggml.add_bos_token") {
-        Some(GgufValue::Bool(b)) => *b,
-        _ => bos.is_some() && first_token.map(|t| t as i64) == bos.map(i64::from),
+        Some(GgufValue::Bool(b)) => Some(*b),
+        _ => None,
     };
     Ok((add, bos))
+}
+
+/// The protocol's BOS policy against what llama.cpp does for this GGUF: a BOS at each window's
+/// start exactly when it adds one.
+fn check_bos(gguf: &Path, add_bos: bool, asked: Bos) -> Result<()> {
+    let wanted = if add_bos { Bos::PerWindow } else { Bos::None };
+    if asked == wanted {
+        return Ok(());
+    }
+    Err(Error::usage(
+        gguf,
+        format!(
+            "llama.cpp puts {} BOS at each window's start for this GGUF (tokenizer.ggml.add_bos_token {add_bos}); the protocol says bos: {}: run with --bos {}",
+            if add_bos { "a" } else { "no" },
+            asked.as_str(),
+            wanted.as_str().replace('_', "-"),
+        ),
+    ))
 }
 
 /// The settings the reference runs with: the candidate's flags, llama.cpp's default cache (or
@@ -160,6 +186,11 @@ pub(super) fn preflight(r: &Request, pre: &mut Preflight, reference: &Path) -> R
     }
     let reference = gguf_of(reference, "reference")?;
     let candidate = gguf_of(r.candidate, "candidate")?;
+    // Where the GGUF says whether llama.cpp adds a BOS, a protocol that says otherwise is
+    // refused before any process starts (else the token stream tells, after the run).
+    if let (Some(add_bos), _) = declared_bos(&reference)? {
+        check_bos(&reference, add_bos, r.options.bos)?;
+    }
     // The binary before the hashing: a missing one fails at once.
     if let Lane::Llamacpp { runner, .. } = r.lane {
         engine::find_binary(runner.binary.as_deref())?;
@@ -240,9 +271,9 @@ fn record_of(a: &BaseRow, s: &engine::ScoredRow) -> Option<RowRecord> {
     let record = RowRecord {
         forward: s.score.kld,
         reverse: f64::NAN,
-        ref_top1: s.ref_top1 as u32,
-        cand_top1: s.cand_top1 as u32,
-        ref_top1_prob: f64::from(a.log_prob(s.ref_top1)).exp(),
+        ref_top1: s.score.top_base,
+        cand_top1: s.score.top,
+        ref_top1_prob: f64::from(a.log_prob(s.score.top_base as usize)).exp(),
         nll_ref: Some(f64::from(s.score.nll_base)),
         nll_cand: Some(f64::from(s.score.nll)),
     };
@@ -337,18 +368,7 @@ pub(super) fn run(
     // The token stream llama.cpp scored, windowed as cardproof windows it.
     let first = pair.tokens.first().copied();
     let (add_bos, bos_id) = bos_of(&reference_gguf, first)?;
-    let wanted = if add_bos { Bos::PerWindow } else { Bos::None };
-    if options.bos != wanted {
-        return Err(Error::usage(
-            &reference_gguf,
-            format!(
-                "llama.cpp {} a BOS at each window's start for this GGUF (tokenizer.ggml.add_bos_token {add_bos}); the protocol says bos: {}: run with --bos {}",
-                if add_bos { "puts" } else { "puts no" },
-                options.bos.as_str(),
-                wanted.as_str().replace('_', "-"),
-            ),
-        ));
-    }
+    check_bos(&reference_gguf, add_bos, options.bos)?;
     let ids: Vec<u32> = pair
         .tokens
         .iter()
@@ -628,21 +648,19 @@ fn environment(record: &LlamacppRecord, kv: Option<KvCacheSetting>, threads: usi
     } else {
         format!("the {} backend, {}", c.backend, c.device)
     };
-    let kv_label = match (&c.cache_type_k, &c.cache_type_v) {
-        (Some(k), Some(v)) if k == v => k.clone(),
-        (Some(k), Some(v)) => format!("k:{k}/v:{v}"),
-        _ => record
+    let kv_label = c.kv_label().unwrap_or_else(|| {
+        record
             .candidate_settings
             .cache_type_k
             .clone()
-            .unwrap_or_else(|| "f16".into()),
-    };
+            .unwrap_or_else(|| "f16".into())
+    });
     let rotated = c.rotation_k == Some(true) || c.rotation_v == Some(true);
     Environment {
         runner: RunnerKind::Llamacpp,
         runner_version: env!("CARGO_PKG_VERSION").into(),
         engine: "llama.cpp".into(),
-        engine_version: Some(engine_version(&record.build)),
+        engine_version: Some(record.build.engine_version()),
         torch_version: None,
         cuda_version: None,
         device,
@@ -673,7 +691,7 @@ fn environment(record: &LlamacppRecord, kv: Option<KvCacheSetting>, threads: usi
         tf32: None,
         lane: format!(
             "llama.cpp {} on {place}: both models in llama-perplexity, each pair of rows read from its --kl-divergence-base streams and reduced by cardproof; llama.cpp's printed statistics {}",
-            engine_version(&record.build),
+            record.build.engine_version(),
             match &record.gate {
                 Some(g) if g.clamped_candidate_tokens > 0 => format!(
                     "agree with cardproof's llama.cpp-compatible reduction (printout gate); on {} rows the candidate's true token lay below its stored 16-nat window, so its NLL reads as the floor and PPL(Q) is a lower bound (llama.cpp printed {}, cardproof {:.4})",
@@ -690,13 +708,5 @@ fn environment(record: &LlamacppRecord, kv: Option<KvCacheSetting>, threads: usi
         reference_linear_attention: None,
         transformers_runner: None,
         llamacpp: Some(record.clone()),
-    }
-}
-
-/// llama.cpp's version as cards write it: `b6590 (abcdef12)`, or the printed version.
-pub fn engine_version(b: &engine::LlamacppBuild) -> String {
-    match (&b.build, &b.commit) {
-        (Some(n), Some(c)) => format!("b{n} ({c})"),
-        _ => b.version.trim_start_matches("version:").trim().to_owned(),
     }
 }

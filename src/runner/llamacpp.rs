@@ -243,6 +243,21 @@ pub struct LlamacppBuild {
     pub compiler: Option<String>,
 }
 
+impl LlamacppBuild {
+    /// The version as cards write it: `b6590 (abcdef12)`, `b6590`, or the printed version.
+    pub fn engine_version(&self) -> String {
+        match (&self.build, &self.commit) {
+            (Some(n), Some(c)) => format!("b{n} ({c})"),
+            (Some(n), None) => format!("b{n}"),
+            _ => self
+                .version
+                .trim_start_matches("version:")
+                .trim()
+                .to_owned(),
+        }
+    }
+}
+
 /// The binary to run: `given`, else `llama-perplexity` on `PATH`.
 pub fn find_binary(given: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = given {
@@ -363,6 +378,18 @@ pub struct LlamacppObserved {
     /// The CPU features ggml was built for and found (`system_info`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_info: Option<String>,
+}
+
+impl LlamacppObserved {
+    /// The KV cache's types as a `kv_cache_dtype` label (`q8_0`, `k:q8_0/v:f16`), where the log
+    /// showed both.
+    pub fn kv_label(&self) -> Option<String> {
+        match (&self.cache_type_k, &self.cache_type_v) {
+            (Some(k), Some(v)) if k == v => Some(k.clone()),
+            (Some(k), Some(v)) => Some(format!("k:{k}/v:{v}")),
+            _ => None,
+        }
+    }
 }
 
 /// What a run's log says it did.
@@ -562,12 +589,10 @@ const BATCH_BYTES: usize = 64 << 20;
 
 /// One pair of rows scored with llama.cpp's arithmetic ([`score_row_log_probs`]: the KL over
 /// the reference's entries above its gate, the candidate's stored log-probs as they are, each
-/// NLL from its stored row), with both first-index top-1 tokens.
+/// NLL from its stored row, both first-index top-1 tokens).
 #[derive(Debug, Clone, Copy)]
 pub struct ScoredRow {
     pub score: RowScore,
-    pub ref_top1: usize,
-    pub cand_top1: usize,
     /// The true token lies below the candidate's stored 16-nat window: its NLL reads as the
     /// floor, a lower bound.
     pub clamped: bool,
@@ -575,25 +600,8 @@ pub struct ScoredRow {
 
 fn score_pair(a: &BaseRow, b: &BaseRow, token: i32, buf: &mut [f32]) -> ScoredRow {
     b.decode_into(buf);
-    let first_max_codes = |codes: &[u16]| {
-        let mut best = 0;
-        for (i, &c) in codes.iter().enumerate() {
-            if c > codes[best] {
-                best = i;
-            }
-        }
-        best
-    };
-    let mut cand_top1 = 0;
-    for (i, &v) in buf.iter().enumerate() {
-        if v > buf[cand_top1] {
-            cand_top1 = i;
-        }
-    }
     ScoredRow {
         score: score_row_log_probs(a, buf, token),
-        ref_top1: first_max_codes(&a.codes),
-        cand_top1,
         clamped: b.scale > 0.0 && b.codes.get(token as usize) == Some(&0),
     }
 }

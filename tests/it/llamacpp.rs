@@ -104,6 +104,20 @@ fn the_llamacpp_runner_refuses_a_conversation_eval_text() {
 }
 
 #[test]
+fn a_bos_policy_the_gguf_contradicts_is_refused_before_llama_cpp_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut args = measure_args("/nonexistent/llama-perplexity", out.to_str().unwrap());
+    args.extend(["--bos", "per-window"]);
+    let r = run(&args);
+    assert_eq!(r.code, 2, "{}", r.transcript());
+    let m = r.message();
+    assert!(m.contains("puts no BOS") && m.contains("--bos none"), "{m}");
+    assert!(m.contains("shakespeare-bf16-gguf/model.gguf"), "{m}");
+    assert!(!out.exists());
+}
+
+#[test]
 fn a_missing_llama_perplexity_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");

@@ -27,8 +27,17 @@ pub struct RowScore {
     pub nll_base: f32,
     /// `exp(-nll) - exp(-nll_base)` (f32).
     pub p_diff: f32,
-    /// First-index argmax of the candidate equals that of the decoded reference.
-    pub same_top: bool,
+    /// First-index argmax of the candidate, and of the decoded reference (llama.cpp's `Same
+    /// top p` counts the rows where they are equal).
+    pub top: u32,
+    pub top_base: u32,
+}
+
+impl RowScore {
+    /// The candidate's top-1 token is the reference's.
+    pub fn same_top(&self) -> bool {
+        self.top == self.top_base
+    }
 }
 
 /// The candidate's first-index maximum (strict `>`, so the first of equal values wins).
@@ -137,7 +146,8 @@ fn score(reference: &BaseRow, candidate_logits: &[f32], token: i32, normalized: 
         nll,
         nll_base,
         p_diff,
-        same_top: imax == imax_base,
+        top: imax as u32,
+        top_base: imax_base as u32,
     }
 }
 
@@ -190,7 +200,7 @@ impl CompatAccumulator {
         self.sum_kld += s.kld;
         self.sum_kld2 += s.kld * s.kld;
         self.count += 1;
-        self.n_same_top += u64::from(s.same_top);
+        self.n_same_top += u64::from(s.same_top());
         self.sum_p_diff += f64::from(s.p_diff);
         let p_diff2 = f64::from(s.p_diff * s.p_diff);
         self.sum_p_diff2 += p_diff2;

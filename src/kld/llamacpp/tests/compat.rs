@@ -319,7 +319,7 @@ fn argmax_ties_go_to_the_first_index() {
     ];
     for (logits, codes, same) in cases {
         let s = score_row(&row(codes.clone()), &logits, 0);
-        assert_eq!(s.same_top, same, "{logits:?} vs {codes:?}");
+        assert_eq!(s.same_top(), same, "{logits:?} vs {codes:?}");
     }
 }
 
@@ -343,7 +343,7 @@ fn normalized_log_probs_score_like_their_logits() {
         let b = score_row_log_probs(&reference, &log_probs, 3);
         assert!((a.kld - b.kld).abs() < 1e-5, "{a:?} {b:?}");
         assert!((a.nll - b.nll).abs() < 1e-5);
-        assert_eq!(a.same_top, b.same_top);
+        assert_eq!(a.same_top(), b.same_top());
     }
 }
 
