@@ -457,10 +457,14 @@ pub fn study(d: &crate::study::document::StudyDocument) -> String {
         d.protocol_sha256
     );
     let arm_seconds: f64 = d.arms.iter().map(|a| a.seconds).sum();
+    let reference = d
+        .timings
+        .reference_seconds
+        .map_or_else(|| "run beside each arm".to_owned(), |s| format!("{s:.1} s"));
     let _ = writeln!(
         out,
-        "time: reference pass {:.1} s, arms {:.1} s, total {:.1} s",
-        d.timings.reference_seconds, arm_seconds, d.timings.total_seconds
+        "time: reference pass {reference}, arms {arm_seconds:.1} s, total {:.1} s",
+        d.timings.total_seconds
     );
     let num = |v: Option<f64>, digits: usize| {
         v.filter(|x| x.is_finite())

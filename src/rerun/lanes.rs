@@ -423,7 +423,7 @@ pub(super) fn native_arms(
     }
     Ok(ArmsOutcome {
         reference: reference_id,
-        reference_seconds,
+        reference_seconds: Some(reference_seconds),
         arms: out,
     })
 }
@@ -431,7 +431,8 @@ pub(super) fn native_arms(
 /// A study's runs: the reference's identity and pass time, and each arm's outcome.
 pub struct ArmsOutcome {
     pub reference: ModelRecord,
-    pub reference_seconds: f64,
+    /// `None`: the reference ran beside each arm.
+    pub reference_seconds: Option<f64>,
     pub arms: Vec<ArmOutcome>,
 }
 
@@ -889,7 +890,7 @@ pub(super) fn transformers_arms(
     Ok(ArmsOutcome {
         reference: reference_id,
         // The program's whole run less its arms': the reference's pass, loading and warm-up.
-        reference_seconds: (total_seconds - arm_seconds).max(0.0),
+        reference_seconds: Some((total_seconds - arm_seconds).max(0.0)),
         arms: out,
     })
 }

@@ -164,6 +164,30 @@ pub fn candidate_settings(
 /// The pre-flight of the llama.cpp lane: the protocol is llama.cpp's, the text plain, both
 /// models GGUF, the reference hashed; the tokens are llama.cpp's, known once it runs.
 pub(super) fn preflight(r: &Request, pre: &mut Preflight, reference: &Path) -> Result<()> {
+    let (reference, text) = check_request(r, reference)?;
+    let bytes = std::fs::read(text).map_err(|e| Error::io(text, e))?;
+    let manifest = crate::checkpoint::hash::hash_path(
+        &reference,
+        &crate::checkpoint::hash::HashOptions {
+            threads: Some(r.threads),
+            include_all: false,
+        },
+        &|_| {},
+    )?;
+    pre.identity = super::preflight::Identity {
+        reference_files_sha256: Some(manifest.root_sha256.clone()),
+        eval_text_sha256: Some(sha256_hex(&bytes)),
+        tokens_sha256: None,
+        token_count: None,
+        conversation: None,
+        text_read: true,
+    };
+    pre.reference_manifest = Some(manifest);
+    Ok(())
+}
+
+/// Everything the pre-flight checks but the hashing: the reference's GGUF and the eval text.
+fn check_request<'a>(r: &Request<'a>, reference: &Path) -> Result<(PathBuf, &'a Path)> {
     let differences = protocol_differences(&r.options);
     if !differences.is_empty() {
         return Err(Error::usage(
@@ -198,25 +222,114 @@ pub(super) fn preflight(r: &Request, pre: &mut Preflight, reference: &Path) -> R
     for model in [&reference, &candidate] {
         super::preflight::context_lengths(model, &r.options.context_lengths)?;
     }
-    let bytes = std::fs::read(text).map_err(|e| Error::io(text, e))?;
-    let manifest = crate::checkpoint::hash::hash_path(
-        &reference,
-        &crate::checkpoint::hash::HashOptions {
-            threads: Some(r.threads),
-            include_all: false,
-        },
-        &|_| {},
-    )?;
-    pre.identity = super::preflight::Identity {
-        reference_files_sha256: Some(manifest.root_sha256.clone()),
-        eval_text_sha256: Some(sha256_hex(&bytes)),
-        tokens_sha256: None,
-        token_count: None,
-        conversation: None,
-        text_read: true,
-    };
-    pre.reference_manifest = Some(manifest);
-    Ok(())
+    Ok((reference, text))
+}
+
+/// A study's arms in llama.cpp (`runner: llamacpp`). llama.cpp's base stream cannot be kept (a
+/// 100k-token stream at a 248k vocabulary is ~50 GB), so each arm runs the reference again
+/// beside its candidate: N arms cost 2N passes. Every arm is checked before the first runs (the
+/// reference hashed once), and every arm's reference rows must equal the first arm's (their
+/// NLL, top-1 token and its probability, to the bit): else the arms were measured against
+/// different references and the study is refused, naming the arm and the row.
+pub(super) fn study_arms(
+    requests: &[Request],
+    names: &[String],
+    reference: &Path,
+    stage: Stage,
+    progress: &(dyn Fn(usize, usize, usize) + Sync),
+) -> Result<super::lanes::ArmsOutcome> {
+    let first = requests
+        .first()
+        .ok_or_else(|| Error::internal(reference, "a study without arms"))?;
+    stage("checking the arms");
+    for r in requests {
+        if !matches!(r.lane, Lane::Llamacpp { .. }) {
+            return Err(Error::internal(
+                r.candidate,
+                "a llama.cpp study arm outside the llama.cpp lane",
+            ));
+        }
+        check_request(r, reference)?;
+    }
+    let mut pre = Preflight::empty();
+    stage("hashing the reference");
+    preflight(first, &mut pre, reference)?;
+    let (identity, manifest) = (pre.identity.clone(), pre.reference_manifest.clone());
+    let mut arms = Vec::with_capacity(requests.len());
+    let mut first_reference: Option<Vec<(f64, u32, f64)>> = None;
+    for (i, r) in requests.iter().enumerate() {
+        let Lane::Llamacpp { runner, .. } = r.lane else {
+            continue;
+        };
+        let name = names.get(i).map_or("?", String::as_str);
+        stage(&format!(
+            "arm {}/{} {name}: the reference and the candidate in llama.cpp",
+            i + 1,
+            requests.len()
+        ));
+        let mut pre = Preflight::empty();
+        pre.identity = identity.clone();
+        pre.reference_manifest = manifest.clone();
+        let started = std::time::Instant::now();
+        let (rerun, records) = run_recorded(r, pre, reference, runner, stage, &|d, t| {
+            progress(i + 1, d, t)
+        })?;
+        let seconds = started.elapsed().as_secs_f64();
+        let rows: Vec<(f64, u32, f64)> = records
+            .iter()
+            .flatten()
+            .flatten()
+            .map(|rec| {
+                rec.as_ref().map_or((f64::NAN, u32::MAX, f64::NAN), |rec| {
+                    (
+                        rec.nll_ref.unwrap_or(f64::NAN),
+                        rec.ref_top1,
+                        rec.ref_top1_prob,
+                    )
+                })
+            })
+            .collect();
+        match &first_reference {
+            None => first_reference = Some(rows),
+            Some(base) => {
+                let same = |x: &(f64, u32, f64), y: &(f64, u32, f64)| {
+                    x.0.to_bits() == y.0.to_bits() && x.1 == y.1 && x.2.to_bits() == y.2.to_bits()
+                };
+                let differs =
+                    base.len() != rows.len() || base.iter().zip(&rows).any(|(x, y)| !same(x, y));
+                if differs {
+                    let at = base
+                        .iter()
+                        .zip(&rows)
+                        .position(|(x, y)| !same(x, y))
+                        .unwrap_or(base.len().min(rows.len()));
+                    return Err(Error::runner(
+                        reference,
+                        format!(
+                            "llama.cpp's reference pass for arm `{name}` differs from the first arm's at scored row {at} ({} rows against {}): the reference is not deterministic in this lane, so the arms would be measured against different references. Pin the threads and batch sizes (llamacpp: threads, batch, ubatch) or run the study in another runner",
+                            rows.len(),
+                            base.len()
+                        ),
+                    ));
+                }
+            }
+        }
+        arms.push(super::lanes::ArmOutcome {
+            rerun,
+            records,
+            seconds,
+        });
+    }
+    let reference_record = arms
+        .first()
+        .map(|a| a.rerun.measurement.reference.clone())
+        .ok_or_else(|| Error::internal(reference, "a study ran no arm"))?;
+    Ok(super::lanes::ArmsOutcome {
+        reference: reference_record,
+        // The reference runs beside each arm, inside its seconds.
+        reference_seconds: None,
+        arms,
+    })
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -303,6 +416,18 @@ pub(super) fn run(
     stage: Stage,
     progress: Progress,
 ) -> Result<Rerun> {
+    run_recorded(r, pre, reference, options_given, stage, progress).map(|(rerun, _)| rerun)
+}
+
+/// [`run`], with each window's row records (a study's arms are paired on them).
+pub(super) fn run_recorded(
+    r: &Request,
+    pre: Preflight,
+    reference: &Path,
+    options_given: &LlamacppOptions,
+    stage: Stage,
+    progress: Progress,
+) -> Result<(Rerun, score::PerRun)> {
     let text = r
         .eval_text
         .ok_or_else(|| Error::internal(r.candidate, "the llama.cpp lane without its eval text"))?;
@@ -386,6 +511,7 @@ pub(super) fn run(
         tokenizer_vocab: width,
     };
     let mut records = Some(records);
+    let mut kept_windows: Vec<Vec<Option<RowRecord>>> = Vec::new();
     let scoring = score::measure_records(&eval, &options, width, |plans, _vocab_size| {
         let plan = plans
             .first()
@@ -410,6 +536,7 @@ pub(super) fn run(
             .chunks(per_chunk as usize)
             .map(<[Option<RowRecord>]>::to_vec)
             .collect();
+        kept_windows = per_window.clone();
         Ok(vec![per_window])
     })?;
 
@@ -530,7 +657,7 @@ pub(super) fn run(
             ),
         });
     }
-    Ok(rerun)
+    Ok((rerun, vec![kept_windows]))
 }
 
 /// The reference run a second time on its first chunk (`--chunks 1`), compared row by row with

@@ -93,6 +93,19 @@ pub struct Preflight {
     pub(super) artifact: Option<Artifact>,
 }
 
+impl Preflight {
+    /// Nothing checked yet.
+    pub(super) fn empty() -> Preflight {
+        Preflight {
+            warnings: Vec::new(),
+            identity: Identity::default(),
+            tokenized: None,
+            reference_manifest: None,
+            artifact: None,
+        }
+    }
+}
+
 /// The pre-flight of one rerun. `stage` names what it is doing (hashing a large reference
 /// takes a while).
 pub fn check(r: &Request, stage: &(dyn Fn(&str) + Sync)) -> Result<Preflight> {
@@ -101,13 +114,7 @@ pub fn check(r: &Request, stage: &(dyn Fn(&str) + Sync)) -> Result<Preflight> {
     if let Some(dir) = &o.dump_logits {
         writable_dir(dir)?;
     }
-    let mut pre = Preflight {
-        warnings: Vec::new(),
-        identity: Identity::default(),
-        tokenized: None,
-        reference_manifest: None,
-        artifact: None,
-    };
+    let mut pre = Preflight::empty();
     if o.positions.needs_labels()
         && matches!(
             r.lane,

@@ -11,8 +11,8 @@ use crate::error::{Error, Result};
 
 /// Run every arm against one reference pass. `requests` share the first one's reference, eval
 /// text, tokenizer, chat template and options (checked here); each has its own candidate and
-/// settings. All are in the native lane, or all in the transformers lane (each arm's attention
-/// in `attentions`); the first request's pre-flight runs in full, the others' tokenizers and
+/// settings. All are in the native lane, all in the transformers lane (each arm's attention
+/// in `attentions`), or all in the llama.cpp lane (each arm its own pair run); the first request's pre-flight runs in full, the others' tokenizers and
 /// context lengths are checked before any forward pass.
 pub fn run_arms(
     requests: &[Request],
@@ -26,22 +26,26 @@ pub fn run_arms(
         .first()
         .ok_or_else(|| Error::usage(Path::new("study"), "a study needs at least one arm"))?;
     let reference = match first.lane {
-        Lane::Native { reference, .. } | Lane::Transformers { reference, .. } => reference,
+        Lane::Native { reference, .. }
+        | Lane::Transformers { reference, .. }
+        | Lane::Llamacpp { reference, .. } => reference,
         _ => {
             return Err(Error::usage(
                 first.candidate,
-                "a study's arms run two models: the native or the transformers lane",
+                "a study's arms run two models: the native, transformers or llama.cpp lane",
             ));
         }
     };
-    let transformers = matches!(first.lane, Lane::Transformers { .. });
-    for r in requests {
-        let lane_reference = match r.lane {
-            Lane::Native { reference, .. } if !transformers => Some(reference),
-            Lane::Transformers { reference, .. } if transformers => Some(reference),
+    fn lane_reference<'a>(lane: &Lane<'a>) -> Option<(&'static str, &'a Path)> {
+        match *lane {
+            Lane::Native { reference, .. } => Some(("native", reference)),
+            Lane::Transformers { reference, .. } => Some(("transformers", reference)),
+            Lane::Llamacpp { reference, .. } => Some(("llamacpp", reference)),
             _ => None,
-        };
-        let same = lane_reference == Some(reference)
+        }
+    }
+    for r in requests {
+        let same = lane_reference(&r.lane) == lane_reference(&first.lane)
             && r.eval_text == first.eval_text
             && r.tokenizer == first.tokenizer
             && r.chat_template == first.chat_template
@@ -54,6 +58,9 @@ pub fn run_arms(
                 "a study arm with another reference, text or protocol than the first arm's",
             ));
         }
+    }
+    if let Lane::Llamacpp { .. } = first.lane {
+        return super::llamacpp::study_arms(requests, names, reference, stage, progress);
     }
     let pre = preflight::check(first, stage)?;
     if let Some((tokenizer, _)) = &pre.tokenized {

@@ -96,6 +96,17 @@ impl LlamacppSettings {
                 ));
             }
         }
+        for (flag, v, most) in [
+            ("-t", self.threads, 4096),
+            ("-b", self.batch, 1 << 20),
+            ("-ub", self.ubatch, 1 << 20),
+        ] {
+            if let Some(n) = v
+                && !(1..=most).contains(&n)
+            {
+                return Err(format!("{flag} {n}: expected 1 to {most}"));
+            }
+        }
         if let Some(fa) = &self.flash_attn
             && !matches!(fa.as_str(), "on" | "off" | "auto")
         {
@@ -1321,5 +1332,10 @@ mod tests {
             ..Default::default()
         };
         assert!(bad.check().unwrap_err().contains("-ctv q3_k"));
+        let zero = LlamacppSettings {
+            ubatch: Some(0),
+            ..Default::default()
+        };
+        assert!(zero.check().unwrap_err().contains("-ub 0"));
     }
 }

@@ -110,8 +110,10 @@ pub struct ArmRun {
 
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Timings {
-    /// The reference's one pass.
-    pub reference_seconds: f64,
+    /// The reference's one pass; absent where the reference runs beside each arm (llama.cpp,
+    /// whose base stream is never kept), its time then inside each arm's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_seconds: Option<f64>,
     /// Every pass, the reference's and each arm's, and the comparisons.
     pub total_seconds: f64,
 }

@@ -43,12 +43,16 @@ pub struct StudyFile {
     pub reference: String,
     pub eval: StudyEval,
     pub protocol: StudyProtocol,
-    /// `native` (the default: pure Rust on CPU) or `transformers` (the user's GPU).
+    /// `native` (the default: pure Rust on CPU), `transformers` (the user's GPU) or `llamacpp`
+    /// (the user's `llama-perplexity`, GGUF models, llama.cpp's protocol).
     #[serde(default)]
     pub runner: StudyRunner,
     /// The transformers runner's settings (`runner: transformers`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transformers: Option<TransformersSettings>,
+    /// The llama.cpp runner's settings (`runner: llamacpp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llamacpp: Option<LlamacppStudySettings>,
     /// The baseline's settings (default: the runner's defaults); every arm starts from them.
     #[serde(default)]
     pub baseline: Settings,
@@ -66,6 +70,28 @@ pub enum StudyRunner {
     #[default]
     Native,
     Transformers,
+    Llamacpp,
+}
+
+impl StudyRunner {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StudyRunner::Native => "native",
+            StudyRunner::Transformers => "transformers",
+            StudyRunner::Llamacpp => "llamacpp",
+        }
+    }
+
+    /// The `--runner` spelling.
+    pub fn from_name(name: &str) -> Option<StudyRunner> {
+        [
+            StudyRunner::Native,
+            StudyRunner::Transformers,
+            StudyRunner::Llamacpp,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == name)
+    }
 }
 
 /// The eval text, and for a conversation file how it is rendered.
@@ -119,6 +145,36 @@ pub struct TransformersSettings {
     pub keep_hidden: Option<String>,
 }
 
+/// How the llama.cpp runner runs (`runner: llamacpp`): the `llama-perplexity` flags every arm
+/// shares. An arm's `attention` is its `-fa` (`on`, `off`, `auto`) and its `kv_cache` its
+/// `-ctk/-ctv`; the reference runs the baseline's.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LlamacppStudySettings {
+    /// `llama-perplexity` (default: the one on `PATH`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binary: Option<String>,
+    /// `-t`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
+    /// `-b`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<u32>,
+    /// `-ub`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ubatch: Option<u32>,
+    /// `-ngl` (a number of layers, `auto` or `all`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_layers: Option<String>,
+    /// `-dev` (`none`: llama.cpp's CPU backend alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// Skip llama.cpp's own KLD pass beside each arm (the printout gate); each arm is then
+    /// marked as not gated.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_gate: bool,
+}
+
 /// What every arm is scored under.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -150,7 +206,8 @@ pub struct Settings {
     /// The native runner's compute dtype (`f32`, `f64`, `bf16`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute_dtype: Option<String>,
-    /// The attention kernel (transformers' `attn_implementation`: `sdpa`, `eager`, ...).
+    /// The attention kernel (transformers' `attn_implementation`: `sdpa`, `eager`, ...; the
+    /// llama.cpp runner's `-fa`: `on`, `off`, `auto`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention: Option<String>,
     /// The candidate's recurrent-state dtype (`f32`, `bf16`, `f16`; hybrid models).
@@ -240,6 +297,8 @@ pub struct Overrides {
     pub runner: Option<StudyRunner>,
     pub device: Option<String>,
     pub torch_dtype: Option<String>,
+    /// `--llamacpp-bin`.
+    pub llamacpp_bin: Option<PathBuf>,
 }
 
 /// The study file and where it is (paths in it are relative to its directory).
@@ -413,7 +472,15 @@ impl Study {
         if let Some(r) = o.runner {
             self.file.runner = r;
         }
-        if self.file.runner == StudyRunner::Native {
+        if self.file.runner != StudyRunner::Llamacpp {
+            self.file.llamacpp = None;
+        } else if let Some(bin) = &o.llamacpp_bin {
+            self.file
+                .llamacpp
+                .get_or_insert_with(Default::default)
+                .binary = Some(bin.display().to_string());
+        }
+        if self.file.runner != StudyRunner::Transformers {
             self.file.transformers = None;
             return;
         }

@@ -63,6 +63,9 @@ pub struct Plan {
     /// The transformers runner's options (`runner: transformers`), the reference's attention
     /// the baseline's.
     pub transformers: Option<crate::runner::transformers::TransformersOptions>,
+    /// The llama.cpp runner's options (`runner: llamacpp`): the flags every arm shares, the
+    /// reference's settings the baseline's (its `-fa` and cache types).
+    pub llamacpp: Option<crate::runner::llamacpp::LlamacppOptions>,
     pub baseline: Resolved,
     pub arms: Vec<PlannedArm>,
 }
@@ -116,6 +119,14 @@ pub fn plan(study: &Study) -> Result<Plan> {
                     "eager".into()
                 };
             }
+            // llama.cpp's kernel floor: flash attention the other way.
+            StudyRunner::Llamacpp => {
+                settings.attention = if baseline.attention == "off" {
+                    "on".into()
+                } else {
+                    "off".into()
+                };
+            }
         }
         arms.push(PlannedArm {
             name: "control-kernel".into(),
@@ -140,8 +151,15 @@ pub fn plan(study: &Study) -> Result<Plan> {
         clock: e.chat_template_clock,
     };
     let options = protocol_options(study)?;
+    if f.runner != StudyRunner::Llamacpp && f.llamacpp.is_some() {
+        return Err(field_error("llamacpp", "is for runner: llamacpp".into()));
+    }
+    let llamacpp = match f.runner {
+        StudyRunner::Llamacpp => Some(llamacpp_options(study, &baseline)?),
+        _ => None,
+    };
     let transformers = match f.runner {
-        StudyRunner::Native => {
+        StudyRunner::Native | StudyRunner::Llamacpp => {
             if f.transformers.is_some() {
                 return Err(field_error(
                     "transformers",
@@ -183,6 +201,7 @@ pub fn plan(study: &Study) -> Result<Plan> {
         options,
         runner: f.runner,
         transformers,
+        llamacpp,
         baseline,
         arms,
     })
@@ -273,6 +292,8 @@ fn resolve(
         attention: match runner {
             StudyRunner::Native => "eager".into(),
             StudyRunner::Transformers => "sdpa".into(),
+            // llama.cpp's own default `-fa`.
+            StudyRunner::Llamacpp => "auto".into(),
         },
         recurrent_state: StateDtype::F32,
         emulate: Emulate::ReferenceSemantics,
@@ -298,6 +319,32 @@ fn resolve(
             "compute_dtype",
             "the transformers runner's dtype is the runner's (`torch_dtype`), not an arm's".into(),
         ));
+    }
+    if runner == StudyRunner::Llamacpp {
+        // llama.cpp computes in its own types and keeps its own recurrent state; an arm changes
+        // what `llama-perplexity` has a flag for.
+        for (field, given) in [
+            ("compute_dtype", s.compute_dtype.is_some()),
+            ("recurrent_state", s.recurrent_state.is_some()),
+            ("emulate", s.emulate.is_some()),
+        ] {
+            if given {
+                return Err((
+                    field,
+                    format!(
+                        "the llama.cpp runner has no `{field}` setting: its arms change the weights, the KV cache (-ctk/-ctv) or flash attention (attention: on, off, auto)"
+                    ),
+                ));
+            }
+        }
+        if let Some(a) = s.attention.as_deref()
+            && !matches!(a, "on" | "off" | "auto")
+        {
+            return Err((
+                "attention",
+                format!("`{a}`: the llama.cpp runner's attention is its -fa: on, off or auto"),
+            ));
+        }
     }
     let attention = match s.attention.as_deref() {
         None => base.attention.clone(),
@@ -347,6 +394,16 @@ fn protocol_options(study: &Study) -> Result<MeasureOptions> {
         flags.span = pos.span;
     }
     flags.direction = p.direction;
+    if study.file.runner == StudyRunner::Llamacpp {
+        // llama.cpp's protocol: its rows are the second half of each window (the default here;
+        // another policy is refused below, naming it), its KL is over the reference's entries
+        // above log p = -16, forward.
+        if p.positions.is_none() {
+            flags.positions = crate::disclosure::PositionPolicy::SecondHalf;
+        }
+        flags.vocab = crate::disclosure::VocabMode::Threshold;
+        flags.threshold = f64::from(crate::kld::llamacpp::KL_GATE);
+    }
     if let Some(r) = p.resamples {
         flags.bootstrap = r;
     }
@@ -358,7 +415,56 @@ fn protocol_options(study: &Study) -> Result<MeasureOptions> {
         .iter()
         .map(|&l| usize::try_from(l).unwrap_or(usize::MAX))
         .collect();
-    flags
+    let options = flags
         .options(&lengths, study.file.eval.bos)
-        .map_err(|why| Error::format(&study.path, Some("protocol"), why))
+        .map_err(|why| Error::format(&study.path, Some("protocol"), why))?;
+    if study.file.runner == StudyRunner::Llamacpp {
+        let differences = crate::rerun::llamacpp::protocol_differences(&options);
+        if !differences.is_empty() {
+            return Err(Error::format(
+                &study.path,
+                Some("protocol"),
+                format!(
+                    "runner: llamacpp scores llama.cpp's protocol: {}",
+                    differences.join("; ")
+                ),
+            ));
+        }
+    }
+    Ok(options)
+}
+
+/// The llama.cpp runner's shared flags from the study file's `llamacpp:` block, the reference
+/// running the baseline's `-fa` and cache types.
+fn llamacpp_options(
+    study: &Study,
+    baseline: &Resolved,
+) -> Result<crate::runner::llamacpp::LlamacppOptions> {
+    use crate::runner::llamacpp::{self, LlamacppOptions, LlamacppSettings};
+    let given = study.file.llamacpp.clone().unwrap_or_default();
+    let bad = |field: &str, why: String| Error::format(&study.path, Some(field), why);
+    let settings = LlamacppSettings {
+        threads: given.threads,
+        batch: given.batch,
+        ubatch: given.ubatch,
+        gpu_layers: given.gpu_layers,
+        device: given.device,
+        ..LlamacppSettings::default()
+    };
+    settings.check().map_err(|why| bad("llamacpp", why))?;
+    let (k, v, rotation) =
+        llamacpp::cache_flags(baseline.kv_cache).map_err(|why| bad("baseline.kv_cache", why))?;
+    let reference = LlamacppSettings {
+        flash_attn: Some(baseline.attention.clone()),
+        cache_type_k: k,
+        cache_type_v: v,
+        rotation,
+        ..settings.clone()
+    };
+    Ok(LlamacppOptions {
+        binary: given.binary.map(|b| study.resolve(&b)),
+        settings,
+        no_gate: given.no_gate,
+        reference: Some(reference),
+    })
 }

@@ -35,9 +35,12 @@ fn view(d: &StudyDocument, rows: &[Vec<RunRows>], html: bool) -> Json {
         p.bootstrap.seed
     );
     let arm_seconds: f64 = d.arms.iter().map(|a| a.seconds).sum();
+    let reference = d.timings.reference_seconds.map_or_else(
+        || "The reference ran beside each arm (its time is in the arm's)".to_owned(),
+        |s| format!("The reference's pass took {s:.1} s"),
+    );
     let timings = format!(
-        "The reference's pass took {:.1} s, the {} arms' {:.1} s, the whole study {:.1} s.",
-        d.timings.reference_seconds,
+        "{reference}, the {} arms' {:.1} s, the whole study {:.1} s.",
         d.arms.len(),
         arm_seconds,
         d.timings.total_seconds

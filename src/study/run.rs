@@ -14,6 +14,7 @@ use super::plan::{self, ArmKind, Plan, PlannedArm};
 use crate::error::{Error, Result};
 use crate::kld::protocol::Segment;
 use crate::rerun::{self, Lane, Request};
+use crate::runner::llamacpp::LlamacppOptions;
 
 /// A finished study: its document and, per arm, the rows the plots draw.
 pub struct StudyOutcome {
@@ -35,10 +36,23 @@ pub fn run(
 ) -> Result<StudyOutcome> {
     let started = std::time::Instant::now();
     let plan = plan::plan(study)?;
+    // The llama.cpp runner's flags per arm: the shared ones with the arm's `-fa`.
+    let llamacpp: Vec<Option<LlamacppOptions>> = plan
+        .arms
+        .iter()
+        .map(|a| {
+            plan.llamacpp.as_ref().map(|o| {
+                let mut o = o.clone();
+                o.settings.flash_attn = Some(a.settings.attention.clone());
+                o
+            })
+        })
+        .collect();
     let requests: Vec<Request> = plan
         .arms
         .iter()
-        .map(|a| request(&plan, a, threads))
+        .zip(&llamacpp)
+        .map(|(a, l)| request(&plan, a, l.as_ref(), threads))
         .collect();
     let names: Vec<String> = plan.arms.iter().map(|a| a.name.clone()).collect();
     let attentions: Vec<String> = plan
@@ -75,7 +89,10 @@ pub fn run(
             manifest_sha256: m.candidate.manifest_sha256.clone(),
             settings: ArmSettings {
                 kv_cache: arm.settings.kv_cache.map_or("none".into(), |s| s.name()),
-                compute_dtype: arm.settings.compute.as_str().into(),
+                compute_dtype: match plan.runner {
+                    StudyRunner::Llamacpp => "llama.cpp's".into(),
+                    _ => arm.settings.compute.as_str().into(),
+                },
                 attention: arm.settings.attention.clone(),
                 recurrent_state: arm.settings.recurrent_state.as_str().into(),
                 emulate: format!("{:?}", arm.settings.emulate),
@@ -147,11 +164,7 @@ pub fn run(
         eval: first.eval.clone(),
         protocol: first.protocol.clone(),
         protocol_sha256: first.protocol_sha256.clone(),
-        runner: match plan.runner {
-            StudyRunner::Native => "native",
-            StudyRunner::Transformers => "transformers",
-        }
-        .into(),
+        runner: plan.runner.as_str().into(),
         device: first.environment.device.clone(),
         definitions: DEFINITIONS.into(),
         arms,
@@ -166,13 +179,22 @@ pub fn run(
 
 /// An arm as a rerun request: the study's reference, text, template and options, the arm's
 /// checkpoint and settings.
-fn request<'a>(plan: &'a Plan, arm: &'a PlannedArm, threads: usize) -> Request<'a> {
-    let lane = match &plan.transformers {
-        Some(runner) => Lane::Transformers {
+fn request<'a>(
+    plan: &'a Plan,
+    arm: &'a PlannedArm,
+    llamacpp: Option<&'a LlamacppOptions>,
+    threads: usize,
+) -> Request<'a> {
+    let lane = match (&plan.transformers, llamacpp) {
+        (_, Some(runner)) => Lane::Llamacpp {
             reference: &plan.reference,
             runner,
         },
-        None => Lane::Native {
+        (Some(runner), None) => Lane::Transformers {
+            reference: &plan.reference,
+            runner,
+        },
+        (None, None) => Lane::Native {
             reference: &plan.reference,
             compute: arm.settings.compute,
             emulate: arm.settings.emulate,

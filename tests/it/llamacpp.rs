@@ -188,6 +188,81 @@ fn a_sweep_of_llama_cpp_settings_needs_the_llamacpp_runner() {
     assert!(r.message().contains("q3_k"), "{}", r.message());
 }
 
+/// A study file in `dir` with `runner: llamacpp` over the example GGUF pair, `protocol` and
+/// `arms` as YAML flow text.
+fn llamacpp_study(dir: &Path, protocol: &str, arms: &[&str], bin: &str) -> PathBuf {
+    let root = repo_root();
+    let mut yaml = format!(
+        "study: cardproof/study-v1\nname: lcp\nreference: {}\neval: {{text: {}}}\nprotocol: {protocol}\nrunner: llamacpp\nllamacpp: {{binary: {bin}, threads: 2}}\narms:\n",
+        root.join(BF16_GGUF).display(),
+        root.join("examples/data/eval.txt").display(),
+    );
+    for a in arms {
+        yaml.push_str(&format!(
+            "  - {}\n",
+            a.replace("ROOT", &root.display().to_string())
+        ));
+    }
+    let path = dir.join("study.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+#[test]
+fn a_llamacpp_study_refuses_what_llama_perplexity_has_no_flag_for_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    for (arm, protocol, field, says) in [
+        (
+            "{name: f64, compute_dtype: f64, changes: kernel}",
+            "{context_lengths: [256]}",
+            "arms[0].compute_dtype",
+            "no `compute_dtype` setting",
+        ),
+        (
+            "{name: eager, attention: eager, changes: kernel}",
+            "{context_lengths: [256]}",
+            "arms[0].attention",
+            "on, off or auto",
+        ),
+        (
+            "{name: kv, kv_cache: q8_0, changes: kv_cache}",
+            "{context_lengths: [256], positions: {policy: all}}",
+            "protocol",
+            "--positions second-half",
+        ),
+        (
+            "{name: kv, kv_cache: q8_0, changes: kv_cache}",
+            "{context_lengths: [128, 256]}",
+            "protocol",
+            "one --context-length",
+        ),
+        (
+            "{name: st, candidate: ROOT/examples/models/shakespeare-w8a16, changes: weights}",
+            "{context_lengths: [256]}",
+            "shakespeare-w8a16",
+            "GGUF",
+        ),
+    ] {
+        let study = llamacpp_study(
+            dir.path(),
+            protocol,
+            &[arm],
+            "/nonexistent/llama-perplexity",
+        );
+        let r = run(&[
+            "study",
+            study.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(r.code, 2, "{arm}: {}", r.transcript());
+        let m = r.message();
+        assert!(m.contains(field) && m.contains(says), "{arm}: {m}");
+        assert!(!out.exists(), "a refused study writes nothing");
+    }
+}
+
 /// The real llama.cpp: built by runners/llamacpp/build.sh, named by CARDPROOF_LLAMACPP_BIN.
 /// `.ci/run` runs these with `--ignored`, where a missing binary fails them.
 mod real {
@@ -370,6 +445,66 @@ esac"#
         let env = &sweep["pairs"][1]["environment"]["llamacpp"];
         assert_eq!(env["candidate"]["cache_type_k"], "q4_0");
         assert_eq!(env["reference"]["cache_type_k"], "f16");
+    }
+    #[test]
+    #[ignore = "needs llama.cpp's llama-perplexity (CARDPROOF_LLAMACPP_BIN; .ci/run builds it)"]
+    fn a_llamacpp_study_arm_equals_the_single_measure_of_its_pair_and_repeats_to_zero() {
+        let bin = bin();
+        let dir = tempfile::tempdir().unwrap();
+        let study = llamacpp_study(
+            dir.path(),
+            "{context_lengths: [256]}",
+            &[
+                "{name: q4_0, candidate: ROOT/examples/models/shakespeare-q4_0-gguf, changes: weights}",
+                "{name: kv-q8_0, kv_cache: q8_0+hadamard, changes: kv_cache}",
+            ],
+            &bin,
+        );
+        let out = dir.path().join("study");
+        let r = run(&[
+            "study",
+            study.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+        ]);
+        assert_eq!(r.code, 0, "{}", r.transcript());
+        let doc = r.json();
+        assert_eq!(doc["runner"], "llamacpp");
+        assert!(
+            doc["timings"].get("reference_seconds").is_none(),
+            "{}",
+            doc["timings"]
+        );
+        let arm = |name: &str| {
+            doc["arms"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|a| a["name"] == name)
+                .unwrap_or_else(|| panic!("{name}: {}", doc["arms"]))
+                .clone()
+        };
+        let kld = |a: &serde_json::Value| a["runs"][0]["metrics"]["kld_mean"].as_f64().unwrap();
+        // llama.cpp is deterministic on one machine: the baseline against itself is 0.
+        assert_eq!(kld(&arm("control-repeat")), 0.0);
+        assert!(
+            kld(&arm("control-kernel")) > 0.0,
+            "flash attention off moves the rows"
+        );
+        assert!(kld(&arm("kv-q8_0")) > 0.0);
+        // The q4_0 arm is what `measure --runner llamacpp` of the pair records, to the bit.
+        let single = dir.path().join("single");
+        let m = run(&measure_args(&bin, single.to_str().unwrap()));
+        assert_eq!(m.code, 0, "{}", m.transcript());
+        let single = measurement(&single);
+        let arm_m = measurement(&out.join("arms/q4_0"));
+        assert_eq!(
+            arm_m["runs"][0]["metrics"], single["runs"][0]["metrics"],
+            "the study arm and the single measure"
+        );
+        let gates = arm_m["environment"]["llamacpp"]["gate"].clone();
+        assert!(gates["printed_kld_mean"].is_number(), "{gates}");
     }
 }
 

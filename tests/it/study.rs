@@ -305,7 +305,7 @@ fn an_arm_that_changes_more_than_it_says_is_refused_or_marked_mixed() {
 /// The study file's committed schema is the type's, and the example study validates against it
 /// (rerun with CARDPROOF_BLESS=1 after changing the type).
 #[test]
-fn the_study_file_schema_is_committed_and_the_example_follows_it() {
+fn the_study_file_schema_is_committed_and_the_examples_follow_it() {
     let path = repo_root().join("schema/study-file-v1.schema.json");
     let schema = cardproof::study::file::json_schema();
     let text = cardproof::schema::text(&schema);
@@ -317,13 +317,16 @@ fn the_study_file_schema_is_committed_and_the_example_follows_it() {
         Some(text.as_str()),
         "schema/study-file-v1.schema.json is out of date; rerun with CARDPROOF_BLESS=1"
     );
-    let example = repo_root().join("examples/studies/shakespeare.yaml");
-    let study = cardproof::study::file::Study::read(&example).unwrap();
-    let value = serde_json::to_value(&study.file).unwrap();
     let validator = jsonschema::validator_for(&schema).unwrap();
-    let errors: Vec<String> = validator
-        .iter_errors(&value)
-        .map(|e| e.to_string())
-        .collect();
-    assert!(errors.is_empty(), "{errors:?}");
+    for name in ["shakespeare.yaml", "shakespeare-llamacpp.yaml"] {
+        let example = repo_root().join("examples/studies").join(name);
+        let study = cardproof::study::file::Study::read(&example).unwrap();
+        let value = serde_json::to_value(&study.file).unwrap();
+        let errors: Vec<String> = validator
+            .iter_errors(&value)
+            .map(|e| e.to_string())
+            .collect();
+        assert!(errors.is_empty(), "{name}: {errors:?}");
+        cardproof::study::plan::plan(&study).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
 }

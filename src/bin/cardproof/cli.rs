@@ -144,9 +144,14 @@ pub struct StudyArgs {
     /// Private key to sign study.json with (default: the user's key).
     #[arg(long, value_name = "KEY")]
     pub key: Option<PathBuf>,
-    /// Run the study in this runner instead of the file's `runner` (native or transformers).
-    #[arg(long, value_name = "RUNNER", value_parser = ["native", "transformers"])]
+    /// Run the study in this runner instead of the file's `runner` (native, transformers or
+    /// llamacpp).
+    #[arg(long, value_name = "RUNNER", value_parser = ["native", "transformers", "llamacpp"])]
     pub runner: Option<String>,
+    /// For the llama.cpp runner: the `llama-perplexity` binary instead of the file's
+    /// `llamacpp.binary` (else the one on PATH).
+    #[arg(long, value_name = "PATH")]
+    pub llamacpp_bin: Option<PathBuf>,
     /// For the transformers runner: the device instead of the file's (cuda, cuda:N, auto, cpu).
     #[arg(long, value_name = "DEVICE")]
     pub device: Option<String>,

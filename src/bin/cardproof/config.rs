@@ -556,15 +556,13 @@ impl StudyConfig {
         });
         StudyConfig {
             overrides: cardproof::study::file::Overrides {
-                runner: args.runner.as_deref().map(|r| {
-                    if r == "transformers" {
-                        cardproof::study::file::StudyRunner::Transformers
-                    } else {
-                        cardproof::study::file::StudyRunner::Native
-                    }
-                }),
+                runner: args
+                    .runner
+                    .as_deref()
+                    .and_then(cardproof::study::file::StudyRunner::from_name),
                 device: args.device,
                 torch_dtype: args.torch_dtype,
+                llamacpp_bin: args.llamacpp_bin,
             },
             file: args.file,
             out,
