@@ -5,6 +5,8 @@
 #
 #   runners/llamacpp/build.sh            CPU build (what CI and the llama.cpp runner's tests use)
 #   runners/llamacpp/build.sh --cuda     CUDA build (GGML_CUDA=ON; needs nvcc)
+#   runners/llamacpp/build.sh --gguf-py  no build: the same source's gguf-py (llama.cpp's Python
+#                                        GGUF writer and reference quantizers), for the benches
 #
 # The build is cached under $CARDPROOF_CACHE (default ~/.cache/cardproof), keyed by the source's
 # sha256, the backend and, for the CPU build (compiled for the host's instruction sets), the
@@ -17,6 +19,32 @@ backend=cpu
 [ "${1:-}" = "--cuda" ] && backend=cuda
 
 cache="${CARDPROOF_CACHE:-$HOME/.cache/cardproof}"
+
+# The pinned sdist, checked, unpacked into $1; sets $src to its vendor/llama.cpp.
+fetch_source() {
+  python3 -m pip download --quiet --no-deps --no-binary :all: --dest "$1" \
+    "llama-cpp-python==$VERSION" >&2
+  local sdist="$1/llama_cpp_python-$VERSION.tar.gz"
+  echo "$SHA256  $sdist" | sha256sum --check --quiet - >&2 || {
+    echo "llama-cpp-python $VERSION: the sdist's sha256 is not the pinned one" >&2
+    exit 1
+  }
+  tar -xzf "$sdist" -C "$1"
+  src="$1/llama_cpp_python-$VERSION/vendor/llama.cpp"
+}
+
+if [ "${1:-}" = "--gguf-py" ]; then
+  py="$cache/gguf-py-$VERSION-${SHA256:0:12}"
+  if [ ! -d "$py/gguf" ]; then
+    work="$(mktemp -d)"
+    trap 'rm -rf "$work"' EXIT
+    fetch_source "$work"
+    mkdir -p "$cache"
+    rm -rf "$py.tmp" && cp -r "$src/gguf-py" "$py.tmp" && mv "$py.tmp" "$py"
+  fi
+  echo "$py"
+  exit 0
+fi
 cpu_key=""
 if [ "$backend" = cpu ] && [ -r /proc/cpuinfo ]; then
   cpu_key="-$(grep -m1 '^flags' /proc/cpuinfo | sha256sum | cut -c1-12)"
@@ -30,15 +58,7 @@ fi
 command -v cmake >/dev/null 2>&1 || python3 -m pip install --quiet cmake >&2
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-python3 -m pip download --quiet --no-deps --no-binary :all: --dest "$work" \
-  "llama-cpp-python==$VERSION" >&2
-sdist="$work/llama_cpp_python-$VERSION.tar.gz"
-echo "$SHA256  $sdist" | sha256sum --check --quiet - >&2 || {
-  echo "llama-cpp-python $VERSION: the sdist's sha256 is not the pinned one" >&2
-  exit 1
-}
-tar -xzf "$sdist" -C "$work"
-src="$work/llama_cpp_python-$VERSION/vendor/llama.cpp"
+fetch_source "$work"
 flags=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF
        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF)
 [ "$backend" = cuda ] && flags+=(-DGGML_CUDA=ON)

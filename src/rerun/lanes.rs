@@ -55,15 +55,20 @@ pub(super) fn identity(
     threads: usize,
     known: Option<&Manifest>,
 ) -> Result<ModelRecord> {
-    Ok(ModelRecord {
+    Ok(identity_of(m, given, root_digest(given, threads, known)?))
+}
+
+/// Identity of a loaded native model whose files' root digest is known.
+fn identity_of(m: &NativeModel, given: &Path, manifest_sha256: String) -> ModelRecord {
+    ModelRecord {
         path: given.display().to_string(),
         format: m.format.to_owned(),
-        manifest_sha256: root_digest(given, threads, known)?,
+        manifest_sha256,
         lm_head_sha256: m.lm_head_sha256.clone(),
         stored_dtype: m.stored_dtype.clone(),
         runner: Runner::environment(m),
         hub: None,
-    })
+    }
 }
 
 /// The CPU's model name, from /proc/cpuinfo where there is one.
@@ -252,24 +257,33 @@ pub(super) fn native(
     progress: Progress,
 ) -> Result<Rerun> {
     let (text, tokenizer, stream) = tokenized(r, &mut pre)?;
-    stage("loading models");
-    // The reference keeps the exact f32 state (the reference semantics); the knob emulates the
-    // candidate's engine.
-    let mut reference = native::load(reference_path, compute, emulate, StateDtype::F32)?;
-    if let Some(setting) = r.reference_kv_cache {
-        reference.decoder.set_kv_cache(setting).map_err(|e| {
-            Error::usage(reference_path, format!("KV cache {}: {e}", setting.name()))
-        })?;
-    }
-    let candidate = load_candidate(r, compute, emulate)?;
-    stage("hashing");
-    let reference_id = identity(
-        &reference,
-        reference_path,
-        r.threads,
-        pre.reference_manifest.as_ref(),
-    )?;
-    let candidate_id = identity(&candidate, r.candidate, r.threads, r.candidate_manifest)?;
+    stage("loading and hashing the models");
+    // The models load (read, dequantize; each tensor in parallel) one after the other, so that
+    // one file's mapping is released before the next is read, while both checkpoints are hashed
+    // beside them. Errors are taken in a fixed order (the reference's first), whatever finished
+    // first.
+    let (models, digests) = rayon::join(
+        || -> Result<(NativeModel, NativeModel)> {
+            // The reference keeps the exact f32 state (the reference semantics); the knob
+            // emulates the candidate's engine.
+            let mut reference = native::load(reference_path, compute, emulate, StateDtype::F32)?;
+            if let Some(setting) = r.reference_kv_cache {
+                reference.decoder.set_kv_cache(setting).map_err(|e| {
+                    Error::usage(reference_path, format!("KV cache {}: {e}", setting.name()))
+                })?;
+            }
+            Ok((reference, load_candidate(r, compute, emulate)?))
+        },
+        || {
+            rayon::join(
+                || root_digest(reference_path, r.threads, pre.reference_manifest.as_ref()),
+                || root_digest(r.candidate, r.threads, r.candidate_manifest),
+            )
+        },
+    );
+    let (reference, candidate) = models?;
+    let reference_id = identity_of(&reference, reference_path, digests.0?);
+    let candidate_id = identity_of(&candidate, r.candidate, digests.1?);
     let options = with_padding(r, candidate.vocab());
     let eval = EvalInput {
         stream: &stream,

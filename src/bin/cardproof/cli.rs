@@ -66,6 +66,20 @@ pub enum Command {
     Check(CheckArgs),
 }
 
+impl Command {
+    /// `--threads`, for the commands that compute.
+    pub fn threads(&self) -> Option<u16> {
+        match self {
+            Command::Hash(a) => a.threads,
+            Command::Measure(a) => a.threads,
+            Command::Verify(a) => a.threads,
+            Command::Study(a) => a.threads,
+            Command::Reference(ReferenceCommand::Export(a)) => a.threads,
+            _ => None,
+        }
+    }
+}
+
 /// `--kv-cache`, `--kv-cache-k`, `--kv-cache-v`, `--kv-cache-rotation` (measure and verify).
 #[derive(Debug, Args)]
 pub struct KvCacheArgs {

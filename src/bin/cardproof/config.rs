@@ -510,8 +510,12 @@ fn recurrent_state(value: &str, transformers: bool) -> Result<StateDtype, String
 
 /// `--threads`, by default every core.
 fn threads(threads: Option<u16>) -> usize {
-    let cores = || std::thread::available_parallelism().map_or(1, usize::from);
     threads.map_or_else(cores, usize::from)
+}
+
+/// Every core the process may use.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
 }
 
 /// `--out`, by default ./cardproof-out/<name of the model>/. Outputs never go into a checkpoint

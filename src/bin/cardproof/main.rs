@@ -6,6 +6,7 @@ mod cli;
 mod commands;
 mod config;
 mod printer;
+mod runtime;
 
 use std::io;
 use std::process::ExitCode;
@@ -29,6 +30,12 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    // `--threads N` (default: every core) for every pool in the process, before any starts.
+    runtime::configure(
+        cli.command
+            .threads()
+            .map_or_else(config::cores, usize::from),
+    );
     let output = match output_args(&cli.command) {
         None => Ok(Output {
             format: Format::Json,

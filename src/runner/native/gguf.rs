@@ -3,8 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use candle_core::Device;
-use candle_core::quantized::{GgmlDType, ggml_file::qtensor_from_ggml};
+use candle_core::quantized::GgmlDType;
 
 use super::config::{Arch, ModelConfig};
 use super::gguf_family::{self, Family, GgufFamilyConfig, Plan};
@@ -78,6 +77,84 @@ fn candle_type(ty: GgmlType) -> Option<GgmlDType> {
         GgmlType::Q8_K => GgmlDType::Q8K,
         _ => return None,
     })
+}
+
+/// Elements dequantized per task (4 MiB of f32): the temporary of a block type's chunk stays in
+/// cache while it is copied into place.
+const DEQUANT_CHUNK: usize = 1 << 20;
+
+/// A tensor's bytes (llama.cpp's layout, `dims` outermost first) as f32, written once into the
+/// result and in parallel: float types converted element by element (exactly what candle's
+/// dequantizer does, without its two intermediate copies), block types dequantized by candle's
+/// own kernels a run of whole rows at a time. The result is the same bits whatever the threads.
+fn dequantize_bytes(
+    ty: GgmlType,
+    candle: GgmlDType,
+    bytes: &[u8],
+    dims: &[usize],
+) -> std::result::Result<Vec<f32>, String> {
+    use rayon::prelude::*;
+    let n = dims
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or("the element count overflows")?;
+    let cols = dims.last().copied().unwrap_or(1).max(1);
+    let (block, size) = (ty.block_size() as usize, ty.type_size() as usize);
+    if block == 0 || !cols.is_multiple_of(block) {
+        return Err(format!("rows of {cols} are not whole blocks of {block}"));
+    }
+    let row_bytes = cols / block * size;
+    if bytes.len() != n / cols * row_bytes {
+        return Err(format!(
+            "{} bytes for {n} elements of {}",
+            bytes.len(),
+            ty.name()
+        ));
+    }
+    let mut out = vec![0f32; n];
+    match ty {
+        GgmlType::F32 => out
+            .par_chunks_mut(DEQUANT_CHUNK)
+            .zip(bytes.par_chunks(DEQUANT_CHUNK * 4))
+            .for_each(|(o, b)| {
+                for (v, x) in o.iter_mut().zip(b.chunks_exact(4)) {
+                    *v = f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+                }
+            }),
+        GgmlType::F16 | GgmlType::BF16 => {
+            let bf16 = ty == GgmlType::BF16;
+            out.par_chunks_mut(DEQUANT_CHUNK)
+                .zip(bytes.par_chunks(DEQUANT_CHUNK * 2))
+                .for_each(|(o, b)| {
+                    for (v, x) in o.iter_mut().zip(b.chunks_exact(2)) {
+                        let bits = u16::from_le_bytes([x[0], x[1]]);
+                        *v = if bf16 {
+                            half::bf16::from_bits(bits).to_f32()
+                        } else {
+                            half::f16::from_bits(bits).to_f32()
+                        };
+                    }
+                });
+        }
+        _ => {
+            let rows = (DEQUANT_CHUNK / cols).max(1);
+            out.par_chunks_mut(rows * cols)
+                .zip(bytes.par_chunks(rows * row_bytes))
+                .try_for_each(|(o, b)| {
+                    let q = candle.from_data(std::borrow::Cow::Borrowed(b));
+                    match q.dequantize(o.len()).map_err(|e| e.to_string())? {
+                        candle_core::CpuStorage::F32(v) if v.len() == o.len() => {
+                            o.copy_from_slice(&v);
+                            Ok(())
+                        }
+                        _ => Err(format!(
+                            "candle's {candle:?} dequantizer returned another shape"
+                        )),
+                    }
+                })?;
+        }
+    }
+    Ok(out)
 }
 
 /// Hugging Face name → llama.cpp name.
@@ -314,12 +391,7 @@ impl GgufStore {
             .checked_add(len)
             .and_then(|end| self.map.bytes().get(start..end))
             .ok_or_else(|| bad("data lies outside the file".into()))?;
-        let q = qtensor_from_ggml(ty, bytes, dims.clone(), &Device::Cpu)
-            .map_err(|e| bad(format!("dequantizing: {e}")))?;
-        let data = q
-            .dequantize(&Device::Cpu)
-            .and_then(|t| t.flatten_all())
-            .and_then(|t| t.to_vec1::<f32>())
+        let data = dequantize_bytes(t.ty, ty, bytes, &dims)
             .map_err(|e| bad(format!("dequantizing: {e}")))?;
         Ok(Dense { shape: dims, data })
     }
@@ -486,6 +558,50 @@ impl WeightStore for GgufStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one-pass parallel dequantizer gives candle's bits (its QTensor path, which the
+    /// dequantizer fixtures check against gguf-py) for every type, over several chunks.
+    #[test]
+    fn dequantize_bytes_equals_candles_dequantizer_bit_for_bit() {
+        use candle_core::quantized::{QTensor, ggml_file::qtensor_from_ggml};
+        use candle_core::{Device, Tensor};
+        let (rows, cols) = (2 * DEQUANT_CHUNK / 512 + 3, 512);
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i as f32 * 0.618).sin() * 3.0) * (1.0 + (i % 7) as f32))
+            .collect();
+        let x = Tensor::from_vec(values, (rows, cols), &Device::Cpu).unwrap();
+        for (ty, candle) in [
+            (GgmlType::F32, GgmlDType::F32),
+            (GgmlType::F16, GgmlDType::F16),
+            (GgmlType::BF16, GgmlDType::BF16),
+            (GgmlType::Q8_0, GgmlDType::Q8_0),
+            (GgmlType::Q4_0, GgmlDType::Q4_0),
+            (GgmlType::Q5_1, GgmlDType::Q5_1),
+            (GgmlType::Q4_K, GgmlDType::Q4K),
+            (GgmlType::Q6_K, GgmlDType::Q6K),
+        ] {
+            let q = QTensor::quantize(&x, candle).unwrap();
+            let bytes = q.data().unwrap().to_vec();
+            let want: Vec<u32> = qtensor_from_ggml(candle, &bytes, vec![rows, cols], &Device::Cpu)
+                .unwrap()
+                .dequantize(&Device::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            let got: Vec<u32> = dequantize_bytes(ty, candle, &bytes, &[rows, cols])
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            assert!(got == want, "{ty:?}");
+        }
+        assert!(dequantize_bytes(GgmlType::Q8_0, GgmlDType::Q8_0, &[0; 10], &[1, 32]).is_err());
+    }
 
     #[test]
     fn emulate_names() {
