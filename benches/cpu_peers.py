@@ -86,37 +86,15 @@ def weights(seed=0):
 
 def write_gguf(gguf, tensors, kind, path):
     sys.path.insert(0, os.path.join(REPO, "runners/llamacpp"))
-    from make_gguf_pair import vocab_of
+    from make_gguf_pair import add_qwen3_metadata
 
-    s = SHAPE
-    tokens, types, merges, bos, eos = vocab_of(TOKENIZER_DIR, s["vocab"])
     qtype = {"f32": gguf.GGMLQuantizationType.F32, "q8_0": gguf.GGMLQuantizationType.Q8_0,
              "q4_0": gguf.GGMLQuantizationType.Q4_0}[kind]
     ftype = {"f32": gguf.LlamaFileType.ALL_F32, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
              "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[kind]
     w = gguf.GGUFWriter(path, "qwen3")
-    w.add_type("model")
-    w.add_name(f"cardproof-bench-qwen3-0.6b-random-{kind}")
-    w.add_file_type(int(ftype))
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_block_count(s["layers"])
-    w.add_context_length(40960)
-    w.add_embedding_length(s["hidden"])
-    w.add_feed_forward_length(s["ff"])
-    w.add_head_count(s["heads"])
-    w.add_head_count_kv(s["kv_heads"])
-    w.add_rope_freq_base(1_000_000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_key_length(s["head_dim"])
-    w.add_value_length(s["head_dim"])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(bos)
-    w.add_eos_token_id(eos)
-    w.add_add_bos_token(False)
+    add_qwen3_metadata(w, gguf, SHAPE, f"cardproof-bench-qwen3-0.6b-random-{kind}", ftype,
+                       TOKENIZER_DIR)
     dequantized = {}
     for name, t in tensors.items():
         if t.ndim == 2 and kind != "f32":
@@ -318,20 +296,19 @@ def main():
             if have_torch and kind == "q8_0":
                 runs["torch"] = []
             for _ in range(args.repeats):
+                def measure(binary, out):
+                    return [binary, "measure", "--reference", ref, "--candidate", cand,
+                            "--eval-text", text, "--context-length", str(N_CTX), "--positions",
+                            "second-half", "--vocab", "threshold", "--threads", str(threads),
+                            "--out", out, "--force", "--json"]
+
                 out = os.path.join(work, "out")
-                runs["cardproof"].append(timed(
-                    [args.cardproof, "measure", "--reference", ref, "--candidate", cand,
-                     "--eval-text", text, "--context-length", str(N_CTX), "--positions",
-                     "second-half", "--vocab", "threshold", "--threads", str(threads),
-                     "--out", out, "--force", "--json"],
-                    os.path.join(work, "cardproof.log")))
+                runs["cardproof"].append(timed(measure(args.cardproof, out),
+                                               os.path.join(work, "cardproof.log")))
                 m = json.load(open(os.path.join(out, "measurement.json")))
                 if args.baseline:
                     runs["cardproof_baseline"].append(timed(
-                        [args.baseline, "measure", "--reference", ref, "--candidate", cand,
-                         "--eval-text", text, "--context-length", str(N_CTX), "--positions",
-                         "second-half", "--vocab", "threshold", "--threads", str(threads),
-                         "--out", out + "-baseline", "--force", "--json"],
+                        measure(args.baseline, out + "-baseline"),
                         os.path.join(work, "cardproof-baseline.log")))
                     b = json.load(open(os.path.join(out + "-baseline", "measurement.json")))
                     if b["runs"][0]["metrics"] != m["runs"][0]["metrics"]:

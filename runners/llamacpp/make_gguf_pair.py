@@ -54,6 +54,34 @@ def vocab_of(tokenizer_dir, n):
     return tokens, types, merges, vocab[tcfg["bos_token"]], vocab[tcfg["eos_token"]]
 
 
+def add_qwen3_metadata(w, gguf, s, name, file_type, tokenizer_dir):
+    """A Qwen3 model's GGUF metadata for shape `s` (SHAPE's keys), with the example tokenizer
+    padded to the shape's vocabulary; no BOS added (as the example's)."""
+    tokens, types, merges, bos, eos = vocab_of(tokenizer_dir, s["vocab"])
+    w.add_type("model")
+    w.add_name(name)
+    w.add_file_type(int(file_type))
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_block_count(s["layers"])
+    w.add_context_length(40960)
+    w.add_embedding_length(s["hidden"])
+    w.add_feed_forward_length(s["ff"])
+    w.add_head_count(s["heads"])
+    w.add_head_count_kv(s["kv_heads"])
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_key_length(s["head_dim"])
+    w.add_value_length(s["head_dim"])
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(bos)
+    w.add_eos_token_id(eos)
+    w.add_add_bos_token(False)
+
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -74,30 +102,9 @@ def main():
     import gguf
 
     s = dict(SHAPE, layers=args.layers)
-    tokens, types, merges, bos, eos = vocab_of(args.tokenizer, s["vocab"])
     w = gguf.GGUFWriter(args.out, "qwen3")
-    w.add_type("model")
-    w.add_name("cardproof-bench-qwen3-4b-random")
-    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_BF16))
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_block_count(s["layers"])
-    w.add_context_length(40960)
-    w.add_embedding_length(s["hidden"])
-    w.add_feed_forward_length(s["ff"])
-    w.add_head_count(s["heads"])
-    w.add_head_count_kv(s["kv_heads"])
-    w.add_rope_freq_base(1_000_000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_key_length(s["head_dim"])
-    w.add_value_length(s["head_dim"])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(bos)
-    w.add_eos_token_id(eos)
-    w.add_add_bos_token(False)
+    add_qwen3_metadata(w, gguf, s, "cardproof-bench-qwen3-4b-random",
+                       gguf.LlamaFileType.MOSTLY_BF16, args.tokenizer)
 
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     bf = gguf.GGMLQuantizationType.BF16
