@@ -467,10 +467,37 @@ impl Study {
         Ok(())
     }
 
-    /// The command line's settings over the file's.
-    pub fn apply(&mut self, o: &Overrides) {
+    /// The command line's settings over the file's. A flag for another runner than the one
+    /// that runs is refused, naming both (it would change nothing).
+    pub fn apply(&mut self, o: &Overrides) -> Result<()> {
         if let Some(r) = o.runner {
             self.file.runner = r;
+        }
+        let runner = self.file.runner;
+        for (flag, given, wants) in [
+            (
+                "--llamacpp-bin",
+                o.llamacpp_bin.is_some(),
+                StudyRunner::Llamacpp,
+            ),
+            ("--device", o.device.is_some(), StudyRunner::Transformers),
+            (
+                "--torch-dtype",
+                o.torch_dtype.is_some(),
+                StudyRunner::Transformers,
+            ),
+        ] {
+            if given && runner != wants {
+                return Err(Error::usage(
+                    Path::new(flag),
+                    format!(
+                        "is for runner {}; {} runs in runner {} (the file's `runner`, or --runner)",
+                        wants.as_str(),
+                        self.path.display(),
+                        runner.as_str()
+                    ),
+                ));
+            }
         }
         if self.file.runner != StudyRunner::Llamacpp {
             self.file.llamacpp = None;
@@ -482,7 +509,7 @@ impl Study {
         }
         if self.file.runner != StudyRunner::Transformers {
             self.file.transformers = None;
-            return;
+            return Ok(());
         }
         if o.device.is_some() || o.torch_dtype.is_some() || self.file.transformers.is_none() {
             let t = self.file.transformers.get_or_insert_with(Default::default);
@@ -493,6 +520,7 @@ impl Study {
                 t.torch_dtype = o.torch_dtype.clone();
             }
         }
+        Ok(())
     }
 
     /// A path the study file names, relative to its directory.

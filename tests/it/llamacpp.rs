@@ -263,6 +263,28 @@ fn a_llamacpp_study_refuses_what_llama_perplexity_has_no_flag_for_naming_the_fie
     }
 }
 
+#[test]
+fn a_llamacpp_bin_for_a_study_in_another_runner_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let study = repo_root().join("examples/studies/shakespeare.yaml");
+    let r = run(&[
+        "study",
+        study.to_str().unwrap(),
+        "--llamacpp-bin",
+        "/usr/bin/true",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 2, "{}", r.transcript());
+    let m = r.message();
+    assert!(
+        m.contains("--llamacpp-bin") && m.contains("runner native"),
+        "{m}"
+    );
+    assert!(!out.exists());
+}
+
 /// The real llama.cpp: built by runners/llamacpp/build.sh, named by CARDPROOF_LLAMACPP_BIN.
 /// `.ci/run` runs these with `--ignored`, where a missing binary fails them.
 mod real {

@@ -29,7 +29,7 @@ pub struct Studied {
 pub fn study(config: &crate::config::StudyConfig, printer: &Printer) -> super::Result<Studied> {
     let c = config;
     let mut study = cardproof::study::file::Study::read(&c.file)?;
-    study.apply(&c.overrides);
+    study.apply(&c.overrides)?;
     // Checked before the set is opened: a study that cannot run leaves --out as it was.
     let plan = cardproof::study::plan::plan(&study)?;
     let mut models: Vec<&Path> = vec![plan.reference.as_path()];
