@@ -2,12 +2,41 @@
 #![allow(unsafe_code)]
 
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
 /// A read-only view of a whole file. Empty files map to an empty slice.
 pub struct MappedFile {
-    map: Option<memmap2::Mmap>,
+    /// Shared so that views ([`MappedF32`]) can outlive the file's parser.
+    map: Option<Arc<memmap2::Mmap>>,
+}
+
+/// Little-endian f32 values read in place from a mapped file: a weight the forward pass uses
+/// as stored, without a copy (no fresh pages to fault in, none to zero). Keeps the map alive.
+#[derive(Clone)]
+pub struct MappedF32 {
+    map: Arc<memmap2::Mmap>,
+    /// Byte offset of the first value: a multiple of 4 from a page-aligned map, so aligned.
+    start: usize,
+    len: usize,
+}
+
+impl MappedF32 {
+    pub fn as_slice(&self) -> &[f32] {
+        // Alignment, bounds and length were checked in `MappedFile::f32_view`.
+        bytemuck::cast_slice(&self.map[self.start..self.start + self.len * 4])
+    }
+}
+
+impl std::fmt::Debug for MappedF32 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "MappedF32 {{ start: {}, len: {} }}",
+            self.start, self.len
+        )
+    }
 }
 
 impl MappedFile {
@@ -22,7 +51,24 @@ impl MappedFile {
         // the file while it is mapped, reads past the new end fault (SIGBUS); checkpoint files are
         // not expected to change under a reader, and every parse copies what it keeps.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-        Ok(MappedFile { map: Some(map) })
+        Ok(MappedFile {
+            map: Some(Arc::new(map)),
+        })
+    }
+
+    /// `len` f32 values stored little-endian at byte `start`, read in place; `None` where they
+    /// cannot be (a big-endian host, an unaligned offset, a range outside the file), and the
+    /// caller copies instead.
+    pub fn f32_view(&self, start: usize, len: usize) -> Option<MappedF32> {
+        let map = self.map.as_ref()?;
+        let end = len.checked_mul(4).and_then(|b| b.checked_add(start))?;
+        let bytes = map.get(start..end)?;
+        let aligned = bytemuck::try_cast_slice::<u8, f32>(bytes).is_ok();
+        (cfg!(target_endian = "little") && aligned).then(|| MappedF32 {
+            map: Arc::clone(map),
+            start,
+            len,
+        })
     }
 
     /// Tell the kernel the whole file will be read soon (logit files are read end to end):
@@ -35,6 +81,6 @@ impl MappedFile {
     }
 
     pub fn bytes(&self) -> &[u8] {
-        self.map.as_deref().unwrap_or(&[])
+        self.map.as_deref().map_or(&[], |m| &m[..])
     }
 }

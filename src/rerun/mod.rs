@@ -199,7 +199,7 @@ pub struct NoiseFloorRun {
 /// Run one rerun in its lane, its [`preflight`] first. Fails closed: any problem is an `Err`,
 /// never a partial result.
 pub fn run(r: &Request, stage: &(dyn Fn(&str) + Sync), progress: Progress) -> Result<Rerun> {
-    let pre = preflight::check(r, stage)?;
+    let pre = preflight::check_deferring_digest(r, stage)?;
     run_checked(r, pre, stage, progress)
 }
 

@@ -109,6 +109,21 @@ impl Preflight {
 /// The pre-flight of one rerun. `stage` names what it is doing (hashing a large reference
 /// takes a while).
 pub fn check(r: &Request, stage: &(dyn Fn(&str) + Sync)) -> Result<Preflight> {
+    check_hashing(r, stage, true)
+}
+
+/// [`check`] for a rerun nothing compares before it runs (`measure`): the native lane's
+/// reference is then hashed while the models load, beside the candidate, instead of alone
+/// before them (seconds of a single core on a multi-gigabyte checkpoint).
+pub fn check_deferring_digest(r: &Request, stage: &(dyn Fn(&str) + Sync)) -> Result<Preflight> {
+    check_hashing(r, stage, !matches!(r.lane, Lane::Native { .. }))
+}
+
+fn check_hashing(
+    r: &Request,
+    stage: &(dyn Fn(&str) + Sync),
+    reference_digest_now: bool,
+) -> Result<Preflight> {
     let o = &r.options;
     o.check()?;
     if let Some(dir) = &o.dump_logits {
@@ -131,7 +146,7 @@ pub fn check(r: &Request, stage: &(dyn Fn(&str) + Sync)) -> Result<Preflight> {
     }
     match r.lane {
         Lane::Native { reference, .. } | Lane::Transformers { reference, .. } => {
-            model_lane(r, &mut pre, reference, stage)?
+            model_lane(r, &mut pre, reference, stage, reference_digest_now)?
         }
         Lane::ReferenceArtifact { artifact, .. } => {
             stage("reading the artifact");
@@ -181,6 +196,7 @@ fn model_lane(
     pre: &mut Preflight,
     reference: &Path,
     stage: &(dyn Fn(&str) + Sync),
+    digest_now: bool,
 ) -> Result<()> {
     let text = r.eval_text.ok_or_else(|| {
         Error::usage(
@@ -195,24 +211,28 @@ fn model_lane(
         context_lengths(model, &r.options.context_lengths)?;
     }
     pre.warnings = bootstrap_blocks(text, &stream, &r.options, tokenizer.bos_id)?;
-    stage("hashing");
-    let manifest = hash_path(
-        reference,
-        &HashOptions {
-            threads: Some(r.threads),
-            include_all: false,
-        },
-        &|_| {},
-    )?;
+    let manifest = if digest_now {
+        stage("hashing");
+        Some(hash_path(
+            reference,
+            &HashOptions {
+                threads: Some(r.threads),
+                include_all: false,
+            },
+            &|_| {},
+        )?)
+    } else {
+        None
+    };
     pre.identity = Identity {
-        reference_files_sha256: Some(manifest.root_sha256.clone()),
+        reference_files_sha256: manifest.as_ref().map(|m| m.root_sha256.clone()),
         eval_text_sha256: Some(stream.text_sha256.clone()),
         tokens_sha256: Some(tokens::tokens_sha256(&stream.ids)),
         token_count: Some(stream.ids.len()),
         conversation: stream.conversation.as_ref().map(|c| c.record.clone()),
         text_read: true,
     };
-    pre.reference_manifest = Some(manifest);
+    pre.reference_manifest = manifest;
     pre.tokenized = Some((tokenizer, stream));
     Ok(())
 }

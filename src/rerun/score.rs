@@ -468,11 +468,19 @@ fn reduce_window(
     shape: &Shape,
     o: &MeasureOptions,
 ) -> Result<WindowOut> {
-    reduce_window_with(&|part, _| a.logits(part), a, b, ids, rows, shape, o)
+    reduce_window_with(
+        &|part, _, out| a.logits_into(part, out),
+        a,
+        b,
+        ids,
+        rows,
+        shape,
+        o,
+    )
 }
 
 /// The reference's logits of a chunk of rows, given the rows and the chunk's index.
-type ReferenceLogits<'a> = dyn Fn(&[usize], usize) -> Result<Vec<f32>> + 'a;
+type ReferenceLogits<'a> = dyn Fn(&[usize], usize, &mut Vec<f32>) -> Result<()> + 'a;
 
 /// [`reduce_window`] with the reference's logits of each chunk (`k`-th) from `reference`: the
 /// window's head, or a study's kept logits of the same chunk.
@@ -491,9 +499,11 @@ fn reduce_window_with(
     let mut scratch = row::Scratch::default();
     let mut out = Vec::with_capacity(rows.len());
     let (mut dump_a, mut dump_b) = (Vec::new(), Vec::new());
+    // Two buffers for the whole window, refilled chunk by chunk.
+    let (mut la, mut lb) = (Vec::new(), Vec::new());
     for (k, part) in rows.chunks(shape.chunk).enumerate() {
-        let la = reference(part, k)?;
-        let lb = b.logits(part)?;
+        reference(part, k, &mut la)?;
+        b.logits_into(part, &mut lb)?;
         for (k, &j) in part.iter().enumerate() {
             let ra = &la[k * width..k * width + vocab_size];
             let rb = &lb[k * width..k * width + vocab_size];
@@ -651,9 +661,12 @@ pub fn measure_against(
                     Some(a) => {
                         let b = candidate.window(ids)?;
                         let a = a.as_ref();
-                        let kept = |part: &[usize], k: usize| match logits {
-                            Some(l) => Ok(l[w][k].clone()),
-                            None => a.logits(part),
+                        let kept = |part: &[usize], k: usize, out: &mut Vec<f32>| match logits {
+                            Some(l) => {
+                                out.clone_from(&l[w][k]);
+                                Ok(())
+                            }
+                            None => a.logits_into(part, out),
                         };
                         reduce_window_with(&kept, a, b.as_ref(), ids, rows, &shape, o)?.0
                     }

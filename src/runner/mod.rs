@@ -35,6 +35,13 @@ pub trait Runner: Sync {
 pub trait WindowLogits: Send {
     /// Logits `[rows.len(), vocab]` row-major, f32.
     fn logits(&self, rows: &[usize]) -> Result<Vec<f32>>;
+    /// [`WindowLogits::logits`] written into `out` (replacing what it held), whose allocation a
+    /// caller reuses from chunk to chunk: a chunk's rows are tens of megabytes, and fresh pages
+    /// cost their faults and zeroing every time.
+    fn logits_into(&self, rows: &[usize], out: &mut Vec<f32>) -> Result<()> {
+        *out = self.logits(rows)?;
+        Ok(())
+    }
     /// The true next token's NLL at a row when the logits alone do not give it exactly (a top-K
     /// reference artifact stores it separately).
     fn token_nll(&self, _row: usize) -> Option<f64> {
@@ -59,6 +66,13 @@ mod native_runner {
             self.model
                 .decoder
                 .logits_at(&self.hidden, rows)
+                .map_err(|e| Error::runner(&self.model.path, format!("forward pass failed: {e}")))
+        }
+
+        fn logits_into(&self, rows: &[usize], out: &mut Vec<f32>) -> Result<()> {
+            self.model
+                .decoder
+                .logits_into(&self.hidden, rows, out)
                 .map_err(|e| Error::runner(&self.model.path, format!("forward pass failed: {e}")))
         }
     }

@@ -8,7 +8,9 @@ use candle_core::{DType, Device, Tensor};
 
 use super::config::{LayerType, ModelConfig};
 use super::delta_rule::StateDtype;
+use super::fused;
 use super::hybrid::GatedDeltaNet;
+use super::matmul::{F32Matrix, Weight};
 use super::moe::MoeBlock;
 use super::weights::{InputQuant, KvQuant, Linear, WeightStore};
 use crate::dequant;
@@ -53,8 +55,8 @@ impl ComputeDtype {
 }
 
 pub(super) struct Lin {
-    /// `[in, out]` view of the `[out, in]` weight.
-    pub(super) wt: Tensor,
+    /// The `[out, in]` weight, applied as its `[in, out]` map.
+    pub(super) wt: Weight,
     pub(super) bias: Option<Tensor>,
     pub(super) input: InputQuant,
 }
@@ -98,7 +100,7 @@ impl Ffn {
             Ffn::Dense { gate, up, down } => {
                 let g = linear(h, gate)?;
                 let u = linear(h, up)?;
-                let a = (g.silu()? * u)?;
+                let a = fused::silu_mul(&g, &u)?;
                 linear(&a, down)
             }
             Ffn::Moe(block) => block.forward(h),
@@ -144,10 +146,37 @@ pub struct Decoder {
     /// The tokens the computed scales came from, once calibrated (the lock also keeps two
     /// calibrations from racing).
     kv_calibration: std::sync::Mutex<Option<usize>>,
-    embed: Tensor,
+    embed: Embedding,
     layers: Vec<Layer>,
     norm: Tensor,
     lm_head: Lin,
+}
+
+/// The token embedding `[vocab, hidden]`: a candle tensor in the f64 and bf16 computes, the f32
+/// matrix (in place in an F32 file) that a tied LM head shares in f32.
+enum Embedding {
+    Candle(Tensor),
+    F32(std::sync::Arc<F32Matrix>),
+}
+
+impl Embedding {
+    fn rows(&self, ids: &[u32]) -> candle_core::Result<Tensor> {
+        match self {
+            Embedding::Candle(t) => {
+                let ids = Tensor::from_vec(ids.to_vec(), ids.len(), &Device::Cpu)?;
+                t.index_select(&ids, 0)
+            }
+            Embedding::F32(m) => m.gather(ids),
+        }
+    }
+
+    /// The embedding as a tied LM head's weight.
+    fn as_head(&self) -> candle_core::Result<Weight> {
+        Ok(match self {
+            Embedding::Candle(t) => Weight::Candle(t.t()?),
+            Embedding::F32(m) => Weight::F32(m.clone()),
+        })
+    }
 }
 
 /// What [`Decoder::hidden_continued`] carries between calls on one sequence.
@@ -201,20 +230,33 @@ impl Decoder {
         };
         let p0 = &c.prefix;
         let embed_name = format!("{p0}.embed_tokens.weight");
-        let embed_d = store.dense(&embed_name)?;
-        if embed_d.shape != [c.vocab, c.hidden] {
+        let (embed_shape, embed_values) = store.dense_values(&embed_name)?;
+        if embed_shape != [c.vocab, c.hidden] {
             return Err(Error::format(
                 store.path(),
                 Some(&embed_name),
                 format!(
                     "has shape {:?}; the config needs [{}, {}]",
-                    embed_d.shape, c.vocab, c.hidden
+                    embed_shape, c.vocab, c.hidden
                 ),
             ));
         }
-        let embed = Tensor::from_vec(embed_d.data, (c.vocab, c.hidden), &dev)
-            .and_then(|t| t.to_dtype(dt))
-            .map_err(cerr(store, &embed_name))?;
+        let embed = if dt == DType::F32 {
+            let m = F32Matrix::new(c.vocab, c.hidden, embed_values).ok_or_else(|| {
+                Error::format(
+                    store.path(),
+                    Some(&embed_name),
+                    "values disagree with its shape",
+                )
+            })?;
+            Embedding::F32(std::sync::Arc::new(m))
+        } else {
+            Embedding::Candle(
+                Tensor::from_vec(embed_values.into_vec(), (c.vocab, c.hidden), &dev)
+                    .and_then(|t| t.to_dtype(dt))
+                    .map_err(cerr(store, &embed_name))?,
+            )
+        };
         let (q_out, kv_out) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
         let mut layers = Vec::with_capacity(c.layers);
         // The hybrid family's q_proj carries a per-head output gate beside the query.
@@ -371,7 +413,7 @@ impl Decoder {
                 ));
             }
             Lin {
-                wt: embed.t().map_err(cerr(store, "lm_head"))?,
+                wt: embed.as_head().map_err(cerr(store, "lm_head"))?,
                 bias: None,
                 input: InputQuant::None,
             }
@@ -640,9 +682,7 @@ impl Decoder {
         if cache.layers.len() != self.layers.len() {
             cache.layers = self.layers.iter().map(|_| LayerCache::default()).collect();
         }
-        let dev = Device::Cpu;
-        let ids_t = Tensor::from_vec(ids.to_vec(), n, &dev)?;
-        let mut x = self.embed.index_select(&ids_t, 0)?;
+        let mut x = self.embed.rows(ids)?;
         let (cos, sin) = self.rope_tables(past, n)?;
         let mask = self.mask(past, n)?;
         for (layer, carried) in self.layers.iter().zip(&mut cache.layers) {
@@ -667,10 +707,10 @@ impl Decoder {
     fn norm(&self, x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
         let eps = self.config.rms_eps;
         if self.config.arch.is_hybrid() && x.dtype() == DType::BF16 {
-            let y = rms_norm(&x.to_dtype(DType::F32)?, &w.to_dtype(DType::F32)?, eps)?;
+            let y = fused::rms_norm(&x.to_dtype(DType::F32)?, &w.to_dtype(DType::F32)?, eps)?;
             return y.to_dtype(DType::BF16);
         }
-        rms_norm(x, w, eps)
+        fused::rms_norm(x, w, eps)
     }
 
     /// A layer's computed (k_scale, v_scale): set by the calibration pass from this pass's
@@ -751,8 +791,7 @@ impl Decoder {
         let q = q.transpose(0, 1)?.contiguous()?;
         let k = repeat_kv(&k.transpose(0, 1)?, rep)?;
         let v = repeat_kv(&v.transpose(0, 1)?, rep)?;
-        let att = (q.matmul(&k.t()?)? * scale)?.broadcast_add(mask)?;
-        let att = softmax_last(&att)?;
+        let att = fused::softmax_scaled_masked(&q.matmul(&k.t()?)?, scale, mask)?;
         let o = att
             .matmul(&v)?
             .transpose(0, 1)?
@@ -843,7 +882,19 @@ impl Decoder {
     /// Logits `[rows.len(), vocab]` (f32, row-major) at the given rows of [`Decoder::hidden`]'s
     /// output: the LM head runs only where rows are scored.
     pub fn logits_at(&self, hidden: &Tensor, rows: &[usize]) -> candle_core::Result<Vec<f32>> {
-        self.head(&self.normed_at(hidden, rows)?)
+        let mut out = Vec::new();
+        self.logits_into(hidden, rows, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Decoder::logits_at`] written into `out` (its allocation reused where it is large enough).
+    pub fn logits_into(
+        &self,
+        hidden: &Tensor,
+        rows: &[usize],
+        out: &mut Vec<f32>,
+    ) -> candle_core::Result<()> {
+        self.head_into(&self.normed_at(hidden, rows)?, out)
     }
 
     /// The LM head's input at the given rows: the final hidden states after the final norm, in the
@@ -867,8 +918,25 @@ impl Decoder {
 
     /// Logits (f32, row-major) of LM-head inputs `[rows, hidden]`.
     pub fn head(&self, normed: &Tensor) -> candle_core::Result<Vec<f32>> {
+        let mut out = Vec::new();
+        self.head_into(normed, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Decoder::head`] written into `out`.
+    fn head_into(&self, normed: &Tensor, out: &mut Vec<f32>) -> candle_core::Result<()> {
+        if let (Weight::F32(w), None, InputQuant::None) =
+            (&self.lm_head.wt, &self.lm_head.bias, self.lm_head.input)
+        {
+            // Straight into the caller's rows: no tensor, no copy, no fresh pages per chunk.
+            return w.apply_into(&normed.to_dtype(DType::F32)?, out);
+        }
         let logits = linear(&normed.to_dtype(self.compute.candle())?, &self.lm_head)?;
-        logits.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()
+        *out = logits
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        Ok(())
     }
 
     /// Logits of LM-head inputs given as f32 rows (`rows.len() / hidden` of them).
@@ -987,9 +1055,17 @@ pub(super) fn lin_from(
         *report.activations.entry(l.input.describe()).or_default() += 1;
     }
     let dev = Device::Cpu;
-    let w = Tensor::from_vec(l.weight, (out, inp), &dev)
-        .and_then(|t| t.to_dtype(dt))
-        .map_err(cerr(store, module))?;
+    let wt = if dt == DType::F32 {
+        let m = F32Matrix::new(out, inp, l.weight).ok_or_else(|| {
+            Error::format(store.path(), Some(module), "values disagree with its shape")
+        })?;
+        Weight::F32(std::sync::Arc::new(m))
+    } else {
+        let w = Tensor::from_vec(l.weight.into_vec(), (out, inp), &dev)
+            .and_then(|t| t.to_dtype(dt))
+            .map_err(cerr(store, module))?;
+        Weight::Candle(w.t().map_err(cerr(store, module))?)
+    };
     let bias = match l.bias {
         Some(b) => Some(
             Tensor::from_vec(b, out, &dev)
@@ -999,7 +1075,7 @@ pub(super) fn lin_from(
         None => None,
     };
     Ok(Lin {
-        wt: w.t().map_err(cerr(store, module))?,
+        wt,
         bias,
         input: l.input,
     })
@@ -1025,7 +1101,7 @@ pub(super) fn linear(x: &Tensor, l: &Lin) -> candle_core::Result<Tensor> {
             })?
         }
     };
-    let y = x.matmul(&l.wt)?;
+    let y = l.wt.apply(&x)?;
     match &l.bias {
         Some(b) => y.broadcast_add(b),
         None => Ok(y),
@@ -1050,14 +1126,6 @@ fn fake_quant_tensor(t: &Tensor, f: impl Fn(&mut [f32])) -> candle_core::Result<
     let mut data = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
     f(&mut data);
     Tensor::from_vec(data, shape, t.device())?.to_dtype(dt)
-}
-
-/// x / sqrt(mean(x²) + eps) * w over the last dimension.
-fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
-    let last = x.rank() - 1;
-    let ms = x.sqr()?.mean_keepdim(last)?;
-    let r = (ms + eps)?.sqrt()?.recip()?;
-    x.broadcast_mul(&r)?.broadcast_mul(w)
 }
 
 /// Rotary embedding in the half-split layout: x·cos + rotate_half(x)·sin on `[n, heads, d]`.
@@ -1096,14 +1164,6 @@ fn repeat_kv(x: &Tensor, rep: usize) -> candle_core::Result<Tensor> {
     x.unsqueeze(1)?
         .expand((kv, rep, n, d))?
         .reshape((kv * rep, n, d))
-}
-
-fn softmax_last(x: &Tensor) -> candle_core::Result<Tensor> {
-    let last = x.rank() - 1;
-    let max = x.max_keepdim(last)?;
-    let e = x.broadcast_sub(&max)?.exp()?;
-    let s = e.sum_keepdim(last)?;
-    e.broadcast_div(&s)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use candle_core::quantized::GgmlDType;
 use super::config::{Arch, ModelConfig};
 use super::gguf_family::{self, Family, GgufFamilyConfig, Plan};
 use super::llamacpp_cpu::GgmlActivation;
+use super::matmul::Values;
 use super::weights::{Dense, InputQuant, KvQuant, Linear, WeightStore};
 use crate::checkpoint::gguf::{self, GgmlType, GgufFile, GgufValue};
 use crate::checkpoint::mmap::MappedFile;
@@ -396,6 +397,50 @@ impl GgufStore {
         Ok(Dense { shape: dims, data })
     }
 
+    /// An F32 tensor that loading would take as stored (one stored tensor, no expert slice, no
+    /// transform, no Q/K row permutation), in place in the map; `None` for anything else.
+    fn mapped(&self, hf: &str) -> Result<Option<(Vec<usize>, Values)>> {
+        let Some(plan) = self.plan(hf) else {
+            return Ok(None);
+        };
+        let permuted = self.unpermute_qk
+            && (hf.ends_with("self_attn.q_proj.weight") || hf.ends_with("self_attn.k_proj.weight"));
+        let [name] = &plan.tensors[..] else {
+            return Ok(None);
+        };
+        let Some(t) = self.file.tensor(name) else {
+            return Ok(None);
+        };
+        if permuted || plan.expert.is_some() || !plan.steps.is_empty() || t.ty != GgmlType::F32 {
+            return Ok(None);
+        }
+        let bad = |rule: &str| Error::format(&self.path, Some(name), rule);
+        let mut dims = t
+            .dims
+            .iter()
+            .map(|&d| usize::try_from(d))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|_| bad("dimension overflows"))?;
+        dims.reverse();
+        let count = dims
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| bad("element count overflows"))?;
+        let start = usize::try_from(t.offset).map_err(|_| bad("offset overflows"))?;
+        if u64::try_from(count).ok().and_then(|c| c.checked_mul(4)) != Some(t.n_bytes) {
+            return Err(bad("F32 data size disagrees with its shape"));
+        }
+        let Some(view) = self.map.f32_view(start, count) else {
+            // Unaligned or outside the file: the copying path reads (and reports) it.
+            return Ok(None);
+        };
+        self.read
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.clone());
+        Ok(Some((dims, Values::Mapped(view))))
+    }
+
     fn load(&self, hf: &str) -> Result<Option<Dense>> {
         let Some(plan) = self.plan(hf) else {
             return Ok(None);
@@ -494,9 +539,16 @@ impl WeightStore for GgufStore {
         })
     }
 
+    fn dense_values(&self, name: &str) -> Result<(Vec<usize>, Values)> {
+        match self.mapped(name)? {
+            Some(found) => Ok(found),
+            None => self.dense(name).map(|d| (d.shape, d.data.into())),
+        }
+    }
+
     fn linear(&self, module: &str) -> Result<Linear> {
-        let w = self.dense(&format!("{module}.weight"))?;
-        let [out, inp] = w.shape[..] else {
+        let (shape, weight) = self.dense_values(&format!("{module}.weight"))?;
+        let [out, inp] = shape[..] else {
             return Err(Error::format(&self.path, Some(module), "weight is not 2-D"));
         };
         let ggml = self.primary(&format!("{module}.weight")).map(|t| t.ty);
@@ -523,7 +575,7 @@ impl WeightStore for GgufStore {
         Ok(Linear {
             out,
             inp,
-            weight: w.data,
+            weight,
             bias,
             input,
             scheme: format!("gguf {ty}"),

@@ -414,7 +414,7 @@ fn pick_rows(l: &Linear, rows: &[usize]) -> Linear {
     Linear {
         out: rows.len(),
         inp: l.inp,
-        weight,
+        weight: weight.into(),
         bias: l
             .bias
             .as_ref()
@@ -506,7 +506,7 @@ mod tests {
         Linear {
             out: rows,
             inp: 1,
-            weight: (0..rows).map(|r| r as f32).collect(),
+            weight: (0..rows).map(|r| r as f32).collect::<Vec<_>>().into(),
             bias: None,
             input: InputQuant::None,
             scheme: "f32".into(),

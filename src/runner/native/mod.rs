@@ -5,11 +5,13 @@
 pub mod config;
 pub mod decoder;
 pub mod delta_rule;
+pub mod fused;
 pub mod gguf;
 pub mod gguf_family;
 pub mod hybrid;
 pub mod kv_cache;
 pub mod llamacpp_cpu;
+pub mod matmul;
 pub mod moe;
 pub mod weights;
 

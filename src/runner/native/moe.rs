@@ -236,7 +236,7 @@ impl Mlp {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let g = linear(x, &self.gate)?;
         let u = linear(x, &self.up)?;
-        linear(&(g.silu()? * u)?, &self.down)
+        linear(&super::fused::silu_mul(&g, &u)?, &self.down)
     }
 }
 
@@ -270,7 +270,7 @@ fn dense_lin(
         .and_then(|t| t.to_dtype(dt))
         .map_err(cerr(path, what))?;
     Ok(Lin {
-        wt: w.t().map_err(cerr(path, what))?,
+        wt: super::matmul::Weight::Candle(w.t().map_err(cerr(path, what))?),
         bias: None,
         input: InputQuant::None,
     })
@@ -325,7 +325,10 @@ impl MoeBlock {
         let (e_n, inter) = (cfg.num_experts, cfg.intermediate);
         let router_name = format!("{mlp}.gate.weight");
         let router = dense_matrix(store, &router_name, &[e_n, hidden])?;
-        let router = dense_lin(path, &router_name, router, e_n, hidden, dt)?.wt;
+        let router = dense_lin(path, &router_name, router, e_n, hidden, dt)?
+            .wt
+            .candle()
+            .map_err(cerr(path, &router_name))?;
         let fused_gate_up = format!("{mlp}.experts.gate_up_proj");
         let fused_down = format!("{mlp}.experts.down_proj");
         let experts = if store.has(&fused_gate_up) || store.has(&fused_down) {
@@ -397,7 +400,13 @@ impl MoeBlock {
                 };
                 let gate_name = format!("{mlp}.shared_expert_gate.weight");
                 let g = dense_matrix(store, &gate_name, &[1, hidden])?;
-                Some((mlp_s, dense_lin(path, &gate_name, g, 1, hidden, dt)?.wt))
+                Some((
+                    mlp_s,
+                    dense_lin(path, &gate_name, g, 1, hidden, dt)?
+                        .wt
+                        .candle()
+                        .map_err(cerr(path, &gate_name))?,
+                ))
             }
         };
         Ok(MoeBlock {

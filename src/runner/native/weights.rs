@@ -63,7 +63,8 @@ impl InputQuant {
 pub struct Linear {
     pub out: usize,
     pub inp: usize,
-    pub weight: Vec<f32>,
+    /// `[out, in]`, row-major: in place in the file where it is stored as plain f32.
+    pub weight: super::matmul::Values,
     pub bias: Option<Vec<f32>>,
     pub input: InputQuant,
     /// How the weight was stored (`bf16`, `compressed-tensors int-quantized channel`, ...).
@@ -104,6 +105,12 @@ pub trait WeightStore {
     fn dense(&self, name: &str) -> Result<Dense>;
     /// A linear module (`model.layers.0.self_attn.q_proj`), dequantized.
     fn linear(&self, module: &str) -> Result<Linear>;
+    /// [`WeightStore::dense`]'s shape and values, read in place from the file's map where the
+    /// tensor is stored as plain f32 and needs no rearranging (no copy), else as `dense` gives
+    /// them.
+    fn dense_values(&self, name: &str) -> Result<(Vec<usize>, super::matmul::Values)> {
+        self.dense(name).map(|d| (d.shape, d.data.into()))
+    }
     /// FP8 KV-cache scales of one attention module, if the checkpoint declares a quantized cache.
     fn kv_cache(&self, attention: &str) -> Result<Option<KvQuant>>;
     /// SHA-256 of a tensor's bytes as stored (identifies the lm_head whatever its format).
@@ -643,7 +650,7 @@ impl WeightStore for SafetensorsStore {
         Ok(Linear {
             out,
             inp,
-            weight,
+            weight: weight.into(),
             bias,
             input,
             scheme,
@@ -741,7 +748,7 @@ impl WeightStore for MemoryStore {
         Ok(Linear {
             out,
             inp,
-            weight: w.data,
+            weight: w.data.into(),
             bias: self
                 .tensors
                 .get(&format!("{module}.bias"))

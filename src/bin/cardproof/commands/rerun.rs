@@ -203,7 +203,7 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
                 reference_kv_cache: None,
             };
             // Everything that needs no forward pass, before the first one.
-            let pre = rerun::preflight::check(&request, stage)?;
+            let pre = rerun::preflight::check_deferring_digest(&request, stage)?;
             for w in &pre.warnings {
                 printer.warning(&w.to_string());
             }

@@ -1,0 +1,212 @@
+//! Element-wise steps of the f32 forward pass fused into one pass over each row, spread over
+//! rayon's pool by rows: RMSNorm, the attention softmax with its scale and mask, and SwiGLU's
+//! `silu(g)·u`. candle ran each as a chain of whole-tensor operations (the softmax alone was
+//! seven passes over heads × n × t values, each into fresh memory). Every value is computed with
+//! the very operations candle's chain applies, in its order (its row sum included: candle's own
+//! vectorized `vec_reduce_sum`), so the bits do not move; the unit tests hold each kernel to the
+//! chain it replaces. Other dtypes, and non-contiguous inputs, take the chain.
+
+use candle_core::cpu::kernels::VecOps;
+use candle_core::{DType, Device, Tensor};
+use rayon::prelude::*;
+
+/// Rows per rayon task: enough work per task that scheduling is noise.
+const MIN_ROWS_PER_TASK: usize = 8;
+
+/// candle's row sum (its reduction over a contiguous last dimension).
+#[allow(unsafe_code)]
+fn row_sum(row: &[f32]) -> f32 {
+    let mut s = 0f32;
+    if row.is_empty() {
+        return s;
+    }
+    // SAFETY: reads `row.len()` values from a live slice and writes one f32 to a local.
+    unsafe { <f32 as VecOps>::vec_reduce_sum(row.as_ptr(), &mut s, row.len()) };
+    s
+}
+
+/// A contiguous f32 tensor's values (a copy only where candle holds it strided).
+fn values(t: &Tensor) -> candle_core::Result<Vec<f32>> {
+    t.flatten_all()?.to_vec1::<f32>()
+}
+
+fn all_f32(ts: &[&Tensor]) -> bool {
+    ts.iter().all(|t| t.dtype() == DType::F32)
+}
+
+/// `x / sqrt(mean(x²) + eps) · w` over the last dimension (candle's chain: `sqr`, `mean_keepdim`,
+/// `+ eps`, `sqrt`, `recip`, `broadcast_mul` by the row's factor, then by `w`).
+pub(super) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    if !all_f32(&[x, w]) || x.rank() == 0 {
+        return rms_norm_chain(x, w, eps);
+    }
+    let d = x.dim(x.rank() - 1)?;
+    if w.dims() != [d] || d == 0 {
+        return rms_norm_chain(x, w, eps);
+    }
+    let w = values(w)?;
+    let mut y = values(x)?;
+    let inv_d = (1f64 / d as f64) as f32;
+    let eps = eps as f32;
+    y.par_chunks_mut(d)
+        .with_min_len(MIN_ROWS_PER_TASK)
+        .for_each_init(
+            || vec![0f32; d],
+            |sq, row| {
+                for (s, &v) in sq.iter_mut().zip(row.iter()) {
+                    *s = v * v;
+                }
+                let ms = row_sum(sq) * inv_d + 0.0;
+                let r = (ms * 1.0 + eps).sqrt().recip();
+                for (v, &wi) in row.iter_mut().zip(&w) {
+                    *v = (*v * r) * wi;
+                }
+            },
+        );
+    Tensor::from_vec(y, x.shape(), &Device::Cpu)
+}
+
+fn rms_norm_chain(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    let last = x.rank() - 1;
+    let ms = x.sqr()?.mean_keepdim(last)?;
+    let r = (ms + eps)?.sqrt()?.recip()?;
+    x.broadcast_mul(&r)?.broadcast_mul(w)
+}
+
+/// `softmax(scores · scale + mask)` over the last dimension, `scores` `[.., n, t]`, `mask`
+/// `[n, t]` (candle's chain: the affine scale, `broadcast_add`, `max_keepdim`, `broadcast_sub`,
+/// `exp`, `sum_keepdim`, `broadcast_div`).
+pub(super) fn softmax_scaled_masked(
+    scores: &Tensor,
+    scale: f64,
+    mask: &Tensor,
+) -> candle_core::Result<Tensor> {
+    let rank = scores.rank();
+    let fused = all_f32(&[scores, mask])
+        && rank >= 2
+        && mask.dims() == &scores.dims()[rank - 2..]
+        && scores.dim(rank - 1)? > 0;
+    if !fused {
+        return softmax_chain(&(scores * scale)?.broadcast_add(mask)?);
+    }
+    let (n, t) = (scores.dim(rank - 2)?, scores.dim(rank - 1)?);
+    let mask = values(mask)?;
+    let mut y = values(scores)?;
+    let scale = scale as f32;
+    y.par_chunks_mut(t)
+        .with_min_len(MIN_ROWS_PER_TASK)
+        .enumerate()
+        .for_each(|(i, row)| {
+            let m = &mask[(i % n) * t..(i % n + 1) * t];
+            let mut max = f32::NEG_INFINITY;
+            for (v, &mi) in row.iter_mut().zip(m) {
+                *v = (*v * scale + 0.0) + mi;
+                max = max.max(*v);
+            }
+            for v in row.iter_mut() {
+                *v = (*v - max).exp();
+            }
+            let sum = row_sum(row);
+            for v in row.iter_mut() {
+                *v /= sum;
+            }
+        });
+    Tensor::from_vec(y, scores.shape(), &Device::Cpu)
+}
+
+/// Softmax over the last dimension, as candle's operations compute it.
+pub(super) fn softmax_chain(x: &Tensor) -> candle_core::Result<Tensor> {
+    let last = x.rank() - 1;
+    let max = x.max_keepdim(last)?;
+    let e = x.broadcast_sub(&max)?.exp()?;
+    let s = e.sum_keepdim(last)?;
+    e.broadcast_div(&s)
+}
+
+/// `silu(g) · u` elementwise (candle's `silu`, `v / (1 + exp(−v))`, then `mul`).
+pub(super) fn silu_mul(g: &Tensor, u: &Tensor) -> candle_core::Result<Tensor> {
+    if !all_f32(&[g, u]) || g.dims() != u.dims() {
+        return g.silu()? * u;
+    }
+    let u_values = values(u)?;
+    let mut y = values(g)?;
+    let width = *g.dims().last().unwrap_or(&1);
+    y.par_chunks_mut(width.max(1))
+        .zip(u_values.par_chunks(width.max(1)))
+        .with_min_len(MIN_ROWS_PER_TASK)
+        .for_each(|(row, u)| {
+            for (v, &ui) in row.iter_mut().zip(u) {
+                *v = (*v / (1.0 + (-*v).exp())) * ui;
+            }
+        });
+    Tensor::from_vec(y, g.shape(), &Device::Cpu)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(dims: &[usize], seed: u32, spread: f32) -> Tensor {
+        let n: usize = dims.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|i| {
+                let x = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8;
+                (x as f32 / (1u32 << 24) as f32 - 0.5) * spread
+            })
+            .collect();
+        Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
+    }
+
+    fn same_bits(a: &Tensor, b: &Tensor) -> bool {
+        let (a, b) = (values(a).unwrap(), values(b).unwrap());
+        a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
+    #[test]
+    fn rms_norm_is_the_chains_bits() {
+        for dims in [[3usize, 7], [33, 128], [64, 1024], [5, 1000]] {
+            let x = tensor(&dims, 1, 6.0);
+            let w = tensor(&[dims[1]], 2, 2.0);
+            let fused = rms_norm(&x, &w, 1e-6).unwrap();
+            assert!(
+                same_bits(&fused, &rms_norm_chain(&x, &w, 1e-6).unwrap()),
+                "{dims:?}"
+            );
+        }
+        // Heads: [n, heads, d] normed per head.
+        let x = tensor(&[9, 4, 128], 3, 3.0);
+        let w = tensor(&[128], 4, 1.0);
+        assert!(same_bits(
+            &rms_norm(&x, &w, 1e-6).unwrap(),
+            &rms_norm_chain(&x, &w, 1e-6).unwrap()
+        ));
+    }
+
+    #[test]
+    fn masked_softmax_is_the_chains_bits() {
+        for (h, n, t) in [(1, 1, 1), (3, 5, 9), (16, 40, 40), (4, 17, 300)] {
+            let s = tensor(&[h, n, t], 5, 40.0);
+            // A causal mask after t - n cached positions.
+            let past = t - n;
+            let m: Vec<f32> = (0..n)
+                .flat_map(|i| {
+                    (0..t).map(move |j| if j > past + i { f32::NEG_INFINITY } else { 0.0 })
+                })
+                .collect();
+            let mask = Tensor::from_vec(m, (n, t), &Device::Cpu).unwrap();
+            let scale = 1.0 / (128f64).sqrt();
+            let fused = softmax_scaled_masked(&s, scale, &mask).unwrap();
+            let chain =
+                softmax_chain(&(&s * scale).unwrap().broadcast_add(&mask).unwrap()).unwrap();
+            assert!(same_bits(&fused, &chain), "[{h}, {n}, {t}]");
+        }
+    }
+
+    #[test]
+    fn silu_mul_is_the_chains_bits() {
+        let g = tensor(&[37, 300], 6, 20.0);
+        let u = tensor(&[37, 300], 7, 4.0);
+        let chain = (g.silu().unwrap() * &u).unwrap();
+        assert!(same_bits(&silu_mul(&g, &u).unwrap(), &chain));
+    }
+}

@@ -1,0 +1,267 @@
+//! The f32 forward pass's products against weights held as plain slices: an F32 checkpoint's
+//! tensors read in place from its map (never copied: no fresh pages to fault in and zero, which
+//! cost a fifth of a run's time on a VM), other formats dequantized once, and the LM head's
+//! logits written straight into the rows the scorer reads. The product is the very `gemm` call
+//! candle makes for `x.matmul(&w.t())` (same kernels, strides and parallelism), so the bits are
+//! the ones candle's path gave; the unit tests hold them to it.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::checkpoint::mmap::MappedF32;
+
+/// A tensor's f32 values: owned (dequantized or converted), or in place in the mapped file.
+#[derive(Debug, Clone)]
+pub enum Values {
+    Owned(Vec<f32>),
+    Mapped(MappedF32),
+}
+
+impl Deref for Values {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        match self {
+            Values::Owned(v) => v,
+            Values::Mapped(m) => m.as_slice(),
+        }
+    }
+}
+
+impl From<Vec<f32>> for Values {
+    fn from(v: Vec<f32>) -> Values {
+        Values::Owned(v)
+    }
+}
+
+impl Values {
+    /// The values as an owned vector (a copy only when they are mapped).
+    pub fn into_vec(self) -> Vec<f32> {
+        match self {
+            Values::Owned(v) => v,
+            Values::Mapped(m) => m.as_slice().to_vec(),
+        }
+    }
+}
+
+/// A row-major f32 matrix `[rows, cols]`: a linear layer's `[out, in]` weight, or the embedding
+/// `[vocab, hidden]` (which a tied LM head shares).
+#[derive(Debug)]
+pub(super) struct F32Matrix {
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+    values: Values,
+}
+
+impl F32Matrix {
+    /// `None` unless `values` holds exactly `rows * cols` entries.
+    pub(super) fn new(rows: usize, cols: usize, values: Values) -> Option<F32Matrix> {
+        (rows.checked_mul(cols) == Some(values.len())).then_some(F32Matrix { rows, cols, values })
+    }
+
+    /// Rows `ids` gathered into `[ids.len(), cols]` (an embedding lookup); an id out of range
+    /// is an error.
+    pub(super) fn gather(&self, ids: &[u32]) -> candle_core::Result<Tensor> {
+        let mut out = Vec::with_capacity(ids.len() * self.cols);
+        for &id in ids {
+            let r = id as usize;
+            if r >= self.rows {
+                return Err(candle_core::Error::Msg(format!(
+                    "token id {id} is outside the embedding's {} rows",
+                    self.rows
+                )));
+            }
+            out.extend_from_slice(&self.values[r * self.cols..(r + 1) * self.cols]);
+        }
+        Tensor::from_vec(out, (ids.len(), self.cols), &Device::Cpu)
+    }
+
+    /// `x · selfᵀ` for `x` `[.., cols]` (f32): `[.., rows]`.
+    pub(super) fn apply(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let mut dims = x.dims().to_vec();
+        let mut out = Vec::new();
+        self.apply_into(x, &mut out)?;
+        if let Some(last) = dims.last_mut() {
+            *last = self.rows;
+        }
+        Tensor::from_vec(out, dims, &Device::Cpu)
+    }
+
+    /// `x · selfᵀ` written into `out` (resized to `[m, rows]`, row-major), whose allocation
+    /// the caller may reuse from one call to the next.
+    pub(super) fn apply_into(&self, x: &Tensor, out: &mut Vec<f32>) -> candle_core::Result<()> {
+        if x.dtype() != DType::F32 {
+            return Err(candle_core::Error::Msg(format!(
+                "an f32 weight applied to a {:?} input",
+                x.dtype()
+            )));
+        }
+        let k = *x.dims().last().unwrap_or(&0);
+        if k != self.cols {
+            return Err(candle_core::Error::Msg(format!(
+                "a [{}, {}] weight applied to rows of {k}",
+                self.rows, self.cols
+            )));
+        }
+        let m = if k == 0 { 0 } else { x.elem_count() / k };
+        let x = x.contiguous()?;
+        let (storage, layout) = x.storage_and_layout();
+        let candle_core::Storage::Cpu(cpu) = &*storage else {
+            return Err(candle_core::Error::Msg("a CPU tensor was expected".into()));
+        };
+        let start = layout.start_offset();
+        let lhs = cpu
+            .as_slice::<f32>()?
+            .get(start..start + m * k)
+            .ok_or_else(|| candle_core::Error::Msg("input shorter than its shape".into()))?;
+        out.clear();
+        out.resize(m * self.rows, 0.0);
+        x_wt(lhs, m, k, &self.values, self.rows, out);
+        Ok(())
+    }
+}
+
+/// A linear module's weight as the forward pass holds it: candle's `[in, out]` view (f64 and
+/// bf16 compute), or an f32 matrix applied by [`x_wt`].
+pub(super) enum Weight {
+    Candle(Tensor),
+    F32(Arc<F32Matrix>),
+}
+
+impl Weight {
+    /// `x · W` (with `W` the module's `[in, out]` map).
+    pub(super) fn apply(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Weight::Candle(wt) => x.matmul(wt),
+            Weight::F32(w) => w.apply(x),
+        }
+    }
+
+    /// The `[in, out]` view as a candle tensor (a router's or another small dense matrix's
+    /// product done by candle).
+    pub(super) fn candle(&self) -> candle_core::Result<Tensor> {
+        match self {
+            Weight::Candle(wt) => Ok(wt.clone()),
+            Weight::F32(w) => Tensor::from_slice(&w.values, (w.rows, w.cols), &Device::Cpu)?.t(),
+        }
+    }
+}
+
+/// `out[m, n] = lhs[m, k] · w[n, k]ᵀ`, all row-major: the `gemm` call candle's CPU matmul makes
+/// for a contiguous `lhs` and the transposed view of `w`, with the same parallelism (the
+/// process's thread count; the split never changes the bits).
+#[allow(unsafe_code)]
+pub(super) fn x_wt(lhs: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32]) {
+    assert!(
+        lhs.len() == m * k && w.len() == n * k && out.len() == m * n,
+        "x_wt: operand sizes disagree with [{m}, {k}] · [{n}, {k}]ᵀ"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let threads = rayon::current_num_threads();
+    let parallelism = if threads > 1 && std::env::var_os("CARDPROOF_GEMM_SERIAL").is_none() {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the assert above bounds every read and write: `lhs` is m×k with row stride k,
+    // `w` is n×k read as its k×n transpose (row stride 1, column stride k), `out` is m×n with
+    // row stride n, and `out` aliases neither input (a unique borrow).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            lhs.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        // A deterministic spread of magnitudes and signs (products round differently by order).
+        (0..n)
+            .map(|i| {
+                let x = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8;
+                (x as f32 / (1u32 << 24) as f32 - 0.5) * (1.0 + (i % 7) as f32)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn products_are_candles_bits() {
+        for (m, k, n) in [
+            (1, 1, 1),
+            (3, 5, 7),
+            (37, 129, 65),
+            (256, 64, 300),
+            (5, 1024, 3),
+        ] {
+            let x = values(m * k, 1);
+            let w = values(n * k, 2);
+            let xt = Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap();
+            let wt = Tensor::from_vec(w.clone(), (n, k), &Device::Cpu).unwrap();
+            let expected = xt
+                .matmul(&wt.t().unwrap())
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            let matrix = F32Matrix::new(n, k, Values::Owned(w)).unwrap();
+            let got = matrix.apply(&xt).unwrap();
+            assert_eq!(got.dims(), &[m, n]);
+            let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let same = expected
+                .iter()
+                .zip(&got)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "[{m}, {k}] · [{n}, {k}]ᵀ differs from candle's");
+        }
+    }
+
+    #[test]
+    fn gather_reads_rows_and_refuses_ids_out_of_range() {
+        let matrix = F32Matrix::new(3, 2, Values::Owned(vec![0., 1., 2., 3., 4., 5.])).unwrap();
+        let rows = matrix.gather(&[2, 0]).unwrap();
+        assert_eq!(
+            rows.to_vec2::<f32>().unwrap(),
+            vec![vec![4., 5.], vec![0., 1.]]
+        );
+        assert!(matrix.gather(&[3]).is_err());
+        assert!(F32Matrix::new(2, 2, Values::Owned(vec![0.; 3])).is_none());
+    }
+
+    #[test]
+    fn a_mismatched_input_is_an_error() {
+        let matrix = F32Matrix::new(2, 3, Values::Owned(vec![0.; 6])).unwrap();
+        let x = Tensor::zeros((4, 2), DType::F32, &Device::Cpu).unwrap();
+        assert!(matrix.apply(&x).is_err());
+        let x = Tensor::zeros((4, 3), DType::F64, &Device::Cpu).unwrap();
+        assert!(matrix.apply(&x).is_err());
+    }
+}
