@@ -21,4 +21,26 @@ pub fn configure(threads: usize) {
         std::env::set_var("RAYON_NUM_THREADS", threads.max(1).to_string());
         std::env::set_var("CANDLE_NUM_THREADS", "1");
     }
+    keep_freed_memory();
+}
+
+/// Keep freed buffers in the heap for the next window instead of giving them back.
+///
+/// The forward pass frees and reallocates the same few-megabyte activations layer after layer.
+/// glibc served each from a fresh mapping (its dynamic threshold), trimmed the heap's top after
+/// frees, and gave each rayon worker an arena of its own whose 64 MiB heaps are unmapped as they
+/// empty: every buffer came back as new pages, 2.9 million page faults on a 2-window run of the
+/// 0.6B benchmark pair, each page zeroed by the kernel. A fixed 32 MiB mapping threshold, no
+/// trimming and one arena: 0.7 million (`perf stat`, docs/benchmarks.md). The allocations are
+/// few and large, so one arena costs no contention. Larger blocks (a chunk of logits, a
+/// dequantized weight) are still mapped and returned when freed.
+#[allow(unsafe_code)]
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `mallopt` only sets allocator parameters; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
 }

@@ -104,7 +104,7 @@ impl F32Matrix {
                 self.rows, self.cols
             )));
         }
-        let m = if k == 0 { 0 } else { x.elem_count() / k };
+        let m = x.elem_count().checked_div(k).unwrap_or(0);
         let x = x.contiguous()?;
         let (storage, layout) = x.storage_and_layout();
         let candle_core::Storage::Cpu(cpu) = &*storage else {
