@@ -84,3 +84,28 @@ impl MappedFile {
         self.map.as_deref().map_or(&[], |m| &m[..])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f32_views_are_aligned_and_inside_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("values.bin");
+        let values: Vec<u8> = [1.5f32, -2.0, 3.25, 0.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        std::fs::write(&path, [&[0u8; 4][..], &values].concat()).unwrap();
+        let map = MappedFile::open(&path).unwrap();
+        let view = map.f32_view(4, 4).unwrap();
+        assert_eq!(view.as_slice(), [1.5, -2.0, 3.25, 0.0]);
+        assert_eq!(map.f32_view(8, 3).unwrap().as_slice(), [-2.0, 3.25, 0.0]);
+        // Unaligned, past the end, or overflowing: no view (the caller copies and checks).
+        assert!(map.f32_view(2, 1).is_none());
+        assert!(map.f32_view(4, 5).is_none());
+        assert!(map.f32_view(usize::MAX - 3, 1).is_none());
+        assert!(map.f32_view(0, usize::MAX).is_none());
+    }
+}

@@ -774,6 +774,34 @@ mod tests {
             );
         }
 
+        /// An F32 file's tensors that need no rearranging are read in place from the map (no
+        /// copy), with the same values the copying path gives, and reading them counts as read.
+        #[test]
+        fn f32_tensors_are_read_in_place_with_the_copying_paths_values() {
+            for family in ["qwen35", "qwen3moe"] {
+                let m = manifest(family);
+                let store = open(&format!("{family}.f32.gguf"));
+                let copied = open(&format!("{family}.f32.gguf"));
+                let mut mapped = 0;
+                for name in m["tensors"].as_object().unwrap().keys() {
+                    let (shape, values) = store.dense_values(name).unwrap();
+                    let want = copied.dense(name).unwrap();
+                    assert_eq!(shape, want.shape, "{family}: {name}");
+                    let same = values.len() == want.data.len()
+                        && values
+                            .iter()
+                            .zip(&want.data)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{family}: {name} read in place differs from its copy");
+                    if matches!(values, crate::runner::native::matmul::Values::Mapped(_)) {
+                        mapped += 1;
+                    }
+                }
+                assert!(mapped > 10, "{family}: only {mapped} tensors read in place");
+                assert_eq!(store.unread(), Vec::<String>::new(), "{family}");
+            }
+        }
+
         #[test]
         fn qwen35_gguf_gives_back_the_hf_tensors() {
             hf_tensors_come_back_exactly("qwen35");
