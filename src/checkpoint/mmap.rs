@@ -49,7 +49,9 @@ impl MappedFile {
         }
         // SAFETY: the map is read-only and private to this process. If another process truncates
         // the file while it is mapped, reads past the new end fault (SIGBUS); checkpoint files are
-        // not expected to change under a reader, and every parse copies what it keeps.
+        // not expected to change under a reader. Every parse copies what it keeps, except the
+        // f32 views (`f32_view`) the native runner computes from for a whole run; it refuses a
+        // model whose file changed meanwhile (`NativeModel::check_unchanged`).
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
         Ok(MappedFile {
             map: Some(Arc::new(map)),

@@ -293,6 +293,8 @@ pub(super) fn native(
     };
     stage("measuring");
     let scoring = score::measure_models(&reference, &candidate, &eval, &options, progress)?;
+    reference.check_unchanged()?;
+    candidate.check_unchanged()?;
     let mut gates_out = Vec::new();
     let mut noise_floor = None;
     if let Some(g) = &r.gates {
@@ -417,6 +419,8 @@ pub(super) fn native_arms(
                 progress(i + 1, d, t)
             })?;
         let seconds = started.elapsed().as_secs_f64();
+        reference.check_unchanged()?;
+        candidate.check_unchanged()?;
         let mut environment = native_environment(&candidate, compute, emulate, r.threads);
         environment.tokenizer = Some(tokenizer_record(&tokenizer));
         let mut rerun = finished(
@@ -1122,6 +1126,7 @@ pub(super) fn reference_artifact(
         tokenizer_vocab: tokenizer.vocab_size,
     };
     let mut scoring = score::measure_models(&runner, &candidate, &eval, &options, progress)?;
+    candidate.check_unchanged()?;
     scoring.eval.text_path = r.eval_text.map(|t| t.display().to_string());
     if r.gates.is_some() {
         stage("sanity gates");
@@ -1219,6 +1224,7 @@ pub(super) fn llamacpp_base(
         tokenizer_vocab,
     };
     let mut scoring = score::measure_models(&runner, &candidate, &eval, &options, progress)?;
+    candidate.check_unchanged()?;
     // A base file holds tokens, not text: no eval text was read.
     scoring.eval.text_path = None;
     if r.gates.is_some() {

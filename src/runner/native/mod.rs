@@ -41,6 +41,35 @@ pub struct NativeModel {
     /// BOS token id from the checkpoint's own metadata (GGUF `tokenizer.ggml.bos_token_id`,
     /// config.json `bos_token_id`), for inputs that carry no tokenizer.json.
     pub bos_id: Option<u32>,
+    /// A GGUF file's size and modification time when it was opened: its f32 tensors are read in
+    /// place for the whole run ([`NativeModel::check_unchanged`]).
+    opened: Option<(u64, Option<std::time::SystemTime>)>,
+}
+
+impl NativeModel {
+    /// Refuses a GGUF file whose size or modification time changed since it was opened: its F32
+    /// tensors are read in place from the file's map while the windows run, so a file rewritten
+    /// meanwhile would have been measured as something other than what was hashed. (Truncating
+    /// it under the run ends the process with SIGBUS, as for any mapped reader.)
+    pub fn check_unchanged(&self) -> Result<()> {
+        let Some(opened) = self.opened else {
+            return Ok(());
+        };
+        let meta = std::fs::metadata(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        if (meta.len(), meta.modified().ok()) != opened {
+            return Err(Error::format(
+                &self.path,
+                None,
+                "the file changed while it was being measured (its weights are read in place from it): measure a file nothing writes to",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn opened(path: &Path) -> Result<(u64, Option<std::time::SystemTime>)> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    Ok((meta.len(), meta.modified().ok()))
 }
 
 /// Where a model's weights are: a directory with config.json and safetensors, a `.gguf` file, or a
@@ -90,7 +119,9 @@ pub fn load(
 ) -> Result<NativeModel> {
     let (path, format) = resolve(path)?;
     let bos_id;
+    let mut opened_as = None;
     let (store, config): (Box<dyn WeightStore>, config::ModelConfig) = if format == "gguf" {
+        opened_as = Some(opened(&path)?);
         let (store, config) = gguf::GgufStore::open(&path, emulate)?;
         bos_id = store.bos_id();
         (Box::new(store), config)
@@ -129,5 +160,38 @@ pub fn load(
         lm_head_sha256,
         stored_dtype,
         bos_id,
+        opened: opened_as,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gguf_file_changed_while_measured_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.gguf");
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("examples/models/shakespeare-q4_0-gguf/model.gguf"),
+            &path,
+        )
+        .unwrap();
+        let model = load(
+            &path,
+            ComputeDtype::F32,
+            Emulate::ReferenceSemantics,
+            StateDtype::F32,
+        )
+        .unwrap();
+        model.check_unchanged().unwrap();
+        // Rewritten in place, same size, a later time.
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let later = std::fs::metadata(&path).unwrap().modified().unwrap()
+            + std::time::Duration::from_secs(5);
+        file.set_modified(later).unwrap();
+        let e = model.check_unchanged().unwrap_err().to_string();
+        assert!(e.contains("changed while it was being measured"), "{e}");
+    }
 }
