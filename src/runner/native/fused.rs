@@ -67,7 +67,9 @@ pub(super) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<
 }
 
 fn rms_norm_chain(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
-    let last = x.rank() - 1;
+    let Some(last) = x.rank().checked_sub(1) else {
+        return Err(candle_core::Error::Msg("RMSNorm of a scalar".into()));
+    };
     let ms = x.sqr()?.mean_keepdim(last)?;
     let r = (ms + eps)?.sqrt()?.recip()?;
     x.broadcast_mul(&r)?.broadcast_mul(w)
@@ -116,7 +118,9 @@ pub(super) fn softmax_scaled_masked(
 
 /// Softmax over the last dimension, as candle's operations compute it.
 pub(super) fn softmax_chain(x: &Tensor) -> candle_core::Result<Tensor> {
-    let last = x.rank() - 1;
+    let Some(last) = x.rank().checked_sub(1) else {
+        return Err(candle_core::Error::Msg("softmax of a scalar".into()));
+    };
     let max = x.max_keepdim(last)?;
     let e = x.broadcast_sub(&max)?.exp()?;
     let s = e.sum_keepdim(last)?;

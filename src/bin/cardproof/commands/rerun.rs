@@ -202,7 +202,8 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
                 kv_cache: c.kv_cache,
                 reference_kv_cache: None,
             };
-            // Everything that needs no forward pass, before the first one.
+            // Everything that needs no forward pass, before the first one (the native lane's
+            // reference digest is taken while the models load: nothing here compares it first).
             let pre = rerun::preflight::check_deferring_digest(&request, stage)?;
             for w in &pre.warnings {
                 printer.warning(&w.to_string());
