@@ -55,8 +55,7 @@ impl NativeModel {
         let Some(opened) = self.opened else {
             return Ok(());
         };
-        let meta = std::fs::metadata(&self.path).map_err(|e| Error::io(&self.path, e))?;
-        if (meta.len(), meta.modified().ok()) != opened {
+        if stamp(&self.path)? != opened {
             return Err(Error::format(
                 &self.path,
                 None,
@@ -67,7 +66,8 @@ impl NativeModel {
     }
 }
 
-fn opened(path: &Path) -> Result<(u64, Option<std::time::SystemTime>)> {
+/// A file's size and modification time: what [`NativeModel::check_unchanged`] compares.
+fn stamp(path: &Path) -> Result<(u64, Option<std::time::SystemTime>)> {
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
     Ok((meta.len(), meta.modified().ok()))
 }
@@ -121,7 +121,7 @@ pub fn load(
     let bos_id;
     let mut opened_as = None;
     let (store, config): (Box<dyn WeightStore>, config::ModelConfig) = if format == "gguf" {
-        opened_as = Some(opened(&path)?);
+        opened_as = Some(stamp(&path)?);
         let (store, config) = gguf::GgufStore::open(&path, emulate)?;
         bos_id = store.bos_id();
         (Box::new(store), config)
