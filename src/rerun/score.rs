@@ -19,8 +19,11 @@ use crate::kld::stats::{self, Scored, Summary};
 use crate::runner::Runner;
 use crate::runner::tokens::{self, TokenStream};
 
-/// Logit rows per chunk of the output head: bounds memory at about 64 MiB per model and thread.
-const CHUNK_BYTES: usize = 64 * 1024 * 1024;
+/// A chunk of the output head's logit rows takes at most this many bytes per model and window in
+/// flight. Each chunk is one product, and the product repacks the whole head weight (hundreds of
+/// megabytes at a 150k vocabulary) whatever its row count, so a window's scored rows go in as
+/// few chunks as this bound allows.
+const CHUNK_BYTES: usize = 256 * 1024 * 1024;
 /// A logit dump (for oracles and reanalysis) is refused beyond this size.
 const MAX_DUMP_BYTES: usize = 2 * 1024 * 1024 * 1024;
 
@@ -385,7 +388,7 @@ pub fn measure_models(
     }
     let total: usize = plans.iter().map(|p| p.windows.windows.len()).sum();
     let done = std::sync::atomic::AtomicUsize::new(0);
-    let chunk = (CHUNK_BYTES / 4 / width).max(1);
+    let buffers = Buffers::default();
 
     let mut per_run = Vec::new();
     for plan in &plans {
@@ -402,8 +405,8 @@ pub fn measure_models(
         let shape = Shape {
             width,
             vocab_size,
-            chunk,
             dump,
+            buffers: &buffers,
         };
         let results: Vec<WindowOut> = windows
             .windows
@@ -448,13 +451,44 @@ pub fn measure_models(
 /// One window's records, and its dumped logits when asked for.
 type WindowOut = (Vec<Option<RowRecord>>, Vec<f32>, Vec<f32>);
 
-/// The logit rows' geometry: entries per row, entries used, rows per head chunk, and whether the
-/// rows are dumped.
-struct Shape {
+/// The logit rows' geometry: entries per row, entries used, whether the rows are dumped; and the
+/// logit buffers that windows reuse.
+struct Shape<'a> {
     width: usize,
     vocab_size: usize,
-    chunk: usize,
     dump: bool,
+    buffers: &'a Buffers,
+}
+
+/// Rows per chunk of the output head for a window of `rows` scored rows of `width` logits: as few
+/// chunks as [`CHUNK_BYTES`] allows, of equal size (a short last chunk would cost a whole
+/// repacking of the head for a few rows). Every lane and a study's kept logits chunk the same way.
+fn chunk_rows(width: usize, rows: usize) -> usize {
+    let most = (CHUNK_BYTES / 4 / width.max(1)).max(1);
+    let chunks = rows.div_ceil(most).max(1);
+    rows.div_ceil(chunks).max(1)
+}
+
+/// Logit buffers handed from window to window: a chunk's rows are a large allocation, which the
+/// allocator would otherwise return to the kernel and fault in, zeroed, for the next window.
+#[derive(Default)]
+struct Buffers(std::sync::Mutex<Vec<Vec<f32>>>);
+
+impl Buffers {
+    fn take(&self) -> Vec<f32> {
+        self.0
+            .lock()
+            .map(|mut kept| kept.pop())
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    fn give(&self, buffer: Vec<f32>) {
+        if let Ok(mut kept) = self.0.lock() {
+            kept.push(buffer);
+        }
+    }
 }
 
 /// One window's scored rows reduced: the reference's and the candidate's logits at `rows`, a
@@ -499,9 +533,9 @@ fn reduce_window_with(
     let mut scratch = row::Scratch::default();
     let mut out = Vec::with_capacity(rows.len());
     let (mut dump_a, mut dump_b) = (Vec::new(), Vec::new());
-    // Two buffers for the whole window, refilled chunk by chunk.
-    let (mut la, mut lb) = (Vec::new(), Vec::new());
-    for (k, part) in rows.chunks(shape.chunk).enumerate() {
+    // Two buffers for the whole window, refilled chunk by chunk, and handed on to the next.
+    let (mut la, mut lb) = (shape.buffers.take(), shape.buffers.take());
+    for (k, part) in rows.chunks(chunk_rows(width, rows.len())).enumerate() {
         reference(part, k, &mut la)?;
         b.logits_into(part, &mut lb)?;
         for (k, &j) in part.iter().enumerate() {
@@ -525,6 +559,8 @@ fn reduce_window_with(
             }
         }
     }
+    shape.buffers.give(la);
+    shape.buffers.give(lb);
     Ok((out, dump_a, dump_b))
 }
 
@@ -588,7 +624,6 @@ pub fn reference_pass<'a>(
             .collect::<Result<Vec<_>>>()?;
         windows.push(kept);
     }
-    let chunk = (CHUNK_BYTES / 4 / width).max(1);
     let rows: usize = plans.iter().map(RunPlan::n_rows).sum();
     let logits = if rows.saturating_mul(width).saturating_mul(4) <= KEPT_LOGITS_BYTES {
         let mut all = Vec::with_capacity(plans.len());
@@ -597,7 +632,10 @@ pub fn reference_pass<'a>(
                 .par_iter_mut()
                 .zip(plan.rows.par_iter())
                 .map(|(a, rows)| match a {
-                    Some(a) => rows.chunks(chunk).map(|part| a.logits(part)).collect(),
+                    Some(a) => rows
+                        .chunks(chunk_rows(width, rows.len()))
+                        .map(|part| a.logits(part))
+                        .collect(),
                     None => Ok(Vec::new()),
                 })
                 .collect::<Result<Vec<_>>>()?;
@@ -640,11 +678,12 @@ pub fn measure_against(
     if let Some(first) = pass.plans.iter().find_map(|p| p.windows.windows.first()) {
         candidate.calibrate(first)?;
     }
+    let buffers = Buffers::default();
     let shape = Shape {
         width: pass.width,
         vocab_size: pass.vocab_size,
-        chunk: (CHUNK_BYTES / 4 / pass.width).max(1),
         dump: false,
+        buffers: &buffers,
     };
     let total: usize = pass.plans.iter().map(|p| p.windows.windows.len()).sum();
     let done = std::sync::atomic::AtomicUsize::new(0);
@@ -765,5 +804,36 @@ impl From<&RunResult> for crate::report::RunRows {
                 .map(|s| if run.n_windows == 1 { 0 } else { s.block })
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_chunks_are_as_few_and_as_even_as_the_bound_allows() {
+        // A 152k vocabulary: 441 rows fit the bound.
+        let width = 151_936;
+        assert_eq!(chunk_rows(width, 256), 256);
+        assert_eq!(chunk_rows(width, 441), 441);
+        assert_eq!(chunk_rows(width, 442), 221);
+        assert_eq!(chunk_rows(width, 1000), 334);
+        assert!(chunk_rows(width, 1000) * width * 4 <= CHUNK_BYTES);
+        // Degenerate sizes still give a usable chunk.
+        assert_eq!(chunk_rows(0, 0), 1);
+        assert_eq!(chunk_rows(usize::MAX, 3), 1);
+    }
+
+    #[test]
+    fn logit_buffers_are_handed_on() {
+        let buffers = Buffers::default();
+        let mut a = buffers.take();
+        a.resize(1000, 1.0);
+        let at = a.as_ptr();
+        buffers.give(a);
+        let b = buffers.take();
+        assert_eq!((b.as_ptr(), b.capacity() >= 1000), (at, true));
+        assert!(buffers.take().is_empty());
     }
 }

@@ -6,6 +6,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use super::attention;
 use super::config::{LayerType, ModelConfig};
 use super::delta_rule::StateDtype;
 use super::fused;
@@ -787,15 +788,19 @@ impl Decoder {
             )
         };
         let (k, v) = self.cached(layer, k, v, cache)?;
-        // [heads, n, d]
-        let q = q.transpose(0, 1)?.contiguous()?;
-        let k = repeat_kv(&k.transpose(0, 1)?, rep)?;
-        let v = repeat_kv(&v.transpose(0, 1)?, rep)?;
-        let att = fused::softmax_scaled_masked(&q.matmul(&k.t()?)?, scale, mask)?;
-        let o = att
-            .matmul(&v)?
-            .transpose(0, 1)?
-            .reshape((n, c.heads * c.head_dim))?;
+        let o = match attention::attend(&q, &k, &v, mask, scale)? {
+            Some(o) => o,
+            None => {
+                // [heads, n, d]
+                let q = q.transpose(0, 1)?.contiguous()?;
+                let k = repeat_kv(&k.transpose(0, 1)?, rep)?;
+                let v = repeat_kv(&v.transpose(0, 1)?, rep)?;
+                let att = fused::softmax_scaled_masked(&q.matmul(&k.t()?)?, scale, mask)?;
+                att.matmul(&v)?
+                    .transpose(0, 1)?
+                    .reshape((n, c.heads * c.head_dim))?
+            }
+        };
         let o = match &gate {
             Some(g) => (o * sigmoid(g)?)?,
             None => o,

@@ -42,6 +42,7 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
+use super::matmul::{MatRef, matmul};
 use crate::error::{Error, Result};
 
 /// The chunk length of the chunked form (transformers', flash-linear-attention's and llama.cpp's).
@@ -545,100 +546,6 @@ pub fn chunked<F: DeltaFloat>(
             c0 += len;
         }
     }))
-}
-
-/// A read-only strided matrix view over a slice: element `(r, c)` is `data[r * rs + c * cs]`.
-#[derive(Clone, Copy)]
-struct MatRef<'a, F> {
-    data: &'a [F],
-    rows: usize,
-    cols: usize,
-    rs: usize,
-    cs: usize,
-}
-
-impl<'a, F> MatRef<'a, F> {
-    /// The row-major `rows x cols` matrix at the start of `data`.
-    fn rows(data: &'a [F], rows: usize, cols: usize) -> Self {
-        Self {
-            data,
-            rows,
-            cols,
-            rs: cols,
-            cs: 1,
-        }
-    }
-
-    /// The same elements read as the transpose (no copy).
-    fn transposed(self) -> Self {
-        Self {
-            rows: self.cols,
-            cols: self.rows,
-            rs: self.cs,
-            cs: self.rs,
-            ..self
-        }
-    }
-
-    /// Whether every element lies inside `data` (what makes the raw product below sound).
-    fn in_bounds(&self) -> bool {
-        self.rows == 0
-            || self.cols == 0
-            || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.data.len()
-    }
-}
-
-/// `dst = lhs rhs`, or `dst = alpha dst + lhs rhs` with `Some(alpha)`, where `dst` is row-major
-/// with `dst_cols` columns: the `gemm` crate's kernels (the ones candle runs), single-threaded, as
-/// the callers already run one head per thread. The shapes are checked before the raw call: a
-/// mismatch is a bug and panics rather than reading out of bounds.
-fn matmul<F: DeltaFloat>(
-    dst: &mut [F],
-    dst_cols: usize,
-    alpha: Option<F>,
-    lhs: MatRef<'_, F>,
-    rhs: MatRef<'_, F>,
-) {
-    let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
-    assert!(
-        rhs.rows == k && n == dst_cols && dst.len() >= m * n && lhs.in_bounds() && rhs.in_bounds(),
-        "delta rule product: [{m}, {k}] x [{}, {n}] into [{}, {dst_cols}]",
-        rhs.rows,
-        dst.len() / dst_cols.max(1)
-    );
-    if m == 0 || n == 0 {
-        return;
-    }
-    let stride = |x: usize| x as isize;
-    // SAFETY: every index the product touches is `r * rs + c * cs` with `r`, `c` inside the
-    // checked shapes, and each view's largest such index is inside its slice (`in_bounds`, and
-    // `dst.len() >= m * n` for the row-major destination); `dst` does not alias `lhs` or `rhs`
-    // (it is a `&mut`). `F` is `f32` or `f64` (the only `DeltaFloat`s), both of which `gemm`
-    // dispatches natively.
-    #[allow(unsafe_code)]
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            stride(n),
-            alpha.is_some(),
-            lhs.data.as_ptr(),
-            stride(lhs.cs),
-            stride(lhs.rs),
-            rhs.data.as_ptr(),
-            stride(rhs.cs),
-            stride(rhs.rs),
-            alpha.unwrap_or(F::ZERO),
-            F::ONE,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
 }
 
 #[cfg(test)]

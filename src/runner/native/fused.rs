@@ -98,22 +98,25 @@ pub(super) fn softmax_scaled_masked(
     y.par_chunks_mut(t)
         .with_min_len(MIN_ROWS_PER_TASK)
         .enumerate()
-        .for_each(|(i, row)| {
-            let m = &mask[(i % n) * t..(i % n + 1) * t];
-            let mut max = f32::NEG_INFINITY;
-            for (v, &mi) in row.iter_mut().zip(m) {
-                *v = (*v * scale + 0.0) + mi;
-                max = max.max(*v);
-            }
-            for v in row.iter_mut() {
-                *v = (*v - max).exp();
-            }
-            let sum = row_sum(row);
-            for v in row.iter_mut() {
-                *v /= sum;
-            }
-        });
+        .for_each(|(i, row)| softmax_row(row, &mask[(i % n) * t..(i % n + 1) * t], scale));
     Tensor::from_vec(y, scores.shape(), &Device::Cpu)
+}
+
+/// One row of [`softmax_scaled_masked`] in place: `row` ← softmax(`row` · `scale` + `mask`), the
+/// two of equal length.
+pub(super) fn softmax_row(row: &mut [f32], mask: &[f32], scale: f32) {
+    let mut max = f32::NEG_INFINITY;
+    for (v, &mi) in row.iter_mut().zip(mask) {
+        *v = (*v * scale + 0.0) + mi;
+        max = max.max(*v);
+    }
+    for v in row.iter_mut() {
+        *v = (*v - max).exp();
+    }
+    let sum = row_sum(row);
+    for v in row.iter_mut() {
+        *v /= sum;
+    }
 }
 
 /// Softmax over the last dimension, as candle's operations compute it.

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 
+use super::delta_rule::DeltaFloat;
 use crate::checkpoint::mmap::MappedF32;
 
 /// A tensor's f32 values: owned (dequantized or converted), or in place in the mapped file.
@@ -105,21 +106,32 @@ impl F32Matrix {
             )));
         }
         let m = x.elem_count().checked_div(k).unwrap_or(0);
-        let x = x.contiguous()?;
-        let (storage, layout) = x.storage_and_layout();
-        let candle_core::Storage::Cpu(cpu) = &*storage else {
-            return Err(candle_core::Error::Msg("a CPU tensor was expected".into()));
-        };
-        let start = layout.start_offset();
-        let lhs = cpu
-            .as_slice::<f32>()?
-            .get(start..start + m * k)
-            .ok_or_else(|| candle_core::Error::Msg("input shorter than its shape".into()))?;
-        out.clear();
-        out.resize(m * self.rows, 0.0);
-        x_wt(lhs, m, k, &self.values, self.rows, out);
-        Ok(())
+        with_f32(x, |lhs| {
+            out.clear();
+            out.resize(m * self.rows, 0.0);
+            x_wt(lhs, m, k, &self.values, self.rows, out);
+            Ok(())
+        })
     }
+}
+
+/// `f` on an f32 CPU tensor's values in row-major order: read in place when the tensor is
+/// contiguous, else from a contiguous copy.
+pub(super) fn with_f32<R>(
+    x: &Tensor,
+    f: impl FnOnce(&[f32]) -> candle_core::Result<R>,
+) -> candle_core::Result<R> {
+    let x = x.contiguous()?;
+    let (storage, layout) = x.storage_and_layout();
+    let candle_core::Storage::Cpu(cpu) = &*storage else {
+        return Err(candle_core::Error::Msg("a CPU tensor was expected".into()));
+    };
+    let start = layout.start_offset();
+    let values = cpu
+        .as_slice::<f32>()?
+        .get(start..start + x.elem_count())
+        .ok_or_else(|| candle_core::Error::Msg("a tensor shorter than its shape".into()))?;
+    f(values)
 }
 
 /// A linear module's weight as the forward pass holds it: candle's `[in, out]` view (f64 and
@@ -195,6 +207,100 @@ pub(super) fn x_wt(lhs: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &m
             false,
             parallelism,
         )
+    }
+}
+
+/// A read-only strided matrix view over a slice: element `(r, c)` is `data[r * rs + c * cs]`.
+#[derive(Clone, Copy)]
+pub(super) struct MatRef<'a, F> {
+    pub(super) data: &'a [F],
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+    pub(super) rs: usize,
+    pub(super) cs: usize,
+}
+
+impl<'a, F> MatRef<'a, F> {
+    /// The row-major `rows x cols` matrix at the start of `data`.
+    pub(super) fn rows(data: &'a [F], rows: usize, cols: usize) -> Self {
+        Self {
+            data,
+            rows,
+            cols,
+            rs: cols,
+            cs: 1,
+        }
+    }
+
+    /// The same elements read as the transpose (no copy).
+    pub(super) fn transposed(self) -> Self {
+        Self {
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+            ..self
+        }
+    }
+
+    /// Whether every element lies inside `data` (what makes the raw product below sound).
+    fn in_bounds(&self) -> bool {
+        self.rows == 0
+            || self.cols == 0
+            || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.data.len()
+    }
+}
+
+/// `dst = lhs rhs`, or `dst = alpha dst + lhs rhs` with `Some(alpha)`, where `dst` is row-major
+/// with `dst_cols` columns: the `gemm` crate's kernels (the ones candle runs), single-threaded, as
+/// the callers (the delta rule, attention) already run one head per task. The shapes are checked
+/// before the raw call: a mismatch is a bug and panics rather than reading out of bounds.
+pub(super) fn matmul<F: DeltaFloat>(
+    dst: &mut [F],
+    dst_cols: usize,
+    alpha: Option<F>,
+    lhs: MatRef<'_, F>,
+    rhs: MatRef<'_, F>,
+) {
+    let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
+    assert!(
+        rhs.rows == k && n == dst_cols && dst.len() >= m * n && lhs.in_bounds() && rhs.in_bounds(),
+        "strided product: [{m}, {k}] x [{}, {n}] into [{}, {dst_cols}]",
+        rhs.rows,
+        dst.len() / dst_cols.max(1)
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    let stride = |x: usize| x as isize;
+    // SAFETY: every index the product touches is `r * rs + c * cs` with `r`, `c` inside the
+    // checked shapes, and each view's largest such index is inside its slice (`in_bounds`, and
+    // `dst.len() >= m * n` for the row-major destination); `dst` does not alias `lhs` or `rhs`
+    // (it is a `&mut`). `F` is `f32` or `f64` (the only `DeltaFloat`s), both of which `gemm`
+    // dispatches natively.
+    #[allow(unsafe_code)]
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            stride(n),
+            alpha.is_some(),
+            lhs.data.as_ptr(),
+            stride(lhs.cs),
+            stride(lhs.rs),
+            rhs.data.as_ptr(),
+            stride(rhs.cs),
+            stride(rhs.rs),
+            alpha.unwrap_or(F::ZERO),
+            F::ONE,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
     }
 }
 

@@ -2,6 +2,7 @@
 //! semantics": weights dequantized exactly as their format defines, declared activation and
 //! KV-cache quantization emulated, compute in f32 (or a chosen dtype), exact softmax attention.
 
+pub mod attention;
 pub mod config;
 pub mod decoder;
 pub mod delta_rule;

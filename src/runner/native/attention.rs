@@ -1,0 +1,430 @@
+//! Softmax attention in f32 over the keys each query can see. candle's chain computed every
+//! query against every key and masked afterwards: under a causal mask half of those scores, their
+//! `exp`s and their products with the values are thrown away (5% of a 512-token window's
+//! FLOPs, and the larger share the longer the context). Here each head's queries go in blocks of
+//! [`QUERY_BLOCK`] rows against only the keys the block's rows can see, and every value is the
+//! bits candle's chain gives:
+//!
+//! - a score is one dot product over `head_dim`, whatever block it is computed in;
+//! - a row's softmax skips only trailing masked keys, which the chain turned into exact zeros;
+//!   its sum runs over a prefix rounded up to [`SUM_ALIGN`] keys, so candle's vectorized row sum
+//!   adds the same values in the same lanes (the zeros it skips changed nothing);
+//! - the weighted sum of values runs over keys in blocks of [`KEY_BLOCK`], each block one chain
+//!   of fused multiply-adds in key order (gemm's kernel on a single depth block), the blocks
+//!   added in order; the skipped keys' weights are exact zeros. At most `KEY_BLOCK` keys this is
+//!   the single chain candle's product computed; beyond it the blocking is this module's own,
+//!   fixed (not the cache-size-dependent depth gemm picks), so the bits do not depend on the
+//!   machine's caches.
+//!
+//! A masked key is never read, so a non-finite value there no longer reaches the output: the
+//! semantics of engines that skip masked blocks, which is what a causal mask means.
+
+use candle_core::{DType, Device, Tensor};
+use rayon::prelude::*;
+
+use super::fused::softmax_row;
+use super::matmul::{MatRef, matmul, with_f32};
+
+/// Query rows per task at most: small enough that the skipped triangle is most of the masked
+/// half, large enough that each product keeps gemm's kernel busy. A head's rows are split into
+/// equal blocks (over 32 rows each when there are several), so that no block is a product small
+/// enough for gemm to switch kernels (its dot-product kernels sum in another order).
+const QUERY_BLOCK: usize = 64;
+/// A row's softmax runs over a multiple of this many keys (or all of them): a multiple of every
+/// unroll width of candle's row sum (32 lanes on AVX, 16 on NEON, 1 in its scalar form).
+const SUM_ALIGN: usize = 64;
+/// Keys per depth block of the weighted sum of values.
+const KEY_BLOCK: usize = 512;
+
+/// `softmax(q kᵀ · scale + mask) v` per head: `q` `[n, heads, d]`, `k` and `v` `[t, kv_heads, d]`
+/// (query head `h` reads key head `h / (heads / kv_heads)`), `mask` `[n, t]` additive; the output
+/// is `[n, heads · d]`. `None` where the inputs are not f32 or not of these shapes: the caller
+/// runs candle's chain.
+pub(super) fn attend(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+    scale: f64,
+) -> candle_core::Result<Option<Tensor>> {
+    if [q, k, v, mask].iter().any(|t| t.dtype() != DType::F32) {
+        return Ok(None);
+    }
+    let (Ok((n, heads, d)), Ok((t, kv_heads, dk)), Ok(vdims), Ok(mdims)) =
+        (q.dims3(), k.dims3(), v.dims3(), mask.dims2())
+    else {
+        return Ok(None);
+    };
+    if dk != d
+        || vdims != (t, kv_heads, d)
+        || mdims != (n, t)
+        || kv_heads == 0
+        || heads % kv_heads != 0
+        || n == 0
+        || t == 0
+        || d == 0
+    {
+        return Ok(None);
+    }
+    let shape = Shape {
+        n,
+        t,
+        heads,
+        kv_heads,
+        d,
+        scale: scale as f32,
+    };
+    with_f32(q, |q| {
+        with_f32(k, |k| {
+            with_f32(v, |v| {
+                with_f32(mask, |mask| {
+                    let out = attend_slices(&shape, q, k, v, mask);
+                    Tensor::from_vec(out, (n, heads * d), &Device::Cpu).map(Some)
+                })
+            })
+        })
+    })
+}
+
+/// The problem's sizes: `n` queries, `t` keys, `heads` query heads over `kv_heads` key heads of
+/// `d` values each.
+struct Shape {
+    n: usize,
+    t: usize,
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+    scale: f32,
+}
+
+/// [`attend`] on the tensors' values (shapes checked by the caller).
+fn attend_slices(s: &Shape, q: &[f32], k: &[f32], v: &[f32], mask: &[f32]) -> Vec<f32> {
+    let visible = visible_keys(mask, s.n, s.t);
+    let blocks = s.n.div_ceil(QUERY_BLOCK);
+    let size = s.n.div_ceil(blocks);
+    let tasks: Vec<(usize, usize)> = (0..s.heads)
+        .flat_map(|h| (0..blocks).map(move |b| (h, b)))
+        .collect();
+    let parts: Vec<Vec<f32>> = tasks
+        .par_iter()
+        .map_init(Vec::new, |scores, &(h, b)| {
+            let rows = b * size..s.n.min((b + 1) * size);
+            block_output(s, h, rows, &visible, q, k, v, mask, scores)
+        })
+        .collect();
+    let width = s.heads * s.d;
+    let mut out = vec![0f32; s.n * width];
+    for (&(h, b), part) in tasks.iter().zip(&parts) {
+        let r0 = b * size;
+        for (i, row) in part.chunks_exact(s.d).enumerate() {
+            let at = (r0 + i) * width + h * s.d;
+            out[at..at + s.d].copy_from_slice(row);
+        }
+    }
+    out
+}
+
+/// Per query row of `mask` `[n, t]`: how many leading keys it can see (one past its last entry
+/// above `-inf`; 0 when every key is masked).
+fn visible_keys(mask: &[f32], n: usize, t: usize) -> Vec<usize> {
+    mask.chunks_exact(t)
+        .take(n)
+        .map(|row| {
+            row.iter()
+                .rposition(|&m| m != f32::NEG_INFINITY)
+                .map_or(0, |j| j + 1)
+        })
+        .collect()
+}
+
+/// Keys a block whose rows see at most `needed` keys computes, of `t`: `needed` rounded up to
+/// [`SUM_ALIGN`] while that stays inside the rows' aligned part, else all `t` (a row with no
+/// visible key gets all of them too, so its softmax is the chain's NaN).
+fn computed_keys(needed: usize, t: usize) -> usize {
+    let rounded = needed.div_ceil(SUM_ALIGN) * SUM_ALIGN;
+    if needed > 0 && rounded <= t / SUM_ALIGN * SUM_ALIGN {
+        rounded
+    } else {
+        t
+    }
+}
+
+/// Head `h`'s output at query rows `block`: `[rows, d]`, row-major.
+#[allow(clippy::too_many_arguments)]
+fn block_output(
+    s: &Shape,
+    h: usize,
+    block: std::ops::Range<usize>,
+    visible: &[usize],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: &[f32],
+    scores: &mut Vec<f32>,
+) -> Vec<f32> {
+    let (d, t) = (s.d, s.t);
+    let (r0, rows) = (block.start, block.len());
+    let seen = &visible[block];
+    let needed = seen.iter().copied().max().unwrap_or(0);
+    let keys = if seen.contains(&0) {
+        t
+    } else {
+        computed_keys(needed, t)
+    };
+    let g = h / (s.heads / s.kv_heads);
+    let kv_stride = s.kv_heads * d;
+    // scores[rows, keys] = q_h[r0..] · k_g[..keys]ᵀ.
+    scores.clear();
+    scores.resize(rows * keys, 0.0);
+    matmul(
+        scores,
+        keys,
+        None,
+        MatRef {
+            data: &q[r0 * s.heads * d + h * d..],
+            rows,
+            cols: d,
+            rs: s.heads * d,
+            cs: 1,
+        },
+        MatRef {
+            data: &k[g * d..],
+            rows: keys,
+            cols: d,
+            rs: kv_stride,
+            cs: 1,
+        }
+        .transposed(),
+    );
+    for (i, row) in scores.chunks_exact_mut(keys).enumerate() {
+        let at = (r0 + i) * t;
+        softmax_row(row, &mask[at..at + keys], s.scale);
+    }
+    // out[rows, d] = Σ over key blocks of scores[.., block] · v_g[block].
+    let mut out = vec![0f32; rows * d];
+    for (i, start) in (0..keys).step_by(KEY_BLOCK).enumerate() {
+        let len = KEY_BLOCK.min(keys - start);
+        matmul(
+            &mut out,
+            d,
+            (i > 0).then_some(1.0),
+            MatRef {
+                data: &scores[start..],
+                rows,
+                cols: len,
+                rs: keys,
+                cs: 1,
+            },
+            MatRef {
+                data: &v[start * kv_stride + g * d..],
+                rows: len,
+                cols: d,
+                rs: kv_stride,
+                cs: 1,
+            },
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runner::native::fused::softmax_scaled_masked;
+
+    fn tensor(dims: &[usize], seed: u32, spread: f32) -> Tensor {
+        let n: usize = dims.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|i| {
+                let x = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8;
+                (x as f32 / (1u32 << 24) as f32 - 0.5) * spread
+            })
+            .collect();
+        Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
+    }
+
+    /// The causal mask of `n` queries after `past` keys, with an optional sliding window.
+    fn mask(n: usize, past: usize, window: usize) -> Tensor {
+        let m: Vec<f32> = (past..past + n)
+            .flat_map(|i| {
+                (0..past + n).map(move |j| {
+                    if j > i || i - j >= window {
+                        f32::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                })
+            })
+            .collect();
+        Tensor::from_vec(m, (n, past + n), &Device::Cpu).unwrap()
+    }
+
+    /// candle's chain, as the decoder ran it before this module.
+    fn chain(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> Vec<f32> {
+        let (n, heads, d) = q.dims3().unwrap();
+        let rep = heads / k.dim(1).unwrap();
+        let repeat = |x: &Tensor| {
+            let x = x.transpose(0, 1).unwrap();
+            let (kv, t, d) = x.dims3().unwrap();
+            x.unsqueeze(1)
+                .unwrap()
+                .expand((kv, rep, t, d))
+                .unwrap()
+                .reshape((kv * rep, t, d))
+                .unwrap()
+        };
+        let q = q.transpose(0, 1).unwrap().contiguous().unwrap();
+        let (k, v) = (repeat(k), repeat(v));
+        let att = softmax_scaled_masked(&q.matmul(&k.t().unwrap()).unwrap(), scale, mask).unwrap();
+        att.matmul(&v)
+            .unwrap()
+            .transpose(0, 1)
+            .unwrap()
+            .reshape((n, heads * d))
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    }
+
+    fn run(n: usize, past: usize, heads: usize, kv: usize, d: usize, window: usize) -> Vec<f32> {
+        let t = past + n;
+        let q = tensor(&[n, heads, d], 1, 4.0);
+        let k = tensor(&[t, kv, d], 2, 4.0);
+        let v = tensor(&[t, kv, d], 3, 2.0);
+        let m = mask(n, past, window);
+        let scale = 1.0 / (d as f64).sqrt();
+        let got = attend(&q, &k, &v, &m, scale).unwrap().unwrap();
+        assert_eq!(got.dims(), &[n, heads * d]);
+        got.flatten_all().unwrap().to_vec1().unwrap()
+    }
+
+    fn expected(
+        n: usize,
+        past: usize,
+        heads: usize,
+        kv: usize,
+        d: usize,
+        window: usize,
+    ) -> Vec<f32> {
+        let t = past + n;
+        let q = tensor(&[n, heads, d], 1, 4.0);
+        let k = tensor(&[t, kv, d], 2, 4.0);
+        let v = tensor(&[t, kv, d], 3, 2.0);
+        chain(&q, &k, &v, &mask(n, past, window), 1.0 / (d as f64).sqrt())
+    }
+
+    fn same_bits(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
+    #[test]
+    fn visible_keys_attention_is_the_chains_bits() {
+        // (n, past, heads, kv heads, d, sliding window): one token, blocks with a ragged last
+        // one, prefixes shorter and longer than the sum's alignment, a cache before the queries,
+        // grouped queries, a sliding window (leading masked keys stay computed).
+        for (n, past, heads, kv, d, window) in [
+            (1, 0, 1, 1, 8, usize::MAX),
+            (7, 0, 2, 1, 16, usize::MAX),
+            (64, 0, 4, 2, 32, usize::MAX),
+            (200, 0, 4, 4, 64, usize::MAX),
+            (129, 70, 2, 1, 128, usize::MAX),
+            (512, 0, 2, 1, 128, usize::MAX),
+            (300, 0, 2, 2, 32, 100),
+        ] {
+            assert!(
+                same_bits(
+                    &run(n, past, heads, kv, d, window),
+                    &expected(n, past, heads, kv, d, window)
+                ),
+                "n {n}, past {past}, heads {heads}/{kv}, d {d}, window {window}"
+            );
+        }
+    }
+
+    #[test]
+    fn long_contexts_match_the_chain_closely_and_do_not_depend_on_threads() {
+        // Beyond one key block the depth blocking is this module's own: the values agree with
+        // the chain to rounding, and the bits are the same on one thread and on several.
+        let (n, heads, kv, d) = (700, 2, 1, 64);
+        let got = run(n, 0, heads, kv, d, usize::MAX);
+        let want = expected(n, 0, heads, kv, d, usize::MAX);
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1e-2), "{a} vs {b}");
+        }
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap()
+            .install(|| run(n, 0, heads, kv, d, usize::MAX));
+        assert!(same_bits(&got, &one));
+    }
+
+    #[test]
+    fn blocks_compute_only_the_keys_their_rows_see() {
+        // Rounded up to the row sum's alignment while that stays inside the aligned keys.
+        assert_eq!(computed_keys(1, 512), 64);
+        assert_eq!(computed_keys(64, 512), 64);
+        assert_eq!(computed_keys(65, 512), 128);
+        assert_eq!(computed_keys(448, 512), 448);
+        assert_eq!(computed_keys(449, 512), 512);
+        // Past the aligned part, and with no visible key, all of them.
+        assert_eq!(computed_keys(449, 500), 500);
+        assert_eq!(computed_keys(30, 40), 40);
+        assert_eq!(computed_keys(0, 512), 512);
+        // A causal mask of 512 queries: the rows' blocks see 64, 128, … keys, not 512 each.
+        let m = mask(512, 0, usize::MAX)
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let visible = visible_keys(&m, 512, 512);
+        assert_eq!((visible[0], visible[63], visible[511]), (1, 64, 512));
+        let computed: usize = (0..8)
+            .map(|b| {
+                computed_keys(
+                    visible[b * 64..(b + 1) * 64].iter().copied().max().unwrap(),
+                    512,
+                )
+            })
+            .sum();
+        assert_eq!(computed, 64 * 36);
+    }
+
+    #[test]
+    fn a_row_with_no_visible_key_is_the_chains_nan() {
+        let q = tensor(&[3, 1, 8], 1, 1.0);
+        let k = tensor(&[3, 1, 8], 2, 1.0);
+        let v = tensor(&[3, 1, 8], 3, 1.0);
+        let mut m = mask(3, 0, usize::MAX).to_vec2::<f32>().unwrap();
+        m[1] = vec![f32::NEG_INFINITY; 3];
+        let m = Tensor::new(m, &Device::Cpu).unwrap();
+        let got: Vec<f32> = attend(&q, &k, &v, &m, 0.5)
+            .unwrap()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let want = chain(&q, &k, &v, &m, 0.5);
+        assert!(got[8..16].iter().all(|x| x.is_nan()));
+        assert!(same_bits(&got[..8], &want[..8]) && same_bits(&got[16..], &want[16..]));
+    }
+
+    #[test]
+    fn other_dtypes_and_shapes_take_the_chain() {
+        let q = tensor(&[4, 2, 8], 1, 1.0);
+        let k = tensor(&[4, 1, 8], 2, 1.0);
+        let m = mask(4, 0, usize::MAX);
+        let q64 = q.to_dtype(DType::F64).unwrap();
+        assert!(attend(&q64, &k, &k, &m, 1.0).unwrap().is_none());
+        let k3 = tensor(&[4, 3, 8], 2, 1.0);
+        assert!(attend(&q, &k3, &k3, &m, 1.0).unwrap().is_none());
+        assert!(
+            attend(&q, &k, &k, &mask(3, 0, usize::MAX), 1.0)
+                .unwrap()
+                .is_none()
+        );
+    }
+}
