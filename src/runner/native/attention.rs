@@ -86,6 +86,24 @@ pub(super) fn attend(
     })
 }
 
+/// The additive causal mask `[n, past + n]` (f32) of `n` queries after `past` cached keys: key
+/// `j` is visible to query `i` (at position `past + i`) when `j ≤ past + i` and within `window`
+/// positions of it.
+pub(super) fn causal_mask(past: usize, n: usize, window: usize) -> candle_core::Result<Tensor> {
+    let m: Vec<f32> = (past..past + n)
+        .flat_map(|i| {
+            (0..past + n).map(move |j| {
+                if j > i || i - j >= window {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+        })
+        .collect();
+    Tensor::from_vec(m, (n, past + n), &Device::Cpu)
+}
+
 /// The problem's sizes: `n` queries, `t` keys, `heads` query heads over `kv_heads` key heads of
 /// `d` values each.
 struct Shape {
@@ -231,32 +249,10 @@ fn block_output(
 mod tests {
     use super::*;
     use crate::runner::native::fused::softmax_scaled_masked;
+    use crate::runner::native::fused::tests::tensor;
 
-    fn tensor(dims: &[usize], seed: u32, spread: f32) -> Tensor {
-        let n: usize = dims.iter().product();
-        let v: Vec<f32> = (0..n)
-            .map(|i| {
-                let x = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8;
-                (x as f32 / (1u32 << 24) as f32 - 0.5) * spread
-            })
-            .collect();
-        Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
-    }
-
-    /// The causal mask of `n` queries after `past` keys, with an optional sliding window.
     fn mask(n: usize, past: usize, window: usize) -> Tensor {
-        let m: Vec<f32> = (past..past + n)
-            .flat_map(|i| {
-                (0..past + n).map(move |j| {
-                    if j > i || i - j >= window {
-                        f32::NEG_INFINITY
-                    } else {
-                        0.0
-                    }
-                })
-            })
-            .collect();
-        Tensor::from_vec(m, (n, past + n), &Device::Cpu).unwrap()
+        causal_mask(past, n, window).unwrap()
     }
 
     /// candle's chain, as the decoder ran it before this module.

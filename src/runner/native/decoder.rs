@@ -982,18 +982,7 @@ impl Decoder {
     /// sliding window, if any).
     fn mask(&self, past: usize, n: usize) -> candle_core::Result<Tensor> {
         let window = self.config.sliding_window.unwrap_or(usize::MAX);
-        let m: Vec<f32> = (past..past + n)
-            .flat_map(|i| {
-                (0..past + n).map(move |j| {
-                    if j > i || i - j >= window {
-                        f32::NEG_INFINITY
-                    } else {
-                        0.0
-                    }
-                })
-            })
-            .collect();
-        Tensor::from_vec(m, (n, past + n), &Device::Cpu)?.to_dtype(self.compute.candle())
+        attention::causal_mask(past, n, window)?.to_dtype(self.compute.candle())
     }
 }
 

@@ -150,10 +150,11 @@ pub(super) fn silu_mul(g: &Tensor, u: &Tensor) -> candle_core::Result<Tensor> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn tensor(dims: &[usize], seed: u32, spread: f32) -> Tensor {
+    /// A deterministic tensor of values spread over `[-spread/2, spread/2)`.
+    pub(in crate::runner::native) fn tensor(dims: &[usize], seed: u32, spread: f32) -> Tensor {
         let n: usize = dims.iter().product();
         let v: Vec<f32> = (0..n)
             .map(|i| {
