@@ -24,6 +24,16 @@ use crate::runner::tokens::{self, TokenStream};
 /// megabytes at a 150k vocabulary) whatever its row count, so a window's scored rows go in as
 /// few chunks as this bound allows.
 const CHUNK_BYTES: usize = 256 * 1024 * 1024;
+/// The bound shrinks as windows in flight (one per thread) grow, down to this: the logit buffers
+/// of all windows in flight stay within about 1 GiB, or 128 MiB per thread past 8 threads.
+const MIN_CHUNK_BYTES: usize = 64 * 1024 * 1024;
+const LOGIT_BUDGET_BYTES: usize = 1024 * 1024 * 1024;
+
+/// [`CHUNK_BYTES`] shared out over the process's threads (two buffers per window in flight).
+fn chunk_bytes() -> usize {
+    (LOGIT_BUDGET_BYTES / (2 * rayon::current_num_threads().max(1)))
+        .clamp(MIN_CHUNK_BYTES, CHUNK_BYTES)
+}
 /// A logit dump (for oracles and reanalysis) is refused beyond this size.
 const MAX_DUMP_BYTES: usize = 2 * 1024 * 1024 * 1024;
 
@@ -461,10 +471,13 @@ struct Shape<'a> {
 }
 
 /// Rows per chunk of the output head for a window of `rows` scored rows of `width` logits: as few
-/// chunks as [`CHUNK_BYTES`] allows, of equal size (a short last chunk would cost a whole
+/// chunks as [`chunk_bytes`] allows, of equal size (a short last chunk would cost a whole
 /// repacking of the head for a few rows). Every lane and a study's kept logits chunk the same way.
+/// The head's bits do not depend on the chunking: each output is one depth-ordered chain over the
+/// hidden size, and equal chunks are never the single-row products `gemm` sums another way
+/// unless the window itself scores one row.
 fn chunk_rows(width: usize, rows: usize) -> usize {
-    let most = (CHUNK_BYTES / 4 / width.max(1)).max(1);
+    let most = (chunk_bytes() / 4 / width.max(1)).max(1);
     let chunks = rows.div_ceil(most).max(1);
     rows.div_ceil(chunks).max(1)
 }
@@ -815,14 +828,26 @@ mod tests {
     fn head_chunks_are_as_few_and_as_even_as_the_bound_allows() {
         // A 152k vocabulary: 441 rows fit the bound.
         let width = 151_936;
-        assert_eq!(chunk_rows(width, 256), 256);
-        assert_eq!(chunk_rows(width, 441), 441);
-        assert_eq!(chunk_rows(width, 442), 221);
-        assert_eq!(chunk_rows(width, 1000), 334);
-        assert!(chunk_rows(width, 1000) * width * 4 <= CHUNK_BYTES);
+        let at = |threads: usize, rows: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| chunk_rows(width, rows))
+        };
+        assert_eq!(at(2, 256), 256);
+        assert_eq!(at(2, 441), 441);
+        assert_eq!(at(2, 442), 221);
+        assert_eq!(at(2, 1000), 334);
+        assert!(at(2, 1000) * width * 4 <= CHUNK_BYTES);
+        // More windows in flight, smaller chunks: 128 MiB at 4 threads, 64 MiB from 8.
+        assert_eq!(at(4, 256), 128);
+        assert_eq!(at(16, 256), 86);
+        assert!(at(16, 256) * width * 4 <= MIN_CHUNK_BYTES);
         // Degenerate sizes still give a usable chunk.
-        assert_eq!(chunk_rows(0, 0), 1);
+        assert_eq!(at(1, 0), 1);
         assert_eq!(chunk_rows(usize::MAX, 3), 1);
+        assert_eq!(chunk_rows(0, 0), 1);
     }
 
     #[test]
