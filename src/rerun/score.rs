@@ -470,16 +470,18 @@ struct Shape<'a> {
     buffers: &'a Buffers,
 }
 
-/// Rows per chunk of the output head for a window of `rows` scored rows of `width` logits: as few
-/// chunks as [`chunk_bytes`] allows, of equal size (a short last chunk would cost a whole
-/// repacking of the head for a few rows). Every lane and a study's kept logits chunk the same way.
-/// The head's bits do not depend on the chunking: each output is one depth-ordered chain over the
-/// hidden size, and equal chunks are never the single-row products `gemm` sums another way
-/// unless the window itself scores one row.
-fn chunk_rows(width: usize, rows: usize) -> usize {
+/// A window's scored `rows` cut into chunks of the output head, for rows of `width` logits: as
+/// few chunks as [`chunk_bytes`] allows, their sizes at most one apart (a short last chunk would
+/// cost a whole repacking of the head for a few rows). Every lane and a study's kept logits chunk
+/// the same way. The head's bits do not depend on the chunking, which depends on the thread
+/// count: each output is one depth-ordered chain over the hidden size, whatever the chunk's row
+/// count, except in a one-row product (`gemm` takes its matrix-vector kernel, which sums in
+/// another order). Sizes one apart keep every chunk at over half the bound's rows, so a chunk is
+/// one row only where the window scores one row, or where one row alone fills the bound.
+fn head_chunks(rows: &[usize], width: usize) -> impl Iterator<Item = &[usize]> {
     let most = (chunk_bytes() / 4 / width.max(1)).max(1);
-    let chunks = rows.div_ceil(most).max(1);
-    rows.div_ceil(chunks).max(1)
+    let chunks = rows.len().div_ceil(most);
+    (0..chunks).map(move |i| &rows[i * rows.len() / chunks..(i + 1) * rows.len() / chunks])
 }
 
 /// Logit buffers handed from window to window: a chunk's rows are a large allocation, which the
@@ -548,7 +550,7 @@ fn reduce_window_with(
     let (mut dump_a, mut dump_b) = (Vec::new(), Vec::new());
     // Two buffers for the whole window, refilled chunk by chunk, and handed on to the next.
     let (mut la, mut lb) = (shape.buffers.take(), shape.buffers.take());
-    for (k, part) in rows.chunks(chunk_rows(width, rows.len())).enumerate() {
+    for (k, part) in head_chunks(rows, width).enumerate() {
         reference(part, k, &mut la)?;
         b.logits_into(part, &mut lb)?;
         for (k, &j) in part.iter().enumerate() {
@@ -645,8 +647,7 @@ pub fn reference_pass<'a>(
                 .par_iter_mut()
                 .zip(plan.rows.par_iter())
                 .map(|(a, rows)| match a {
-                    Some(a) => rows
-                        .chunks(chunk_rows(width, rows.len()))
+                    Some(a) => head_chunks(rows, width)
                         .map(|part| a.logits(part))
                         .collect(),
                     None => Ok(Vec::new()),
@@ -826,28 +827,42 @@ mod tests {
 
     #[test]
     fn head_chunks_are_as_few_and_as_even_as_the_bound_allows() {
-        // A 152k vocabulary: 441 rows fit the bound.
-        let width = 151_936;
-        let at = |threads: usize, rows: usize| {
+        // Chunk sizes of `rows` rows of a 152k vocabulary at `threads` threads (441 rows fit the
+        // bound at 2 threads, 220 at 4, 110 from 8).
+        let sizes = |threads: usize, rows: usize| -> Vec<usize> {
+            let rows: Vec<usize> = (0..rows).collect();
             rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
                 .unwrap()
-                .install(|| chunk_rows(width, rows))
+                .install(|| {
+                    let parts: Vec<&[usize]> = head_chunks(&rows, 151_936).collect();
+                    // The chunks cover the rows once, in order.
+                    assert_eq!(parts.concat(), rows);
+                    parts.iter().map(|p| p.len()).collect()
+                })
         };
-        assert_eq!(at(2, 256), 256);
-        assert_eq!(at(2, 441), 441);
-        assert_eq!(at(2, 442), 221);
-        assert_eq!(at(2, 1000), 334);
-        assert!(at(2, 1000) * width * 4 <= CHUNK_BYTES);
-        // More windows in flight, smaller chunks: 128 MiB at 4 threads, 64 MiB from 8.
-        assert_eq!(at(4, 256), 128);
-        assert_eq!(at(16, 256), 86);
-        assert!(at(16, 256) * width * 4 <= MIN_CHUNK_BYTES);
-        // Degenerate sizes still give a usable chunk.
-        assert_eq!(at(1, 0), 1);
-        assert_eq!(chunk_rows(usize::MAX, 3), 1);
-        assert_eq!(chunk_rows(0, 0), 1);
+        assert_eq!(sizes(2, 256), [256]);
+        assert_eq!(sizes(2, 441), [441]);
+        assert_eq!(sizes(2, 442), [221, 221]);
+        assert_eq!(sizes(2, 1000), [333, 333, 334]);
+        assert_eq!(sizes(4, 256), [128, 128]);
+        assert_eq!(sizes(16, 256), [85, 85, 86]);
+        // Regression: 11,991 rows in chunks of at most 110 rows once ended in a one-row chunk,
+        // which gemm sums in another order than the same row at 2 threads.
+        let many = sizes(16, 11_991);
+        assert_eq!(many.len(), 110);
+        assert!(many.iter().all(|&n| n == 109 || n == 110), "{many:?}");
+        // Within the bound at every thread count; degenerate sizes still chunk.
+        for threads in [1, 2, 3, 8, 16] {
+            assert!(
+                sizes(threads, 5000)
+                    .iter()
+                    .all(|&n| n * 151_936 * 4 <= CHUNK_BYTES)
+            );
+        }
+        assert_eq!(sizes(1, 0), Vec::<usize>::new());
+        assert_eq!(head_chunks(&[7, 8, 9], usize::MAX).count(), 3);
     }
 
     #[test]

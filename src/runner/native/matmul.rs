@@ -351,6 +351,32 @@ mod tests {
     }
 
     #[test]
+    fn a_rows_product_does_not_depend_on_the_rows_beside_it() {
+        // What lets the scorer chunk the head's rows by its memory bound (which follows the
+        // thread count): any chunk of two rows or more gives each row the same bits.
+        let (m, k, n) = (300, 1024, 1000);
+        let x = values(m * k, 5);
+        let w = values(n * k, 6);
+        let mut whole = vec![0f32; m * n];
+        x_wt(&x, m, k, &w, n, &mut whole);
+        let partitions: [&[usize]; 3] = [&[150, 150], &[2, 296, 2], &[110, 110, 80]];
+        for sizes in partitions {
+            let mut at = 0;
+            for &rows in sizes {
+                let mut part = vec![0f32; rows * n];
+                x_wt(&x[at * k..(at + rows) * k], rows, k, &w, n, &mut part);
+                let same = part
+                    .iter()
+                    .zip(&whole[at * n..(at + rows) * n])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "rows {at}..{} as a chunk of {rows}", at + rows);
+                at += rows;
+            }
+            assert_eq!(at, m);
+        }
+    }
+
+    #[test]
     fn gather_reads_rows_and_refuses_ids_out_of_range() {
         let matrix = F32Matrix::new(3, 2, Values::Owned(vec![0., 1., 2., 3., 4., 5.])).unwrap();
         let rows = matrix.gather(&[2, 0]).unwrap();
