@@ -163,51 +163,25 @@ impl Weight {
 /// `out[m, n] = lhs[m, k] · w[n, k]ᵀ`, all row-major: the `gemm` call candle's CPU matmul makes
 /// for a contiguous `lhs` and the transposed view of `w`, with the same parallelism (the
 /// process's thread count; the split never changes the bits).
-#[allow(unsafe_code)]
 pub(super) fn x_wt(lhs: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32]) {
     assert!(
         lhs.len() == m * k && w.len() == n * k && out.len() == m * n,
         "x_wt: operand sizes disagree with [{m}, {k}] · [{n}, {k}]ᵀ"
     );
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        out.fill(0.0);
-        return;
-    }
     let threads = rayon::current_num_threads();
-    let parallelism = if threads > 1 && std::env::var_os("CARDPROOF_GEMM_SERIAL").is_none() {
+    let parallelism = if threads > 1 {
         gemm::Parallelism::Rayon(threads)
     } else {
         gemm::Parallelism::None
     };
-    // SAFETY: the assert above bounds every read and write: `lhs` is m×k with row stride k,
-    // `w` is n×k read as its k×n transpose (row stride 1, column stride k), `out` is m×n with
-    // row stride n, and `out` aliases neither input (a unique borrow).
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            lhs.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism,
-        )
-    }
+    product(
+        out,
+        n,
+        None,
+        MatRef::rows(lhs, m, k),
+        MatRef::rows(w, n, k).transposed(),
+        parallelism,
+    );
 }
 
 /// A read-only strided matrix view over a slice: element `(r, c)` is `data[r * rs + c * cs]`.
@@ -253,14 +227,26 @@ impl<'a, F> MatRef<'a, F> {
 
 /// `dst = lhs rhs`, or `dst = alpha dst + lhs rhs` with `Some(alpha)`, where `dst` is row-major
 /// with `dst_cols` columns: the `gemm` crate's kernels (the ones candle runs), single-threaded, as
-/// the callers (the delta rule, attention) already run one head per task. The shapes are checked
-/// before the raw call: a mismatch is a bug and panics rather than reading out of bounds.
+/// the callers (the delta rule, attention) already run one head per task.
 pub(super) fn matmul<F: DeltaFloat>(
     dst: &mut [F],
     dst_cols: usize,
     alpha: Option<F>,
     lhs: MatRef<'_, F>,
     rhs: MatRef<'_, F>,
+) {
+    product(dst, dst_cols, alpha, lhs, rhs, gemm::Parallelism::None)
+}
+
+/// [`matmul`] under `parallelism`: the one raw `gemm` call of the forward pass. The shapes are
+/// checked before it: a mismatch is a bug and panics rather than reading out of bounds.
+fn product<F: DeltaFloat>(
+    dst: &mut [F],
+    dst_cols: usize,
+    alpha: Option<F>,
+    lhs: MatRef<'_, F>,
+    rhs: MatRef<'_, F>,
+    parallelism: gemm::Parallelism,
 ) {
     let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
     assert!(
@@ -270,6 +256,14 @@ pub(super) fn matmul<F: DeltaFloat>(
         dst.len() / dst_cols.max(1)
     );
     if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        // An empty sum: `dst` stays `alpha dst`, or is zero.
+        match alpha {
+            None => dst[..m * n].fill(F::ZERO),
+            Some(a) => dst[..m * n].iter_mut().for_each(|d| *d *= a),
+        }
         return;
     }
     let stride = |x: usize| x as isize;
@@ -299,7 +293,7 @@ pub(super) fn matmul<F: DeltaFloat>(
             false,
             false,
             false,
-            gemm::Parallelism::None,
+            parallelism,
         );
     }
 }
@@ -386,6 +380,13 @@ mod tests {
         );
         assert!(matrix.gather(&[3]).is_err());
         assert!(F32Matrix::new(2, 2, Values::Owned(vec![0.; 3])).is_none());
+    }
+
+    #[test]
+    fn an_empty_depth_gives_zeros() {
+        let mut out = vec![f32::NAN; 6];
+        x_wt(&[], 2, 0, &[], 3, &mut out);
+        assert_eq!(out, [0.0; 6]);
     }
 
     #[test]
