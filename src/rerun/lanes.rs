@@ -293,8 +293,6 @@ pub(super) fn native(
     };
     stage("measuring");
     let scoring = score::measure_models(&reference, &candidate, &eval, &options, progress)?;
-    reference.check_unchanged()?;
-    candidate.check_unchanged()?;
     let mut gates_out = Vec::new();
     let mut noise_floor = None;
     if let Some(g) = &r.gates {
@@ -326,6 +324,10 @@ pub(super) fn native(
             compute,
         )?);
     }
+    // After every forward pass (measurement, gates, floor): the weights read in place are still
+    // the files that were hashed.
+    reference.check_unchanged()?;
+    candidate.check_unchanged()?;
     let mut environment = native_environment(&candidate, compute, emulate, r.threads);
     environment.tokenizer = Some(tokenizer_record(&tokenizer));
     Ok(finished(
@@ -1126,12 +1128,12 @@ pub(super) fn reference_artifact(
         tokenizer_vocab: tokenizer.vocab_size,
     };
     let mut scoring = score::measure_models(&runner, &candidate, &eval, &options, progress)?;
-    candidate.check_unchanged()?;
     scoring.eval.text_path = r.eval_text.map(|t| t.display().to_string());
     if r.gates.is_some() {
         stage("sanity gates");
     }
     let gates_out = artifact_gates(&runner, &candidate, &windows, &scoring, r, &options)?;
+    candidate.check_unchanged()?;
     let text = |key: &str, default: &str| h.reference[key].as_str().unwrap_or(default).to_owned();
     let reference_id = ModelRecord {
         path: text("path", ""),
@@ -1224,7 +1226,6 @@ pub(super) fn llamacpp_base(
         tokenizer_vocab,
     };
     let mut scoring = score::measure_models(&runner, &candidate, &eval, &options, progress)?;
-    candidate.check_unchanged()?;
     // A base file holds tokens, not text: no eval text was read.
     scoring.eval.text_path = None;
     if r.gates.is_some() {
@@ -1238,6 +1239,7 @@ pub(super) fn llamacpp_base(
         r,
         &options,
     )?;
+    candidate.check_unchanged()?;
     let reference_id = ModelRecord {
         path: path.display().to_string(),
         format: "llamacpp-base".into(),
