@@ -19,6 +19,7 @@
 //! [in-toto Statement v1]: https://github.com/in-toto/attestation/blob/main/spec/v1/statement.md
 //! [DSSE v1]: https://github.com/secure-systems-lab/dsse/blob/master/protocol.md
 
+pub mod artifact;
 pub mod check;
 pub mod dsse;
 pub mod keys;
@@ -29,6 +30,7 @@ pub mod verify;
 #[cfg(test)]
 mod tests;
 
+pub use artifact::ARTIFACT_PREDICATE_TYPE;
 pub use check::{CheckedReport, ReportRequest, check_report};
 pub use dsse::{add_signature, pae, sign_envelope};
 pub use keys::{

@@ -24,17 +24,30 @@ pub fn half_unit(text: &str) -> f64 {
     0.5 * 10f64.powi(exponent - decimals)
 }
 
-/// What a claim's printed precision is measured against: the value itself, or for a metric that
-/// lives near a bound, its distance from that bound (a top-1 agreement of `0.99` says ±0.005 of
-/// a disagreement of 0.01; a PPL ratio of `1.00` says nothing about a change of 0.2%).
+/// The quantity a claim carries its information in: its distance from "no change". KL
+/// divergences and `delta_p_rms` from 0, `ppl_ratio` from 1, agreements from 1 (`same_top_p` from
+/// 100%); perplexities themselves have no "no change" value and count from 0. Both the `imprecise`
+/// rule and the numerical noise of [`tolerance`] are judged on it: a top-1 agreement of `0.99`
+/// says ±0.005 of a disagreement of 0.01; a PPL ratio of `1.00` says nothing about a change of
+/// 0.2%, and 1e-3 of a ratio near 1 would be a flat slack of 0.1%.
 pub fn precision_scale(metric: &str, value: f64) -> f64 {
     match metric {
-        "top1_agreement" => value.min(1.0 - value).max(0.0),
-        "same_top_p" => value.min(100.0 - value).max(0.0),
+        "top1_agreement" => (1.0 - value).max(0.0),
+        "same_top_p" => (100.0 - value).max(0.0),
         "ppl_ratio" => (value - 1.0).abs(),
         _ => value.abs(),
     }
 }
+
+/// How far a rerun may be from a claim and still reproduce it: half a unit in the claim's last
+/// printed digit plus [`NOISE_RELATIVE`] of the claim's distance from "no change"
+/// ([`precision_scale`]), `half_unit(text) + 1e-3 * scale(metric, claim)`.
+pub fn tolerance(metric: &str, text: &str, claim: f64) -> f64 {
+    half_unit(text) + NOISE_RELATIVE * precision_scale(metric, claim)
+}
+
+/// The verdict rule in words, with its formula (README, report.json's `definitions`).
+pub const TOLERANCE_RULE: &str = "reproduced when |rerun - claim| <= half_unit(claim as printed) + 1e-3 * scale(claim), where scale is the claim's distance from no change: |value| for KL metrics, delta_p_rms and perplexities, |value - 1| for ppl_ratio, 1 - value for top1_agreement, 100 - value for same_top_p; imprecise (never reproduced) when half_unit / scale > 0.05";
 
 /// The printed precision relative to the claim's scale (infinite for a value at its bound).
 pub fn relative_precision(metric: &str, text: &str, value: f64) -> f64 {

@@ -245,10 +245,7 @@ pub(super) fn contradictions(
             ));
             continue;
         }
-        let tolerance = |v: f64| {
-            crate::disclosure::precision::half_unit(&claim.text)
-                + crate::disclosure::precision::NOISE_RELATIVE * v.abs()
-        };
+        let tolerance = |v: f64| crate::disclosure::precision::tolerance(metric, &claim.text, v);
         if disclosed.iter().any(|v| (value - v).abs() <= tolerance(*v)) {
             continue;
         }

@@ -589,6 +589,9 @@ pub fn verification(r: &crate::verify::Report) -> String {
         "checkpoint: {} (root sha256 {})",
         r.checkpoint.path, r.checkpoint.root_sha256
     );
+    if let Some(source) = &r.reference_source {
+        let _ = writeln!(out, "reference: {source}");
+    }
     let _ = writeln!(
         out,
         "\n{:<18} {:>6} {:>12} {:>13} {:>10} {:>10}  verdict",

@@ -340,6 +340,7 @@ fn view_model(report: &Json, rows: &[RunRows], html: bool) -> Result<Json> {
         "generated_at": text(at(report, "/generated_at")),
         "run_id": text(at(report, "/run_id")),
         "card_fidelity_sha256": text(at(report, "/card/fidelity_sha256")),
+        "reference_source": text(at(report, "/reference_source")),
         "verdict": overall,
         "explanation": overall_explanation(&key),
         "summary": summary,

@@ -220,8 +220,14 @@ pub struct ArtifactRecord {
     pub sha256: Option<String>,
     /// `hidden`, `top_k` or `llamacpp_base`.
     pub kind: String,
-    /// What the artifact's KL is: exact, a lower bound, or llama.cpp's 16-nat window.
+    /// What the artifact's KL is: full vocabulary, a lower bound, or llama.cpp's 16-nat window.
     pub bound: String,
+    /// Who vouches for the artifact (a trusted signer, or nobody: self-asserted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vouch: Option<super::artifact::Vouch>,
+    /// A seeded sample of its rows recomputed from the reference's weights, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spot_check: Option<super::artifact::SpotCheck>,
 }
 
 /// One context length's statistics.

@@ -119,24 +119,37 @@ pub fn export_reference(
 }
 
 /// `cardproof reference export --kind llamacpp`: the reference's rows as a llama.cpp base file.
+/// Returns the rows written and the reference's identity (a base file holds none; its signed
+/// statement names it).
 pub fn export_llamacpp(
     model: &Path,
     eval_text: &Path,
     n_ctx: usize,
     bos: tokens::Bos,
-    out: &Path,
+    (out, threads): (&Path, usize),
     stage: Stage,
     progress: Progress,
-) -> Result<u64> {
+) -> Result<(u64, Value)> {
     crate::kld::protocol::check_context_length(n_ctx as u64)
         .map_err(|rule| Error::usage(out, format!("n_ctx: {rule}")))?;
     let (tokenizer, stream, reference) = load_reference(model, eval_text, stage)?;
+    stage("hashing");
+    let id = super::lanes::identity(&reference, model, threads, None)?;
+    let identity = json!({
+        "path": model.display().to_string(),
+        "format": id.format,
+        "manifest_sha256": id.manifest_sha256,
+        "lm_head_sha256": id.lm_head_sha256,
+        "stored_dtype": id.stored_dtype,
+    });
     stage("exporting");
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::write(dir, e))?;
     }
     let windows = tokens::windows(&stream, eval_text, n_ctx, bos, tokenizer.bos_id)?;
-    super::artifact::llamacpp::export_native(&reference, &stream, &windows, out, progress)
+    let rows =
+        super::artifact::llamacpp::export_native(&reference, &stream, &windows, out, progress)?;
+    Ok((rows, identity))
 }
 
 /// What to export.
@@ -186,6 +199,16 @@ pub struct Exported {
     /// The pre-flight's warnings about the protocol exported (printed on stderr).
     #[serde(skip)]
     pub warnings: Vec<super::preflight::Warning>,
+    /// `FILE.dsse.json`, the signed statement about the artifact (set once it is signed).
+    pub envelope: Option<String>,
+    /// The keyid that signed it.
+    pub signed_by: Option<String>,
+    /// What the file states about itself (the statement's predicate).
+    #[serde(skip)]
+    pub stated: Value,
+    /// The reference it was made from (the predicate's `reference`).
+    #[serde(skip)]
+    pub reference: Value,
 }
 
 /// Export the reference's side and describe what was written (its digest and size read back).
@@ -193,7 +216,7 @@ pub struct Exported {
 pub fn export(r: &ExportRequest, stage: Stage, progress: Progress) -> Result<Exported> {
     use super::artifact::{ExportSpec, Kind};
     let warnings = super::preflight::check_export(r)?;
-    let (kind, sidecar, rows, bound, note) = match r.kind {
+    let (kind, sidecar, rows, bound, note, stated, reference) = match r.kind {
         ExportKind::Llamacpp => {
             let [n_ctx] = r.options.context_lengths[..] else {
                 return Err(Error::usage(
@@ -201,20 +224,30 @@ pub fn export(r: &ExportRequest, stage: Stage, progress: Progress) -> Result<Exp
                     "--kind llamacpp takes exactly one --context-length (a base file has one n_ctx)",
                 ));
             };
-            let rows = export_llamacpp(
+            let (rows, reference) = export_llamacpp(
                 r.model,
                 r.eval_text,
                 n_ctx,
                 r.options.bos,
-                r.out,
+                (r.out, r.threads),
                 stage,
                 progress,
             )?;
+            let stated =
+                super::artifact::llamacpp::stated(&crate::kld::llamacpp::BaseFile::open(r.out)?);
             let note = format!(
                 "wrote {} ({rows} rows: the second half of each {n_ctx}-token window, as llama-perplexity --kl-divergence-base writes them)",
                 r.out.display(),
             );
-            ("llamacpp", None, rows as usize, None, note)
+            (
+                "llamacpp",
+                None,
+                rows as usize,
+                None,
+                note,
+                stated,
+                reference,
+            )
         }
         ExportKind::Hidden | ExportKind::TopK => {
             let mut extra = serde_json::Map::new();
@@ -252,7 +285,16 @@ pub fn export(r: &ExportRequest, stage: Stage, progress: Progress) -> Result<Exp
                 Kind::Hidden => "hidden",
                 Kind::TopK => "top_k",
             };
-            (kind, Some(sidecar), rows, Some(header.bound), note)
+            let written = super::artifact::Artifact::open(r.out)?;
+            (
+                kind,
+                Some(sidecar),
+                rows,
+                Some(written.bound()),
+                note,
+                written.stated(),
+                header.reference,
+            )
         }
     };
     let sha256 = crate::checkpoint::hash::hash_file(r.out)?;
@@ -270,5 +312,9 @@ pub fn export(r: &ExportRequest, stage: Stage, progress: Progress) -> Result<Exp
         bound,
         note,
         warnings,
+        envelope: None,
+        signed_by: None,
+        stated,
+        reference,
     })
 }

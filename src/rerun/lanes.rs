@@ -1010,19 +1010,19 @@ fn artifact_gates(
 pub(super) fn reference_artifact(
     r: &Request,
     pre: Preflight,
-    path: &Path,
+    source: super::artifact::ArtifactSource,
     compute: ComputeDtype,
     emulate: Emulate,
     stage: Stage,
     progress: Progress,
 ) -> Result<Rerun> {
-    use super::artifact::{Artifact, ArtifactRunner, Kind};
-    let artifact = match pre.artifact {
-        Some(a) => a,
-        None => {
-            stage("reading the artifact");
-            Artifact::open(path)?
-        }
+    use super::artifact::{ArtifactRunner, Kind};
+    let path = source.file;
+    let (Some(artifact), Some(vouch)) = (pre.artifact, pre.vouch) else {
+        return Err(Error::internal(
+            path,
+            "the artifact's lane was started without its pre-flight (the artifact read and vouched for)",
+        ));
     };
     let h = &artifact.header;
     let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(r.candidate))?;
@@ -1120,6 +1120,12 @@ pub(super) fn reference_artifact(
         &windows,
         (h.kind == Kind::Hidden).then_some(head_ref),
     )?;
+    let spot_check = match source.reference {
+        Some(reference) => Some(spot_check(
+            &runner, &windows, reference, &options, vocab_size, r.threads, stage,
+        )?),
+        None => None,
+    };
     stage("measuring");
     let eval = EvalInput {
         stream: &stream,
@@ -1152,7 +1158,9 @@ pub(super) fn reference_artifact(
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default(),
-        bound: h.bound.clone(),
+        bound: artifact.bound(),
+        vouch: Some(vouch),
+        spot_check,
     });
     Ok(finished(
         scoring,
@@ -1163,20 +1171,88 @@ pub(super) fn reference_artifact(
     ))
 }
 
+/// The artifact's rows recomputed, for a seeded sample of windows, from the reference's own
+/// weights (loaded as `reference export` loads them), which must be the reference the artifact
+/// names.
+#[allow(clippy::too_many_arguments)]
+fn spot_check(
+    runner: &super::artifact::ArtifactRunner,
+    windows: &[tokens::Windows],
+    reference: &Path,
+    options: &super::MeasureOptions,
+    vocab_size: usize,
+    threads: usize,
+    stage: Stage,
+) -> Result<super::artifact::SpotCheck> {
+    use super::artifact::spot_check::{Scoring, spot_check};
+    stage("loading the reference for a spot check");
+    let model = native::load(
+        reference,
+        ComputeDtype::F32,
+        Emulate::ReferenceSemantics,
+        StateDtype::F32,
+    )?;
+    let named = runner.artifact.header.reference["manifest_sha256"]
+        .as_str()
+        .unwrap_or_default();
+    let id = identity(&model, reference, threads, None)?;
+    if id.manifest_sha256 != named {
+        return Err(Error::mismatch(
+            reference,
+            None,
+            format!(
+                "is not the reference {} names (root sha256 {}, the artifact names {named:?}): the spot check recomputes the artifact's rows from its reference's weights",
+                runner.artifact.path.display(),
+                id.manifest_sha256
+            ),
+        ));
+    }
+    let mut seed = [0u8; 8];
+    getrandom::fill(&mut seed).map_err(|e| {
+        Error::internal(reference, format!("no randomness for the spot check: {e}"))
+    })?;
+    stage("spot-checking the artifact");
+    let checked = spot_check(
+        runner,
+        windows,
+        &model,
+        &id.manifest_sha256,
+        &Scoring {
+            positions: options.positions,
+            mode: options.vocab,
+            vocab_size,
+        },
+        u64::from_le_bytes(seed),
+    )?;
+    model.check_unchanged()?;
+    Ok(checked)
+}
+
 /// The candidate native against a llama.cpp `--kl-divergence-base` file: the file's token
 /// stream and rows are the reference (its 16-nat window stated in the output).
 pub(super) fn llamacpp_base(
     r: &Request,
-    path: &Path,
+    pre: Preflight,
+    source: super::artifact::ArtifactSource,
     compute: ComputeDtype,
     emulate: Emulate,
     stage: Stage,
     progress: Progress,
 ) -> Result<Rerun> {
     use super::artifact::llamacpp::{BaseFileRunner, WINDOW_NOTE};
-    use crate::kld::llamacpp::BaseFile;
-    stage("reading the base file");
-    let base = BaseFile::open(path)?;
+    let path = source.file;
+    let (Some(base), Some(vouch)) = (pre.base_file, pre.vouch) else {
+        return Err(Error::internal(
+            path,
+            "the base file's lane was started without its pre-flight (the file read and vouched for)",
+        ));
+    };
+    if source.reference.is_some() {
+        return Err(Error::usage(
+            path,
+            "a llama.cpp base file cannot be spot-checked against the reference's weights (its rows are uint16 codes of llama.cpp's own pass); drop --reference, or export a cardproof artifact",
+        ));
+    }
     let stream = TokenStream::of_ids(
         base.tokens.iter().map(|&t| t as u32).collect(),
         String::new(),
@@ -1255,6 +1331,8 @@ pub(super) fn llamacpp_base(
         sha256: None,
         kind: "llamacpp_base".into(),
         bound: WINDOW_NOTE.into(),
+        vouch: Some(vouch),
+        spot_check: None,
     });
     Ok(finished(
         scoring,

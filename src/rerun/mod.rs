@@ -53,10 +53,10 @@ pub enum Lane<'a> {
         reference: &'a Path,
         runner: &'a crate::runner::transformers::TransformersOptions,
     },
-    /// A compact reference artifact (`cardproof reference export`) as the reference; the
-    /// candidate native.
+    /// A compact reference artifact (`cardproof reference export`) as the reference, vouched
+    /// for by its signer; the candidate native.
     ReferenceArtifact {
-        artifact: &'a Path,
+        source: artifact::ArtifactSource<'a>,
         compute: ComputeDtype,
         emulate: Emulate,
     },
@@ -65,9 +65,10 @@ pub enum Lane<'a> {
         reference: &'a Path,
         runner: &'a crate::runner::llamacpp::LlamacppOptions,
     },
-    /// A llama.cpp `--kl-divergence-base` file as the reference; the candidate native.
+    /// A llama.cpp `--kl-divergence-base` file as the reference, vouched for by its signer;
+    /// the candidate native.
     LlamacppBase {
-        file: &'a Path,
+        source: artifact::ArtifactSource<'a>,
         compute: ComputeDtype,
         emulate: Emulate,
     },
@@ -79,14 +80,14 @@ impl<'a> Lane<'a> {
     /// a reference or an artifact is given.
     pub fn choose(
         reference: Option<&'a Path>,
-        artifact: Option<&'a Path>,
+        artifact: Option<artifact::ArtifactSource<'a>>,
         transformers: Option<&'a crate::runner::transformers::TransformersOptions>,
         compute: ComputeDtype,
         emulate: Emulate,
     ) -> Lane<'a> {
         let reference = reference.unwrap_or(Path::new("."));
         match (artifact, transformers) {
-            (Some(file), _) => Lane::artifact(file, compute, emulate),
+            (Some(source), _) => Lane::artifact(source, compute, emulate),
             (None, Some(runner)) => Lane::Transformers { reference, runner },
             (None, None) => Lane::Native {
                 reference,
@@ -97,16 +98,20 @@ impl<'a> Lane<'a> {
     }
 
     /// The lane for a reference artifact file: a llama.cpp base file or cardproof's own.
-    pub fn artifact(file: &'a Path, compute: ComputeDtype, emulate: Emulate) -> Lane<'a> {
-        if crate::kld::source::is_llamacpp_base(file) {
+    pub fn artifact(
+        source: artifact::ArtifactSource<'a>,
+        compute: ComputeDtype,
+        emulate: Emulate,
+    ) -> Lane<'a> {
+        if crate::kld::source::is_llamacpp_base(source.file) {
             Lane::LlamacppBase {
-                file,
+                source,
                 compute,
                 emulate,
             }
         } else {
             Lane::ReferenceArtifact {
-                artifact: file,
+                source,
                 compute,
                 emulate,
             }
@@ -233,15 +238,15 @@ pub fn run_checked(
             lanes::transformers(r, pre, reference, runner, stage, progress)?
         }
         Lane::ReferenceArtifact {
-            artifact,
+            source,
             compute,
             emulate,
-        } => lanes::reference_artifact(r, pre, artifact, compute, emulate, stage, progress)?,
+        } => lanes::reference_artifact(r, pre, source, compute, emulate, stage, progress)?,
         Lane::LlamacppBase {
-            file,
+            source,
             compute,
             emulate,
-        } => lanes::llamacpp_base(r, file, compute, emulate, stage, progress)?,
+        } => lanes::llamacpp_base(r, pre, source, compute, emulate, stage, progress)?,
         Lane::Llamacpp { reference, runner } => {
             llamacpp::run(r, pre, reference, runner, stage, progress)?
         }

@@ -25,7 +25,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::artifact::Artifact;
+use super::artifact::{Artifact, ArtifactIdentity, Vouch};
 use super::{Lane, MeasureOptions, Request};
 use crate::checkpoint::hash::{HashOptions, Manifest, hash_path};
 use crate::error::{Error, Result};
@@ -91,6 +91,10 @@ pub struct Preflight {
     pub(super) reference_manifest: Option<Manifest>,
     /// The opened reference artifact (its lane).
     pub(super) artifact: Option<Artifact>,
+    /// The opened llama.cpp base file (its lane).
+    pub(super) base_file: Option<crate::kld::llamacpp::BaseFile>,
+    /// Who vouches for the artifact or base file (their lanes).
+    pub(super) vouch: Option<Vouch>,
 }
 
 impl Preflight {
@@ -102,6 +106,8 @@ impl Preflight {
             tokenized: None,
             reference_manifest: None,
             artifact: None,
+            base_file: None,
+            vouch: None,
         }
     }
 }
@@ -148,9 +154,15 @@ fn check_hashing(
         Lane::Native { reference, .. } | Lane::Transformers { reference, .. } => {
             model_lane(r, &mut pre, reference, stage, reference_digest_now)?
         }
-        Lane::ReferenceArtifact { artifact, .. } => {
+        Lane::ReferenceArtifact { source, .. } => {
+            let artifact = source.file;
             stage("reading the artifact");
             let a = Artifact::open(artifact)?;
+            pre.vouch = Some(source.voucher.vouch(&ArtifactIdentity {
+                path: artifact,
+                sha256: a.sha256.clone(),
+                stated: a.stated(),
+            })?);
             context_lengths(r.candidate, &o.context_lengths)?;
             let text = |key: &str| a.header.eval[key].as_str().map(str::to_owned);
             pre.identity = Identity {
@@ -177,7 +189,16 @@ fn check_hashing(
             stage("hashing");
             super::llamacpp::preflight(r, &mut pre, reference)?
         }
-        Lane::LlamacppBase { .. } => {
+        Lane::LlamacppBase { source, .. } => {
+            stage("reading the base file");
+            let base = crate::kld::llamacpp::BaseFile::open(source.file)?;
+            stage("hashing the base file");
+            pre.vouch = Some(source.voucher.vouch(&ArtifactIdentity {
+                path: source.file,
+                sha256: crate::checkpoint::hash::hash_file(source.file)?,
+                stated: super::artifact::llamacpp::stated(&base),
+            })?);
+            pre.base_file = Some(base);
             // The base file's window is its own n_ctx (checked against the candidate when the
             // lane opens it); the protocol's lengths are what the candidate is asked to run.
             context_lengths(r.candidate, &o.context_lengths)?;

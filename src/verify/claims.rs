@@ -174,7 +174,8 @@ pub fn judge(
         result.reason = format!("results[{}] cannot be read as a claim: {why}", claim.index);
         return result;
     }
-    let tolerance = half_unit(&claim.text) + NOISE_RELATIVE * claim.value.abs();
+    let tolerance =
+        crate::disclosure::precision::tolerance(&claim.metric, &claim.text, claim.value);
     let precision = relative_precision(&claim.metric, &claim.text, claim.value);
     result.tolerance = Some(tolerance);
     result.claimed_precision_relative = precision.is_finite().then_some(precision);
@@ -292,8 +293,9 @@ pub fn judge(
     if diff <= tolerance {
         result.verdict = Verdict::Reproduced;
         result.reason = format!(
-            "equal within the claim's printed precision (±{:.1e}) plus {NOISE_RELATIVE:e} relative: |rerun - claim| = {diff:.2e} <= {tolerance:.2e}",
-            half_unit(&claim.text)
+            "equal within the claim's printed precision (±{:.1e}) plus {NOISE_RELATIVE:e} of its {}: |rerun - claim| = {diff:.2e} <= {tolerance:.2e}",
+            half_unit(&claim.text),
+            scale_name(&claim.metric)
         );
     } else {
         result.verdict = Verdict::NotReproduced;
@@ -307,8 +309,8 @@ pub fn judge(
 
 fn scale_name(metric: &str) -> &'static str {
     match metric {
-        "top1_agreement" => "distance from agreement 0 or 1",
-        "same_top_p" => "distance from 0% or 100%",
+        "top1_agreement" => "distance from agreement 1",
+        "same_top_p" => "distance from 100%",
         "ppl_ratio" => "distance from a ratio of 1",
         _ => "value",
     }
@@ -475,6 +477,42 @@ mod tests {
             judge(&c, &[256], &ctx, &run(0.01651)).verdict,
             Verdict::NotReproduced
         );
+    }
+
+    /// Regression (#41): the noise allowance was 1e-3 of the value, a flat 0.1% slack on a
+    /// ratio or agreement near 1, so a KV-only card claiming a perplexity change 335× too small
+    /// was reproduced. Judged on the distance from "no change", each is not reproduced, and a
+    /// claim printed as `card` prints it still is.
+    #[test]
+    fn bounded_metrics_are_judged_on_their_distance_from_no_change() {
+        use Verdict::{NotReproduced, Reproduced};
+        for (metric, text, rerun, expected) in [
+            ("ppl_ratio", "1.00000100", 1.000335, NotReproduced),
+            ("ppl_ratio", "1.00012", 1.001122, NotReproduced),
+            ("top1_agreement", "0.9899", 0.98887, NotReproduced),
+            ("same_top_p", "98.99", 98.887, NotReproduced),
+            ("ppl_ratio", "1.0003350", 1.00033504, Reproduced),
+            ("ppl_ratio", "0.9996650", 0.99966496, Reproduced),
+            ("top1_agreement", "0.98887", 0.988871, Reproduced),
+            ("kld_mean", "0.004185", 0.0041851, Reproduced),
+        ] {
+            let c = Claim {
+                metric: metric.into(),
+                ..claim(text)
+            };
+            let r = judge(&c, &[256], &Context::default(), &run(rerun));
+            assert_eq!(
+                r.verdict, expected,
+                "{metric} {text} vs {rerun}: {}",
+                r.reason
+            );
+            let scale = precision_scale(metric, c.value);
+            assert_eq!(
+                r.tolerance,
+                Some(half_unit(text) + NOISE_RELATIVE * scale),
+                "{metric} {text}"
+            );
+        }
     }
 
     #[test]

@@ -28,8 +28,9 @@ pub struct VerifyRequest<'a> {
     /// The reference checkpoint.
     pub reference: Option<&'a Path>,
     /// A compact reference artifact (or llama.cpp base file) in place of the reference
-    /// checkpoint.
-    pub reference_artifact: Option<&'a Path>,
+    /// checkpoint, and who decides whether it is vouched for (with `reference` also given, a
+    /// sample of its rows is recomputed from the reference's weights).
+    pub reference_artifact: Option<(&'a Path, &'a dyn rerun::artifact::Voucher)>,
     /// The eval text, when the card's `eval.text.source` is not a readable path.
     pub eval_text: Option<&'a Path>,
     pub threads: usize,
@@ -321,6 +322,55 @@ fn card_lane<'a>(
     }
 }
 
+/// A reference artifact nobody the user trusts vouches for (`--trust-unsigned-artifact`): its
+/// numbers are shown, and a difference makes every claim `not_comparable`, never `reproduced`
+/// (an artifact recorded without a vouch counts as unvouched too).
+fn unvouched_reference(m: &rerun::Measurement) -> Option<differences::Difference> {
+    let artifact = m.environment.reference_artifact.as_ref()?;
+    let described = match &artifact.vouch {
+        Some(v) if v.is_signed() => return None,
+        Some(v) => v.describe(),
+        None => "an artifact nobody vouches for".to_owned(),
+    };
+    Some(differences::Difference {
+        field: "reference".into(),
+        card: "the reference the card names".into(),
+        rerun: described.clone(),
+        message: format!(
+            "reference: {described}; a reference nobody you trust vouches for cannot reproduce a claim (name its signer's key with --artifact-pub, or rerun against the reference's weights)"
+        ),
+    })
+}
+
+/// Who vouches for the reference a verification ran against, in words for the report.
+fn reference_source(m: &rerun::Measurement) -> String {
+    match &m.environment.reference_artifact {
+        None => format!(
+            "the reference's own weights ({}, root sha256 {}), rerun here",
+            m.reference.path, m.reference.manifest_sha256
+        ),
+        Some(a) => {
+            let vouch = a.vouch.as_ref().map_or_else(
+                || "an artifact nobody vouches for".to_owned(),
+                |v| v.describe(),
+            );
+            let spot = match &a.spot_check {
+                Some(c) => format!(
+                    "; {} rows of {} windows recomputed from the reference's weights (root sha256 {}) match it (largest row KL {:.1e}, at most {:.0e}; seed {})",
+                    c.rows,
+                    c.windows.len(),
+                    c.reference_manifest_sha256,
+                    c.max_row_kld,
+                    c.limit,
+                    c.seed
+                ),
+                None => "; not checked against the reference's weights".to_owned(),
+            };
+            format!("{} {vouch}{spot}", a.path)
+        }
+    }
+}
+
 /// Run the whole verification. Fails closed: any error is an `Err`, never a verdict.
 pub fn verify(
     r: &VerifyRequest,
@@ -394,9 +444,14 @@ pub fn verify(
             let mut runner;
             let llamacpp_runner;
             let text;
-            let lane = if let Some(artifact) = r.reference_artifact {
+            let lane = if let Some((file, voucher)) = r.reference_artifact {
                 text = eval_text_path(&card_dir, eval, r.eval_text).ok();
-                Lane::artifact(artifact, compute, Emulate::ReferenceSemantics)
+                let source = rerun::artifact::ArtifactSource {
+                    file,
+                    voucher,
+                    reference: r.reference,
+                };
+                Lane::artifact(source, compute, Emulate::ReferenceSemantics)
             } else if let Some(given) = r.llamacpp {
                 let reference = required_reference(r, reference_section)?;
                 text = Some(eval_text_path(&card_dir, eval, r.eval_text)?);
@@ -530,6 +585,7 @@ pub fn verify(
             &done.measurement,
             resolved,
         ));
+        lane_differences.extend(unvouched_reference(&done.measurement));
     }
     ctx.differences = lane_differences.iter().map(|d| d.message.clone()).collect();
 
@@ -619,6 +675,8 @@ pub fn verify(
             .iter()
             .map(|(role, pin)| report::HubSource::of(*role, pin))
             .collect(),
+        definitions: report::verdict_definitions(),
+        reference_source: measurement.map(reference_source),
     };
     let rows = rerun_done
         .as_ref()

@@ -41,6 +41,36 @@ pub struct Report {
     /// The Hub commits the verified files came from.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hub_sources: Vec<HubSource>,
+    /// Who vouches for the reference the claims were judged against: its weights rerun here,
+    /// or an artifact and its signer, and whether its rows were recomputed from the weights
+    /// (`null`: nothing was rerun).
+    #[serde(default)]
+    pub reference_source: Option<String>,
+    /// How every verdict is decided, in words with their formulas ([`verdict_definitions`]).
+    #[serde(default)]
+    pub definitions: BTreeMap<String, String>,
+}
+
+/// The verdict rules a reader of report.json needs to check a verdict by hand.
+pub fn verdict_definitions() -> BTreeMap<String, String> {
+    use crate::disclosure::precision::{IMPRECISE_RELATIVE, NOISE_RELATIVE, TOLERANCE_RULE};
+    BTreeMap::from([
+        ("tolerance".to_owned(), TOLERANCE_RULE.to_owned()),
+        (
+            "half_unit".to_owned(),
+            "half a unit in the claim's last printed digit (0.0123 -> 5e-5, 1.5e-3 -> 5e-5)".to_owned(),
+        ),
+        (
+            "scale".to_owned(),
+            format!(
+                "the claim's distance from no change: |value| (KL metrics, delta_p_rms, ppl_ref, ppl_cand), |value - 1| (ppl_ratio), 1 - value (top1_agreement), 100 - value (same_top_p); the noise allowance is {NOISE_RELATIVE:e} of it and a claim whose half_unit exceeds {IMPRECISE_RELATIVE} of it is imprecise"
+            ),
+        ),
+        (
+            "reproduced".to_owned(),
+            "same lane, same token stream and sample, a clean lint, passing sanity gates, a reference that is the weights or an artifact signed by a trusted key, and |rerun - claim| within the tolerance".to_owned(),
+        ),
+    ])
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

@@ -247,7 +247,8 @@ fn llamacpp_base_files_export_and_import() {
 
 /// A real llama.cpp base file as the reference: PPL(base) read from it matches what llama.cpp
 /// printed, and the candidate's KLD lands in reference semantics (below llama.cpp's number,
-/// which includes its Q8 activation rounding).
+/// which includes its Q8 activation rounding). llama.cpp signs nothing: the file is used only
+/// with --trust-unsigned-artifact, and recorded as self-asserted.
 #[test]
 fn a_real_llamacpp_base_file_is_a_reference() {
     let fixtures = repo_root().join("tests/fixtures/llamacpp");
@@ -257,6 +258,7 @@ fn a_real_llamacpp_base_file_is_a_reference() {
         &[
             "--reference-artifact",
             fixtures.join("ref.kld").to_str().unwrap(),
+            "--trust-unsigned-artifact",
         ],
         fixtures.join("cand-q5_0.gguf").to_str().unwrap(),
         &[
@@ -270,9 +272,263 @@ fn a_real_llamacpp_base_file_is_a_reference() {
             "threshold",
         ],
     );
+    assert_eq!(
+        run.json()["environment"]["reference_artifact"]["vouch"]["by"],
+        "self_asserted"
+    );
     let m = metrics(&run);
     let ppl_ref = m["ppl_ref"].as_f64().unwrap();
     assert!((ppl_ref / 5.550659 - 1.0).abs() < 1e-5, "{ppl_ref}");
     let kld = m["kld_mean"].as_f64().unwrap();
     assert!(kld < 0.003708 && kld > 0.85 * 0.003708, "{kld}");
+}
+
+/// A key pair made with `keygen` in `dir/name`: (private, public).
+fn keypair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let keys = dir.join(name);
+    let r = cardproof(&["keygen", "--out", keys.to_str().unwrap()]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    (keys.join("cardproof.key"), keys.join("cardproof.pub"))
+}
+
+/// Rewrite the artifact's JSON header (in `__metadata__`) with `edit`, keeping the tensors, and
+/// recompute its `.sha256` sidecar: what a forger with a text editor does.
+fn rewrite_header(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    use sha2::Digest;
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut outer: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let meta = &mut outer["__metadata__"]["cardproof_artifact"];
+    let mut header: serde_json::Value = serde_json::from_str(meta.as_str().unwrap()).unwrap();
+    edit(&mut header);
+    *meta = header.to_string().into();
+    let mut text = outer.to_string().into_bytes();
+    while text.len() % 8 != 0 {
+        text.push(b' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&text);
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(path, &out).unwrap();
+    let digest: String = sha2::Sha256::digest(&out)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let name = path.file_name().unwrap().to_str().unwrap();
+    std::fs::write(
+        path.with_file_name(format!("{name}.sha256")),
+        format!("{digest}  {name}\n"),
+    )
+    .unwrap();
+}
+
+/// An isolated config directory: no key of the user's own is trusted or created.
+struct Isolated {
+    dir: tempfile::TempDir,
+    config: PathBuf,
+}
+
+impl Isolated {
+    fn new() -> Isolated {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config");
+        std::fs::create_dir(&config).unwrap();
+        Isolated { dir, config }
+    }
+
+    fn run(&self, args: &[&str]) -> crate::support::Run {
+        crate::support::cardproof_with(
+            &repo_root(),
+            &[("CARDPROOF_CONFIG_DIR", &self.config)],
+            args,
+        )
+    }
+
+    fn export(&self, model_name: &str, text: &Path, name: &str, key: &Path) -> PathBuf {
+        let out = self.dir.path().join(name);
+        let r = self.run(&[
+            "reference",
+            "export",
+            "--model",
+            &model(model_name),
+            "--eval-text",
+            text.to_str().unwrap(),
+            "--context-length",
+            "128",
+            "--key",
+            key.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        out
+    }
+
+    fn measure(&self, artifact: &Path, extra: &[&str]) -> crate::support::Run {
+        let out = self.dir.path().join(format!("m-{}", rand_name()));
+        let mut args = vec![
+            "measure",
+            "--reference-artifact",
+            artifact.to_str().unwrap(),
+            "--candidate",
+        ];
+        let candidate = model("shakespeare-fp8-block");
+        args.extend([candidate.as_str(), "--context-length", "128"]);
+        args.extend([
+            "--bootstrap",
+            "10",
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+        ]);
+        args.extend_from_slice(extra);
+        self.run(&args)
+    }
+}
+
+/// Regression (#41): an artifact exported from another model, its header given the real
+/// reference's identity and its `.sha256` recomputed, was accepted as the reference (and a card
+/// claiming its number was `reproduced`). An artifact is now used only when a key the user
+/// trusts signed what it states; anything else is refused (exit 2) or, with
+/// --trust-unsigned-artifact, recorded as self-asserted.
+#[test]
+fn a_forged_reference_artifact_is_refused_unless_a_trusted_key_signed_it() {
+    let iso = Isolated::new();
+    let text = short_text(iso.dir.path(), 2500);
+    let (exporter, exporter_pub) = keypair(iso.dir.path(), "exporter");
+    let (forger, forger_pub) = keypair(iso.dir.path(), "forger");
+    let real = iso.export("shakespeare-bf16", &text, "real.safetensors", &exporter);
+    let real_header: serde_json::Value = {
+        let a = std::fs::read(&real).unwrap();
+        let n = u64::from_le_bytes(a[..8].try_into().unwrap()) as usize;
+        let outer: serde_json::Value = serde_json::from_slice(&a[8..8 + n]).unwrap();
+        serde_json::from_str(
+            outer["__metadata__"]["cardproof_artifact"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    // The genuine artifact, with its exporter's key: accepted and recorded as signed.
+    let ok = iso.measure(&real, &["--artifact-pub", exporter_pub.to_str().unwrap()]);
+    assert_eq!(ok.code, 0, "{}", ok.stderr);
+    let vouch = &ok.json()["environment"]["reference_artifact"]["vouch"];
+    assert_eq!(vouch["by"], "signed", "{vouch}");
+    assert_eq!(
+        vouch["reference"]["manifest_sha256"],
+        real_header["reference"]["manifest_sha256"]
+    );
+    // The forger's artifact: another model's hidden states under the real reference's name,
+    // sidecar recomputed, signed with the forger's own key.
+    let forged = iso.export("shakespeare-w8a16", &text, "forged.safetensors", &forger);
+    rewrite_header(&forged, |h| {
+        h["reference"] = real_header["reference"].clone()
+    });
+    std::fs::remove_file(forged.with_file_name("forged.safetensors.dsse.json")).unwrap();
+    // No signature at all.
+    let r = iso.measure(&forged, &[]);
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert!(
+        r.message().contains("no signed statement beside it"),
+        "{}",
+        r.message()
+    );
+    // Signed by the forger, whom the user does not trust.
+    let resigned = iso.export("shakespeare-w8a16", &text, "resigned.safetensors", &forger);
+    rewrite_header(&resigned, |h| {
+        h["reference"] = real_header["reference"].clone()
+    });
+    let r = iso.measure(
+        &resigned,
+        &["--artifact-pub", exporter_pub.to_str().unwrap()],
+    );
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert!(
+        r.message().contains("not vouched for") || r.message().contains("signed about"),
+        "{}",
+        r.message()
+    );
+    // Even with the forger's key: the statement it signed was about the file before the edit.
+    let r = iso.measure(&resigned, &["--artifact-pub", forger_pub.to_str().unwrap()]);
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert!(r.message().contains("signed about"), "{}", r.message());
+    // With consent: measured, and recorded as self-asserted.
+    let r = iso.measure(&forged, &["--trust-unsigned-artifact"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.json()["environment"]["reference_artifact"]["vouch"]["by"],
+        "self_asserted"
+    );
+    // The trust flags belong with an artifact.
+    let r = iso.run(&[
+        "measure",
+        "--reference",
+        &model("shakespeare-bf16"),
+        "--candidate",
+        &model("shakespeare-fp8-block"),
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--context-length",
+        "128",
+        "--trust-unsigned-artifact",
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+}
+
+/// Regression (#41): with the reference's weights at hand too, a seeded sample of the
+/// artifact's rows is recomputed and must match: a forged artifact signed by a trusted key (a
+/// careless or compromised signer) is refused naming the window, and a true one passes, its
+/// check recorded.
+#[test]
+fn the_reference_weights_spot_check_an_artifacts_rows() {
+    let iso = Isolated::new();
+    let text = short_text(iso.dir.path(), 2500);
+    let (key, public) = keypair(iso.dir.path(), "signer");
+    let trusted = ["--artifact-pub", public.to_str().unwrap()];
+    let real = iso.export("shakespeare-bf16", &text, "real.safetensors", &key);
+    let reference = model("shakespeare-bf16");
+    let with_weights = [&trusted[..], &["--reference", reference.as_str()]].concat();
+    let r = iso.measure(&real, &with_weights);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let check = &r.json()["environment"]["reference_artifact"]["spot_check"];
+    assert!(check["rows"].as_u64().unwrap() > 0, "{check}");
+    assert_eq!(check["max_row_kld"], 0.0, "{check}");
+    // Another model's rows, signed (the signer vouched for the wrong file).
+    let forged_plain = iso.export("shakespeare-w8a16", &text, "f.safetensors", &key);
+    let real_bytes = std::fs::read(&real).unwrap();
+    let n = u64::from_le_bytes(real_bytes[..8].try_into().unwrap()) as usize;
+    let outer: serde_json::Value = serde_json::from_slice(&real_bytes[8..8 + n]).unwrap();
+    let real_header: serde_json::Value = serde_json::from_str(
+        outer["__metadata__"]["cardproof_artifact"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    rewrite_header(&forged_plain, |h| {
+        h["reference"] = real_header["reference"].clone()
+    });
+    // Re-signed after the edit by the trusted key: the signature holds, the rows do not.
+    resign(&forged_plain, &key);
+    let r = iso.measure(&forged_plain, &trusted);
+    assert_eq!(
+        r.code, 0,
+        "a signed forgery without the weights is measured: {}",
+        r.stderr
+    );
+    let r = iso.measure(&forged_plain, &with_weights);
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert!(
+        r.message().contains("is not the reference's"),
+        "{}",
+        r.message()
+    );
+}
+
+/// Sign an artifact as `reference export` does, with the library: a signer vouching for
+/// whatever the file now states.
+fn resign(path: &Path, key: &Path) {
+    let artifact = cardproof::rerun::artifact::Artifact::open(path).unwrap();
+    let key = cardproof::attest::read_signing_key(key).unwrap();
+    cardproof::attest::artifact::sign(path, &artifact.sha256, &artifact.stated(), None, &key)
+        .unwrap();
 }

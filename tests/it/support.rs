@@ -56,8 +56,17 @@ pub fn cardproof(args: &[&str]) -> Run {
 }
 
 pub fn cardproof_in(dir: &Path, args: &[&str]) -> Run {
-    let output = Command::cargo_bin("cardproof")
-        .expect("binary builds")
+    cardproof_with(dir, &[], args)
+}
+
+/// The binary run in `dir` with `env` set (e.g. `CARDPROOF_CONFIG_DIR`, so that no key of the
+/// user's own config directory is trusted or created).
+pub fn cardproof_with(dir: &Path, env: &[(&str, &Path)], args: &[&str]) -> Run {
+    let mut command = Command::cargo_bin("cardproof").expect("binary builds");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let output = command
         .current_dir(dir)
         .env("NO_COLOR", "1")
         .args(args)

@@ -462,11 +462,19 @@ fn a_private_key_passed_as_pub_is_refused() {
     assert!(stderr.starts_with(&message), "{stderr}");
 }
 
+/// A signed artifact reproduces the card, and the report says who vouches for the reference
+/// (never "exact"). Regression (#41): the same artifact with its statement removed is refused,
+/// and with --trust-unsigned-artifact it is self-asserted, so no claim is reproduced (exit 1).
 #[test]
-fn verify_against_a_reference_artifact_reproduces() {
+fn verify_against_a_reference_artifact_reproduces_only_when_a_trusted_key_signed_it() {
     let v = Verified::new("shakespeare-w8a16", &[]);
+    let config = v.dir.path().join("config");
+    std::fs::create_dir(&config).unwrap();
+    let env = [("CARDPROOF_CONFIG_DIR", config.as_path())];
+    let run =
+        |args: &[&str]| crate::support::cardproof_with(&crate::support::repo_root(), &env, args);
     let art = v.dir.path().join("reference.safetensors");
-    let r = cardproof(&[
+    let r = run(&[
         "reference",
         "export",
         "--model",
@@ -475,23 +483,34 @@ fn verify_against_a_reference_artifact_reproduces() {
         v.text().to_str().unwrap(),
         "--context-length",
         "128",
+        "--key",
+        v.key().to_str().unwrap(),
         "--out",
         art.to_str().unwrap(),
     ]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    let r = cardproof(&[
-        "verify",
-        v.candidate().to_str().unwrap(),
-        "--reference-artifact",
-        art.to_str().unwrap(),
-        "--eval-text",
-        v.text().to_str().unwrap(),
-        "--key",
-        v.key().to_str().unwrap(),
-        "--out",
-        v.out().to_str().unwrap(),
-        "--json",
-    ]);
+    assert!(r.stderr.contains("signed"), "{}", r.stderr);
+    let verify = |extra: &[&str], out: &str| {
+        let out = v.dir.path().join(out);
+        let mut args: Vec<String> = vec![
+            "verify".into(),
+            v.candidate().to_str().unwrap().into(),
+            "--reference-artifact".into(),
+            art.to_str().unwrap().into(),
+            "--eval-text".into(),
+            v.text().to_str().unwrap().into(),
+            "--key".into(),
+            v.key().to_str().unwrap().into(),
+            "--out".into(),
+            out.to_str().unwrap().into(),
+            "--json".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(&args)
+    };
+    let public = v.public();
+    let r = verify(&["--artifact-pub", public.to_str().unwrap()], "signed");
     assert_eq!(r.code, 0, "{}\n{}", r.stderr, r.stdout);
     let report = r.json();
     assert_eq!(report["verdict"], "reproduced");
@@ -499,6 +518,30 @@ fn verify_against_a_reference_artifact_reproduces() {
         report["measurement"]["environment"]["reference_artifact"]["kind"],
         "hidden"
     );
+    let source = report["reference_source"].as_str().unwrap();
+    assert!(source.contains("artifact signed by"), "{source}");
+    assert!(source.contains("claiming manifest"), "{source}");
+    assert!(!source.contains("exact"), "{source}");
+    let md = std::fs::read_to_string(v.dir.path().join("signed/report.md")).unwrap();
+    assert!(md.contains("artifact signed by"), "{md}");
+    // The statement removed: refused before any work, naming the file.
+    std::fs::remove_file(v.dir.path().join("reference.safetensors.dsse.json")).unwrap();
+    let r = verify(&["--artifact-pub", public.to_str().unwrap()], "unsigned");
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert!(r.message().contains("not vouched for"), "{}", r.message());
+    // Self-asserted with consent: the rerun's numbers shown, nothing reproduced.
+    let r = verify(&["--trust-unsigned-artifact"], "self-asserted");
+    assert_eq!(r.code, 1, "{}\n{}", r.stderr, r.stdout);
+    let report = r.json();
+    assert_eq!(report["verdict"], "not_comparable");
+    for claim in report["claims"].as_array().unwrap() {
+        assert_eq!(claim["verdict"], "not_comparable", "{claim}");
+        assert!(claim["rerun"].is_number(), "{claim}");
+        assert!(
+            claim["differences"].to_string().contains("self-asserted"),
+            "{claim}"
+        );
+    }
 }
 
 #[test]

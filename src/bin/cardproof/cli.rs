@@ -306,6 +306,11 @@ pub struct ExportArgs {
     /// The artifact file (its digest goes to FILE.sha256).
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
+    /// Private key (PKCS#8 PEM) to sign the artifact with (default: the user's key, created on
+    /// first use under the config directory). The signed statement goes beside it as
+    /// FILE.dsse.json; others accept the artifact with the matching --artifact-pub.
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<PathBuf>,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -357,17 +362,38 @@ pub struct VerifyReportArgs {
     pub output: OutputArgs,
 }
 
+/// Whom a reference artifact's signature must come from.
+#[derive(Debug, Args)]
+pub struct ArtifactTrustArgs {
+    /// A public key (PEM) whose signature vouches for a reference artifact; repeat for several.
+    /// The config directory's own cardproof.pub and trusted/*.pub are trusted too.
+    #[arg(
+        long = "artifact-pub",
+        value_name = "KEY",
+        requires = "reference_artifact"
+    )]
+    pub artifact_pub: Vec<PathBuf>,
+    /// Use a reference artifact nobody you trust signed: its numbers are shown, and no claim is
+    /// reproduced against them (the reference is self-asserted).
+    #[arg(long, requires = "reference_artifact")]
+    pub trust_unsigned_artifact: bool,
+}
+
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
     /// The candidate: a model directory holding its card (README.md) and checkpoint, or
     /// hf:ORG/NAME[@REV] (downloaded into the Hugging Face cache and verified first).
     pub path: PathBuf,
     /// The reference checkpoint the card's claims were measured against (a path or hf:ORG/NAME).
-    #[arg(long, value_name = "PATH", conflicts_with = "reference_artifact")]
+    /// With --reference-artifact: a seeded sample of the artifact's rows is recomputed from it.
+    #[arg(long, value_name = "PATH")]
     pub reference: Option<PathBuf>,
-    /// A compact reference artifact (`cardproof reference export`) in place of the reference.
+    /// A compact reference artifact (`cardproof reference export`) in place of the reference,
+    /// accepted when its signed statement (FILE.dsse.json) verifies under a key you trust.
     #[arg(long, value_name = "FILE")]
     pub reference_artifact: Option<PathBuf>,
+    #[command(flatten)]
+    pub artifact_trust: ArtifactTrustArgs,
     /// The eval text, when the card's `eval.text.source` is not a readable path.
     #[arg(long, value_name = "FILE")]
     pub eval_text: Option<PathBuf>,
@@ -485,13 +511,17 @@ pub struct ProtocolArgs {
 pub struct MeasureArgs {
     /// The reference model (a path or hf:ORG/NAME[@REV]): a directory with config.json,
     /// tokenizer.json and safetensors, or a GGUF file (with tokenizer.json beside it).
-    /// Required unless --reference-artifact or --sweep is given.
-    #[arg(long, value_name = "PATH", conflicts_with = "reference_artifact")]
+    /// Required unless --reference-artifact or --sweep is given. With --reference-artifact: a
+    /// seeded sample of the artifact's rows is recomputed from it.
+    #[arg(long, value_name = "PATH")]
     pub reference: Option<PathBuf>,
     /// A compact reference artifact (`cardproof reference export`) in place of the reference
-    /// model; its protocol is enforced.
+    /// model, accepted when its signed statement (FILE.dsse.json) verifies under a key you
+    /// trust; its protocol is enforced.
     #[arg(long, value_name = "FILE")]
     pub reference_artifact: Option<PathBuf>,
+    #[command(flatten)]
+    pub artifact_trust: ArtifactTrustArgs,
     /// The candidate model, same tokenizer and vocabulary (a path or hf:ORG/NAME[@REV]).
     #[arg(long, value_name = "PATH")]
     pub candidate: PathBuf,

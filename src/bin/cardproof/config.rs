@@ -292,6 +292,10 @@ fn name(value: impl ValueEnum) -> String {
 pub struct MeasureConfig {
     pub reference: Option<PathBuf>,
     pub reference_artifact: Option<PathBuf>,
+    /// `--artifact-pub`: keys whose signature vouches for the artifact.
+    pub artifact_pub: Vec<PathBuf>,
+    /// `--trust-unsigned-artifact`.
+    pub trust_unsigned_artifact: bool,
     pub candidate: PathBuf,
     pub eval_text: Option<PathBuf>,
     pub tokenizer: Option<PathBuf>,
@@ -405,6 +409,8 @@ impl MeasureConfig {
             progress: std::io::stderr().is_terminal(),
             reference: args.reference,
             reference_artifact: args.reference_artifact,
+            artifact_pub: args.artifact_trust.artifact_pub,
+            trust_unsigned_artifact: args.artifact_trust.trust_unsigned_artifact,
             candidate: args.candidate,
             eval_text: args.eval_text,
             tokenizer: args.tokenizer,
@@ -583,6 +589,10 @@ pub struct VerifyConfig {
     pub path: PathBuf,
     pub reference: Option<PathBuf>,
     pub reference_artifact: Option<PathBuf>,
+    /// `--artifact-pub`: keys whose signature vouches for the artifact.
+    pub artifact_pub: Vec<PathBuf>,
+    /// `--trust-unsigned-artifact`.
+    pub trust_unsigned_artifact: bool,
     pub eval_text: Option<PathBuf>,
     pub noise_floor: bool,
     pub key: Option<PathBuf>,
@@ -641,6 +651,8 @@ impl VerifyConfig {
             path: args.path,
             reference: args.reference,
             reference_artifact: args.reference_artifact,
+            artifact_pub: args.artifact_trust.artifact_pub,
+            trust_unsigned_artifact: args.artifact_trust.trust_unsigned_artifact,
             eval_text: args.eval_text,
             noise_floor: args.noise_floor,
             key: args.key,

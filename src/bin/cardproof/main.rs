@@ -133,7 +133,7 @@ fn run(command: Command, printer: &Printer) -> io::Result<Finished> {
         },
         Command::Reference(cli::ReferenceCommand::Export(args)) => {
             match config::ProtocolConfig::from_args(&args.protocol) {
-                Ok(p) => finish(rerun::export(&args, p), |e| printer.exported(e)),
+                Ok(p) => finish(rerun::export(&args, p, printer), |e| printer.exported(e)),
                 Err(message) => Ok(Finished::Failed(Failure::Usage(message))),
             }
         }

@@ -20,6 +20,19 @@ use crate::runner::{Runner, WindowLogits};
 /// What a base file says about itself, stated wherever it is used as a reference.
 pub const WINDOW_NOTE: &str = "llama.cpp base file: reference log-probabilities stored as uint16 codes in a 16-nat window below each row's maximum (entries further down read as the floor)";
 
+/// What a base file states about itself, the predicate its signer signs (a base file names no
+/// reference: who made it says which, in the signed statement's `reference`).
+pub fn stated(base: &BaseFile) -> Value {
+    let tokens: Vec<u32> = base.tokens.iter().map(|&t| t as u32).collect();
+    json!({
+        "kind": "llamacpp_base",
+        "n_ctx": base.n_ctx,
+        "n_vocab": base.n_vocab,
+        "n_chunk": base.n_chunk,
+        "tokens_sha256": crate::runner::tokens::tokens_sha256(&tokens),
+    })
+}
+
 /// A base file as the reference side of a measurement.
 pub struct BaseFileRunner {
     pub base: BaseFile,

@@ -18,6 +18,11 @@
 //! The artifact's own digest is the SHA-256 of the file, written beside it as `<file>.sha256`.
 
 pub mod llamacpp;
+#[cfg(feature = "native")]
+pub mod spot_check;
+pub mod vouch;
+
+pub use vouch::{ArtifactIdentity, ArtifactSource, SpotCheck, Vouch, Voucher};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -332,6 +337,31 @@ impl Artifact {
         })
     }
 
+    /// What the file states about itself, the predicate its signer signs: kind, the reference's
+    /// identity, the protocol's digest, the eval's digests and the rows' layout.
+    pub fn stated(&self) -> Value {
+        let h = &self.header;
+        serde_json::json!({
+            "kind": h.kind,
+            "k": h.k,
+            "hidden_dtype": h.hidden_dtype,
+            "reference": h.reference,
+            "protocol_sha256": h.protocol_sha256,
+            "eval": h.eval,
+            "runs": h.runs,
+        })
+    }
+
+    /// What the artifact's KL is, from its kind (never the header's own words, which whoever
+    /// made the file wrote).
+    pub fn bound(&self) -> String {
+        bound_text(
+            self.header.kind,
+            self.header.k,
+            self.header.hidden_dtype.as_deref(),
+        )
+    }
+
     /// The protocol differences between this artifact and a requested run (empty: compatible).
     pub fn protocol_differences(&self, requested: &RunProtocol) -> Vec<String> {
         let stored: RunProtocol = match serde_json::from_value(self.header.protocol.clone()) {
@@ -395,6 +425,26 @@ mod erased {
             serde_json::to_value(self).unwrap_or_default()
         }
     }
+}
+
+/// What an artifact of this kind lets a verifier compute. It says nothing of whether the rows
+/// are the reference's: that is what the artifact's signer vouches for.
+pub fn bound_text(kind: Kind, k: Option<usize>, hidden_dtype: Option<&str>) -> String {
+    match kind {
+        Kind::Hidden if hidden_dtype == Some("bf16") => "full vocabulary: the reference's logits recomputed with its lm_head from final hidden states stored in bf16 (rounded)".to_owned(),
+        Kind::Hidden => "full vocabulary: the reference's logits recomputed with its lm_head from the stored final hidden states".to_owned(),
+        Kind::TopK => format!("lower bound: the KL over the reference's top-{} tokens with the rest lumped into one bucket is never above the full KL", k.unwrap_or(0)),
+    }
+}
+
+/// `<file>.dsse.json`, the signed statement about an artifact (`reference export` writes it).
+pub fn envelope_path(path: &Path) -> PathBuf {
+    let mut name = path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    name.push(".dsse.json");
+    path.with_file_name(name)
 }
 
 /// `<file>.sha256`, the artifact's digest in `sha256sum` format.
@@ -558,7 +608,7 @@ impl Runner for ArtifactRunner<'_> {
             "artifact_sha256": self.artifact.sha256,
             "kind": self.artifact.header.kind,
             "k": self.artifact.header.k,
-            "bound": self.artifact.header.bound,
+            "bound": self.artifact.bound(),
         })
     }
 }
@@ -813,16 +863,14 @@ pub fn export_native(
     }
     let padding = crate::rerun::document::Padding::of(vocab_size, width, width);
     let protocol = crate::rerun::score::run_protocol(&options, vocab_size, padding).to_value();
-    let bound = match kind {
-        Kind::Hidden => "exact: the full-vocabulary KL is recomputed from the stored final hidden states with the reference's lm_head".to_owned(),
-        Kind::TopK => format!("lower bound: the KL over the reference's top-{k} tokens with the rest lumped into one bucket is never above the full KL"),
-    };
+    let hidden_dtype =
+        (kind == Kind::Hidden).then(|| if hidden_bf16 { "bf16" } else { "f32" }.to_owned());
+    let bound = bound_text(kind, Some(k), hidden_dtype.as_deref());
     let header = Header {
         format: FORMAT.into(),
         kind,
         k: (kind == Kind::TopK).then_some(k),
-        hidden_dtype: (kind == Kind::Hidden)
-            .then(|| if hidden_bf16 { "bf16" } else { "f32" }.to_owned()),
+        hidden_dtype,
         hidden_size: d.config.hidden,
         logit_width: width,
         vocab_size,

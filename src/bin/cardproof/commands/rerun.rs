@@ -149,6 +149,8 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
         config.reference.as_mut(),
     )?;
     let c = &config;
+    let trust =
+        cardproof::attest::artifact::Trust::new(&c.artifact_pub, c.trust_unsigned_artifact)?;
     let measured = pool(c.threads)?.install(|| {
         with_progress(c.progress, |stage, progress| {
             if let Some((knob, values)) = &c.sweep {
@@ -175,11 +177,19 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
                 set.commit()?;
                 return Ok::<_, cardproof::Error>(Measured::Sweep(sweep));
             }
+            let artifact =
+                c.reference_artifact
+                    .as_deref()
+                    .map(|file| rerun::artifact::ArtifactSource {
+                        file,
+                        voucher: &trust,
+                        reference: c.reference.as_deref(),
+                    });
             let lane = match (&c.llamacpp, c.reference.as_deref()) {
                 (Some(runner), Some(reference)) => rerun::Lane::Llamacpp { reference, runner },
                 _ => rerun::Lane::choose(
                     c.reference.as_deref(),
-                    c.reference_artifact.as_deref(),
+                    artifact,
                     c.transformers.as_ref(),
                     c.compute,
                     c.emulate,
@@ -229,12 +239,17 @@ pub fn verify(config: &VerifyConfig, printer: &Printer) -> super::Result<Verifie
     )?;
     let c = &config;
     let key = signing_key(printer, c.key.as_deref())?;
+    let trust =
+        cardproof::attest::artifact::Trust::new(&c.artifact_pub, c.trust_unsigned_artifact)?;
     let verified = pool(c.threads)?.install(|| {
         with_progress(c.progress, |stage, progress| {
             let request = cardproof::verify::VerifyRequest {
                 model: &c.path,
                 reference: c.reference.as_deref(),
-                reference_artifact: c.reference_artifact.as_deref(),
+                reference_artifact: c
+                    .reference_artifact
+                    .as_deref()
+                    .map(|file| (file, &trust as &dyn rerun::artifact::Voucher)),
                 eval_text: c.eval_text.as_deref(),
                 threads: c.threads,
                 noise_floor: c.noise_floor,
@@ -261,6 +276,7 @@ pub fn verify(config: &VerifyConfig, printer: &Printer) -> super::Result<Verifie
 pub fn export(
     args: &crate::cli::ExportArgs,
     p: crate::config::ProtocolConfig,
+    printer: &Printer,
 ) -> super::Result<rerun::export::Exported> {
     let shown = std::io::IsTerminal::is_terminal(&std::io::stderr());
     use crate::cli::ArtifactKindArg;
@@ -293,9 +309,11 @@ pub fn export(
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from)),
         out: &args.out,
     };
-    let exported = with_progress(shown, |stage, progress| {
+    let key = signing_key(printer, args.key.as_deref())?;
+    let mut exported = with_progress(shown, |stage, progress| {
         rerun::export::export(&request, stage, progress)
     })?;
+    cardproof::attest::artifact::sign_exported(&mut exported, &key)?;
     Ok(Outcome::clean(exported))
 }
 

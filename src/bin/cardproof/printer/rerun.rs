@@ -74,6 +74,11 @@ impl Printer {
             self.warning(&w.to_string());
         }
         self.note(&e.note);
+        if let (Some(envelope), Some(keyid)) = (&e.envelope, &e.signed_by) {
+            self.note(&format!(
+                "signed {envelope} with keyid {keyid}: others use the artifact with --artifact-pub and your public key"
+            ));
+        }
         Ok(())
     }
 }

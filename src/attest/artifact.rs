@@ -1,0 +1,288 @@
+//! Signed reference artifacts. An artifact is the reference's side of a rerun as its exporter
+//! states it, so `reference export` signs what it wrote: an in-toto statement whose subject is
+//! the artifact's bytes and whose predicate ([`ARTIFACT_PREDICATE_TYPE`]) is what the file states
+//! (the reference's manifest and lm_head digests, the protocol's digest, the eval's token digest),
+//! in a DSSE envelope beside it (`<file>.dsse.json`).
+//!
+//! A rerun accepts an artifact only through [`Trust`], the keys the user names (`--artifact-pub`,
+//! the config directory's own key and `trusted/*.pub`): an envelope that verifies under one of
+//! them, about this file, stating what the file states, makes the artifact
+//! [`Vouch::Signed`]. Anything else is refused, unless the user says
+//! `--trust-unsigned-artifact`, which makes it [`Vouch::SelfAsserted`]: its numbers are shown and
+//! no claim is reproduced against them.
+
+use std::path::{Path, PathBuf};
+
+use ed25519_dalek::{SigningKey, VerifyingKey};
+use serde_json::Value;
+
+use super::verify::{Outcome, verify_envelope};
+use crate::error::{Error, Result};
+use crate::rerun::artifact::{ArtifactIdentity, Vouch, Voucher, envelope_path};
+
+/// The predicate type of a signed reference artifact.
+pub const ARTIFACT_PREDICATE_TYPE: &str = "https://cardproof.dev/reference-artifact/v1";
+
+/// The config directory's folder of other people's public keys trusted for artifacts.
+pub const TRUSTED_KEYS_DIR: &str = "trusted";
+
+/// Keys read from `trusted/` at most (a folder of keys, not of anything).
+const MAX_TRUSTED_KEYS: usize = 256;
+
+/// Sign an artifact cardproof just wrote: `stated` is what the file states about itself, and
+/// `reference` the reference it was made from when the file itself does not say (a llama.cpp
+/// base file). Writes `<file>.dsse.json` and returns its path.
+pub fn sign(
+    path: &Path,
+    sha256: &str,
+    stated: &Value,
+    reference: Option<&Value>,
+    key: &SigningKey,
+) -> Result<PathBuf> {
+    let mut predicate = stated.clone();
+    if let (Some(object), Some(reference)) = (predicate.as_object_mut(), reference) {
+        object
+            .entry("reference")
+            .or_insert_with(|| reference.clone());
+    }
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let subject = super::Subject {
+        name,
+        sha256: sha256.to_owned(),
+    };
+    let mut statement = super::statement(&[subject], predicate);
+    statement["predicateType"] = ARTIFACT_PREDICATE_TYPE.into();
+    let payload = serde_json::to_vec(&statement)
+        .map_err(|e| Error::internal(path, format!("cannot encode the statement: {e}")))?;
+    let envelope = super::sign_envelope(&payload, super::PAYLOAD_TYPE, key);
+    let out = envelope_path(path);
+    let text = serde_json::to_vec_pretty(&envelope)
+        .map_err(|e| Error::internal(&out, format!("cannot encode: {e}")))?;
+    crate::files::write_atomically(&out, &text)?;
+    Ok(out)
+}
+
+/// A public key trusted for artifacts, and where it came from.
+#[derive(Debug, Clone)]
+pub struct TrustedKey {
+    pub key: VerifyingKey,
+    pub source: String,
+}
+
+/// Whom the user trusts to vouch for a reference artifact.
+#[derive(Debug, Clone)]
+pub struct Trust {
+    pub keys: Vec<TrustedKey>,
+    /// `--trust-unsigned-artifact`: accept an artifact nobody trusted vouches for, as
+    /// self-asserted.
+    pub allow_unsigned: bool,
+}
+
+impl Trust {
+    /// The keys named with `--artifact-pub` (each must read as an Ed25519 public key), then the
+    /// config directory's: its own `cardproof.pub` and every `trusted/*.pub`.
+    pub fn new(named: &[PathBuf], allow_unsigned: bool) -> Result<Trust> {
+        let mut keys = Vec::new();
+        for path in named {
+            keys.push(TrustedKey {
+                key: super::read_verifying_key(path)?,
+                source: format!("--artifact-pub {}", path.display()),
+            });
+        }
+        if let Ok(dir) = super::default_key_dir() {
+            keys.extend(config_keys(&dir)?);
+        }
+        Ok(Trust {
+            keys,
+            allow_unsigned,
+        })
+    }
+
+    /// Refuse, or with `--trust-unsigned-artifact` accept as self-asserted.
+    fn unsigned(&self, path: &Path, reason: String) -> Result<Vouch> {
+        if self.allow_unsigned {
+            return Ok(Vouch::SelfAsserted { reason });
+        }
+        Err(Error::usage(
+            path,
+            format!(
+                "is not vouched for: {reason}. An artifact is a claim by whoever made it; name its signer's public key with --artifact-pub KEY (or put it in the config directory's {TRUSTED_KEYS_DIR}/), or pass --trust-unsigned-artifact to use it anyway (then no claim can be reproduced against it)"
+            ),
+        ))
+    }
+}
+
+/// The config directory's keys: `cardproof.pub` (the user's own) and `trusted/*.pub`, in name
+/// order. Missing files are none; a file there that is not a public key is an error naming it.
+fn config_keys(dir: &Path) -> Result<Vec<TrustedKey>> {
+    let mut out = Vec::new();
+    let own = dir.join(super::keys::PUBLIC_KEY_FILE);
+    if std::fs::metadata(&own).is_ok_and(|m| m.is_file()) {
+        out.push(TrustedKey {
+            key: super::read_verifying_key(&own)?,
+            source: format!("your own key {}", own.display()),
+        });
+    }
+    let trusted = dir.join(TRUSTED_KEYS_DIR);
+    let Ok(entries) = std::fs::read_dir(&trusted) else {
+        return Ok(out);
+    };
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "pub"))
+        .collect();
+    paths.sort();
+    if paths.len() > MAX_TRUSTED_KEYS {
+        return Err(Error::usage(
+            &trusted,
+            format!(
+                "holds {} keys; at most {MAX_TRUSTED_KEYS} are read",
+                paths.len()
+            ),
+        ));
+    }
+    for path in paths {
+        out.push(TrustedKey {
+            key: super::read_verifying_key(&path)?,
+            source: format!("trusted key {}", path.display()),
+        });
+    }
+    Ok(out)
+}
+
+impl Voucher for Trust {
+    fn vouch(&self, a: &ArtifactIdentity) -> Result<Vouch> {
+        let envelope = envelope_path(a.path);
+        if std::fs::symlink_metadata(&envelope).is_err() {
+            return self.unsigned(
+                a.path,
+                format!(
+                    "there is no signed statement beside it ({})",
+                    envelope.display()
+                ),
+            );
+        }
+        let mut tried = Vec::new();
+        for trusted in &self.keys {
+            match verify_envelope(&envelope, &trusted.key)? {
+                Outcome::Verified(v) => {
+                    let reference = about_this_file(&envelope, &v.statement, a)?;
+                    return Ok(Vouch::Signed {
+                        keyid: v.keyid,
+                        key_source: trusted.source.clone(),
+                        reference,
+                    });
+                }
+                Outcome::Failed(_) => tried.push(super::keyid(&trusted.key)),
+            }
+        }
+        let signers = signer_keyids(&envelope);
+        self.unsigned(
+            a.path,
+            format!(
+                "{} is signed by {} and verifies under none of the {} key(s) you trust{}",
+                envelope.display(),
+                if signers.is_empty() {
+                    "no named key".to_owned()
+                } else {
+                    format!("keyid {}", signers.join(", "))
+                },
+                tried.len(),
+                if tried.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", tried.join(", "))
+                }
+            ),
+        )
+    }
+}
+
+/// The keyids an envelope's signatures name (for the refusal's message only: unverified).
+fn signer_keyids(envelope: &Path) -> Vec<String> {
+    crate::files::read_capped(envelope, 64 << 20, "a DSSE envelope")
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .and_then(|v| {
+            v["signatures"].as_array().map(|s| {
+                s.iter()
+                    .filter_map(|e| e["keyid"].as_str().filter(|k| !k.is_empty()))
+                    .map(str::to_owned)
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
+}
+
+/// A verified statement must be an artifact statement about exactly this file's bytes, stating
+/// what the file states; returns the reference it vouches for. Anything else was signed about
+/// another file or another claim, and is refused whatever the user trusts.
+fn about_this_file(envelope: &Path, statement: &Value, a: &ArtifactIdentity) -> Result<Value> {
+    let refuse = |rule: String| Error::mismatch(envelope, None, rule);
+    let kind = statement["predicateType"].as_str().unwrap_or_default();
+    if kind != ARTIFACT_PREDICATE_TYPE {
+        return Err(refuse(format!(
+            "is a signed `{kind}` statement, not a reference artifact's (`{ARTIFACT_PREDICATE_TYPE}`)"
+        )));
+    }
+    let subjects = statement["subject"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    let digests: Vec<&str> = subjects
+        .iter()
+        .filter_map(|s| s["digest"]["sha256"].as_str())
+        .collect();
+    if digests.len() != 1 || subjects.len() != 1 || !digests[0].eq_ignore_ascii_case(&a.sha256) {
+        return Err(refuse(format!(
+            "is signed about {} (sha256 {}), not {} (sha256 {}): the artifact was changed or replaced after it was signed",
+            subjects
+                .first()
+                .and_then(|s| s["name"].as_str())
+                .unwrap_or("another file"),
+            digests.join(", "),
+            a.path.display(),
+            a.sha256
+        )));
+    }
+    let predicate = &statement["predicate"];
+    let stated = a.stated.as_object().into_iter().flatten();
+    for (field, value) in stated {
+        if &predicate[field] != value {
+            return Err(refuse(format!(
+                "signs `{field}` as {}, but {} states {value}",
+                predicate[field],
+                a.path.display()
+            )));
+        }
+    }
+    let reference = predicate["reference"].clone();
+    if !reference.is_object() {
+        return Err(refuse(
+            "names no reference (`predicate.reference`): a signed artifact says which reference it is"
+                .into(),
+        ));
+    }
+    Ok(reference)
+}
+
+/// Sign what `reference export` wrote (`exported` is its answer), recording the envelope and the
+/// signer in it.
+pub fn sign_exported(
+    exported: &mut crate::rerun::export::Exported,
+    key: &SigningKey,
+) -> Result<()> {
+    let path = PathBuf::from(&exported.artifact);
+    let envelope = sign(
+        &path,
+        &exported.sha256,
+        &exported.stated,
+        Some(&exported.reference),
+        key,
+    )?;
+    exported.envelope = Some(envelope.display().to_string());
+    exported.signed_by = Some(super::keyid(&key.verifying_key()));
+    Ok(())
+}
