@@ -169,10 +169,11 @@ pub enum Code {
     ProseNotInDisclosure,
     KvCacheMismatch,
     ConversationAllPositions,
+    ModelIndexContradictsDisclosure,
 }
 
 impl Code {
-    pub const ALL: [Code; 25] = [
+    pub const ALL: [Code; 26] = [
         Code::SchemaViolation,
         Code::MissingDisclosure,
         Code::VagueDisclosure,
@@ -198,6 +199,7 @@ impl Code {
         Code::ProseNotInDisclosure,
         Code::KvCacheMismatch,
         Code::ConversationAllPositions,
+        Code::ModelIndexContradictsDisclosure,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -227,6 +229,7 @@ impl Code {
             Code::ProseNotInDisclosure => "prose-not-in-disclosure",
             Code::KvCacheMismatch => "kv-cache-mismatch",
             Code::ConversationAllPositions => "conversation-all-positions",
+            Code::ModelIndexContradictsDisclosure => "model-index-contradicts-disclosure",
         }
     }
 

@@ -338,7 +338,13 @@ pub fn compare_card(
             ),
         )],
         (Some(s), Some(d)) if s == d => card.map_or_else(Vec::new, |c| {
-            precision_edits(&statement["predicate"]["claims"], c, card_name)
+            let mut m = model_index_edits(signed_card, c, card_name);
+            m.extend(precision_edits(
+                &statement["predicate"]["claims"],
+                c,
+                card_name,
+            ));
+            m
         }),
         (Some(s), Some(d)) => {
             let mut mismatches = vec![Mismatch::new(
@@ -368,6 +374,46 @@ pub fn compare_card(
             mismatches
         }
     }
+}
+
+/// The card's `model-index` (the Hub's numbers) against the digest the report signed: edited,
+/// added or removed after signing is a mismatch, as is a report that binds none (made before
+/// cardproof bound it).
+fn model_index_edits(
+    signed_card: &Value,
+    card: &crate::card::Card,
+    card_name: &str,
+) -> Vec<Mismatch> {
+    use crate::card::canonical::{fidelity_sha256, model_index_json};
+    let now = fidelity_sha256(&model_index_json(card));
+    let signed = match signed_card.get("model_index_sha256") {
+        None => {
+            return vec![Mismatch::new(
+                what::CARD,
+                "the report does not bind the card's `model-index` (made before cardproof bound the numbers the Hub shows); rerun `cardproof verify` for a report that does",
+            )];
+        }
+        Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.to_ascii_lowercase()),
+        Some(other) => {
+            return vec![Mismatch::new(
+                what::CARD,
+                format!("the report's `card.model_index_sha256` is {other}, not a SHA-256"),
+            )];
+        }
+    };
+    if signed == now {
+        return Vec::new();
+    }
+    let show = |d: &Option<String>| d.clone().unwrap_or_else(|| "none".to_owned());
+    vec![Mismatch::new(
+        what::CARD,
+        format!(
+            "the `model-index` of {card_name} (the numbers the Hub shows) is not the one the report signed (sha256 {} signed, {} now): it was edited after signing",
+            show(&signed),
+            show(&now)
+        ),
+    )]
 }
 
 /// Claims whose value was reprinted after signing with other digits (`0.0166` → `0.016600`): the

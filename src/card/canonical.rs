@@ -43,6 +43,16 @@ pub fn fidelity_sha256(fidelity: &Value) -> Option<String> {
     }))
 }
 
+/// The card's `model-index` as JSON (`null` when it has none): what the Hub's model page and
+/// leaderboards show, `card`'s mirror of the claims among it. A report binds it whole beside the
+/// fidelity block (`card.model_index_sha256`), so no number a reader sees beside the claims can
+/// change after signing.
+pub fn model_index_json(card: &Card) -> Value {
+    card.metadata()
+        .and_then(|m| m.get("model-index"))
+        .map_or(Value::Null, |e| e.value.to_json())
+}
+
 /// `value` serialized canonically (see the module documentation).
 pub fn canonical_json(value: &Value) -> String {
     let mut out = String::new();

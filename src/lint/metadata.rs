@@ -294,3 +294,87 @@ mod tests {
         assert_eq!(pyyaml_reading("12").as_deref(), Some("the number 12"));
     }
 }
+
+/// The Hub's `model-index` (what the model page and leaderboards show) against the `fidelity`
+/// block: every metric there named like a fidelity metric must be a claim of the block, the same
+/// number at the same context length (`dataset.config` `ctx<L>-...`, as `card` writes it), or
+/// the page shows a number `verify` never checks.
+pub(super) fn model_index(
+    root: &Node,
+    fidelity: &Value,
+    locator: &Locator<'_>,
+    out: &mut Vec<Finding>,
+) {
+    use crate::disclosure::vocabulary::is_metric;
+    let Some(index) = root.get("model-index").map(|e| e.value.to_json()) else {
+        return;
+    };
+    let claims: Vec<(&str, Option<u64>, Option<f64>)> = fidelity
+        .get("results")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            let metric = c.get("metric")?.as_str()?;
+            let length = c.get("context_length").and_then(Value::as_u64);
+            Some((metric, length, c.get("value").and_then(Value::as_f64)))
+        })
+        .collect();
+    let lengths = fidelity
+        .pointer("/protocol/context_lengths")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    for (i, entry) in index.as_array().into_iter().flatten().enumerate() {
+        for (j, result) in entry["results"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let length = result["dataset"]["config"]
+                .as_str()
+                .and_then(|c| c.strip_prefix("ctx"))
+                .and_then(|c| c.split('-').next())
+                .and_then(|n| n.parse::<u64>().ok());
+            for (k, metric) in result["metrics"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                let Some(name) = metric["type"].as_str().filter(|n| is_metric(n)) else {
+                    continue;
+                };
+                let value = metric["value"].as_f64();
+                let at = |l: Option<u64>| {
+                    length.is_none() || l == length || (l.is_none() && lengths <= 1)
+                };
+                let same: Vec<f64> = claims
+                    .iter()
+                    .filter(|(m, l, _)| *m == name && at(*l))
+                    .filter_map(|(_, _, v)| *v)
+                    .collect();
+                if value.is_some_and(|v| same.contains(&v)) {
+                    continue;
+                }
+                let shown = value.map_or_else(|| metric["value"].to_string(), |v| v.to_string());
+                let place = length.map_or(String::new(), |l| format!(" at context length {l}"));
+                let claimed = if same.is_empty() {
+                    format!("claims no {name}{place}")
+                } else {
+                    let listed: Vec<String> = same.iter().map(f64::to_string).collect();
+                    format!("claims {name} = {}{place}", listed.join(" or "))
+                };
+                out.push(locator.at_value(
+                    Finding::new(
+                        Code::ModelIndexContradictsDisclosure,
+                        format!(
+                            "`model-index` shows {name} = {shown}{place}, but the `fidelity:` block {claimed}: the Hub page and leaderboards would show a number `verify` never checks; rerun `cardproof card` (it writes `model-index` from the block) or make them agree"
+                        ),
+                    ),
+                    &format!("/model-index/{i}/results/{j}/metrics/{k}/value"),
+                ));
+            }
+        }
+    }
+}

@@ -163,12 +163,9 @@ pub fn lint_with_checkpoint(card: &Card, inspections: &[Inspection]) -> LintRepo
             items::check(&json, &locator, &mut findings);
             imprecise_claims(&fidelity.value, &locator, &mut findings);
             prose::contradictions(card, &claims_in_prose, &json, &locator, &mut findings);
-            metadata::hub(
-                root.expect("fidelity implies a root"),
-                &json,
-                &locator,
-                &mut findings,
-            );
+            let root = root.expect("fidelity implies a root");
+            metadata::hub(root, &json, &locator, &mut findings);
+            metadata::model_index(root, &json, &locator, &mut findings);
         }
         None if !claims_in_prose.is_empty() => {
             for claim in claims_in_prose {

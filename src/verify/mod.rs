@@ -644,6 +644,9 @@ pub fn verify(
         card: report::CardRecord {
             path: card_path.display().to_string(),
             fidelity_sha256: crate::card::canonical::fidelity_sha256(&disclosure),
+            model_index_sha256: crate::card::canonical::fidelity_sha256(
+                &crate::card::canonical::model_index_json(&card),
+            ),
             disclosure,
             lint: report::LintRecord {
                 errors: lint.errors(),

@@ -98,6 +98,10 @@ pub struct CardRecord {
     pub path: String,
     /// Canonical digest of the card's `fidelity` block (binds the report to the card judged).
     pub fidelity_sha256: Option<String>,
+    /// Canonical digest of the card's whole `model-index` (`null`: it has none), the numbers the
+    /// Hub shows beside the claims, bound like the fidelity block.
+    #[serde(default)]
+    pub model_index_sha256: Option<String>,
     /// The card's `fidelity` block as read (any shape: a card that breaks the schema is judged
     /// too).
     pub disclosure: Value,

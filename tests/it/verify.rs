@@ -635,6 +635,62 @@ fn set_run_id(out: &Path) -> String {
     id
 }
 
+/// Regression (#41): the card's `model-index` (what the Hub page and leaderboards show) could
+/// be edited after signing, kld_mean 0.000165 → 0.0000165, with lint clean and verify-report
+/// saying the card is the one it signed. Now a model-index metric that disagrees with the claim
+/// it mirrors is a lint error, and the report binds the whole model-index.
+#[test]
+fn the_hubs_model_index_is_bound_by_the_signature_and_linted_against_the_claims() {
+    let v = Verified::new("shakespeare-w8a16", &[]);
+    let r = v.verify();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.json()["card"]["model_index_sha256"].is_string());
+    let envelope = v.out().join("report.dsse.json");
+    let ok = v.verify_report(&envelope, Some(&v.candidate()));
+    assert_eq!(ok.code, 0, "{}{}", ok.stdout, ok.stderr);
+    let original = std::fs::read_to_string(v.card()).unwrap();
+    let line = original
+        .lines()
+        .find(|l| l.contains("{type: kld_mean, value: "))
+        .expect("card writes model-index")
+        .to_owned();
+    let value = line
+        .split("value: ")
+        .nth(1)
+        .unwrap()
+        .split(',')
+        .next()
+        .unwrap();
+    let shrunk = format!("0.0{}", value.trim_start_matches("0."));
+    let edited = original.replacen(&line, &line.replacen(value, &shrunk, 1), 1);
+    std::fs::write(v.card(), &edited).unwrap();
+    let lint = cardproof(&["lint", v.candidate().to_str().unwrap(), "--json"]);
+    assert_eq!(lint.code, 1, "{}", lint.stdout);
+    let finding = lint.finding("model-index-contradicts-disclosure");
+    assert_eq!(finding["severity"], "error");
+    assert!(
+        finding["message"].as_str().unwrap().contains(&shrunk),
+        "{finding}"
+    );
+    assert!(finding["line"].as_u64().is_some(), "{finding}");
+    let r = v.verify_report(&envelope, Some(&v.candidate()));
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("`model-index`"), "{}", r.stdout);
+    assert!(r.stdout.contains("edited after signing"), "{}", r.stdout);
+    // A number of another name, beside the claims: lint cannot know it mirrors one, the
+    // signature still covers it.
+    let added = original.replacen(
+        "          - {type: kld_p99,",
+        "          - {type: kld, value: 0.0000001, name: \"KLD\"}\n          - {type: kld_p99,",
+        1,
+    );
+    assert_ne!(added, original);
+    std::fs::write(v.card(), &added).unwrap();
+    let r = v.verify_report(&envelope, Some(&v.candidate()));
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("`model-index`"), "{}", r.stdout);
+}
+
 #[test]
 fn a_card_edited_after_signing_no_longer_verifies() {
     let v = Verified::new("shakespeare-w8a16", &[]);
