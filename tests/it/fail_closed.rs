@@ -530,3 +530,69 @@ fn a_fifo_passed_as_a_key_is_refused_without_blocking() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("FIFO"), "{stderr}");
 }
+
+/// Regression (#41): `rms_norm_eps: -1` (config.json or GGUF) was accepted and the failure
+/// blamed the eval text; a number of the wrong type fell back to the default. Every config
+/// number is range-checked at load, the error naming the file and the key.
+#[test]
+fn config_numbers_out_of_range_are_refused_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    for (key, value, needle) in [
+        (
+            "rms_norm_eps",
+            serde_json::json!(-1.0),
+            "rms_norm_eps: -1 is outside (0, 1)",
+        ),
+        (
+            "rms_norm_eps",
+            serde_json::json!(1.5),
+            "rms_norm_eps: 1.5 is outside (0, 1)",
+        ),
+        (
+            "rms_norm_eps",
+            serde_json::json!("1e-6"),
+            "rms_norm_eps: must be a number",
+        ),
+        (
+            "rope_theta",
+            serde_json::json!(0.0),
+            "rope_theta: 0 is not a positive",
+        ),
+        (
+            "rope_theta",
+            serde_json::json!("big"),
+            "rope_theta: must be a number",
+        ),
+    ] {
+        let cand = dir.path().join(format!("cand-{key}-{value}"));
+        crate::support::copy_model("shakespeare-w8a16", &cand);
+        edit_json(&cand.join("config.json"), &|c| c[key] = value.clone());
+        let r = measure(&cand, dir.path());
+        assert_eq!(r.code, 2, "{key} {value}: {}", r.stderr);
+        let error = r.stderr.lines().find(|l| l.starts_with("error:")).unwrap();
+        assert!(error.contains("config.json"), "{error}");
+        assert!(error.contains(needle), "{key} {value}: {error}");
+    }
+    // The same in GGUF metadata: the F32 value after the key, patched in place.
+    let gguf = dir.path().join("gguf");
+    crate::support::copy_model("shakespeare-q4_0-gguf", &gguf);
+    let path = gguf.join("model.gguf");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let key = b"qwen3.attention.layer_norm_rms_epsilon";
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("the key in the example GGUF")
+        + key.len();
+    assert_eq!(&bytes[at..at + 4], &6u32.to_le_bytes(), "an F32 value");
+    bytes[at + 4..at + 8].copy_from_slice(&(-1.0f32).to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let r = measure(&path, dir.path());
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("qwen3.attention.layer_norm_rms_epsilon: -1 is outside (0, 1)"),
+        "{}",
+        r.stderr
+    );
+}

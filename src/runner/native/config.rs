@@ -281,12 +281,27 @@ impl ModelConfig {
                 ));
             }
         };
+        // A float key present with another type is an error naming it, never the default.
+        let float_in = |map: &Value, key: &str, name: &str| -> Result<Option<f64>> {
+            match map.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => v
+                    .as_f64()
+                    .map(Some)
+                    .ok_or_else(|| bad(name, format!("must be a number, found {v}"))),
+            }
+        };
         let rope = config.get("rope_parameters").or(config.get("rope_scaling"));
-        let rope_theta = config
-            .get("rope_theta")
-            .and_then(Value::as_f64)
-            .or_else(|| rope?.get("rope_theta")?.as_f64())
-            .unwrap_or(10_000.0);
+        let rope_theta = match float_in(config, "rope_theta", "rope_theta")? {
+            Some(t) => t,
+            None => match rope {
+                Some(r) if r.is_object() => {
+                    float_in(r, "rope_theta", "rope_parameters.rope_theta")?
+                }
+                _ => None,
+            }
+            .unwrap_or(10_000.0),
+        };
         let rope_scaling = match rope {
             None | Some(Value::Null) => None,
             Some(r) => {
@@ -299,7 +314,7 @@ impl ModelConfig {
                     "default" => None,
                     "llama3" => {
                         let f = |k: &str| {
-                            r.get(k).and_then(Value::as_f64).ok_or_else(|| {
+                            float_in(r, k, &format!("rope_scaling.{k}"))?.ok_or_else(|| {
                                 bad("rope_scaling", format!("llama3 scaling needs `{k}`"))
                             })
                         };
@@ -404,10 +419,7 @@ impl ModelConfig {
             kv_heads,
             head_dim,
             vocab: uint("vocab_size")?,
-            rms_eps: config
-                .get("rms_norm_eps")
-                .and_then(Value::as_f64)
-                .unwrap_or(1e-6),
+            rms_eps: float_in(config, "rms_norm_eps", "rms_norm_eps")?.unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
             tie_embeddings: config
@@ -418,11 +430,53 @@ impl ModelConfig {
             sliding_window,
             max_positions: opt_uint("max_position_embeddings")?,
         };
-        cfg.validate(path)?;
+        cfg.validate(path, ConfigKeys::HuggingFace(kp))?;
         Ok(cfg)
     }
 
-    pub fn validate(&self, path: &Path) -> Result<()> {
+    /// Every number of the shape in range before it sizes or scales anything, each error naming
+    /// the key as the file spells it (`keys`): a hostile or broken config (`rms_norm_eps: -1`)
+    /// fails here, not later as a NaN blamed on the eval text.
+    pub fn validate(&self, path: &Path, keys: ConfigKeys) -> Result<()> {
+        let positive = |value: f64, key: &str, upper: Option<f64>| -> Result<()> {
+            let ok = value.is_finite() && value > 0.0 && upper.is_none_or(|u| value < u);
+            if ok {
+                return Ok(());
+            }
+            Err(Error::format(
+                path,
+                Some(&keys.name(key)),
+                match upper {
+                    Some(u) => format!("{value} is outside (0, {u})"),
+                    None => format!("{value} is not a positive finite number"),
+                },
+            ))
+        };
+        // RMSNorm divides by sqrt(mean(x²) + eps): a negative eps is a NaN on a quiet row, and
+        // an eps near 1 is no normalization at all.
+        positive(self.rms_eps, "rms_norm_eps", Some(1.0))?;
+        positive(self.rope_theta, "rope_theta", None)?;
+        if let Some(s) = self.rope_scaling {
+            positive(s.factor, "rope_scaling.factor", None)?;
+            positive(s.low_freq_factor, "rope_scaling.low_freq_factor", None)?;
+            positive(s.high_freq_factor, "rope_scaling.high_freq_factor", None)?;
+            positive(
+                s.original_max_position,
+                "rope_scaling.original_max_position_embeddings",
+                None,
+            )?;
+            // llama3's smoothing divides by high − low.
+            if s.high_freq_factor <= s.low_freq_factor {
+                return Err(Error::format(
+                    path,
+                    Some(&keys.name("rope_scaling.high_freq_factor")),
+                    format!(
+                        "{} is not above low_freq_factor {}",
+                        s.high_freq_factor, s.low_freq_factor
+                    ),
+                ));
+            }
+        }
         // Products that size projections must not overflow (a hostile config).
         let widest = self
             .heads
@@ -432,7 +486,7 @@ impl ModelConfig {
         if widest.is_none() {
             return Err(Error::format(
                 path,
-                Some("num_attention_heads"),
+                Some(&keys.name("num_attention_heads")),
                 format!(
                     "{} heads of head_dim {} is wider than the native runner sizes",
                     self.heads, self.head_dim
@@ -442,7 +496,7 @@ impl ModelConfig {
         if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(Error::format(
                 path,
-                Some("num_key_value_heads"),
+                Some(&keys.name("num_key_value_heads")),
                 format!(
                     "{} does not divide num_attention_heads {}",
                     self.kv_heads, self.heads
@@ -452,18 +506,11 @@ impl ModelConfig {
         if !self.head_dim.is_multiple_of(2) {
             return Err(Error::format(
                 path,
-                Some("head_dim"),
+                Some(&keys.name("head_dim")),
                 format!(
                     "{} is odd; rotary embeddings need an even head size",
                     self.head_dim
                 ),
-            ));
-        }
-        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return Err(Error::format(
-                path,
-                Some("rope_theta"),
-                format!("{} is not a positive number", self.rope_theta),
             ));
         }
         Ok(())
@@ -664,8 +711,37 @@ impl ModelConfig {
             prefix: "model".into(),
             hybrid,
         };
-        cfg.validate(path)?;
+        cfg.validate(path, ConfigKeys::Gguf(f.family.as_str()))?;
         Ok(cfg)
+    }
+}
+
+/// How a config's keys are spelled where they were read, for errors that name them.
+#[derive(Debug, Clone, Copy)]
+pub enum ConfigKeys<'a> {
+    /// config.json, with the prefix of a nested text config (`text_config.`).
+    HuggingFace(&'a str),
+    /// GGUF metadata of this architecture (`qwen3.attention.layer_norm_rms_epsilon`).
+    Gguf(&'a str),
+}
+
+impl ConfigKeys<'_> {
+    /// The name of config.json key `key` in this source.
+    pub fn name(self, key: &str) -> String {
+        match self {
+            ConfigKeys::HuggingFace(prefix) => format!("{prefix}{key}"),
+            ConfigKeys::Gguf(arch) => {
+                let gguf = match key {
+                    "rms_norm_eps" => "attention.layer_norm_rms_epsilon",
+                    "rope_theta" => "rope.freq_base",
+                    "num_attention_heads" => "attention.head_count",
+                    "num_key_value_heads" => "attention.head_count_kv",
+                    "head_dim" => "attention.key_length",
+                    other => other,
+                };
+                format!("{arch}.{gguf}")
+            }
+        }
     }
 }
 

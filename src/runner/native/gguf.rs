@@ -221,11 +221,17 @@ impl GgufStore {
                     Error::format(path, Some(&key(k)), "missing or not a positive integer")
                 })
         };
-        let float = |k: &str| -> Option<f64> {
-            match file.get(&key(k))? {
-                GgufValue::F32(v) => Some(f64::from(*v)),
-                GgufValue::F64(v) => Some(*v),
-                _ => None,
+        // A float key of another type is an error naming it, never the default.
+        let float = |k: &str| -> Result<Option<f64>> {
+            match file.get(&key(k)) {
+                None => Ok(None),
+                Some(GgufValue::F32(v)) => Ok(Some(f64::from(*v))),
+                Some(GgufValue::F64(v)) => Ok(Some(*v)),
+                Some(_) => Err(Error::format(
+                    path,
+                    Some(&key(k)),
+                    "must be a floating-point number",
+                )),
             }
         };
         let hidden = uint("embedding_length")?;
@@ -246,8 +252,8 @@ impl GgufStore {
             kv_heads,
             head_dim,
             vocab,
-            rms_eps: float("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
-            rope_theta: float("rope.freq_base").unwrap_or(10_000.0),
+            rms_eps: float("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-6),
+            rope_theta: float("rope.freq_base")?.unwrap_or(10_000.0),
             rope_scaling: None,
             tie_embeddings: file.tensor("output.weight").is_none(),
             sliding_window: None,
@@ -262,7 +268,7 @@ impl GgufStore {
             prefix: "model".into(),
             hybrid: None,
         };
-        config.validate(path)?;
+        config.validate(path, super::config::ConfigKeys::Gguf(&arch_name))?;
         store.arch = Some(arch);
         store.unpermute_qk = matches!(arch, Arch::Llama | Arch::Mistral);
         store.heads = heads;
