@@ -724,12 +724,20 @@ pub fn sweep(doc: &crate::rerun::sweep::Sweep) -> String {
         }
     }
     if let Some(f) = doc.noise_floor_kld_mean.filter(|f| f.is_finite()) {
-        let what = if doc.knob == "kv_cache" {
-            "largest KV-cache effect"
-        } else {
-            "cross-kernel noise floor"
-        };
-        let _ = writeln!(out, "\n{what} (largest kld_mean above): {f:.6} nats");
+        let _ = writeln!(
+            out,
+            "\ncross-kernel noise floor (largest kld_mean above): {f:.6} nats"
+        );
+    } else if let Some(f) = doc.largest_kld_mean.filter(|f| f.is_finite()) {
+        let _ = writeln!(
+            out,
+            "\nlargest {} effect (largest kld_mean above): {f:.6} nats; not a noise floor (that is the lane's repeat or kernel control)",
+            if doc.knob == "kv_cache" || doc.knob == "llamacpp.kv" {
+                "KV-cache"
+            } else {
+                "setting's"
+            }
+        );
     }
     out
 }

@@ -42,6 +42,13 @@ pub struct SweepRequest<'a> {
     pub on_warning: &'a (dyn Fn(&super::preflight::Warning) + Sync),
 }
 
+/// Whether a sweep of `knob` changes only the kernels that run the same weights and cache (the
+/// attention implementation, llama.cpp's flash attention or backend): its KL is then the lane's
+/// own noise, a kernel control.
+pub fn is_kernel_knob(knob: &str) -> bool {
+    !matches!(knob, "kv_cache" | "llamacpp.kv")
+}
+
 /// `sweep.json`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[schemars(title = "cardproof sweep v1")]
@@ -55,7 +62,12 @@ pub struct Sweep {
     pub values: Vec<String>,
     pub model: String,
     pub definition: String,
-    /// The largest `kld_mean` of any pair: the smallest KL a claim in this lane can resolve.
+    /// The largest `kld_mean` of any pair.
+    pub largest_kld_mean: Option<f64>,
+    /// The lane's noise floor, the smallest KL a claim in it can resolve: a kernel sweep's
+    /// largest `kld_mean` (the same weights under another kernel or backend: the lane's kernel
+    /// control). `null` for a sweep of anything else (a KV-cache scheme's KL is its damage, not
+    /// the lane's noise).
     pub noise_floor_kld_mean: Option<f64>,
     pub pairs: Vec<SweepPair>,
 }
@@ -248,7 +260,8 @@ pub fn run_sweep(
                 _ => "kernel",
             }
         ),
-        noise_floor_kld_mean: floor,
+        largest_kld_mean: floor,
+        noise_floor_kld_mean: floor.filter(|_| is_kernel_knob(r.knob)),
         pairs,
     };
     std::fs::create_dir_all(r.out).map_err(|e| Error::write(r.out, e))?;

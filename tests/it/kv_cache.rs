@@ -618,7 +618,14 @@ fn a_kv_cache_sweep_measures_each_scheme_against_the_baseline() {
         kld(1)
     );
     assert!(flips(1) > flips(0), "{} {}", flips(0), flips(1));
-    assert_eq!(sweep["noise_floor_kld_mean"].as_f64(), Some(kld(1)));
+    // Regression (#41): a scheme's damage was labelled the noise floor.
+    assert_eq!(sweep["largest_kld_mean"].as_f64(), Some(kld(1)));
+    assert!(sweep["noise_floor_kld_mean"].is_null(), "{sweep}");
+    assert!(
+        !r.stdout.contains("cross-kernel noise floor"),
+        "{}",
+        r.stdout
+    );
     for p in pairs {
         assert!(out.join(p["measurement"].as_str().unwrap()).exists(), "{p}");
     }
@@ -677,6 +684,11 @@ fn kv_cache_flags_and_sweeps_that_cannot_run_are_refused_with_the_list() {
         (
             &["--sweep", "kv_cache=none,k:q8_0/v:int3+hadamard"][..],
             "`int3` is not a KV-cache scheme",
+        ),
+        // Regression (#41): a flag contradicting the label ran un-rotated, silently.
+        (
+            &["--kv-cache", "q4_0+hadamard", "--kv-cache-rotation", "none"][..],
+            "--kv-cache-rotation none contradicts --kv-cache q4_0+hadamard",
         ),
         // An engine's cache type that is known but not emulated says so, and why.
         (

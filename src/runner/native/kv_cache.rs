@@ -499,6 +499,63 @@ pub fn rotated(
     }
 }
 
+/// A flag that contradicts what `--kv-cache LABEL` already says (`q4_0+hadamard` with
+/// `--kv-cache-rotation none`, `fp8_e4m3+computed` with `--kv-cache-scales checkpoint`,
+/// `+residual64` with `--kv-cache-semantics write_then_read` or another `--kv-cache-residual`):
+/// refused, naming both, rather than one silently winning.
+fn conflicts(
+    label: Option<&str>,
+    base: &KvCacheSetting,
+    hadamard: Option<bool>,
+    computed: Option<bool>,
+    residual_semantics: Option<bool>,
+    residual: Option<u32>,
+    chunk: Option<u32>,
+) -> Result<(), String> {
+    let label = label.unwrap_or_default();
+    let says = |what: &str| format!("--kv-cache {label} says {what}");
+    if base.hadamard && hadamard == Some(false) {
+        return Err(format!(
+            "--kv-cache-rotation none contradicts {}: drop one",
+            says("+hadamard")
+        ));
+    }
+    if base.computed_scales && computed == Some(false) {
+        return Err(format!(
+            "--kv-cache-scales checkpoint contradicts {}: drop one",
+            says("+computed")
+        ));
+    }
+    if let Some(w) = base.residual {
+        if residual_semantics == Some(false) {
+            return Err(format!(
+                "--kv-cache-semantics write_then_read contradicts {}: drop one",
+                says("transformers' QuantizedCache (+residual)")
+            ));
+        }
+        // Only what the label spells out is stated (`+residual` alone is the default length,
+        // no `+chunkC` the default chunk); a flag may set what it leaves open.
+        let stated = |part: &str| {
+            label
+                .split('+')
+                .any(|p| p.starts_with(part) && p.len() > part.len())
+        };
+        if let Some(n) = residual.filter(|&n| n != w.length && stated("residual")) {
+            return Err(format!(
+                "--kv-cache-residual {n} contradicts {}: drop one",
+                says(&format!("a residual of {}", w.length))
+            ));
+        }
+        if let Some(c) = chunk.filter(|&c| c != w.chunk && stated("chunk")) {
+            return Err(format!(
+                "--kv-cache-chunk {c} contradicts {}: drop one",
+                says(&format!("a prefill chunk of {}", w.chunk))
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl KvCacheSetting {
     /// From `--kv-cache` (both) and `--kv-cache-k` / `--kv-cache-v` (each overrides its half),
     /// with the rotation, scale and semantics flags. `None` when no flag is given. An unknown
@@ -575,6 +632,15 @@ impl KvCacheSetting {
             })?,
             None => KvCacheSetting::plain(),
         };
+        conflicts(
+            both,
+            &base,
+            hadamard,
+            computed,
+            residual_semantics,
+            residual,
+            chunk,
+        )?;
         let residual = match (residual_semantics, base.residual) {
             (Some(false), _) if residual.is_some() || chunk.is_some() => {
                 return Err(
@@ -1593,14 +1659,13 @@ mod tests {
         .unwrap()
         .unwrap();
         assert!(s.computed_scales);
-        let s = KvCacheSetting::from_flags(KvFlags {
+        let e = KvCacheSetting::from_flags(KvFlags {
             both: Some("fp8+computed"),
             scales: Some("checkpoint"),
             ..Default::default()
         })
-        .unwrap()
-        .unwrap();
-        assert!(!s.computed_scales);
+        .unwrap_err();
+        assert!(e.contains("contradicts --kv-cache fp8+computed"), "{e}");
         let e = KvCacheSetting::from_flags(KvFlags {
             both: Some("q8_0"),
             scales: Some("computed"),
@@ -1665,6 +1730,56 @@ mod tests {
         );
     }
 
+    /// Regression (#41): a flag that contradicts the `--kv-cache` label is refused naming both;
+    /// a flag that sets what the label leaves open is not.
+    #[test]
+    fn flags_that_contradict_the_kv_cache_label_are_refused() {
+        let flags = |both: &str| KvFlags {
+            both: Some(both),
+            ..Default::default()
+        };
+        for (f, needle) in [
+            (
+                KvFlags {
+                    semantics: Some("write_then_read"),
+                    ..flags("q4_0+residual64")
+                },
+                "--kv-cache-semantics write_then_read contradicts",
+            ),
+            (
+                KvFlags {
+                    residual: Some(32),
+                    ..flags("q4_0+residual64")
+                },
+                "--kv-cache-residual 32 contradicts",
+            ),
+            (
+                KvFlags {
+                    chunk: Some(16),
+                    ..flags("q4_0+residual64+chunk32")
+                },
+                "--kv-cache-chunk 16 contradicts",
+            ),
+        ] {
+            let e = KvCacheSetting::from_flags(f).unwrap_err();
+            assert!(e.contains(needle), "{e}");
+        }
+        let s = KvCacheSetting::from_flags(KvFlags {
+            chunk: Some(16),
+            ..flags("q4_0+residual64")
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(s.residual.map(|w| (w.length, w.chunk)), Some((64, 16)));
+        let s = KvCacheSetting::from_flags(KvFlags {
+            residual: Some(32),
+            ..flags("q4_0+residual")
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(s.residual.map(|w| w.length), Some(32));
+    }
+
     /// The flags: `--kv-cache-rotation` sets or clears the rotation, needs a cache, and refuses
     /// other words.
     #[test]
@@ -1677,14 +1792,22 @@ mod tests {
         .unwrap()
         .unwrap();
         assert!(s.hadamard && s.k == KvScheme::Q4_0);
-        let s = KvCacheSetting::from_flags(KvFlags {
+        // Regression (#41): a flag contradicting the label ran un-rotated silently.
+        let e = KvCacheSetting::from_flags(KvFlags {
             both: Some("q4_0+hadamard"),
             rotation: Some("none"),
             ..Default::default()
         })
+        .unwrap_err();
+        assert!(e.contains("contradicts --kv-cache q4_0+hadamard"), "{e}");
+        let s = KvCacheSetting::from_flags(KvFlags {
+            both: Some("q4_0+hadamard"),
+            rotation: Some("hadamard"),
+            ..Default::default()
+        })
         .unwrap()
         .unwrap();
-        assert!(!s.hadamard);
+        assert!(s.hadamard, "agreeing flags are fine");
         let e = KvCacheSetting::from_flags(KvFlags {
             rotation: Some("hadamard"),
             ..Default::default()
