@@ -286,3 +286,64 @@ pub fn sign_exported(
     exported.signed_by = Some(super::keyid(&key.verifying_key()));
     Ok(())
 }
+
+/// `cardproof reference sign FILE`: sign an artifact that exists (one made by another run, or a
+/// llama.cpp base file made by `llama-perplexity --kl-divergence-base`), vouching for it as the
+/// reference's. `reference` is that model: required for a base file, which names none (its root
+/// digest goes into the statement); for cardproof's artifact it must be the one its header names.
+pub fn sign_artifact(
+    path: &Path,
+    reference: Option<&Path>,
+    key: &SigningKey,
+) -> Result<super::Signed> {
+    use crate::checkpoint::hash::{HashOptions, hash_path};
+    let root = |model: &Path| -> Result<String> {
+        Ok(hash_path(model, &HashOptions::default(), &|_| {})?.root_sha256)
+    };
+    let (sha256, stated, named) = if crate::kld::source::is_llamacpp_base(path) {
+        let base = crate::kld::llamacpp::BaseFile::open(path)?;
+        let Some(model) = reference else {
+            return Err(Error::usage(
+                path,
+                "is a llama.cpp base file, which names no reference: pass --reference MODEL, the model it was made from (its root digest is what the signature vouches for)",
+            ));
+        };
+        let named = serde_json::json!({
+            "path": model.display().to_string(),
+            "manifest_sha256": root(model)?,
+        });
+        (
+            crate::checkpoint::hash::hash_file(path)?,
+            crate::rerun::artifact::llamacpp::stated(&base),
+            Some(named),
+        )
+    } else {
+        let artifact = crate::rerun::artifact::Artifact::open(path)?;
+        if let Some(model) = reference {
+            let named = artifact.header.reference["manifest_sha256"]
+                .as_str()
+                .unwrap_or_default();
+            let digest = root(model)?;
+            if digest != named {
+                return Err(Error::mismatch(
+                    model,
+                    None,
+                    format!(
+                        "is not the reference {} names (root sha256 {digest}, the artifact names {named:?})",
+                        path.display()
+                    ),
+                ));
+            }
+        }
+        (artifact.sha256.clone(), artifact.stated(), None)
+    };
+    let envelope = sign(path, &sha256, &stated, named.as_ref(), key)?;
+    Ok(super::Signed {
+        sha256: crate::checkpoint::hash::hash_file(&envelope)?,
+        envelope,
+        file: path.to_owned(),
+        keyid: super::keyid(&key.verifying_key()),
+        predicate_type: ARTIFACT_PREDICATE_TYPE.to_owned(),
+        subjects: 1,
+    })
+}

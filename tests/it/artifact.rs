@@ -532,3 +532,69 @@ fn resign(path: &Path, key: &Path) {
     cardproof::attest::artifact::sign(path, &artifact.sha256, &artifact.stated(), None, &key)
         .unwrap();
 }
+
+/// A llama.cpp base file made by llama.cpp signs nothing; its maker vouches for it with
+/// `reference sign`, naming the model it was made from, and others then use it with the public
+/// key (recorded as signed, with that model's root digest).
+#[test]
+fn reference_sign_vouches_for_a_llamacpp_base_file() {
+    let iso = Isolated::new();
+    let fixtures = repo_root().join("tests/fixtures/llamacpp");
+    let base = iso.dir.path().join("ref.kld");
+    std::fs::copy(fixtures.join("ref.kld"), &base).unwrap();
+    let (key, public) = keypair(iso.dir.path(), "maker");
+    let r = iso.run(&[
+        "reference",
+        "sign",
+        base.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.message().contains("--reference MODEL"), "{}", r.message());
+    let reference = fixtures.join("ref-f32.gguf");
+    let r = iso.run(&[
+        "reference",
+        "sign",
+        base.to_str().unwrap(),
+        "--reference",
+        reference.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.json()["predicate_type"],
+        "https://cardproof.dev/reference-artifact/v1"
+    );
+    let out = iso.dir.path().join("m");
+    let r = iso.run(&[
+        "measure",
+        "--reference-artifact",
+        base.to_str().unwrap(),
+        "--artifact-pub",
+        public.to_str().unwrap(),
+        "--candidate",
+        fixtures.join("cand-q5_0.gguf").to_str().unwrap(),
+        "--context-length",
+        "128",
+        "--positions",
+        "second-half",
+        "--bos",
+        "per-window",
+        "--direction",
+        "forward",
+        "--vocab",
+        "threshold",
+        "--bootstrap",
+        "10",
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.message());
+    let vouch = &r.json()["environment"]["reference_artifact"]["vouch"];
+    assert_eq!(vouch["by"], "signed", "{vouch}");
+    assert!(vouch["reference"]["manifest_sha256"].is_string(), "{vouch}");
+}

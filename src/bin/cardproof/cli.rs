@@ -261,6 +261,24 @@ pub enum ReferenceCommand {
     /// reference's identity and, per scored position, the final hidden states (exact KL with the
     /// reference's lm_head) or the top-K log-probabilities (a lower bound of the KL).
     Export(ExportArgs),
+    /// Sign an existing reference artifact or llama.cpp base file (FILE.dsse.json), vouching for
+    /// it as the reference's: others then use it with --artifact-pub and your public key.
+    Sign(ReferenceSignArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReferenceSignArgs {
+    /// The artifact (cardproof's) or llama.cpp base file.
+    pub file: PathBuf,
+    /// The reference model it was made from: required for a base file (which names none); for
+    /// cardproof's artifact, checked against the one its header names.
+    #[arg(long, value_name = "PATH")]
+    pub reference: Option<PathBuf>,
+    /// Private key (PKCS#8 PEM; default: the user's key, created on first use).
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<PathBuf>,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

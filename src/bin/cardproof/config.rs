@@ -55,6 +55,7 @@ pub const FORMATS: &[(&str, &[Format])] = {
         ("keygen", &[Human, Json]),
         ("sign", &[Human, Json]),
         ("reference export", &[Human, Json]),
+        ("reference sign", &[Human, Json]),
         ("verify-report", &[Human, Json]),
     ]
 };

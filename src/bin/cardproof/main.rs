@@ -131,6 +131,9 @@ fn run(command: Command, printer: &Printer) -> io::Result<Finished> {
             Ok(config) => finish(rerun::verify(&config, printer), |v| printer.verification(v)),
             Err(message) => Ok(Finished::Failed(Failure::Usage(message))),
         },
+        Command::Reference(cli::ReferenceCommand::Sign(args)) => {
+            finish(sign::reference(&args, printer), |s| printer.signed(s))
+        }
         Command::Reference(cli::ReferenceCommand::Export(args)) => {
             match config::ProtocolConfig::from_args(&args.protocol) {
                 Ok(p) => finish(rerun::export(&args, p, printer), |e| printer.exported(e)),
@@ -184,6 +187,7 @@ fn output_args(command: &Command) -> Option<(&'static str, &OutputArgs)> {
         Command::Keygen(a) => ("keygen", &a.output),
         Command::Sign(a) => ("sign", &a.output),
         Command::Reference(cli::ReferenceCommand::Export(a)) => ("reference export", &a.output),
+        Command::Reference(cli::ReferenceCommand::Sign(a)) => ("reference sign", &a.output),
         Command::VerifyReport(a) => ("verify-report", &a.output),
     })
 }

@@ -15,3 +15,14 @@ pub fn run(config: &SignConfig, printer: &Printer) -> super::Result<Signed> {
         config.out.as_deref(),
     )?))
 }
+
+/// `reference sign`: an existing reference artifact or llama.cpp base file signed as the
+/// reference's (FILE.dsse.json).
+pub fn reference(args: &crate::cli::ReferenceSignArgs, printer: &Printer) -> super::Result<Signed> {
+    let key = signing_key(printer, args.key.as_deref())?;
+    Ok(Outcome::clean(cardproof::attest::artifact::sign_artifact(
+        &args.file,
+        args.reference.as_deref(),
+        &key,
+    )?))
+}
