@@ -274,27 +274,6 @@ fn py_int(text: &str) -> Option<i128> {
     Some(if negative { -magnitude } else { magnitude })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pyyaml_readings_match_pyyaml() {
-        assert_eq!(pyyaml_reading("no").as_deref(), Some("the boolean false"));
-        assert_eq!(pyyaml_reading("0755").as_deref(), Some("the number 493"));
-        assert_eq!(pyyaml_reading("1_000").as_deref(), Some("the number 1000"));
-        assert_eq!(pyyaml_reading("1:30").as_deref(), Some("the number 90"));
-        assert_eq!(pyyaml_reading("1e3").as_deref(), Some("the string \"1e3\""));
-        assert_eq!(
-            pyyaml_reading("0o17").as_deref(),
-            Some("the string \"0o17\"")
-        );
-        assert_eq!(pyyaml_reading("2024-01-31").as_deref(), Some("a date/time"));
-        assert_eq!(pyyaml_reading("apache-2.0"), None);
-        assert_eq!(pyyaml_reading("12").as_deref(), Some("the number 12"));
-    }
-}
-
 /// The Hub's `model-index` (what the model page and leaderboards show) against the `fidelity`
 /// block: every metric there named like a fidelity metric must be a claim of the block, the same
 /// number at the same context length (`dataset.config` `ctx<L>-...`, as `card` writes it), or
@@ -376,5 +355,26 @@ pub(super) fn model_index(
                 ));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pyyaml_readings_match_pyyaml() {
+        assert_eq!(pyyaml_reading("no").as_deref(), Some("the boolean false"));
+        assert_eq!(pyyaml_reading("0755").as_deref(), Some("the number 493"));
+        assert_eq!(pyyaml_reading("1_000").as_deref(), Some("the number 1000"));
+        assert_eq!(pyyaml_reading("1:30").as_deref(), Some("the number 90"));
+        assert_eq!(pyyaml_reading("1e3").as_deref(), Some("the string \"1e3\""));
+        assert_eq!(
+            pyyaml_reading("0o17").as_deref(),
+            Some("the string \"0o17\"")
+        );
+        assert_eq!(pyyaml_reading("2024-01-31").as_deref(), Some("a date/time"));
+        assert_eq!(pyyaml_reading("apache-2.0"), None);
+        assert_eq!(pyyaml_reading("12").as_deref(), Some("the number 12"));
     }
 }

@@ -303,7 +303,7 @@ fn rewrite_header(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     edit(&mut header);
     *meta = header.to_string().into();
     let mut text = outer.to_string().into_bytes();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(b' ');
     }
     let mut out = (text.len() as u64).to_le_bytes().to_vec();

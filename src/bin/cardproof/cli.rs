@@ -260,7 +260,7 @@ pub enum ReferenceCommand {
     /// Export a reference artifact for one protocol: the token stream, the protocol, the
     /// reference's identity and, per scored position, the final hidden states (exact KL with the
     /// reference's lm_head) or the top-K log-probabilities (a lower bound of the KL).
-    Export(ExportArgs),
+    Export(Box<ExportArgs>),
     /// Sign an existing reference artifact or llama.cpp base file (FILE.dsse.json), vouching for
     /// it as the reference's: others then use it with --artifact-pub and your public key.
     Sign(ReferenceSignArgs),

@@ -86,7 +86,7 @@ pub fn spot_check(
                 let b = &stored[i * width..i * width + n];
                 let kl = crate::kld::row::reduce(a, b, None, scoring.mode, false, &mut scratch)
                     .map_or(f64::INFINITY, |r| r.forward);
-                if !(kl <= SPOT_CHECK_MAX_ROW_KLD) {
+                if kl.is_nan() || kl > SPOT_CHECK_MAX_ROW_KLD {
                     return Err(Error::mismatch(
                         &artifact.path,
                         None,

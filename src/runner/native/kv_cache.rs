@@ -1734,10 +1734,12 @@ mod tests {
     /// a flag that sets what the label leaves open is not.
     #[test]
     fn flags_that_contradict_the_kv_cache_label_are_refused() {
-        let flags = |both: &str| KvFlags {
-            both: Some(both),
-            ..Default::default()
-        };
+        fn flags(both: &'static str) -> KvFlags<'static> {
+            KvFlags {
+                both: Some(both),
+                ..Default::default()
+            }
+        }
         for (f, needle) in [
             (
                 KvFlags {
