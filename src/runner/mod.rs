@@ -3,6 +3,7 @@
 
 #[cfg(feature = "native")]
 pub mod exchange;
+pub mod child;
 pub mod llamacpp;
 pub mod native;
 pub mod tokens;

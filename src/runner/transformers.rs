@@ -9,10 +9,13 @@
 //! Trust and failure: the program is ours, not the checkpoint's (no remote code unless the user
 //! passes `--trust-remote-code`, safetensors only). A crash, a signal, a missing record or a
 //! result that does not match the request is an error naming what happened, never a verdict.
+//! The process runs under [`crate::runner::child`]: in its own process group, killed whole
+//! when it exits (anything it left running), on an error and on Ctrl-C, its output read in
+//! lines cut at [`MAX_LINE_BYTES`]. It has no stall timeout: loading a large checkpoint can be
+//! silent for longer than any limit that would not also cut a slow disk.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde_json::Value;
 
@@ -32,6 +35,9 @@ pub const RUNNER_SOURCE: &str = include_str!("../../runners/transformers_runner.
 pub const PROTOCOL: u64 = 1;
 /// Lines of the program's output kept for an error message.
 const TAIL_LINES: usize = 30;
+/// The longest line of the program's output read (a progress line is ~100 bytes); the rest of a
+/// longer one is dropped, so output without newlines cannot grow memory.
+const MAX_LINE_BYTES: usize = 16 << 10;
 /// The attention implementations the runner asks transformers for (`attn_implementation`).
 pub const ATTENTION_IMPLEMENTATIONS: &[&str] = &[
     "sdpa",
@@ -385,21 +391,27 @@ fn invoke(
             path
         }
     };
-    let mut child = Command::new(&o.python)
+    let mut command = Command::new(&o.python);
+    command
         .arg(&script)
         .arg(request)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .env("PYTHONUNBUFFERED", "1")
-        .spawn()
+        .env("PYTHONUNBUFFERED", "1");
+    let watch = crate::runner::child::Watch::new();
+    let mut child = watch
+        .spawn(
+            "the transformers runner",
+            command,
+            crate::runner::child::Output::Piped,
+        )
         .map_err(|e| {
             Error::runner(candidate, format!(
                 "cannot start the transformers runner with {}: {e} (pass --python PATH or set CARDPROOF_PYTHON)",
                 o.python.display()
             ))
         })?;
-    // stdout is drained on a thread (transformers may print there) into the same tail.
+    // Both pipes are drained on threads (transformers may print on stdout) into one tail while
+    // this thread waits for the program: when it exits, its group is killed, so a process it
+    // left holding the pipes cannot keep the reads from ending.
     let tail = std::sync::Mutex::new(std::collections::VecDeque::new());
     let push = |line: String| {
         if let Ok(mut t) = tail.lock() {
@@ -409,42 +421,35 @@ fn invoke(
             t.push_back(line);
         }
     };
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
-    std::thread::scope(|scope| {
+    let stdout = child.take_stdout();
+    let stderr = child.take_stderr();
+    let status = std::thread::scope(|scope| {
         if let Some(out) = stdout {
-            scope.spawn(|| {
-                for line in BufReader::new(out)
-                    .lines()
-                    .map_while(std::result::Result::ok)
-                {
-                    push(line);
-                }
-            });
+            scope.spawn(|| crate::runner::child::read_lines_capped(out, MAX_LINE_BYTES, push));
         }
         if let Some(err) = stderr {
-            for line in BufReader::new(err)
-                .lines()
-                .map_while(std::result::Result::ok)
-            {
-                match serde_json::from_str::<Value>(&line) {
-                    Ok(v) if v.get("cardproof_progress").is_some() => {
-                        let stage = v["cardproof_progress"].as_str().unwrap_or("");
-                        let counts = v["done"]
-                            .as_u64()
-                            .zip(v["total"].as_u64())
-                            .map(|(d, t)| (d as usize, t as usize));
-                        progress(stage, counts);
+            scope.spawn(|| {
+                crate::runner::child::read_lines_capped(err, MAX_LINE_BYTES, |line| {
+                    match serde_json::from_str::<Value>(&line) {
+                        Ok(v) if v.get("cardproof_progress").is_some() => {
+                            let stage = v["cardproof_progress"].as_str().unwrap_or("");
+                            let counts = v["done"]
+                                .as_u64()
+                                .zip(v["total"].as_u64())
+                                .map(|(d, t)| (d as usize, t as usize));
+                            progress(stage, counts);
+                        }
+                        _ => push(line),
                     }
-                    _ => push(line),
-                }
-            }
+                });
+            });
         }
+        watch.wait(&mut child, None)
     });
-    let status = child.wait().map_err(|e| {
+    let status = status.map_err(|why| {
         Error::runner(
             candidate,
-            format!("waiting for the transformers runner: {e}"),
+            format!("waiting for the transformers runner: {why}"),
         )
     })?;
     let tail: Vec<String> = tail.into_inner().unwrap_or_default().into_iter().collect();
