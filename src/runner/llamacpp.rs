@@ -697,6 +697,15 @@ fn start_pair<'a>(
     Ok(children)
 }
 
+/// The `--version` deadline and the stall timeout, from their environment variables (checked
+/// before any work, so a mistyped one is refused at once).
+pub fn timeouts() -> Result<(Duration, Duration)> {
+    Ok((
+        child::timeout_from_env(VERSION_TIMEOUT_VAR, VERSION_TIMEOUT)?,
+        child::timeout_from_env(STALL_TIMEOUT_VAR, STALL_TIMEOUT)?,
+    ))
+}
+
 /// What a run stopped for stalling says.
 fn stall_message(limit: Duration) -> String {
     format!(
