@@ -105,14 +105,12 @@ impl Watch {
         {
             *f = Some(why.into());
         }
-        let groups = self
-            .shared
-            .groups
-            .lock()
-            .map(|g| g.clone())
-            .unwrap_or_default();
-        for g in groups {
-            kill_group(g);
+        // Killed under the lock: a child leaves the list (under it) before it is reaped, so no
+        // group is killed after its leader's pid could be reused.
+        if let Ok(groups) = self.shared.groups.lock() {
+            for &g in groups.iter() {
+                kill_group(g);
+            }
         }
     }
 
@@ -127,12 +125,12 @@ impl Watch {
         self.shared.last_progress_ms.store(ms, Ordering::Relaxed);
     }
 
-    /// Fails the watch (`what` says which streams) once no byte moved for `limit`, counted from
-    /// now and from each [`Watch::touch`]; stops when the guard is dropped.
-    pub fn stall_timeout(&self, limit: Duration, what: impl Into<String>) -> StallGuard {
+    /// Fails the watch, for `why`, once no byte moved for `limit`, counted from now and from
+    /// each [`Watch::touch`]; stops when the guard is dropped.
+    pub fn stall_timeout(&self, limit: Duration, why: impl Into<String>) -> StallGuard {
         self.touch();
         let stop = Arc::new(AtomicBool::new(false));
-        let (watch, flag, what) = (self.clone(), stop.clone(), what.into());
+        let (watch, flag, why) = (self.clone(), stop.clone(), why.into());
         let tick = (limit / 20).clamp(Duration::from_millis(1), Duration::from_millis(50));
         let thread = std::thread::Builder::new()
             .name("cardproof-stall".into())
@@ -142,10 +140,7 @@ impl Watch {
                     let last = watch.shared.last_progress_ms.load(Ordering::Relaxed);
                     let now = watch.shared.start.elapsed().as_millis() as u64;
                     if Duration::from_millis(now.saturating_sub(last)) >= limit {
-                        watch.fail(format!(
-                            "no byte moved on {what} for {}: stopped as stalled",
-                            seconds(limit)
-                        ));
+                        watch.fail(why);
                         return;
                     }
                 }
@@ -185,6 +180,7 @@ impl Watch {
             slot,
             capture: None,
             status: None,
+            lost: None,
             watch: self.clone(),
         };
         if slot.is_none() {
@@ -212,7 +208,10 @@ impl Watch {
                 return Err(why);
             }
             if let Some(status) = child.exited() {
-                return Ok(status);
+                return match &child.lost {
+                    Some(e) => Err(format!("{}: its exit status was lost: {e}", child.name)),
+                    None => Ok(status),
+                };
             }
             if let Some((at, what)) = deadline
                 && Instant::now() >= at
@@ -265,6 +264,8 @@ pub struct Child {
     slot: Option<usize>,
     capture: Option<Capture>,
     status: Option<ExitStatus>,
+    /// Why the status could not be read (it then reads as exit status 1).
+    lost: Option<String>,
     watch: Watch,
 }
 
@@ -309,14 +310,23 @@ impl Child {
         self.process.stderr.take()
     }
 
+    /// Kills the group, forgets it, then reaps the leader: until then the leader's pid, and so
+    /// the group's id, cannot be reused, so no kill can reach another process.
     fn finish(&mut self) {
         kill_group(self.pgid);
-        // SIGKILL cannot be caught: the wait ends (the status says killed when it was).
-        self.status = self.process.wait().ok();
         self.watch.forget(self.pgid);
         if let Some(slot) = self.slot.take() {
             forward::unregister(slot);
         }
+        // SIGKILL cannot be caught: the wait ends (the status says killed when it was).
+        self.status = Some(match self.process.wait() {
+            Ok(status) => status,
+            Err(e) => {
+                use std::os::unix::process::ExitStatusExt;
+                self.lost = Some(e.to_string());
+                ExitStatus::from_raw(1 << 8)
+            }
+        });
     }
 }
 
@@ -479,7 +489,8 @@ fn kill_group(pgid: i32) {
 }
 
 /// Whether the process `pid` (our child) has exited, leaving it unreaped: while it is a zombie
-/// its pid, and so its group id, cannot be reused.
+/// its pid, and so its group id, cannot be reused. A child already gone (`ECHILD`: SIGCHLD
+/// ignored by whoever started cardproof reaps children unasked) has exited too.
 #[allow(unsafe_code)]
 fn leader_exited(pid: i32) -> bool {
     // SAFETY: waitid(2) writes only into `info`, a zeroed siginfo_t we own; WNOWAIT leaves the
@@ -492,7 +503,10 @@ fn leader_exited(pid: i32) -> bool {
             &mut info,
             libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
         );
-        r == 0 && info.si_signo == libc::SIGCHLD
+        if r != 0 {
+            return std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD);
+        }
+        info.si_signo == libc::SIGCHLD
     }
 }
 
@@ -642,12 +656,11 @@ mod tests {
         let mut child = watch
             .spawn("the mute", sh("sleep 1000"), Output::Capture { cap: 1024 })
             .unwrap();
-        let _guard = watch.stall_timeout(Duration::from_millis(200), "the mute's stream");
-        let why = watch.wait(&mut child, None).unwrap_err();
-        assert!(
-            why.contains("no byte moved on the mute's stream for 0.2 s"),
-            "{why}"
-        );
+        let started = Instant::now();
+        let _guard = watch.stall_timeout(Duration::from_millis(200), "stalled");
+        assert_eq!(watch.wait(&mut child, None).unwrap_err(), "stalled");
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        assert!(started.elapsed() < Duration::from_secs(5));
     }
 
     #[test]

@@ -270,7 +270,8 @@ sleep 1000"#,
     );
     assert!(
         m.contains("no byte moved on llama.cpp's base streams for 1 s: stopped as stalled")
-            && m.contains("CARDPROOF_LLAMACPP_STALL_SECS"),
+            && m.contains("CARDPROOF_LLAMACPP_STALL_SECS")
+            && m.matches("no byte moved").count() == 1,
         "{m}"
     );
 }
@@ -313,6 +314,48 @@ fn a_llama_perplexity_that_exits_0_without_opening_its_stream_is_an_error_not_a_
         m.contains("the reference process exited (exit status: 0) before opening its stream"),
         "{m}"
     );
+}
+
+/// The processes run in groups of their own, out of the terminal's reach: Ctrl-C (SIGINT) to
+/// cardproof kills them, and cardproof still dies of the signal.
+#[test]
+#[cfg(target_os = "linux")]
+fn an_interrupt_to_cardproof_kills_the_llama_cpp_processes_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = hostile(dir.path(), VERSION_OK, "sleep 1000");
+    let out = dir.path().join("out");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cardproof"))
+        .current_dir(repo_root())
+        .env("TMPDIR", dir.path())
+        .args(measure_args(bin.to_str().unwrap(), out.to_str().unwrap()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // `--version`, then the three processes of the run.
+    let pgids = || -> Vec<u32> {
+        std::fs::read_to_string(dir.path().join("pgids"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while pgids().len() < 4 && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(pgids().len(), 4, "the run did not start");
+    assert!(!crate::support::alive_in_groups(&pgids()[1..]).is_empty());
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = child.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(2), "{status}");
+    let left = crate::support::alive_in_groups(&pgids());
+    assert!(left.is_empty(), "left running: {left:?}");
 }
 
 #[test]
