@@ -18,7 +18,6 @@ use std::path::Path;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::kld::llamacpp::{BaseFile, PrintedLines, PrintedStats};
-use crate::span::LineCol;
 use crate::kld::protocol::{Bootstrap, Bos, Direction, Positions, VocabMode};
 use crate::kld::stats::{Diagnostics, Summary, Uncertainty};
 use crate::rerun::document::{
@@ -27,6 +26,7 @@ use crate::rerun::document::{
 use crate::rerun::options::MeasureOptions;
 use crate::rerun::score::{RunResult, Scoring};
 use crate::runner::llamacpp::{LlamacppBuild, LlamacppRecord, LlamacppSettings, observe};
+use crate::span::LineCol;
 
 /// The largest log read (a 100k-token run's log at `-lv 4` is well under this).
 const MAX_LOG_BYTES: u64 = 64 * 1024 * 1024;
@@ -94,7 +94,8 @@ fn read_log(path: &Path) -> Result<Log> {
             "names no `computing over N chunks, n_ctx=L` line: the window and the number of scored rows are not known (pass the whole log of the run)",
         ));
     };
-    let (n_chunk, n_ctx) = counts_of(&rest).map_err(|why| at_line(path, &text, line, "computing over", why))?;
+    let (n_chunk, n_ctx) =
+        counts_of(&rest).map_err(|why| at_line(path, &text, line, "computing over", why))?;
     Ok(Log {
         printed,
         n_ctx,
@@ -121,7 +122,9 @@ fn counts_of(rest: &str) -> std::result::Result<(u32, u32), String> {
     )?;
     crate::kld::protocol::check_context_length(n_ctx).map_err(|e| format!("n_ctx: {e}"))?;
     if n_ctx < 3 {
-        return Err(format!("n_ctx={n_ctx} scores no rows (llama.cpp scores the second half of each window, less its last token)"));
+        return Err(format!(
+            "n_ctx={n_ctx} scores no rows (llama.cpp scores the second half of each window, less its last token)"
+        ));
     }
     let most = crate::kld::llamacpp::MAX_STREAM_TOKENS;
     if n_chunk == 0 || n_chunk.saturating_mul(n_ctx) > most {
@@ -168,12 +171,7 @@ impl Range {
 /// Every printed number the card is made of, in its range (their ± too: finite, at least 0,
 /// a share's at most 100 %), and the KLD's percentiles in order (median ≤ 90 % ≤ 95 % ≤ 99 % ≤
 /// 99.9 % ≤ maximum, the mean at most the maximum): else the log is refused at the line.
-fn check_printed(
-    path: &Path,
-    text: &str,
-    p: &PrintedStats,
-    lines: &PrintedLines,
-) -> Result<()> {
+fn check_printed(path: &Path, text: &str, p: &PrintedStats, lines: &PrintedLines) -> Result<()> {
     let fail = |field: &str, label: &str, why: String| match lines.of(field) {
         Some(line) => at_line(path, text, line, label, why),
         None => Error::format(path, Some(label), why),
@@ -189,7 +187,11 @@ fn check_printed(
         if !range.holds(v) {
             return Err(fail(field, label, range.says().into()));
         }
-        let se_max = if matches!(range, Range::Share) { 1.0 } else { f64::INFINITY };
+        let se_max = if matches!(range, Range::Share) {
+            1.0
+        } else {
+            f64::INFINITY
+        };
         if !(se.is_finite() && (0.0..=se_max).contains(&se)) {
             return Err(fail(
                 field,
@@ -218,7 +220,9 @@ fn check_printed(
             return Err(fail(
                 field,
                 label,
-                format!("{v} is below the {lower} printed before it ({at}): the percentiles are out of order"),
+                format!(
+                    "{v} is below the {lower} printed before it ({at}): the percentiles are out of order"
+                ),
             ));
         }
         below = Some((label, v));

@@ -152,7 +152,12 @@ impl Watch {
     /// Starts `command` (consumed: it holds the pipe's write ends, which must close with the
     /// child for its output to end) as `name`, in a process group of its own, stdin empty.
     /// `output`: merged into memory up to a cap, or piped for the caller to read.
-    pub fn spawn(&self, name: &str, mut command: Command, output: Output) -> std::io::Result<Child> {
+    pub fn spawn(
+        &self,
+        name: &str,
+        mut command: Command,
+        output: Output,
+    ) -> std::io::Result<Child> {
         use std::os::unix::process::CommandExt;
         command.process_group(0).stdin(Stdio::null());
         let reader = match output {
@@ -635,16 +640,26 @@ mod tests {
             .trim()
             .parse()
             .unwrap();
-        assert!(gone_soon(grandchild), "the group's other process was killed");
+        assert!(
+            gone_soon(grandchild),
+            "the group's other process was killed"
+        );
     }
 
     #[test]
     fn output_over_the_cap_fails_the_watch_and_stops_the_child() {
         let watch = Watch::new();
         let mut child = watch
-            .spawn("the flood", sh("yes flood"), Output::Capture { cap: 1 << 16 })
+            .spawn(
+                "the flood",
+                sh("yes flood"),
+                Output::Capture { cap: 1 << 16 },
+            )
             .unwrap();
-        let r = watch.wait(&mut child, Some((Instant::now() + Duration::from_secs(20), "late")));
+        let r = watch.wait(
+            &mut child,
+            Some((Instant::now() + Duration::from_secs(20), "late")),
+        );
         let why = r.unwrap_err();
         assert!(why.contains("the flood wrote more than 64 KiB"), "{why}");
         assert_eq!(child.output().len(), 1 << 16);

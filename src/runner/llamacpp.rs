@@ -687,7 +687,12 @@ fn start_pair<'a>(
             spec.candidate_settings,
         ),
     ] {
-        let c = spawn(watch, spec.binary, role, &launch(model, base, kld, settings))?;
+        let c = spawn(
+            watch,
+            spec.binary,
+            role,
+            &launch(model, base, kld, settings),
+        )?;
         children.push((role, c));
     }
     if let Some(g) = gate_pipe {
@@ -1099,11 +1104,7 @@ fn wait_all(
         if !status.success() {
             return Err(Error::runner(
                 binary,
-                format!(
-                    "{} exited with {status}: {}",
-                    child.name(),
-                    tail(&text, 8)
-                ),
+                format!("{} exited with {status}: {}", child.name(), tail(&text, 8)),
             ));
         }
         logs.push(((*role).to_owned(), text));

@@ -1,9 +1,9 @@
 //! Runners turn (model, token windows, scored rows) into logits; the [`crate::kld`] module
 //! judges every runner with the same statistics code.
 
+pub mod child;
 #[cfg(feature = "native")]
 pub mod exchange;
-pub mod child;
 pub mod llamacpp;
 pub mod native;
 pub mod tokens;

@@ -212,7 +212,11 @@ fn refused_and_clean(dir: &Path, bin: &Path, env: &[(&str, &str)], seconds: u64)
         .lines()
         .filter_map(|l| l.trim().parse().ok())
         .collect();
-    assert!(!pgids.is_empty(), "the stand-in never ran: {}", r.transcript());
+    assert!(
+        !pgids.is_empty(),
+        "the stand-in never ran: {}",
+        r.transcript()
+    );
     let left = crate::support::alive_in_groups(&pgids);
     assert!(left.is_empty(), "processes left running: {left:?}");
     let files = crate::support::entries(&tmp);
@@ -294,7 +298,11 @@ fn a_run_that_never_opens_its_stream_is_stopped_by_the_stall_timeout() {
 #[cfg(target_os = "linux")]
 fn a_run_that_floods_its_log_is_stopped_at_the_cap_leaving_no_log() {
     let dir = tempfile::tempdir().unwrap();
-    let bin = hostile(dir.path(), VERSION_OK, "yes 'llama_log: the same line again' >&2");
+    let bin = hostile(
+        dir.path(),
+        VERSION_OK,
+        "yes 'llama_log: the same line again' >&2",
+    );
     let m = refused_and_clean(dir.path(), &bin, &[], 120);
     assert!(
         m.contains("process wrote more than 64 MiB of output: stopped"),
@@ -371,7 +379,8 @@ fn a_timeout_that_is_not_seconds_is_refused_naming_the_variable() {
     assert_eq!(r.code, 2, "{}", r.transcript());
     let m = r.message();
     assert!(
-        r.stderr.contains("CARDPROOF_LLAMACPP_STALL_SECS") && m.contains("`forever` is not a timeout"),
+        r.stderr.contains("CARDPROOF_LLAMACPP_STALL_SECS")
+            && m.contains("`forever` is not a timeout"),
         "{}",
         r.transcript()
     );
@@ -914,7 +923,10 @@ mod import {
             assert_eq!(e["kind"], "format", "{to}: {e}");
             let m = e["message"].as_str().unwrap();
             assert!(m.contains(says), "{to}: {m}");
-            assert!(!dir.path().join("README.md").exists(), "{to}: no card written");
+            assert!(
+                !dir.path().join("README.md").exists(),
+                "{to}: no card written"
+            );
         }
     }
 
@@ -931,7 +943,10 @@ mod import {
         assert_eq!(e["file"], log.to_str().unwrap(), "{e}");
         assert_eq!(e["line"], 147, "{e}");
         let m = e["message"].as_str().unwrap();
-        assert!(m.contains("Mean PPL(Q)") && !m.contains("measurement.json"), "{m}");
+        assert!(
+            m.contains("Mean PPL(Q)") && !m.contains("measurement.json"),
+            "{m}"
+        );
     }
 
     #[test]
@@ -954,12 +969,19 @@ mod import {
         assert_eq!(r.code, 1, "{}", r.transcript());
         let text = std::fs::read_to_string(&card).unwrap();
         assert!(!text.contains("sha256: \"\""), "{text}");
-        assert!(!text.contains("tokens:"), "no token stream is claimed: {text}");
+        assert!(
+            !text.contains("tokens:"),
+            "no token stream is claimed: {text}"
+        );
         assert!(r.stderr.contains("no --base-file"), "{}", r.stderr);
         let lint = run(&["lint", card.to_str().unwrap(), "--json"]);
         assert_eq!(lint.code, 1, "{}", lint.transcript());
         let codes = lint.codes();
-        assert!(!codes.iter().any(|c| c == "schema-violation"), "{codes:?}\n{}", lint.stdout);
+        assert!(
+            !codes.iter().any(|c| c == "schema-violation"),
+            "{codes:?}\n{}",
+            lint.stdout
+        );
     }
 
     #[test]

@@ -295,7 +295,11 @@ fn a_runner_that_leaves_a_process_behind_is_stopped_with_its_group() {
         "{:?}",
         started.elapsed()
     );
-    assert!(r.stderr.contains("dying, a child left behind"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("dying, a child left behind"),
+        "{}",
+        r.stderr
+    );
     let group: u32 = std::fs::read_to_string(&pgid).unwrap().parse().unwrap();
     let left = crate::support::alive_in_groups(&[group]);
     assert!(left.is_empty(), "left running: {left:?}");
@@ -313,7 +317,11 @@ fn a_runner_printing_one_endless_line_is_read_in_capped_lines() {
     let r = measure_with(&script, &[]);
     assert_eq!(r.code, 2, "{}", r.transcript());
     assert!(r.stderr.contains("xxxx"), "{}", r.transcript());
-    assert!(r.stderr.len() < 64 << 10, "{} bytes of stderr", r.stderr.len());
+    assert!(
+        r.stderr.len() < 64 << 10,
+        "{} bytes of stderr",
+        r.stderr.len()
+    );
 }
 
 #[test]
