@@ -126,8 +126,13 @@ impl Watch {
     }
 
     /// Fails the watch, for `why`, once no byte moved for `limit`, counted from now and from
-    /// each [`Watch::touch`]; stops when the guard is dropped.
-    pub fn stall_timeout(&self, limit: Duration, why: impl Into<String>) -> StallGuard {
+    /// each [`Watch::touch`]; stops when the guard is dropped. `Err`: its thread could not
+    /// start (no run goes unwatched).
+    pub fn stall_timeout(
+        &self,
+        limit: Duration,
+        why: impl Into<String>,
+    ) -> std::io::Result<StallGuard> {
         self.touch();
         let stop = Arc::new(AtomicBool::new(false));
         let (watch, flag, why) = (self.clone(), stop.clone(), why.into());
@@ -144,9 +149,11 @@ impl Watch {
                         return;
                     }
                 }
-            })
-            .ok();
-        StallGuard { stop, thread }
+            })?;
+        Ok(StallGuard {
+            stop,
+            thread: Some(thread),
+        })
     }
 
     /// Starts `command` (consumed: it holds the pipe's write ends, which must close with the
@@ -195,7 +202,8 @@ impl Watch {
             ));
         }
         if let Some((reader, cap)) = reader {
-            child.capture = Some(Capture::start(reader, cap, name, self.clone()));
+            // On an error the child is dropped, so killed.
+            child.capture = Some(Capture::start(reader, cap, name, self.clone())?);
         }
         Ok(child)
     }
@@ -349,7 +357,12 @@ struct Capture {
 }
 
 impl Capture {
-    fn start(mut reader: std::io::PipeReader, cap: usize, name: &str, watch: Watch) -> Capture {
+    fn start(
+        mut reader: std::io::PipeReader,
+        cap: usize,
+        name: &str,
+        watch: Watch,
+    ) -> std::io::Result<Capture> {
         let data = Arc::new(Mutex::new(Vec::new()));
         let (tx, ended) = mpsc::channel();
         let (sink, name) = (data.clone(), name.to_owned());
@@ -376,16 +389,14 @@ impl Capture {
             }
             let _ = tx.send(());
         };
-        // A thread that cannot start leaves no reader: the child then blocks on its first full
-        // pipe, which the caller's stall timeout or deadline ends.
-        let _ = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("cardproof-child-output".into())
-            .spawn(read);
-        Capture {
+            .spawn(read)?;
+        Ok(Capture {
             data,
             ended,
             done: false,
-        }
+        })
     }
 
     fn text(&mut self) -> String {
@@ -672,7 +683,9 @@ mod tests {
             .spawn("the mute", sh("sleep 1000"), Output::Capture { cap: 1024 })
             .unwrap();
         let started = Instant::now();
-        let _guard = watch.stall_timeout(Duration::from_millis(200), "stalled");
+        let _guard = watch
+            .stall_timeout(Duration::from_millis(200), "stalled")
+            .unwrap();
         assert_eq!(watch.wait(&mut child, None).unwrap_err(), "stalled");
         assert!(started.elapsed() >= Duration::from_millis(200));
         assert!(started.elapsed() < Duration::from_secs(5));

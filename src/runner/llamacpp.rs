@@ -743,7 +743,9 @@ pub fn run_pair(
     };
     let watch = Watch::new();
     let mut children = start_pair(spec, &watch, &ref_pipe, &cand_pipe, gate_pipe.as_deref())?;
-    let stalled = watch.stall_timeout(stall, stall_message(stall));
+    let stalled = watch
+        .stall_timeout(stall, stall_message(stall))
+        .map_err(|e| Error::runner(binary, format!("cannot watch the run: {e}")))?;
     let result = (|| -> Result<(PairRun, Vec<(String, String)>)> {
         let reader = |end: std::fs::File| {
             std::io::BufReader::with_capacity(1 << 20, Progressing::new(end, &watch))
@@ -938,7 +940,9 @@ pub fn run_single(
         "reference (again)",
         spawn(&watch, binary, "reference (again)", &launch)?,
     )];
-    let stalled = watch.stall_timeout(stall, stall_message(stall));
+    let stalled = watch
+        .stall_timeout(stall, stall_message(stall))
+        .map_err(|e| Error::runner(binary, format!("cannot watch the run: {e}")))?;
     let result = (|| -> Result<(u64, Vec<(String, String)>)> {
         let input = open_pipe(&pipe, false, &mut children, 0, &watch, binary)?;
         let mut s = crate::kld::llamacpp::BaseStream::open(
