@@ -94,8 +94,7 @@ fn read_log(path: &Path) -> Result<Log> {
             "names no `computing over N chunks, n_ctx=L` line: the window and the number of scored rows are not known (pass the whole log of the run)",
         ));
     };
-    let (n_chunk, n_ctx) =
-        counts_of(&rest).map_err(|why| at_line(path, &text, line, "computing over", why))?;
+    let (n_chunk, n_ctx) = counts_of(&rest).map_err(|why| at_line(path, &text, line, why))?;
     Ok(Log {
         printed,
         n_ctx,
@@ -173,7 +172,7 @@ impl Range {
 /// 99.9 % ≤ maximum, the mean at most the maximum): else the log is refused at the line.
 fn check_printed(path: &Path, text: &str, p: &PrintedStats, lines: &PrintedLines) -> Result<()> {
     let fail = |field: &str, label: &str, why: String| match lines.of(field) {
-        Some(line) => at_line(path, text, line, label, why),
+        Some(line) => at_line(path, text, line, why),
         None => Error::format(path, Some(label), why),
     };
     for (field, label, v, range) in [
@@ -240,7 +239,7 @@ fn check_printed(path: &Path, text: &str, p: &PrintedStats, lines: &PrintedLines
 }
 
 /// An error at `line` of the log, quoting it.
-fn at_line(path: &Path, text: &str, line: usize, label: &str, why: String) -> Error {
+fn at_line(path: &Path, text: &str, line: usize, why: String) -> Error {
     let shown = text.lines().nth(line.saturating_sub(1)).unwrap_or("");
     let column = 1 + shown.chars().take_while(|c| c.is_whitespace()).count();
     let shown: String = shown.trim().chars().take(200).collect();
@@ -248,7 +247,7 @@ fn at_line(path: &Path, text: &str, line: usize, label: &str, why: String) -> Er
         path,
         LineCol { line, column },
         ErrorKind::Format {
-            subject: Some(label.to_owned()),
+            subject: None,
             rule: format!("`{shown}`: {why}"),
         },
     )
