@@ -305,6 +305,48 @@ fn a_runner_that_leaves_a_process_behind_is_stopped_with_its_group() {
     assert!(left.is_empty(), "left running: {left:?}");
 }
 
+/// A runner program that hangs (prints nothing for the stall timeout) is stopped with its group
+/// and is an error naming the limit.
+#[test]
+#[cfg(target_os = "linux")]
+fn a_runner_that_prints_nothing_for_its_stall_timeout_is_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let pgid = dir.path().join("pgid");
+    let script = stand_in(
+        dir.path(),
+        &format!(
+            "import os, sys, time\nopen({:?}, 'w').write(str(os.getpgid(0)))\nprint('loading', file=sys.stderr)\ntime.sleep(1000)\n",
+            pgid.display().to_string()
+        ),
+    );
+    let out = dir.path().join("out");
+    let started = std::time::Instant::now();
+    let r = stand_in_measure(
+        &script,
+        &out,
+        &[("CARDPROOF_TRANSFORMERS_STALL_SECS", "1")],
+        &[],
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        r.stderr
+            .contains("printed nothing for 1 s: stopped as stalled")
+            && r.stderr.contains("CARDPROOF_TRANSFORMERS_STALL_SECS")
+            && r.stderr.contains("loading"),
+        "{}",
+        r.stderr
+    );
+    let group: u32 = std::fs::read_to_string(&pgid).unwrap().parse().unwrap();
+    let left = crate::support::alive_in_groups(&[group]);
+    assert!(left.is_empty(), "left running: {left:?}");
+    assert!(!out.join("measurement.json").exists());
+}
+
 /// Output without newlines is read in lines cut at a length: the error quotes a bounded tail,
 /// and cardproof's memory does not grow with the line.
 #[test]
