@@ -6,12 +6,18 @@
 //! A log cannot disclose everything a claim needs: the reference checkpoint (a base file holds
 //! logits, not the model), the eval text (llama.cpp reads `-f` in the base pass, not in the KLD
 //! pass whose log this is), the build where the log does not print it, the BOS policy where the
-//! model file is not at hand. Those stay out of the block, and lint names each.
+//! model file is not at hand, the token stream's digest without the base file. Those stay out
+//! of the block, and lint names each.
+//!
+//! A log is text anyone can edit: every number read from it is range-checked before it becomes
+//! a claim or sizes anything (a KLD is finite and at least 0, a share of rows lies in 0 to
+//! 100 %, a perplexity is at least 1, the window and chunk counts are llama.cpp's), and a number
+//! out of range is an error naming the log and its line.
 
 use std::path::Path;
 
-use crate::error::{Error, Result};
-use crate::kld::llamacpp::{BaseFile, PrintedStats};
+use crate::error::{Error, ErrorKind, Result};
+use crate::kld::llamacpp::{BaseFile, PrintedLines, PrintedStats};
 use crate::kld::protocol::{Bootstrap, Bos, Direction, Positions, VocabMode};
 use crate::kld::stats::{Diagnostics, Summary, Uncertainty};
 use crate::rerun::document::{
@@ -20,6 +26,7 @@ use crate::rerun::document::{
 use crate::rerun::options::MeasureOptions;
 use crate::rerun::score::{RunResult, Scoring};
 use crate::runner::llamacpp::{LlamacppBuild, LlamacppRecord, LlamacppSettings, observe};
+use crate::span::LineCol;
 
 /// The largest log read (a 100k-token run's log at `-lv 4` is well under this).
 const MAX_LOG_BYTES: u64 = 64 * 1024 * 1024;
@@ -45,7 +52,7 @@ struct Log {
 fn read_log(path: &Path) -> Result<Log> {
     let bytes = crate::files::read_capped(path, MAX_LOG_BYTES, "a llama-perplexity log")?;
     let text = String::from_utf8_lossy(&bytes).into_owned();
-    let printed = crate::kld::llamacpp::parse_printed(&text);
+    let (printed, lines) = crate::kld::llamacpp::parse_printed_located(&text);
     if printed.kld_mean.is_none() {
         return Err(Error::format(
             path,
@@ -53,15 +60,12 @@ fn read_log(path: &Path) -> Result<Log> {
             "holds no `====== KL divergence statistics ======` block with a `Mean    KLD` line: give the log of a `llama-perplexity --kl-divergence` run",
         ));
     }
+    check_printed(path, &text, &printed, &lines)?;
     // `kl_divergence: computing over 43 chunks, n_ctx=256, batch_size=2048, n_seq=8`
-    let (mut n_ctx, mut n_chunk, mut build, mut model) = (None, None, None, None);
-    for line in text.lines() {
+    let (mut counts, mut build, mut model) = (None, None, None);
+    for (i, line) in text.lines().enumerate() {
         if let Some((_, rest)) = line.split_once("computing over ") {
-            n_chunk = rest.split_whitespace().next().and_then(|n| n.parse().ok());
-            n_ctx = rest
-                .split_once("n_ctx=")
-                .and_then(|(_, r)| r.split(|c: char| !c.is_ascii_digit()).next())
-                .and_then(|n| n.parse().ok());
+            counts = Some((i + 1, rest.to_owned()));
         }
         let b = line
             .split_once("build: ")
@@ -83,22 +87,14 @@ fn read_log(path: &Path) -> Result<Log> {
                 .map(|(_, r)| r.split(" (version").next().unwrap_or(r).trim().to_owned());
         }
     }
-    let (Some(n_ctx), Some(n_chunk)) = (n_ctx, n_chunk) else {
+    let Some((line, rest)) = counts else {
         return Err(Error::format(
             path,
             None,
             "names no `computing over N chunks, n_ctx=L` line: the window and the number of scored rows are not known (pass the whole log of the run)",
         ));
     };
-    crate::kld::protocol::check_context_length(u64::from(n_ctx))
-        .map_err(|e| Error::format(path, Some("n_ctx"), e))?;
-    if !(3..=crate::kld::protocol::MAX_CONTEXT_LENGTH as u32).contains(&n_ctx) || n_chunk == 0 {
-        return Err(Error::format(
-            path,
-            Some("n_ctx"),
-            format!("{n_chunk} chunks of {n_ctx} tokens score no rows"),
-        ));
-    }
+    let (n_chunk, n_ctx) = counts_of(&rest).map_err(|why| at_line(path, &text, line, why))?;
     Ok(Log {
         printed,
         n_ctx,
@@ -107,6 +103,154 @@ fn read_log(path: &Path) -> Result<Log> {
         model,
         text,
     })
+}
+
+/// The chunk count and the window of a `computing over N chunks, n_ctx=L` line (what follows
+/// `computing over `), each in llama.cpp's range: a window of 3 to 2^20 tokens (one scored
+/// row at least), one chunk at least, and a stream of at most llama.cpp's largest.
+fn counts_of(rest: &str) -> std::result::Result<(u32, u32), String> {
+    let number = |s: Option<&str>, what: &str| {
+        s.and_then(|n| n.parse::<u64>().ok())
+            .ok_or_else(|| format!("{what} is not a whole number"))
+    };
+    let n_chunk = number(rest.split_whitespace().next(), "the chunk count")?;
+    let n_ctx = number(
+        rest.split_once("n_ctx=")
+            .and_then(|(_, r)| r.split(|c: char| !c.is_ascii_digit()).next()),
+        "n_ctx",
+    )?;
+    crate::kld::protocol::check_context_length(n_ctx).map_err(|e| format!("n_ctx: {e}"))?;
+    if n_ctx < 3 {
+        return Err(format!(
+            "n_ctx={n_ctx} scores no rows (llama.cpp scores the second half of each window, less its last token)"
+        ));
+    }
+    let most = crate::kld::llamacpp::MAX_STREAM_TOKENS;
+    if n_chunk == 0 || n_chunk.saturating_mul(n_ctx) > most {
+        return Err(format!(
+            "{n_chunk} chunks of {n_ctx} tokens: expected 1 chunk at least and at most {most} tokens in all"
+        ));
+    }
+    Ok((n_chunk as u32, n_ctx as u32))
+}
+
+/// The range a printed statistic must lie in.
+#[derive(Clone, Copy)]
+enum Range {
+    /// A divergence: finite, at least 0.
+    Kld,
+    /// A share of rows, printed as a percentage: 0 to 100 %.
+    Share,
+    /// A perplexity: finite, at least 1 (the exponential of a mean NLL).
+    Perplexity,
+    /// A ratio of perplexities: finite, over 0.
+    Ratio,
+}
+
+impl Range {
+    fn holds(self, v: f64) -> bool {
+        match self {
+            Range::Kld => v.is_finite() && v >= 0.0,
+            Range::Share => (0.0..=1.0).contains(&v),
+            Range::Perplexity => v.is_finite() && v >= 1.0,
+            Range::Ratio => v.is_finite() && v > 0.0,
+        }
+    }
+
+    fn says(self) -> &'static str {
+        match self {
+            Range::Kld => "a KL divergence is a finite number, at least 0",
+            Range::Share => "a share of rows lies in 0 to 100 %",
+            Range::Perplexity => "a perplexity is a finite number, at least 1",
+            Range::Ratio => "a ratio of perplexities is a finite number over 0",
+        }
+    }
+}
+
+/// Every printed number the card is made of, in its range (their ± too: finite, at least 0,
+/// a share's at most 100 %), and the KLD's percentiles in order (median ≤ 90 % ≤ 95 % ≤ 99 % ≤
+/// 99.9 % ≤ maximum, the mean at most the maximum): else the log is refused at the line.
+fn check_printed(path: &Path, text: &str, p: &PrintedStats, lines: &PrintedLines) -> Result<()> {
+    let fail = |field: &str, label: &str, why: String| match lines.of(field) {
+        Some(line) => at_line(path, text, line, why),
+        None => Error::format(path, Some(label), why),
+    };
+    for (field, label, v, range) in [
+        ("kld_mean", "Mean KLD", p.kld_mean, Range::Kld),
+        ("same_top", "Same top p", p.same_top, Range::Share),
+        ("ratio", "Mean PPL(Q)/PPL(base)", p.ratio, Range::Ratio),
+        ("ppl_base", "Mean PPL(base)", p.ppl_base, Range::Perplexity),
+        ("ppl_q", "Mean PPL(Q)", p.ppl_q, Range::Perplexity),
+    ] {
+        let Some((v, se)) = v else { continue };
+        if !range.holds(v) {
+            return Err(fail(field, label, range.says().into()));
+        }
+        let se_max = if matches!(range, Range::Share) {
+            1.0
+        } else {
+            f64::INFINITY
+        };
+        if !(se.is_finite() && (0.0..=se_max).contains(&se)) {
+            return Err(fail(
+                field,
+                label,
+                "its ± (a standard error) is a finite number, at least 0".into(),
+            ));
+        }
+    }
+    let ordered = [
+        ("kld_median", "Median KLD", p.kld_median),
+        ("kld_p90", "90.0% KLD", p.kld_p90),
+        ("kld_p95", "95.0% KLD", p.kld_p95),
+        ("kld_p99", "99.0% KLD", p.kld_p99),
+        ("kld_p999", "99.9% KLD", p.kld_p999),
+        ("kld_max", "Maximum KLD", p.kld_max),
+    ];
+    let mut below: Option<(&str, f64)> = None;
+    for (field, label, v) in ordered {
+        let Some(v) = v else { continue };
+        if !Range::Kld.holds(v) {
+            return Err(fail(field, label, Range::Kld.says().into()));
+        }
+        if let Some((lower, at)) = below
+            && v < at
+        {
+            return Err(fail(
+                field,
+                label,
+                format!(
+                    "{v} is below the {lower} printed before it ({at}): the percentiles are out of order"
+                ),
+            ));
+        }
+        below = Some((label, v));
+    }
+    if let (Some((mean, _)), Some(max)) = (p.kld_mean, p.kld_max)
+        && mean > max
+    {
+        return Err(fail(
+            "kld_mean",
+            "Mean KLD",
+            format!("{mean} is over the maximum KLD printed ({max})"),
+        ));
+    }
+    Ok(())
+}
+
+/// An error at `line` of the log, quoting it.
+fn at_line(path: &Path, text: &str, line: usize, why: String) -> Error {
+    let shown = text.lines().nth(line.saturating_sub(1)).unwrap_or("");
+    let column = 1 + shown.chars().take_while(|c| c.is_whitespace()).count();
+    let shown: String = shown.trim().chars().take(200).collect();
+    Error::at(
+        path,
+        LineCol { line, column },
+        ErrorKind::Format {
+            subject: None,
+            rule: format!("`{shown}`: {why}"),
+        },
+    )
 }
 
 /// The metrics a printed block gives, as cardproof names them, with llama.cpp's standard error
@@ -170,9 +314,13 @@ pub fn measurement_from_log(
         }
         None => {
             warnings.push(
-                "no --base-file: the token stream's digest (eval.tokens) is not known".into(),
+                "no --base-file: the token stream is not known, so the card has no eval.tokens (its count and digest); give the base file of the run to disclose them".into(),
             );
-            (String::new(), (log.n_chunk * log.n_ctx) as usize, 0)
+            (
+                String::new(),
+                (u64::from(log.n_chunk) * u64::from(log.n_ctx)) as usize,
+                0,
+            )
         }
     };
     let model_file = log.model.as_deref().map(Path::new).filter(|p| p.is_file());
@@ -371,6 +519,10 @@ pub fn measurement_from_log(
         block: None,
     };
     m.fidelity.eval.text.source = UNKNOWN.into();
+    if base_file.is_none() {
+        // No digest is known: the item is left out (lint names it), never written empty.
+        m.fidelity.eval.tokens = None;
+    }
     warnings.push("the reference checkpoint and the eval text are not in a --kl-divergence log: fill fidelity.reference and eval.text (lint names each)".into());
     Ok((m, warnings))
 }

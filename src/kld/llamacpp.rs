@@ -22,7 +22,9 @@ pub use compat::{
     CompatAccumulator, CompatStats, KL_GATE, MIN_ROWS, RowScore, compare_base_files, row_kld,
     score_row, score_row_log_probs,
 };
-pub use printed::{PrintedStats, parse_printed, parse_printed_blocks};
+pub use printed::{
+    PrintedLines, PrintedStats, parse_printed, parse_printed_blocks, parse_printed_located,
+};
 
 #[cfg(test)]
 mod tests;

@@ -219,6 +219,7 @@ fn check_request<'a>(r: &Request<'a>, reference: &Path) -> Result<(PathBuf, &'a 
     if let Lane::Llamacpp { runner, .. } = r.lane {
         engine::find_binary(runner.binary.as_deref())?;
     }
+    engine::timeouts()?;
     for model in [&reference, &candidate] {
         super::preflight::context_lengths(model, &r.options.context_lengths)?;
     }

@@ -16,10 +16,16 @@
 //! reduction of the same rows within the candidate's uint16 rounding, or the run is an error
 //! naming both numbers: the printout gate. A process that fails, or a pipe that no process opens,
 //! is an error with that process's last log lines, never a hang.
+//!
+//! Every process runs under [`crate::runner::child`]: in a process group of its own, killed
+//! whole on every error; its log read into memory with a cap ([`MAX_LOG_BYTES`]); `--version`
+//! with a deadline ([`VERSION_TIMEOUT_VAR`]) and a run with a stall timeout
+//! ([`STALL_TIMEOUT_VAR`]: no byte on the base streams for that long stops it). Nothing is
+//! written to disk but the named pipes, in a private directory removed on every way out.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -29,6 +35,23 @@ use crate::error::{Error, Result};
 use crate::kld::llamacpp::{
     BaseRow, CompatAccumulator, CompatStats, PrintedStats, RowScore, score_row_log_probs,
 };
+use crate::runner::child::{self, Child, Output, Progressing, Watch};
+
+/// The most one `llama-perplexity` process may write to its stdout and stderr. At `-lv 4` a run
+/// logs its load report (kilobytes) and a line or an entry per chunk (a KLD pass's line is
+/// ~130 bytes): 64 MiB is half a million chunks. More is a flood: the run is stopped, an error.
+pub const MAX_LOG_BYTES: usize = 64 << 20;
+/// What `--version` may print (llama.cpp prints two lines).
+const MAX_VERSION_BYTES: usize = 64 << 10;
+/// The environment variable that sets how long `--version` may take, in seconds.
+pub const VERSION_TIMEOUT_VAR: &str = "CARDPROOF_LLAMACPP_VERSION_TIMEOUT_SECS";
+/// `--version` answers at once; a minute covers a cold start from a slow disk.
+const VERSION_TIMEOUT: Duration = Duration::from_secs(60);
+/// The environment variable that sets the stall timeout of a run, in seconds.
+pub const STALL_TIMEOUT_VAR: &str = "CARDPROOF_LLAMACPP_STALL_SECS";
+/// How long the base streams may go without a byte: the model's load and one batch of chunks
+/// (`-b` tokens) per process, on the slowest setup cardproof expects. Raise it for larger.
+const STALL_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The settings a llama.cpp run is made with; each is a `llama-perplexity` flag, recorded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -294,17 +317,31 @@ pub fn find_binary(given: Option<&Path>) -> Result<PathBuf> {
 
 /// `binary --version`, parsed: `version: 6590 (abcdef12)` (upstream) or `version: 0.5.0-dev
 /// (build 1, commit 0c1e570)` (a source release), then `built with ...`.
+/// It runs in its own process group with a deadline ([`VERSION_TIMEOUT_VAR`], a minute by
+/// default) and at most 64 KiB of output: a binary that never answers or prints forever is
+/// stopped, with everything it started, and refused.
 pub fn build_of(binary: &Path) -> Result<LlamacppBuild> {
-    let out = Command::new(binary)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output()
+    let limit = child::timeout_from_env(VERSION_TIMEOUT_VAR, VERSION_TIMEOUT)?;
+    let watch = Watch::new();
+    let mut command = Command::new(binary);
+    command.arg("--version");
+    let mut process = watch
+        .spawn(
+            "its `--version`",
+            command,
+            Output::Capture {
+                cap: MAX_VERSION_BYTES,
+            },
+        )
         .map_err(|e| Error::runner(binary, format!("cannot start it: {e}")))?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let late = format!(
+        "`--version` did not answer within {} ({VERSION_TIMEOUT_VAR}): stopped; is it llama-perplexity?",
+        child::seconds(limit)
     );
+    watch
+        .wait(&mut process, Some((Instant::now() + limit, &late)))
+        .map_err(|why| Error::runner(binary, why))?;
+    let text = process.output();
     let line = text
         .lines()
         .find(|l| l.starts_with("version:"))
@@ -313,7 +350,7 @@ pub fn build_of(binary: &Path) -> Result<LlamacppBuild> {
                 binary,
                 format!(
                     "`--version` printed no `version:` line; is it llama-perplexity? ({})",
-                    text.trim()
+                    clip(text.trim(), 300)
                 ),
             )
         })?
@@ -517,10 +554,10 @@ pub struct PairSpec<'a> {
     pub gate: bool,
 }
 
-/// The processes of a run: each one's name, its child, and its log file.
-type Children<'a> = Vec<(&'a str, Child, PathBuf)>;
+/// The processes of a run: each one's role (`reference`, `candidate`, `gate`) and its child.
+type Children<'a> = Vec<(&'a str, Child)>;
 
-/// A private directory for a run's pipes and logs, deleted when dropped.
+/// A private directory for a run's pipes, deleted when dropped.
 fn run_dir() -> Result<tempfile::TempDir> {
     tempfile::Builder::new()
         .prefix("cardproof-llamacpp-")
@@ -551,8 +588,9 @@ struct Launch<'a> {
     settings: &'a LlamacppSettings,
 }
 
-/// Starts one process, its stdout and stderr into `dir/log`.
-fn spawn(binary: &Path, dir: &Path, log: &str, l: &Launch) -> Result<(Child, PathBuf)> {
+/// Starts one process as `role` under `watch`, its stdout and stderr read into memory (at most
+/// [`MAX_LOG_BYTES`]).
+fn spawn(watch: &Watch, binary: &Path, role: &str, l: &Launch) -> Result<Child> {
     let mut c = Command::new(binary);
     // `-lv 4`: llama.cpp's informational lines (the resolved flash attention, the cache types,
     // the rotation), without its debug lines.
@@ -579,16 +617,13 @@ fn spawn(binary: &Path, dir: &Path, log: &str, l: &Launch) -> Result<(Child, Pat
     if std::env::var_os("OMP_WAIT_POLICY").is_none() {
         c.env("OMP_WAIT_POLICY", "PASSIVE");
     }
-    let path = dir.join(log);
-    let file = std::fs::File::create(&path).map_err(|e| Error::io(dir, e))?;
-    let err = file.try_clone().map_err(|e| Error::io(dir, e))?;
-    let child = c
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(file))
-        .stderr(Stdio::from(err))
-        .spawn()
-        .map_err(|e| Error::runner(binary, format!("cannot start it: {e}")))?;
-    Ok((child, path))
+    watch
+        .spawn(
+            &format!("the {role} process"),
+            c,
+            Output::Capture { cap: MAX_LOG_BYTES },
+        )
+        .map_err(|e| Error::runner(binary, format!("cannot start it: {e}")))
 }
 
 /// What receives each pair of rows, in order: the reference's row, the candidate's, their
@@ -617,6 +652,73 @@ fn score_pair(a: &BaseRow, b: &BaseRow, token: i32, buf: &mut [f32]) -> ScoredRo
     }
 }
 
+/// Starts a pair run's processes under `watch`: the reference's and the candidate's base
+/// passes, and llama.cpp's own KLD pass when there is a gate pipe.
+fn start_pair<'a>(
+    spec: &PairSpec,
+    watch: &Watch,
+    ref_pipe: &Path,
+    cand_pipe: &Path,
+    gate_pipe: Option<&Path>,
+) -> Result<Children<'a>> {
+    let launch = |model, base, kld: bool, settings| Launch {
+        model,
+        text: (!kld).then_some(spec.text),
+        base,
+        kld,
+        n_ctx: spec.n_ctx,
+        chunks: None,
+        settings,
+    };
+    let mut children: Children = Vec::new();
+    for (role, model, base, kld, settings) in [
+        (
+            "reference",
+            spec.reference,
+            ref_pipe,
+            false,
+            spec.reference_settings,
+        ),
+        (
+            "candidate",
+            spec.candidate,
+            cand_pipe,
+            false,
+            spec.candidate_settings,
+        ),
+    ] {
+        let c = spawn(
+            watch,
+            spec.binary,
+            role,
+            &launch(model, base, kld, settings),
+        )?;
+        children.push((role, c));
+    }
+    if let Some(g) = gate_pipe {
+        let l = launch(spec.candidate, g, true, spec.candidate_settings);
+        children.push(("gate", spawn(watch, spec.binary, "gate", &l)?));
+    }
+    Ok(children)
+}
+
+/// The `--version` deadline and the stall timeout, from their environment variables (checked
+/// before any work, so a mistyped one is refused at once).
+pub fn timeouts() -> Result<(Duration, Duration)> {
+    Ok((
+        child::timeout_from_env(VERSION_TIMEOUT_VAR, VERSION_TIMEOUT)?,
+        child::timeout_from_env(STALL_TIMEOUT_VAR, STALL_TIMEOUT)?,
+    ))
+}
+
+/// What a run stopped for stalling says.
+fn stall_message(limit: Duration) -> String {
+    format!(
+        "no byte moved on llama.cpp's base streams for {}: stopped as stalled (a model slower than that to load or to compute one batch needs a longer {STALL_TIMEOUT_VAR})",
+        child::seconds(limit)
+    )
+}
+
 /// Run the reference and the candidate (GGUF files) over the text in windows of `n_ctx`, every
 /// pair of rows handed to `row` (reference row, candidate row, row index, true next token) as
 /// it arrives; with `gate`, llama.cpp's own KLD pass reads the reference's rows too and its
@@ -628,6 +730,7 @@ pub fn run_pair(
 ) -> Result<PairRun> {
     let started = Instant::now();
     let binary = spec.binary;
+    let stall = child::timeout_from_env(STALL_TIMEOUT_VAR, STALL_TIMEOUT)?;
     let dir = run_dir()?;
     let (ref_pipe, cand_pipe) = (
         make_pipe(dir.path(), "ref.pipe")?,
@@ -638,74 +741,23 @@ pub fn run_pair(
     } else {
         None
     };
-    fn launch<'a>(
-        spec: &'a PairSpec,
-        model: &'a Path,
-        base: &'a Path,
-        kld: bool,
-        settings: &'a LlamacppSettings,
-    ) -> Launch<'a> {
-        Launch {
-            model,
-            text: (!kld).then_some(spec.text),
-            base,
-            kld,
-            n_ctx: spec.n_ctx,
-            chunks: None,
-            settings,
-        }
-    }
-    let mut children: Children = Vec::new();
-    let (c, log) = spawn(
-        binary,
-        dir.path(),
-        "reference.log",
-        &launch(
-            spec,
-            spec.reference,
-            &ref_pipe,
-            false,
-            spec.reference_settings,
-        ),
-    )?;
-    children.push(("reference", c, log));
-    let (c, log) = spawn(
-        binary,
-        dir.path(),
-        "candidate.log",
-        &launch(
-            spec,
-            spec.candidate,
-            &cand_pipe,
-            false,
-            spec.candidate_settings,
-        ),
-    )?;
-    children.push(("candidate", c, log));
-    if let Some(g) = &gate_pipe {
-        let (c, log) = spawn(
-            binary,
-            dir.path(),
-            "gate.log",
-            &launch(spec, spec.candidate, g, true, spec.candidate_settings),
-        )?;
-        children.push(("gate", c, log));
-    }
+    let watch = Watch::new();
+    let mut children = start_pair(spec, &watch, &ref_pipe, &cand_pipe, gate_pipe.as_deref())?;
+    let stalled = watch
+        .stall_timeout(stall, stall_message(stall))
+        .map_err(|e| Error::runner(binary, format!("cannot watch the run: {e}")))?;
     let result = (|| -> Result<(PairRun, Vec<(String, String)>)> {
-        let mut ref_in = open_pipe(&ref_pipe, false, &mut children, binary)?;
-        let mut cand_in = open_pipe(&cand_pipe, false, &mut children, binary)?;
+        let reader = |end: std::fs::File| {
+            std::io::BufReader::with_capacity(1 << 20, Progressing::new(end, &watch))
+        };
+        let ref_in = open_pipe(&ref_pipe, false, &mut children, 0, &watch, binary)?;
+        let cand_in = open_pipe(&cand_pipe, false, &mut children, 1, &watch, binary)?;
         let mut gate_out = match &gate_pipe {
-            Some(g) => Some(open_pipe(g, true, &mut children, binary)?),
+            Some(g) => Some(open_pipe(g, true, &mut children, 2, &watch, binary)?),
             None => None,
         };
-        let mut a = crate::kld::llamacpp::BaseStream::open(
-            &ref_pipe,
-            std::io::BufReader::with_capacity(1 << 20, ref_in.take()?),
-        )?;
-        let mut b = crate::kld::llamacpp::BaseStream::open(
-            &cand_pipe,
-            std::io::BufReader::with_capacity(1 << 20, cand_in.take()?),
-        )?;
+        let mut a = crate::kld::llamacpp::BaseStream::open(&ref_pipe, reader(ref_in))?;
+        let mut b = crate::kld::llamacpp::BaseStream::open(&cand_pipe, reader(cand_in))?;
         if (a.n_ctx, a.n_vocab, a.n_chunk) != (b.n_ctx, b.n_vocab, b.n_chunk)
             || a.tokens != b.tokens
         {
@@ -718,10 +770,9 @@ pub fn run_pair(
                 ),
             ));
         }
-        let mut gate_writer = match gate_out.as_mut() {
-            Some(g) => Some(std::io::BufWriter::with_capacity(1 << 20, g.take()?)),
-            None => None,
-        };
+        let mut gate_writer = gate_out
+            .take()
+            .map(|g| std::io::BufWriter::with_capacity(1 << 20, Progressing::new(g, &watch)));
         // The gate's stream is the reference's, padded (see [`gate_padding`]).
         let pad = gate_padding(a.n_chunk, a.n_ctx, spec.candidate_settings.batch);
         if let Some(w) = &mut gate_writer {
@@ -807,7 +858,6 @@ pub fn run_pair(
             }
             w.flush().map_err(|e| gate_error(&e))?;
         }
-        drop(gate_out);
         let seconds = started.elapsed().as_secs_f64();
         let n = acc.count();
         let compat = acc.finish().ok_or_else(|| {
@@ -819,7 +869,7 @@ pub fn run_pair(
                 ),
             )
         })?;
-        let logs = wait_all(&mut children, binary)?;
+        let logs = wait_all(&mut children, &watch, binary)?;
         let log_of = |name: &str| {
             logs.iter()
                 .find(|(n, _)| n == name)
@@ -854,7 +904,8 @@ pub fn run_pair(
             logs,
         ))
     })();
-    finish_run(result, &mut children, binary).map(|(mut run, logs)| {
+    drop(stalled);
+    finish_run(result, &mut children, &watch, binary).map(|(mut run, logs)| {
         run.logs = logs.into_iter().map(|(n, l)| (n, tail(&l, 40))).collect();
         run
     })
@@ -872,29 +923,31 @@ pub fn run_single(
     settings: &LlamacppSettings,
     row: &mut dyn FnMut(&BaseRow, u64) -> Result<()>,
 ) -> Result<u64> {
+    let stall = child::timeout_from_env(STALL_TIMEOUT_VAR, STALL_TIMEOUT)?;
     let dir = run_dir()?;
     let pipe = make_pipe(dir.path(), "single.pipe")?;
-    let mut children: Children = Vec::new();
-    let (c, log) = spawn(
-        binary,
-        dir.path(),
-        "single.log",
-        &Launch {
-            model,
-            text: Some(text),
-            base: &pipe,
-            kld: false,
-            n_ctx,
-            chunks,
-            settings,
-        },
-    )?;
-    children.push(("reference (again)", c, log));
+    let watch = Watch::new();
+    let launch = Launch {
+        model,
+        text: Some(text),
+        base: &pipe,
+        kld: false,
+        n_ctx,
+        chunks,
+        settings,
+    };
+    let mut children: Children = vec![(
+        "reference (again)",
+        spawn(&watch, binary, "reference (again)", &launch)?,
+    )];
+    let stalled = watch
+        .stall_timeout(stall, stall_message(stall))
+        .map_err(|e| Error::runner(binary, format!("cannot watch the run: {e}")))?;
     let result = (|| -> Result<(u64, Vec<(String, String)>)> {
-        let mut input = open_pipe(&pipe, false, &mut children, binary)?;
+        let input = open_pipe(&pipe, false, &mut children, 0, &watch, binary)?;
         let mut s = crate::kld::llamacpp::BaseStream::open(
             &pipe,
-            std::io::BufReader::with_capacity(1 << 20, input.take()?),
+            std::io::BufReader::with_capacity(1 << 20, Progressing::new(input, &watch)),
         )?;
         let mut r = 0u64;
         let mut buf = BaseRow::default();
@@ -902,37 +955,45 @@ pub fn run_single(
             row(&buf, r)?;
             r += 1;
         }
-        Ok((r, wait_all(&mut children, binary)?))
+        Ok((r, wait_all(&mut children, &watch, binary)?))
     })();
-    finish_run(result, &mut children, binary).map(|(n, _)| n)
+    drop(stalled);
+    finish_run(result, &mut children, &watch, binary).map(|(n, _)| n)
 }
 
-/// A run's result, or its error with what each process said last (every process stopped).
-fn finish_run<T>(result: Result<T>, children: &mut Children, binary: &Path) -> Result<T> {
+/// A run's result, or its error with what each process said last (every process stopped). When
+/// the watch stopped the run (a stall, a flood), that is the error: the broken stream it left
+/// behind is only its consequence.
+fn finish_run<T>(
+    result: Result<T>,
+    children: &mut Children,
+    watch: &Watch,
+    binary: &Path,
+) -> Result<T> {
     let e = match result {
         Ok(v) => return Ok(v),
         Err(e) => e,
     };
-    for (_, child, _) in children.iter_mut() {
-        let _ = child.kill();
-        let _ = child.wait();
+    for (_, child) in children.iter_mut() {
+        child.kill();
     }
     let mut said = String::new();
-    for (name, _, log) in children.iter() {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        let t = tail(&text, 6);
+    for (role, child) in children.iter_mut() {
+        let t = tail(&child.output(), 6);
         if !t.trim().is_empty() {
-            said.push_str(&format!("\n  {name}: {}", t.trim().replace('\n', "\n    ")));
+            said.push_str(&format!("\n  {role}: {}", t.trim().replace('\n', "\n    ")));
         }
     }
-    if said.is_empty() {
+    let what = match watch.failure() {
+        Some(why) => why,
+        None if e.file == binary => e.message(),
+        None => e.to_string(),
+    };
+    if said.is_empty() && watch.failure().is_none() {
         Err(e)
+    } else if said.is_empty() {
+        Err(Error::runner(binary, what))
     } else {
-        let what = if e.file == binary {
-            e.message()
-        } else {
-            e.to_string()
-        };
         Err(Error::runner(
             binary,
             format!("{what}; llama-perplexity said:{said}"),
@@ -947,30 +1008,37 @@ fn gate_error(e: &std::io::Error) -> Error {
     )
 }
 
-/// The last `n` lines of `text`.
+/// The last `n` lines of `text`, each cut at 300 characters: a log of one endless line does not
+/// become an endless message.
 fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
+    lines[lines.len().saturating_sub(n)..]
+        .iter()
+        .map(|l| clip(l, 300))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
-/// One end of a named pipe, opened while its process runs.
-struct PipeEnd {
-    file: Option<std::fs::File>,
-}
-
-impl PipeEnd {
-    /// The open file, once.
-    fn take(&mut self) -> Result<std::fs::File> {
-        self.file
-            .take()
-            .ok_or_else(|| Error::internal(Path::new("llama-perplexity"), "a pipe taken twice"))
+/// `text` cut at `chars` characters, marked when cut.
+fn clip(text: &str, chars: usize) -> String {
+    match text.char_indices().nth(chars) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
     }
 }
 
-/// Opens `pipe` for reading (or writing) once its process opens the other end. The open blocks,
-/// so it runs on a thread; if a process exits first, cardproof opens the other end itself to
-/// release the thread and reports the process's failure.
-fn open_pipe(pipe: &Path, write: bool, children: &mut Children, binary: &Path) -> Result<PipeEnd> {
+/// Opens `pipe` for reading (or writing) once its process, `children[owner]`, opens the other
+/// end. The open blocks, so it runs on a thread while this one watches: if the owner exits
+/// first (whatever its status), another process fails, or the watch stops the run, cardproof
+/// opens the other end itself to release the thread and reports why.
+fn open_pipe(
+    pipe: &Path,
+    write: bool,
+    children: &mut Children,
+    owner: usize,
+    watch: &Watch,
+    binary: &Path,
+) -> Result<std::fs::File> {
     let (tx, rx) = mpsc::channel();
     let path = pipe.to_owned();
     std::thread::spawn(move || {
@@ -982,54 +1050,68 @@ fn open_pipe(pipe: &Path, write: bool, children: &mut Children, binary: &Path) -
         let _ = tx.send(f);
     });
     loop {
-        match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(f) => {
-                return f
-                    .map(|f| PipeEnd { file: Some(f) })
-                    .map_err(|e| Error::io(pipe, e));
-            }
+        match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(f) => return f.map_err(|e| Error::io(pipe, e)),
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(Error::internal(pipe, "the pipe's opener stopped"));
             }
         }
-        for (name, child, _) in children.iter_mut() {
-            if let Ok(Some(status)) = child.try_wait()
-                && !status.success()
-            {
-                // Release the blocked open, then fail with the process's status.
-                let _ = if write {
-                    std::fs::File::open(pipe).map(drop)
-                } else {
-                    std::fs::OpenOptions::new().write(true).open(pipe).map(drop)
-                };
-                return Err(Error::runner(
-                    binary,
-                    format!("the {name} process exited ({status}) before opening its stream"),
+        let mut why = watch.failure();
+        let mut owner_ended_well = false;
+        for (i, (_, child)) in children.iter_mut().enumerate() {
+            let Some(status) = child.exited() else {
+                continue;
+            };
+            if why.is_none() && (i == owner || !status.success()) {
+                owner_ended_well = status.success();
+                why = Some(format!(
+                    "{} exited ({status}) before opening its stream",
+                    child.name()
                 ));
             }
         }
+        let Some(why) = why else { continue };
+        // A stream that fits in the pipe's buffer can be written whole, and its writer gone,
+        // before this thread sees the open: it is then read, not refused.
+        if owner_ended_well && let Ok(Ok(f)) = rx.recv_timeout(Duration::from_millis(200)) {
+            return Ok(f);
+        }
+        release(pipe, write);
+        return Err(Error::runner(binary, why));
     }
 }
 
-/// Waits for every process; each must exit 0. Returns each one's whole log.
-fn wait_all(children: &mut Children, binary: &Path) -> Result<Vec<(String, String)>> {
+/// Opens the other end of `pipe` without blocking, so a thread blocked opening it returns.
+fn release(pipe: &Path, write: bool) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut o = std::fs::OpenOptions::new();
+    o.custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32);
+    // The blocked thread reads, so open for writing (a reader is waiting: it succeeds), and
+    // the other way round.
+    let _ = if write { o.read(true) } else { o.write(true) }.open(pipe);
+}
+
+/// Waits for every process (the watch may stop them); each must exit 0. Returns each one's
+/// whole log.
+fn wait_all(
+    children: &mut Children,
+    watch: &Watch,
+    binary: &Path,
+) -> Result<Vec<(String, String)>> {
     let mut logs = Vec::new();
-    for (name, child, log) in children.iter_mut() {
-        let status = child
-            .wait()
-            .map_err(|e| Error::runner(binary, e.to_string()))?;
-        let text = std::fs::read_to_string(&*log).unwrap_or_default();
+    for (role, child) in children.iter_mut() {
+        let status = watch
+            .wait(child, None)
+            .map_err(|why| Error::runner(binary, why))?;
+        let text = child.output();
         if !status.success() {
             return Err(Error::runner(
                 binary,
-                format!(
-                    "the {name} process exited with {status}: {}",
-                    tail(&text, 8)
-                ),
+                format!("{} exited with {status}: {}", child.name(), tail(&text, 8)),
             ));
         }
-        logs.push(((*name).to_owned(), text));
+        logs.push(((*role).to_owned(), text));
     }
     Ok(logs)
 }

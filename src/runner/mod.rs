@@ -1,6 +1,7 @@
 //! Runners turn (model, token windows, scored rows) into logits; the [`crate::kld`] module
 //! judges every runner with the same statistics code.
 
+pub mod child;
 #[cfg(feature = "native")]
 pub mod exchange;
 pub mod llamacpp;

@@ -9,10 +9,14 @@
 //! Trust and failure: the program is ours, not the checkpoint's (no remote code unless the user
 //! passes `--trust-remote-code`, safetensors only). A crash, a signal, a missing record or a
 //! result that does not match the request is an error naming what happened, never a verdict.
+//! The process runs under [`crate::runner::child`]: in its own process group, killed whole
+//! when it exits (anything it left running), on an error and on Ctrl-C, its output read in
+//! lines cut at [`MAX_LINE_BYTES`], and stopped when it prints nothing for an hour
+//! ([`STALL_TIMEOUT_VAR`]): it reports each window and each model loaded, and transformers
+//! shows each checkpoint shard, so an hour of silence is a hang, not a slow run.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde_json::Value;
 
@@ -32,6 +36,12 @@ pub const RUNNER_SOURCE: &str = include_str!("../../runners/transformers_runner.
 pub const PROTOCOL: u64 = 1;
 /// Lines of the program's output kept for an error message.
 const TAIL_LINES: usize = 30;
+/// The longest line of the program's output read (a progress line is ~100 bytes); the rest of a
+/// longer one is dropped, so output without newlines cannot grow memory.
+const MAX_LINE_BYTES: usize = 16 << 10;
+/// The environment variable that sets how long the program may print nothing, in seconds.
+pub const STALL_TIMEOUT_VAR: &str = "CARDPROOF_TRANSFORMERS_STALL_SECS";
+const STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
 /// The attention implementations the runner asks transformers for (`attn_implementation`).
 pub const ATTENTION_IMPLEMENTATIONS: &[&str] = &[
     "sdpa",
@@ -369,6 +379,86 @@ fn write_request(
     Ok(path)
 }
 
+/// Runs `python script request` under [`crate::runner::child`], relaying its progress lines;
+/// returns its exit status and its last [`TAIL_LINES`] other lines. Both pipes are drained on
+/// threads (transformers may print on stdout) while this thread waits for the program: when it
+/// exits its group is killed, so a process it left holding the pipes cannot keep the reads from
+/// ending; an hour without output stops it.
+fn run_program(
+    python: &Path,
+    script: &Path,
+    request: &Path,
+    candidate: &Path,
+    progress: RunnerProgress,
+) -> Result<(std::process::ExitStatus, Vec<String>)> {
+    use crate::runner::child::{self, Progressing};
+    let stall = child::timeout_from_env(STALL_TIMEOUT_VAR, STALL_TIMEOUT)?;
+    let mut command = Command::new(python);
+    command
+        .arg(script)
+        .arg(request)
+        .env("PYTHONUNBUFFERED", "1");
+    let watch = child::Watch::new();
+    let mut process = watch
+        .spawn("the transformers runner", command, child::Output::Piped)
+        .map_err(|e| {
+            Error::runner(candidate, format!(
+                "cannot start the transformers runner with {}: {e} (pass --python PATH or set CARDPROOF_PYTHON)",
+                python.display()
+            ))
+        })?;
+    let tail = std::sync::Mutex::new(std::collections::VecDeque::new());
+    let push = |line: String| {
+        if let Ok(mut t) = tail.lock() {
+            if t.len() == TAIL_LINES {
+                t.pop_front();
+            }
+            t.push_back(line);
+        }
+    };
+    let stdout = process.take_stdout().map(|s| Progressing::new(s, &watch));
+    let stderr = process.take_stderr().map(|s| Progressing::new(s, &watch));
+    let stalled = watch
+        .stall_timeout(stall, format!(
+            "the transformers runner printed nothing for {}: stopped as stalled (a checkpoint slower than that to load, or to run one window, needs a longer {STALL_TIMEOUT_VAR})",
+            child::seconds(stall)
+        ))
+        .map_err(|e| Error::runner(candidate, format!("cannot watch the transformers runner: {e}")))?;
+    let status = std::thread::scope(|scope| {
+        if let Some(out) = stdout {
+            scope.spawn(|| child::read_lines_capped(out, MAX_LINE_BYTES, push));
+        }
+        if let Some(err) = stderr {
+            scope.spawn(|| {
+                child::read_lines_capped(err, MAX_LINE_BYTES, |line| {
+                    match serde_json::from_str::<Value>(&line) {
+                        Ok(v) if v.get("cardproof_progress").is_some() => {
+                            let stage = v["cardproof_progress"].as_str().unwrap_or("");
+                            let counts = v["done"]
+                                .as_u64()
+                                .zip(v["total"].as_u64())
+                                .map(|(d, t)| (d as usize, t as usize));
+                            progress(stage, counts);
+                        }
+                        _ => push(line),
+                    }
+                });
+            });
+        }
+        watch.wait(&mut process, None)
+    });
+    drop(stalled);
+    let tail: Vec<String> = tail.into_inner().unwrap_or_default().into_iter().collect();
+    match status {
+        Ok(status) => Ok((status, tail)),
+        Err(why) if tail.is_empty() => Err(Error::runner(candidate, why)),
+        Err(why) => Err(Error::runner(
+            candidate,
+            format!("{why}; its last output lines:\n  {}", tail.join("\n  ")),
+        )),
+    }
+}
+
 /// Start the program, relay its progress, and read its record.
 fn invoke(
     dir: &Path,
@@ -385,69 +475,7 @@ fn invoke(
             path
         }
     };
-    let mut child = Command::new(&o.python)
-        .arg(&script)
-        .arg(request)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .env("PYTHONUNBUFFERED", "1")
-        .spawn()
-        .map_err(|e| {
-            Error::runner(candidate, format!(
-                "cannot start the transformers runner with {}: {e} (pass --python PATH or set CARDPROOF_PYTHON)",
-                o.python.display()
-            ))
-        })?;
-    // stdout is drained on a thread (transformers may print there) into the same tail.
-    let tail = std::sync::Mutex::new(std::collections::VecDeque::new());
-    let push = |line: String| {
-        if let Ok(mut t) = tail.lock() {
-            if t.len() == TAIL_LINES {
-                t.pop_front();
-            }
-            t.push_back(line);
-        }
-    };
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
-    std::thread::scope(|scope| {
-        if let Some(out) = stdout {
-            scope.spawn(|| {
-                for line in BufReader::new(out)
-                    .lines()
-                    .map_while(std::result::Result::ok)
-                {
-                    push(line);
-                }
-            });
-        }
-        if let Some(err) = stderr {
-            for line in BufReader::new(err)
-                .lines()
-                .map_while(std::result::Result::ok)
-            {
-                match serde_json::from_str::<Value>(&line) {
-                    Ok(v) if v.get("cardproof_progress").is_some() => {
-                        let stage = v["cardproof_progress"].as_str().unwrap_or("");
-                        let counts = v["done"]
-                            .as_u64()
-                            .zip(v["total"].as_u64())
-                            .map(|(d, t)| (d as usize, t as usize));
-                        progress(stage, counts);
-                    }
-                    _ => push(line),
-                }
-            }
-        }
-    });
-    let status = child.wait().map_err(|e| {
-        Error::runner(
-            candidate,
-            format!("waiting for the transformers runner: {e}"),
-        )
-    })?;
-    let tail: Vec<String> = tail.into_inner().unwrap_or_default().into_iter().collect();
+    let (status, tail) = run_program(&o.python, &script, request, candidate, progress)?;
     let shown_tail = || {
         if tail.is_empty() {
             String::from("(it printed nothing)")

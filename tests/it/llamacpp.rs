@@ -156,6 +156,236 @@ exit 1"#,
     );
 }
 
+/// A stand-in `llama-perplexity` that misbehaves: every invocation records its process group
+/// (its pid: cardproof starts each in a group of its own) in `pgids` and leaves a process behind
+/// in that group holding its output pipe; `--version` runs `version`, a run `run` (with `$base`
+/// the `--kl-divergence-base` path and `$kld` set in the KLD pass).
+fn hostile(dir: &Path, version: &str, run: &str) -> PathBuf {
+    let pgids = dir.join("pgids");
+    script(
+        dir,
+        "llama-perplexity",
+        &format!(
+            r#"if [ "$1" = linger ]; then while :; do sleep 1; done; fi
+echo $$ >> '{}'
+"$0" linger &
+prev=; base=; kld=
+for a in "$@"; do
+  [ "$prev" = --kl-divergence-base ] && base=$a
+  [ "$a" = --kl-divergence ] && kld=1
+  prev=$a
+done
+if [ "$1" = --version ]; then
+{version}
+exit 0
+fi
+{run}"#,
+            pgids.display()
+        ),
+    )
+}
+
+const VERSION_OK: &str = "echo 'version: 6590 (abcdef12)' >&2";
+
+/// `measure --runner llamacpp` with the stand-in, `env` set and TMPDIR a fresh directory: the run
+/// must fail (exit 2) within `seconds`, and leave no process of the stand-in's groups, no
+/// temporary file and no measurement behind. Returns the error message.
+fn refused_and_clean(dir: &Path, bin: &Path, env: &[(&str, &str)], seconds: u64) -> String {
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out = dir.join("out");
+    let started = std::time::Instant::now();
+    let r = crate::support::cardproof_env(
+        env,
+        &tmp,
+        &measure_args(bin.to_str().unwrap(), out.to_str().unwrap()),
+    );
+    let took = started.elapsed();
+    assert_eq!(r.code, 2, "{}", r.transcript());
+    assert!(
+        took < std::time::Duration::from_secs(seconds),
+        "took {took:?}: {}",
+        r.transcript()
+    );
+    let pgids: Vec<u32> = std::fs::read_to_string(dir.join("pgids"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    assert!(
+        !pgids.is_empty(),
+        "the stand-in never ran: {}",
+        r.transcript()
+    );
+    let left = crate::support::alive_in_groups(&pgids);
+    assert!(left.is_empty(), "processes left running: {left:?}");
+    let files = crate::support::entries(&tmp);
+    assert!(files.is_empty(), "temporary files left: {files:?}");
+    assert!(!out.join("measurement.json").exists());
+    r.message()
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn a_version_that_never_answers_is_stopped_at_its_deadline_with_everything_it_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = hostile(dir.path(), "sleep 1000", "exit 1");
+    let m = refused_and_clean(
+        dir.path(),
+        &bin,
+        &[("CARDPROOF_LLAMACPP_VERSION_TIMEOUT_SECS", "1")],
+        60,
+    );
+    assert!(
+        m.contains("`--version` did not answer within 1 s")
+            && m.contains("CARDPROOF_LLAMACPP_VERSION_TIMEOUT_SECS"),
+        "{m}"
+    );
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn a_version_that_prints_forever_is_capped_and_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = hostile(dir.path(), "yes 'version: 6590 (abcdef12)'", "exit 1");
+    let m = refused_and_clean(dir.path(), &bin, &[], 60);
+    assert!(
+        m.contains("its `--version` wrote more than 64 KiB of output"),
+        "{m}"
+    );
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn a_run_whose_streams_stall_is_stopped_by_the_stall_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    // The base passes write the magic and stop; the KLD pass opens its stream and reads nothing.
+    let bin = hostile(
+        dir.path(),
+        VERSION_OK,
+        r#"if [ -n "$kld" ]; then exec 3<"$base"; else exec 3>"$base"; printf _logits_ >&3; fi
+sleep 1000"#,
+    );
+    let m = refused_and_clean(
+        dir.path(),
+        &bin,
+        &[("CARDPROOF_LLAMACPP_STALL_SECS", "1")],
+        60,
+    );
+    assert!(
+        m.contains("no byte moved on llama.cpp's base streams for 1 s: stopped as stalled")
+            && m.contains("CARDPROOF_LLAMACPP_STALL_SECS")
+            && m.matches("no byte moved").count() == 1,
+        "{m}"
+    );
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn a_run_that_never_opens_its_stream_is_stopped_by_the_stall_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = hostile(dir.path(), VERSION_OK, "sleep 1000");
+    let m = refused_and_clean(
+        dir.path(),
+        &bin,
+        &[("CARDPROOF_LLAMACPP_STALL_SECS", "1")],
+        60,
+    );
+    assert!(m.contains("stopped as stalled"), "{m}");
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn a_run_that_floods_its_log_is_stopped_at_the_cap_leaving_no_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = hostile(
+        dir.path(),
+        VERSION_OK,
+        "yes 'llama_log: the same line again' >&2",
+    );
+    let m = refused_and_clean(dir.path(), &bin, &[], 120);
+    assert!(
+        m.contains("process wrote more than 64 MiB of output: stopped"),
+        "{m}"
+    );
+    // The tail quoted is a few lines, not the flood.
+    assert!(m.len() < 4096, "{} bytes of message", m.len());
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn a_llama_perplexity_that_exits_0_without_opening_its_stream_is_an_error_not_a_hang() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = hostile(dir.path(), VERSION_OK, "exit 0");
+    let m = refused_and_clean(dir.path(), &bin, &[], 60);
+    assert!(
+        m.contains("the reference process exited (exit status: 0) before opening its stream"),
+        "{m}"
+    );
+}
+
+/// The processes run in groups of their own, out of the terminal's reach: Ctrl-C (SIGINT) to
+/// cardproof kills them, and cardproof still dies of the signal.
+#[test]
+#[cfg(target_os = "linux")]
+fn an_interrupt_to_cardproof_kills_the_llama_cpp_processes_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = hostile(dir.path(), VERSION_OK, "sleep 1000");
+    let out = dir.path().join("out");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cardproof"))
+        .current_dir(repo_root())
+        .env("TMPDIR", dir.path())
+        .args(measure_args(bin.to_str().unwrap(), out.to_str().unwrap()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // `--version`, then the three processes of the run.
+    let pgids = || -> Vec<u32> {
+        std::fs::read_to_string(dir.path().join("pgids"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while pgids().len() < 4 && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(pgids().len(), 4, "the run did not start");
+    assert!(!crate::support::alive_in_groups(&pgids()[1..]).is_empty());
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = child.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(2), "{status}");
+    let left = crate::support::alive_in_groups(&pgids());
+    assert!(left.is_empty(), "left running: {left:?}");
+}
+
+#[test]
+fn a_timeout_that_is_not_seconds_is_refused_naming_the_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = hostile(dir.path(), VERSION_OK, "exit 1");
+    let out = dir.path().join("out");
+    let r = crate::support::cardproof_env(
+        &[("CARDPROOF_LLAMACPP_STALL_SECS", "forever")],
+        dir.path(),
+        &measure_args(bin.to_str().unwrap(), out.to_str().unwrap()),
+    );
+    assert_eq!(r.code, 2, "{}", r.transcript());
+    let m = r.message();
+    assert!(
+        r.stderr.contains("CARDPROOF_LLAMACPP_STALL_SECS")
+            && m.contains("`forever` is not a timeout"),
+        "{}",
+        r.transcript()
+    );
+}
+
 #[test]
 fn a_sweep_of_llama_cpp_settings_needs_the_llamacpp_runner() {
     let r = run(&[
@@ -613,6 +843,145 @@ mod import {
             r.message()
         );
         assert!(!card.exists());
+    }
+
+    /// `card --from-llamacpp` of the fixture log with `from` replaced by `to`, `--json`.
+    fn import_edited(dir: &Path, from: &str, to: &str) -> (Run, PathBuf) {
+        let text = std::fs::read_to_string(repo_root().join(LOG)).unwrap();
+        assert_eq!(text.matches(from).count(), 1, "{from}");
+        let log = dir.join("edited.log");
+        std::fs::write(&log, text.replacen(from, to, 1)).unwrap();
+        let r = run(&[
+            "card",
+            "--from-llamacpp",
+            log.to_str().unwrap(),
+            "--into",
+            dir.join("README.md").to_str().unwrap(),
+            "--json",
+        ]);
+        (r, log)
+    }
+
+    #[test]
+    fn every_number_read_from_a_log_is_range_checked_at_its_line() {
+        for (from, to, line, says) in [
+            (
+                "KLD:   0.094644 ±   0.006676",
+                "KLD:  -0.094644 ±   0.006676",
+                155,
+                "a KL divergence is a finite number, at least 0",
+            ),
+            (
+                "KLD:   0.094644 ±   0.006676",
+                "KLD:   0.094644 ±  -0.006676",
+                155,
+                "its ± (a standard error)",
+            ),
+            (
+                "Same top p: 82.677 ± 2.379 %",
+                "Same top p: 182.677 ± 2.379 %",
+                184,
+                "a share of rows lies in 0 to 100 %",
+            ),
+            (
+                "Mean PPL(base)                :   3.449310",
+                "Mean PPL(base)                :   0.449310",
+                148,
+                "a perplexity is a finite number, at least 1",
+            ),
+            (
+                "99.0%   KLD:   0.495551",
+                "99.0%   KLD:   0.995551",
+                157,
+                "below the 99.0% KLD printed before it",
+            ),
+            (
+                "Maximum KLD:   0.763323",
+                "Maximum KLD:   inf",
+                156,
+                "a KL divergence is a finite number",
+            ),
+            (
+                "computing over 2 chunks",
+                "computing over 4294967296 chunks",
+                139,
+                "4294967296 chunks of 256 tokens",
+            ),
+            (
+                "n_ctx=256, batch_size",
+                "n_ctx=99999999999, batch_size",
+                139,
+                "context length 99999999999 is outside",
+            ),
+        ] {
+            let dir = candidate_dir();
+            let (r, log) = import_edited(dir.path(), from, to);
+            assert_eq!(r.code, 2, "{to}: {}", r.transcript());
+            let e = &r.json()["error"];
+            assert_eq!(e["file"], log.to_str().unwrap(), "{to}: {e}");
+            assert_eq!(e["line"], line, "{to}: {e}");
+            assert_eq!(e["kind"], "format", "{to}: {e}");
+            let m = e["message"].as_str().unwrap();
+            assert!(m.contains(says), "{to}: {m}");
+            assert!(
+                !dir.path().join("README.md").exists(),
+                "{to}: no card written"
+            );
+        }
+    }
+
+    #[test]
+    fn a_nan_in_a_log_is_the_logs_error_at_its_line_not_the_measurements() {
+        let dir = candidate_dir();
+        let (r, log) = import_edited(
+            dir.path(),
+            "Mean PPL(Q)                   :   4.164579 ±   0.427395",
+            "Mean PPL(Q)                   :        nan ±        nan",
+        );
+        assert_eq!(r.code, 2, "{}", r.transcript());
+        let e = &r.json()["error"];
+        assert_eq!(e["file"], log.to_str().unwrap(), "{e}");
+        assert_eq!(e["line"], 147, "{e}");
+        let m = e["message"].as_str().unwrap();
+        assert!(
+            m.contains("Mean PPL(Q)") && !m.contains("measurement.json"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn without_a_base_file_the_card_has_no_empty_token_digest_and_passes_the_schema() {
+        let dir = candidate_dir();
+        let card = dir.path().join("README.md");
+        // What the publisher gives by flag is given, so the schema's required fields are there.
+        let r = run(&[
+            "card",
+            "--from-llamacpp",
+            LOG,
+            "--into",
+            card.to_str().unwrap(),
+            "--candidate-repo",
+            "org/model-q4_0-gguf",
+            "--quantization",
+            "q4_0",
+        ]);
+        // Written, with lint errors for what a log cannot disclose.
+        assert_eq!(r.code, 1, "{}", r.transcript());
+        let text = std::fs::read_to_string(&card).unwrap();
+        assert!(!text.contains("sha256: \"\""), "{text}");
+        assert!(
+            !text.contains("tokens:"),
+            "no token stream is claimed: {text}"
+        );
+        assert!(r.stderr.contains("no --base-file"), "{}", r.stderr);
+        let lint = run(&["lint", card.to_str().unwrap(), "--json"]);
+        assert_eq!(lint.code, 1, "{}", lint.transcript());
+        let codes = lint.codes();
+        assert!(
+            !codes.iter().any(|c| c == "schema-violation"),
+            "{codes:?}\n{}",
+            lint.stdout
+        );
     }
 
     #[test]

@@ -248,3 +248,61 @@ pub fn rewrite_safetensors(path: &Path, edit: impl FnOnce(&mut Vec<OwnedTensor>)
         .collect();
     safetensors::serialize_to_file(views, None, path).unwrap();
 }
+
+/// `cardproof` with `env` set and `TMPDIR` pointed at `tmp` (so a test can see every temporary
+/// file it leaves), run from the repository root.
+pub fn cardproof_env(env: &[(&str, &str)], tmp: &Path, args: &[&str]) -> Run {
+    let mut command = Command::cargo_bin("cardproof").expect("binary builds");
+    command
+        .current_dir(repo_root())
+        .env("NO_COLOR", "1")
+        .env("TMPDIR", tmp)
+        .args(args);
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let output = command.output().expect("binary runs");
+    Run {
+        code: output.status.code().expect("exited normally"),
+        stdout: String::from_utf8(output.stdout).expect("stdout is UTF-8"),
+        stderr: String::from_utf8(output.stderr).expect("stderr is UTF-8"),
+    }
+}
+
+/// The processes still alive (zombies are not) in any of the process groups `pgids`, waiting up
+/// to five seconds for killed ones to go. Linux (`/proc`).
+pub fn alive_in_groups(pgids: &[u32]) -> Vec<String> {
+    let members = || -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(|e| {
+                let stat = std::fs::read_to_string(e.ok()?.path().join("stat")).ok()?;
+                let (head, rest) = stat.rsplit_once(')')?;
+                let fields: Vec<&str> = rest.split_whitespace().collect();
+                let (state, pgrp) = (fields.first()?, fields.get(2)?.parse::<u32>().ok()?);
+                (pgids.contains(&pgrp) && !matches!(*state, "Z" | "X"))
+                    .then(|| format!("{head}) {state} pgrp {pgrp}"))
+            })
+            .collect()
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let alive = members();
+        if alive.is_empty() || std::time::Instant::now() > until {
+            return alive;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Every entry under `dir`, for a test that expects nothing left there.
+pub fn entries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path().display().to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -272,6 +272,100 @@ fn a_runner_killed_by_a_signal_is_an_error() {
     assert!(r.stderr.contains("killed by signal 9"), "{}", r.stderr);
 }
 
+/// A runner program that dies leaving a process behind (holding its output pipes, as a
+/// compile worker or a data loader would) is an error at once, and what it left is killed with
+/// it: cardproof no longer waits for the pipes to close.
+#[test]
+#[cfg(target_os = "linux")]
+fn a_runner_that_leaves_a_process_behind_is_stopped_with_its_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let pgid = dir.path().join("pgid");
+    let script = stand_in(
+        dir.path(),
+        &format!(
+            "import os, subprocess, sys\nsubprocess.Popen(['sleep', '1000'])\nopen({:?}, 'w').write(str(os.getpgid(0)))\nprint('dying, a child left behind', file=sys.stderr)\nsys.exit(1)\n",
+            pgid.display().to_string()
+        ),
+    );
+    let started = std::time::Instant::now();
+    let r = measure_with(&script, &[]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        r.stderr.contains("dying, a child left behind"),
+        "{}",
+        r.stderr
+    );
+    let group: u32 = std::fs::read_to_string(&pgid).unwrap().parse().unwrap();
+    let left = crate::support::alive_in_groups(&[group]);
+    assert!(left.is_empty(), "left running: {left:?}");
+}
+
+/// A runner program that hangs (prints nothing for the stall timeout) is stopped with its group
+/// and is an error naming the limit.
+#[test]
+#[cfg(target_os = "linux")]
+fn a_runner_that_prints_nothing_for_its_stall_timeout_is_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let pgid = dir.path().join("pgid");
+    let script = stand_in(
+        dir.path(),
+        &format!(
+            "import os, sys, time\nopen({:?}, 'w').write(str(os.getpgid(0)))\nprint('loading', file=sys.stderr)\ntime.sleep(1000)\n",
+            pgid.display().to_string()
+        ),
+    );
+    let out = dir.path().join("out");
+    let started = std::time::Instant::now();
+    let r = stand_in_measure(
+        &script,
+        &out,
+        &[("CARDPROOF_TRANSFORMERS_STALL_SECS", "1")],
+        &[],
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        r.stderr
+            .contains("printed nothing for 1 s: stopped as stalled")
+            && r.stderr.contains("CARDPROOF_TRANSFORMERS_STALL_SECS")
+            && r.stderr.contains("loading"),
+        "{}",
+        r.stderr
+    );
+    let group: u32 = std::fs::read_to_string(&pgid).unwrap().parse().unwrap();
+    let left = crate::support::alive_in_groups(&[group]);
+    assert!(left.is_empty(), "left running: {left:?}");
+    assert!(!out.join("measurement.json").exists());
+}
+
+/// Output without newlines is read in lines cut at a length: the error quotes a bounded tail,
+/// and cardproof's memory does not grow with the line.
+#[test]
+fn a_runner_printing_one_endless_line_is_read_in_capped_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = stand_in(
+        dir.path(),
+        "import sys\nsys.stderr.write('x' * 50_000_000)\nsys.exit(1)\n",
+    );
+    let r = measure_with(&script, &[]);
+    assert_eq!(r.code, 2, "{}", r.transcript());
+    assert!(r.stderr.contains("xxxx"), "{}", r.transcript());
+    assert!(
+        r.stderr.len() < 64 << 10,
+        "{} bytes of stderr",
+        r.stderr.len()
+    );
+}
+
 #[test]
 fn a_structured_runner_error_reaches_the_user() {
     let dir = tempfile::tempdir().unwrap();

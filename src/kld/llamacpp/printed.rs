@@ -107,6 +107,62 @@ enum Field {
 
 const N_FIELDS: usize = Field::SameTop as usize + 1;
 
+/// Each [`Field`]'s name, in declaration order: the [`PrintedStats`] field it fills.
+const NAMES: [&str; N_FIELDS] = [
+    "ppl_q",
+    "ppl_base",
+    "cor",
+    "ln_ratio",
+    "ratio",
+    "diff",
+    "kld_mean",
+    "kld_max",
+    "kld_p999",
+    "kld_p99",
+    "kld_p95",
+    "kld_p90",
+    "kld_median",
+    "kld_p10",
+    "kld_p5",
+    "kld_p1",
+    "kld_p01",
+    "kld_min",
+    "dp_mean",
+    "dp_max",
+    "dp_p999",
+    "dp_p99",
+    "dp_p95",
+    "dp_p90",
+    "dp_p75",
+    "dp_median",
+    "dp_p25",
+    "dp_p10",
+    "dp_p5",
+    "dp_p1",
+    "dp_p01",
+    "dp_min",
+    "rms_dp",
+    "same_top",
+];
+
+/// Where a block's statistics were printed: the 1-based line of `text` each was read from, so
+/// a value out of its range can be named at its line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrintedLines {
+    lines: Vec<(&'static str, usize)>,
+}
+
+impl PrintedLines {
+    /// The line `field` (a [`PrintedStats`] field's name: `kld_mean`, `same_top`) was read
+    /// from, when it was.
+    pub fn of(&self, field: &str) -> Option<usize> {
+        self.lines
+            .iter()
+            .find(|(name, _)| *name == field)
+            .map(|&(_, line)| line)
+    }
+}
+
 /// How a line prints its numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Shape {
@@ -280,6 +336,8 @@ struct Parsed {
 
 struct Block {
     values: [Option<(f64, Option<f64>)>; N_FIELDS],
+    /// The 1-based line of each value.
+    lines: [usize; N_FIELDS],
     last: Option<Parsed>,
     started: bool,
     legacy: bool,
@@ -290,6 +348,7 @@ impl Default for Block {
     fn default() -> Self {
         Block {
             values: [None; N_FIELDS],
+            lines: [0; N_FIELDS],
             last: None,
             started: false,
             legacy: false,
@@ -299,13 +358,25 @@ impl Default for Block {
 }
 
 impl Block {
-    fn into_stats(mut self) -> PrintedStats {
+    fn into_stats(mut self) -> (PrintedStats, PrintedLines) {
         // The block's last line may be where the output was cut: keep it only at full precision.
         if let Some(last) = self.last
             && !last.full_precision
         {
             self.values[last.field as usize] = None;
         }
+        let lines = PrintedLines {
+            lines: NAMES
+                .iter()
+                .zip(self.values.iter().zip(self.lines))
+                .filter(|(_, (v, _))| v.is_some())
+                .map(|(&name, (_, line))| (name, line))
+                .collect(),
+        };
+        (self.stats(), lines)
+    }
+
+    fn stats(&self) -> PrintedStats {
         let v = &self.values;
         let single = |f: Field| v[f as usize].map(|(x, _)| x);
         let pair = |f: Field| v[f as usize].and_then(|(x, u)| u.map(|u| (x, u)));
@@ -360,18 +431,24 @@ impl Block {
 /// The first statistics block in `text` (a log, a card, a pasted snippet); never fails, and
 /// gives empty stats when there is none. See [`parse_printed_blocks`] for several.
 pub fn parse_printed(text: &str) -> PrintedStats {
-    parse_printed_blocks(text)
-        .into_iter()
-        .next()
-        .unwrap_or_default()
+    parse_printed_located(text).0
+}
+
+/// [`parse_printed`], with the line each statistic was read from.
+pub fn parse_printed_located(text: &str) -> (PrintedStats, PrintedLines) {
+    blocks(text).into_iter().next().unwrap_or_default()
 }
 
 /// Every statistics block in `text`, in order. A block starts at a `Perplexity statistics` (or
 /// legacy `KL-divergence statistics`) header, or when a statistic already seen appears again.
 pub fn parse_printed_blocks(text: &str) -> Vec<PrintedStats> {
+    blocks(text).into_iter().map(|(stats, _)| stats).collect()
+}
+
+fn blocks(text: &str) -> Vec<(PrintedStats, PrintedLines)> {
     let mut blocks = Vec::new();
     let mut cur = Block::default();
-    for raw in text.split('\n') {
+    for (index, raw) in text.split('\n').enumerate() {
         let line = raw.trim_end_matches('\r');
         let stripped;
         let line = if line.contains('\x1b') {
@@ -404,6 +481,7 @@ pub fn parse_printed_blocks(text: &str) -> Vec<PrintedStats> {
         }
         cur.started = true;
         cur.values[slot] = Some((parsed.value, parsed.unc));
+        cur.lines[slot] = index + 1;
         cur.last = Some(parsed);
     }
     if cur.started {

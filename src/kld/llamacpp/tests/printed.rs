@@ -101,6 +101,30 @@ fn fixture_texts_parse_to_exactly_the_printed_numbers() {
     assert_eq!(parse_printed_blocks(&q5_0()).len(), 1);
 }
 
+#[test]
+fn each_statistic_is_located_at_the_line_it_was_printed_on() {
+    let text = q5_0();
+    let (stats, lines) = parse_printed_located(&text);
+    assert_eq!(stats, q5_0_expected());
+    let line_of = |label: &str| 1 + text.lines().position(|l| l.contains(label)).unwrap();
+    for (field, label) in [
+        ("ppl_q", "Mean PPL(Q)  "),
+        ("kld_mean", "Mean    KLD"),
+        ("kld_max", "Maximum KLD"),
+        ("kld_p99", "99.0%   KLD"),
+        ("kld_median", "Median  KLD"),
+        ("same_top", "Same top p"),
+        ("rms_dp", "RMS"),
+    ] {
+        assert_eq!(lines.of(field), Some(line_of(label)), "{field}");
+    }
+    // A statistic not printed has no line; a value dropped as cut short has none either.
+    let cut = &text[..text.find("Same top p").unwrap() + "Same top p: 9".len()];
+    let (stats, lines) = parse_printed_located(cut);
+    assert!(stats.same_top.is_none() && lines.of("same_top").is_none());
+    assert!(lines.of("no_such_field").is_none());
+}
+
 /// The text without the lines containing any of `labels`.
 fn without(text: &str, labels: &[&str]) -> String {
     text.lines()
