@@ -41,6 +41,11 @@ pub struct Report {
     /// The Hub commits the verified files came from.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hub_sources: Vec<HubSource>,
+    /// Every other file of the report's set (report.md, report.html, measurement.json,
+    /// positions.safetensors) and its SHA-256: signed with this report, so none of them can be
+    /// rewritten after signing (`verify-report` checks them). Empty until the set is written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub set_files: Vec<crate::outset::SetFile>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
