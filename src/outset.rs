@@ -511,13 +511,15 @@ fn foreign_entry(dir: &Path, rel: &str) -> std::io::Result<Option<String>> {
             format!("{rel}/{text}")
         };
         let kind = entry.file_type()?;
-        let ours = if kind.is_file() {
-            SET_FILES.contains(&text.as_ref()) || text.ends_with(".partial")
-        } else {
-            let may_hold_directories = rel.is_empty() || rel == ARMS_DIR;
-            kind.is_dir() && may_hold_directories && foreign_entry(&entry.path(), &path)?.is_none()
-        };
-        if !ours {
+        let may_hold_directories = rel.is_empty() || rel == ARMS_DIR;
+        if kind.is_dir() && may_hold_directories {
+            // The first entry inside that is not the set's (named by its path).
+            if let Some(inner) = foreign_entry(&entry.path(), &path)? {
+                return Ok(Some(inner));
+            }
+        } else if !(kind.is_file()
+            && (SET_FILES.contains(&text.as_ref()) || text.ends_with(".partial")))
+        {
             return Ok(Some(path));
         }
     }
