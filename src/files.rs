@@ -274,6 +274,42 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_file_named_by_a_card_or_study_file_is_inside_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("data")).unwrap();
+        std::fs::write(dir.path().join("data/eval.txt"), b"text").unwrap();
+        let real = dir.path().canonicalize().unwrap().join("data/eval.txt");
+        assert_eq!(inside_dir(dir.path(), "data/eval.txt"), Ok(real.clone()));
+        assert_eq!(inside_dir(dir.path(), "./data/eval.txt"), Ok(real));
+        for (source, why) in [
+            ("", Outside::NotNamed),
+            ("/proc/self/environ", Outside::NotInside),
+            ("../eval.txt", Outside::NotInside),
+            ("data/../data/eval.txt", Outside::NotInside),
+            ("missing.txt", Outside::Unreadable),
+            ("data", Outside::NotRegular),
+        ] {
+            assert_eq!(inside_dir(dir.path(), source), Err(why), "{source}");
+        }
+        #[cfg(unix)]
+        {
+            let elsewhere = tempfile::tempdir().unwrap();
+            std::fs::write(elsewhere.path().join("secret"), b"s").unwrap();
+            std::os::unix::fs::symlink(elsewhere.path().join("secret"), dir.path().join("out.txt"))
+                .unwrap();
+            assert_eq!(
+                inside_dir(dir.path(), "out.txt"),
+                Err(Outside::ThroughLink)
+            );
+        }
+        assert!(
+            Outside::NotInside
+                .why("study file")
+                .contains("a study file cannot make cardproof read files elsewhere")
+        );
+    }
+
     #[cfg(unix)]
     #[test]
     #[allow(clippy::print_stderr)] // the visible skip when mkfifo is missing

@@ -1077,6 +1077,101 @@ mod tests {
     }
 
     #[test]
+    fn a_study_set_and_a_sweep_are_recognized_as_sets_and_nothing_deeper() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path();
+        for f in [
+            "study.json",
+            "study.dsse.json",
+            "study.md",
+            "study.html",
+            MARKER,
+            "arms/w8/measurement.json",
+            "arms/w8/positions.safetensors",
+            "sweep.json",
+            "sweep.html",
+            "pair-1/measurement.json",
+        ] {
+            let path = out.join(f);
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(path, b"{}").unwrap();
+        }
+        assert_eq!(foreign_entry(out, "").unwrap(), None);
+        // Directories below an arm, or below a sweep's pair, are not a set's.
+        fs::create_dir_all(out.join("arms/w8/deeper")).unwrap();
+        assert_eq!(
+            foreign_entry(out, "").unwrap().as_deref(),
+            Some("arms/w8/deeper")
+        );
+        fs::remove_dir(out.join("arms/w8/deeper")).unwrap();
+        fs::create_dir_all(out.join("pair-1/deeper")).unwrap();
+        assert_eq!(
+            foreign_entry(out, "").unwrap().as_deref(),
+            Some("pair-1/deeper")
+        );
+    }
+
+    /// A statement binding `report.md`, and what lies beside its envelope.
+    fn bound(dir: &Path, set_files: Option<Value>) -> (PathBuf, Value) {
+        let mut predicate = json!({"run_id": "r1", "verdict": "not_reproduced"});
+        if let Some(f) = set_files {
+            predicate["set_files"] = f;
+        }
+        let statement = json!({
+            "predicateType": crate::attest::PREDICATE_TYPE,
+            "predicate": predicate,
+        });
+        let envelope = dir.join("report.dsse.json");
+        fs::write(&envelope, b"{}").unwrap();
+        (envelope, statement)
+    }
+
+    #[test]
+    fn the_files_beside_an_envelope_are_checked_against_the_signed_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let md = dir.path().join("report.md");
+        fs::write(&md, b"# not reproduced").unwrap();
+        let sha = crate::checkpoint::hash::hash_file(&md).unwrap();
+        let listed = json!([{"path": "report.md", "sha256": sha}]);
+        let (envelope, statement) = bound(dir.path(), Some(listed.clone()));
+        fs::write(
+            dir.path().join("report.json"),
+            statement["predicate"].to_string(),
+        )
+        .unwrap();
+        let ok = check_set(&envelope, &statement).unwrap();
+        assert_eq!(ok.checked.as_deref(), Some(dir.path()));
+        assert!(ok.mismatches.is_empty(), "{:?}", ok.mismatches);
+        // Other envelopes and the marker may be there; anything else may not.
+        fs::write(dir.path().join("measurement.dsse.json"), b"{}").unwrap();
+        assert!(check_set(&envelope, &statement).unwrap().mismatches.is_empty());
+        fs::create_dir(dir.path().join("extra")).unwrap();
+        fs::write(dir.path().join("extra/summary.md"), b"REPRODUCED").unwrap();
+        let m = check_set(&envelope, &statement).unwrap().mismatches;
+        assert_eq!(m.len(), 1, "{m:?}");
+        assert!(m[0].detail.contains("extra/summary.md is not a file of the set"), "{m:?}");
+        fs::remove_dir_all(dir.path().join("extra")).unwrap();
+        fs::write(&md, b"# REPRODUCED").unwrap();
+        let m = check_set(&envelope, &statement).unwrap().mismatches;
+        assert!(m[0].detail.contains("report.md changed after signing"), "{m:?}");
+        // A statement that binds no files vouches for nothing beside it.
+        let (envelope, legacy) = bound(dir.path(), None);
+        fs::write(dir.path().join("report.json"), legacy["predicate"].to_string()).unwrap();
+        let m = check_set(&envelope, &legacy).unwrap().mismatches;
+        assert!(
+            m.iter().any(|m| m.detail.contains("report.md is beside the envelope, but the statement binds no file")),
+            "{m:?}"
+        );
+        // An envelope alone: nothing of its set beside it, nothing checked.
+        let alone = tempfile::tempdir().unwrap();
+        fs::write(alone.path().join("notes.txt"), b"unrelated").unwrap();
+        let (envelope, statement) = bound(alone.path(), Some(listed));
+        let check = check_set(&envelope, &statement).unwrap();
+        assert_eq!(check.checked, None);
+        assert!(check.mismatches.is_empty());
+    }
+
+    #[test]
     fn a_set_moves_into_place_whole_and_replaces_the_previous_one() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("out");
