@@ -411,3 +411,73 @@ fn a_set_that_cannot_fit_on_the_disk_is_refused_before_the_rerun() {
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("model.safetensors"), "{stderr}");
 }
+
+/// The same estimate guards `verify` (after its pre-flight, before the rerun) and `study` (after
+/// the first arm's pre-flight, before any arm runs): with no room, each is refused naming --out,
+/// and nothing is written.
+#[test]
+fn a_verify_or_study_that_cannot_fit_on_the_disk_is_refused_before_the_rerun() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    assert_eq!(cardproof(&["keygen", "--out", keys.to_str().unwrap()]).code, 0);
+    let run = |args: &[&str]| {
+        let o = assert_cmd::Command::cargo_bin("cardproof")
+            .unwrap()
+            .current_dir(crate::support::repo_root())
+            .env("NO_COLOR", "1")
+            .env("CARDPROOF_PROGRESS", "plain")
+            .env("CARDPROOF_FREE_SPACE_BYTES", "1000")
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            o.status.code().unwrap(),
+            String::from_utf8(o.stderr).unwrap(),
+        )
+    };
+    let out = dir.path().join("report");
+    let bf16 = model("shakespeare-bf16");
+    let fp8 = model("shakespeare-fp8-block");
+    let (code, stderr) = run(&[
+        "verify",
+        &fp8,
+        "--reference",
+        &bf16,
+        "--eval-text",
+        "examples/data/eval.txt",
+        "--key",
+        keys.join("cardproof.key").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}: cannot write: its file system has 1000 bytes", out.display())),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("progress: loading"), "no model loaded: {stderr}");
+    assert!(!out.exists());
+
+    std::fs::copy(
+        crate::support::repo_root().join("examples/data/eval.txt"),
+        dir.path().join("eval.txt"),
+    )
+    .unwrap();
+    let study = dir.path().join("s.yaml");
+    std::fs::write(
+        &study,
+        format!(
+            "study: cardproof/study-v1\nreference: {bf16}\neval: {{text: eval.txt}}\nprotocol: {{context_lengths: [128]}}\narms:\n  - {{name: kv, kv_cache: q8_0, changes: kv_cache}}\n"
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("study");
+    let (code, stderr) = run(&["study", study.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}: cannot write: its file system has 1000 bytes", out.display())),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("progress: arm"), "no arm ran: {stderr}");
+    assert!(!out.exists());
+}
