@@ -298,10 +298,7 @@ mod tests {
             std::fs::write(elsewhere.path().join("secret"), b"s").unwrap();
             std::os::unix::fs::symlink(elsewhere.path().join("secret"), dir.path().join("out.txt"))
                 .unwrap();
-            assert_eq!(
-                inside_dir(dir.path(), "out.txt"),
-                Err(Outside::ThroughLink)
-            );
+            assert_eq!(inside_dir(dir.path(), "out.txt"), Err(Outside::ThroughLink));
         }
         assert!(
             Outside::NotInside

@@ -75,7 +75,9 @@ pub const FREE_SPACE_ENV: &str = "CARDPROOF_FREE_SPACE_BYTES";
 /// One file of a set and its SHA-256, as the signed statement binds it (`set_files` of the
 /// predicate: every file of the set but the signed document itself, the envelope and the
 /// marker).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 pub struct SetFile {
     /// Relative to the set's directory, forward slashes.
     pub path: String,
@@ -732,19 +734,17 @@ pub fn check_set(envelope: &Path, statement: &Value) -> Result<SetCheck> {
     };
     let mut mismatches = Vec::new();
     let mut set = |detail: String| mismatches.push(Mismatch::new(what::SET, detail));
-    let signed: Option<Vec<SetFile>> = match predicate.get("set_files") {
-        None => None,
-        Some(v) => Some(serde_json::from_value(v.clone()).unwrap_or_else(|e| {
+    let signed: Option<Vec<SetFile>> = predicate.get("set_files").map(|v| {
+        serde_json::from_value(v.clone()).unwrap_or_else(|e| {
             set(format!(
                 "the signed `set_files` is not a list of {{path, sha256}} ({e}): no file beside the envelope can be vouched for"
             ));
             Vec::new()
-        })),
-    };
+        })
+    });
     let exists = |rel: &str| plain(rel) && fs::symlink_metadata(dir.join(rel)).is_ok();
-    let in_set = exists(MARKER)
-        || exists(&own_name)
-        || signed.iter().flatten().any(|f| exists(&f.path));
+    let in_set =
+        exists(MARKER) || exists(&own_name) || signed.iter().flatten().any(|f| exists(&f.path));
     if !in_set {
         return Ok(SetCheck {
             checked: None,
@@ -1144,22 +1144,40 @@ mod tests {
         assert!(ok.mismatches.is_empty(), "{:?}", ok.mismatches);
         // Other envelopes and the marker may be there; anything else may not.
         fs::write(dir.path().join("measurement.dsse.json"), b"{}").unwrap();
-        assert!(check_set(&envelope, &statement).unwrap().mismatches.is_empty());
+        assert!(
+            check_set(&envelope, &statement)
+                .unwrap()
+                .mismatches
+                .is_empty()
+        );
         fs::create_dir(dir.path().join("extra")).unwrap();
         fs::write(dir.path().join("extra/summary.md"), b"REPRODUCED").unwrap();
         let m = check_set(&envelope, &statement).unwrap().mismatches;
         assert_eq!(m.len(), 1, "{m:?}");
-        assert!(m[0].detail.contains("extra/summary.md is not a file of the set"), "{m:?}");
+        assert!(
+            m[0].detail
+                .contains("extra/summary.md is not a file of the set"),
+            "{m:?}"
+        );
         fs::remove_dir_all(dir.path().join("extra")).unwrap();
         fs::write(&md, b"# REPRODUCED").unwrap();
         let m = check_set(&envelope, &statement).unwrap().mismatches;
-        assert!(m[0].detail.contains("report.md changed after signing"), "{m:?}");
+        assert!(
+            m[0].detail.contains("report.md changed after signing"),
+            "{m:?}"
+        );
         // A statement that binds no files vouches for nothing beside it.
         let (envelope, legacy) = bound(dir.path(), None);
-        fs::write(dir.path().join("report.json"), legacy["predicate"].to_string()).unwrap();
+        fs::write(
+            dir.path().join("report.json"),
+            legacy["predicate"].to_string(),
+        )
+        .unwrap();
         let m = check_set(&envelope, &legacy).unwrap().mismatches;
         assert!(
-            m.iter().any(|m| m.detail.contains("report.md is beside the envelope, but the statement binds no file")),
+            m.iter().any(|m| m
+                .detail
+                .contains("report.md is beside the envelope, but the statement binds no file")),
             "{m:?}"
         );
         // An envelope alone: nothing of its set beside it, nothing checked.

@@ -155,7 +155,12 @@ pub const DOCUMENTS_BYTES: u64 = 4 << 20;
 /// row of each context length (at most the tokens, plus a BOS per window) in
 /// positions.safetensors, and [`DOCUMENTS_BYTES`].
 pub fn size_estimate_of(options: &super::MeasureOptions, tokens: u64, conversation: bool) -> u64 {
-    let per_row = ROW_BYTES + if conversation { CONVERSATION_ROW_BYTES } else { 0 };
+    let per_row = ROW_BYTES
+        + if conversation {
+            CONVERSATION_ROW_BYTES
+        } else {
+            0
+        };
     let rows: u64 = options
         .context_lengths
         .iter()

@@ -384,7 +384,10 @@ impl Study {
         }
         // A file that is data never chooses the program that runs.
         for (field, instead) in [
-            ("llamacpp.binary", "--llamacpp-bin PATH or CARDPROOF_LLAMACPP_BIN"),
+            (
+                "llamacpp.binary",
+                "--llamacpp-bin PATH or CARDPROOF_LLAMACPP_BIN",
+            ),
             ("transformers.python", "--python PATH or CARDPROOF_PYTHON"),
         ] {
             if value.pointer(&pointer_of(field)).is_some() {

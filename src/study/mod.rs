@@ -51,8 +51,10 @@ pub fn subjects(
 
 /// The study file's name as a subject names it.
 fn file_name(path: &Path) -> String {
-    path.file_name()
-        .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
 }
 
 /// `verify-report --study FILE`: a signed study's subjects against the study file and the

@@ -140,11 +140,9 @@ pub fn plan(study: &Study, threads: Option<usize>) -> Result<Plan> {
     };
     let template_file = match (&study.given.chat_template, &e.chat_template) {
         (Some(given), _) => Some(given.clone()),
-        (None, Some(t)) => Some(study.data_file(
-            "eval.chat_template",
-            t,
-            "--chat-template FILE",
-        )?),
+        (None, Some(t)) => {
+            Some(study.data_file("eval.chat_template", t, "--chat-template FILE")?)
+        }
         (None, None) => None,
     };
     let chat_template = ChatTemplateChoice {

@@ -55,7 +55,8 @@ pub struct VerifyRequest<'a> {
     /// Asked, after the pre-flight and before the rerun, whether the outputs of this request
     /// (what the pre-flight found: the token count) fit where they go: a full disk must not be
     /// found after the whole rerun.
-    pub before_rerun: &'a (dyn Fn(&rerun::Request, &rerun::preflight::Identity) -> Result<()> + Sync),
+    pub before_rerun:
+        &'a (dyn Fn(&rerun::Request, &rerun::preflight::Identity) -> Result<()> + Sync),
 }
 
 /// A finished verification.

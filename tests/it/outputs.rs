@@ -403,7 +403,10 @@ fn a_set_that_cannot_fit_on_the_disk_is_refused_before_the_rerun() {
             && stderr.contains("needs about"),
         "{stderr}"
     );
-    assert!(!stderr.contains("model.safetensors"), "no model ran: {stderr}");
+    assert!(
+        !stderr.contains("model.safetensors"),
+        "no model ran: {stderr}"
+    );
     assert!(!out.exists());
     assert_eq!(entries(dir.path()), ["cand", "eval.txt"], "nothing left");
     // With room, the same run goes on to load the models (and fails on the cut weights).
@@ -419,7 +422,10 @@ fn a_set_that_cannot_fit_on_the_disk_is_refused_before_the_rerun() {
 fn a_verify_or_study_that_cannot_fit_on_the_disk_is_refused_before_the_rerun() {
     let dir = tempfile::tempdir().unwrap();
     let keys = dir.path().join("keys");
-    assert_eq!(cardproof(&["keygen", "--out", keys.to_str().unwrap()]).code, 0);
+    assert_eq!(
+        cardproof(&["keygen", "--out", keys.to_str().unwrap()]).code,
+        0
+    );
     let run = |args: &[&str]| {
         let o = assert_cmd::Command::cargo_bin("cardproof")
             .unwrap()
@@ -452,10 +458,16 @@ fn a_verify_or_study_that_cannot_fit_on_the_disk_is_refused_before_the_rerun() {
     ]);
     assert_eq!(code, 2, "{stderr}");
     assert!(
-        stderr.contains(&format!("{}: cannot write: its file system has 1000 bytes", out.display())),
+        stderr.contains(&format!(
+            "{}: cannot write: its file system has 1000 bytes",
+            out.display()
+        )),
         "{stderr}"
     );
-    assert!(!stderr.contains("progress: loading"), "no model loaded: {stderr}");
+    assert!(
+        !stderr.contains("progress: loading"),
+        "no model loaded: {stderr}"
+    );
     assert!(!out.exists());
 
     std::fs::copy(
@@ -472,10 +484,18 @@ fn a_verify_or_study_that_cannot_fit_on_the_disk_is_refused_before_the_rerun() {
     )
     .unwrap();
     let out = dir.path().join("study");
-    let (code, stderr) = run(&["study", study.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let (code, stderr) = run(&[
+        "study",
+        study.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(code, 2, "{stderr}");
     assert!(
-        stderr.contains(&format!("{}: cannot write: its file system has 1000 bytes", out.display())),
+        stderr.contains(&format!(
+            "{}: cannot write: its file system has 1000 bytes",
+            out.display()
+        )),
         "{stderr}"
     );
     assert!(!stderr.contains("progress: arm"), "no arm ran: {stderr}");

@@ -361,7 +361,10 @@ fn a_signed_study_binds_its_subjects_and_every_file_of_its_set() {
     let study = study_file(
         dir.path(),
         &[
-            &format!("{{name: w8, candidate: {}, changes: weights}}", candidate.display()),
+            &format!(
+                "{{name: w8, candidate: {}, changes: weights}}",
+                candidate.display()
+            ),
             "{name: kv, kv_cache: q8_0, changes: kv_cache}",
         ],
         "controls: {repeatability: false, noise_floor: false}\n",
@@ -463,7 +466,11 @@ fn a_signed_study_binds_its_subjects_and_every_file_of_its_set() {
     std::fs::write(&study, format!("{text}# edited\n")).unwrap();
     let r = check(&["--study", study.to_str().unwrap()]);
     assert_eq!(r.code, 1, "{}", r.stdout);
-    assert!(r.stdout.contains("`study:study.yaml` changed"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("`study:study.yaml` changed"),
+        "{}",
+        r.stdout
+    );
     std::fs::write(&study, &text).unwrap();
     // A rendering rewritten after signing (the marker recomputed or not): caught by name.
     let md = out.join("study.md");
@@ -502,12 +509,11 @@ fn an_arm_on_a_copy_of_the_reference_changes_no_weights() {
     let r = study_run(&[study.to_str().unwrap(), "--out", out.to_str().unwrap()]);
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
-        r.stderr.contains(&format!(
-            "{}:7:",
-            study.display()
-        )) && r.stderr.contains(&format!(
-            "arms[0].changes: arm `copy` says it changes weights but changes nothing against the baseline (its candidate's files are the reference's, byte for byte)"
-        )),
+        r.stderr.contains(&format!("{}:7:", study.display()))
+            && r.stderr.contains(
+                "arms[0].changes: arm `copy` says it changes weights but changes nothing against \
+                 the baseline (its candidate's files are the reference's, byte for byte)"
+            ),
         "{}",
         r.stderr
     );
@@ -526,7 +532,10 @@ fn a_study_file_never_chooses_the_program_that_runs() {
     let evil = dir.path().join("evil.sh");
     std::fs::write(
         &evil,
-        format!("#!/bin/sh\ntouch {}\necho 'version: 1 (x)'\n", ran.display()),
+        format!(
+            "#!/bin/sh\ntouch {}\necho 'version: 1 (x)'\n",
+            ran.display()
+        ),
     )
     .unwrap();
     std::fs::set_permissions(&evil, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -554,9 +563,10 @@ fn a_study_file_never_chooses_the_program_that_runs() {
         let r = study_run(&[study.to_str().unwrap(), "--out", out.to_str().unwrap()]);
         assert_eq!(r.code, 2, "{field}: {}", r.stderr);
         assert!(
-            r.stderr
-                .contains(&format!("{}:7:", study.display()))
-                && r.stderr.contains(&format!("{field}: a study file does not choose the program"))
+            r.stderr.contains(&format!("{}:7:", study.display()))
+                && r.stderr.contains(&format!(
+                    "{field}: a study file does not choose the program"
+                ))
                 && r.stderr.contains(flag),
             "{field}: {}",
             r.stderr
@@ -652,7 +662,10 @@ fn a_study_file_cannot_make_cardproof_read_files_outside_its_directory() {
         (
             base.replace(
                 "{text: eval.txt}",
-                &format!("{{text: ../{}/secret.txt}}", outside.path().file_name().unwrap().to_string_lossy()),
+                &format!(
+                    "{{text: ../{}/secret.txt}}",
+                    outside.path().file_name().unwrap().to_string_lossy()
+                ),
             ),
             "4:",
             "is not a path inside the study file's directory",
@@ -669,7 +682,9 @@ fn a_study_file_cannot_make_cardproof_read_files_outside_its_directory() {
             base.replace(
                 &format!(
                     "reference: {}",
-                    repo_root().join("examples/models/shakespeare-bf16").display()
+                    repo_root()
+                        .join("examples/models/shakespeare-bf16")
+                        .display()
                 ),
                 "reference: /proc/self/environ",
             ),
@@ -699,7 +714,10 @@ fn a_study_file_cannot_make_cardproof_read_files_outside_its_directory() {
     std::fs::write(
         &study,
         base.replace("{text: eval.txt}", "{text: /proc/self/environ}")
-            .replace("kv_cache: q8_0, changes: kv_cache", "kv_cache: q8_0, changes: weights"),
+            .replace(
+                "kv_cache: q8_0, changes: kv_cache",
+                "kv_cache: q8_0, changes: weights",
+            ),
     )
     .unwrap();
     let elsewhere = outside.path().join("eval.txt");

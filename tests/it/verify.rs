@@ -1129,7 +1129,11 @@ fn renderings_rewritten_after_signing_no_longer_verify() {
         v.card(),
         card.replacen(
             &line,
-            &line.replacen(&format!("value: {value}"), &format!("value: {raised:.6}"), 1),
+            &line.replacen(
+                &format!("value: {value}"),
+                &format!("value: {raised:.6}"),
+                1,
+            ),
             1,
         ),
     )
@@ -1160,9 +1164,10 @@ fn renderings_rewritten_after_signing_no_longer_verify() {
     let before = v.verify_report(&envelope, Some(&v.candidate()));
     assert_eq!(before.code, 0, "{}", before.stdout);
     assert!(
-        before
-            .stdout
-            .contains(&format!("every file of its set in {} is one it signed", out.display())),
+        before.stdout.contains(&format!(
+            "every file of its set in {} is one it signed",
+            out.display()
+        )),
         "{}",
         before.stdout
     );
@@ -1201,8 +1206,10 @@ fn renderings_rewritten_after_signing_no_longer_verify() {
     let r = v.verify_report(&envelope, None);
     assert_eq!(r.code, 1, "{}", r.stdout);
     assert!(
-        r.stdout
-            .contains(&format!("set: {} is missing", out.join("report.html").display())),
+        r.stdout.contains(&format!(
+            "set: {} is missing",
+            out.join("report.html").display()
+        )),
         "{}",
         r.stdout
     );
@@ -1255,8 +1262,10 @@ fn a_signed_measurement_binds_the_rows_of_its_set() {
     let r = v.verify_report(&envelope, Some(&v.candidate()));
     assert_eq!(r.code, 1, "{}", r.stdout);
     assert!(
-        r.stdout
-            .contains(&format!("set: {} changed after signing", positions.display())),
+        r.stdout.contains(&format!(
+            "set: {} changed after signing",
+            positions.display()
+        )),
         "{}",
         r.stdout
     );
