@@ -51,8 +51,9 @@ pub enum Command {
     /// Compact reference artifacts.
     #[command(subcommand)]
     Reference(ReferenceCommand),
-    /// Check a signed report offline: the signature, the keyid, and (with --checkpoint) that every
-    /// subject digest matches the files. Exit 1 on any mismatch.
+    /// Check a signed report or study offline: the signature, the keyid, every file of its set
+    /// beside it against the digests it signed, and (with --checkpoint, or --study for a study)
+    /// that every subject digest matches the files. Exit 1 on any mismatch.
     VerifyReport(VerifyReportArgs),
     /// Run a study: one reference against several arms (quantized checkpoints, KV-cache schemes,
     /// kernels), each changing one variable, measured against one reference pass; writes each
