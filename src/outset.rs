@@ -803,41 +803,8 @@ pub fn check_set(envelope: &Path, statement: &Value) -> Result<SetCheck> {
         }
     }
 
-    let mut bound = std::collections::BTreeSet::new();
-    for f in signed.iter().flatten() {
-        if !plain(&f.path) {
-            set(format!(
-                "the statement binds `{}`, which is not a path inside the set",
-                f.path
-            ));
-            continue;
-        }
-        bound.insert(f.path.as_str());
-        let path = dir.join(&f.path);
-        match fs::symlink_metadata(&path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => set(format!(
-                "{} is missing: the statement of {} signed it",
-                path.display(),
-                run(run_id)
-            )),
-            Err(e) => return Err(Error::io(&path, e)),
-            Ok(m) if !m.is_file() => set(format!(
-                "{} is {}, not the file the statement signed",
-                path.display(),
-                crate::files::kind_name(&m)
-            )),
-            Ok(_) => {
-                let actual = crate::checkpoint::hash::hash_file(&path)?;
-                if !actual.eq_ignore_ascii_case(&f.sha256) {
-                    set(format!(
-                        "{} changed after signing (sha256 {} signed, {actual} now): edited, or another run's",
-                        path.display(),
-                        f.sha256
-                    ));
-                }
-            }
-        }
-    }
+    let signer = run(run_id);
+    let bound = check_bound(dir, signed.iter().flatten(), &signer, &mut set)?;
     let (beside, cut) = entries_below(dir, MAX_SET_ENTRIES).map_err(|e| Error::io(dir, e))?;
     if cut {
         set(format!(
@@ -857,9 +824,8 @@ pub fn check_set(envelope: &Path, statement: &Value) -> Result<SetCheck> {
         let path = dir.join(&rel);
         set(if signed.is_some() {
             format!(
-                "{} is not a file of the set the statement of {} signed: added after signing, or another run's",
-                path.display(),
-                run(run_id)
+                "{} is not a file of the set the statement of {signer} signed: added after signing, or another run's",
+                path.display()
             )
         } else {
             format!(
@@ -872,6 +838,51 @@ pub fn check_set(envelope: &Path, statement: &Value) -> Result<SetCheck> {
         checked: Some(dir.to_owned()),
         mismatches,
     })
+}
+
+/// Each file the statement binds (`set_files`) must be beside the envelope, a regular file,
+/// with its signed digest; each failure is reported through `set`. Returns the bound paths.
+fn check_bound<'a>(
+    dir: &Path,
+    signed: impl Iterator<Item = &'a SetFile>,
+    signer: &str,
+    set: &mut impl FnMut(String),
+) -> Result<std::collections::BTreeSet<&'a str>> {
+    let mut bound = std::collections::BTreeSet::new();
+    for f in signed {
+        if !plain(&f.path) {
+            set(format!(
+                "the statement binds `{}`, which is not a path inside the set",
+                f.path
+            ));
+            continue;
+        }
+        bound.insert(f.path.as_str());
+        let path = dir.join(&f.path);
+        match fs::symlink_metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => set(format!(
+                "{} is missing: the statement of {signer} signed it",
+                path.display()
+            )),
+            Err(e) => return Err(Error::io(&path, e)),
+            Ok(m) if !m.is_file() => set(format!(
+                "{} is {}, not the file the statement signed",
+                path.display(),
+                crate::files::kind_name(&m)
+            )),
+            Ok(_) => {
+                let actual = crate::checkpoint::hash::hash_file(&path)?;
+                if !actual.eq_ignore_ascii_case(&f.sha256) {
+                    set(format!(
+                        "{} changed after signing (sha256 {} signed, {actual} now): edited, or another run's",
+                        path.display(),
+                        f.sha256
+                    ));
+                }
+            }
+        }
+    }
+    Ok(bound)
 }
 
 /// A relative path with only plain components (no `..`, no root).

@@ -133,28 +133,7 @@ pub fn plan(study: &Study, threads: Option<usize>) -> Result<Plan> {
         .map_err(|(field, why)| field_error(&format!("baseline.{field}"), why))?;
     let (reference, named) = checkpoints(study)?;
     // The data files before any checkpoint is hashed.
-    let e = &f.eval;
-    let text = match &study.given.eval_text {
-        Some(given) => given.clone(),
-        None => study.data_file("eval.text", &e.text, "--eval-text FILE")?,
-    };
-    let template_file = match (&study.given.chat_template, &e.chat_template) {
-        (Some(given), _) => Some(given.clone()),
-        (None, Some(t)) => {
-            Some(study.data_file("eval.chat_template", t, "--chat-template FILE")?)
-        }
-        (None, None) => None,
-    };
-    let chat_template = ChatTemplateChoice {
-        from: match (&template_file, e.chat_template_from) {
-            (Some(_), _) => crate::conversation::eval::TemplateFrom::File,
-            (None, Some(from)) => from,
-            (None, None) => crate::conversation::eval::TemplateFrom::Reference,
-        },
-        file: template_file,
-        name: e.chat_template_name.clone(),
-        clock: e.chat_template_clock,
-    };
+    let (text, chat_template) = eval_files(study)?;
     let mut hashed: BTreeMap<PathBuf, Arc<Manifest>> = BTreeMap::new();
     let mut manifest = |field: &str, path: &Path| -> Result<Arc<Manifest>> {
         let real = std::fs::canonicalize(path)
@@ -298,6 +277,34 @@ pub fn plan(study: &Study, threads: Option<usize>) -> Result<Plan> {
         baseline,
         arms,
     })
+}
+
+/// The eval text and the chat template: the command line's (`--eval-text`, `--chat-template`),
+/// else the study file's, inside its directory ([`Study::data_file`]).
+fn eval_files(study: &Study) -> Result<(PathBuf, ChatTemplateChoice)> {
+    let e = &study.file.eval;
+    let text = match &study.given.eval_text {
+        Some(given) => given.clone(),
+        None => study.data_file("eval.text", &e.text, "--eval-text FILE")?,
+    };
+    let template_file = match (&study.given.chat_template, &e.chat_template) {
+        (Some(given), _) => Some(given.clone()),
+        (None, Some(t)) => {
+            Some(study.data_file("eval.chat_template", t, "--chat-template FILE")?)
+        }
+        (None, None) => None,
+    };
+    let chat_template = ChatTemplateChoice {
+        from: match (&template_file, e.chat_template_from) {
+            (Some(_), _) => crate::conversation::eval::TemplateFrom::File,
+            (None, Some(from)) => from,
+            (None, None) => crate::conversation::eval::TemplateFrom::Reference,
+        },
+        file: template_file,
+        name: e.chat_template_name.clone(),
+        clock: e.chat_template_clock,
+    };
+    Ok((text, chat_template))
 }
 
 fn plan_arm(
