@@ -484,9 +484,30 @@ fn a_signed_study_binds_its_subjects_and_every_file_of_its_set() {
         "{}",
         r.stdout
     );
-    // --study with a report's envelope is refused too.
     std::fs::write(&md, &page).unwrap();
     assert_eq!(check(&["--study", study.to_str().unwrap()]).code, 0);
+    // --study with another statement (an arm's measurement, signed) is refused, saying so.
+    let m = dir.path().join("m.json");
+    std::fs::copy(out.join("arms/w8/measurement.json"), &m).unwrap();
+    let r = cardproof(&[
+        "sign",
+        m.to_str().unwrap(),
+        "--checkpoint",
+        candidate.to_str().unwrap(),
+        "--key",
+        keys.join("cardproof.key").to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = cardproof(&[
+        "verify-report",
+        dir.path().join("m.dsse.json").to_str().unwrap(),
+        "--pub",
+        public.to_str().unwrap(),
+        "--study",
+        study.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 2, "{}{}", r.stdout, r.stderr);
+    assert!(r.stderr.contains("is not a signed study"), "{}", r.stderr);
 }
 
 /// An arm whose candidate is a byte-identical copy of the reference was accepted as a `weights`
