@@ -163,6 +163,88 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Why a path a file names is not a file inside that file's directory ([`inside_dir`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outside {
+    /// The path is empty.
+    NotNamed,
+    /// Absolute, or with `..` (or a prefix).
+    NotInside,
+    /// It does not exist, or cannot be resolved.
+    Unreadable,
+    /// It resolves (through a link) outside the directory.
+    ThroughLink,
+    /// It is a directory, a FIFO, a device.
+    NotRegular,
+}
+
+impl Outside {
+    /// The reason as a phrase, `holder` being what names the file (`card`, `study file`).
+    pub fn why(self, holder: &str) -> String {
+        match self {
+            Outside::NotNamed => "is not named".into(),
+            Outside::NotInside => format!(
+                "is not a path inside the {holder}'s directory, and a {holder} cannot make cardproof read files elsewhere"
+            ),
+            Outside::Unreadable => format!("is not a readable file in the {holder}'s directory"),
+            Outside::ThroughLink => format!(
+                "resolves (through a link) outside the {holder}'s directory, and a {holder} cannot make cardproof read files elsewhere"
+            ),
+            Outside::NotRegular => format!("is not a regular file in the {holder}'s directory"),
+        }
+    }
+}
+
+/// A file that a card or a study file names, as a path inside that file's directory `dir`,
+/// resolved. A file that is data never makes cardproof read a file outside its own directory
+/// (an absolute path, `..`, or a link out of it): whatever it names is hashed, signed, and for
+/// an eval text recoverable from the rows written, so `/proc/self/environ` must not be
+/// reachable. Files elsewhere are given by the user's own flags.
+pub fn inside_dir(dir: &Path, source: &str) -> std::result::Result<std::path::PathBuf, Outside> {
+    let relative = Path::new(source);
+    if source.is_empty() {
+        return Err(Outside::NotNamed);
+    }
+    if relative.is_absolute()
+        || relative.components().any(|c| {
+            !matches!(
+                c,
+                std::path::Component::Normal(_) | std::path::Component::CurDir
+            )
+        })
+    {
+        return Err(Outside::NotInside);
+    }
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let (Ok(root), Ok(real)) = (dir.canonicalize(), dir.join(relative).canonicalize()) else {
+        return Err(Outside::Unreadable);
+    };
+    if !real.starts_with(&root) {
+        return Err(Outside::ThroughLink);
+    }
+    if !std::fs::metadata(&real).is_ok_and(|m| m.is_file()) {
+        return Err(Outside::NotRegular);
+    }
+    Ok(real)
+}
+
+/// Bytes an unprivileged user may still write on the file system holding `path` (`None` when
+/// it cannot be read).
+#[cfg(unix)]
+pub fn free_space(path: &Path) -> Option<u64> {
+    let s = rustix::fs::statvfs(path).ok()?;
+    Some(s.f_bavail.saturating_mul(s.f_frsize))
+}
+
+#[cfg(not(unix))]
+pub fn free_space(_path: &Path) -> Option<u64> {
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,6 +271,39 @@ mod tests {
             read_capped_if_present(&dir.path().join("absent"), 10, "x")
                 .unwrap()
                 .is_none()
+        );
+    }
+
+    #[test]
+    fn a_file_named_by_a_card_or_study_file_is_inside_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("data")).unwrap();
+        std::fs::write(dir.path().join("data/eval.txt"), b"text").unwrap();
+        let real = dir.path().canonicalize().unwrap().join("data/eval.txt");
+        assert_eq!(inside_dir(dir.path(), "data/eval.txt"), Ok(real.clone()));
+        assert_eq!(inside_dir(dir.path(), "./data/eval.txt"), Ok(real));
+        for (source, why) in [
+            ("", Outside::NotNamed),
+            ("/proc/self/environ", Outside::NotInside),
+            ("../eval.txt", Outside::NotInside),
+            ("data/../data/eval.txt", Outside::NotInside),
+            ("missing.txt", Outside::Unreadable),
+            ("data", Outside::NotRegular),
+        ] {
+            assert_eq!(inside_dir(dir.path(), source), Err(why), "{source}");
+        }
+        #[cfg(unix)]
+        {
+            let elsewhere = tempfile::tempdir().unwrap();
+            std::fs::write(elsewhere.path().join("secret"), b"s").unwrap();
+            std::os::unix::fs::symlink(elsewhere.path().join("secret"), dir.path().join("out.txt"))
+                .unwrap();
+            assert_eq!(inside_dir(dir.path(), "out.txt"), Err(Outside::ThroughLink));
+        }
+        assert!(
+            Outside::NotInside
+                .why("study file")
+                .contains("a study file cannot make cardproof read files elsewhere")
         );
     }
 

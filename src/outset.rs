@@ -57,8 +57,32 @@ pub const SET_FILES: &[&str] = &[
     "measurement.dsse.json",
     "positions.safetensors",
     "sweep.json",
+    "sweep.html",
+    "study.json",
+    "study.dsse.json",
+    "study.md",
+    "study.html",
     MARKER,
 ];
+/// A study's arms: `arms/<name>/` holding each arm's measurement set.
+const ARMS_DIR: &str = "arms";
+/// A directory beside an envelope with more entries than this is not a report set.
+const MAX_SET_ENTRIES: usize = 100_000;
+/// For tests (a full disk cannot be made on demand): the free bytes cardproof assumes the file
+/// system of `--out` has, instead of asking it.
+pub const FREE_SPACE_ENV: &str = "CARDPROOF_FREE_SPACE_BYTES";
+
+/// One file of a set and its SHA-256, as the signed statement binds it (`set_files` of the
+/// predicate: every file of the set but the signed document itself, the envelope and the
+/// marker).
+#[derive(
+    Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+pub struct SetFile {
+    /// Relative to the set's directory, forward slashes.
+    pub path: String,
+    pub sha256: String,
+}
 /// Documents read beside an envelope are refused above this (as envelopes are).
 const MAX_DOCUMENT: u64 = 64 * 1024 * 1024;
 /// A run id: 8-4-4-4-12 hex digits.
@@ -212,6 +236,44 @@ impl OutputSet {
         Ok(document)
     }
 
+    /// Every file written into the set so far (the marker left out) with its SHA-256, sorted:
+    /// what the signed statement binds, so that no file of the set (report.md, report.html,
+    /// positions, measurements) can be rewritten after signing.
+    pub fn set_files(&self) -> Result<Vec<SetFile>> {
+        set_files(self.dir()).map_err(|e| match e.kind {
+            crate::ErrorKind::Io(io) => Error::write(&self.out, io),
+            _ => e,
+        })
+    }
+
+    /// Refuse (exit 2, naming `--out`) a set of about `estimate` bytes that the file system of
+    /// `--out` has no room for, before the rerun that would fill it. When the free space cannot
+    /// be read the run goes ahead (the write still fails closed, later).
+    pub fn check_space(&self, estimate: u64) -> Result<()> {
+        let free = match std::env::var(FREE_SPACE_ENV) {
+            Ok(v) => Some(v.trim().parse::<u64>().map_err(|_| {
+                Error::usage(
+                    Path::new(FREE_SPACE_ENV),
+                    format!("is `{v}`, not a number of bytes"),
+                )
+            })?),
+            Err(_) => crate::files::free_space(self.dir()),
+        };
+        match free {
+            Some(free) if free < estimate => Err(Error::write(
+                &self.out,
+                std::io::Error::other(format!(
+                    "its file system has {} free, and this run's output set needs about {} \
+                     (positions.safetensors holds every scored row); free some space or choose \
+                     another --out",
+                    bytes(free),
+                    bytes(estimate)
+                )),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     fn write_marker(&self, marker: &Value) -> Result<()> {
         let text = serde_json::to_vec_pretty(marker).unwrap_or_default();
         self.write(MARKER, &text)
@@ -275,6 +337,11 @@ impl OutputSet {
         drop(lock);
         Ok(files.iter().map(|f| out.join(f)).collect())
     }
+}
+
+/// `n` bytes, for people.
+fn bytes(n: u64) -> String {
+    format!("{n} bytes ({:.1} MiB)", n as f64 / (1024.0 * 1024.0))
 }
 
 /// `document` with `"run_id"` placed after `schema_version` (first, without one), replacing any
@@ -414,7 +481,7 @@ fn existing(target: &Path, out: &Path, force: bool) -> Result<bool> {
     match fs::symlink_metadata(target) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(Error::write(out, e)),
-        Ok(m) if m.is_dir() => match foreign_entry(target, 0).map_err(|e| Error::io(out, e))? {
+        Ok(m) if m.is_dir() => match foreign_entry(target, "").map_err(|e| Error::io(out, e))? {
             Some(name) if !force => Err(Error::usage(
                 out,
                 format!(
@@ -432,20 +499,30 @@ fn existing(target: &Path, out: &Path, force: bool) -> Result<bool> {
     }
 }
 
-/// The first entry of `dir` that a cardproof set does not hold.
-fn foreign_entry(dir: &Path, depth: usize) -> std::io::Result<Option<String>> {
+/// The first entry of `dir` that a cardproof set does not hold, as a path relative to `--out`
+/// (`rel` is `dir`'s). A set holds set files, and at its top directories of them: a sweep's
+/// pairs, and a study's `arms/`, whose entries are the arms' directories of set files.
+fn foreign_entry(dir: &Path, rel: &str) -> std::io::Result<Option<String>> {
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name();
         let text = name.to_string_lossy();
-        let kind = entry.file_type()?;
-        let ours = if kind.is_file() {
-            SET_FILES.contains(&text.as_ref()) || text.ends_with(".partial")
+        let path = if rel.is_empty() {
+            text.clone().into_owned()
         } else {
-            kind.is_dir() && depth == 0 && foreign_entry(&entry.path(), 1)?.is_none()
+            format!("{rel}/{text}")
         };
-        if !ours {
-            return Ok(Some(text.into_owned()));
+        let kind = entry.file_type()?;
+        let may_hold_directories = rel.is_empty() || rel == ARMS_DIR;
+        if kind.is_dir() && may_hold_directories {
+            // The first entry inside that is not the set's (named by its path).
+            if let Some(inner) = foreign_entry(&entry.path(), &path)? {
+                return Ok(Some(inner));
+            }
+        } else if !(kind.is_file()
+            && (SET_FILES.contains(&text.as_ref()) || text.ends_with(".partial")))
+        {
+            return Ok(Some(path));
         }
     }
     Ok(None)
@@ -525,13 +602,40 @@ impl Lock {
         // A run that ends removes its lock file; one that opened it just before must lock the
         // file that is at the path now, not the removed one.
         for _ in 0..16 {
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(path)
-                .map_err(|e| Error::write(out, e))?;
+            let mut options = OpenOptions::new();
+            options.read(true).write(true).create(true).truncate(false);
+            // Never through a link: a link planted as the lock would have its target created.
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC);
+            }
+            let not_a_lock = |what: &str| {
+                Error::usage(
+                    out,
+                    format!(
+                        "its lock {} is {what}, not a lock file cardproof made; cardproof does not follow or open it (remove it if it is not yours)",
+                        path.display()
+                    ),
+                )
+            };
+            if let Ok(m) = fs::symlink_metadata(path)
+                && !m.is_file()
+            {
+                return Err(not_a_lock(crate::files::kind_name(&m)));
+            }
+            let file = options.open(path).map_err(|e| {
+                #[cfg(unix)]
+                if e.raw_os_error() == Some(libc::ELOOP) {
+                    return not_a_lock("a symbolic link");
+                }
+                Error::write(out, e)
+            })?;
+            match file.metadata() {
+                Ok(m) if m.is_file() => {}
+                Ok(m) => return Err(not_a_lock(crate::files::kind_name(&m))),
+                Err(e) => return Err(Error::write(out, e)),
+            }
             match file.try_lock() {
                 Ok(()) => {}
                 Err(fs::TryLockError::WouldBlock) => {
@@ -583,13 +687,29 @@ impl Drop for Lock {
     }
 }
 
-/// Check that the files beside an envelope belong to the run that signed it: `report.json` (when
-/// the envelope is a verification report) must be the signed predicate, `measurement.json` must
-/// carry its run id (be the signed document, for a signed measurement), and the set's marker, when
-/// there, must name the same run, list every set file there, and every file it lists must still
-/// have its digest. Nothing beside the envelope, nothing to check. Mismatches are
-/// [`what::SET`]; an unreadable file is an error.
-pub fn check_set(envelope: &Path, statement: &Value) -> Result<Vec<Mismatch>> {
+/// What [`check_set`] found.
+#[derive(Debug, Clone, Default)]
+pub struct SetCheck {
+    /// The directory whose files were checked against the signed statement; `None` when the
+    /// envelope stands alone (no file of its set beside it), so nothing beside it is vouched for.
+    pub checked: Option<PathBuf>,
+    /// Every file beside the envelope that is not the signed set's, or changed ([`what::SET`]).
+    pub mismatches: Vec<Mismatch>,
+}
+
+/// Check the files beside a verified envelope against what its statement signed. The
+/// statement's predicate is the set's own document (`report.json` beside `report.dsse.json`,
+/// `study.json`, `measurement.json`), and its `set_files` binds every other file of the set by
+/// SHA-256 (report.md and report.html, positions, the arms' measurements). When the envelope
+/// sits in its set (its document, its marker or a file it binds is beside it): the document
+/// must be the predicate; every bound file must be there, a regular file, with its digest; and
+/// every other file beside it (recursively) is a mismatch, but other envelopes (`sign`'s, each
+/// checked on its own) and the marker. A statement that binds no files (from an older
+/// cardproof, or a document signed outside a set) vouches for nothing beside it, so any other
+/// file there is a mismatch too. The unsigned marker is only asked which run it names. Nothing
+/// beside the envelope: nothing checked ([`SetCheck::checked`] is `None`). Unreadable files are
+/// errors.
+pub fn check_set(envelope: &Path, statement: &Value) -> Result<SetCheck> {
     let dir = match envelope.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -598,8 +718,39 @@ pub fn check_set(envelope: &Path, statement: &Value) -> Result<Vec<Mismatch>> {
     let run_id = predicate.get("run_id").and_then(Value::as_str);
     let run = |id: Option<&str>| id.map_or_else(|| "no run id".to_owned(), |i| format!("run {i}"));
     let predicate_type = statement["predicateType"].as_str().unwrap_or_default();
+    let what_document = match predicate_type {
+        crate::attest::PREDICATE_TYPE => "report",
+        crate::attest::MEASUREMENT_PREDICATE_TYPE => "measurement",
+        crate::attest::STUDY_PREDICATE_TYPE => "study",
+        _ => return Ok(SetCheck::default()),
+    };
+    let envelope_name = envelope
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let own_name = match envelope_name.strip_suffix(".dsse.json") {
+        Some(stem) => format!("{stem}.json"),
+        None => format!("{what_document}.json"),
+    };
     let mut mismatches = Vec::new();
     let mut set = |detail: String| mismatches.push(Mismatch::new(what::SET, detail));
+    let signed: Option<Vec<SetFile>> = predicate.get("set_files").map(|v| {
+        serde_json::from_value(v.clone()).unwrap_or_else(|e| {
+            set(format!(
+                "the signed `set_files` is not a list of {{path, sha256}} ({e}): no file beside the envelope can be vouched for"
+            ));
+            Vec::new()
+        })
+    });
+    let exists = |rel: &str| plain(rel) && fs::symlink_metadata(dir.join(rel)).is_ok();
+    let in_set =
+        exists(MARKER) || exists(&own_name) || signed.iter().flatten().any(|f| exists(&f.path));
+    if !in_set {
+        return Ok(SetCheck {
+            checked: None,
+            mismatches,
+        });
+    }
     // A member of the set written by another run than the envelope's.
     let other_run = |path: &Path, doc: &Value| -> Option<String> {
         let theirs = doc.get("run_id").and_then(Value::as_str);
@@ -613,100 +764,246 @@ pub fn check_set(envelope: &Path, statement: &Value) -> Result<Vec<Mismatch>> {
         })
     };
 
-    let report = dir.join("report.json");
-    if predicate_type == crate::attest::PREDICATE_TYPE
-        && let Some(doc) = read_document(&report, &mut set)?
-        && doc != *predicate
-    {
-        set(other_run(&report, &doc).unwrap_or_else(|| {
-            format!(
-                "{} is not the signed report: it was changed after signing",
-                report.display()
-            )
-        }));
-    }
-    let measurement = dir.join("measurement.json");
-    if let Some(doc) = read_document(&measurement, &mut set)? {
-        if let Some(other) = other_run(&measurement, &doc) {
-            set(other);
-        } else if predicate_type == crate::attest::MEASUREMENT_PREDICATE_TYPE && doc != *predicate {
-            set(format!(
-                "{} is not the signed measurement: it was changed after signing",
-                measurement.display()
-            ));
+    // The signed document: the predicate itself (`sign` adds `set_files` to the predicate of a
+    // document that has none).
+    let own = dir.join(&own_name);
+    match read_document(&own, &mut set)? {
+        Some(doc) => {
+            let mut expected = predicate.clone();
+            if doc.get("set_files").is_none()
+                && let Some(o) = expected.as_object_mut()
+            {
+                o.remove("set_files");
+            }
+            if doc != expected {
+                set(other_run(&own, &doc).unwrap_or_else(|| {
+                    format!(
+                        "{} is not the signed {what_document}: it was changed after signing",
+                        own.display()
+                    )
+                }));
+            }
         }
+        None if !exists(&own_name) => set(format!(
+            "{} is missing: it is the signed {what_document} of this set",
+            own.display()
+        )),
+        None => {}
     }
     let marker_path = dir.join(MARKER);
     if let Some(marker) = read_document(&marker_path, &mut set)? {
         if let Some(other) = other_run(&marker_path, &marker) {
             set(other);
         }
-        let theirs = marker.get("run_id").and_then(Value::as_str);
         if marker["complete"] != true {
             set(format!(
                 "the set's marker {} says the run never completed",
                 marker_path.display()
             ));
         }
-        let files = marker["files"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        let mut names = std::collections::BTreeSet::new();
-        for f in files {
-            let (Some(rel), Some(sha)) = (f["path"].as_str(), f["sha256"].as_str()) else {
-                set(format!(
-                    "the set's marker {} lists a file without a path or digest",
-                    marker_path.display()
-                ));
-                continue;
-            };
-            let plain = Path::new(rel)
-                .components()
-                .all(|c| matches!(c, Component::Normal(_)));
-            if !plain {
-                set(format!(
-                    "the set's marker {} lists `{rel}`, which is not a path inside the set",
-                    marker_path.display()
-                ));
-                continue;
-            }
-            names.insert(rel);
-            let path = dir.join(rel);
-            match fs::symlink_metadata(&path) {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    set(format!("{} of {} is missing", path.display(), run(theirs)))
-                }
-                Err(e) => return Err(Error::io(&path, e)),
-                Ok(m) if !m.is_file() => set(format!("{} is not a file", path.display())),
-                Ok(_) => {
-                    let actual = crate::checkpoint::hash::hash_file(&path)?;
-                    if !actual.eq_ignore_ascii_case(sha) {
-                        set(format!(
-                            "{} changed after {} wrote it (sha256 {sha} listed, {actual} now): \
-                             edited, or another run's",
-                            path.display(),
-                            run(theirs)
-                        ));
-                    }
-                }
-            }
+    }
+
+    let signer = run(run_id);
+    let bound = check_bound(dir, signed.iter().flatten(), &signer, &mut set)?;
+    let (beside, cut) = entries_below(dir, MAX_SET_ENTRIES).map_err(|e| Error::io(dir, e))?;
+    if cut {
+        set(format!(
+            "{} holds more than {MAX_SET_ENTRIES} entries: not a report set",
+            dir.display()
+        ));
+    }
+    for rel in beside {
+        let ignored = rel == envelope_name
+            || rel == MARKER
+            || rel == own_name
+            || bound.contains(rel.as_str())
+            || (!rel.contains('/') && rel.ends_with(".dsse.json"));
+        if ignored {
+            continue;
         }
-        // Envelopes `sign` added later are not the run's; the run's own envelope is.
-        let run_files = SET_FILES
-            .iter()
-            .filter(|n| **n == "report.dsse.json" || (**n != MARKER && !n.ends_with(".dsse.json")));
-        for name in run_files {
-            if !names.contains(name) && dir.join(name).exists() {
-                set(format!(
-                    "{} is not a file of {}: the set mixes two runs",
-                    dir.join(name).display(),
-                    run(theirs)
-                ));
+        let path = dir.join(&rel);
+        set(if signed.is_some() {
+            format!(
+                "{} is not a file of the set the statement of {signer} signed: added after signing, or another run's",
+                path.display()
+            )
+        } else {
+            format!(
+                "{} is beside the envelope, but the statement binds no file of its set (signed by an older cardproof, or outside its set), so nothing vouches for it: rerun, or sign the document in its set",
+                path.display()
+            )
+        });
+    }
+    Ok(SetCheck {
+        checked: Some(dir.to_owned()),
+        mismatches,
+    })
+}
+
+/// Each file the statement binds (`set_files`) must be beside the envelope, a regular file,
+/// with its signed digest; each failure is reported through `set`. Returns the bound paths.
+fn check_bound<'a>(
+    dir: &Path,
+    signed: impl Iterator<Item = &'a SetFile>,
+    signer: &str,
+    set: &mut impl FnMut(String),
+) -> Result<std::collections::BTreeSet<&'a str>> {
+    let mut bound = std::collections::BTreeSet::new();
+    for f in signed {
+        if !plain(&f.path) {
+            set(format!(
+                "the statement binds `{}`, which is not a path inside the set",
+                f.path
+            ));
+            continue;
+        }
+        bound.insert(f.path.as_str());
+        let path = dir.join(&f.path);
+        match fs::symlink_metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => set(format!(
+                "{} is missing: the statement of {signer} signed it",
+                path.display()
+            )),
+            Err(e) => return Err(Error::io(&path, e)),
+            Ok(m) if !m.is_file() => set(format!(
+                "{} is {}, not the file the statement signed",
+                path.display(),
+                crate::files::kind_name(&m)
+            )),
+            Ok(_) => {
+                let actual = crate::checkpoint::hash::hash_file(&path)?;
+                if !actual.eq_ignore_ascii_case(&f.sha256) {
+                    set(format!(
+                        "{} changed after signing (sha256 {} signed, {actual} now): edited, or another run's",
+                        path.display(),
+                        f.sha256
+                    ));
+                }
             }
         }
     }
-    Ok(mismatches)
+    Ok(bound)
+}
+
+/// A relative path with only plain components (no `..`, no root).
+fn plain(rel: &str) -> bool {
+    !rel.is_empty()
+        && Path::new(rel)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)))
+}
+
+/// Every entry under `dir` that is not a directory (files, links, special files), relative
+/// with forward slashes, sorted; links are not followed. At most `limit` entries are read
+/// (`true`: there were more).
+fn entries_below(dir: &Path, limit: usize) -> std::io::Result<(Vec<String>, bool)> {
+    fn go(
+        dir: &Path,
+        prefix: &str,
+        out: &mut Vec<String>,
+        seen: &mut usize,
+        limit: usize,
+    ) -> std::io::Result<bool> {
+        for entry in fs::read_dir(dir)? {
+            *seen += 1;
+            if *seen > limit {
+                return Ok(true);
+            }
+            let entry = entry?;
+            let rel = format!("{prefix}{}", entry.file_name().to_string_lossy());
+            if entry.file_type()?.is_dir() {
+                if go(&entry.path(), &format!("{rel}/"), out, seen, limit)? {
+                    return Ok(true);
+                }
+            } else {
+                out.push(rel);
+            }
+        }
+        Ok(false)
+    }
+    let mut out = Vec::new();
+    let cut = go(dir, "", &mut out, &mut 0, limit)?;
+    out.sort();
+    Ok((out, cut))
+}
+
+/// Every file under `dir` but the marker, with its SHA-256, sorted by path.
+pub fn set_files(dir: &Path) -> Result<Vec<SetFile>> {
+    let files = list_files(dir).map_err(|e| Error::io(dir, e))?;
+    files
+        .into_iter()
+        .map(|rel| {
+            let sha256 = crate::checkpoint::hash::hash_file(&dir.join(&rel))?;
+            Ok(SetFile { path: rel, sha256 })
+        })
+        .collect()
+}
+
+/// For `sign`: the files of the set `document` sits in, to be bound with it. A document in a
+/// complete set of its own run (the marker beside it names the document's run id) is signed
+/// with every other file of the set; each must still have the digest the marker recorded, and
+/// nothing but the set's files (and envelopes) may be beside it, else signing is refused: it
+/// would vouch for files the run did not write. `None`: not in a set (no marker, or another
+/// run's), the document is signed alone.
+pub fn set_files_beside(document: &Path, doc: &Value) -> Result<Option<Vec<SetFile>>> {
+    let dir = match document.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let marker_path = dir.join(MARKER);
+    let mut unreadable = None;
+    let Some(marker) = read_document(&marker_path, &mut |why| unreadable = Some(why))? else {
+        return match unreadable {
+            Some(why) => Err(Error::format(&marker_path, None, why)),
+            None => Ok(None),
+        };
+    };
+    let run_id = doc.get("run_id").and_then(Value::as_str);
+    if run_id.is_none() || marker.get("run_id").and_then(Value::as_str) != run_id {
+        return Ok(None);
+    }
+    let refuse = |why: String| Error::usage(document, why);
+    if marker["complete"] != true {
+        return Err(refuse(format!(
+            "its set's marker {} says the run never completed; rerun it",
+            marker_path.display()
+        )));
+    }
+    let name = document
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let recorded: std::collections::BTreeMap<&str, &str> = marker["files"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| Some((f["path"].as_str()?, f["sha256"].as_str()?)))
+        .collect();
+    let mut files = Vec::new();
+    for f in set_files(dir)? {
+        if !f.path.contains('/') && f.path.ends_with(".dsse.json") {
+            continue;
+        }
+        match recorded.get(f.path.as_str()) {
+            None => {
+                return Err(refuse(format!(
+                    "{} is beside it but not a file of its run (the marker {} does not list it); sign refuses to vouch for it: remove it, or rerun",
+                    dir.join(&f.path).display(),
+                    marker_path.display()
+                )));
+            }
+            Some(sha) if !sha.eq_ignore_ascii_case(&f.sha256) => {
+                return Err(refuse(format!(
+                    "{} changed after its run wrote it (sha256 {sha} recorded, {} now); sign refuses to vouch for it: rerun",
+                    dir.join(&f.path).display(),
+                    f.sha256
+                )));
+            }
+            Some(_) if f.path == name => {}
+            Some(_) => files.push(f),
+        }
+    }
+    Ok(Some(files))
 }
 
 /// A JSON document beside the envelope: `None` when absent; one that is not JSON or too large is
@@ -788,6 +1085,119 @@ mod tests {
             );
         }
         assert_eq!(real_path(&root.join("cand")).unwrap(), root.join("cand"));
+    }
+
+    #[test]
+    fn a_study_set_and_a_sweep_are_recognized_as_sets_and_nothing_deeper() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path();
+        for f in [
+            "study.json",
+            "study.dsse.json",
+            "study.md",
+            "study.html",
+            MARKER,
+            "arms/w8/measurement.json",
+            "arms/w8/positions.safetensors",
+            "sweep.json",
+            "sweep.html",
+            "pair-1/measurement.json",
+        ] {
+            let path = out.join(f);
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(path, b"{}").unwrap();
+        }
+        assert_eq!(foreign_entry(out, "").unwrap(), None);
+        // Directories below an arm, or below a sweep's pair, are not a set's.
+        fs::create_dir_all(out.join("arms/w8/deeper")).unwrap();
+        assert_eq!(
+            foreign_entry(out, "").unwrap().as_deref(),
+            Some("arms/w8/deeper")
+        );
+        fs::remove_dir(out.join("arms/w8/deeper")).unwrap();
+        fs::create_dir_all(out.join("pair-1/deeper")).unwrap();
+        assert_eq!(
+            foreign_entry(out, "").unwrap().as_deref(),
+            Some("pair-1/deeper")
+        );
+    }
+
+    /// A statement binding `report.md`, and what lies beside its envelope.
+    fn bound(dir: &Path, set_files: Option<Value>) -> (PathBuf, Value) {
+        let mut predicate = json!({"run_id": "r1", "verdict": "not_reproduced"});
+        if let Some(f) = set_files {
+            predicate["set_files"] = f;
+        }
+        let statement = json!({
+            "predicateType": crate::attest::PREDICATE_TYPE,
+            "predicate": predicate,
+        });
+        let envelope = dir.join("report.dsse.json");
+        fs::write(&envelope, b"{}").unwrap();
+        (envelope, statement)
+    }
+
+    #[test]
+    fn the_files_beside_an_envelope_are_checked_against_the_signed_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let md = dir.path().join("report.md");
+        fs::write(&md, b"# not reproduced").unwrap();
+        let sha = crate::checkpoint::hash::hash_file(&md).unwrap();
+        let listed = json!([{"path": "report.md", "sha256": sha}]);
+        let (envelope, statement) = bound(dir.path(), Some(listed.clone()));
+        fs::write(
+            dir.path().join("report.json"),
+            statement["predicate"].to_string(),
+        )
+        .unwrap();
+        let ok = check_set(&envelope, &statement).unwrap();
+        assert_eq!(ok.checked.as_deref(), Some(dir.path()));
+        assert!(ok.mismatches.is_empty(), "{:?}", ok.mismatches);
+        // Other envelopes and the marker may be there; anything else may not.
+        fs::write(dir.path().join("measurement.dsse.json"), b"{}").unwrap();
+        assert!(
+            check_set(&envelope, &statement)
+                .unwrap()
+                .mismatches
+                .is_empty()
+        );
+        fs::create_dir(dir.path().join("extra")).unwrap();
+        fs::write(dir.path().join("extra/summary.md"), b"REPRODUCED").unwrap();
+        let m = check_set(&envelope, &statement).unwrap().mismatches;
+        assert_eq!(m.len(), 1, "{m:?}");
+        assert!(
+            m[0].detail
+                .contains("extra/summary.md is not a file of the set"),
+            "{m:?}"
+        );
+        fs::remove_dir_all(dir.path().join("extra")).unwrap();
+        fs::write(&md, b"# REPRODUCED").unwrap();
+        let m = check_set(&envelope, &statement).unwrap().mismatches;
+        assert!(
+            m[0].detail.contains("report.md changed after signing"),
+            "{m:?}"
+        );
+        // A statement that binds no files vouches for nothing beside it.
+        let (envelope, legacy) = bound(dir.path(), None);
+        fs::write(
+            dir.path().join("report.json"),
+            legacy["predicate"].to_string(),
+        )
+        .unwrap();
+        let m = check_set(&envelope, &legacy).unwrap().mismatches;
+        assert!(
+            m.iter().any(|m| m
+                .detail
+                .contains("report.md is beside the envelope, but the statement binds no file")),
+            "{m:?}"
+        );
+        // An envelope alone: nothing of its set beside it, nothing checked.
+        let alone = tempfile::tempdir().unwrap();
+        fs::write(alone.path().join("notes.txt"), b"unrelated").unwrap();
+        let (envelope, statement) = bound(alone.path(), Some(listed));
+        let check = check_set(&envelope, &statement).unwrap();
+        assert_eq!(check.checked, None);
+        assert!(check.mismatches.is_empty());
     }
 
     #[test]

@@ -1,13 +1,14 @@
 //! `cardproof verify-report`: every check of a signed report in one call: the key, the envelope's
-//! signature and statement, the subjects against a checkpoint, the card's fidelity block, and the
-//! output set beside the envelope.
+//! signature and statement, the subjects against a checkpoint (a study's against its study file
+//! and the checkpoints it names), the card's fidelity block, and the output set beside the
+//! envelope.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
 use super::verify::{Mismatch, Outcome};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// What to check: the envelope, the public key, and optionally the checkpoint and the card.
 #[derive(Debug, Clone, Copy)]
@@ -19,6 +20,8 @@ pub struct ReportRequest<'a> {
     /// Compare the card's fidelity block with the one signed (default: the checkpoint's card, if
     /// the report signs one).
     pub card: Option<&'a Path>,
+    /// A signed study: compare its subjects with this study file and the checkpoints it names.
+    pub study: Option<&'a Path>,
 }
 
 /// What [`check_report`] found.
@@ -33,6 +36,11 @@ pub struct CheckedReport {
     pub subjects_checked: Option<PathBuf>,
     /// The card whose fidelity block was compared, when one was.
     pub card_checked: Option<PathBuf>,
+    /// The study file whose subjects (it, its reference's and arms' files) were compared.
+    pub study_checked: Option<PathBuf>,
+    /// The directory beside the envelope whose files were checked against the signed set;
+    /// `None` when the envelope stands alone (nothing beside it is vouched for).
+    pub set_checked: Option<PathBuf>,
     /// From the signed statement (absent when the signature does not verify).
     pub predicate_type: Option<String>,
     pub run_id: Option<String>,
@@ -53,8 +61,31 @@ pub fn check_report(request: &ReportRequest<'_>) -> Result<CheckedReport> {
     let mut mismatches = Vec::new();
     let mut statement = Value::Null;
     let mut card_checked = None;
+    let mut set_checked = None;
     match super::verify_envelope(request.envelope, &key)? {
         Outcome::Verified(v) => {
+            let is_study = v.statement["predicateType"] == super::STUDY_PREDICATE_TYPE;
+            if is_study && request.checkpoint.is_some() {
+                return Err(Error::usage(
+                    request.envelope,
+                    format!(
+                        "is a signed study (predicate type {}), not a verification report: its subjects are the study file and the files of the reference and of each arm's candidate, so there is no one checkpoint to compare; check them with --study STUDY_FILE",
+                        super::STUDY_PREDICATE_TYPE
+                    ),
+                ));
+            }
+            if let Some(file) = request.study {
+                if !is_study {
+                    return Err(Error::usage(
+                        request.envelope,
+                        format!(
+                            "is not a signed study (its predicate type is {}); --study checks a study's study.dsse.json, --checkpoint a report's checkpoint",
+                            v.statement["predicateType"].as_str().unwrap_or("missing")
+                        ),
+                    ));
+                }
+                mismatches.extend(crate::study::check_subjects(&v.statement, file)?);
+            }
             if let Some(dir) = request.checkpoint {
                 mismatches.extend(super::check_subjects(&v.statement, dir)?);
             }
@@ -64,7 +95,9 @@ pub fn check_report(request: &ReportRequest<'_>) -> Result<CheckedReport> {
                 mismatches.extend(m);
                 card_checked = Some(path);
             }
-            mismatches.extend(crate::outset::check_set(request.envelope, &v.statement)?);
+            let set = crate::outset::check_set(request.envelope, &v.statement)?;
+            mismatches.extend(set.mismatches);
+            set_checked = set.checked;
             statement = v.statement;
         }
         Outcome::Failed(m) => mismatches.extend(m),
@@ -76,6 +109,8 @@ pub fn check_report(request: &ReportRequest<'_>) -> Result<CheckedReport> {
         mismatches,
         subjects_checked: request.checkpoint.map(Path::to_owned),
         card_checked,
+        study_checked: request.study.map(Path::to_owned),
+        set_checked,
         predicate_type: text(&statement["predicateType"]),
         run_id: text(&statement["predicate"]["run_id"]),
         verdict: text(&statement["predicate"]["verdict"]),

@@ -38,7 +38,7 @@ pub use keys::{
     public_key_pem, read_signing_key, read_verifying_key, write_keypair,
 };
 pub use sign::{Signed, default_envelope_path, sign_document, sign_file};
-pub use statement::{Subject, statement, subjects};
+pub use statement::{Subject, statement, statement_of, subjects};
 pub use verify::{
     Mismatch, Outcome, Verified, check_card, check_subjects, compare_card, verify_envelope,
 };
@@ -56,3 +56,7 @@ pub const PREDICATE_TYPE: &str = "https://cardproof.dev/verification-report/v1";
 
 /// The predicate type of a signed measurement.json (`cardproof sign`).
 pub const MEASUREMENT_PREDICATE_TYPE: &str = "https://cardproof.dev/measurement/v1";
+
+/// The predicate type of a signed study (`study.dsse.json`): its subjects are the study file and
+/// the files of the checkpoints it compares, its predicate study.json.
+pub const STUDY_PREDICATE_TYPE: &str = "https://cardproof.dev/study/v1";

@@ -46,9 +46,21 @@ pub fn sign_document(
             ));
         }
     };
+    // In its output set, the document is signed with the set's other files (positions,
+    // renderings), so that none of them can be rewritten after signing.
+    let mut predicate = doc;
+    if predicate.get("set_files").is_none()
+        && let Some(files) = crate::outset::set_files_beside(file, &predicate)?
+        && let Some(o) = predicate.as_object_mut()
+    {
+        o.insert(
+            "set_files".into(),
+            serde_json::to_value(files)
+                .map_err(|e| Error::internal(file, format!("cannot encode: {e}")))?,
+        );
+    }
     let manifest = hash_path(&dir, &HashOptions::default(), &|_| {})?;
-    let mut statement = super::statement(&super::subjects(&manifest), doc);
-    statement["predicateType"] = predicate_type.into();
+    let statement = super::statement_of(predicate_type, &super::subjects(&manifest), predicate);
     let payload = serde_json::to_vec(&statement)
         .map_err(|e| Error::internal(file, format!("cannot encode the statement: {e}")))?;
     Ok(super::sign_envelope(&payload, super::PAYLOAD_TYPE, key))

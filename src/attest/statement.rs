@@ -41,13 +41,18 @@ pub fn subjects(manifest: &Manifest) -> Vec<Subject> {
         .collect()
 }
 
-/// The statement `{"_type", "subject", "predicateType", "predicate"}`, fields in the order the
-/// in-toto spec lists them (serde_json keeps insertion order here).
+/// The statement `{"_type", "subject", "predicateType", "predicate"}` of a verification report,
+/// fields in the order the in-toto spec lists them (serde_json keeps insertion order here).
 pub fn statement(subjects: &[Subject], predicate: Value) -> Value {
+    statement_of(PREDICATE_TYPE, subjects, predicate)
+}
+
+/// [`statement`] with another predicate type (a measurement's, a study's).
+pub fn statement_of(predicate_type: &str, subjects: &[Subject], predicate: Value) -> Value {
     json!({
         "_type": STATEMENT_TYPE,
         "subject": subjects.iter().map(Subject::to_json).collect::<Vec<_>>(),
-        "predicateType": PREDICATE_TYPE,
+        "predicateType": predicate_type,
         "predicate": predicate,
     })
 }

@@ -745,6 +745,7 @@ fn sign_file_then_check_report() {
             public_key: public,
             checkpoint,
             card: None,
+            study: None,
         })
         .unwrap()
     };

@@ -201,7 +201,17 @@ pub fn check_subjects(statement: &Value, checkpoint: &Path) -> Result<Vec<Mismat
 /// Compare a verified statement's subjects with a file list (relative path -> SHA-256), both
 /// ways, as [`check_subjects`] does for a directory. The list can come from anywhere that knows
 /// the files' digests, e.g. the Hub's per-file LFS SHA-256 (no download needed).
-pub fn compare_subjects(statement: &Value, mut on_disk: BTreeMap<&str, &str>) -> Vec<Mismatch> {
+pub fn compare_subjects(statement: &Value, on_disk: BTreeMap<&str, &str>) -> Vec<Mismatch> {
+    compare_subjects_in(statement, on_disk, "the checkpoint")
+}
+
+/// [`compare_subjects`], the files on disk named `place` in the messages (`the checkpoint`,
+/// `the study's files`).
+pub fn compare_subjects_in(
+    statement: &Value,
+    mut on_disk: BTreeMap<&str, &str>,
+    place: &str,
+) -> Vec<Mismatch> {
     let mut mismatches = Vec::new();
     let listed = statement
         .get("subject")
@@ -241,14 +251,13 @@ pub fn compare_subjects(statement: &Value, mut on_disk: BTreeMap<&str, &str>) ->
         match on_disk.remove(name) {
             None => mismatches.push(Mismatch::new(
                 what::SUBJECT,
-                format!("`{name}` is in the report but not in the checkpoint"),
+                format!("`{name}` is in the report but not in {place}"),
             )),
             Some(actual) if !actual.eq_ignore_ascii_case(sha256) => {
                 mismatches.push(Mismatch::new(
                     what::DIGEST,
                     format!(
-                        "`{name}` changed: the report has sha256 {sha256}, the checkpoint has \
-                         {actual}"
+                        "`{name}` changed: the report has sha256 {sha256}, {place} has {actual}"
                     ),
                 ));
             }
@@ -258,7 +267,7 @@ pub fn compare_subjects(statement: &Value, mut on_disk: BTreeMap<&str, &str>) ->
     for name in on_disk.keys() {
         mismatches.push(Mismatch::new(
             what::FILE,
-            format!("`{name}` is in the checkpoint but not in the report"),
+            format!("`{name}` is in {place} but not in the report"),
         ));
     }
     mismatches

@@ -293,6 +293,11 @@ pub struct VerifyReportDocument<'a> {
     pub subjects_checked: Option<String>,
     /// The card whose fidelity block was compared with the signed one.
     pub card_checked: Option<String>,
+    /// The study file whose subjects (it, its reference's and arms' files) were compared.
+    pub study_checked: Option<String>,
+    /// The directory beside the envelope whose files were checked against the signed set
+    /// (`null`: the envelope stands alone, nothing beside it is vouched for).
+    pub set_checked: Option<String>,
     pub run_id: Option<&'a str>,
     pub mismatches: &'a [Mismatch],
     pub predicate_type: Option<&'a str>,
@@ -309,6 +314,8 @@ impl<'a> VerifyReportDocument<'a> {
             verified: report.verified(),
             subjects_checked: report.subjects_checked.as_deref().map(display),
             card_checked: report.card_checked.as_deref().map(display),
+            study_checked: report.study_checked.as_deref().map(display),
+            set_checked: report.set_checked.as_deref().map(display),
             run_id: report.run_id.as_deref(),
             mismatches: &report.mismatches,
             predicate_type: report.predicate_type.as_deref(),

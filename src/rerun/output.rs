@@ -140,6 +140,54 @@ pub fn positions_file(runs: &[RunResult], protocol_sha256: &str) -> Vec<u8> {
     serialize(&tensors, &metadata)
 }
 
+/// Bytes per scored row in positions.safetensors: window and both top-1 ids (i32), position
+/// (i64), forward and reverse KL, the reference's top-1 probability and both NLLs (f64).
+const ROW_BYTES: u64 = 4 + 8 + 8 + 8 + 4 + 4 + 8 + 8 + 8;
+/// What a conversation's row adds: its token (i64), segment and role (u8), message and
+/// conversation (i32).
+const CONVERSATION_ROW_BYTES: u64 = 8 + 1 + 1 + 4 + 4;
+/// Room for one measurement's documents beside its rows: measurement.json, and for `verify`
+/// report.json, its renderings and the envelope (a few hundred KiB on the examples; their size
+/// grows with context lengths, spans and claims, not with rows).
+pub const DOCUMENTS_BYTES: u64 = 4 << 20;
+
+/// The size of one measurement's files when the eval text makes `tokens` tokens: every scored
+/// row of each context length (at most the tokens, plus a BOS per window) in
+/// positions.safetensors, and [`DOCUMENTS_BYTES`].
+pub fn size_estimate_of(options: &super::MeasureOptions, tokens: u64, conversation: bool) -> u64 {
+    let per_row = ROW_BYTES
+        + if conversation {
+            CONVERSATION_ROW_BYTES
+        } else {
+            0
+        };
+    let rows: u64 = options
+        .context_lengths
+        .iter()
+        .map(|&l| {
+            let l = (l as u64).max(2);
+            tokens.saturating_add(tokens / (l - 1)).saturating_add(l)
+        })
+        .fold(0, u64::saturating_add);
+    rows.saturating_mul(per_row).saturating_add(DOCUMENTS_BYTES)
+}
+
+/// [`size_estimate_of`] for a request its pre-flight found `identity` for: its token count, else
+/// the eval text's size in bytes (a token holds at least one; the llama.cpp lane tokenizes when
+/// it runs).
+pub fn size_estimate(r: &super::Request, identity: &super::preflight::Identity) -> u64 {
+    let tokens = identity
+        .token_count
+        .map(|n| n as u64)
+        .or_else(|| {
+            r.eval_text
+                .and_then(|t| std::fs::metadata(t).ok())
+                .map(|m| m.len())
+        })
+        .unwrap_or(0);
+    size_estimate_of(&r.options, tokens, identity.conversation.is_some())
+}
+
 /// A segment's code in positions.safetensors (its place in [`Segment::ALL`]).
 pub fn segment_code(s: crate::kld::protocol::Segment) -> u8 {
     crate::kld::protocol::Segment::ALL

@@ -12,13 +12,16 @@ use crate::error::{Error, Result};
 /// Run every arm against one reference pass. `requests` share the first one's reference, eval
 /// text, tokenizer, chat template and options (checked here); each has its own candidate and
 /// settings. All are in the native lane, all in the transformers lane (each arm's attention
-/// in `attentions`), or all in the llama.cpp lane (each arm its own pair run); the first request's pre-flight runs in full, the others' tokenizers and
-/// context lengths are checked before any forward pass.
+/// in `attentions`), or all in the llama.cpp lane (each arm its own pair run); the first
+/// request's pre-flight runs in full, the others' tokenizers and context lengths are checked
+/// before any forward pass. `room` is asked, after the pre-flight and before the first forward
+/// pass, whether the outputs fit (given the first request and what its pre-flight found).
 pub fn run_arms(
     requests: &[Request],
     names: &[String],
     attentions: &[String],
     reference_compute: crate::runner::native::ComputeDtype,
+    room: &(dyn Fn(&Request, &preflight::Identity) -> Result<()> + Sync),
     stage: &(dyn Fn(&str) + Sync),
     progress: &(dyn Fn(usize, usize, usize) + Sync),
 ) -> Result<ArmsOutcome> {
@@ -60,6 +63,8 @@ pub fn run_arms(
         }
     }
     if let Lane::Llamacpp { .. } = first.lane {
+        // llama.cpp tokenizes when it runs: the text's size bounds the tokens.
+        room(first, &preflight::Identity::default())?;
         return super::llamacpp::study_arms(requests, names, reference, stage, progress);
     }
     let pre = preflight::check(first, stage)?;
@@ -68,6 +73,7 @@ pub fn run_arms(
             preflight::check_arm(r, tokenizer)?;
         }
     }
+    room(first, &pre.identity)?;
     match first.lane {
         Lane::Transformers { runner, .. } => super::lanes::transformers_arms(
             requests, attentions, pre, reference, runner, stage, progress,

@@ -39,6 +39,11 @@ pub struct StudyDocument {
     /// Every pair of the study's own arms, per context length.
     pub comparisons: Vec<Paired>,
     pub timings: Timings,
+    /// Every other file of the study's set (study.md, study.html, each arm's measurement.json
+    /// and positions.safetensors) and its SHA-256: signed with this document, so none of them
+    /// can be rewritten after signing (`verify-report` checks them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub set_files: Vec<crate::outset::SetFile>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]

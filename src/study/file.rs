@@ -120,13 +120,11 @@ fn no_bos() -> Bos {
 }
 
 /// How the transformers runner runs (`runner: transformers`); absent fields are the runner's
-/// defaults, as `measure --runner transformers` has them.
+/// defaults, as `measure --runner transformers` has them. The Python interpreter is never the
+/// file's: `study --python`, else `CARDPROOF_PYTHON`, else `python3`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TransformersSettings {
-    /// The Python interpreter (default `$CARDPROOF_PYTHON`, else `python3`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub python: Option<String>,
     /// `cuda` (the default), `cuda:N`, `auto` or `cpu`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
@@ -147,13 +145,11 @@ pub struct TransformersSettings {
 
 /// How the llama.cpp runner runs (`runner: llamacpp`): the `llama-perplexity` flags every arm
 /// shares. An arm's `attention` is its `-fa` (`on`, `off`, `auto`) and its `kv_cache` its
-/// `-ctk/-ctv`; the reference runs the baseline's.
+/// `-ctk/-ctv`; the reference runs the baseline's. The binary is never the file's:
+/// `study --llamacpp-bin`, else `CARDPROOF_LLAMACPP_BIN`, else `llama-perplexity` on `PATH`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LlamacppStudySettings {
-    /// `llama-perplexity` (default: the one on `PATH`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub binary: Option<String>,
     /// `-t`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<u32>,
@@ -292,14 +288,26 @@ fn yes() -> bool {
 
 /// What the command line puts over a study file: the runner, and the transformers runner's
 /// device and dtype. Recorded as what ran (study.json's `runner`, each arm's environment).
+/// The programs that run and the files outside the study file's directory come from here
+/// only: a study file is data.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
     pub runner: Option<StudyRunner>,
     pub device: Option<String>,
     pub torch_dtype: Option<String>,
-    /// `--llamacpp-bin`.
+    /// `--llamacpp-bin` (an absolute path: the binary resolves it against the working
+    /// directory).
     pub llamacpp_bin: Option<PathBuf>,
+    /// `--python`.
+    pub python: Option<PathBuf>,
+    /// `--eval-text`: the eval text instead of the file's `eval.text`, wherever it is.
+    pub eval_text: Option<PathBuf>,
+    /// `--chat-template`: the chat template file instead of the file's `eval.chat_template`.
+    pub chat_template: Option<PathBuf>,
 }
+
+/// The environment variable naming `llama-perplexity` when `--llamacpp-bin` does not.
+pub const LLAMACPP_BIN_ENV: &str = "CARDPROOF_LLAMACPP_BIN";
 
 /// The study file and where it is (paths in it are relative to its directory).
 #[derive(Debug, Clone)]
@@ -308,6 +316,11 @@ pub struct Study {
     pub file: StudyFile,
     /// SHA-256 of the file's bytes.
     pub sha256: String,
+    /// Where each node of the file starts (JSON pointer to line and column), so that every
+    /// error about a field, found when reading or when planning, names its line.
+    places: std::collections::BTreeMap<String, crate::span::LineCol>,
+    /// What the command line gave ([`Study::apply`]).
+    pub given: Overrides,
 }
 
 /// The most bytes a study file may hold.
@@ -344,72 +357,75 @@ impl Study {
             })?
             .ok_or_else(|| Error::format(path, None, "is empty"))?;
         let value = node.to_json();
+        let mut places = std::collections::BTreeMap::new();
+        node.walk(&mut |pointer, key, node| {
+            let start = key.map_or(node.span.start, |k| k.start);
+            let (line, column) = line_column(text, start);
+            places
+                .entry(pointer.to_owned())
+                .or_insert(crate::span::LineCol { line, column });
+        });
+        let error = |field: &str, rule: String| field_error(path, &places, field, rule);
         // The version first: a file for another cardproof says so, not what it lacks.
         match value.get("study").and_then(serde_json::Value::as_str) {
             Some(STUDY_ID) => {}
             Some(other) => {
-                return Err(Error::format(
-                    path,
-                    Some("study"),
+                return Err(error(
+                    "study",
                     format!("is `{other}`; this cardproof reads `{STUDY_ID}`"),
                 ));
             }
             None => {
-                return Err(Error::format(
-                    path,
-                    Some("study"),
+                return Err(error(
+                    "study",
                     format!("is missing: a study file starts with `study: {STUDY_ID}`"),
                 ));
             }
         }
-        let at = |field: &str| -> Option<(usize, usize)> {
-            let mut found = None;
-            node.walk(&mut |pointer, key, node| {
-                if pointer == field && found.is_none() {
-                    let start = key.map_or(node.span.start, |k| k.start);
-                    found = Some(line_column(text, start));
-                }
-            });
-            found
-        };
-        let file: StudyFile = serde_path_to_error::deserialize(&value).map_err(|e| {
+        // A file that is data never chooses the program that runs.
+        for (field, instead) in [
+            (
+                "llamacpp.binary",
+                "--llamacpp-bin PATH or CARDPROOF_LLAMACPP_BIN",
+            ),
+            ("transformers.python", "--python PATH or CARDPROOF_PYTHON"),
+        ] {
+            if value.pointer(&pointer_of(field)).is_some() {
+                return Err(error(
+                    field,
+                    format!(
+                        "a study file does not choose the program that runs (it is data, and a study file from someone else would run their program); remove it and name the program with {instead}"
+                    ),
+                ));
+            }
+        }
+        let file = serde_path_to_error::deserialize(&value).map_err(|e| {
             let field = match e.path().to_string() {
                 p if p == "." => "(top level)".to_owned(),
                 p => p,
             };
-            // `arms[0].colour` as a JSON pointer: `/arms/0/colour`.
-            let pointer = format!(
-                "/{}",
-                field
-                    .replace('[', ".")
-                    .replace(']', "")
-                    .split('.')
-                    .filter(|p| *p != "?" && !p.is_empty())
-                    .collect::<Vec<_>>()
-                    .join("/")
-            );
-            let place = at(&pointer).or_else(|| {
-                let parent = pointer.rsplit_once('/').map_or("", |(p, _)| p);
-                at(parent)
-            });
-            let mut err = Error::format(path, Some(&field), e.into_inner().to_string());
-            if let Some((line, column)) = place {
-                err.at = Some(crate::span::LineCol { line, column });
-            }
-            err
+            error(&field, e.into_inner().to_string())
         })?;
         let study = Study {
             path: path.to_owned(),
             file,
             sha256,
+            places,
+            given: Overrides::default(),
         };
         study.check()?;
         Ok(study)
     }
 
+    /// An error about `field` (`arms[0].changes`) of the file, placed at its line: the field's,
+    /// else its nearest enclosing one's (a missing field is placed at its parent).
+    pub fn error(&self, field: &str, rule: impl Into<String>) -> Error {
+        field_error(&self.path, &self.places, field, rule)
+    }
+
     fn check(&self) -> Result<()> {
         let f = &self.file;
-        let bad = |field: &str, rule: String| Error::format(&self.path, Some(field), rule);
+        let bad = |field: &str, rule: String| self.error(field, rule);
         if f.study != STUDY_ID {
             return Err(bad(
                 "study",
@@ -481,6 +497,7 @@ impl Study {
                 StudyRunner::Llamacpp,
             ),
             ("--device", o.device.is_some(), StudyRunner::Transformers),
+            ("--python", o.python.is_some(), StudyRunner::Transformers),
             (
                 "--torch-dtype",
                 o.torch_dtype.is_some(),
@@ -499,13 +516,9 @@ impl Study {
                 ));
             }
         }
+        self.given = o.clone();
         if self.file.runner != StudyRunner::Llamacpp {
             self.file.llamacpp = None;
-        } else if let Some(bin) = &o.llamacpp_bin {
-            self.file
-                .llamacpp
-                .get_or_insert_with(Default::default)
-                .binary = Some(bin.display().to_string());
         }
         if self.file.runner != StudyRunner::Transformers {
             self.file.transformers = None;
@@ -521,6 +534,37 @@ impl Study {
             }
         }
         Ok(())
+    }
+
+    /// The directory the study file's paths are relative to.
+    pub fn dir(&self) -> &Path {
+        self.path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+    }
+
+    /// A data file the study file names (`field`: `eval.text`, `eval.chat_template`), which
+    /// must be inside the study file's directory ([`crate::files::inside_dir`]: no absolute
+    /// path, `..` or link out of it): it is read, digested and signed, and an eval text can be
+    /// recovered from the rows written. `flag` names it from elsewhere.
+    pub fn data_file(&self, field: &str, source: &str, flag: &str) -> Result<PathBuf> {
+        crate::files::inside_dir(self.dir(), source).map_err(|why| {
+            self.error(
+                field,
+                format!("`{source}` {}; pass it with {flag}", why.why("study file")),
+            )
+        })
+    }
+
+    /// `llama-perplexity`: `--llamacpp-bin`, else `CARDPROOF_LLAMACPP_BIN` (made absolute
+    /// against the working directory), else `None` (the one on `PATH`).
+    pub fn llamacpp_bin(&self) -> Option<PathBuf> {
+        self.given.llamacpp_bin.clone().or_else(|| {
+            std::env::var_os(LLAMACPP_BIN_ENV)
+                .filter(|v| !v.is_empty())
+                .map(|v| std::path::absolute(&v).unwrap_or_else(|_| PathBuf::from(v)))
+        })
     }
 
     /// A path the study file names, relative to its directory.
@@ -543,6 +587,41 @@ impl Study {
                 .file_stem()
                 .map_or("study".into(), |s| s.to_string_lossy().into_owned())
         })
+    }
+}
+
+/// [`Study::error`] before the [`Study`] exists.
+fn field_error(
+    path: &Path,
+    places: &std::collections::BTreeMap<String, crate::span::LineCol>,
+    field: &str,
+    rule: impl Into<String>,
+) -> Error {
+    let mut err = Error::format(path, Some(field), rule);
+    let mut pointer = pointer_of(field);
+    err.at = loop {
+        if let Some(at) = places.get(&pointer) {
+            break Some(*at);
+        }
+        match pointer.rsplit_once('/') {
+            Some((parent, _)) => pointer = parent.to_owned(),
+            None => break places.get("").copied(),
+        }
+    };
+    err
+}
+
+/// A field path (`arms[0].changes`, `protocol.context_lengths[1]`) as a JSON pointer
+/// (`/arms/0/changes`).
+fn pointer_of(field: &str) -> String {
+    let parts: Vec<&str> = field
+        .split(['.', '[', ']'])
+        .filter(|p| *p != "?" && !p.is_empty())
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("/{}", parts.join("/"))
     }
 }
 

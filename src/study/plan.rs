@@ -3,12 +3,15 @@
 //! controls added. An arm that changes another variable than it names, or several, is refused
 //! unless it says `mixed: true`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use super::file::{Arm, Settings, Study, StudyRunner, Variable};
-use crate::error::{Error, Result};
+use crate::checkpoint::hash::{HashOptions, Manifest, hash_path};
+use crate::error::Result;
 use crate::rerun::MeasureOptions;
 use crate::runner::native::kv_cache::KvCacheSetting;
 use crate::runner::native::{ComputeDtype, Emulate, StateDtype};
@@ -49,6 +52,11 @@ pub struct PlannedArm {
     pub mixed: bool,
     /// The checkpoint it runs (the reference's for a settings arm).
     pub candidate: PathBuf,
+    /// Its files (hashed once per checkpoint): the arm changes the weights when their root
+    /// digest is not the reference's, whatever the paths.
+    pub manifest: Arc<Manifest>,
+    /// The study file names this arm's candidate: its files are subjects of the signed study.
+    pub named_candidate: bool,
     pub settings: Resolved,
 }
 
@@ -56,6 +64,7 @@ pub struct PlannedArm {
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub reference: PathBuf,
+    pub reference_manifest: Arc<Manifest>,
     pub eval_text: PathBuf,
     pub chat_template: ChatTemplateChoice,
     pub options: MeasureOptions,
@@ -70,24 +79,94 @@ pub struct Plan {
     pub arms: Vec<PlannedArm>,
 }
 
-/// The study's arms resolved and checked, controls last.
-pub fn plan(study: &Study) -> Result<Plan> {
+/// The checkpoints a study file names: the reference, and each arm's candidate where it names
+/// one (by the arm's index). Checkpoints may live anywhere (`../models/x`, an absolute path),
+/// but each must be one before anything of it is read: a directory holding `*.safetensors` or
+/// `*.gguf` weights (or a sharded index), or such a file. A study file naming
+/// `/proc/self/environ` or a home directory gets nothing of it read, digested or signed.
+pub fn checkpoints(study: &Study) -> Result<(PathBuf, Vec<(usize, PathBuf)>)> {
+    let reference = checkpoint(study, "reference", &study.file.reference)?;
+    let mut arms = Vec::new();
+    for (i, arm) in study.file.arms.iter().enumerate() {
+        if let Some(c) = &arm.candidate {
+            arms.push((i, checkpoint(study, &format!("arms[{i}].candidate"), c)?));
+        }
+    }
+    Ok((reference, arms))
+}
+
+fn checkpoint(study: &Study, field: &str, relative: &str) -> Result<PathBuf> {
+    let path = study.resolve(relative);
+    let meta = std::fs::metadata(&path)
+        .map_err(|e| study.error(field, format!("{}: {e}", path.display())))?;
+    let weights = |name: &std::ffi::OsStr| {
+        let name = name.to_string_lossy();
+        name.ends_with(".safetensors")
+            || name.ends_with(".gguf")
+            || name.ends_with(".safetensors.index.json")
+    };
+    let is_checkpoint = if meta.is_dir() {
+        std::fs::read_dir(&path)
+            .map_err(|e| study.error(field, format!("{}: {e}", path.display())))?
+            .flatten()
+            .any(|e| weights(&e.file_name()))
+    } else {
+        meta.is_file() && path.file_name().is_some_and(weights)
+    };
+    if !is_checkpoint {
+        return Err(study.error(
+            field,
+            format!(
+                "`{relative}` is not a checkpoint (a directory holding *.safetensors or *.gguf weights, or such a file); a study file names checkpoints, and cardproof reads nothing else it names outside the study file's directory"
+            ),
+        ));
+    }
+    Ok(path)
+}
+
+/// The study's arms resolved and checked, controls last; every checkpoint hashed (with
+/// `threads`; `None`: every core) once.
+pub fn plan(study: &Study, threads: Option<usize>) -> Result<Plan> {
     let f = &study.file;
-    let field_error = |field: &str, rule: String| Error::format(&study.path, Some(field), rule);
+    let field_error = |field: &str, rule: String| study.error(field, rule);
     let baseline = resolve(&f.baseline, None, f.runner)
         .map_err(|(field, why)| field_error(&format!("baseline.{field}"), why))?;
-    let reference = study.resolve(&f.reference);
-    let reference_real = canonical(&reference)
-        .map_err(|e| field_error("reference", format!("{}: {e}", reference.display())))?;
+    let (reference, named) = checkpoints(study)?;
+    // The data files before any checkpoint is hashed.
+    let (text, chat_template) = eval_files(study)?;
+    let mut hashed: BTreeMap<PathBuf, Arc<Manifest>> = BTreeMap::new();
+    let mut manifest = |field: &str, path: &Path| -> Result<Arc<Manifest>> {
+        let real = std::fs::canonicalize(path)
+            .map_err(|e| field_error(field, format!("{}: {e}", path.display())))?;
+        if let Some(m) = hashed.get(&real) {
+            return Ok(m.clone());
+        }
+        let options = HashOptions {
+            threads,
+            include_all: false,
+        };
+        let m = Arc::new(hash_path(&real, &options, &|_| {})?);
+        hashed.insert(real, m.clone());
+        Ok(m)
+    };
+    let reference_manifest = manifest("reference", &reference)?;
     let mut arms = Vec::new();
     for (i, arm) in f.arms.iter().enumerate() {
+        let (candidate, candidate_manifest) = match named.iter().find(|(j, _)| *j == i) {
+            Some((_, path)) => (
+                path.clone(),
+                manifest(&format!("arms[{i}].candidate"), path)?,
+            ),
+            None => (reference.clone(), reference_manifest.clone()),
+        };
         arms.push(plan_arm(
             study,
             i,
             arm,
             &baseline,
-            &reference,
-            &reference_real,
+            candidate,
+            candidate_manifest,
+            &reference_manifest,
         )?);
     }
     if f.controls.repeatability {
@@ -98,6 +177,8 @@ pub fn plan(study: &Study) -> Result<Plan> {
             changed: Vec::new(),
             mixed: false,
             candidate: reference.clone(),
+            manifest: reference_manifest.clone(),
+            named_candidate: false,
             settings: baseline.clone(),
         });
     }
@@ -135,21 +216,11 @@ pub fn plan(study: &Study) -> Result<Plan> {
             changed: vec![Variable::Kernel],
             mixed: false,
             candidate: reference.clone(),
+            manifest: reference_manifest.clone(),
+            named_candidate: false,
             settings,
         });
     }
-    let e = &f.eval;
-    let text = study.resolve(&e.text);
-    let chat_template = ChatTemplateChoice {
-        from: match (&e.chat_template, e.chat_template_from) {
-            (Some(_), _) => crate::conversation::eval::TemplateFrom::File,
-            (None, Some(from)) => from,
-            (None, None) => crate::conversation::eval::TemplateFrom::Reference,
-        },
-        file: e.chat_template.as_deref().map(|t| study.resolve(t)),
-        name: e.chat_template_name.clone(),
-        clock: e.chat_template_clock,
-    };
     let options = protocol_options(study)?;
     if f.runner != StudyRunner::Llamacpp && f.llamacpp.is_some() {
         return Err(field_error("llamacpp", "is for runner: llamacpp".into()));
@@ -171,7 +242,7 @@ pub fn plan(study: &Study) -> Result<Plan> {
         StudyRunner::Transformers => {
             let t = f.transformers.clone().unwrap_or_default();
             let flags = crate::runner::transformers_flags::TransformersFlags {
-                python: t.python.map(PathBuf::from),
+                python: study.given.python.clone(),
                 device: t.device.unwrap_or_else(|| "cuda".into()),
                 torch_dtype: t.torch_dtype,
                 attention: Some(baseline.attention.clone()),
@@ -196,6 +267,7 @@ pub fn plan(study: &Study) -> Result<Plan> {
     }
     Ok(Plan {
         reference,
+        reference_manifest,
         eval_text: text,
         chat_template,
         options,
@@ -207,8 +279,32 @@ pub fn plan(study: &Study) -> Result<Plan> {
     })
 }
 
-fn canonical(p: &Path) -> std::io::Result<PathBuf> {
-    std::fs::canonicalize(p)
+/// The eval text and the chat template: the command line's (`--eval-text`, `--chat-template`),
+/// else the study file's, inside its directory ([`Study::data_file`]).
+fn eval_files(study: &Study) -> Result<(PathBuf, ChatTemplateChoice)> {
+    let e = &study.file.eval;
+    let text = match &study.given.eval_text {
+        Some(given) => given.clone(),
+        None => study.data_file("eval.text", &e.text, "--eval-text FILE")?,
+    };
+    let template_file = match (&study.given.chat_template, &e.chat_template) {
+        (Some(given), _) => Some(given.clone()),
+        (None, Some(t)) => {
+            Some(study.data_file("eval.chat_template", t, "--chat-template FILE")?)
+        }
+        (None, None) => None,
+    };
+    let chat_template = ChatTemplateChoice {
+        from: match (&template_file, e.chat_template_from) {
+            (Some(_), _) => crate::conversation::eval::TemplateFrom::File,
+            (None, Some(from)) => from,
+            (None, None) => crate::conversation::eval::TemplateFrom::Reference,
+        },
+        file: template_file,
+        name: e.chat_template_name.clone(),
+        clock: e.chat_template_clock,
+    };
+    Ok((text, chat_template))
 }
 
 fn plan_arm(
@@ -216,21 +312,17 @@ fn plan_arm(
     i: usize,
     arm: &Arm,
     baseline: &Resolved,
-    reference: &Path,
-    reference_real: &Path,
+    candidate: PathBuf,
+    manifest: Arc<Manifest>,
+    reference: &Manifest,
 ) -> Result<PlannedArm> {
     let at = |field: &str| format!("arms[{i}].{field}");
-    let err = |field: &str, rule: String| Error::format(&study.path, Some(&at(field)), rule);
+    let err = |field: &str, rule: String| study.error(&at(field), rule);
     let settings = resolve(&arm.settings, Some(baseline), study.file.runner)
         .map_err(|(field, why)| err(field, why))?;
-    let candidate = match &arm.candidate {
-        Some(c) => study.resolve(c),
-        None => reference.to_owned(),
-    };
-    let real = canonical(&candidate)
-        .map_err(|e| err("candidate", format!("{}: {e}", candidate.display())))?;
     let mut changed = Vec::new();
-    if real != reference_real {
+    // By digest: a byte-identical copy of the reference elsewhere changes no weights.
+    if manifest.root_sha256 != reference.root_sha256 {
         changed.push(Variable::Weights);
     }
     if settings.kv_cache != baseline.kv_cache {
@@ -259,10 +351,15 @@ fn plan_arm(
                 .collect::<Vec<_>>()
                 .join(" and ")
         };
+        let copy = if arm.changes == Variable::Weights && changed.is_empty() {
+            " (its candidate's files are the reference's, byte for byte)"
+        } else {
+            ""
+        };
         return Err(err(
             "changes",
             format!(
-                "arm `{}` says it changes {} but changes {found} against the baseline: each arm isolates one variable (write `mixed: true` to run it anyway, marked as mixed)",
+                "arm `{}` says it changes {} but changes {found} against the baseline{copy}: each arm isolates one variable (write `mixed: true` to run it anyway, marked as mixed)",
                 arm.name,
                 arm.changes.as_str()
             ),
@@ -274,7 +371,9 @@ fn plan_arm(
         declared: arm.changes,
         mixed: !isolated,
         changed,
+        named_candidate: arm.candidate.is_some(),
         candidate,
+        manifest,
         settings,
     })
 }
@@ -417,13 +516,12 @@ fn protocol_options(study: &Study) -> Result<MeasureOptions> {
         .collect();
     let options = flags
         .options(&lengths, study.file.eval.bos)
-        .map_err(|why| Error::format(&study.path, Some("protocol"), why))?;
+        .map_err(|why| study.error("protocol", why))?;
     if study.file.runner == StudyRunner::Llamacpp {
         let differences = crate::rerun::llamacpp::protocol_differences(&options);
         if !differences.is_empty() {
-            return Err(Error::format(
-                &study.path,
-                Some("protocol"),
+            return Err(study.error(
+                "protocol",
                 format!(
                     "runner: llamacpp scores llama.cpp's protocol: {}",
                     differences.join("; ")
@@ -442,7 +540,7 @@ fn llamacpp_options(
 ) -> Result<crate::runner::llamacpp::LlamacppOptions> {
     use crate::runner::llamacpp::{self, LlamacppOptions, LlamacppSettings};
     let given = study.file.llamacpp.clone().unwrap_or_default();
-    let bad = |field: &str, why: String| Error::format(&study.path, Some(field), why);
+    let bad = |field: &str, why: String| study.error(field, why);
     let settings = LlamacppSettings {
         threads: given.threads,
         batch: given.batch,
@@ -462,7 +560,7 @@ fn llamacpp_options(
         ..settings.clone()
     };
     Ok(LlamacppOptions {
-        binary: given.binary.map(|b| study.resolve(&b)),
+        binary: study.llamacpp_bin(),
         settings,
         no_gate: given.no_gate,
         reference: Some(reference),

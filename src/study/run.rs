@@ -10,7 +10,7 @@ use super::document::{
     Timings,
 };
 use super::file::{Study, StudyRunner};
-use super::plan::{self, ArmKind, Plan, PlannedArm};
+use super::plan::{ArmKind, Plan, PlannedArm};
 use crate::error::{Error, Result};
 use crate::kld::protocol::Segment;
 use crate::rerun::{self, Lane, Request};
@@ -23,19 +23,22 @@ pub struct StudyOutcome {
     pub rows: Vec<Vec<crate::report::RunRows>>,
 }
 
-/// Run `study` and write every arm's measurement and the study's documents into `out` (the
-/// output set's directory). `progress(done, total)` counts windows of the current pass; `stage`
-/// names each pass (`arm 3/7 fp8-block`).
+/// Run `study` as `plan` (its [`super::plan::plan`]) says and write every arm's measurement into `out`
+/// (the output set's directory). `room` is asked whether the arms' outputs fit before the first
+/// forward pass (see [`rerun::study::run_arms`]). `progress(done, total)` counts windows of the
+/// current pass; `stage` names each pass (`arm 3/7 fp8-block`).
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     study: &Study,
+    plan: &Plan,
     out: &Path,
     run_id: Option<&str>,
     threads: usize,
+    room: &(dyn Fn(&Request, &rerun::preflight::Identity) -> Result<()> + Sync),
     stage: &(dyn Fn(&str) + Sync),
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<StudyOutcome> {
     let started = std::time::Instant::now();
-    let plan = plan::plan(study)?;
     // The llama.cpp runner's flags per arm: the shared ones with the arm's `-fa`.
     let llamacpp: Vec<Option<LlamacppOptions>> = plan
         .arms
@@ -52,7 +55,7 @@ pub fn run(
         .arms
         .iter()
         .zip(&llamacpp)
-        .map(|(a, l)| request(&plan, a, l.as_ref(), threads))
+        .map(|(a, l)| request(plan, a, l.as_ref(), threads))
         .collect();
     let names: Vec<String> = plan.arms.iter().map(|a| a.name.clone()).collect();
     let attentions: Vec<String> = plan
@@ -65,6 +68,7 @@ pub fn run(
         &names,
         &attentions,
         plan.baseline.compute,
+        room,
         stage,
         &|_, done, total| progress(done, total),
     )?;
@@ -138,7 +142,7 @@ pub fn run(
                 .collect(),
         );
     }
-    let comparisons = comparisons(&plan, &outcome, o);
+    let comparisons = comparisons(plan, &outcome, o);
     let first = &outcome
         .arms
         .first()
@@ -173,6 +177,7 @@ pub fn run(
             reference_seconds: outcome.reference_seconds,
             total_seconds: started.elapsed().as_secs_f64(),
         },
+        set_files: Vec::new(),
     };
     Ok(StudyOutcome { document, rows })
 }
@@ -209,7 +214,7 @@ fn request<'a>(
         options: plan.options.clone(),
         padding_included: false,
         threads,
-        candidate_manifest: None,
+        candidate_manifest: Some(&arm.manifest),
         gates: None,
         noise_floor: false,
         pins: Vec::new(),

@@ -53,6 +53,11 @@ pub struct VerifyRequest<'a> {
     pub chat_template: crate::runner::tokens::ChatTemplateFlags,
     /// Told each pre-flight warning before the rerun starts.
     pub on_warning: &'a (dyn Fn(&rerun::preflight::Warning) + Sync),
+    /// Asked, after the pre-flight and before the rerun, whether the outputs of this request
+    /// (what the pre-flight found: the token count) fit where they go: a full disk must not be
+    /// found after the whole rerun.
+    pub before_rerun:
+        &'a (dyn Fn(&rerun::Request, &rerun::preflight::Identity) -> Result<()> + Sync),
 }
 
 /// A finished verification.
@@ -102,42 +107,13 @@ fn card_file(
     what: &str,
     flag: &str,
 ) -> Result<PathBuf> {
-    let refuse = |why: &str| {
+    crate::files::inside_dir(card_dir, source).map_err(|why| {
         Error::card(
             card_dir,
             Some(field),
-            format!("{what} {why}; pass it with {flag}"),
+            format!("{what} {}; pass it with {flag}", why.why("card")),
         )
-    };
-    let relative = Path::new(source);
-    if source.is_empty() {
-        return Err(refuse("is not named"));
-    }
-    if relative.is_absolute()
-        || relative.components().any(|c| {
-            !matches!(
-                c,
-                std::path::Component::Normal(_) | std::path::Component::CurDir
-            )
-        })
-    {
-        return Err(refuse(
-            "is not a path inside the card's directory, and a card cannot make cardproof read files elsewhere",
-        ));
-    }
-    let candidate = card_dir.join(relative);
-    let (Ok(dir), Ok(real)) = (card_dir.canonicalize(), candidate.canonicalize()) else {
-        return Err(refuse("is not a readable file in the card's directory"));
-    };
-    if !real.starts_with(&dir) {
-        return Err(refuse(
-            "resolves (through a link) outside the card's directory, and a card cannot make cardproof read files elsewhere",
-        ));
-    }
-    if !std::fs::metadata(&real).is_ok_and(|m| m.is_file()) {
-        return Err(refuse("is not a regular file in the card's directory"));
-    }
-    Ok(real)
+    })
 }
 
 /// How the rerun renders a conversation eval text: as the card's `eval.conversation` says (its
@@ -553,6 +529,7 @@ pub fn verify(
                 "given files",
             );
             if contradicted.is_empty() {
+                (r.before_rerun)(&request, &pre.identity)?;
                 let done = rerun::run_checked(&request, pre, stage, progress)?;
                 for g in done.gates.iter().filter(|g| !g.passed) {
                     ctx.failed_gates.push(format!("{}: {}", g.gate, g.detail));
@@ -680,6 +657,7 @@ pub fn verify(
             .collect(),
         definitions: report::verdict_definitions(),
         reference_source: measurement.map(reference_source),
+        set_files: Vec::new(),
     };
     let rows = rerun_done
         .as_ref()

@@ -49,6 +49,11 @@ pub struct Report {
     /// How every verdict is decided, in words with their formulas ([`verdict_definitions`]).
     #[serde(default)]
     pub definitions: BTreeMap<String, String>,
+    /// Every other file of the report's set (report.md, report.html, measurement.json,
+    /// positions.safetensors) and its SHA-256: signed with this report, so none of them can be
+    /// rewritten after signing (`verify-report` checks them). Empty until the set is written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub set_files: Vec<crate::outset::SetFile>,
 }
 
 /// The verdict rules a reader of report.json needs to check a verdict by hand.

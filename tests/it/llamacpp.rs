@@ -419,13 +419,14 @@ fn a_sweep_of_llama_cpp_settings_needs_the_llamacpp_runner() {
 }
 
 /// A study file in `dir` with `runner: llamacpp` over the example GGUF pair, `protocol` and
-/// `arms` as YAML flow text.
-fn llamacpp_study(dir: &Path, protocol: &str, arms: &[&str], bin: &str) -> PathBuf {
+/// `arms` as YAML flow text; the eval text copied beside it (a study file's data is inside its
+/// directory), the binary left to `--llamacpp-bin`.
+fn llamacpp_study(dir: &Path, protocol: &str, arms: &[&str]) -> PathBuf {
     let root = repo_root();
+    std::fs::copy(root.join("examples/data/eval.txt"), dir.join("eval.txt")).unwrap();
     let mut yaml = format!(
-        "study: cardproof/study-v1\nname: lcp\nreference: {}\neval: {{text: {}}}\nprotocol: {protocol}\nrunner: llamacpp\nllamacpp: {{binary: {bin}, threads: 2}}\narms:\n",
+        "study: cardproof/study-v1\nname: lcp\nreference: {}\neval: {{text: eval.txt}}\nprotocol: {protocol}\nrunner: llamacpp\nllamacpp: {{threads: 2}}\narms:\n",
         root.join(BF16_GGUF).display(),
-        root.join("examples/data/eval.txt").display(),
     );
     for a in arms {
         yaml.push_str(&format!(
@@ -474,12 +475,7 @@ fn a_llamacpp_study_refuses_what_llama_perplexity_has_no_flag_for_naming_the_fie
             "GGUF",
         ),
     ] {
-        let study = llamacpp_study(
-            dir.path(),
-            protocol,
-            &[arm],
-            "/nonexistent/llama-perplexity",
-        );
+        let study = llamacpp_study(dir.path(), protocol, &[arm]);
         let r = run(&[
             "study",
             study.to_str().unwrap(),
@@ -710,12 +706,13 @@ esac"#
                 "{name: q4_0, candidate: ROOT/examples/models/shakespeare-q4_0-gguf, changes: weights}",
                 "{name: kv-q8_0, kv_cache: q8_0+hadamard, changes: kv_cache}",
             ],
-            &bin,
         );
         let out = dir.path().join("study");
         let r = run(&[
             "study",
             study.to_str().unwrap(),
+            "--llamacpp-bin",
+            &bin,
             "--out",
             out.to_str().unwrap(),
             "--json",

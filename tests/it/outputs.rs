@@ -324,3 +324,180 @@ fn every_output_path_is_checked_before_any_forward_pass() {
     assert!(!r.stderr.contains("model.safetensors"), "{}", r.stderr);
     assert!(!dir.path().join("out").exists(), "nothing written");
 }
+
+/// A symbolic link planted as the lock of `--out` (`.out.cardproof-lock`) used to be followed and
+/// its target created wherever it pointed: the run refuses it, naming the lock, and creates
+/// nothing.
+#[cfg(unix)]
+#[test]
+fn a_link_planted_as_the_out_lock_is_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let target = elsewhere.join("created-through-the-link");
+    let lock = dir.path().join(".out.cardproof-lock");
+    std::os::unix::fs::symlink(&target, &lock).unwrap();
+    let r = measure_nothing_into(&out);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains(&format!("its lock {} is a symbolic link", lock.display())),
+        "{}",
+        r.stderr
+    );
+    assert!(!target.exists(), "the link's target was created");
+    assert!(!out.exists());
+    assert!(
+        std::fs::symlink_metadata(&lock)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the link is left as it was"
+    );
+}
+
+/// A full disk used to be found only after the whole rerun, when the set was written. The set's
+/// size is estimated once the pre-flight knows the tokens, and a file system without room for it
+/// is refused before any forward pass (exit 2, naming --out, the estimate and the free space).
+/// The free space is injected (`CARDPROOF_FREE_SPACE_BYTES`): a full disk cannot be made here.
+#[test]
+fn a_set_that_cannot_fit_on_the_disk_is_refused_before_the_rerun() {
+    let dir = tempfile::tempdir().unwrap();
+    // An unloadable candidate: a refusal about space, not a load error, shows no model ran.
+    let cand = crate::support::unloadable_copy("shakespeare-w8a16", &dir.path().join("cand"));
+    let text = short_text(dir.path(), 2500);
+    let out = dir.path().join("out");
+    let bf16 = model("shakespeare-bf16");
+    let args = [
+        "measure",
+        "--reference",
+        &bf16,
+        "--candidate",
+        cand.to_str().unwrap(),
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--context-length",
+        "128",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let run = |free: &str| {
+        let o = assert_cmd::Command::cargo_bin("cardproof")
+            .unwrap()
+            .env("NO_COLOR", "1")
+            .env("CARDPROOF_FREE_SPACE_BYTES", free)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            o.status.code().unwrap(),
+            String::from_utf8(o.stderr).unwrap(),
+        )
+    };
+    let (code, stderr) = run("1000");
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}: cannot write:", out.display()))
+            && stderr.contains("its file system has 1000 bytes (0.0 MiB) free")
+            && stderr.contains("needs about"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("model.safetensors"),
+        "no model ran: {stderr}"
+    );
+    assert!(!out.exists());
+    assert_eq!(entries(dir.path()), ["cand", "eval.txt"], "nothing left");
+    // With room, the same run goes on to load the models (and fails on the cut weights).
+    let (code, stderr) = run("1000000000000");
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("model.safetensors"), "{stderr}");
+}
+
+/// The same estimate guards `verify` (after its pre-flight, before the rerun) and `study` (after
+/// the first arm's pre-flight, before any arm runs): with no room, each is refused naming --out,
+/// and nothing is written.
+#[test]
+fn a_verify_or_study_that_cannot_fit_on_the_disk_is_refused_before_the_rerun() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    assert_eq!(
+        cardproof(&["keygen", "--out", keys.to_str().unwrap()]).code,
+        0
+    );
+    let run = |args: &[&str]| {
+        let o = assert_cmd::Command::cargo_bin("cardproof")
+            .unwrap()
+            .current_dir(crate::support::repo_root())
+            .env("NO_COLOR", "1")
+            .env("CARDPROOF_PROGRESS", "plain")
+            .env("CARDPROOF_FREE_SPACE_BYTES", "1000")
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            o.status.code().unwrap(),
+            String::from_utf8(o.stderr).unwrap(),
+        )
+    };
+    let out = dir.path().join("report");
+    let bf16 = model("shakespeare-bf16");
+    let fp8 = model("shakespeare-fp8-block");
+    let (code, stderr) = run(&[
+        "verify",
+        &fp8,
+        "--reference",
+        &bf16,
+        "--eval-text",
+        "examples/data/eval.txt",
+        "--key",
+        keys.join("cardproof.key").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{}: cannot write: its file system has 1000 bytes",
+            out.display()
+        )),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("progress: loading"),
+        "no model loaded: {stderr}"
+    );
+    assert!(!out.exists());
+
+    std::fs::copy(
+        crate::support::repo_root().join("examples/data/eval.txt"),
+        dir.path().join("eval.txt"),
+    )
+    .unwrap();
+    let study = dir.path().join("s.yaml");
+    std::fs::write(
+        &study,
+        format!(
+            "study: cardproof/study-v1\nreference: {bf16}\neval: {{text: eval.txt}}\nprotocol: {{context_lengths: [128]}}\narms:\n  - {{name: kv, kv_cache: q8_0, changes: kv_cache}}\n"
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("study");
+    let (code, stderr) = run(&[
+        "study",
+        study.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{}: cannot write: its file system has 1000 bytes",
+            out.display()
+        )),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("progress: arm"), "no arm ran: {stderr}");
+    assert!(!out.exists());
+}

@@ -1025,15 +1025,14 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
     fn a_study_in_the_transformers_runner_equals_its_single_measures() {
         require_torch();
         let dir = tempfile::tempdir().unwrap();
-        let text = short_text(dir.path(), 6000);
+        short_text(dir.path(), 6000);
         let models = repo_root().join("examples/models");
         let study = dir.path().join("study.yaml");
         std::fs::write(
             &study,
             format!(
-                "study: cardproof/study-v1\nreference: {m}/shakespeare-bf16\neval: {{text: {t}}}\nprotocol: {{context_lengths: [128], resamples: 100}}\nrunner: transformers\ntransformers: {{device: cpu, torch_dtype: float32}}\narms:\n  - {{name: fp8-block, candidate: {m}/shakespeare-fp8-block, changes: weights}}\n  - {{name: kv-q8_0, kv_cache: q8_0, changes: kv_cache}}\n  - {{name: eager, attention: eager, changes: kernel}}\n",
+                "study: cardproof/study-v1\nreference: {m}/shakespeare-bf16\neval: {{text: eval.txt}}\nprotocol: {{context_lengths: [128], resamples: 100}}\nrunner: transformers\ntransformers: {{device: cpu, torch_dtype: float32}}\narms:\n  - {{name: fp8-block, candidate: {m}/shakespeare-fp8-block, changes: weights}}\n  - {{name: kv-q8_0, kv_cache: q8_0, changes: kv_cache}}\n  - {{name: eager, attention: eager, changes: kernel}}\n",
                 m = models.display(),
-                t = text.display()
             ),
         )
         .unwrap();

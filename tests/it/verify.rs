@@ -1196,3 +1196,176 @@ fn the_hybrid_example_cards_reproduce_as_committed() {
         );
     }
 }
+
+/// Rewrites `rel` in the set `out` with `edit`, and recomputes the set's unsigned marker as a
+/// forger would (every file's size and SHA-256).
+fn forge(out: &Path, rel: &str, edit: impl FnOnce(String) -> String) {
+    let path = out.join(rel);
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, edit(text)).unwrap();
+    let marker_path = out.join(".cardproof-set.json");
+    let mut marker = read_json(&marker_path);
+    for f in marker["files"].as_array_mut().unwrap() {
+        let p = out.join(f["path"].as_str().unwrap());
+        let bytes = std::fs::read(&p).unwrap();
+        f["size"] = bytes.len().into();
+        f["sha256"] = cardproof::checkpoint::hash::hash_file(&p).unwrap().into();
+    }
+    std::fs::write(&marker_path, marker.to_string()).unwrap();
+}
+
+/// A not_reproduced set whose report.md and report.html were rewritten to "REPRODUCED", with the
+/// unsigned marker recomputed, used to pass `verify-report --checkpoint`: the marker was all that
+/// knew their digests. The signed report lists every other file of its set with its SHA-256
+/// (`set_files`), and verify-report checks each, and refuses files it does not list.
+#[test]
+fn renderings_rewritten_after_signing_no_longer_verify() {
+    let v = Verified::new("shakespeare-w8a16", &[]);
+    let (line, value) = v.claim_line("kld_mean");
+    let card = std::fs::read_to_string(v.card()).unwrap();
+    let raised: f64 = value.parse::<f64>().unwrap() * 1.2;
+    std::fs::write(
+        v.card(),
+        card.replacen(
+            &line,
+            &line.replacen(
+                &format!("value: {value}"),
+                &format!("value: {raised:.6}"),
+                1,
+            ),
+            1,
+        ),
+    )
+    .unwrap();
+    let r = v.verify();
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert_eq!(r.json()["verdict"], "not_reproduced");
+    let out = v.out();
+    let envelope = out.join("report.dsse.json");
+    let signed = statement(&envelope)["predicate"]["set_files"].clone();
+    let listed: Vec<&str> = signed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            "measurement.json",
+            "positions.safetensors",
+            "report.html",
+            "report.md"
+        ]
+    );
+    assert_eq!(read_json(&out.join("report.json"))["set_files"], signed);
+    // As written, the set verifies: an authentic not_reproduced report.
+    let before = v.verify_report(&envelope, Some(&v.candidate()));
+    assert_eq!(before.code, 0, "{}", before.stdout);
+    assert!(
+        before.stdout.contains(&format!(
+            "every file of its set in {} is one it signed",
+            out.display()
+        )),
+        "{}",
+        before.stdout
+    );
+    assert!(
+        before.stdout.contains("report verdict: not_reproduced"),
+        "{}",
+        before.stdout
+    );
+
+    // The forgery: both renderings say REPRODUCED, the marker agrees with them.
+    for rel in ["report.md", "report.html"] {
+        forge(&out, rel, |t| {
+            let forged = t
+                .replace("NOT REPRODUCED", "REPRODUCED")
+                .replace("not reproduced", "reproduced")
+                .replace("not_reproduced", "reproduced");
+            assert!(forged != t, "{rel} shows the verdict");
+            forged
+        });
+    }
+    let r = v.verify_report(&envelope, Some(&v.candidate()));
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    for rel in ["report.md", "report.html"] {
+        assert!(
+            r.stdout.contains(&format!(
+                "set: {} changed after signing",
+                out.join(rel).display()
+            )),
+            "{rel}: {}",
+            r.stdout
+        );
+    }
+    // A signed file removed, and a file the statement does not list, are caught by name too.
+    std::fs::remove_file(out.join("report.html")).unwrap();
+    std::fs::write(out.join("SUMMARY.md"), "# REPRODUCED\n").unwrap();
+    let r = v.verify_report(&envelope, None);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(
+        r.stdout.contains(&format!(
+            "set: {} is missing",
+            out.join("report.html").display()
+        )),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains(&format!(
+            "set: {} is not a file of the set",
+            out.join("SUMMARY.md").display()
+        )),
+        "{}",
+        r.stdout
+    );
+}
+
+/// `sign` of a measurement in its `measure` set binds the set's other file (positions.safetensors)
+/// with it, so the rows cannot be rewritten after signing either; and it refuses to sign a set
+/// whose files changed since the run wrote them.
+#[test]
+fn a_signed_measurement_binds_the_rows_of_its_set() {
+    let v = Verified::new("shakespeare-awq-int4", &[]);
+    let m = v.dir.path().join("m");
+    let positions = m.join("positions.safetensors");
+    let original = std::fs::read(&positions).unwrap();
+    // Changed before signing: refused, naming the file.
+    let mut edited = original.clone();
+    let last = edited.len() - 1;
+    edited[last] ^= 1;
+    std::fs::write(&positions, &edited).unwrap();
+    let r = v.sign(&m.join("measurement.json"));
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&format!(
+            "{} changed after its run wrote it",
+            positions.display()
+        )),
+        "{}",
+        r.stderr
+    );
+    assert!(!m.join("measurement.dsse.json").exists());
+    std::fs::write(&positions, &original).unwrap();
+    let r = v.sign(&m.join("measurement.json"));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let envelope = m.join("measurement.dsse.json");
+    let predicate = statement(&envelope)["predicate"].clone();
+    assert_eq!(predicate["set_files"][0]["path"], "positions.safetensors");
+    assert_eq!(predicate["set_files"].as_array().unwrap().len(), 1);
+    let ok = v.verify_report(&envelope, Some(&v.candidate()));
+    assert_eq!(ok.code, 0, "{}", ok.stdout);
+    // Changed after signing: a mismatch naming it.
+    std::fs::write(&positions, &edited).unwrap();
+    let r = v.verify_report(&envelope, Some(&v.candidate()));
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    assert!(
+        r.stdout.contains(&format!(
+            "set: {} changed after signing",
+            positions.display()
+        )),
+        "{}",
+        r.stdout
+    );
+}

@@ -51,8 +51,9 @@ pub enum Command {
     /// Compact reference artifacts.
     #[command(subcommand)]
     Reference(ReferenceCommand),
-    /// Check a signed report offline: the signature, the keyid, and (with --checkpoint) that every
-    /// subject digest matches the files. Exit 1 on any mismatch.
+    /// Check a signed report or study offline: the signature, the keyid, every file of its set
+    /// beside it against the digests it signed, and (with --checkpoint, or --study for a study)
+    /// that every subject digest matches the files. Exit 1 on any mismatch.
     VerifyReport(VerifyReportArgs),
     /// Run a study: one reference against several arms (quantized checkpoints, KV-cache schemes,
     /// kernels), each changing one variable, measured against one reference pass; writes each
@@ -162,10 +163,22 @@ pub struct StudyArgs {
     /// llamacpp).
     #[arg(long, value_name = "RUNNER", value_parser = ["native", "transformers", "llamacpp"])]
     pub runner: Option<String>,
-    /// For the llama.cpp runner: the `llama-perplexity` binary instead of the file's
-    /// `llamacpp.binary` (else the one on PATH).
+    /// For the llama.cpp runner: the `llama-perplexity` binary (default:
+    /// $CARDPROOF_LLAMACPP_BIN, else the one on PATH). A study file never names a program.
     #[arg(long, value_name = "PATH")]
     pub llamacpp_bin: Option<PathBuf>,
+    /// For the transformers runner: the Python interpreter with torch and transformers
+    /// (default: $CARDPROOF_PYTHON, else python3). A study file never names a program.
+    #[arg(long, value_name = "PATH")]
+    pub python: Option<PathBuf>,
+    /// The eval text instead of the file's `eval.text` (which must be inside the study file's
+    /// directory: a study file cannot make cardproof read files elsewhere).
+    #[arg(long, value_name = "FILE")]
+    pub eval_text: Option<PathBuf>,
+    /// The chat template file instead of the file's `eval.chat_template` (which must be inside
+    /// the study file's directory).
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
     /// For the transformers runner: the device instead of the file's (cuda, cuda:N, auto, cpu).
     #[arg(long, value_name = "DEVICE")]
     pub device: Option<String>,
@@ -376,6 +389,10 @@ pub struct VerifyReportArgs {
     /// block the report signed, instead of the checkpoint's README.md.
     #[arg(long, value_name = "FILE")]
     pub card: Option<PathBuf>,
+    /// A signed study (study.dsse.json): compare its subjects with this study file and the
+    /// files of the reference and of each arm's candidate it names.
+    #[arg(long, value_name = "STUDY_FILE", conflicts_with_all = ["checkpoint", "card"])]
+    pub study: Option<PathBuf>,
     #[command(flatten)]
     pub output: OutputArgs,
 }

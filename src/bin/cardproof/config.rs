@@ -210,6 +210,7 @@ pub struct VerifyReportConfig {
     pub public_key: PathBuf,
     pub checkpoint: Option<PathBuf>,
     pub card: Option<PathBuf>,
+    pub study: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -573,7 +574,14 @@ impl StudyConfig {
                     .and_then(cardproof::study::file::StudyRunner::from_name),
                 device: args.device,
                 torch_dtype: args.torch_dtype,
-                llamacpp_bin: args.llamacpp_bin,
+                // Against the working directory, where the user typed it (a bare name would
+                // otherwise be looked up on PATH when it runs).
+                llamacpp_bin: args
+                    .llamacpp_bin
+                    .map(|p| std::path::absolute(&p).unwrap_or(p)),
+                python: args.python,
+                eval_text: args.eval_text,
+                chat_template: args.chat_template,
             },
             file: args.file,
             out,

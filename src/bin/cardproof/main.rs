@@ -107,6 +107,7 @@ fn run(command: Command, printer: &Printer) -> io::Result<Finished> {
                 public_key: args.public_key,
                 checkpoint: args.checkpoint,
                 card: args.card,
+                study: args.study,
             };
             finish(verify_report::run(&config), |r| printer.report_check(r))
         }

@@ -24,16 +24,19 @@ pub struct Studied {
     pub written: Vec<PathBuf>,
 }
 
-/// `study`: the study file read and planned, the output set opened, every arm run against one
-/// reference pass, the documents written and signed, the set committed as one unit.
+/// `study`: the study file read and its checkpoints found, the output set opened, the study
+/// planned (every checkpoint hashed once), every arm run against one reference pass (after
+/// checking the set has room for them), the documents written and signed over every file of
+/// the set, the set committed as one unit.
 pub fn study(config: &crate::config::StudyConfig, printer: &Printer) -> super::Result<Studied> {
     let c = config;
     let mut study = cardproof::study::file::Study::read(&c.file)?;
     study.apply(&c.overrides)?;
-    // Checked before the set is opened: a study that cannot run leaves --out as it was.
-    let plan = cardproof::study::plan::plan(&study)?;
-    let mut models: Vec<&Path> = vec![plan.reference.as_path()];
-    models.extend(plan.arms.iter().map(|a| a.candidate.as_path()));
+    // The checkpoints before the set is opened (--out is never inside one); a study that
+    // cannot run leaves --out as it was.
+    let (reference, named) = cardproof::study::plan::checkpoints(&study)?;
+    let mut models: Vec<&Path> = vec![reference.as_path()];
+    models.extend(named.iter().map(|(_, p)| p.as_path()));
     let set = OutputSet::create(
         &c.out,
         &cardproof::outset::SetOptions {
@@ -43,19 +46,26 @@ pub fn study(config: &crate::config::StudyConfig, printer: &Printer) -> super::R
         },
     )?;
     let key = signing_key(printer, c.key.as_deref())?;
-    let outcome = pool(c.threads)?.install(|| {
+    let (plan, outcome) = pool(c.threads)?.install(|| {
         with_progress(c.progress, |stage, progress| {
-            cardproof::study::run::run(
+            stage("hashing the checkpoints");
+            let plan = cardproof::study::plan::plan(&study, Some(c.threads))?;
+            let arms = plan.arms.len() as u64;
+            let outcome = cardproof::study::run::run(
                 &study,
+                &plan,
                 set.dir(),
                 Some(set.run_id()),
                 c.threads,
+                &|r, id| set.check_space(rerun::output::size_estimate(r, id).saturating_mul(arms)),
                 stage,
                 progress,
-            )
+            )?;
+            Ok::<_, cardproof::Error>((plan, outcome))
         })
     })?;
-    cardproof::study::write_documents(set.dir(), &outcome, &key)?;
+    let mut outcome = outcome;
+    cardproof::study::write_documents(&set, &study, &plan, &mut outcome, &key)?;
     let written = set.commit()?;
     Ok(Outcome::clean(Studied {
         document: outcome.document,
@@ -154,6 +164,20 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
     let measured = pool(c.threads)?.install(|| {
         with_progress(c.progress, |stage, progress| {
             if let Some((knob, values)) = &c.sweep {
+                // Each pair is one measurement; the text's size bounds its tokens.
+                let text_bytes = c
+                    .eval_text
+                    .as_deref()
+                    .and_then(|t| std::fs::metadata(t).ok())
+                    .map_or(0, |m| m.len());
+                let conversation = c
+                    .eval_text
+                    .as_deref()
+                    .is_some_and(cardproof::conversation::eval::is_conversation_file);
+                set.check_space(
+                    rerun::output::size_estimate_of(&c.options, text_bytes, conversation)
+                        .saturating_mul(values.len() as u64),
+                )?;
                 let sweep = rerun::sweep::run_sweep(
                     &rerun::sweep::SweepRequest {
                         model: &c.candidate,
@@ -218,6 +242,7 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
             for w in &pre.warnings {
                 printer.warning(&w.to_string());
             }
+            set.check_space(rerun::output::size_estimate(&request, &pre.identity))?;
             let done = rerun::run_checked(&request, pre, stage, progress)?;
             let m = rerun::output::commit_into(set, done)?;
             Ok(Measured::Measurement(Box::new(m)))
@@ -260,6 +285,7 @@ pub fn verify(config: &VerifyConfig, printer: &Printer) -> super::Result<Verifie
                 kv_cache: c.kv_cache,
                 chat_template: c.chat_template.clone(),
                 on_warning: &|w| printer.warning(&w.to_string()),
+                before_rerun: &|r, id| set.check_space(rerun::output::size_estimate(r, id)),
             };
             let mut outcome = cardproof::verify::verify(&request, stage, progress)?;
             let written = cardproof::verify::write::write_outputs(set, &mut outcome, &key)?;

@@ -11,6 +11,7 @@ pub fn run(config: &VerifyReportConfig) -> super::Result<CheckedReport> {
         public_key: &config.public_key,
         checkpoint: config.checkpoint.as_deref(),
         card: config.card.as_deref(),
+        study: config.study.as_deref(),
     })?;
     let failed = !report.verified();
     Ok(Outcome::findings_if(report, failed))

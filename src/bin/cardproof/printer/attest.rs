@@ -52,11 +52,26 @@ impl Printer {
                     c.display()
                 ));
             }
+            if let Some(c) = &r.study_checked {
+                out.push_str(&format!(
+                    "; every subject matches {} and the checkpoints it names",
+                    c.display()
+                ));
+            }
             if let Some(c) = &r.card_checked {
                 out.push_str(&format!(
                     "; the fidelity block of {} is the one it signed",
                     c.display()
                 ));
+            }
+            match &r.set_checked {
+                Some(dir) => out.push_str(&format!(
+                    "; every file of its set in {} is one it signed",
+                    dir.display()
+                )),
+                None => out.push_str(
+                    "; it stands alone (no file of its set beside it, so none is vouched for)",
+                ),
             }
             out.push('\n');
             if let Some(id) = &r.run_id {
