@@ -323,8 +323,14 @@ pub fn measurement_from_log(
             )
         }
     };
-    let model_file = log.model.as_deref().map(Path::new).filter(|p| p.is_file());
-    let bos = match model_file {
+    // A log is data: the path it names is never followed. The model it measured is the GGUF of
+    // that file name beside the card (`--into`), inside its directory.
+    let model_file = log
+        .model
+        .as_deref()
+        .and_then(|m| Path::new(m).file_name())
+        .and_then(|name| crate::files::inside_dir(candidate_dir, &name.to_string_lossy()).ok());
+    let bos = match model_file.as_deref() {
         Some(f) => {
             use crate::checkpoint::gguf::GgufValue;
             let file = crate::checkpoint::gguf::read_file(f)?;
@@ -334,7 +340,7 @@ pub fn measurement_from_log(
             }
         }
         None => {
-            warnings.push("the model file the log names is not at hand: eval.bos is written as `none`; check it (llama.cpp adds a BOS when the GGUF's tokenizer.ggml.add_bos_token is true)".into());
+            warnings.push(format!("the model file the log names ({}) is not beside the card in {}: eval.bos is written as `none`; check it (llama.cpp adds a BOS when the GGUF's tokenizer.ggml.add_bos_token is true)", log.model.as_deref().unwrap_or("none"), candidate_dir.display()));
             Bos::None
         }
     };

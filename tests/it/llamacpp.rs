@@ -859,6 +859,36 @@ mod import {
         (r, log)
     }
 
+    /// A log is data: the model path it names is never followed (a hostile log could make
+    /// cardproof parse any file as a GGUF); the GGUF of that file name beside the card is read.
+    #[test]
+    fn the_model_path_a_log_names_is_never_followed_outside_the_cards_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = repo_root().join(Q4_0_GGUF).join("model.gguf");
+        let (r, _) = import_edited(
+            dir.path(),
+            "from examples/models/shakespeare-q4_0-gguf/model.gguf",
+            &format!("from {}", elsewhere.display()),
+        );
+        assert!(
+            r.stdout.contains("is not beside the card"),
+            "{}\n{}",
+            r.stdout,
+            r.transcript()
+        );
+        let card = std::fs::read_to_string(dir.path().join("README.md")).unwrap();
+        assert!(card.contains("bos: none"), "{card}");
+        // The same name beside the card: read (its add_bos_token decides the BOS policy).
+        std::fs::copy(&elsewhere, dir.path().join("model.gguf")).unwrap();
+        std::fs::remove_file(dir.path().join("README.md")).unwrap();
+        let (r, _) = import_edited(
+            dir.path(),
+            "from examples/models/shakespeare-q4_0-gguf/model.gguf",
+            "from /somewhere/else/model.gguf",
+        );
+        assert!(!r.stdout.contains("is not beside the card"), "{}", r.stdout);
+    }
+
     #[test]
     fn every_number_read_from_a_log_is_range_checked_at_its_line() {
         for (from, to, line, says) in [
