@@ -327,6 +327,9 @@ fn signed_report(
     let mut predicate = predicate;
     predicate["card"] = serde_json::json!({
         "fidelity_sha256": cardproof::card::canonical::fidelity_sha256(&fidelity),
+        "model_index_sha256": cardproof::card::canonical::fidelity_sha256(
+            &cardproof::card::canonical::model_index_json(&card),
+        ),
         "disclosure": fidelity,
     });
     let statement =

@@ -177,6 +177,16 @@ fn fixtures() -> Vec<Fixture> {
             None,
             None,
         ),
+        // The Hub's model-index shows kld_mean 0.00123 at 4096; the block claims 0.0123 there.
+        (
+            Code::ModelIndexContradictsDisclosure,
+            compliant_with(
+                "base_model_relation: quantized\n",
+                "base_model_relation: quantized\nmodel-index:\n  - name: m\n    results:\n      - task: {type: text-generation}\n        dataset: {name: wikitext, type: wikitext, config: ctx4096-forward}\n        metrics:\n          - {type: kld_mean, value: 0.00123}\n          - {type: kld_p99, value: 0.184}\n",
+            ),
+            Some("/model-index/0/results/0/metrics/0/value"),
+            None,
+        ),
     ]
 }
 
