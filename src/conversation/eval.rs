@@ -160,8 +160,19 @@ impl TokenizerContext {
     }
 }
 
+/// The most bytes all the conversations of one file may render to together (one token stream,
+/// as large as a plain eval text may be): with each conversation's own
+/// [`spans::MAX_RENDER_BYTES`], this bounds the work of labelling and tokenizing a file, whatever
+/// its template writes per message.
+pub const MAX_RENDERED_FILE_BYTES: usize = 512 << 20;
+
+/// A conversation of at least this many messages shows each step of its labelling as progress.
+pub const LONG_CONVERSATION: usize = 1_000;
+
 /// Every conversation of `path` rendered with `template`, labelled and tokenized with
-/// `tokenizer`.
+/// `tokenizer`. `progress` hears which conversation is being worked on: the first, one per
+/// percent of the file, and each step of a long one ([`LONG_CONVERSATION`]), so a long file or
+/// conversation never sits silent.
 pub fn render_file(
     path: &Path,
     template: &TemplateSource,
@@ -169,6 +180,7 @@ pub fn render_file(
     tokenizer: &tokenizers::Tokenizer,
     context: &TokenizerContext,
     clock: i64,
+    progress: &dyn Fn(&str),
 ) -> Result<Rendered> {
     let conversations = file::read(path)?;
     let compiled = ChatTemplate::new(&template.text, clock)
@@ -176,11 +188,41 @@ pub fn render_file(
     let mut ids = Vec::new();
     let mut labels = Vec::new();
     let mut rendered = Sha256::new();
+    let mut rendered_bytes = 0usize;
     let mut kwargs: Vec<Map<String, Value>> = Vec::new();
+    let n = conversations.len();
     for (i, c) in conversations.iter().enumerate() {
         let at = format!("conversation {}", i + 1);
+        let long = c.messages.len() >= LONG_CONVERSATION;
+        let step = |what: &str| progress(&format!("tokenizing conversation {}/{n}{what}", i + 1));
+        if long {
+            step(&format!(
+                " ({} messages, {} tool calls): labelling",
+                c.messages.len(),
+                tool_calls(c)
+            ));
+        } else if i == 0 || 100 * i / n > 100 * (i - 1) / n {
+            step("");
+        }
         let labelled = spans::label(&compiled, c, &context.special, &context.markers)
             .map_err(|why| Error::format(path, Some(&at), why))?;
+        rendered_bytes += labelled.text.len();
+        if rendered_bytes > MAX_RENDERED_FILE_BYTES {
+            return Err(Error::format(
+                path,
+                Some(&at),
+                format!(
+                    "the conversations up to this one render to {rendered_bytes} bytes, over the {} MiB the conversations of one file may render to (the work of labelling and tokenizing them grows with it); split the file",
+                    MAX_RENDERED_FILE_BYTES >> 20
+                ),
+            ));
+        }
+        if long {
+            step(&format!(
+                ": tokenizing its {:.1} MiB render",
+                labelled.text.len() as f64 / f64::from(1 << 20)
+            ));
+        }
         rendered.update(labelled.text.as_bytes());
         let encoding = tokenizer
             .encode(labelled.text.as_str(), false)
@@ -228,6 +270,15 @@ pub fn render_file(
         labels,
         record,
     })
+}
+
+/// How many tool calls a conversation's messages make.
+fn tool_calls(c: &Conversation) -> usize {
+    c.messages
+        .iter()
+        .filter_map(|m| m.get("tool_calls").and_then(Value::as_array))
+        .map(Vec::len)
+        .sum()
 }
 
 /// The renderer's name and the semantics it follows, recorded with every render.
