@@ -12,8 +12,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use cardproof::conversation::eval::{TokenizerContext, render_one};
+use cardproof::conversation::eval::{TokenizerContext, label_tokens};
 use cardproof::conversation::file::Conversation;
+use cardproof::conversation::spans;
 use cardproof::conversation::template::ChatTemplate;
 use serde_json::{Map, Value, json};
 
@@ -98,19 +99,29 @@ fn main() {
     let source = std::fs::read_to_string(root().join("examples/data/chat_template.jinja"))
         .expect("the template");
     let template = ChatTemplate::new(&source, 0).expect("the template compiles");
-    println!("tool calls   messages   rendered    tokens   renders   seconds   µs per call");
+    println!(
+        "tool calls   messages   rendered     tokens  renders  labelling  tokenizing  µs per call"
+    );
     for calls in sizes {
         let c = conversation(calls);
         let start = Instant::now();
-        let (labelled, ids, _) = render_one(&template, &c, &tokenizer, &context).expect("labelled");
-        let seconds = start.elapsed().as_secs_f64();
+        let labelled =
+            spans::label(&template, &c, &context.special, &context.markers).expect("labelled");
+        let labelling = start.elapsed().as_secs_f64();
+        let start = Instant::now();
+        let encoding = tokenizer
+            .encode(labelled.text.as_str(), false)
+            .expect("tokenized");
+        let labels = label_tokens(&labelled, encoding.get_offsets(), 0);
+        let tokenizing = start.elapsed().as_secs_f64();
+        assert_eq!(labels.len(), encoding.get_ids().len());
         println!(
-            "{calls:>10} {:>10} {:>10} {:>9} {:>9} {seconds:>9.2} {:>13.1}",
+            "{calls:>10} {:>10} {:>10} {:>10} {:>8} {labelling:>9.2}s {tokenizing:>10.2}s {:>12.1}",
             c.messages.len(),
             labelled.text.len(),
-            ids.len(),
+            labels.len(),
             labelled.renders,
-            seconds * 1e6 / calls as f64
+            (labelling + tokenizing) * 1e6 / calls as f64
         );
     }
 }

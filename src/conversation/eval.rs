@@ -219,8 +219,8 @@ pub fn render_file(
         }
         if long {
             step(&format!(
-                ": tokenizing its {:.1} MiB render",
-                labelled.text.len() as f64 / f64::from(1 << 20)
+                ": tokenizing its render ({} bytes)",
+                labelled.text.len()
             ));
         }
         rendered.update(labelled.text.as_bytes());
@@ -357,4 +357,71 @@ pub fn render_one(
         .map_err(|e| e.to_string())?;
     let labels = label_tokens(&labelled, encoding.get_offsets(), 0);
     Ok((labelled, encoding.get_ids().to_vec(), labels))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Regression (#41): a long conversation sat silent while it was labelled. `render_file`
+    /// reports the first conversation, one per percent of the file, and both steps of a long
+    /// one, and nothing else (a file of many short conversations does not flood the log).
+    #[test]
+    fn progress_names_the_first_conversation_each_percent_and_each_step_of_a_long_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let short = json!({"messages": [{"role": "user", "content": "hi"}]});
+        let mut long = vec![json!({"role": "user", "content": "go"})];
+        for i in 0..LONG_CONVERSATION / 2 {
+            long.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                {"function": {"name": "f", "arguments": {"i": i}}}
+            ]}));
+            long.push(json!({"role": "tool", "content": "ok"}));
+        }
+        let mut lines: Vec<String> = (0..250).map(|_| short.to_string()).collect();
+        lines[124] = json!({"messages": long}).to_string();
+        let path = dir.path().join("c.jsonl");
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        let template = dir.path().join("t.jinja");
+        std::fs::write(
+            &template,
+            "{% for m in messages %}{% for c in m.tool_calls or [] %}{{ c.function.name }}{% endfor %}{{ m.content or '' }}\n{% endfor %}",
+        )
+        .unwrap();
+        let tokenizer = tokenizers::Tokenizer::from_file(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("examples/models/shakespeare-bf16/tokenizer.json"),
+        )
+        .unwrap();
+        let heard = std::cell::RefCell::new(Vec::new());
+        let rendered = render_file(
+            &path,
+            &TemplateSource::from_file(&template).unwrap(),
+            TemplateFrom::File,
+            &tokenizer,
+            &TokenizerContext::default(),
+            DEFAULT_CLOCK,
+            &|line| heard.borrow_mut().push(line.to_owned()),
+        )
+        .unwrap();
+        assert_eq!(rendered.record.conversations, 250);
+        let heard = heard.into_inner();
+        // 250 conversations: a percent is 2.5 of them, so 100 reports, and the long one's two
+        // steps (it starts no percent).
+        assert_eq!(heard.len(), 102, "{heard:#?}");
+        assert_eq!(heard[0], "tokenizing conversation 1/250");
+        assert_eq!(heard[1], "tokenizing conversation 4/250");
+        let long = format!(
+            "tokenizing conversation 125/250 ({} messages, {} tool calls)",
+            LONG_CONVERSATION + 1,
+            LONG_CONVERSATION / 2
+        );
+        let at = heard.iter().position(|l| l.starts_with(&long)).unwrap();
+        assert_eq!(heard[at], format!("{long}: labelling"));
+        assert_eq!(
+            heard[at + 1],
+            "tokenizing conversation 125/250: tokenizing its render (2503 bytes)"
+        );
+        assert_eq!(heard[101], "tokenizing conversation 249/250");
+    }
 }

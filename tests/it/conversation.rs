@@ -556,24 +556,31 @@ fn a_kv_cache_sweep_runs_on_a_conversation() {
 }
 
 /// An agent conversation of `calls` rounds (an assistant turn calling a tool, the tool's result)
-/// after a request, as the example template renders it; written to `dir`.
-fn agent_conversation(dir: &Path, calls: usize) -> PathBuf {
-    let mut messages =
-        vec![serde_json::json!({"role": "user", "content": "Read every speech of Juliet's."})];
+/// after a request, written to `dir` with a terse template (one short line per message, so the
+/// measurement stays small).
+fn agent_conversation(dir: &Path, calls: usize) -> (PathBuf, PathBuf) {
+    let mut messages = vec![serde_json::json!({"role": "user", "content": "Go."})];
     for i in 0..calls {
-        messages.push(serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
-            {"type": "function", "function": {"name": "get_passage", "arguments": {"start_line": i}}}
-        ]}));
-        messages.push(serde_json::json!({"role": "tool", "content": format!("JULIET: line {i}")}));
+        messages.push(
+            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+                {"type": "function", "function": {"name": "get_passage", "arguments": {"start": i}}}
+            ]}),
+        );
+        messages.push(serde_json::json!({"role": "tool", "content": format!("line {i}")}));
     }
-    messages.push(serde_json::json!({"role": "assistant", "content": "Those are all."}));
     let path = dir.join(format!("agent-{calls}.json"));
     std::fs::write(
         &path,
         serde_json::to_vec(&serde_json::json!({"messages": messages})).unwrap(),
     )
     .unwrap();
-    path
+    let template = dir.join("terse.jinja");
+    std::fs::write(
+        &template,
+        "{% for m in messages %}{% for c in m.tool_calls or [] %}{{ c.function.name }}{% endfor %}{{ m.content or '' }}<|endoftext|>\n{% endfor %}",
+    )
+    .unwrap();
+    (path, template)
 }
 
 /// Regression (#41): labelling a long conversation sat silent (4,000 tool calls, still
@@ -582,8 +589,7 @@ fn agent_conversation(dir: &Path, calls: usize) -> PathBuf {
 #[test]
 fn a_long_conversation_shows_its_labelling_and_tokenizing_as_progress() {
     let dir = tempfile::tempdir().unwrap();
-    let (_, template) = short_conversation(dir.path(), 2);
-    let conversation = agent_conversation(dir.path(), 600);
+    let (conversation, template) = agent_conversation(dir.path(), 600);
     let output = assert_cmd::Command::cargo_bin("cardproof")
         .unwrap()
         .current_dir(repo_root())
@@ -614,16 +620,13 @@ fn a_long_conversation_shows_its_labelling_and_tokenizing_as_progress() {
         .lines()
         .filter(|l| l.starts_with("progress: tokenizing"))
         .collect();
-    assert_eq!(steps.len(), 3, "{stderr}");
-    assert_eq!(steps[0], "progress: tokenizing");
     assert_eq!(
-        steps[1],
-        "progress: tokenizing conversation 1/1 (1202 messages, 600 tool calls): labelling"
-    );
-    assert!(
-        steps[2].starts_with(
-            "progress: tokenizing conversation 1/1 (1202 messages, 600 tool calls): tokenizing its "
-        ) && steps[2].ends_with(" MiB render"),
+        steps,
+        [
+            "progress: tokenizing",
+            "progress: tokenizing conversation 1/1 (1201 messages, 600 tool calls): labelling",
+            "progress: tokenizing conversation 1/1: tokenizing its render (28107 bytes)",
+        ],
         "{stderr}"
     );
     assert!(stderr.contains("progress: measuring"), "{stderr}");
@@ -651,11 +654,17 @@ fn a_conversation_rendering_past_the_limit_is_refused_naming_the_file_and_the_li
         &["--chat-template", template.to_str().unwrap(), "--json"],
     );
     assert_eq!(r.code, 2, "{}", r.stderr);
-    let message = r.message();
+    let error = &r.json()["error"];
+    assert_eq!(error["kind"], "format", "{error}");
     assert!(
-        message.contains("conversation.json")
-            && message.contains("conversation 1: it renders to")
-            && message.contains("over the 32 MiB one conversation may render to"),
+        error["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("conversation.json")),
+        "{error}"
+    );
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("conversation 1: it renders to 37200026 bytes, over the 32 MiB one conversation may render to"),
         "{message}"
     );
     // The file is 2 KB: its size is not what is over.
