@@ -1073,10 +1073,9 @@ mod tests {
         let mut ranges = placed.ranges;
         let mut tool_calls_from_fields = Vec::new();
         for (k, m) in c.messages.iter().enumerate() {
-            if !m
-                .get("tool_calls")
+            if m.get("tool_calls")
                 .and_then(Value::as_array)
-                .is_some_and(|calls| !calls.is_empty())
+                .is_none_or(Vec::is_empty)
             {
                 continue;
             }
