@@ -161,10 +161,36 @@ impl TokenizerContext {
 }
 
 /// The most bytes all the conversations of one file may render to together (one token stream,
-/// as large as a plain eval text may be): with each conversation's own
-/// [`spans::MAX_RENDER_BYTES`], this bounds the work of labelling and tokenizing a file, whatever
-/// its template writes per message.
-pub const MAX_RENDERED_FILE_BYTES: usize = 512 << 20;
+/// as large as the file itself may be): with each conversation's own
+/// [`spans::MAX_RENDER_BYTES`], this bounds the work and memory of labelling and tokenizing a
+/// file, whatever its template writes per message.
+pub const MAX_RENDERED_FILE_BYTES: usize = 256 << 20;
+
+/// What is left of a file's [`MAX_RENDERED_FILE_BYTES`].
+struct RenderBudget {
+    spent: usize,
+    limit: usize,
+}
+
+impl RenderBudget {
+    /// Spends one conversation's render; over the limit, the error names the file and the
+    /// conversation that crossed it.
+    fn spend(&mut self, bytes: usize, path: &Path, at: &str) -> Result<()> {
+        self.spent = self.spent.saturating_add(bytes);
+        if self.spent <= self.limit {
+            return Ok(());
+        }
+        Err(Error::format(
+            path,
+            Some(at),
+            format!(
+                "the conversations up to this one render to {} bytes, over the {} MiB the conversations of one file may render to (the work of labelling and tokenizing them grows with it); split the file",
+                self.spent,
+                self.limit >> 20
+            ),
+        ))
+    }
+}
 
 /// A conversation of at least this many messages shows each step of its labelling as progress.
 pub const LONG_CONVERSATION: usize = 1_000;
@@ -188,7 +214,10 @@ pub fn render_file(
     let mut ids = Vec::new();
     let mut labels = Vec::new();
     let mut rendered = Sha256::new();
-    let mut rendered_bytes = 0usize;
+    let mut budget = RenderBudget {
+        spent: 0,
+        limit: MAX_RENDERED_FILE_BYTES,
+    };
     let mut kwargs: Vec<Map<String, Value>> = Vec::new();
     let n = conversations.len();
     for (i, c) in conversations.iter().enumerate() {
@@ -206,17 +235,7 @@ pub fn render_file(
         }
         let labelled = spans::label(&compiled, c, &context.special, &context.markers)
             .map_err(|why| Error::format(path, Some(&at), why))?;
-        rendered_bytes += labelled.text.len();
-        if rendered_bytes > MAX_RENDERED_FILE_BYTES {
-            return Err(Error::format(
-                path,
-                Some(&at),
-                format!(
-                    "the conversations up to this one render to {rendered_bytes} bytes, over the {} MiB the conversations of one file may render to (the work of labelling and tokenizing them grows with it); split the file",
-                    MAX_RENDERED_FILE_BYTES >> 20
-                ),
-            ));
-        }
+        budget.spend(labelled.text.len(), path, &at)?;
         if long {
             step(&format!(
                 ": tokenizing its render ({} bytes)",
@@ -423,5 +442,26 @@ mod tests {
             "tokenizing conversation 125/250: tokenizing its render (2503 bytes)"
         );
         assert_eq!(heard[101], "tokenizing conversation 249/250");
+    }
+
+    /// Regression (#41): the file's caps bounded its size, not its work; the renders of one
+    /// file are capped in all, and the error names the file and the conversation that crossed
+    /// the cap.
+    #[test]
+    fn a_file_rendering_past_its_budget_is_refused_at_the_conversation_that_crosses_it() {
+        let mut budget = RenderBudget {
+            spent: 0,
+            limit: 3 << 20,
+        };
+        let path = Path::new("agents.jsonl");
+        budget.spend(2 << 20, path, "conversation 1").unwrap();
+        budget.spend(1 << 20, path, "conversation 2").unwrap();
+        let e = budget.spend(1, path, "conversation 3").unwrap_err();
+        assert!(e.is_format());
+        assert_eq!(
+            e.to_string(),
+            "agents.jsonl: conversation 3: the conversations up to this one render to 3145729 bytes, over the 3 MiB the conversations of one file may render to (the work of labelling and tokenizing them grows with it); split the file"
+        );
+        assert_eq!(MAX_RENDERED_FILE_BYTES, 256 << 20);
     }
 }

@@ -72,9 +72,10 @@ pub struct Labelled {
 }
 
 /// The most bytes one conversation may render to. Labelling renders it a constant number of
-/// times and tokenizing reads it once, so this bounds one conversation's work and memory; a
-/// 100k-token agent conversation with thousands of tool calls renders to about half a MiB.
-pub const MAX_RENDER_BYTES: usize = 32 << 20;
+/// times and tokenizing reads it once, so this bounds one conversation's work and memory (a
+/// render of 8 MiB peaks at about 1.5 GB, tokenizing included); a 100k-token agent conversation
+/// with thousands of tool calls renders to about half a MiB.
+pub const MAX_RENDER_BYTES: usize = 16 << 20;
 
 /// The most strings of one conversation marked as fields (each carries its own sentinels and
 /// record, made before the template renders them).
@@ -1435,7 +1436,7 @@ mod tests {
         let e = label(&t, &c, &Map::new(), &specials()).unwrap_err();
         assert!(
             e.contains(&format!(
-                "renders to {} bytes, over the 32 MiB one conversation may render to",
+                "renders to {} bytes, over the 16 MiB one conversation may render to",
                 MAX_RENDER_BYTES + "<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n".len()
             )),
             "{e}"

@@ -664,7 +664,7 @@ fn a_conversation_rendering_past_the_limit_is_refused_naming_the_file_and_the_li
     );
     let message = error["message"].as_str().unwrap();
     assert!(
-        message.starts_with("conversation 1: it renders to 37200026 bytes, over the 32 MiB one conversation may render to"),
+        message.starts_with("conversation 1: it renders to 37200026 bytes, over the 16 MiB one conversation may render to"),
         "{message}"
     );
     // The file is 2 KB: its size is not what is over.
