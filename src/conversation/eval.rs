@@ -160,8 +160,45 @@ impl TokenizerContext {
     }
 }
 
+/// The most bytes all the conversations of one file may render to together (one token stream,
+/// as large as the file itself may be): with each conversation's own
+/// [`spans::MAX_RENDER_BYTES`], this bounds the work and memory of labelling and tokenizing a
+/// file, whatever its template writes per message.
+pub const MAX_RENDERED_FILE_BYTES: usize = 256 << 20;
+
+/// What is left of a file's [`MAX_RENDERED_FILE_BYTES`].
+struct RenderBudget {
+    spent: usize,
+    limit: usize,
+}
+
+impl RenderBudget {
+    /// Spends one conversation's render; over the limit, the error names the file and the
+    /// conversation that crossed it.
+    fn spend(&mut self, bytes: usize, path: &Path, at: &str) -> Result<()> {
+        self.spent = self.spent.saturating_add(bytes);
+        if self.spent <= self.limit {
+            return Ok(());
+        }
+        Err(Error::format(
+            path,
+            Some(at),
+            format!(
+                "the conversations up to this one render to {} bytes, over the {} MiB the conversations of one file may render to (the work of labelling and tokenizing them grows with it); split the file",
+                self.spent,
+                self.limit >> 20
+            ),
+        ))
+    }
+}
+
+/// A conversation of at least this many messages shows each step of its labelling as progress.
+pub const LONG_CONVERSATION: usize = 1_000;
+
 /// Every conversation of `path` rendered with `template`, labelled and tokenized with
-/// `tokenizer`.
+/// `tokenizer`. `progress` hears which conversation is being worked on: the first, one per
+/// percent of the file, and each step of a long one ([`LONG_CONVERSATION`]), so a long file or
+/// conversation never sits silent.
 pub fn render_file(
     path: &Path,
     template: &TemplateSource,
@@ -169,6 +206,7 @@ pub fn render_file(
     tokenizer: &tokenizers::Tokenizer,
     context: &TokenizerContext,
     clock: i64,
+    progress: &dyn Fn(&str),
 ) -> Result<Rendered> {
     let conversations = file::read(path)?;
     let compiled = ChatTemplate::new(&template.text, clock)
@@ -176,11 +214,34 @@ pub fn render_file(
     let mut ids = Vec::new();
     let mut labels = Vec::new();
     let mut rendered = Sha256::new();
+    let mut budget = RenderBudget {
+        spent: 0,
+        limit: MAX_RENDERED_FILE_BYTES,
+    };
     let mut kwargs: Vec<Map<String, Value>> = Vec::new();
+    let n = conversations.len();
     for (i, c) in conversations.iter().enumerate() {
         let at = format!("conversation {}", i + 1);
+        let long = c.messages.len() >= LONG_CONVERSATION;
+        let step = |what: &str| progress(&format!("tokenizing conversation {}/{n}{what}", i + 1));
+        if long {
+            step(&format!(
+                " ({} messages, {} tool calls): labelling",
+                c.messages.len(),
+                tool_calls(c)
+            ));
+        } else if i == 0 || 100 * i / n > 100 * (i - 1) / n {
+            step("");
+        }
         let labelled = spans::label(&compiled, c, &context.special, &context.markers)
             .map_err(|why| Error::format(path, Some(&at), why))?;
+        budget.spend(labelled.text.len(), path, &at)?;
+        if long {
+            step(&format!(
+                ": tokenizing its render ({} bytes)",
+                labelled.text.len()
+            ));
+        }
         rendered.update(labelled.text.as_bytes());
         let encoding = tokenizer
             .encode(labelled.text.as_str(), false)
@@ -228,6 +289,15 @@ pub fn render_file(
         labels,
         record,
     })
+}
+
+/// How many tool calls a conversation's messages make.
+fn tool_calls(c: &Conversation) -> usize {
+    c.messages
+        .iter()
+        .filter_map(|m| m.get("tool_calls").and_then(Value::as_array))
+        .map(Vec::len)
+        .sum()
 }
 
 /// The renderer's name and the semantics it follows, recorded with every render.
@@ -306,4 +376,92 @@ pub fn render_one(
         .map_err(|e| e.to_string())?;
     let labels = label_tokens(&labelled, encoding.get_offsets(), 0);
     Ok((labelled, encoding.get_ids().to_vec(), labels))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Regression (#41): a long conversation sat silent while it was labelled. `render_file`
+    /// reports the first conversation, one per percent of the file, and both steps of a long
+    /// one, and nothing else (a file of many short conversations does not flood the log).
+    #[test]
+    fn progress_names_the_first_conversation_each_percent_and_each_step_of_a_long_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let short = json!({"messages": [{"role": "user", "content": "hi"}]});
+        let mut long = vec![json!({"role": "user", "content": "go"})];
+        for i in 0..LONG_CONVERSATION / 2 {
+            long.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                {"function": {"name": "f", "arguments": {"i": i}}}
+            ]}));
+            long.push(json!({"role": "tool", "content": "ok"}));
+        }
+        let mut lines: Vec<String> = (0..250).map(|_| short.to_string()).collect();
+        lines[124] = json!({"messages": long}).to_string();
+        let path = dir.path().join("c.jsonl");
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        let template = dir.path().join("t.jinja");
+        std::fs::write(
+            &template,
+            "{% for m in messages %}{% for c in m.tool_calls or [] %}{{ c.function.name }}{% endfor %}{{ m.content or '' }}\n{% endfor %}",
+        )
+        .unwrap();
+        let tokenizer = tokenizers::Tokenizer::from_file(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("examples/models/shakespeare-bf16/tokenizer.json"),
+        )
+        .unwrap();
+        let heard = std::cell::RefCell::new(Vec::new());
+        let rendered = render_file(
+            &path,
+            &TemplateSource::from_file(&template).unwrap(),
+            TemplateFrom::File,
+            &tokenizer,
+            &TokenizerContext::default(),
+            DEFAULT_CLOCK,
+            &|line| heard.borrow_mut().push(line.to_owned()),
+        )
+        .unwrap();
+        assert_eq!(rendered.record.conversations, 250);
+        let heard = heard.into_inner();
+        // 250 conversations: a percent is 2.5 of them, so 100 reports, and the long one's two
+        // steps (it starts no percent).
+        assert_eq!(heard.len(), 102, "{heard:#?}");
+        assert_eq!(heard[0], "tokenizing conversation 1/250");
+        assert_eq!(heard[1], "tokenizing conversation 4/250");
+        let long = format!(
+            "tokenizing conversation 125/250 ({} messages, {} tool calls)",
+            LONG_CONVERSATION + 1,
+            LONG_CONVERSATION / 2
+        );
+        let at = heard.iter().position(|l| l.starts_with(&long)).unwrap();
+        assert_eq!(heard[at], format!("{long}: labelling"));
+        assert_eq!(
+            heard[at + 1],
+            "tokenizing conversation 125/250: tokenizing its render (2503 bytes)"
+        );
+        assert_eq!(heard[101], "tokenizing conversation 249/250");
+    }
+
+    /// Regression (#41): the file's caps bounded its size, not its work; the renders of one
+    /// file are capped in all, and the error names the file and the conversation that crossed
+    /// the cap.
+    #[test]
+    fn a_file_rendering_past_its_budget_is_refused_at_the_conversation_that_crosses_it() {
+        let mut budget = RenderBudget {
+            spent: 0,
+            limit: 3 << 20,
+        };
+        let path = Path::new("agents.jsonl");
+        budget.spend(2 << 20, path, "conversation 1").unwrap();
+        budget.spend(1 << 20, path, "conversation 2").unwrap();
+        let e = budget.spend(1, path, "conversation 3").unwrap_err();
+        assert!(e.is_format());
+        assert_eq!(
+            e.to_string(),
+            "agents.jsonl: conversation 3: the conversations up to this one render to 3145729 bytes, over the 3 MiB the conversations of one file may render to (the work of labelling and tokenizing them grows with it); split the file"
+        );
+        assert_eq!(MAX_RENDERED_FILE_BYTES, 256 << 20);
+    }
 }

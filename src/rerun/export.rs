@@ -48,6 +48,7 @@ fn load_reference(
         &tokens::ChatTemplateChoice::default(),
         model,
         model,
+        stage,
     )?;
     stage("loading the reference");
     let reference = native::load(
@@ -215,7 +216,7 @@ pub struct Exported {
 /// `stage` names what it is doing; `progress` counts windows done out of all windows.
 pub fn export(r: &ExportRequest, stage: Stage, progress: Progress) -> Result<Exported> {
     use super::artifact::{ExportSpec, Kind};
-    let warnings = super::preflight::check_export(r)?;
+    let warnings = super::preflight::check_export(r, stage)?;
     let (kind, sidecar, rows, bound, note, stated, reference) = match r.kind {
         ExportKind::Llamacpp => {
             let [n_ctx] = r.options.context_lengths[..] else {

@@ -226,8 +226,14 @@ fn model_lane(
         )
     })?;
     stage("tokenizing");
-    let (tokenizer, stream) =
-        tokenize_eval(reference, r.candidate, r.tokenizer, text, &r.chat_template)?;
+    let (tokenizer, stream) = tokenize_eval(
+        reference,
+        r.candidate,
+        r.tokenizer,
+        text,
+        &r.chat_template,
+        stage,
+    )?;
     for model in [reference, r.candidate] {
         context_lengths(model, &r.options.context_lengths)?;
     }
@@ -259,13 +265,14 @@ fn model_lane(
 }
 
 /// The reference's tokenizer (or the one given), checked against the candidate's when it has
-/// one, and the eval text tokenized once with it.
+/// one, and the eval text tokenized once with it (a conversation file's progress to `stage`).
 pub(super) fn tokenize_eval(
     reference: &Path,
     candidate: &Path,
     tokenizer: Option<&Path>,
     eval_text: &Path,
     chat_template: &tokens::ChatTemplateChoice,
+    stage: &(dyn Fn(&str) + Sync),
 ) -> Result<(TokenizerFile, TokenStream)> {
     let tokenizer_path = tokenizer
         .map(Path::to_owned)
@@ -275,8 +282,14 @@ pub(super) fn tokenize_eval(
     if tokenizer.is_none() && candidate_tokenizer.exists() {
         tokens::check_same_tokenizer(&loaded, &tokens::load_tokenizer(&candidate_tokenizer)?)?;
     }
-    let stream =
-        tokens::tokenize_eval_text(&loaded, eval_text, chat_template, reference, candidate)?;
+    let stream = tokens::tokenize_eval_text(
+        &loaded,
+        eval_text,
+        chat_template,
+        reference,
+        candidate,
+        stage,
+    )?;
     Ok((loaded, stream))
 }
 
@@ -448,8 +461,11 @@ fn writable_file(file: &Path) -> Result<()> {
 }
 
 /// The pre-flight of `reference export`: options, the output file, the reference's positions
-/// and the eval text's bootstrap blocks for the protocol exported.
-pub fn check_export(r: &super::export::ExportRequest) -> Result<Vec<Warning>> {
+/// and the eval text's bootstrap blocks for the protocol exported (tokenizing it under `stage`).
+pub fn check_export(
+    r: &super::export::ExportRequest,
+    stage: &(dyn Fn(&str) + Sync),
+) -> Result<Vec<Warning>> {
     r.options.check()?;
     if r.options.positions.needs_labels() {
         return Err(Error::usage(
@@ -467,6 +483,7 @@ pub fn check_export(r: &super::export::ExportRequest) -> Result<Vec<Warning>> {
         // one, decides the blocks.
         return Ok(Vec::new());
     }
+    stage("tokenizing");
     let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(r.model))?;
     let stream = tokens::tokenize_eval_text(
         &tokenizer,
@@ -474,6 +491,7 @@ pub fn check_export(r: &super::export::ExportRequest) -> Result<Vec<Warning>> {
         &tokens::ChatTemplateChoice::default(),
         r.model,
         r.model,
+        stage,
     )?;
     bootstrap_blocks(r.eval_text, &stream, &r.options, tokenizer.bos_id)
 }

@@ -243,17 +243,18 @@ impl Default for ChatTemplateChoice {
 }
 
 /// The eval text tokenized: a conversation file (`.json`/`.jsonl`) rendered with `choice`'s
-/// template and labelled ([`tokenize_conversations`]), anything else as plain text
-/// ([`tokenize`]).
+/// template and labelled ([`tokenize_conversations`], telling `progress` which conversation it
+/// is on), anything else as plain text ([`tokenize`]).
 pub fn tokenize_eval_text(
     tokenizer: &TokenizerFile,
     text_path: &Path,
     choice: &ChatTemplateChoice,
     reference: &Path,
     candidate: &Path,
+    progress: &dyn Fn(&str),
 ) -> Result<TokenStream> {
     if crate::conversation::eval::is_conversation_file(text_path) {
-        tokenize_conversations(tokenizer, text_path, choice, reference, candidate)
+        tokenize_conversations(tokenizer, text_path, choice, reference, candidate, progress)
     } else {
         tokenize(tokenizer, text_path)
     }
@@ -289,13 +290,15 @@ impl ChatTemplateFlags {
 /// A conversation eval text (`.json`/`.jsonl`) rendered with the chosen template, labelled and
 /// tokenized with `tokenizer` (its directory's `tokenizer_config.json` and
 /// `generation_config.json` give the template's special tokens and the turn ends). `reference`
-/// and `candidate` are the model paths a template is taken from.
+/// and `candidate` are the model paths a template is taken from; `progress` hears which
+/// conversation is being labelled and tokenized.
 pub fn tokenize_conversations(
     tokenizer: &TokenizerFile,
     text_path: &Path,
     choice: &ChatTemplateChoice,
     reference: &Path,
     candidate: &Path,
+    progress: &dyn Fn(&str),
 ) -> Result<TokenStream> {
     use crate::conversation::eval::{self, TemplateFrom};
     use crate::conversation::source::TemplateSource;
@@ -335,6 +338,7 @@ pub fn tokenize_conversations(
         &tokenizer.tokenizer,
         &context,
         choice.clock.unwrap_or(eval::DEFAULT_CLOCK),
+        progress,
     )?;
     Ok(TokenStream {
         ids: rendered.ids,

@@ -554,3 +554,119 @@ fn a_kv_cache_sweep_runs_on_a_conversation() {
         .collect();
     assert!(kld[0] > 0.0 && kld[1] > kld[0], "{kld:?}");
 }
+
+/// An agent conversation of `calls` rounds (an assistant turn calling a tool, the tool's result)
+/// after a request, written to `dir` with a terse template (one short line per message, so the
+/// measurement stays small).
+fn agent_conversation(dir: &Path, calls: usize) -> (PathBuf, PathBuf) {
+    let mut messages = vec![serde_json::json!({"role": "user", "content": "Go."})];
+    for i in 0..calls {
+        messages.push(
+            serde_json::json!({"role": "assistant", "content": null, "tool_calls": [
+                {"type": "function", "function": {"name": "get_passage", "arguments": {"start": i}}}
+            ]}),
+        );
+        messages.push(serde_json::json!({"role": "tool", "content": format!("line {i}")}));
+    }
+    let path = dir.join(format!("agent-{calls}.json"));
+    std::fs::write(
+        &path,
+        serde_json::to_vec(&serde_json::json!({"messages": messages})).unwrap(),
+    )
+    .unwrap();
+    let template = dir.join("terse.jinja");
+    std::fs::write(
+        &template,
+        "{% for m in messages %}{% for c in m.tool_calls or [] %}{{ c.function.name }}{% endfor %}{{ m.content or '' }}<|endoftext|>\n{% endfor %}",
+    )
+    .unwrap();
+    (path, template)
+}
+
+/// Regression (#41): labelling a long conversation sat silent (4,000 tool calls, still
+/// tokenizing after 600 s with no progress shown). A long conversation shows each step of its
+/// labelling and tokenizing, with its size, and `measure` goes on to score it.
+#[test]
+fn a_long_conversation_shows_its_labelling_and_tokenizing_as_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    let (conversation, template) = agent_conversation(dir.path(), 600);
+    let output = assert_cmd::Command::cargo_bin("cardproof")
+        .unwrap()
+        .current_dir(repo_root())
+        .env("NO_COLOR", "1")
+        .env("CARDPROOF_PROGRESS", "plain")
+        .args([
+            "measure",
+            "--reference",
+            &model("shakespeare-bf16"),
+            "--candidate",
+            &model("shakespeare-fp8-block"),
+            "--eval-text",
+            conversation.to_str().unwrap(),
+            "--chat-template",
+            template.to_str().unwrap(),
+            "--context-length",
+            "128",
+            "--bootstrap",
+            "10",
+            "--out",
+            dir.path().join("m").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let steps: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("progress: tokenizing"))
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "progress: tokenizing",
+            "progress: tokenizing conversation 1/1 (1201 messages, 600 tool calls): labelling",
+            "progress: tokenizing conversation 1/1: tokenizing its render (28107 bytes)",
+        ],
+        "{stderr}"
+    );
+    assert!(stderr.contains("progress: measuring"), "{stderr}");
+}
+
+/// Regression (#41): the size caps bounded the file, not the work: a small file whose template
+/// writes each message many times renders past what one conversation may render to, and is
+/// refused (exit 2) naming the file, the conversation and the limit, before it is labelled or
+/// tokenized.
+#[test]
+fn a_conversation_rendering_past_the_limit_is_refused_naming_the_file_and_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (conversation, _) = short_conversation(dir.path(), 2);
+    let template = dir.path().join("echo.jinja");
+    std::fs::write(
+        &template,
+        "{% for m in messages %}{% for i in range(400) %}{% for j in range(250) %}{{ m.content }}{% endfor %}{% endfor %}<|endoftext|>{% endfor %}",
+    )
+    .unwrap();
+    let r = measure_short(
+        Path::new(&model("shakespeare-fp8-block")),
+        &conversation,
+        &dir.path().join("m"),
+        "10",
+        &["--chat-template", template.to_str().unwrap(), "--json"],
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    let error = &r.json()["error"];
+    assert_eq!(error["kind"], "format", "{error}");
+    assert!(
+        error["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("conversation.json")),
+        "{error}"
+    );
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("conversation 1: it renders to 37200026 bytes, over the 16 MiB one conversation may render to"),
+        "{message}"
+    );
+    // The file is 2 KB: its size is not what is over.
+    assert!(std::fs::metadata(&conversation).unwrap().len() < 4096);
+}
