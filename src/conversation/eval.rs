@@ -171,7 +171,12 @@ pub fn render_file(
     clock: i64,
 ) -> Result<Rendered> {
     let conversations = file::read(path)?;
-    let compiled = ChatTemplate::new(&template.text, clock)
+    // Render errors name the template's file (and its name in a tokenizer config) and line.
+    let label = match &template.name {
+        Some(name) => format!("{} (template `{name}`)", template.file.display()),
+        None => template.file.display().to_string(),
+    };
+    let compiled = ChatTemplate::named(&template.text, clock, &label)
         .map_err(|e| Error::format(&template.file, template.name.as_deref(), e))?;
     let mut ids = Vec::new();
     let mut labels = Vec::new();

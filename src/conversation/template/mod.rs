@@ -1,0 +1,377 @@
+//! Chat templates rendered as transformers' `apply_chat_template` renders them (issue #19), so a
+//! conversation eval text is the bytes the reference's own stack would have fed the model.
+//!
+//! transformers compiles a template in jinja2's `ImmutableSandboxedEnvironment(trim_blocks=True,
+//! lstrip_blocks=True)` with the loop-control extension, `{% generation %}` blocks, the globals
+//! `raise_exception` and `strftime_now`, its own `tojson` (`json.dumps`, not jinja2's HTML-safe
+//! one), `dict` and a `namespace` that refuses underscore names. Python's semantics are what a
+//! template sees: `None | length` raises, `map` returns a generator that `tojson` refuses, a
+//! dict's `.items` is its method, `Markup + str` escapes.
+//!
+//! cardproof parses the template with minijinja (whose syntax is jinja2's), rewrites the parsed
+//! template so every construct whose meaning differs is routed through cardproof's
+//! implementation of Python's ([`rewrite`]), and runs it in a minijinja environment whose
+//! filters, tests, methods and output are jinja2's ([`filters`], [`jinja_tests`], [`methods`],
+//! [`python`]). A construct cardproof cannot write as jinja2 does is refused by name
+//! ([`python::REFUSAL`]); everything a template builds is bounded ([`limits`]). The CI corpus
+//! check renders llama.cpp's 70 real templates and a set of probes of each rule through both
+//! and compares bytes.
+
+pub mod clock;
+mod filters;
+mod format;
+mod jinja_tests;
+pub mod json;
+pub mod limits;
+mod methods;
+mod objects;
+mod pyops;
+pub mod python;
+mod rewrite;
+mod strings;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use minijinja::machinery::{self, CodeGenerator, Instructions};
+use minijinja::value::{Kwargs, Rest, Value, ValueOrKwargs};
+use minijinja::{AutoEscape, Environment, Error, ErrorKind, State};
+
+pub use clock::strftime;
+
+use limits::{FUEL, MAX_BYTES};
+use objects::{MAX_RANGE, PyRange};
+use python::{PyType, as_int, py_type, refusal, to_str, type_error, type_name, value_error};
+
+/// A chat template, checked to compile as jinja2 would compile it.
+pub struct ChatTemplate {
+    /// The source with `{% generation %}` blocks made plain blocks.
+    source: String,
+    /// What errors call the template: its file (and name within a tokenizer config).
+    name: String,
+    clock: i64,
+}
+
+/// The name of a template given without one.
+const UNNAMED: &str = "chat_template";
+
+impl ChatTemplate {
+    /// Compiles `source` with `clock` (seconds since the Unix epoch, UTC) as `strftime_now`'s
+    /// time. The error names the construct that does not compile and its line.
+    pub fn new(source: &str, clock: i64) -> Result<ChatTemplate, String> {
+        ChatTemplate::named(source, clock, UNNAMED)
+    }
+
+    /// [`ChatTemplate::new`] with the name errors give the template (its file).
+    pub fn named(source: &str, clock: i64, name: &str) -> Result<ChatTemplate, String> {
+        if source.len() > MAX_BYTES {
+            return Err(format!(
+                "the chat template {name} holds {} bytes, over cardproof's bound of {MAX_BYTES}",
+                source.len()
+            ));
+        }
+        let template = ChatTemplate {
+            source: generation_as_block(source),
+            name: name.to_owned(),
+            clock,
+        };
+        template.compile()?;
+        Ok(template)
+    }
+
+    /// Renders with `context` (`messages`, `tools`, `add_generation_prompt`, the template's
+    /// kwargs and special tokens), as `compiled_template.render(**context)` does. The error
+    /// names the template's error (Python's, where Python would raise) and its line.
+    pub fn render(&self, context: &serde_json::Value) -> Result<String, String> {
+        let (instructions, blocks) = self.compile()?;
+        let written = Arc::new(AtomicUsize::new(0));
+        let env = environment(self.clock, written);
+        let root = Value::from(minijinja::value::Serde(context));
+        let mut text = String::new();
+        let result = {
+            let mut out = machinery::make_string_output(&mut text);
+            machinery::eval(&env, &instructions, root, &blocks, &mut out, AutoEscape::None)
+                .map(|_| ())
+        };
+        result.map_err(|e| self.describe(&e, e.line(), "does not render"))?;
+        Ok(text)
+    }
+
+    /// Parses, rewrites ([`rewrite`]) and compiles the template.
+    #[allow(clippy::type_complexity)]
+    fn compile(&self) -> Result<(Instructions<'_>, BTreeMap<&str, Instructions<'_>>), String> {
+        let ast = machinery::parse(&self.source, &self.name, syntax())
+            .map_err(|e| self.describe(&e, e.line(), "does not compile"))?;
+        let ast = rewrite::template(&ast)
+            .map_err(|(e, line)| self.describe(&e, Some(line), "does not compile"))?;
+        let mut generator = CodeGenerator::new(&self.name, &self.source);
+        generator.compile_stmt(&ast);
+        Ok(generator.finish())
+    }
+
+    /// An error as one line: the template, the line, and what went wrong.
+    fn describe(&self, e: &Error, line: Option<usize>, what: &str) -> String {
+        let detail = match (e.kind(), e.detail()) {
+            (ErrorKind::OutOfFuel, _) => format!(
+                "it ran past cardproof's bound of {FUEL} units of work on one render (one per instruction, one per 16 to 64 bytes it creates)"
+            ),
+            (_, Some(detail)) => detail.to_owned(),
+            (ErrorKind::UndefinedError, None) => "UndefinedError: a value is undefined".into(),
+            (kind, None) => kind.to_string(),
+        };
+        let name = if self.name == UNNAMED {
+            "the chat template".to_owned()
+        } else {
+            format!("the chat template {}", self.name)
+        };
+        match line {
+            Some(line) => format!("{name} {what} (line {line}): {detail}"),
+            None => format!("{name} {what}: {detail}"),
+        }
+    }
+}
+
+/// transformers' whitespace settings.
+fn syntax() -> minijinja::syntax::SyntaxConfig {
+    minijinja::syntax::SyntaxConfig::builder()
+        .trim_blocks(true)
+        .lstrip_blocks(true)
+        .keep_trailing_newline(false)
+        .build()
+        .expect("a valid syntax")
+}
+
+/// The environment one render runs in; `written` counts the bytes it writes.
+fn environment<'s>(clock: i64, written: Arc<AtomicUsize>) -> Environment<'s> {
+    let mut env = Environment::new();
+    env.set_debug(false);
+    env.set_auto_escape_callback(|_| AutoEscape::None);
+    // A template is code from a repository: bound its work (a loop that never ends is an
+    // error, not a hang) and what it builds.
+    env.set_fuel(Some(FUEL));
+    env.set_formatter(move |out, _state, value| {
+        let owned;
+        let text = match py_type(value) {
+            PyType::Str | PyType::Markup => value.as_str().unwrap_or_default(),
+            _ => {
+                owned = to_str(value)?;
+                owned.as_str()
+            }
+        };
+        let total = written.fetch_add(text.len(), Ordering::Relaxed) as u128 + text.len() as u128;
+        if total > MAX_BYTES as u128 {
+            return Err(limits::too_large("the render", total));
+        }
+        out.write_str(text)
+            .map_err(|_| Error::new(ErrorKind::WriteFailure, "the render could not be written"))
+    });
+    env.set_unknown_method_callback(|state, value, method, args| {
+        methods::unknown_method(state, value, method, args)
+    });
+    filters::register(&mut env);
+    jinja_tests::register(&mut env);
+    globals(&mut env, clock);
+    env.add_function("__cp_add", pyops::add);
+    env.add_function("__cp_mul", pyops::mul);
+    env.add_function("__cp_rem", pyops::rem);
+    env.add_function("__cp_concat", pyops::concat);
+    env.add_function("__cp_compare", |a: Value, op: String, b: Value| pyops::compare(a, &op, b));
+    env.add_function("__cp_chain", pyops::chain);
+    env.add_function("__cp_contains", pyops::contains);
+    env.add_function("__cp_iterate", pyops::iterate);
+    env.add_function("__cp_iterate_unpacking", pyops::iterate_unpacking);
+    env.add_function("__cp_unpack", pyops::unpack);
+    env.add_function("__cp_generator", pyops::generator);
+    env.add_function("__cp_nest", pyops::nest);
+    env.add_function("__cp_assigned", pyops::assigned);
+    env.add_function("__cp_getattr", |obj: Value, name: String| pyops::getattr(obj, &name));
+    env.add_function("__cp_method", pyops::method);
+    env.add_function("__cp_getitem", pyops::getitem);
+    env.add_function("__cp_slice", pyops::slice);
+    env.add_function("__cp_fail", |message: String| -> Result<Value, Error> {
+        Err(Error::new(ErrorKind::InvalidOperation, message))
+    });
+    env
+}
+
+/// transformers' globals (`raise_exception`, `strftime_now`, its `dict` and `namespace`) and
+/// jinja2's (`range` as the sandbox bounds it).
+fn globals(env: &mut Environment<'_>, clock: i64) {
+    env.remove_global("debug");
+    env.add_function("raise_exception", |message: String| -> Result<Value, Error> {
+        Err(Error::new(ErrorKind::InvalidOperation, message))
+    });
+    env.add_function("strftime_now", move |state: &State, format: String| -> Result<Value, Error> {
+        limits::reserve(state, format.len() as u128 * 16, "strftime_now")?;
+        strftime(&format, clock).map(Value::from)
+    });
+    env.add_function("range", range);
+    env.add_function("dict", dict);
+    env.add_function("namespace", |state: &State, args: Rest<Value>, kwargs: Kwargs| -> Result<Value, Error> {
+        let attrs = dict(state, args, kwargs)?;
+        for name in attrs.try_iter()? {
+            if name.as_str().is_some_and(|n| n.starts_with('_')) {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!(
+                        "SecurityError: Chat templates cannot store underscore-prefixed attributes on a namespace, but got '{}'. Please rename the attribute.",
+                        name.as_str().unwrap_or_default()
+                    ),
+                ));
+            }
+        }
+        minijinja::functions::namespace(Some(ValueOrKwargs::from(attrs)))
+    });
+    for name in ["cycler", "joiner", "lipsum"] {
+        env.add_function(name, move |_: Rest<Value>| -> Result<Value, Error> {
+            Err(refusal(format!("jinja2's `{name}`, which cardproof does not implement")))
+        });
+    }
+}
+
+/// jinja2's sandboxed `range`: Python's, refused beyond 100,000 items.
+fn range(args: Rest<Value>) -> Result<Value, Error> {
+    let ints = args
+        .iter()
+        .map(|a| {
+            as_int(a)
+                .and_then(|n| i64::try_from(n).ok())
+                .ok_or_else(|| type_error(format!("'{}' object cannot be interpreted as an integer", type_name(a))))
+        })
+        .collect::<Result<Vec<i64>, Error>>()?;
+    let (start, stop, step) = match ints.as_slice() {
+        [stop] => (0, *stop, 1),
+        [start, stop] => (*start, *stop, 1),
+        [start, stop, step] => (*start, *stop, *step),
+        _ => return Err(type_error(format!("range expected at most 3 arguments, got {}", ints.len()))),
+    };
+    if step == 0 {
+        return Err(value_error("range() arg 3 must not be zero"));
+    }
+    let r = PyRange { start, stop, step };
+    if r.len() > MAX_RANGE {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("OverflowError: Range too big. The sandbox blocks ranges larger than MAX_RANGE ({MAX_RANGE})."),
+        ));
+    }
+    Ok(Value::from_object(r))
+}
+
+/// transformers' `dict(*args, **kwargs)`: Python's `dict()` of a mapping or of pairs, updated
+/// with the keyword arguments.
+fn dict(state: &State, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error> {
+    let mut map: indexmap::IndexMap<Value, Value> = indexmap::IndexMap::new();
+    match args.as_slice() {
+        [] => {}
+        [source] => match py_type(source) {
+            PyType::Dict => {
+                for k in source.try_iter()? {
+                    let v = source.get_item(&k)?;
+                    map.insert(k, v);
+                }
+            }
+            PyType::List | PyType::Tuple | PyType::Iter => {
+                for (i, pair) in source.try_iter()?.enumerate() {
+                    let items: Vec<Value> = match py_type(&pair) {
+                        PyType::List | PyType::Tuple | PyType::Str => pair.try_iter()?.collect(),
+                        _ => {
+                            return Err(type_error(format!(
+                                "cannot convert dictionary update sequence element #{i} to a sequence"
+                            )));
+                        }
+                    };
+                    let [k, v] = <[Value; 2]>::try_from(items).map_err(|items| {
+                        value_error(format!(
+                            "dictionary update sequence element #{i} has length {}; 2 is required",
+                            items.len()
+                        ))
+                    })?;
+                    python::check_hashable(&k)?;
+                    map.insert(k, v);
+                }
+            }
+            _ => return Err(type_error(format!("'{}' object is not iterable", type_name(source)))),
+        },
+        more => return Err(type_error(format!("dict expected at most 1 argument, got {}", more.len()))),
+    }
+    for name in kwargs.args() {
+        map.insert(Value::from(name), kwargs.get::<Value>(name)?);
+    }
+    limits::reserve_items(state, map.len() as u128 * 2, "dict")?;
+    let map = Value::from_object(map);
+    limits::check_depth(state, &map)?;
+    Ok(map)
+}
+
+/// `{% generation %}` ... `{% endgeneration %}` (transformers' AssistantTracker) as an `if true`
+/// block with the same whitespace control, so the rendered text is what jinja2 writes.
+fn generation_as_block(source: &str) -> String {
+    let open = regex::Regex::new(r"\{%(-|\+)?\s*generation\s*(-|\+)?%\}").expect("a valid regex");
+    let close =
+        regex::Regex::new(r"\{%(-|\+)?\s*endgeneration\s*(-|\+)?%\}").expect("a valid regex");
+    let s = open.replace_all(source, "{%${1} if true ${2}%}");
+    close.replace_all(&s, "{%${1} endif ${2}%}").into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(source: &str, context: serde_json::Value) -> Result<String, String> {
+        ChatTemplate::new(source, 0)?.render(&context)
+    }
+
+    #[test]
+    fn tojson_writes_json_dumps_bytes() {
+        let out = render(
+            "{{ x | tojson }}|{{ x | tojson(indent=2) }}|{{ x | tojson(separators=(',', ':'), sort_keys=true) }}|{{ s | tojson(ensure_ascii=true) }}",
+            serde_json::json!({
+                "x": {"b": [1, 2.5, null, true], "a": "é</x>/\n"},
+                "s": "é😀"
+            }),
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            "{\"b\": [1, 2.5, null, true], \"a\": \"é</x>/\\n\"}|{\n  \"b\": [\n    1,\n    2.5,\n    null,\n    true\n  ],\n  \"a\": \"é</x>/\\n\"\n}|{\"a\":\"é</x>/\\n\",\"b\":[1,2.5,null,true]}|\"\\u00e9\\ud83d\\ude00\""
+        );
+    }
+
+    #[test]
+    fn tojson_takes_pythons_arguments_and_refuses_what_json_dumps_refuses() {
+        let x = serde_json::json!({"x": {"b": 1, "a": [1]}});
+        // Positionally, transformers' `tojson(x, ensure_ascii, indent, separators, sort_keys)`.
+        assert_eq!(render("{{ x | tojson(false, 1) }}", x.clone()).unwrap(), "{\n \"b\": 1,\n \"a\": [\n  1\n ]\n}");
+        assert_eq!(render("{{ x | tojson(indent=true) }}", x.clone()).unwrap(), "{\n \"b\": 1,\n \"a\": [\n  1\n ]\n}");
+        assert_eq!(render("{{ x | tojson(indent='\t', sort_keys=1) }}", x.clone()).unwrap(), "{\n\t\"a\": [\n\t\t1\n\t],\n\t\"b\": 1\n}");
+        for (bad, why) in [
+            ("{{ x | tojson(bogus=1) }}", "TypeError"),
+            ("{{ x | tojson(separators=',') }}", "ValueError: not enough values to unpack (expected 2, got 1)"),
+            ("{{ x | tojson(indent=1.5) }}", "TypeError: can't multiply sequence by non-int of type 'float'"),
+            ("{{ nope | tojson }}", "TypeError: Object of type Undefined is not JSON serializable"),
+            ("{{ x.a | map('string') | tojson }}", "TypeError: Object of type generator is not JSON serializable"),
+            ("{{ {(1, 2): 1} | tojson }}", "TypeError: keys must be str, int, float, bool or None, not tuple"),
+        ] {
+            let e = render(bad, x.clone()).unwrap_err();
+            assert!(e.contains(why) && e.contains("(line 1)"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn generation_blocks_keep_their_text_and_whitespace_control() {
+        let t = ChatTemplate::new(
+            "a\n{%- generation -%}\n b {{ raise_exception('x') if false }}\n{%- endgeneration %}c",
+            0,
+        )
+        .unwrap();
+        assert_eq!(t.render(&serde_json::json!({})).unwrap(), "ab c");
+        let t = ChatTemplate::new("{{ raise_exception('no tools here') }}", 0).unwrap();
+        assert!(
+            t.render(&serde_json::json!({}))
+                .unwrap_err()
+                .contains("no tools here")
+        );
+    }
+}
