@@ -71,8 +71,8 @@ pub fn register(env: &mut Environment<'_>) {
     env.add_filter("reverse", reverse);
     env.add_filter("sort", sort);
     env.add_filter("unique", unique);
-    env.add_filter("min", |s: &State, v: Value, k: Kwargs| min_max(s, v, k, Ordering::Less));
-    env.add_filter("max", |s: &State, v: Value, k: Kwargs| min_max(s, v, k, Ordering::Greater));
+    env.add_filter("min", |v: Value, a: Rest<Value>, k: Kwargs| min_max(v, a, k, Ordering::Less));
+    env.add_filter("max", |v: Value, a: Rest<Value>, k: Kwargs| min_max(v, a, k, Ordering::Greater));
     env.add_filter("sum", sum);
     env.add_filter("dictsort", dictsort);
     env.add_filter("int", int);
@@ -81,6 +81,48 @@ pub fn register(env: &mut Environment<'_>) {
     env.add_filter("abs", abs);
     env.add_filter("attr", attr);
     env.add_filter("format", format);
+}
+
+/// A filter's arguments after its operand, by position or by name as Python binds them:
+/// `names` in order; a name given twice, an unknown name or too many are `TypeError`s.
+fn params(filter: &str, args: &[Value], kwargs: &Kwargs, names: &[&str]) -> Result<Vec<Option<Value>>, Error> {
+    if args.len() > names.len() {
+        return Err(type_error(format!(
+            "{filter}() takes at most {} arguments ({} given)",
+            names.len() + 1,
+            args.len() + 1
+        )));
+    }
+    let mut out: Vec<Option<Value>> = names.iter().map(|_| None).collect();
+    for (i, a) in args.iter().enumerate() {
+        out[i] = Some(a.clone());
+    }
+    for (i, name) in names.iter().enumerate() {
+        if let Some(v) = kwargs.get::<Option<Value>>(name)? {
+            if out[i].is_some() {
+                return Err(type_error(format!("{filter}() got multiple values for argument '{name}'")));
+            }
+            out[i] = Some(v);
+        }
+    }
+    if let Some(unknown) = kwargs.args().find(|k| !names.contains(k)) {
+        return Err(type_error(format!("{filter}() got an unexpected keyword argument '{unknown}'")));
+    }
+    kwargs.assert_all_used()?;
+    Ok(out)
+}
+
+/// A parameter's truth (`None` when absent).
+fn flag(v: &Option<Value>) -> bool {
+    v.as_ref().is_some_and(|v| v.is_true())
+}
+
+/// A string parameter (an absent or `None` one is `None`).
+fn text_param(v: &Option<Value>) -> Result<Option<String>, Error> {
+    match v {
+        Some(v) if !v.is_none() && !v.is_undefined() => to_str(v).map(Some),
+        _ => Ok(None),
+    }
 }
 
 /// The items of a value a filter iterates: `None` and other non-iterables are Python's
@@ -125,14 +167,10 @@ fn lookup(item: &Value, attribute: &str) -> Result<Value, Error> {
 }
 
 /// `join(d='', attribute=None)`: `str(d).join(map(str, value))`, a plain string.
-fn join(state: &State, value: Value, d: Option<Value>, kwargs: Kwargs) -> Result<Value, Error> {
-    let attribute: Option<String> = kwargs.get("attribute")?;
-    let d = match kwargs.get::<Option<Value>>("d")? {
-        Some(v) => Some(v),
-        None => d,
-    };
-    kwargs.assert_all_used()?;
-    let sep = d.map(|d| to_str(&d)).transpose()?.unwrap_or_default();
+fn join(state: &State, value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error> {
+    let p = params("join", &args, &kwargs, &["d", "attribute"])?;
+    let attribute = text_param(&p[1])?;
+    let sep = p[0].as_ref().map(to_str).transpose()?.unwrap_or_default();
     let mut out = Bounded::default();
     for (i, item) in iterate(&value)?.iter().enumerate() {
         if i > 0 {
@@ -357,13 +395,8 @@ fn sort_by_key(pairs: &mut [(Value, Value)], reverse: bool) -> Result<(), Error>
 
 /// `sort(reverse=False, case_sensitive=False, attribute=None)`: a list.
 fn sort(state: &State, value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error> {
-    let reverse = args.first().or(kwargs.get::<Option<&Value>>("reverse")?).is_some_and(|v| v.is_true());
-    let case_sensitive = args.get(1).or(kwargs.get::<Option<&Value>>("case_sensitive")?).is_some_and(|v| v.is_true());
-    let attribute: Option<String> = match args.get(2) {
-        Some(a) => Some(to_str(a)?),
-        None => kwargs.get("attribute")?,
-    };
-    kwargs.assert_all_used()?;
+    let p = params("sort", &args, &kwargs, &["reverse", "case_sensitive", "attribute"])?;
+    let (reverse, case_sensitive, attribute) = (flag(&p[0]), flag(&p[1]), text_param(&p[2])?);
     let mut pairs = iterate_kept(state, &value, "sort")?
         .into_iter()
         .map(|v| Ok((sort_key(&v, attribute.as_deref(), case_sensitive)?, v)))
@@ -380,10 +413,9 @@ fn iterate_kept(state: &State, value: &Value, what: &str) -> Result<Vec<Value>, 
 }
 
 /// `unique(case_sensitive=False, attribute=None)`: a generator of the first of each key.
-fn unique(state: &State, value: Value, kwargs: Kwargs) -> Result<Value, Error> {
-    let case_sensitive = kwargs.get::<Option<bool>>("case_sensitive")?.unwrap_or(false);
-    let attribute: Option<String> = kwargs.get("attribute")?;
-    kwargs.assert_all_used()?;
+fn unique(state: &State, value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error> {
+    let p = params("unique", &args, &kwargs, &["case_sensitive", "attribute"])?;
+    let (case_sensitive, attribute) = (flag(&p[0]), text_param(&p[1])?);
     let mut seen: Vec<Value> = Vec::new();
     let mut out = Vec::new();
     for item in iterate_kept(state, &value, "unique")? {
@@ -398,10 +430,10 @@ fn unique(state: &State, value: Value, kwargs: Kwargs) -> Result<Value, Error> {
 }
 
 /// `min` / `max(case_sensitive=False, attribute=None)`: undefined when empty.
-fn min_max(_state: &State, value: Value, kwargs: Kwargs, want: Ordering) -> Result<Value, Error> {
-    let case_sensitive = kwargs.get::<Option<bool>>("case_sensitive")?.unwrap_or(false);
-    let attribute: Option<String> = kwargs.get("attribute")?;
-    kwargs.assert_all_used()?;
+fn min_max(value: Value, args: Rest<Value>, kwargs: Kwargs, want: Ordering) -> Result<Value, Error> {
+    let name = if want == Ordering::Less { "min" } else { "max" };
+    let p = params(name, &args, &kwargs, &["case_sensitive", "attribute"])?;
+    let (case_sensitive, attribute) = (flag(&p[0]), text_param(&p[1])?);
     let mut best: Option<(Value, Value)> = None;
     for item in iterate(&value)? {
         let key = sort_key(&item, attribute.as_deref(), case_sensitive)?;
@@ -420,10 +452,10 @@ fn min_max(_state: &State, value: Value, kwargs: Kwargs, want: Ordering) -> Resu
 }
 
 /// `sum(attribute=None, start=0)`: Python's `+` item by item.
-fn sum(state: &State, value: Value, kwargs: Kwargs) -> Result<Value, Error> {
-    let attribute: Option<String> = kwargs.get("attribute")?;
-    let mut total = kwargs.get::<Option<Value>>("start")?.unwrap_or(Value::from(0));
-    kwargs.assert_all_used()?;
+fn sum(state: &State, value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error> {
+    let p = params("sum", &args, &kwargs, &["attribute", "start"])?;
+    let attribute = text_param(&p[0])?;
+    let mut total = p[1].clone().unwrap_or(Value::from(0));
     for item in iterate(&value)? {
         let item = match &attribute {
             Some(a) => lookup(&item, a)?,
@@ -435,11 +467,10 @@ fn sum(state: &State, value: Value, kwargs: Kwargs) -> Result<Value, Error> {
 }
 
 /// `dictsort(case_sensitive=False, by='key', reverse=False)`: a list of `(key, value)` pairs.
-fn dictsort(state: &State, value: Value, kwargs: Kwargs) -> Result<Value, Error> {
-    let case_sensitive = kwargs.get::<Option<bool>>("case_sensitive")?.unwrap_or(false);
-    let by = kwargs.get::<Option<String>>("by")?.unwrap_or_else(|| "key".into());
-    let reverse = kwargs.get::<Option<bool>>("reverse")?.unwrap_or(false);
-    kwargs.assert_all_used()?;
+fn dictsort(state: &State, value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error> {
+    let p = params("dictsort", &args, &kwargs, &["case_sensitive", "by", "reverse"])?;
+    let (case_sensitive, reverse) = (flag(&p[0]), flag(&p[2]));
+    let by = text_param(&p[1])?.unwrap_or_else(|| "key".into());
     if py_type(&value) != PyType::Dict {
         return Err(undefined_attribute(&value, "items"));
     }

@@ -34,6 +34,11 @@ const LIST_METHODS: &[&str] = &[
     "append", "clear", "copy", "count", "extend", "index", "insert", "pop", "remove", "reverse",
     "sort",
 ];
+/// The methods and attributes of Python's numbers.
+const NUMBER_METHODS: &[&str] = &[
+    "as_integer_ratio", "bit_count", "bit_length", "conjugate", "denominator", "from_bytes",
+    "fromhex", "hex", "imag", "is_integer", "numerator", "real", "to_bytes",
+];
 /// The methods jinja2's sandbox refuses because they change their value.
 const DICT_MUTATORS: &[&str] = &["clear", "pop", "popitem", "setdefault", "update"];
 const LIST_MUTATORS: &[&str] = &["append", "clear", "pop", "reverse", "insert", "sort", "extend", "remove"];
@@ -85,6 +90,9 @@ pub fn call(state: &State, receiver: &Value, name: &str, args: &[Value]) -> Resu
         PyType::Undefined => Err(undefined_error(format!(
             "an undefined value has no attribute '{name}'"
         ))),
+        PyType::Int | PyType::Bool | PyType::Float if NUMBER_METHODS.contains(&name) => Err(refusal(
+            format!("Python's `{}.{name}` method, which cardproof does not implement", type_name(receiver)),
+        )),
         _ => Err(undefined_error(format!(
             "'{} object' has no attribute '{name}'",
             type_name(receiver)

@@ -421,26 +421,36 @@ pub fn getitem(obj: Value, key: Value) -> Result<Value, Error> {
 /// jinja2's `obj[start:stop:step]`: Python's slice of a string, list, tuple or range; an
 /// undefined value for anything Python cannot slice.
 pub fn slice(state: &State, obj: Value, start: Value, stop: Value, step: Value) -> Result<Value, Error> {
-    let index = |v: &Value| -> Option<Option<i128>> {
+    // jinja2 slices with Python's own subscript, so what Python cannot slice raises.
+    let t = py_type(&obj);
+    match t {
+        PyType::Undefined => return Err(undefined_error("an undefined value is sliced")),
+        PyType::Str | PyType::Markup | PyType::List | PyType::Tuple | PyType::Range => {}
+        PyType::Dict => return Err(type_error("unhashable type: 'slice'")),
+        _ => {
+            return Err(type_error(format!(
+                "'{}' object is not subscriptable",
+                type_name(&obj)
+            )));
+        }
+    }
+    let index = |v: &Value| -> Result<Option<i128>, Error> {
         match py_type(v) {
-            PyType::None | PyType::Undefined => Some(None),
-            PyType::Int | PyType::Bool => Some(as_int(v)),
-            _ => None,
+            PyType::None => Ok(None),
+            PyType::Int | PyType::Bool => Ok(as_int(v)),
+            _ => Err(type_error(
+                "slice indices must be integers or None or have an __index__ method",
+            )),
         }
     };
-    let (Some(start), Some(stop), Some(step)) = (index(&start), index(&stop), index(&step)) else {
-        return Ok(Value::UNDEFINED);
-    };
+    let (start, stop, step) = (index(&start)?, index(&stop)?, index(&step)?);
     let step = step.unwrap_or(1);
     if step == 0 {
         return Err(super::python::value_error("slice step cannot be zero"));
     }
-    let t = py_type(&obj);
-    let n = match t {
-        PyType::Undefined => return Err(undefined_error("an undefined value is sliced")),
-        PyType::Str | PyType::Markup => obj.as_str().unwrap_or_default().chars().count(),
-        PyType::List | PyType::Tuple | PyType::Range => obj.len().unwrap_or(0),
-        _ => return Ok(Value::UNDEFINED),
+    let n = match obj.as_str() {
+        Some(s) => s.chars().count(),
+        None => obj.len().unwrap_or(0),
     } as i128;
     // Python's `slice.indices(n)`.
     let clamp = |i: Option<i128>, default: i128, lo: i128, hi: i128| match i {

@@ -289,8 +289,13 @@ pub fn py_repr(value: &Value, out: &mut Bounded, depth: usize) -> Result<(), Err
         PyType::Method => Err(address("builtin method")),
         // jinja2's `Macro.__repr__`.
         PyType::Macro => {
+            // A call block's `caller` has no name in jinja2.
+            let name = value.get_attr("name")?.to_string();
+            if name == "caller" {
+                return out.push_str("<Macro anonymous>", WHAT);
+            }
             out.push_str("<Macro ", WHAT)?;
-            string_repr(&value.get_attr("name")?.to_string(), out)?;
+            string_repr(&name, out)?;
             out.push_str(">", WHAT)
         }
         PyType::Other => Err(address(&format!("{} object", value.kind()))),

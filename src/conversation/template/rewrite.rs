@@ -68,6 +68,16 @@ fn call<'a>(function: &'static str, args: Vec<CallArg<'a>>, span: Span) -> Expr<
     ))
 }
 
+/// A statement that fails as jinja2 fails on a template loaded without a loader.
+fn no_loader<'a>(span: Span) -> Stmt<'a> {
+    let fail = call(
+        "__cp_fail",
+        positional(vec![konst(Value::from("TypeError: no loader for this environment specified"), span)]),
+        span,
+    );
+    Stmt::EmitExpr(Spanned::new(ast::EmitExpr { expr: fail }, span))
+}
+
 /// A literal checked for depth unless it is constant.
 fn nested(literal: Expr<'_>, constant: bool) -> Expr<'_> {
     if constant {
@@ -249,37 +259,11 @@ impl Rewriter {
                 },
                 b.span(),
             )),
-            Stmt::Import(i) => Stmt::Import(Spanned::new(
-                ast::Import {
-                    expr: self.expr(&i.expr),
-                    name: self.expr(&i.name),
-                },
-                i.span(),
-            )),
-            Stmt::FromImport(i) => Stmt::FromImport(Spanned::new(
-                ast::FromImport {
-                    expr: self.expr(&i.expr),
-                    names: i
-                        .names
-                        .iter()
-                        .map(|(a, b)| (self.expr(a), b.as_ref().map(|b| self.expr(b))))
-                        .collect(),
-                },
-                i.span(),
-            )),
-            Stmt::Extends(e) => Stmt::Extends(Spanned::new(
-                ast::Extends {
-                    name: self.expr(&e.name),
-                },
-                e.span(),
-            )),
-            Stmt::Include(i) => Stmt::Include(Spanned::new(
-                ast::Include {
-                    name: self.expr(&i.name),
-                    ignore_missing: i.ignore_missing,
-                },
-                i.span(),
-            )),
+            // transformers' environment has no loader: jinja2 raises when one of these runs.
+            Stmt::Import(i) => no_loader(i.span()),
+            Stmt::FromImport(i) => no_loader(i.span()),
+            Stmt::Extends(e) => no_loader(e.span()),
+            Stmt::Include(i) => no_loader(i.span()),
             Stmt::Macro(m) => Stmt::Macro(self.macro_decl(m)),
             Stmt::CallBlock(c) => Stmt::CallBlock(Spanned::new(
                 ast::CallBlock {
