@@ -1,7 +1,8 @@
-//! Chat templates rendered by cardproof against transformers' own renderer (issue #19): every
-//! template of tests/fixtures/chat_templates (the real public templates llama.cpp keeps under
-//! models/templates) with each conversation of conversations.json. The comparison runs in
-//! `transformers::torch` (it needs transformers, which CI installs).
+//! Chat templates rendered by cardproof against transformers' own renderer (issues #19, #41):
+//! every template of tests/fixtures/chat_templates (the real public templates llama.cpp keeps
+//! under models/templates) with each conversation of conversations.json, and every probe of
+//! probes.txt (one jinja2 rule each). The comparison runs in `transformers::torch` (it needs
+//! transformers, which CI installs).
 
 use std::path::Path;
 
@@ -9,11 +10,12 @@ use cardproof::conversation::eval::{TokenizerContext, render_one};
 use cardproof::conversation::file::Conversation;
 use cardproof::conversation::spans::{Segment, TurnMarkers};
 use cardproof::conversation::template::ChatTemplate;
+use cardproof::conversation::template::python::REFUSAL;
 
 use crate::support::*;
 
-/// Every render compared: what differed, per (template, case), with the first differing byte and
-/// both texts around it, or which side failed.
+/// Every render and probe compared: what differed, per (template, case) or probe, with the
+/// first differing byte and both texts around it, or which side failed and how.
 pub fn mismatches(expected: &Path) -> Corpus {
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(expected).unwrap()).unwrap();
@@ -26,8 +28,10 @@ pub fn mismatches(expected: &Path) -> Corpus {
     let tokenizer = corpus_tokenizer();
     let special = doc["special"].as_object().unwrap();
     let renders = doc["renders"].as_array().unwrap();
-    let mut bad = Vec::new();
-    let (mut refused, mut refused_renders, mut lenient) = (Vec::new(), 0, 0);
+    let mut corpus = Corpus {
+        renders: renders.len(),
+        ..Corpus::default()
+    };
     for r in renders {
         let name = r["template"].as_str().unwrap();
         let case_name = r["case"].as_str().unwrap();
@@ -46,77 +50,148 @@ pub fn mismatches(expected: &Path) -> Corpus {
         let ours = ChatTemplate::new(&source, clock)
             .and_then(|t| render_one(&t, &conversation, &tokenizer, &context));
         let ours = ours.map(|(labelled, ids, _)| (labelled.text, ids));
+        let at = format!("{name} / {case_name}");
         match (r.get("text").and_then(|t| t.as_str()), ours) {
             (Some(want), Ok((got, ids))) if want == got => {
                 let want_ids: Vec<u32> = serde_json::from_value(r["ids"].clone()).unwrap();
-                if ids != want_ids {
-                    let at = ids.iter().zip(&want_ids).position(|(a, b)| a != b);
-                    bad.push(format!(
-                        "{name} / {case_name}: same text, other token ids (first difference at {at:?}: transformers {:?}, cardproof {:?})",
-                        at.map(|i| want_ids.get(i)),
-                        at.map(|i| ids.get(i))
+                if ids == want_ids {
+                    corpus.identical += 1;
+                } else {
+                    let first = ids.iter().zip(&want_ids).position(|(a, b)| a != b);
+                    corpus.bad.push(format!(
+                        "{at}: same text, other token ids (first difference at {first:?}: transformers {:?}, cardproof {:?})",
+                        first.map(|i| want_ids.get(i)),
+                        first.map(|i| ids.get(i))
                     ));
                 }
             }
-            (Some(want), Ok((got, _))) => {
-                let at = want
-                    .bytes()
-                    .zip(got.bytes())
-                    .position(|(a, b)| a != b)
-                    .unwrap_or(want.len().min(got.len()));
-                let around = |s: &str| {
-                    let start = s.floor_char_boundary(at.saturating_sub(30));
-                    let end = s.ceil_char_boundary((at + 30).min(s.len()));
-                    format!("{:?}", &s[start..end])
-                };
-                bad.push(format!(
-                    "{name} / {case_name}: differs at byte {at}: transformers {} cardproof {}",
-                    around(want),
-                    around(&got)
-                ));
-            }
+            (Some(want), Ok((got, _))) => corpus.bad.push(format!("{at}: {}", differ(want, &got))),
             // A refusal that names the construct is the renderer's promise kept.
-            (Some(_), Err(e)) if e.contains("cannot render this template as transformers does") => {
-                refused.push(name.to_owned());
-                refused_renders += 1
-            }
-            (Some(_), Err(e)) => bad.push(format!("{name} / {case_name}: cardproof failed: {e}")),
-            // minijinja iterates None as empty and serializes a lazy `map` result, where jinja2
-            // raises: the one leniency, limited to those two errors of transformers'.
-            (None, Ok(_))
-                if r["error"].as_str().is_some_and(|e| {
-                    e.contains("'NoneType' object is not iterable")
-                        || e.contains("Object of type generator is not JSON serializable")
-                }) =>
-            {
-                lenient += 1
-            }
-            (None, Ok(_)) => bad.push(format!(
-                "{name} / {case_name}: transformers failed ({}) and cardproof rendered",
+            (Some(_), Err(e)) if e.contains(REFUSAL) => corpus.refused.push(format!("{at}: {e}")),
+            (Some(_), Err(e)) => corpus.bad.push(format!("{at}: cardproof failed: {e}")),
+            (None, Ok(_)) => corpus.bad.push(format!(
+                "{at}: transformers failed ({}) and cardproof rendered",
                 r["error"]
             )),
-            (None, Err(_)) => {}
+            (None, Err(e)) => match same_error(r["error"].as_str().unwrap_or_default(), &e) {
+                true => corpus.both_fail += 1,
+                false => corpus.bad.push(format!(
+                    "{at}: both failed, cardproof with another error: transformers {}, cardproof {e}",
+                    r["error"]
+                )),
+            },
         }
     }
-    refused.dedup();
-    Corpus {
-        renders: renders.len(),
-        identical: renders.len() - bad.len() - refused_renders - lenient,
-        refused,
-        lenient,
-        bad,
+    compare_probes(&doc, clock, &mut corpus);
+    corpus
+}
+
+/// The probes of probes.txt (one jinja2 rule each): the same text, or both failing with the
+/// same Python error; a jinja2 text holding a memory address must be refused by cardproof.
+fn compare_probes(doc: &serde_json::Value, clock: i64, corpus: &mut Corpus) {
+    let (context, probes) = read_probes();
+    let results = doc["probes"].as_array().unwrap();
+    assert_eq!(results.len(), probes.len(), "every probe rendered by transformers");
+    corpus.probes = probes.len();
+    for ((name, source), r) in probes.iter().zip(results) {
+        assert_eq!(r["name"], name.as_str());
+        let ours = ChatTemplate::new(source, clock).and_then(|t| t.render(&context));
+        match (r.get("text").and_then(|t| t.as_str()), ours) {
+            (Some(want), Ok(got)) if want == got && !want.contains(" at 0x") => {
+                corpus.probes_identical += 1
+            }
+            (Some(want), Err(e)) if want.contains(" at 0x") && e.contains(REFUSAL) => {
+                corpus.probes_identical += 1
+            }
+            (Some(want), Ok(got)) => corpus.bad.push(format!("probe {name}: {}", differ(want, &got))),
+            (Some(_), Err(e)) if e.contains(REFUSAL) => corpus.probes_refused.push(format!("{name}: {e}")),
+            (Some(_), Err(e)) => corpus.bad.push(format!("probe {name}: cardproof failed: {e}")),
+            (None, Ok(got)) => corpus.bad.push(format!(
+                "probe {name}: transformers failed ({}) and cardproof rendered {got:?}",
+                r["error"]
+            )),
+            (None, Err(e)) => match same_error(r["error"].as_str().unwrap_or_default(), &e) {
+                true => corpus.probes_identical += 1,
+                false => corpus.probes_other_error.push(format!(
+                    "{name}: transformers {}, cardproof {e}",
+                    r["error"]
+                )),
+            },
+        }
     }
 }
 
-/// The corpus comparison's outcome.
+/// Where two texts first differ, with both around it.
+fn differ(want: &str, got: &str) -> String {
+    let at = want
+        .bytes()
+        .zip(got.bytes())
+        .position(|(a, b)| a != b)
+        .unwrap_or(want.len().min(got.len()));
+    let around = |s: &str| {
+        let start = s.floor_char_boundary(at.saturating_sub(30));
+        let end = s.ceil_char_boundary((at + 30).min(s.len()));
+        format!("{:?}", &s[start..end])
+    };
+    format!(
+        "differs at byte {at}: transformers {} cardproof {}",
+        around(want),
+        around(got)
+    )
+}
+
+/// Whether cardproof's error names the error transformers raised: its Python class
+/// (`TypeError: ...`), or for a template's own `raise_exception` its message.
+fn same_error(transformers: &str, cardproof: &str) -> bool {
+    let class = transformers.split(':').next().unwrap_or_default();
+    cardproof.contains(&format!("{class}:")) || cardproof.contains(transformers)
+}
+
+/// probes.txt: `=== name` lines, each followed by its template; the first block, `context`, is
+/// the JSON every probe renders with (as tests/chat_template_check.py reads it).
+pub fn read_probes() -> (serde_json::Value, Vec<(String, String)>) {
+    let text = std::fs::read_to_string(
+        repo_root().join("tests/fixtures/chat_templates/probes.txt"),
+    )
+    .unwrap();
+    let mut blocks: Vec<(String, String)> = Vec::new();
+    for line in text.split('\n') {
+        match line.strip_prefix("=== ") {
+            Some(name) => blocks.push((name.trim().to_owned(), String::new())),
+            None => {
+                let body = &mut blocks.last_mut().expect("a probe name first").1;
+                body.push_str(line);
+                body.push('\n');
+            }
+        }
+    }
+    let mut blocks: Vec<(String, String)> = blocks
+        .into_iter()
+        .map(|(n, b)| (n, b.trim_end_matches('\n').to_owned()))
+        .collect();
+    let (name, context) = blocks.remove(0);
+    assert_eq!(name, "context");
+    (serde_json::from_str(&context).unwrap(), blocks)
+}
+
+/// The comparison's outcome.
+#[derive(Default)]
 pub struct Corpus {
     pub renders: usize,
-    /// Byte-identical, or failing on both sides.
+    /// Byte-identical texts and token ids.
     pub identical: usize,
-    /// Templates cardproof refuses, naming the construct.
+    /// Failing on both sides with the same Python error.
+    pub both_fail: usize,
+    /// Renders cardproof refuses, naming the construct.
     pub refused: Vec<String>,
-    /// Renders where transformers raised on None iteration or a generator and cardproof did not.
-    pub lenient: usize,
+    pub probes: usize,
+    /// Probes identical, failing alike, or refused where jinja2 writes an address.
+    pub probes_identical: usize,
+    /// Probes of constructs cardproof refuses by name (jinja2 renders them).
+    pub probes_refused: Vec<String>,
+    /// Probes failing on both sides with different errors.
+    pub probes_other_error: Vec<String>,
+    /// Everything that differs: texts, ids, a render on one side only, an unnamed failure.
     pub bad: Vec<String>,
 }
 
@@ -149,7 +224,12 @@ pub fn case_conversation(
 ) -> Conversation {
     Conversation {
         messages: case["messages"].as_array().unwrap().clone(),
-        tools: (case["tools"] == true).then(|| conversations["tools"].clone()),
+        // `"tools": true` is the file's shared list; a case may carry its own.
+        tools: match &case["tools"] {
+            serde_json::Value::Bool(true) => Some(conversations["tools"].clone()),
+            serde_json::Value::Array(_) => Some(case["tools"].clone()),
+            _ => None,
+        },
         add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
         kwargs: case["kwargs"].as_object().unwrap().clone(),
     }

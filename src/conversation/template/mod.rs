@@ -103,7 +103,7 @@ impl ChatTemplate {
     fn compile(&self) -> Result<(Instructions<'_>, BTreeMap<&str, Instructions<'_>>), String> {
         let ast = machinery::parse(&self.source, &self.name, syntax())
             .map_err(|e| self.describe(&e, e.line(), "does not compile"))?;
-        let ast = rewrite::template(&ast)
+        let ast = rewrite::template(&ast, &self.source)
             .map_err(|(e, line)| self.describe(&e, Some(line), "does not compile"))?;
         let mut generator = CodeGenerator::new(&self.name, &self.source);
         generator.compile_stmt(&ast);
@@ -116,8 +116,17 @@ impl ChatTemplate {
             (ErrorKind::OutOfFuel, _) => format!(
                 "it ran past cardproof's bound of {FUEL} units of work on one render (one per instruction, one per 16 to 64 bytes it creates)"
             ),
+            // minijinja's own errors, named by the Python error jinja2 raises for them.
+            (ErrorKind::SyntaxError, d) => format!("TemplateSyntaxError: {}", d.unwrap_or("invalid syntax")),
+            (ErrorKind::TooManyArguments | ErrorKind::MissingArgument, d) => {
+                format!("TypeError: {}", d.map_or_else(|| e.kind().to_string(), str::to_owned))
+            }
+            (ErrorKind::UnknownFunction | ErrorKind::UndefinedError, d)
+                if !d.is_some_and(|d| d.starts_with("UndefinedError:")) =>
+            {
+                format!("UndefinedError: {}", d.map_or_else(|| e.kind().to_string(), str::to_owned))
+            }
             (_, Some(detail)) => detail.to_owned(),
-            (ErrorKind::UndefinedError, None) => "UndefinedError: a value is undefined".into(),
             (kind, None) => kind.to_string(),
         };
         let name = if self.name == UNNAMED {
@@ -177,6 +186,7 @@ fn environment<'s>(clock: i64, written: Arc<AtomicUsize>) -> Environment<'s> {
     env.add_function("__cp_rem", pyops::rem);
     env.add_function("__cp_concat", pyops::concat);
     env.add_function("__cp_compare", |a: Value, op: String, b: Value| pyops::compare(a, &op, b));
+    env.add_function("__cp_arith", |a: Value, op: String, b: Value| pyops::arith(a, &op, b));
     env.add_function("__cp_chain", pyops::chain);
     env.add_function("__cp_contains", pyops::contains);
     env.add_function("__cp_iterate", pyops::iterate);
@@ -189,6 +199,7 @@ fn environment<'s>(clock: i64, written: Arc<AtomicUsize>) -> Environment<'s> {
     env.add_function("__cp_method", pyops::method);
     env.add_function("__cp_getitem", pyops::getitem);
     env.add_function("__cp_slice", pyops::slice);
+    env.add_function("__cp_defined", pyops::defined);
     env.add_function("__cp_fail", |message: String| -> Result<Value, Error> {
         Err(Error::new(ErrorKind::InvalidOperation, message))
     });
@@ -200,7 +211,7 @@ fn environment<'s>(clock: i64, written: Arc<AtomicUsize>) -> Environment<'s> {
 fn globals(env: &mut Environment<'_>, clock: i64) {
     env.remove_global("debug");
     env.add_function("raise_exception", |message: String| -> Result<Value, Error> {
-        Err(Error::new(ErrorKind::InvalidOperation, message))
+        Err(Error::new(ErrorKind::InvalidOperation, format!("TemplateError: {message}")))
     });
     env.add_function("strftime_now", move |state: &State, format: String| -> Result<Value, Error> {
         limits::reserve(state, format.len() as u128 * 16, "strftime_now")?;

@@ -33,6 +33,16 @@ fn unsupported(op: &str, a: &Value, b: &Value) -> Error {
     ))
 }
 
+/// `value`, unless it is undefined where jinja2's `Undefined` raises (an operand of `+`, `*`,
+/// `<`, a subscripted or called value): then jinja2's `UndefinedError`, naming `what` as the
+/// template wrote it.
+pub fn defined(value: Value, what: String) -> Result<Value, Error> {
+    if value.is_undefined() {
+        return Err(undefined_error(format!("'{what}' is undefined")));
+    }
+    Ok(value)
+}
+
 /// Python's `a + b`.
 pub fn add(state: &State, a: Value, b: Value) -> Result<Value, Error> {
     let (ta, tb) = (py_type(&a), py_type(&b));
@@ -144,10 +154,57 @@ pub fn mul(state: &State, a: Value, b: Value) -> Result<Value, Error> {
     }
 }
 
+/// Python's `a - b`, `a / b`, `a // b` and `a ** b` on numbers (a bool counts as an int):
+/// `ZeroDivisionError` as Python words it, a float where Python gives one, and a refusal where
+/// Python's unbounded integers or complex numbers would be needed.
+pub fn arith(a: Value, op: &str, b: Value) -> Result<Value, Error> {
+    let (ta, tb) = (py_type(&a), py_type(&b));
+    if ta == PyType::Undefined || tb == PyType::Undefined {
+        return Err(undefined_operand(op));
+    }
+    let (Some(x), Some(y)) = (as_number(&a), as_number(&b)) else {
+        return Err(unsupported(op, &a, &b));
+    };
+    let ints = as_int(&a).zip(as_int(&b));
+    let zero = |what: &str| {
+        Err(minijinja::Error::new(
+            minijinja::ErrorKind::InvalidOperation,
+            format!("ZeroDivisionError: {what}"),
+        ))
+    };
+    match (op, ints) {
+        ("-", Some((i, j))) => i.checked_sub(j).map(Value::from).ok_or_else(too_big),
+        ("-", None) => Ok(Value::from(x - y)),
+        ("/", _) if y == 0.0 => zero(if ints.is_some() { "division by zero" } else { "float division by zero" }),
+        ("/", _) => Ok(Value::from(x / y)),
+        ("//", Some((_, 0))) => zero("integer division or modulo by zero"),
+        ("//", Some((i, j))) => {
+            let q = i.checked_div_euclid(j).ok_or_else(too_big)?;
+            // Python floors; Euclid's quotient differs when the divisor is negative.
+            let r = i - q * j;
+            Ok(Value::from(if j < 0 && r != 0 { q + 1 } else { q }))
+        }
+        ("//", None) if y == 0.0 => zero("float floor division by zero"),
+        ("//", None) => Ok(Value::from((x / y).floor())),
+        ("**", Some((i, j))) if j >= 0 => u32::try_from(j)
+            .ok()
+            .and_then(|j| i.checked_pow(j))
+            .map(Value::from)
+            .ok_or_else(too_big),
+        ("**", Some((0, _))) => zero("0.0 cannot be raised to a negative power"),
+        ("**", _) if x == 0.0 && y < 0.0 => zero("0.0 cannot be raised to a negative power"),
+        ("**", _) if x < 0.0 && y.fract() != 0.0 => Err(super::python::refusal(
+            "a negative number raised to a fractional power (Python gives a complex number)",
+        )),
+        ("**", _) => Ok(Value::from(x.powf(y))),
+        _ => Err(unsupported(op, &a, &b)),
+    }
+}
+
 /// Python's `a % b`: printf-style formatting for a string, the floored remainder for numbers.
 pub fn rem(state: &State, a: Value, b: Value) -> Result<Value, Error> {
     let (ta, tb) = (py_type(&a), py_type(&b));
-    if ta == PyType::Undefined || tb == PyType::Undefined {
+    if ta == PyType::Undefined || (tb == PyType::Undefined && !matches!(ta, PyType::Str | PyType::Markup)) {
         return Err(undefined_operand("%"));
     }
     if matches!(ta, PyType::Str | PyType::Markup) {

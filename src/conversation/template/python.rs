@@ -332,7 +332,11 @@ fn string_repr(s: &str, out: &mut Bounded) -> Result<(), Error> {
             c if (c as u32) < 0x20 || c as u32 == 0x7f => {
                 out.push_str(&format!("\\x{:02x}", c as u32), WHAT)?
             }
-            c if (c as u32) < 0x7f || is_printable(c) => out.push(c, WHAT)?,
+            // cardproof's field markers stay raw, as in `tojson`: they are never in a render it
+            // keeps, and a marked render must strip back to the plain one.
+            c if (c as u32) < 0x7f || is_printable(c) || super::super::spans::is_marker(c) => {
+                out.push(c, WHAT)?
+            }
             c if (c as u32) <= 0xff => out.push_str(&format!("\\x{:02x}", c as u32), WHAT)?,
             c if (c as u32) <= 0xffff => out.push_str(&format!("\\u{:04x}", c as u32), WHAT)?,
             c => out.push_str(&format!("\\U{:08x}", c as u32), WHAT)?,

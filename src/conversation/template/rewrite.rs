@@ -27,8 +27,9 @@ use super::{filters, jinja_tests, methods};
 
 /// The parsed template with jinja2's semantics routed in, or the first construct refused and
 /// its line.
-pub fn template<'a>(root: &Stmt<'a>) -> Result<Stmt<'a>, (Error, usize)> {
+pub fn template<'a>(root: &Stmt<'a>, source: &'a str) -> Result<Stmt<'a>, (Error, usize)> {
     let mut r = Rewriter {
+        source,
         refused: None,
         macro_depth: 0,
         soft: false,
@@ -40,7 +41,9 @@ pub fn template<'a>(root: &Stmt<'a>) -> Result<Stmt<'a>, (Error, usize)> {
     }
 }
 
-struct Rewriter {
+struct Rewriter<'s> {
+    /// The template's source, which names an undefined operand as the template wrote it.
+    source: &'s str,
     /// The first construct refused, with its line.
     refused: Option<(Error, usize)>,
     macro_depth: usize,
@@ -104,7 +107,7 @@ fn compare_op(op: CompareOpKind) -> &'static str {
     }
 }
 
-impl Rewriter {
+impl<'s> Rewriter<'s> {
     /// Records a refusal at `span` (the first one wins).
     fn refuse(&mut self, error: Error, span: Span) {
         if self.refused.is_none() {
@@ -363,7 +366,8 @@ impl Rewriter {
             Expr::Const(c) => konst(c.value.clone(), c.span()),
             Expr::Slice(s) => {
                 let span = s.span();
-                let mut args = vec![self.expr(&s.expr)];
+                let obj = self.expr(&s.expr);
+                let mut args = vec![self.defined(&s.expr, obj)];
                 for bound in [&s.start, &s.stop, &s.step] {
                     args.push(match bound {
                         Some(e) => self.expr(e),
@@ -431,16 +435,17 @@ impl Rewriter {
                 },
                 g.span(),
             )),
-            Expr::GetItem(g) => call(
-                "__cp_getitem",
-                positional(vec![self.expr(&g.expr), self.expr(&g.subscript_expr)]),
-                g.span(),
-            ),
+            Expr::GetItem(g) => {
+                let obj = self.expr(&g.expr);
+                let obj = self.defined(&g.expr, obj);
+                call("__cp_getitem", positional(vec![obj, self.expr(&g.subscript_expr)]), g.span())
+            }
             Expr::Call(c) => match &c.expr {
                 // `x.items()`: Python's method, not minijinja's lookup of a key `items`.
                 Expr::GetAttr(g) if methods::is_method_name(g.name) => {
+                    let receiver = self.expr(&g.expr);
                     let mut args = vec![
-                        CallArg::Pos(self.expr(&g.expr)),
+                        CallArg::Pos(self.defined(&g.expr, receiver)),
                         CallArg::Pos(konst(Value::from(g.name), g.span())),
                     ];
                     args.extend(c.args.iter().map(|a| self.call_arg(a)));
@@ -470,18 +475,62 @@ impl Rewriter {
         }
     }
 
+    /// `expr` (already rewritten as `rewritten`), checked to be defined where jinja2's
+    /// `Undefined` raises: the error names the operand as the template wrote it.
+    fn defined<'a>(&self, expr: &Expr<'a>, rewritten: Expr<'a>) -> Expr<'a> {
+        let span = expr.span();
+        let hint = match expr {
+            Expr::Var(v) => v.id,
+            Expr::GetAttr(_) | Expr::GetItem(_) => self
+                .source
+                .get(span.start_offset as usize..span.end_offset as usize)
+                .unwrap_or_default(),
+            _ => return rewritten,
+        };
+        call("__cp_defined", positional(vec![rewritten, konst(Value::from(hint), span)]), span)
+    }
+
     fn bin_op<'a>(&mut self, b: &Spanned<ast::BinOp<'a>>) -> Expr<'a> {
         let span = b.span();
         let (left, right) = (self.expr(&b.left), self.expr(&b.right));
+        let strict = matches!(
+            b.op,
+            BinOpKind::Add
+                | BinOpKind::Sub
+                | BinOpKind::Mul
+                | BinOpKind::Div
+                | BinOpKind::FloorDiv
+                | BinOpKind::Pow
+                | BinOpKind::Rem
+                | BinOpKind::Lt
+                | BinOpKind::Lte
+                | BinOpKind::Gt
+                | BinOpKind::Gte
+        );
+        let (left, right) = if strict {
+            let left = self.defined(&b.left, left);
+            // `'%s' % undefined` writes '' in jinja2: only the format must be defined.
+            let right = if matches!(b.op, BinOpKind::Rem) { right } else { self.defined(&b.right, right) };
+            (left, right)
+        } else {
+            (left, right)
+        };
         let python = |name: &'static str, left, right| call(name, positional(vec![left, right]), span);
         let compare = |op: &'static str, left, right| {
             call("__cp_compare", positional(vec![left, konst(Value::from(op), span), right]), span)
+        };
+        let arith = |op: &'static str, left, right| {
+            call("__cp_arith", positional(vec![left, konst(Value::from(op), span), right]), span)
         };
         match b.op {
             BinOpKind::Add => python("__cp_add", left, right),
             BinOpKind::Mul => python("__cp_mul", left, right),
             BinOpKind::Rem => python("__cp_rem", left, right),
             BinOpKind::Concat => python("__cp_concat", left, right),
+            BinOpKind::Sub => arith("-", left, right),
+            BinOpKind::Div => arith("/", left, right),
+            BinOpKind::FloorDiv => arith("//", left, right),
+            BinOpKind::Pow => arith("**", left, right),
             BinOpKind::In => python("__cp_contains", right, left),
             BinOpKind::Lt => compare("<", left, right),
             BinOpKind::Lte => compare("<=", left, right),
