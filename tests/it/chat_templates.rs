@@ -333,3 +333,117 @@ fn every_corpus_render_is_labelled_from_the_rendering() {
     assert!(labelled >= 329, "{labelled} labelled");
     assert!(refused.is_empty(), "refused: {refused:?}");
 }
+
+/// A template of `bomb` (after a line that writes the BOS token) written as `name.jinja` in
+/// `dir`.
+fn bomb_template(dir: &Path, name: &str, bomb: &str) -> std::path::PathBuf {
+    let template = dir.join(format!("{name}.jinja"));
+    std::fs::write(&template, format!("{{{{- bos_token }}}}\n{bomb}")).unwrap();
+    template
+}
+
+/// The memory bombs of issue #41 in a chat template given to `measure`: an indent of 10¹², a
+/// format width of 5·10⁹, a string doubled through a namespace, a list doubled, a value nested
+/// without end. Each aborted the process (exit 134) or grew to 3–4 GB first; each is refused
+/// (exit 2) naming the template's file and the line, before it grows (a doubling runs out of
+/// fuel, which counts the bytes it creates, at 256 MiB), and nothing is written.
+#[test]
+fn a_chat_template_memory_bomb_is_refused_naming_the_template_and_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (conversation, _) = crate::conversation::short_conversation(dir.path(), 4);
+    for (name, bomb, why) in [
+        ("indent", "{{ messages | tojson(indent=10**12) }}", "MemoryError: tojson's indent"),
+        ("width", r#"{{ "{:>5000000000}".format("x") }}"#, "MemoryError: a format width"),
+        (
+            "doubling",
+            "{%- set ns = namespace(s='x') %}\n{%- for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+            // Its fuel runs out (cumulative bytes count as work) before its value reaches
+            // the bound on one value: either is the refusal.
+            "units of work on one render",
+        ),
+        (
+            "list",
+            "{%- set ns = namespace(l=[1]) %}\n{%- for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
+            "units of work on one render",
+        ),
+        (
+            "nesting",
+            "{%- set ns = namespace(x=[]) %}\n{%- for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}",
+            "RecursionError",
+        ),
+    ] {
+        let template = bomb_template(dir.path(), name, bomb);
+        let out = dir.path().join(format!("out-{name}"));
+        let r = measure_short(
+            std::path::Path::new(&model("shakespeare-fp8-block")),
+            &conversation,
+            &out,
+            "200",
+            &["--chat-template", template.to_str().unwrap()],
+        );
+        assert_eq!(r.code, 2, "{name}: {}", r.stderr);
+        let line = if name == "indent" || name == "width" { 2 } else { 3 };
+        for wanted in [
+            template.display().to_string(),
+            format!("(line {line})"),
+            why.to_owned(),
+        ] {
+            assert!(r.stderr.contains(&wanted), "{name}: {wanted}: {}", r.stderr);
+        }
+        assert!(!out.join("measurement.json").exists(), "{name}");
+    }
+}
+
+/// A card's own template that doubles a string through a namespace, its digest recomputed into
+/// the card (a hostile card author controls both): `verify` refuses it before any forward
+/// pass, exit 2, naming the card's template file and its line (its fuel, which counts the bytes
+/// it creates, runs out at 256 MiB), where it aborted at 3–4 GB.
+#[test]
+fn a_cards_own_template_memory_bomb_is_refused_by_verify_naming_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let candidate = dir.path().join("candidate");
+    copy_model("shakespeare-fp8-block", &candidate);
+    let (conversation, template) = crate::conversation::short_conversation(&candidate, 16);
+    let m = dir.path().join("m");
+    let r = measure_short(
+        &candidate,
+        &conversation,
+        &m,
+        "200",
+        &["--chat-template", template.to_str().unwrap()],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let measurement = m.join("measurement.json");
+    let r = cardproof(&["card", "--measurement", measurement.to_str().unwrap()]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+
+    let digest = |path: &Path| cardproof::checkpoint::hash::hash_file(path).unwrap();
+    let before = digest(&template);
+    let source = std::fs::read_to_string(&template).unwrap();
+    std::fs::write(
+        &template,
+        format!(
+            "{{%- set ns = namespace(s='x') %}}\n{{%- for i in range(40) %}}{{% set ns.s = ns.s + ns.s %}}{{% endfor %}}\n{source}"
+        ),
+    )
+    .unwrap();
+    let card_path = candidate.join("README.md");
+    let card = std::fs::read_to_string(&card_path).unwrap();
+    assert!(card.contains(&before), "the card names its template's digest");
+    std::fs::write(&card_path, card.replace(&before, &digest(&template))).unwrap();
+
+    let reference = model("shakespeare-bf16");
+    let out = dir.path().join("report");
+    let r = cardproof(&[
+        "verify",
+        candidate.to_str().unwrap(),
+        "--reference",
+        &reference,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 2, "{}\n{}", r.stderr, r.stdout);
+    for wanted in ["chat_template.jinja", "(line 2)", "units of work on one render"] {
+        assert!(r.stderr.contains(wanted), "{wanted}: {}", r.stderr);
+    }
+}

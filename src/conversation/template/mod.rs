@@ -370,6 +370,98 @@ mod tests {
         }
     }
 
+    /// Every way issue #41 found (and more) for a template to build more than cardproof allows
+    /// is refused before the value is built, as a `MemoryError` (or `RecursionError`) naming
+    /// the line: widths, precisions, indents, repeats, joins, pads, splits, slices, nesting.
+    #[test]
+    fn a_width_repeat_or_nesting_beyond_the_bound_is_refused_naming_its_line() {
+        for bomb in [
+            "{{ x | tojson(indent=10**12) }}",
+            "{{ x | tojson(indent=2**40) }}",
+            r#"{{ "{:>5000000000}".format("x") }}"#,
+            r#"{{ "{:.5000000000f}".format(1.5) }}"#,
+            r#"{{ "%5000000000s" % "x" }}"#,
+            r#"{{ "%.*f" % (5000000000, 1.5) }}"#,
+            r#"{{ "%5000000000s" | format("x") }}"#,
+            r#"{{ "x" * 10000000000 }}"#,
+            "{{ [1] * 10000000000 }}",
+            "{{ (1,) * 10000000000 }}",
+            "{{ 'x' | center(10000000000) }}",
+            "{{ 'x'.ljust(10000000000) }}",
+            "{{ 'x'.center(10000000000, '-') }}",
+            "{{ 'x'.zfill(10000000000) }}",
+            r"{{ 'a\nb' | indent(10000000000) }}",
+            "{{ ('x,' * 20000000).split(',') | length }}",
+            "{{ strftime_now('%Y' * 10000000) }}",
+            "{% for i in range(100000) %}{{ 'x' * 10000 }}{% endfor %}",
+            "{% set ns = namespace(x=[]) %}{% for i in range(1000) %}{% set ns.x = [ns.x] %}{% endfor %}",
+            "{% set ns = namespace(x=[1]) %}{% for i in range(1000) %}{% set ns.x = ns.x | batch(1) | list %}{% endfor %}",
+            "{% set ns = namespace(x=1) %}{% set ns.x = ns %}",
+        ] {
+            let source = format!("{{{{ '' }}}}
+{bomb}");
+            let e = render(&source, serde_json::json!({"x": [1, 2]})).unwrap_err();
+            assert!(e.contains("(line 2)"), "{bomb}: {e}");
+            assert!(
+                e.contains("MemoryError") || e.contains("RecursionError"),
+                "{bomb}: {e}"
+            );
+        }
+    }
+
+    /// Work is bounded too: a loop that does not end in time is refused, not a hang.
+    #[test]
+    fn a_template_that_runs_past_its_fuel_is_refused() {
+        let e = render(
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            serde_json::json!({}),
+        )
+        .unwrap_err();
+        assert!(e.contains("units of work on one render"), "{e}");
+    }
+
+    /// Issue #41's Cohere Command R+ case: jinja2's `indent` keeps a trailing newline.
+    #[test]
+    fn indent_keeps_a_trailing_newline_as_jinja2_does() {
+        let out = render(
+            "[{{ '{\n' | indent(4, first=true) }}][{{ 'a\n\nb' | indent(2) }}][{{ 'a\n\nb' | indent(2, blank=true) }}][{{ 'a\n' | indent('> ', true) }}]",
+            serde_json::json!({}),
+        )
+        .unwrap();
+        assert_eq!(out, "[    {\n][a\n\n  b][a\n  \n  b][> a\n]");
+    }
+
+    /// Where jinja2 raises, cardproof raises the same Python error (issue #41: Hermes, Cohere
+    /// and DeepSeek-R1 templates rendered where transformers raised).
+    #[test]
+    fn what_jinja2_refuses_is_refused_with_pythons_error() {
+        for (source, error) in [
+            ("{% for t in tools %}{% endfor %}", "TypeError: 'NoneType' object is not iterable"),
+            ("{{ tools | length }}", "TypeError: object of type 'NoneType' has no len()"),
+            ("{{ 'x' in tools }}", "TypeError: argument of type 'NoneType' is not iterable"),
+            ("{{ messages | map(attribute='role') | tojson }}", "TypeError: Object of type generator is not JSON serializable"),
+            ("{{ 'a' + 1 }}", "TypeError: can only concatenate str (not \"int\") to str"),
+            ("{{ 1 < 'a' }}", "TypeError: '<' not supported between instances of 'int' and 'str'"),
+            ("{{ functions + 'x' }}", "UndefinedError: 'functions' is undefined"),
+            ("{{ [] .append(1) }}", "SecurityError: access to attribute 'append' of 'list' object is unsafe."),
+            ("{{ x | from_json }}", "TemplateAssertionError: No filter named 'from_json'."),
+        ] {
+            let e = render(source, serde_json::json!({"tools": null, "messages": [{"role": "user"}]})).unwrap_err();
+            assert!(e.contains(error) && e.contains("(line 1)"), "{source}: {e}");
+        }
+    }
+
+    /// functionary v3.1's `"..."|safe + name`: markupsafe escapes the plain operand.
+    #[test]
+    fn a_string_added_to_a_safe_one_is_escaped_as_markupsafe_escapes_it() {
+        let out = render(
+            "{{ 'Use '|safe + name + ' to '|safe + f | tojson }}|{{ ('<' | safe) ~ '>' }}",
+            serde_json::json!({"name": "<a & b>", "f": {"q": "\"x\""}}),
+        )
+        .unwrap();
+        assert_eq!(out, "Use &lt;a &amp; b&gt; to {&#34;q&#34;: &#34;\\&#34;x\\&#34;&#34;}|<>");
+    }
+
     #[test]
     fn generation_blocks_keep_their_text_and_whitespace_control() {
         let t = ChatTemplate::new(
