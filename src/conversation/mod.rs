@@ -157,7 +157,9 @@ mod tests {
     #[test]
     fn a_null_message_field_is_left_out_as_apply_chat_template_leaves_it_out() {
         let context = template_context(
-            &[serde_json::json!({"role": "assistant", "content": null, "tool_calls": [{"function": {"name": "f", "arguments": null}}]})],
+            &[
+                serde_json::json!({"role": "assistant", "content": null, "tool_calls": [{"function": {"name": "f", "arguments": null}}]}),
+            ],
             None,
             false,
             &Map::new(),

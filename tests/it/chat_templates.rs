@@ -91,7 +91,11 @@ pub fn mismatches(expected: &Path) -> Corpus {
 fn compare_probes(doc: &serde_json::Value, clock: i64, corpus: &mut Corpus) {
     let (context, probes) = read_probes();
     let results = doc["probes"].as_array().unwrap();
-    assert_eq!(results.len(), probes.len(), "every probe rendered by transformers");
+    assert_eq!(
+        results.len(),
+        probes.len(),
+        "every probe rendered by transformers"
+    );
     corpus.probes = probes.len();
     for ((name, source), r) in probes.iter().zip(results) {
         assert_eq!(r["name"], name.as_str());
@@ -103,9 +107,15 @@ fn compare_probes(doc: &serde_json::Value, clock: i64, corpus: &mut Corpus) {
             (Some(want), Err(e)) if want.contains(" at 0x") && e.contains(REFUSAL) => {
                 corpus.probes_identical += 1
             }
-            (Some(want), Ok(got)) => corpus.bad.push(format!("probe {name}: {}", differ(want, &got))),
-            (Some(_), Err(e)) if e.contains(REFUSAL) => corpus.probes_refused.push(format!("{name}: {e}")),
-            (Some(_), Err(e)) => corpus.bad.push(format!("probe {name}: cardproof failed: {e}")),
+            (Some(want), Ok(got)) => corpus
+                .bad
+                .push(format!("probe {name}: {}", differ(want, &got))),
+            (Some(_), Err(e)) if e.contains(REFUSAL) => {
+                corpus.probes_refused.push(format!("{name}: {e}"))
+            }
+            (Some(_), Err(e)) => corpus
+                .bad
+                .push(format!("probe {name}: cardproof failed: {e}")),
             (None, Ok(got)) => corpus.bad.push(format!(
                 "probe {name}: transformers failed ({}) and cardproof rendered {got:?}",
                 r["error"]
@@ -150,10 +160,9 @@ fn same_error(transformers: &str, cardproof: &str) -> bool {
 /// probes.txt: `=== name` lines, each followed by its template; the first block, `context`, is
 /// the JSON every probe renders with (as tests/chat_template_check.py reads it).
 pub fn read_probes() -> (serde_json::Value, Vec<(String, String)>) {
-    let text = std::fs::read_to_string(
-        repo_root().join("tests/fixtures/chat_templates/probes.txt"),
-    )
-    .unwrap();
+    let text =
+        std::fs::read_to_string(repo_root().join("tests/fixtures/chat_templates/probes.txt"))
+            .unwrap();
     let mut blocks: Vec<(String, String)> = Vec::new();
     for line in text.split('\n') {
         match line.strip_prefix("=== ") {
@@ -352,8 +361,16 @@ fn a_chat_template_memory_bomb_is_refused_naming_the_template_and_its_line() {
     let dir = tempfile::tempdir().unwrap();
     let (conversation, _) = crate::conversation::short_conversation(dir.path(), 4);
     for (name, bomb, why) in [
-        ("indent", "{{ messages | tojson(indent=10**12) }}", "MemoryError: tojson's indent"),
-        ("width", r#"{{ "{:>5000000000}".format("x") }}"#, "MemoryError: a format width"),
+        (
+            "indent",
+            "{{ messages | tojson(indent=10**12) }}",
+            "MemoryError: tojson's indent",
+        ),
+        (
+            "width",
+            r#"{{ "{:>5000000000}".format("x") }}"#,
+            "MemoryError: a format width",
+        ),
         (
             "doubling",
             "{%- set ns = namespace(s='x') %}\n{%- for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
@@ -382,7 +399,11 @@ fn a_chat_template_memory_bomb_is_refused_naming_the_template_and_its_line() {
             &["--chat-template", template.to_str().unwrap()],
         );
         assert_eq!(r.code, 2, "{name}: {}", r.stderr);
-        let line = if name == "indent" || name == "width" { 2 } else { 3 };
+        let line = if name == "indent" || name == "width" {
+            2
+        } else {
+            3
+        };
         for wanted in [
             template.display().to_string(),
             format!("(line {line})"),
@@ -429,7 +450,10 @@ fn a_cards_own_template_memory_bomb_is_refused_by_verify_naming_its_line() {
     .unwrap();
     let card_path = candidate.join("README.md");
     let card = std::fs::read_to_string(&card_path).unwrap();
-    assert!(card.contains(&before), "the card names its template's digest");
+    assert!(
+        card.contains(&before),
+        "the card names its template's digest"
+    );
     std::fs::write(&card_path, card.replace(&before, &digest(&template))).unwrap();
 
     let reference = model("shakespeare-bf16");
@@ -443,7 +467,11 @@ fn a_cards_own_template_memory_bomb_is_refused_by_verify_naming_its_line() {
         out.to_str().unwrap(),
     ]);
     assert_eq!(r.code, 2, "{}\n{}", r.stderr, r.stdout);
-    for wanted in ["chat_template.jinja", "(line 2)", "units of work on one render"] {
+    for wanted in [
+        "chat_template.jinja",
+        "(line 2)",
+        "units of work on one render",
+    ] {
         assert!(r.stderr.contains(wanted), "{wanted}: {}", r.stderr);
     }
 }

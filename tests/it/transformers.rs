@@ -1037,7 +1037,7 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
             String::from_utf8_lossy(&out.stderr)
         );
         let c = crate::chat_templates::mismatches(&expected);
-        eprintln!(
+        let summary = format!(
             "{} renders: {} identical, {} failing alike, {} refused; {} probes: {} alike, {} refused, {} failing otherwise; {} bad",
             c.renders,
             c.identical,
@@ -1049,25 +1049,29 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
             c.probes_other_error.len(),
             c.bad.len()
         );
-        assert!(c.renders >= 630, "{} renders", c.renders);
-        assert!(c.bad.is_empty(), "{} differ:\n{}", c.bad.len(), c.bad.join("\n"));
+        assert!(c.renders >= 630, "{summary}");
+        assert!(c.bad.is_empty(), "{summary}:\n{}", c.bad.join("\n"));
         // Measured on the corpus of 70 templates × 9 conversations and 343 probes: nothing of
         // the corpus is refused and no probe fails otherwise, and the probes cardproof refuses
         // by name stay these (a rule implemented since shrinks the list; a regression grows it).
-        assert!(c.refused.is_empty(), "refused: {:?}", c.refused);
-        assert!(c.identical >= 505, "{} identical", c.identical);
-        assert_eq!(c.identical + c.both_fail, c.renders, "every render accounted for");
-        assert!(c.probes >= 343, "{} probes", c.probes);
+        assert!(c.refused.is_empty(), "{summary}: {:?}", c.refused);
+        assert!(c.identical >= 505, "{summary}");
+        assert_eq!(c.identical + c.both_fail, c.renders, "{summary}");
+        assert!(c.probes >= 343, "{summary}");
         assert!(
             c.probes_other_error.is_empty(),
-            "{}",
+            "{summary}:\n{}",
             c.probes_other_error.join("\n")
         );
-        assert!(c.probes_refused.len() <= 10, "refused: {:#?}", c.probes_refused);
+        assert!(
+            c.probes_refused.len() <= 10,
+            "{summary}: {:#?}",
+            c.probes_refused
+        );
         assert_eq!(
             c.probes_identical + c.probes_refused.len(),
             c.probes,
-            "every probe accounted for"
+            "{summary}"
         );
     }
 

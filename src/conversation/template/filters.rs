@@ -24,24 +24,79 @@ use super::strings;
 /// The filters jinja2 has that the environment answers (the rewrite refuses any other name:
 /// jinja2 knows none, or cardproof does not write it as jinja2 does).
 pub const IMPLEMENTED: &[&str] = &[
-    "abs", "attr", "batch", "capitalize", "center", "count", "d", "default", "dictsort", "e",
-    "escape", "first", "float", "forceescape", "format", "groupby", "indent", "int", "items",
-    "join", "last", "length", "list", "lower", "map", "max", "min", "reject", "rejectattr",
-    "replace", "reverse", "round", "safe", "select", "selectattr", "slice", "sort", "string",
-    "sum", "title", "tojson", "trim", "unique", "upper",
+    "abs",
+    "attr",
+    "batch",
+    "capitalize",
+    "center",
+    "count",
+    "d",
+    "default",
+    "dictsort",
+    "e",
+    "escape",
+    "first",
+    "float",
+    "forceescape",
+    "format",
+    "groupby",
+    "indent",
+    "int",
+    "items",
+    "join",
+    "last",
+    "length",
+    "list",
+    "lower",
+    "map",
+    "max",
+    "min",
+    "reject",
+    "rejectattr",
+    "replace",
+    "reverse",
+    "round",
+    "safe",
+    "select",
+    "selectattr",
+    "slice",
+    "sort",
+    "string",
+    "sum",
+    "title",
+    "tojson",
+    "trim",
+    "unique",
+    "upper",
 ];
 
 /// jinja2's filters cardproof does not implement: a template using one is refused by name.
 pub const NOT_IMPLEMENTED: &[&str] = &[
-    "filesizeformat", "pprint", "random", "striptags", "truncate", "urlencode", "urlize",
-    "wordcount", "wordwrap", "xmlattr",
+    "filesizeformat",
+    "pprint",
+    "random",
+    "striptags",
+    "truncate",
+    "urlencode",
+    "urlize",
+    "wordcount",
+    "wordwrap",
+    "xmlattr",
 ];
 
 /// minijinja's filters that nest their operand's items one level deeper.
 pub const NESTING: &[&str] = &["batch", "slice", "groupby"];
 
 /// The filters that return a generator in jinja2 and a list in minijinja.
-pub const GENERATORS: &[&str] = &["map", "select", "reject", "selectattr", "rejectattr", "batch", "slice"];
+pub const GENERATORS: &[&str] = &[
+    "map",
+    "select",
+    "reject",
+    "selectattr",
+    "rejectattr",
+    "batch",
+    "slice",
+];
 
 /// Registers the filters over minijinja's.
 pub fn register(env: &mut Environment<'_>) {
@@ -52,17 +107,27 @@ pub fn register(env: &mut Environment<'_>) {
     env.add_filter("last", last);
     env.add_filter("list", list);
     env.add_filter("string", string);
-    env.add_filter("safe", |v: Value| -> Result<Value, Error> { Ok(Value::from_safe_string(to_str(&v)?)) });
+    env.add_filter("safe", |v: Value| -> Result<Value, Error> {
+        Ok(Value::from_safe_string(to_str(&v)?))
+    });
     env.add_filter("escape", escape);
     env.add_filter("e", escape);
     env.add_filter("forceescape", |v: Value| -> Result<Value, Error> {
         Ok(Value::from_safe_string(strings::escape_html(&to_str(&v)?)))
     });
     env.add_filter("trim", trim);
-    env.add_filter("upper", |s: &State, v: Value| soft_map(s, v, |t| Ok(t.to_uppercase())));
-    env.add_filter("lower", |s: &State, v: Value| soft_map(s, v, |t| Ok(t.to_lowercase())));
-    env.add_filter("capitalize", |s: &State, v: Value| soft_map(s, v, strings::capitalize));
-    env.add_filter("title", |s: &State, v: Value| soft_map(s, v, |t| Ok(strings::jinja_title(t))));
+    env.add_filter("upper", |s: &State, v: Value| {
+        soft_map(s, v, |t| Ok(t.to_uppercase()))
+    });
+    env.add_filter("lower", |s: &State, v: Value| {
+        soft_map(s, v, |t| Ok(t.to_lowercase()))
+    });
+    env.add_filter("capitalize", |s: &State, v: Value| {
+        soft_map(s, v, strings::capitalize)
+    });
+    env.add_filter("title", |s: &State, v: Value| {
+        soft_map(s, v, |t| Ok(strings::jinja_title(t)))
+    });
     env.add_filter("replace", replace);
     env.add_filter("center", center);
     env.add_filter("indent", indent);
@@ -71,8 +136,12 @@ pub fn register(env: &mut Environment<'_>) {
     env.add_filter("reverse", reverse);
     env.add_filter("sort", sort);
     env.add_filter("unique", unique);
-    env.add_filter("min", |v: Value, a: Rest<Value>, k: Kwargs| min_max(v, a, k, Ordering::Less));
-    env.add_filter("max", |v: Value, a: Rest<Value>, k: Kwargs| min_max(v, a, k, Ordering::Greater));
+    env.add_filter("min", |v: Value, a: Rest<Value>, k: Kwargs| {
+        min_max(v, a, k, Ordering::Less)
+    });
+    env.add_filter("max", |v: Value, a: Rest<Value>, k: Kwargs| {
+        min_max(v, a, k, Ordering::Greater)
+    });
     env.add_filter("sum", sum);
     env.add_filter("dictsort", dictsort);
     env.add_filter("int", int);
@@ -85,7 +154,12 @@ pub fn register(env: &mut Environment<'_>) {
 
 /// A filter's arguments after its operand, by position or by name as Python binds them:
 /// `names` in order; a name given twice, an unknown name or too many are `TypeError`s.
-fn params(filter: &str, args: &[Value], kwargs: &Kwargs, names: &[&str]) -> Result<Vec<Option<Value>>, Error> {
+fn params(
+    filter: &str,
+    args: &[Value],
+    kwargs: &Kwargs,
+    names: &[&str],
+) -> Result<Vec<Option<Value>>, Error> {
     if args.len() > names.len() {
         return Err(type_error(format!(
             "{filter}() takes at most {} arguments ({} given)",
@@ -100,13 +174,17 @@ fn params(filter: &str, args: &[Value], kwargs: &Kwargs, names: &[&str]) -> Resu
     for (i, name) in names.iter().enumerate() {
         if let Some(v) = kwargs.get::<Option<Value>>(name)? {
             if out[i].is_some() {
-                return Err(type_error(format!("{filter}() got multiple values for argument '{name}'")));
+                return Err(type_error(format!(
+                    "{filter}() got multiple values for argument '{name}'"
+                )));
             }
             out[i] = Some(v);
         }
     }
     if let Some(unknown) = kwargs.args().find(|k| !names.contains(k)) {
-        return Err(type_error(format!("{filter}() got an unexpected keyword argument '{unknown}'")));
+        return Err(type_error(format!(
+            "{filter}() got an unexpected keyword argument '{unknown}'"
+        )));
     }
     kwargs.assert_all_used()?;
     Ok(out)
@@ -130,11 +208,20 @@ fn text_param(v: &Option<Value>) -> Result<Option<String>, Error> {
 fn iterate(value: &Value) -> Result<Vec<Value>, Error> {
     match py_type(value) {
         PyType::Undefined => Ok(Vec::new()),
-        PyType::Iter => Ok(value.downcast_object_ref::<PyIter>().expect("an iterator").take()),
-        PyType::Str | PyType::Markup | PyType::List | PyType::Tuple | PyType::Dict | PyType::Range => {
-            Ok(value.try_iter()?.collect())
-        }
-        _ => Err(type_error(format!("'{}' object is not iterable", type_name(value)))),
+        PyType::Iter => Ok(value
+            .downcast_object_ref::<PyIter>()
+            .expect("an iterator")
+            .take()),
+        PyType::Str
+        | PyType::Markup
+        | PyType::List
+        | PyType::Tuple
+        | PyType::Dict
+        | PyType::Range => Ok(value.try_iter()?.collect()),
+        _ => Err(type_error(format!(
+            "'{}' object is not iterable",
+            type_name(value)
+        ))),
     }
 }
 
@@ -142,14 +229,26 @@ fn iterate(value: &Value) -> Result<Vec<Value>, Error> {
 fn length(value: Value) -> Result<Value, Error> {
     match py_type(&value) {
         PyType::Undefined => Ok(Value::from(0)),
-        PyType::Str | PyType::Markup => Ok(Value::from(value.as_str().unwrap_or_default().chars().count())),
-        PyType::List | PyType::Tuple | PyType::Dict | PyType::Range => Ok(Value::from(value.len().unwrap_or(0))),
+        PyType::Str | PyType::Markup => Ok(Value::from(
+            value.as_str().unwrap_or_default().chars().count(),
+        )),
+        PyType::List | PyType::Tuple | PyType::Dict | PyType::Range => {
+            Ok(Value::from(value.len().unwrap_or(0)))
+        }
         PyType::Iter => value
             .downcast_object_ref::<PyIter>()
             .and_then(PyIter::len)
             .map(Value::from)
-            .ok_or_else(|| type_error(format!("object of type '{}' has no len()", type_name(&value)))),
-        _ => Err(type_error(format!("object of type '{}' has no len()", type_name(&value)))),
+            .ok_or_else(|| {
+                type_error(format!(
+                    "object of type '{}' has no len()",
+                    type_name(&value)
+                ))
+            }),
+        _ => Err(type_error(format!(
+            "object of type '{}' has no len()",
+            type_name(&value)
+        ))),
     }
 }
 
@@ -195,7 +294,10 @@ fn first(value: Value) -> Result<Value, Error> {
             .expect("an iterator")
             .next()
             .unwrap_or(Value::UNDEFINED)),
-        _ => Ok(iterate(&value)?.into_iter().next().unwrap_or(Value::UNDEFINED)),
+        _ => Ok(iterate(&value)?
+            .into_iter()
+            .next()
+            .unwrap_or(Value::UNDEFINED)),
     }
 }
 
@@ -203,13 +305,29 @@ fn first(value: Value) -> Result<Value, Error> {
 fn last(value: Value) -> Result<Value, Error> {
     match py_type(&value) {
         PyType::Undefined => Ok(Value::UNDEFINED),
-        PyType::Iter if !value.downcast_object_ref::<PyIter>().expect("an iterator").kind.is_view() => {
-            Err(type_error(format!("'{}' object is not reversible", type_name(&value))))
+        PyType::Iter
+            if !value
+                .downcast_object_ref::<PyIter>()
+                .expect("an iterator")
+                .kind
+                .is_view() =>
+        {
+            Err(type_error(format!(
+                "'{}' object is not reversible",
+                type_name(&value)
+            )))
         }
-        PyType::Str | PyType::Markup | PyType::List | PyType::Tuple | PyType::Dict | PyType::Range | PyType::Iter => {
-            Ok(iterate(&value)?.pop().unwrap_or(Value::UNDEFINED))
-        }
-        _ => Err(type_error(format!("'{}' object is not reversible", type_name(&value)))),
+        PyType::Str
+        | PyType::Markup
+        | PyType::List
+        | PyType::Tuple
+        | PyType::Dict
+        | PyType::Range
+        | PyType::Iter => Ok(iterate(&value)?.pop().unwrap_or(Value::UNDEFINED)),
+        _ => Err(type_error(format!(
+            "'{}' object is not reversible",
+            type_name(&value)
+        ))),
     }
 }
 
@@ -233,39 +351,77 @@ fn escape(value: Value) -> Result<Value, Error> {
     if py_type(&value) == PyType::Markup {
         return Ok(value);
     }
-    Ok(Value::from_safe_string(strings::escape_html(&to_str(&value)?)))
+    Ok(Value::from_safe_string(strings::escape_html(&to_str(
+        &value,
+    )?)))
 }
 
 /// A string filter applied to `soft_str(value)`, keeping a `Markup` a `Markup`.
-fn soft_map(state: &State, value: Value, f: impl Fn(&str) -> Result<String, Error>) -> Result<Value, Error> {
+fn soft_map(
+    state: &State,
+    value: Value,
+    f: impl Fn(&str) -> Result<String, Error>,
+) -> Result<Value, Error> {
     let text = to_str(&value)?;
     reserve(state, text.len() as u128 * 3, "a string filter")?;
     let out = f(&text)?;
-    Ok(if py_type(&value) == PyType::Markup { Value::from_safe_string(out) } else { Value::from(out) })
+    Ok(if py_type(&value) == PyType::Markup {
+        Value::from_safe_string(out)
+    } else {
+        Value::from(out)
+    })
 }
 
 /// `trim(chars=None)`.
 fn trim(state: &State, value: Value, chars: Option<Value>) -> Result<Value, Error> {
-    let chars = chars.filter(|c| !c.is_none()).map(|c| to_str(&c)).transpose()?;
-    soft_map(state, value, |t| Ok(strings::strip(t, chars.as_deref(), true, true).to_owned()))
+    let chars = chars
+        .filter(|c| !c.is_none())
+        .map(|c| to_str(&c))
+        .transpose()?;
+    soft_map(state, value, |t| {
+        Ok(strings::strip(t, chars.as_deref(), true, true).to_owned())
+    })
 }
 
 /// `replace(old, new, count=None)`: with autoescaping off, `str(s).replace(...)`.
-fn replace(state: &State, value: Value, old: Value, new: Value, count: Option<Value>) -> Result<Value, Error> {
-    let count = count.and_then(|c| as_int(&c)).map_or(-1, |c| c.clamp(-1, i128::from(i64::MAX)) as i64);
-    let out = methods::replace(state, &to_str(&value)?, &to_str(&old)?, &to_str(&new)?, count)?;
+fn replace(
+    state: &State,
+    value: Value,
+    old: Value,
+    new: Value,
+    count: Option<Value>,
+) -> Result<Value, Error> {
+    let count = count
+        .and_then(|c| as_int(&c))
+        .map_or(-1, |c| c.clamp(-1, i128::from(i64::MAX)) as i64);
+    let out = methods::replace(
+        state,
+        &to_str(&value)?,
+        &to_str(&old)?,
+        &to_str(&new)?,
+        count,
+    )?;
     Ok(Value::from(out))
 }
 
 /// `center(width=80)`.
 fn center(state: &State, value: Value, width: Option<Value>) -> Result<Value, Error> {
     let width = match width {
-        Some(w) => as_int(&w).ok_or_else(|| type_error(format!("'{}' object cannot be interpreted as an integer", type_name(&w))))?,
+        Some(w) => as_int(&w).ok_or_else(|| {
+            type_error(format!(
+                "'{}' object cannot be interpreted as an integer",
+                type_name(&w)
+            ))
+        })?,
         None => 80,
     };
     let width = width.max(0) as u128;
     reserve(state, width, "center")?;
-    Ok(Value::from(strings::center(&to_str(&value)?, width as usize, ' ')))
+    Ok(Value::from(strings::center(
+        &to_str(&value)?,
+        width as usize,
+        ' ',
+    )))
 }
 
 /// `indent(width=4, first=False, blank=False)` as jinja2 writes it: a trailing newline is kept
@@ -290,25 +446,45 @@ fn indent(state: &State, value: Value, args: Rest<Value>, kwargs: Kwargs) -> Res
         None => "    ".to_owned(),
         Some((PyType::Str | PyType::Markup, w)) => to_str(w)?,
         Some((_, w)) => {
-            let n = as_int(w).ok_or_else(|| type_error(format!("can't multiply sequence by non-int of type '{}'", type_name(w))))?;
+            let n = as_int(w).ok_or_else(|| {
+                type_error(format!(
+                    "can't multiply sequence by non-int of type '{}'",
+                    type_name(w)
+                ))
+            })?;
             let n = n.max(0) as u128;
             reserve(state, n, "indent")?;
             " ".repeat(n as usize)
         }
     };
-    let (first, blank) = (first.is_some_and(|v| v.is_true()), blank.is_some_and(|v| v.is_true()));
+    let (first, blank) = (
+        first.is_some_and(|v| v.is_true()),
+        blank.is_some_and(|v| v.is_true()),
+    );
     let text = to_str(&value)?;
     // `s += "\n"` then `splitlines()`: the added newline keeps a trailing one.
     let lines = strings::splitlines(&format!("{text}\n"), false);
     let line_count = lines.len() as u128;
-    reserve(state, text.len() as u128 + line_count * (indention.len() as u128 + 1), "indent")?;
+    reserve(
+        state,
+        text.len() as u128 + line_count * (indention.len() as u128 + 1),
+        "indent",
+    )?;
     let mut out = String::new();
     if blank {
         out = lines.join(&format!("\n{indention}"));
     } else {
         let mut it = lines.iter();
         out.push_str(it.next().map_or("", String::as_str));
-        let rest: Vec<String> = it.map(|l| if l.is_empty() { String::new() } else { format!("{indention}{l}") }).collect();
+        let rest: Vec<String> = it
+            .map(|l| {
+                if l.is_empty() {
+                    String::new()
+                } else {
+                    format!("{indention}{l}")
+                }
+            })
+            .collect();
         if !rest.is_empty() {
             out.push('\n');
             out.push_str(&rest.join("\n"));
@@ -317,7 +493,11 @@ fn indent(state: &State, value: Value, args: Rest<Value>, kwargs: Kwargs) -> Res
     if first {
         out = format!("{indention}{out}");
     }
-    Ok(if py_type(&value) == PyType::Markup { Value::from_safe_string(out) } else { Value::from(out) })
+    Ok(if py_type(&value) == PyType::Markup {
+        Value::from_safe_string(out)
+    } else {
+        Value::from(out)
+    })
 }
 
 /// `items`: a generator of a mapping's `(key, value)` pairs; an undefined value gives none.
@@ -328,7 +508,12 @@ fn items(state: &State, value: Value) -> Result<Value, Error> {
             reserve_items(state, value.len().unwrap_or(0) as u128 * 3, "items")?;
             let pairs = value
                 .try_iter()?
-                .map(|k| Ok(Value::from(minijinja::value::Tuple::from(vec![k.clone(), value.get_item(&k)?]))))
+                .map(|k| {
+                    Ok(Value::from(minijinja::value::Tuple::from(vec![
+                        k.clone(),
+                        value.get_item(&k)?,
+                    ])))
+                })
                 .collect::<Result<Vec<_>, Error>>()?;
             Ok(PyIter::value(IterKind::Generator, pairs))
         }
@@ -342,7 +527,11 @@ fn reverse(state: &State, value: Value) -> Result<Value, Error> {
     match py_type(&value) {
         PyType::Str | PyType::Markup => {
             let out: String = value.as_str().unwrap_or_default().chars().rev().collect();
-            Ok(if value.is_safe() { Value::from_safe_string(out) } else { Value::from(out) })
+            Ok(if value.is_safe() {
+                Value::from_safe_string(out)
+            } else {
+                Value::from(out)
+            })
         }
         PyType::List | PyType::Tuple | PyType::Dict | PyType::Range | PyType::Undefined => {
             let mut items = iterate_kept(state, &value, "reverse")?;
@@ -353,9 +542,16 @@ fn reverse(state: &State, value: Value) -> Result<Value, Error> {
             let iter = value.downcast_object_ref::<PyIter>().expect("an iterator");
             let mut items = iter.take();
             items.reverse();
-            Ok(if iter.kind.is_view() { PyIter::value(IterKind::ListReverse, items) } else { Value::from(items) })
+            Ok(if iter.kind.is_view() {
+                PyIter::value(IterKind::ListReverse, items)
+            } else {
+                Value::from(items)
+            })
         }
-        _ => Err(Error::new(ErrorKind::InvalidOperation, "FilterArgumentError: argument must be iterable")),
+        _ => Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "FilterArgumentError: argument must be iterable",
+        )),
     }
 }
 
@@ -372,7 +568,10 @@ fn sort_key(item: &Value, attribute: Option<&str>, case_sensitive: bool) -> Resu
     match attribute {
         None => Ok(fold(item.clone())),
         Some(a) if a.contains(',') => {
-            let keys = a.split(',').map(|p| lookup(item, p.trim()).map(fold)).collect::<Result<Vec<_>, _>>()?;
+            let keys = a
+                .split(',')
+                .map(|p| lookup(item, p.trim()).map(fold))
+                .collect::<Result<Vec<_>, _>>()?;
             Ok(Value::from(minijinja::value::Tuple::from(keys)))
         }
         Some(a) => lookup(item, a).map(fold),
@@ -395,14 +594,21 @@ fn sort_by_key(pairs: &mut [(Value, Value)], reverse: bool) -> Result<(), Error>
 
 /// `sort(reverse=False, case_sensitive=False, attribute=None)`: a list.
 fn sort(state: &State, value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error> {
-    let p = params("sort", &args, &kwargs, &["reverse", "case_sensitive", "attribute"])?;
+    let p = params(
+        "sort",
+        &args,
+        &kwargs,
+        &["reverse", "case_sensitive", "attribute"],
+    )?;
     let (reverse, case_sensitive, attribute) = (flag(&p[0]), flag(&p[1]), text_param(&p[2])?);
     let mut pairs = iterate_kept(state, &value, "sort")?
         .into_iter()
         .map(|v| Ok((sort_key(&v, attribute.as_deref(), case_sensitive)?, v)))
         .collect::<Result<Vec<_>, Error>>()?;
     sort_by_key(&mut pairs, reverse)?;
-    Ok(Value::from(pairs.into_iter().map(|(_, v)| v).collect::<Vec<_>>()))
+    Ok(Value::from(
+        pairs.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
+    ))
 }
 
 /// The items a filter iterates, charged as the copy it keeps.
@@ -430,7 +636,12 @@ fn unique(state: &State, value: Value, args: Rest<Value>, kwargs: Kwargs) -> Res
 }
 
 /// `min` / `max(case_sensitive=False, attribute=None)`: undefined when empty.
-fn min_max(value: Value, args: Rest<Value>, kwargs: Kwargs, want: Ordering) -> Result<Value, Error> {
+fn min_max(
+    value: Value,
+    args: Rest<Value>,
+    kwargs: Kwargs,
+    want: Ordering,
+) -> Result<Value, Error> {
     let name = if want == Ordering::Less { "min" } else { "max" };
     let p = params(name, &args, &kwargs, &["case_sensitive", "attribute"])?;
     let (case_sensitive, attribute) = (flag(&p[0]), text_param(&p[1])?);
@@ -467,8 +678,18 @@ fn sum(state: &State, value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result
 }
 
 /// `dictsort(case_sensitive=False, by='key', reverse=False)`: a list of `(key, value)` pairs.
-fn dictsort(state: &State, value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error> {
-    let p = params("dictsort", &args, &kwargs, &["case_sensitive", "by", "reverse"])?;
+fn dictsort(
+    state: &State,
+    value: Value,
+    args: Rest<Value>,
+    kwargs: Kwargs,
+) -> Result<Value, Error> {
+    let p = params(
+        "dictsort",
+        &args,
+        &kwargs,
+        &["case_sensitive", "by", "reverse"],
+    )?;
     let (case_sensitive, reverse) = (flag(&p[0]), flag(&p[2]));
     let by = text_param(&p[1])?.unwrap_or_else(|| "key".into());
     if py_type(&value) != PyType::Dict {
@@ -478,7 +699,12 @@ fn dictsort(state: &State, value: Value, args: Rest<Value>, kwargs: Kwargs) -> R
     let by_value = match by.as_str() {
         "key" => false,
         "value" => true,
-        _ => return Err(Error::new(ErrorKind::InvalidOperation, "FilterArgumentError: You can only sort by either \"key\" or \"value\"")),
+        _ => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "FilterArgumentError: You can only sort by either \"key\" or \"value\"",
+            ));
+        }
     };
     let mut pairs = value
         .try_iter()?
@@ -489,11 +715,16 @@ fn dictsort(state: &State, value: Value, args: Rest<Value>, kwargs: Kwargs) -> R
         })
         .collect::<Result<Vec<_>, Error>>()?;
     sort_by_key(&mut pairs, reverse)?;
-    Ok(Value::from(pairs.into_iter().map(|(_, v)| v).collect::<Vec<_>>()))
+    Ok(Value::from(
+        pairs.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
+    ))
 }
 
 fn undefined_attribute(value: &Value, name: &str) -> Error {
-    super::python::undefined_error(format!("'{} object' has no attribute '{name}'", type_name(value)))
+    super::python::undefined_error(format!(
+        "'{} object' has no attribute '{name}'",
+        type_name(value)
+    ))
 }
 
 /// Python's `int()` of a string: whitespace around, a sign, digits in `base` with single
@@ -509,12 +740,21 @@ fn parse_int(s: &str, base: u32) -> Option<i128> {
         (0 | 16, Some("0x")) => (16, &t[2..]),
         (0 | 8, Some("0o")) => (8, &t[2..]),
         (0 | 2, Some("0b")) => (2, &t[2..]),
-        (0, _) if t.len() > 1 && t.starts_with('0') && t.chars().any(|c| c != '0' && c != '_') => return None,
+        (0, _) if t.len() > 1 && t.starts_with('0') && t.chars().any(|c| c != '0' && c != '_') => {
+            return None;
+        }
         (0, _) => (10, t),
         (b, _) => (b, t),
     };
-    let digits = digits.strip_prefix('_').filter(|_| base != 10).unwrap_or(digits);
-    if digits.is_empty() || digits.starts_with('_') || digits.ends_with('_') || digits.contains("__") {
+    let digits = digits
+        .strip_prefix('_')
+        .filter(|_| base != 10)
+        .unwrap_or(digits);
+    if digits.is_empty()
+        || digits.starts_with('_')
+        || digits.ends_with('_')
+        || digits.contains("__")
+    {
         return None;
     }
     let n = i128::from_str_radix(&digits.replace('_', ""), base).ok()?;
@@ -540,18 +780,37 @@ fn parse_float(s: &str) -> Option<f64> {
 }
 
 /// `int(default=0, base=10)`: `int(value)`, else `int(float(value))`, else the default.
-fn int(value: Value, default: Option<Value>, base: Option<Value>, kwargs: Kwargs) -> Result<Value, Error> {
-    let default = kwargs.get::<Option<Value>>("default")?.or(default).unwrap_or(Value::from(0));
-    let base = kwargs.get::<Option<Value>>("base")?.or(base).and_then(|b| as_int(&b)).unwrap_or(10);
+fn int(
+    value: Value,
+    default: Option<Value>,
+    base: Option<Value>,
+    kwargs: Kwargs,
+) -> Result<Value, Error> {
+    let default = kwargs
+        .get::<Option<Value>>("default")?
+        .or(default)
+        .unwrap_or(Value::from(0));
+    let base = kwargs
+        .get::<Option<Value>>("base")?
+        .or(base)
+        .and_then(|b| as_int(&b))
+        .unwrap_or(10);
     kwargs.assert_all_used()?;
     if !(base == 0 || (2..=36).contains(&base)) {
         return Ok(default);
     }
     let from_float = |f: f64| -> Result<Value, Error> {
         if f.is_infinite() {
-            return Err(Error::new(ErrorKind::InvalidOperation, "OverflowError: cannot convert float infinity to integer"));
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "OverflowError: cannot convert float infinity to integer",
+            ));
         }
-        Ok(if f.is_nan() { default.clone() } else { Value::from(f.trunc() as i128) })
+        Ok(if f.is_nan() {
+            default.clone()
+        } else {
+            Value::from(f.trunc() as i128)
+        })
     };
     match py_type(&value) {
         PyType::Int | PyType::Bool => Ok(Value::from(as_int(&value).unwrap_or(0))),
@@ -572,25 +831,50 @@ fn int(value: Value, default: Option<Value>, base: Option<Value>, kwargs: Kwargs
 
 /// `float(default=0.0)`.
 fn float(value: Value, default: Option<Value>, kwargs: Kwargs) -> Result<Value, Error> {
-    let default = kwargs.get::<Option<Value>>("default")?.or(default).unwrap_or(Value::from(0.0));
+    let default = kwargs
+        .get::<Option<Value>>("default")?
+        .or(default)
+        .unwrap_or(Value::from(0.0));
     kwargs.assert_all_used()?;
     Ok(match py_type(&value) {
         PyType::Int | PyType::Bool | PyType::Float => Value::from(as_number(&value).unwrap_or(0.0)),
-        PyType::Str | PyType::Markup => parse_float(value.as_str().unwrap_or_default()).map_or(default, Value::from),
+        PyType::Str | PyType::Markup => {
+            parse_float(value.as_str().unwrap_or_default()).map_or(default, Value::from)
+        }
         _ => default,
     })
 }
 
 /// `round(precision=0, method='common')`: Python's `round` (halves to even, on the exact
 /// binary value), `floor` or `ceil`; a float unless an int was given to `common`.
-fn round(value: Value, precision: Option<Value>, method: Option<Value>, kwargs: Kwargs) -> Result<Value, Error> {
-    let precision = kwargs.get::<Option<Value>>("precision")?.or(precision).and_then(|p| as_int(&p)).unwrap_or(0);
-    let method = kwargs.get::<Option<String>>("method")?.or(method.map(|m| to_str(&m)).transpose()?).unwrap_or_else(|| "common".into());
+fn round(
+    value: Value,
+    precision: Option<Value>,
+    method: Option<Value>,
+    kwargs: Kwargs,
+) -> Result<Value, Error> {
+    let precision = kwargs
+        .get::<Option<Value>>("precision")?
+        .or(precision)
+        .and_then(|p| as_int(&p))
+        .unwrap_or(0);
+    let method = kwargs
+        .get::<Option<String>>("method")?
+        .or(method.map(|m| to_str(&m)).transpose()?)
+        .unwrap_or_else(|| "common".into());
     kwargs.assert_all_used()?;
     if !matches!(method.as_str(), "common" | "ceil" | "floor") {
-        return Err(Error::new(ErrorKind::InvalidOperation, "FilterArgumentError: method must be common, ceil or floor"));
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "FilterArgumentError: method must be common, ceil or floor",
+        ));
     }
-    let x = as_number(&value).ok_or_else(|| type_error(format!("type {} doesn't define __round__ method", type_name(&value))))?;
+    let x = as_number(&value).ok_or_else(|| {
+        type_error(format!(
+            "type {} doesn't define __round__ method",
+            type_name(&value)
+        ))
+    })?;
     if method == "common" && as_int(&value).is_some() && precision >= 0 {
         return Ok(Value::from(as_int(&value).unwrap_or(0)));
     }
@@ -609,7 +893,10 @@ fn abs(value: Value) -> Result<Value, Error> {
     match py_type(&value) {
         PyType::Int | PyType::Bool => Ok(Value::from(as_int(&value).unwrap_or(0).abs())),
         PyType::Float => Ok(Value::from(as_number(&value).unwrap_or(0.0).abs())),
-        _ => Err(type_error(format!("bad operand type for abs(): '{}'", type_name(&value)))),
+        _ => Err(type_error(format!(
+            "bad operand type for abs(): '{}'",
+            type_name(&value)
+        ))),
     }
 }
 
@@ -632,7 +919,10 @@ fn attr(value: Value, name: Value) -> Result<Value, Error> {
 fn format(state: &State, value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error> {
     let names: Vec<String> = kwargs.args().map(str::to_owned).collect();
     if !names.is_empty() && !args.is_empty() {
-        return Err(Error::new(ErrorKind::InvalidOperation, "FilterArgumentError: can't handle positional and keyword arguments at the same time"));
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "FilterArgumentError: can't handle positional and keyword arguments at the same time",
+        ));
     }
     let operand = if names.is_empty() {
         Value::from(minijinja::value::Tuple::from(args.0))

@@ -9,7 +9,9 @@ use minijinja::value::Value;
 use minijinja::{Error, ErrorKind, State};
 
 use super::limits::reserve;
-use super::python::{PyType, as_int, py_type, refusal, to_repr, to_str, type_error, type_name, value_error};
+use super::python::{
+    PyType, as_int, py_type, refusal, to_repr, to_str, type_error, type_name, value_error,
+};
 use super::strings::escape_html;
 
 /// One conversion's layout: `[[fill]align][sign][#][0][width][,|_][.precision][type]`.
@@ -137,7 +139,10 @@ pub fn printf(state: &State, format: &str, args: &Value, markup: bool) -> Result
                 }
                 let v = args.get_item(&Value::from(k.as_str()))?;
                 if v.is_undefined() {
-                    return Err(Error::new(ErrorKind::InvalidOperation, format!("KeyError: '{k}'")));
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        format!("KeyError: '{k}'"),
+                    ));
                 }
                 v
             }
@@ -152,17 +157,29 @@ pub fn printf(state: &State, format: &str, args: &Value, markup: bool) -> Result
         reserve(state, out.len() as u128, "a formatted string")?;
     }
     if !used_key && !mapping && next < positional.len() {
-        return Err(type_error("not all arguments converted during string formatting"));
+        return Err(type_error(
+            "not all arguments converted during string formatting",
+        ));
     }
     Ok(out)
 }
 
 /// One printf conversion of `arg`.
 fn printf_one(arg: &Value, spec: &mut Spec, ty: char, markup: bool) -> Result<String, Error> {
-    let escape = |s: String| if markup && py_type(arg) != PyType::Markup { escape_html(&s) } else { s };
+    let escape = |s: String| {
+        if markup && py_type(arg) != PyType::Markup {
+            escape_html(&s)
+        } else {
+            s
+        }
+    };
     match ty {
         's' | 'r' => {
-            let text = escape(if ty == 's' { to_str(arg)? } else { to_repr(arg)? });
+            let text = escape(if ty == 's' {
+                to_str(arg)?
+            } else {
+                to_repr(arg)?
+            });
             spec.align.get_or_insert('>');
             if spec.align == Some('=') {
                 spec.align = Some('>');
@@ -176,7 +193,9 @@ fn printf_one(arg: &Value, spec: &mut Spec, ty: char, markup: bool) -> Result<St
                 (PyType::Float, _) => {
                     let f = f64::try_from(arg.clone()).unwrap_or(f64::NAN);
                     if !f.is_finite() {
-                        return Err(type_error("cannot convert float NaN or infinity to integer"));
+                        return Err(type_error(
+                            "cannot convert float NaN or infinity to integer",
+                        ));
                     }
                     f.trunc() as i128
                 }
@@ -192,7 +211,10 @@ fn printf_one(arg: &Value, spec: &mut Spec, ty: char, markup: bool) -> Result<St
         }
         'x' | 'X' | 'o' => {
             let n = as_int(arg).ok_or_else(|| {
-                type_error(format!("%{ty} format: an integer is required, not {}", type_name(arg)))
+                type_error(format!(
+                    "%{ty} format: an integer is required, not {}",
+                    type_name(arg)
+                ))
             })?;
             format_int(n, spec)
         }
@@ -205,10 +227,17 @@ fn printf_one(arg: &Value, spec: &mut Spec, ty: char, markup: bool) -> Result<St
         }
         'c' => {
             let c = match (as_int(arg), arg.as_str()) {
-                (Some(n), _) => u32::try_from(n)
-                    .ok()
-                    .and_then(char::from_u32)
-                    .ok_or_else(|| Error::new(ErrorKind::InvalidOperation, "OverflowError: %c arg not in range(0x110000)"))?,
+                (Some(n), _) => {
+                    u32::try_from(n)
+                        .ok()
+                        .and_then(char::from_u32)
+                        .ok_or_else(|| {
+                            Error::new(
+                                ErrorKind::InvalidOperation,
+                                "OverflowError: %c arg not in range(0x110000)",
+                            )
+                        })?
+                }
                 (None, Some(s)) if s.chars().count() == 1 => s.chars().next().expect("one char"),
                 _ => return Err(type_error("%c requires int or char")),
             };
@@ -271,12 +300,13 @@ pub fn str_format(
             Some('r') => pad(&truncate(&to_repr(&value)?, spec.precision), &spec, '<'),
             Some('a') => return Err(refusal("`!a` (Python's ascii()) in a format string")),
             Some(other) => {
-                return Err(value_error(format!(
-                    "Unknown conversion specifier {other}"
-                )));
+                return Err(value_error(format!("Unknown conversion specifier {other}")));
             }
         };
-        let text = if markup && (conversion.is_some() || py_type(&value) != PyType::Markup) && !value.is_number() {
+        let text = if markup
+            && (conversion.is_some() || py_type(&value) != PyType::Markup)
+            && !value.is_number()
+        {
             escape_html(&text)
         } else {
             text
@@ -323,7 +353,9 @@ fn split_field(field: &str) -> Result<(String, Option<char>, String), Error> {
     let (conversion, spec) = match rest.strip_prefix('!') {
         Some(r) => {
             let mut cs = r.chars();
-            let conv = cs.next().ok_or_else(|| value_error("end of string while looking for conversion specifier"))?;
+            let conv = cs.next().ok_or_else(|| {
+                value_error("end of string while looking for conversion specifier")
+            })?;
             let after = cs.as_str();
             if !after.is_empty() && !after.starts_with(':') {
                 return Err(value_error("expected ':' after conversion specifier"));
@@ -347,25 +379,40 @@ fn field_value(
     let (head, mut rest) = name.split_at(head_end);
     let mut value = if head.is_empty() {
         if *manual {
-            return Err(value_error("cannot switch from manual field specification to automatic field numbering"));
+            return Err(value_error(
+                "cannot switch from manual field specification to automatic field numbering",
+            ));
         }
         let n = auto.map_or(0, |n| n + 1);
         *auto = Some(n);
         args.get(n).cloned().ok_or_else(|| {
-            Error::new(ErrorKind::InvalidOperation, format!("IndexError: Replacement index {n} out of range for positional args tuple"))
+            Error::new(
+                ErrorKind::InvalidOperation,
+                format!("IndexError: Replacement index {n} out of range for positional args tuple"),
+            )
         })?
     } else if let Ok(n) = head.parse::<usize>() {
         if auto.is_some() {
-            return Err(value_error("cannot switch from automatic field numbering to manual field specification"));
+            return Err(value_error(
+                "cannot switch from automatic field numbering to manual field specification",
+            ));
         }
         *manual = true;
         args.get(n).cloned().ok_or_else(|| {
-            Error::new(ErrorKind::InvalidOperation, format!("IndexError: Replacement index {n} out of range for positional args tuple"))
+            Error::new(
+                ErrorKind::InvalidOperation,
+                format!("IndexError: Replacement index {n} out of range for positional args tuple"),
+            )
         })?
     } else {
-        let v = kwargs.get_item(&Value::from(head)).unwrap_or(Value::UNDEFINED);
+        let v = kwargs
+            .get_item(&Value::from(head))
+            .unwrap_or(Value::UNDEFINED);
         if v.is_undefined() {
-            return Err(Error::new(ErrorKind::InvalidOperation, format!("KeyError: '{head}'")));
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("KeyError: '{head}'"),
+            ));
         }
         v
     };
@@ -375,16 +422,25 @@ fn field_value(
             value = value.get_attr(&r[..end])?;
             rest = &r[end..];
         } else if let Some(r) = rest.strip_prefix('[') {
-            let end = r.find(']').ok_or_else(|| value_error("Missing ']' in format string"))?;
+            let end = r
+                .find(']')
+                .ok_or_else(|| value_error("Missing ']' in format string"))?;
             let key = &r[..end];
-            let key = key.parse::<i64>().map_or_else(|_| Value::from(key), Value::from);
+            let key = key
+                .parse::<i64>()
+                .map_or_else(|_| Value::from(key), Value::from);
             value = value.get_item(&key)?;
             rest = &r[end + 1..];
         } else {
-            return Err(value_error("Only '.' or '[' may follow ']' in format field specifier"));
+            return Err(value_error(
+                "Only '.' or '[' may follow ']' in format field specifier",
+            ));
         }
         if value.is_undefined() {
-            return Err(Error::new(ErrorKind::InvalidOperation, format!("KeyError: '{name}'")));
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("KeyError: '{name}'"),
+            ));
         }
     }
     Ok(value)
@@ -426,7 +482,10 @@ fn parse_spec(spec: &str) -> Result<Spec, Error> {
     }
     if chars.get(i) == Some(&'.') {
         i += 1;
-        s.precision = Some(digits(&chars, &mut i).ok_or_else(|| value_error("Format specifier missing precision"))?);
+        s.precision = Some(
+            digits(&chars, &mut i)
+                .ok_or_else(|| value_error("Format specifier missing precision"))?,
+        );
     }
     if let Some(&t) = chars.get(i) {
         s.ty = Some(t);
@@ -445,23 +504,38 @@ fn parse_spec(spec: &str) -> Result<Spec, Error> {
 /// `format(value, spec)`: strings, ints, floats (a bool with a spec as its int); other values
 /// only with an empty spec.
 fn format_value(value: &Value, spec: &mut Spec) -> Result<String, Error> {
-    let empty = spec.ty.is_none() && spec.width == 0 && spec.precision.is_none() && spec.sign.is_none() && !spec.alt && spec.grouping.is_none();
+    let empty = spec.ty.is_none()
+        && spec.width == 0
+        && spec.precision.is_none()
+        && spec.sign.is_none()
+        && !spec.alt
+        && spec.grouping.is_none();
     match py_type(value) {
         PyType::Str | PyType::Markup => {
-            if !matches!(spec.ty, None | Some('s')) || spec.sign.is_some() || spec.alt || spec.align == Some('=') {
+            if !matches!(spec.ty, None | Some('s'))
+                || spec.sign.is_some()
+                || spec.alt
+                || spec.align == Some('=')
+            {
                 return Err(value_error(format!(
                     "Unknown format code '{}' for object of type 'str'",
                     spec.ty.unwrap_or('=')
                 )));
             }
-            Ok(pad(&truncate(value.as_str().unwrap_or_default(), spec.precision), spec, '<'))
+            Ok(pad(
+                &truncate(value.as_str().unwrap_or_default(), spec.precision),
+                spec,
+                '<',
+            ))
         }
         PyType::Int | PyType::Bool if empty => to_str(value),
         PyType::Int | PyType::Bool => match spec.ty {
             Some('e' | 'E' | 'f' | 'F' | 'g' | 'G' | '%') => {
                 format_float(super::python::as_number(value).unwrap_or(0.0), spec)
             }
-            _ if spec.precision.is_some() => Err(value_error("Precision not allowed in integer format specifier")),
+            _ if spec.precision.is_some() => Err(value_error(
+                "Precision not allowed in integer format specifier",
+            )),
             _ => format_int(as_int(value).unwrap_or(0), spec),
         },
         PyType::Float => format_float(f64::try_from(value.clone()).unwrap_or(f64::NAN), spec),
@@ -483,9 +557,15 @@ fn format_int(n: i128, spec: &Spec) -> Result<String, Error> {
         'o' => (format!("{:o}", n.unsigned_abs()), "0o", 4),
         'b' => (format!("{:b}", n.unsigned_abs()), "0b", 4),
         'c' => {
-            let c = u32::try_from(n).ok().and_then(char::from_u32).ok_or_else(|| {
-                Error::new(ErrorKind::InvalidOperation, "OverflowError: %c arg not in range(0x110000)")
-            })?;
+            let c = u32::try_from(n)
+                .ok()
+                .and_then(char::from_u32)
+                .ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::InvalidOperation,
+                        "OverflowError: %c arg not in range(0x110000)",
+                    )
+                })?;
             return Ok(pad(&c.to_string(), spec, '<'));
         }
         'n' => return Err(refusal("the locale-dependent `n` format type")),
@@ -518,7 +598,10 @@ fn format_float(f: f64, spec: &Spec) -> Result<String, Error> {
         match spec.ty {
             Some('e' | 'E') => sci(a, spec.precision.unwrap_or(6), spec.alt),
             Some('f' | 'F') => fixed(a, spec.precision.unwrap_or(6), spec.alt),
-            Some('%') => format!("{}%", fixed(a * 100.0, spec.precision.unwrap_or(6), spec.alt)),
+            Some('%') => format!(
+                "{}%",
+                fixed(a * 100.0, spec.precision.unwrap_or(6), spec.alt)
+            ),
             Some('g' | 'G') => general(a, spec.precision.unwrap_or(6), spec.alt, false),
             None if spec.precision.is_none() => super::json::python_float(a),
             None => general(a, spec.precision.unwrap_or(6), spec.alt, true),
@@ -533,7 +616,9 @@ fn format_float(f: f64, spec: &Spec) -> Result<String, Error> {
     let body = if upper { body.to_uppercase() } else { body };
     let body = match spec.grouping {
         Some(g) => {
-            let split = body.find(|c: char| !c.is_ascii_digit()).unwrap_or(body.len());
+            let split = body
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(body.len());
             format!("{}{}", group_digits(&body[..split], g, 3), &body[split..])
         }
         None => body,
@@ -544,7 +629,11 @@ fn format_float(f: f64, spec: &Spec) -> Result<String, Error> {
 /// `%.{p}f`.
 fn fixed(a: f64, precision: usize, alt: bool) -> String {
     let s = format!("{a:.precision$}");
-    if alt && precision == 0 { format!("{s}.") } else { s }
+    if alt && precision == 0 {
+        format!("{s}.")
+    } else {
+        s
+    }
 }
 
 /// `%.{p}e`: Python writes the exponent's sign and at least two digits.
@@ -553,7 +642,11 @@ fn sci(a: f64, precision: usize, alt: bool) -> String {
     let (mantissa, exp) = s.split_once('e').expect("an exponent");
     let exp: i32 = exp.parse().expect("an integer exponent");
     let dot = if alt && precision == 0 { "." } else { "" };
-    format!("{mantissa}{dot}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs())
+    format!(
+        "{mantissa}{dot}e{}{:02}",
+        if exp < 0 { '-' } else { '+' },
+        exp.abs()
+    )
 }
 
 /// `%g` (and the spec without a type but with a precision, `repr_style`): `p` significant
@@ -561,7 +654,12 @@ fn sci(a: f64, precision: usize, alt: bool) -> String {
 fn general(a: f64, precision: usize, alt: bool, repr_style: bool) -> String {
     let p = precision.max(1);
     let rounded = format!("{a:.*e}", p - 1);
-    let exp: i64 = rounded.split_once('e').expect("an exponent").1.parse().expect("an exponent");
+    let exp: i64 = rounded
+        .split_once('e')
+        .expect("an exponent")
+        .1
+        .parse()
+        .expect("an exponent");
     // Without a type, scientific notation starts one exponent earlier.
     let fixed_below = if repr_style { p as i64 - 1 } else { p as i64 };
     let s = if (-4..fixed_below).contains(&exp) {
@@ -603,7 +701,7 @@ fn group_digits(digits: &str, sep: char, size: usize) -> String {
     let chars: Vec<char> = digits.chars().collect();
     let mut out = String::new();
     for (i, c) in chars.iter().enumerate() {
-        if i > 0 && (chars.len() - i) % size == 0 {
+        if i > 0 && (chars.len() - i).is_multiple_of(size) {
             out.push(sep);
         }
         out.push(*c);
@@ -662,7 +760,7 @@ mod tests {
         assert_eq!(format_int(12, &spec("=+8")).unwrap(), "+     12");
         assert_eq!(format_int(-12, &spec("08")).unwrap(), "-0000012");
         assert_eq!(format_float(1234.5678, &spec(",.2f")).unwrap(), "1,234.57");
-        assert_eq!(format_float(3.14159, &spec(".2%")).unwrap(), "314.16%");
+        assert_eq!(format_float(0.31416, &spec(".2%")).unwrap(), "31.42%");
         assert_eq!(format_float(2.5, &spec("g")).unwrap(), "2.5");
         assert_eq!(format_float(1e20, &spec("")).unwrap(), "1e+20");
         assert_eq!(format_float(1e20, &spec(".3")).unwrap(), "1e+20");

@@ -35,7 +35,12 @@ impl Default for JsonOptions {
 
 /// The filter: `value | tojson(ensure_ascii, indent, separators, sort_keys)`, each also by
 /// name. The result is a plain string (transformers' `tojson` returns `str`, not `Markup`).
-pub fn tojson(state: &State, value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error> {
+pub fn tojson(
+    state: &State,
+    value: Value,
+    args: Rest<Value>,
+    kwargs: Kwargs,
+) -> Result<Value, Error> {
     const NAMES: [&str; 4] = ["ensure_ascii", "indent", "separators", "sort_keys"];
     if args.len() > NAMES.len() {
         return Err(type_error(format!(

@@ -109,7 +109,7 @@ pub fn check_depth(state: &State, value: &Value) -> Result<(), Error> {
             ));
         }
         visited += 1;
-        if visited % 64 == 0 {
+        if visited.is_multiple_of(64) {
             state.consume_fuel(1)?;
         }
         if let Some(iter) = v.downcast_object_ref::<super::objects::PyIter>() {

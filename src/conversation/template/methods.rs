@@ -18,16 +18,65 @@ use super::strings::{self, Predicate};
 
 /// `str`'s methods (markupsafe's `Markup` adds `escape`, `unescape` and `striptags`).
 const STR_METHODS: &[&str] = &[
-    "capitalize", "casefold", "center", "count", "encode", "endswith", "expandtabs", "find",
-    "format", "format_map", "index", "isalnum", "isalpha", "isascii", "isdecimal", "isdigit",
-    "isidentifier", "islower", "isnumeric", "isprintable", "isspace", "istitle", "isupper",
-    "join", "ljust", "lower", "lstrip", "maketrans", "partition", "removeprefix",
-    "removesuffix", "replace", "rfind", "rindex", "rjust", "rpartition", "rsplit", "rstrip",
-    "split", "splitlines", "startswith", "strip", "swapcase", "title", "translate", "upper",
+    "capitalize",
+    "casefold",
+    "center",
+    "count",
+    "encode",
+    "endswith",
+    "expandtabs",
+    "find",
+    "format",
+    "format_map",
+    "index",
+    "isalnum",
+    "isalpha",
+    "isascii",
+    "isdecimal",
+    "isdigit",
+    "isidentifier",
+    "islower",
+    "isnumeric",
+    "isprintable",
+    "isspace",
+    "istitle",
+    "isupper",
+    "join",
+    "ljust",
+    "lower",
+    "lstrip",
+    "maketrans",
+    "partition",
+    "removeprefix",
+    "removesuffix",
+    "replace",
+    "rfind",
+    "rindex",
+    "rjust",
+    "rpartition",
+    "rsplit",
+    "rstrip",
+    "split",
+    "splitlines",
+    "startswith",
+    "strip",
+    "swapcase",
+    "title",
+    "translate",
+    "upper",
     "zfill",
 ];
 const DICT_METHODS: &[&str] = &[
-    "clear", "copy", "fromkeys", "get", "items", "keys", "pop", "popitem", "setdefault", "update",
+    "clear",
+    "copy",
+    "fromkeys",
+    "get",
+    "items",
+    "keys",
+    "pop",
+    "popitem",
+    "setdefault",
+    "update",
     "values",
 ];
 const LIST_METHODS: &[&str] = &[
@@ -36,12 +85,25 @@ const LIST_METHODS: &[&str] = &[
 ];
 /// The methods and attributes of Python's numbers.
 const NUMBER_METHODS: &[&str] = &[
-    "as_integer_ratio", "bit_count", "bit_length", "conjugate", "denominator", "from_bytes",
-    "fromhex", "hex", "imag", "is_integer", "numerator", "real", "to_bytes",
+    "as_integer_ratio",
+    "bit_count",
+    "bit_length",
+    "conjugate",
+    "denominator",
+    "from_bytes",
+    "fromhex",
+    "hex",
+    "imag",
+    "is_integer",
+    "numerator",
+    "real",
+    "to_bytes",
 ];
 /// The methods jinja2's sandbox refuses because they change their value.
 const DICT_MUTATORS: &[&str] = &["clear", "pop", "popitem", "setdefault", "update"];
-const LIST_MUTATORS: &[&str] = &["append", "clear", "pop", "reverse", "insert", "sort", "extend", "remove"];
+const LIST_MUTATORS: &[&str] = &[
+    "append", "clear", "pop", "reverse", "insert", "sort", "extend", "remove",
+];
 
 /// Whether `name` is a method of `str`, `dict` or `list`: the attribute names whose jinja2
 /// lookup differs from a key lookup.
@@ -68,7 +130,9 @@ pub fn getattr(obj: &Value, name: &str) -> Result<Value, Error> {
         PyType::List if LIST_METHODS.contains(&name) => method(obj),
         PyType::Tuple if matches!(name, "count" | "index") => method(obj),
         PyType::List | PyType::Tuple => Ok(Value::UNDEFINED),
-        PyType::Undefined => Err(undefined_error(format!("an undefined value has no attribute '{name}'"))),
+        PyType::Undefined => Err(undefined_error(format!(
+            "an undefined value has no attribute '{name}'"
+        ))),
         _ => obj.get_attr(name),
     }
 }
@@ -90,9 +154,12 @@ pub fn call(state: &State, receiver: &Value, name: &str, args: &[Value]) -> Resu
         PyType::Undefined => Err(undefined_error(format!(
             "an undefined value has no attribute '{name}'"
         ))),
-        PyType::Int | PyType::Bool | PyType::Float if NUMBER_METHODS.contains(&name) => Err(refusal(
-            format!("Python's `{}.{name}` method, which cardproof does not implement", type_name(receiver)),
-        )),
+        PyType::Int | PyType::Bool | PyType::Float if NUMBER_METHODS.contains(&name) => {
+            Err(refusal(format!(
+                "Python's `{}.{name}` method, which cardproof does not implement",
+                type_name(receiver)
+            )))
+        }
         _ => Err(undefined_error(format!(
             "'{} object' has no attribute '{name}'",
             type_name(receiver)
@@ -102,18 +169,32 @@ pub fn call(state: &State, receiver: &Value, name: &str, args: &[Value]) -> Resu
 
 /// The method call the rewrite makes of `obj.name(...)` for a method name: the value's own
 /// attribute when it is callable (a namespace's, `loop.cycle`), else Python's method.
-pub fn call_method(state: &mut State, obj: &Value, name: &str, args: &[Value]) -> Result<Value, Error> {
+pub fn call_method(
+    state: &mut State,
+    obj: &Value,
+    name: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
     match py_type(obj) {
-        PyType::Str | PyType::Markup | PyType::Dict | PyType::List | PyType::Tuple | PyType::None | PyType::Undefined => {
-            call(state, obj, name, args)
-        }
+        PyType::Str
+        | PyType::Markup
+        | PyType::Dict
+        | PyType::List
+        | PyType::Tuple
+        | PyType::None
+        | PyType::Undefined => call(state, obj, name, args),
         _ => obj.call_method(state, name, args),
     }
 }
 
 /// Positional arguments `names` (and the same by keyword, where Python allows it), at least
 /// `min` of them.
-fn arguments(method: &str, args: &[Value], names: &[&str], min: usize) -> Result<Vec<Option<Value>>, Error> {
+fn arguments(
+    method: &str,
+    args: &[Value],
+    names: &[&str],
+    min: usize,
+) -> Result<Vec<Option<Value>>, Error> {
     let (positional, kwargs) = match args.last() {
         Some(last) if last.is_kwargs() => (&args[..args.len() - 1], Some(last)),
         _ => (args, None),
@@ -133,13 +214,17 @@ fn arguments(method: &str, args: &[Value], names: &[&str], min: usize) -> Result
         for key in kwargs.try_iter()? {
             let key = key.as_str().unwrap_or_default().to_owned();
             let Some(i) = names.iter().position(|n| *n == key) else {
-                return Err(type_error(format!("{method}() got an unexpected keyword argument '{key}'")));
+                return Err(type_error(format!(
+                    "{method}() got an unexpected keyword argument '{key}'"
+                )));
             };
             out[i] = Some(kwargs.get_item(&Value::from(key.as_str()))?);
         }
     }
     if out.iter().take(min).any(Option::is_none) {
-        return Err(type_error(format!("{method}() takes at least {min} argument(s)")));
+        return Err(type_error(format!(
+            "{method}() takes at least {min} argument(s)"
+        )));
     }
     Ok(out)
 }
@@ -148,7 +233,10 @@ fn arguments(method: &str, args: &[Value], names: &[&str], min: usize) -> Result
 fn str_arg(method: &str, v: &Value) -> Result<String, Error> {
     match py_type(v) {
         PyType::Str | PyType::Markup => Ok(v.as_str().unwrap_or_default().to_owned()),
-        _ => Err(type_error(format!("{method}() argument must be str, not {}", type_name(v)))),
+        _ => Err(type_error(format!(
+            "{method}() argument must be str, not {}",
+            type_name(v)
+        ))),
     }
 }
 
@@ -168,7 +256,12 @@ fn int_arg(method: &str, v: &Option<Value>, default: Option<i64>) -> Result<Opti
         Some(v) if v.is_none() => Ok(default),
         Some(v) => as_int(v)
             .map(|n| Some(n.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64))
-            .ok_or_else(|| type_error(format!("'{}' object cannot be interpreted as an integer ({method})", type_name(v)))),
+            .ok_or_else(|| {
+                type_error(format!(
+                    "'{}' object cannot be interpreted as an integer ({method})",
+                    type_name(v)
+                ))
+            }),
     }
 }
 
@@ -187,7 +280,9 @@ fn fill_arg(method: &str, v: &Option<Value>) -> Result<char, Error> {
             let mut cs = s.chars();
             match (cs.next(), cs.next()) {
                 (Some(c), None) => Ok(c),
-                _ => Err(type_error("The fill character must be exactly one character long")),
+                _ => Err(type_error(
+                    "The fill character must be exactly one character long",
+                )),
             }
         }
     }
@@ -195,18 +290,29 @@ fn fill_arg(method: &str, v: &Option<Value>) -> Result<char, Error> {
 
 /// A string result: a `Markup` receiver gives `Markup`.
 fn text(s: String, markup: bool) -> Value {
-    if markup { Value::from_safe_string(s) } else { Value::from(s) }
+    if markup {
+        Value::from_safe_string(s)
+    } else {
+        Value::from(s)
+    }
 }
 
 /// `str`'s methods.
-fn string_method(state: &State, receiver: &Value, name: &str, args: &[Value]) -> Result<Value, Error> {
+fn string_method(
+    state: &State,
+    receiver: &Value,
+    name: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
     let s = receiver.as_str().unwrap_or_default();
     let markup = receiver.is_safe();
     // markupsafe escapes the string arguments of the methods it wraps.
     let escaped: Vec<Value> = if markup && name != "format" && name != "join" {
         args.iter()
             .map(|a| match py_type(a) {
-                PyType::Str => Value::from_safe_string(strings::escape_html(a.as_str().unwrap_or_default())),
+                PyType::Str => {
+                    Value::from_safe_string(strings::escape_html(a.as_str().unwrap_or_default()))
+                }
                 _ => a.clone(),
             })
             .collect()
@@ -222,18 +328,35 @@ fn string_method(state: &State, receiver: &Value, name: &str, args: &[Value]) ->
         "upper" | "lower" => {
             arguments(name, args, &[], 0)?;
             reserve(state, s.len() as u128 * 3, name)?;
-            Ok(text(if name == "upper" { s.to_uppercase() } else { s.to_lowercase() }, markup))
+            Ok(text(
+                if name == "upper" {
+                    s.to_uppercase()
+                } else {
+                    s.to_lowercase()
+                },
+                markup,
+            ))
         }
         "title" | "capitalize" => {
             arguments(name, args, &[], 0)?;
             reserve(state, s.len() as u128 * 3, name)?;
-            Ok(text(if name == "title" { strings::title(s)? } else { strings::capitalize(s)? }, markup))
+            Ok(text(
+                if name == "title" {
+                    strings::title(s)?
+                } else {
+                    strings::capitalize(s)?
+                },
+                markup,
+            ))
         }
         "strip" | "lstrip" | "rstrip" => {
             let a = arguments(name, args, &["chars"], 0)?;
             let chars = opt_str_arg(name, &a[0])?;
             let (left, right) = (name != "rstrip", name != "lstrip");
-            Ok(text(strings::strip(s, chars.as_deref(), left, right).to_owned(), markup))
+            Ok(text(
+                strings::strip(s, chars.as_deref(), left, right).to_owned(),
+                markup,
+            ))
         }
         "split" | "rsplit" => {
             let a = arguments(name, args, &["sep", "maxsplit"], 0)?;
@@ -244,17 +367,35 @@ fn string_method(state: &State, receiver: &Value, name: &str, args: &[Value]) ->
                 Some("") | None => s.split(strings::is_space).filter(|p| !p.is_empty()).count(),
                 Some(sep) => s.matches(sep).count() + 1,
             };
-            let most = if max < 0 { most } else { most.min(max as usize + 1) };
+            let most = if max < 0 {
+                most
+            } else {
+                most.min(max as usize + 1)
+            };
             reserve_items(state, most as u128, name)?;
             let parts = strings::split(s, sep.as_deref(), max, name == "rsplit")?;
-            Ok(Value::from(parts.into_iter().map(|p| text(p, markup)).collect::<Vec<_>>()))
+            Ok(Value::from(
+                parts
+                    .into_iter()
+                    .map(|p| text(p, markup))
+                    .collect::<Vec<_>>(),
+            ))
         }
         "splitlines" => {
             let a = arguments(name, args, &["keepends"], 0)?;
             let keep = a[0].as_ref().is_some_and(|v| v.is_true());
-            reserve_items(state, s.chars().filter(|&c| strings::is_line_break(c)).count() as u128 + 1, name)?;
+            reserve_items(
+                state,
+                s.chars().filter(|&c| strings::is_line_break(c)).count() as u128 + 1,
+                name,
+            )?;
             let lines = strings::splitlines(s, keep);
-            Ok(Value::from(lines.into_iter().map(|p| text(p, markup)).collect::<Vec<_>>()))
+            Ok(Value::from(
+                lines
+                    .into_iter()
+                    .map(|p| text(p, markup))
+                    .collect::<Vec<_>>(),
+            ))
         }
         "startswith" | "endswith" => {
             let a = arguments(name, args, &["prefix", "start", "end"], 1)?;
@@ -263,10 +404,18 @@ fn string_method(state: &State, receiver: &Value, name: &str, args: &[Value]) ->
                 return Ok(Value::from(false));
             };
             let hay = &s[from..to];
-            let test = |p: &str| if name == "startswith" { hay.starts_with(p) } else { hay.ends_with(p) };
+            let test = |p: &str| {
+                if name == "startswith" {
+                    hay.starts_with(p)
+                } else {
+                    hay.ends_with(p)
+                }
+            };
             let wanted = a[0].clone().expect("a required argument");
             match py_type(&wanted) {
-                PyType::Str | PyType::Markup => Ok(Value::from(test(wanted.as_str().unwrap_or_default()))),
+                PyType::Str | PyType::Markup => {
+                    Ok(Value::from(test(wanted.as_str().unwrap_or_default())))
+                }
                 PyType::Tuple => {
                     for p in wanted.try_iter()? {
                         if test(&str_arg(name, &p)?) {
@@ -288,12 +437,20 @@ fn string_method(state: &State, receiver: &Value, name: &str, args: &[Value]) ->
             let range = strings::char_range(s, start, end);
             if name == "count" {
                 return Ok(Value::from(range.map_or(0, |(f, t)| {
-                    if sub.is_empty() { s[f..t].chars().count() + 1 } else { s[f..t].matches(sub.as_str()).count() }
+                    if sub.is_empty() {
+                        s[f..t].chars().count() + 1
+                    } else {
+                        s[f..t].matches(sub.as_str()).count()
+                    }
                 })));
             }
             let found = range.and_then(|(f, t)| {
                 let hay = &s[f..t];
-                let at = if name.starts_with('r') { hay.rfind(sub.as_str()) } else { hay.find(sub.as_str()) };
+                let at = if name.starts_with('r') {
+                    hay.rfind(sub.as_str())
+                } else {
+                    hay.find(sub.as_str())
+                };
                 at.map(|b| strings::char_index(s, f + b))
             });
             match (found, name) {
@@ -332,25 +489,41 @@ fn string_method(state: &State, receiver: &Value, name: &str, args: &[Value]) ->
             if sep.is_empty() {
                 return Err(value_error("empty separator"));
             }
-            let at = if name == "partition" { s.find(&sep) } else { s.rfind(&sep) };
+            let at = if name == "partition" {
+                s.find(&sep)
+            } else {
+                s.rfind(&sep)
+            };
             let parts = match at {
                 Some(i) => [&s[..i], &sep[..], &s[i + sep.len()..]],
                 None if name == "partition" => [s, "", ""],
                 None => ["", "", s],
             };
             Ok(Value::from(minijinja::value::Tuple::from(
-                parts.iter().map(|p| text((*p).to_owned(), markup)).collect::<Vec<_>>(),
+                parts
+                    .iter()
+                    .map(|p| text((*p).to_owned(), markup))
+                    .collect::<Vec<_>>(),
             )))
         }
         "removeprefix" | "removesuffix" => {
             let a = arguments(name, args, &["affix"], 1)?;
             let affix = str_arg(name, a[0].as_ref().expect("a required argument"))?;
-            let out = if name == "removeprefix" { s.strip_prefix(affix.as_str()) } else { s.strip_suffix(affix.as_str()) };
+            let out = if name == "removeprefix" {
+                s.strip_prefix(affix.as_str())
+            } else {
+                s.strip_suffix(affix.as_str())
+            };
             Ok(text(out.unwrap_or(s).to_owned(), markup))
         }
         "join" => {
             let a = arguments(name, args, &["iterable"], 1)?;
-            join_method(state, s, markup, a[0].as_ref().expect("a required argument"))
+            join_method(
+                state,
+                s,
+                markup,
+                a[0].as_ref().expect("a required argument"),
+            )
         }
         "format" => {
             let (positional, kwargs) = match args.last() {
@@ -372,17 +545,31 @@ fn string_method(state: &State, receiver: &Value, name: &str, args: &[Value]) ->
             arguments(name, args, &[], 0)?;
             Ok(Value::from(s.is_ascii()))
         }
-        other => Err(refusal(format!("Python's `str.{other}` method, which cardproof does not implement"))),
+        other => Err(refusal(format!(
+            "Python's `str.{other}` method, which cardproof does not implement"
+        ))),
     }
 }
 
 /// `str.replace(old, new, count)`, bounded before it is built.
 pub fn replace(state: &State, s: &str, old: &str, new: &str, count: i64) -> Result<String, Error> {
-    let found = if old.is_empty() { s.chars().count() + 1 } else { s.matches(old).count() };
-    let n = if count < 0 { found } else { found.min(count as usize) };
+    let found = if old.is_empty() {
+        s.chars().count() + 1
+    } else {
+        s.matches(old).count()
+    };
+    let n = if count < 0 {
+        found
+    } else {
+        found.min(count as usize)
+    };
     let grows = new.len().saturating_sub(old.len()) as u128;
     reserve(state, s.len() as u128 + grows * n as u128, "str.replace")?;
-    Ok(if count < 0 { s.replace(old, new) } else { s.replacen(old, new, n) })
+    Ok(if count < 0 {
+        s.replace(old, new)
+    } else {
+        s.replacen(old, new, n)
+    })
 }
 
 /// `sep.join(iterable)`: every item a string (Python's `TypeError` otherwise); a `Markup`
@@ -417,7 +604,12 @@ fn join_method(state: &State, sep: &str, markup: bool, iterable: &Value) -> Resu
 }
 
 /// `dict`'s methods the sandbox allows.
-fn dict_method(state: &State, receiver: &Value, name: &str, args: &[Value]) -> Result<Value, Error> {
+fn dict_method(
+    state: &State,
+    receiver: &Value,
+    name: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
     let pairs = || -> Result<Vec<(Value, Value)>, Error> {
         receiver
             .try_iter()?
@@ -443,7 +635,10 @@ fn dict_method(state: &State, receiver: &Value, name: &str, args: &[Value]) -> R
                         .collect(),
                 ),
                 "keys" => (IterKind::Keys, receiver.try_iter()?.collect()),
-                _ => (IterKind::Values, pairs()?.into_iter().map(|(_, v)| v).collect()),
+                _ => (
+                    IterKind::Values,
+                    pairs()?.into_iter().map(|(_, v)| v).collect(),
+                ),
             };
             Ok(PyIter::value(kind, items))
         }
@@ -451,7 +646,9 @@ fn dict_method(state: &State, receiver: &Value, name: &str, args: &[Value]) -> R
             arguments(name, args, &[], 0)?;
             Ok(receiver.clone())
         }
-        other => Err(refusal(format!("Python's `dict.{other}` method, which cardproof does not implement"))),
+        other => Err(refusal(format!(
+            "Python's `dict.{other}` method, which cardproof does not implement"
+        ))),
     }
 }
 
@@ -474,7 +671,13 @@ fn seq_method(receiver: &Value, name: &str, args: &[Value]) -> Result<Value, Err
             (start..stop.max(start))
                 .find(|&i| py_eq(&items[i], &x))
                 .map(Value::from)
-                .ok_or_else(|| value_error(format!("{} is not in {}", super::python::to_repr(&x).unwrap_or_default(), type_name(receiver))))
+                .ok_or_else(|| {
+                    value_error(format!(
+                        "{} is not in {}",
+                        super::python::to_repr(&x).unwrap_or_default(),
+                        type_name(receiver)
+                    ))
+                })
         }
         _ => {
             arguments(name, args, &[], 0)?;

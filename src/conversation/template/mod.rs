@@ -91,8 +91,15 @@ impl ChatTemplate {
         let mut text = String::new();
         let result = {
             let mut out = machinery::make_string_output(&mut text);
-            machinery::eval(&env, &instructions, root, &blocks, &mut out, AutoEscape::None)
-                .map(|_| ())
+            machinery::eval(
+                &env,
+                &instructions,
+                root,
+                &blocks,
+                &mut out,
+                AutoEscape::None,
+            )
+            .map(|_| ())
         };
         result.map_err(|e| self.describe(&e, e.line(), "does not render"))?;
         Ok(text)
@@ -117,14 +124,22 @@ impl ChatTemplate {
                 "it ran past cardproof's bound of {FUEL} units of work on one render (one per instruction, one per 16 to 64 bytes it creates)"
             ),
             // minijinja's own errors, named by the Python error jinja2 raises for them.
-            (ErrorKind::SyntaxError, d) => format!("TemplateSyntaxError: {}", d.unwrap_or("invalid syntax")),
+            (ErrorKind::SyntaxError, d) => {
+                format!("TemplateSyntaxError: {}", d.unwrap_or("invalid syntax"))
+            }
             (ErrorKind::TooManyArguments | ErrorKind::MissingArgument, d) => {
-                format!("TypeError: {}", d.map_or_else(|| e.kind().to_string(), str::to_owned))
+                format!(
+                    "TypeError: {}",
+                    d.map_or_else(|| e.kind().to_string(), str::to_owned)
+                )
             }
             (ErrorKind::UnknownFunction | ErrorKind::UndefinedError, d)
                 if !d.is_some_and(|d| d.starts_with("UndefinedError:")) =>
             {
-                format!("UndefinedError: {}", d.map_or_else(|| e.kind().to_string(), str::to_owned))
+                format!(
+                    "UndefinedError: {}",
+                    d.map_or_else(|| e.kind().to_string(), str::to_owned)
+                )
             }
             (_, Some(detail)) => detail.to_owned(),
             (kind, None) => kind.to_string(),
@@ -185,8 +200,12 @@ fn environment<'s>(clock: i64, written: Arc<AtomicUsize>) -> Environment<'s> {
     env.add_function("__cp_mul", pyops::mul);
     env.add_function("__cp_rem", pyops::rem);
     env.add_function("__cp_concat", pyops::concat);
-    env.add_function("__cp_compare", |a: Value, op: String, b: Value| pyops::compare(a, &op, b));
-    env.add_function("__cp_arith", |a: Value, op: String, b: Value| pyops::arith(a, &op, b));
+    env.add_function("__cp_compare", |a: Value, op: String, b: Value| {
+        pyops::compare(a, &op, b)
+    });
+    env.add_function("__cp_arith", |a: Value, op: String, b: Value| {
+        pyops::arith(a, &op, b)
+    });
     env.add_function("__cp_chain", pyops::chain);
     env.add_function("__cp_contains", pyops::contains);
     env.add_function("__cp_iterate", pyops::iterate);
@@ -195,7 +214,9 @@ fn environment<'s>(clock: i64, written: Arc<AtomicUsize>) -> Environment<'s> {
     env.add_function("__cp_generator", pyops::generator);
     env.add_function("__cp_nest", pyops::nest);
     env.add_function("__cp_assigned", pyops::assigned);
-    env.add_function("__cp_getattr", |obj: Value, name: String| pyops::getattr(obj, &name));
+    env.add_function("__cp_getattr", |obj: Value, name: String| {
+        pyops::getattr(obj, &name)
+    });
     env.add_function("__cp_method", pyops::method);
     env.add_function("__cp_getitem", pyops::getitem);
     env.add_function("__cp_slice", pyops::slice);
@@ -210,13 +231,22 @@ fn environment<'s>(clock: i64, written: Arc<AtomicUsize>) -> Environment<'s> {
 /// jinja2's (`range` as the sandbox bounds it).
 fn globals(env: &mut Environment<'_>, clock: i64) {
     env.remove_global("debug");
-    env.add_function("raise_exception", |message: String| -> Result<Value, Error> {
-        Err(Error::new(ErrorKind::InvalidOperation, format!("TemplateError: {message}")))
-    });
-    env.add_function("strftime_now", move |state: &State, format: String| -> Result<Value, Error> {
-        limits::reserve(state, format.len() as u128 * 16, "strftime_now")?;
-        strftime(&format, clock).map(Value::from)
-    });
+    env.add_function(
+        "raise_exception",
+        |message: String| -> Result<Value, Error> {
+            Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("TemplateError: {message}"),
+            ))
+        },
+    );
+    env.add_function(
+        "strftime_now",
+        move |state: &State, format: String| -> Result<Value, Error> {
+            limits::reserve(state, format.len() as u128 * 16, "strftime_now")?;
+            strftime(&format, clock).map(Value::from)
+        },
+    );
     env.add_function("range", range);
     env.add_function("dict", dict);
     env.add_function("namespace", |state: &State, args: Rest<Value>, kwargs: Kwargs| -> Result<Value, Error> {
@@ -236,7 +266,9 @@ fn globals(env: &mut Environment<'_>, clock: i64) {
     });
     for name in ["cycler", "joiner", "lipsum"] {
         env.add_function(name, move |_: Rest<Value>| -> Result<Value, Error> {
-            Err(refusal(format!("jinja2's `{name}`, which cardproof does not implement")))
+            Err(refusal(format!(
+                "jinja2's `{name}`, which cardproof does not implement"
+            )))
         });
     }
 }
@@ -248,14 +280,24 @@ fn range(args: Rest<Value>) -> Result<Value, Error> {
         .map(|a| {
             as_int(a)
                 .and_then(|n| i64::try_from(n).ok())
-                .ok_or_else(|| type_error(format!("'{}' object cannot be interpreted as an integer", type_name(a))))
+                .ok_or_else(|| {
+                    type_error(format!(
+                        "'{}' object cannot be interpreted as an integer",
+                        type_name(a)
+                    ))
+                })
         })
         .collect::<Result<Vec<i64>, Error>>()?;
     let (start, stop, step) = match ints.as_slice() {
         [stop] => (0, *stop, 1),
         [start, stop] => (*start, *stop, 1),
         [start, stop, step] => (*start, *stop, *step),
-        _ => return Err(type_error(format!("range expected at most 3 arguments, got {}", ints.len()))),
+        _ => {
+            return Err(type_error(format!(
+                "range expected at most 3 arguments, got {}",
+                ints.len()
+            )));
+        }
     };
     if step == 0 {
         return Err(value_error("range() arg 3 must not be zero"));
@@ -264,7 +306,9 @@ fn range(args: Rest<Value>) -> Result<Value, Error> {
     if r.len() > MAX_RANGE {
         return Err(Error::new(
             ErrorKind::InvalidOperation,
-            format!("OverflowError: Range too big. The sandbox blocks ranges larger than MAX_RANGE ({MAX_RANGE})."),
+            format!(
+                "OverflowError: Range too big. The sandbox blocks ranges larger than MAX_RANGE ({MAX_RANGE})."
+            ),
         ));
     }
     Ok(Value::from_object(r))
@@ -303,9 +347,19 @@ fn dict(state: &State, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error
                     map.insert(k, v);
                 }
             }
-            _ => return Err(type_error(format!("'{}' object is not iterable", type_name(source)))),
+            _ => {
+                return Err(type_error(format!(
+                    "'{}' object is not iterable",
+                    type_name(source)
+                )));
+            }
         },
-        more => return Err(type_error(format!("dict expected at most 1 argument, got {}", more.len()))),
+        more => {
+            return Err(type_error(format!(
+                "dict expected at most 1 argument, got {}",
+                more.len()
+            )));
+        }
     }
     for name in kwargs.args() {
         map.insert(Value::from(name), kwargs.get::<Value>(name)?);
@@ -354,16 +408,40 @@ mod tests {
     fn tojson_takes_pythons_arguments_and_refuses_what_json_dumps_refuses() {
         let x = serde_json::json!({"x": {"b": 1, "a": [1]}});
         // Positionally, transformers' `tojson(x, ensure_ascii, indent, separators, sort_keys)`.
-        assert_eq!(render("{{ x | tojson(false, 1) }}", x.clone()).unwrap(), "{\n \"b\": 1,\n \"a\": [\n  1\n ]\n}");
-        assert_eq!(render("{{ x | tojson(indent=true) }}", x.clone()).unwrap(), "{\n \"b\": 1,\n \"a\": [\n  1\n ]\n}");
-        assert_eq!(render("{{ x | tojson(indent='\t', sort_keys=1) }}", x.clone()).unwrap(), "{\n\t\"a\": [\n\t\t1\n\t],\n\t\"b\": 1\n}");
+        assert_eq!(
+            render("{{ x | tojson(false, 1) }}", x.clone()).unwrap(),
+            "{\n \"b\": 1,\n \"a\": [\n  1\n ]\n}"
+        );
+        assert_eq!(
+            render("{{ x | tojson(indent=true) }}", x.clone()).unwrap(),
+            "{\n \"b\": 1,\n \"a\": [\n  1\n ]\n}"
+        );
+        assert_eq!(
+            render("{{ x | tojson(indent='\t', sort_keys=1) }}", x.clone()).unwrap(),
+            "{\n\t\"a\": [\n\t\t1\n\t],\n\t\"b\": 1\n}"
+        );
         for (bad, why) in [
             ("{{ x | tojson(bogus=1) }}", "TypeError"),
-            ("{{ x | tojson(separators=',') }}", "ValueError: not enough values to unpack (expected 2, got 1)"),
-            ("{{ x | tojson(indent=1.5) }}", "TypeError: can't multiply sequence by non-int of type 'float'"),
-            ("{{ nope | tojson }}", "TypeError: Object of type Undefined is not JSON serializable"),
-            ("{{ x.a | map('string') | tojson }}", "TypeError: Object of type generator is not JSON serializable"),
-            ("{{ {(1, 2): 1} | tojson }}", "TypeError: keys must be str, int, float, bool or None, not tuple"),
+            (
+                "{{ x | tojson(separators=',') }}",
+                "ValueError: not enough values to unpack (expected 2, got 1)",
+            ),
+            (
+                "{{ x | tojson(indent=1.5) }}",
+                "TypeError: can't multiply sequence by non-int of type 'float'",
+            ),
+            (
+                "{{ nope | tojson }}",
+                "TypeError: Object of type Undefined is not JSON serializable",
+            ),
+            (
+                "{{ x.a | map('string') | tojson }}",
+                "TypeError: Object of type generator is not JSON serializable",
+            ),
+            (
+                "{{ {(1, 2): 1} | tojson }}",
+                "TypeError: keys must be str, int, float, bool or None, not tuple",
+            ),
         ] {
             let e = render(bad, x.clone()).unwrap_err();
             assert!(e.contains(why) && e.contains("(line 1)"), "{bad}: {e}");
@@ -398,8 +476,10 @@ mod tests {
             "{% set ns = namespace(x=[1]) %}{% for i in range(1000) %}{% set ns.x = ns.x | batch(1) | list %}{% endfor %}",
             "{% set ns = namespace(x=1) %}{% set ns.x = ns %}",
         ] {
-            let source = format!("{{{{ '' }}}}
-{bomb}");
+            let source = format!(
+                "{{{{ '' }}}}
+{bomb}"
+            );
             let e = render(&source, serde_json::json!({"x": [1, 2]})).unwrap_err();
             assert!(e.contains("(line 2)"), "{bomb}: {e}");
             assert!(
@@ -436,17 +516,48 @@ mod tests {
     #[test]
     fn what_jinja2_refuses_is_refused_with_pythons_error() {
         for (source, error) in [
-            ("{% for t in tools %}{% endfor %}", "TypeError: 'NoneType' object is not iterable"),
-            ("{{ tools | length }}", "TypeError: object of type 'NoneType' has no len()"),
-            ("{{ 'x' in tools }}", "TypeError: argument of type 'NoneType' is not iterable"),
-            ("{{ messages | map(attribute='role') | tojson }}", "TypeError: Object of type generator is not JSON serializable"),
-            ("{{ 'a' + 1 }}", "TypeError: can only concatenate str (not \"int\") to str"),
-            ("{{ 1 < 'a' }}", "TypeError: '<' not supported between instances of 'int' and 'str'"),
-            ("{{ functions + 'x' }}", "UndefinedError: 'functions' is undefined"),
-            ("{{ [] .append(1) }}", "SecurityError: access to attribute 'append' of 'list' object is unsafe."),
-            ("{{ x | from_json }}", "TemplateAssertionError: No filter named 'from_json'."),
+            (
+                "{% for t in tools %}{% endfor %}",
+                "TypeError: 'NoneType' object is not iterable",
+            ),
+            (
+                "{{ tools | length }}",
+                "TypeError: object of type 'NoneType' has no len()",
+            ),
+            (
+                "{{ 'x' in tools }}",
+                "TypeError: argument of type 'NoneType' is not iterable",
+            ),
+            (
+                "{{ messages | map(attribute='role') | tojson }}",
+                "TypeError: Object of type generator is not JSON serializable",
+            ),
+            (
+                "{{ 'a' + 1 }}",
+                "TypeError: can only concatenate str (not \"int\") to str",
+            ),
+            (
+                "{{ 1 < 'a' }}",
+                "TypeError: '<' not supported between instances of 'int' and 'str'",
+            ),
+            (
+                "{{ functions + 'x' }}",
+                "UndefinedError: 'functions' is undefined",
+            ),
+            (
+                "{{ [] .append(1) }}",
+                "SecurityError: access to attribute 'append' of 'list' object is unsafe.",
+            ),
+            (
+                "{{ x | from_json }}",
+                "TemplateAssertionError: No filter named 'from_json'.",
+            ),
         ] {
-            let e = render(source, serde_json::json!({"tools": null, "messages": [{"role": "user"}]})).unwrap_err();
+            let e = render(
+                source,
+                serde_json::json!({"tools": null, "messages": [{"role": "user"}]}),
+            )
+            .unwrap_err();
             assert!(e.contains(error) && e.contains("(line 1)"), "{source}: {e}");
         }
     }
@@ -459,7 +570,10 @@ mod tests {
             serde_json::json!({"name": "<a & b>", "f": {"q": "\"x\""}}),
         )
         .unwrap();
-        assert_eq!(out, "Use &lt;a &amp; b&gt; to {&#34;q&#34;: &#34;\\&#34;x\\&#34;&#34;}|<>");
+        assert_eq!(
+            out,
+            "Use &lt;a &amp; b&gt; to {&#34;q&#34;: &#34;\\&#34;x\\&#34;&#34;}|<>"
+        );
     }
 
     #[test]

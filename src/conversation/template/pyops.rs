@@ -11,7 +11,7 @@ use super::format;
 use super::limits::{Bounded, reserve, reserve_items};
 use super::objects::{IterKind, PyIter};
 use super::python::{
-    PyType, as_int, as_number, check_hashable, dict_get, py_compare, py_eq, py_type, py_str,
+    PyType, as_int, as_number, check_hashable, dict_get, py_compare, py_eq, py_str, py_type,
     type_error, type_name, undefined_error,
 };
 use super::strings::escape_html;
@@ -52,21 +52,29 @@ pub fn add(state: &State, a: Value, b: Value) -> Result<Value, Error> {
     let numeric = |t: PyType| matches!(t, PyType::Bool | PyType::Int | PyType::Float);
     match (ta, tb) {
         (x, y) if numeric(x) && numeric(y) => Ok(match (as_int(&a), as_int(&b)) {
-            (Some(x), Some(y)) => x
-                .checked_add(y)
-                .map(Value::from)
-                .ok_or_else(too_big)?,
+            (Some(x), Some(y)) => x.checked_add(y).map(Value::from).ok_or_else(too_big)?,
             _ => Value::from(as_number(&a).unwrap_or(0.0) + as_number(&b).unwrap_or(0.0)),
         }),
         (PyType::Str | PyType::Markup, PyType::Str | PyType::Markup) => {
-            let (x, y) = (a.as_str().unwrap_or_default(), b.as_str().unwrap_or_default());
+            let (x, y) = (
+                a.as_str().unwrap_or_default(),
+                b.as_str().unwrap_or_default(),
+            );
             if ta == PyType::Str && tb == PyType::Str {
                 reserve(state, x.len() as u128 + y.len() as u128, "`+`")?;
                 return Ok(Value::from(format!("{x}{y}")));
             }
             // markupsafe: `Markup + str` and `str + Markup` escape the plain operand.
-            let x = if ta == PyType::Markup { x.to_owned() } else { escape_html(x) };
-            let y = if tb == PyType::Markup { y.to_owned() } else { escape_html(y) };
+            let x = if ta == PyType::Markup {
+                x.to_owned()
+            } else {
+                escape_html(x)
+            };
+            let y = if tb == PyType::Markup {
+                y.to_owned()
+            } else {
+                escape_html(y)
+            };
             reserve(state, x.len() as u128 + y.len() as u128, "`+`")?;
             Ok(Value::from_safe_string(format!("{x}{y}")))
         }
@@ -101,7 +109,12 @@ pub fn mul(state: &State, a: Value, b: Value) -> Result<Value, Error> {
     if ta == PyType::Undefined || tb == PyType::Undefined {
         return Err(undefined_operand("*"));
     }
-    let seq = |t: PyType| matches!(t, PyType::Str | PyType::Markup | PyType::List | PyType::Tuple);
+    let seq = |t: PyType| {
+        matches!(
+            t,
+            PyType::Str | PyType::Markup | PyType::List | PyType::Tuple
+        )
+    };
     let (s, n, ts) = match (seq(ta), seq(tb)) {
         (true, false) => (&a, &b, ta),
         (false, true) => (&b, &a, tb),
@@ -116,10 +129,7 @@ pub fn mul(state: &State, a: Value, b: Value) -> Result<Value, Error> {
                 return Err(unsupported("*", &a, &b));
             }
             return Ok(match (as_int(&a), as_int(&b)) {
-                (Some(x), Some(y)) => x
-                    .checked_mul(y)
-                    .map(Value::from)
-                    .ok_or_else(too_big)?,
+                (Some(x), Some(y)) => x.checked_mul(y).map(Value::from).ok_or_else(too_big)?,
                 _ => Value::from(as_number(&a).unwrap_or(0.0) * as_number(&b).unwrap_or(0.0)),
             });
         }
@@ -136,7 +146,11 @@ pub fn mul(state: &State, a: Value, b: Value) -> Result<Value, Error> {
             let text = s.as_str().unwrap_or_default();
             reserve(state, (text.len() as u128).saturating_mul(times), "`*`")?;
             let out = text.repeat(times as usize);
-            Ok(if ts == PyType::Markup { Value::from_safe_string(out) } else { Value::from(out) })
+            Ok(if ts == PyType::Markup {
+                Value::from_safe_string(out)
+            } else {
+                Value::from(out)
+            })
         }
         _ => {
             let items: Vec<Value> = s.try_iter()?.collect();
@@ -175,7 +189,11 @@ pub fn arith(a: Value, op: &str, b: Value) -> Result<Value, Error> {
     match (op, ints) {
         ("-", Some((i, j))) => i.checked_sub(j).map(Value::from).ok_or_else(too_big),
         ("-", None) => Ok(Value::from(x - y)),
-        ("/", _) if y == 0.0 => zero(if ints.is_some() { "division by zero" } else { "float division by zero" }),
+        ("/", _) if y == 0.0 => zero(if ints.is_some() {
+            "division by zero"
+        } else {
+            "float division by zero"
+        }),
         ("/", _) => Ok(Value::from(x / y)),
         ("//", Some((_, 0))) => zero("integer division or modulo by zero"),
         ("//", Some((i, j))) => {
@@ -204,12 +222,23 @@ pub fn arith(a: Value, op: &str, b: Value) -> Result<Value, Error> {
 /// Python's `a % b`: printf-style formatting for a string, the floored remainder for numbers.
 pub fn rem(state: &State, a: Value, b: Value) -> Result<Value, Error> {
     let (ta, tb) = (py_type(&a), py_type(&b));
-    if ta == PyType::Undefined || (tb == PyType::Undefined && !matches!(ta, PyType::Str | PyType::Markup)) {
+    if ta == PyType::Undefined
+        || (tb == PyType::Undefined && !matches!(ta, PyType::Str | PyType::Markup))
+    {
         return Err(undefined_operand("%"));
     }
     if matches!(ta, PyType::Str | PyType::Markup) {
-        let out = format::printf(state, a.as_str().unwrap_or_default(), &b, ta == PyType::Markup)?;
-        return Ok(if ta == PyType::Markup { Value::from_safe_string(out) } else { Value::from(out) });
+        let out = format::printf(
+            state,
+            a.as_str().unwrap_or_default(),
+            &b,
+            ta == PyType::Markup,
+        )?;
+        return Ok(if ta == PyType::Markup {
+            Value::from_safe_string(out)
+        } else {
+            Value::from(out)
+        });
     }
     let zero = || {
         minijinja::Error::new(
@@ -224,7 +253,7 @@ pub fn rem(state: &State, a: Value, b: Value) -> Result<Value, Error> {
             let r = x.checked_rem_euclid(y).ok_or_else(too_big)?;
             Ok(Value::from(if y < 0 && r != 0 { r + y } else { r }))
         }
-        (_, _, Some(_), Some(y)) if y == 0.0 => Err(minijinja::Error::new(
+        (_, _, Some(_), Some(0.0)) => Err(minijinja::Error::new(
             minijinja::ErrorKind::InvalidOperation,
             "ZeroDivisionError: float modulo",
         )),
@@ -262,7 +291,11 @@ pub fn chain(args: Rest<Value>) -> Result<bool, Error> {
     let args = args.0;
     let mut i = 0;
     while i + 2 < args.len() {
-        let (a, op, b) = (&args[i], args[i + 1].as_str().unwrap_or_default(), &args[i + 2]);
+        let (a, op, b) = (
+            &args[i],
+            args[i + 1].as_str().unwrap_or_default(),
+            &args[i + 2],
+        );
         let holds = match op {
             "==" => py_eq(a, b),
             "!=" => !py_eq(a, b),
@@ -300,7 +333,9 @@ pub fn contains(container: Value, item: Value) -> Result<bool, Error> {
             Ok(dict_get(&container, &item).is_some())
         }
         PyType::Iter => {
-            let iter = container.downcast_object_ref::<PyIter>().expect("an iterator");
+            let iter = container
+                .downcast_object_ref::<PyIter>()
+                .expect("an iterator");
             if iter.kind == IterKind::Items {
                 return Ok(iter.peek().iter().any(|x| py_eq(x, &item)));
             }
@@ -355,7 +390,10 @@ pub fn unpack(value: Value, n: usize) -> Result<Value, Error> {
             s.chars().map(|c| Value::from(c.to_string())).collect()
         }
         PyType::List | PyType::Tuple | PyType::Dict | PyType::Range => value.try_iter()?.collect(),
-        PyType::Iter => value.downcast_object_ref::<PyIter>().expect("an iterator").take(),
+        PyType::Iter => value
+            .downcast_object_ref::<PyIter>()
+            .expect("an iterator")
+            .take(),
         _ => {
             return Err(type_error(format!(
                 "cannot unpack non-iterable {} object",
@@ -384,11 +422,21 @@ fn unpack_count(n: usize, k: usize, total: usize) -> Error {
 pub fn iterate_unpacking(state: &State, value: Value, n: usize) -> Result<Value, Error> {
     let items: Vec<Value> = match py_type(&iterate(value.clone())?) {
         PyType::Undefined => Vec::new(),
-        PyType::Iter => value.downcast_object_ref::<PyIter>().expect("an iterator").take(),
+        PyType::Iter => value
+            .downcast_object_ref::<PyIter>()
+            .expect("an iterator")
+            .take(),
         _ => value.try_iter()?.collect(),
     };
-    reserve_items(state, (items.len() as u128).saturating_mul(n as u128 + 1), "unpacking")?;
-    let unpacked = items.into_iter().map(|item| unpack(item, n)).collect::<Result<Vec<_>, _>>()?;
+    reserve_items(
+        state,
+        (items.len() as u128).saturating_mul(n as u128 + 1),
+        "unpacking",
+    )?;
+    let unpacked = items
+        .into_iter()
+        .map(|item| unpack(item, n))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Value::from(unpacked))
 }
 
@@ -450,14 +498,20 @@ pub fn getitem(obj: Value, key: Value) -> Result<Value, Error> {
             }
         }
         PyType::List | PyType::Tuple | PyType::Str | PyType::Markup | PyType::Range => {
-            let Some(i) = (py_type(&key) != PyType::Float).then(|| as_int(&key)).flatten() else {
+            let Some(i) = (py_type(&key) != PyType::Float)
+                .then(|| as_int(&key))
+                .flatten()
+            else {
                 return by_name(&obj);
             };
             if let Some(s) = obj.as_str() {
                 let n = s.chars().count() as i128;
                 let at = if i < 0 { i + n } else { i };
                 return Ok(match (0..n).contains(&at) {
-                    true => s.chars().nth(at as usize).map_or(Value::UNDEFINED, |c| Value::from(c.to_string())),
+                    true => s
+                        .chars()
+                        .nth(at as usize)
+                        .map_or(Value::UNDEFINED, |c| Value::from(c.to_string())),
                     false => Value::UNDEFINED,
                 });
             }
@@ -468,16 +522,27 @@ pub fn getitem(obj: Value, key: Value) -> Result<Value, Error> {
                 false => Value::UNDEFINED,
             })
         }
-        PyType::None | PyType::Bool | PyType::Int | PyType::Float | PyType::Iter | PyType::Method => {
-            Ok(Value::UNDEFINED)
+        PyType::None
+        | PyType::Bool
+        | PyType::Int
+        | PyType::Float
+        | PyType::Iter
+        | PyType::Method => Ok(Value::UNDEFINED),
+        PyType::Namespace | PyType::Macro | PyType::Other => {
+            Ok(obj.get_item(&key).unwrap_or(Value::UNDEFINED))
         }
-        PyType::Namespace | PyType::Macro | PyType::Other => Ok(obj.get_item(&key).unwrap_or(Value::UNDEFINED)),
     }
 }
 
 /// jinja2's `obj[start:stop:step]`: Python's slice of a string, list, tuple or range; an
 /// undefined value for anything Python cannot slice.
-pub fn slice(state: &State, obj: Value, start: Value, stop: Value, step: Value) -> Result<Value, Error> {
+pub fn slice(
+    state: &State,
+    obj: Value,
+    start: Value,
+    stop: Value,
+    step: Value,
+) -> Result<Value, Error> {
     // jinja2 slices with Python's own subscript, so what Python cannot slice raises.
     let t = py_type(&obj);
     match t {
@@ -536,9 +601,18 @@ pub fn slice(state: &State, obj: Value, start: Value, stop: Value, step: Value) 
     if let Some(s) = obj.as_str() {
         reserve(state, s.len() as u128, "a slice")?;
         let out: String = if step > 0 {
-            s.chars().enumerate().filter(|&(i, _)| taken(i as i128)).map(|(_, c)| c).collect()
+            s.chars()
+                .enumerate()
+                .filter(|&(i, _)| taken(i as i128))
+                .map(|(_, c)| c)
+                .collect()
         } else {
-            s.chars().rev().enumerate().filter(|&(k, _)| taken(n - 1 - k as i128)).map(|(_, c)| c).collect()
+            s.chars()
+                .rev()
+                .enumerate()
+                .filter(|&(k, _)| taken(n - 1 - k as i128))
+                .map(|(_, c)| c)
+                .collect()
         };
         return Ok(Value::from(out));
     }

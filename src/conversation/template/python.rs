@@ -108,10 +108,7 @@ pub fn type_name(value: &Value) -> String {
 
 /// Python's `TypeError`.
 pub fn type_error(message: impl Display) -> Error {
-    Error::new(
-        ErrorKind::InvalidOperation,
-        format!("TypeError: {message}"),
-    )
+    Error::new(ErrorKind::InvalidOperation, format!("TypeError: {message}"))
 }
 
 /// Python's `ValueError`.
@@ -124,10 +121,7 @@ pub fn value_error(message: impl Display) -> Error {
 
 /// jinja2's `UndefinedError`, raised when an undefined value is used rather than tested.
 pub fn undefined_error(what: impl Display) -> Error {
-    Error::new(
-        ErrorKind::UndefinedError,
-        format!("UndefinedError: {what}"),
-    )
+    Error::new(ErrorKind::UndefinedError, format!("UndefinedError: {what}"))
 }
 
 /// jinja2's sandbox refusing a method that changes a value.
@@ -378,12 +372,13 @@ fn py_eq_at(a: &Value, b: &Value, depth: usize) -> bool {
     }
     let (ta, tb) = (py_type(a), py_type(b));
     match (ta, tb) {
-        (PyType::Bool | PyType::Int | PyType::Float, PyType::Bool | PyType::Int | PyType::Float) => {
-            match (as_int(a), as_int(b)) {
-                (Some(x), Some(y)) => x == y,
-                _ => as_number(a) == as_number(b),
-            }
-        }
+        (
+            PyType::Bool | PyType::Int | PyType::Float,
+            PyType::Bool | PyType::Int | PyType::Float,
+        ) => match (as_int(a), as_int(b)) {
+            (Some(x), Some(y)) => x == y,
+            _ => as_number(a) == as_number(b),
+        },
         (PyType::Str | PyType::Markup, PyType::Str | PyType::Markup) => a.as_str() == b.as_str(),
         (PyType::List, PyType::List) | (PyType::Tuple, PyType::Tuple) => {
             a.len() == b.len()
@@ -432,9 +427,10 @@ pub fn dict_get(dict: &Value, key: &Value) -> Option<Value> {
 /// members.
 pub fn check_hashable(value: &Value) -> Result<(), Error> {
     match py_type(value) {
-        PyType::List | PyType::Dict | PyType::Namespace => {
-            Err(type_error(format!("unhashable type: '{}'", type_name(value))))
-        }
+        PyType::List | PyType::Dict | PyType::Namespace => Err(type_error(format!(
+            "unhashable type: '{}'",
+            type_name(value)
+        ))),
         PyType::Tuple => {
             for item in value.try_iter()? {
                 check_hashable(&item)?;
@@ -466,7 +462,10 @@ fn py_cmp_at(a: &Value, b: &Value, op: &str, depth: usize) -> Result<Ordering, E
         )));
     }
     match (ta, tb) {
-        (PyType::Bool | PyType::Int | PyType::Float, PyType::Bool | PyType::Int | PyType::Float) => {
+        (
+            PyType::Bool | PyType::Int | PyType::Float,
+            PyType::Bool | PyType::Int | PyType::Float,
+        ) => {
             Ok(match (as_int(a), as_int(b)) {
                 (Some(x), Some(y)) => x.cmp(&y),
                 // NaN compares false every way: `Equal` reads as "not less, not greater", and
@@ -480,7 +479,8 @@ fn py_cmp_at(a: &Value, b: &Value, op: &str, depth: usize) -> Result<Ordering, E
             Ok(a.as_str().cmp(&b.as_str()))
         }
         (PyType::List, PyType::List) | (PyType::Tuple, PyType::Tuple) => {
-            let (xs, ys): (Vec<Value>, Vec<Value>) = (a.try_iter()?.collect(), b.try_iter()?.collect());
+            let (xs, ys): (Vec<Value>, Vec<Value>) =
+                (a.try_iter()?.collect(), b.try_iter()?.collect());
             for (x, y) in xs.iter().zip(&ys) {
                 if !py_eq(x, y) {
                     return py_cmp_at(x, y, op, depth + 1);
@@ -522,7 +522,15 @@ mod tests {
     #[test]
     fn repr_writes_pythons_quotes_escapes_and_floats() {
         let v = Value::from(minijinja::value::Serde(serde_json::json!([
-            "it's", "say \"hi\"", "both ' \"", "\u{7}\u{a0}\u{200b}é😀\u{7f}\n", 1e-5, 1e16, 2.5, null, true
+            "it's",
+            "say \"hi\"",
+            "both ' \"",
+            "\u{7}\u{a0}\u{200b}é😀\u{7f}\n",
+            1e-5,
+            1e16,
+            2.5,
+            null,
+            true
         ])));
         assert_eq!(
             to_repr(&v).unwrap(),
@@ -535,7 +543,10 @@ mod tests {
     #[test]
     fn ordering_across_types_is_a_type_error_as_in_python() {
         let e = py_cmp(&Value::from(1), &Value::from("a"), "<").unwrap_err();
-        assert!(e.to_string().contains("'<' not supported between instances of 'int' and 'str'"));
+        assert!(
+            e.to_string()
+                .contains("'<' not supported between instances of 'int' and 'str'")
+        );
         assert!(py_cmp(&Value::from(()), &Value::from(1), "<").is_err());
         assert!(py_compare(&Value::from(1), &Value::from(1.5), "<").unwrap());
         assert!(!py_compare(&Value::from(f64::NAN), &Value::from(1), "<=").unwrap());

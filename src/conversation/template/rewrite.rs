@@ -75,7 +75,10 @@ fn call<'a>(function: &'static str, args: Vec<CallArg<'a>>, span: Span) -> Expr<
 fn no_loader<'a>(span: Span) -> Stmt<'a> {
     let fail = call(
         "__cp_fail",
-        positional(vec![konst(Value::from("TypeError: no loader for this environment specified"), span)]),
+        positional(vec![konst(
+            Value::from("TypeError: no loader for this environment specified"),
+            span,
+        )]),
         span,
     );
     Stmt::EmitExpr(Spanned::new(ast::EmitExpr { expr: fail }, span))
@@ -129,7 +132,11 @@ impl<'s> Rewriter<'s> {
 
     /// A filter or test that fails when it runs, with `message`.
     fn fails_when_run<'a>(message: String, span: Span) -> Expr<'a> {
-        call("__cp_fail", positional(vec![konst(Value::from(message), span)]), span)
+        call(
+            "__cp_fail",
+            positional(vec![konst(Value::from(message), span)]),
+            span,
+        )
     }
 
     fn stmt<'a>(&mut self, stmt: &Stmt<'a>) -> Stmt<'a> {
@@ -161,10 +168,17 @@ impl<'s> Rewriter<'s> {
                         // characters) and counts them.
                         Expr::List(l) => call(
                             "__cp_iterate_unpacking",
-                            positional(vec![self.expr(&f.iter), konst(Value::from(l.items.len()), f.span())]),
+                            positional(vec![
+                                self.expr(&f.iter),
+                                konst(Value::from(l.items.len()), f.span()),
+                            ]),
                             f.span(),
                         ),
-                        _ => call("__cp_iterate", positional(vec![self.expr(&f.iter)]), f.span()),
+                        _ => call(
+                            "__cp_iterate",
+                            positional(vec![self.expr(&f.iter)]),
+                            f.span(),
+                        ),
                     },
                     filter_expr: self.frame(false, |r| f.filter_expr.as_ref().map(|e| r.expr(e))),
                     recursive: f.recursive,
@@ -209,7 +223,11 @@ impl<'s> Rewriter<'s> {
                         "SecurityError: Chat templates cannot store underscore-prefixed attributes on a namespace, but got '{}'. Please rename the attribute.",
                         g.name
                     );
-                    expr = call("__cp_fail", positional(vec![konst(Value::from(message), s.span())]), s.span());
+                    expr = call(
+                        "__cp_fail",
+                        positional(vec![konst(Value::from(message), s.span())]),
+                        s.span(),
+                    );
                 }
                 let set = Stmt::Set(Spanned::new(
                     ast::Set {
@@ -221,9 +239,19 @@ impl<'s> Rewriter<'s> {
                 // `{% set ns.x = ... %}` can make a namespace hold itself: check it after.
                 match &s.target {
                     Expr::GetAttr(g) => {
-                        let check = call("__cp_assigned", positional(vec![self.expr(&g.expr)]), s.span());
-                        let check = Stmt::EmitExpr(Spanned::new(ast::EmitExpr { expr: check }, s.span()));
-                        Stmt::Template(Spanned::new(ast::Template { children: vec![set, check] }, s.span()))
+                        let check = call(
+                            "__cp_assigned",
+                            positional(vec![self.expr(&g.expr)]),
+                            s.span(),
+                        );
+                        let check =
+                            Stmt::EmitExpr(Spanned::new(ast::EmitExpr { expr: check }, s.span()));
+                        Stmt::Template(Spanned::new(
+                            ast::Template {
+                                children: vec![set, check],
+                            },
+                            s.span(),
+                        ))
                     }
                     _ => set,
                 }
@@ -407,10 +435,16 @@ impl<'s> Rewriter<'s> {
             Expr::Test(t) => {
                 if !jinja_tests::NAMES.contains(&t.name) {
                     if self.soft {
-                        return Self::fails_when_run(format!("TemplateRuntimeError: No test named '{}' found.", t.name), t.span());
+                        return Self::fails_when_run(
+                            format!("TemplateRuntimeError: No test named '{}' found.", t.name),
+                            t.span(),
+                        );
                     }
                     self.refuse(
-                        Error::new(ErrorKind::UnknownTest, format!("TemplateAssertionError: No test named '{}'.", t.name)),
+                        Error::new(
+                            ErrorKind::UnknownTest,
+                            format!("TemplateAssertionError: No test named '{}'.", t.name),
+                        ),
                         t.span(),
                     );
                 }
@@ -425,7 +459,10 @@ impl<'s> Rewriter<'s> {
             }
             Expr::GetAttr(g) if methods::is_method_name(g.name) => call(
                 "__cp_getattr",
-                positional(vec![self.expr(&g.expr), konst(Value::from(g.name), g.span())]),
+                positional(vec![
+                    self.expr(&g.expr),
+                    konst(Value::from(g.name), g.span()),
+                ]),
                 g.span(),
             ),
             Expr::GetAttr(g) => Expr::GetAttr(Spanned::new(
@@ -438,7 +475,11 @@ impl<'s> Rewriter<'s> {
             Expr::GetItem(g) => {
                 let obj = self.expr(&g.expr);
                 let obj = self.defined(&g.expr, obj);
-                call("__cp_getitem", positional(vec![obj, self.expr(&g.subscript_expr)]), g.span())
+                call(
+                    "__cp_getitem",
+                    positional(vec![obj, self.expr(&g.subscript_expr)]),
+                    g.span(),
+                )
             }
             Expr::Call(c) => match &c.expr {
                 // `x.items()`: Python's method, not minijinja's lookup of a key `items`.
@@ -455,11 +496,21 @@ impl<'s> Rewriter<'s> {
             },
             // A literal holding values made at run time may nest them one level deeper.
             Expr::List(l) => nested(
-                Expr::List(Spanned::new(ast::List { items: self.exprs(&l.items) }, l.span())),
+                Expr::List(Spanned::new(
+                    ast::List {
+                        items: self.exprs(&l.items),
+                    },
+                    l.span(),
+                )),
                 l.items.iter().all(|e| matches!(e, Expr::Const(_))),
             ),
             Expr::Tuple(t) => nested(
-                Expr::Tuple(Spanned::new(ast::Tuple { items: self.exprs(&t.items) }, t.span())),
+                Expr::Tuple(Spanned::new(
+                    ast::Tuple {
+                        items: self.exprs(&t.items),
+                    },
+                    t.span(),
+                )),
                 t.items.iter().all(|e| matches!(e, Expr::Const(_))),
             ),
             Expr::Map(m) => nested(
@@ -487,7 +538,11 @@ impl<'s> Rewriter<'s> {
                 .unwrap_or_default(),
             _ => return rewritten,
         };
-        call("__cp_defined", positional(vec![rewritten, konst(Value::from(hint), span)]), span)
+        call(
+            "__cp_defined",
+            positional(vec![rewritten, konst(Value::from(hint), span)]),
+            span,
+        )
     }
 
     fn bin_op<'a>(&mut self, b: &Spanned<ast::BinOp<'a>>) -> Expr<'a> {
@@ -510,17 +565,30 @@ impl<'s> Rewriter<'s> {
         let (left, right) = if strict {
             let left = self.defined(&b.left, left);
             // `'%s' % undefined` writes '' in jinja2: only the format must be defined.
-            let right = if matches!(b.op, BinOpKind::Rem) { right } else { self.defined(&b.right, right) };
+            let right = if matches!(b.op, BinOpKind::Rem) {
+                right
+            } else {
+                self.defined(&b.right, right)
+            };
             (left, right)
         } else {
             (left, right)
         };
-        let python = |name: &'static str, left, right| call(name, positional(vec![left, right]), span);
+        let python =
+            |name: &'static str, left, right| call(name, positional(vec![left, right]), span);
         let compare = |op: &'static str, left, right| {
-            call("__cp_compare", positional(vec![left, konst(Value::from(op), span), right]), span)
+            call(
+                "__cp_compare",
+                positional(vec![left, konst(Value::from(op), span), right]),
+                span,
+            )
         };
         let arith = |op: &'static str, left, right| {
-            call("__cp_arith", positional(vec![left, konst(Value::from(op), span), right]), span)
+            call(
+                "__cp_arith",
+                positional(vec![left, konst(Value::from(op), span), right]),
+                span,
+            )
         };
         match b.op {
             BinOpKind::Add => python("__cp_add", left, right),
@@ -543,13 +611,22 @@ impl<'s> Rewriter<'s> {
     fn filter<'a>(&mut self, f: &Spanned<ast::Filter<'a>>) -> Expr<'a> {
         let span = f.span();
         if filters::NOT_IMPLEMENTED.contains(&f.name) {
-            let why = refusal(format!("jinja2's `{}` filter, which cardproof does not implement", f.name));
+            let why = refusal(format!(
+                "jinja2's `{}` filter, which cardproof does not implement",
+                f.name
+            ));
             return Self::fails_when_run(why.detail().unwrap_or_default().to_owned(), span);
         } else if !filters::IMPLEMENTED.contains(&f.name) && self.soft {
-            return Self::fails_when_run(format!("TemplateRuntimeError: No filter named '{}' found.", f.name), span);
+            return Self::fails_when_run(
+                format!("TemplateRuntimeError: No filter named '{}' found.", f.name),
+                span,
+            );
         } else if !filters::IMPLEMENTED.contains(&f.name) {
             self.refuse(
-                Error::new(ErrorKind::UnknownFilter, format!("TemplateAssertionError: No filter named '{}'.", f.name)),
+                Error::new(
+                    ErrorKind::UnknownFilter,
+                    format!("TemplateAssertionError: No filter named '{}'.", f.name),
+                ),
                 span,
             );
         }

@@ -19,7 +19,15 @@ pub fn is_space(c: char) -> bool {
 pub fn is_line_break(c: char) -> bool {
     matches!(
         c,
-        '\n' | '\r' | '\u{b}' | '\u{c}' | '\u{1c}' | '\u{1d}' | '\u{1e}' | '\u{85}' | '\u{2028}' | '\u{2029}'
+        '\n' | '\r'
+            | '\u{b}'
+            | '\u{c}'
+            | '\u{1c}'
+            | '\u{1d}'
+            | '\u{1e}'
+            | '\u{85}'
+            | '\u{2028}'
+            | '\u{2029}'
     )
 }
 
@@ -38,15 +46,25 @@ pub fn split(
     maxsplit: i64,
     from_right: bool,
 ) -> Result<Vec<String>, Error> {
-    let max = if maxsplit < 0 { usize::MAX } else { maxsplit as usize };
+    let max = if maxsplit < 0 {
+        usize::MAX
+    } else {
+        maxsplit as usize
+    };
     match sep {
         Some("") => Err(value_error("empty separator")),
         Some(sep) if from_right => {
-            let mut parts: Vec<String> = s.rsplitn(max.saturating_add(1), sep).map(str::to_owned).collect();
+            let mut parts: Vec<String> = s
+                .rsplitn(max.saturating_add(1), sep)
+                .map(str::to_owned)
+                .collect();
             parts.reverse();
             Ok(parts)
         }
-        Some(sep) => Ok(s.splitn(max.saturating_add(1), sep).map(str::to_owned).collect()),
+        Some(sep) => Ok(s
+            .splitn(max.saturating_add(1), sep)
+            .map(str::to_owned)
+            .collect()),
         None if from_right => {
             let reversed: String = s.chars().rev().collect();
             let mut parts: Vec<String> = split_whitespace(&reversed, max)
@@ -134,7 +152,11 @@ pub fn center(s: &str, width: usize, fill: char) -> String {
 pub fn justify(s: &str, width: usize, fill: char, left: bool) -> String {
     let len = s.chars().count();
     let pad: String = std::iter::repeat_n(fill, width.saturating_sub(len)).collect();
-    if left { format!("{s}{pad}") } else { format!("{pad}{s}") }
+    if left {
+        format!("{s}{pad}")
+    } else {
+        format!("{pad}{s}")
+    }
 }
 
 /// `str.zfill(width)`: zeros after any sign.
@@ -257,7 +279,11 @@ pub fn predicate(s: &str, p: Predicate) -> Result<bool, Error> {
     let letter = |c: char| {
         matches!(
             get_general_category(c),
-            G::UppercaseLetter | G::LowercaseLetter | G::TitlecaseLetter | G::ModifierLetter | G::OtherLetter
+            G::UppercaseLetter
+                | G::LowercaseLetter
+                | G::TitlecaseLetter
+                | G::ModifierLetter
+                | G::OtherLetter
         )
     };
     let decimal = |c: char| get_general_category(c) == G::DecimalNumber;
@@ -298,9 +324,15 @@ pub fn predicate(s: &str, p: Predicate) -> Result<bool, Error> {
             let mut cased = false;
             for c in s.chars() {
                 let (wrong, right) = if matches!(p, Predicate::Lower) {
-                    (c.is_uppercase() || get_general_category(c) == G::TitlecaseLetter, c.is_lowercase())
+                    (
+                        c.is_uppercase() || get_general_category(c) == G::TitlecaseLetter,
+                        c.is_lowercase(),
+                    )
                 } else {
-                    (c.is_lowercase() || get_general_category(c) == G::TitlecaseLetter, c.is_uppercase())
+                    (
+                        c.is_lowercase() || get_general_category(c) == G::TitlecaseLetter,
+                        c.is_uppercase(),
+                    )
                 };
                 if wrong {
                     return Ok(false);
@@ -335,10 +367,16 @@ mod tests {
     #[test]
     fn split_strip_and_lines_follow_python() {
         assert_eq!(split("a b  c", None, -1, false).unwrap(), ["a", "b", "c"]);
-        assert_eq!(split("  a b  c  ", None, 1, false).unwrap(), ["a", "b  c  "]);
+        assert_eq!(
+            split("  a b  c  ", None, 1, false).unwrap(),
+            ["a", "b  c  "]
+        );
         assert_eq!(split("  a b  c  ", None, 1, true).unwrap(), ["  a b", "c"]);
         assert_eq!(split("a,b,c", Some(","), 1, true).unwrap(), ["a,b", "c"]);
-        assert_eq!(split("a\u{a0}b\u{2003}c\u{1c}d", None, -1, false).unwrap(), ["a", "b", "c", "d"]);
+        assert_eq!(
+            split("a\u{a0}b\u{2003}c\u{1c}d", None, -1, false).unwrap(),
+            ["a", "b", "c", "d"]
+        );
         assert!(split("a", Some(""), -1, false).is_err());
         assert_eq!(strip("\u{a0}x\u{3000}\u{1c}", None, true, true), "x");
         assert_eq!(strip("xxaxx", Some("x"), true, false), "axx");
@@ -356,7 +394,10 @@ mod tests {
         assert_eq!(center("abc", 6, '*'), "*abc**");
         assert_eq!(zfill("-7", 4), "-007");
         assert_eq!(title("o'neil x1y ǆemal").unwrap(), "O'Neil X1Y ǅemal");
-        assert_eq!(jinja_title("o'neil x1y hello-world"), "O'neil X1y Hello-World");
+        assert_eq!(
+            jinja_title("o'neil x1y hello-world"),
+            "O'neil X1y Hello-World"
+        );
         assert_eq!(title("straße").unwrap(), "Straße");
         assert!(title("ßa").is_err());
         assert_eq!(capitalize("hELLO wORLD").unwrap(), "Hello world");
