@@ -150,6 +150,9 @@ pub fn register(env: &mut Environment<'_>) {
     env.add_filter("abs", abs);
     env.add_filter("attr", attr);
     env.add_filter("format", format);
+    env.add_filter("groupby", groupby);
+    env.add_filter("default", default);
+    env.add_filter("d", default);
 }
 
 /// A filter's arguments after its operand, by position or by name as Python binds them:
@@ -886,6 +889,68 @@ fn round(
         _ => (x * 10f64.powi(p)).ceil() / 10f64.powi(p),
     };
     Ok(Value::from(rounded))
+}
+
+/// `default(default_value='', boolean=False)`: the default for an undefined value (and with
+/// `boolean` for any false one).
+fn default(value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error> {
+    let p = params("default", &args, &kwargs, &["default_value", "boolean"])?;
+    let fallback = p[0].clone().unwrap_or(Value::from(""));
+    Ok(
+        if value.is_undefined() || (flag(&p[1]) && !value.is_true()) {
+            fallback
+        } else {
+            value
+        },
+    )
+}
+
+/// `groupby(attribute, default=None, case_sensitive=False)`: `(grouper, list)` tuples of the
+/// items sorted by the attribute, runs of equal keys together; unless `case_sensitive` strings
+/// compare lower cased and the grouper is the first item's own key.
+fn groupby(state: &State, value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error> {
+    let p = params(
+        "groupby",
+        &args,
+        &kwargs,
+        &["attribute", "default", "case_sensitive"],
+    )?;
+    let attribute = text_param(&p[0])?
+        .ok_or_else(|| type_error("groupby() missing required argument 'attribute'"))?;
+    let case_sensitive = flag(&p[2]);
+    let key = |item: &Value| -> Result<Value, Error> {
+        let k = lookup(item, &attribute)?;
+        Ok(match (&p[1], k.is_undefined()) {
+            (Some(d), true) => d.clone(),
+            _ => k,
+        })
+    };
+    let mut pairs = iterate_kept(state, &value, "groupby")?
+        .into_iter()
+        .map(|item| {
+            let k = key(&item)?;
+            let folded = sort_key(&k, None, case_sensitive)?;
+            Ok((folded, item))
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    sort_by_key(&mut pairs, false)?;
+    let mut groups: Vec<(Value, Vec<Value>)> = Vec::new();
+    for (folded, item) in pairs {
+        match groups.last_mut() {
+            Some((k, items)) if super::python::py_eq(k, &folded) => items.push(item),
+            _ => groups.push((folded, vec![item])),
+        }
+    }
+    let out = groups
+        .into_iter()
+        .map(|(_, items)| {
+            Ok(Value::from_object(super::objects::GroupTuple {
+                grouper: key(&items[0])?,
+                list: Value::from(items),
+            }))
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    Ok(Value::from(out))
 }
 
 /// `abs`.

@@ -203,6 +203,7 @@ fn environment<'s>(clock: i64, written: Arc<AtomicUsize>) -> Environment<'s> {
     env.add_function("__cp_compare", |a: Value, op: String, b: Value| {
         pyops::compare(a, &op, b)
     });
+    env.add_function("__cp_neg", pyops::neg);
     env.add_function("__cp_arith", |a: Value, op: String, b: Value| {
         pyops::arith(a, &op, b)
     });

@@ -202,3 +202,29 @@ impl Object for PyMethod {
         write!(f, "<built-in method {}>", self.name)
     }
 }
+
+/// jinja2's `_GroupTuple` from `groupby`: a `(grouper, list)` tuple whose items are also its
+/// attributes `grouper` and `list`.
+#[derive(Debug)]
+pub struct GroupTuple {
+    pub grouper: Value,
+    pub list: Value,
+}
+
+impl Object for GroupTuple {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Seq
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        match (key.as_i64(), key.as_str()) {
+            (Some(0 | -2), _) | (_, Some("grouper")) => Some(self.grouper.clone()),
+            (Some(1 | -1), _) | (_, Some("list")) => Some(self.list.clone()),
+            _ => None,
+        }
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Seq(2)
+    }
+}

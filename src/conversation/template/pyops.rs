@@ -219,6 +219,19 @@ pub fn arith(a: Value, op: &str, b: Value) -> Result<Value, Error> {
     }
 }
 
+/// Python's `-x`.
+pub fn neg(x: Value) -> Result<Value, Error> {
+    match (py_type(&x), as_int(&x)) {
+        (PyType::Undefined, _) => Err(undefined_operand("-")),
+        (_, Some(i)) => i.checked_neg().map(Value::from).ok_or_else(too_big),
+        (PyType::Float, _) => Ok(Value::from(-as_number(&x).unwrap_or(0.0))),
+        _ => Err(type_error(format!(
+            "bad operand type for unary -: '{}'",
+            type_name(&x)
+        ))),
+    }
+}
+
 /// Python's `a % b`: printf-style formatting for a string, the floored remainder for numbers.
 pub fn rem(state: &State, a: Value, b: Value) -> Result<Value, Error> {
     let (ta, tb) = (py_type(&a), py_type(&b));

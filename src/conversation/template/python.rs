@@ -11,7 +11,7 @@ use minijinja::{Error, ErrorKind};
 
 use super::json::python_float;
 use super::limits::{Bounded, MAX_DEPTH};
-use super::objects::{PyIter, PyMethod, PyRange};
+use super::objects::{GroupTuple, PyIter, PyMethod, PyRange};
 
 /// The wording every refusal carries: what cardproof cannot render as transformers does.
 pub const REFUSAL: &str = "cardproof cannot render this as transformers does";
@@ -54,6 +54,7 @@ pub fn py_type(value: &Value) -> PyType {
         ValueKind::String if value.is_safe() => PyType::Markup,
         ValueKind::String => PyType::Str,
         ValueKind::Seq if value.is_tuple() => PyType::Tuple,
+        ValueKind::Seq if value.downcast_object_ref::<GroupTuple>().is_some() => PyType::Tuple,
         ValueKind::Seq if value.downcast_object_ref::<PyRange>().is_some() => PyType::Range,
         ValueKind::Seq => PyType::List,
         ValueKind::Map if is_dict(value) => PyType::Dict,
@@ -220,7 +221,7 @@ pub fn py_repr(value: &Value, out: &mut Bounded, depth: usize) -> Result<(), Err
             out.push_str(")", WHAT)
         }
         PyType::List | PyType::Tuple => {
-            let tuple = value.is_tuple();
+            let tuple = py_type(value) == PyType::Tuple;
             out.push_str(if tuple { "(" } else { "[" }, WHAT)?;
             let mut n = 0;
             for (i, item) in value.try_iter()?.enumerate() {

@@ -404,16 +404,20 @@ impl<'s> Rewriter<'s> {
                 }
                 call("__cp_slice", positional(args), span)
             }
-            Expr::UnaryOp(u) => Expr::UnaryOp(Spanned::new(
-                ast::UnaryOp {
-                    op: match u.op {
-                        UnaryOpKind::Not => UnaryOpKind::Not,
-                        UnaryOpKind::Neg => UnaryOpKind::Neg,
+            Expr::UnaryOp(u) => match u.op {
+                UnaryOpKind::Neg => {
+                    let operand = self.expr(&u.expr);
+                    let operand = self.defined(&u.expr, operand);
+                    call("__cp_neg", positional(vec![operand]), u.span())
+                }
+                UnaryOpKind::Not => Expr::UnaryOp(Spanned::new(
+                    ast::UnaryOp {
+                        op: UnaryOpKind::Not,
+                        expr: self.expr(&u.expr),
                     },
-                    expr: self.expr(&u.expr),
-                },
-                u.span(),
-            )),
+                    u.span(),
+                )),
+            },
             Expr::BinOp(b) => self.bin_op(b),
             Expr::Compare(c) => {
                 let mut args = vec![self.expr(&c.expr)];
