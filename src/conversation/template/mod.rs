@@ -204,6 +204,7 @@ fn environment<'s>(clock: i64, written: Arc<AtomicUsize>) -> Environment<'s> {
         pyops::compare(a, &op, b)
     });
     env.add_function("__cp_neg", pyops::neg);
+    env.add_function("__cp_eq", |a: Value, b: Value| python::py_eq(&a, &b));
     env.add_function("__cp_arith", |a: Value, op: String, b: Value| {
         pyops::arith(a, &op, b)
     });

@@ -11,7 +11,7 @@ use minijinja::{Error, ErrorKind};
 
 use super::json::python_float;
 use super::limits::{Bounded, MAX_DEPTH};
-use super::objects::{GroupTuple, PyIter, PyMethod, PyRange};
+use super::objects::{GroupTuple, IterKind, PyIter, PyMethod, PyRange};
 
 /// The wording every refusal carries: what cardproof cannot render as transformers does.
 pub const REFUSAL: &str = "cardproof cannot render this as transformers does";
@@ -398,6 +398,24 @@ fn py_eq_at(a: &Value, b: &Value, depth: usize) -> bool {
                 })
         }
         (PyType::None, PyType::None) | (PyType::Undefined, PyType::Undefined) => true,
+        (PyType::Iter, PyType::Iter) => {
+            let (x, y) = (
+                a.downcast_object::<PyIter>().expect("an iterator"),
+                b.downcast_object::<PyIter>().expect("an iterator"),
+            );
+            // `dict.keys()` and `dict.items()` compare as sets; other iterators (and values
+            // views) only equal themselves.
+            let set_like = |k: IterKind| matches!(k, IterKind::Keys | IterKind::Items);
+            if set_like(x.kind) && set_like(y.kind) {
+                let (xs, ys) = (x.peek(), y.peek());
+                xs.len() == ys.len()
+                    && xs
+                        .iter()
+                        .all(|v| ys.iter().any(|w| py_eq_at(v, w, depth + 1)))
+            } else {
+                std::sync::Arc::ptr_eq(&x, &y)
+            }
+        }
         (PyType::Range, PyType::Range) => {
             let (x, y) = (
                 a.downcast_object_ref::<PyRange>().expect("a range"),

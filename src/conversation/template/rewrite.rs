@@ -2,8 +2,9 @@
 //! template routes every construct whose Python meaning differs from minijinja's through
 //! cardproof's implementation of the Python one ([`super::pyops`], [`super::methods`]):
 //!
-//! - `a + b`, `a * b`, `a % b`, `a ~ b`, `<`, `<=`, `>`, `>=`, `in` and chains of comparisons
-//!   become calls of Python's operators;
+//! - `a + b`, `a - b`, `a * b`, `a / b`, `a // b`, `a % b`, `a ** b`, `-a`, `a ~ b`, `==`,
+//!   `!=`, `<`, `<=`, `>`, `>=`, `in`, chains of comparisons, `a[b]` and `a[b:c]` become calls
+//!   of Python's operators;
 //! - a `for` loop iterates through Python's iteration (`for x in none` raises);
 //! - `x.items` (a method name, not called) is jinja2's attribute lookup, which finds the method
 //!   before the key, and `x.items()` calls Python's method;
@@ -608,6 +609,14 @@ impl<'s> Rewriter<'s> {
             BinOpKind::Lte => compare("<=", left, right),
             BinOpKind::Gt => compare(">", left, right),
             BinOpKind::Gte => compare(">=", left, right),
+            BinOpKind::Eq => python("__cp_eq", left, right),
+            BinOpKind::Ne => Expr::UnaryOp(Spanned::new(
+                ast::UnaryOp {
+                    op: UnaryOpKind::Not,
+                    expr: python("__cp_eq", left, right),
+                },
+                span,
+            )),
             op => Expr::BinOp(Spanned::new(ast::BinOp { op, left, right }, span)),
         }
     }
