@@ -297,7 +297,8 @@ fn text(s: String, markup: bool) -> Value {
     }
 }
 
-/// `str`'s methods.
+/// `str`'s methods (a `Markup` receiver's give `Markup`, its string arguments escaped first, as
+/// markupsafe wraps them).
 fn string_method(
     state: &State,
     receiver: &Value,
@@ -306,7 +307,6 @@ fn string_method(
 ) -> Result<Value, Error> {
     let s = receiver.as_str().unwrap_or_default();
     let markup = receiver.is_safe();
-    // markupsafe escapes the string arguments of the methods it wraps.
     let escaped: Vec<Value> = if markup && name != "format" && name != "join" {
         args.iter()
             .map(|a| match py_type(a) {
@@ -319,235 +319,299 @@ fn string_method(
     } else {
         args.to_vec()
     };
-    let args = escaped.as_slice();
-    let predicate = |p: Predicate| -> Result<Value, Error> {
-        arguments(name, args, &[], 0)?;
-        strings::predicate(s, p).map(Value::from)
+    let call = Str {
+        state,
+        s,
+        markup,
+        name,
+        args: &escaped,
     };
     match name {
-        "upper" | "lower" => {
-            arguments(name, args, &[], 0)?;
-            reserve(state, s.len() as u128 * 3, name)?;
-            Ok(text(
-                if name == "upper" {
-                    s.to_uppercase()
-                } else {
-                    s.to_lowercase()
-                },
-                markup,
-            ))
+        "upper" | "lower" | "title" | "capitalize" | "strip" | "lstrip" | "rstrip" | "replace"
+        | "center" | "ljust" | "rjust" | "zfill" | "removeprefix" | "removesuffix" => {
+            call.transform()
         }
-        "title" | "capitalize" => {
-            arguments(name, args, &[], 0)?;
-            reserve(state, s.len() as u128 * 3, name)?;
-            Ok(text(
-                if name == "title" {
-                    strings::title(s)?
-                } else {
-                    strings::capitalize(s)?
-                },
-                markup,
-            ))
+        "split" | "rsplit" | "splitlines" | "partition" | "rpartition" => call.parts(),
+        "startswith" | "endswith" | "find" | "rfind" | "index" | "rindex" | "count" => {
+            call.search()
         }
-        "strip" | "lstrip" | "rstrip" => {
-            let a = arguments(name, args, &["chars"], 0)?;
-            let chars = opt_str_arg(name, &a[0])?;
-            let (left, right) = (name != "rstrip", name != "lstrip");
-            Ok(text(
-                strings::strip(s, chars.as_deref(), left, right).to_owned(),
-                markup,
-            ))
-        }
-        "split" | "rsplit" => {
-            let a = arguments(name, args, &["sep", "maxsplit"], 0)?;
-            let sep = opt_str_arg(name, &a[0])?;
-            let max = int_arg(name, &a[1], Some(-1))?.unwrap_or(-1);
-            // Counted before the parts are built.
-            let most = match sep.as_deref() {
-                Some("") | None => s.split(strings::is_space).filter(|p| !p.is_empty()).count(),
-                Some(sep) => s.matches(sep).count() + 1,
-            };
-            let most = if max < 0 {
-                most
-            } else {
-                most.min(max as usize + 1)
-            };
-            reserve_items(state, most as u128, name)?;
-            let parts = strings::split(s, sep.as_deref(), max, name == "rsplit")?;
-            Ok(Value::from(
-                parts
-                    .into_iter()
-                    .map(|p| text(p, markup))
-                    .collect::<Vec<_>>(),
-            ))
-        }
-        "splitlines" => {
-            let a = arguments(name, args, &["keepends"], 0)?;
-            let keep = a[0].as_ref().is_some_and(|v| v.is_true());
-            reserve_items(
-                state,
-                s.chars().filter(|&c| strings::is_line_break(c)).count() as u128 + 1,
-                name,
-            )?;
-            let lines = strings::splitlines(s, keep);
-            Ok(Value::from(
-                lines
-                    .into_iter()
-                    .map(|p| text(p, markup))
-                    .collect::<Vec<_>>(),
-            ))
-        }
-        "startswith" | "endswith" => {
-            let a = arguments(name, args, &["prefix", "start", "end"], 1)?;
-            let (start, end) = (int_arg(name, &a[1], None)?, int_arg(name, &a[2], None)?);
-            let Some((from, to)) = strings::char_range(s, start, end) else {
-                return Ok(Value::from(false));
-            };
-            let hay = &s[from..to];
-            let test = |p: &str| {
-                if name == "startswith" {
-                    hay.starts_with(p)
-                } else {
-                    hay.ends_with(p)
-                }
-            };
-            let wanted = a[0].clone().expect("a required argument");
-            match py_type(&wanted) {
-                PyType::Str | PyType::Markup => {
-                    Ok(Value::from(test(wanted.as_str().unwrap_or_default())))
-                }
-                PyType::Tuple => {
-                    for p in wanted.try_iter()? {
-                        if test(&str_arg(name, &p)?) {
-                            return Ok(Value::from(true));
-                        }
-                    }
-                    Ok(Value::from(false))
-                }
-                _ => Err(type_error(format!(
-                    "{name} first arg must be str or a tuple of str, not {}",
-                    type_name(&wanted)
-                ))),
-            }
-        }
-        "find" | "rfind" | "index" | "rindex" | "count" => {
-            let a = arguments(name, args, &["sub", "start", "end"], 1)?;
-            let sub = str_arg(name, a[0].as_ref().expect("a required argument"))?;
-            let (start, end) = (int_arg(name, &a[1], None)?, int_arg(name, &a[2], None)?);
-            let range = strings::char_range(s, start, end);
-            if name == "count" {
-                return Ok(Value::from(range.map_or(0, |(f, t)| {
-                    if sub.is_empty() {
-                        s[f..t].chars().count() + 1
-                    } else {
-                        s[f..t].matches(sub.as_str()).count()
-                    }
-                })));
-            }
-            let found = range.and_then(|(f, t)| {
-                let hay = &s[f..t];
-                let at = if name.starts_with('r') {
-                    hay.rfind(sub.as_str())
-                } else {
-                    hay.find(sub.as_str())
-                };
-                at.map(|b| strings::char_index(s, f + b))
-            });
-            match (found, name) {
-                (Some(i), _) => Ok(Value::from(i)),
-                (None, "index" | "rindex") => Err(value_error("substring not found")),
-                (None, _) => Ok(Value::from(-1)),
-            }
-        }
-        "replace" => {
-            let a = arguments(name, args, &["old", "new", "count"], 2)?;
-            let old = str_arg(name, a[0].as_ref().expect("a required argument"))?;
-            let new = str_arg(name, a[1].as_ref().expect("a required argument"))?;
-            let count = int_arg(name, &a[2], Some(-1))?.unwrap_or(-1);
-            replace(state, s, &old, &new, count).map(|r| text(r, markup))
-        }
-        "center" | "ljust" | "rjust" => {
-            let a = arguments(name, args, &["width", "fillchar"], 1)?;
-            let width = width_arg(state, name, &a[0])?;
-            let fill = fill_arg(name, &a[1])?;
-            Ok(text(
-                match name {
-                    "center" => strings::center(s, width, fill),
-                    _ => strings::justify(s, width, fill, name == "ljust"),
-                },
-                markup,
-            ))
-        }
-        "zfill" => {
-            let a = arguments(name, args, &["width"], 1)?;
-            let width = width_arg(state, name, &a[0])?;
-            Ok(text(strings::zfill(s, width), markup))
-        }
-        "partition" | "rpartition" => {
-            let a = arguments(name, args, &["sep"], 1)?;
-            let sep = str_arg(name, a[0].as_ref().expect("a required argument"))?;
-            if sep.is_empty() {
-                return Err(value_error("empty separator"));
-            }
-            let at = if name == "partition" {
-                s.find(&sep)
-            } else {
-                s.rfind(&sep)
-            };
-            let parts = match at {
-                Some(i) => [&s[..i], &sep[..], &s[i + sep.len()..]],
-                None if name == "partition" => [s, "", ""],
-                None => ["", "", s],
-            };
-            Ok(Value::from(minijinja::value::Tuple::from(
-                parts
-                    .iter()
-                    .map(|p| text((*p).to_owned(), markup))
-                    .collect::<Vec<_>>(),
-            )))
-        }
-        "removeprefix" | "removesuffix" => {
-            let a = arguments(name, args, &["affix"], 1)?;
-            let affix = str_arg(name, a[0].as_ref().expect("a required argument"))?;
-            let out = if name == "removeprefix" {
-                s.strip_prefix(affix.as_str())
-            } else {
-                s.strip_suffix(affix.as_str())
-            };
-            Ok(text(out.unwrap_or(s).to_owned(), markup))
-        }
-        "join" => {
-            let a = arguments(name, args, &["iterable"], 1)?;
-            join_method(
-                state,
-                s,
-                markup,
-                a[0].as_ref().expect("a required argument"),
-            )
-        }
-        "format" => {
-            let (positional, kwargs) = match args.last() {
-                Some(last) if last.is_kwargs() => (&args[..args.len() - 1], last.clone()),
-                _ => (args, Value::from(())),
-            };
-            let out = format::str_format(state, s, positional, &kwargs, markup)?;
-            Ok(text(out, markup))
-        }
-        "isalpha" => predicate(Predicate::Alpha),
-        "isalnum" => predicate(Predicate::Alnum),
-        "isdecimal" => predicate(Predicate::Decimal),
-        "isdigit" => predicate(Predicate::Digit),
-        "isnumeric" => predicate(Predicate::Numeric),
-        "isspace" => predicate(Predicate::Space),
-        "islower" => predicate(Predicate::Lower),
-        "isupper" => predicate(Predicate::Upper),
-        "isascii" => {
-            arguments(name, args, &[], 0)?;
-            Ok(Value::from(s.is_ascii()))
-        }
+        "isalpha" | "isalnum" | "isdecimal" | "isdigit" | "isnumeric" | "isspace" | "islower"
+        | "isupper" | "isascii" => call.predicate(),
+        "join" | "format" => call.combine(),
         other => Err(refusal(format!(
             "Python's `str.{other}` method, which cardproof does not implement"
         ))),
+    }
+}
+
+/// One call of a `str` method.
+struct Str<'c> {
+    state: &'c State<'c, 'c>,
+    s: &'c str,
+    markup: bool,
+    name: &'c str,
+    args: &'c [Value],
+}
+
+impl Str<'_> {
+    /// The methods that give the string changed.
+    fn transform(&self) -> Result<Value, Error> {
+        let (state, s, markup, name, args) =
+            (self.state, self.s, self.markup, self.name, self.args);
+        match name {
+            "upper" | "lower" => {
+                arguments(name, args, &[], 0)?;
+                reserve(state, s.len() as u128 * 3, name)?;
+                Ok(text(
+                    if name == "upper" {
+                        s.to_uppercase()
+                    } else {
+                        s.to_lowercase()
+                    },
+                    markup,
+                ))
+            }
+            "title" | "capitalize" => {
+                arguments(name, args, &[], 0)?;
+                reserve(state, s.len() as u128 * 3, name)?;
+                Ok(text(
+                    if name == "title" {
+                        strings::title(s)?
+                    } else {
+                        strings::capitalize(s)?
+                    },
+                    markup,
+                ))
+            }
+            "strip" | "lstrip" | "rstrip" => {
+                let a = arguments(name, args, &["chars"], 0)?;
+                let chars = opt_str_arg(name, &a[0])?;
+                let (left, right) = (name != "rstrip", name != "lstrip");
+                Ok(text(
+                    strings::strip(s, chars.as_deref(), left, right).to_owned(),
+                    markup,
+                ))
+            }
+            "replace" => {
+                let a = arguments(name, args, &["old", "new", "count"], 2)?;
+                let old = str_arg(name, a[0].as_ref().expect("a required argument"))?;
+                let new = str_arg(name, a[1].as_ref().expect("a required argument"))?;
+                let count = int_arg(name, &a[2], Some(-1))?.unwrap_or(-1);
+                replace(state, s, &old, &new, count).map(|r| text(r, markup))
+            }
+            "center" | "ljust" | "rjust" => {
+                let a = arguments(name, args, &["width", "fillchar"], 1)?;
+                let width = width_arg(state, name, &a[0])?;
+                let fill = fill_arg(name, &a[1])?;
+                Ok(text(
+                    match name {
+                        "center" => strings::center(s, width, fill),
+                        _ => strings::justify(s, width, fill, name == "ljust"),
+                    },
+                    markup,
+                ))
+            }
+            "zfill" => {
+                let a = arguments(name, args, &["width"], 1)?;
+                let width = width_arg(state, name, &a[0])?;
+                Ok(text(strings::zfill(s, width), markup))
+            }
+            "removeprefix" | "removesuffix" => {
+                let a = arguments(name, args, &["affix"], 1)?;
+                let affix = str_arg(name, a[0].as_ref().expect("a required argument"))?;
+                let out = if name == "removeprefix" {
+                    s.strip_prefix(affix.as_str())
+                } else {
+                    s.strip_suffix(affix.as_str())
+                };
+                Ok(text(out.unwrap_or(s).to_owned(), markup))
+            }
+            _ => unreachable!("a transforming method"),
+        }
+    }
+
+    /// The methods that give the string's parts.
+    fn parts(&self) -> Result<Value, Error> {
+        let (state, s, markup, name, args) =
+            (self.state, self.s, self.markup, self.name, self.args);
+        match name {
+            "split" | "rsplit" => {
+                let a = arguments(name, args, &["sep", "maxsplit"], 0)?;
+                let sep = opt_str_arg(name, &a[0])?;
+                let max = int_arg(name, &a[1], Some(-1))?.unwrap_or(-1);
+                // Counted before the parts are built.
+                let most = match sep.as_deref() {
+                    Some("") | None => s.split(strings::is_space).filter(|p| !p.is_empty()).count(),
+                    Some(sep) => s.matches(sep).count() + 1,
+                };
+                let most = if max < 0 {
+                    most
+                } else {
+                    most.min(max as usize + 1)
+                };
+                reserve_items(state, most as u128, name)?;
+                let parts = strings::split(s, sep.as_deref(), max, name == "rsplit")?;
+                Ok(Value::from(
+                    parts
+                        .into_iter()
+                        .map(|p| text(p, markup))
+                        .collect::<Vec<_>>(),
+                ))
+            }
+            "splitlines" => {
+                let a = arguments(name, args, &["keepends"], 0)?;
+                let keep = a[0].as_ref().is_some_and(|v| v.is_true());
+                reserve_items(
+                    state,
+                    s.chars().filter(|&c| strings::is_line_break(c)).count() as u128 + 1,
+                    name,
+                )?;
+                let lines = strings::splitlines(s, keep);
+                Ok(Value::from(
+                    lines
+                        .into_iter()
+                        .map(|p| text(p, markup))
+                        .collect::<Vec<_>>(),
+                ))
+            }
+            "partition" | "rpartition" => {
+                let a = arguments(name, args, &["sep"], 1)?;
+                let sep = str_arg(name, a[0].as_ref().expect("a required argument"))?;
+                if sep.is_empty() {
+                    return Err(value_error("empty separator"));
+                }
+                let at = if name == "partition" {
+                    s.find(&sep)
+                } else {
+                    s.rfind(&sep)
+                };
+                let parts = match at {
+                    Some(i) => [&s[..i], &sep[..], &s[i + sep.len()..]],
+                    None if name == "partition" => [s, "", ""],
+                    None => ["", "", s],
+                };
+                Ok(Value::from(minijinja::value::Tuple::from(
+                    parts
+                        .iter()
+                        .map(|p| text((*p).to_owned(), markup))
+                        .collect::<Vec<_>>(),
+                )))
+            }
+            _ => unreachable!("a splitting method"),
+        }
+    }
+
+    /// The methods that look for a substring.
+    fn search(&self) -> Result<Value, Error> {
+        let (s, name, args) = (self.s, self.name, self.args);
+        match name {
+            "startswith" | "endswith" => {
+                let a = arguments(name, args, &["prefix", "start", "end"], 1)?;
+                let (start, end) = (int_arg(name, &a[1], None)?, int_arg(name, &a[2], None)?);
+                let Some((from, to)) = strings::char_range(s, start, end) else {
+                    return Ok(Value::from(false));
+                };
+                let hay = &s[from..to];
+                let test = |p: &str| {
+                    if name == "startswith" {
+                        hay.starts_with(p)
+                    } else {
+                        hay.ends_with(p)
+                    }
+                };
+                let wanted = a[0].clone().expect("a required argument");
+                match py_type(&wanted) {
+                    PyType::Str | PyType::Markup => {
+                        Ok(Value::from(test(wanted.as_str().unwrap_or_default())))
+                    }
+                    PyType::Tuple => {
+                        for p in wanted.try_iter()? {
+                            if test(&str_arg(name, &p)?) {
+                                return Ok(Value::from(true));
+                            }
+                        }
+                        Ok(Value::from(false))
+                    }
+                    _ => Err(type_error(format!(
+                        "{name} first arg must be str or a tuple of str, not {}",
+                        type_name(&wanted)
+                    ))),
+                }
+            }
+            "find" | "rfind" | "index" | "rindex" | "count" => {
+                let a = arguments(name, args, &["sub", "start", "end"], 1)?;
+                let sub = str_arg(name, a[0].as_ref().expect("a required argument"))?;
+                let (start, end) = (int_arg(name, &a[1], None)?, int_arg(name, &a[2], None)?);
+                let range = strings::char_range(s, start, end);
+                if name == "count" {
+                    return Ok(Value::from(range.map_or(0, |(f, t)| {
+                        if sub.is_empty() {
+                            s[f..t].chars().count() + 1
+                        } else {
+                            s[f..t].matches(sub.as_str()).count()
+                        }
+                    })));
+                }
+                let found = range.and_then(|(f, t)| {
+                    let hay = &s[f..t];
+                    let at = if name.starts_with('r') {
+                        hay.rfind(sub.as_str())
+                    } else {
+                        hay.find(sub.as_str())
+                    };
+                    at.map(|b| strings::char_index(s, f + b))
+                });
+                match (found, name) {
+                    (Some(i), _) => Ok(Value::from(i)),
+                    (None, "index" | "rindex") => Err(value_error("substring not found")),
+                    (None, _) => Ok(Value::from(-1)),
+                }
+            }
+            _ => unreachable!("a searching method"),
+        }
+    }
+
+    /// Python's character predicates (`isalpha`, ...).
+    fn predicate(&self) -> Result<Value, Error> {
+        arguments(self.name, self.args, &[], 0)?;
+        let p = match self.name {
+            "isalpha" => Predicate::Alpha,
+            "isalnum" => Predicate::Alnum,
+            "isdecimal" => Predicate::Decimal,
+            "isdigit" => Predicate::Digit,
+            "isnumeric" => Predicate::Numeric,
+            "isspace" => Predicate::Space,
+            "islower" => Predicate::Lower,
+            "isupper" => Predicate::Upper,
+            _ => return Ok(Value::from(self.s.is_ascii())),
+        };
+        strings::predicate(self.s, p).map(Value::from)
+    }
+
+    /// `join` and `format`, which write their arguments into the string.
+    fn combine(&self) -> Result<Value, Error> {
+        let (state, s, markup, name, args) =
+            (self.state, self.s, self.markup, self.name, self.args);
+        match name {
+            "join" => {
+                let a = arguments(name, args, &["iterable"], 1)?;
+                join_method(
+                    state,
+                    s,
+                    markup,
+                    a[0].as_ref().expect("a required argument"),
+                )
+            }
+            "format" => {
+                let (positional, kwargs) = match args.last() {
+                    Some(last) if last.is_kwargs() => (&args[..args.len() - 1], last.clone()),
+                    _ => (args, Value::from(())),
+                };
+                let out = format::str_format(state, s, positional, &kwargs, markup)?;
+                Ok(text(out, markup))
+            }
+            _ => unreachable!("a combining method"),
+        }
     }
 }
 

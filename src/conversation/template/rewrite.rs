@@ -161,33 +161,7 @@ impl<'s> Rewriter<'s> {
                 },
                 r.span(),
             )),
-            Stmt::ForLoop(f) => Stmt::ForLoop(Spanned::new(
-                ast::ForLoop {
-                    target: self.target(&f.target),
-                    iter: match &f.target {
-                        // `for a, b in pairs`: Python unpacks each item (a string into its
-                        // characters) and counts them.
-                        Expr::List(l) => call(
-                            "__cp_iterate_unpacking",
-                            positional(vec![
-                                self.expr(&f.iter),
-                                konst(Value::from(l.items.len()), f.span()),
-                            ]),
-                            f.span(),
-                        ),
-                        _ => call(
-                            "__cp_iterate",
-                            positional(vec![self.expr(&f.iter)]),
-                            f.span(),
-                        ),
-                    },
-                    filter_expr: self.frame(false, |r| f.filter_expr.as_ref().map(|e| r.expr(e))),
-                    recursive: f.recursive,
-                    body: self.frame(false, |r| r.stmts(&f.body)),
-                    else_body: self.frame(false, |r| r.stmts(&f.else_body)),
-                },
-                f.span(),
-            )),
+            Stmt::ForLoop(f) => self.for_loop(f),
             Stmt::IfCond(i) => Stmt::IfCond(Spanned::new(
                 ast::IfCond {
                     expr: self.frame(true, |r| r.expr(&i.expr)),
@@ -207,56 +181,7 @@ impl<'s> Rewriter<'s> {
                 },
                 w.span(),
             )),
-            Stmt::Set(s) => {
-                let mut expr = self.expr(&s.expr);
-                if let Expr::List(l) = &s.target {
-                    expr = call(
-                        "__cp_unpack",
-                        positional(vec![expr, konst(Value::from(l.items.len()), s.span())]),
-                        s.span(),
-                    );
-                }
-                // transformers' namespace refuses names starting with an underscore.
-                if let Expr::GetAttr(g) = &s.target
-                    && g.name.starts_with('_')
-                {
-                    let message = format!(
-                        "SecurityError: Chat templates cannot store underscore-prefixed attributes on a namespace, but got '{}'. Please rename the attribute.",
-                        g.name
-                    );
-                    expr = call(
-                        "__cp_fail",
-                        positional(vec![konst(Value::from(message), s.span())]),
-                        s.span(),
-                    );
-                }
-                let set = Stmt::Set(Spanned::new(
-                    ast::Set {
-                        target: self.target(&s.target),
-                        expr,
-                    },
-                    s.span(),
-                ));
-                // `{% set ns.x = ... %}` can make a namespace hold itself: check it after.
-                match &s.target {
-                    Expr::GetAttr(g) => {
-                        let check = call(
-                            "__cp_assigned",
-                            positional(vec![self.expr(&g.expr)]),
-                            s.span(),
-                        );
-                        let check =
-                            Stmt::EmitExpr(Spanned::new(ast::EmitExpr { expr: check }, s.span()));
-                        Stmt::Template(Spanned::new(
-                            ast::Template {
-                                children: vec![set, check],
-                            },
-                            s.span(),
-                        ))
-                    }
-                    _ => set,
-                }
-            }
+            Stmt::Set(s) => self.set(s),
             Stmt::SetBlock(s) => Stmt::SetBlock(Spanned::new(
                 ast::SetBlock {
                     target: self.target(&s.target),
@@ -322,6 +247,89 @@ impl<'s> Rewriter<'s> {
                     d.span(),
                 ))
             }
+        }
+    }
+
+    /// A `for` loop: its iterable through Python's iteration (and unpacking).
+    fn for_loop<'a>(&mut self, f: &Spanned<ast::ForLoop<'a>>) -> Stmt<'a> {
+        Stmt::ForLoop(Spanned::new(
+            ast::ForLoop {
+                target: self.target(&f.target),
+                iter: match &f.target {
+                    // `for a, b in pairs`: Python unpacks each item (a string into its
+                    // characters) and counts them.
+                    Expr::List(l) => call(
+                        "__cp_iterate_unpacking",
+                        positional(vec![
+                            self.expr(&f.iter),
+                            konst(Value::from(l.items.len()), f.span()),
+                        ]),
+                        f.span(),
+                    ),
+                    _ => call(
+                        "__cp_iterate",
+                        positional(vec![self.expr(&f.iter)]),
+                        f.span(),
+                    ),
+                },
+                filter_expr: self.frame(false, |r| f.filter_expr.as_ref().map(|e| r.expr(e))),
+                recursive: f.recursive,
+                body: self.frame(false, |r| r.stmts(&f.body)),
+                else_body: self.frame(false, |r| r.stmts(&f.else_body)),
+            },
+            f.span(),
+        ))
+    }
+
+    /// `{% set %}`: a tuple target unpacks as Python unpacks, a namespace refuses underscore
+    /// names and is checked after it is set.
+    fn set<'a>(&mut self, s: &Spanned<ast::Set<'a>>) -> Stmt<'a> {
+        let mut expr = self.expr(&s.expr);
+        if let Expr::List(l) = &s.target {
+            expr = call(
+                "__cp_unpack",
+                positional(vec![expr, konst(Value::from(l.items.len()), s.span())]),
+                s.span(),
+            );
+        }
+        // transformers' namespace refuses names starting with an underscore.
+        if let Expr::GetAttr(g) = &s.target
+            && g.name.starts_with('_')
+        {
+            let message = format!(
+                "SecurityError: Chat templates cannot store underscore-prefixed attributes on a namespace, but got '{}'. Please rename the attribute.",
+                g.name
+            );
+            expr = call(
+                "__cp_fail",
+                positional(vec![konst(Value::from(message), s.span())]),
+                s.span(),
+            );
+        }
+        let set = Stmt::Set(Spanned::new(
+            ast::Set {
+                target: self.target(&s.target),
+                expr,
+            },
+            s.span(),
+        ));
+        // `{% set ns.x = ... %}` can make a namespace hold itself: check it after.
+        match &s.target {
+            Expr::GetAttr(g) => {
+                let check = call(
+                    "__cp_assigned",
+                    positional(vec![self.expr(&g.expr)]),
+                    s.span(),
+                );
+                let check = Stmt::EmitExpr(Spanned::new(ast::EmitExpr { expr: check }, s.span()));
+                Stmt::Template(Spanned::new(
+                    ast::Template {
+                        children: vec![set, check],
+                    },
+                    s.span(),
+                ))
+            }
+            _ => set,
         }
     }
 
