@@ -25,6 +25,11 @@ pub const MAX_ITEMS: usize = 16 << 20;
 /// is 1,000 frames.
 pub const MAX_DEPTH: usize = 500;
 
+/// The most operators (`+`, `.`, `|`, `[`, `(`, `and`, ...) one `{{ ... }}` or `{% ... %}` may
+/// hold: parsing, rewriting and compiling walk an expression recursively, so a chain of 200,000
+/// `+` would overflow the stack. The longest expression of the corpus holds 26.
+pub const MAX_OPERATORS: usize = 256;
+
 /// minijinja's fuel for one render: one unit per instruction, one per 64 bytes minijinja
 /// creates, one per 16 bytes cardproof's operations create. 32 million instructions: 270 times
 /// what the costliest corpus template needs for the 54-message example conversation, and
@@ -122,6 +127,59 @@ pub fn check_depth(state: &State, value: &Value) -> Result<(), Error> {
                 for k in v.try_iter()? {
                     let item = v.get_item(&k)?;
                     stack.push((item, depth + 1));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Checks that no tag of `source` holds more than [`MAX_OPERATORS`] operators; the error names
+/// the line of the first that does. A source the tokenizer cannot read is left to the parser,
+/// which names what is wrong.
+pub fn check_expressions(
+    source: &str,
+    syntax: minijinja::syntax::SyntaxConfig,
+) -> Result<(), (Error, usize)> {
+    use minijinja::machinery::{Token, tokenize};
+    let mut operators = 0usize;
+    for token in tokenize(source, false, syntax) {
+        let Ok((token, span)) = token else {
+            return Ok(());
+        };
+        match token {
+            Token::VariableStart | Token::BlockStart => operators = 0,
+            Token::Plus
+            | Token::Minus
+            | Token::Mul
+            | Token::Div
+            | Token::FloorDiv
+            | Token::Pow
+            | Token::Mod
+            | Token::Dot
+            | Token::Tilde
+            | Token::Pipe
+            | Token::Eq
+            | Token::Ne
+            | Token::Gt
+            | Token::Gte
+            | Token::Lt
+            | Token::Lte
+            | Token::BracketOpen
+            | Token::ParenOpen
+            | Token::Ident("and" | "or" | "not" | "in" | "is" | "if") => {
+                operators += 1;
+                if operators > MAX_OPERATORS {
+                    return Err((
+                        Error::new(
+                            ErrorKind::SyntaxError,
+                            format!(
+                                "an expression of more than {MAX_OPERATORS} operators, which cardproof does not compile (the deepest of the corpus has 26)"
+                            ),
+                        ),
+                        span.start_line as usize,
+                    ));
                 }
             }
             _ => {}

@@ -108,6 +108,8 @@ impl ChatTemplate {
     /// Parses, rewrites ([`rewrite`]) and compiles the template.
     #[allow(clippy::type_complexity)]
     fn compile(&self) -> Result<(Instructions<'_>, BTreeMap<&str, Instructions<'_>>), String> {
+        limits::check_expressions(&self.source, syntax())
+            .map_err(|(e, line)| self.describe(&e, Some(line), "does not compile"))?;
         let ast = machinery::parse(&self.source, &self.name, syntax())
             .map_err(|e| self.describe(&e, e.line(), "does not compile"))?;
         let ast = rewrite::template(&ast, &self.source)
@@ -489,6 +491,39 @@ mod tests {
                 "{bomb}: {e}"
             );
         }
+    }
+
+    /// An expression deep enough to overflow the stack of the parser, the rewrite or the
+    /// compiler is refused by its size; one of the largest size allowed renders, on a test
+    /// thread's small stack.
+    #[test]
+    fn an_expression_too_deep_to_compile_is_refused_naming_its_line() {
+        for deep in [
+            format!("{{{{ {}1 }}}}", "1 + ".repeat(200_000)),
+            format!("{{{{ x{} }}}}", ".a".repeat(200_000)),
+            format!("{{{{ 1{} }}}}", "|abs".repeat(200_000)),
+            format!("{{{{ x{} }}}}", "[0]".repeat(200_000)),
+        ] {
+            let e = ChatTemplate::new(&format!("a\n{deep}"), 0).err().unwrap();
+            assert!(
+                e.contains("(line 2)") && e.contains("more than 256 operators"),
+                "{e}"
+            );
+        }
+        let widest = format!("{{{{ {}1 }}}}", "1 + ".repeat(limits::MAX_OPERATORS));
+        assert_eq!(render(&widest, serde_json::json!({})).unwrap(), "257");
+    }
+
+    /// A macro that calls itself without end is refused at minijinja's recursion limit, on a
+    /// test thread's small stack.
+    #[test]
+    fn a_macro_that_recurses_without_end_is_refused() {
+        let e = render(
+            "{% macro m(n) %}{{ m(n + 1) }}{% endmacro %}{{ m(0) }}",
+            serde_json::json!({}),
+        )
+        .unwrap_err();
+        assert!(e.contains("recursion"), "{e}");
     }
 
     /// Work is bounded too: a loop that does not end in time is refused, not a hang.
