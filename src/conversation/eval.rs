@@ -238,7 +238,7 @@ pub fn render_file(
 /// The renderer's name and the semantics it follows, recorded with every render.
 pub fn renderer() -> String {
     format!(
-        "cardproof {} (minijinja 3, transformers apply_chat_template semantics)",
+        "cardproof {} (minijinja 3.1.0 parsing, jinja2's Python semantics, transformers apply_chat_template)",
         env!("CARGO_PKG_VERSION")
     )
 }
