@@ -1051,13 +1051,13 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         );
         assert!(c.renders >= 630, "{summary}");
         assert!(c.bad.is_empty(), "{summary}:\n{}", c.bad.join("\n"));
-        // Measured on the corpus of 70 templates × 9 conversations and 367 probes: nothing of
+        // Measured on the corpus of 70 templates × 9 conversations and 368 probes: nothing of
         // the corpus is refused and no probe fails otherwise, and the probes cardproof refuses
         // by name stay these (a rule implemented since shrinks the list; a regression grows it).
         assert!(c.refused.is_empty(), "{summary}: {:?}", c.refused);
         assert!(c.identical >= 505, "{summary}");
         assert_eq!(c.identical + c.both_fail, c.renders, "{summary}");
-        assert!(c.probes >= 367, "{summary}");
+        assert!(c.probes >= 368, "{summary}");
         assert!(
             c.probes_other_error.is_empty(),
             "{summary}:\n{}",

@@ -61,7 +61,7 @@ pub fn register(env: &mut Environment<'_>) {
     env.add_test("callable", |v: Value| {
         v.is_undefined()
             || v.kind() == minijinja::value::ValueKind::Plain
-            || py_type(&v) == PyType::Macro
+            || matches!(py_type(&v), PyType::Macro | PyType::Loop)
     });
     env.add_test("defined", |v: Value| !v.is_undefined());
     env.add_test("undefined", |v: Value| v.is_undefined());

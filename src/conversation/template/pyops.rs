@@ -541,7 +541,7 @@ pub fn getitem(obj: Value, key: Value) -> Result<Value, Error> {
         | PyType::Float
         | PyType::Iter
         | PyType::Method => Ok(Value::UNDEFINED),
-        PyType::Namespace | PyType::Macro | PyType::Other => {
+        PyType::Namespace | PyType::Macro | PyType::Loop | PyType::Other => {
             Ok(obj.get_item(&key).unwrap_or(Value::UNDEFINED))
         }
     }

@@ -39,6 +39,8 @@ pub enum PyType {
     Method,
     /// A macro (or a call block's `caller`).
     Macro,
+    /// A `for` loop's `loop`.
+    Loop,
     /// Anything else: macros, `loop`, functions.
     Other,
 }
@@ -58,8 +60,11 @@ pub fn py_type(value: &Value) -> PyType {
         ValueKind::Seq if value.downcast_object_ref::<PyRange>().is_some() => PyType::Range,
         ValueKind::Seq => PyType::List,
         ValueKind::Map if is_dict(value) => PyType::Dict,
-        ValueKind::Map if is_macro(value) => PyType::Macro,
-        ValueKind::Map => PyType::Namespace,
+        ValueKind::Map => match static_keys(value) {
+            Some(["name", "arguments", "caller"]) => PyType::Macro,
+            Some(["index0", ..]) => PyType::Loop,
+            _ => PyType::Namespace,
+        },
         _ if value.downcast_object_ref::<PyIter>().is_some() => PyType::Iter,
         _ if value.downcast_object_ref::<PyMethod>().is_some() => PyType::Method,
         _ => PyType::Other,
@@ -74,12 +79,13 @@ pub fn is_dict(value: &Value) -> bool {
         .is_some()
 }
 
-/// Whether `value` is a macro: minijinja's macros are the maps that enumerate exactly
-/// `name`, `arguments` and `caller` as static keys (a namespace enumerates its values' keys).
-fn is_macro(value: &Value) -> bool {
-    value.as_object().is_some_and(|o| {
-        matches!(o.enumerate(), minijinja::value::Enumerator::Str(keys) if keys == ["name", "arguments", "caller"])
-    })
+/// The static keys a minijinja object enumerates: its macros enumerate `name`, `arguments`
+/// and `caller`, its `loop` `index0`, `index`, ...; a namespace enumerates its values' keys.
+fn static_keys(value: &Value) -> Option<&'static [&'static str]> {
+    match value.as_object()?.enumerate() {
+        minijinja::value::Enumerator::Str(keys) => Some(keys),
+        _ => None,
+    }
 }
 
 /// The name Python gives `value`'s type in its messages.
@@ -103,6 +109,7 @@ pub fn type_name(value: &Value) -> String {
             .into(),
         PyType::Method => "builtin_function_or_method".into(),
         PyType::Macro => "Macro".into(),
+        PyType::Loop => "LoopContext".into(),
         PyType::Other => "object".into(),
     }
 }
@@ -282,6 +289,15 @@ pub fn py_repr(value: &Value, out: &mut Bounded, depth: usize) -> Result<(), Err
             out.push_str("}>", WHAT)
         }
         PyType::Method => Err(address("builtin method")),
+        // jinja2's `LoopContext.__repr__`.
+        PyType::Loop => out.push_str(
+            &format!(
+                "<LoopContext {}/{}>",
+                value.get_attr("index")?,
+                value.get_attr("length")?
+            ),
+            WHAT,
+        ),
         // jinja2's `Macro.__repr__`.
         PyType::Macro => {
             // A call block's `caller` has no name in jinja2.
