@@ -209,7 +209,12 @@ pub fn render_file(
     progress: &dyn Fn(&str),
 ) -> Result<Rendered> {
     let conversations = file::read(path)?;
-    let compiled = ChatTemplate::new(&template.text, clock)
+    // Render errors name the template's file (and its name in a tokenizer config) and line.
+    let label = match &template.name {
+        Some(name) => format!("{} (template `{name}`)", template.file.display()),
+        None => template.file.display().to_string(),
+    };
+    let compiled = ChatTemplate::named(&template.text, clock, &label)
         .map_err(|e| Error::format(&template.file, template.name.as_deref(), e))?;
     let mut ids = Vec::new();
     let mut labels = Vec::new();
@@ -303,7 +308,7 @@ fn tool_calls(c: &Conversation) -> usize {
 /// The renderer's name and the semantics it follows, recorded with every render.
 pub fn renderer() -> String {
     format!(
-        "cardproof {} (minijinja 3, transformers apply_chat_template semantics)",
+        "cardproof {} (minijinja 3.1.0 parsing, jinja2's Python semantics, transformers apply_chat_template)",
         env!("CARGO_PKG_VERSION")
     )
 }

@@ -14,18 +14,23 @@ use serde_json::{Map, Value};
 /// (`_REASONING_FIELDS`).
 pub const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
 
-/// What a template sees, as `render_jinja_template` hands it over: `messages` with the reasoning
-/// aliased (a message's first non-null reasoning field also becomes `thinking`, first among its
-/// keys unless it has one, and `reasoning_content`, last: gpt-oss templates read the one, Qwen's
-/// the other), `tools`, `documents` (none), `add_generation_prompt`, then the template kwargs
-/// (`enable_thinking`, special tokens), which may shadow nothing of the above.
+/// What a template sees, as `apply_chat_template` hands it over: `messages` without their
+/// null-valued keys (`_normalize_chat_messages`: `"content": null` is no `content` at all, so a
+/// template sees it undefined, not `None`) and with the reasoning aliased (a message's first
+/// non-null reasoning field also becomes `thinking`, first among its keys unless it has one, and
+/// `reasoning_content`, last: gpt-oss templates read the one, Qwen's the other), `tools`,
+/// `documents` (none), `add_generation_prompt`, then the template kwargs (`enable_thinking`,
+/// special tokens), which may shadow nothing of the above.
 pub fn template_context(
     messages: &[Value],
     tools: Option<&Value>,
     add_generation_prompt: bool,
     kwargs: &Map<String, Value>,
 ) -> Value {
-    let messages: Vec<Value> = messages.iter().map(alias_reasoning).collect();
+    let messages: Vec<Value> = messages
+        .iter()
+        .map(|m| alias_reasoning(&drop_nulls(m)))
+        .collect();
     let mut context = Map::new();
     context.insert("messages".into(), Value::Array(messages));
     context.insert("tools".into(), tools.cloned().unwrap_or(Value::Null));
@@ -85,6 +90,21 @@ pub fn render(
     ))
 }
 
+/// transformers' `_normalize_chat_messages` for one message: its keys whose value is null
+/// dropped (nested values are kept as they are).
+fn drop_nulls(message: &Value) -> Value {
+    match message.as_object() {
+        Some(fields) => Value::Object(
+            fields
+                .iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
+        None => message.clone(),
+    }
+}
+
 /// transformers' `_alias_reasoning_fields` for one message: `{"thinking": r, **message,
 /// "reasoning_content": r}`.
 fn alias_reasoning(message: &Value) -> Value {
@@ -132,6 +152,29 @@ mod tests {
             kwargs: serde_json::from_value(serde_json::json!({"enable_thinking": true})).unwrap(),
         };
         assert_eq!(render(&t, &c, &special).unwrap(), "<s>[user]hi<think></s>");
+    }
+
+    #[test]
+    fn a_null_message_field_is_left_out_as_apply_chat_template_leaves_it_out() {
+        let context = template_context(
+            &[
+                serde_json::json!({"role": "assistant", "content": null, "tool_calls": [{"function": {"name": "f", "arguments": null}}]}),
+            ],
+            None,
+            false,
+            &Map::new(),
+        );
+        let message = &context["messages"][0];
+        assert_eq!(message.as_object().unwrap().len(), 2, "{message}");
+        assert!(message.get("content").is_none());
+        // Only the message's own keys: a nested null stays.
+        assert!(message["tool_calls"][0]["function"]["arguments"].is_null());
+        let t = template::ChatTemplate::new(
+            "{% for m in messages %}{{ m.content is defined }}{{ '</think>' in m.content }}{% endfor %}",
+            0,
+        )
+        .unwrap();
+        assert_eq!(t.render(&context).unwrap(), "FalseFalse");
     }
 
     #[test]

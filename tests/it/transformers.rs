@@ -1100,15 +1100,25 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         assert_eq!(arm("control-repeat")["runs"][0]["metrics"]["kld_mean"], 0.0);
     }
 
-    /// Every chat template of the corpus renders to transformers' bytes with every conversation,
-    /// or fails where transformers fails (tests/it/chat_templates.rs).
+    /// Every chat template of the corpus renders to transformers' bytes and token ids with every
+    /// conversation, or fails where transformers fails with the same Python error; every probe of
+    /// a jinja2 rule renders or fails alike (tests/it/chat_templates.rs). Needs transformers,
+    /// not torch.
     #[test]
     #[ignore = "needs transformers: cargo test --test it transformers::torch -- --ignored"]
     fn chat_templates_render_as_transformers_renders_them() {
-        require_torch();
+        let python = std::env::var_os("CARDPROOF_PYTHON").unwrap_or_else(|| "python3".into());
+        let probe = std::process::Command::new(&python)
+            .args(["-c", "import transformers"])
+            .output()
+            .unwrap();
+        assert!(
+            probe.status.success(),
+            "needs transformers: {}",
+            String::from_utf8_lossy(&probe.stderr)
+        );
         let dir = tempfile::tempdir().unwrap();
         let expected = dir.path().join("renders.json");
-        let python = std::env::var_os("CARDPROOF_PYTHON").unwrap_or_else(|| "python3".into());
         let out = std::process::Command::new(python)
             .arg(repo_root().join("tests/chat_template_check.py"))
             .arg(&expected)
@@ -1120,23 +1130,41 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
             String::from_utf8_lossy(&out.stderr)
         );
         let c = crate::chat_templates::mismatches(&expected);
-        assert!(c.renders >= 300, "{} renders", c.renders);
-        assert!(
-            c.bad.is_empty(),
-            "{} of {} differ:\n{}",
-            c.bad.len(),
+        let summary = format!(
+            "{} renders: {} identical, {} failing alike, {} refused; {} probes: {} alike, {} refused, {} failing otherwise; {} bad",
             c.renders,
-            c.bad.join("\n")
+            c.identical,
+            c.both_fail,
+            c.refused.len(),
+            c.probes,
+            c.probes_identical,
+            c.probes_refused.len(),
+            c.probes_other_error.len(),
+            c.bad.len()
         );
-        // Measured on the corpus of 70 templates × 5 conversations: what may be refused or
-        // lenient stays bounded, so a regression that refuses or loosens more fails here.
-        assert!(c.refused.len() <= 1, "refused: {:?}", c.refused);
-        assert!(c.lenient <= 13, "{} lenient renders", c.lenient);
-        assert!(c.identical >= 332, "{} identical", c.identical);
+        assert!(c.renders >= 630, "{summary}");
+        assert!(c.bad.is_empty(), "{summary}:\n{}", c.bad.join("\n"));
+        // Measured on the corpus of 70 templates × 9 conversations and 368 probes: nothing of
+        // the corpus is refused and no probe fails otherwise, and the probes cardproof refuses
+        // by name stay these (a rule implemented since shrinks the list; a regression grows it).
+        assert!(c.refused.is_empty(), "{summary}: {:?}", c.refused);
+        assert!(c.identical >= 505, "{summary}");
+        assert_eq!(c.identical + c.both_fail, c.renders, "{summary}");
+        assert!(c.probes >= 368, "{summary}");
+        assert!(
+            c.probes_other_error.is_empty(),
+            "{summary}:\n{}",
+            c.probes_other_error.join("\n")
+        );
+        assert!(
+            c.probes_refused.len() <= 10,
+            "{summary}: {:#?}",
+            c.probes_refused
+        );
         assert_eq!(
-            c.identical + c.lenient + c.refused.len() * 5,
-            c.renders,
-            "every render accounted for"
+            c.probes_identical + c.probes_refused.len(),
+            c.probes,
+            "{summary}"
         );
     }
 
