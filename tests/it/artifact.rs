@@ -492,7 +492,8 @@ fn the_reference_weights_spot_check_an_artifacts_rows() {
     assert_eq!(r.code, 0, "{}", r.stderr);
     let check = &r.json()["environment"]["reference_artifact"]["spot_check"];
     assert!(check["rows"].as_u64().unwrap() > 0, "{check}");
-    assert_eq!(check["max_row_kld"], 0.0, "{check}");
+    // The export's own path: the same rows up to the products' rounding (0 or ~1e-11 nats).
+    assert!(check["max_row_kld"].as_f64().unwrap() < 1e-9, "{check}");
     // Another model's rows, signed (the signer vouched for the wrong file).
     let forged_plain = iso.export("shakespeare-w8a16", &text, "f.safetensors", &key);
     let real_bytes = std::fs::read(&real).unwrap();
