@@ -513,7 +513,7 @@ fn conflicts(
     chunk: Option<u32>,
 ) -> Result<(), String> {
     let label = label.unwrap_or_default();
-    let says = |what: &str| format!("--kv-cache {label} says {what}");
+    let says = |what: &str| format!("--kv-cache {label} ({what})");
     if base.hadamard && hadamard == Some(false) {
         return Err(format!(
             "--kv-cache-rotation none contradicts {}: drop one",
