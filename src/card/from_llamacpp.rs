@@ -451,6 +451,7 @@ pub fn measurement_from_log(
         gate: None,
         seconds: 0.0,
         imported_from: Some(log_path.display().to_string()),
+        inherited_environment: Default::default(),
     };
     // The CPU's model is not in a llama.cpp log (its instruction sets are: system_info).
     let device = if observed.backend == "cpu" {

@@ -620,6 +620,7 @@ pub(super) fn run_recorded(
         gate: gate_record,
         seconds: pair.seconds,
         imported_from: None,
+        inherited_environment: crate::runner::llamacpp::inherited_settings(),
     };
     let environment = environment(&record, r.kv_cache, r.threads);
     let mut rerun = Rerun {

@@ -288,6 +288,9 @@ pub fn llamacpp_flags(
             FlagValue::Bool(c.rotation_k == Some(true) || c.rotation_v == Some(true)),
         );
     }
+    for (k, v) in &l.inherited_environment {
+        flags.insert(format!("env.{k}"), FlagValue::Text(v.clone()));
+    }
     flags.insert(
         "reduction".into(),
         FlagValue::Text(if l.imported_from.is_some() {

@@ -1302,6 +1302,21 @@ pub struct LlamacppRecord {
     /// Not rerun: llama.cpp's own printout, imported from this log (`card --from-llamacpp`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub imported_from: Option<String>,
+    /// Variables of cardproof's environment that llama.cpp reads as settings and the processes
+    /// inherited (`LLAMA_ARG_*`, llama.cpp's argument defaults; `GGML_*`), recorded because they
+    /// change the lane behind the flags cardproof passes ([`inherited_settings`]).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub inherited_environment: std::collections::BTreeMap<String, String>,
+}
+
+/// The variables of this process's environment that llama.cpp reads as settings: `LLAMA_ARG_*`
+/// (the default of each command-line argument: `LLAMA_ARG_REPACK=0` is `--no-repack`) and
+/// `GGML_*`. The processes inherit them, so they are part of the lane and recorded.
+pub fn inherited_settings() -> std::collections::BTreeMap<String, String> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.to_string_lossy().into_owned())))
+        .filter(|(k, _)| k.starts_with("LLAMA_ARG_") || k.starts_with("GGML_"))
+        .collect()
 }
 
 #[cfg(test)]

@@ -454,16 +454,10 @@ fn llamacpp_differences(rt: &disclosure::Runtime, m: &Measurement) -> Vec<Differ
     let empty = std::collections::BTreeMap::new();
     let card_flags = rt.flags.as_ref().unwrap_or(&empty);
     let rerun_flags = r.flags.as_ref().unwrap_or(&empty);
-    let backend =
-        |f: &std::collections::BTreeMap<String, disclosure::FlagValue>| f.get("backend").map(text);
-    if backend(card_flags).is_some_and(|b| b != "cpu") && rt.device != r.device {
-        out.push(plain(
-            "runtime.device",
-            "device",
-            rt.device.clone(),
-            r.device.clone(),
-        ));
-    }
+    out.extend(device_and_environment(
+        (&rt.device, card_flags),
+        (&r.device, rerun_flags),
+    ));
     for flag in [
         "backend",
         "flash_attn",
@@ -490,6 +484,42 @@ fn llamacpp_differences(rt: &disclosure::Runtime, m: &Measurement) -> Vec<Differ
     out
 }
 
+type Flags = std::collections::BTreeMap<String, disclosure::FlagValue>;
+
+/// What runs llama.cpp's kernels besides its flags: the device, on every backend (a GPU's, and
+/// on the CPU the instruction sets a native build compiles for: AVX2, AVX-512, AMX; the example
+/// card's numbers differ by ~0.1% between an AMD EPYC and an Intel Xeon), and the settings its
+/// processes read from the environment (`env.LLAMA_ARG_*` flags), on either side.
+fn device_and_environment(card: (&str, &Flags), rerun: (&str, &Flags)) -> Vec<Difference> {
+    let mut out = Vec::new();
+    if card.0 != rerun.0 {
+        out.push(plain(
+            "runtime.device",
+            "device",
+            card.0.to_owned(),
+            rerun.0.to_owned(),
+        ));
+    }
+    let keys: std::collections::BTreeSet<&String> = card
+        .1
+        .keys()
+        .chain(rerun.1.keys())
+        .filter(|k| k.starts_with("env."))
+        .collect();
+    for key in keys {
+        let (c, v) = (card.1.get(key), rerun.1.get(key));
+        if c.map(text) != v.map(text) {
+            out.push(plain(
+                &format!("runtime.flags.{key}"),
+                &format!("llama.cpp setting from the environment {}", &key[4..]),
+                c.map_or("(not set)".into(), text),
+                v.map_or("(not set)".into(), text),
+            ));
+        }
+    }
+    out
+}
+
 /// A llama.cpp version as its parts: `b6590 (abcdef12)`, `6590 (abcdef12)` and
 /// `version: 6590 (abcdef12)` are one build.
 fn normalized_build(v: &str) -> String {
@@ -498,4 +528,39 @@ fn normalized_build(v: &str) -> String {
         .trim()
         .trim_start_matches('b')
         .to_ascii_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression (#41): the llama.cpp lane's CPU device was not compared (a card measured on an
+    /// AMD EPYC was "not reproduced" on an Intel Xeon, whose native build runs other kernels),
+    /// and settings inherited from the environment were not recorded at all.
+    #[test]
+    fn the_device_and_inherited_llamacpp_settings_are_part_of_the_lane() {
+        let none = Flags::new();
+        let repack = Flags::from([(
+            "env.LLAMA_ARG_REPACK".to_owned(),
+            disclosure::FlagValue::Text("0".into()),
+        )]);
+        assert!(
+            device_and_environment(("cpu: AMD EPYC", &none), ("cpu: AMD EPYC", &none)).is_empty()
+        );
+        let d = device_and_environment(("cpu: AMD EPYC", &none), ("cpu: Intel(R) Xeon(R)", &none));
+        assert_eq!(d.len(), 1);
+        assert_eq!(
+            d[0].message,
+            "device: card cpu: AMD EPYC, rerun cpu: Intel(R) Xeon(R)"
+        );
+        let d = device_and_environment(("cpu: AMD EPYC", &none), ("cpu: AMD EPYC", &repack));
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].field, "fidelity.runtime.flags.env.LLAMA_ARG_REPACK");
+        assert!(
+            d[0].message.contains("card (not set), rerun 0"),
+            "{}",
+            d[0].message
+        );
+        assert!(device_and_environment(("cpu", &repack), ("cpu", &repack)).is_empty());
+    }
 }
