@@ -101,6 +101,23 @@ impl Trust {
         })
     }
 
+    /// The trust a run reads only when it uses an artifact (`artifact`): otherwise no key is
+    /// read, so a stray file in the config directory's `trusted/` never fails a run that has no
+    /// artifact to vouch for.
+    pub fn when_used(
+        artifact: Option<&Path>,
+        named: &[PathBuf],
+        allow_unsigned: bool,
+    ) -> Result<Trust> {
+        match artifact {
+            Some(_) => Trust::new(named, allow_unsigned),
+            None => Ok(Trust {
+                keys: Vec::new(),
+                allow_unsigned,
+            }),
+        }
+    }
+
     /// Refuse, or with `--trust-unsigned-artifact` accept as self-asserted.
     fn unsigned(&self, path: &Path, reason: String) -> Result<Vouch> {
         if self.allow_unsigned {

@@ -714,7 +714,7 @@ pub(crate) fn check_free_space(
     dir: &std::path::Path,
     needed: u64,
 ) -> std::result::Result<(), HubError> {
-    match free_space(dir) {
+    match crate::files::free_space(dir) {
         Some(available) if available < needed => Err(HubError::NoSpace {
             path: dir.display().to_string(),
             needed,
@@ -722,18 +722,6 @@ pub(crate) fn check_free_space(
         }),
         _ => Ok(()),
     }
-}
-
-/// Bytes an unprivileged user may still write on the file system holding `dir`.
-#[cfg(unix)]
-pub(crate) fn free_space(dir: &std::path::Path) -> Option<u64> {
-    let s = rustix::fs::statvfs(dir).ok()?;
-    Some(s.f_bavail.saturating_mul(s.f_frsize))
-}
-
-#[cfg(not(unix))]
-pub(crate) fn free_space(_dir: &std::path::Path) -> Option<u64> {
-    None
 }
 
 /// Why a download answer does not fit the listing's `size` when `have` bytes are held: its

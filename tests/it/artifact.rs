@@ -599,3 +599,43 @@ fn reference_sign_vouches_for_a_llamacpp_base_file() {
     assert_eq!(vouch["by"], "signed", "{vouch}");
     assert!(vouch["reference"]["manifest_sha256"].is_string(), "{vouch}");
 }
+
+/// The config directory's trusted keys are read only by a run that uses an artifact: a stray
+/// file in `trusted/` fails that run naming the file (exit 2), never a run without one.
+#[test]
+fn trusted_keys_are_read_only_when_an_artifact_is_used() {
+    let iso = Isolated::new();
+    let text = short_text(iso.dir.path(), 2500);
+    let trusted = iso.config.join("trusted");
+    std::fs::create_dir(&trusted).unwrap();
+    std::fs::write(trusted.join("stray.pub"), "not a key\n").unwrap();
+    let out = iso.dir.path().join("plain");
+    let r = iso.run(&[
+        "measure",
+        "--reference",
+        &model("shakespeare-bf16"),
+        "--candidate",
+        &model("shakespeare-w8a16"),
+        "--eval-text",
+        text.to_str().unwrap(),
+        "--context-length",
+        "128",
+        "--bootstrap",
+        "10",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let (key, _) = keypair(iso.dir.path(), "k");
+    let art = iso.export("shakespeare-bf16", &text, "a.safetensors", &key);
+    let r = iso.measure(&art, &[]);
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert_eq!(
+        r.json()["error"]["file"]
+            .as_str()
+            .map(|f| f.ends_with("stray.pub")),
+        Some(true),
+        "{}",
+        r.stdout
+    );
+}

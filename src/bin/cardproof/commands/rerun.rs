@@ -159,8 +159,11 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
         config.reference.as_mut(),
     )?;
     let c = &config;
-    let trust =
-        cardproof::attest::artifact::Trust::new(&c.artifact_pub, c.trust_unsigned_artifact)?;
+    let trust = cardproof::attest::artifact::Trust::when_used(
+        c.reference_artifact.as_deref(),
+        &c.artifact_pub,
+        c.trust_unsigned_artifact,
+    )?;
     let measured = pool(c.threads)?.install(|| {
         with_progress(c.progress, |stage, progress| {
             if let Some((knob, values)) = &c.sweep {
@@ -264,8 +267,11 @@ pub fn verify(config: &VerifyConfig, printer: &Printer) -> super::Result<Verifie
     )?;
     let c = &config;
     let key = signing_key(printer, c.key.as_deref())?;
-    let trust =
-        cardproof::attest::artifact::Trust::new(&c.artifact_pub, c.trust_unsigned_artifact)?;
+    let trust = cardproof::attest::artifact::Trust::when_used(
+        c.reference_artifact.as_deref(),
+        &c.artifact_pub,
+        c.trust_unsigned_artifact,
+    )?;
     let verified = pool(c.threads)?.install(|| {
         with_progress(c.progress, |stage, progress| {
             let request = cardproof::verify::VerifyRequest {
