@@ -261,16 +261,7 @@ fn a_real_llamacpp_base_file_is_a_reference() {
             "--trust-unsigned-artifact",
         ],
         fixtures.join("cand-q5_0.gguf").to_str().unwrap(),
-        &[
-            "--positions",
-            "second-half",
-            "--bos",
-            "per-window",
-            "--direction",
-            "forward",
-            "--vocab",
-            "threshold",
-        ],
+        &LLAMACPP_PROTOCOL,
     );
     assert_eq!(
         run.json()["environment"]["reference_artifact"]["vouch"]["by"],
@@ -320,6 +311,14 @@ fn rewrite_header(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
         format!("{digest}  {name}\n"),
     )
     .unwrap();
+}
+
+/// The reference identity an artifact's header names.
+fn reference_of(artifact: &Path) -> serde_json::Value {
+    cardproof::rerun::artifact::Artifact::open(artifact)
+        .unwrap()
+        .header
+        .reference
 }
 
 /// An isolated config directory: no key of the user's own is trusted or created.
@@ -398,17 +397,7 @@ fn a_forged_reference_artifact_is_refused_unless_a_trusted_key_signed_it() {
     let (exporter, exporter_pub) = keypair(iso.dir.path(), "exporter");
     let (forger, forger_pub) = keypair(iso.dir.path(), "forger");
     let real = iso.export("shakespeare-bf16", &text, "real.safetensors", &exporter);
-    let real_header: serde_json::Value = {
-        let a = std::fs::read(&real).unwrap();
-        let n = u64::from_le_bytes(a[..8].try_into().unwrap()) as usize;
-        let outer: serde_json::Value = serde_json::from_slice(&a[8..8 + n]).unwrap();
-        serde_json::from_str(
-            outer["__metadata__"]["cardproof_artifact"]
-                .as_str()
-                .unwrap(),
-        )
-        .unwrap()
-    };
+    let real_reference = reference_of(&real);
     // The genuine artifact, with its exporter's key: accepted and recorded as signed.
     let ok = iso.measure(&real, &["--artifact-pub", exporter_pub.to_str().unwrap()]);
     assert_eq!(ok.code, 0, "{}", ok.stderr);
@@ -416,14 +405,12 @@ fn a_forged_reference_artifact_is_refused_unless_a_trusted_key_signed_it() {
     assert_eq!(vouch["by"], "signed", "{vouch}");
     assert_eq!(
         vouch["reference"]["manifest_sha256"],
-        real_header["reference"]["manifest_sha256"]
+        real_reference["manifest_sha256"]
     );
     // The forger's artifact: another model's hidden states under the real reference's name,
     // sidecar recomputed, signed with the forger's own key.
     let forged = iso.export("shakespeare-w8a16", &text, "forged.safetensors", &forger);
-    rewrite_header(&forged, |h| {
-        h["reference"] = real_header["reference"].clone()
-    });
+    rewrite_header(&forged, |h| h["reference"] = real_reference.clone());
     std::fs::remove_file(forged.with_file_name("forged.safetensors.dsse.json")).unwrap();
     // No signature at all.
     let r = iso.measure(&forged, &[]);
@@ -435,9 +422,7 @@ fn a_forged_reference_artifact_is_refused_unless_a_trusted_key_signed_it() {
     );
     // Signed by the forger, whom the user does not trust.
     let resigned = iso.export("shakespeare-w8a16", &text, "resigned.safetensors", &forger);
-    rewrite_header(&resigned, |h| {
-        h["reference"] = real_header["reference"].clone()
-    });
+    rewrite_header(&resigned, |h| h["reference"] = real_reference.clone());
     let r = iso.measure(
         &resigned,
         &["--artifact-pub", exporter_pub.to_str().unwrap()],
@@ -496,18 +481,8 @@ fn the_reference_weights_spot_check_an_artifacts_rows() {
     assert!(check["max_row_kld"].as_f64().unwrap() < 1e-9, "{check}");
     // Another model's rows, signed (the signer vouched for the wrong file).
     let forged_plain = iso.export("shakespeare-w8a16", &text, "f.safetensors", &key);
-    let real_bytes = std::fs::read(&real).unwrap();
-    let n = u64::from_le_bytes(real_bytes[..8].try_into().unwrap()) as usize;
-    let outer: serde_json::Value = serde_json::from_slice(&real_bytes[8..8 + n]).unwrap();
-    let real_header: serde_json::Value = serde_json::from_str(
-        outer["__metadata__"]["cardproof_artifact"]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
-    rewrite_header(&forged_plain, |h| {
-        h["reference"] = real_header["reference"].clone()
-    });
+    let real_reference = reference_of(&real);
+    rewrite_header(&forged_plain, |h| h["reference"] = real_reference.clone());
     // Re-signed after the edit by the trusted key: the signature holds, the rows do not.
     resign(&forged_plain, &key);
     let r = iso.measure(&forged_plain, &trusted);
@@ -570,30 +545,29 @@ fn reference_sign_vouches_for_a_llamacpp_base_file() {
         "https://cardproof.dev/reference-artifact/v1"
     );
     let out = iso.dir.path().join("m");
-    let r = iso.run(&[
+    let mut args = vec![
         "measure",
         "--reference-artifact",
         base.to_str().unwrap(),
         "--artifact-pub",
         public.to_str().unwrap(),
+    ];
+    let candidate = fixtures.join("cand-q5_0.gguf");
+    args.extend([
         "--candidate",
-        fixtures.join("cand-q5_0.gguf").to_str().unwrap(),
+        candidate.to_str().unwrap(),
         "--context-length",
         "128",
-        "--positions",
-        "second-half",
-        "--bos",
-        "per-window",
-        "--direction",
-        "forward",
-        "--vocab",
-        "threshold",
+    ]);
+    args.extend([
         "--bootstrap",
         "10",
         "--out",
         out.to_str().unwrap(),
         "--json",
     ]);
+    args.extend(LLAMACPP_PROTOCOL);
+    let r = iso.run(&args);
     assert_eq!(r.code, 0, "{}", r.message());
     let vouch = &r.json()["environment"]["reference_artifact"]["vouch"];
     assert_eq!(vouch["by"], "signed", "{vouch}");
