@@ -214,7 +214,10 @@ pub fn render_file(
         Some(name) => format!("{} (template `{name}`)", template.file.display()),
         None => template.file.display().to_string(),
     };
-    let compiled = ChatTemplate::named(&template.text, clock, &label)
+    let checked = ChatTemplate::named(&template.text, clock, &label)
+        .map_err(|e| Error::format(&template.file, template.name.as_deref(), e))?;
+    let compiled = checked
+        .compiled()
         .map_err(|e| Error::format(&template.file, template.name.as_deref(), e))?;
     let mut ids = Vec::new();
     let mut labels = Vec::new();
@@ -238,7 +241,7 @@ pub fn render_file(
         } else if i == 0 || 100 * i / n > 100 * (i - 1) / n {
             step("");
         }
-        let labelled = spans::label(&compiled, c, &context.special, &context.markers)
+        let labelled = spans::label_compiled(&compiled, c, &context.special, &context.markers)
             .map_err(|why| Error::format(path, Some(&at), why))?;
         budget.spend(labelled.text.len(), path, &at)?;
         if long {

@@ -74,7 +74,7 @@ pub fn special_tokens(tokenizer_config: &Value) -> Map<String, Value> {
 /// One conversation rendered by `template` as `apply_chat_template(tokenize=False)` renders it:
 /// the special tokens first, the conversation's own kwargs over them.
 pub fn render(
-    template: &template::ChatTemplate,
+    template: &template::Compiled,
     conversation: &file::Conversation,
     special: &Map<String, Value>,
 ) -> Result<String, String> {
@@ -151,7 +151,10 @@ mod tests {
             add_generation_prompt: true,
             kwargs: serde_json::from_value(serde_json::json!({"enable_thinking": true})).unwrap(),
         };
-        assert_eq!(render(&t, &c, &special).unwrap(), "<s>[user]hi<think></s>");
+        assert_eq!(
+            render(&t.compiled().unwrap(), &c, &special).unwrap(),
+            "<s>[user]hi<think></s>"
+        );
     }
 
     #[test]

@@ -39,7 +39,7 @@
 use serde_json::{Map, Value};
 
 use super::file::Conversation;
-use super::template::ChatTemplate;
+use super::template::{ChatTemplate, Compiled};
 
 pub use crate::kld::protocol::{Role, Segment};
 
@@ -124,9 +124,9 @@ impl TurnMarkers {
     }
 }
 
-/// The template and its special-token kwargs, counting its renders.
+/// The template, compiled once, and its special-token kwargs, counting its renders.
 struct Renderer<'a> {
-    template: &'a ChatTemplate,
+    template: &'a Compiled<'a>,
     special: &'a Map<String, Value>,
     count: std::cell::Cell<u32>,
 }
@@ -143,6 +143,16 @@ impl Renderer<'_> {
 /// and why, or which limit the conversation is over.
 pub fn label(
     template: &ChatTemplate,
+    conversation: &Conversation,
+    special: &Map<String, Value>,
+    markers: &TurnMarkers,
+) -> Result<Labelled, String> {
+    label_compiled(&template.compiled()?, conversation, special, markers)
+}
+
+/// [`label`] with a template compiled once for every conversation of a file.
+pub fn label_compiled(
+    template: &Compiled,
     conversation: &Conversation,
     special: &Map<String, Value>,
     markers: &TurnMarkers,
@@ -830,7 +840,7 @@ fn field_spans(sentinel_text: &str, plain: &str, field_count: usize) -> Result<V
 /// Which single field the template cannot carry a marker through, for the error: each field is
 /// tried alone (a few renders; only on the error path).
 fn culprit(
-    template: &ChatTemplate,
+    template: &Compiled,
     conversation: &Conversation,
     special: &Map<String, Value>,
     plain: &str,
@@ -1064,8 +1074,9 @@ mod tests {
         special: &Map<String, Value>,
         markers: &TurnMarkers,
     ) -> Result<Labelled, String> {
+        let compiled = template.compiled()?;
         let renderer = Renderer {
-            template,
+            template: &compiled,
             special,
             count: std::cell::Cell::new(0),
         };
@@ -1352,7 +1363,7 @@ mod tests {
                 continue;
             };
             for (name, c) in &cases {
-                if super::super::render(&t, c, &special).is_err() {
+                if super::super::render(&t.compiled().unwrap(), c, &special).is_err() {
                     continue;
                 }
                 compared += 1;

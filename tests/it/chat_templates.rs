@@ -273,9 +273,10 @@ fn every_corpus_render_is_labelled_from_the_rendering() {
         let Ok(template) = ChatTemplate::new(&source, 0) else {
             continue;
         };
+        let compiled = template.compiled().unwrap();
         for case in conversations["cases"].as_array().unwrap() {
             let c = case_conversation(&conversations, case);
-            if cardproof::conversation::render(&template, &c, &special).is_err() {
+            if cardproof::conversation::render(&compiled, &c, &special).is_err() {
                 continue;
             }
             let l = match cardproof::conversation::spans::label(

@@ -82,27 +82,26 @@ impl ChatTemplate {
 
     /// Renders with `context` (`messages`, `tools`, `add_generation_prompt`, the template's
     /// kwargs and special tokens), as `compiled_template.render(**context)` does. The error
-    /// names the template's error (Python's, where Python would raise) and its line.
+    /// names the template's error (Python's, where Python would raise) and its line. For many
+    /// renders, [`ChatTemplate::compiled`] once and [`Compiled::render`] each.
     pub fn render(&self, context: &serde_json::Value) -> Result<String, String> {
+        self.compiled()?.render(context)
+    }
+
+    /// The template parsed, rewritten and compiled, with its environment, once for many
+    /// renders: labelling renders a conversation up to six times and a file holds thousands of
+    /// conversations, and compiling is most of a short conversation's render.
+    pub fn compiled(&self) -> Result<Compiled<'_>, String> {
         let (instructions, blocks) = self.compile()?;
         let written = Arc::new(AtomicUsize::new(0));
-        let env = environment(self.clock, written);
-        let root = Value::from(minijinja::value::Serde(context));
-        let mut text = String::new();
-        let result = {
-            let mut out = machinery::make_string_output(&mut text);
-            machinery::eval(
-                &env,
-                &instructions,
-                root,
-                &blocks,
-                &mut out,
-                AutoEscape::None,
-            )
-            .map(|_| ())
-        };
-        result.map_err(|e| self.describe(&e, e.line(), "does not render"))?;
-        Ok(text)
+        Ok(Compiled {
+            template: self,
+            env: environment(self.clock, written.clone()),
+            instructions,
+            blocks,
+            written,
+            _one_thread: std::marker::PhantomData,
+        })
     }
 
     /// Parses, rewrites ([`rewrite`]) and compiles the template.
@@ -155,6 +154,41 @@ impl ChatTemplate {
             Some(line) => format!("{name} {what} (line {line}): {detail}"),
             None => format!("{name} {what}: {detail}"),
         }
+    }
+}
+
+/// A [`ChatTemplate`] compiled once ([`ChatTemplate::compiled`]), rendered many times.
+pub struct Compiled<'a> {
+    template: &'a ChatTemplate,
+    env: Environment<'a>,
+    instructions: Instructions<'a>,
+    blocks: BTreeMap<&'a str, Instructions<'a>>,
+    /// Bytes the current render has written (reset by each render; fuel is per render too).
+    written: Arc<AtomicUsize>,
+    /// Renders share the counter: one thread renders at a time.
+    _one_thread: std::marker::PhantomData<std::cell::Cell<()>>,
+}
+
+impl Compiled<'_> {
+    /// [`ChatTemplate::render`] without compiling again.
+    pub fn render(&self, context: &serde_json::Value) -> Result<String, String> {
+        self.written.store(0, Ordering::Relaxed);
+        let root = Value::from(minijinja::value::Serde(context));
+        let mut text = String::new();
+        let result = {
+            let mut out = machinery::make_string_output(&mut text);
+            machinery::eval(
+                &self.env,
+                &self.instructions,
+                root,
+                &self.blocks,
+                &mut out,
+                AutoEscape::None,
+            )
+            .map(|_| ())
+        };
+        result.map_err(|e| self.template.describe(&e, e.line(), "does not render"))?;
+        Ok(text)
     }
 }
 
@@ -535,6 +569,27 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("units of work on one render"), "{e}");
+    }
+
+    /// A template compiled once renders each time as a fresh one does: its bounds are per render
+    /// (a render that ran out of fuel leaves nothing behind for the next), and nothing of one
+    /// render's context stays for the next.
+    #[test]
+    fn a_template_compiled_once_renders_each_time_as_a_fresh_one() {
+        let t = ChatTemplate::new(
+            "{% if n %}{% for i in range(n) %}{% for j in range(n) %}{% endfor %}{% endfor %}{% endif %}{{ messages | length }}{{ x | default('-') }}",
+            0,
+        )
+        .unwrap();
+        let c = t.compiled().unwrap();
+        let small = serde_json::json!({"messages": [1, 2], "n": 0, "x": 7});
+        let other = serde_json::json!({"messages": [1], "n": 0});
+        let endless = serde_json::json!({"messages": [], "n": 100000});
+        assert_eq!(c.render(&small).unwrap(), "27");
+        assert!(c.render(&endless).unwrap_err().contains("units of work"));
+        assert_eq!(c.render(&other).unwrap(), t.render(&other).unwrap());
+        assert_eq!(c.render(&other).unwrap(), "1-");
+        assert_eq!(c.render(&small).unwrap(), "27");
     }
 
     /// Issue #41's Cohere Command R+ case: jinja2's `indent` keeps a trailing newline.
