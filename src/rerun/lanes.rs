@@ -758,7 +758,79 @@ pub(super) fn transformers_arms(
     stage: Stage,
     progress: &(dyn Fn(usize, usize, usize) + Sync),
 ) -> Result<ArmsOutcome> {
-    use crate::runner::transformers::{self, ArmModel, RunWork};
+    use crate::runner::transformers;
+    let first = check_transformers_arms(requests, reference_path)?;
+    let (text, tokenizer, stream) = tokenized(first, &mut pre)?;
+    stage("hashing");
+    let (reference_id, width) = checkpoint_identity(
+        reference_path,
+        first.threads,
+        pre.reference_manifest.as_ref(),
+    )?;
+    let ids = arm_identities(requests, width)?;
+    let options = with_padding(first, width);
+    let mut runner_options = runner_options.clone();
+    runner_options.gates = false;
+    runner_options.kv_cache = (first.reference_kv_cache, None);
+    let eval = EvalInput {
+        stream: &stream,
+        text_path: text,
+        bos_id: tokenizer.bos_id,
+        tokenizer_vocab: tokenizer.vocab_size,
+    };
+    stage(&format!(
+        "transformers runner: reference pass, then {} arms",
+        requests.len()
+    ));
+    let plans = score::plan_runs(&eval, &options)?;
+    let vocab_size = score::used_vocab(&eval, width, &options)?;
+    let work = run_work(&plans);
+    let arms = arm_models(requests, attentions);
+    let report = arms_progress(stage, progress);
+    let started = std::time::Instant::now();
+    let (outputs, environment) = transformers::run_arms(
+        reference_path,
+        &arms,
+        &work,
+        vocab_size,
+        &runner_options,
+        &report,
+    )?;
+    let total_seconds = started.elapsed().as_secs_f64();
+    let arm_seconds: f64 = outputs.iter().map(|o| o.seconds).sum();
+    let reference_id = ModelRecord {
+        runner: environment.models.reference.clone(),
+        ..reference_id
+    };
+    let study = StudyArms {
+        eval: &eval,
+        options: &options,
+        width,
+        tokenizer: &tokenizer,
+        environment: &environment,
+        reference_id: &reference_id,
+    };
+    let out = requests
+        .iter()
+        .zip(ids)
+        .zip(outputs)
+        .map(|((r, id), output)| study.arm_outcome(r, id, output))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(ArmsOutcome {
+        reference: reference_id,
+        // The program's whole run less its arms': the reference's pass, loading and warm-up.
+        reference_seconds: Some((total_seconds - arm_seconds).max(0.0)),
+        arms: out,
+    })
+}
+
+/// A study's first request, once every arm can run in the transformers runner: it computes
+/// full-vocabulary KL only, and loads safetensors checkpoints (the reference's checked first,
+/// then each arm's), so what it cannot run is refused before anything is hashed.
+fn check_transformers_arms<'r, 'a>(
+    requests: &'r [Request<'a>],
+    reference_path: &Path,
+) -> Result<&'r Request<'a>> {
     let first = requests
         .first()
         .ok_or_else(|| Error::internal(reference_path, "a study without arms"))?;
@@ -778,13 +850,12 @@ pub(super) fn transformers_arms(
             ));
         }
     }
-    let (text, tokenizer, stream) = tokenized(first, &mut pre)?;
-    stage("hashing");
-    let (reference_id, width) = checkpoint_identity(
-        reference_path,
-        first.threads,
-        pre.reference_manifest.as_ref(),
-    )?;
+    Ok(first)
+}
+
+/// Each arm's checkpoint identity, in the arms' order: an arm whose logit rows are not the
+/// reference's `width` cannot be scored against the reference's pass.
+fn arm_identities(requests: &[Request], width: usize) -> Result<Vec<ModelRecord>> {
     let mut ids = Vec::with_capacity(requests.len());
     for r in requests {
         let (id, w) = checkpoint_identity(r.candidate, r.threads, r.candidate_manifest)?;
@@ -799,85 +870,97 @@ pub(super) fn transformers_arms(
         }
         ids.push(id);
     }
-    let options = with_padding(first, width);
-    let mut runner_options = runner_options.clone();
-    runner_options.gates = false;
-    runner_options.kv_cache = (first.reference_kv_cache, None);
-    let eval = EvalInput {
-        stream: &stream,
-        text_path: text,
-        bos_id: tokenizer.bos_id,
-        tokenizer_vocab: tokenizer.vocab_size,
-    };
-    stage(&format!(
-        "transformers runner: reference pass, then {} arms",
-        requests.len()
-    ));
-    let plans = score::plan_runs(&eval, &options)?;
-    let vocab_size = score::used_vocab(&eval, width, &options)?;
-    let work: Vec<RunWork> = plans
+    Ok(ids)
+}
+
+/// The planned runs as the transformers runner's work: each context length's windows and the
+/// rows scored in each.
+fn run_work(plans: &[score::RunPlan]) -> Vec<crate::runner::transformers::RunWork<'_>> {
+    plans
         .iter()
-        .map(|p| RunWork {
+        .map(|p| crate::runner::transformers::RunWork {
             context_length: p.windows.length,
             windows: &p.windows.windows,
             rows: &p.rows,
         })
-        .collect();
-    let arms: Vec<ArmModel> = requests
+        .collect()
+}
+
+/// A study's arms as the transformers runner takes them: each request's candidate and KV
+/// cache, with its attention.
+fn arm_models<'a>(
+    requests: &[Request<'a>],
+    attentions: &[String],
+) -> Vec<crate::runner::transformers::ArmModel<'a>> {
+    requests
         .iter()
         .zip(attentions)
-        .map(|(r, attention)| ArmModel {
+        .map(|(r, attention)| crate::runner::transformers::ArmModel {
             path: r.candidate,
             attention: attention.clone(),
             kv_cache: r.kv_cache,
         })
-        .collect();
-    let arm_index = std::sync::atomic::AtomicUsize::new(0);
-    let report = |stage_name: &str, counts: Option<(usize, usize)>| match counts {
-        Some((done, total)) => progress(
-            arm_index.load(std::sync::atomic::Ordering::Relaxed),
-            done,
-            total,
-        ),
+        .collect()
+}
+
+/// The transformers runner's progress for a study, as `progress(arm, done, total)`: the runner
+/// reports no arm, but "loading <path>" marks a model's turn (the reference first, then each
+/// arm), so the stages are counted to know whose pass the counts are.
+fn arms_progress<'a>(
+    stage: Stage<'a>,
+    progress: &'a (dyn Fn(usize, usize, usize) + Sync),
+) -> impl Fn(&str, Option<(usize, usize)>) + Sync + 'a {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let arm_index = AtomicUsize::new(0);
+    move |stage_name: &str, counts: Option<(usize, usize)>| match counts {
+        Some((done, total)) => progress(arm_index.load(Ordering::Relaxed), done, total),
         None => {
             // "loading <path>" marks a model's turn: the reference first, then each arm.
             if stage_name.starts_with("loading") {
-                arm_index.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                arm_index.fetch_add(1, Ordering::Relaxed);
             }
             stage(stage_name)
         }
-    };
-    let started = std::time::Instant::now();
-    let (outputs, environment) = transformers::run_arms(
-        reference_path,
-        &arms,
-        &work,
-        vocab_size,
-        &runner_options,
-        &report,
-    )?;
-    let total_seconds = started.elapsed().as_secs_f64();
-    let arm_seconds: f64 = outputs.iter().map(|o| o.seconds).sum();
-    let reference_id = ModelRecord {
-        runner: environment.models.reference.clone(),
-        ..reference_id
-    };
-    let mut out = Vec::with_capacity(requests.len());
-    for ((r, id), output) in requests.iter().zip(ids).zip(outputs) {
+    }
+}
+
+/// What every arm of a transformers study shares: the text and options it is scored with, the
+/// logit width, the tokenizer, the program's environment and the reference's identity.
+struct StudyArms<'a> {
+    eval: &'a EvalInput<'a>,
+    options: &'a super::MeasureOptions,
+    width: usize,
+    tokenizer: &'a tokens::TokenizerFile,
+    environment: &'a crate::runner::exchange::RunnerEnvironment,
+    reference_id: &'a ModelRecord,
+}
+
+impl StudyArms<'_> {
+    /// One arm's outcome from the program's answer: its KV cache checked against what was asked,
+    /// its rows scored as a single `measure` of the pair scores them, and its environment the
+    /// program's with the arm's own model record.
+    fn arm_outcome(
+        &self,
+        r: &Request,
+        id: ModelRecord,
+        output: crate::runner::transformers::ArmOutput,
+    ) -> Result<ArmOutcome> {
         kv_cache_ran(
             r.candidate,
             &[
                 (
                     "reference",
                     r.reference_kv_cache,
-                    &environment.models.reference,
+                    &self.environment.models.reference,
                 ),
                 ("candidate", r.kv_cache, &output.model),
             ],
         )?;
         let records = output.records;
-        let scoring = score::measure_records(&eval, &options, width, |_, _| Ok(records.clone()))?;
-        let mut env = environment.clone();
+        let scoring = score::measure_records(self.eval, self.options, self.width, |_, _| {
+            Ok(records.clone())
+        })?;
+        let mut env = self.environment.clone();
         env.models.candidate = output.model.clone();
         let arm_environment = Environment {
             kv_cache: r
@@ -885,7 +968,7 @@ pub(super) fn transformers_arms(
                 .filter(|s| s.changes_anything())
                 .map(|s| crate::disclosure::kv_cache::KvCache::as_run(s, false)),
             kv_scales: computed_scales_of(r.candidate, &output.model)?,
-            ..transformers_environment(&env, &tokenizer)
+            ..transformers_environment(&env, self.tokenizer)
         };
         let candidate_id = ModelRecord {
             runner: output.model,
@@ -893,26 +976,20 @@ pub(super) fn transformers_arms(
         };
         let mut rerun = finished(
             scoring,
-            &options,
-            (reference_id.clone(), candidate_id, arm_environment),
+            self.options,
+            (self.reference_id.clone(), candidate_id, arm_environment),
             Vec::new(),
             None,
         );
         for (role, pin) in &r.pins {
             rerun.measurement.pin(*role, pin);
         }
-        out.push(ArmOutcome {
+        Ok(ArmOutcome {
             rerun,
             records,
             seconds: output.seconds,
-        });
+        })
     }
-    Ok(ArmsOutcome {
-        reference: reference_id,
-        // The program's whole run less its arms': the reference's pass, loading and warm-up.
-        reference_seconds: Some((total_seconds - arm_seconds).max(0.0)),
-        arms: out,
-    })
 }
 
 /// Each side's KV cache as the transformers runner recorded it against what was asked: a
@@ -1026,29 +1103,9 @@ pub(super) fn reference_artifact(
     };
     let h = &artifact.header;
     let tokenizer = tokens::load_tokenizer(&tokens::tokenizer_path(r.candidate))?;
-    if h.eval["tokenizer_sha256"].as_str() != Some(tokenizer.sha256.as_str()) {
-        return Err(Error::mismatch(
-            &tokenizer.path,
-            None,
-            format!(
-                "differs from the tokenizer the artifact was made with (sha256 {} vs {})",
-                tokenizer.sha256, h.eval["tokenizer_sha256"]
-            ),
-        ));
-    }
+    check_artifact_tokenizer(h, &tokenizer)?;
     if let Some(text) = r.eval_text {
-        let bytes = crate::files::read_capped(text, tokens::MAX_EVAL_TEXT_BYTES, "an eval text")?;
-        let digest = crate::checkpoint::hash::hex(&sha2::Sha256::digest(&bytes));
-        if h.eval["text_sha256"].as_str() != Some(digest.as_str()) {
-            return Err(Error::mismatch(
-                text,
-                None,
-                format!(
-                    "is not the artifact's eval text (sha256 {digest} vs {})",
-                    h.eval["text_sha256"]
-                ),
-            ));
-        }
+        check_artifact_eval_text(h, text)?;
     }
     let stream = TokenStream::of_ids(
         artifact.tokens.clone(),
@@ -1060,45 +1117,12 @@ pub(super) fn reference_artifact(
     stage("loading the candidate");
     let candidate = load_candidate(r, compute, emulate)?;
     let width = candidate.decoder.config.vocab;
-    if width != h.logit_width {
-        return Err(Error::mismatch(
-            r.candidate,
-            None,
-            format!(
-                "vocabulary mismatch: {width} logit entries, the artifact's reference has {}",
-                h.logit_width
-            ),
-        ));
-    }
+    check_artifact_width(h, r.candidate, width)?;
     let options = with_padding(r, width);
     let vocab_size = options.vocab_size.unwrap_or(tokenizer.vocab_size);
-    let requested = score::run_protocol(
-        &options,
-        vocab_size,
-        super::document::Padding::of(vocab_size, width, width),
-    );
-    let differences = artifact.protocol_differences(&requested);
-    if !differences.is_empty() {
-        return Err(Error::mismatch(
-            path,
-            None,
-            format!(
-                "was exported for another protocol: {}",
-                differences.join("; ")
-            ),
-        ));
-    }
-    if h.kind == Kind::Hidden
-        && h.reference["lm_head_sha256"].as_str() != Some(candidate.lm_head_sha256.as_str())
-    {
-        return Err(Error::mismatch(
-            r.candidate,
-            Some("lm_head"),
-            format!(
-                "is not the reference's (sha256 {} vs {}); a hidden-state artifact needs the reference's lm_head",
-                candidate.lm_head_sha256, h.reference["lm_head_sha256"]
-            ),
-        ));
+    check_artifact_protocol(&artifact, path, &options, vocab_size, width)?;
+    if h.kind == Kind::Hidden {
+        check_artifact_lm_head(h, r.candidate, &candidate)?;
     }
     let windows: Vec<tokens::Windows> = options
         .context_lengths
@@ -1140,28 +1164,9 @@ pub(super) fn reference_artifact(
     }
     let gates_out = artifact_gates(&runner, &candidate, &windows, &scoring, r, &options)?;
     candidate.check_unchanged()?;
-    let text = |key: &str, default: &str| h.reference[key].as_str().unwrap_or(default).to_owned();
-    let reference_id = ModelRecord {
-        path: text("path", ""),
-        format: text("format", "artifact"),
-        manifest_sha256: text("manifest_sha256", ""),
-        lm_head_sha256: text("lm_head_sha256", ""),
-        stored_dtype: text("stored_dtype", "unknown"),
-        runner: Runner::environment(&runner),
-        hub: None,
-    };
+    let reference_id = artifact_reference_id(&runner);
     let mut environment = native_environment(&candidate, compute, emulate, r.threads);
-    environment.reference_artifact = Some(ArtifactRecord {
-        path: path.display().to_string(),
-        sha256: Some(artifact.sha256.clone()),
-        kind: serde_json::to_value(h.kind)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default(),
-        bound: artifact.bound(),
-        vouch: Some(vouch),
-        spot_check,
-    });
+    environment.reference_artifact = Some(artifact_record(path, &artifact, vouch, spot_check));
     Ok(finished(
         scoring,
         &options,
@@ -1169,6 +1174,143 @@ pub(super) fn reference_artifact(
         gates_out,
         None,
     ))
+}
+
+/// The candidate's tokenizer must be the one the artifact was made with: the artifact's token
+/// stream is what that tokenizer made of the eval text.
+fn check_artifact_tokenizer(
+    h: &super::artifact::Header,
+    tokenizer: &tokens::TokenizerFile,
+) -> Result<()> {
+    if h.eval["tokenizer_sha256"].as_str() != Some(tokenizer.sha256.as_str()) {
+        return Err(Error::mismatch(
+            &tokenizer.path,
+            None,
+            format!(
+                "differs from the tokenizer the artifact was made with (sha256 {} vs {})",
+                tokenizer.sha256, h.eval["tokenizer_sha256"]
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// An eval text given beside an artifact (which carries its own tokens) must be the text the
+/// artifact was exported from, byte for byte.
+fn check_artifact_eval_text(h: &super::artifact::Header, text: &Path) -> Result<()> {
+    let bytes = crate::files::read_capped(text, tokens::MAX_EVAL_TEXT_BYTES, "an eval text")?;
+    let digest = crate::checkpoint::hash::hex(&sha2::Sha256::digest(&bytes));
+    if h.eval["text_sha256"].as_str() != Some(digest.as_str()) {
+        return Err(Error::mismatch(
+            text,
+            None,
+            format!(
+                "is not the artifact's eval text (sha256 {digest} vs {})",
+                h.eval["text_sha256"]
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The candidate's logit rows must be as wide as the artifact's reference's, entry for entry.
+fn check_artifact_width(h: &super::artifact::Header, candidate: &Path, width: usize) -> Result<()> {
+    if width != h.logit_width {
+        return Err(Error::mismatch(
+            candidate,
+            None,
+            format!(
+                "vocabulary mismatch: {width} logit entries, the artifact's reference has {}",
+                h.logit_width
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The run's protocol must be the one the artifact was exported for: it holds rows for those
+/// windows, positions and vocabulary only.
+fn check_artifact_protocol(
+    artifact: &super::artifact::Artifact,
+    path: &Path,
+    options: &super::MeasureOptions,
+    vocab_size: usize,
+    width: usize,
+) -> Result<()> {
+    let requested = score::run_protocol(
+        options,
+        vocab_size,
+        super::document::Padding::of(vocab_size, width, width),
+    );
+    let differences = artifact.protocol_differences(&requested);
+    if !differences.is_empty() {
+        return Err(Error::mismatch(
+            path,
+            None,
+            format!(
+                "was exported for another protocol: {}",
+                differences.join("; ")
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A hidden-state artifact's logits are recomputed with the candidate's lm_head, which must
+/// therefore be the reference's (by digest).
+fn check_artifact_lm_head(
+    h: &super::artifact::Header,
+    path: &Path,
+    candidate: &NativeModel,
+) -> Result<()> {
+    if h.reference["lm_head_sha256"].as_str() != Some(candidate.lm_head_sha256.as_str()) {
+        return Err(Error::mismatch(
+            path,
+            Some("lm_head"),
+            format!(
+                "is not the reference's (sha256 {} vs {}); a hidden-state artifact needs the reference's lm_head",
+                candidate.lm_head_sha256, h.reference["lm_head_sha256"]
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The environment's record of the artifact the reference came from: its file and digest, its
+/// kind and bound, who vouches for it and the spot check's result.
+fn artifact_record(
+    path: &Path,
+    artifact: &super::artifact::Artifact,
+    vouch: super::artifact::Vouch,
+    spot_check: Option<super::artifact::SpotCheck>,
+) -> ArtifactRecord {
+    ArtifactRecord {
+        path: path.display().to_string(),
+        sha256: Some(artifact.sha256.clone()),
+        kind: serde_json::to_value(artifact.header.kind)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default(),
+        bound: artifact.bound(),
+        vouch: Some(vouch),
+        spot_check,
+    }
+}
+
+/// The reference's identity as the artifact's header states it (its weights are not here to
+/// hash), with the artifact runner's environment.
+fn artifact_reference_id(runner: &super::artifact::ArtifactRunner) -> ModelRecord {
+    let reference = &runner.artifact.header.reference;
+    let text = |key: &str, default: &str| reference[key].as_str().unwrap_or(default).to_owned();
+    ModelRecord {
+        path: text("path", ""),
+        format: text("format", "artifact"),
+        manifest_sha256: text("manifest_sha256", ""),
+        lm_head_sha256: text("lm_head_sha256", ""),
+        stored_dtype: text("stored_dtype", "unknown"),
+        runner: Runner::environment(runner),
+        hub: None,
+    }
 }
 
 /// The artifact's rows recomputed, for a seeded sample of windows, from the reference's own

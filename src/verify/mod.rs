@@ -283,21 +283,6 @@ fn plot_rows(runs: &[rerun::RunResult]) -> Vec<crate::report::RunRows> {
     runs.iter().map(crate::report::RunRows::from).collect()
 }
 
-/// The card's lane and identities as read.
-fn card_lane<'a>(
-    runtime: Option<&'a disclosure::Runtime>,
-    eval: Option<&'a disclosure::Eval>,
-    reference: Option<&'a disclosure::Reference>,
-    disclosure: &'a serde_json::Value,
-) -> differences::CardLane<'a> {
-    differences::CardLane {
-        runtime,
-        eval,
-        reference,
-        candidate_files_sha256: disclosure["candidate"]["files_sha256"].as_str(),
-    }
-}
-
 /// A reference artifact nobody the user trusts vouches for (`--trust-unsigned-artifact`): its
 /// numbers are shown, and a difference makes every claim `not_comparable`, never `reproduced`
 /// (an artifact recorded without a vouch counts as unvouched too).
@@ -354,13 +339,106 @@ pub fn verify(
     progress: Progress,
 ) -> Result<VerifyOutcome> {
     stage("linting");
-    let card_path = crate::card::resolve_card_path(r.model)?;
-    let card = Card::open(&card_path)?;
-    let inspections = if crate::checkpoint::has_checkpoint(r.model) {
-        crate::checkpoint::inspect::inspect_path(r.model)?
+    let read = read_card(r.model)?;
+    let mut ctx = lint_context(&read.lint);
+    stage("hashing");
+    let manifest = hash_path(
+        r.model,
+        &HashOptions {
+            threads: Some(r.threads),
+            include_all: false,
+        },
+        &|_| {},
+    )?;
+    let outcome = rerun_card(r, &read, &manifest, &mut ctx, stage, progress)?;
+    let lane_differences = lane_differences(&read, &outcome);
+    ctx.differences = lane_differences.iter().map(|d| d.message.clone()).collect();
+    let results = judge_claims(&read.claims, &outcome, &ctx);
+    let done = match outcome {
+        RerunOutcome::Done(done, _) => Some(done),
+        RerunOutcome::NotDisclosed | RerunOutcome::Stopped { .. } => None,
+    };
+    let judged = Judged {
+        results,
+        undisclosed: ctx.undisclosed,
+        lane_differences,
+    };
+    let report = assemble_report(r, read, &manifest, done.as_ref(), judged);
+    let rows = done
+        .as_ref()
+        .map(|d| plot_rows(&d.runs))
+        .unwrap_or_default();
+    Ok(VerifyOutcome {
+        verdict: report.verdict,
+        report,
+        manifest,
+        rerun: done,
+        rows,
+    })
+}
+
+/// The card as verify reads it before anything is hashed: linted against the checkpoint's
+/// headers, its `fidelity` block as JSON and as typed sections, and its claims.
+struct ReadCard {
+    path: PathBuf,
+    /// The card's directory: the files a card names are looked for inside it ([`card_file`]).
+    dir: PathBuf,
+    card: Card,
+    inspections: Vec<crate::checkpoint::inspect::Inspection>,
+    lint: crate::lint::LintReport,
+    /// The `fidelity` block (`Null` when the card has none): what the report signs as disclosed.
+    disclosure: serde_json::Value,
+    sections: Sections,
+    claims: Vec<Claim>,
+}
+
+impl ReadCard {
+    fn runtime(&self) -> Option<&disclosure::Runtime> {
+        self.sections.runtime.as_ref().ok()
+    }
+
+    fn eval(&self) -> Option<&disclosure::Eval> {
+        self.sections.eval.as_ref().ok()
+    }
+
+    fn reference(&self) -> Option<&disclosure::Reference> {
+        self.sections.reference.as_ref().ok()
+    }
+
+    /// The card's lane and identities as read.
+    fn lane(&self) -> differences::CardLane<'_> {
+        differences::CardLane {
+            runtime: self.runtime(),
+            eval: self.eval(),
+            reference: self.reference(),
+            candidate_files_sha256: self.disclosure["candidate"]["files_sha256"].as_str(),
+        }
+    }
+
+    /// The sanity gates the card's own statements set: the quantization it declares against
+    /// the checkpoint's, and the non-finite rows it discloses at each context length.
+    fn gates(&self, lengths: &[u64]) -> GateRequest {
+        GateRequest {
+            declared: declared_quantization(self.sections.quantization_method.as_deref()),
+            checkpoint_quantized: self.inspections.iter().any(|i| i.summary.quantized > 0),
+            disclosed_nonfinite: lengths
+                .iter()
+                .map(|&l| (l, disclosed_nonfinite(&self.claims, l)))
+                .collect(),
+        }
+    }
+}
+
+/// Open the model directory's card and lint it against its checkpoint: a directory without a
+/// checkpoint is refused before anything is linted.
+fn read_card(model: &Path) -> Result<ReadCard> {
+    let path = crate::card::resolve_card_path(model)?;
+    let card = Card::open(&path)?;
+    let inspections = if crate::checkpoint::has_checkpoint(model) {
+        crate::checkpoint::inspect::inspect_path(model)?
     } else {
         return Err(Error::usage(
-            r.model,
+            model,
             "holds no checkpoint (safetensors or GGUF) to verify",
         ));
     };
@@ -368,10 +446,24 @@ pub fn verify(
     let fidelity_node = card.metadata().and_then(|m| m.get("fidelity"));
     let disclosure = fidelity_node.map_or(serde_json::Value::Null, |e| e.value.to_json());
     let sections = Sections::read(&disclosure);
-    let card_claims: Vec<Claim> = fidelity_node
+    let claims: Vec<Claim> = fidelity_node
         .map(|e| claims::claims(&e.value, &|offset| card.line_col(offset).line))
         .unwrap_or_default();
+    Ok(ReadCard {
+        dir: path.parent().unwrap_or(Path::new(".")).to_owned(),
+        path,
+        card,
+        inspections,
+        lint,
+        disclosure,
+        sections,
+        claims,
+    })
+}
 
+/// What the card's lint decides for every claim: a missing or vague disclosure makes each
+/// claim undisclosed, a lint error fails each closed.
+fn lint_context(lint: &crate::lint::LintReport) -> Context {
     let mut ctx = Context::default();
     for f in &lint.findings {
         if matches!(
@@ -387,269 +479,364 @@ pub fn verify(
             });
         }
     }
-    stage("hashing");
-    let manifest = hash_path(
-        r.model,
-        &HashOptions {
-            threads: Some(r.threads),
-            include_all: false,
-        },
-        &|_| {},
-    )?;
+    ctx
+}
 
-    let runtime = sections.runtime.as_ref().ok();
-    let eval = sections.eval.as_ref().ok();
-    let reference_section = sections.reference.as_ref().ok();
-    let resolved = match (&sections.protocol, &sections.eval) {
-        (Ok(p), Ok(e)) => rerun::options::resolve(p, e.bos, runtime),
+/// Where the rerun got to.
+enum RerunOutcome {
+    /// The card does not disclose a protocol the rerun can follow (each missing piece is in the
+    /// context's `undisclosed`): nothing ran.
+    NotDisclosed,
+    /// The pre-flight found the files given are not the ones the card names: nothing ran.
+    Stopped {
+        contradicted: Vec<differences::Difference>,
+        /// The context lengths the protocol would have run.
+        lengths: Vec<u64>,
+    },
+    /// The rerun, and the card's protocol it followed.
+    Done(Rerun, rerun::Resolved),
+}
+
+/// Rerun the card's protocol in the lane the request chooses, when the card discloses one and
+/// the pre-flight finds the files given are the card's; a failed sanity gate or a stop at the
+/// pre-flight is recorded in `ctx`.
+fn rerun_card(
+    r: &VerifyRequest,
+    read: &ReadCard,
+    manifest: &Manifest,
+    ctx: &mut Context,
+    stage: &(dyn Fn(&str) + Sync),
+    progress: Progress,
+) -> Result<RerunOutcome> {
+    let resolved = match resolve_protocol(&read.sections) {
+        Ok(resolved) => resolved,
+        Err(missing) => {
+            ctx.undisclosed.extend(missing);
+            return Ok(RerunOutcome::NotDisclosed);
+        }
+    };
+    let compute = compute_dtype(&read.path, &resolved.compute)?;
+    let mut runners = LaneRunners::default();
+    let (lane, text) = choose_lane(r, read, compute, &mut runners)?;
+    let request = rerun_request(r, read, lane, text.as_deref(), &resolved, manifest)?;
+    let (pre, contradicted) = preflight(r, read, &request, manifest, stage)?;
+    if !contradicted.is_empty() {
+        // Not rerun: every claim is judged against the card alone and none can be
+        // reproduced (docs/DESIGN.md, "Verification").
+        ctx.not_rerun = Some(claims::NotRerun {
+            forward: resolved.options.direction.forward(),
+            reverse: resolved.options.direction.reverse(),
+        });
+        return Ok(RerunOutcome::Stopped {
+            contradicted,
+            lengths: context_lengths(&resolved),
+        });
+    }
+    let done = run_rerun(r, &request, pre, ctx, stage, progress)?;
+    Ok(RerunOutcome::Done(done, resolved))
+}
+
+/// The card's protocol as the rerun follows it, or each missing or unusable piece of its
+/// `protocol` and `eval` sections.
+fn resolve_protocol(sections: &Sections) -> std::result::Result<rerun::Resolved, Vec<String>> {
+    match (&sections.protocol, &sections.eval) {
+        (Ok(p), Ok(e)) => rerun::options::resolve(p, e.bos, sections.runtime.as_ref().ok()),
         (p, e) => Err([p.as_ref().err(), e.as_ref().err()]
             .into_iter()
             .flatten()
             .cloned()
             .collect()),
-    };
-    let mut rerun_done: Option<(Rerun, rerun::Resolved)> = None;
-    // Set when the pre-flight stops the rerun: the files given contradict the card.
-    let mut early_differences = Vec::new();
-    let mut protocol_lengths: Vec<u64> = Vec::new();
-    match resolved {
-        Err(missing) => ctx.undisclosed.extend(missing),
-        Ok(resolved) => {
-            let card_dir = card_path.parent().unwrap_or(Path::new(".")).to_owned();
-            let compute = compute_dtype(&card_path, &resolved.compute)?;
-            let mut runner;
-            let llamacpp_runner;
-            let text;
-            let lane = if let Some((file, voucher)) = r.reference_artifact {
-                text = eval_text_path(&card_dir, eval, r.eval_text).ok();
-                let source = rerun::artifact::ArtifactSource {
-                    file,
-                    voucher,
-                    reference: r.reference,
-                };
-                Lane::artifact(source, compute, Emulate::ReferenceSemantics)
-            } else if let Some(given) = r.llamacpp {
-                let reference = required_reference(r, reference_section)?;
-                text = Some(eval_text_path(&card_dir, eval, r.eval_text)?);
-                llamacpp_runner = follow_card_llamacpp(given, runtime);
-                Lane::Llamacpp {
-                    reference,
-                    runner: &llamacpp_runner,
-                }
-            } else if let Some(given) = r.transformers {
-                let reference = required_reference(r, reference_section)?;
-                text = Some(eval_text_path(&card_dir, eval, r.eval_text)?);
-                runner = given.clone();
-                follow_card_runtime(&mut runner, runtime);
-                Lane::Transformers {
-                    reference,
-                    runner: &runner,
-                }
-            } else {
-                let reference = required_reference(r, reference_section)?;
-                text = Some(eval_text_path(&card_dir, eval, r.eval_text)?);
-                Lane::Native {
-                    reference,
-                    compute,
-                    emulate: Emulate::ReferenceSemantics,
-                }
-            };
-            let lengths: Vec<u64> = resolved
-                .options
-                .context_lengths
-                .iter()
-                .map(|&l| l as u64)
-                .collect();
-            // A card whose runtime names a quantized KV-cache scheme the runners emulate is
-            // rerun with it (native and transformers lanes; a llama.cpp base file's lane has
-            // nothing to set); any other value is compared as before.
-            let kv_cache = match &lane {
-                Lane::Native { .. } | Lane::Transformers { .. } | Lane::Llamacpp { .. } => {
-                    r.kv_cache.or_else(|| {
-                        runtime
-                            .and_then(|rt| {
-                                // The structured entry names K and V separately; lint holds it to
-                                // agree with `kv_cache_dtype`.
-                                rt.kv_cache
-                                    .as_ref()
-                                    .and_then(|e| e.setting().ok())
-                                    .or_else(|| KvCacheSetting::from_label(&rt.kv_cache_dtype))
-                            })
-                            .filter(|s| s.k.is_quantized() || s.v.is_quantized())
-                    })
-                }
-                _ => None,
-            };
-            let request = rerun::Request {
-                lane,
-                candidate: r.model,
-                eval_text: text.as_deref(),
-                tokenizer: None,
-                chat_template: chat_template_choice(
-                    &card_dir,
-                    eval,
-                    &r.chat_template,
-                    text.as_deref(),
-                )?,
-                options: resolved.options.clone(),
-                padding_included: resolved.padding_included,
-                threads: r.threads,
-                candidate_manifest: Some(&manifest),
-                gates: Some(GateRequest {
-                    declared: declared_quantization(sections.quantization_method.as_deref()),
-                    checkpoint_quantized: inspections.iter().any(|i| i.summary.quantized > 0),
-                    disclosed_nonfinite: lengths
-                        .iter()
-                        .map(|&l| (l, disclosed_nonfinite(&card_claims, l)))
-                        .collect(),
-                }),
-                noise_floor: r.noise_floor,
-                pins: r.pins.clone(),
-                recurrent_state: r.recurrent_state,
-                kv_cache,
-                reference_kv_cache: None,
-            };
-            // Everything that needs no forward pass first: a file that is not the card's is
-            // found in well under a second, not after the measurement.
-            let pre = rerun::preflight::check(&request, stage)?;
-            for w in &pre.warnings {
-                (r.on_warning)(w);
-            }
-            let id = &pre.identity;
-            let contradicted = differences::identity_differences(
-                &card_lane(runtime, eval, reference_section, &disclosure),
-                &differences::Identities {
-                    eval_text_sha256: id.eval_text_sha256.as_deref(),
-                    conversation: id.conversation.as_ref(),
-                    text_known: id.text_read,
-                    tokens: id.tokens_sha256.as_deref().zip(id.token_count),
-                    candidate_files_sha256: &manifest.root_sha256,
-                    reference_files_sha256: id.reference_files_sha256.as_deref(),
-                },
-                "given files",
-            );
-            if contradicted.is_empty() {
-                (r.before_rerun)(&request, &pre.identity)?;
-                let done = rerun::run_checked(&request, pre, stage, progress)?;
-                for g in done.gates.iter().filter(|g| !g.passed) {
-                    ctx.failed_gates.push(format!("{}: {}", g.gate, g.detail));
-                }
-                rerun_done = Some((done, resolved));
-            } else {
-                // Not rerun: every claim is judged against the card alone and none can be
-                // reproduced (docs/DESIGN.md, "Verification").
-                ctx.not_rerun = Some(claims::NotRerun {
-                    forward: resolved.options.direction.forward(),
-                    reverse: resolved.options.direction.reverse(),
-                });
-                protocol_lengths = lengths;
-                early_differences = contradicted;
-            }
-        }
     }
-    let mut lane_differences = early_differences;
-    if let Some((done, resolved)) = &rerun_done {
-        if let Err(e) = &sections.runtime {
-            lane_differences.push(differences::Difference {
-                field: "fidelity.runtime".into(),
-                card: e.clone(),
-                rerun: done.measurement.environment.lane.clone(),
-                message: format!("runtime: the card's runtime cannot be read ({e}); the rerun's lane cannot be compared with it"),
-            });
-        }
-        lane_differences.extend(differences::lane_differences(
-            &card_lane(runtime, eval, reference_section, &disclosure),
-            &done.measurement,
-            resolved,
-        ));
-        lane_differences.extend(unvouched_reference(&done.measurement));
-    }
-    ctx.differences = lane_differences.iter().map(|d| d.message.clone()).collect();
+}
 
-    let measurement = rerun_done.as_ref().map(|(d, _)| &d.measurement);
-    let lengths: Vec<u64> = measurement
-        .map(|m| m.runs.iter().map(|r| r.context_length as u64).collect())
-        .unwrap_or(protocol_lengths);
-    let bits = rerun_done.as_ref().is_some_and(|(_, res)| res.bits);
-    let lookup = |metric: &str, length: u64| -> Option<claims::Rerun> {
-        let run = measurement?.run(usize::try_from(length).ok()?)?;
-        // A metric on another one's scale (`same_top_p` is 100 × `top1_agreement`).
-        let (measured, factor) =
-            crate::disclosure::vocabulary::derived(metric).unwrap_or((metric, 1.0));
-        let value = *run.summary.metrics.get(measured)?;
-        let ci = run.summary.uncertainty.get(measured).map(|u| u.ci95);
-        let scale = factor
-            * if bits && metric.starts_with("kld") {
-                std::f64::consts::LN_2.recip()
-            } else {
-                1.0
-            };
-        Some(claims::Rerun {
-            value: value * scale,
-            ci95: ci.map(|[a, b]| [a * scale, b * scale]),
-            n_positions: run.n_positions as u64,
-            n_nonfinite: run.n_nonfinite as u64,
-        })
-    };
-    let results: Vec<ClaimResult> = card_claims
+/// The protocol's context lengths.
+fn context_lengths(resolved: &rerun::Resolved) -> Vec<u64> {
+    resolved
+        .options
+        .context_lengths
         .iter()
-        .map(|c| claims::judge(c, &lengths, &ctx, &lookup))
-        .collect();
-    let verdict = claims::overall(&results);
-    let report = Report {
+        .map(|&l| l as u64)
+        .collect()
+}
+
+/// The runner options a lane borrows, as the card's runtime adjusted them: they live in the
+/// caller, beside the request.
+#[derive(Default)]
+struct LaneRunners {
+    llamacpp: Option<crate::runner::llamacpp::LlamacppOptions>,
+    transformers: Option<crate::runner::transformers::TransformersOptions>,
+}
+
+/// The lane the claims are rerun in, and the eval text it reads: a reference artifact when one
+/// is given (its tokens are its own, so a missing eval text is no error there), else the user's
+/// llama.cpp or transformers, following the card's runtime where the user set nothing, else the
+/// native runner.
+fn choose_lane<'a: 'l, 'l>(
+    r: &VerifyRequest<'a>,
+    read: &ReadCard,
+    compute: ComputeDtype,
+    runners: &'l mut LaneRunners,
+) -> Result<(Lane<'l>, Option<PathBuf>)> {
+    let (eval, runtime) = (read.eval(), read.runtime());
+    if let Some((file, voucher)) = r.reference_artifact {
+        let text = eval_text_path(&read.dir, eval, r.eval_text).ok();
+        let source = rerun::artifact::ArtifactSource {
+            file,
+            voucher,
+            reference: r.reference,
+        };
+        Ok((
+            Lane::artifact(source, compute, Emulate::ReferenceSemantics),
+            text,
+        ))
+    } else if let Some(given) = r.llamacpp {
+        let reference = required_reference(r, read.reference())?;
+        let text = Some(eval_text_path(&read.dir, eval, r.eval_text)?);
+        let runner = runners
+            .llamacpp
+            .insert(follow_card_llamacpp(given, runtime));
+        Ok((Lane::Llamacpp { reference, runner }, text))
+    } else if let Some(given) = r.transformers {
+        let reference = required_reference(r, read.reference())?;
+        let text = Some(eval_text_path(&read.dir, eval, r.eval_text)?);
+        let runner = runners.transformers.insert(given.clone());
+        follow_card_runtime(runner, runtime);
+        Ok((Lane::Transformers { reference, runner }, text))
+    } else {
+        let reference = required_reference(r, read.reference())?;
+        let text = Some(eval_text_path(&read.dir, eval, r.eval_text)?);
+        let lane = Lane::Native {
+            reference,
+            compute,
+            emulate: Emulate::ReferenceSemantics,
+        };
+        Ok((lane, text))
+    }
+}
+
+/// The candidate's KV cache in the rerun: `--kv-cache`, else a quantized scheme the card's
+/// runtime names. A card whose runtime names a quantized KV-cache scheme the runners emulate is
+/// rerun with it (native and transformers lanes; a llama.cpp base file's lane has nothing to
+/// set); any other value is compared as before.
+fn rerun_kv_cache(
+    given: Option<KvCacheSetting>,
+    lane: &Lane,
+    runtime: Option<&disclosure::Runtime>,
+) -> Option<KvCacheSetting> {
+    match lane {
+        Lane::Native { .. } | Lane::Transformers { .. } | Lane::Llamacpp { .. } => {
+            given.or_else(|| {
+                runtime
+                    .and_then(|rt| {
+                        // The structured entry names K and V separately; lint holds it to
+                        // agree with `kv_cache_dtype`.
+                        rt.kv_cache
+                            .as_ref()
+                            .and_then(|e| e.setting().ok())
+                            .or_else(|| KvCacheSetting::from_label(&rt.kv_cache_dtype))
+                    })
+                    .filter(|s| s.k.is_quantized() || s.v.is_quantized())
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The rerun the card's claims are judged against: the lane on the card's eval text, rendered
+/// as the card or the `--chat-template*` flags say, under the card's resolved protocol, with
+/// the sanity gates the card's own statements set.
+fn rerun_request<'a: 'l, 'l>(
+    r: &VerifyRequest<'a>,
+    read: &ReadCard,
+    lane: Lane<'l>,
+    text: Option<&'l Path>,
+    resolved: &rerun::Resolved,
+    manifest: &'l Manifest,
+) -> Result<rerun::Request<'l>> {
+    let lengths = context_lengths(resolved);
+    let kv_cache = rerun_kv_cache(r.kv_cache, &lane, read.runtime());
+    Ok(rerun::Request {
+        lane,
+        candidate: r.model,
+        eval_text: text,
+        tokenizer: None,
+        chat_template: chat_template_choice(&read.dir, read.eval(), &r.chat_template, text)?,
+        options: resolved.options.clone(),
+        padding_included: resolved.padding_included,
+        threads: r.threads,
+        candidate_manifest: Some(manifest),
+        gates: Some(read.gates(&lengths)),
+        noise_floor: r.noise_floor,
+        pins: r.pins.clone(),
+        recurrent_state: r.recurrent_state,
+        kv_cache,
+        reference_kv_cache: None,
+    })
+}
+
+/// Everything that needs no forward pass, first: a file that is not the card's is found in
+/// well under a second, not after the measurement. Each pre-flight warning is told; the
+/// identities it found (eval text, conversation, tokens, both checkpoints' files) are compared
+/// with the card's, and each contradiction returned.
+fn preflight(
+    r: &VerifyRequest,
+    read: &ReadCard,
+    request: &rerun::Request,
+    manifest: &Manifest,
+    stage: &(dyn Fn(&str) + Sync),
+) -> Result<(rerun::preflight::Preflight, Vec<differences::Difference>)> {
+    let pre = rerun::preflight::check(request, stage)?;
+    for w in &pre.warnings {
+        (r.on_warning)(w);
+    }
+    let id = &pre.identity;
+    let contradicted = differences::identity_differences(
+        &read.lane(),
+        &differences::Identities {
+            eval_text_sha256: id.eval_text_sha256.as_deref(),
+            conversation: id.conversation.as_ref(),
+            text_known: id.text_read,
+            tokens: id.tokens_sha256.as_deref().zip(id.token_count),
+            candidate_files_sha256: &manifest.root_sha256,
+            reference_files_sha256: id.reference_files_sha256.as_deref(),
+        },
+        "given files",
+    );
+    Ok((pre, contradicted))
+}
+
+/// The rerun, once the caller has said its outputs fit ([`VerifyRequest::before_rerun`]); each
+/// sanity gate it fails fails every claim closed.
+fn run_rerun(
+    r: &VerifyRequest,
+    request: &rerun::Request,
+    pre: rerun::preflight::Preflight,
+    ctx: &mut Context,
+    stage: &(dyn Fn(&str) + Sync),
+    progress: Progress,
+) -> Result<Rerun> {
+    (r.before_rerun)(request, &pre.identity)?;
+    let done = rerun::run_checked(request, pre, stage, progress)?;
+    for g in done.gates.iter().filter(|g| !g.passed) {
+        ctx.failed_gates.push(format!("{}: {}", g.gate, g.detail));
+    }
+    Ok(done)
+}
+
+/// Every difference between the card's lane and what ran: the identities the pre-flight found
+/// contradicted, or, after a rerun, an unreadable runtime, each difference in lane or protocol,
+/// and a reference nobody vouches for.
+fn lane_differences(read: &ReadCard, outcome: &RerunOutcome) -> Vec<differences::Difference> {
+    let (done, resolved) = match outcome {
+        RerunOutcome::NotDisclosed => return Vec::new(),
+        RerunOutcome::Stopped { contradicted, .. } => return contradicted.clone(),
+        RerunOutcome::Done(done, resolved) => (done, resolved),
+    };
+    let mut out = Vec::new();
+    if let Err(e) = &read.sections.runtime {
+        out.push(differences::Difference {
+            field: "fidelity.runtime".into(),
+            card: e.clone(),
+            rerun: done.measurement.environment.lane.clone(),
+            message: format!("runtime: the card's runtime cannot be read ({e}); the rerun's lane cannot be compared with it"),
+        });
+    }
+    out.extend(differences::lane_differences(
+        &read.lane(),
+        &done.measurement,
+        resolved,
+    ));
+    out.extend(unvouched_reference(&done.measurement));
+    out
+}
+
+/// Each claim judged at its context length: against the rerun's number there, or, where nothing
+/// ran, against the card alone.
+fn judge_claims(card_claims: &[Claim], outcome: &RerunOutcome, ctx: &Context) -> Vec<ClaimResult> {
+    let (measurement, bits, lengths): (_, _, Vec<u64>) = match outcome {
+        RerunOutcome::NotDisclosed => (None, false, Vec::new()),
+        RerunOutcome::Stopped { lengths, .. } => (None, false, lengths.clone()),
+        RerunOutcome::Done(done, resolved) => (
+            Some(&done.measurement),
+            resolved.bits,
+            done.measurement
+                .runs
+                .iter()
+                .map(|r| r.context_length as u64)
+                .collect(),
+        ),
+    };
+    let lookup =
+        |metric: &str, length: u64| measurement.and_then(|m| rerun_number(m, bits, metric, length));
+    card_claims
+        .iter()
+        .map(|c| claims::judge(c, &lengths, ctx, &lookup))
+        .collect()
+}
+
+/// The rerun's number for a metric at a context length, on the claim's scale: a metric on
+/// another one's scale (`same_top_p` is 100 × `top1_agreement`) derived from it, and KL in bits
+/// where the card states bits (the rerun measures nats).
+fn rerun_number(
+    m: &rerun::Measurement,
+    bits: bool,
+    metric: &str,
+    length: u64,
+) -> Option<claims::Rerun> {
+    let run = m.run(usize::try_from(length).ok()?)?;
+    let (measured, factor) =
+        crate::disclosure::vocabulary::derived(metric).unwrap_or((metric, 1.0));
+    let value = *run.summary.metrics.get(measured)?;
+    let ci = run.summary.uncertainty.get(measured).map(|u| u.ci95);
+    let scale = factor
+        * if bits && metric.starts_with("kld") {
+            std::f64::consts::LN_2.recip()
+        } else {
+            1.0
+        };
+    Some(claims::Rerun {
+        value: value * scale,
+        ci95: ci.map(|[a, b]| [a * scale, b * scale]),
+        n_positions: run.n_positions as u64,
+        n_nonfinite: run.n_nonfinite as u64,
+    })
+}
+
+/// What the report says of the claims: their verdicts and what decided them.
+struct Judged {
+    results: Vec<ClaimResult>,
+    undisclosed: Vec<String>,
+    lane_differences: Vec<differences::Difference>,
+}
+
+/// The report: the verdicts, the checkpoint's files, the card as read and linted, and what the
+/// rerun (if any) measured.
+fn assemble_report(
+    r: &VerifyRequest,
+    read: ReadCard,
+    manifest: &Manifest,
+    done: Option<&Rerun>,
+    judged: Judged,
+) -> Report {
+    let measurement = done.map(|d| &d.measurement);
+    Report {
         schema_version: crate::output::SchemaVersion,
         run_id: None,
         tool: report::Tool {
             name: "cardproof".into(),
             version: env!("CARGO_PKG_VERSION").into(),
         },
-        verdict,
-        summary: claims::summary(&results),
-        checkpoint: report::Checkpoint {
-            path: r.model.display().to_string(),
-            root_sha256: manifest.root_sha256.clone(),
-            files: manifest
-                .files
-                .iter()
-                .map(|f| report::CheckpointFile {
-                    path: f.path.clone(),
-                    size: f.size,
-                    sha256: f.sha256.clone(),
-                })
-                .collect(),
-        },
-        card: report::CardRecord {
-            path: card_path.display().to_string(),
-            fidelity_sha256: crate::card::canonical::fidelity_sha256(&disclosure),
-            model_index_sha256: crate::card::canonical::fidelity_sha256(
-                &crate::card::canonical::model_index_json(&card),
-            ),
-            disclosure,
-            lint: report::LintRecord {
-                errors: lint.errors(),
-                warnings: lint.warnings(),
-                findings: lint
-                    .findings
-                    .iter()
-                    .map(|f| report::FindingRecord {
-                        code: f.code.to_string(),
-                        severity: f.severity.to_string(),
-                        message: f.message.clone(),
-                        line: f.line,
-                    })
-                    .collect(),
-            },
-        },
+        verdict: claims::overall(&judged.results),
+        summary: claims::summary(&judged.results),
+        checkpoint: checkpoint_record(r.model, manifest),
+        card: card_record(read),
         reference: measurement.map(|m| m.reference.clone()),
         measurement: measurement.cloned(),
-        claims: results,
-        sanity: rerun_done
-            .as_ref()
-            .map(|(d, _)| d.gates.clone())
-            .unwrap_or_default(),
-        noise_floor: rerun_done.as_ref().and_then(|(d, _)| d.noise_floor.clone()),
-        undisclosed: ctx.undisclosed,
-        lane_differences,
+        claims: judged.results,
+        sanity: done.map(|d| d.gates.clone()).unwrap_or_default(),
+        noise_floor: done.and_then(|d| d.noise_floor.clone()),
+        undisclosed: judged.undisclosed,
+        lane_differences: judged.lane_differences,
         hub_sources: r
             .pins
             .iter()
@@ -658,16 +845,49 @@ pub fn verify(
         definitions: report::verdict_definitions(),
         reference_source: measurement.map(reference_source),
         set_files: Vec::new(),
-    };
-    let rows = rerun_done
-        .as_ref()
-        .map(|(d, _)| plot_rows(&d.runs))
-        .unwrap_or_default();
-    Ok(VerifyOutcome {
-        report,
-        verdict,
-        manifest,
-        rerun: rerun_done.map(|(d, _)| d),
-        rows,
-    })
+    }
+}
+
+/// The checkpoint verified, file by file: the statement's subjects.
+fn checkpoint_record(model: &Path, manifest: &Manifest) -> report::Checkpoint {
+    report::Checkpoint {
+        path: model.display().to_string(),
+        root_sha256: manifest.root_sha256.clone(),
+        files: manifest
+            .files
+            .iter()
+            .map(|f| report::CheckpointFile {
+                path: f.path.clone(),
+                size: f.size,
+                sha256: f.sha256.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// The card as read: its disclosure with the digests that pin it, and its lint.
+fn card_record(read: ReadCard) -> report::CardRecord {
+    report::CardRecord {
+        path: read.path.display().to_string(),
+        fidelity_sha256: crate::card::canonical::fidelity_sha256(&read.disclosure),
+        model_index_sha256: crate::card::canonical::fidelity_sha256(
+            &crate::card::canonical::model_index_json(&read.card),
+        ),
+        disclosure: read.disclosure,
+        lint: report::LintRecord {
+            errors: read.lint.errors(),
+            warnings: read.lint.warnings(),
+            findings: read
+                .lint
+                .findings
+                .iter()
+                .map(|f| report::FindingRecord {
+                    code: f.code.to_string(),
+                    severity: f.severity.to_string(),
+                    message: f.message.clone(),
+                    line: f.line,
+                })
+                .collect(),
+        },
+    }
 }

@@ -139,6 +139,15 @@ fn f32_rows(file: &SafetensorsFile, bytes: &[u8], name: &str) -> Result<(Vec<usi
     Ok((shape, values))
 }
 
+/// A stored f32 vector widened to f64 (the log-probabilities a top-k run sums).
+fn f64_rows(file: &SafetensorsFile, bytes: &[u8], name: &str) -> Result<Vec<f64>> {
+    Ok(f32_rows(file, bytes, name)?
+        .1
+        .into_iter()
+        .map(f64::from)
+        .collect())
+}
+
 fn ints(file: &SafetensorsFile, bytes: &[u8], name: &str, dtype: Dtype) -> Result<Vec<i64>> {
     let info = file
         .get(name)
@@ -172,6 +181,7 @@ pub struct Artifact {
     runs: Vec<RunData>,
 }
 
+#[derive(Default)]
 struct RunData {
     context_length: usize,
     /// (window, position) → row index.
@@ -189,145 +199,20 @@ impl Artifact {
         let map = MappedFile::open(path)?;
         let bytes = map.bytes();
         let sha256 = hex(&Sha256::digest(bytes));
-        let sidecar = sidecar_path(path);
-        if let Ok(text) = std::fs::read_to_string(&sidecar) {
-            let expected = text.split_whitespace().next().unwrap_or_default();
-            if expected != sha256 {
-                return Err(Error::format(
-                    path,
-                    None,
-                    format!(
-                        "digest mismatch: the file's SHA-256 is {sha256}, {} says {expected}; the artifact was changed after export",
-                        sidecar.display()
-                    ),
-                ));
-            }
-        }
+        check_sidecar_digest(path, &sha256)?;
         let file = safetensors::parse_header(path, bytes, bytes.len() as u64)?;
-        let header_text = file.metadata.get(HEADER_KEY).ok_or_else(|| {
-            Error::format(
-                path,
-                Some(HEADER_KEY),
-                "not a cardproof reference artifact (no header)",
-            )
-        })?;
-        let header: Header = serde_json::from_str(header_text).map_err(|e| {
-            Error::format(path, Some(HEADER_KEY), format!("unreadable header: {e}"))
-        })?;
-        if header.format != FORMAT {
-            return Err(Error::format(
-                path,
-                Some("format"),
-                format!("`{}` is not {FORMAT}", header.format),
-            ));
-        }
-        header.check_sizes(path)?;
-        let protocol_digest = crate::kld::protocol::sha256_of(&header.protocol);
-        if protocol_digest != header.protocol_sha256 {
-            return Err(Error::format(
-                path,
-                Some("protocol_sha256"),
-                format!(
-                    "the header's protocol hashes to {protocol_digest}, not the recorded {}",
-                    header.protocol_sha256
-                ),
-            ));
-        }
-        let tokens: Vec<u32> = ints(&file, bytes, "tokens", Dtype::I32)?
-            .into_iter()
-            .map(|t| t as u32)
-            .collect();
-        let digest = crate::runner::tokens::tokens_sha256(&tokens);
-        if header.eval["tokens_sha256"].as_str() != Some(digest.as_str()) {
-            return Err(Error::format(
-                path,
-                Some("tokens"),
-                format!(
-                    "the token stream hashes to {digest}, not the header's {}",
-                    header.eval["tokens_sha256"]
-                ),
-            ));
-        }
-        let mut runs = Vec::new();
-        for layout in &header.runs {
-            let p = format!("ctx{}", layout.context_length);
-            let window = ints(&file, bytes, &format!("{p}.window"), Dtype::I32)?;
-            let position = ints(&file, bytes, &format!("{p}.position"), Dtype::I64)?;
-            if window.len() != layout.rows || position.len() != layout.rows {
-                return Err(Error::format(
-                    path,
-                    Some(&p),
-                    "row count disagrees with the header",
-                ));
-            }
-            let index = window
-                .iter()
-                .zip(&position)
-                .enumerate()
-                .map(|(i, (&w, &j))| ((w as u32, j as u64), i))
-                .collect();
-            let mut run = RunData {
-                context_length: layout.context_length,
-                index,
-                hidden: Vec::new(),
-                topk_ids: Vec::new(),
-                topk_logp: Vec::new(),
-                tail_logp: Vec::new(),
-                token_logp: Vec::new(),
-            };
-            match header.kind {
-                Kind::Hidden => {
-                    let (shape, values) = f32_rows(&file, bytes, &format!("{p}.hidden"))?;
-                    if shape != [layout.rows, header.hidden_size] {
-                        return Err(Error::format(
-                            path,
-                            Some(&format!("{p}.hidden")),
-                            format!(
-                                "has shape {shape:?}, expected [{}, {}]",
-                                layout.rows, header.hidden_size
-                            ),
-                        ));
-                    }
-                    run.hidden = values;
-                }
-                Kind::TopK => {
-                    let k = header.k.unwrap_or(0);
-                    run.topk_ids = ints(&file, bytes, &format!("{p}.topk_ids"), Dtype::I32)?;
-                    run.topk_logp = f32_rows(&file, bytes, &format!("{p}.topk_logp"))?.1;
-                    run.tail_logp = f32_rows(&file, bytes, &format!("{p}.tail_logp"))?
-                        .1
-                        .into_iter()
-                        .map(f64::from)
-                        .collect();
-                    run.token_logp = f32_rows(&file, bytes, &format!("{p}.token_logp"))?
-                        .1
-                        .into_iter()
-                        .map(f64::from)
-                        .collect();
-                    if run.topk_ids.len() != layout.rows * k
-                        || run.topk_logp.len() != layout.rows * k
-                    {
-                        return Err(Error::format(
-                            path,
-                            Some(&p),
-                            format!("top-k tensors do not hold {} rows of {k}", layout.rows),
-                        ));
-                    }
-                    if run
-                        .topk_ids
-                        .iter()
-                        .any(|&t| t < 0 || t as usize >= header.vocab_size)
-                    {
-                        return Err(Error::format(
-                            path,
-                            Some(&format!("{p}.topk_ids")),
-                            "a token id is outside the vocabulary",
-                        ));
-                    }
-                }
-            }
-            runs.push(run);
-        }
+        let stored = Stored {
+            path,
+            file: &file,
+            bytes,
+        };
+        let header = stored.header()?;
+        let tokens = stored.tokens(&header)?;
+        let runs = header
+            .runs
+            .iter()
+            .map(|layout| stored.run(&header, layout))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Artifact {
             path: path.to_owned(),
             header,
@@ -412,6 +297,175 @@ impl Artifact {
             }
         }
         out
+    }
+}
+
+/// The file's SHA-256 must be what its `<file>.sha256` sidecar says, where there is one: a
+/// mismatch means the artifact was changed after export.
+fn check_sidecar_digest(path: &Path, sha256: &str) -> Result<()> {
+    let sidecar = sidecar_path(path);
+    if let Ok(text) = std::fs::read_to_string(&sidecar) {
+        let expected = text.split_whitespace().next().unwrap_or_default();
+        if expected != sha256 {
+            return Err(Error::format(
+                path,
+                None,
+                format!(
+                    "digest mismatch: the file's SHA-256 is {sha256}, {} says {expected}; the artifact was changed after export",
+                    sidecar.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An artifact file as [`Artifact::open`] reads it: its path (errors name it), its parsed
+/// safetensors header and its bytes. Each part is checked against the JSON header as it is read,
+/// the header first (everything else is sized by it).
+struct Stored<'a> {
+    path: &'a Path,
+    file: &'a SafetensorsFile,
+    bytes: &'a [u8],
+}
+
+impl Stored<'_> {
+    /// The JSON header: present, readable, of this format, its widths in range and its
+    /// protocol hashing to the digest it records.
+    fn header(&self) -> Result<Header> {
+        let path = self.path;
+        let header_text = self.file.metadata.get(HEADER_KEY).ok_or_else(|| {
+            Error::format(
+                path,
+                Some(HEADER_KEY),
+                "not a cardproof reference artifact (no header)",
+            )
+        })?;
+        let header: Header = serde_json::from_str(header_text).map_err(|e| {
+            Error::format(path, Some(HEADER_KEY), format!("unreadable header: {e}"))
+        })?;
+        if header.format != FORMAT {
+            return Err(Error::format(
+                path,
+                Some("format"),
+                format!("`{}` is not {FORMAT}", header.format),
+            ));
+        }
+        header.check_sizes(path)?;
+        let protocol_digest = crate::kld::protocol::sha256_of(&header.protocol);
+        if protocol_digest != header.protocol_sha256 {
+            return Err(Error::format(
+                path,
+                Some("protocol_sha256"),
+                format!(
+                    "the header's protocol hashes to {protocol_digest}, not the recorded {}",
+                    header.protocol_sha256
+                ),
+            ));
+        }
+        Ok(header)
+    }
+
+    /// The whole token stream, which must hash to the header's `eval.tokens_sha256`.
+    fn tokens(&self, header: &Header) -> Result<Vec<u32>> {
+        let tokens: Vec<u32> = ints(self.file, self.bytes, "tokens", Dtype::I32)?
+            .into_iter()
+            .map(|t| t as u32)
+            .collect();
+        let digest = crate::runner::tokens::tokens_sha256(&tokens);
+        if header.eval["tokens_sha256"].as_str() != Some(digest.as_str()) {
+            return Err(Error::format(
+                self.path,
+                Some("tokens"),
+                format!(
+                    "the token stream hashes to {digest}, not the header's {}",
+                    header.eval["tokens_sha256"]
+                ),
+            ));
+        }
+        Ok(tokens)
+    }
+
+    /// One context length's rows: where each (window, position) row is, and the kind's data,
+    /// each tensor checked against the header's layout.
+    fn run(&self, header: &Header, layout: &RunLayout) -> Result<RunData> {
+        let p = format!("ctx{}", layout.context_length);
+        let window = ints(self.file, self.bytes, &format!("{p}.window"), Dtype::I32)?;
+        let position = ints(self.file, self.bytes, &format!("{p}.position"), Dtype::I64)?;
+        if window.len() != layout.rows || position.len() != layout.rows {
+            return Err(Error::format(
+                self.path,
+                Some(&p),
+                "row count disagrees with the header",
+            ));
+        }
+        let index = window
+            .iter()
+            .zip(&position)
+            .enumerate()
+            .map(|(i, (&w, &j))| ((w as u32, j as u64), i))
+            .collect();
+        let mut run = RunData {
+            context_length: layout.context_length,
+            index,
+            ..RunData::default()
+        };
+        match header.kind {
+            Kind::Hidden => run.hidden = self.hidden_rows(header, layout, &p)?,
+            Kind::TopK => self.top_k_rows(header, layout, &p, &mut run)?,
+        }
+        Ok(run)
+    }
+
+    /// A hidden-state run's LM-head inputs, `[rows, hidden_size]`.
+    fn hidden_rows(&self, header: &Header, layout: &RunLayout, p: &str) -> Result<Vec<f32>> {
+        let (shape, values) = f32_rows(self.file, self.bytes, &format!("{p}.hidden"))?;
+        if shape != [layout.rows, header.hidden_size] {
+            return Err(Error::format(
+                self.path,
+                Some(&format!("{p}.hidden")),
+                format!(
+                    "has shape {shape:?}, expected [{}, {}]",
+                    layout.rows, header.hidden_size
+                ),
+            ));
+        }
+        Ok(values)
+    }
+
+    /// A top-k run's tensors into `run`: K ids and log-probabilities per row (every id inside
+    /// the vocabulary), the tail's and the true next token's log-probabilities.
+    fn top_k_rows(
+        &self,
+        header: &Header,
+        layout: &RunLayout,
+        p: &str,
+        run: &mut RunData,
+    ) -> Result<()> {
+        let k = header.k.unwrap_or(0);
+        run.topk_ids = ints(self.file, self.bytes, &format!("{p}.topk_ids"), Dtype::I32)?;
+        run.topk_logp = f32_rows(self.file, self.bytes, &format!("{p}.topk_logp"))?.1;
+        run.tail_logp = f64_rows(self.file, self.bytes, &format!("{p}.tail_logp"))?;
+        run.token_logp = f64_rows(self.file, self.bytes, &format!("{p}.token_logp"))?;
+        if run.topk_ids.len() != layout.rows * k || run.topk_logp.len() != layout.rows * k {
+            return Err(Error::format(
+                self.path,
+                Some(p),
+                format!("top-k tensors do not hold {} rows of {k}", layout.rows),
+            ));
+        }
+        if run
+            .topk_ids
+            .iter()
+            .any(|&t| t < 0 || t as usize >= header.vocab_size)
+        {
+            return Err(Error::format(
+                self.path,
+                Some(&format!("{p}.topk_ids")),
+                "a token id is outside the vocabulary",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -752,9 +806,6 @@ pub fn export_native(
         k,
         hidden_bf16,
     } = spec;
-    use rayon::prelude::*;
-
-    use crate::runner::tokens;
     let d = &model.decoder;
     let width = d.config.vocab;
     let vocab_size = o.vocab_size.unwrap_or(eval.tokenizer_vocab).min(width);
@@ -767,102 +818,14 @@ pub fn export_native(
             ),
         ));
     }
-    let err =
-        |e: candle_core::Error| Error::runner(&model.path, format!("forward pass failed: {e}"));
-    let mut runs = Vec::new();
-    let all = o
-        .context_lengths
-        .iter()
-        .map(|&l| tokens::windows(eval.stream, eval.text_path, l, o.bos, eval.bos_id))
-        .collect::<Result<Vec<_>>>()?;
-    let total: usize = all.iter().map(|w| w.windows.len()).sum();
-    let done = std::sync::atomic::AtomicUsize::new(0);
-    progress(0, total);
-    for (&l, windows) in o.context_lengths.iter().zip(all) {
-        let rows: Vec<usize> = (0..l)
-            .filter(|&j| o.positions.selects(j as u64, l as u64))
-            .collect();
-        type Part = (Vec<f32>, Vec<i32>, Vec<f32>, Vec<f32>, Vec<f32>);
-        let parts: Vec<Part> = windows
-            .windows
-            .par_iter()
-            .map(|ids| -> Result<Part> {
-                let hidden = d.hidden(ids).map_err(err)?;
-                let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-                progress(n, total);
-                let normed = d.normed_at(&hidden, &rows).map_err(err)?;
-                if kind == Kind::Hidden {
-                    let h = normed
-                        .to_dtype(candle_core::DType::F32)
-                        .and_then(|t| t.flatten_all())
-                        .and_then(|t| t.to_vec1::<f32>())
-                        .map_err(err)?;
-                    return Ok((h, Vec::new(), Vec::new(), Vec::new(), Vec::new()));
-                }
-                let logits = d.head(&normed).map_err(err)?;
-                let (mut ids_out, mut logp, mut tail, mut tok) =
-                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-                let mut order: Vec<u32> = Vec::with_capacity(vocab_size);
-                for (n, &j) in rows.iter().enumerate() {
-                    let row = &logits[n * width..n * width + vocab_size];
-                    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let lse = crate::kld::row::log_sum_exp(row, max);
-                    order.clear();
-                    order.extend(0..vocab_size as u32);
-                    // Descending logit, ties by lowest token id (the design's top-k rule).
-                    let cmp = |a: &u32, b: &u32| {
-                        row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b))
-                    };
-                    order.select_nth_unstable_by(k - 1, cmp);
-                    order[..k].sort_unstable_by(cmp);
-                    let mut in_set = vec![false; vocab_size];
-                    for &i in &order[..k] {
-                        in_set[i as usize] = true;
-                        ids_out.push(i as i32);
-                        logp.push((f64::from(row[i as usize]) - lse) as f32);
-                    }
-                    let rest: f64 = row
-                        .iter()
-                        .enumerate()
-                        .filter(|(i, _)| !in_set[*i])
-                        .map(|(_, &v)| (f64::from(v) - f64::from(max)).exp())
-                        .sum();
-                    tail.push((rest.ln() + f64::from(max) - lse) as f32);
-                    let t = ids[j + 1] as usize;
-                    tok.push((f64::from(row[t.min(vocab_size - 1)]) - lse) as f32);
-                }
-                Ok((Vec::new(), ids_out, logp, tail, tok))
-            })
-            .collect::<Result<_>>()?;
-        let mut run = ExportRun {
-            context_length: l,
-            windows: windows.windows.len(),
-            rows: Vec::new(),
-            hidden: Vec::new(),
-            topk_ids: Vec::new(),
-            topk_logp: Vec::new(),
-            tail_logp: Vec::new(),
-            token_logp: Vec::new(),
-        };
-        for (w, (h, i, lp, t, tk)) in parts.into_iter().enumerate() {
-            run.rows.extend(rows.iter().map(|&j| (w as u32, j as u64)));
-            run.hidden.extend(h);
-            run.topk_ids.extend(i);
-            run.topk_logp.extend(lp);
-            run.tail_logp.extend(t);
-            run.token_logp.extend(tk);
-        }
-        runs.push(run);
-    }
-    let mut options = o.clone();
-    if kind == Kind::TopK {
-        options.vocab = crate::kld::protocol::VocabMode::TopK {
-            k,
-            tail: crate::kld::protocol::Tail::Lumped,
-        };
-    }
-    let padding = crate::rerun::document::Padding::of(vocab_size, width, width);
-    let protocol = crate::rerun::score::run_protocol(&options, vocab_size, padding).to_value();
+    let rows = RowSpec {
+        kind,
+        k,
+        vocab_size,
+        width,
+    };
+    let runs = export_runs(model, eval, o, rows, progress)?;
+    let protocol = export_protocol(o, rows);
     let hidden_dtype =
         (kind == Kind::Hidden).then(|| if hidden_bf16 { "bf16" } else { "f32" }.to_owned());
     let bound = bound_text(kind, Some(k), hidden_dtype.as_deref());
@@ -896,6 +859,194 @@ pub fn export_native(
     };
     let bytes = serialize(&header, &eval.stream.ids, &runs)?;
     Ok((header, bytes))
+}
+
+/// What an export stores per scored row: the kind (and K), and the logit row's used entries
+/// (`vocab_size`) within its full width.
+#[cfg(feature = "native")]
+#[derive(Debug, Clone, Copy)]
+struct RowSpec {
+    kind: Kind,
+    k: usize,
+    vocab_size: usize,
+    width: usize,
+}
+
+/// One window's exported rows: the kind's fields filled, the others empty.
+#[cfg(feature = "native")]
+#[derive(Default)]
+struct WindowRows {
+    hidden: Vec<f32>,
+    topk_ids: Vec<i32>,
+    topk_logp: Vec<f32>,
+    tail_logp: Vec<f32>,
+    token_logp: Vec<f32>,
+}
+
+/// Every context length's rows, its windows run in parallel; `progress` counts windows over
+/// all lengths, each as its forward pass finishes.
+#[cfg(feature = "native")]
+fn export_runs(
+    model: &crate::runner::native::NativeModel,
+    eval: &crate::rerun::score::EvalInput,
+    o: &crate::rerun::options::MeasureOptions,
+    spec: RowSpec,
+    progress: crate::rerun::score::Progress,
+) -> Result<Vec<ExportRun>> {
+    use rayon::prelude::*;
+
+    use crate::runner::tokens;
+    let mut runs = Vec::new();
+    let all = o
+        .context_lengths
+        .iter()
+        .map(|&l| tokens::windows(eval.stream, eval.text_path, l, o.bos, eval.bos_id))
+        .collect::<Result<Vec<_>>>()?;
+    let total: usize = all.iter().map(|w| w.windows.len()).sum();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    progress(0, total);
+    for (&l, windows) in o.context_lengths.iter().zip(all) {
+        let rows: Vec<usize> = (0..l)
+            .filter(|&j| o.positions.selects(j as u64, l as u64))
+            .collect();
+        let parts: Vec<WindowRows> = windows
+            .windows
+            .par_iter()
+            .map(|ids| -> Result<WindowRows> {
+                let hidden = model.decoder.hidden(ids).map_err(forward_failed(model))?;
+                let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                progress(n, total);
+                window_rows(model, &hidden, ids, &rows, spec)
+            })
+            .collect::<Result<_>>()?;
+        runs.push(export_run(l, windows.windows.len(), &rows, parts));
+    }
+    Ok(runs)
+}
+
+/// A forward pass's error as the runner's, naming the model.
+#[cfg(feature = "native")]
+fn forward_failed(
+    model: &crate::runner::native::NativeModel,
+) -> impl Fn(candle_core::Error) -> Error + '_ {
+    |e| Error::runner(&model.path, format!("forward pass failed: {e}"))
+}
+
+/// One window's rows from its final hidden states: the LM head's inputs (hidden kind), or each
+/// row's top K, tail and true next token (top-k kind).
+#[cfg(feature = "native")]
+fn window_rows(
+    model: &crate::runner::native::NativeModel,
+    hidden: &candle_core::Tensor,
+    ids: &[u32],
+    rows: &[usize],
+    spec: RowSpec,
+) -> Result<WindowRows> {
+    let d = &model.decoder;
+    let normed = d.normed_at(hidden, rows).map_err(forward_failed(model))?;
+    if spec.kind == Kind::Hidden {
+        let h = normed
+            .to_dtype(candle_core::DType::F32)
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(forward_failed(model))?;
+        return Ok(WindowRows {
+            hidden: h,
+            ..WindowRows::default()
+        });
+    }
+    let logits = d.head(&normed).map_err(forward_failed(model))?;
+    let RowSpec {
+        k,
+        vocab_size,
+        width,
+        ..
+    } = spec;
+    let mut out = WindowRows::default();
+    let mut order: Vec<u32> = Vec::with_capacity(vocab_size);
+    for (n, &j) in rows.iter().enumerate() {
+        let row = &logits[n * width..n * width + vocab_size];
+        top_k_row(row, ids[j + 1] as usize, k, &mut order, &mut out);
+    }
+    Ok(out)
+}
+
+/// One row's top-k data into `out`: the K most likely tokens (descending logit, ties by lowest
+/// id: the design's top-k rule) with their log-probabilities, the log of the remaining mass,
+/// and the log-probability of `next` (the true next token). `order` is scratch.
+#[cfg(feature = "native")]
+fn top_k_row(row: &[f32], next: usize, k: usize, order: &mut Vec<u32>, out: &mut WindowRows) {
+    let vocab_size = row.len();
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = crate::kld::row::log_sum_exp(row, max);
+    order.clear();
+    order.extend(0..vocab_size as u32);
+    // Descending logit, ties by lowest token id (the design's top-k rule).
+    let cmp = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
+    order.select_nth_unstable_by(k - 1, cmp);
+    order[..k].sort_unstable_by(cmp);
+    let mut in_set = vec![false; vocab_size];
+    for &i in &order[..k] {
+        in_set[i as usize] = true;
+        out.topk_ids.push(i as i32);
+        out.topk_logp
+            .push((f64::from(row[i as usize]) - lse) as f32);
+    }
+    let rest: f64 = row
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !in_set[*i])
+        .map(|(_, &v)| (f64::from(v) - f64::from(max)).exp())
+        .sum();
+    out.tail_logp
+        .push((rest.ln() + f64::from(max) - lse) as f32);
+    out.token_logp
+        .push((f64::from(row[next.min(vocab_size - 1)]) - lse) as f32);
+}
+
+/// One context length's export from its windows' rows, in window order: `rows` are the
+/// positions scored in every window.
+#[cfg(feature = "native")]
+fn export_run(
+    context_length: usize,
+    windows: usize,
+    rows: &[usize],
+    parts: Vec<WindowRows>,
+) -> ExportRun {
+    let mut run = ExportRun {
+        context_length,
+        windows,
+        rows: Vec::new(),
+        hidden: Vec::new(),
+        topk_ids: Vec::new(),
+        topk_logp: Vec::new(),
+        tail_logp: Vec::new(),
+        token_logp: Vec::new(),
+    };
+    for (w, part) in parts.into_iter().enumerate() {
+        run.rows.extend(rows.iter().map(|&j| (w as u32, j as u64)));
+        run.hidden.extend(part.hidden);
+        run.topk_ids.extend(part.topk_ids);
+        run.topk_logp.extend(part.topk_logp);
+        run.tail_logp.extend(part.tail_logp);
+        run.token_logp.extend(part.token_logp);
+    }
+    run
+}
+
+/// The protocol the export's rows were made under, as the header records it: a top-k export's
+/// vocabulary mode is the lumped top-K the rows give.
+#[cfg(feature = "native")]
+fn export_protocol(o: &crate::rerun::options::MeasureOptions, spec: RowSpec) -> Value {
+    let mut options = o.clone();
+    if spec.kind == Kind::TopK {
+        options.vocab = crate::kld::protocol::VocabMode::TopK {
+            k: spec.k,
+            tail: crate::kld::protocol::Tail::Lumped,
+        };
+    }
+    let padding = crate::rerun::document::Padding::of(spec.vocab_size, spec.width, spec.width);
+    crate::rerun::score::run_protocol(&options, spec.vocab_size, padding).to_value()
 }
 
 #[cfg(test)]

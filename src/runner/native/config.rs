@@ -193,214 +193,28 @@ pub struct Biases {
 impl ModelConfig {
     /// Read `config.json`. Every missing or inconsistent key is an error naming it.
     pub fn from_hf(path: &Path, config: &Value) -> Result<ModelConfig> {
-        let top = config;
-        let model_type = config
-            .get("model_type")
-            .and_then(Value::as_str)
-            .ok_or_else(|| {
-                Error::format(
-                    path,
-                    Some("model_type"),
-                    "missing (needed to choose the architecture)",
-                )
-            })?;
-        // A Qwen3.5 vision-language checkpoint: the text model's settings are its text_config.
-        let vlm_text = match model_type {
-            "qwen3_5" => Some("qwen3_5_text"),
-            "qwen3_5_moe" => Some("qwen3_5_moe_text"),
-            _ => None,
+        let text = HfText::read(path, config)?;
+        let keys = HfKeys {
+            path,
+            config: text.config,
+            prefix: text.key_prefix,
         };
-        let (config, kp, prefix) = if let Some(text_type) = vlm_text {
-            let text = config
-                .get("text_config")
-                .filter(|v| v.is_object())
-                .ok_or_else(|| {
-                    Error::format(
-                        path,
-                        Some("text_config"),
-                        format!("missing or not an object (a {model_type} checkpoint nests its text model's settings there)"),
-                    )
-                })?;
-            match text.get("model_type") {
-                None => {}
-                Some(Value::String(t)) if t == text_type => {}
-                Some(other) => {
-                    return Err(Error::format(
-                        path,
-                        Some("text_config.model_type"),
-                        format!(
-                            "is {other}; a {model_type} checkpoint's text model is {text_type}"
-                        ),
-                    ));
-                }
-            }
-            (text, "text_config.", "model.language_model")
-        } else {
-            (config, "", "model")
-        };
-        let bad = |key: &str, rule: String| Error::format(path, Some(&format!("{kp}{key}")), rule);
-        let unsupported =
-            |key: &str, rule: String| Error::unsupported(path, Some(&format!("{kp}{key}")), rule);
-        let arch = Arch::from_name(model_type).ok_or_else(|| {
-            unsupported(
-                "model_type",
-                format!(
-                    "architecture `{model_type}` is not supported by the native runner (supported: {})",
-                    SUPPORTED.join(", ")
-                ),
-            )
-        })?;
-        let uint = |key: &str| -> Result<usize> {
-            match config.get(key) {
-                Some(v) => v
-                    .as_u64()
-                    .filter(|&n| n > 0)
-                    .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| bad(key, format!("must be a positive integer, found {v}"))),
-                None => Err(bad(key, "missing".into())),
-            }
-        };
-        let opt_uint = |key: &str| -> Result<Option<usize>> {
-            match config.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(_) => uint(key).map(Some),
-            }
-        };
-        let hidden = uint("hidden_size")?;
-        let heads = uint("num_attention_heads")?;
-        let kv_heads = opt_uint("num_key_value_heads")?.unwrap_or(heads);
-        let head_dim = match opt_uint("head_dim")? {
-            Some(d) => d,
-            None if hidden % heads == 0 => hidden / heads,
-            None => {
-                return Err(bad(
-                    "head_dim",
-                    format!(
-                        "missing, and hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
-                    ),
-                ));
-            }
-        };
-        // A float key present with another type is an error naming it, never the default.
-        let float_in = |map: &Value, key: &str, name: &str| -> Result<Option<f64>> {
-            match map.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(v) => v
-                    .as_f64()
-                    .map(Some)
-                    .ok_or_else(|| bad(name, format!("must be a number, found {v}"))),
-            }
-        };
-        let rope = config.get("rope_parameters").or(config.get("rope_scaling"));
-        let rope_theta = match float_in(config, "rope_theta", "rope_theta")? {
-            Some(t) => t,
-            None => match rope {
-                Some(r) if r.is_object() => {
-                    float_in(r, "rope_theta", "rope_parameters.rope_theta")?
-                }
-                _ => None,
-            }
-            .unwrap_or(10_000.0),
-        };
-        let rope_scaling = match rope {
-            None | Some(Value::Null) => None,
-            Some(r) => {
-                let kind = r
-                    .get("rope_type")
-                    .or(r.get("type"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("default");
-                match kind {
-                    "default" => None,
-                    "llama3" => {
-                        let f = |k: &str| {
-                            float_in(r, k, &format!("rope_scaling.{k}"))?.ok_or_else(|| {
-                                bad("rope_scaling", format!("llama3 scaling needs `{k}`"))
-                            })
-                        };
-                        Some(Llama3Scaling {
-                            factor: f("factor")?,
-                            low_freq_factor: f("low_freq_factor")?,
-                            high_freq_factor: f("high_freq_factor")?,
-                            original_max_position: f("original_max_position_embeddings")?,
-                        })
-                    }
-                    other => {
-                        return Err(unsupported(
-                            "rope_scaling",
-                            format!(
-                                "RoPE scaling `{other}` is not supported by the native runner (supported: default, llama3)"
-                            ),
-                        ));
-                    }
-                }
-            }
-        };
-        let use_sliding = config
-            .get("use_sliding_window")
-            .and_then(Value::as_bool)
-            .unwrap_or(arch == Arch::Mistral);
-        let sliding_window = if use_sliding {
-            opt_uint("sliding_window")?
-        } else {
-            None
-        };
-        let flag = |key: &str| -> Result<bool> {
-            match config.get(key) {
-                None | Some(Value::Null) => Ok(false),
-                Some(Value::Bool(b)) => Ok(*b),
-                Some(v) => Err(bad(key, format!("must be true or false, found {v}"))),
-            }
-        };
-        let biases = match arch {
-            Arch::Qwen2 => Biases {
-                qkv: true,
-                o: false,
-                mlp: false,
-            },
-            Arch::Mistral => Biases::default(),
-            Arch::Llama
-            | Arch::Qwen3
-            | Arch::Qwen3Moe
-            | Arch::Qwen3_5Text
-            | Arch::Qwen3_5
-            | Arch::Qwen3_5MoeText
-            | Arch::Qwen3_5Moe
-            | Arch::Qwen3Next => {
-                let attention = flag("attention_bias")?;
-                Biases {
-                    qkv: attention,
-                    o: attention,
-                    mlp: arch == Arch::Llama && flag("mlp_bias")?,
-                }
-            }
-        };
-        let layers = uint("num_hidden_layers")?;
-        let moe_family = match arch {
-            Arch::Qwen3Moe => Some(MoeFamily::Qwen3Moe),
-            Arch::Qwen3_5MoeText | Arch::Qwen3_5Moe => Some(MoeFamily::Qwen35Moe),
-            // transformers: num_experts 0 makes every Qwen3-Next MLP dense.
-            Arch::Qwen3Next if config.get("num_experts").and_then(Value::as_u64) != Some(0) => {
-                Some(MoeFamily::Qwen3Next)
-            }
-            _ => None,
-        };
-        let moe = match moe_family {
-            Some(family) => Some(MoeConfig::from_hf_at(path, config, family, layers, kp)?),
-            None => None,
-        };
-        // A model whose every layer is sparse has no dense MLP width (Qwen3.5-MoE).
-        let all_sparse = moe
-            .as_ref()
-            .is_some_and(|m| (0..layers).all(|i| m.is_sparse(i)));
-        let intermediate = match opt_uint("intermediate_size")? {
-            Some(n) => n,
-            None if all_sparse => 0,
-            None => uint("intermediate_size")?,
-        };
+        let arch = keys.arch(text.model_type)?;
+        let hidden = keys.uint("hidden_size")?;
+        let heads = keys.uint("num_attention_heads")?;
+        let kv_heads = keys.opt_uint("num_key_value_heads")?.unwrap_or(heads);
+        let head_dim = keys.head_dim(hidden, heads)?;
+        let rope = keys.get("rope_parameters").or(keys.get("rope_scaling"));
+        let rope_theta = keys.rope_theta(rope)?;
+        let rope_scaling = keys.rope_scaling(rope)?;
+        let sliding_window = keys.sliding_window(arch)?;
+        let biases = keys.biases(arch)?;
+        let layers = keys.uint("num_hidden_layers")?;
+        let moe = keys.moe(arch, layers)?;
+        let intermediate = keys.intermediate(moe.as_ref(), layers)?;
         let (rotary_dim, hybrid) = if arch.is_hybrid() {
             let (rotary_dim, hybrid) =
-                hybrid_shape(path, kp, config, rope, arch, layers, head_dim)?;
+                hybrid_shape(path, keys.prefix, keys.config, rope, arch, layers, head_dim)?;
             (rotary_dim, Some(hybrid))
         } else {
             (head_dim, None)
@@ -408,7 +222,7 @@ impl ModelConfig {
         let cfg = ModelConfig {
             moe,
             rotary_dim,
-            prefix: prefix.to_owned(),
+            prefix: text.tensor_prefix.to_owned(),
             hybrid,
             biases,
             arch,
@@ -418,19 +232,22 @@ impl ModelConfig {
             heads,
             kv_heads,
             head_dim,
-            vocab: uint("vocab_size")?,
-            rms_eps: float_in(config, "rms_norm_eps", "rms_norm_eps")?.unwrap_or(1e-6),
+            vocab: keys.uint("vocab_size")?,
+            rms_eps: keys
+                .float_in(keys.config, "rms_norm_eps", "rms_norm_eps")?
+                .unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
-            tie_embeddings: config
+            // A VLM may state it on the wrapper rather than in its text_config.
+            tie_embeddings: keys
                 .get("tie_word_embeddings")
-                .or(top.get("tie_word_embeddings"))
+                .or(config.get("tie_word_embeddings"))
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
             sliding_window,
-            max_positions: opt_uint("max_position_embeddings")?,
+            max_positions: keys.opt_uint("max_position_embeddings")?,
         };
-        cfg.validate(path, ConfigKeys::HuggingFace(kp))?;
+        cfg.validate(path, ConfigKeys::HuggingFace(keys.prefix))?;
         Ok(cfg)
     }
 
@@ -741,6 +558,291 @@ impl ConfigKeys<'_> {
                 };
                 format!("{arch}.{gguf}")
             }
+        }
+    }
+}
+
+/// The text model's settings within a `config.json`, and where its tensors are.
+struct HfText<'a> {
+    /// The top level's `model_type`: it picks the architecture.
+    model_type: &'a str,
+    /// The object every other key is read from: the top level, or a VLM's `text_config`.
+    config: &'a Value,
+    /// How keys read from `config` are spelled in errors (`text_config.`, or empty).
+    key_prefix: &'static str,
+    /// Where the text model's tensors are: `model`, or `model.language_model`.
+    tensor_prefix: &'static str,
+}
+
+impl<'a> HfText<'a> {
+    /// `model_type`, and for a Qwen3.5 vision-language checkpoint its `text_config`, checked to
+    /// be an object of the matching text type before any key is read from it.
+    fn read(path: &Path, config: &'a Value) -> Result<HfText<'a>> {
+        let model_type = config
+            .get("model_type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| {
+                Error::format(
+                    path,
+                    Some("model_type"),
+                    "missing (needed to choose the architecture)",
+                )
+            })?;
+        // A Qwen3.5 vision-language checkpoint: the text model's settings are its text_config.
+        let text_type = match model_type {
+            "qwen3_5" => "qwen3_5_text",
+            "qwen3_5_moe" => "qwen3_5_moe_text",
+            _ => {
+                return Ok(HfText {
+                    model_type,
+                    config,
+                    key_prefix: "",
+                    tensor_prefix: "model",
+                });
+            }
+        };
+        let text = config
+            .get("text_config")
+            .filter(|v| v.is_object())
+            .ok_or_else(|| {
+                Error::format(
+                    path,
+                    Some("text_config"),
+                    format!("missing or not an object (a {model_type} checkpoint nests its text model's settings there)"),
+                )
+            })?;
+        match text.get("model_type") {
+            None => {}
+            Some(Value::String(t)) if t == text_type => {}
+            Some(other) => {
+                return Err(Error::format(
+                    path,
+                    Some("text_config.model_type"),
+                    format!("is {other}; a {model_type} checkpoint's text model is {text_type}"),
+                ));
+            }
+        }
+        Ok(HfText {
+            model_type,
+            config: text,
+            key_prefix: "text_config.",
+            tensor_prefix: "model.language_model",
+        })
+    }
+}
+
+/// One `config.json` object read key by key: every value type-checked, and every error naming
+/// the key as the file spells it (`text_config.head_dim` in a VLM's nested text model).
+#[derive(Clone, Copy)]
+struct HfKeys<'a> {
+    path: &'a Path,
+    config: &'a Value,
+    /// Put before each key an error names (`text_config.`, or empty).
+    prefix: &'a str,
+}
+
+impl<'a> HfKeys<'a> {
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.config.get(key)
+    }
+
+    /// A format error at `key`.
+    fn bad(&self, key: &str, rule: String) -> Error {
+        Error::format(self.path, Some(&format!("{}{key}", self.prefix)), rule)
+    }
+
+    /// An unsupported-setting error at `key`.
+    fn unsupported(&self, key: &str, rule: String) -> Error {
+        Error::unsupported(self.path, Some(&format!("{}{key}", self.prefix)), rule)
+    }
+
+    /// A required positive integer.
+    fn uint(&self, key: &str) -> Result<usize> {
+        match self.get(key) {
+            Some(v) => v
+                .as_u64()
+                .filter(|&n| n > 0)
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| self.bad(key, format!("must be a positive integer, found {v}"))),
+            None => Err(self.bad(key, "missing".into())),
+        }
+    }
+
+    /// An optional positive integer: absent or null is `None`, anything else must be one.
+    fn opt_uint(&self, key: &str) -> Result<Option<usize>> {
+        match self.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(_) => self.uint(key).map(Some),
+        }
+    }
+
+    /// The number at `key` of `map` (this object or one nested in it), named `name` in errors.
+    /// A float key present with another type is an error naming it, never the default.
+    fn float_in(&self, map: &Value, key: &str, name: &str) -> Result<Option<f64>> {
+        match map.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.bad(name, format!("must be a number, found {v}"))),
+        }
+    }
+
+    /// A boolean; absent or null is false.
+    fn flag(&self, key: &str) -> Result<bool> {
+        match self.get(key) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(self.bad(key, format!("must be true or false, found {v}"))),
+        }
+    }
+}
+
+/// The decoder's settings in `config.json`, one reader per concern, in the order `from_hf`
+/// checks them.
+impl HfKeys<'_> {
+    /// The architecture `model_type` names, or an error listing the supported ones.
+    fn arch(&self, model_type: &str) -> Result<Arch> {
+        Arch::from_name(model_type).ok_or_else(|| {
+            self.unsupported(
+                "model_type",
+                format!(
+                    "architecture `{model_type}` is not supported by the native runner (supported: {})",
+                    SUPPORTED.join(", ")
+                ),
+            )
+        })
+    }
+
+    /// `head_dim`, or `hidden_size / num_attention_heads` where transformers derives it.
+    fn head_dim(&self, hidden: usize, heads: usize) -> Result<usize> {
+        match self.opt_uint("head_dim")? {
+            Some(d) => Ok(d),
+            None if hidden % heads == 0 => Ok(hidden / heads),
+            None => Err(self.bad(
+                "head_dim",
+                format!(
+                    "missing, and hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
+                ),
+            )),
+        }
+    }
+
+    /// `rope_theta` at the top level, else in the RoPE object (transformers 5's
+    /// `rope_parameters`), else 10⁴.
+    fn rope_theta(&self, rope: Option<&Value>) -> Result<f64> {
+        if let Some(t) = self.float_in(self.config, "rope_theta", "rope_theta")? {
+            return Ok(t);
+        }
+        let nested = match rope {
+            Some(r) if r.is_object() => {
+                self.float_in(r, "rope_theta", "rope_parameters.rope_theta")?
+            }
+            _ => None,
+        };
+        Ok(nested.unwrap_or(10_000.0))
+    }
+
+    /// The RoPE object's scaling: none for `default`, Llama 3's four numbers for `llama3`, and
+    /// any other type unsupported (a scaling the runner ignored would change every logit).
+    fn rope_scaling(&self, rope: Option<&Value>) -> Result<Option<Llama3Scaling>> {
+        let Some(r) = rope.filter(|r| !r.is_null()) else {
+            return Ok(None);
+        };
+        let kind = r
+            .get("rope_type")
+            .or(r.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        match kind {
+            "default" => Ok(None),
+            "llama3" => {
+                let f = |k: &str| {
+                    self.float_in(r, k, &format!("rope_scaling.{k}"))?
+                        .ok_or_else(|| {
+                            self.bad("rope_scaling", format!("llama3 scaling needs `{k}`"))
+                        })
+                };
+                Ok(Some(Llama3Scaling {
+                    factor: f("factor")?,
+                    low_freq_factor: f("low_freq_factor")?,
+                    high_freq_factor: f("high_freq_factor")?,
+                    original_max_position: f("original_max_position_embeddings")?,
+                }))
+            }
+            other => Err(self.unsupported(
+                "rope_scaling",
+                format!(
+                    "RoPE scaling `{other}` is not supported by the native runner (supported: default, llama3)"
+                ),
+            )),
+        }
+    }
+
+    /// The attention window, read only where sliding-window attention is on
+    /// (`use_sliding_window`, which Mistral defaults to).
+    fn sliding_window(&self, arch: Arch) -> Result<Option<usize>> {
+        let use_sliding = self
+            .get("use_sliding_window")
+            .and_then(Value::as_bool)
+            .unwrap_or(arch == Arch::Mistral);
+        if use_sliding {
+            self.opt_uint("sliding_window")
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Which linear modules carry a bias, as transformers builds them: fixed by the
+    /// architecture, or its `attention_bias` (and Llama's `mlp_bias`) flags.
+    fn biases(&self, arch: Arch) -> Result<Biases> {
+        Ok(match arch {
+            Arch::Qwen2 => Biases {
+                qkv: true,
+                o: false,
+                mlp: false,
+            },
+            Arch::Mistral => Biases::default(),
+            Arch::Llama
+            | Arch::Qwen3
+            | Arch::Qwen3Moe
+            | Arch::Qwen3_5Text
+            | Arch::Qwen3_5
+            | Arch::Qwen3_5MoeText
+            | Arch::Qwen3_5Moe
+            | Arch::Qwen3Next => {
+                let attention = self.flag("attention_bias")?;
+                Biases {
+                    qkv: attention,
+                    o: attention,
+                    mlp: arch == Arch::Llama && self.flag("mlp_bias")?,
+                }
+            }
+        })
+    }
+
+    /// The mixture-of-experts blocks, for an architecture that has them.
+    fn moe(&self, arch: Arch, layers: usize) -> Result<Option<MoeConfig>> {
+        let family = match arch {
+            Arch::Qwen3Moe => MoeFamily::Qwen3Moe,
+            Arch::Qwen3_5MoeText | Arch::Qwen3_5Moe => MoeFamily::Qwen35Moe,
+            // transformers: num_experts 0 makes every Qwen3-Next MLP dense.
+            Arch::Qwen3Next if self.get("num_experts").and_then(Value::as_u64) != Some(0) => {
+                MoeFamily::Qwen3Next
+            }
+            _ => return Ok(None),
+        };
+        MoeConfig::from_hf_at(self.path, self.config, family, layers, self.prefix).map(Some)
+    }
+
+    /// `intermediate_size`, the dense MLP width. A model whose every layer is sparse has none
+    /// (Qwen3.5-MoE): 0.
+    fn intermediate(&self, moe: Option<&MoeConfig>, layers: usize) -> Result<usize> {
+        let all_sparse = moe.is_some_and(|m| (0..layers).all(|i| m.is_sparse(i)));
+        match self.opt_uint("intermediate_size")? {
+            Some(n) => Ok(n),
+            None if all_sparse => Ok(0),
+            None => self.uint("intermediate_size"),
         }
     }
 }
