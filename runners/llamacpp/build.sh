@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Build llama.cpp's `llama-perplexity` from a pinned source a package registry serves: the
-# llama-cpp-python sdist, which vendors llama.cpp under vendor/llama.cpp. Prints the binary's
-# path on stdout (everything else goes to stderr).
+# Build llama.cpp's `llama-perplexity`, `llama-quantize` and `llama-imatrix` from a pinned source a package registry
+# serves: the llama-cpp-python sdist, which vendors llama.cpp under vendor/llama.cpp. Prints
+# llama-perplexity's path on stdout (everything else goes to stderr); llama-quantize and
+# llama-imatrix (for the real model's candidates) lie beside it.
 #
 #   runners/llamacpp/build.sh            CPU build (what CI and the llama.cpp runner's tests use)
 #   runners/llamacpp/build.sh --cuda     CUDA build (GGML_CUDA=ON; needs nvcc)
@@ -22,7 +23,8 @@ cache="${CARDPROOF_CACHE:-$HOME/.cache/cardproof}"
 
 # The pinned sdist, checked, unpacked into $1; sets $src to its vendor/llama.cpp.
 fetch_source() {
-  python3 -m pip download --quiet --no-deps --no-binary :all: --dest "$1" \
+  # Only this package as source: its build requirements (cmake among them) come as wheels.
+  python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python --dest "$1" \
     "llama-cpp-python==$VERSION" >&2
   local sdist="$1/llama_cpp_python-$VERSION.tar.gz"
   echo "$SHA256  $sdist" | sha256sum --check --quiet - >&2 || {
@@ -50,7 +52,7 @@ if [ "$backend" = cpu ] && [ -r /proc/cpuinfo ]; then
   cpu_key="-$(grep -m1 '^flags' /proc/cpuinfo | sha256sum | cut -c1-12)"
 fi
 out="$cache/llama-perplexity-$VERSION-${SHA256:0:12}-$backend$cpu_key"
-if [ -x "$out/llama-perplexity" ]; then
+if [ -x "$out/llama-perplexity" ] && [ -x "$out/llama-quantize" ] && [ -x "$out/llama-imatrix" ]; then
   echo "$out/llama-perplexity"
   exit 0
 fi
@@ -63,8 +65,10 @@ flags=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF
        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF)
 [ "$backend" = cuda ] && flags+=(-DGGML_CUDA=ON)
 cmake -S "$src" -B "$work/build" "${flags[@]}" >&2
-cmake --build "$work/build" --target llama-perplexity -j "$(nproc)" >&2
+cmake --build "$work/build" --target llama-perplexity llama-quantize llama-imatrix -j "$(nproc)" >&2
 mkdir -p "$out"
-cp "$work/build/bin/llama-perplexity" "$out/llama-perplexity.tmp"
-mv "$out/llama-perplexity.tmp" "$out/llama-perplexity"
+for bin in llama-quantize llama-imatrix llama-perplexity; do
+  cp "$work/build/bin/$bin" "$out/$bin.tmp"
+  mv "$out/$bin.tmp" "$out/$bin"
+done
 echo "$out/llama-perplexity"
