@@ -413,10 +413,14 @@ impl Decoder {
                     "the config ties the word embeddings (tie_word_embeddings: true), so transformers uses model.embed_tokens.weight as the output layer and ignores this lm_head, which differs from it: the checkpoint and its config disagree",
                 ));
             }
+            let input = store.tied_head_input(&embed_name);
+            if input != InputQuant::None {
+                *report.activations.entry(input.describe()).or_default() += 1;
+            }
             Lin {
                 wt: embed.as_head().map_err(cerr(store, "lm_head"))?,
                 bias: None,
-                input: InputQuant::None,
+                input,
             }
         } else if lm_head_stored {
             linear("lm_head", c.vocab, c.hidden, &mut report)?

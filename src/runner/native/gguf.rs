@@ -332,6 +332,29 @@ impl GgufStore {
             .and_then(|b| u32::try_from(b).ok())
     }
 
+    /// How a matrix product over a weight of type `ggml` rounds its input in the emulated
+    /// engine: ggml's CPU path quantizes it to the type's `vec_dot_type`.
+    fn emulated_input(&self, ggml: Option<GgmlType>) -> InputQuant {
+        match (self.emulate, ggml) {
+            (Emulate::LlamacppCpu, Some(t)) => match t {
+                GgmlType::Q4_0
+                | GgmlType::Q4_1
+                | GgmlType::Q5_0
+                | GgmlType::Q5_1
+                | GgmlType::Q8_0 => InputQuant::Ggml(GgmlActivation::Q8_0),
+                GgmlType::Q2_K
+                | GgmlType::Q3_K
+                | GgmlType::Q4_K
+                | GgmlType::Q5_K
+                | GgmlType::Q6_K => InputQuant::Ggml(GgmlActivation::Q8K),
+                GgmlType::F16 => InputQuant::Ggml(GgmlActivation::F16),
+                GgmlType::BF16 => InputQuant::Ggml(GgmlActivation::Bf16),
+                _ => InputQuant::None,
+            },
+            _ => InputQuant::None,
+        }
+    }
+
     /// How a Hugging Face tensor is found in this file, if it is.
     fn plan(&self, hf: &str) -> Option<Plan> {
         let plan = match &self.family {
@@ -559,24 +582,7 @@ impl WeightStore for GgufStore {
         };
         let ggml = self.primary(&format!("{module}.weight")).map(|t| t.ty);
         let ty = ggml.map_or("?", GgmlType::name);
-        let input = match (self.emulate, ggml) {
-            (Emulate::LlamacppCpu, Some(t)) => match t {
-                GgmlType::Q4_0
-                | GgmlType::Q4_1
-                | GgmlType::Q5_0
-                | GgmlType::Q5_1
-                | GgmlType::Q8_0 => InputQuant::Ggml(GgmlActivation::Q8_0),
-                GgmlType::Q2_K
-                | GgmlType::Q3_K
-                | GgmlType::Q4_K
-                | GgmlType::Q5_K
-                | GgmlType::Q6_K => InputQuant::Ggml(GgmlActivation::Q8K),
-                GgmlType::F16 => InputQuant::Ggml(GgmlActivation::F16),
-                GgmlType::BF16 => InputQuant::Ggml(GgmlActivation::Bf16),
-                _ => InputQuant::None,
-            },
-            _ => InputQuant::None,
-        };
+        let input = self.emulated_input(ggml);
         let bias = self.load(&format!("{module}.bias"))?.map(|b| b.data);
         Ok(Linear {
             out,
@@ -590,6 +596,10 @@ impl WeightStore for GgufStore {
 
     fn kv_cache(&self, _attention: &str) -> Result<Option<KvQuant>> {
         Ok((self.emulate == Emulate::LlamacppCpu).then_some(KvQuant::F16))
+    }
+
+    fn tied_head_input(&self, embedding: &str) -> InputQuant {
+        self.emulated_input(self.primary(embedding).map(|t| t.ty))
     }
 
     fn tensor_sha256(&self, name: &str) -> Result<Option<String>> {

@@ -113,6 +113,13 @@ pub trait WeightStore {
     }
     /// FP8 KV-cache scales of one attention module, if the checkpoint declares a quantized cache.
     fn kv_cache(&self, attention: &str) -> Result<Option<KvQuant>>;
+    /// How the output layer's input is rounded when the output layer is the tied embedding
+    /// `embedding`: an engine multiplies by the embedding as stored, so an emulated engine
+    /// rounds that product's input as it rounds any other (llama.cpp: the embedding type's
+    /// dot-product partner). Nothing by default.
+    fn tied_head_input(&self, _embedding: &str) -> InputQuant {
+        InputQuant::None
+    }
     /// SHA-256 of a tensor's bytes as stored (identifies the lm_head whatever its format).
     fn tensor_sha256(&self, name: &str) -> Result<Option<String>>;
     /// The stored dtype of a tensor, lower case (`bf16`), or `unknown`.
