@@ -19,8 +19,8 @@ pub use base_file::{
     BaseFile, BaseFileWriter, BaseRow, BaseStream, MAGIC, MAX_STREAM_TOKENS, RowReader, encode_row,
 };
 pub use compat::{
-    CompatAccumulator, CompatStats, KL_GATE, MIN_ROWS, RowScore, compare_base_files, row_kld,
-    score_row, score_row_log_probs,
+    CompatAccumulator, CompatStats, KL_GATE, MIN_ROWS, RowScore, clamped_reference_mass,
+    compare_base_files, row_kld, score_row, score_row_log_probs,
 };
 pub use printed::{
     PrintedLines, PrintedStats, parse_printed, parse_printed_blocks, parse_printed_located,

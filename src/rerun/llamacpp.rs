@@ -480,7 +480,7 @@ pub(super) fn run_recorded(
         &report,
     )?;
     let gate_record = match (&pair.printed, gate_printout) {
-        (Some(printed), true) => Some(engine::gate(&pair.compat, printed, pair.clamped_candidate_tokens).map_err(|e| {
+        (Some(printed), true) => Some(engine::gate(&pair.compat, printed, pair.clamped_candidate_tokens, pair.clamped_reference_mass).map_err(|e| {
             Error::runner(
                 &binary,
                 format!(

@@ -33,7 +33,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::kld::llamacpp::{
-    BaseRow, CompatAccumulator, CompatStats, PrintedStats, RowScore, score_row_log_probs,
+    BaseRow, CompatAccumulator, CompatStats, PrintedStats, RowScore, clamped_reference_mass,
+    score_row_log_probs,
 };
 use crate::runner::child::{self, Child, Output, Progressing, Watch};
 
@@ -529,6 +530,9 @@ pub struct PairRun {
     /// candidate NLL (and so PPL(Q)) reads as the floor, a lower bound (llama.cpp's own pass
     /// reads the candidate's full logits).
     pub clamped_candidate_tokens: u64,
+    /// The reference's probability, summed over the rows, on entries llama.cpp's KL counts
+    /// where the candidate's stored row is at its floor ([`clamped_reference_mass`]).
+    pub clamped_reference_mass: f64,
     /// What llama.cpp's own KLD pass printed (absent without the gate).
     pub printed: Option<Printed>,
     /// What the reference's and the candidate's runs did, from their logs.
@@ -642,6 +646,9 @@ pub struct ScoredRow {
     /// The true token lies below the candidate's stored 16-nat window: its NLL reads as the
     /// floor, a lower bound.
     pub clamped: bool,
+    /// The reference's probability on the entries the candidate's window clamps
+    /// ([`clamped_reference_mass`]).
+    pub clamped_mass: f64,
 }
 
 fn score_pair(a: &BaseRow, b: &BaseRow, token: i32, buf: &mut [f32]) -> ScoredRow {
@@ -649,6 +656,7 @@ fn score_pair(a: &BaseRow, b: &BaseRow, token: i32, buf: &mut [f32]) -> ScoredRo
     ScoredRow {
         score: score_row_log_probs(a, buf, token),
         clamped: b.scale > 0.0 && b.codes.get(token as usize) == Some(&0),
+        clamped_mass: clamped_reference_mass(a, b),
     }
 }
 
@@ -784,6 +792,7 @@ pub fn run_pair(
         let mut acc = CompatAccumulator::new();
         let mut r = 0u64;
         let mut clamped = 0u64;
+        let mut clamped_mass = 0f64;
         progress(0, total_chunks);
         // Rows are read in order (the gate's stream is forwarded as read) and scored a batch at
         // a time on every worker thread; each batch's rows then reach the accumulator and
@@ -834,6 +843,7 @@ pub fn run_pair(
             for ((ra, rb, token), s) in batch.iter().zip(&scored) {
                 acc.push_score(s.score);
                 clamped += u64::from(s.clamped);
+                clamped_mass += s.clamped_mass;
                 row(ra, rb, s, r, *token)?;
                 r += 1;
                 if r.is_multiple_of(per_chunk) {
@@ -895,6 +905,7 @@ pub fn run_pair(
                 tokens: std::mem::take(&mut a.tokens),
                 compat,
                 clamped_candidate_tokens: clamped,
+                clamped_reference_mass: clamped_mass,
                 printed,
                 reference_observed: observe(&log_of("reference")),
                 candidate_observed: observe(&log_of("candidate")),
@@ -1195,8 +1206,17 @@ pub struct PrintoutGate {
     pub rows: u64,
     pub printed_kld_mean: f64,
     pub cardproof_kld_mean: f64,
-    /// The largest difference of mean KLD the gate allows.
+    /// The largest difference of mean KLD the gate allows either way: the candidate's uint16
+    /// rounding (six standard deviations of its mean) and half a unit of the printed digit.
     pub allowed: f64,
+    /// The reference's probability per row, on average, on entries llama.cpp's KL counts where
+    /// the candidate's stored row is at its floor: those terms read low in cardproof's reduction.
+    #[serde(default)]
+    pub clamped_reference_mass: f64,
+    /// How much further below the printout cardproof's mean KLD may lie: `clamped_reference_mass`
+    /// times [`CLAMP_DEPTH`] nats.
+    #[serde(default)]
+    pub clamp_allowance: f64,
     pub printed_ppl_q: f64,
     /// A lower bound of llama.cpp's where `clamped_candidate_tokens` is not 0.
     pub cardproof_ppl_q: f64,
@@ -1207,17 +1227,31 @@ pub struct PrintoutGate {
     pub cardproof_same_top: f64,
 }
 
+/// How far below the candidate's floor a clamped entry is taken to lie, in nats: the clamp
+/// allowance is this times the reference's probability on clamped entries. (Measured on the real
+/// model, runners/llamacpp/real_model.sh: see docs/DESIGN.md, "The printout gate".)
+pub const CLAMP_DEPTH: f64 = 16.0;
+
 /// The printout gate: llama.cpp's printout against cardproof's llama.cpp-compatible reduction of
-/// the same rows. The candidate's rows reach cardproof as uint16 codes (at most
-/// `scale/2 <= 1.22e-4` nats off per log-prob) while llama.cpp's pass uses its full-precision
-/// logits, so each row's KL and NLL differ by at most 1.22e-4, and their means by a sum of
-/// independent roundings (sd <= 1.22e-4/√(3n)): the gate allows six of those standard
-/// deviations plus half a unit of the printed last digit. Top-1 agreement may differ where the
-/// candidate's two best entries round to one code: one row in a thousand, plus the half-unit.
+/// the same rows. The candidate's rows reach cardproof as uint16 codes while llama.cpp's pass
+/// uses its full-precision logits, which the streams lose two ways:
+///
+/// - rounding: at most `scale/2 <= 1.22e-4` nats per log-prob, so each row's KL and NLL differ
+///   by at most 1.22e-4 and their means by a sum of independent roundings (sd <=
+///   1.22e-4/√(3n)): six of those standard deviations plus half a unit of the printed last
+///   digit, either way (`allowed`);
+/// - the clamp: an entry 16 nats or more below the candidate's top is stored at the floor, so
+///   its KL term reads low by `p·(floor − log q)`, never high. From the rows themselves: the
+///   reference's probability on such entries, times [`CLAMP_DEPTH`] nats, is how much further
+///   below the printout cardproof's mean may lie (`clamp_allowance`), never above it.
+///
+/// Top-1 agreement may differ where the candidate's two best entries round to one code: one row
+/// in a thousand, plus the half-unit.
 pub fn gate(
     compat: &CompatStats,
     p: &Printed,
     clamped: u64,
+    clamped_mass: f64,
 ) -> std::result::Result<PrintoutGate, String> {
     const STEP: f64 = 1.22e-4;
     let printed = &p.stats;
@@ -1232,11 +1266,14 @@ pub fn gate(
         ));
     };
     let allowed = spread + p.half_unit;
+    let clamped_reference_mass = clamped_mass / n;
+    let clamp_allowance = CLAMP_DEPTH * clamped_reference_mass;
     let d = compat.kld_mean.0 - kld;
-    if d.abs() > allowed || !d.is_finite() {
+    if d > allowed || d < -(allowed + clamp_allowance) || !d.is_finite() {
         return Err(format!(
-            "mean KLD: llama.cpp printed {kld}, cardproof's reduction of the same rows gives {:.7} (difference {d:+.2e}, allowed {allowed:.1e})",
-            compat.kld_mean.0
+            "mean KLD: llama.cpp printed {kld}, cardproof's reduction of the same rows gives {:.7} (difference {d:+.2e}, allowed +{allowed:.1e} / -{:.1e}: rounding, and {clamped_reference_mass:.1e} of the reference's probability per row on entries the candidate's window clamps)",
+            compat.kld_mean.0,
+            allowed + clamp_allowance
         ));
     }
     // PPL(Q) is printed with 4 decimals. Where the candidate's true token fell below its stored
@@ -1271,6 +1308,8 @@ pub fn gate(
         printed_kld_mean: kld,
         cardproof_kld_mean: compat.kld_mean.0,
         allowed,
+        clamped_reference_mass,
+        clamp_allowance,
         printed_ppl_q: ppl_q,
         cardproof_ppl_q: compat.ppl_q.0,
         clamped_candidate_tokens: clamped,
@@ -1322,6 +1361,89 @@ pub fn inherited_settings() -> std::collections::BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kld::llamacpp::encode_row;
+
+    /// Reference and candidate logits over 64 entries for `rows` rows: the candidate is the
+    /// reference slightly moved, and on every fourth row drops entries the reference gives
+    /// e^-6..e^-9 to `depth` nats below its top (past its stored 16-nat window). Returns
+    /// llama.cpp's own statistics (the candidate's full logits), cardproof's reduction of the
+    /// stored rows, and the clamped reference mass summed over the rows.
+    fn clamped_run(rows: usize, depth: f32) -> (CompatStats, CompatStats, f64) {
+        let (mut truth, mut stream, mut mass) =
+            (CompatAccumulator::new(), CompatAccumulator::new(), 0f64);
+        for r in 0..rows {
+            let reference: Vec<f32> = (0..64)
+                .map(|i| {
+                    if i == 0 {
+                        4.0
+                    } else {
+                        -((i % 9) as f32) - 0.37 * (r % 5) as f32
+                    }
+                })
+                .collect();
+            let mut candidate: Vec<f32> = reference
+                .iter()
+                .enumerate()
+                .map(|(i, l)| l + 0.01 * ((i * 7 + r) % 11) as f32 - 0.05)
+                .collect();
+            if r % 4 == 0 {
+                for i in [6, 7, 8] {
+                    candidate[i] = candidate[0] - depth;
+                }
+            }
+            let ref_row = encode_row(&reference);
+            let cand_row = encode_row(&candidate);
+            truth.push(&ref_row, &candidate, 0);
+            stream.push_score(score_row_log_probs(&ref_row, &cand_row.decode(), 0));
+            mass += clamped_reference_mass(&ref_row, &cand_row);
+        }
+        (truth.finish().unwrap(), stream.finish().unwrap(), mass)
+    }
+
+    fn printed_of_stats(s: &CompatStats, kld_scale: f64) -> Printed {
+        Printed {
+            stats: PrintedStats {
+                ppl_q: Some((s.ppl_q.0, s.ppl_q.1)),
+                kld_mean: Some((s.kld_mean.0 * kld_scale, s.kld_mean.1)),
+                same_top: Some((s.same_top.0, s.same_top.1)),
+                ..PrintedStats::default()
+            },
+            source: "test",
+            half_unit: 5e-6,
+        }
+    }
+
+    #[test]
+    fn the_gate_allows_the_windows_clamp_below_the_printout_and_nothing_above_it() {
+        let (truth, stream, mass) = clamped_run(400, 24.0);
+        assert!(mass > 0.0);
+        let bias = truth.kld_mean.0 - stream.kld_mean.0;
+        // The clamp reads every clamped term low: far more than the rounding allows.
+        let rounding = 6.0 * 1.22e-4 / (3.0 * stream.n as f64).sqrt() + 5e-6;
+        assert!(bias > rounding, "bias {bias} vs rounding {rounding}");
+        // Honest both ways: llama.cpp's own printout passes ...
+        let g = gate(&stream, &printed_of_stats(&truth, 1.0), 0, mass).unwrap();
+        assert!(g.clamp_allowance >= bias - g.allowed, "{g:?}");
+        assert!((g.clamped_reference_mass - mass / stream.n as f64).abs() < 1e-15);
+        // ... a printout raised past the clamp's allowance, or lowered past the rounding's,
+        // does not.
+        let high = (stream.kld_mean.0 + 2.0 * (g.allowed + g.clamp_allowance)) / truth.kld_mean.0;
+        let e = gate(&stream, &printed_of_stats(&truth, high), 0, mass).unwrap_err();
+        assert!(e.contains("mean KLD") && e.contains("clamps"), "{e}");
+        let low = (stream.kld_mean.0 - 3.0 * g.allowed) / truth.kld_mean.0;
+        assert!(gate(&stream, &printed_of_stats(&truth, low), 0, mass).is_err());
+    }
+
+    #[test]
+    fn without_clamped_entries_the_gate_is_symmetric() {
+        let (truth, stream, mass) = clamped_run(400, 10.0);
+        assert_eq!(mass, 0.0);
+        let g = gate(&stream, &printed_of_stats(&truth, 1.0), 0, mass).unwrap();
+        assert_eq!(g.clamp_allowance, 0.0);
+        assert!((truth.kld_mean.0 - stream.kld_mean.0).abs() <= g.allowed);
+        let scale = 1.0 + 3.0 * g.allowed / truth.kld_mean.0;
+        assert!(gate(&stream, &printed_of_stats(&truth, scale), 0, mass).is_err());
+    }
 
     #[test]
     fn versions_of_upstream_and_source_releases_are_read() {

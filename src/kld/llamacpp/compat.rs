@@ -82,6 +82,31 @@ fn kl_sum(reference: &BaseRow, logits: &[f32], log_z: f32) -> (f64, usize) {
     (sum, imax_base)
 }
 
+/// The reference's probability on the entries llama.cpp's KL sum counts (log p above
+/// [`KL_GATE`]) where the candidate's stored row is at its floor (code 0 of a full 16-nat window:
+/// the log-prob lies 16 nats or more below the candidate's top, or rounds to the bottom). Those entries
+/// read as the floor, so a reduction of the stored rows counts each one's KL term
+/// `p·(log p − log q)` with `log q` raised to the floor: low by `p·(floor − log q)`, never high.
+/// Zero when the candidate's window is narrower than 16 nats: its floor is then its lowest
+/// entry, stored exactly, and nothing was clamped.
+pub fn clamped_reference_mass(reference: &BaseRow, candidate: &BaseRow) -> f64 {
+    // llama.cpp's window is `max(min, max - 16)..max` over 65535 steps; f32 rounding of
+    // `max - 16` keeps a full window's scale within a hair of 16/65535.
+    const FULL_WINDOW_SCALE: f32 = 15.99 / 65535.0;
+    if candidate.scale < FULL_WINDOW_SCALE {
+        return 0.0;
+    }
+    reference
+        .codes
+        .iter()
+        .zip(&candidate.codes)
+        .filter(|&(_, &c)| c == 0)
+        .map(|(&q, _)| reference.scale * f32::from(q) + reference.min_log_prob)
+        .filter(|&log_p| log_p > KL_GATE)
+        .map(|log_p| f64::from(log_p.exp()))
+        .sum()
+}
+
 fn check_row(reference: &BaseRow, candidate_logits: &[f32]) {
     assert!(
         !candidate_logits.is_empty() && candidate_logits.len() == reference.codes.len(),
