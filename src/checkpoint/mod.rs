@@ -10,8 +10,15 @@ pub mod mmap;
 pub mod quant_config;
 pub mod safetensors;
 
-/// Whether a directory holds checkpoint files (safetensors or GGUF) next to its card.
+/// Whether a directory holds checkpoint files (safetensors or GGUF) next to its card, or the path
+/// is a GGUF file itself.
 pub fn has_checkpoint(dir: &std::path::Path) -> bool {
+    if dir
+        .extension()
+        .is_some_and(|x| x.eq_ignore_ascii_case("gguf"))
+    {
+        return std::fs::metadata(dir).is_ok_and(|m| m.is_file());
+    }
     std::fs::read_dir(dir).is_ok_and(|entries| {
         entries.filter_map(|e| e.ok()).any(|e| {
             let path = e.path();

@@ -80,6 +80,12 @@ pub struct Candidate {
     /// exact bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files_sha256: Option<Sha256>,
+    /// The one file measured, when the candidate is a single file beside the card (a GGUF among
+    /// a repository's files): `files_sha256` is then that file's digest, and `verify` of the
+    /// directory verifies this file. A bare file name: never a path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[^/\\]+$"), length(min = 1, max = 255))]
+    pub file: Option<String>,
 }
 
 /// How the candidate was quantized.

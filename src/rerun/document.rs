@@ -281,6 +281,9 @@ pub struct DraftCandidate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<String>,
     pub files_sha256: Sha256,
+    /// The measured file's name when the candidate was one file (a GGUF), not a directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
 }
 
 impl Measurement {

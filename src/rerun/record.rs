@@ -129,6 +129,7 @@ fn fidelity_draft(
             repo: None,
             revision: None,
             files_sha256: Sha256(candidate.manifest_sha256.clone()),
+            file: single_file_name(&candidate.path),
         },
         runtime: runtime(environment),
         eval: disclosure::Eval {
@@ -300,4 +301,14 @@ pub fn llamacpp_flags(
         }),
     );
     flags
+}
+
+/// The candidate's file name when it was measured as one file (a GGUF), not a directory: the
+/// card written beside it names the file it describes.
+fn single_file_name(path: &str) -> Option<String> {
+    let p = Path::new(path);
+    if !p.is_file() {
+        return None;
+    }
+    p.file_name()?.to_str().map(str::to_owned)
 }

@@ -23,7 +23,8 @@ pub use report::Report;
 
 /// What to verify.
 pub struct VerifyRequest<'a> {
-    /// The candidate: a model directory holding its card (README.md).
+    /// The candidate: a model directory holding its card (README.md), or a GGUF file with its
+    /// card beside it ([`read_card`]'s one layout rule).
     pub model: &'a Path,
     /// The reference checkpoint.
     pub reference: Option<&'a Path>,
@@ -343,7 +344,7 @@ pub fn verify(
     let mut ctx = lint_context(&read.lint);
     stage("hashing");
     let manifest = hash_path(
-        r.model,
+        &read.checkpoint,
         &HashOptions {
             threads: Some(r.threads),
             include_all: false,
@@ -381,6 +382,9 @@ pub fn verify(
 /// headers, its `fidelity` block as JSON and as typed sections, and its claims.
 struct ReadCard {
     path: PathBuf,
+    /// What the card's claims are about: the directory, or the one file in it (`candidate.file`
+    /// or the GGUF file `verify` was given).
+    checkpoint: PathBuf,
     /// The card's directory: the files a card names are looked for inside it ([`card_file`]).
     dir: PathBuf,
     card: Card,
@@ -429,21 +433,34 @@ impl ReadCard {
     }
 }
 
-/// Open the model directory's card and lint it against its checkpoint: a directory without a
-/// checkpoint is refused before anything is linted.
+/// Open the card and lint it against its checkpoint, by one layout rule for files and
+/// directories: a directory means its README.md, and the checkpoint is the directory or, when
+/// the card's `candidate.file` names one, that file in it; a GGUF file means the README.md beside
+/// it, and the checkpoint is that file (a card naming another file is refused). A directory
+/// without a checkpoint is refused before anything is linted.
 fn read_card(model: &Path) -> Result<ReadCard> {
-    let path = crate::card::resolve_card_path(model)?;
+    let given_file = is_gguf_file(model);
+    let card_at = match (given_file, model.parent()) {
+        (true, Some(dir)) if !dir.as_os_str().is_empty() => dir,
+        (true, _) => Path::new("."),
+        (false, _) => model,
+    };
+    let path = crate::card::resolve_card_path(card_at)?;
     let card = Card::open(&path)?;
-    let inspections = if crate::checkpoint::has_checkpoint(model) {
-        crate::checkpoint::inspect::inspect_path(model)?
+    let fidelity_node = card.metadata().and_then(|m| m.get("fidelity"));
+    let named = fidelity_node
+        .map(|e| e.value.to_json())
+        .and_then(|f| f.pointer("/candidate/file")?.as_str().map(str::to_owned));
+    let checkpoint = card_checkpoint(model, card_at, given_file, named.as_deref(), &path)?;
+    let inspections = if crate::checkpoint::has_checkpoint(&checkpoint) {
+        crate::checkpoint::inspect::inspect_path(&checkpoint)?
     } else {
         return Err(Error::usage(
-            model,
+            &checkpoint,
             "holds no checkpoint (safetensors or GGUF) to verify",
         ));
     };
     let lint = crate::lint::lint_with_checkpoint(&card, &inspections);
-    let fidelity_node = card.metadata().and_then(|m| m.get("fidelity"));
     let disclosure = fidelity_node.map_or(serde_json::Value::Null, |e| e.value.to_json());
     let sections = Sections::read(&disclosure);
     let claims: Vec<Claim> = fidelity_node
@@ -452,6 +469,7 @@ fn read_card(model: &Path) -> Result<ReadCard> {
     Ok(ReadCard {
         dir: path.parent().unwrap_or(Path::new(".")).to_owned(),
         path,
+        checkpoint,
         card,
         inspections,
         lint,
@@ -459,6 +477,65 @@ fn read_card(model: &Path) -> Result<ReadCard> {
         sections,
         claims,
     })
+}
+
+fn is_gguf_file(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|x| x.eq_ignore_ascii_case("gguf"))
+        && std::fs::metadata(path).is_ok_and(|m| m.is_file())
+}
+
+/// The checkpoint a card describes (see [`read_card`]): `named` is the card's `candidate.file`,
+/// a bare name of a file beside the card, never a path.
+fn card_checkpoint(
+    model: &Path,
+    dir: &Path,
+    given_file: bool,
+    named: Option<&str>,
+    card: &Path,
+) -> Result<PathBuf> {
+    let Some(name) = named else {
+        return Ok(model.to_owned());
+    };
+    let bare = !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\\', '\0'])
+        && Path::new(name).components().count() == 1;
+    if !bare {
+        return Err(Error::format(
+            card,
+            Some("fidelity.candidate.file"),
+            format!(
+                "`{name}` is not a bare file name: the card names a file beside it, never a path"
+            ),
+        ));
+    }
+    if given_file {
+        let given = model.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if given != name {
+            return Err(Error::usage(
+                model,
+                format!(
+                    "the card beside it ({}) describes `{name}` (fidelity.candidate.file), not `{given}`: verify {}, or give `{given}` a card of its own",
+                    card.display(),
+                    dir.join(name).display()
+                ),
+            ));
+        }
+        return Ok(model.to_owned());
+    }
+    let file = dir.join(name);
+    if !std::fs::symlink_metadata(&file).is_ok_and(|m| m.is_file()) {
+        return Err(Error::usage(
+            card,
+            format!(
+                "fidelity.candidate.file names `{name}`, which is not a regular file in {}",
+                dir.display()
+            ),
+        ));
+    }
+    Ok(file)
 }
 
 /// What the card's lint decides for every claim: a missing or vague disclosure makes each
@@ -647,7 +724,7 @@ fn rerun_kv_cache(
 /// the sanity gates the card's own statements set.
 fn rerun_request<'a: 'l, 'l>(
     r: &VerifyRequest<'a>,
-    read: &ReadCard,
+    read: &'l ReadCard,
     lane: Lane<'l>,
     text: Option<&'l Path>,
     resolved: &rerun::Resolved,
@@ -657,7 +734,7 @@ fn rerun_request<'a: 'l, 'l>(
     let kv_cache = rerun_kv_cache(r.kv_cache, &lane, read.runtime());
     Ok(rerun::Request {
         lane,
-        candidate: r.model,
+        candidate: &read.checkpoint,
         eval_text: text,
         tokenizer: None,
         chat_template: chat_template_choice(&read.dir, read.eval(), &r.chat_template, text)?,
@@ -828,7 +905,7 @@ fn assemble_report(
         },
         verdict: claims::overall(&judged.results),
         summary: claims::summary(&judged.results),
-        checkpoint: checkpoint_record(r.model, manifest),
+        checkpoint: checkpoint_record(&read.checkpoint, manifest),
         card: card_record(read),
         reference: measurement.map(|m| m.reference.clone()),
         measurement: measurement.cloned(),

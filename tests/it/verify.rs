@@ -1369,3 +1369,70 @@ fn a_signed_measurement_binds_the_rows_of_its_set() {
         r.stdout
     );
 }
+
+/// One layout rule for files and directories: a GGUF measured as a file gets a card beside it
+/// naming the file (`candidate.file`), and that card verifies with the manifest it was measured
+/// with whether `verify` is given the file or the directory; a card beside a file naming another
+/// is refused, and so is a `candidate.file` that is a path.
+#[test]
+fn a_card_for_one_gguf_file_verifies_by_file_and_by_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let candidate = dir.path().join("candidate");
+    // The example's card (measured on the directory) is rewritten from the file's measurement.
+    crate::support::copy_model("shakespeare-q4_0-gguf", &candidate);
+    let file = candidate.join("model.gguf");
+    let text = crate::support::short_text(dir.path(), 2500);
+    let m = dir.path().join("m");
+    let r = crate::support::measure_short(&file, &text, &m, "100", &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = cardproof(&[
+        "card",
+        "--measurement",
+        m.join("measurement.json").to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 0, "card: {}", r.stderr);
+    let card = std::fs::read_to_string(candidate.join("README.md")).unwrap();
+    assert!(card.contains("file: model.gguf"), "{card}");
+    let reference = model("shakespeare-bf16");
+    let verify = |target: &Path, out: &str| {
+        cardproof(&[
+            "verify",
+            target.to_str().unwrap(),
+            "--reference",
+            reference.to_str().unwrap(),
+            "--eval-text",
+            text.to_str().unwrap(),
+            "--out",
+            dir.path().join(out).to_str().unwrap(),
+            "--json",
+        ])
+    };
+    for (target, out) in [(&file, "by-file"), (&candidate, "by-dir")] {
+        let r = verify(target, out);
+        assert_eq!(r.code, 0, "{out}: {}\n{}", r.stderr, r.stdout);
+        let report = r.json();
+        assert_eq!(report["verdict"], "reproduced", "{out}");
+        let files = &report["checkpoint"]["files"];
+        assert_eq!(files.as_array().unwrap().len(), 1, "{out}: {files}");
+    }
+
+    // A second GGUF beside the card is not what the card describes.
+    let other = candidate.join("other.gguf");
+    std::fs::copy(&file, &other).unwrap();
+    let r = verify(&other, "other");
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    let msg = r.message();
+    assert!(
+        msg.contains("describes `model.gguf`") && msg.contains("not `other.gguf`"),
+        "{msg}"
+    );
+    // A card whose candidate.file is a path is refused, never followed.
+    std::fs::write(
+        candidate.join("README.md"),
+        card.replace("file: model.gguf", "file: ../candidate/model.gguf"),
+    )
+    .unwrap();
+    let r = verify(&candidate, "path");
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert!(r.message().contains("not a bare file name"), "{}", r.message());
+}
