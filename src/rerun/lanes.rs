@@ -163,7 +163,8 @@ fn native_environment(
         tf32: None,
         lane: match emulate {
             Emulate::ReferenceSemantics => "reference semantics: weights dequantized exactly as their format defines, declared activation and KV-cache quantization emulated (fake-quant), exact softmax attention",
-            Emulate::LlamacppCpu => "llama.cpp cpu emulation: weights dequantized exactly, activations quantized to each weight type's ggml dot-product partner (q8_0, q8_K, f16, bf16), f16 KV cache",
+            Emulate::LlamacppCpu => "llama.cpp cpu emulation: weights dequantized exactly, activations quantized to each weight type's ggml dot-product partner (q8_0, q8_K, f16, bf16; the output head's too), f16 KV cache, flash attention (f32 over the f16 cache)",
+            Emulate::LlamacppCpuNoFa => "llama.cpp cpu emulation without flash attention: weights dequantized exactly, activations quantized to each weight type's ggml dot-product partner (q8_0, q8_K, f16, bf16; the output head's too), f16 KV cache, Q and the softmax weights rounded to f16 at their products with it",
         }
         .into(),
         tokenizer: None,

@@ -1205,6 +1205,9 @@ pub struct PrintoutGate {
     pub source: String,
     pub rows: u64,
     pub printed_kld_mean: f64,
+    /// The ± llama.cpp printed beside it: the standard error of the mean over its rows.
+    #[serde(default)]
+    pub printed_kld_mean_se: f64,
     pub cardproof_kld_mean: f64,
     /// The largest difference of mean KLD the gate allows either way: the candidate's uint16
     /// rounding (six standard deviations of its mean) and half a unit of the printed digit.
@@ -1257,7 +1260,7 @@ pub fn gate(
     let printed = &p.stats;
     let n = compat.n.max(1) as f64;
     let spread = 6.0 * STEP / (3.0 * n).sqrt();
-    let (Some((kld, _)), Some((ppl_q, _)), Some((top, _))) =
+    let (Some((kld, kld_se)), Some((ppl_q, _)), Some((top, _))) =
         (printed.kld_mean, printed.ppl_q, printed.same_top)
     else {
         return Err(format!(
@@ -1306,6 +1309,7 @@ pub fn gate(
         source: p.source.into(),
         rows: compat.n,
         printed_kld_mean: kld,
+        printed_kld_mean_se: kld_se,
         cardproof_kld_mean: compat.kld_mean.0,
         allowed,
         clamped_reference_mass,

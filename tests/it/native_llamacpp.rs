@@ -97,7 +97,7 @@ fn peer_check(emulate: Emulate) {
             "{ours_ppl_q} vs {ppl_q}"
         );
         match emulate {
-            Emulate::LlamacppCpu => {
+            Emulate::LlamacppCpu | Emulate::LlamacppCpuNoFa => {
                 assert!(
                     (ours_kld - kld).abs() < 2.0 * kld_se,
                     "{ours_kld} vs {kld} ± {kld_se}"

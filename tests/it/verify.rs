@@ -1434,5 +1434,9 @@ fn a_card_for_one_gguf_file_verifies_by_file_and_by_directory() {
     .unwrap();
     let r = verify(&candidate, "path");
     assert_eq!(r.code, 2, "{}", r.stdout);
-    assert!(r.message().contains("not a bare file name"), "{}", r.message());
+    assert!(
+        r.message().contains("not a bare file name"),
+        "{}",
+        r.message()
+    );
 }

@@ -587,8 +587,9 @@ pub struct MeasureArgs {
     /// Compute precision of the native runner's forward pass.
     #[arg(long, value_enum, default_value_t = ComputeArg::F32)]
     pub compute_dtype: ComputeArg,
-    /// Whose numerics to follow: exact reference semantics, or llama.cpp's CPU activation path
-    /// (GGUF models: activations quantized to q8_0/q8_K/f16 as ggml's dot products do, f16 KV).
+    /// Whose numerics to follow: exact reference semantics, or llama.cpp's CPU path (GGUF
+    /// models: activations quantized to q8_0/q8_K/f16 as ggml's dot products do, f16 KV; with
+    /// flash attention, llama.cpp's CPU default, or llamacpp-cpu-no-fa as `-fa off`).
     #[arg(long, value_enum, default_value_t = EmulateArg::Reference)]
     pub emulate: EmulateArg,
     /// The dtype the candidate's recurrent (Gated DeltaNet) state is kept in, emulating an
@@ -733,6 +734,7 @@ pub enum TorchDtypeArg {
 pub enum EmulateArg {
     Reference,
     LlamacppCpu,
+    LlamacppCpuNoFa,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -30,8 +30,10 @@ pub(super) fn lane(m: &Measured) -> String {
     use crate::runner::native::Emulate;
     let runner = m.doc.environment.runner.as_str();
     let mut lane = format!("cardproof-{runner}");
-    if m.doc.environment.emulate == Some(Emulate::LlamacppCpu) {
-        lane.push_str("-llamacpp-cpu");
+    match m.doc.environment.emulate {
+        Some(Emulate::LlamacppCpu) => lane.push_str("-llamacpp-cpu"),
+        Some(Emulate::LlamacppCpuNoFa) => lane.push_str("-llamacpp-cpu-no-fa"),
+        _ => {}
     }
     lane
 }

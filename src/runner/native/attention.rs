@@ -38,14 +38,16 @@ const KEY_BLOCK: usize = 512;
 
 /// `softmax(q kᵀ · scale + mask) v` per head: `q` `[n, heads, d]`, `k` and `v` `[t, kv_heads, d]`
 /// (query head `h` reads key head `h / (heads / kv_heads)`), `mask` `[n, t]` additive; the output
-/// is `[n, heads · d]`. `None` where the inputs are not f32 or not of these shapes: the caller
-/// runs candle's chain.
+/// is `[n, heads · d]`. With `f16_weights` the softmax weights are rounded to f16 before their
+/// product with the values (an engine's f16 product with an f16 cache). `None` where the inputs
+/// are not f32 or not of these shapes: the caller runs candle's chain.
 pub(super) fn attend(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     mask: &Tensor,
     scale: f64,
+    f16_weights: bool,
 ) -> candle_core::Result<Option<Tensor>> {
     if [q, k, v, mask].iter().any(|t| t.dtype() != DType::F32) {
         return Ok(None);
@@ -73,6 +75,7 @@ pub(super) fn attend(
         kv_heads,
         d,
         scale: scale as f32,
+        f16_weights,
     };
     with_f32(q, |q| {
         with_f32(k, |k| {
@@ -113,6 +116,7 @@ struct Shape {
     kv_heads: usize,
     d: usize,
     scale: f32,
+    f16_weights: bool,
 }
 
 /// [`attend`] on the tensors' values (shapes checked by the caller).
@@ -217,6 +221,10 @@ fn block_output(
     for (i, row) in scores.chunks_exact_mut(keys).enumerate() {
         let at = (r0 + i) * t;
         softmax_row(row, &mask[at..at + keys], s.scale);
+        if s.f16_weights {
+            row.iter_mut()
+                .for_each(|p| *p = half::f16::from_f32(*p).to_f32());
+        }
     }
     // out[rows, d] = Σ over key blocks of scores[.., block] · v_g[block].
     let mut out = vec![0f32; rows * d];
@@ -284,6 +292,51 @@ mod tests {
             .unwrap()
     }
 
+    /// llama.cpp without flash attention multiplies the f16 values by the softmax weights
+    /// rounded to f16: the blocked path gives the chain's product of the rounded weights.
+    #[test]
+    fn f16_weights_are_the_rounded_softmax_times_the_values() {
+        let (n, heads, kv, d) = (40, 4, 2, 16);
+        let q = tensor(&[n, heads, d], 1, 4.0);
+        let k = tensor(&[n, kv, d], 2, 4.0);
+        let v = tensor(&[n, kv, d], 3, 2.0);
+        let m = mask(n, 0, usize::MAX);
+        let scale = 0.25;
+        let flat = |t: Tensor| -> Vec<f32> { t.flatten_all().unwrap().to_vec1().unwrap() };
+        let rounded = flat(attend(&q, &k, &v, &m, scale, true).unwrap().unwrap());
+        let plain = flat(attend(&q, &k, &v, &m, scale, false).unwrap().unwrap());
+        assert_ne!(rounded, plain, "the rounding changed nothing");
+        // The chain with its weights rounded to f16 by hand.
+        let rep = heads / kv;
+        let repeat = |x: &Tensor| {
+            let x = x.transpose(0, 1).unwrap();
+            x.unsqueeze(1)
+                .unwrap()
+                .expand((kv, rep, n, d))
+                .unwrap()
+                .reshape((heads, n, d))
+                .unwrap()
+        };
+        let qt = q.transpose(0, 1).unwrap().contiguous().unwrap();
+        let att = softmax_scaled_masked(&qt.matmul(&repeat(&k).t().unwrap()).unwrap(), scale, &m)
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        let want = flat(
+            att.matmul(&repeat(&v))
+                .unwrap()
+                .transpose(0, 1)
+                .unwrap()
+                .reshape((n, heads * d))
+                .unwrap(),
+        );
+        for (i, (a, b)) in rounded.iter().zip(&want).enumerate() {
+            assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{i}: {a} vs {b}");
+        }
+    }
+
     fn run(n: usize, past: usize, heads: usize, kv: usize, d: usize, window: usize) -> Vec<f32> {
         let t = past + n;
         let q = tensor(&[n, heads, d], 1, 4.0);
@@ -291,7 +344,7 @@ mod tests {
         let v = tensor(&[t, kv, d], 3, 2.0);
         let m = mask(n, past, window);
         let scale = 1.0 / (d as f64).sqrt();
-        let got = attend(&q, &k, &v, &m, scale).unwrap().unwrap();
+        let got = attend(&q, &k, &v, &m, scale, false).unwrap().unwrap();
         assert_eq!(got.dims(), &[n, heads * d]);
         got.flatten_all().unwrap().to_vec1().unwrap()
     }
@@ -396,7 +449,7 @@ mod tests {
         let mut m = mask(3, 0, usize::MAX).to_vec2::<f32>().unwrap();
         m[1] = vec![f32::NEG_INFINITY; 3];
         let m = Tensor::new(m, &Device::Cpu).unwrap();
-        let got: Vec<f32> = attend(&q, &k, &v, &m, 0.5)
+        let got: Vec<f32> = attend(&q, &k, &v, &m, 0.5, false)
             .unwrap()
             .unwrap()
             .flatten_all()
@@ -414,11 +467,11 @@ mod tests {
         let k = tensor(&[4, 1, 8], 2, 1.0);
         let m = mask(4, 0, usize::MAX);
         let q64 = q.to_dtype(DType::F64).unwrap();
-        assert!(attend(&q64, &k, &k, &m, 1.0).unwrap().is_none());
+        assert!(attend(&q64, &k, &k, &m, 1.0, false).unwrap().is_none());
         let k3 = tensor(&[4, 3, 8], 2, 1.0);
-        assert!(attend(&q, &k3, &k3, &m, 1.0).unwrap().is_none());
+        assert!(attend(&q, &k3, &k3, &m, 1.0, false).unwrap().is_none());
         assert!(
-            attend(&q, &k, &k, &mask(3, 0, usize::MAX), 1.0)
+            attend(&q, &k, &k, &mask(3, 0, usize::MAX), 1.0, false)
                 .unwrap()
                 .is_none()
         );

@@ -73,6 +73,9 @@ struct Attention {
     k_norm: Option<Tensor>,
     gated: bool,
     kv: Option<KvQuant>,
+    /// Q and the softmax weights rounded to f16 at their products with the cache
+    /// ([`WeightStore::f16_attention_products`]).
+    f16_products: bool,
     /// The layer's (k_scale, v_scale) computed by [`Decoder::calibrate_kv_scales`] where the
     /// setting asks for them: set once, by the calibration pass, then read by every window.
     computed_scales: std::sync::OnceLock<(f32, f32)>,
@@ -340,6 +343,11 @@ impl Decoder {
                                 s.k_scale, s.v_scale
                             ));
                         }
+                        Some(KvQuant::F16) if store.f16_attention_products() => {
+                            report.kv_cache = Some(
+                                "f16 (emulated), no flash attention: Q and the softmax weights rounded to f16 at their products".into(),
+                            )
+                        }
                         Some(KvQuant::F16) => report.kv_cache = Some("f16 (emulated)".into()),
                         // A store never declares a run's scheme; `set_kv_cache` sets it.
                         Some(KvQuant::Scheme { .. }) | None => {}
@@ -353,6 +361,7 @@ impl Decoder {
                         k_norm: norm_opt(format!("{attn}.k_norm.weight"))?,
                         gated: c.arch.is_hybrid(),
                         kv,
+                        f16_products: store.f16_attention_products(),
                         computed_scales: Default::default(),
                     }))
                 }
@@ -792,7 +801,12 @@ impl Decoder {
             )
         };
         let (k, v) = self.cached(layer, k, v, cache)?;
-        let o = match attention::attend(&q, &k, &v, mask, scale)? {
+        let q = if layer.f16_products {
+            q.to_dtype(DType::F16)?.to_dtype(q.dtype())?
+        } else {
+            q
+        };
+        let o = match attention::attend(&q, &k, &v, mask, scale, layer.f16_products)? {
             Some(o) => o,
             None => {
                 // [heads, n, d]
@@ -800,6 +814,11 @@ impl Decoder {
                 let k = repeat_kv(&k.transpose(0, 1)?, rep)?;
                 let v = repeat_kv(&v.transpose(0, 1)?, rep)?;
                 let att = fused::softmax_scaled_masked(&q.matmul(&k.t()?)?, scale, mask)?;
+                let att = if layer.f16_products {
+                    att.to_dtype(DType::F16)?.to_dtype(att.dtype())?
+                } else {
+                    att
+                };
                 att.matmul(&v)?
                     .transpose(0, 1)?
                     .reshape((n, c.heads * c.head_dim))?

@@ -42,8 +42,12 @@ pub enum Emulate {
     /// Exact dequantized weights, f32 activations: the quantization error itself.
     ReferenceSemantics,
     /// llama.cpp's CPU path: activations quantized to each weight type's dot-product partner,
-    /// f16 KV cache.
+    /// f16 KV cache, flash attention (llama.cpp's default on the CPU: its tiled kernel widens the
+    /// f16 keys and values and computes in f32).
     LlamacppCpu,
+    /// The same without flash attention (`-fa off`): the score and value products' inputs, Q and
+    /// the softmax weights, are also rounded to f16 (the f16 cache's `vec_dot_type`).
+    LlamacppCpuNoFa,
 }
 
 impl Emulate {
@@ -53,8 +57,14 @@ impl Emulate {
         match name {
             "reference" | "reference_semantics" => Some(Emulate::ReferenceSemantics),
             "llamacpp-cpu" | "llamacpp_cpu" => Some(Emulate::LlamacppCpu),
+            "llamacpp-cpu-no-fa" | "llamacpp_cpu_no_fa" => Some(Emulate::LlamacppCpuNoFa),
             _ => None,
         }
+    }
+
+    /// Whether the numerics are llama.cpp's CPU path (with or without flash attention).
+    pub fn is_llamacpp(self) -> bool {
+        matches!(self, Emulate::LlamacppCpu | Emulate::LlamacppCpuNoFa)
     }
 }
 
@@ -335,8 +345,8 @@ impl GgufStore {
     /// How a matrix product over a weight of type `ggml` rounds its input in the emulated
     /// engine: ggml's CPU path quantizes it to the type's `vec_dot_type`.
     fn emulated_input(&self, ggml: Option<GgmlType>) -> InputQuant {
-        match (self.emulate, ggml) {
-            (Emulate::LlamacppCpu, Some(t)) => match t {
+        match (self.emulate.is_llamacpp(), ggml) {
+            (true, Some(t)) => match t {
                 GgmlType::Q4_0
                 | GgmlType::Q4_1
                 | GgmlType::Q5_0
@@ -595,7 +605,11 @@ impl WeightStore for GgufStore {
     }
 
     fn kv_cache(&self, _attention: &str) -> Result<Option<KvQuant>> {
-        Ok((self.emulate == Emulate::LlamacppCpu).then_some(KvQuant::F16))
+        Ok(self.emulate.is_llamacpp().then_some(KvQuant::F16))
+    }
+
+    fn f16_attention_products(&self) -> bool {
+        self.emulate == Emulate::LlamacppCpuNoFa
     }
 
     fn tied_head_input(&self, embedding: &str) -> InputQuant {
@@ -678,6 +692,8 @@ mod tests {
             ("reference_semantics", Emulate::ReferenceSemantics),
             ("llamacpp-cpu", Emulate::LlamacppCpu),
             ("llamacpp_cpu", Emulate::LlamacppCpu),
+            ("llamacpp-cpu-no-fa", Emulate::LlamacppCpuNoFa),
+            ("llamacpp_cpu_no_fa", Emulate::LlamacppCpuNoFa),
         ] {
             assert_eq!(Emulate::from_name(name), Some(e), "{name}");
         }

@@ -120,6 +120,12 @@ pub trait WeightStore {
     fn tied_head_input(&self, _embedding: &str) -> InputQuant {
         InputQuant::None
     }
+    /// Whether attention's two products round their f32 inputs (Q, the softmax weights) to f16,
+    /// as an engine multiplying them with an f16 KV cache in f16 does (llama.cpp without flash
+    /// attention). No by default.
+    fn f16_attention_products(&self) -> bool {
+        false
+    }
     /// SHA-256 of a tensor's bytes as stored (identifies the lm_head whatever its format).
     fn tensor_sha256(&self, name: &str) -> Result<Option<String>>;
     /// The stored dtype of a tensor, lower case (`bf16`), or `unknown`.
