@@ -356,7 +356,7 @@ pub fn verify(
     ctx.differences = lane_differences.iter().map(|d| d.message.clone()).collect();
     let results = judge_claims(&read.claims, &outcome, &ctx);
     let done = match outcome {
-        RerunOutcome::Done(done, _) => Some(done),
+        RerunOutcome::Done(done, _) => Some(*done),
         RerunOutcome::NotDisclosed | RerunOutcome::Stopped { .. } => None,
     };
     let judged = Judged {
@@ -571,7 +571,7 @@ enum RerunOutcome {
         lengths: Vec<u64>,
     },
     /// The rerun, and the card's protocol it followed.
-    Done(Rerun, rerun::Resolved),
+    Done(Box<Rerun>, rerun::Resolved),
 }
 
 /// Rerun the card's protocol in the lane the request chooses, when the card discloses one and
@@ -610,7 +610,7 @@ fn rerun_card(
         });
     }
     let done = run_rerun(r, &request, pre, ctx, stage, progress)?;
-    Ok(RerunOutcome::Done(done, resolved))
+    Ok(RerunOutcome::Done(Box::new(done), resolved))
 }
 
 /// The card's protocol as the rerun follows it, or each missing or unusable piece of its

@@ -186,6 +186,7 @@ fn lanes_agree(ty: &str, dir: &Path, text: &Path) -> String {
 
 #[test]
 #[ignore = "needs the real model and llama.cpp (CARDPROOF_REAL_MODEL, CARDPROOF_LLAMACPP_BIN; .ci/run sets both)"]
+#[allow(clippy::print_stderr)] // the agreement, for the CI log
 fn every_lane_agrees_with_llamacpp_on_every_quant_type() {
     let dir = tempfile::tempdir().unwrap();
     let text = text(dir.path());
@@ -203,7 +204,6 @@ fn every_lane_agrees_with_llamacpp_on_every_quant_type() {
         !lines.is_empty(),
         "CARDPROOF_REAL_MODEL_TYPES names none of {TYPES:?}"
     );
-    // The agreement, for the CI log.
     eprintln!("{}", lines.join("\n"));
 }
 

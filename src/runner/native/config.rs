@@ -718,7 +718,7 @@ impl HfKeys<'_> {
     fn head_dim(&self, hidden: usize, heads: usize) -> Result<usize> {
         match self.opt_uint("head_dim")? {
             Some(d) => Ok(d),
-            None if hidden % heads == 0 => Ok(hidden / heads),
+            None if hidden.is_multiple_of(heads) => Ok(hidden / heads),
             None => Err(self.bad(
                 "head_dim",
                 format!(

@@ -11,6 +11,7 @@ use super::config::{LayerType, ModelConfig};
 use super::delta_rule::StateDtype;
 use super::fused;
 use super::hybrid::GatedDeltaNet;
+use super::llamacpp_cpu::GgmlActivation;
 use super::matmul::{F32Matrix, Weight};
 use super::moe::MoeBlock;
 use super::weights::{InputQuant, KvQuant, Linear, WeightStore};
@@ -60,6 +61,9 @@ pub(super) struct Lin {
     pub(super) wt: Weight,
     pub(super) bias: Option<Tensor>,
     pub(super) input: InputQuant,
+    /// `[out, in / 32]` block minimums of a Q4_1/Q5_1 weight under llama.cpp's Q8_1 input
+    /// ([`Linear::block_mins`]).
+    pub(super) block_mins: Option<std::sync::Arc<Vec<f32>>>,
 }
 
 /// Softmax attention: the dense architectures', or the hybrid family's gated one (`q_proj` gives
@@ -430,6 +434,7 @@ impl Decoder {
                 wt: embed.as_head().map_err(cerr(store, "lm_head"))?,
                 bias: None,
                 input,
+                block_mins: None,
             }
         } else if lm_head_stored {
             linear("lm_head", c.vocab, c.hidden, &mut report)?
@@ -1095,10 +1100,14 @@ pub(super) fn lin_from(
         wt,
         bias,
         input: l.input,
+        block_mins: l.block_mins.map(std::sync::Arc::new),
     })
 }
 
 pub(super) fn linear(x: &Tensor, l: &Lin) -> candle_core::Result<Tensor> {
+    if let (InputQuant::Ggml(GgmlActivation::Q8_1), Some(mins)) = (l.input, &l.block_mins) {
+        return linear_q8_1(x, l, mins);
+    }
     let x = match l.input {
         InputQuant::None => x.clone(),
         q => {
@@ -1119,6 +1128,42 @@ pub(super) fn linear(x: &Tensor, l: &Lin) -> candle_core::Result<Tensor> {
         }
     };
     let y = l.wt.apply(&x)?;
+    match &l.bias {
+        Some(b) => y.broadcast_add(b),
+        None => Ok(y),
+    }
+}
+
+/// A Q4_1/Q5_1 weight's product under llama.cpp's Q8_1 input: the rounded activations times the
+/// dequantized weight, plus each block's minimum times its sum residual
+/// ([`super::llamacpp_cpu::q8_1_with_sum_residuals`]): what ggml's dot product computes.
+fn linear_q8_1(x: &Tensor, l: &Lin, mins: &[f32]) -> candle_core::Result<Tensor> {
+    use rayon::prelude::*;
+    let dims = x.dims().to_vec();
+    let cols = *dims.last().unwrap_or(&1);
+    let blocks = cols / 32;
+    if blocks == 0 || !cols.is_multiple_of(32) || !mins.len().is_multiple_of(blocks) {
+        candle_core::bail!(
+            "a Q8_1 input of {cols} columns against {} block minimums",
+            mins.len()
+        );
+    }
+    let mut data = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let residuals = super::llamacpp_cpu::q8_1_with_sum_residuals(&mut data, cols);
+    let rounded = Tensor::from_vec(data, dims, &Device::Cpu)?.to_dtype(x.dtype())?;
+    let y = l.wt.apply(&rounded)?;
+    let out = mins.len() / blocks;
+    let mut correction = vec![0f32; residuals.len() / blocks * out];
+    correction
+        .par_chunks_mut(out)
+        .zip(residuals.par_chunks(blocks))
+        .for_each(|(c, r)| {
+            for (o, m) in c.iter_mut().zip(mins.chunks_exact(blocks)) {
+                *o = m.iter().zip(r).map(|(m, r)| m * r).sum();
+            }
+        });
+    let correction = Tensor::from_vec(correction, y.shape(), &Device::Cpu)?.to_dtype(y.dtype())?;
+    let y = (y + correction)?;
     match &l.bias {
         Some(b) => y.broadcast_add(b),
         None => Ok(y),

@@ -347,11 +347,10 @@ impl GgufStore {
     fn emulated_input(&self, ggml: Option<GgmlType>) -> InputQuant {
         match (self.emulate.is_llamacpp(), ggml) {
             (true, Some(t)) => match t {
-                GgmlType::Q4_0
-                | GgmlType::Q4_1
-                | GgmlType::Q5_0
-                | GgmlType::Q5_1
-                | GgmlType::Q8_0 => InputQuant::Ggml(GgmlActivation::Q8_0),
+                GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => {
+                    InputQuant::Ggml(GgmlActivation::Q8_0)
+                }
+                GgmlType::Q4_1 | GgmlType::Q5_1 => InputQuant::Ggml(GgmlActivation::Q8_1),
                 GgmlType::Q2_K
                 | GgmlType::Q3_K
                 | GgmlType::Q4_K
@@ -363,6 +362,54 @@ impl GgufStore {
             },
             _ => InputQuant::None,
         }
+    }
+
+    /// A Q4_1/Q5_1 weight's stored block minimums `[out, in / 32]` (each block's f16 `m`, its
+    /// bytes 2..4), rows in Hugging Face order, for the Q8_1 sum term; `None` where the tensor is
+    /// read through a transform or an expert slice (the term is then left out: the lane's record
+    /// names the Q8_1 rounding either way).
+    fn block_mins(&self, hf: &str, out: usize, inp: usize) -> Result<Option<Vec<f32>>> {
+        let Some(plan) = self.plan(hf) else {
+            return Ok(None);
+        };
+        let [name] = &plan.tensors[..] else {
+            return Ok(None);
+        };
+        let Some(t) = self.file.tensor(name) else {
+            return Ok(None);
+        };
+        if plan.expert.is_some() || !plan.steps.is_empty() {
+            return Ok(None);
+        }
+        let bad = |rule: String| Error::format(&self.path, Some(name), rule);
+        let size = t.ty.type_size() as usize;
+        if !matches!(t.ty, GgmlType::Q4_1 | GgmlType::Q5_1) || !inp.is_multiple_of(32) {
+            return Ok(None);
+        }
+        let blocks = out
+            .checked_mul(inp / 32)
+            .ok_or_else(|| bad("block count overflows".into()))?;
+        let start = usize::try_from(t.offset).map_err(|_| bad("offset overflows".into()))?;
+        let bytes = blocks
+            .checked_mul(size)
+            .and_then(|len| start.checked_add(len).map(|end| (start, end)))
+            .and_then(|(s, e)| self.map.bytes().get(s..e))
+            .ok_or_else(|| bad("data lies outside the file".into()))?;
+        let mut mins: Vec<f32> = bytes
+            .chunks_exact(size)
+            .map(|b| half::f16::from_bits(u16::from_le_bytes([b[2], b[3]])).to_f32())
+            .collect();
+        if self.unpermute_qk
+            && (hf.ends_with("self_attn.q_proj.weight") || hf.ends_with("self_attn.k_proj.weight"))
+        {
+            let heads = if hf.contains("q_proj") {
+                self.heads
+            } else {
+                self.kv_heads
+            };
+            mins = unpermute_rows(&mins, &[out, inp / 32], heads).map_err(bad)?;
+        }
+        Ok(Some(mins))
     }
 
     /// How a Hugging Face tensor is found in this file, if it is.
@@ -594,6 +641,12 @@ impl WeightStore for GgufStore {
         let ty = ggml.map_or("?", GgmlType::name);
         let input = self.emulated_input(ggml);
         let bias = self.load(&format!("{module}.bias"))?.map(|b| b.data);
+        let block_mins = match input {
+            InputQuant::Ggml(GgmlActivation::Q8_1) => {
+                self.block_mins(&format!("{module}.weight"), out, inp)?
+            }
+            _ => None,
+        };
         Ok(Linear {
             out,
             inp,
@@ -601,6 +654,7 @@ impl WeightStore for GgufStore {
             bias,
             input,
             scheme: format!("gguf {ty}"),
+            block_mins,
         })
     }
 

@@ -421,6 +421,12 @@ fn pick_rows(l: &Linear, rows: &[usize]) -> Linear {
             .map(|b| rows.iter().map(|&r| b[r]).collect()),
         input: l.input,
         scheme: l.scheme.clone(),
+        block_mins: l.block_mins.as_ref().map(|m| {
+            let per = m.len() / l.out.max(1);
+            rows.iter()
+                .flat_map(|&r| m[r * per..(r + 1) * per].iter().copied())
+                .collect()
+        }),
     }
 }
 
@@ -510,6 +516,7 @@ mod tests {
             bias: None,
             input: InputQuant::None,
             scheme: "f32".into(),
+            block_mins: None,
         }
     }
 

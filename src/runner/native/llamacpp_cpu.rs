@@ -15,6 +15,9 @@ use half::{bf16, f16};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GgmlActivation {
     Q8_0,
+    /// Q4_1/Q5_1's partner: Q8_0's grid, and a stored block sum `s` their dot products use
+    /// ([`q8_1_with_sum_residuals`]).
+    Q8_1,
     Q8K,
     F16,
     Bf16,
@@ -24,6 +27,7 @@ impl GgmlActivation {
     pub fn describe(self) -> &'static str {
         match self {
             GgmlActivation::Q8_0 => "llama.cpp cpu: q8_0 blocks of 32",
+            GgmlActivation::Q8_1 => "llama.cpp cpu: q8_1 blocks of 32 (with the f16 block sums)",
             GgmlActivation::Q8K => "llama.cpp cpu: q8_K blocks of 256",
             GgmlActivation::F16 => "llama.cpp cpu: f16",
             GgmlActivation::Bf16 => "llama.cpp cpu: bf16",
@@ -33,7 +37,7 @@ impl GgmlActivation {
     /// Quantize-dequantize rows of `cols` values in place.
     pub fn apply(self, x: &mut [f32], cols: usize) {
         match self {
-            GgmlActivation::Q8_0 => rows(x, cols, 32, q8_0_block),
+            GgmlActivation::Q8_0 | GgmlActivation::Q8_1 => rows(x, cols, 32, q8_0_block),
             GgmlActivation::Q8K => rows(x, cols, 256, q8k_block),
             GgmlActivation::F16 => x.iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32()),
             GgmlActivation::Bf16 => x.iter_mut().for_each(|v| *v = bf16::from_f32(*v).to_f32()),
@@ -63,6 +67,36 @@ fn q8_0_block(b: &mut [f32]) {
     for v in b.iter_mut() {
         *v = (*v * id).round_ties_even() * d;
     }
+}
+
+/// Rounds rows of `cols` values to Q8_1 in place (Q8_0's grid) and returns, per row and block of
+/// 32, `s − d·Σq`: ggml's Q4_1/Q5_1 dot product adds the weight block's minimum times the
+/// activation block's stored sum `s = f16(d32·Σq)` (`quantize_row_q8_1`: `d32 = amax/127` before
+/// its f16 rounding `d`), not times the rounded values' own sum `d·Σq`. `cols` must be a multiple
+/// of 32 (a Q4_1/Q5_1 row always is).
+pub fn q8_1_with_sum_residuals(x: &mut [f32], cols: usize) -> Vec<f32> {
+    if cols == 0 {
+        return Vec::new();
+    }
+    x.chunks_mut(32)
+        .map(|b| {
+            let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            if amax == 0.0 {
+                b.iter_mut().for_each(|v| *v = 0.0);
+                return 0.0;
+            }
+            let d32 = amax / 127.0;
+            let d = f16::from_f32(d32).to_f32();
+            let id = 127.0 / amax;
+            let mut sum = 0i32;
+            for v in b.iter_mut() {
+                let q = (*v * id).round_ties_even();
+                sum += q as i32;
+                *v = q * d;
+            }
+            f16::from_f32(d32 * sum as f32).to_f32() - d * sum as f32
+        })
+        .collect()
 }
 
 fn q8k_block(b: &mut [f32]) {
@@ -113,6 +147,28 @@ mod tests {
         GgmlActivation::Q8K.apply(&mut b, 256);
         assert_eq!(b[0], -2.0);
         assert!((b[1] - 64.0 * 2.0 / 127.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn q8_1_rounds_to_q8_0s_grid_and_keeps_the_f16_sum_residual() {
+        let orig: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 23) as f32 - 9.3) / 7.0)
+            .collect();
+        let (mut a, mut b) = (orig.clone(), orig.clone());
+        GgmlActivation::Q8_0.apply(&mut a, 64);
+        let residuals = q8_1_with_sum_residuals(&mut b, 64);
+        assert_eq!(a, b, "the same grid as q8_0");
+        assert_eq!(residuals.len(), 2);
+        for (block, r) in orig.chunks(32).zip(&residuals) {
+            // By hand: the block's integer sum, its f32 and f16 scales.
+            let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let id = 127.0 / amax;
+            let sum: f32 = block.iter().map(|v| (v * id).round_ties_even()).sum();
+            let d32 = amax / 127.0;
+            let s = f16::from_f32(d32 * sum).to_f32();
+            assert_eq!(*r, s - f16::from_f32(d32).to_f32() * sum);
+        }
+        assert!(residuals.iter().any(|r| *r != 0.0));
     }
 
     #[test]

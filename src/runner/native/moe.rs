@@ -273,6 +273,7 @@ fn dense_lin(
         wt: super::matmul::Weight::Candle(w.t().map_err(cerr(path, what))?),
         bias: None,
         input: InputQuant::None,
+        block_mins: None,
     })
 }
 

@@ -69,6 +69,10 @@ pub struct Linear {
     pub input: InputQuant,
     /// How the weight was stored (`bf16`, `compressed-tensors int-quantized channel`, ...).
     pub scheme: String,
+    /// `[out, in / 32]`: each 32-column block's stored minimum, for a Q4_1/Q5_1 weight emulating
+    /// llama.cpp (its dot product adds `m · s` with the activation block's f16 sum `s`, not the
+    /// sum of the rounded activations: [`super::llamacpp_cpu::q8_1_sum_residuals`]).
+    pub block_mins: Option<Vec<f32>>,
 }
 
 /// KV-cache quantization declared by the checkpoint.
@@ -667,6 +671,7 @@ impl WeightStore for SafetensorsStore {
             bias,
             input,
             scheme,
+            block_mins: None,
         })
     }
 
@@ -768,6 +773,7 @@ impl WeightStore for MemoryStore {
                 .map(|b| b.data.clone()),
             input: InputQuant::None,
             scheme: "f32".into(),
+            block_mins: None,
         })
     }
 
