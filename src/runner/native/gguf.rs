@@ -90,34 +90,71 @@ fn candle_type(ty: GgmlType) -> Option<GgmlDType> {
     })
 }
 
+/// Whether the native runner dequantizes `ty`: the float types and every ggml block type, by
+/// candle's kernels where candle has one ([`candle_type`]) and by our own
+/// ([`super::ggml_quants`]) for the rest. The integer types and F64 hold no weights.
+pub(crate) fn dequantizable(ty: GgmlType) -> bool {
+    candle_type(ty).is_some() || super::ggml_quants::supports(ty)
+}
+
+/// The error for a tensor of a type [`dequantizable`] refuses, listing what is supported.
+fn not_dequantizable(ty: GgmlType) -> String {
+    let names: Vec<&str> = GgmlType::ALL
+        .into_iter()
+        .filter(|&t| dequantizable(t))
+        .map(GgmlType::name)
+        .collect();
+    format!(
+        "ggml type {} cannot be dequantized by the native runner (supported: {})",
+        ty.name(),
+        names.join(", ")
+    )
+}
+
 /// Elements dequantized per task (4 MiB of f32): the temporary of a block type's chunk stays in
 /// cache while it is copied into place.
 const DEQUANT_CHUNK: usize = 1 << 20;
 
 /// A tensor's bytes (llama.cpp's layout, `dims` outermost first) as f32, written once into the
 /// result and in parallel: float types converted element by element (exactly what candle's
-/// dequantizer does, without its two intermediate copies), block types dequantized by candle's
-/// own kernels a run of whole rows at a time. The result is the same bits whatever the threads.
+/// dequantizer does, without its two intermediate copies), block types dequantized a run of
+/// whole rows at a time, by candle's own kernels for the types candle has and by
+/// [`super::ggml_quants`] for the others. Every size is checked before it sizes a loop or an
+/// allocation (rows of whole blocks, no overflow, exactly the bytes the shape needs). The result
+/// is the same bits whatever the threads: each element comes from its own block alone.
 fn dequantize_bytes(
     ty: GgmlType,
-    candle: GgmlDType,
     bytes: &[u8],
     dims: &[usize],
 ) -> std::result::Result<Vec<f32>, String> {
     use rayon::prelude::*;
+    if !dequantizable(ty) {
+        return Err(not_dequantizable(ty));
+    }
     let n = dims
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .ok_or("the element count overflows")?;
     let cols = dims.last().copied().unwrap_or(1).max(1);
-    let (block, size) = (ty.block_size() as usize, ty.type_size() as usize);
-    if block == 0 || !cols.is_multiple_of(block) {
-        return Err(format!("rows of {cols} are not whole blocks of {block}"));
-    }
-    let row_bytes = cols / block * size;
-    if bytes.len() != n / cols * row_bytes {
+    let (block, size) = (
+        usize::try_from(ty.block_size()).map_err(|_| "block size overflows")?,
+        usize::try_from(ty.type_size()).map_err(|_| "type size overflows")?,
+    );
+    if block == 0 || size == 0 || !cols.is_multiple_of(block) {
         return Err(format!(
-            "{} bytes for {n} elements of {}",
+            "rows of {cols} are not whole {} blocks of {block}",
+            ty.name()
+        ));
+    }
+    let row_bytes = (cols / block)
+        .checked_mul(size)
+        .ok_or("the row size overflows")?;
+    let want = (n / cols)
+        .checked_mul(row_bytes)
+        .ok_or("the data size overflows")?;
+    if bytes.len() != want {
+        return Err(format!(
+            "{} bytes for {n} elements of {} ({want} expected)",
             bytes.len(),
             ty.name()
         ));
@@ -149,23 +186,30 @@ fn dequantize_bytes(
         }
         _ => {
             let rows = (DEQUANT_CHUNK / cols).max(1);
+            let candle = candle_type(ty);
             out.par_chunks_mut(rows * cols)
                 .zip(bytes.par_chunks(rows * row_bytes))
-                .try_for_each(|(o, b)| {
-                    let q = candle.from_data(std::borrow::Cow::Borrowed(b));
-                    match q.dequantize(o.len()).map_err(|e| e.to_string())? {
-                        candle_core::CpuStorage::F32(v) if v.len() == o.len() => {
-                            o.copy_from_slice(&v);
-                            Ok(())
-                        }
-                        _ => Err(format!(
-                            "candle's {candle:?} dequantizer returned another shape"
-                        )),
-                    }
+                .try_for_each(|(o, b)| match candle {
+                    Some(candle) => candle_rows(candle, b, o),
+                    None => super::ggml_quants::dequantize(ty, b, o),
                 })?;
         }
     }
     Ok(out)
+}
+
+/// Whole rows of a block type candle knows, dequantized by candle's kernel into `o`.
+fn candle_rows(candle: GgmlDType, b: &[u8], o: &mut [f32]) -> std::result::Result<(), String> {
+    let q = candle.from_data(std::borrow::Cow::Borrowed(b));
+    match q.dequantize(o.len()).map_err(|e| e.to_string())? {
+        candle_core::CpuStorage::F32(v) if v.len() == o.len() => {
+            o.copy_from_slice(&v);
+            Ok(())
+        }
+        _ => Err(format!(
+            "candle's {candle:?} dequantizer returned another shape"
+        )),
+    }
 }
 
 /// Hugging Face name → llama.cpp name.
@@ -345,21 +389,11 @@ impl GgufStore {
     /// How a matrix product over a weight of type `ggml` rounds its input in the emulated
     /// engine: ggml's CPU path quantizes it to the type's `vec_dot_type`.
     fn emulated_input(&self, ggml: Option<GgmlType>) -> InputQuant {
-        match (self.emulate.is_llamacpp(), ggml) {
-            (true, Some(t)) => match t {
-                GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => {
-                    InputQuant::Ggml(GgmlActivation::Q8_0)
-                }
-                GgmlType::Q4_1 | GgmlType::Q5_1 => InputQuant::Ggml(GgmlActivation::Q8_1),
-                GgmlType::Q2_K
-                | GgmlType::Q3_K
-                | GgmlType::Q4_K
-                | GgmlType::Q5_K
-                | GgmlType::Q6_K => InputQuant::Ggml(GgmlActivation::Q8K),
-                GgmlType::F16 => InputQuant::Ggml(GgmlActivation::F16),
-                GgmlType::BF16 => InputQuant::Ggml(GgmlActivation::Bf16),
-                _ => InputQuant::None,
-            },
+        match (
+            self.emulate.is_llamacpp(),
+            ggml.and_then(GgmlActivation::for_weight),
+        ) {
+            (true, Some(a)) => InputQuant::Ggml(a),
             _ => InputQuant::None,
         }
     }
@@ -433,6 +467,13 @@ impl GgufStore {
         self.plan(hf).and_then(|p| self.file.tensor(&p.tensors[0]))
     }
 
+    /// One stored tensor by its llama.cpp name, dequantized to f32 as stored: no Hugging Face
+    /// name mapping, no transform, no Q/K unpermute; `shape` outermost first. (The dequantizer
+    /// fixtures read tensors of every ggml type through it.)
+    pub fn dequantize_named(&self, name: &str) -> Result<Dense> {
+        self.dequantize(name, None)
+    }
+
     /// One llama.cpp tensor dequantized to f32 (HF order: `[out, in]`); with `expert`, only that
     /// expert's rows of a `[n_expert, out, in]` stack are read and dequantized.
     fn dequantize(&self, name: &str, expert: Option<usize>) -> Result<Dense> {
@@ -445,15 +486,21 @@ impl GgufStore {
             .unwrap_or_else(|e| e.into_inner())
             .insert(name.to_owned());
         let bad = |rule: String| Error::format(&self.path, Some(name), rule);
-        let ty = candle_type(t.ty).ok_or_else(|| {
-            Error::unsupported(&self.path, Some(name), format!(
-                "ggml type {} cannot be dequantized by the native runner (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, Q8_K)",
-                t.ty.name()
-            ))
-        })?;
+        if !dequantizable(t.ty) {
+            return Err(Error::unsupported(
+                &self.path,
+                Some(name),
+                not_dequantizable(t.ty),
+            ));
+        }
         let start = usize::try_from(t.offset).map_err(|_| bad("offset overflows".into()))?;
         let len = usize::try_from(t.n_bytes).map_err(|_| bad("size overflows".into()))?;
-        let mut dims: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
+        let mut dims = t
+            .dims
+            .iter()
+            .map(|&d| usize::try_from(d))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|_| bad("a dimension overflows".into()))?;
         dims.reverse();
         let (start, len) = match expert {
             None => (start, len),
@@ -471,15 +518,19 @@ impl GgufStore {
                 // Blocks run along the rows, so each expert's rows are whole blocks, contiguous.
                 let per = len / n_expert;
                 dims = vec![rows, cols];
-                (start + e * per, per)
+                let at = e
+                    .checked_mul(per)
+                    .and_then(|o| start.checked_add(o))
+                    .ok_or_else(|| bad("expert offset overflows".into()))?;
+                (at, per)
             }
         };
         let bytes = start
             .checked_add(len)
             .and_then(|end| self.map.bytes().get(start..end))
             .ok_or_else(|| bad("data lies outside the file".into()))?;
-        let data = dequantize_bytes(t.ty, ty, bytes, &dims)
-            .map_err(|e| bad(format!("dequantizing: {e}")))?;
+        let data =
+            dequantize_bytes(t.ty, bytes, &dims).map_err(|e| bad(format!("dequantizing: {e}")))?;
         Ok(Dense { shape: dims, data })
     }
 
@@ -729,14 +780,93 @@ mod tests {
                 .iter()
                 .map(|v| v.to_bits())
                 .collect();
-            let got: Vec<u32> = dequantize_bytes(ty, candle, &bytes, &[rows, cols])
+            let got: Vec<u32> = dequantize_bytes(ty, &bytes, &[rows, cols])
                 .unwrap()
                 .iter()
                 .map(|v| v.to_bits())
                 .collect();
             assert!(got == want, "{ty:?}");
         }
-        assert!(dequantize_bytes(GgmlType::Q8_0, GgmlDType::Q8_0, &[0; 10], &[1, 32]).is_err());
+        assert!(dequantize_bytes(GgmlType::Q8_0, &[0; 10], &[1, 32]).is_err());
+    }
+
+    /// Every ggml weight type dequantizes (candle's kernels or ours), and the refusal of the
+    /// others (F64, integers) names every supported type.
+    #[test]
+    fn every_weight_type_is_dequantizable() {
+        for ty in GgmlType::ALL {
+            let weight =
+                ty.is_quantized() || matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+            assert_eq!(dequantizable(ty), weight, "{ty}");
+        }
+        let e = dequantize_bytes(GgmlType::I32, &[0; 4], &[1]).unwrap_err();
+        assert!(e.contains("ggml type i32 cannot be dequantized"), "{e}");
+        for ty in GgmlType::ALL.into_iter().filter(|&t| dequantizable(t)) {
+            assert!(
+                e.contains(&format!(" {},", ty.name())) || e.ends_with(&format!(" {})", ty.name())),
+                "{ty}: {e}"
+            );
+        }
+    }
+
+    /// Our block types through the parallel path: several chunks of rows, each element from its
+    /// own block, so the result is the one-pass dequantization's bits whatever the thread count.
+    #[test]
+    fn our_block_types_are_the_same_bits_in_parallel_and_alone() {
+        for ty in [
+            GgmlType::IQ4_NL,
+            GgmlType::IQ2_XS,
+            GgmlType::TQ1_0,
+            GgmlType::NVFP4,
+        ] {
+            let (block, size) = (ty.block_size() as usize, ty.type_size() as usize);
+            let cols = 4 * block.max(256);
+            let rows = DEQUANT_CHUNK / cols * 2 + 3;
+            let n_bytes = rows * cols / block * size;
+            // Pseudo-random bytes: every code, scale and sign pattern turns up.
+            let bytes: Vec<u8> = (0..n_bytes)
+                .map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_left(13) as u8)
+                .collect();
+            let mut alone = vec![0f32; rows * cols];
+            super::super::ggml_quants::dequantize(ty, &bytes, &mut alone).unwrap();
+            let alone: Vec<u32> = alone.iter().map(|v| v.to_bits()).collect();
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let got = pool
+                    .install(|| dequantize_bytes(ty, &bytes, &[rows, cols]))
+                    .unwrap();
+                let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+                assert!(got == alone, "{ty} on {threads} threads");
+            }
+        }
+    }
+
+    /// Sizes read from a hostile file: a row that is not whole blocks, an element count or a
+    /// data size that overflows, bytes that do not match the shape. Errors, never panics.
+    #[test]
+    fn hostile_shapes_are_refused() {
+        let e = dequantize_bytes(GgmlType::IQ2_XXS, &[0; 66], &[1, 255]).unwrap_err();
+        assert!(e.contains("not whole iq2_xxs blocks of 256"), "{e}");
+        let e = dequantize_bytes(GgmlType::Q1_0, &[0; 18], &[2, 64]).unwrap_err();
+        assert!(e.contains("not whole"), "{e}");
+        let e = dequantize_bytes(GgmlType::IQ4_NL, &[0; 18], &[usize::MAX, 32]).unwrap_err();
+        assert!(e.contains("overflows"), "{e}");
+        let e = dequantize_bytes(GgmlType::F32, &[0; 4], &[2, usize::MAX / 2]).unwrap_err();
+        assert!(e.contains("overflows"), "{e}");
+        let e = dequantize_bytes(GgmlType::MXFP4, &[0; 16], &[1, 32]).unwrap_err();
+        assert!(
+            e.contains("16 bytes for 32 elements of mxfp4 (17 expected)"),
+            "{e}"
+        );
+        let e = dequantize_bytes(GgmlType::TQ2_0, &[0; 67], &[1, 256]).unwrap_err();
+        assert!(e.contains("67 bytes"), "{e}");
+        assert_eq!(
+            dequantize_bytes(GgmlType::IQ1_M, &[], &[0, 256]).unwrap(),
+            Vec::<f32>::new()
+        );
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Emulation of llama.cpp's CPU activation path (`--emulate llamacpp-cpu`): ggml's CPU matrix
-//! products quantize the activations to the weight type's dot-product partner (`vec_dot_type`):
-//! Q8_0 for Q4_0/Q5_0/Q8_0 (Q8_1, the same grid, for Q4_1/Q5_1), Q8_K for the k-quants, f16 for
-//! F16 and bf16 for BF16 weights; the KV cache is f16 by default. These roundings move KLD by
+//! products quantize the activations to the weight type's dot-product partner (`vec_dot_type`,
+//! [`GgmlActivation::for_weight`]): Q8_0 for Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4/NVFP4/Q1_0/Q2_0 (Q8_1,
+//! the same grid, for Q4_1/Q5_1), Q8_K for the k-quants, the other i-quants and the ternary
+//! types, f16 for F16 and bf16 for BF16 weights; the KV cache is f16 by default. These roundings
+//! move KLD by
 //! several percent on small models (measured on the llama.cpp fixtures: docs/DESIGN.md), so a
 //! card measured with llama.cpp is reproduced in this lane, not in reference semantics.
 //!
@@ -10,6 +12,8 @@
 //! `max` the signed extreme, `nearest_int`, `min(127, q)`, `d = 1/iscale` in f32).
 
 use half::{bf16, f16};
+
+use crate::checkpoint::gguf::GgmlType;
 
 /// Activation rounding for one weight type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +28,50 @@ pub enum GgmlActivation {
 }
 
 impl GgmlActivation {
+    /// How ggml's CPU backend rounds a matrix product's input for weights of type `w`: its
+    /// `vec_dot_type` in `type_traits_cpu` (ggml/src/ggml-cpu/ggml-cpu.c of the pinned
+    /// llama.cpp). `None` where that is F32 (no rounding): F32 weights, and the types with no CPU
+    /// dot product (Q8_K, which ggml uses only as an activation type, F64 and the integers).
+    /// Q8_1 weights declare Q8_1 but have no CPU dot product either (the quantizer never writes
+    /// them); Q4_1 and Q5_1 are Q8_1's real users (the block-sum term: [`q8_1_with_sum_residuals`]).
+    pub fn for_weight(w: GgmlType) -> Option<GgmlActivation> {
+        Some(match w {
+            GgmlType::Q4_0
+            | GgmlType::Q5_0
+            | GgmlType::Q8_0
+            | GgmlType::IQ4_NL
+            | GgmlType::MXFP4
+            | GgmlType::NVFP4
+            | GgmlType::Q1_0
+            | GgmlType::Q2_0 => GgmlActivation::Q8_0,
+            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_1 => GgmlActivation::Q8_1,
+            GgmlType::Q2_K
+            | GgmlType::Q3_K
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+            | GgmlType::IQ2_XXS
+            | GgmlType::IQ2_XS
+            | GgmlType::IQ2_S
+            | GgmlType::IQ3_XXS
+            | GgmlType::IQ3_S
+            | GgmlType::IQ1_S
+            | GgmlType::IQ1_M
+            | GgmlType::IQ4_XS
+            | GgmlType::TQ1_0
+            | GgmlType::TQ2_0 => GgmlActivation::Q8K,
+            GgmlType::F16 => GgmlActivation::F16,
+            GgmlType::BF16 => GgmlActivation::Bf16,
+            GgmlType::F32
+            | GgmlType::Q8_K
+            | GgmlType::F64
+            | GgmlType::I8
+            | GgmlType::I16
+            | GgmlType::I32
+            | GgmlType::I64 => return None,
+        })
+    }
+
     pub fn describe(self) -> &'static str {
         match self {
             GgmlActivation::Q8_0 => "llama.cpp cpu: q8_0 blocks of 32",
@@ -147,6 +195,54 @@ mod tests {
         GgmlActivation::Q8K.apply(&mut b, 256);
         assert_eq!(b[0], -2.0);
         assert!((b[1] - 64.0 * 2.0 / 127.0).abs() < 1e-6);
+    }
+
+    /// One check per family of `type_traits_cpu`'s `vec_dot_type`, and every type decided.
+    #[test]
+    fn for_weight_follows_ggml_cpu_vec_dot_type() {
+        use GgmlType as T;
+        let q8_0 = [
+            T::Q4_0,
+            T::Q5_0,
+            T::Q8_0,
+            T::IQ4_NL,
+            T::MXFP4,
+            T::NVFP4,
+            T::Q1_0,
+            T::Q2_0,
+        ];
+        let q8_1 = [T::Q4_1, T::Q5_1, T::Q8_1];
+        let k_quants = [T::Q2_K, T::Q3_K, T::Q4_K, T::Q5_K, T::Q6_K];
+        let iq = [
+            T::IQ2_XXS,
+            T::IQ2_XS,
+            T::IQ2_S,
+            T::IQ3_XXS,
+            T::IQ3_S,
+            T::IQ1_S,
+            T::IQ1_M,
+            T::IQ4_XS,
+        ];
+        let tq = [T::TQ1_0, T::TQ2_0];
+        let none = [T::F32, T::Q8_K, T::F64, T::I8, T::I16, T::I32, T::I64];
+        let families: [(&[T], Option<GgmlActivation>); 8] = [
+            (&q8_0, Some(GgmlActivation::Q8_0)),
+            (&q8_1, Some(GgmlActivation::Q8_1)),
+            (&k_quants, Some(GgmlActivation::Q8K)),
+            (&iq, Some(GgmlActivation::Q8K)),
+            (&tq, Some(GgmlActivation::Q8K)),
+            (&[T::F16], Some(GgmlActivation::F16)),
+            (&[T::BF16], Some(GgmlActivation::Bf16)),
+            (&none, None),
+        ];
+        let mut seen = 0;
+        for (types, want) in families {
+            for &t in types {
+                assert_eq!(GgmlActivation::for_weight(t), want, "{t}");
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, GgmlType::ALL.len(), "a type in no family");
     }
 
     #[test]

@@ -7,6 +7,8 @@ pub mod config;
 pub mod decoder;
 pub mod delta_rule;
 pub mod fused;
+mod ggml_quants;
+mod ggml_tables;
 pub mod gguf;
 pub mod gguf_family;
 pub mod hybrid;
