@@ -215,3 +215,63 @@ fn gguf_tensors_match_gguf_py() {
     }
     assert_eq!(seen, 7);
 }
+
+/// The types of our own dequantizers (src/runner/native/ggml_quants.rs): every ggml weight
+/// type the pinned llama.cpp defines beyond those candle dequantizes.
+const OUR_TYPES: [&str; 15] = [
+    "iq2_xxs", "iq2_xs", "iq3_xxs", "iq1_s", "iq4_nl", "iq3_s", "iq2_s", "iq4_xs", "iq1_m",
+    "tq1_0", "tq2_0", "mxfp4", "nvfp4", "q1_0", "q2_0",
+];
+
+/// Real rows of SmolLM2-135M-Instruct in every ggml block type llama-quantize writes for it
+/// (tests/fixtures/dequant/make_gguf_real_quants.py): the native runner's dequantizer gives the
+/// reference's values bit for bit: gguf-py's, which the script checked against ggml-quants.c's
+/// `dequantize_row_*` bit for bit, and ggml's own for Q1_0 and Q2_0 (gguf-py has none). Every
+/// type of our own dequantizers is covered, and so is every k-quant and legacy block type.
+#[test]
+fn real_gguf_quants_match_the_reference_bit_for_bit() {
+    let path = fixture("real-quants.gguf");
+    let st = SafeTensors::deserialize(load(&fixture("real-quants-reference.safetensors"))).unwrap();
+    let file = cardproof::checkpoint::gguf::read_file(&path).unwrap();
+    let store = GgufStore::open_weights(&path, Emulate::ReferenceSemantics).unwrap();
+    let mut types = Vec::new();
+    for t in &file.tensors {
+        assert_eq!(
+            t.name,
+            t.ty.name(),
+            "a fixture tensor is named after its type"
+        );
+        let reference = f32s(&st, &t.name);
+        let ours = store
+            .dequantize_named(&t.name)
+            .unwrap_or_else(|e| panic!("{}: {e}", t.name));
+        let shape = st.tensor(&t.name).unwrap().shape().to_vec();
+        assert_eq!(ours.shape, shape, "{}", t.name);
+        let differ = ours
+            .data
+            .iter()
+            .zip(&reference)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(ours.data.len(), reference.len(), "{}", t.name);
+        assert_eq!(
+            differ, 0,
+            "{}: {differ} values differ from the reference",
+            t.name
+        );
+        types.push(t.name.clone());
+    }
+    assert_eq!(
+        st.names().len(),
+        types.len(),
+        "a reference with no fixture tensor"
+    );
+    for ty in OUR_TYPES.iter().chain(&[
+        "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
+    ]) {
+        assert!(
+            types.iter().any(|t| t == ty),
+            "the fixture has no {ty} tensor"
+        );
+    }
+}
