@@ -632,12 +632,12 @@ mod tests {
         let ty = GgmlType::TQ1_0;
         let y = run(ty, &[(0, &[188]), (32, &[188]), (49, &[188]), (52, &HALF)]);
         let digits = [0.5, -0.5, 0.0, 0.5, 0.0];
-        for n in 0..5 {
-            check(ty, &y, 32 * n, &[digits[n], -0.5]);
-            check(ty, &y, 160 + 16 * n, &[digits[n], -0.5]);
-        }
-        for n in 0..4 {
-            check(ty, &y, 240 + 4 * n, &[-0.5, digits[n], -0.5]);
+        for (n, &v) in digits.iter().enumerate() {
+            check(ty, &y, 32 * n, &[v, -0.5]);
+            check(ty, &y, 160 + 16 * n, &[v, -0.5]);
+            if n < 4 {
+                check(ty, &y, 240 + 4 * n, &[-0.5, v, -0.5]);
+            }
         }
     }
 
