@@ -129,6 +129,7 @@ def main():
     root = script("real_model.sh")
     bin_dir = os.path.dirname(script("build.sh"))
     work = a.work or tempfile.mkdtemp(prefix="cardproof-real-")
+    os.makedirs(work, exist_ok=True)
     env = dict(os.environ)
     # llama.cpp 0.3.36's AMX repacking crashes; without it every CPU runs ggml's vec_dot path.
     env.setdefault("LLAMA_ARG_REPACK", "0")
