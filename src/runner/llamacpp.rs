@@ -990,7 +990,18 @@ fn finish_run<T>(
     }
     let mut said = String::new();
     for (role, child) in children.iter_mut() {
-        let t = tail(&child.output(), 6);
+        let output = child.output();
+        // Its one error line may lie far above the last lines (the teardown prints more): the
+        // text is too short for its window (llama-perplexity needs two windows' tokens).
+        if let Some(line) = output.lines().find(|l| l.contains("you need at least")) {
+            said.push_str(&format!(
+                "
+  {role}: {}",
+                line.trim()
+            ));
+            continue;
+        }
+        let t = tail(&output, 6);
         if !t.trim().is_empty() {
             said.push_str(&format!("\n  {role}: {}", t.trim().replace('\n', "\n    ")));
         }

@@ -648,6 +648,31 @@ mod real {
         assert_eq!(m["runs"][0]["n_positions"], 43 * 127);
     }
 
+    /// llama-perplexity needs two windows' tokens; its one error line is named, not the
+    /// teardown lines after it.
+    #[test]
+    #[ignore = "needs llama.cpp's llama-perplexity (CARDPROOF_LLAMACPP_BIN; .ci/run builds it)"]
+    fn a_text_shorter_than_two_windows_names_llama_cpps_reason() {
+        let bin = bin();
+        let dir = tempfile::tempdir().unwrap();
+        let text = crate::support::short_text(dir.path(), 600);
+        let out = dir.path().join("m");
+        let mut args = measure_args(&bin, out.to_str().unwrap());
+        let at = args
+            .iter()
+            .position(|a| *a == "examples/data/eval.txt")
+            .unwrap();
+        args[at] = text.to_str().unwrap();
+        let r = run(&args);
+        assert_eq!(r.code, 2, "{}", r.transcript());
+        assert!(
+            r.message().contains("you need at least 512 tokens"),
+            "{}",
+            r.message()
+        );
+        assert!(!out.join("measurement.json").exists());
+    }
+
     #[test]
     #[ignore = "needs llama.cpp's llama-perplexity (CARDPROOF_LLAMACPP_BIN; .ci/run builds it)"]
     fn a_printout_that_disagrees_with_the_rows_fails_the_gate() {
