@@ -56,6 +56,21 @@ fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     path
 }
 
+/// A `llama-perplexity` in `dir` that runs `bin` but prints its KLD pass's running mean KLD
+/// column times `factor`: a doctored printout over true rows.
+pub(crate) fn raised_printout(dir: &Path, bin: &str, factor: f64) -> PathBuf {
+    script(
+        dir,
+        "llama-perplexity",
+        &format!(
+            r#"case "$*" in
+  *--kl-divergence\ *|*--kl-divergence) "{bin}" "$@" 2>&1 | awk '{{ if ($1 ~ /^[0-9]+$/ && NF >= 15) {{ $8 = sprintf("%.5f", $8 * {factor}) }} print }}' ;;
+  *) exec "{bin}" "$@" ;;
+esac"#
+        ),
+    )
+}
+
 #[test]
 fn the_llamacpp_runner_refuses_a_protocol_llama_cpp_does_not_compute() {
     let dir = tempfile::tempdir().unwrap();
@@ -679,16 +694,7 @@ mod real {
         let bin = bin();
         let dir = tempfile::tempdir().unwrap();
         // llama.cpp's own KLD pass with its running mean KLD column raised by 1%.
-        let liar = script(
-            dir.path(),
-            "llama-perplexity",
-            &format!(
-                r#"case "$*" in
-  *--kl-divergence\ *|*--kl-divergence) "{bin}" "$@" 2>&1 | awk '{{ if ($1 ~ /^[0-9]+$/ && NF >= 15) {{ $8 = sprintf("%.5f", $8 * 1.01) }} print }}' ;;
-  *) exec "{bin}" "$@" ;;
-esac"#
-            ),
-        );
+        let liar = raised_printout(dir.path(), &bin, 1.01);
         let out = dir.path().join("m");
         let r = run(&measure_args(liar.to_str().unwrap(), out.to_str().unwrap()));
         assert_ne!(r.code, 0, "{}", r.transcript());

@@ -217,24 +217,7 @@ fn a_doctored_printout_on_the_real_model_fails_the_gate() {
     let bin = llamacpp_bin();
     let dir = tempfile::tempdir().unwrap();
     let text = text(dir.path());
-    let liar = dir.path().join("llama-perplexity");
-    std::fs::write(
-        &liar,
-        format!(
-            r#"#!/bin/sh
-case "$*" in
-  *--kl-divergence\ *|*--kl-divergence) "{bin}" "$@" 2>&1 | awk '{{ if ($1 ~ /^[0-9]+$/ && NF >= 15) {{ $8 = sprintf("%.5f", $8 * 1.02) }} print }}' ;;
-  *) exec "{bin}" "$@" ;;
-esac
-"#
-        ),
-    )
-    .unwrap();
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&liar, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
+    let liar = crate::llamacpp::raised_printout(dir.path(), &bin, 1.02);
     let out = dir.path().join("m");
     let r = measure(
         "Q4_K_M",

@@ -433,17 +433,25 @@ impl GgufStore {
             .chunks_exact(size)
             .map(|b| half::f16::from_bits(u16::from_le_bytes([b[2], b[3]])).to_f32())
             .collect();
-        if self.unpermute_qk
-            && (hf.ends_with("self_attn.q_proj.weight") || hf.ends_with("self_attn.k_proj.weight"))
-        {
-            let heads = if hf.contains("q_proj") {
-                self.heads
-            } else {
-                self.kv_heads
-            };
+        if let Some(heads) = self.permuted_heads(hf) {
             mins = unpermute_rows(&mins, &[out, inp / 32], heads).map_err(bad)?;
         }
         Ok(Some(mins))
+    }
+
+    /// The heads of a Q or K weight whose rows llama.cpp's converter permuted (see
+    /// `unpermute_qk`), `None` for every other tensor.
+    fn permuted_heads(&self, hf: &str) -> Option<usize> {
+        if !self.unpermute_qk {
+            return None;
+        }
+        if hf.ends_with("self_attn.q_proj.weight") {
+            Some(self.heads)
+        } else if hf.ends_with("self_attn.k_proj.weight") {
+            Some(self.kv_heads)
+        } else {
+            None
+        }
     }
 
     /// How a Hugging Face tensor is found in this file, if it is.
@@ -540,8 +548,7 @@ impl GgufStore {
         let Some(plan) = self.plan(hf) else {
             return Ok(None);
         };
-        let permuted = self.unpermute_qk
-            && (hf.ends_with("self_attn.q_proj.weight") || hf.ends_with("self_attn.k_proj.weight"));
+        let permuted = self.permuted_heads(hf).is_some();
         let [name] = &plan.tensors[..] else {
             return Ok(None);
         };
@@ -593,14 +600,7 @@ impl GgufStore {
             gguf_family::undo(step, &mut dense.shape, &mut dense.data, second.as_deref())
                 .map_err(bad)?;
         }
-        if self.unpermute_qk
-            && (hf.ends_with("self_attn.q_proj.weight") || hf.ends_with("self_attn.k_proj.weight"))
-        {
-            let heads = if hf.contains("q_proj") {
-                self.heads
-            } else {
-                self.kv_heads
-            };
+        if let Some(heads) = self.permuted_heads(hf) {
             dense.data = unpermute_rows(&dense.data, &dense.shape, heads).map_err(bad)?;
         }
         Ok(Some(dense))
