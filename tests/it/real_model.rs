@@ -386,3 +386,41 @@ fn a_llamacpp_measured_real_card_reproduces_in_its_lane_only() {
     assert_eq!(r.code, 1, "native lane: {}\n{}", r.stderr, r.stdout);
     assert_eq!(r.json()["verdict"], "not_comparable");
 }
+
+/// The tokenizer.json real_model.sh writes tokenizes as llama.cpp does: llama.cpp's own base pass
+/// over the text stores its token stream, and the tokenizer gives the same ids, every one.
+#[test]
+#[ignore = "needs the real model and llama.cpp (CARDPROOF_REAL_MODEL, CARDPROOF_LLAMACPP_BIN; .ci/run sets both)"]
+fn the_tokenizer_json_tokenizes_as_llama_cpp_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = text(dir.path());
+    let base = dir.path().join("base.bin");
+    let out = std::process::Command::new(llamacpp_bin())
+        .args([
+            "-m",
+            real_model().join("reference/model.gguf").to_str().unwrap(),
+        ])
+        .args(["-f", text.to_str().unwrap(), "-c", "512", "-t", "2"])
+        .args(["--kl-divergence-base", base.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stream = cardproof::kld::llamacpp::BaseFile::open(&base).unwrap();
+    let tokenizer =
+        tokenizers::Tokenizer::from_file(real_model().join("reference/tokenizer.json")).unwrap();
+    let ids = tokenizer
+        .encode(std::fs::read_to_string(&text).unwrap(), false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    let kept = stream.tokens.len();
+    assert_eq!(kept, 2 * 512, "llama.cpp keeps whole windows");
+    assert!(ids.len() >= kept);
+    let ours: Vec<i32> = ids[..kept].iter().map(|&i| i as i32).collect();
+    let first = ours.iter().zip(&stream.tokens).position(|(a, b)| a != b);
+    assert!(first.is_none(), "token {first:?} differs");
+}
