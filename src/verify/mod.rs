@@ -445,7 +445,19 @@ fn read_card(model: &Path) -> Result<ReadCard> {
         (true, _) => Path::new("."),
         (false, _) => model,
     };
-    let path = crate::card::resolve_card_path(card_at)?;
+    let path = crate::card::resolve_card_path(card_at).map_err(|e| {
+        if given_file && matches!(e.kind, crate::error::ErrorKind::NoReadme) {
+            Error::usage(
+                model,
+                format!(
+                    "has no card beside it ({} is missing): write one with `cardproof card --measurement …`",
+                    card_at.join("README.md").display()
+                ),
+            )
+        } else {
+            e
+        }
+    })?;
     let card = Card::open(&path)?;
     let fidelity_node = card.metadata().and_then(|m| m.get("fidelity"));
     let named = fidelity_node

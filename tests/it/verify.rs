@@ -1439,4 +1439,14 @@ fn a_card_for_one_gguf_file_verifies_by_file_and_by_directory() {
         "{}",
         r.message()
     );
+    // A file with no card beside it says so, naming the card it looked for.
+    std::fs::remove_file(candidate.join("README.md")).unwrap();
+    let r = verify(&file, "no-card");
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert!(
+        r.message().contains("has no card beside it"),
+        "{}",
+        r.message()
+    );
+    assert!(!dir.path().join("no-card").exists());
 }

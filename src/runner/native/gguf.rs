@@ -51,6 +51,15 @@ pub enum Emulate {
 }
 
 impl Emulate {
+    /// The command line's name (`--emulate NAME`).
+    pub fn flag_name(self) -> &'static str {
+        match self {
+            Emulate::ReferenceSemantics => "reference",
+            Emulate::LlamacppCpu => "llamacpp-cpu",
+            Emulate::LlamacppCpuNoFa => "llamacpp-cpu-no-fa",
+        }
+    }
+
     /// The numerics a name means: `reference` and `llamacpp-cpu` (the command line's `--emulate`)
     /// or the recorded `reference_semantics` and `llamacpp_cpu`.
     pub fn from_name(name: &str) -> Option<Emulate> {
@@ -882,6 +891,13 @@ mod tests {
             assert_eq!(Emulate::from_name(name), Some(e), "{name}");
         }
         assert_eq!(Emulate::from_name("llamacpp"), None);
+        for e in [
+            Emulate::ReferenceSemantics,
+            Emulate::LlamacppCpu,
+            Emulate::LlamacppCpuNoFa,
+        ] {
+            assert_eq!(Emulate::from_name(e.flag_name()), Some(e));
+        }
     }
 
     #[test]

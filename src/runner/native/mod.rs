@@ -139,7 +139,10 @@ pub fn load(
         if emulate != Emulate::ReferenceSemantics {
             return Err(Error::usage(
                 &path,
-                "--emulate llamacpp-cpu applies to GGUF models only",
+                format!(
+                    "--emulate {} applies to GGUF models only",
+                    emulate.flag_name()
+                ),
             ));
         }
         let store = SafetensorsStore::open(&path, json)?;
