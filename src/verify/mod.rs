@@ -460,10 +460,11 @@ fn read_card(model: &Path) -> Result<ReadCard> {
     })?;
     let card = Card::open(&path)?;
     let fidelity_node = card.metadata().and_then(|m| m.get("fidelity"));
-    let named = fidelity_node
-        .map(|e| e.value.to_json())
-        .and_then(|f| f.pointer("/candidate/file")?.as_str().map(str::to_owned));
-    let checkpoint = card_checkpoint(model, card_at, given_file, named.as_deref(), &path)?;
+    let disclosure = fidelity_node.map_or(serde_json::Value::Null, |e| e.value.to_json());
+    let named = disclosure
+        .pointer("/candidate/file")
+        .and_then(serde_json::Value::as_str);
+    let checkpoint = card_checkpoint(model, card_at, given_file, named, &path)?;
     let inspections = if crate::checkpoint::has_checkpoint(&checkpoint) {
         crate::checkpoint::inspect::inspect_path(&checkpoint)?
     } else {
@@ -473,7 +474,6 @@ fn read_card(model: &Path) -> Result<ReadCard> {
         ));
     };
     let lint = crate::lint::lint_with_checkpoint(&card, &inspections);
-    let disclosure = fidelity_node.map_or(serde_json::Value::Null, |e| e.value.to_json());
     let sections = Sections::read(&disclosure);
     let claims: Vec<Claim> = fidelity_node
         .map(|e| claims::claims(&e.value, &|offset| card.line_col(offset).line))

@@ -61,13 +61,18 @@ fn measurement(dir: &Path) -> serde_json::Value {
 /// the second half scored, forward KL over the reference's entries above e^-16), with `lane`'s
 /// flags.
 fn measure(ty: &str, text: &Path, out: &Path, lane: &[&str]) -> Run {
-    let root = real_model();
-    let mut args: Vec<String> = [
+    measure_candidate(&real_model().join(ty), text, out, lane)
+}
+
+/// [`measure`] of any candidate path (a copy beside its card).
+fn measure_candidate(candidate: &Path, text: &Path, out: &Path, lane: &[&str]) -> Run {
+    let reference = real_model().join("reference");
+    let mut args = vec![
         "measure",
         "--reference",
-        root.join("reference").to_str().unwrap(),
+        reference.to_str().unwrap(),
         "--candidate",
-        root.join(ty).to_str().unwrap(),
+        candidate.to_str().unwrap(),
         "--eval-text",
         text.to_str().unwrap(),
         "--context-length",
@@ -85,11 +90,8 @@ fn measure(ty: &str, text: &Path, out: &Path, lane: &[&str]) -> Run {
         "--out",
         out.to_str().unwrap(),
         "--force",
-    ]
-    .map(str::to_owned)
-    .into();
-    args.extend(lane.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ];
+    args.extend_from_slice(lane);
     cardproof(&args)
 }
 
@@ -270,13 +272,15 @@ fn write_card(measurement: &Path, file: &Path, ty: &str) {
     assert!(card.contains("file: model.gguf"), "{ty}: {card}");
 }
 
-/// `verify` of `target` in the native lane (reference semantics) against the reference.
-fn verify_native(target: &Path, text: &Path, out: &Path) -> Run {
-    cardproof(&[
+/// `verify --json` of `target` against the reference, in the native lane (reference semantics)
+/// or with `lane`'s flags.
+fn verify_in(target: &Path, text: &Path, out: &Path, lane: &[&str]) -> Run {
+    let reference = real_model().join("reference");
+    let mut args = vec![
         "verify",
         target.to_str().unwrap(),
         "--reference",
-        real_model().join("reference").to_str().unwrap(),
+        reference.to_str().unwrap(),
         "--eval-text",
         text.to_str().unwrap(),
         "--threads",
@@ -284,7 +288,9 @@ fn verify_native(target: &Path, text: &Path, out: &Path) -> Run {
         "--out",
         out.to_str().unwrap(),
         "--json",
-    ])
+    ];
+    args.extend_from_slice(lane);
+    cardproof(&args)
 }
 
 /// One layout rule on real files: a type measured as a single GGUF file gets a card beside it
@@ -299,27 +305,11 @@ fn a_card_for_each_real_gguf_file_verifies_by_file_and_by_directory() {
     for ty in ["Q8_0", "Q4_K_M", "IQ4_XS"] {
         let file = candidate_copy(ty, dir.path());
         let m = dir.path().join(format!("{ty}-m"));
-        let r = cardproof(&[
-            "measure",
-            "--reference",
-            real_model().join("reference").to_str().unwrap(),
-            "--candidate",
-            file.to_str().unwrap(),
-            "--eval-text",
-            text.to_str().unwrap(),
-            "--context-length",
-            "512",
-            "--bootstrap",
-            "100",
-            "--threads",
-            "2",
-            "--out",
-            m.to_str().unwrap(),
-        ]);
+        let r = measure_candidate(&file, &text, &m, &[]);
         assert_eq!(r.code, 0, "{ty} measure: {}", r.transcript());
         write_card(&m, &file, ty);
         for (target, how) in [(file.clone(), "file"), (file.with_file_name(""), "dir")] {
-            let r = verify_native(&target, &text, &dir.path().join(format!("{ty}-{how}")));
+            let r = verify_in(&target, &text, &dir.path().join(format!("{ty}-{how}")), &[]);
             assert_eq!(r.code, 0, "{ty} by {how}: {}\n{}", r.stderr, r.stdout);
             assert_eq!(r.json()["verdict"], "reproduced", "{ty} by {how}");
         }
@@ -336,53 +326,14 @@ fn a_llamacpp_measured_real_card_reproduces_in_its_lane_only() {
     let text = text(dir.path());
     let file = candidate_copy("Q4_K_M", dir.path());
     let m = dir.path().join("m");
-    let r = cardproof(&[
-        "measure",
-        "--runner",
-        "llamacpp",
-        "--llamacpp-bin",
-        &bin,
-        "--reference",
-        real_model().join("reference/model.gguf").to_str().unwrap(),
-        "--candidate",
-        file.to_str().unwrap(),
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--context-length",
-        "512",
-        "--positions",
-        "second-half",
-        "--vocab",
-        "threshold",
-        "--bos",
-        "none",
-        "--threads",
-        "2",
-        "--out",
-        m.to_str().unwrap(),
-    ]);
+    let lane = ["--runner", "llamacpp", "--llamacpp-bin", &bin];
+    let r = measure_candidate(&file, &text, &m, &lane);
     assert_eq!(r.code, 0, "measure: {}", r.transcript());
     write_card(&m, &file, "Q4_K_M");
-    let r = cardproof(&[
-        "verify",
-        file.to_str().unwrap(),
-        "--runner",
-        "llamacpp",
-        "--llamacpp-bin",
-        &bin,
-        "--reference",
-        real_model().join("reference/model.gguf").to_str().unwrap(),
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--threads",
-        "2",
-        "--out",
-        dir.path().join("llamacpp").to_str().unwrap(),
-        "--json",
-    ]);
+    let r = verify_in(&file, &text, &dir.path().join("llamacpp"), &lane);
     assert_eq!(r.code, 0, "llama.cpp lane: {}\n{}", r.stderr, r.stdout);
     assert_eq!(r.json()["verdict"], "reproduced");
-    let r = verify_native(&file, &text, &dir.path().join("native"));
+    let r = verify_in(&file, &text, &dir.path().join("native"), &[]);
     assert_eq!(r.code, 1, "native lane: {}\n{}", r.stderr, r.stdout);
     assert_eq!(r.json()["verdict"], "not_comparable");
 }
