@@ -213,212 +213,238 @@ pub(super) fn cerr(store: &dyn WeightStore, what: &str) -> impl Fn(candle_core::
     move |e| Error::runner(&path, format!("{what}: tensor operation failed: {e}"))
 }
 
-impl Decoder {
-    pub fn load(
-        store: &dyn WeightStore,
-        config: ModelConfig,
-        compute: ComputeDtype,
-        recurrent_state: StateDtype,
-    ) -> Result<Decoder> {
-        let dt = compute.candle();
-        let dev = Device::Cpu;
-        let mut report = LoadReport {
-            schemes: Default::default(),
-            activations: Default::default(),
-            kv_cache: None,
-            experts: None,
-            skipped: 0,
-        };
-        let c = &config;
-        // The hybrid family's norms are zero-centred: x·rsqrt(mean x² + eps)·(1 + w).
-        let zero_centred = c.arch.is_hybrid();
-        let vector = |name: &str, len: usize| load_vector(store, name, len, dt, zero_centred);
-        let linear = |module: &str, out: usize, inp: usize, report: &mut LoadReport| {
-            load_linear(store, module, out, inp, dt, report)
-        };
-        let p0 = &c.prefix;
-        let embed_name = format!("{p0}.embed_tokens.weight");
-        let (embed_shape, embed_values) = store.dense_values(&embed_name)?;
+/// What every part of [`Decoder::load`] reads: the store, the config and the dtypes, so the
+/// per-concern loaders share one argument.
+struct Loader<'a> {
+    store: &'a dyn WeightStore,
+    c: &'a ModelConfig,
+    dt: DType,
+    compute: ComputeDtype,
+    recurrent_state: StateDtype,
+    /// The hybrid family's norms are zero-centred: x·rsqrt(mean x² + eps)·(1 + w).
+    zero_centred: bool,
+}
+
+impl Loader<'_> {
+    /// A norm weight of `len`, zero-centred where the architecture is.
+    fn vector(&self, name: &str, len: usize) -> Result<Tensor> {
+        load_vector(self.store, name, len, self.dt, self.zero_centred)
+    }
+
+    /// A linear module at the compute dtype, counted in the report.
+    fn linear(&self, module: &str, out: usize, inp: usize, report: &mut LoadReport) -> Result<Lin> {
+        load_linear(self.store, module, out, inp, self.dt, report)
+    }
+
+    /// The token embedding, checked against `[vocab, hidden]`: an F32 matrix in the f32 compute
+    /// (so a tied head shares it), a candle tensor otherwise.
+    fn embedding(&self, embed_name: &str) -> Result<Embedding> {
+        let (store, c, dt) = (self.store, self.c, self.dt);
+        let (embed_shape, embed_values) = store.dense_values(embed_name)?;
         if embed_shape != [c.vocab, c.hidden] {
             return Err(Error::format(
                 store.path(),
-                Some(&embed_name),
+                Some(embed_name),
                 format!(
                     "has shape {:?}; the config needs [{}, {}]",
                     embed_shape, c.vocab, c.hidden
                 ),
             ));
         }
-        let embed = if dt == DType::F32 {
+        Ok(if dt == DType::F32 {
             let m = F32Matrix::new(c.vocab, c.hidden, embed_values).ok_or_else(|| {
                 Error::format(
                     store.path(),
-                    Some(&embed_name),
+                    Some(embed_name),
                     "values disagree with its shape",
                 )
             })?;
             Embedding::F32(std::sync::Arc::new(m))
         } else {
             Embedding::Candle(
-                Tensor::from_vec(embed_values.into_vec(), (c.vocab, c.hidden), &dev)
+                Tensor::from_vec(embed_values.into_vec(), (c.vocab, c.hidden), &Device::Cpu)
                     .and_then(|t| t.to_dtype(dt))
-                    .map_err(cerr(store, &embed_name))?,
+                    .map_err(cerr(store, embed_name))?,
             )
+        })
+    }
+
+    /// Layer `i`: its biases checked against the architecture, then its norms, mixer and FFN, in
+    /// the order the checks must run.
+    fn layer(&self, i: usize, report: &mut LoadReport) -> Result<Layer> {
+        let c = self.c;
+        let p = format!("{}.layers.{i}", c.prefix);
+        let layer_type = c
+            .hybrid
+            .as_ref()
+            .map_or(LayerType::Full, |h| h.layer_types[i]);
+        self.check_biases(&p, layer_type)?;
+        let attn_norm = self.vector(&format!("{p}.input_layernorm.weight"), c.hidden)?;
+        let mixer = match (layer_type, &c.hybrid) {
+            (LayerType::Linear, Some(h)) => Mixer::DeltaNet(Box::new(GatedDeltaNet::load(
+                self.store,
+                &format!("{p}.linear_attn"),
+                c,
+                h,
+                self.compute,
+                self.recurrent_state,
+                report,
+            )?)),
+            _ => Mixer::Attention(Box::new(self.attention(i, &p, report)?)),
         };
+        Ok(Layer {
+            attn_norm,
+            mixer,
+            mlp_norm: self.vector(&format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
+            ffn: self.ffn(i, &p, report)?,
+        })
+    }
+
+    /// Refuses a bias the declared architecture does not have, or lacks one it has: transformers
+    /// would ignore the first and initialize the second at random.
+    fn check_biases(&self, p: &str, layer_type: LayerType) -> Result<()> {
+        let (store, c) = (self.store, self.c);
+        let attention_biases = [
+            ("self_attn.q_proj", c.biases.qkv),
+            ("self_attn.k_proj", c.biases.qkv),
+            ("self_attn.v_proj", c.biases.qkv),
+            ("self_attn.o_proj", c.biases.o),
+        ];
+        let mlp_biases = [
+            ("mlp.gate_proj", c.biases.mlp),
+            ("mlp.up_proj", c.biases.mlp),
+            ("mlp.down_proj", c.biases.mlp),
+        ];
+        let mut checked = Vec::new();
+        if layer_type == LayerType::Full {
+            checked.extend(attention_biases);
+        }
+        checked.extend(mlp_biases);
+        for (module, expected) in checked {
+            let name = format!("{p}.{module}.bias");
+            if store.has(&name) != expected {
+                return Err(Error::format(
+                    store.path(),
+                    Some(&name),
+                    format!(
+                        "{} in the checkpoint, but the declared architecture `{}` {} it (transformers would {})",
+                        if expected { "missing" } else { "present" },
+                        c.arch.as_str(),
+                        if expected {
+                            "has"
+                        } else {
+                            "has no bias here, so it would not use"
+                        },
+                        if expected {
+                            "initialize it at random"
+                        } else {
+                            "ignore it"
+                        }
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Layer `i`'s softmax attention and its KV cache, the cache's quantization noted in the
+    /// report.
+    fn attention(&self, i: usize, p: &str, report: &mut LoadReport) -> Result<Attention> {
+        let (store, c) = (self.store, self.c);
+        let attn = format!("{p}.self_attn");
         let (q_out, kv_out) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
-        let mut layers = Vec::with_capacity(c.layers);
         // The hybrid family's q_proj carries a per-head output gate beside the query.
         let q_proj_out = if c.arch.is_hybrid() { 2 * q_out } else { q_out };
-        for i in 0..c.layers {
-            let p = format!("{p0}.layers.{i}");
-            let attn = format!("{p}.self_attn");
-            let layer_type = c
-                .hybrid
-                .as_ref()
-                .map_or(LayerType::Full, |h| h.layer_types[i]);
-            // Qwen3 and the hybrid family normalize queries and keys per head; no other
-            // architecture here has those weights (another model_type's q_norm is an unread
-            // tensor, refused below).
-            let norm_opt = |name: String| -> Result<Option<Tensor>> {
-                if c.arch.has_qk_norm() {
-                    vector(&name, c.head_dim).map(Some)
-                } else {
-                    Ok(None)
-                }
-            };
-            let attention_biases = [
-                ("self_attn.q_proj", c.biases.qkv),
-                ("self_attn.k_proj", c.biases.qkv),
-                ("self_attn.v_proj", c.biases.qkv),
-                ("self_attn.o_proj", c.biases.o),
-            ];
-            let mlp_biases = [
-                ("mlp.gate_proj", c.biases.mlp),
-                ("mlp.up_proj", c.biases.mlp),
-                ("mlp.down_proj", c.biases.mlp),
-            ];
-            let mut checked = Vec::new();
-            if layer_type == LayerType::Full {
-                checked.extend(attention_biases);
+        // Qwen3 and the hybrid family normalize queries and keys per head; no other
+        // architecture here has those weights (another model_type's q_norm is an unread
+        // tensor, refused below).
+        let norm_opt = |name: String| -> Result<Option<Tensor>> {
+            if c.arch.has_qk_norm() {
+                self.vector(&name, c.head_dim).map(Some)
+            } else {
+                Ok(None)
             }
-            checked.extend(mlp_biases);
-            for (module, expected) in checked {
-                let name = format!("{p}.{module}.bias");
-                if store.has(&name) != expected {
-                    return Err(Error::format(
-                        store.path(),
-                        Some(&name),
-                        format!(
-                            "{} in the checkpoint, but the declared architecture `{}` {} it (transformers would {})",
-                            if expected { "missing" } else { "present" },
-                            c.arch.as_str(),
-                            if expected {
-                                "has"
-                            } else {
-                                "has no bias here, so it would not use"
-                            },
-                            if expected {
-                                "initialize it at random"
-                            } else {
-                                "ignore it"
-                            }
-                        ),
-                    ));
-                }
+        };
+        // The KV cache (and its quantization) exists only in attention layers.
+        let kv = store.kv_cache(&attn)?;
+        match kv {
+            Some(KvQuant::Fp8(s)) => {
+                report.kv_cache = Some(format!(
+                    "fp8_e4m3 per tensor (emulated; layer {i}: k_scale {}, v_scale {})",
+                    s.k_scale, s.v_scale
+                ));
             }
-            let attn_norm = vector(&format!("{p}.input_layernorm.weight"), c.hidden)?;
-            let mixer = match (layer_type, &c.hybrid) {
-                (LayerType::Linear, Some(h)) => Mixer::DeltaNet(Box::new(GatedDeltaNet::load(
-                    store,
-                    &format!("{p}.linear_attn"),
-                    c,
-                    h,
-                    compute,
-                    recurrent_state,
-                    &mut report,
-                )?)),
-                _ => {
-                    // The KV cache (and its quantization) exists only in attention layers.
-                    let kv = store.kv_cache(&attn)?;
-                    match kv {
-                        Some(KvQuant::Fp8(s)) => {
-                            report.kv_cache = Some(format!(
-                                "fp8_e4m3 per tensor (emulated; layer {i}: k_scale {}, v_scale {})",
-                                s.k_scale, s.v_scale
-                            ));
-                        }
-                        Some(KvQuant::F16) if store.f16_attention_products() => {
-                            report.kv_cache = Some(
-                                "f16 (emulated), no flash attention: Q and the softmax weights rounded to f16 at their products".into(),
-                            )
-                        }
-                        Some(KvQuant::F16) => report.kv_cache = Some("f16 (emulated)".into()),
-                        // A store never declares a run's scheme; `set_kv_cache` sets it.
-                        Some(KvQuant::Scheme { .. }) | None => {}
-                    }
-                    Mixer::Attention(Box::new(Attention {
-                        q: linear(&format!("{attn}.q_proj"), q_proj_out, c.hidden, &mut report)?,
-                        k: linear(&format!("{attn}.k_proj"), kv_out, c.hidden, &mut report)?,
-                        v: linear(&format!("{attn}.v_proj"), kv_out, c.hidden, &mut report)?,
-                        o: linear(&format!("{attn}.o_proj"), c.hidden, q_out, &mut report)?,
-                        q_norm: norm_opt(format!("{attn}.q_norm.weight"))?,
-                        k_norm: norm_opt(format!("{attn}.k_norm.weight"))?,
-                        gated: c.arch.is_hybrid(),
-                        kv,
-                        f16_products: store.f16_attention_products(),
-                        computed_scales: Default::default(),
-                    }))
-                }
-            };
-            layers.push(Layer {
-                attn_norm,
-                mixer,
-                mlp_norm: vector(&format!("{p}.post_attention_layernorm.weight"), c.hidden)?,
-                ffn: match &c.moe {
-                    Some(m) if m.is_sparse(i) => Ffn::Moe(Box::new(MoeBlock::load(
-                        store,
-                        &format!("{p}.mlp"),
-                        m,
-                        c.hidden,
-                        compute,
-                        &mut report,
-                    )?)),
-                    _ => Ffn::Dense {
-                        gate: linear(
-                            &format!("{p}.mlp.gate_proj"),
-                            c.intermediate,
-                            c.hidden,
-                            &mut report,
-                        )?,
-                        up: linear(
-                            &format!("{p}.mlp.up_proj"),
-                            c.intermediate,
-                            c.hidden,
-                            &mut report,
-                        )?,
-                        down: linear(
-                            &format!("{p}.mlp.down_proj"),
-                            c.hidden,
-                            c.intermediate,
-                            &mut report,
-                        )?,
-                    },
-                },
-            });
+            Some(KvQuant::F16) if store.f16_attention_products() => {
+                report.kv_cache = Some(
+                    "f16 (emulated), no flash attention: Q and the softmax weights rounded to f16 at their products".into(),
+                )
+            }
+            Some(KvQuant::F16) => report.kv_cache = Some("f16 (emulated)".into()),
+            // A store never declares a run's scheme; `set_kv_cache` sets it.
+            Some(KvQuant::Scheme { .. }) | None => {}
         }
-        if let Some(m) = &c.moe {
-            let sparse = (0..c.layers).filter(|&i| m.is_sparse(i)).count();
-            report.experts = Some(m.describe(sparse, c.layers));
-        }
-        let norm = vector(&format!("{p0}.norm.weight"), c.hidden)?;
+        Ok(Attention {
+            q: self.linear(&format!("{attn}.q_proj"), q_proj_out, c.hidden, report)?,
+            k: self.linear(&format!("{attn}.k_proj"), kv_out, c.hidden, report)?,
+            v: self.linear(&format!("{attn}.v_proj"), kv_out, c.hidden, report)?,
+            o: self.linear(&format!("{attn}.o_proj"), c.hidden, q_out, report)?,
+            q_norm: norm_opt(format!("{attn}.q_norm.weight"))?,
+            k_norm: norm_opt(format!("{attn}.k_norm.weight"))?,
+            gated: c.arch.is_hybrid(),
+            kv,
+            f16_products: store.f16_attention_products(),
+            computed_scales: Default::default(),
+        })
+    }
+
+    /// Layer `i`'s FFN: a mixture of experts where the config makes the layer sparse, the dense
+    /// gated MLP otherwise.
+    fn ffn(&self, i: usize, p: &str, report: &mut LoadReport) -> Result<Ffn> {
+        let c = self.c;
+        Ok(match &c.moe {
+            Some(m) if m.is_sparse(i) => Ffn::Moe(Box::new(MoeBlock::load(
+                self.store,
+                &format!("{p}.mlp"),
+                m,
+                c.hidden,
+                self.compute,
+                report,
+            )?)),
+            _ => Ffn::Dense {
+                gate: self.linear(
+                    &format!("{p}.mlp.gate_proj"),
+                    c.intermediate,
+                    c.hidden,
+                    report,
+                )?,
+                up: self.linear(
+                    &format!("{p}.mlp.up_proj"),
+                    c.intermediate,
+                    c.hidden,
+                    report,
+                )?,
+                down: self.linear(
+                    &format!("{p}.mlp.down_proj"),
+                    c.hidden,
+                    c.intermediate,
+                    report,
+                )?,
+            },
+        })
+    }
+
+    /// The output layer: the embedding itself where the config ties them (a stored lm_head only
+    /// as its byte-identical copy), the stored lm_head otherwise.
+    fn lm_head(&self, embed: &Embedding, embed_name: &str, report: &mut LoadReport) -> Result<Lin> {
+        let (store, c) = (self.store, self.c);
         let lm_head_stored = ["lm_head.weight", "lm_head.qweight", "lm_head.weight_packed"]
             .iter()
             .any(|n| store.has(n));
-        let lm_head = if c.tie_embeddings {
+        if c.tie_embeddings {
             // transformers ties: the output layer *is* the embedding, whatever lm_head the files
             // hold. A stored lm_head is accepted only as a byte-identical copy.
             if lm_head_stored
-                && store.tensor_sha256("lm_head.weight")? != store.tensor_sha256(&embed_name)?
+                && store.tensor_sha256("lm_head.weight")? != store.tensor_sha256(embed_name)?
             {
                 return Err(Error::format(
                     store.path(),
@@ -426,26 +452,31 @@ impl Decoder {
                     "the config ties the word embeddings (tie_word_embeddings: true), so transformers uses model.embed_tokens.weight as the output layer and ignores this lm_head, which differs from it: the checkpoint and its config disagree",
                 ));
             }
-            let input = store.tied_head_input(&embed_name);
+            let input = store.tied_head_input(embed_name);
             if input != InputQuant::None {
                 *report.activations.entry(input.describe()).or_default() += 1;
             }
-            Lin {
+            Ok(Lin {
                 wt: embed.as_head().map_err(cerr(store, "lm_head"))?,
                 bias: None,
                 input,
                 block_mins: None,
-            }
+            })
         } else if lm_head_stored {
-            linear("lm_head", c.vocab, c.hidden, &mut report)?
+            self.linear("lm_head", c.vocab, c.hidden, report)
         } else {
-            return Err(Error::format(
+            Err(Error::format(
                 store.path(),
                 Some("lm_head.weight"),
                 "missing, and the config does not tie the word embeddings",
-            ));
-        };
-        // What the architecture skips on purpose (as transformers does) is not unread.
+            ))
+        }
+    }
+
+    /// Refuses any tensor left unread (a checkpoint that is not what its config says), after
+    /// counting those the architecture skips on purpose, as transformers does.
+    fn check_unread(&self, report: &mut LoadReport) -> Result<()> {
+        let (store, c) = (self.store, self.c);
         let (skipped, unread): (Vec<String>, Vec<String>) =
             store.unread().into_iter().partition(|n| c.skipped(n));
         report.skipped = skipped.len();
@@ -467,6 +498,45 @@ impl Decoder {
                 ),
             ));
         }
+        Ok(())
+    }
+}
+
+impl Decoder {
+    pub fn load(
+        store: &dyn WeightStore,
+        config: ModelConfig,
+        compute: ComputeDtype,
+        recurrent_state: StateDtype,
+    ) -> Result<Decoder> {
+        let mut report = LoadReport {
+            schemes: Default::default(),
+            activations: Default::default(),
+            kv_cache: None,
+            experts: None,
+            skipped: 0,
+        };
+        let c = &config;
+        let ld = Loader {
+            store,
+            c,
+            dt: compute.candle(),
+            compute,
+            recurrent_state,
+            zero_centred: c.arch.is_hybrid(),
+        };
+        let embed_name = format!("{}.embed_tokens.weight", c.prefix);
+        let embed = ld.embedding(&embed_name)?;
+        let layers = (0..c.layers)
+            .map(|i| ld.layer(i, &mut report))
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(m) = &c.moe {
+            let sparse = (0..c.layers).filter(|&i| m.is_sparse(i)).count();
+            report.experts = Some(m.describe(sparse, c.layers));
+        }
+        let norm = ld.vector(&format!("{}.norm.weight", c.prefix), c.hidden)?;
+        let lm_head = ld.lm_head(&embed, &embed_name, &mut report)?;
+        ld.check_unread(&mut report)?;
         Ok(Decoder {
             config,
             compute,
