@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::checkpoint::dtype::Dtype;
 use crate::checkpoint::mmap::MappedFile;
-use crate::checkpoint::quant_config::{self, Declared, Expectation};
+use crate::checkpoint::quant_config::{self, Declared, Expectation, WeightDecl};
 use crate::checkpoint::safetensors::{self, SafetensorsCheckpoint, TensorInfo};
 use crate::dequant::{self, CtArgs, CtStrategy, GptqFormat, Stored};
 use crate::error::{Error, Result};
@@ -334,6 +334,410 @@ impl SafetensorsStore {
             other => return Err(bad(other)),
         })
     }
+
+    /// One stored part of a linear module (`{module}.{suffix}`), if the checkpoint has it.
+    fn part(&self, module: &str, suffix: &str) -> Result<Option<Raw<'_>>> {
+        self.stored(&format!("{module}.{suffix}"))
+    }
+
+    /// A linear module's weight dequantized, by which weight tensor it stores (qweight,
+    /// weight_packed or weight), so each storage family is read by its own rules.
+    fn dequantize_linear(
+        &self,
+        module: &str,
+        decl: Option<&WeightDecl>,
+        method: &str,
+    ) -> Result<Dequantized> {
+        if let Some(qweight) = self.part(module, "qweight")? {
+            self.qweight_linear(module, &qweight, method)
+        } else if let Some(packed) = self.part(module, "weight_packed")? {
+            self.packed_linear(module, &packed, decl)
+        } else if let Some(w8) = self.part(module, "weight")? {
+            self.weight_linear(module, &w8, decl, method)
+        } else {
+            Err(Error::format(
+                &self.dir,
+                Some(module),
+                "no weight tensor (weight, weight_packed or qweight) for this linear module",
+            ))
+        }
+    }
+
+    /// A `qweight` module (AWQ or GPTQ): both need qzeros and scales beside it.
+    fn qweight_linear(&self, module: &str, qweight: &Raw<'_>, method: &str) -> Result<Dequantized> {
+        let err = |path: &Path, e: String| Error::format(path, Some(module), e);
+        let qzeros = self
+            .part(module, "qzeros")?
+            .ok_or_else(|| err(&qweight.0, "qweight without qzeros".into()))?;
+        let scales = self
+            .part(module, "scales")?
+            .ok_or_else(|| err(&qweight.0, "qweight without scales".into()))?;
+        if method == "awq" {
+            self.awq_linear(module, qweight, &qzeros, &scales)
+        } else if method == "gptq" {
+            self.gptq_linear(module, qweight, &qzeros, &scales)
+        } else {
+            Err(Error::unsupported(
+                &qweight.0,
+                Some(module),
+                format!(
+                    "`qweight` tensors under quant_method `{method}` are not supported (supported: awq, gptq)"
+                ),
+            ))
+        }
+    }
+
+    /// AWQ GEMM int4: the config's version, bits and group size decide whether it can be read.
+    fn awq_linear(
+        &self,
+        module: &str,
+        qweight: &Raw<'_>,
+        qzeros: &Raw<'_>,
+        scales: &Raw<'_>,
+    ) -> Result<Dequantized> {
+        let err = |path: &Path, e: String| Error::format(path, Some(module), e);
+        let unsupported = |path: &Path, e: String| Error::unsupported(path, Some(module), e);
+        let q = self.quant_config();
+        let version = q.get("version").and_then(Value::as_str).unwrap_or("gemm");
+        if !version.eq_ignore_ascii_case("gemm") {
+            return Err(unsupported(
+                &qweight.0,
+                format!("AWQ version `{version}` is not supported (supported: gemm)"),
+            ));
+        }
+        let bits = q
+            .get("bits")
+            .or(q.get("w_bit"))
+            .and_then(Value::as_u64)
+            .unwrap_or(4);
+        if bits != 4 {
+            return Err(unsupported(
+                &qweight.0,
+                format!("AWQ with {bits} bits is not supported (supported: 4)"),
+            ));
+        }
+        let group = q
+            .get("group_size")
+            .or(q.get("q_group_size"))
+            .and_then(Value::as_u64)
+            .ok_or_else(|| err(&qweight.0, "AWQ config has no group_size".into()))?
+            as usize;
+        let weight = dequant::awq_gemm(
+            as_stored(qweight),
+            as_stored(qzeros),
+            as_stored(scales),
+            group,
+        )
+        .map_err(|e| err(&qweight.0, e))?;
+        Ok(Dequantized {
+            weight,
+            out: scales.2.get(1).copied().unwrap_or(0),
+            inp: qweight.2.first().copied().unwrap_or(0),
+            scheme: format!("awq int4 gemm group {group}"),
+        })
+    }
+
+    /// GPTQ: bits, group size and checkpoint format come from the config, g_idx if stored.
+    fn gptq_linear(
+        &self,
+        module: &str,
+        qweight: &Raw<'_>,
+        qzeros: &Raw<'_>,
+        scales: &Raw<'_>,
+    ) -> Result<Dequantized> {
+        let q = self.quant_config();
+        let bits = q.get("bits").and_then(Value::as_u64).unwrap_or(4) as u32;
+        let group = q
+            .get("group_size")
+            .and_then(Value::as_i64)
+            .filter(|g| *g > 0)
+            .map(|g| g as usize);
+        let format = match q.get("checkpoint_format").and_then(Value::as_str) {
+            Some("gptq_v2") => GptqFormat::V2,
+            _ => GptqFormat::V1,
+        };
+        let g_idx = self.part(module, "g_idx")?;
+        let weight = dequant::gptq(
+            as_stored(qweight),
+            as_stored(qzeros),
+            as_stored(scales),
+            g_idx.as_ref().map(as_stored),
+            bits,
+            group,
+            format,
+        )
+        .map_err(|e| Error::format(&qweight.0, Some(module), e))?;
+        let out = scales.2.get(1).copied().unwrap_or(0);
+        let inp = weight.len().checked_div(out).unwrap_or(0);
+        Ok(Dequantized {
+            weight,
+            out,
+            inp,
+            scheme: format!("gptq int{bits}"),
+        })
+    }
+
+    /// A compressed-tensors `weight_packed` module: NVFP4, MXFP4 or packed integers.
+    fn packed_linear(
+        &self,
+        module: &str,
+        packed: &Raw<'_>,
+        decl: Option<&WeightDecl>,
+    ) -> Result<Dequantized> {
+        let err = |path: &Path, e: String| Error::format(path, Some(module), e);
+        let scale = self
+            .part(module, "weight_scale")?
+            .ok_or_else(|| err(&packed.0, "weight_packed without weight_scale".into()))?;
+        let w = decl.cloned().unwrap_or_default();
+        let format = w.format.clone().unwrap_or_default();
+        let out = packed.2.first().copied().unwrap_or(0);
+        let half_inp = packed.2.get(1).copied().unwrap_or(0);
+        if packed.1 == Dtype::U8 && format.starts_with("nvfp4")
+            || self.has(&format!("{module}.weight_global_scale"))
+        {
+            let global = self
+                .part(module, "weight_global_scale")?
+                .ok_or_else(|| err(&packed.0, "NVFP4 weight without weight_global_scale".into()))?;
+            let weight =
+                dequant::ct_nvfp4(as_stored(packed), as_stored(&scale), as_stored(&global))
+                    .map_err(|e| err(&packed.0, e))?;
+            Ok(Dequantized {
+                weight,
+                out,
+                inp: half_inp * 2,
+                scheme: "compressed-tensors nvfp4-pack-quantized".into(),
+            })
+        } else if packed.1 == Dtype::U8 {
+            let weight = dequant::ct_mxfp4(as_stored(packed), as_stored(&scale))
+                .map_err(|e| err(&packed.0, e))?;
+            Ok(Dequantized {
+                weight,
+                out,
+                inp: half_inp * 2,
+                scheme: "compressed-tensors mxfp4-pack-quantized".into(),
+            })
+        } else {
+            self.pack_quantized_linear(module, packed, &scale, w)
+        }
+    }
+
+    /// Compressed-tensors integer pack-quantized: the logical shape is read from weight_shape.
+    fn pack_quantized_linear(
+        &self,
+        module: &str,
+        packed: &Raw<'_>,
+        scale: &Raw<'_>,
+        w: WeightDecl,
+    ) -> Result<Dequantized> {
+        let err = |path: &Path, e: String| Error::format(path, Some(module), e);
+        let shape_t = self
+            .part(module, "weight_shape")?
+            .ok_or_else(|| err(&packed.0, "weight_packed without weight_shape".into()))?;
+        let dims = dequant::to_f32(as_stored(&shape_t)).map_err(|e| err(&shape_t.0, e))?;
+        let [o, i] = dims.as_slice() else {
+            return Err(err(
+                &shape_t.0,
+                format!("weight_shape holds {} values, expected 2", dims.len()),
+            ));
+        };
+        let (o, i) = (*o as usize, *i as usize);
+        let bits = w.bits.unwrap_or(4) as u32;
+        let zp = self.part(module, "weight_zero_point")?;
+        let g_idx = self.part(module, "weight_g_idx")?;
+        let args = ct_args(&w);
+        let weight = dequant::ct_pack_quantized(
+            as_stored(packed),
+            [o, i],
+            bits,
+            as_stored(scale),
+            zp.as_ref().map(as_stored),
+            g_idx.as_ref().map(as_stored),
+            &args,
+        )
+        .map_err(|e| err(&packed.0, e))?;
+        Ok(Dequantized {
+            weight,
+            out: o,
+            inp: i,
+            scheme: format!(
+                "compressed-tensors pack-quantized int{bits} {}",
+                w.strategy.unwrap_or_default()
+            ),
+        })
+    }
+
+    /// A plain `weight` tensor: high-precision float, or quantized with the scale tensors
+    /// beside it naming the format (fine-grained fp8, modelopt, compressed-tensors).
+    fn weight_linear(
+        &self,
+        module: &str,
+        w8: &Raw<'_>,
+        decl: Option<&WeightDecl>,
+        method: &str,
+    ) -> Result<Dequantized> {
+        let err = |path: &Path, e: String| Error::format(path, Some(module), e);
+        let unsupported = |path: &Path, e: String| Error::unsupported(path, Some(module), e);
+        let (dtype, shape) = (w8.1, w8.2.clone());
+        let [o, i] = shape.as_slice() else {
+            return Err(err(
+                &w8.0,
+                format!("weight has shape {shape:?}, expected 2 dimensions"),
+            ));
+        };
+        let (out, inp) = (*o, *i);
+        let plain = |weight: Vec<f32>, scheme: String| Dequantized {
+            weight,
+            out,
+            inp,
+            scheme,
+        };
+        if dtype.is_high_precision_float() {
+            let weight = dequant::to_f32(as_stored(w8)).map_err(|e| err(&w8.0, e))?;
+            Ok(plain(weight, dtype.name().to_lowercase()))
+        } else if let Some(scale_inv) = self.part(module, "weight_scale_inv")? {
+            let (weight, scheme) = self.fp8_block_weight(module, w8, &scale_inv)?;
+            Ok(plain(weight, scheme))
+        } else if let Some(scale_2) = self.part(module, "weight_scale_2")? {
+            let scale = self
+                .part(module, "weight_scale")?
+                .ok_or_else(|| err(&w8.0, "weight_scale_2 without weight_scale".into()))?;
+            let weight =
+                dequant::modelopt_nvfp4(as_stored(w8), as_stored(&scale), as_stored(&scale_2))
+                    .map_err(|e| err(&w8.0, e))?;
+            Ok(Dequantized {
+                inp: inp * 2,
+                ..plain(weight, "modelopt nvfp4".into())
+            })
+        } else if let Some(scale) = self.part(module, "weight_scale")? {
+            if dtype == Dtype::U8 && method == "modelopt" {
+                let weight =
+                    dequant::mxfp4(as_stored(w8), as_stored(&scale)).map_err(|e| err(&w8.0, e))?;
+                Ok(Dequantized {
+                    inp: inp * 2,
+                    ..plain(weight, "modelopt mxfp4".into())
+                })
+            } else {
+                let (weight, scheme) = self.scaled_weight(module, w8, &scale, decl, method)?;
+                Ok(plain(weight, scheme))
+            }
+        } else if self.has(&format!("{module}.weight.quant_state.bitsandbytes__nf4"))
+            || self.has(&format!("{module}.weight.quant_state.bitsandbytes__fp4"))
+            || self.has(&format!("{module}.SCB"))
+        {
+            Err(unsupported(&w8.0, "bitsandbytes weights are not supported by the native runner (supported: compressed-tensors, fine-grained fp8, awq, gptq, modelopt nvfp4/fp8/mxfp4, gguf)".into()))
+        } else {
+            Err(unsupported(
+                &w8.0,
+                format!(
+                    "weight stored as {} with no scale tensor: not a format the native runner knows",
+                    dtype.name()
+                ),
+            ))
+        }
+    }
+
+    /// Fine-grained FP8 with block scales (`weight_scale_inv`): the block size is the config's.
+    fn fp8_block_weight(
+        &self,
+        module: &str,
+        w8: &Raw<'_>,
+        scale_inv: &Raw<'_>,
+    ) -> Result<(Vec<f32>, String)> {
+        let err = |path: &Path, e: String| Error::format(path, Some(module), e);
+        let block = self
+            .quant_config()
+            .get("weight_block_size")
+            .and_then(Value::as_array)
+            .and_then(|a| Some([a.first()?.as_u64()? as usize, a.get(1)?.as_u64()? as usize]))
+            .ok_or_else(|| {
+                err(
+                    &w8.0,
+                    "weight_scale_inv without weight_block_size in quantization_config".into(),
+                )
+            })?;
+        let ue8m0 = self.quant_config().get("scale_fmt").and_then(Value::as_str) == Some("ue8m0");
+        let weight = dequant::fp8_block(as_stored(w8), as_stored(scale_inv), block, ue8m0)
+            .map_err(|e| err(&w8.0, e))?;
+        Ok((
+            weight,
+            format!("fine-grained fp8 block {}x{}", block[0], block[1]),
+        ))
+    }
+
+    /// A weight with `weight_scale` (and maybe a zero point): ModelOpt FP8 takes its strategy
+    /// from the scale's shape, compressed-tensors from the declaration.
+    fn scaled_weight(
+        &self,
+        module: &str,
+        w8: &Raw<'_>,
+        scale: &Raw<'_>,
+        decl: Option<&WeightDecl>,
+        method: &str,
+    ) -> Result<(Vec<f32>, String)> {
+        let zp = self.part(module, "weight_zero_point")?;
+        let w = decl.cloned().unwrap_or_default();
+        let args = if method == "modelopt" {
+            // ModelOpt FP8: per-tensor (FP8) or per-channel scales, by shape.
+            CtArgs {
+                strategy: if scale.2.iter().product::<usize>() == 1 {
+                    CtStrategy::Tensor
+                } else {
+                    CtStrategy::Channel
+                },
+                group_size: None,
+                block: None,
+            }
+        } else {
+            ct_args(&w)
+        };
+        let weight = dequant::ct_dense(
+            as_stored(w8),
+            as_stored(scale),
+            zp.as_ref().map(as_stored),
+            &args,
+        )
+        .map_err(|e| Error::format(&w8.0, Some(module), e))?;
+        let scheme = format!(
+            "{} {} {}",
+            if method == "modelopt" {
+                "modelopt"
+            } else {
+                "compressed-tensors"
+            },
+            w8.1.name().to_lowercase(),
+            w.strategy.unwrap_or_else(|| "tensor".into())
+        );
+        Ok((weight, scheme))
+    }
+
+    /// The dequantized weight must fill `[out, in]` and the bias must match `out`, else the
+    /// checkpoint's tensors disagree about the module's shape.
+    fn check_linear_sizes(
+        &self,
+        module: &str,
+        values: usize,
+        out: usize,
+        inp: usize,
+        bias: Option<&[f32]>,
+    ) -> Result<()> {
+        if values != out * inp {
+            return Err(Error::format(
+                &self.dir,
+                Some(module),
+                format!("dequantized {values} values for a [{out}, {inp}] weight"),
+            ));
+        }
+        if let Some(b) = bias
+            && b.len() != out
+        {
+            return Err(Error::format(
+                &self.dir,
+                Some(&format!("{module}.bias")),
+                format!("has {} values for {out} outputs", b.len()),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl WeightStore for SafetensorsStore {
@@ -393,270 +797,14 @@ impl WeightStore for SafetensorsStore {
         } else {
             None
         };
-        let t = |suffix: &str| self.stored(&format!("{module}.{suffix}"));
-        let err = |path: &Path, e: String| Error::format(path, Some(module), e);
-        let unsupported = |path: &Path, e: String| Error::unsupported(path, Some(module), e);
-        let st = |x: &Raw<'_>| -> (Dtype, Vec<usize>) { (x.1, x.2.clone()) };
         let method = self.quant_method().unwrap_or_default().to_owned();
-        let (weight, out, scheme): (Vec<f32>, usize, String);
-        let mut inp: usize;
-
-        macro_rules! stored {
-            ($x:expr) => {
-                Stored {
-                    dtype: $x.1,
-                    shape: &$x.2,
-                    bytes: $x.3,
-                }
-            };
-        }
-
-        if let Some(qweight) = t("qweight")? {
-            let qzeros =
-                t("qzeros")?.ok_or_else(|| err(&qweight.0, "qweight without qzeros".into()))?;
-            let scales =
-                t("scales")?.ok_or_else(|| err(&qweight.0, "qweight without scales".into()))?;
-            let q = self.quant_config();
-            if method == "awq" {
-                let version = q.get("version").and_then(Value::as_str).unwrap_or("gemm");
-                if !version.eq_ignore_ascii_case("gemm") {
-                    return Err(unsupported(
-                        &qweight.0,
-                        format!("AWQ version `{version}` is not supported (supported: gemm)"),
-                    ));
-                }
-                let bits = q
-                    .get("bits")
-                    .or(q.get("w_bit"))
-                    .and_then(Value::as_u64)
-                    .unwrap_or(4);
-                if bits != 4 {
-                    return Err(unsupported(
-                        &qweight.0,
-                        format!("AWQ with {bits} bits is not supported (supported: 4)"),
-                    ));
-                }
-                let group = q
-                    .get("group_size")
-                    .or(q.get("q_group_size"))
-                    .and_then(Value::as_u64)
-                    .ok_or_else(|| err(&qweight.0, "AWQ config has no group_size".into()))?
-                    as usize;
-                weight =
-                    dequant::awq_gemm(stored!(qweight), stored!(qzeros), stored!(scales), group)
-                        .map_err(|e| err(&qweight.0, e))?;
-                let (_, s) = st(&scales);
-                out = s.get(1).copied().unwrap_or(0);
-                inp = qweight.2.first().copied().unwrap_or(0);
-                scheme = format!("awq int4 gemm group {group}");
-            } else if method == "gptq" {
-                let bits = q.get("bits").and_then(Value::as_u64).unwrap_or(4) as u32;
-                let group = q
-                    .get("group_size")
-                    .and_then(Value::as_i64)
-                    .filter(|g| *g > 0)
-                    .map(|g| g as usize);
-                let format = match q.get("checkpoint_format").and_then(Value::as_str) {
-                    Some("gptq_v2") => GptqFormat::V2,
-                    _ => GptqFormat::V1,
-                };
-                let g_idx = t("g_idx")?;
-                weight = dequant::gptq(
-                    stored!(qweight),
-                    stored!(qzeros),
-                    stored!(scales),
-                    g_idx.as_ref().map(|g| stored!(g)),
-                    bits,
-                    group,
-                    format,
-                )
-                .map_err(|e| err(&qweight.0, e))?;
-                out = scales.2.get(1).copied().unwrap_or(0);
-                inp = weight.len().checked_div(out).unwrap_or(0);
-                scheme = format!("gptq int{bits}");
-            } else {
-                return Err(unsupported(
-                    &qweight.0,
-                    format!(
-                        "`qweight` tensors under quant_method `{method}` are not supported (supported: awq, gptq)"
-                    ),
-                ));
-            }
-        } else if let Some(packed) = t("weight_packed")? {
-            let scale = t("weight_scale")?
-                .ok_or_else(|| err(&packed.0, "weight_packed without weight_scale".into()))?;
-            let w = decl.clone().unwrap_or_default();
-            let format = w.format.clone().unwrap_or_default();
-            if packed.1 == Dtype::U8 && format.starts_with("nvfp4")
-                || self.has(&format!("{module}.weight_global_scale"))
-            {
-                let global = t("weight_global_scale")?.ok_or_else(|| {
-                    err(&packed.0, "NVFP4 weight without weight_global_scale".into())
-                })?;
-                weight = dequant::ct_nvfp4(stored!(packed), stored!(scale), stored!(global))
-                    .map_err(|e| err(&packed.0, e))?;
-                out = packed.2.first().copied().unwrap_or(0);
-                inp = packed.2.get(1).copied().unwrap_or(0) * 2;
-                scheme = "compressed-tensors nvfp4-pack-quantized".into();
-            } else if packed.1 == Dtype::U8 {
-                weight = dequant::ct_mxfp4(stored!(packed), stored!(scale))
-                    .map_err(|e| err(&packed.0, e))?;
-                out = packed.2.first().copied().unwrap_or(0);
-                inp = packed.2.get(1).copied().unwrap_or(0) * 2;
-                scheme = "compressed-tensors mxfp4-pack-quantized".into();
-            } else {
-                let shape_t = t("weight_shape")?
-                    .ok_or_else(|| err(&packed.0, "weight_packed without weight_shape".into()))?;
-                let dims = dequant::to_f32(stored!(shape_t)).map_err(|e| err(&shape_t.0, e))?;
-                let [o, i] = dims.as_slice() else {
-                    return Err(err(
-                        &shape_t.0,
-                        format!("weight_shape holds {} values, expected 2", dims.len()),
-                    ));
-                };
-                let (o, i) = (*o as usize, *i as usize);
-                let bits = w.bits.unwrap_or(4) as u32;
-                let zp = t("weight_zero_point")?;
-                let g_idx = t("weight_g_idx")?;
-                let args = ct_args(&w);
-                weight = dequant::ct_pack_quantized(
-                    stored!(packed),
-                    [o, i],
-                    bits,
-                    stored!(scale),
-                    zp.as_ref().map(|z| stored!(z)),
-                    g_idx.as_ref().map(|g| stored!(g)),
-                    &args,
-                )
-                .map_err(|e| err(&packed.0, e))?;
-                out = o;
-                inp = i;
-                scheme = format!(
-                    "compressed-tensors pack-quantized int{bits} {}",
-                    w.strategy.unwrap_or_default()
-                );
-            }
-        } else if let Some(w8) = t("weight")? {
-            let (dtype, shape) = st(&w8);
-            let [o, i] = shape.as_slice() else {
-                return Err(err(
-                    &w8.0,
-                    format!("weight has shape {shape:?}, expected 2 dimensions"),
-                ));
-            };
-            out = *o;
-            inp = *i;
-            if dtype.is_high_precision_float() {
-                weight = dequant::to_f32(stored!(w8)).map_err(|e| err(&w8.0, e))?;
-                scheme = dtype.name().to_lowercase();
-            } else if let Some(scale_inv) = t("weight_scale_inv")? {
-                let block = self
-                    .quant_config()
-                    .get("weight_block_size")
-                    .and_then(Value::as_array)
-                    .and_then(|a| {
-                        Some([a.first()?.as_u64()? as usize, a.get(1)?.as_u64()? as usize])
-                    })
-                    .ok_or_else(|| {
-                        err(
-                            &w8.0,
-                            "weight_scale_inv without weight_block_size in quantization_config"
-                                .into(),
-                        )
-                    })?;
-                let ue8m0 =
-                    self.quant_config().get("scale_fmt").and_then(Value::as_str) == Some("ue8m0");
-                weight = dequant::fp8_block(stored!(w8), stored!(scale_inv), block, ue8m0)
-                    .map_err(|e| err(&w8.0, e))?;
-                scheme = format!("fine-grained fp8 block {}x{}", block[0], block[1]);
-            } else if let Some(scale_2) = t("weight_scale_2")? {
-                let scale = t("weight_scale")?
-                    .ok_or_else(|| err(&w8.0, "weight_scale_2 without weight_scale".into()))?;
-                weight = dequant::modelopt_nvfp4(stored!(w8), stored!(scale), stored!(scale_2))
-                    .map_err(|e| err(&w8.0, e))?;
-                inp = i * 2;
-                scheme = "modelopt nvfp4".into();
-            } else if let Some(scale) = t("weight_scale")? {
-                if dtype == Dtype::U8 && method == "modelopt" {
-                    weight =
-                        dequant::mxfp4(stored!(w8), stored!(scale)).map_err(|e| err(&w8.0, e))?;
-                    inp = i * 2;
-                    scheme = "modelopt mxfp4".into();
-                } else {
-                    let zp = t("weight_zero_point")?;
-                    let w = decl.clone().unwrap_or_default();
-                    let args = if method == "modelopt" {
-                        // ModelOpt FP8: per-tensor (FP8) or per-channel scales, by shape.
-                        CtArgs {
-                            strategy: if scale.2.iter().product::<usize>() == 1 {
-                                CtStrategy::Tensor
-                            } else {
-                                CtStrategy::Channel
-                            },
-                            group_size: None,
-                            block: None,
-                        }
-                    } else {
-                        ct_args(&w)
-                    };
-                    weight = dequant::ct_dense(
-                        stored!(w8),
-                        stored!(scale),
-                        zp.as_ref().map(|z| stored!(z)),
-                        &args,
-                    )
-                    .map_err(|e| err(&w8.0, e))?;
-                    scheme = format!(
-                        "{} {} {}",
-                        if method == "modelopt" {
-                            "modelopt"
-                        } else {
-                            "compressed-tensors"
-                        },
-                        dtype.name().to_lowercase(),
-                        w.strategy.unwrap_or_else(|| "tensor".into())
-                    );
-                }
-            } else if self.has(&format!("{module}.weight.quant_state.bitsandbytes__nf4"))
-                || self.has(&format!("{module}.weight.quant_state.bitsandbytes__fp4"))
-                || self.has(&format!("{module}.SCB"))
-            {
-                return Err(unsupported(&w8.0, "bitsandbytes weights are not supported by the native runner (supported: compressed-tensors, fine-grained fp8, awq, gptq, modelopt nvfp4/fp8/mxfp4, gguf)".into()));
-            } else {
-                return Err(unsupported(
-                    &w8.0,
-                    format!(
-                        "weight stored as {} with no scale tensor: not a format the native runner knows",
-                        dtype.name()
-                    ),
-                ));
-            }
-        } else {
-            return Err(Error::format(
-                &self.dir,
-                Some(module),
-                "no weight tensor (weight, weight_packed or qweight) for this linear module",
-            ));
-        }
-        if weight.len() != out * inp {
-            return Err(Error::format(
-                &self.dir,
-                Some(module),
-                format!(
-                    "dequantized {} values for a [{out}, {inp}] weight",
-                    weight.len()
-                ),
-            ));
-        }
-        if let Some(b) = &bias
-            && b.len() != out
-        {
-            return Err(Error::format(
-                &self.dir,
-                Some(&format!("{module}.bias")),
-                format!("has {} values for {out} outputs", b.len()),
-            ));
-        }
+        let Dequantized {
+            weight,
+            out,
+            inp,
+            scheme,
+        } = self.dequantize_linear(module, decl.as_ref(), &method)?;
+        self.check_linear_sizes(module, weight.len(), out, inp, bias.as_deref())?;
         let input = match &decl {
             Some(w) => self.input_quant(module, w.activations.as_deref())?,
             None if method == "modelopt" && !matches!(expectation, Expectation::Excluded) => {
@@ -718,6 +866,23 @@ impl WeightStore for SafetensorsStore {
         self.find(name).map_or("unknown".into(), |(_, info)| {
             info.dtype.name().to_lowercase()
         })
+    }
+}
+
+/// A linear module's weight as dequantized, before its bias and input quantization are added.
+struct Dequantized {
+    weight: Vec<f32>,
+    out: usize,
+    inp: usize,
+    scheme: String,
+}
+
+/// A stored tensor as the dequantizers read it.
+fn as_stored<'a>(x: &'a Raw<'_>) -> Stored<'a> {
+    Stored {
+        dtype: x.1,
+        shape: &x.2,
+        bytes: x.3,
     }
 }
 
