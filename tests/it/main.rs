@@ -24,6 +24,7 @@ mod native_llamacpp;
 mod output_contract;
 mod output_schemas;
 mod outputs;
+mod pinned_numbers;
 mod real_model;
 mod schema;
 mod study;

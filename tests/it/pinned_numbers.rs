@@ -1,0 +1,345 @@
+//! Numbers that cannot drift unnoticed: the examples' outputs are digested and compared with
+//! `tests/fixtures/pinned/<case>.sha256`, so that neither a refactor nor another machine moves a
+//! bit without a test saying so.
+//!
+//! Each case runs the binary from the repository root on committed inputs and digests what it
+//! writes: `positions.safetensors` and logit dumps as bytes, JSON documents after
+//! [`normalized`] (which drops only what names the run or the machine: run ids, the device, the
+//! thread count, output-set manifests, timings, and the repository's and output's absolute paths). The
+//! native lane gives the same bits on every machine, so these digests are the same everywhere.
+//!
+//! `CARDPROOF_BLESS=1 cargo test --test it pinned_numbers` rewrites the files; a change to them
+//! in a commit is a change of the numbers and must say why.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use crate::support::{cardproof, cardproof_with, repo_root};
+
+/// JSON keys whose values name the run or the machine, not the measurement.
+const VOLATILE_KEYS: [&str; 6] = [
+    "run_id",
+    "device",
+    "threads",
+    "set_files",
+    "seconds",
+    "timings",
+];
+
+/// A JSON document with what names the run or the machine removed (see the module comment), as
+/// compact text.
+fn normalized(text: &str, out: &Path) -> String {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for key in VOLATILE_KEYS {
+                    map.remove(key);
+                }
+                map.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut value: serde_json::Value = serde_json::from_str(text).expect("a JSON document");
+    strip(&mut value);
+    value
+        .to_string()
+        .replace(out.to_str().unwrap(), "$OUT")
+        .replace(repo_root().to_str().unwrap(), "$REPO")
+}
+
+/// The digest of every file under `dir` whose name ends in one of `suffixes`, by path relative
+/// to `dir`.
+fn digests(dir: &Path, suffixes: &[&str]) -> BTreeMap<String, String> {
+    fn walk(root: &Path, dir: &Path, suffixes: &[&str], into: &mut BTreeMap<String, String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(root, &path, suffixes, into);
+                continue;
+            }
+            let name = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_owned();
+            if !suffixes.iter().any(|s| name.ends_with(s)) {
+                continue;
+            }
+            let bytes = std::fs::read(&path).unwrap();
+            let bytes = if name.ends_with(".json") {
+                normalized(std::str::from_utf8(&bytes).unwrap(), root).into_bytes()
+            } else {
+                bytes
+            };
+            into.insert(
+                name,
+                cardproof::checkpoint::hash::hex(&Sha256::digest(&bytes)),
+            );
+        }
+    }
+    let mut into = BTreeMap::new();
+    walk(dir, dir, suffixes, &mut into);
+    assert!(
+        !into.is_empty(),
+        "{} holds no file to digest",
+        dir.display()
+    );
+    into
+}
+
+/// Compare `found` with the committed `tests/fixtures/pinned/<case>.sha256` (or write it under
+/// `CARDPROOF_BLESS=1`).
+fn check_pinned(case: &str, found: &BTreeMap<String, String>) {
+    let path = repo_root().join(format!("tests/fixtures/pinned/{case}.sha256"));
+    let text: String = found
+        .iter()
+        .map(|(name, digest)| format!("{digest}  {name}\n"))
+        .collect();
+    if std::env::var_os("CARDPROOF_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &text).unwrap();
+        return;
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    let committed: BTreeMap<&str, &str> = committed
+        .lines()
+        .filter_map(|l| l.split_once("  ").map(|(d, n)| (n, d)))
+        .collect();
+    let moved: Vec<String> = found
+        .iter()
+        .filter(|(name, digest)| committed.get(name.as_str()) != Some(&digest.as_str()))
+        .map(|(name, _)| name.clone())
+        .chain(
+            committed
+                .keys()
+                .filter(|n| !found.contains_key(**n))
+                .map(|n| format!("{n} (missing)")),
+        )
+        .collect();
+    assert!(
+        moved.is_empty(),
+        "{case}: the numbers moved in {moved:?} (tests/fixtures/pinned/{case}.sha256); if the \
+         change is intended, rerun with CARDPROOF_BLESS=1 and say why in the commit"
+    );
+}
+
+/// Run `args` (paths relative to the repository root, `$OUT` for the output directory) and pin
+/// the files it writes there; returns the run.
+fn pin(case: &str, args: &[&str], suffixes: &[&str]) -> crate::support::Run {
+    let out = tempfile::tempdir().unwrap();
+    let out_str = out.path().to_str().unwrap().to_owned();
+    let args: Vec<String> = args.iter().map(|a| a.replace("$OUT", &out_str)).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let config = tempfile::tempdir().unwrap();
+    let run = if args[0] == "verify" {
+        cardproof_with(
+            &repo_root(),
+            &[("CARDPROOF_CONFIG_DIR", config.path())],
+            &args,
+        )
+    } else {
+        cardproof(&args)
+    };
+    assert!(run.code == 0, "{case}: exit {}\n{}", run.code, run.stderr);
+    check_pinned(case, &digests(out.path(), suffixes));
+    run
+}
+
+const MEASUREMENT: [&str; 2] = ["positions.safetensors", "measurement.json"];
+
+/// The seed study: four weight arms, two KV-cache arms and both controls against the bf16
+/// example, plus the study document's comparisons; the README's table of arms is the one the
+/// study prints (less the seconds column), so it is never typed by hand.
+#[test]
+fn the_example_study_arms_keep_their_numbers() {
+    let run = pin(
+        "study-shakespeare",
+        &[
+            "study",
+            "examples/studies/shakespeare.yaml",
+            "--out",
+            "$OUT/s",
+        ],
+        &["positions.safetensors", "measurement.json", "study.json"],
+    );
+    check_readme_study_table(&run.stdout);
+}
+
+/// The README's block of arms (the lines after its header line, up to the closing fence) must be
+/// the study's printed table without its last column, `seconds`.
+fn check_readme_study_table(printed: &str) {
+    let table: Vec<String> = printed
+        .lines()
+        .skip_while(|l| !l.starts_with("arm "))
+        .take_while(|l| !l.is_empty())
+        .map(|l| {
+            let cut = l.trim_end().rfind(' ').expect("a column to cut");
+            l[..cut].trim_end().to_owned()
+        })
+        .collect();
+    assert!(table.len() > 1, "the study printed no table:\n{printed}");
+    let path = repo_root().join("README.md");
+    let readme = std::fs::read_to_string(&path).unwrap();
+    let start = readme.find(&format!("{}\n", table[0])).expect(
+        "README.md holds the study table's header line (rerun with CARDPROOF_BLESS=1 after \
+         changing the study's columns)",
+    );
+    let end = start
+        + readme[start..]
+            .find("```")
+            .expect("the table's closing fence");
+    let want = format!("{}\n", table.join("\n"));
+    if std::env::var_os("CARDPROOF_BLESS").is_some() {
+        std::fs::write(
+            &path,
+            format!("{}{want}{}", &readme[..start], &readme[end..]),
+        )
+        .unwrap();
+        return;
+    }
+    assert_eq!(
+        readme[start..end],
+        want,
+        "README.md's study table is not what `cardproof study examples/studies/shakespeare.yaml` \
+         prints; rerun with CARDPROOF_BLESS=1"
+    );
+}
+
+/// The README's main job: `verify` of the fp8-block example card.
+#[test]
+fn the_readme_verify_keeps_its_numbers() {
+    pin(
+        "verify-fp8-block",
+        &[
+            "verify",
+            "examples/models/shakespeare-fp8-block",
+            "--reference",
+            "examples/models/shakespeare-bf16",
+            "--eval-text",
+            "examples/data/eval.txt",
+            "--out",
+            "$OUT/r",
+        ],
+        &["positions.safetensors"],
+    );
+}
+
+/// The GGUF bf16 example (the pair the study has no arm for).
+#[test]
+fn the_bf16_gguf_pair_keeps_its_numbers() {
+    pin(
+        "measure-bf16-gguf",
+        &[
+            "measure",
+            "--reference",
+            "examples/models/shakespeare-bf16",
+            "--candidate",
+            "examples/models/shakespeare-bf16-gguf",
+            "--eval-text",
+            "examples/data/eval.txt",
+            "--context-length",
+            "256",
+            "--out",
+            "$OUT/m",
+        ],
+        &MEASUREMENT,
+    );
+}
+
+/// Both hybrid (Gated DeltaNet) example pairs.
+#[test]
+fn the_hybrid_example_pairs_keep_their_numbers() {
+    for candidate in ["w8a16", "fp8-block"] {
+        pin(
+            &format!("measure-hybrid-{candidate}"),
+            &[
+                "measure",
+                "--reference",
+                "examples/models/shakespeare-hybrid-bf16",
+                "--candidate",
+                &format!("examples/models/shakespeare-hybrid-{candidate}"),
+                "--eval-text",
+                "examples/data/eval.txt",
+                "--context-length",
+                "256",
+                "--out",
+                "$OUT/m",
+            ],
+            &MEASUREMENT,
+        );
+    }
+}
+
+/// The README's conversation example: a tool-calling conversation rendered by the chat template.
+#[test]
+fn the_conversation_example_keeps_its_numbers() {
+    pin(
+        "measure-conversation",
+        &[
+            "measure",
+            "--reference",
+            "examples/models/shakespeare-bf16",
+            "--candidate",
+            "examples/models/shakespeare-fp8-block",
+            "--eval-text",
+            "examples/data/tool-conversation.json",
+            "--chat-template",
+            "examples/data/chat_template.jinja",
+            "--context-length",
+            "512",
+            "--out",
+            "$OUT/m",
+        ],
+        &MEASUREMENT,
+    );
+}
+
+/// The tiny mixture-of-experts models' forward passes, as logit dumps (each model against
+/// itself, so the dump is the forward pass's bits).
+#[test]
+fn the_moe_fixtures_keep_their_logits() {
+    for (case, model, eval) in [
+        (
+            "dump-qwen3-moe",
+            "tests/fixtures/moe/qwen3-moe",
+            "tests/fixtures/moe/qwen3-moe/eval.txt",
+        ),
+        (
+            "dump-qwen3_5-moe-text",
+            "tests/fixtures/hybrid_moe/qwen3_5_moe_text",
+            "tests/fixtures/hybrid/eval.txt",
+        ),
+    ] {
+        pin(
+            case,
+            &[
+                "measure",
+                "--reference",
+                model,
+                "--candidate",
+                model,
+                "--eval-text",
+                eval,
+                "--context-length",
+                "32",
+                "--bos",
+                "none",
+                "--bootstrap",
+                "10",
+                "--out",
+                "$OUT/m",
+                "--dump-logits",
+                "$OUT/dump",
+            ],
+            &[
+                "reference.logits.safetensors",
+                "candidate.logits.safetensors",
+            ],
+        );
+    }
+}
