@@ -11,6 +11,7 @@ mod fail_closed;
 mod fixtures;
 mod hash;
 mod hub;
+mod house_rules;
 mod hub_server;
 mod hybrid;
 mod inspect;
