@@ -110,7 +110,7 @@ pub enum ErrorKind {
     /// one message names the repository, the revision and the file. Boxed: it is large and rare,
     /// and every `Result` in the crate carries this type.
     #[error("{0}")]
-    Hub(Box<crate::hub::HubError>),
+    Hub(Box<HubError>),
     /// A runner failed while measuring: the transformers subprocess crashed, reported an error or
     /// answered with something other than what was asked, or the native runner's tensor
     /// computation failed. Never a verdict.
@@ -309,6 +309,107 @@ fn location_prefix(file: &Path, at: Option<LineCol>) -> String {
     }
 }
 
+/// Why a Hub source could not be used. Each message is one sentence for people; the error's
+/// `file` names the repository, revision and file.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HubError {
+    #[error("not a valid Hub source `{source_text}`: {why}")]
+    BadSource { source_text: String, why: String },
+    #[error(
+        "repository `{repo}` not found on {endpoint} (a private or gated repository answers the \
+         same without a token: set HF_TOKEN)"
+    )]
+    RepoNotFound { repo: String, endpoint: String },
+    #[error("revision `{revision}` not found in repository `{repo}`")]
+    RevisionNotFound { repo: String, revision: String },
+    #[error("file not found in repository `{repo}` at revision `{revision}`")]
+    EntryNotFound { repo: String, revision: String },
+    #[error("access denied (HTTP {status}) to `{repo}`: {hint}")]
+    Unauthorized {
+        status: u16,
+        repo: String,
+        hint: String,
+    },
+    #[error("rate limited by {url} (HTTP 429/503){}", retry_text(*retry_after_secs, *attempts))]
+    RateLimited {
+        url: String,
+        retry_after_secs: Option<u64>,
+        attempts: u32,
+    },
+    #[error("HTTP {status} from {url} after {attempts} attempt(s){detail}")]
+    Http {
+        status: u16,
+        url: String,
+        attempts: u32,
+        detail: String,
+    },
+    #[error("network error from {url} after {attempts} attempt(s): {message}")]
+    Network {
+        url: String,
+        attempts: u32,
+        message: String,
+    },
+    #[error(
+        "the server ignored the HTTP Range request for bytes {start}.. and would send the whole \
+         {size}-byte file; refusing to download it to read a header"
+    )]
+    RangeIgnored { start: u64, size: u64 },
+    #[error(
+        "response truncated: expected {expected} bytes, got {got} (after {attempts} attempt(s))"
+    )]
+    Truncated {
+        expected: u64,
+        got: u64,
+        attempts: u32,
+    },
+    #[error(
+        "downloaded bytes do not match the Hub's {algorithm}: expected {expected}, got {actual}; \
+         the download was deleted"
+    )]
+    DigestMismatch {
+        algorithm: &'static str,
+        expected: String,
+        actual: String,
+    },
+    #[error(
+        "the cached copy {path} does not match the Hub's {algorithm} (expected {expected}, got \
+         {actual}); delete it from the cache and run again"
+    )]
+    CachedMismatch {
+        path: String,
+        algorithm: &'static str,
+        expected: String,
+        actual: String,
+    },
+    #[error("offline (HF_HUB_OFFLINE is set) and {what} is not in the cache {cache}")]
+    Offline { what: String, cache: String },
+    #[error("{what} is {size} bytes, over the {limit}-byte limit")]
+    TooLarge { what: String, size: u64, limit: u64 },
+    #[error(
+        "not enough free disk space in {path}: the download needs {needed} bytes and {available} \
+         are free; free some space or point HF_HUB_CACHE elsewhere"
+    )]
+    NoSpace {
+        path: String,
+        needed: u64,
+        available: u64,
+    },
+    #[error("unexpected answer from {url}: {message}")]
+    BadResponse { url: String, message: String },
+    #[error("Hugging Face cache {path}: {message}")]
+    Cache { path: String, message: String },
+}
+
+fn retry_text(after: Option<u64>, attempts: u32) -> String {
+    match after {
+        Some(s) => {
+            format!(" after {attempts} attempt(s); the server asks to wait {s} s before retrying")
+        }
+        None => format!(" after {attempts} attempt(s)"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,7 +419,7 @@ mod tests {
     /// One error of every kind, with the predicate that should hold for it.
     fn one_of_each() -> Vec<(Error, &'static str)> {
         let f = Path::new(FILE);
-        let hub = crate::hub::HubError::BadSource {
+        let hub = HubError::BadSource {
             source_text: "hf:".into(),
             why: "no repository".into(),
         };

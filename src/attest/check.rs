@@ -95,7 +95,7 @@ pub fn check_report(request: &ReportRequest<'_>) -> Result<CheckedReport> {
                 mismatches.extend(m);
                 card_checked = Some(path);
             }
-            let set = crate::outset::check_set(request.envelope, &v.statement)?;
+            let set = crate::attest::set::check_set(request.envelope, &v.statement)?;
             mismatches.extend(set.mismatches);
             set_checked = set.checked;
             statement = v.statement;

@@ -21,7 +21,7 @@ use ed25519_dalek::pkcs8::{
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use sha2::{Digest, Sha256};
 
-use crate::checkpoint::hash::hex;
+use crate::digest::hex;
 use crate::error::{Error, Result};
 
 /// File name of the private key in a key directory.

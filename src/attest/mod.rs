@@ -23,6 +23,7 @@ pub mod artifact;
 pub mod check;
 pub mod dsse;
 pub mod keys;
+pub mod set;
 pub mod sign;
 pub mod statement;
 pub mod verify;

@@ -11,7 +11,8 @@ use sha2::{Digest, Sha256};
 use super::keys::{PRIVATE_KEY_FILE, PUBLIC_KEY_FILE, key_dir_from, load_or_create};
 use super::verify::what;
 use super::*;
-use crate::checkpoint::hash::{HashOptions, hash_path, hex};
+use crate::checkpoint::hash::{HashOptions, hash_path};
+use crate::digest::hex;
 
 /// RFC 8032 section 7.1, TEST 1.
 const RFC_SECRET: &str = "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60";

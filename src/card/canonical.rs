@@ -16,12 +16,10 @@
 //! alike. So key order, quoting style, comments and number spelling (`0.0166`, `1.66e-2`,
 //! `0.016600`) do not change the digest; any change of a value, key or list order does.
 
-use std::fmt::Write as _;
-
-use serde_json::{Number, Value};
-use sha2::{Digest, Sha256};
+use serde_json::Value;
 
 use super::Card;
+use crate::digest::canonical_json;
 
 /// The card's `fidelity` block as JSON (`null` when the card has none), exactly as `verify`
 /// reads it for the report's `card.disclosure`.
@@ -36,11 +34,9 @@ pub fn fidelity_sha256(fidelity: &Value) -> Option<String> {
     if fidelity.is_null() {
         return None;
     }
-    let digest = Sha256::digest(canonical_json(fidelity).as_bytes());
-    Some(digest.iter().fold(String::with_capacity(64), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    }))
+    Some(crate::digest::sha256_hex(
+        canonical_json(fidelity).as_bytes(),
+    ))
 }
 
 /// The card's `model-index` as JSON (`null` when it has none): what the Hub's model page and
@@ -51,117 +47,6 @@ pub fn model_index_json(card: &Card) -> Value {
     card.metadata()
         .and_then(|m| m.get("model-index"))
         .map_or(Value::Null, |e| e.value.to_json())
-}
-
-/// `value` serialized canonically (see the module documentation).
-pub fn canonical_json(value: &Value) -> String {
-    let mut out = String::new();
-    write_value(&mut out, value);
-    out
-}
-
-fn write_value(out: &mut String, value: &Value) {
-    match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => out.push_str(&number(n)),
-        Value::String(s) => write_string(out, s),
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_value(out, item);
-            }
-            out.push(']');
-        }
-        Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_by(|(a, _), (b, _)| a.encode_utf16().cmp(b.encode_utf16()));
-            out.push('{');
-            for (i, (key, item)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_string(out, key);
-                out.push(':');
-                write_value(out, item);
-            }
-            out.push('}');
-        }
-    }
-}
-
-fn write_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{8}' => out.push_str("\\b"),
-            '\t' => out.push_str("\\t"),
-            '\n' => out.push_str("\\n"),
-            '\u{c}' => out.push_str("\\f"),
-            '\r' => out.push_str("\\r"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-fn number(n: &Number) -> String {
-    if let Some(u) = n.as_u64() {
-        return u.to_string();
-    }
-    if let Some(i) = n.as_i64() {
-        return i.to_string();
-    }
-    // serde_json holds no NaN or infinity.
-    ecmascript(n.as_f64().unwrap_or(0.0))
-}
-
-/// ECMAScript's Number::toString for a finite double (ECMA-262 Number::toString, radix 10), as
-/// RFC 8785 prescribes: Rust's `{:e}` gives the shortest digits that round-trip, placed here.
-fn ecmascript(f: f64) -> String {
-    if f == 0.0 || !f.is_finite() {
-        return "0".into();
-    }
-    let sci = format!("{:e}", f.abs());
-    let (mantissa, exponent) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
-    let exponent: i32 = exponent.parse().unwrap_or(0);
-    let k = digits.len() as i32;
-    // The value is 0.DIGITS × 10^n.
-    let n = exponent + 1;
-    let mut s = String::new();
-    if f < 0.0 {
-        s.push('-');
-    }
-    if k <= n && n <= 21 {
-        s.push_str(&digits);
-        s.extend(std::iter::repeat_n('0', (n - k) as usize));
-    } else if 0 < n && n <= 21 {
-        s.push_str(&digits[..n as usize]);
-        s.push('.');
-        s.push_str(&digits[n as usize..]);
-    } else if -6 < n && n <= 0 {
-        s.push_str("0.");
-        s.extend(std::iter::repeat_n('0', (-n) as usize));
-        s.push_str(&digits);
-    } else {
-        s.push_str(&digits[..1]);
-        if k > 1 {
-            s.push('.');
-            s.push_str(&digits[1..]);
-        }
-        let e = n - 1;
-        let _ = write!(s, "e{}{}", if e < 0 { '-' } else { '+' }, e.abs());
-    }
-    s
 }
 
 /// The places where `card` differs from `signed`, one line each, as
@@ -238,7 +123,7 @@ mod tests {
             (-0.1017, "-0.1017"),
             (123.456e-10, "1.23456e-8"),
         ] {
-            assert_eq!(ecmascript(value), text, "{value:e}");
+            assert_eq!(crate::digest::ecmascript(value), text, "{value:e}");
         }
     }
 

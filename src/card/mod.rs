@@ -2,9 +2,14 @@
 //! finds it, and a line index so every finding can point at a line and column.
 
 pub mod canonical;
-pub mod from_llamacpp;
+pub mod prose;
 pub mod write;
 pub mod yaml;
+
+/// The line that opens the section of the card body `cardproof card` writes (lint skips it).
+pub const SECTION_START: &str = "<!-- cardproof:fidelity:start -->";
+/// The line that closes the generated section of the card body.
+pub const SECTION_END: &str = "<!-- cardproof:fidelity:end -->";
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};

@@ -271,7 +271,7 @@ pub fn parse_header(
     if magic != b"GGUF" {
         return Err(r.err(format!(
             "not a GGUF file: starts with {} (`{}`), expected `GGUF`",
-            hex(magic),
+            spaced_hex(magic),
             magic.escape_ascii()
         )));
     }
@@ -561,7 +561,8 @@ fn align_up(n: u64, alignment: u64) -> Option<u64> {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Bytes as spaced hex pairs (`47 47 55 46`), to show a file's first bytes in an error.
+fn spaced_hex(bytes: &[u8]) -> String {
     bytes
         .iter()
         .map(|b| format!("{b:02x}"))

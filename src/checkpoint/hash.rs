@@ -12,6 +12,7 @@
 //! blocks the open, `/dev/zero` never ends, and a link out of the directory would put files that
 //! are not the checkpoint's into its digest.
 
+use crate::digest::hex;
 use std::collections::BTreeSet;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -307,17 +308,6 @@ fn check_name(path: &Path, name: &str) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// Lowercase hex.
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(DIGITS[(b >> 4) as usize] as char);
-        out.push(DIGITS[(b & 15) as usize] as char);
-    }
-    out
 }
 
 #[cfg(test)]

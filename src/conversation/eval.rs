@@ -19,7 +19,7 @@ use super::file::{self, Conversation};
 use super::source::TemplateSource;
 use super::spans::{self, Labelled, Role, Segment, TurnMarkers};
 use super::template::ChatTemplate;
-use crate::checkpoint::hash::hex;
+use crate::digest::hex;
 use crate::error::{Error, Result};
 
 /// The clock `strftime_now` reads unless a run names another: 2026-01-01 00:00:00 UTC. A render

@@ -31,7 +31,7 @@ pub struct TemplateSource {
 
 impl TemplateSource {
     fn new(file: &Path, name: Option<String>, text: String) -> TemplateSource {
-        let sha256 = crate::checkpoint::hash::hex(&Sha256::digest(text.as_bytes()));
+        let sha256 = crate::digest::hex(&Sha256::digest(text.as_bytes()));
         TemplateSource {
             file: file.to_owned(),
             name,

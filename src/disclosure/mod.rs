@@ -4,7 +4,9 @@
 //! when the two drift), and lint validates cards against it. Doc comments become the schema's
 //! descriptions, so they are written for card authors.
 
-pub mod kv_cache;
+/// The KV-cache entry (`runtime.kv_cache`): a run records it and a card discloses it, so it
+/// lives with the runners ([`crate::runner::kv_record`]).
+pub use crate::runner::kv_record as kv_cache;
 pub mod precision;
 pub mod read;
 pub mod results;

@@ -188,9 +188,7 @@ pub fn check_digest(
     }))
 }
 
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+use crate::digest::hex;
 
 /// The git blob id of bytes in memory.
 pub fn git_blob_id(bytes: &[u8]) -> String {

@@ -28,11 +28,12 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::cache::{git_blob_id, hex};
+use super::cache::git_blob_id;
 use super::client::{Client, RepoInfo, Sibling};
 use super::{HfSource, HubError};
 use crate::card::Card;
 use crate::checkpoint::inspect::Inspection;
+use crate::digest::hex;
 use crate::error::Result;
 use crate::findings::Severity;
 use crate::lint::LintReport;

@@ -2,7 +2,6 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 /// Which KL directions are computed and shown. `kld_*` is always KL(P_ref || P_cand) and
 /// `kld_reverse_*` always KL(P_cand || P_ref); nothing is renamed.
@@ -436,33 +435,7 @@ impl Protocol {
 
 /// SHA-256 of a value's canonical JSON: `protocol_sha256` for any protocol document.
 pub fn sha256_of(value: &Value) -> String {
-    crate::checkpoint::hash::hex(&Sha256::digest(canonical_json(value).as_bytes()))
-}
-
-/// JSON with object keys sorted and no whitespace, so equal values have equal bytes.
-pub fn canonical_json(value: &Value) -> String {
-    match value {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            let parts: Vec<String> = keys
-                .into_iter()
-                .map(|k| format!("{}:{}", Value::String(k.clone()), canonical_json(&map[k])))
-                .collect();
-            format!("{{{}}}", parts.join(","))
-        }
-        Value::Array(items) => {
-            format!(
-                "[{}]",
-                items
-                    .iter()
-                    .map(canonical_json)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            )
-        }
-        other => other.to_string(),
-    }
+    crate::digest::sha256_hex(crate::digest::protocol_json(value).as_bytes())
 }
 
 #[cfg(test)]
@@ -536,6 +509,9 @@ mod tests {
     #[test]
     fn canonical_json_sorts_keys() {
         let v = serde_json::json!({"b": 1, "a": {"d": [1, 2], "c": "x"}});
-        assert_eq!(canonical_json(&v), r#"{"a":{"c":"x","d":[1,2]},"b":1}"#);
+        assert_eq!(
+            crate::digest::protocol_json(&v),
+            r#"{"a":{"c":"x","d":[1,2]},"b":1}"#
+        );
     }
 }

@@ -116,7 +116,7 @@ pub fn lint_with_checkpoint(card: &Card, inspections: &[Inspection]) -> LintRepo
     let locator = Locator::new(card);
     let mut findings = Vec::new();
     let body = card.body_range();
-    let claims_in_prose = prose::kld_claims(&card.text, body.clone());
+    let claims_in_prose = crate::card::prose::kld_claims(&card.text, body.clone());
 
     match &card.front_matter {
         FrontMatter::Unterminated { opening } => {

@@ -22,7 +22,7 @@ pub mod text;
 use std::path::Path;
 
 use schemars::JsonSchema;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::attest::{CheckedReport, KeyPair, Mismatch, Signed};
@@ -33,48 +33,7 @@ use crate::findings::Finding;
 use crate::hub::check::CheckReport;
 use crate::lint::LintReport;
 
-/// `"schema_version"`, first in every document: always [`crate::JSON_SCHEMA_VERSION`]. A
-/// change that breaks a reader of a document bumps it, and the schema files' `-v1`. A document
-/// read back (`measurement.json`) deserializes it from exactly that number and refuses another.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SchemaVersion;
-
-impl Serialize for SchemaVersion {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_u32(crate::JSON_SCHEMA_VERSION)
-    }
-}
-
-impl<'de> Deserialize<'de> for SchemaVersion {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let version = u64::deserialize(deserializer)?;
-        if version == u64::from(crate::JSON_SCHEMA_VERSION) {
-            Ok(SchemaVersion)
-        } else {
-            Err(serde::de::Error::custom(format!(
-                "unsupported schema_version {version} (this cardproof reads version {})",
-                crate::JSON_SCHEMA_VERSION
-            )))
-        }
-    }
-}
-
-impl JsonSchema for SchemaVersion {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "SchemaVersion".into()
-    }
-
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        schemars::json_schema!({
-            "description": "The version of this document's shape.",
-            "const": crate::JSON_SCHEMA_VERSION,
-        })
-    }
-}
+use crate::schema::SchemaVersion;
 
 fn display(path: &Path) -> String {
     path.display().to_string()

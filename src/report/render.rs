@@ -145,7 +145,7 @@ fn code_filter(value: Value) -> Value {
         && !text.ends_with(' ')
         && !text
             .chars()
-            .any(|c| c == '`' || c == '|' || c.is_control() || is_bidi_control(c));
+            .any(|c| c == '`' || c == '|' || c.is_control() || crate::markdown::is_bidi_control(c));
     if plain {
         Value::from_safe_string(format!("`{text}`"))
     } else {
@@ -226,10 +226,6 @@ fn trim_zeros(s: &str) -> &str {
     } else {
         s
     }
-}
-
-pub(crate) fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}')
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ use crate::kld::stats::Summary;
 #[schemars(title = "cardproof measurement v1")]
 pub struct Measurement {
     /// Version of the document's shape (1); reading refuses another.
-    pub schema_version: crate::output::SchemaVersion,
+    pub schema_version: crate::schema::SchemaVersion,
     /// The output set this document belongs to (see `.cardproof-set.json`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<String>,

@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use sha2::Digest as _;
 
-use crate::output::SchemaVersion;
+use crate::schema::SchemaVersion;
 
 use super::options::MeasureOptions;
 use super::score::{EvalInput, Progress};
@@ -107,7 +107,7 @@ pub fn export_reference(
         std::fs::create_dir_all(dir).map_err(|e| Error::write(dir, e))?;
     }
     write_atomically(out, &bytes)?;
-    let digest = crate::checkpoint::hash::hex(&sha2::Sha256::digest(&bytes));
+    let digest = crate::digest::hex(&sha2::Sha256::digest(&bytes));
     let name = out
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

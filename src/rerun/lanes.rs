@@ -1200,7 +1200,7 @@ fn check_artifact_tokenizer(
 /// artifact was exported from, byte for byte.
 fn check_artifact_eval_text(h: &super::artifact::Header, text: &Path) -> Result<()> {
     let bytes = crate::files::read_capped(text, tokens::MAX_EVAL_TEXT_BYTES, "an eval text")?;
-    let digest = crate::checkpoint::hash::hex(&sha2::Sha256::digest(&bytes));
+    let digest = crate::digest::hex(&sha2::Sha256::digest(&bytes));
     if h.eval["text_sha256"].as_str() != Some(digest.as_str()) {
         return Err(Error::mismatch(
             text,

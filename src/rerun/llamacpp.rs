@@ -335,7 +335,7 @@ pub(super) fn study_arms(
 
 fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest as _;
-    crate::checkpoint::hash::hex(&sha2::Sha256::digest(bytes))
+    crate::digest::hex(&sha2::Sha256::digest(bytes))
 }
 
 /// The gates' reductions: stored reference rows against other rows, cardproof's full-vocabulary

@@ -15,6 +15,7 @@
 pub mod artifact;
 pub mod document;
 pub mod export;
+pub mod from_log;
 pub mod gates;
 pub(crate) mod lanes;
 pub mod llamacpp;

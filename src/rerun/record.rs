@@ -35,7 +35,7 @@ pub fn measurement(
 ) -> Measurement {
     let fidelity = fidelity_draft(scoring, o, &reference, &candidate, &environment);
     Measurement {
-        schema_version: crate::output::SchemaVersion,
+        schema_version: crate::schema::SchemaVersion,
         run_id: None,
         protocol_sha256: scoring.protocol.sha256(),
         protocol: scoring.protocol.clone(),

@@ -53,7 +53,7 @@ pub fn is_kernel_knob(knob: &str) -> bool {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[schemars(title = "cardproof sweep v1")]
 pub struct Sweep {
-    pub schema_version: crate::output::SchemaVersion,
+    pub schema_version: crate::schema::SchemaVersion,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<String>,
     /// Always `sweep`.
@@ -245,7 +245,7 @@ pub fn run_sweep(
         super::output::write_measurement(out, &rerun.measurement, &rerun.runs)?;
     }
     let document = Sweep {
-        schema_version: crate::output::SchemaVersion,
+        schema_version: crate::schema::SchemaVersion,
         run_id: r.run_id.map(str::to_owned),
         kind: "sweep".into(),
         knob: r.knob.to_owned(),

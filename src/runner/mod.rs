@@ -4,6 +4,7 @@
 pub mod child;
 #[cfg(feature = "native")]
 pub mod exchange;
+pub mod kv_record;
 pub mod llamacpp;
 pub mod native;
 pub mod tokens;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::checkpoint::hash::hex;
+use crate::digest::hex;
 use crate::error::{Error, Result};
 
 /// Eval texts above this size are refused rather than tokenized into memory.

@@ -18,7 +18,7 @@ pub const DEFINITIONS: &str = "Every arm is measured against the same reference 
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[schemars(title = "cardproof study v1")]
 pub struct StudyDocument {
-    pub schema_version: crate::output::SchemaVersion,
+    pub schema_version: crate::schema::SchemaVersion,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<String>,
     /// Always `study`.

@@ -332,7 +332,7 @@ impl Study {
     /// number that sizes something.
     pub fn read(path: &Path) -> Result<Study> {
         let bytes = crate::files::read_capped(path, MAX_STUDY_BYTES, "a study file")?;
-        let sha256 = crate::checkpoint::hash::hex(&<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+        let sha256 = crate::digest::hex(&<sha2::Sha256 as sha2::Digest>::digest(&bytes));
         let text = std::str::from_utf8(&bytes)
             .map_err(|_| Error::format(path, None, "a study file must be UTF-8"))?;
         let node = crate::card::yaml::parse(text, 0, crate::card::yaml::Budget::default())

@@ -151,7 +151,7 @@ pub fn run(
         .measurement;
     let (reference_bits, reference_size) = footprint(&plan.reference);
     let document = StudyDocument {
-        schema_version: crate::output::SchemaVersion,
+        schema_version: crate::schema::SchemaVersion,
         run_id: run_id.map(str::to_owned),
         kind: "study".into(),
         name: study.name(),

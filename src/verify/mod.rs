@@ -909,7 +909,7 @@ fn assemble_report(
 ) -> Report {
     let measurement = done.map(|d| &d.measurement);
     Report {
-        schema_version: crate::output::SchemaVersion,
+        schema_version: crate::schema::SchemaVersion,
         run_id: None,
         tool: report::Tool {
             name: "cardproof".into(),

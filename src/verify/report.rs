@@ -17,7 +17,7 @@ use crate::rerun::{HubPin, Measurement, NoiseFloor, Role};
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[schemars(title = "cardproof verification report v1")]
 pub struct Report {
-    pub schema_version: crate::output::SchemaVersion,
+    pub schema_version: crate::schema::SchemaVersion,
     /// The output set this report belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<String>,

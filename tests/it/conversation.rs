@@ -68,7 +68,7 @@ fn a_conversation_is_rendered_labelled_and_scored_by_span() {
     assert_eq!(c["template"]["from"], "file");
     assert_eq!(c["kwargs"], serde_json::json!([{"enable_thinking": true}]));
     assert_eq!(c["clock"], 1_767_225_600);
-    let template_sha = cardproof::checkpoint::hash::hex(&<sha2::Sha256 as sha2::Digest>::digest(
+    let template_sha = cardproof::digest::hex(&<sha2::Sha256 as sha2::Digest>::digest(
         std::fs::read(&template).unwrap(),
     ));
     assert_eq!(c["template"]["sha256"], template_sha.as_str());

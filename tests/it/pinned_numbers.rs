@@ -76,10 +76,7 @@ fn digests(dir: &Path, suffixes: &[&str]) -> BTreeMap<String, String> {
             } else {
                 bytes
             };
-            into.insert(
-                name,
-                cardproof::checkpoint::hash::hex(&Sha256::digest(&bytes)),
-            );
+            into.insert(name, cardproof::digest::hex(&Sha256::digest(&bytes)));
         }
     }
     let mut into = BTreeMap::new();

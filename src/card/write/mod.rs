@@ -16,6 +16,7 @@
 //! writes the card to disk. This module holds the entry point, the measurement document they all
 //! read, the small JSON helpers they share, and the final read-back check.
 
+mod comparison;
 mod emit;
 mod merge;
 mod model_index;
@@ -38,10 +39,7 @@ use crate::error::{Error, Result};
 pub use self::section::markdown;
 pub use self::update::{CardUpdate, UpdateRequest, default_card_path, update_card};
 
-/// The line that opens the generated section of the card body.
-pub const SECTION_START: &str = "<!-- cardproof:fidelity:start -->";
-/// The line that closes the generated section of the card body.
-pub const SECTION_END: &str = "<!-- cardproof:fidelity:end -->";
+pub use crate::card::{SECTION_END, SECTION_START};
 /// `source.name` of every `model-index` result cardproof writes: a `model-index` whose results
 /// all carry it is cardproof's to replace.
 pub const MODEL_INDEX_SOURCE: &str = "cardproof";

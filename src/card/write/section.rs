@@ -9,23 +9,7 @@ use serde_json::Value;
 
 use super::model_index::{context_lengths, lane, metric_label};
 use super::{Measured, SECTION_END, SECTION_START, f64_at, str_at, u64_at};
-
-/// Escape text that came from a card or a measurement for Markdown.
-pub fn markdown(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\\' | '`' | '*' | '_' | '[' | ']' | '<' | '>' | '#' | '!' | '|' | '~' | '&' | '$'
-            | '{' | '}' => {
-                out.push('\\');
-                out.push(c);
-            }
-            c if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') => out.push(' '),
-            c => out.push(c),
-        }
-    }
-    out
-}
+pub use crate::markdown::escape_all as markdown;
 
 fn show(x: f64) -> String {
     format!("{}", round_sig(x, 4))

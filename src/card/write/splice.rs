@@ -316,7 +316,7 @@ impl<'c> Layout<'c> {
         }
         for (i, &(start, level, line)) in headings.iter().enumerate() {
             let title = line.trim_start_matches([' ', '#']);
-            if !(crate::lint::prose::names_kld(title) || title.to_lowercase().contains("fidelity"))
+            if !(crate::card::prose::names_kld(title) || title.to_lowercase().contains("fidelity"))
             {
                 continue;
             }
@@ -326,7 +326,7 @@ impl<'c> Layout<'c> {
                 .map_or(body.end, |(s, _, _)| *s);
             // The section runs to the end of the last block (paragraph, table, list) that states
             // a KLD number; what follows it under the heading (a closing remark) is kept.
-            let Some(last) = crate::lint::prose::kld_claims(self.text, start..end)
+            let Some(last) = crate::card::prose::kld_claims(self.text, start..end)
                 .iter()
                 .map(|c| c.span.end)
                 .max()

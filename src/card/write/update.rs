@@ -20,7 +20,7 @@ pub struct UpdateRequest {
     /// study's comparison of the arms in the fidelity section.
     pub study: Option<(PathBuf, String)>,
     /// A `llama-perplexity --kl-divergence` log, and its base file: llama.cpp's printed
-    /// numbers written as the claims ([`crate::card::from_llamacpp`]); needs `into`.
+    /// numbers written as the claims ([`crate::rerun::from_log`]); needs `into`.
     pub from_llamacpp: Option<(PathBuf, Option<PathBuf>)>,
     /// The card to write; `None`: README.md beside the measured candidate
     /// ([`default_card_path`]).
@@ -54,7 +54,7 @@ pub struct CardUpdate {
 pub fn update_card(request: &UpdateRequest) -> Result<CardUpdate> {
     let (measurement_path, comparison) = match &request.study {
         Some((study, arm)) => {
-            let (path, table) = crate::study::render::card_comparison(study, arm)?;
+            let (path, table) = super::comparison::card_comparison(study, arm)?;
             (path, Some(table))
         }
         None => (request.measurement.clone(), None),
@@ -77,12 +77,8 @@ pub fn update_card(request: &UpdateRequest) -> Result<CardUpdate> {
                 _ => PathBuf::from("."),
             };
             let threads = std::thread::available_parallelism().map_or(1, usize::from);
-            let (m, warnings) = crate::card::from_llamacpp::measurement_from_log(
-                log,
-                base.as_deref(),
-                &dir,
-                threads,
-            )?;
+            let (m, warnings) =
+                crate::rerun::from_log::measurement_from_log(log, base.as_deref(), &dir, threads)?;
             imported_warnings = warnings;
             let value = serde_json::to_value(&m)
                 .map_err(|e| Error::internal(log, format!("cannot encode the measurement: {e}")))?;

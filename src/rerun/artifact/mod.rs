@@ -32,9 +32,9 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::checkpoint::dtype::Dtype;
-use crate::checkpoint::hash::hex;
 use crate::checkpoint::mmap::MappedFile;
 use crate::checkpoint::safetensors::{self, SafetensorsFile};
+use crate::digest::hex;
 use crate::error::{Error, Result};
 use crate::kld::protocol::{Tail, VocabMode};
 use crate::rerun::document::RunProtocol;

@@ -680,8 +680,8 @@ impl Decoder {
 
     /// The scales [`Decoder::calibrate_kv_scales`] computed, for the measurement record;
     /// `None` before it ran or where the setting takes none.
-    pub fn computed_kv_scales(&self) -> Option<crate::disclosure::kv_cache::ComputedKvScales> {
-        use crate::disclosure::kv_cache::{ComputedKvScales, LayerKvScales};
+    pub fn computed_kv_scales(&self) -> Option<super::kv_cache::ComputedKvScales> {
+        use super::kv_cache::{ComputedKvScales, LayerKvScales};
         let tokens = (*self
             .kv_calibration
             .lock()
@@ -709,7 +709,7 @@ impl Decoder {
 
     /// How the run's KV cache rounds, for the measurement record: the set scheme, else the
     /// checkpoint's own fp8 declaration; `None` when nothing is rounded.
-    pub fn kv_cache_record(&self) -> Option<crate::disclosure::kv_cache::KvCache> {
+    pub fn kv_cache_record(&self) -> Option<crate::runner::kv_record::KvCache> {
         use super::kv_cache::{KvCacheSetting, KvScheme};
         let setting = match self.kv_setting {
             Some(s) => s,
@@ -717,16 +717,16 @@ impl Decoder {
                 matches!(&l.mixer, Mixer::Attention(a) if matches!(a.kv, Some(KvQuant::Fp8(_))))
             }) =>
             {
-                return Some(crate::disclosure::kv_cache::KvCache::as_run(
+                return Some(crate::runner::kv_record::KvCache::as_run(
                     KvCacheSetting::both(KvScheme::Fp8E4m3),
                     true,
                 ));
             }
             None => return None,
         };
-        setting.changes_anything().then(|| {
-            crate::disclosure::kv_cache::KvCache::as_run(setting, self.kv_checkpoint_scales)
-        })
+        setting
+            .changes_anything()
+            .then(|| crate::runner::kv_record::KvCache::as_run(setting, self.kv_checkpoint_scales))
     }
 
     /// Whether the model carries a recurrent state from token to token (linear-attention

@@ -742,7 +742,7 @@ impl WeightStore for GgufStore {
             .ok_or_else(|| {
                 Error::format(&self.path, Some(&t.name), "data lies outside the file")
             })?;
-        Ok(Some(crate::checkpoint::hash::hex(&Sha256::digest(bytes))))
+        Ok(Some(crate::digest::hex(&Sha256::digest(bytes))))
     }
 
     fn stored_dtype(&self, name: &str) -> String {
@@ -951,7 +951,7 @@ mod tests {
 
         fn sha(data: &[f32]) -> String {
             let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-            crate::checkpoint::hash::hex(&Sha256::digest(&bytes))
+            crate::digest::hex(&Sha256::digest(&bytes))
         }
 
         fn shape(entry: &Value) -> Vec<usize> {

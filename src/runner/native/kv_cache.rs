@@ -46,6 +46,8 @@
 //! some values; the CUDA and reference paths, which this follows, agree with each other.
 
 use half::{bf16, f16};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 /// Values per llama.cpp block.
 pub const BLOCK: usize = 32;
@@ -1163,6 +1165,29 @@ pub fn decode_block(scheme: KvScheme, bytes: &[u8], out: &mut [f32; BLOCK]) {
     }
 }
 
+/// The per-tensor fp8 scales a run computed (`scale_source: computed`, vLLM's
+/// `calculate_kv_scales`): each attention layer's `amax(|key|)/200` and `amax(|value|)/100`
+/// on the first forward pass, then frozen.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ComputedKvScales {
+    /// Tokens of the forward pass they came from: the measurement's first window (or its first
+    /// prefill chunk, where the runner prefills in chunks).
+    #[schemars(range(min = 1))]
+    pub tokens: usize,
+    /// One entry per attention layer, in model order.
+    pub layers: Vec<LayerKvScales>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LayerKvScales {
+    /// The layer's index in the model (Gated DeltaNet layers have no KV cache and no entry).
+    pub layer: usize,
+    pub k_scale: f64,
+    pub v_scale: f64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1463,7 +1488,7 @@ mod tests {
         let record = d.kv_cache_record().unwrap();
         assert_eq!(
             record.scale_source,
-            Some(crate::disclosure::kv_cache::KvScaleSource::Computed)
+            Some(crate::runner::kv_record::KvScaleSource::Computed)
         );
         assert_eq!(record.setting().unwrap(), computed);
         // Setting the cache again forgets the scales.
@@ -1520,7 +1545,7 @@ mod tests {
                 record.prefill_chunk
             ),
             (
-                Some(crate::disclosure::kv_cache::KvSemantics::QuantizedCacheResidual),
+                Some(crate::runner::kv_record::KvSemantics::QuantizedCacheResidual),
                 Some(128),
                 Some(20)
             )

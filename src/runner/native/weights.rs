@@ -856,7 +856,7 @@ impl WeightStore for SafetensorsStore {
             format!("{module}.qweight"),
         ] {
             if let Some((_, _, _, bytes)) = self.stored(&candidate)? {
-                return Ok(Some(crate::checkpoint::hash::hex(&Sha256::digest(bytes))));
+                return Ok(Some(crate::digest::hex(&Sha256::digest(bytes))));
             }
         }
         Ok(None)

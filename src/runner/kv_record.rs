@@ -10,6 +10,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::runner::native::kv_cache::{ComputedKvScales, LayerKvScales};
 use crate::runner::native::kv_cache::{KvCacheSetting, KvScheme, MAX_RESIDUAL, ResidualWindow};
 
 /// The KV cache as run, K and V separately. Optional: `kv_cache_dtype` stays the one-line name;
@@ -57,29 +58,6 @@ pub struct KvCache {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1048576))]
     pub prefill_chunk: Option<u32>,
-}
-
-/// The per-tensor fp8 scales a run computed (`scale_source: computed`, vLLM's
-/// `calculate_kv_scales`): each attention layer's `amax(|key|)/200` and `amax(|value|)/100`
-/// on the first forward pass, then frozen.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ComputedKvScales {
-    /// Tokens of the forward pass they came from: the measurement's first window (or its first
-    /// prefill chunk, where the runner prefills in chunks).
-    #[schemars(range(min = 1))]
-    pub tokens: usize,
-    /// One entry per attention layer, in model order.
-    pub layers: Vec<LayerKvScales>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct LayerKvScales {
-    /// The layer's index in the model (Gated DeltaNet layers have no KV cache and no entry).
-    pub layer: usize,
-    pub k_scale: f64,
-    pub v_scale: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
