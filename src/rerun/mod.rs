@@ -25,6 +25,7 @@ pub mod preflight;
 pub mod record;
 pub mod score;
 pub mod spans;
+pub mod spec;
 pub mod study;
 pub mod sweep;
 
@@ -35,6 +36,7 @@ use serde::{Deserialize, Serialize};
 pub use document::{HubPin, Measurement, Role};
 pub use options::{MeasureOptions, Resolved};
 pub use score::{Progress, RunResult};
+pub use spec::{MeasureSpec, ReferenceSpec, RunnerSpec};
 
 use crate::checkpoint::hash::Manifest;
 use crate::error::Result;
@@ -76,28 +78,6 @@ pub enum Lane<'a> {
 }
 
 impl<'a> Lane<'a> {
-    /// The lane `measure` runs in: a reference artifact or base file when one is given, else
-    /// the transformers runner when asked for, else native. The binary's config has checked that
-    /// a reference or an artifact is given.
-    pub fn choose(
-        reference: Option<&'a Path>,
-        artifact: Option<artifact::ArtifactSource<'a>>,
-        transformers: Option<&'a crate::runner::transformers::TransformersOptions>,
-        compute: ComputeDtype,
-        emulate: Emulate,
-    ) -> Lane<'a> {
-        let reference = reference.unwrap_or(Path::new("."));
-        match (artifact, transformers) {
-            (Some(source), _) => Lane::artifact(source, compute, emulate),
-            (None, Some(runner)) => Lane::Transformers { reference, runner },
-            (None, None) => Lane::Native {
-                reference,
-                compute,
-                emulate,
-            },
-        }
-    }
-
     /// The lane for a reference artifact file: a llama.cpp base file or cardproof's own.
     pub fn artifact(
         source: artifact::ArtifactSource<'a>,

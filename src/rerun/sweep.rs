@@ -11,35 +11,26 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::document::Environment;
-use super::options::MeasureOptions;
 use super::score::{Progress, RunResult};
-use super::{Lane, Request, Rerun};
+use super::{ReferenceSpec, Request, Rerun, RunnerSpec};
 use crate::error::{Error, Result};
 use crate::files::write_atomically;
 use crate::kld::stats::Bucket;
+use crate::runner::native::kv_cache::KvCacheSetting;
 
-/// A sweep to run.
+/// A sweep to run: one model ([`super::MeasureSpec::candidate`]) against itself under each of
+/// `values` of `knob`, on the spec's text, protocol and runner.
 pub struct SweepRequest<'a> {
-    pub model: &'a Path,
-    pub eval_text: &'a Path,
-    pub tokenizer: Option<&'a Path>,
-    /// How a conversation eval text is rendered.
-    pub chat_template: &'a crate::runner::tokens::ChatTemplateChoice,
-    pub options: &'a MeasureOptions,
-    /// The transformers runner's settings (`attention` sweeps); `None`: the native runner.
-    pub runner: Option<&'a crate::runner::transformers::TransformersOptions>,
-    /// The llama.cpp runner's settings (`llamacpp.*` sweeps).
-    pub llamacpp: Option<&'a crate::runner::llamacpp::LlamacppOptions>,
-    /// The native runner's compute dtype (`kv_cache` sweeps).
-    pub compute: crate::runner::native::ComputeDtype,
+    pub spec: &'a super::MeasureSpec,
     pub knob: &'a str,
     pub values: &'a [String],
-    pub threads: usize,
     pub out: &'a Path,
     /// The run id every document of the sweep carries (see [`crate::outset`]).
     pub run_id: Option<&'a str>,
     /// Told each pre-flight warning (once: every pair measures the same text and protocol).
     pub on_warning: &'a (dyn Fn(&super::preflight::Warning) + Sync),
+    /// Told the size estimate of every pair's files before the first pair runs.
+    pub before_rerun: &'a (dyn Fn(u64) -> Result<()> + Sync),
 }
 
 /// Whether a sweep of `knob` changes only the kernels that run the same weights and cache (the
@@ -138,85 +129,91 @@ fn flips(run: &RunResult) -> Flips {
     }
 }
 
+/// The runner of one pair (`baseline` as the reference's setting, `other` as the candidate's),
+/// and for a KV-cache sweep the two schemes.
+fn pair_runner(
+    r: &SweepRequest,
+    baseline: &str,
+    other: &str,
+) -> Result<(RunnerSpec, Option<(KvCacheSetting, KvCacheSetting)>)> {
+    let kv = |v: &str| {
+        KvCacheSetting::from_label(v)
+            .ok_or_else(|| Error::usage(Path::new("--sweep"), KvCacheSetting::unknown_label(v)))
+    };
+    if let Some(given) = r.spec.runner.llamacpp() {
+        let knob = |v: &str| {
+            crate::runner::llamacpp::with_knob(&given.settings, r.knob, v)
+                .map_err(|e| Error::usage(Path::new("--sweep"), format!("{}={v}: {e}", r.knob)))
+        };
+        let pair = crate::runner::llamacpp::LlamacppOptions {
+            settings: knob(other)?,
+            reference: Some(knob(baseline)?),
+            ..given.clone()
+        };
+        return Ok((RunnerSpec::Llamacpp(pair), None));
+    }
+    let native = RunnerSpec::Native {
+        compute: r.spec.runner.compute(),
+        emulate: crate::runner::native::Emulate::ReferenceSemantics,
+    };
+    match (r.knob, r.spec.runner.transformers()) {
+        ("attention", Some(runner)) => {
+            let mut runner = runner.clone();
+            runner.attention = (baseline.to_owned(), other.to_owned());
+            Ok((RunnerSpec::Transformers(runner), None))
+        }
+        ("kv_cache", runner) => Ok((
+            runner.cloned().map_or(native, RunnerSpec::Transformers),
+            Some((kv(baseline)?, kv(other)?)),
+        )),
+        (knob, _) => Err(Error::usage(
+            Path::new("--sweep"),
+            format!("a `{knob}` sweep runs in the transformers runner"),
+        )),
+    }
+}
+
 /// Run the sweep and write `sweep.json` plus one measurement directory per compared setting.
 pub fn run_sweep(
     r: &SweepRequest,
     stage: &(dyn Fn(&str) + Sync),
     progress: Progress,
 ) -> Result<Sweep> {
+    let spec = r.spec;
     let baseline = &r.values[0];
+    // Each pair is one measurement; the text's size bounds its tokens.
+    let text_bytes = spec
+        .eval_text
+        .as_deref()
+        .and_then(|t| std::fs::metadata(t).ok())
+        .map_or(0, |m| m.len());
+    let conversation = spec
+        .eval_text
+        .as_deref()
+        .is_some_and(crate::conversation::eval::is_conversation_file);
+    (r.before_rerun)(
+        super::output::size_estimate_of(&spec.options, text_bytes, conversation)
+            .saturating_mul(r.values.len() as u64),
+    )?;
     let mut pairs = Vec::new();
     // Written only when every pair has run: a failed sweep leaves no partial results.
     let mut outputs: Vec<(std::path::PathBuf, Rerun)> = Vec::new();
     let mut floor: Option<f64> = None;
-    let kv = |v: &str| {
-        crate::runner::native::kv_cache::KvCacheSetting::from_label(v).ok_or_else(|| {
-            Error::usage(
-                Path::new("--sweep"),
-                crate::runner::native::kv_cache::KvCacheSetting::unknown_label(v),
-            )
-        })
-    };
-    let mut llamacpp_pair = None;
     for other in &r.values[1..] {
-        if let Some(given) = r.llamacpp {
-            let knob = |v: &str| {
-                crate::runner::llamacpp::with_knob(&given.settings, r.knob, v)
-                    .map_err(|e| Error::usage(Path::new("--sweep"), format!("{}={v}: {e}", r.knob)))
-            };
-            llamacpp_pair = Some(crate::runner::llamacpp::LlamacppOptions {
-                settings: knob(other)?,
-                reference: Some(knob(baseline)?),
-                ..given.clone()
-            });
-        }
-        let (lane_runner, kv_pair) = match (r.knob, r.runner) {
-            (knob, _) if knob.starts_with("llamacpp.") => (None, None),
-            ("attention", Some(runner)) => {
-                let mut runner = runner.clone();
-                runner.attention = (baseline.clone(), other.clone());
-                (Some(runner), None)
-            }
-            ("kv_cache", runner) => (runner.cloned(), Some((kv(baseline)?, kv(other)?))),
-            (knob, _) => {
-                return Err(Error::usage(
-                    Path::new("--sweep"),
-                    format!("a `{knob}` sweep runs in the transformers runner"),
-                ));
-            }
-        };
+        let (runner, kv_pair) = pair_runner(r, baseline, other)?;
         let pair_dir = format!("{}-{baseline}-vs-{other}", r.knob).replace([':', '/'], "_");
-        let lane = match (&lane_runner, &llamacpp_pair) {
-            (_, Some(runner)) => Lane::Llamacpp {
-                reference: r.model,
-                runner,
-            },
-            (Some(runner), None) => Lane::Transformers {
-                reference: r.model,
-                runner,
-            },
-            (None, None) => Lane::Native {
-                reference: r.model,
-                compute: r.compute,
-                emulate: crate::runner::native::Emulate::ReferenceSemantics,
-            },
-        };
         let request = Request {
-            lane,
-            candidate: r.model,
-            eval_text: Some(r.eval_text),
-            tokenizer: r.tokenizer,
-            chat_template: r.chat_template.clone(),
-            options: r.options.clone(),
-            padding_included: false,
-            threads: r.threads,
-            candidate_manifest: None,
-            gates: None,
-            noise_floor: false,
-            pins: Vec::new(),
-            recurrent_state: crate::runner::native::StateDtype::F32,
+            tokenizer: spec.tokenizer.as_deref(),
+            chat_template: spec.chat_template.clone(),
             kv_cache: kv_pair.map(|(_, other)| other),
             reference_kv_cache: kv_pair.map(|(baseline, _)| baseline),
+            ..Request::new(
+                runner.lane(ReferenceSpec::Checkpoint(&spec.candidate))?,
+                &spec.candidate,
+                Some(spec.eval_text.as_deref().unwrap_or(Path::new(""))),
+                spec.options.clone(),
+                spec.threads,
+            )
         };
         let pre = super::preflight::check(&request, stage)?;
         if pairs.is_empty() {
@@ -250,7 +247,7 @@ pub fn run_sweep(
         kind: "sweep".into(),
         knob: r.knob.to_owned(),
         values: r.values.to_vec(),
-        model: r.model.display().to_string(),
+        model: spec.candidate.display().to_string(),
         definition: format!(
             "each pair measures the same weights under the baseline setting (as reference) and the other setting (as candidate), same tokens and rows: any KL is the {}'s, not the weights'",
             match r.knob {

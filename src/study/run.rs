@@ -13,8 +13,7 @@ use super::file::{Study, StudyRunner};
 use super::plan::{ArmKind, Plan, PlannedArm};
 use crate::error::{Error, Result};
 use crate::kld::protocol::Segment;
-use crate::rerun::{self, Lane, Request};
-use crate::runner::llamacpp::LlamacppOptions;
+use crate::rerun::{self, Request, RunnerSpec};
 
 /// A finished study: its document and, per arm, the rows the plots draw.
 pub struct StudyOutcome {
@@ -39,23 +38,12 @@ pub fn run(
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<StudyOutcome> {
     let started = std::time::Instant::now();
-    // The llama.cpp runner's flags per arm: the shared ones with the arm's `-fa`.
-    let llamacpp: Vec<Option<LlamacppOptions>> = plan
-        .arms
-        .iter()
-        .map(|a| {
-            plan.llamacpp.as_ref().map(|o| {
-                let mut o = o.clone();
-                o.settings.flash_attn = Some(a.settings.attention.clone());
-                o
-            })
-        })
-        .collect();
+    let runners: Vec<RunnerSpec> = plan.arms.iter().map(|a| runner_of(plan, a)).collect();
     let requests: Vec<Request> = plan
         .arms
         .iter()
-        .zip(&llamacpp)
-        .map(|(a, l)| request(plan, a, l.as_ref(), threads))
+        .zip(&runners)
+        .map(|(a, runner)| request(plan, a, runner, threads))
         .collect();
     let names: Vec<String> = plan.arms.iter().map(|a| a.name.clone()).collect();
     let attentions: Vec<String> = plan
@@ -182,45 +170,45 @@ pub fn run(
     Ok(StudyOutcome { document, rows })
 }
 
-/// An arm as a rerun request: the study's reference, text, template and options, the arm's
-/// checkpoint and settings.
-fn request<'a>(
-    plan: &'a Plan,
-    arm: &'a PlannedArm,
-    llamacpp: Option<&'a LlamacppOptions>,
-    threads: usize,
-) -> Request<'a> {
-    let lane = match (&plan.transformers, llamacpp) {
-        (_, Some(runner)) => Lane::Llamacpp {
-            reference: &plan.reference,
-            runner,
-        },
-        (Some(runner), None) => Lane::Transformers {
-            reference: &plan.reference,
-            runner,
-        },
-        (None, None) => Lane::Native {
-            reference: &plan.reference,
+/// The runner of an arm: the study's llama.cpp flags with the arm's `-fa`, the study's
+/// transformers settings, or the native runner in the arm's compute dtype and emulation.
+fn runner_of(plan: &Plan, arm: &PlannedArm) -> RunnerSpec {
+    if let Some(o) = &plan.llamacpp {
+        let mut o = o.clone();
+        o.settings.flash_attn = Some(arm.settings.attention.clone());
+        return RunnerSpec::Llamacpp(o);
+    }
+    match &plan.transformers {
+        Some(t) => RunnerSpec::Transformers(t.clone()),
+        None => RunnerSpec::Native {
             compute: arm.settings.compute,
             emulate: arm.settings.emulate,
         },
-    };
+    }
+}
+
+/// An arm as a rerun request: the study's reference, text, template and options, the arm's
+/// checkpoint, runner and settings.
+fn request<'a>(
+    plan: &'a Plan,
+    arm: &'a PlannedArm,
+    runner: &'a RunnerSpec,
+    threads: usize,
+) -> Request<'a> {
+    let lane = runner.checkpoint_lane(&plan.reference);
     Request {
-        lane,
-        candidate: &arm.candidate,
-        eval_text: Some(&plan.eval_text),
-        tokenizer: None,
-        chat_template: plan.chat_template.clone(),
-        options: plan.options.clone(),
-        padding_included: false,
-        threads,
         candidate_manifest: Some(&arm.manifest),
-        gates: None,
-        noise_floor: false,
-        pins: Vec::new(),
+        chat_template: plan.chat_template.clone(),
         recurrent_state: arm.settings.recurrent_state,
         kv_cache: arm.settings.kv_cache,
         reference_kv_cache: plan.baseline.kv_cache,
+        ..Request::new(
+            lane,
+            &arm.candidate,
+            Some(&plan.eval_text),
+            plan.options.clone(),
+            threads,
+        )
     }
 }
 

@@ -15,7 +15,7 @@ use crate::checkpoint::hash::{HashOptions, Manifest, hash_path};
 use crate::disclosure::{self, read::Sections};
 use crate::error::{Error, Result};
 use crate::findings::Code;
-use crate::rerun::{self, GateRequest, HubPin, Lane, Progress, Rerun, Role};
+use crate::rerun::{self, GateRequest, HubPin, Lane, Progress, Rerun, Role, RunnerSpec};
 use crate::runner::native::kv_cache::KvCacheSetting;
 use crate::runner::native::{ComputeDtype, Emulate};
 use claims::{Claim, ClaimResult, Context, Verdict};
@@ -605,8 +605,8 @@ fn rerun_card(
         }
     };
     let compute = compute_dtype(&read.path, &resolved.compute)?;
-    let mut runners = LaneRunners::default();
-    let (lane, text) = choose_lane(r, read, compute, &mut runners)?;
+    let runner = runner_spec(r, read.runtime(), compute);
+    let (lane, text) = choose_lane(r, read, &runner)?;
     let request = rerun_request(r, read, lane, text.as_deref(), &resolved, manifest)?;
     let (pre, contradicted) = preflight(r, read, &request, manifest, stage)?;
     if !contradicted.is_empty() {
@@ -648,25 +648,39 @@ fn context_lengths(resolved: &rerun::Resolved) -> Vec<u64> {
         .collect()
 }
 
-/// The runner options a lane borrows, as the card's runtime adjusted them: they live in the
-/// caller, beside the request.
-#[derive(Default)]
-struct LaneRunners {
-    llamacpp: Option<crate::runner::llamacpp::LlamacppOptions>,
-    transformers: Option<crate::runner::transformers::TransformersOptions>,
+/// The runner the claims are rerun in, resolved once from the flags and the card's runtime: a
+/// reference artifact's candidate runs natively; else the user's llama.cpp or transformers,
+/// following the card's runtime where the user set nothing; else the native runner.
+fn runner_spec(
+    r: &VerifyRequest,
+    runtime: Option<&disclosure::Runtime>,
+    compute: ComputeDtype,
+) -> RunnerSpec {
+    let native = RunnerSpec::Native {
+        compute,
+        emulate: Emulate::ReferenceSemantics,
+    };
+    match (r.reference_artifact, r.llamacpp, r.transformers) {
+        (Some(_), _, _) => native,
+        (None, Some(given), _) => RunnerSpec::Llamacpp(follow_card_llamacpp(given, runtime)),
+        (None, None, Some(given)) => {
+            let mut runner = given.clone();
+            follow_card_runtime(&mut runner, runtime);
+            RunnerSpec::Transformers(runner)
+        }
+        (None, None, None) => native,
+    }
 }
 
-/// The lane the claims are rerun in, and the eval text it reads: a reference artifact when one
-/// is given (its tokens are its own, so a missing eval text is no error there), else the user's
-/// llama.cpp or transformers, following the card's runtime where the user set nothing, else the
-/// native runner.
+/// The lane the claims are rerun in, and the eval text it reads: `runner` against the reference
+/// artifact when one is given (its tokens are its own, so a missing eval text is no error
+/// there), else against the reference checkpoint.
 fn choose_lane<'a: 'l, 'l>(
     r: &VerifyRequest<'a>,
     read: &ReadCard,
-    compute: ComputeDtype,
-    runners: &'l mut LaneRunners,
+    runner: &'l RunnerSpec,
 ) -> Result<(Lane<'l>, Option<PathBuf>)> {
-    let (eval, runtime) = (read.eval(), read.runtime());
+    let eval = read.eval();
     if let Some((file, voucher)) = r.reference_artifact {
         let text = eval_text_path(&read.dir, eval, r.eval_text).ok();
         let source = rerun::artifact::ArtifactSource {
@@ -674,32 +688,14 @@ fn choose_lane<'a: 'l, 'l>(
             voucher,
             reference: r.reference,
         };
-        Ok((
-            Lane::artifact(source, compute, Emulate::ReferenceSemantics),
-            text,
-        ))
-    } else if let Some(given) = r.llamacpp {
-        let reference = required_reference(r, read.reference())?;
-        let text = Some(eval_text_path(&read.dir, eval, r.eval_text)?);
-        let runner = runners
-            .llamacpp
-            .insert(follow_card_llamacpp(given, runtime));
-        Ok((Lane::Llamacpp { reference, runner }, text))
-    } else if let Some(given) = r.transformers {
-        let reference = required_reference(r, read.reference())?;
-        let text = Some(eval_text_path(&read.dir, eval, r.eval_text)?);
-        let runner = runners.transformers.insert(given.clone());
-        follow_card_runtime(runner, runtime);
-        Ok((Lane::Transformers { reference, runner }, text))
+        Ok((runner.lane(rerun::ReferenceSpec::Artifact(source))?, text))
     } else {
         let reference = required_reference(r, read.reference())?;
         let text = Some(eval_text_path(&read.dir, eval, r.eval_text)?);
-        let lane = Lane::Native {
-            reference,
-            compute,
-            emulate: Emulate::ReferenceSemantics,
-        };
-        Ok((lane, text))
+        Ok((
+            runner.lane(rerun::ReferenceSpec::Checkpoint(reference))?,
+            text,
+        ))
     }
 }
 
@@ -744,22 +740,23 @@ fn rerun_request<'a: 'l, 'l>(
 ) -> Result<rerun::Request<'l>> {
     let lengths = context_lengths(resolved);
     let kv_cache = rerun_kv_cache(r.kv_cache, &lane, read.runtime());
+    let chat_template = chat_template_choice(&read.dir, read.eval(), &r.chat_template, text)?;
     Ok(rerun::Request {
-        lane,
-        candidate: &read.checkpoint,
-        eval_text: text,
-        tokenizer: None,
-        chat_template: chat_template_choice(&read.dir, read.eval(), &r.chat_template, text)?,
-        options: resolved.options.clone(),
+        chat_template,
         padding_included: resolved.padding_included,
-        threads: r.threads,
         candidate_manifest: Some(manifest),
         gates: Some(read.gates(&lengths)),
         noise_floor: r.noise_floor,
         pins: r.pins.clone(),
         recurrent_state: r.recurrent_state,
         kv_cache,
-        reference_kv_cache: None,
+        ..rerun::Request::new(
+            lane,
+            &read.checkpoint,
+            text,
+            resolved.options.clone(),
+            r.threads,
+        )
     })
 }
 

@@ -292,32 +292,15 @@ fn name(value: impl ValueEnum) -> String {
 
 #[derive(Debug, Clone)]
 pub struct MeasureConfig {
-    pub reference: Option<PathBuf>,
-    pub reference_artifact: Option<PathBuf>,
+    /// The rerun the flags ask for (its runner resolved once).
+    pub spec: cardproof::rerun::MeasureSpec,
     /// `--artifact-pub`: keys whose signature vouches for the artifact.
     pub artifact_pub: Vec<PathBuf>,
     /// `--trust-unsigned-artifact`.
     pub trust_unsigned_artifact: bool,
-    pub candidate: PathBuf,
-    pub eval_text: Option<PathBuf>,
-    pub tokenizer: Option<PathBuf>,
-    pub options: cardproof::rerun::MeasureOptions,
-    pub compute: ComputeDtype,
-    pub emulate: Emulate,
-    /// `--recurrent-state-dtype`.
-    pub recurrent_state: StateDtype,
-    /// `--kv-cache`, `--kv-cache-k`, `--kv-cache-v`.
-    pub kv_cache: Option<KvCacheSetting>,
-    /// `--chat-template*`: how a conversation eval text is rendered.
-    pub chat_template: ChatTemplateChoice,
-    pub threads: usize,
     pub out: PathBuf,
     /// Show a progress bar (stderr is a terminal).
     pub progress: bool,
-    /// `--runner transformers` and its settings.
-    pub transformers: Option<TransformersOptions>,
-    /// `--runner llamacpp` and its settings.
-    pub llamacpp: Option<LlamacppOptions>,
     /// `--sweep`: the knob and its values.
     pub sweep: Option<(String, Vec<String>)>,
     /// `--force`: replace an --out that is not a cardproof set.
@@ -401,26 +384,33 @@ impl MeasureConfig {
             &args.candidate,
             args.reference.as_deref(),
         )?;
+        let compute = ComputeDtype::from_name(&name(args.compute_dtype)).expect("a native dtype");
+        let emulate = Emulate::from_name(&name(args.emulate)).expect("a native emulation");
         Ok(MeasureConfig {
-            compute: ComputeDtype::from_name(&name(args.compute_dtype)).expect("a native dtype"),
-            emulate: Emulate::from_name(&name(args.emulate)).expect("a native emulation"),
-            recurrent_state,
-            kv_cache,
-            chat_template: chat_template(&args.chat_template).over(ChatTemplateChoice::default()),
-            threads: threads(args.threads),
+            spec: cardproof::rerun::MeasureSpec {
+                reference: args.reference,
+                reference_artifact: args.reference_artifact,
+                candidate: args.candidate,
+                eval_text: args.eval_text,
+                tokenizer: args.tokenizer,
+                chat_template: chat_template(&args.chat_template)
+                    .over(ChatTemplateChoice::default()),
+                options,
+                runner: cardproof::rerun::RunnerSpec::from_flags(
+                    transformers,
+                    llamacpp,
+                    compute,
+                    emulate,
+                ),
+                recurrent_state,
+                kv_cache,
+                threads: threads(args.threads),
+            },
             progress: std::io::stderr().is_terminal(),
-            reference: args.reference,
-            reference_artifact: args.reference_artifact,
             artifact_pub: args.artifact_trust.artifact_pub,
             trust_unsigned_artifact: args.artifact_trust.trust_unsigned_artifact,
-            candidate: args.candidate,
-            eval_text: args.eval_text,
-            tokenizer: args.tokenizer,
             force: args.force,
-            options,
             out,
-            transformers,
-            llamacpp,
             sweep,
         })
     }

@@ -155,48 +155,29 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
         &config.out,
         Kind::Measure,
         config.force,
-        &mut config.candidate,
-        config.reference.as_mut(),
+        &mut config.spec.candidate,
+        config.spec.reference.as_mut(),
     )?;
     let c = &config;
+    let spec = &c.spec;
     let trust = cardproof::attest::artifact::Trust::when_used(
-        c.reference_artifact.as_deref(),
+        spec.reference_artifact.as_deref(),
         &c.artifact_pub,
         c.trust_unsigned_artifact,
     )?;
-    let measured = pool(c.threads)?.install(|| {
+    let on_warning = |w: &rerun::preflight::Warning| printer.warning(&w.to_string());
+    let measured = pool(spec.threads)?.install(|| {
         with_progress(c.progress, |stage, progress| {
             if let Some((knob, values)) = &c.sweep {
-                // Each pair is one measurement; the text's size bounds its tokens.
-                let text_bytes = c
-                    .eval_text
-                    .as_deref()
-                    .and_then(|t| std::fs::metadata(t).ok())
-                    .map_or(0, |m| m.len());
-                let conversation = c
-                    .eval_text
-                    .as_deref()
-                    .is_some_and(cardproof::conversation::eval::is_conversation_file);
-                set.check_space(
-                    rerun::output::size_estimate_of(&c.options, text_bytes, conversation)
-                        .saturating_mul(values.len() as u64),
-                )?;
                 let sweep = rerun::sweep::run_sweep(
                     &rerun::sweep::SweepRequest {
-                        model: &c.candidate,
-                        eval_text: c.eval_text.as_deref().unwrap_or(Path::new("")),
-                        tokenizer: c.tokenizer.as_deref(),
-                        chat_template: &c.chat_template,
-                        options: &c.options,
-                        runner: c.transformers.as_ref(),
-                        llamacpp: c.llamacpp.as_ref(),
-                        compute: c.compute,
+                        spec,
                         knob,
                         values,
-                        threads: c.threads,
                         out: set.dir(),
                         run_id: Some(set.run_id()),
-                        on_warning: &|w| printer.warning(&w.to_string()),
+                        on_warning: &on_warning,
+                        before_rerun: &|bytes| set.check_space(bytes),
                     },
                     stage,
                     progress,
@@ -204,50 +185,14 @@ pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measu
                 set.commit()?;
                 return Ok::<_, cardproof::Error>(Measured::Sweep(sweep));
             }
-            let artifact =
-                c.reference_artifact
-                    .as_deref()
-                    .map(|file| rerun::artifact::ArtifactSource {
-                        file,
-                        voucher: &trust,
-                        reference: c.reference.as_deref(),
-                    });
-            let lane = match (&c.llamacpp, c.reference.as_deref()) {
-                (Some(runner), Some(reference)) => rerun::Lane::Llamacpp { reference, runner },
-                _ => rerun::Lane::choose(
-                    c.reference.as_deref(),
-                    artifact,
-                    c.transformers.as_ref(),
-                    c.compute,
-                    c.emulate,
-                ),
-            };
-            let request = rerun::Request {
-                lane,
-                candidate: &c.candidate,
-                eval_text: c.eval_text.as_deref(),
-                tokenizer: c.tokenizer.as_deref(),
-                chat_template: c.chat_template.clone(),
-                options: c.options.clone(),
-                padding_included: false,
-                threads: c.threads,
-                candidate_manifest: None,
-                gates: None,
-                noise_floor: false,
+            let hooks = rerun::spec::MeasureHooks {
+                voucher: &trust,
                 pins,
-                recurrent_state: c.recurrent_state,
-                kv_cache: c.kv_cache,
-                reference_kv_cache: None,
+                on_warning: &on_warning,
+                stage,
+                progress,
             };
-            // Everything that needs no forward pass, before the first one (the native lane's
-            // reference digest is taken while the models load: nothing here compares it first).
-            let pre = rerun::preflight::check_deferring_digest(&request, stage)?;
-            for w in &pre.warnings {
-                printer.warning(&w.to_string());
-            }
-            set.check_space(rerun::output::size_estimate(&request, &pre.identity))?;
-            let done = rerun::run_checked(&request, pre, stage, progress)?;
-            let m = rerun::output::commit_into(set, done)?;
+            let m = rerun::spec::measure(spec, set, hooks)?;
             Ok(Measured::Measurement(Box::new(m)))
         })
     })?;
