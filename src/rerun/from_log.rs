@@ -25,7 +25,9 @@ use crate::rerun::document::{
 };
 use crate::rerun::options::MeasureOptions;
 use crate::rerun::score::{RunResult, Scoring};
-use crate::runner::llamacpp::{LlamacppBuild, LlamacppRecord, LlamacppSettings, observe};
+use crate::runner::llamacpp::{
+    LlamacppBuild, LlamacppObserved, LlamacppRecord, LlamacppSettings, observe,
+};
 use crate::span::LineCol;
 
 /// The largest log read (a 100k-token run's log at `-lv 4` is well under this).
@@ -292,7 +294,51 @@ pub fn measurement_from_log(
 ) -> Result<(Measurement, Vec<String>)> {
     let log = read_log(log_path)?;
     let mut warnings = Vec::new();
-    let (tokens_sha256, token_count, n_vocab) = match base_file {
+    let stream = base_stream(&log, base_file, &mut warnings)?;
+    let bos = log_bos(&log, candidate_dir, &mut warnings)?;
+    let options = log_options(&log, bos);
+    let scoring = log_scoring(&log, &options, stream);
+    let observed = observe(&log.text);
+    let candidate_manifest = crate::checkpoint::hash::hash_path(
+        candidate_dir,
+        &crate::checkpoint::hash::HashOptions {
+            threads: Some(threads),
+            include_all: false,
+        },
+        &|_| {},
+    )?;
+    let environment = log_environment(&log, log_path, &observed, &mut warnings);
+    let (reference, candidate) =
+        log_models(candidate_dir, candidate_manifest.root_sha256, &observed);
+    let mut m =
+        crate::rerun::record::measurement(&scoring, &options, reference, candidate, environment);
+    // llama.cpp's ± is an i.i.d. per-token standard error, not a bootstrap: the claims' 95%
+    // half-widths are 1.96 of them.
+    m.fidelity.protocol.aggregation.uncertainty = crate::disclosure::Uncertainty {
+        method: crate::disclosure::UncertaintyMethod::IidStderr,
+        level: Some(0.95),
+        resamples: None,
+        seed: None,
+        block: None,
+    };
+    m.fidelity.eval.text.source = UNKNOWN.into();
+    if base_file.is_none() {
+        // No digest is known: the item is left out (lint names it), never written empty.
+        m.fidelity.eval.tokens = None;
+    }
+    warnings.push("the reference checkpoint and the eval text are not in a --kl-divergence log: fill fidelity.reference and eval.text (lint names each)".into());
+    Ok((m, warnings))
+}
+
+/// The token stream's digest, its count and the vocabulary, from the run's base file when one
+/// is given (it must be this run's: the same chunks of the same length); without it, only the
+/// count the log implies.
+fn base_stream(
+    log: &Log,
+    base_file: Option<&Path>,
+    warnings: &mut Vec<String>,
+) -> Result<(String, usize, usize)> {
+    Ok(match base_file {
         Some(b) => {
             let base = BaseFile::open(b)?;
             if (base.n_ctx, base.n_chunk) != (log.n_ctx, log.n_chunk) {
@@ -322,7 +368,11 @@ pub fn measurement_from_log(
                 0,
             )
         }
-    };
+    })
+}
+
+/// The BOS policy of the model the log names, read from the GGUF of that name beside the card.
+fn log_bos(log: &Log, candidate_dir: &Path, warnings: &mut Vec<String>) -> Result<Bos> {
     // A log is data: the path it names is never followed. The model it measured is the GGUF of
     // that file name beside the card (`--into`), inside its directory.
     let model_file = log
@@ -330,7 +380,7 @@ pub fn measurement_from_log(
         .as_deref()
         .and_then(|m| Path::new(m).file_name())
         .and_then(|name| crate::files::inside_dir(candidate_dir, &name.to_string_lossy()).ok());
-    let bos = match model_file.as_deref() {
+    Ok(match model_file.as_deref() {
         Some(f) => {
             use crate::checkpoint::gguf::GgufValue;
             let file = crate::checkpoint::gguf::read_file(f)?;
@@ -343,8 +393,13 @@ pub fn measurement_from_log(
             warnings.push(format!("the model file the log names ({}) is not beside the card in {}: eval.bos is written as `none`; check it (llama.cpp adds a BOS when the GGUF's tokenizer.ggml.add_bos_token is true)", log.model.as_deref().unwrap_or("none"), candidate_dir.display()));
             Bos::None
         }
-    };
-    let options = MeasureOptions {
+    })
+}
+
+/// llama.cpp's protocol as a KLD pass runs it: forward KL over its threshold vocabulary, the
+/// second half of each chunk.
+fn log_options(log: &Log, bos: Bos) -> MeasureOptions {
+    MeasureOptions {
         direction: Direction::Forward,
         vocab: VocabMode::Threshold {
             log_p: f64::from(crate::kld::llamacpp::KL_GATE),
@@ -359,7 +414,16 @@ pub fn measurement_from_log(
         bos,
         vocab_size: None,
         dump_logits: None,
-    };
+    }
+}
+
+/// The printed statistics as one run's summary (no rows: a log has none).
+fn log_scoring(
+    log: &Log,
+    options: &MeasureOptions,
+    (tokens_sha256, token_count, n_vocab): (String, usize, usize),
+) -> Scoring {
+    let bos = options.bos;
     let values = metrics(&log.printed);
     let mut summary = Summary {
         metrics: Default::default(),
@@ -396,13 +460,10 @@ pub fn measurement_from_log(
         spans: Vec::new(),
         bootstrap_block: "window".into(),
     };
-    let mut protocol = crate::rerun::score::run_protocol(
-        &options,
-        n_vocab,
-        Padding::of(n_vocab, n_vocab, n_vocab),
-    );
+    let mut protocol =
+        crate::rerun::score::run_protocol(options, n_vocab, Padding::of(n_vocab, n_vocab, n_vocab));
     protocol.llamacpp_compat = true;
-    let scoring = Scoring {
+    Scoring {
         protocol,
         eval: EvalRecord {
             text_path: None,
@@ -415,16 +476,17 @@ pub fn measurement_from_log(
         },
         runs: vec![run],
         vocab_size: n_vocab,
-    };
-    let observed = observe(&log.text);
-    let candidate_manifest = crate::checkpoint::hash::hash_path(
-        candidate_dir,
-        &crate::checkpoint::hash::HashOptions {
-            threads: Some(threads),
-            include_all: false,
-        },
-        &|_| {},
-    )?;
+    }
+}
+
+/// Where the log's run ran, as far as the log says: its build, backend, flash attention and
+/// KV-cache types.
+fn log_environment(
+    log: &Log,
+    log_path: &Path,
+    observed: &LlamacppObserved,
+    warnings: &mut Vec<String>,
+) -> Environment {
     let build = LlamacppBuild {
         binary: String::new(),
         version: log
@@ -493,6 +555,16 @@ pub fn measurement_from_log(
     if observed.flash_attn.is_none() || observed.cache_type_k.is_none() {
         warnings.push("the log does not show flash attention or the KV-cache types (llama.cpp prints them at `-lv 4`): runtime.attention_backend and kv_cache_dtype say `unknown`".into());
     }
+    environment
+}
+
+/// The models' records: the reference is not in a log; the candidate is the directory beside
+/// the card, with the file type the log prints.
+fn log_models(
+    candidate_dir: &Path,
+    manifest_sha256: String,
+    observed: &LlamacppObserved,
+) -> (ModelRecord, ModelRecord) {
     let reference = ModelRecord {
         path: String::new(),
         format: "gguf".into(),
@@ -505,7 +577,7 @@ pub fn measurement_from_log(
     let candidate = ModelRecord {
         path: candidate_dir.display().to_string(),
         format: "gguf".into(),
-        manifest_sha256: candidate_manifest.root_sha256,
+        manifest_sha256,
         lm_head_sha256: String::new(),
         stored_dtype: observed
             .file_type
@@ -514,22 +586,5 @@ pub fn measurement_from_log(
         runner: serde_json::Value::Null,
         hub: None,
     };
-    let mut m =
-        crate::rerun::record::measurement(&scoring, &options, reference, candidate, environment);
-    // llama.cpp's ± is an i.i.d. per-token standard error, not a bootstrap: the claims' 95%
-    // half-widths are 1.96 of them.
-    m.fidelity.protocol.aggregation.uncertainty = crate::disclosure::Uncertainty {
-        method: crate::disclosure::UncertaintyMethod::IidStderr,
-        level: Some(0.95),
-        resamples: None,
-        seed: None,
-        block: None,
-    };
-    m.fidelity.eval.text.source = UNKNOWN.into();
-    if base_file.is_none() {
-        // No digest is known: the item is left out (lint names it), never written empty.
-        m.fidelity.eval.tokens = None;
-    }
-    warnings.push("the reference checkpoint and the eval text are not in a --kl-divergence log: fill fidelity.reference and eval.text (lint names each)".into());
-    Ok((m, warnings))
+    (reference, candidate)
 }

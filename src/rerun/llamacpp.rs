@@ -441,25 +441,117 @@ pub(super) fn run_recorded(
     let options = r.options.clone();
     let n_ctx = options.context_lengths[0];
     let gate_printout = !options_given.no_gate;
-    let want_gates = r.gates.is_some();
-
+    let spec = PairSpec {
+        binary: &binary,
+        reference: &reference_gguf,
+        candidate: &candidate_gguf,
+        text,
+        n_ctx,
+        reference_settings: &ref_settings,
+        candidate_settings: &cand_settings,
+        gate: gate_printout,
+    };
     stage("running llama.cpp");
+    let streamed = stream_pair(&spec, r.gates.is_some(), progress)?;
+    let (scoring, kept_windows) = score_rows(&spec, &options, &pre, &streamed)?;
+    let gates_out = match &r.gates {
+        Some(g) => {
+            stage("sanity gates: the reference again");
+            self_and_shift_gates(
+                &binary,
+                &reference_gguf,
+                text,
+                n_ctx,
+                &ref_settings,
+                &streamed.kept,
+                Measured::of_metrics(
+                    scoring.runs.first().map(|run| &run.summary.metrics),
+                    g.checkpoint_quantized,
+                    g.declared.clone(),
+                ),
+            )?
+        }
+        None => Vec::new(),
+    };
+
+    let model = |given: &Path, gguf: &Path, observed: &engine::LlamacppObserved, known| {
+        model_record(
+            given,
+            gguf,
+            observed,
+            known,
+            r.threads,
+            streamed.pair.n_vocab,
+        )
+    };
+    let pair = &streamed.pair;
+    let reference_id = model(
+        reference,
+        &reference_gguf,
+        &pair.reference_observed,
+        pre.reference_manifest
+            .as_ref()
+            .map(|m| m.root_sha256.clone()),
+    )?;
+    let candidate_id = model(
+        r.candidate,
+        &candidate_gguf,
+        &pair.candidate_observed,
+        r.candidate_manifest.map(|m| m.root_sha256.clone()),
+    )?;
+    let record = LlamacppRecord {
+        build: build.clone(),
+        reference_settings: ref_settings,
+        candidate_settings: cand_settings.clone(),
+        reference: pair.reference_observed.clone(),
+        candidate: pair.candidate_observed.clone(),
+        n_ctx: pair.n_ctx,
+        chunks: pair.n_chunk,
+        ppl_stride: 0,
+        gate: streamed.gate_record.clone(),
+        seconds: pair.seconds,
+        imported_from: None,
+        inherited_environment: crate::runner::llamacpp::inherited_settings(),
+    };
+    let environment = environment(&record, r.kv_cache, r.threads);
+    let mut rerun = Rerun {
+        measurement: super::record::measurement(
+            &scoring,
+            &options,
+            reference_id,
+            candidate_id,
+            environment,
+        ),
+        runs: scoring.runs,
+        gates: gates_out,
+        noise_floor: r.noise_floor.then(|| super::NoiseFloor::Skipped {
+            skipped: "llama.cpp's noise floor is its own settings sweep: `cardproof measure --runner llamacpp --sweep llamacpp.flash_attn=on,off`".into(),
+        }),
+    };
+    printout_gate(gate_printout, &mut rerun);
+    Ok((rerun, vec![kept_windows]))
+}
+
+/// What llama.cpp's two passes gave while streaming: the pair's run, each scored row's record,
+/// the rows the gates keep, and the printout gate's record.
+struct Streamed {
+    pair: engine::PairRun,
+    records: Vec<Option<RowRecord>>,
+    kept: GateRows,
+    gate_record: Option<engine::PrintoutGate>,
+}
+
+/// Run llama.cpp's base and KLD passes, reducing each row as it streams (and keeping the first
+/// chunk's rows for the gates when `want_gates`), then gate its printout against the rows.
+fn stream_pair(spec: &PairSpec, want_gates: bool, progress: Progress) -> Result<Streamed> {
+    let (binary, n_ctx, gate_printout) = (spec.binary, spec.n_ctx, spec.gate);
     let per_chunk = (n_ctx - 1 - n_ctx / 2) as u64;
     let mut records: Vec<Option<RowRecord>> = Vec::new();
     let mut reducer: Option<RowReducer> = None;
     let mut kept = GateRows::default();
     let report = |done: usize, total: usize| progress(done, total);
     let pair = engine::run_pair(
-        &PairSpec {
-            binary: &binary,
-            reference: &reference_gguf,
-            candidate: &candidate_gguf,
-            text,
-            n_ctx,
-            reference_settings: &ref_settings,
-            candidate_settings: &cand_settings,
-            gate: gate_printout,
-        },
+        spec,
         &mut |a, b, scored, index, _token| {
             let red = reducer.get_or_insert_with(|| RowReducer::new(a.codes.len()));
             records.push(record_of(a, scored));
@@ -482,7 +574,7 @@ pub(super) fn run_recorded(
     let gate_record = match (&pair.printed, gate_printout) {
         (Some(printed), true) => Some(engine::gate(&pair.compat, printed, pair.clamped_candidate_tokens, pair.clamped_reference_mass).map_err(|e| {
             Error::runner(
-                &binary,
+                binary,
                 format!(
                     "the printout gate failed: {e}. llama.cpp's own statistics and cardproof's reading of its rows disagree, so neither is reported"
                 ),
@@ -491,10 +583,28 @@ pub(super) fn run_recorded(
         _ => None,
     };
 
+    Ok(Streamed {
+        pair,
+        records,
+        kept,
+        gate_record,
+    })
+}
+
+/// The rows llama.cpp scored, checked to be the rows cardproof plans for the same token stream
+/// (windowed as cardproof windows it), and scored: the scoring and each window's records.
+fn score_rows(
+    spec: &PairSpec,
+    options: &super::MeasureOptions,
+    pre: &Preflight,
+    streamed: &Streamed,
+) -> Result<(score::Scoring, Vec<Vec<Option<RowRecord>>>)> {
+    let (text, n_ctx, pair) = (spec.text, spec.n_ctx, &streamed.pair);
+    let per_chunk = (n_ctx - 1 - n_ctx / 2) as u64;
     // The token stream llama.cpp scored, windowed as cardproof windows it.
     let first = pair.tokens.first().copied();
-    let (add_bos, bos_id) = bos_of(&reference_gguf, first)?;
-    check_bos(&reference_gguf, add_bos, options.bos)?;
+    let (add_bos, bos_id) = bos_of(spec.reference, first)?;
+    check_bos(spec.reference, add_bos, options.bos)?;
     let ids: Vec<u32> = pair
         .tokens
         .iter()
@@ -511,9 +621,9 @@ pub(super) fn run_recorded(
         bos_id,
         tokenizer_vocab: width,
     };
-    let mut records = Some(records);
+    let mut records = Some(streamed.records.clone());
     let mut kept_windows: Vec<Vec<Option<RowRecord>>> = Vec::new();
-    let scoring = score::measure_records(&eval, &options, width, |plans, _vocab_size| {
+    let scoring = score::measure_records(&eval, options, width, |plans, _vocab_size| {
         let plan = plans
             .first()
             .ok_or_else(|| Error::internal(text, "no run planned"))?;
@@ -544,99 +654,51 @@ pub(super) fn run_recorded(
     // The numbers are llama.cpp's per-row arithmetic: the protocol says so.
     let mut scoring = scoring;
     scoring.protocol.llamacpp_compat = true;
-    let gates_out = match &r.gates {
-        Some(g) => {
-            stage("sanity gates: the reference again");
-            self_and_shift_gates(
-                &binary,
-                &reference_gguf,
-                text,
-                n_ctx,
-                &ref_settings,
-                &kept,
-                Measured::of_metrics(
-                    scoring.runs.first().map(|run| &run.summary.metrics),
-                    g.checkpoint_quantized,
-                    g.declared.clone(),
-                ),
-            )?
-        }
-        None => Vec::new(),
-    };
+    Ok((scoring, kept_windows))
+}
 
-    let model_record = |given: &Path, gguf: &Path, observed: &engine::LlamacppObserved, known| {
-        Ok::<_, Error>(ModelRecord {
-            path: given.display().to_string(),
-            format: "gguf".into(),
-            manifest_sha256: match known {
-                Some(m) => m,
-                None => root_digest(given, r.threads)?,
-            },
-            lm_head_sha256: lm_head_sha256(gguf),
-            stored_dtype: observed
-                .file_type
-                .as_deref()
-                .map_or_else(|| "?".into(), str::to_ascii_lowercase),
-            runner: serde_json::json!({
-                "engine": "llama.cpp",
-                "architecture": crate::checkpoint::gguf::read_file(gguf)
-                    .ok()
-                    .and_then(|f| f.architecture().map(str::to_owned)),
-                "param_dtype": observed.file_type,
-                "attention": format!(
-                    "flash_attn={}",
-                    observed.flash_attn.as_deref().unwrap_or("?")
-                ),
-                "kv_cache": [observed.cache_type_k, observed.cache_type_v],
-                "gguf": gguf.display().to_string(),
-                "n_vocab": pair.n_vocab,
-            }),
-            hub: None,
-        })
-    };
-    let reference_id = model_record(
-        reference,
-        &reference_gguf,
-        &pair.reference_observed,
-        pre.reference_manifest
-            .as_ref()
-            .map(|m| m.root_sha256.clone()),
-    )?;
-    let candidate_id = model_record(
-        r.candidate,
-        &candidate_gguf,
-        &pair.candidate_observed,
-        r.candidate_manifest.map(|m| m.root_sha256.clone()),
-    )?;
-    let record = LlamacppRecord {
-        build: build.clone(),
-        reference_settings: ref_settings,
-        candidate_settings: cand_settings.clone(),
-        reference: pair.reference_observed.clone(),
-        candidate: pair.candidate_observed.clone(),
-        n_ctx: pair.n_ctx,
-        chunks: pair.n_chunk,
-        ppl_stride: 0,
-        gate: gate_record,
-        seconds: pair.seconds,
-        imported_from: None,
-        inherited_environment: crate::runner::llamacpp::inherited_settings(),
-    };
-    let environment = environment(&record, r.kv_cache, r.threads);
-    let mut rerun = Rerun {
-        measurement: super::record::measurement(
-            &scoring,
-            &options,
-            reference_id,
-            candidate_id,
-            environment,
-        ),
-        runs: scoring.runs,
-        gates: gates_out,
-        noise_floor: r.noise_floor.then(|| super::NoiseFloor::Skipped {
-            skipped: "llama.cpp's noise floor is its own settings sweep: `cardproof measure --runner llamacpp --sweep llamacpp.flash_attn=on,off`".into(),
+/// A GGUF model's record: where it is, its digests, and what llama.cpp said it ran.
+fn model_record(
+    given: &Path,
+    gguf: &Path,
+    observed: &engine::LlamacppObserved,
+    known: Option<String>,
+    threads: usize,
+    n_vocab: u32,
+) -> Result<ModelRecord> {
+    Ok(ModelRecord {
+        path: given.display().to_string(),
+        format: "gguf".into(),
+        manifest_sha256: match known {
+            Some(m) => m,
+            None => root_digest(given, threads)?,
+        },
+        lm_head_sha256: lm_head_sha256(gguf),
+        stored_dtype: observed
+            .file_type
+            .as_deref()
+            .map_or_else(|| "?".into(), str::to_ascii_lowercase),
+        runner: serde_json::json!({
+            "engine": "llama.cpp",
+            "architecture": crate::checkpoint::gguf::read_file(gguf)
+                .ok()
+                .and_then(|f| f.architecture().map(str::to_owned)),
+            "param_dtype": observed.file_type,
+            "attention": format!(
+                "flash_attn={}",
+                observed.flash_attn.as_deref().unwrap_or("?")
+            ),
+            "kv_cache": [observed.cache_type_k, observed.cache_type_v],
+            "gguf": gguf.display().to_string(),
+            "n_vocab": n_vocab,
         }),
-    };
+        hub: None,
+    })
+}
+
+/// The printout gate's verdict on the rerun: skipped (`--llamacpp-no-gate`), or passed with
+/// llama.cpp's printed mean beside cardproof's reduction of the same rows.
+fn printout_gate(gate_printout: bool, rerun: &mut Rerun) {
     if !gate_printout {
         rerun.gates.push(Gate {
             gate: "llamacpp_printout".into(),
@@ -659,7 +721,6 @@ pub(super) fn run_recorded(
             ),
         });
     }
-    Ok((rerun, vec![kept_windows]))
 }
 
 /// The reference run a second time on its first chunk (`--chunks 1`), compared row by row with

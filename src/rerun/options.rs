@@ -273,91 +273,9 @@ pub fn resolve(
     if context_lengths.is_empty() && missing.is_empty() {
         missing.push("protocol.context_lengths missing".into());
     }
-    let pos = &p.positions;
-    let positions = match pos.policy {
-        disclosure::PositionPolicy::All => Some(Positions::All),
-        disclosure::PositionPolicy::SecondHalf => Some(Positions::SecondHalf),
-        disclosure::PositionPolicy::Stride => match (pos.stride, pos.offset) {
-            (Some(stride), Some(offset)) if stride > 0 && offset < stride => {
-                Some(Positions::Stride { stride, offset })
-            }
-            _ => {
-                missing.push(
-                    "protocol.positions: stride policy needs stride and an offset below it".into(),
-                );
-                None
-            }
-        },
-        disclosure::PositionPolicy::From => match pos.from {
-            Some(from) => Some(Positions::From { from }),
-            None => {
-                missing.push("protocol.positions: from policy needs `from`".into());
-                None
-            }
-        },
-        disclosure::PositionPolicy::Role | disclosure::PositionPolicy::Span => {
-            let policy = match (pos.policy, pos.role, pos.span) {
-                (disclosure::PositionPolicy::Role, Some(role), _) => Some(Positions::Role {
-                    role,
-                    stride: pos.stride,
-                    offset: pos.offset,
-                }),
-                (disclosure::PositionPolicy::Span, _, Some(span)) => Some(Positions::Span {
-                    span,
-                    stride: pos.stride,
-                    offset: pos.offset,
-                }),
-                _ => None,
-            };
-            match policy.map(|p| (p, p.check())) {
-                Some((p, Ok(()))) => Some(p),
-                Some((_, Err(why))) => {
-                    missing.push(format!("protocol.{why}"));
-                    None
-                }
-                None => {
-                    missing.push(
-                        "protocol.positions: a role policy needs `role`, a span policy `span`"
-                            .into(),
-                    );
-                    None
-                }
-            }
-        }
-    };
+    let positions = resolve_positions(&p.positions, &mut missing);
     let v = &p.vocab;
-    let vocab = match v.mode {
-        disclosure::VocabMode::Full => Some(VocabMode::Full),
-        disclosure::VocabMode::Threshold => {
-            let mode = VocabMode::Threshold {
-                log_p: v.log_p.unwrap_or(-16.0),
-            };
-            match mode.check() {
-                Ok(()) => Some(mode),
-                Err(why) => {
-                    missing.push(format!(
-                        "protocol.{why} (found {})",
-                        v.log_p.map_or("none".into(), |l| l.to_string())
-                    ));
-                    None
-                }
-            }
-        }
-        disclosure::VocabMode::TopK => match (v.k, v.tail) {
-            (Some(k), Some(tail)) if k > 0 => Some(VocabMode::TopK {
-                k: usize::try_from(k).unwrap_or(usize::MAX),
-                tail: match tail {
-                    disclosure::TailMode::Lumped => Tail::Lumped,
-                    disclosure::TailMode::Dropped => Tail::Dropped,
-                    disclosure::TailMode::Renormalized => Tail::Renormalized,
-                },
-            }),
-            _ => {
-                missing.push("protocol.vocab: top_k needs k and tail".into());
-                None
-            }
-        },
-    };
+    let vocab = resolve_vocab(v, &mut missing);
     if let Some(v) = vocab
         && let Err(why) = v.check()
     {
@@ -411,6 +329,99 @@ pub fn resolve(
             aggregation,
         }),
         _ => Err(missing),
+    }
+}
+
+/// The protocol's positions as run options; a policy without the fields it needs is recorded in
+/// `missing`.
+fn resolve_positions(pos: &disclosure::Positions, missing: &mut Vec<String>) -> Option<Positions> {
+    match pos.policy {
+        disclosure::PositionPolicy::All => Some(Positions::All),
+        disclosure::PositionPolicy::SecondHalf => Some(Positions::SecondHalf),
+        disclosure::PositionPolicy::Stride => match (pos.stride, pos.offset) {
+            (Some(stride), Some(offset)) if stride > 0 && offset < stride => {
+                Some(Positions::Stride { stride, offset })
+            }
+            _ => {
+                missing.push(
+                    "protocol.positions: stride policy needs stride and an offset below it".into(),
+                );
+                None
+            }
+        },
+        disclosure::PositionPolicy::From => match pos.from {
+            Some(from) => Some(Positions::From { from }),
+            None => {
+                missing.push("protocol.positions: from policy needs `from`".into());
+                None
+            }
+        },
+        disclosure::PositionPolicy::Role | disclosure::PositionPolicy::Span => {
+            let policy = match (pos.policy, pos.role, pos.span) {
+                (disclosure::PositionPolicy::Role, Some(role), _) => Some(Positions::Role {
+                    role,
+                    stride: pos.stride,
+                    offset: pos.offset,
+                }),
+                (disclosure::PositionPolicy::Span, _, Some(span)) => Some(Positions::Span {
+                    span,
+                    stride: pos.stride,
+                    offset: pos.offset,
+                }),
+                _ => None,
+            };
+            match policy.map(|p| (p, p.check())) {
+                Some((p, Ok(()))) => Some(p),
+                Some((_, Err(why))) => {
+                    missing.push(format!("protocol.{why}"));
+                    None
+                }
+                None => {
+                    missing.push(
+                        "protocol.positions: a role policy needs `role`, a span policy `span`"
+                            .into(),
+                    );
+                    None
+                }
+            }
+        }
+    }
+}
+
+/// The protocol's vocabulary as run options; a mode without the fields it needs is recorded in
+/// `missing`.
+fn resolve_vocab(v: &disclosure::Vocab, missing: &mut Vec<String>) -> Option<VocabMode> {
+    match v.mode {
+        disclosure::VocabMode::Full => Some(VocabMode::Full),
+        disclosure::VocabMode::Threshold => {
+            let mode = VocabMode::Threshold {
+                log_p: v.log_p.unwrap_or(-16.0),
+            };
+            match mode.check() {
+                Ok(()) => Some(mode),
+                Err(why) => {
+                    missing.push(format!(
+                        "protocol.{why} (found {})",
+                        v.log_p.map_or("none".into(), |l| l.to_string())
+                    ));
+                    None
+                }
+            }
+        }
+        disclosure::VocabMode::TopK => match (v.k, v.tail) {
+            (Some(k), Some(tail)) if k > 0 => Some(VocabMode::TopK {
+                k: usize::try_from(k).unwrap_or(usize::MAX),
+                tail: match tail {
+                    disclosure::TailMode::Lumped => Tail::Lumped,
+                    disclosure::TailMode::Dropped => Tail::Dropped,
+                    disclosure::TailMode::Renormalized => Tail::Renormalized,
+                },
+            }),
+            _ => {
+                missing.push("protocol.vocab: top_k needs k and tail".into());
+                None
+            }
+        },
     }
 }
 

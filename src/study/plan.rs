@@ -169,6 +169,39 @@ pub fn plan(study: &Study, threads: Option<usize>) -> Result<Plan> {
             &reference_manifest,
         )?);
     }
+    push_controls(f, &baseline, &reference, &reference_manifest, &mut arms);
+    let options = protocol_options(study)?;
+    if f.runner != StudyRunner::Llamacpp && f.llamacpp.is_some() {
+        return Err(field_error("llamacpp", "is for runner: llamacpp".into()));
+    }
+    let llamacpp = match f.runner {
+        StudyRunner::Llamacpp => Some(llamacpp_options(study, &baseline)?),
+        _ => None,
+    };
+    let transformers = transformers_options(study, &baseline, &arms)?;
+    Ok(Plan {
+        reference,
+        reference_manifest,
+        eval_text: text,
+        chat_template,
+        options,
+        runner: f.runner,
+        transformers,
+        llamacpp,
+        baseline,
+        arms,
+    })
+}
+
+/// The controls the study file asks for: the baseline again (`control-repeat`), and the
+/// reference's weights under the runner's other kernel (`control-kernel`).
+fn push_controls(
+    f: &super::file::StudyFile,
+    baseline: &Resolved,
+    reference: &Path,
+    reference_manifest: &Arc<Manifest>,
+    arms: &mut Vec<PlannedArm>,
+) {
     if f.controls.repeatability {
         arms.push(PlannedArm {
             name: "control-repeat".into(),
@@ -176,7 +209,7 @@ pub fn plan(study: &Study, threads: Option<usize>) -> Result<Plan> {
             declared: Variable::None,
             changed: Vec::new(),
             mixed: false,
-            candidate: reference.clone(),
+            candidate: reference.to_path_buf(),
             manifest: reference_manifest.clone(),
             named_candidate: false,
             settings: baseline.clone(),
@@ -215,20 +248,23 @@ pub fn plan(study: &Study, threads: Option<usize>) -> Result<Plan> {
             declared: Variable::Kernel,
             changed: vec![Variable::Kernel],
             mixed: false,
-            candidate: reference.clone(),
+            candidate: reference.to_path_buf(),
             manifest: reference_manifest.clone(),
             named_candidate: false,
             settings,
         });
     }
-    let options = protocol_options(study)?;
-    if f.runner != StudyRunner::Llamacpp && f.llamacpp.is_some() {
-        return Err(field_error("llamacpp", "is for runner: llamacpp".into()));
-    }
-    let llamacpp = match f.runner {
-        StudyRunner::Llamacpp => Some(llamacpp_options(study, &baseline)?),
-        _ => None,
-    };
+}
+
+/// The transformers runner's options of a `runner: transformers` study (and every arm's
+/// attention checked against them); `None` for the other runners, which refuse the block.
+fn transformers_options(
+    study: &Study,
+    baseline: &Resolved,
+    arms: &[PlannedArm],
+) -> Result<Option<crate::runner::transformers::TransformersOptions>> {
+    let f = &study.file;
+    let field_error = |field: &str, rule: String| study.error(field, rule);
     let transformers = match f.runner {
         StudyRunner::Native | StudyRunner::Llamacpp => {
             if f.transformers.is_some() {
@@ -265,18 +301,7 @@ pub fn plan(study: &Study, threads: Option<usize>) -> Result<Plan> {
                 .map_err(|why| field_error(&format!("arms[{i}].attention"), why))?;
         }
     }
-    Ok(Plan {
-        reference,
-        reference_manifest,
-        eval_text: text,
-        chat_template,
-        options,
-        runner: f.runner,
-        transformers,
-        llamacpp,
-        baseline,
-        arms,
-    })
+    Ok(transformers)
 }
 
 /// The eval text and the chat template: the command line's (`--eval-text`, `--chat-template`),

@@ -153,22 +153,7 @@ pub fn judge(
     ctx: &Context,
     rerun: &dyn Fn(&str, u64) -> Option<Rerun>,
 ) -> ClaimResult {
-    let mut result = ClaimResult {
-        index: claim.index,
-        metric: claim.metric.clone(),
-        context_length: claim.context_length,
-        claimed: claim.value.is_finite().then_some(claim.value),
-        claimed_text: claim.text.clone(),
-        claimed_uncertainty: claim.uncertainty,
-        claimed_precision_relative: None,
-        rerun: None,
-        rerun_ci95: None,
-        tolerance: None,
-        verdict: Verdict::Undisclosed,
-        reason: String::new(),
-        differences: Vec::new(),
-        line: claim.line,
-    };
+    let mut result = unjudged(claim);
     if let Some(why) = &claim.invalid {
         result.verdict = Verdict::Invalid;
         result.reason = format!("results[{}] cannot be read as a claim: {why}", claim.index);
@@ -221,56 +206,13 @@ pub fn judge(
     }
     if precision > IMPRECISE_RELATIVE {
         result.verdict = Verdict::Imprecise;
-        result.reason = if precision.is_finite() {
-            format!(
-                "printed as {}, the claim only says ±{:.1e}, {:.1}% of its {}; a claim must be printed to within {}% to be reproduced",
-                claim.text,
-                half_unit(&claim.text),
-                100.0 * precision,
-                scale_name(&claim.metric),
-                100.0 * IMPRECISE_RELATIVE
-            )
-        } else {
-            match r {
-                Some(r) => format!(
-                    "printed as {}, a value at the metric's bound: its digits say nothing about the distance from it (print the measured value, e.g. {:.4e})",
-                    claim.text, r.value
-                ),
-                None => format!(
-                    "printed as {}, a value at the metric's bound: its digits say nothing about the distance from it (print the measured value)",
-                    claim.text
-                ),
-            }
-        };
+        result.reason = imprecise_reason(claim, precision, r);
         return result;
     }
-    if !ctx.failed_gates.is_empty() {
-        result.verdict = Verdict::NotReproduced;
-        result.reason = format!(
-            "a sanity gate failed, so no claim can be reproduced: {}",
-            ctx.failed_gates.join("; ")
-        );
-        return result;
-    }
-    if !ctx.lint_errors.is_empty() {
-        result.verdict = Verdict::NotReproduced;
-        result.reason = format!(
-            "the card has lint errors, so no claim on it is reproduced: {}",
-            ctx.lint_errors.join("; ")
-        );
-        return result;
-    }
-    if !ctx.differences.is_empty() {
-        result.verdict = Verdict::NotComparable;
-        result.differences = ctx.differences.clone();
-        result.reason = match r {
-            Some(r) => format!(
-                "measured in another lane or protocol; the rerun's number is shown beside the claim (difference {:.3e})",
-                r.value - claim.value
-            ),
-            // The differences themselves are the claim's `differences`, listed once.
-            None => "not rerun: the files given are not the ones the card names (listed under differences), so no rerun of them could be compared with the claim".into(),
-        };
+    if let Some((verdict, reason, differences)) = blocked_by_context(claim, ctx, r) {
+        result.verdict = verdict;
+        result.reason = reason;
+        result.differences = differences;
         return result;
     }
     // Fail closed: a claim that was not rerun is never judged on numbers.
@@ -289,22 +231,118 @@ pub fn judge(
         result.differences = sample;
         return result;
     }
+    (result.verdict, result.reason) = compare(claim, &r, tolerance);
+    result
+}
+
+/// A claim's result before any judgement: what it says, verdict `undisclosed`.
+fn unjudged(claim: &Claim) -> ClaimResult {
+    ClaimResult {
+        index: claim.index,
+        metric: claim.metric.clone(),
+        context_length: claim.context_length,
+        claimed: claim.value.is_finite().then_some(claim.value),
+        claimed_text: claim.text.clone(),
+        claimed_uncertainty: claim.uncertainty,
+        claimed_precision_relative: None,
+        rerun: None,
+        rerun_ci95: None,
+        tolerance: None,
+        verdict: Verdict::Undisclosed,
+        reason: String::new(),
+        differences: Vec::new(),
+        line: claim.line,
+    }
+}
+
+/// Why a claim printed too coarsely (or at its metric's bound) is `imprecise`.
+fn imprecise_reason(claim: &Claim, precision: f64, r: Option<Rerun>) -> String {
+    if precision.is_finite() {
+        format!(
+            "printed as {}, the claim only says ±{:.1e}, {:.1}% of its {}; a claim must be printed to within {}% to be reproduced",
+            claim.text,
+            half_unit(&claim.text),
+            100.0 * precision,
+            scale_name(&claim.metric),
+            100.0 * IMPRECISE_RELATIVE
+        )
+    } else {
+        match r {
+            Some(r) => format!(
+                "printed as {}, a value at the metric's bound: its digits say nothing about the distance from it (print the measured value, e.g. {:.4e})",
+                claim.text, r.value
+            ),
+            None => format!(
+                "printed as {}, a value at the metric's bound: its digits say nothing about the distance from it (print the measured value)",
+                claim.text
+            ),
+        }
+    }
+}
+
+/// The verdict the run's context forces on every claim, whatever its number: a failed sanity
+/// gate or a lint error (not reproduced), or a lane or protocol the card does not state (not
+/// comparable, with the differences).
+fn blocked_by_context(
+    claim: &Claim,
+    ctx: &Context,
+    r: Option<Rerun>,
+) -> Option<(Verdict, String, Vec<String>)> {
+    if !ctx.failed_gates.is_empty() {
+        return Some((
+            Verdict::NotReproduced,
+            format!(
+                "a sanity gate failed, so no claim can be reproduced: {}",
+                ctx.failed_gates.join("; ")
+            ),
+            Vec::new(),
+        ));
+    }
+    if !ctx.lint_errors.is_empty() {
+        return Some((
+            Verdict::NotReproduced,
+            format!(
+                "the card has lint errors, so no claim on it is reproduced: {}",
+                ctx.lint_errors.join("; ")
+            ),
+            Vec::new(),
+        ));
+    }
+    if !ctx.differences.is_empty() {
+        let reason = match r {
+            Some(r) => format!(
+                "measured in another lane or protocol; the rerun's number is shown beside the claim (difference {:.3e})",
+                r.value - claim.value
+            ),
+            // The differences themselves are the claim's `differences`, listed once.
+            None => "not rerun: the files given are not the ones the card names (listed under differences), so no rerun of them could be compared with the claim".into(),
+        };
+        return Some((Verdict::NotComparable, reason, ctx.differences.clone()));
+    }
+    None
+}
+
+/// The numbers compared: reproduced when the rerun is within the claim's tolerance.
+fn compare(claim: &Claim, r: &Rerun, tolerance: f64) -> (Verdict, String) {
     let diff = (r.value - claim.value).abs();
     if diff <= tolerance {
-        result.verdict = Verdict::Reproduced;
-        result.reason = format!(
-            "equal within the claim's printed precision (±{:.1e}) plus {NOISE_RELATIVE:e} of its {}: |rerun - claim| = {diff:.2e} <= {tolerance:.2e}",
-            half_unit(&claim.text),
-            scale_name(&claim.metric)
-        );
+        (
+            Verdict::Reproduced,
+            format!(
+                "equal within the claim's printed precision (±{:.1e}) plus {NOISE_RELATIVE:e} of its {}: |rerun - claim| = {diff:.2e} <= {tolerance:.2e}",
+                half_unit(&claim.text),
+                scale_name(&claim.metric)
+            ),
+        )
     } else {
-        result.verdict = Verdict::NotReproduced;
-        result.reason = format!(
-            "|rerun - claim| = {diff:.3e} exceeds the tolerance {tolerance:.2e} ({:+.2}% of the claim)",
-            100.0 * (r.value - claim.value) / claim.value.abs().max(f64::MIN_POSITIVE)
-        );
+        (
+            Verdict::NotReproduced,
+            format!(
+                "|rerun - claim| = {diff:.3e} exceeds the tolerance {tolerance:.2e} ({:+.2}% of the claim)",
+                100.0 * (r.value - claim.value) / claim.value.abs().max(f64::MIN_POSITIVE)
+            ),
+        )
     }
-    result
 }
 
 fn scale_name(metric: &str) -> &'static str {

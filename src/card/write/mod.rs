@@ -89,37 +89,7 @@ pub struct WrittenCard {
 /// candidate repository is known): `existing` is its current text, `None` when there is no card.
 pub fn write_card(existing: Option<&str>, path: &Path, inputs: &CardInputs) -> Result<WrittenCard> {
     let measured = Measured::read(&inputs.measurement)?;
-    for (side, revision) in [
-        ("reference", &inputs.reference_revision),
-        ("candidate", &inputs.candidate_revision),
-    ] {
-        if let Some(r) = revision
-            && !is_hex(r, 40)
-        {
-            return Err(Error::usage(
-                path,
-                format!("{side} revision: `{r}` is not a full 40-hex commit hash (lowercase)"),
-            ));
-        }
-    }
-    for (flag, value) in [
-        ("--quantization", inputs.quantization.as_deref()),
-        (
-            "--calibration",
-            inputs.calibration.as_ref().map(|c| c.dataset.as_str()),
-        ),
-        (
-            "--calibration-revision",
-            inputs
-                .calibration
-                .as_ref()
-                .and_then(|c| c.revision.as_deref()),
-        ),
-    ] {
-        if value.is_some_and(|v| v.trim().is_empty()) {
-            return Err(Error::usage(path, format!("{flag}: the value is empty")));
-        }
-    }
+    check_inputs(path, inputs)?;
     let card = existing
         .map(|text| Card::from_bytes(path.to_path_buf(), text.as_bytes().to_vec()))
         .transpose()?;
@@ -140,65 +110,7 @@ pub fn write_card(existing: Option<&str>, path: &Path, inputs: &CardInputs) -> R
     let mut appended = String::new();
     let indent = layout.indent;
 
-    // base_model and base_model_relation: added when missing, never changed.
-    let reference_repo = str_at(&fidelity, "/reference/repo");
-    match root
-        .and_then(|r| r.get("base_model"))
-        .map(|e| e.value.to_json())
-    {
-        None => match reference_repo {
-            Some(repo) if is_hub_id(repo) => {
-                let mut map = Map::new();
-                map.insert("base_model".into(), repo.into());
-                emit_mapping(&mut appended, indent, &map, None);
-            }
-            Some(repo) => warnings.push(format!(
-                "`base_model` is missing and the reference `{repo}` is not a Hub repository id \
-                 (`org/name`), so it was not added"
-            )),
-            None => warnings.push(
-                "`base_model` is missing and the reference repository is not known, so it was \
-                 not added"
-                    .into(),
-            ),
-        },
-        Some(base) => {
-            let bases: Vec<&str> = match &base {
-                Value::String(s) => vec![s.as_str()],
-                Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
-                _ => Vec::new(),
-            };
-            if bases.is_empty() {
-                warnings.push("`base_model` is present but names no model; left unchanged".into());
-            } else if let Some(repo) = reference_repo
-                && !bases.contains(&repo)
-            {
-                warnings.push(format!(
-                    "`base_model` is `{}` but the reference is `{repo}`; left unchanged (lint \
-                     reports the mismatch)",
-                    bases.join(", ")
-                ));
-            }
-        }
-    }
-    match root
-        .and_then(|r| r.get("base_model_relation"))
-        .map(|e| e.value.to_json())
-    {
-        None => {
-            let mut map = Map::new();
-            map.insert("base_model_relation".into(), "quantized".into());
-            emit_mapping(&mut appended, indent, &map, None);
-        }
-        Some(Value::String(s)) if s == "quantized" => {}
-        Some(other) => warnings.push(format!(
-            "`base_model_relation` is `{}`, not `quantized`; left unchanged (lint reports it)",
-            other
-                .as_str()
-                .map_or_else(|| other.to_string(), str::to_owned)
-        )),
-    }
-
+    base_model_entries(root, &fidelity, indent, &mut appended, &mut warnings);
     // model-index: replaced when cardproof wrote it, added when absent, else left alone.
     let name = model_name(&fidelity, &measured, path);
     let model_index = model_index(&fidelity, &measured, &name);
@@ -263,6 +175,110 @@ pub fn write_card(existing: Option<&str>, path: &Path, inputs: &CardInputs) -> R
         model_index_written.then_some(&model_index),
     )?;
     Ok(WrittenCard { text, warnings })
+}
+
+/// The flags' values, checked before anything is read: full commit hashes, no empty values.
+fn check_inputs(path: &Path, inputs: &CardInputs) -> Result<()> {
+    for (side, revision) in [
+        ("reference", &inputs.reference_revision),
+        ("candidate", &inputs.candidate_revision),
+    ] {
+        if let Some(r) = revision
+            && !is_hex(r, 40)
+        {
+            return Err(Error::usage(
+                path,
+                format!("{side} revision: `{r}` is not a full 40-hex commit hash (lowercase)"),
+            ));
+        }
+    }
+    for (flag, value) in [
+        ("--quantization", inputs.quantization.as_deref()),
+        (
+            "--calibration",
+            inputs.calibration.as_ref().map(|c| c.dataset.as_str()),
+        ),
+        (
+            "--calibration-revision",
+            inputs
+                .calibration
+                .as_ref()
+                .and_then(|c| c.revision.as_deref()),
+        ),
+    ] {
+        if value.is_some_and(|v| v.trim().is_empty()) {
+            return Err(Error::usage(path, format!("{flag}: the value is empty")));
+        }
+    }
+    Ok(())
+}
+
+/// `base_model` and `base_model_relation`: added when missing, never changed (a disagreement
+/// is a warning, and lint's finding).
+fn base_model_entries(
+    root: Option<&crate::card::yaml::Node>,
+    fidelity: &Value,
+    indent: usize,
+    appended: &mut String,
+    warnings: &mut Vec<String>,
+) {
+    let reference_repo = str_at(fidelity, "/reference/repo");
+    match root
+        .and_then(|r| r.get("base_model"))
+        .map(|e| e.value.to_json())
+    {
+        None => match reference_repo {
+            Some(repo) if is_hub_id(repo) => {
+                let mut map = Map::new();
+                map.insert("base_model".into(), repo.into());
+                emit_mapping(appended, indent, &map, None);
+            }
+            Some(repo) => warnings.push(format!(
+                "`base_model` is missing and the reference `{repo}` is not a Hub repository id \
+                 (`org/name`), so it was not added"
+            )),
+            None => warnings.push(
+                "`base_model` is missing and the reference repository is not known, so it was \
+                 not added"
+                    .into(),
+            ),
+        },
+        Some(base) => {
+            let bases: Vec<&str> = match &base {
+                Value::String(s) => vec![s.as_str()],
+                Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
+                _ => Vec::new(),
+            };
+            if bases.is_empty() {
+                warnings.push("`base_model` is present but names no model; left unchanged".into());
+            } else if let Some(repo) = reference_repo
+                && !bases.contains(&repo)
+            {
+                warnings.push(format!(
+                    "`base_model` is `{}` but the reference is `{repo}`; left unchanged (lint \
+                     reports the mismatch)",
+                    bases.join(", ")
+                ));
+            }
+        }
+    }
+    match root
+        .and_then(|r| r.get("base_model_relation"))
+        .map(|e| e.value.to_json())
+    {
+        None => {
+            let mut map = Map::new();
+            map.insert("base_model_relation".into(), "quantized".into());
+            emit_mapping(appended, indent, &map, None);
+        }
+        Some(Value::String(s)) if s == "quantized" => {}
+        Some(other) => warnings.push(format!(
+            "`base_model_relation` is `{}`, not `quantized`; left unchanged (lint reports it)",
+            other
+                .as_str()
+                .map_or_else(|| other.to_string(), str::to_owned)
+        )),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
