@@ -58,11 +58,9 @@ const UPWARD_ALLOWED: &[(&str, &str, &str)] = &[];
 /// Functions over the limit that are still to be split (empty when the rule holds).
 const LONG_FUNCTIONS_TO_SPLIT: &[&str] = &[
     "card::write::section::section",
-    "checkpoint::inspect::from_safetensors::classify",
     "rerun::from_log::measurement_from_log",
     "rerun::llamacpp::run_recorded",
     "runner::native::gguf_family::read_config",
-    "checkpoint::safetensors::parse_header",
     "output::text::measurement",
     "runner::llamacpp::run_pair",
     "report::svg::svg_kld_along_position",
