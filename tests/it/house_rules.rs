@@ -61,7 +61,6 @@ const LONG_FUNCTIONS_TO_SPLIT: &[&str] = &[
     "rerun::from_log::measurement_from_log",
     "rerun::llamacpp::run_recorded",
     "output::text::measurement",
-    "runner::llamacpp::run_pair",
     "report::svg::svg_kld_along_position",
     "card::write::write_card",
     "report::svg::svg_kld_along_conversation",
