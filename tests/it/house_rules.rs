@@ -64,7 +64,6 @@ const LONG_FUNCTIONS_TO_SPLIT: &[&str] = &[
     "verify::claims::judge",
     "rerun::options::resolve",
     "study::run::run",
-    "dequant::ct::ct_pack_quantized",
     "study::plan::plan",
 ];
 
