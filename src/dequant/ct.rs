@@ -225,38 +225,12 @@ pub fn ct_pack_quantized(
     check_scale_shape("weight_scale", &scale, &expected, &why)?;
     let s = decode_all("weight_scale", &scale)?;
     let off = 1i32 << (bits - 1);
-    let mask = (1u32 << bits) - 1;
 
     // Zero points, as signed f32 values laid out like the scale.
     let z: Option<Vec<f32>> = match &zero_point {
         None => None,
         Some(zp) if zp.dtype == Dtype::I32 => {
-            if !matches!(args.strategy, CtStrategy::Group | CtStrategy::Channel) {
-                return Err(format!(
-                    "weight_zero_point is packed I32, but the {:?} strategy stores zero points unpacked (I8)",
-                    args.strategy
-                ));
-            }
-            let [zr, zc] = matrix("weight_zero_point", zp, &[Dtype::I32])?;
-            if zc != scols {
-                return Err(format!(
-                    "weight_zero_point has shape {}; packed along the {rows} output rows with {scols} scale columns it needs {} columns",
-                    shape_str(zp.shape),
-                    scols
-                ));
-            }
-            let zpack = Packing::detect("weight_zero_point", rows, bits, zr)?;
-            // rows * scols is bounded by the validated zero-point bytes (or is 0).
-            let mut v = vec![0.0f32; rows.saturating_mul(scols)];
-            for j in 0..scols {
-                for o in 0..rows {
-                    let u = stream_field(zp.bytes, j, scols, o, bits, zpack) & mask;
-                    if let Some(x) = v.get_mut(o * scols + j) {
-                        *x = (u as i32 - off) as f32;
-                    }
-                }
-            }
-            Some(v)
+            Some(packed_zero_points(zp, args, rows, scols, bits)?)
         }
         Some(zp) => {
             dtype_in("weight_zero_point", zp, &[Dtype::I8, Dtype::I32])?; // I32 handled above
@@ -265,53 +239,7 @@ pub fn ct_pack_quantized(
             Some(decode_all("weight_zero_point", zp)?)
         }
     };
-
-    // Activation order: the scale column of each input column.
-    let groups: Option<Vec<u32>> = match (&g_idx, args.strategy) {
-        (Some(g), CtStrategy::Group) => {
-            exact(
-                "weight_g_idx",
-                g,
-                &[Dtype::I32],
-                &[cols],
-                &format!("a weight with {cols} input columns"),
-            )?;
-            let raw: Vec<i32> = g
-                .bytes
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            if raw.contains(&-1) {
-                None
-            } else {
-                let mut v = Vec::with_capacity(raw.len());
-                for (i, &x) in raw.iter().enumerate() {
-                    match u32::try_from(x) {
-                        Ok(u) if (u as usize) < scols => v.push(u),
-                        _ => {
-                            return Err(format!(
-                                "weight_g_idx[{i}] is {x}; weight_scale has {scols} groups (valid: 0 to {})",
-                                scols.saturating_sub(1)
-                            ));
-                        }
-                    }
-                }
-                Some(v)
-            }
-        }
-        (Some(g), _) => {
-            // The reference ignores g_idx outside group strategies; still check it is sane.
-            exact(
-                "weight_g_idx",
-                g,
-                &[Dtype::I32],
-                &[cols],
-                &format!("a weight with {cols} input columns"),
-            )?;
-            None
-        }
-        (None, _) => None,
-    };
+    let groups = activation_order(g_idx.as_ref(), args.strategy, cols, scols)?;
 
     let bytes = packed.bytes;
     let decode_row = |o: usize, row: &mut [f32]| {
@@ -346,4 +274,89 @@ pub fn ct_pack_quantized(
             Ok(out)
         }
     }
+}
+
+/// Zero points packed into I32 words along the output rows (group and channel strategies
+/// only), as signed f32 values laid out like the scale: `[rows, scols]`.
+fn packed_zero_points(
+    zp: &Stored,
+    args: &CtArgs,
+    rows: usize,
+    scols: usize,
+    bits: u32,
+) -> Result<Vec<f32>> {
+    let off = 1i32 << (bits - 1);
+    let mask = (1u32 << bits) - 1;
+    if !matches!(args.strategy, CtStrategy::Group | CtStrategy::Channel) {
+        return Err(format!(
+            "weight_zero_point is packed I32, but the {:?} strategy stores zero points unpacked (I8)",
+            args.strategy
+        ));
+    }
+    let [zr, zc] = matrix("weight_zero_point", zp, &[Dtype::I32])?;
+    if zc != scols {
+        return Err(format!(
+            "weight_zero_point has shape {}; packed along the {rows} output rows with {scols} scale columns it needs {} columns",
+            shape_str(zp.shape),
+            scols
+        ));
+    }
+    let zpack = Packing::detect("weight_zero_point", rows, bits, zr)?;
+    // rows * scols is bounded by the validated zero-point bytes (or is 0).
+    let mut v = vec![0.0f32; rows.saturating_mul(scols)];
+    for j in 0..scols {
+        for o in 0..rows {
+            let u = stream_field(zp.bytes, j, scols, o, bits, zpack) & mask;
+            if let Some(x) = v.get_mut(o * scols + j) {
+                *x = (u as i32 - off) as f32;
+            }
+        }
+    }
+    Ok(v)
+}
+
+/// Activation order (`weight_g_idx`): the scale column of each input column, for the group
+/// strategy; `None` when absent, all `-1`-marked, or outside group strategies (where it is
+/// still checked for shape).
+fn activation_order(
+    g_idx: Option<&Stored>,
+    strategy: CtStrategy,
+    cols: usize,
+    scols: usize,
+) -> Result<Option<Vec<u32>>> {
+    let Some(g) = g_idx else {
+        return Ok(None);
+    };
+    exact(
+        "weight_g_idx",
+        g,
+        &[Dtype::I32],
+        &[cols],
+        &format!("a weight with {cols} input columns"),
+    )?;
+    if strategy != CtStrategy::Group {
+        // The reference ignores g_idx outside group strategies; still check it is sane.
+        return Ok(None);
+    }
+    let raw: Vec<i32> = g
+        .bytes
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    if raw.contains(&-1) {
+        return Ok(None);
+    }
+    let mut v = Vec::with_capacity(raw.len());
+    for (i, &x) in raw.iter().enumerate() {
+        match u32::try_from(x) {
+            Ok(u) if (u as usize) < scols => v.push(u),
+            _ => {
+                return Err(format!(
+                    "weight_g_idx[{i}] is {x}; weight_scale has {scols} groups (valid: 0 to {})",
+                    scols.saturating_sub(1)
+                ));
+            }
+        }
+    }
+    Ok(Some(v))
 }

@@ -220,156 +220,13 @@ pub fn results(
 #[cfg(feature = "native")]
 pub fn measurement(doc: &crate::rerun::Measurement) -> String {
     let p = &doc.protocol;
-    let e = &doc.environment;
     let mut out = String::new();
     let (direction, vocab, positions) = describe_protocol(p.direction, p.vocab, p.positions);
     for (side, m) in [("reference", &doc.reference), ("candidate", &doc.candidate)] {
-        let runner = &m.runner;
-        let counts = |key: &str| -> Vec<String> {
-            runner[key]
-                .as_object()
-                .map(|w| w.iter().map(|(k, v)| format!("{k} ×{v}")).collect())
-                .unwrap_or_default()
-        };
-        let weights = counts("weights");
-        // Native runs list the weight schemes; transformers runs what the engine loaded.
-        let detail = if weights.is_empty() {
-            let mut parts = vec![format!(
-                "{} weights, attention {}",
-                runner["param_dtype"].as_str().unwrap_or("?"),
-                runner["attention"].as_str().unwrap_or("?")
-            )];
-            if let Some(q) = runner["quant_method"].as_str() {
-                parts.push(format!("quantization {q}"));
-            }
-            parts.join(", ")
-        } else {
-            weights.join(", ")
-        };
-        let _ = writeln!(
-            out,
-            "{side}: {} ({}; {detail})",
-            m.path,
-            runner["architecture"].as_str().unwrap_or("?"),
-        );
-        let acts = counts("activation_emulation");
-        if !acts.is_empty() {
-            let _ = writeln!(
-                out,
-                "  emulated activation quantization: {}",
-                acts.join(", ")
-            );
-        }
+        measured_model(&mut out, side, m);
     }
-    let ev = &doc.eval;
-    let _ = writeln!(
-        out,
-        "eval: {} ({} tokens, tokens_sha256 {}, BOS {})",
-        ev.text_path
-            .as_deref()
-            .unwrap_or(&doc.fidelity.eval.text.source),
-        ev.token_count,
-        ev.tokens_sha256,
-        ev.bos.as_str()
-    );
-    if let Some(c) = &ev.conversation {
-        let t = &c.template;
-        let _ = writeln!(
-            out,
-            "  {} conversation{}, {} messages, rendered with chat template {}{} ({}; sha256 {}; rendered_sha256 {}); tokens: {}",
-            c.conversations,
-            if c.conversations == 1 { "" } else { "s" },
-            c.messages,
-            t.path,
-            t.name
-                .as_deref()
-                .map(|n| format!(" ({n})"))
-                .unwrap_or_default(),
-            match t.from {
-                crate::conversation::eval::TemplateFrom::File => "a file",
-                crate::conversation::eval::TemplateFrom::Reference => "the reference's",
-                crate::conversation::eval::TemplateFrom::Candidate => "the candidate's",
-            },
-            t.sha256,
-            c.rendered_sha256,
-            c.segment_tokens
-                .iter()
-                .map(|(k, v)| format!("{k} {v}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    }
-    let where_ = match e.threads {
-        Some(t) => format!("{t} threads, {}", e.device),
-        None => e.device.clone(),
-    };
-    let _ = writeln!(
-        out,
-        "runner: {} ({} {}), {} compute{}{}, {where_}",
-        e.runner.as_str(),
-        e.engine,
-        e.engine_version.as_deref().unwrap_or("?"),
-        e.compute_dtype,
-        e.recurrent_state_dtype
-            .as_ref()
-            .map(|d| format!(", {d} recurrent state"))
-            .unwrap_or_default(),
-        // The KV cache, where it is not simply the compute dtype.
-        e.kv_cache_dtype
-            .as_ref()
-            .filter(|k| **k != e.compute_dtype)
-            .map(|k| {
-                let rotated = e.kv_cache.as_ref().and_then(|c| c.rotation)
-                    == Some(crate::disclosure::kv_cache::KvRotation::Hadamard);
-                let rotated = if rotated {
-                    " (Hadamard-rotated, llama.cpp's)"
-                } else {
-                    ""
-                };
-                let computed = e
-                    .kv_scales
-                    .as_ref()
-                    .map(|s| {
-                        format!(
-                            " (scales computed from the first {} tokens, vLLM's calculate_kv_scales)",
-                            s.tokens
-                        )
-                    })
-                    .unwrap_or_default();
-                format!(", KV cache {k}{rotated}{computed}")
-            })
-            .unwrap_or_default(),
-    );
-    if let Some(t) = e.transformers_runner.as_ref().and_then(|r| {
-        r.other
-            .get("timings_s")
-            .and_then(|t| t.as_object())
-            .map(|t| (r, t))
-    }) {
-        let (r, t) = t;
-        let secs = |k: &str| t.get(k).and_then(serde_json::Value::as_f64).unwrap_or(0.0);
-        let _ = writeln!(
-            out,
-            "  attention {}, prefill chunk {}, reduction {}; load {:.1} s, warm-up {:.1} s, prefill {:.1} s, head and reduction {:.1} s, gates {:.1} s",
-            e.attention,
-            r.chunk_size.map_or("null".into(), |c| c.to_string()),
-            r.other
-                .get("reduction_kernel")
-                .and_then(|k| k.as_str())
-                .unwrap_or("?"),
-            secs("load"),
-            secs("warmup"),
-            secs("prefill"),
-            secs("head_and_reduce"),
-            secs("gates"),
-        );
-    }
-    if let Some(la) = &e.linear_attention {
-        let _ = writeln!(out, "  linear attention: {}", la.summary());
-    }
-    if let Some(la) = &e.reference_linear_attention {
-        let _ = writeln!(out, "  reference's linear attention: {}", la.summary());
-    }
+    measured_eval(&mut out, doc);
+    measured_environment(&mut out, &doc.environment);
     let padding = match p.padding {
         crate::rerun::document::Padding::Excluded => "excluded",
         crate::rerun::document::Padding::Included => "included",
@@ -409,6 +266,174 @@ pub fn measurement(doc: &crate::rerun::Measurement) -> String {
         spans(&mut out, &run.spans);
     }
     out
+}
+
+/// One measured model's line: its path, architecture and weights (the schemes a native run
+/// lists, or what the transformers engine loaded), then any emulated activation quantization.
+#[cfg(feature = "native")]
+fn measured_model(out: &mut String, side: &str, m: &crate::rerun::document::ModelRecord) {
+    let runner = &m.runner;
+    let counts = |key: &str| -> Vec<String> {
+        runner[key]
+            .as_object()
+            .map(|w| w.iter().map(|(k, v)| format!("{k} ×{v}")).collect())
+            .unwrap_or_default()
+    };
+    let weights = counts("weights");
+    // Native runs list the weight schemes; transformers runs what the engine loaded.
+    let detail = if weights.is_empty() {
+        let mut parts = vec![format!(
+            "{} weights, attention {}",
+            runner["param_dtype"].as_str().unwrap_or("?"),
+            runner["attention"].as_str().unwrap_or("?")
+        )];
+        if let Some(q) = runner["quant_method"].as_str() {
+            parts.push(format!("quantization {q}"));
+        }
+        parts.join(", ")
+    } else {
+        weights.join(", ")
+    };
+    let _ = writeln!(
+        out,
+        "{side}: {} ({}; {detail})",
+        m.path,
+        runner["architecture"].as_str().unwrap_or("?"),
+    );
+    let acts = counts("activation_emulation");
+    if !acts.is_empty() {
+        let _ = writeln!(
+            out,
+            "  emulated activation quantization: {}",
+            acts.join(", ")
+        );
+    }
+}
+
+/// The eval text's line, and the conversations' line when the eval was rendered from them.
+#[cfg(feature = "native")]
+fn measured_eval(out: &mut String, doc: &crate::rerun::Measurement) {
+    let ev = &doc.eval;
+    let _ = writeln!(
+        out,
+        "eval: {} ({} tokens, tokens_sha256 {}, BOS {})",
+        ev.text_path
+            .as_deref()
+            .unwrap_or(&doc.fidelity.eval.text.source),
+        ev.token_count,
+        ev.tokens_sha256,
+        ev.bos.as_str()
+    );
+    if let Some(c) = &ev.conversation {
+        let t = &c.template;
+        let _ = writeln!(
+            out,
+            "  {} conversation{}, {} messages, rendered with chat template {}{} ({}; sha256 {}; rendered_sha256 {}); tokens: {}",
+            c.conversations,
+            if c.conversations == 1 { "" } else { "s" },
+            c.messages,
+            t.path,
+            t.name
+                .as_deref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default(),
+            match t.from {
+                crate::conversation::eval::TemplateFrom::File => "a file",
+                crate::conversation::eval::TemplateFrom::Reference => "the reference's",
+                crate::conversation::eval::TemplateFrom::Candidate => "the candidate's",
+            },
+            t.sha256,
+            c.rendered_sha256,
+            c.segment_tokens
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+}
+
+/// The runner's line (engine, dtypes, KV cache, device), then the transformers runner's timings
+/// and the linear-attention settings where there are any.
+#[cfg(feature = "native")]
+fn measured_environment(out: &mut String, e: &crate::rerun::document::Environment) {
+    let where_ = match e.threads {
+        Some(t) => format!("{t} threads, {}", e.device),
+        None => e.device.clone(),
+    };
+    let _ = writeln!(
+        out,
+        "runner: {} ({} {}), {} compute{}{}, {where_}",
+        e.runner.as_str(),
+        e.engine,
+        e.engine_version.as_deref().unwrap_or("?"),
+        e.compute_dtype,
+        e.recurrent_state_dtype
+            .as_ref()
+            .map(|d| format!(", {d} recurrent state"))
+            .unwrap_or_default(),
+        kv_cache_detail(e),
+    );
+    if let Some(t) = e.transformers_runner.as_ref().and_then(|r| {
+        r.other
+            .get("timings_s")
+            .and_then(|t| t.as_object())
+            .map(|t| (r, t))
+    }) {
+        let (r, t) = t;
+        let secs = |k: &str| t.get(k).and_then(serde_json::Value::as_f64).unwrap_or(0.0);
+        let _ = writeln!(
+            out,
+            "  attention {}, prefill chunk {}, reduction {}; load {:.1} s, warm-up {:.1} s, prefill {:.1} s, head and reduction {:.1} s, gates {:.1} s",
+            e.attention,
+            r.chunk_size.map_or("null".into(), |c| c.to_string()),
+            r.other
+                .get("reduction_kernel")
+                .and_then(|k| k.as_str())
+                .unwrap_or("?"),
+            secs("load"),
+            secs("warmup"),
+            secs("prefill"),
+            secs("head_and_reduce"),
+            secs("gates"),
+        );
+    }
+    if let Some(la) = &e.linear_attention {
+        let _ = writeln!(out, "  linear attention: {}", la.summary());
+    }
+    if let Some(la) = &e.reference_linear_attention {
+        let _ = writeln!(out, "  reference's linear attention: {}", la.summary());
+    }
+}
+
+/// The KV cache, where it is not simply the compute dtype: `, KV cache …` with its rotation and
+/// computed scales, else empty.
+#[cfg(feature = "native")]
+fn kv_cache_detail(e: &crate::rerun::document::Environment) -> String {
+    e.kv_cache_dtype
+        .as_ref()
+        .filter(|k| **k != e.compute_dtype)
+        .map(|k| {
+            let rotated = e.kv_cache.as_ref().and_then(|c| c.rotation)
+                == Some(crate::disclosure::kv_cache::KvRotation::Hadamard);
+            let rotated = if rotated {
+                " (Hadamard-rotated, llama.cpp's)"
+            } else {
+                ""
+            };
+            let computed = e
+                .kv_scales
+                .as_ref()
+                .map(|s| {
+                    format!(
+                        " (scales computed from the first {} tokens, vLLM's calculate_kv_scales)",
+                        s.tokens
+                    )
+                })
+                .unwrap_or_default();
+            format!(", KV cache {k}{rotated}{computed}")
+        })
+        .unwrap_or_default()
 }
 
 /// The per-span table of a conversation run: each segment's, role's and inside/outside

@@ -426,21 +426,8 @@ fn protocol_view(m: &Json) -> Json {
     let mut item = |label: &str, text: String, formula: Option<&str>| {
         out.push(json!({"label": label, "text": text, "formula": formula}));
     };
-    const FORWARD: &str = "KL(P_ref ‖ P_cand) = Σ_i p_ref(i) · (log p_ref(i) − log p_cand(i))";
-    const REVERSE: &str = "KL(P_cand ‖ P_ref) = Σ_i p_cand(i) · (log p_cand(i) − log p_ref(i))";
-    match at(p, "/direction").as_str() {
-        Some("forward") => item("KL direction", "forward (kld_*)".into(), Some(FORWARD)),
-        Some("reverse") => item(
-            "KL direction",
-            "reverse (kld_reverse_*)".into(),
-            Some(REVERSE),
-        ),
-        Some("both") => {
-            item("KL direction", "forward (kld_*)".into(), Some(FORWARD));
-            item("…and", "reverse (kld_reverse_*)".into(), Some(REVERSE));
-        }
-        Some(other) => item("KL direction", other.to_owned(), None),
-        None => item("KL direction", "not recorded".into(), None),
+    for (label, text, formula) in direction_items(p) {
+        item(label, text, formula);
     }
     item(
         "Units",
@@ -450,6 +437,66 @@ fn protocol_view(m: &Json) -> Json {
             .to_owned(),
         None,
     );
+    item("Vocabulary", vocabulary_text(p), None);
+    item("Positions", positions_text(at(p, "/positions")), None);
+    item("Context lengths", context_lengths_text(p), None);
+    let bos = at(p, "/bos")
+        .as_str()
+        .or_else(|| at(m, "/eval/bos").as_str());
+    item(
+        "BOS",
+        match bos {
+            Some("none") => "none: windows start with the text's own tokens".to_owned(),
+            Some("per_window") => {
+                "per window: the first token of each window replaced by BOS (as llama.cpp)"
+                    .to_owned()
+            }
+            Some("per_document") => {
+                "per document: BOS prepended at each document start before windowing".to_owned()
+            }
+            Some(other) => other.to_owned(),
+            None => "not recorded".to_owned(),
+        },
+        None,
+    );
+    item("Aggregation", aggregation_text(p), None);
+    if let Some(top1) = at(p, "/top1").as_str() {
+        item("Top-1", format!("argmax = {top1}"), None);
+    }
+    if at(p, "/llamacpp_compat").as_bool() == Some(true) {
+        item("Compatibility", "llama.cpp statistics".to_owned(), None);
+    }
+    json!({"items": out, "sha256": text(at(m, "/protocol_sha256"))})
+}
+
+/// A protocol number (or whatever stands there) as text, `?` when absent.
+fn num(v: &Json) -> String {
+    text(v).as_str().unwrap_or("?").to_owned()
+}
+
+/// The KL direction's rows (label, text, formula): one, or two when both directions were
+/// measured.
+fn direction_items(p: &Json) -> Vec<(&'static str, String, Option<&'static str>)> {
+    const FORWARD: &str = "KL(P_ref ‖ P_cand) = Σ_i p_ref(i) · (log p_ref(i) − log p_cand(i))";
+    const REVERSE: &str = "KL(P_cand ‖ P_ref) = Σ_i p_cand(i) · (log p_cand(i) − log p_ref(i))";
+    match at(p, "/direction").as_str() {
+        Some("forward") => vec![("KL direction", "forward (kld_*)".into(), Some(FORWARD))],
+        Some("reverse") => vec![(
+            "KL direction",
+            "reverse (kld_reverse_*)".into(),
+            Some(REVERSE),
+        )],
+        Some("both") => vec![
+            ("KL direction", "forward (kld_*)".into(), Some(FORWARD)),
+            ("…and", "reverse (kld_reverse_*)".into(), Some(REVERSE)),
+        ],
+        Some(other) => vec![("KL direction", other.to_owned(), None)],
+        None => vec![("KL direction", "not recorded".into(), None)],
+    }
+}
+
+/// Which vocabulary terms the KL sums, how many logit entries, and what became of padding.
+fn vocabulary_text(p: &Json) -> String {
     let vocab = at(p, "/vocab");
     let mut vocab_text = match at(vocab, "/mode").as_str() {
         Some("full") => "full vocabulary: every term of the sum".to_owned(),
@@ -489,10 +536,12 @@ fn protocol_view(m: &Json) -> Json {
         Some(other) => vocab_text.push_str(&format!("; padding: {other}")),
         None => {}
     }
-    item("Vocabulary", vocab_text, None);
-    let pos = at(p, "/positions");
-    let num = |v: &Json| text(v).as_str().unwrap_or("?").to_owned();
-    let positions = match at(pos, "/policy").as_str() {
+    vocab_text
+}
+
+/// Which rows of each window are scored (`pos` is the protocol's `positions`).
+fn positions_text(pos: &Json) -> String {
+    match at(pos, "/policy").as_str() {
         Some("all") => "every row j = 0 … L−2 (row j predicts token j+1)".to_owned(),
         Some("stride") => format!(
             "rows with j mod {} = {} (row j predicts token j+1)",
@@ -508,8 +557,11 @@ fn protocol_view(m: &Json) -> Json {
         ),
         Some(other) => other.to_owned(),
         None => "not recorded".to_owned(),
-    };
-    item("Positions", positions, None);
+    }
+}
+
+/// The context lengths (a list, or the older single length) and how the windows were cut.
+fn context_lengths_text(p: &Json) -> String {
     let lengths: Vec<String> = at(p, "/context_lengths")
         .as_array()
         .map(|a| a.iter().map(num).collect())
@@ -527,26 +579,11 @@ fn protocol_view(m: &Json) -> Json {
     if let Some(w) = at(p, "/windows").as_str() {
         windows.push_str(&format!("; windows {w}"));
     }
-    item("Context lengths", windows, None);
-    let bos = at(p, "/bos")
-        .as_str()
-        .or_else(|| at(m, "/eval/bos").as_str());
-    item(
-        "BOS",
-        match bos {
-            Some("none") => "none: windows start with the text's own tokens".to_owned(),
-            Some("per_window") => {
-                "per window: the first token of each window replaced by BOS (as llama.cpp)"
-                    .to_owned()
-            }
-            Some("per_document") => {
-                "per document: BOS prepended at each document start before windowing".to_owned()
-            }
-            Some(other) => other.to_owned(),
-            None => "not recorded".to_owned(),
-        },
-        None,
-    );
+    windows
+}
+
+/// How rows are pooled, and the bootstrap behind the intervals when there is one.
+fn aggregation_text(p: &Json) -> String {
     let mut aggregation = match at(p, "/aggregation").as_str() {
         Some("mean_over_positions") => "mean over all scored rows of all windows".to_owned(),
         Some(other) => other.to_owned(),
@@ -569,14 +606,7 @@ fn protocol_view(m: &Json) -> Json {
         }
         aggregation.push_str("; sem is the i.i.d. per-row standard error (as llama.cpp prints)");
     }
-    item("Aggregation", aggregation, None);
-    if let Some(top1) = at(p, "/top1").as_str() {
-        item("Top-1", format!("argmax = {top1}"), None);
-    }
-    if at(p, "/llamacpp_compat").as_bool() == Some(true) {
-        item("Compatibility", "llama.cpp statistics".to_owned(), None);
-    }
-    json!({"items": out, "sha256": text(at(m, "/protocol_sha256"))})
+    aggregation
 }
 
 fn environment_view(env: &Json) -> Json {

@@ -55,38 +55,15 @@ pub fn svg_kld_along_position(run: &RunRows) -> String {
     } else {
         1
     };
-
-    #[derive(Default)]
-    struct Acc {
-        sum: f64,
-        finite: usize,
-        rows: usize,
-        pos_sum: f64,
-    }
-    let mut bins: BTreeMap<u64, Acc> = BTreeMap::new();
-    for i in 0..n {
+    let bins = kld_bins((0..n).map(|i| {
         let p = run.position[i];
-        let acc = bins.entry(p / bin_width).or_default();
-        acc.rows += 1;
-        acc.pos_sum += p as f64;
-        if run.kld[i].is_finite() {
-            acc.sum += run.kld[i];
-            acc.finite += 1;
-        }
-    }
-    struct Point {
-        x: f64,
-        mean: Option<f64>,
-    }
-    let points: Vec<Point> = bins
-        .values()
-        .map(|a| Point {
-            x: a.pos_sum / a.rows as f64,
-            mean: (a.finite > 0).then(|| a.sum / a.finite as f64),
-        })
-        .collect();
+        (p / bin_width, p, run.kld[i])
+    }));
 
-    let y_max = points.iter().filter_map(|p| p.mean).fold(0.0f64, f64::max);
+    let y_max = bins
+        .values()
+        .filter_map(KldBin::mean)
+        .fold(0.0f64, f64::max);
     // The window's rows run from j = 0 to L - 2: the x axis spans exactly that.
     let x_end = (max_pos as f64)
         .max(run.context_length.saturating_sub(2) as f64)
@@ -95,30 +72,16 @@ pub fn svg_kld_along_position(run: &RunRows) -> String {
     x_axis.clip(x_end);
     let y_axis = Axis::linear(0.0, y_max, HEIGHT - BOTTOM, TOP);
 
-    let mut s = open_svg_sized(
+    let mut s = open_two_panels(
         &format!(
             "Mean KLD and top-1 flip rate along the window at context length {}",
             run.context_length
         ),
-        POSITION_HEIGHT,
+        &format!(
+            "context length {}: mean KLD by position j",
+            run.context_length
+        ),
     );
-    let _ = write!(
-        s,
-        r##"<text x="{LEFT}" y="18" font-size="14" font-weight="bold" fill="#24292f">context length {}: mean KLD by position j</text>"##,
-        run.context_length
-    );
-    if n == 0 {
-        draw_axes(
-            &mut s,
-            &x_axis,
-            &y_axis,
-            "position j in the window",
-            "mean KLD (nats)",
-        );
-        note(&mut s, "no scored rows");
-        s.push_str("</svg>");
-        return s;
-    }
     draw_axes(
         &mut s,
         &x_axis,
@@ -126,11 +89,95 @@ pub fn svg_kld_along_position(run: &RunRows) -> String {
         "position j in the window",
         "mean KLD (nats)",
     );
+    if n == 0 {
+        note(&mut s, "no scored rows");
+        s.push_str("</svg>");
+        return s;
+    }
 
-    let coords: Vec<(f64, f64)> = points
-        .iter()
-        .filter_map(|p| p.mean.map(|m| (x_axis.map(p.x), y_axis.map(m))))
+    // Each bin at the mean position of its rows.
+    let coords: Vec<(f64, f64)> = bins
+        .values()
+        .filter_map(|b| {
+            b.mean()
+                .map(|m| (x_axis.map(b.x_sum / b.rows as f64), y_axis.map(m)))
+        })
         .collect();
+    draw_mean_line(&mut s, &coords);
+    let flips = draw_flip_rates(&mut s, run, n, &x_axis, x_end);
+
+    // Legend, on its own row under the title.
+    legend_line(&mut s, LEFT, LINE, "mean over windows");
+    legend_box(
+        &mut s,
+        LEFT + 140.0,
+        FLIP,
+        "0.6",
+        &format!(
+            "top-1 flip rate per bin of {} position{}: {} flip{} of {n} rows, in {} of {} bins",
+            flips.width,
+            if flips.width == 1 { "" } else { "s" },
+            flips.total,
+            if flips.total == 1 { "" } else { "s" },
+            flips.flipped_bins,
+            flips.bins,
+        ),
+    );
+    if bin_width > 1 {
+        let _ = write!(
+            s,
+            r##"<text x="{LEFT}" y="{}" font-size="10" fill="{AXIS}">mean KLD: positions pooled in bins of {bin_width}</text>"##,
+            POSITION_HEIGHT - 4.0
+        );
+    }
+    s.push_str("</svg>");
+    s
+}
+
+/// The rows of one bin along a plot's x axis: the sum and count of their finite KLD values, all
+/// rows, and the sum of their x (for the bin's mean position).
+#[derive(Default)]
+struct KldBin {
+    sum: f64,
+    finite: usize,
+    rows: usize,
+    x_sum: f64,
+}
+
+impl KldBin {
+    /// The mean of the bin's finite KLD values, if it has any.
+    fn mean(&self) -> Option<f64> {
+        (self.finite > 0).then(|| self.sum / self.finite as f64)
+    }
+}
+
+/// Rows `(bin, x, kld)` pooled into bins, each bin's sums taken in the rows' order.
+fn kld_bins(rows: impl Iterator<Item = (u64, u64, f64)>) -> BTreeMap<u64, KldBin> {
+    let mut bins: BTreeMap<u64, KldBin> = BTreeMap::new();
+    for (bin, x, kld) in rows {
+        let acc = bins.entry(bin).or_default();
+        acc.rows += 1;
+        acc.x_sum += x as f64;
+        if kld.is_finite() {
+            acc.sum += kld;
+            acc.finite += 1;
+        }
+    }
+    bins
+}
+
+/// The two-panel plots' opening (the taller canvas) and their bold heading.
+fn open_two_panels(label: &str, heading: &str) -> String {
+    let mut s = open_svg_sized(label, POSITION_HEIGHT);
+    let _ = write!(
+        s,
+        r##"<text x="{LEFT}" y="18" font-size="14" font-weight="bold" fill="#24292f">{heading}</text>"##
+    );
+    s
+}
+
+/// The position plot's mean-KLD line (a point alone is a dot).
+fn draw_mean_line(s: &mut String, coords: &[(f64, f64)]) {
     if coords.len() > 1 {
         s.push_str(r##"<polyline fill="none" stroke=""##);
         s.push_str(LINE);
@@ -150,7 +197,26 @@ pub fn svg_kld_along_position(run: &RunRows) -> String {
             c(*y)
         );
     }
+}
 
+/// What the flip-rate panel drew, for the legend: the bins' width in positions, their number,
+/// how many have flips, and the flips in all.
+struct FlipRates {
+    width: u64,
+    bins: usize,
+    flipped_bins: usize,
+    total: usize,
+}
+
+/// The position plot's lower panel: the top-1 flip rate of each bin of positions, a bar per bin
+/// with flips, on its own axis.
+fn draw_flip_rates(
+    s: &mut String,
+    run: &RunRows,
+    n: usize,
+    x_axis: &Axis,
+    x_end: f64,
+) -> FlipRates {
     // Top-1 flips, binned: a marker per flipped position says nothing once most positions flip
     // somewhere (a long eval text), so the lower panel shows the flip rate of each bin of
     // positions, on its own axis.
@@ -170,14 +236,13 @@ pub fn svg_kld_along_position(run: &RunRows) -> String {
         .collect();
     let rate_max = rates.iter().flatten().fold(0.0f64, |a, &b| a.max(b));
     let flip_axis = Axis::linear(0.0, rate_max, FLIP_BOTTOM, FLIP_TOP);
-    draw_flip_axes(&mut s, &x_axis, &flip_axis);
+    draw_flip_axes(s, x_axis, &flip_axis);
     let mut flipped_bins = 0usize;
     for (b, rate) in rates.iter().enumerate() {
         let Some(rate) = *rate else { continue };
         let lo = b as u64 * flip_width;
         let hi = (lo + flip_width - 1).min(x_end as u64);
-        let x0 = x_axis.map(lo as f64 - 0.5).max(x_axis.p0);
-        let x1 = x_axis.map(hi as f64 + 0.5).min(x_axis.p1);
+        let (x0, x1) = x_axis.band(lo, hi);
         let y = flip_axis.map(rate);
         let label = if lo == hi {
             format!("j = {lo}")
@@ -201,33 +266,31 @@ pub fn svg_kld_along_position(run: &RunRows) -> String {
             rows_in[b]
         );
     }
-    let total_flips: usize = flips_in.iter().sum();
-
-    // Legend, on its own row under the title.
-    let lx = LEFT;
-    let _ = write!(
-        s,
-        r##"<line x1="{lx}" y1="30" x2="{}" y2="30" stroke="{LINE}" stroke-width="1.5"/><text x="{}" y="34" font-size="11" fill="{AXIS}">mean over windows</text>"##,
-        lx + 18.0,
-        lx + 22.0
-    );
-    let _ = write!(
-        s,
-        r##"<rect x="{}" y="25" width="10" height="10" fill="{FLIP}" fill-opacity="0.6"/><text x="{}" y="34" font-size="11" fill="{AXIS}">top-1 flip rate per bin of {flip_width} position{}: {total_flips} flip{} of {n} rows, in {flipped_bins} of {n_bins} bins</text>"##,
-        lx + 140.0,
-        lx + 154.0,
-        if flip_width == 1 { "" } else { "s" },
-        if total_flips == 1 { "" } else { "s" },
-    );
-    if bin_width > 1 {
-        let _ = write!(
-            s,
-            r##"<text x="{LEFT}" y="{}" font-size="10" fill="{AXIS}">mean KLD: positions pooled in bins of {bin_width}</text>"##,
-            POSITION_HEIGHT - 4.0
-        );
+    FlipRates {
+        width: flip_width,
+        bins: n_bins,
+        flipped_bins,
+        total: flips_in.iter().sum(),
     }
-    s.push_str("</svg>");
-    s
+}
+
+/// A legend entry with a line swatch at `x` on the legend row.
+fn legend_line(s: &mut String, x: f64, colour: &str, text: &str) {
+    let _ = write!(
+        s,
+        r##"<line x1="{x}" y1="30" x2="{}" y2="30" stroke="{colour}" stroke-width="1.5"/><text x="{}" y="34" font-size="11" fill="{AXIS}">{text}</text>"##,
+        x + 18.0,
+        x + 22.0
+    );
+}
+
+/// A legend entry with a square swatch of `colour` at `opacity` at `x` on the legend row.
+fn legend_box(s: &mut String, x: f64, colour: &str, opacity: &str, text: &str) {
+    let _ = write!(
+        s,
+        r##"<rect x="{x}" y="25" width="10" height="10" fill="{colour}" fill-opacity="{opacity}"/><text x="{}" y="34" font-size="11" fill="{AXIS}">{text}</text>"##,
+        x + 14.0
+    );
 }
 
 /// Shade of the tool-call spans behind the conversation plot.
@@ -239,75 +302,45 @@ const TOOL_CALL: &str = "#fb8f44";
 /// calls (the seed study's figure: where do the flips pile up?).
 pub fn svg_kld_along_conversation(run: &RunRows) -> Option<String> {
     use crate::kld::protocol::Segment;
-    let n = run
-        .token
-        .len()
-        .min(run.segment.len())
-        .min(run.kld.len())
-        .min(run.flip.len());
-    if n == 0 {
-        return None;
-    }
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by_key(|&i| run.token[i]);
-    let first = run.token[order[0]];
-    let last = run.token[order[n - 1]];
-    let span = (last - first + 1).max(1);
-    let bin_width = span.div_ceil(MAX_POINTS as u64).max(1);
+    let stream = TokenStream::new(run)?;
+    let (first, last, bin_width) = (stream.first, stream.last, stream.bin_width);
 
     // Mean KLD per bin of tokens.
-    let mut bins: BTreeMap<u64, (f64, usize, f64)> = BTreeMap::new();
-    for &i in &order {
-        let b = (run.token[i] - first) / bin_width;
-        let e = bins.entry(b).or_insert((0.0, 0, 0.0));
-        if run.kld[i].is_finite() {
-            e.0 += run.kld[i];
-            e.1 += 1;
-        }
-        e.2 += 1.0;
-    }
+    let bins = kld_bins(
+        stream
+            .order
+            .iter()
+            .map(|&i| (stream.bin_of(i), run.token[i], run.kld[i])),
+    );
     let y_max = bins
         .values()
-        .filter(|b| b.1 > 0)
-        .map(|b| b.0 / b.1 as f64)
+        .filter_map(KldBin::mean)
         .fold(0.0f64, f64::max);
     let x_end = last.max(first + 1) as f64;
     let mut x_axis = Axis::linear(first as f64, x_end, LEFT, WIDTH - RIGHT);
     x_axis.clip(x_end);
     let y_axis = Axis::linear(0.0, y_max, HEIGHT - BOTTOM, TOP);
+    let n = stream.order.len();
     let total_flips = (0..n).filter(|&i| run.flip[i]).count();
     let call_flips = (0..n)
         .filter(|&i| run.flip[i] && run.segment[i] == Segment::ToolCall)
         .count();
     let flip_axis = Axis::counts(total_flips.max(1), FLIP_BOTTOM, FLIP_TOP);
 
-    let mut s = open_svg_sized(
+    let mut s = open_two_panels(
         &format!(
             "Mean KLD along the conversation and cumulative top-1 flips at context length {}",
             run.context_length
         ),
-        POSITION_HEIGHT,
-    );
-    let _ = write!(
-        s,
-        r##"<text x="{LEFT}" y="18" font-size="14" font-weight="bold" fill="#24292f">context length {}: along the conversation</text>"##,
-        run.context_length
+        &format!(
+            "context length {}: along the conversation",
+            run.context_length
+        ),
     );
     // Tool-call spans: runs of consecutive scored tool-call tokens, drawn first (behind).
-    let mut spans: Vec<(u64, u64)> = Vec::new();
-    for &i in &order {
-        if run.segment[i] != Segment::ToolCall {
-            continue;
-        }
-        let t = run.token[i];
-        match spans.last_mut() {
-            Some((_, end)) if t <= *end + 1 => *end = t,
-            _ => spans.push((t, t)),
-        }
-    }
+    let spans = stream.tool_call_spans();
     for (a, b) in &spans {
-        let x0 = x_axis.map(*a as f64 - 0.5).max(x_axis.p0);
-        let x1 = x_axis.map(*b as f64 + 0.5).min(x_axis.p1);
+        let (x0, x1) = x_axis.band(*a, *b);
         let _ = write!(
             s,
             r##"<rect class="tool-call" x="{}" y="{}" width="{}" height="{}" fill="{TOOL_CALL}" fill-opacity="0.18"><title>tool call: tokens {a}–{b}</title></rect>"##,
@@ -326,10 +359,11 @@ pub fn svg_kld_along_conversation(run: &RunRows) -> Option<String> {
     );
     let coords: Vec<(f64, f64)> = bins
         .iter()
-        .filter(|(_, b)| b.1 > 0)
-        .map(|(k, b)| {
-            let x = first as f64 + (*k as f64 + 0.5) * bin_width as f64;
-            (x_axis.map(x.min(last as f64)), y_axis.map(b.0 / b.1 as f64))
+        .filter_map(|(k, b)| {
+            b.mean().map(|m| {
+                let x = first as f64 + (*k as f64 + 0.5) * bin_width as f64;
+                (x_axis.map(x.min(last as f64)), y_axis.map(m))
+            })
         })
         .collect();
     polyline(
@@ -341,28 +375,115 @@ pub fn svg_kld_along_conversation(run: &RunRows) -> Option<String> {
 
     // Cumulative flips, all and inside tool calls.
     draw_y_grid(&mut s, &x_axis, &flip_axis, 10);
-    let _ = write!(
-        s,
-        r##"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="{AXIS}" stroke-width="1"/>"##,
-        c(x_axis.p0),
-        c(FLIP_BOTTOM),
-        c(x_axis.p1),
-        c(FLIP_BOTTOM)
+    flip_baseline(&mut s, &x_axis, FLIP_BOTTOM);
+    panel_label(&mut s, (FLIP_BOTTOM + FLIP_TOP) / 2.0, "flips");
+    polyline(
+        &mut s,
+        &stream.cumulative_flips(&x_axis, &flip_axis, &|_| true),
+        FLIP,
+        &format!("cumulative top-1 flips: {total_flips}"),
     );
-    let ym = c((FLIP_BOTTOM + FLIP_TOP) / 2.0);
-    let _ = write!(
-        s,
-        r##"<text x="16" y="{ym}" font-size="11" text-anchor="middle" fill="{AXIS}" transform="rotate(-90 16 {ym})">flips</text>"##
+    polyline(
+        &mut s,
+        &stream.cumulative_flips(&x_axis, &flip_axis, &|i| {
+            run.segment[i] == Segment::ToolCall
+        }),
+        TOOL_CALL,
+        &format!("cumulative top-1 flips inside tool calls: {call_flips}"),
     );
-    let cumulative = |keep: &dyn Fn(usize) -> bool| -> Vec<(f64, f64)> {
+    legend_line(&mut s, LEFT, LINE, "mean KLD");
+    legend_box(
+        &mut s,
+        LEFT + 90.0,
+        TOOL_CALL,
+        "0.35",
+        &format!("tool calls ({} spans)", spans.len()),
+    );
+    legend_line(
+        &mut s,
+        LEFT + 250.0,
+        FLIP,
+        &format!("flips: {total_flips} ({call_flips} in tool calls)"),
+    );
+    s.push_str("</svg>");
+    Some(s)
+}
+
+/// A conversation's scored rows in token order, with the bins of equal width (at most
+/// [`MAX_POINTS`]) that both of its panels share.
+struct TokenStream<'r> {
+    run: &'r RunRows,
+    /// Row indices sorted by token (stable).
+    order: Vec<usize>,
+    first: u64,
+    last: u64,
+    bin_width: u64,
+}
+
+impl<'r> TokenStream<'r> {
+    /// `None` when the run has no conversation rows.
+    fn new(run: &'r RunRows) -> Option<Self> {
+        let n = run
+            .token
+            .len()
+            .min(run.segment.len())
+            .min(run.kld.len())
+            .min(run.flip.len());
+        if n == 0 {
+            return None;
+        }
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&i| run.token[i]);
+        let first = run.token[order[0]];
+        let last = run.token[order[n - 1]];
+        let span = (last - first + 1).max(1);
+        let bin_width = span.div_ceil(MAX_POINTS as u64).max(1);
+        Some(TokenStream {
+            run,
+            order,
+            first,
+            last,
+            bin_width,
+        })
+    }
+
+    fn bin_of(&self, i: usize) -> u64 {
+        (self.run.token[i] - self.first) / self.bin_width
+    }
+
+    /// Runs of consecutive scored tool-call tokens, `(first, last)`.
+    fn tool_call_spans(&self) -> Vec<(u64, u64)> {
+        let mut spans: Vec<(u64, u64)> = Vec::new();
+        for &i in &self.order {
+            if self.run.segment[i] != crate::kld::protocol::Segment::ToolCall {
+                continue;
+            }
+            let t = self.run.token[i];
+            match spans.last_mut() {
+                Some((_, end)) if t <= *end + 1 => *end = t,
+                _ => spans.push((t, t)),
+            }
+        }
+        spans
+    }
+
+    /// The cumulative count of the flips that `keep` keeps along the stream: one point per bin
+    /// (its last row), from 0 at the first token.
+    fn cumulative_flips(
+        &self,
+        x_axis: &Axis,
+        flip_axis: &Axis,
+        keep: &dyn Fn(usize) -> bool,
+    ) -> Vec<(f64, f64)> {
+        let run = self.run;
         let mut count = 0usize;
-        let mut points = vec![(x_axis.map(first as f64), flip_axis.map(0.0))];
+        let mut points = vec![(x_axis.map(self.first as f64), flip_axis.map(0.0))];
         let mut last_bin = None;
-        for &i in &order {
+        for &i in &self.order {
             if run.flip[i] && keep(i) {
                 count += 1;
             }
-            let b = (run.token[i] - first) / bin_width;
+            let b = self.bin_of(i);
             let point = (x_axis.map(run.token[i] as f64), flip_axis.map(count as f64));
             if last_bin == Some(b) {
                 if let Some(p) = points.last_mut() {
@@ -374,34 +495,7 @@ pub fn svg_kld_along_conversation(run: &RunRows) -> Option<String> {
             }
         }
         points
-    };
-    polyline(
-        &mut s,
-        &cumulative(&|_| true),
-        FLIP,
-        &format!("cumulative top-1 flips: {total_flips}"),
-    );
-    polyline(
-        &mut s,
-        &cumulative(&|i| run.segment[i] == Segment::ToolCall),
-        TOOL_CALL,
-        &format!("cumulative top-1 flips inside tool calls: {call_flips}"),
-    );
-    let lx = LEFT;
-    let _ = write!(
-        s,
-        r##"<line x1="{lx}" y1="30" x2="{}" y2="30" stroke="{LINE}" stroke-width="1.5"/><text x="{}" y="34" font-size="11" fill="{AXIS}">mean KLD</text><rect x="{}" y="25" width="10" height="10" fill="{TOOL_CALL}" fill-opacity="0.35"/><text x="{}" y="34" font-size="11" fill="{AXIS}">tool calls ({} spans)</text><line x1="{}" y1="30" x2="{}" y2="30" stroke="{FLIP}" stroke-width="1.5"/><text x="{}" y="34" font-size="11" fill="{AXIS}">flips: {total_flips} ({call_flips} in tool calls)</text>"##,
-        lx + 18.0,
-        lx + 22.0,
-        lx + 90.0,
-        lx + 104.0,
-        spans.len(),
-        lx + 250.0,
-        lx + 268.0,
-        lx + 272.0,
-    );
-    s.push_str("</svg>");
-    Some(s)
+    }
 }
 
 /// Inline SVG histogram of per-row KLD over all runs: log-spaced bins (up to 10 per decade);
@@ -527,8 +621,6 @@ pub(super) fn open_svg_sized(label: &str, height: f64) -> String {
     )
 }
 
-/// The flip panel's axes: rate ticks on the left, the position axis shared with the KLD panel
-/// (its ticks repeated without labels).
 /// Horizontal grid lines at `y`'s ticks across `x`'s span, labelled on the left.
 pub(super) fn draw_y_grid(s: &mut String, x: &Axis, y: &Axis, font_size: u32) {
     let (x0, x1) = (c(x.p0), c(x.p1));
@@ -542,8 +634,10 @@ pub(super) fn draw_y_grid(s: &mut String, x: &Axis, y: &Axis, font_size: u32) {
     }
 }
 
+/// The flip panel's axes: rate ticks on the left, the position axis shared with the KLD panel
+/// (its ticks repeated without labels).
 fn draw_flip_axes(s: &mut String, x: &Axis, y: &Axis) {
-    let (x0, x1) = (c(x.p0), c(x.p1));
+    let x0 = c(x.p0);
     draw_y_grid(s, x, y, 10);
     for t in &x.ticks {
         let px = c(x.map(*t));
@@ -554,18 +648,34 @@ fn draw_flip_axes(s: &mut String, x: &Axis, y: &Axis) {
             c(y.p0 + 4.0)
         );
     }
+    flip_baseline(s, x, y.p0);
     let _ = write!(
         s,
-        r##"<line x1="{x0}" y1="{}" x2="{x1}" y2="{}" stroke="{AXIS}" stroke-width="1"/><line x1="{x0}" y1="{}" x2="{x0}" y2="{}" stroke="{AXIS}" stroke-width="1"/>"##,
-        c(y.p0),
-        c(y.p0),
+        r##"<line x1="{x0}" y1="{}" x2="{x0}" y2="{}" stroke="{AXIS}" stroke-width="1"/>"##,
         c(y.p0),
         c(y.p1)
     );
-    let ym = c((y.p0 + y.p1) / 2.0);
+    panel_label(s, (y.p0 + y.p1) / 2.0, "flip rate");
+}
+
+/// The lower panel's baseline at `y` across `x`'s span.
+fn flip_baseline(s: &mut String, x: &Axis, y: f64) {
     let _ = write!(
         s,
-        r##"<text x="16" y="{ym}" font-size="11" text-anchor="middle" fill="{AXIS}" transform="rotate(-90 16 {ym})">flip rate</text>"##
+        r##"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="{AXIS}" stroke-width="1"/>"##,
+        c(x.p0),
+        c(y),
+        c(x.p1),
+        c(y)
+    );
+}
+
+/// The lower panel's axis label, rotated, centred on `y`.
+fn panel_label(s: &mut String, y: f64, text: &str) {
+    let ym = c(y);
+    let _ = write!(
+        s,
+        r##"<text x="16" y="{ym}" font-size="11" text-anchor="middle" fill="{AXIS}" transform="rotate(-90 16 {ym})">{text}</text>"##
     );
 }
 
@@ -657,6 +767,13 @@ impl Axis {
             ticks,
             labels,
         }
+    }
+
+    /// The pixels from half a unit before `lo` to half a unit after `hi`, inside the axis.
+    fn band(&self, lo: u64, hi: u64) -> (f64, f64) {
+        let x0 = self.map(lo as f64 - 0.5).max(self.p0);
+        let x1 = self.map(hi as f64 + 0.5).min(self.p1);
+        (x0, x1)
     }
 
     pub(super) fn map(&self, v: f64) -> f64 {

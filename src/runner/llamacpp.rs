@@ -755,32 +755,14 @@ pub fn run_pair(
         .stall_timeout(stall, stall_message(stall))
         .map_err(|e| Error::runner(binary, format!("cannot watch the run: {e}")))?;
     let result = (|| -> Result<(PairRun, Vec<(String, String)>)> {
-        let reader = |end: std::fs::File| {
-            std::io::BufReader::with_capacity(1 << 20, Progressing::new(end, &watch))
-        };
-        let ref_in = open_pipe(&ref_pipe, false, &mut children, 0, &watch, binary)?;
-        let cand_in = open_pipe(&cand_pipe, false, &mut children, 1, &watch, binary)?;
-        let mut gate_out = match &gate_pipe {
-            Some(g) => Some(open_pipe(g, true, &mut children, 2, &watch, binary)?),
-            None => None,
-        };
-        let mut a = crate::kld::llamacpp::BaseStream::open(&ref_pipe, reader(ref_in))?;
-        let mut b = crate::kld::llamacpp::BaseStream::open(&cand_pipe, reader(cand_in))?;
-        if (a.n_ctx, a.n_vocab, a.n_chunk) != (b.n_ctx, b.n_vocab, b.n_chunk)
-            || a.tokens != b.tokens
-        {
-            return Err(Error::mismatch(
-                spec.candidate,
-                None,
-                format!(
-                    "llama.cpp tokenized or cut the text differently for the candidate (n_ctx {}, n_vocab {}, {} chunks) than for the reference (n_ctx {}, n_vocab {}, {} chunks), or to other tokens: not the same vocabulary",
-                    b.n_ctx, b.n_vocab, b.n_chunk, a.n_ctx, a.n_vocab, a.n_chunk
-                ),
-            ));
-        }
-        let mut gate_writer = gate_out
-            .take()
-            .map(|g| std::io::BufWriter::with_capacity(1 << 20, Progressing::new(g, &watch)));
+        let (mut a, mut b, mut gate_writer) = open_pair_streams(
+            spec,
+            &watch,
+            &mut children,
+            &ref_pipe,
+            &cand_pipe,
+            gate_pipe.as_deref(),
+        )?;
         // The gate's stream is the reference's, padded (see [`gate_padding`]).
         let pad = gate_padding(a.n_chunk, a.n_ctx, spec.candidate_settings.batch);
         if let Some(w) = &mut gate_writer {
@@ -788,70 +770,8 @@ pub fn run_pair(
                 .map_err(|e| gate_error(&e))?;
         }
         let per_chunk = u64::from(a.n_ctx - 1 - a.n_ctx / 2);
-        let total_chunks = a.n_chunk as usize;
-        let mut acc = CompatAccumulator::new();
-        let mut r = 0u64;
-        let mut clamped = 0u64;
-        let mut clamped_mass = 0f64;
-        progress(0, total_chunks);
-        // Rows are read in order (the gate's stream is forwarded as read) and scored a batch at
-        // a time on every worker thread; each batch's rows then reach the accumulator and
-        // `row` in order, so the result is the same as one row at a time.
-        let width = a.n_vocab as usize;
-        let batch_rows = (BATCH_BYTES / (4 * width).max(1)).clamp(1, 256);
-        let mut batch: Vec<(BaseRow, BaseRow, i32)> = Vec::with_capacity(batch_rows);
-        let mut spare: Vec<(BaseRow, BaseRow, i32)> = Vec::new();
-        let mut ended = false;
-        while !ended {
-            while batch.len() < batch_rows {
-                let (mut ra, mut rb, _) = spare.pop().unwrap_or_default();
-                let more_a = a.rows.next_row(&mut ra)?;
-                let more_b = b.rows.next_row(&mut rb)?;
-                if more_a != more_b {
-                    return Err(Error::runner(
-                        binary,
-                        format!(
-                            "the {} base stream ended at row {} while the other went on",
-                            if more_a { "candidate's" } else { "reference's" },
-                            r + batch.len() as u64
-                        ),
-                    ));
-                }
-                if !more_a {
-                    ended = true;
-                    break;
-                }
-                if let Some(w) = &mut gate_writer {
-                    w.write_all(a.rows.last_row_bytes())
-                        .map_err(|e| gate_error(&e))?;
-                }
-                let at = r + batch.len() as u64;
-                let (chunk, j) = (at / per_chunk, u64::from(a.n_ctx / 2) + at % per_chunk);
-                let token = a.tokens[(chunk * u64::from(a.n_ctx) + j + 1) as usize];
-                batch.push((ra, rb, token));
-            }
-            let scored: Vec<ScoredRow> = {
-                use rayon::prelude::*;
-                batch
-                    .par_iter()
-                    .map_init(
-                        || vec![0f32; width],
-                        |buf, (ra, rb, token)| score_pair(ra, rb, *token, buf),
-                    )
-                    .collect()
-            };
-            for ((ra, rb, token), s) in batch.iter().zip(&scored) {
-                acc.push_score(s.score);
-                clamped += u64::from(s.clamped);
-                clamped_mass += s.clamped_mass;
-                row(ra, rb, s, r, *token)?;
-                r += 1;
-                if r.is_multiple_of(per_chunk) {
-                    progress((r / per_chunk) as usize, total_chunks);
-                }
-            }
-            spare.append(&mut batch);
-        }
+        let tally = score_rows(binary, &mut a, &mut b, gate_writer.as_mut(), row, progress)?;
+        let r = tally.rows;
         if r != per_chunk * u64::from(a.n_chunk) {
             return Err(Error::runner(
                 binary,
@@ -869,57 +789,207 @@ pub fn run_pair(
             w.flush().map_err(|e| gate_error(&e))?;
         }
         let seconds = started.elapsed().as_secs_f64();
-        let n = acc.count();
-        let compat = acc.finish().ok_or_else(|| {
-            Error::usage(
-                spec.text,
-                format!(
-                    "llama.cpp scored {n} rows; its statistics need {} (a longer text, or a shorter context)",
-                    crate::kld::llamacpp::MIN_ROWS
-                ),
-            )
-        })?;
-        let logs = wait_all(&mut children, &watch, binary)?;
-        let log_of = |name: &str| {
-            logs.iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, l)| l.clone())
-                .unwrap_or_default()
-        };
-        let printed = spec.gate.then(|| printed_of(&log_of("gate"), a.n_chunk));
-        if printed.as_ref().is_some_and(|p| p.stats.kld_mean.is_none()) {
-            return Err(Error::runner(
-                binary,
-                format!(
-                    "llama.cpp's own KLD pass (the printout gate) printed no line for chunk {} of its table; its log ends:\n{}",
-                    a.n_chunk,
-                    tail(&log_of("gate"), 8)
-                ),
-            ));
-        }
-        Ok((
-            PairRun {
-                n_ctx: a.n_ctx,
-                n_vocab: a.n_vocab,
-                n_chunk: a.n_chunk,
-                tokens: std::mem::take(&mut a.tokens),
-                compat,
-                clamped_candidate_tokens: clamped,
-                clamped_reference_mass: clamped_mass,
-                printed,
-                reference_observed: observe(&log_of("reference")),
-                candidate_observed: observe(&log_of("candidate")),
-                logs: Vec::new(),
-                seconds,
-            },
-            logs,
-        ))
+        pair_result(spec, &mut a, tally, &mut children, &watch, seconds)
     })();
     drop(stalled);
     finish_run(result, &mut children, &watch, binary).map(|(mut run, logs)| {
         run.logs = logs.into_iter().map(|(n, l)| (n, tail(&l, 40))).collect();
         run
     })
+}
+
+/// A model's base stream as a pair run reads it: from its pipe through a 1 MiB buffer, every
+/// read counted as progress by the stall watch.
+type PipeStream = crate::kld::llamacpp::BaseStream<std::io::BufReader<Progressing<std::fs::File>>>;
+
+/// The gate's pipe, written through a 1 MiB buffer, every write counted as progress.
+type GateWriter = std::io::BufWriter<Progressing<std::fs::File>>;
+
+/// Opens a pair run's pipes as their processes open the other ends, reads both base streams'
+/// headers and tokens, and refuses a candidate that llama.cpp tokenized or cut differently.
+fn open_pair_streams(
+    spec: &PairSpec,
+    watch: &Watch,
+    children: &mut Children,
+    ref_pipe: &Path,
+    cand_pipe: &Path,
+    gate_pipe: Option<&Path>,
+) -> Result<(PipeStream, PipeStream, Option<GateWriter>)> {
+    let binary = spec.binary;
+    let reader = |end: std::fs::File| {
+        std::io::BufReader::with_capacity(1 << 20, Progressing::new(end, watch))
+    };
+    let ref_in = open_pipe(ref_pipe, false, children, 0, watch, binary)?;
+    let cand_in = open_pipe(cand_pipe, false, children, 1, watch, binary)?;
+    let gate_out = match gate_pipe {
+        Some(g) => Some(open_pipe(g, true, children, 2, watch, binary)?),
+        None => None,
+    };
+    let a = crate::kld::llamacpp::BaseStream::open(ref_pipe, reader(ref_in))?;
+    let b = crate::kld::llamacpp::BaseStream::open(cand_pipe, reader(cand_in))?;
+    if (a.n_ctx, a.n_vocab, a.n_chunk) != (b.n_ctx, b.n_vocab, b.n_chunk) || a.tokens != b.tokens {
+        return Err(Error::mismatch(
+            spec.candidate,
+            None,
+            format!(
+                "llama.cpp tokenized or cut the text differently for the candidate (n_ctx {}, n_vocab {}, {} chunks) than for the reference (n_ctx {}, n_vocab {}, {} chunks), or to other tokens: not the same vocabulary",
+                b.n_ctx, b.n_vocab, b.n_chunk, a.n_ctx, a.n_vocab, a.n_chunk
+            ),
+        ));
+    }
+    let gate_writer =
+        gate_out.map(|g| std::io::BufWriter::with_capacity(1 << 20, Progressing::new(g, watch)));
+    Ok((a, b, gate_writer))
+}
+
+/// What scoring a pair run's rows adds up: llama.cpp's statistics, the rows, and the clamped
+/// candidate tokens with the reference's mass on clamped entries.
+struct RowTally {
+    acc: CompatAccumulator,
+    rows: u64,
+    clamped: u64,
+    clamped_mass: f64,
+}
+
+/// Reads both base streams row by row to their end (forwarding the reference's rows to the
+/// gate), scores them and hands each pair to `row`, counting chunks with `progress`.
+fn score_rows(
+    binary: &Path,
+    a: &mut PipeStream,
+    b: &mut PipeStream,
+    mut gate_writer: Option<&mut GateWriter>,
+    row: &mut RowSink,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<RowTally> {
+    let per_chunk = u64::from(a.n_ctx - 1 - a.n_ctx / 2);
+    let total_chunks = a.n_chunk as usize;
+    let mut acc = CompatAccumulator::new();
+    let mut r = 0u64;
+    let mut clamped = 0u64;
+    let mut clamped_mass = 0f64;
+    progress(0, total_chunks);
+    // Rows are read in order (the gate's stream is forwarded as read) and scored a batch at
+    // a time on every worker thread; each batch's rows then reach the accumulator and
+    // `row` in order, so the result is the same as one row at a time.
+    let width = a.n_vocab as usize;
+    let batch_rows = (BATCH_BYTES / (4 * width).max(1)).clamp(1, 256);
+    let mut batch: Vec<(BaseRow, BaseRow, i32)> = Vec::with_capacity(batch_rows);
+    let mut spare: Vec<(BaseRow, BaseRow, i32)> = Vec::new();
+    let mut ended = false;
+    while !ended {
+        while batch.len() < batch_rows {
+            let (mut ra, mut rb, _) = spare.pop().unwrap_or_default();
+            let more_a = a.rows.next_row(&mut ra)?;
+            let more_b = b.rows.next_row(&mut rb)?;
+            if more_a != more_b {
+                return Err(Error::runner(
+                    binary,
+                    format!(
+                        "the {} base stream ended at row {} while the other went on",
+                        if more_a { "candidate's" } else { "reference's" },
+                        r + batch.len() as u64
+                    ),
+                ));
+            }
+            if !more_a {
+                ended = true;
+                break;
+            }
+            if let Some(w) = &mut gate_writer {
+                w.write_all(a.rows.last_row_bytes())
+                    .map_err(|e| gate_error(&e))?;
+            }
+            let at = r + batch.len() as u64;
+            let (chunk, j) = (at / per_chunk, u64::from(a.n_ctx / 2) + at % per_chunk);
+            let token = a.tokens[(chunk * u64::from(a.n_ctx) + j + 1) as usize];
+            batch.push((ra, rb, token));
+        }
+        let scored: Vec<ScoredRow> = {
+            use rayon::prelude::*;
+            batch
+                .par_iter()
+                .map_init(
+                    || vec![0f32; width],
+                    |buf, (ra, rb, token)| score_pair(ra, rb, *token, buf),
+                )
+                .collect()
+        };
+        for ((ra, rb, token), s) in batch.iter().zip(&scored) {
+            acc.push_score(s.score);
+            clamped += u64::from(s.clamped);
+            clamped_mass += s.clamped_mass;
+            row(ra, rb, s, r, *token)?;
+            r += 1;
+            if r.is_multiple_of(per_chunk) {
+                progress((r / per_chunk) as usize, total_chunks);
+            }
+        }
+        spare.append(&mut batch);
+    }
+    Ok(RowTally {
+        acc,
+        rows: r,
+        clamped,
+        clamped_mass,
+    })
+}
+
+/// A pair run once its rows are read: llama.cpp's statistics, the processes waited for, the
+/// gate's printout checked, and what each model's log says about where it ran.
+fn pair_result(
+    spec: &PairSpec,
+    a: &mut PipeStream,
+    tally: RowTally,
+    children: &mut Children,
+    watch: &Watch,
+    seconds: f64,
+) -> Result<(PairRun, Vec<(String, String)>)> {
+    let binary = spec.binary;
+    let n = tally.acc.count();
+    let compat = tally.acc.finish().ok_or_else(|| {
+        Error::usage(
+            spec.text,
+            format!(
+                "llama.cpp scored {n} rows; its statistics need {} (a longer text, or a shorter context)",
+                crate::kld::llamacpp::MIN_ROWS
+            ),
+        )
+    })?;
+    let logs = wait_all(children, watch, binary)?;
+    let log_of = |name: &str| {
+        logs.iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, l)| l.clone())
+            .unwrap_or_default()
+    };
+    let printed = spec.gate.then(|| printed_of(&log_of("gate"), a.n_chunk));
+    if printed.as_ref().is_some_and(|p| p.stats.kld_mean.is_none()) {
+        return Err(Error::runner(
+            binary,
+            format!(
+                "llama.cpp's own KLD pass (the printout gate) printed no line for chunk {} of its table; its log ends:\n{}",
+                a.n_chunk,
+                tail(&log_of("gate"), 8)
+            ),
+        ));
+    }
+    Ok((
+        PairRun {
+            n_ctx: a.n_ctx,
+            n_vocab: a.n_vocab,
+            n_chunk: a.n_chunk,
+            tokens: std::mem::take(&mut a.tokens),
+            compat,
+            clamped_candidate_tokens: tally.clamped,
+            clamped_reference_mass: tally.clamped_mass,
+            printed,
+            reference_observed: observe(&log_of("reference")),
+            candidate_observed: observe(&log_of("candidate")),
+            logs: Vec::new(),
+            seconds,
+        },
+        logs,
+    ))
 }
 
 /// One model's base stream alone, `chunks` chunks of it: each row to `row` (the row, its

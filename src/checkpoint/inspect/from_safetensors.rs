@@ -164,124 +164,227 @@ fn classify(
     declared: Option<&Declared>,
     mtp_layer: Option<u64>,
 ) -> Result<Classified> {
-    let find = |role: Role| members.iter().find(|m| m.role == role).map(|m| m.info);
-    let has = |role: Role| members.iter().any(|m| m.role == role);
-    let storage_bytes: u64 = members
-        .iter()
-        .filter(|m| m.role.is_weight_storage())
-        .map(|m| m.info.byte_len())
-        .sum();
-    let bucket = bucket_of(prefix, mtp_layer);
-    let expectation = declared.map(|d| d.expectation(prefix));
-    let decl_bits = match &expectation {
-        Some(Expectation::Quantized(w)) => w.bits,
-        _ => None,
+    let group = Group::new(prefix, members, declared, mtp_layer);
+    if let Some(classified) = group.bitsandbytes()? {
+        return Ok(classified);
+    }
+    if let Some(classified) = group.packed()? {
+        return Ok(classified);
+    }
+    let Some(weight) = group.find(Role::Weight) else {
+        return Ok(group.without_weight());
     };
-    let quantized_by_scales = members.iter().any(|m| m.role.is_weight_scale());
-
-    let mut module =
-        |scheme: String, shape: Vec<u64>, group: Option<Value>, symmetric: Option<bool>| {
-            let parameters = shape.iter().product::<u64>();
-            let bits = if parameters == 0 {
-                0.0
-            } else {
-                storage_bytes as f64 * 8.0 / parameters as f64
-            };
-            let status = if is_high_precision_scheme(&scheme) {
-                Status::HighPrecision
-            } else {
-                Status::Quantized
-            };
-            let activations = (status == Status::Quantized)
-                .then(|| activation_scheme(&scheme, members, &expectation))
-                .flatten();
-            Module {
-                name: prefix.to_owned(),
-                status,
-                scheme,
-                bits_per_weight: bits,
-                bucket,
-                shape,
-                parameters,
-                group_size: group,
-                symmetric,
-                activations,
-            }
-        };
-
-    // bitsandbytes 4-bit: the logical shape lives in a small JSON tensor.
-    if let Some(state) = members.iter().find(|m| m.role == Role::QuantState) {
-        let blob =
-            safetensors::read_tensor_bytes(state.file, &state.info.name, MAX_QUANT_STATE_BYTES)?;
-        let json: Value = serde_json::from_slice(&blob).map_err(|e| {
-            Error::format(
-                &state.file.path,
-                Some(&state.info.name),
-                format!("quant state is not JSON: {e}"),
-            )
-        })?;
-        let shape: Vec<u64> = json
-            .get("shape")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_u64).collect())
-            .unwrap_or_default();
-        let kind = if state.info.name.ends_with("__nf4") {
-            "bnb-nf4"
-        } else {
-            "bnb-fp4"
-        };
-        let group = json.get("blocksize").cloned();
-        return Ok(Classified::Module(module(
-            kind.into(),
-            shape,
-            group,
-            Some(true),
-        )));
+    let is_linear_shape = weight.shape.len() >= 2 && weight.shape.len() <= 3;
+    // A Gated DeltaNet's (or Mamba's) depthwise causal convolution, `[channels, 1, kernel]`, is an
+    // `nn.Conv1d`: quantizers' `Linear` targets never cover it, so a float one is a parameter of
+    // its layer, not a module left in high precision.
+    let is_depthwise_conv = prefix.ends_with(".conv1d")
+        && weight.shape.len() == 3
+        && weight.shape[1] == 1
+        && !group.quantized_by_scales;
+    if (!is_linear_shape || is_depthwise_conv) && group.bucket != Bucket::Embeddings {
+        return Ok(Classified::NotLinear(float_parameters(members)));
     }
-    if let Some(w) = find(Role::Weight)
-        && find(Role::Scale).is_some_and(|s| s.name.ends_with(".SCB"))
-    {
-        return Ok(Classified::Module(module(
-            "bnb-int8".into(),
-            w.shape.clone(),
+    if weight.dtype.is_high_precision_float() && !group.quantized_by_scales {
+        let scheme = weight.dtype.name().to_ascii_lowercase();
+        return Ok(Classified::Module(group.module(
+            scheme,
+            weight.shape.clone(),
             None,
-            Some(true),
+            None,
         )));
     }
-    // gpt-oss MXFP4 experts: blocks [.., in/32, 16] U8 + scales [.., in/32] U8 (E8M0).
-    if let (Some(blocks), Some(_)) = (find(Role::Blocks), find(Role::Scale)) {
-        let mut shape = blocks.shape.clone();
-        let last = shape.pop().unwrap_or(0);
-        let groups = shape.pop().unwrap_or(0);
-        shape.push(groups * last * 2);
-        return Ok(Classified::Module(module(
-            "mxfp4".into(),
-            shape,
-            Some(32.into()),
-            Some(true),
-        )));
-    }
-    // AWQ / GPTQ.
-    if let (Some(q), Some(scales)) = (find(Role::QWeight), find(Role::Scale)) {
-        return Ok(classify_awq_gptq(
-            q,
-            scales,
-            has(Role::Index),
+    Ok(group.quantized_weight(weight))
+}
+
+/// One module's tensors with what every layout check needs (its bucket, the declaration's
+/// expectation, the bytes its weights take), so that each family of layouts is matched in a
+/// method of its own, in the order `classify` tries them.
+struct Group<'g, 'a> {
+    prefix: &'g str,
+    members: &'g [Member<'a>],
+    declared: Option<&'g Declared>,
+    expectation: Option<Expectation>,
+    /// The bits the declaration gives this module's weights, if any.
+    decl_bits: Option<u64>,
+    storage_bytes: u64,
+    bucket: Bucket,
+    quantized_by_scales: bool,
+}
+
+impl<'g, 'a> Group<'g, 'a> {
+    fn new(
+        prefix: &'g str,
+        members: &'g [Member<'a>],
+        declared: Option<&'g Declared>,
+        mtp_layer: Option<u64>,
+    ) -> Self {
+        let storage_bytes: u64 = members
+            .iter()
+            .filter(|m| m.role.is_weight_storage())
+            .map(|m| m.info.byte_len())
+            .sum();
+        let bucket = bucket_of(prefix, mtp_layer);
+        let expectation = declared.map(|d| d.expectation(prefix));
+        let decl_bits = match &expectation {
+            Some(Expectation::Quantized(w)) => w.bits,
+            _ => None,
+        };
+        let quantized_by_scales = members.iter().any(|m| m.role.is_weight_scale());
+        Group {
+            prefix,
+            members,
             declared,
+            expectation,
             decl_bits,
-            &mut module,
-        ));
+            storage_bytes,
+            bucket,
+            quantized_by_scales,
+        }
     }
-    if let Some(packed) = find(Role::Packed) {
-        let scale = find(Role::Scale);
+
+    fn find(&self, role: Role) -> Option<&'g TensorInfo> {
+        self.members.iter().find(|m| m.role == role).map(|m| m.info)
+    }
+
+    fn has(&self, role: Role) -> bool {
+        self.members.iter().any(|m| m.role == role)
+    }
+
+    /// The module with this scheme and logical shape; its bits per weight are the bytes its
+    /// weight tensors take over its parameters.
+    fn module(
+        &self,
+        scheme: String,
+        shape: Vec<u64>,
+        group: Option<Value>,
+        symmetric: Option<bool>,
+    ) -> Module {
+        let parameters = shape.iter().product::<u64>();
+        let bits = if parameters == 0 {
+            0.0
+        } else {
+            self.storage_bytes as f64 * 8.0 / parameters as f64
+        };
+        let status = if is_high_precision_scheme(&scheme) {
+            Status::HighPrecision
+        } else {
+            Status::Quantized
+        };
+        let activations = (status == Status::Quantized)
+            .then(|| activation_scheme(&scheme, self.members, &self.expectation))
+            .flatten();
+        Module {
+            name: self.prefix.to_owned(),
+            status,
+            scheme,
+            bits_per_weight: bits,
+            bucket: self.bucket,
+            shape,
+            parameters,
+            group_size: group,
+            symmetric,
+            activations,
+        }
+    }
+
+    /// bitsandbytes: 4-bit with its quant-state blob, or int8 with `.SCB` scales.
+    fn bitsandbytes(&self) -> Result<Option<Classified>> {
+        // bitsandbytes 4-bit: the logical shape lives in a small JSON tensor.
+        if let Some(state) = self.members.iter().find(|m| m.role == Role::QuantState) {
+            let blob = safetensors::read_tensor_bytes(
+                state.file,
+                &state.info.name,
+                MAX_QUANT_STATE_BYTES,
+            )?;
+            let json: Value = serde_json::from_slice(&blob).map_err(|e| {
+                Error::format(
+                    &state.file.path,
+                    Some(&state.info.name),
+                    format!("quant state is not JSON: {e}"),
+                )
+            })?;
+            let shape: Vec<u64> = json
+                .get("shape")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_u64).collect())
+                .unwrap_or_default();
+            let kind = if state.info.name.ends_with("__nf4") {
+                "bnb-nf4"
+            } else {
+                "bnb-fp4"
+            };
+            let group = json.get("blocksize").cloned();
+            return Ok(Some(Classified::Module(self.module(
+                kind.into(),
+                shape,
+                group,
+                Some(true),
+            ))));
+        }
+        if let Some(w) = self.find(Role::Weight)
+            && self
+                .find(Role::Scale)
+                .is_some_and(|s| s.name.ends_with(".SCB"))
+        {
+            return Ok(Some(Classified::Module(self.module(
+                "bnb-int8".into(),
+                w.shape.clone(),
+                None,
+                Some(true),
+            ))));
+        }
+        Ok(None)
+    }
+
+    /// Layouts whose weight is not a plain `weight` tensor: MXFP4 blocks, AWQ/GPTQ `qweight`,
+    /// and compressed-tensors' `weight_packed` (FP4 or packed ints).
+    fn packed(&self) -> Result<Option<Classified>> {
+        let mut module = |scheme: String, shape: Vec<u64>, group, symmetric| {
+            self.module(scheme, shape, group, symmetric)
+        };
+        // gpt-oss MXFP4 experts: blocks [.., in/32, 16] U8 + scales [.., in/32] U8 (E8M0).
+        if let (Some(blocks), Some(_)) = (self.find(Role::Blocks), self.find(Role::Scale)) {
+            let mut shape = blocks.shape.clone();
+            let last = shape.pop().unwrap_or(0);
+            let groups = shape.pop().unwrap_or(0);
+            shape.push(groups * last * 2);
+            return Ok(Some(Classified::Module(module(
+                "mxfp4".into(),
+                shape,
+                Some(32.into()),
+                Some(true),
+            ))));
+        }
+        // AWQ / GPTQ.
+        if let (Some(q), Some(scales)) = (self.find(Role::QWeight), self.find(Role::Scale)) {
+            return Ok(Some(classify_awq_gptq(
+                q,
+                scales,
+                self.has(Role::Index),
+                self.declared,
+                self.decl_bits,
+                &mut module,
+            )));
+        }
+        match self.find(Role::Packed) {
+            Some(packed) => self.weight_packed(packed).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// compressed-tensors' `weight_packed`: FP4 two per byte, or ints packed into I32 words.
+    fn weight_packed(&self, packed: &TensorInfo) -> Result<Classified> {
+        let scale = self.find(Role::Scale);
         if packed.dtype == Dtype::U8 {
             // FP4 packed two per byte, U8 [out, in/2]: NVFP4 has E4M3 scales per 16 (and a
             // global scale), MXFP4 E8M0 scales per 32.
-            let nvfp4 = has(Role::GlobalScale) || scale.is_some_and(|s| s.dtype == Dtype::F8_E4M3);
+            let nvfp4 =
+                self.has(Role::GlobalScale) || scale.is_some_and(|s| s.dtype == Dtype::F8_E4M3);
             let shape = vec![dim(packed, 0), dim(packed, 1) * 2];
             let group = scale.map(|s| group_of(shape[1], dim(s, 1)));
             let scheme = if nvfp4 { "nvfp4" } else { "mxfp4" };
-            return Ok(Classified::Module(module(
+            return Ok(Classified::Module(self.module(
                 scheme.into(),
                 shape,
                 group,
@@ -289,9 +392,9 @@ fn classify(
             )));
         }
         // pack-quantized ints: I32 [out, in*bits/32].
-        let bits = decl_bits.unwrap_or(4);
-        let shape = match find(Role::Shape) {
-            Some(s) => read_shape(members, s)?,
+        let bits = self.decl_bits.unwrap_or(4);
+        let shape = match self.find(Role::Shape) {
+            Some(s) => read_shape(self.members, s)?,
             None => vec![dim(packed, 0), dim(packed, 1) * (32 / bits.clamp(1, 32))],
         };
         let bits = if dim(packed, 1) > 0 && shape.len() == 2 && shape[1] > 0 {
@@ -303,127 +406,128 @@ fn classify(
         let kind = if groups <= 1 { "channel" } else { "group" };
         let group = (groups > 1).then(|| group_of(shape.get(1).copied().unwrap_or(0), groups));
         let scheme = format!("int{bits}-{kind}");
-        return Ok(Classified::Module(module(
+        Ok(Classified::Module(self.module(
             scheme,
             shape,
             group,
-            Some(!has(Role::Zeros)),
-        )));
+            Some(!self.has(Role::Zeros)),
+        )))
     }
-    let Some(weight) = find(Role::Weight) else {
-        if members.iter().any(|m| m.role.is_weight_storage()) {
-            let names: Vec<&str> = members.iter().map(|m| m.info.name.as_str()).collect();
-            let shape = members
+
+    /// A group with no `weight` tensor: an unknown layout when it holds weight storage, else
+    /// the parameters of norms and biases.
+    fn without_weight(&self) -> Classified {
+        if self.members.iter().any(|m| m.role.is_weight_storage()) {
+            let names: Vec<&str> = self.members.iter().map(|m| m.info.name.as_str()).collect();
+            let shape = self
+                .members
                 .first()
                 .map(|m| m.info.shape.clone())
                 .unwrap_or_default();
-            return Ok(Classified::Unknown(
-                module("unknown".into(), shape, None, None),
+            return Classified::Unknown(
+                self.module("unknown".into(), shape, None, None),
                 format!("tensors {}", names.join(", ")),
+            );
+        }
+        Classified::NotLinear(float_parameters(self.members))
+    }
+
+    /// A linear `weight` that is not a plain float: FP8, FP4 in U8, INT8, MLX affine, or an
+    /// unknown layout naming its tensors.
+    fn quantized_weight(&self, weight: &TensorInfo) -> Classified {
+        let shape = weight.shape.clone();
+        if weight.dtype.is_fp8() {
+            if let Some(inv) = self.find(Role::ScaleInv) {
+                let mut module = |scheme: String, shape: Vec<u64>, group, symmetric| {
+                    self.module(scheme, shape, group, symmetric)
+                };
+                return fp8_block(weight, inv, self.declared, &mut module);
+            }
+            if let Some(scale) = self.find(Role::Scale) {
+                return self.fp8_scaled(weight, scale);
+            }
+        }
+        if weight.dtype == Dtype::U8
+            && let Some(scale) = self.find(Role::Scale)
+        {
+            // ModelOpt NVFP4: U8 [out, in/2] + E4M3 [out, in/16] + weight_scale_2; MXFP4: E8M0
+            // per 32.
+            let shape = vec![dim(weight, 0), dim(weight, 1) * 2];
+            let group = Some(group_of(shape[1], dim(scale, 1)));
+            let scheme = if scale.dtype == Dtype::F8_E4M3 || self.has(Role::Scale2) {
+                "nvfp4"
+            } else {
+                "mxfp4"
+            };
+            return Classified::Module(self.module(scheme.into(), shape, group, Some(true)));
+        }
+        if weight.dtype == Dtype::I8
+            && let Some(scale) = self.find(Role::Scale)
+        {
+            let numel = scale.numel();
+            let out = dim(weight, 0);
+            let (scheme, group) = if numel <= 1 {
+                ("int8-tensor", None)
+            } else if numel == out {
+                ("int8-channel", None)
+            } else {
+                ("int8-group", Some(group_of(dim(weight, 1), dim(scale, 1))))
+            };
+            return Classified::Module(self.module(
+                scheme.into(),
+                shape,
+                group,
+                Some(!self.has(Role::Zeros)),
             ));
         }
-        return Ok(Classified::NotLinear(float_parameters(members)));
-    };
-    let is_linear_shape = weight.shape.len() >= 2 && weight.shape.len() <= 3;
-    // A Gated DeltaNet's (or Mamba's) depthwise causal convolution, `[channels, 1, kernel]`, is an
-    // `nn.Conv1d`: quantizers' `Linear` targets never cover it, so a float one is a parameter of
-    // its layer, not a module left in high precision.
-    let is_depthwise_conv = prefix.ends_with(".conv1d")
-        && weight.shape.len() == 3
-        && weight.shape[1] == 1
-        && !quantized_by_scales;
-    if (!is_linear_shape || is_depthwise_conv) && bucket != Bucket::Embeddings {
-        return Ok(Classified::NotLinear(float_parameters(members)));
-    }
-    let shape = weight.shape.clone();
-    if weight.dtype.is_high_precision_float() && !quantized_by_scales {
-        let scheme = weight.dtype.name().to_ascii_lowercase();
-        return Ok(Classified::Module(module(scheme, shape, None, None)));
-    }
-    if weight.dtype.is_fp8() {
-        if let Some(inv) = find(Role::ScaleInv) {
-            return Ok(fp8_block(weight, inv, declared, &mut module));
+        if weight.dtype == Dtype::U32
+            && let Some(scale) = self.find(Role::Scale)
+            && self.has(Role::Zeros)
+        {
+            // MLX affine: U32 [out, in*bits/32] + scales/biases [out, in/group].
+            let bits = self.decl_bits.unwrap_or(4).clamp(1, 32);
+            let shape = vec![dim(weight, 0), dim(weight, 1) * 32 / bits];
+            let group = Some(group_of(shape[1], dim(scale, 1)));
+            return Classified::Module(self.module(
+                format!("int{bits}-group"),
+                shape,
+                group,
+                Some(false),
+            ));
         }
-        if let Some(scale) = find(Role::Scale) {
-            if has(Role::Scale2) {
-                return Ok(Classified::Unknown(
-                    module("unknown".into(), shape, None, None),
-                    "FP8 weight with two scale levels".into(),
-                ));
-            }
-            let numel = scale.numel();
-            let (out, inn) = (dim(weight, 0), dim(weight, 1));
-            return Ok(Classified::Module(if numel <= 1 {
-                module("fp8-tensor".into(), shape, None, Some(true))
-            } else if numel == out {
-                module("fp8-channel".into(), shape, None, Some(true))
-            } else {
-                let (r, c) = (dim(scale, 0).max(1), dim(scale, 1).max(1));
-                let block = Value::from(vec![out.div_ceil(r), inn.div_ceil(c)]);
-                module("fp8-block".into(), shape, Some(block), Some(true))
-            }));
+        let names: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("{} {}", m.info.name, m.info.dtype))
+            .collect();
+        Classified::Unknown(
+            self.module("unknown".into(), shape, None, None),
+            names.join(", "),
+        )
+    }
+
+    /// An FP8 weight with a `weight_scale`: per tensor, per output channel or per block, by the
+    /// scale's size.
+    fn fp8_scaled(&self, weight: &TensorInfo, scale: &TensorInfo) -> Classified {
+        let shape = weight.shape.clone();
+        if self.has(Role::Scale2) {
+            return Classified::Unknown(
+                self.module("unknown".into(), shape, None, None),
+                "FP8 weight with two scale levels".into(),
+            );
         }
-    }
-    if weight.dtype == Dtype::U8
-        && let Some(scale) = find(Role::Scale)
-    {
-        // ModelOpt NVFP4: U8 [out, in/2] + E4M3 [out, in/16] + weight_scale_2; MXFP4: E8M0 per 32.
-        let shape = vec![dim(weight, 0), dim(weight, 1) * 2];
-        let group = Some(group_of(shape[1], dim(scale, 1)));
-        let scheme = if scale.dtype == Dtype::F8_E4M3 || has(Role::Scale2) {
-            "nvfp4"
-        } else {
-            "mxfp4"
-        };
-        return Ok(Classified::Module(module(
-            scheme.into(),
-            shape,
-            group,
-            Some(true),
-        )));
-    }
-    if weight.dtype == Dtype::I8
-        && let Some(scale) = find(Role::Scale)
-    {
         let numel = scale.numel();
-        let out = dim(weight, 0);
-        let (scheme, group) = if numel <= 1 {
-            ("int8-tensor", None)
+        let (out, inn) = (dim(weight, 0), dim(weight, 1));
+        Classified::Module(if numel <= 1 {
+            self.module("fp8-tensor".into(), shape, None, Some(true))
         } else if numel == out {
-            ("int8-channel", None)
+            self.module("fp8-channel".into(), shape, None, Some(true))
         } else {
-            ("int8-group", Some(group_of(dim(weight, 1), dim(scale, 1))))
-        };
-        return Ok(Classified::Module(module(
-            scheme.into(),
-            shape,
-            group,
-            Some(!has(Role::Zeros)),
-        )));
+            let (r, c) = (dim(scale, 0).max(1), dim(scale, 1).max(1));
+            let block = Value::from(vec![out.div_ceil(r), inn.div_ceil(c)]);
+            self.module("fp8-block".into(), shape, Some(block), Some(true))
+        })
     }
-    if weight.dtype == Dtype::U32
-        && let Some(scale) = find(Role::Scale)
-        && has(Role::Zeros)
-    {
-        // MLX affine: U32 [out, in*bits/32] + scales/biases [out, in/group].
-        let bits = decl_bits.unwrap_or(4).clamp(1, 32);
-        let shape = vec![dim(weight, 0), dim(weight, 1) * 32 / bits];
-        let group = Some(group_of(shape[1], dim(scale, 1)));
-        return Ok(Classified::Module(module(
-            format!("int{bits}-group"),
-            shape,
-            group,
-            Some(false),
-        )));
-    }
-    let names: Vec<String> = members
-        .iter()
-        .map(|m| format!("{} {}", m.info.name, m.info.dtype))
-        .collect();
-    Ok(Classified::Unknown(
-        module("unknown".into(), shape, None, None),
-        names.join(", "),
-    ))
 }
 
 /// Parameters of a group of non-linear tensors (norms, biases): its float elements.

@@ -92,6 +92,48 @@ pub fn read_file(path: &Path) -> Result<SafetensorsFile> {
 pub fn parse_header(path: &Path, prefix: &[u8], file_size: u64) -> Result<SafetensorsFile> {
     let bad = |subject: Option<&str>, rule: String| Error::format(path, subject, rule);
 
+    let (header_len, text) = header_text(path, prefix, file_size)?;
+    // Cannot overflow: header_text checked header_len <= MAX_HEADER_BYTES.
+    let data_start = 8 + header_len;
+    let root =
+        json::parse(text).map_err(|e| bad(None, format!("header is not valid JSON: {e}")))?;
+    let Json::Object(members) = root else {
+        return Err(bad(None, "header is not a JSON object".to_owned()));
+    };
+
+    if let Some(duplicate) = header_duplicate(&members) {
+        return Err(duplicate_error(path, duplicate));
+    }
+
+    let mut metadata = BTreeMap::new();
+    let mut entries = Vec::with_capacity(members.len());
+    for (name, value) in &members {
+        if name == METADATA_KEY {
+            metadata = check_metadata(path, value)?;
+        } else {
+            entries.push(check_entry(path, name, value)?);
+        }
+    }
+
+    // Stable: entries at the same offsets (zero-size tensors) stay in header order.
+    entries.sort_by_key(|e| (e.begin, e.end));
+    let tensors = lay_out(path, &entries, data_start, file_size - data_start)?;
+
+    Ok(SafetensorsFile {
+        path: path.to_path_buf(),
+        file_size,
+        header_len,
+        metadata,
+        tensors,
+    })
+}
+
+/// The framing: the 8-byte length prefix, checked against the limit, the file's size and the
+/// bytes read, then the header itself as UTF-8 text that starts with `{`. Returns the header's
+/// length N and its text.
+fn header_text<'p>(path: &Path, prefix: &'p [u8], file_size: u64) -> Result<(u64, &'p str)> {
+    let bad = |subject: Option<&str>, rule: String| Error::format(path, subject, rule);
+
     if file_size < 8 {
         return Err(bad(
             None,
@@ -162,56 +204,51 @@ pub fn parse_header(path: &Path, prefix: &[u8], file_size: u64) -> Result<Safete
                 .to_owned(),
         ));
     }
-    let root =
-        json::parse(text).map_err(|e| bad(None, format!("header is not valid JSON: {e}")))?;
-    let Json::Object(members) = root else {
-        return Err(bad(None, "header is not a JSON object".to_owned()));
-    };
+    Ok((header_len, text))
+}
 
-    if let Some(duplicate) = header_duplicate(&members) {
-        return Err(match duplicate {
-            Duplicate::TopLevel(key) => bad(
-                Some(&shown(key)),
-                "key appears twice in the header (parsers disagree on which one counts)".to_owned(),
-            ),
-            Duplicate::Inside {
-                entry,
-                path: at,
-                key,
-            } => {
-                let at = if at.is_empty() {
-                    String::new()
-                } else {
-                    format!(" at `{}`", shown(&at))
-                };
-                bad(
-                    Some(&shown(entry)),
-                    format!(
-                        "duplicate key `{}`{at} inside this entry (parsers disagree on which one \
-                         counts)",
-                        shown(&key)
-                    ),
-                )
-            }
-        });
-    }
-
-    let mut metadata = BTreeMap::new();
-    let mut entries = Vec::with_capacity(members.len());
-    for (name, value) in &members {
-        if name == METADATA_KEY {
-            metadata = check_metadata(path, value)?;
-        } else {
-            entries.push(check_entry(path, name, value)?);
+/// The error for a duplicate key, naming the member it is in (and where inside it).
+fn duplicate_error(path: &Path, duplicate: Duplicate<'_>) -> Error {
+    let bad = |subject: Option<&str>, rule: String| Error::format(path, subject, rule);
+    match duplicate {
+        Duplicate::TopLevel(key) => bad(
+            Some(&shown(key)),
+            "key appears twice in the header (parsers disagree on which one counts)".to_owned(),
+        ),
+        Duplicate::Inside {
+            entry,
+            path: at,
+            key,
+        } => {
+            let at = if at.is_empty() {
+                String::new()
+            } else {
+                format!(" at `{}`", shown(&at))
+            };
+            bad(
+                Some(&shown(entry)),
+                format!(
+                    "duplicate key `{}`{at} inside this entry (parsers disagree on which one \
+                     counts)",
+                    shown(&key)
+                ),
+            )
         }
     }
+}
 
-    // Stable: entries at the same offsets (zero-size tensors) stay in header order.
-    entries.sort_by_key(|e| (e.begin, e.end));
-    let data_len = file_size - data_start;
+/// The tensors in offset order, placed in the file: they must tile the data section of
+/// `data_len` bytes (starting at `data_start`) exactly, with no gap, overlap or trailing byte.
+fn lay_out(
+    path: &Path,
+    entries: &[Entry<'_>],
+    data_start: u64,
+    data_len: u64,
+) -> Result<Vec<TensorInfo>> {
+    let bad = |subject: Option<&str>, rule: String| Error::format(path, subject, rule);
     let mut tensors = Vec::with_capacity(entries.len());
     let mut previous: Option<&Entry> = None;
-    for entry in &entries {
+    for entry in entries {
         let expected = previous.map_or(0, |p| p.end);
         let subject = Some(shown(entry.name));
         let subject = subject.as_deref();
@@ -276,14 +313,7 @@ pub fn parse_header(path: &Path, prefix: &[u8], file_size: u64) -> Result<Safete
             ),
         ));
     }
-
-    Ok(SafetensorsFile {
-        path: path.to_path_buf(),
-        file_size,
-        header_len,
-        metadata,
-        tensors,
-    })
+    Ok(tensors)
 }
 
 enum Duplicate<'a> {

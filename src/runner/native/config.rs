@@ -372,18 +372,16 @@ impl ModelConfig {
         path: &Path,
         f: &super::gguf_family::GgufFamilyConfig,
     ) -> Result<ModelConfig> {
-        use super::gguf_family::{Family, LayerKind};
+        use super::gguf_family::Family;
         let arch = match f.family {
             Family::Qwen35 => Arch::Qwen3_5Text,
             Family::Qwen35Moe => Arch::Qwen3_5MoeText,
             Family::Qwen3Next => Arch::Qwen3Next,
             Family::Qwen3Moe => Arch::Qwen3Moe,
         };
-        let missing = |key: &str| Error::format(path, Some(key), "missing for this architecture");
-        let key = |k: &str| format!("{}.{k}", f.family.as_str());
-        let bad = |k: &str, rule: String| Error::format(path, Some(&key(k)), rule);
+        let keys = FamilyKeys { path, f };
         if f.layer_types.len() != f.layers {
-            return Err(bad(
+            return Err(keys.bad(
                 "block_count",
                 format!(
                     "{} layers with {} layer types",
@@ -394,111 +392,21 @@ impl ModelConfig {
         }
         let moe = match &f.moe {
             None => None,
-            Some(m) => {
-                let family = match f.family {
-                    Family::Qwen3Moe => MoeFamily::Qwen3Moe,
-                    Family::Qwen3Next => MoeFamily::Qwen3Next,
-                    Family::Qwen35Moe | Family::Qwen35 => MoeFamily::Qwen35Moe,
-                };
-                if m.experts == 0 || m.experts > super::moe::MAX_EXPERTS {
-                    return Err(bad(
-                        "expert_count",
-                        format!(
-                            "{} experts; the native runner takes 1 to {}",
-                            m.experts,
-                            super::moe::MAX_EXPERTS
-                        ),
-                    ));
-                }
-                if m.experts_used == 0 {
-                    return Err(bad("expert_used_count", "0 experts per token".into()));
-                }
-                if m.sparse_layers.len() != f.layers {
-                    return Err(bad(
-                        "block_count",
-                        format!(
-                            "{} layers but {} layers' router tensors were looked for",
-                            f.layers,
-                            m.sparse_layers.len()
-                        ),
-                    ));
-                }
-                let shared_intermediate = match family {
-                    MoeFamily::Qwen3Moe => None,
-                    _ => Some(
-                        m.shared_expert_intermediate
-                            .ok_or_else(|| missing(&key("expert_shared_feed_forward_length")))?,
-                    ),
-                };
-                Some(MoeConfig {
-                    family,
-                    num_experts: m.experts,
-                    top_k: m.experts_used,
-                    intermediate: m.expert_intermediate,
-                    // llama.cpp's graphs for these families renormalise the chosen weights
-                    // (`norm_w` true) unless the file says otherwise; Qwen3.5-MoE always does.
-                    norm_topk_prob: family == MoeFamily::Qwen35Moe
-                        || m.norm_topk_prob.unwrap_or(true),
-                    shared_intermediate,
-                    // Which layers are sparse is what the tensor table holds (a router or not).
-                    sparse_step: 1,
-                    mlp_only_layers: (0..f.layers).filter(|&l| !m.sparse_layers[l]).collect(),
-                })
-            }
+            Some(m) => Some(keys.moe(m)?),
         };
         let all_sparse = moe.as_ref().is_some_and(|m| m.mlp_only_layers.is_empty());
         let intermediate = match f.intermediate {
             Some(n) => n,
             None if all_sparse => 0,
-            None => return Err(missing(&key("feed_forward_length"))),
+            None => return Err(keys.missing("feed_forward_length")),
         };
         let (rotary_dim, hybrid) = if f.family.hybrid() {
-            let linear = f.linear.ok_or_else(|| missing(&key("ssm.conv_kernel")))?;
-            if !(2..=f.head_dim).contains(&f.rotary_dims) || !f.rotary_dims.is_multiple_of(2) {
-                return Err(bad(
-                    "rope.dimension_count",
-                    format!(
-                        "{} rotary dimensions for head_dim {}; RoPE needs an even number from 2 to head_dim",
-                        f.rotary_dims, f.head_dim
-                    ),
-                ));
-            }
-            if linear.key_heads == 0 || !linear.value_heads.is_multiple_of(linear.key_heads) {
-                return Err(bad(
-                    "ssm.time_step_rank",
-                    format!(
-                        "{} value heads for {} key heads: each key head serves a group of value heads",
-                        linear.value_heads, linear.key_heads
-                    ),
-                ));
-            }
-            let hybrid = Hybrid {
-                layer_types: f
-                    .layer_types
-                    .iter()
-                    .map(|k| match k {
-                        LayerKind::LinearAttention => LayerType::Linear,
-                        LayerKind::FullAttention => LayerType::Full,
-                    })
-                    .collect(),
-                conv_kernel: linear.conv_kernel,
-                key_heads: linear.key_heads,
-                value_heads: linear.value_heads,
-                key_dim: linear.key_head_dim,
-                value_dim: linear.value_head_dim,
-                fused_projections: arch == Arch::Qwen3Next,
-                mamba_ssm_dtype: None,
-                mrope_section: f
-                    .rope_sections
-                    .as_ref()
-                    .map(|s| s.iter().map(|&n| n as usize).collect()),
-            };
-            (f.rotary_dims, Some(hybrid))
+            (f.rotary_dims, Some(keys.hybrid(arch)?))
         } else {
             if f.rotary_dims != f.head_dim {
                 return Err(Error::unsupported(
                     path,
-                    Some(&key("rope.dimension_count")),
+                    Some(&keys.key("rope.dimension_count")),
                     format!(
                         "{} rotary dimensions for head_dim {}; this architecture rotates whole heads",
                         f.rotary_dims, f.head_dim
@@ -530,6 +438,132 @@ impl ModelConfig {
         };
         cfg.validate(path, ConfigKeys::Gguf(f.family.as_str()))?;
         Ok(cfg)
+    }
+}
+
+/// What [`ModelConfig::from_gguf_family`] reads, with errors that name the GGUF key
+/// (`{arch}.{key}`), so the mixture-of-experts and hybrid parts are checked in methods of
+/// their own.
+struct FamilyKeys<'a> {
+    path: &'a Path,
+    f: &'a super::gguf_family::GgufFamilyConfig,
+}
+
+impl FamilyKeys<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.f.family.as_str())
+    }
+
+    fn bad(&self, k: &str, rule: String) -> Error {
+        Error::format(self.path, Some(&self.key(k)), rule)
+    }
+
+    fn missing(&self, k: &str) -> Error {
+        Error::format(
+            self.path,
+            Some(&self.key(k)),
+            "missing for this architecture",
+        )
+    }
+
+    /// The experts, checked against the native runner's limits and the layer count.
+    fn moe(&self, m: &super::gguf_family::MoeShape) -> Result<MoeConfig> {
+        use super::gguf_family::Family;
+        let f = self.f;
+        let family = match f.family {
+            Family::Qwen3Moe => MoeFamily::Qwen3Moe,
+            Family::Qwen3Next => MoeFamily::Qwen3Next,
+            Family::Qwen35Moe | Family::Qwen35 => MoeFamily::Qwen35Moe,
+        };
+        if m.experts == 0 || m.experts > super::moe::MAX_EXPERTS {
+            return Err(self.bad(
+                "expert_count",
+                format!(
+                    "{} experts; the native runner takes 1 to {}",
+                    m.experts,
+                    super::moe::MAX_EXPERTS
+                ),
+            ));
+        }
+        if m.experts_used == 0 {
+            return Err(self.bad("expert_used_count", "0 experts per token".into()));
+        }
+        if m.sparse_layers.len() != f.layers {
+            return Err(self.bad(
+                "block_count",
+                format!(
+                    "{} layers but {} layers' router tensors were looked for",
+                    f.layers,
+                    m.sparse_layers.len()
+                ),
+            ));
+        }
+        let shared_intermediate = match family {
+            MoeFamily::Qwen3Moe => None,
+            _ => Some(
+                m.shared_expert_intermediate
+                    .ok_or_else(|| self.missing("expert_shared_feed_forward_length"))?,
+            ),
+        };
+        Ok(MoeConfig {
+            family,
+            num_experts: m.experts,
+            top_k: m.experts_used,
+            intermediate: m.expert_intermediate,
+            // llama.cpp's graphs for these families renormalise the chosen weights
+            // (`norm_w` true) unless the file says otherwise; Qwen3.5-MoE always does.
+            norm_topk_prob: family == MoeFamily::Qwen35Moe || m.norm_topk_prob.unwrap_or(true),
+            shared_intermediate,
+            // Which layers are sparse is what the tensor table holds (a router or not).
+            sparse_step: 1,
+            mlp_only_layers: (0..f.layers).filter(|&l| !m.sparse_layers[l]).collect(),
+        })
+    }
+
+    /// The Gated DeltaNet layers of a hybrid family, with its partial rotary slice checked.
+    fn hybrid(&self, arch: Arch) -> Result<Hybrid> {
+        use super::gguf_family::LayerKind;
+        let f = self.f;
+        let linear = f.linear.ok_or_else(|| self.missing("ssm.conv_kernel"))?;
+        if !(2..=f.head_dim).contains(&f.rotary_dims) || !f.rotary_dims.is_multiple_of(2) {
+            return Err(self.bad(
+                "rope.dimension_count",
+                format!(
+                    "{} rotary dimensions for head_dim {}; RoPE needs an even number from 2 to head_dim",
+                    f.rotary_dims, f.head_dim
+                ),
+            ));
+        }
+        if linear.key_heads == 0 || !linear.value_heads.is_multiple_of(linear.key_heads) {
+            return Err(self.bad(
+                "ssm.time_step_rank",
+                format!(
+                    "{} value heads for {} key heads: each key head serves a group of value heads",
+                    linear.value_heads, linear.key_heads
+                ),
+            ));
+        }
+        Ok(Hybrid {
+            layer_types: f
+                .layer_types
+                .iter()
+                .map(|k| match k {
+                    LayerKind::LinearAttention => LayerType::Linear,
+                    LayerKind::FullAttention => LayerType::Full,
+                })
+                .collect(),
+            conv_kernel: linear.conv_kernel,
+            key_heads: linear.key_heads,
+            value_heads: linear.value_heads,
+            key_dim: linear.key_head_dim,
+            value_dim: linear.value_head_dim,
+            fused_projections: arch == Arch::Qwen3Next,
+            mamba_ssm_dtype: None,
+            mrope_section: f
+                .rope_sections
+                .as_ref()
+                .map(|s| s.iter().map(|&n| n as usize).collect()),
+        })
     }
 }
 
@@ -858,172 +892,216 @@ fn hybrid_shape(
     layers: usize,
     head_dim: usize,
 ) -> Result<(usize, Hybrid)> {
-    let bad = |key: &str, rule: String| Error::format(path, Some(&format!("{kp}{key}")), rule);
-    let dim = |key: &str, default: Option<u64>| -> Result<usize> {
-        let v = match (config.get(key), default) {
-            (Some(v), _) => v,
-            (None, Some(d)) => return Ok(d as usize),
-            (None, None) => return Err(bad(key, "missing".into())),
-        };
-        v.as_u64()
-            .filter(|&n| n > 0 && n <= MAX_HYBRID_DIM as u64)
-            .map(|n| n as usize)
-            .ok_or_else(|| {
-                bad(
-                    key,
-                    format!("must be an integer from 1 to {MAX_HYBRID_DIM}, found {v}"),
-                )
-            })
-    };
-    if let Some(act) = config.get("hidden_act")
-        && act.as_str() != Some("silu")
-    {
-        return Err(Error::unsupported(
-            path,
-            Some(&format!("{kp}hidden_act")),
-            format!(
-                "{act} is not supported by the native runner for this architecture (supported: silu)"
-            ),
-        ));
-    }
+    let keys = HybridKeys { path, kp, config };
+    keys.check_activation()?;
     if layers > MAX_HYBRID_DIM || head_dim > MAX_HYBRID_DIM {
-        return Err(bad(
+        return Err(keys.bad(
             "num_hidden_layers",
             format!("num_hidden_layers and head_dim must be at most {MAX_HYBRID_DIM}"),
         ));
     }
-    // The rotary slice: the first head_dim·partial_rotary_factor dimensions (transformers:
-    // int(head_dim * factor)), in rope_parameters or at the top level, 0.25 by default.
-    let factor_at = rope
-        .and_then(|r| r.get("partial_rotary_factor"))
-        .map(|v| ("rope_parameters.partial_rotary_factor", v))
-        .or_else(|| {
-            config
-                .get("partial_rotary_factor")
-                .map(|v| ("partial_rotary_factor", v))
-        });
-    let factor = match factor_at {
-        None => 0.25,
-        Some((key, v)) => v
-            .as_f64()
-            .filter(|f| f.is_finite() && *f > 0.0 && *f <= 1.0)
-            .ok_or_else(|| bad(key, format!("must be a number in (0, 1], found {v}")))?,
-    };
-    let rotary_dim = (head_dim as f64 * factor) as usize;
-    if rotary_dim < 2 || !rotary_dim.is_multiple_of(2) {
-        return Err(bad(
-            "partial_rotary_factor",
-            format!(
-                "rotates {rotary_dim} of head_dim {head_dim}'s dimensions; RoPE needs an even number, at least 2"
-            ),
-        ));
-    }
-    let mrope_section = match rope
-        .and_then(|r| r.get("mrope_section"))
-        .or(config.get("mrope_section"))
-    {
-        None | Some(Value::Null) => None,
-        Some(Value::Array(a)) => Some(
-            a.iter()
-                .map(|e| {
-                    e.as_u64()
-                        .filter(|&n| n <= MAX_HYBRID_DIM as u64)
-                        .map(|n| n as usize)
-                        .ok_or_else(|| {
-                            bad(
-                                "rope_parameters.mrope_section",
-                                format!("entries must be small non-negative integers, found {e}"),
-                            )
-                        })
-                })
-                .collect::<Result<Vec<_>>>()?,
-        ),
-        Some(v) => {
-            return Err(bad(
-                "rope_parameters.mrope_section",
-                format!("must be a list of integers, found {v}"),
-            ));
-        }
-    };
-    let layer_types = match config.get("layer_types") {
-        None | Some(Value::Null) => {
-            // transformers: linear if (i + 1) % full_attention_interval != 0.
-            let interval = dim("full_attention_interval", Some(4))?;
-            (0..layers)
-                .map(|i| {
-                    if (i + 1) % interval != 0 {
-                        LayerType::Linear
-                    } else {
-                        LayerType::Full
-                    }
-                })
-                .collect()
-        }
-        Some(Value::Array(a)) => {
-            if a.len() != layers {
-                return Err(bad(
-                    "layer_types",
-                    format!("has {} entries for num_hidden_layers {layers}", a.len()),
-                ));
-            }
-            a.iter()
-                .enumerate()
-                .map(|(i, t)| match t.as_str() {
-                    Some("linear_attention") => Ok(LayerType::Linear),
-                    Some("full_attention") => Ok(LayerType::Full),
-                    _ => Err(bad(
-                        &format!("layer_types[{i}]"),
-                        format!("is {t}; a layer is \"linear_attention\" or \"full_attention\""),
-                    )),
-                })
-                .collect::<Result<Vec<_>>>()?
-        }
-        Some(v) => {
-            return Err(bad(
-                "layer_types",
-                format!("must be a list of layer types, found {v}"),
-            ));
-        }
-    };
-    let key_heads = dim("linear_num_key_heads", None)?;
-    let value_heads = dim("linear_num_value_heads", None)?;
+    let rotary_dim = keys.rotary_dim(rope, head_dim)?;
+    let mrope_section = keys.mrope_section(rope)?;
+    let layer_types = keys.layer_types(layers)?;
+    let key_heads = keys.dim("linear_num_key_heads", None)?;
+    let value_heads = keys.dim("linear_num_value_heads", None)?;
     if !value_heads.is_multiple_of(key_heads) {
-        return Err(bad(
+        return Err(keys.bad(
             "linear_num_value_heads",
             format!(
                 "{value_heads} is not a multiple of linear_num_key_heads {key_heads} (each key head serves a group of value heads)"
             ),
         ));
     }
-    let conv_kernel = dim("linear_conv_kernel_dim", None)?;
+    let conv_kernel = keys.dim("linear_conv_kernel_dim", None)?;
     if conv_kernel > 64 {
-        return Err(bad(
+        return Err(keys.bad(
             "linear_conv_kernel_dim",
             format!("{conv_kernel} is wider than 64"),
         ));
     }
-    let mamba_ssm_dtype = match config.get("mamba_ssm_dtype") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(d)) => Some(d.clone()),
-        Some(v) => {
-            return Err(bad(
-                "mamba_ssm_dtype",
-                format!("must be a dtype name, found {v}"),
-            ));
-        }
-    };
+    let mamba_ssm_dtype = keys.mamba_ssm_dtype()?;
     let hybrid = Hybrid {
         layer_types,
         conv_kernel,
         key_heads,
         value_heads,
-        key_dim: dim("linear_key_head_dim", None)?,
-        value_dim: dim("linear_value_head_dim", None)?,
+        key_dim: keys.dim("linear_key_head_dim", None)?,
+        value_dim: keys.dim("linear_value_head_dim", None)?,
         fused_projections: arch == Arch::Qwen3Next,
         mamba_ssm_dtype,
         mrope_section,
     };
     Ok((rotary_dim, hybrid))
+}
+
+/// Where the hybrid family's keys are read from, so each reader names the key it rejects.
+struct HybridKeys<'a> {
+    path: &'a Path,
+    kp: &'a str,
+    config: &'a Value,
+}
+
+impl HybridKeys<'_> {
+    /// A format error naming the key with its config prefix.
+    fn bad(&self, key: &str, rule: String) -> Error {
+        Error::format(self.path, Some(&format!("{}{key}", self.kp)), rule)
+    }
+
+    /// A positive size key, at most [`MAX_HYBRID_DIM`], so nothing it sizes can overflow.
+    fn dim(&self, key: &str, default: Option<u64>) -> Result<usize> {
+        let v = match (self.config.get(key), default) {
+            (Some(v), _) => v,
+            (None, Some(d)) => return Ok(d as usize),
+            (None, None) => return Err(self.bad(key, "missing".into())),
+        };
+        v.as_u64()
+            .filter(|&n| n > 0 && n <= MAX_HYBRID_DIM as u64)
+            .map(|n| n as usize)
+            .ok_or_else(|| {
+                self.bad(
+                    key,
+                    format!("must be an integer from 1 to {MAX_HYBRID_DIM}, found {v}"),
+                )
+            })
+    }
+
+    /// `hidden_act`, if given, must be SiLU: the only activation the native runner implements.
+    fn check_activation(&self) -> Result<()> {
+        if let Some(act) = self.config.get("hidden_act")
+            && act.as_str() != Some("silu")
+        {
+            return Err(Error::unsupported(
+                self.path,
+                Some(&format!("{}hidden_act", self.kp)),
+                format!(
+                    "{act} is not supported by the native runner for this architecture (supported: silu)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The rotary slice: the first head_dim·partial_rotary_factor dimensions (transformers:
+    /// int(head_dim * factor)), in rope_parameters or at the top level, 0.25 by default.
+    fn rotary_dim(&self, rope: Option<&Value>, head_dim: usize) -> Result<usize> {
+        let factor_at = rope
+            .and_then(|r| r.get("partial_rotary_factor"))
+            .map(|v| ("rope_parameters.partial_rotary_factor", v))
+            .or_else(|| {
+                self.config
+                    .get("partial_rotary_factor")
+                    .map(|v| ("partial_rotary_factor", v))
+            });
+        let factor = match factor_at {
+            None => 0.25,
+            Some((key, v)) => v
+                .as_f64()
+                .filter(|f| f.is_finite() && *f > 0.0 && *f <= 1.0)
+                .ok_or_else(|| self.bad(key, format!("must be a number in (0, 1], found {v}")))?,
+        };
+        let rotary_dim = (head_dim as f64 * factor) as usize;
+        if rotary_dim < 2 || !rotary_dim.is_multiple_of(2) {
+            return Err(self.bad(
+                "partial_rotary_factor",
+                format!(
+                    "rotates {rotary_dim} of head_dim {head_dim}'s dimensions; RoPE needs an even number, at least 2"
+                ),
+            ));
+        }
+        Ok(rotary_dim)
+    }
+
+    /// The multimodal RoPE sections, in rope_parameters or at the top level, if any.
+    fn mrope_section(&self, rope: Option<&Value>) -> Result<Option<Vec<usize>>> {
+        Ok(
+            match rope
+                .and_then(|r| r.get("mrope_section"))
+                .or(self.config.get("mrope_section"))
+            {
+                None | Some(Value::Null) => None,
+                Some(Value::Array(a)) => Some(
+                    a.iter()
+                        .map(|e| {
+                            e.as_u64()
+                                .filter(|&n| n <= MAX_HYBRID_DIM as u64)
+                                .map(|n| n as usize)
+                                .ok_or_else(|| {
+                                    self.bad(
+                                        "rope_parameters.mrope_section",
+                                        format!(
+                                            "entries must be small non-negative integers, found {e}"
+                                        ),
+                                    )
+                                })
+                        })
+                        .collect::<Result<Vec<_>>>()?,
+                ),
+                Some(v) => {
+                    return Err(self.bad(
+                        "rope_parameters.mrope_section",
+                        format!("must be a list of integers, found {v}"),
+                    ));
+                }
+            },
+        )
+    }
+
+    /// Each layer's kind: listed in `layer_types`, or every `full_attention_interval`-th full.
+    fn layer_types(&self, layers: usize) -> Result<Vec<LayerType>> {
+        match self.config.get("layer_types") {
+            None | Some(Value::Null) => {
+                // transformers: linear if (i + 1) % full_attention_interval != 0.
+                let interval = self.dim("full_attention_interval", Some(4))?;
+                Ok((0..layers)
+                    .map(|i| {
+                        if (i + 1) % interval != 0 {
+                            LayerType::Linear
+                        } else {
+                            LayerType::Full
+                        }
+                    })
+                    .collect())
+            }
+            Some(Value::Array(a)) => {
+                if a.len() != layers {
+                    return Err(self.bad(
+                        "layer_types",
+                        format!("has {} entries for num_hidden_layers {layers}", a.len()),
+                    ));
+                }
+                a.iter()
+                    .enumerate()
+                    .map(|(i, t)| match t.as_str() {
+                        Some("linear_attention") => Ok(LayerType::Linear),
+                        Some("full_attention") => Ok(LayerType::Full),
+                        _ => Err(self.bad(
+                            &format!("layer_types[{i}]"),
+                            format!(
+                                "is {t}; a layer is \"linear_attention\" or \"full_attention\""
+                            ),
+                        )),
+                    })
+                    .collect()
+            }
+            Some(v) => Err(self.bad(
+                "layer_types",
+                format!("must be a list of layer types, found {v}"),
+            )),
+        }
+    }
+
+    /// `mamba_ssm_dtype`, the recurrent state's dtype name, if the config gives one.
+    fn mamba_ssm_dtype(&self) -> Result<Option<String>> {
+        match self.config.get("mamba_ssm_dtype") {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(d)) => Ok(Some(d.clone())),
+            Some(v) => Err(self.bad(
+                "mamba_ssm_dtype",
+                format!("must be a dtype name, found {v}"),
+            )),
+        }
+    }
 }
 
 /// Llama 3.1's wavelength-dependent scaling of one inverse frequency.

@@ -170,195 +170,57 @@ pub fn read_config(path: &Path, file: &GgufFile) -> Result<GgufFamilyConfig> {
             format!("`{arch}` is not one of qwen35, qwen35moe, qwen3next, qwen3moe"),
         )
     })?;
-    let key = |k: &str| format!("{arch}.{k}");
-    let bad = |k: &str, rule: String| Error::format(path, Some(&key(k)), rule);
-    let opt_uint = |k: &str| -> Result<Option<usize>> {
-        match file.get(&key(k)) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|v| usize::try_from(v).ok())
-                .map(Some)
-                .ok_or_else(|| bad(k, "not a non-negative integer".into())),
-        }
-    };
-    let uint = |k: &str| -> Result<usize> {
-        opt_uint(k)?
-            .filter(|&v| v > 0)
-            .ok_or_else(|| bad(k, "missing or not a positive integer".into()))
-    };
-    let float = |k: &str| -> Result<Option<f64>> {
-        match file.get(&key(k)) {
-            None => Ok(None),
-            Some(GgufValue::F32(v)) if v.is_finite() => Ok(Some(f64::from(*v))),
-            Some(GgufValue::F64(v)) if v.is_finite() => Ok(Some(*v)),
-            Some(_) => Err(bad(k, "not a finite float".into())),
-        }
-    };
-    let hidden = uint("embedding_length")?;
-    let block_count = uint("block_count")?;
-    let mtp_layers = opt_uint("nextn_predict_layers")?.unwrap_or(0);
+    let meta = Meta { path, file, arch };
+    let hidden = meta.uint("embedding_length")?;
+    let block_count = meta.uint("block_count")?;
+    let mtp_layers = meta.opt_uint("nextn_predict_layers")?.unwrap_or(0);
     let layers = block_count
         .checked_sub(mtp_layers)
         .filter(|&l| l > 0)
         .ok_or_else(|| {
-            bad(
+            meta.bad(
                 "nextn_predict_layers",
                 format!("{mtp_layers} MTP layers leave no decoder layer of {block_count} blocks"),
             )
         })?;
-    let heads = uint("attention.head_count")?;
-    let kv_heads = opt_uint("attention.head_count_kv")?.unwrap_or(heads);
+    let heads = meta.uint("attention.head_count")?;
+    let kv_heads = meta.opt_uint("attention.head_count_kv")?.unwrap_or(heads);
     if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-        return Err(bad(
+        return Err(meta.bad(
             "attention.head_count_kv",
             format!("{kv_heads} key/value heads do not divide {heads} query heads"),
         ));
     }
-    let head_dim = match opt_uint("attention.key_length")? {
+    let head_dim = match meta.opt_uint("attention.key_length")? {
         Some(d) if d > 0 => d,
-        Some(_) => return Err(bad("attention.key_length", "is 0".into())),
+        Some(_) => return Err(meta.bad("attention.key_length", "is 0".into())),
         None if hidden.is_multiple_of(heads) => hidden / heads,
-        None => return Err(bad("attention.key_length", "missing".into())),
+        None => return Err(meta.bad("attention.key_length", "missing".into())),
     };
-    let rotary_dims = opt_uint("rope.dimension_count")?.unwrap_or(head_dim);
+    let rotary_dims = meta.opt_uint("rope.dimension_count")?.unwrap_or(head_dim);
     if rotary_dims == 0 || rotary_dims > head_dim || !rotary_dims.is_multiple_of(2) {
-        return Err(bad(
+        return Err(meta.bad(
             "rope.dimension_count",
             format!(
                 "{rotary_dims} rotary dimensions do not fit a head of {head_dim} (even, 2..={head_dim})"
             ),
         ));
     }
-    let rope_sections = match file.get(&key("rope.dimension_sections")) {
-        None => None,
-        Some(GgufValue::Array(a)) => Some(
-            a.values
-                .iter()
-                .map(GgufValue::as_u64)
-                .collect::<Option<Vec<u64>>>()
-                .ok_or_else(|| bad("rope.dimension_sections", "not an array of integers".into()))?,
-        ),
-        Some(_) => return Err(bad("rope.dimension_sections", "not an array".into())),
-    };
-    let embd = file
-        .tensor("token_embd.weight")
-        .ok_or_else(|| Error::format(path, Some("token_embd.weight"), "tensor missing"))?;
-    let vocab = match embd.dims[..] {
-        [h, v] if h == hidden as u64 && v > 0 => usize::try_from(v)
-            .map_err(|_| Error::format(path, Some("token_embd.weight"), "vocabulary overflows"))?,
-        _ => {
-            return Err(Error::format(
-                path,
-                Some("token_embd.weight"),
-                format!("shape {:?} is not [{hidden}, vocab]", embd.dims),
-            ));
-        }
-    };
-
+    let rope_sections = meta.rope_sections()?;
+    let vocab = meta.vocab(hidden)?;
     let linear = if family.hybrid() {
-        let value_heads = uint("ssm.time_step_rank")?;
-        let key_heads = uint("ssm.group_count")?;
-        let inner = uint("ssm.inner_size")?;
-        if !value_heads.is_multiple_of(key_heads) {
-            return Err(bad(
-                "ssm.group_count",
-                format!(
-                    "{key_heads} key heads do not divide {value_heads} value heads (ssm.time_step_rank)"
-                ),
-            ));
-        }
-        if !inner.is_multiple_of(value_heads) {
-            return Err(bad(
-                "ssm.inner_size",
-                format!("{inner} does not split into {value_heads} value heads"),
-            ));
-        }
-        Some(LinearAttentionShape {
-            conv_kernel: uint("ssm.conv_kernel")?,
-            key_heads,
-            key_head_dim: uint("ssm.state_size")?,
-            value_heads,
-            value_head_dim: inner / value_heads,
-        })
+        Some(meta.linear_shape()?)
     } else {
         None
     };
-    let full_attention_interval = opt_uint("full_attention_interval")?;
-    let layer_types = if !family.hybrid() {
-        vec![LayerKind::FullAttention; layers]
-    } else if let Some(v) = file.get(&key("attention.recurrent_layers")) {
-        let GgufValue::Array(a) = v else {
-            return Err(bad("attention.recurrent_layers", "not an array".into()));
-        };
-        if a.values.len() != block_count {
-            return Err(bad(
-                "attention.recurrent_layers",
-                format!("{} entries for {block_count} blocks", a.values.len()),
-            ));
-        }
-        let kinds = a
-            .values
-            .iter()
-            .map(|v| match v {
-                GgufValue::Bool(true) => Some(LayerKind::LinearAttention),
-                GgufValue::Bool(false) => Some(LayerKind::FullAttention),
-                _ => None,
-            })
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| {
-                bad(
-                    "attention.recurrent_layers",
-                    "not an array of booleans".into(),
-                )
-            })?;
-        kinds[..layers].to_vec()
+    let full_attention_interval = meta.opt_uint("full_attention_interval")?;
+    let layer_types = if family.hybrid() {
+        meta.hybrid_layer_types(layers, block_count, full_attention_interval)?
     } else {
-        let interval = full_attention_interval.filter(|&i| i > 0).ok_or_else(|| {
-            bad(
-                "full_attention_interval",
-                "missing or 0, and no attention.recurrent_layers".into(),
-            )
-        })?;
-        // transformers' rule: linear unless (i + 1) % interval == 0.
-        (0..layers)
-            .map(|i| {
-                if (i + 1).is_multiple_of(interval) {
-                    LayerKind::FullAttention
-                } else {
-                    LayerKind::LinearAttention
-                }
-            })
-            .collect()
+        vec![LayerKind::FullAttention; layers]
     };
     let moe = if family.moe() {
-        let experts = uint("expert_count")?;
-        let experts_used = uint("expert_used_count")?;
-        if experts_used > experts {
-            return Err(bad(
-                "expert_used_count",
-                format!("{experts_used} experts per token of {experts}"),
-            ));
-        }
-        let norm_topk_prob = match file.get(&key("expert_weights_norm")) {
-            None => None,
-            Some(GgufValue::Bool(b)) => Some(*b),
-            Some(_) => return Err(bad("expert_weights_norm", "not a boolean".into())),
-        };
-        Some(MoeShape {
-            experts,
-            experts_used,
-            expert_intermediate: uint("expert_feed_forward_length")?,
-            shared_expert_intermediate: opt_uint("expert_shared_feed_forward_length")?
-                .filter(|&n| n > 0),
-            norm_topk_prob,
-            sparse_layers: (0..layers)
-                .map(|l| {
-                    file.tensor(&format!("blk.{l}.ffn_gate_inp.weight"))
-                        .is_some()
-                })
-                .collect(),
-        })
+        Some(meta.moe_shape(layers)?)
     } else {
         None
     };
@@ -369,13 +231,15 @@ pub fn read_config(path: &Path, file: &GgufFile) -> Result<GgufFamilyConfig> {
         heads,
         kv_heads,
         head_dim,
-        intermediate: opt_uint("feed_forward_length")?.filter(|&n| n > 0),
+        intermediate: meta.opt_uint("feed_forward_length")?.filter(|&n| n > 0),
         vocab,
-        rms_eps: float("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-6),
-        rope_theta: float("rope.freq_base")?.unwrap_or(10_000.0),
+        rms_eps: meta
+            .float("attention.layer_norm_rms_epsilon")?
+            .unwrap_or(1e-6),
+        rope_theta: meta.float("rope.freq_base")?.unwrap_or(10_000.0),
         rotary_dims,
         rope_sections,
-        max_positions: opt_uint("context_length")?.filter(|&n| n > 0),
+        max_positions: meta.opt_uint("context_length")?.filter(|&n| n > 0),
         tie_embeddings: file.tensor("output.weight").is_none(),
         layer_types,
         full_attention_interval,
@@ -383,6 +247,204 @@ pub fn read_config(path: &Path, file: &GgufFile) -> Result<GgufFamilyConfig> {
         moe,
         mtp_layers,
     })
+}
+
+/// The file's `{arch}.*` metadata, read with the checks every count needs, so each part of the
+/// shape is read by a method of its own and every error names its full key.
+struct Meta<'f> {
+    path: &'f Path,
+    file: &'f GgufFile,
+    arch: &'f str,
+}
+
+impl Meta<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    fn get(&self, k: &str) -> Option<&GgufValue> {
+        self.file.get(&self.key(k))
+    }
+
+    fn bad(&self, k: &str, rule: String) -> Error {
+        Error::format(self.path, Some(&self.key(k)), rule)
+    }
+
+    fn opt_uint(&self, k: &str) -> Result<Option<usize>> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|v| usize::try_from(v).ok())
+                .map(Some)
+                .ok_or_else(|| self.bad(k, "not a non-negative integer".into())),
+        }
+    }
+
+    fn uint(&self, k: &str) -> Result<usize> {
+        self.opt_uint(k)?
+            .filter(|&v| v > 0)
+            .ok_or_else(|| self.bad(k, "missing or not a positive integer".into()))
+    }
+
+    fn float(&self, k: &str) -> Result<Option<f64>> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(GgufValue::F32(v)) if v.is_finite() => Ok(Some(f64::from(*v))),
+            Some(GgufValue::F64(v)) if v.is_finite() => Ok(Some(*v)),
+            Some(_) => Err(self.bad(k, "not a finite float".into())),
+        }
+    }
+
+    /// `rope.dimension_sections` (MRoPE), if written.
+    fn rope_sections(&self) -> Result<Option<Vec<u64>>> {
+        Ok(match self.get("rope.dimension_sections") {
+            None => None,
+            Some(GgufValue::Array(a)) => Some(
+                a.values
+                    .iter()
+                    .map(GgufValue::as_u64)
+                    .collect::<Option<Vec<u64>>>()
+                    .ok_or_else(|| {
+                        self.bad("rope.dimension_sections", "not an array of integers".into())
+                    })?,
+            ),
+            Some(_) => return Err(self.bad("rope.dimension_sections", "not an array".into())),
+        })
+    }
+
+    /// The vocabulary, from the shape of `token_embd.weight` (`[hidden, vocab]`).
+    fn vocab(&self, hidden: usize) -> Result<usize> {
+        let path = self.path;
+        let embd = self
+            .file
+            .tensor("token_embd.weight")
+            .ok_or_else(|| Error::format(path, Some("token_embd.weight"), "tensor missing"))?;
+        match embd.dims[..] {
+            [h, v] if h == hidden as u64 && v > 0 => usize::try_from(v).map_err(|_| {
+                Error::format(path, Some("token_embd.weight"), "vocabulary overflows")
+            }),
+            _ => Err(Error::format(
+                path,
+                Some("token_embd.weight"),
+                format!("shape {:?} is not [{hidden}, vocab]", embd.dims),
+            )),
+        }
+    }
+
+    /// The Gated DeltaNet dimensions of a hybrid family (`ssm.*`).
+    fn linear_shape(&self) -> Result<LinearAttentionShape> {
+        let value_heads = self.uint("ssm.time_step_rank")?;
+        let key_heads = self.uint("ssm.group_count")?;
+        let inner = self.uint("ssm.inner_size")?;
+        if !value_heads.is_multiple_of(key_heads) {
+            return Err(self.bad(
+                "ssm.group_count",
+                format!(
+                    "{key_heads} key heads do not divide {value_heads} value heads (ssm.time_step_rank)"
+                ),
+            ));
+        }
+        if !inner.is_multiple_of(value_heads) {
+            return Err(self.bad(
+                "ssm.inner_size",
+                format!("{inner} does not split into {value_heads} value heads"),
+            ));
+        }
+        Ok(LinearAttentionShape {
+            conv_kernel: self.uint("ssm.conv_kernel")?,
+            key_heads,
+            key_head_dim: self.uint("ssm.state_size")?,
+            value_heads,
+            value_head_dim: inner / value_heads,
+        })
+    }
+
+    /// A hybrid family's layer kinds: `attention.recurrent_layers` when written (one entry per
+    /// block, MTP blocks included), else transformers' rule over `full_attention_interval`.
+    fn hybrid_layer_types(
+        &self,
+        layers: usize,
+        block_count: usize,
+        full_attention_interval: Option<usize>,
+    ) -> Result<Vec<LayerKind>> {
+        if let Some(v) = self.get("attention.recurrent_layers") {
+            let GgufValue::Array(a) = v else {
+                return Err(self.bad("attention.recurrent_layers", "not an array".into()));
+            };
+            if a.values.len() != block_count {
+                return Err(self.bad(
+                    "attention.recurrent_layers",
+                    format!("{} entries for {block_count} blocks", a.values.len()),
+                ));
+            }
+            let kinds = a
+                .values
+                .iter()
+                .map(|v| match v {
+                    GgufValue::Bool(true) => Some(LayerKind::LinearAttention),
+                    GgufValue::Bool(false) => Some(LayerKind::FullAttention),
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    self.bad(
+                        "attention.recurrent_layers",
+                        "not an array of booleans".into(),
+                    )
+                })?;
+            return Ok(kinds[..layers].to_vec());
+        }
+        let interval = full_attention_interval.filter(|&i| i > 0).ok_or_else(|| {
+            self.bad(
+                "full_attention_interval",
+                "missing or 0, and no attention.recurrent_layers".into(),
+            )
+        })?;
+        // transformers' rule: linear unless (i + 1) % interval == 0.
+        Ok((0..layers)
+            .map(|i| {
+                if (i + 1).is_multiple_of(interval) {
+                    LayerKind::FullAttention
+                } else {
+                    LayerKind::LinearAttention
+                }
+            })
+            .collect())
+    }
+
+    /// The mixture-of-experts dimensions; a layer is sparse when it has a router tensor.
+    fn moe_shape(&self, layers: usize) -> Result<MoeShape> {
+        let experts = self.uint("expert_count")?;
+        let experts_used = self.uint("expert_used_count")?;
+        if experts_used > experts {
+            return Err(self.bad(
+                "expert_used_count",
+                format!("{experts_used} experts per token of {experts}"),
+            ));
+        }
+        let norm_topk_prob = match self.get("expert_weights_norm") {
+            None => None,
+            Some(GgufValue::Bool(b)) => Some(*b),
+            Some(_) => return Err(self.bad("expert_weights_norm", "not a boolean".into())),
+        };
+        Ok(MoeShape {
+            experts,
+            experts_used,
+            expert_intermediate: self.uint("expert_feed_forward_length")?,
+            shared_expert_intermediate: self
+                .opt_uint("expert_shared_feed_forward_length")?
+                .filter(|&n| n > 0),
+            norm_topk_prob,
+            sparse_layers: (0..layers)
+                .map(|l| {
+                    self.file
+                        .tensor(&format!("blk.{l}.ffn_gate_inp.weight"))
+                        .is_some()
+                })
+                .collect(),
+        })
+    }
 }
 
 /// One step undoing a converter transform, applied to the dequantized f32 tensor.

@@ -957,152 +957,39 @@ impl WeightStore for MemoryStore {
 
 /// A random model of the given shape (deterministic in `seed`), for benchmarks.
 pub fn synthetic(config: &super::config::ModelConfig, seed: u64) -> MemoryStore {
-    let mut rng = crate::kld::stats::SplitMix64::new(seed);
-    let mut tensors = BTreeMap::new();
-    let mut add =
-        |name: String, shape: Vec<usize>, scale: f32, rng: &mut crate::kld::stats::SplitMix64| {
-            let n: usize = shape.iter().product();
-            let data = (0..n)
-                .map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale)
-                .collect();
-            tensors.insert(name, Dense { shape, data });
-        };
+    let mut t = SyntheticTensors {
+        rng: crate::kld::stats::SplitMix64::new(seed),
+        tensors: BTreeMap::new(),
+    };
     let c = config;
     let s = 1.0 / (c.hidden as f32).sqrt();
-    add(
+    t.add(
         "model.embed_tokens.weight".into(),
         vec![c.vocab, c.hidden],
         1.0,
-        &mut rng,
     );
-    add(
-        "lm_head.weight".into(),
-        vec![c.vocab, c.hidden],
-        s,
-        &mut rng,
-    );
-    add("model.norm.weight".into(), vec![c.hidden], 1.0, &mut rng);
-    let (q, kv) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
-    // The hybrid family's q_proj carries a per-head output gate beside the query.
-    let q_rows = if c.arch.is_hybrid() { 2 * q } else { q };
+    t.add("lm_head.weight".into(), vec![c.vocab, c.hidden], s);
+    t.add("model.norm.weight".into(), vec![c.hidden], 1.0);
     for i in 0..c.layers {
         let p = format!("model.layers.{i}");
-        add(
-            format!("{p}.input_layernorm.weight"),
-            vec![c.hidden],
-            1.0,
-            &mut rng,
-        );
-        add(
+        t.add(format!("{p}.input_layernorm.weight"), vec![c.hidden], 1.0);
+        t.add(
             format!("{p}.post_attention_layernorm.weight"),
             vec![c.hidden],
             1.0,
-            &mut rng,
         );
         let linear = c
             .hybrid
             .as_ref()
             .filter(|h| h.layer_types[i] == super::config::LayerType::Linear);
         if let Some(h) = linear {
-            // A Gated DeltaNet layer, Qwen3.5's separate projections (A_log is moved near -2
-            // below: slow decays, so the state carries context as trained layers' mostly do).
-            let m = format!("{p}.linear_attn");
-            let width = h.value_heads * h.value_dim;
-            for (name, shape, scale) in [
-                ("in_proj_qkv.weight", vec![h.conv_dim(), c.hidden], s),
-                ("in_proj_z.weight", vec![width, c.hidden], s),
-                ("in_proj_b.weight", vec![h.value_heads, c.hidden], s),
-                ("in_proj_a.weight", vec![h.value_heads, c.hidden], s),
-                (
-                    "out_proj.weight",
-                    vec![c.hidden, width],
-                    1.0 / (width as f32).sqrt(),
-                ),
-                ("conv1d.weight", vec![h.conv_dim(), 1, h.conv_kernel], 0.5),
-                ("A_log", vec![h.value_heads], 0.5),
-                ("dt_bias", vec![h.value_heads], 0.5),
-                ("norm.weight", vec![h.value_dim], 1.0),
-            ] {
-                add(format!("{m}.{name}"), shape, scale, &mut rng);
-            }
+            t.gated_delta_net(c, h, &p);
         } else {
-            add(
-                format!("{p}.self_attn.q_proj.weight"),
-                vec![q_rows, c.hidden],
-                s,
-                &mut rng,
-            );
-            add(
-                format!("{p}.self_attn.k_proj.weight"),
-                vec![kv, c.hidden],
-                s,
-                &mut rng,
-            );
-            add(
-                format!("{p}.self_attn.v_proj.weight"),
-                vec![kv, c.hidden],
-                s,
-                &mut rng,
-            );
-            add(
-                format!("{p}.self_attn.o_proj.weight"),
-                vec![c.hidden, q],
-                s,
-                &mut rng,
-            );
-            for (module, out, with) in [
-                ("self_attn.q_proj", q_rows, c.biases.qkv),
-                ("self_attn.k_proj", kv, c.biases.qkv),
-                ("self_attn.v_proj", kv, c.biases.qkv),
-                ("self_attn.o_proj", c.hidden, c.biases.o),
-            ] {
-                if with {
-                    add(format!("{p}.{module}.bias"), vec![out], s, &mut rng);
-                }
-            }
-            if c.arch.has_qk_norm() {
-                add(
-                    format!("{p}.self_attn.q_norm.weight"),
-                    vec![c.head_dim],
-                    1.0,
-                    &mut rng,
-                );
-                add(
-                    format!("{p}.self_attn.k_norm.weight"),
-                    vec![c.head_dim],
-                    1.0,
-                    &mut rng,
-                );
-            }
+            t.attention(c, &p);
         }
-        for (module, out, with) in [
-            ("mlp.gate_proj", c.intermediate, c.biases.mlp),
-            ("mlp.up_proj", c.intermediate, c.biases.mlp),
-            ("mlp.down_proj", c.hidden, c.biases.mlp),
-        ] {
-            if with {
-                add(format!("{p}.{module}.bias"), vec![out], s, &mut rng);
-            }
-        }
-        add(
-            format!("{p}.mlp.gate_proj.weight"),
-            vec![c.intermediate, c.hidden],
-            s,
-            &mut rng,
-        );
-        add(
-            format!("{p}.mlp.up_proj.weight"),
-            vec![c.intermediate, c.hidden],
-            s,
-            &mut rng,
-        );
-        add(
-            format!("{p}.mlp.down_proj.weight"),
-            vec![c.hidden, c.intermediate],
-            1.0 / (c.intermediate as f32).sqrt(),
-            &mut rng,
-        );
+        t.mlp(c, &p);
     }
+    let mut tensors = t.tensors;
     for (name, t) in tensors.iter_mut() {
         if name.ends_with(".linear_attn.A_log") {
             t.data.iter_mut().for_each(|x| *x -= 2.0);
@@ -1111,5 +998,132 @@ pub fn synthetic(config: &super::config::ModelConfig, seed: u64) -> MemoryStore 
     MemoryStore {
         name: PathBuf::from("synthetic"),
         tensors,
+    }
+}
+
+/// The random model's tensors as they are drawn: one generator, so the tensors must be added
+/// in the same order every time for the same seed to give the same model.
+struct SyntheticTensors {
+    rng: crate::kld::stats::SplitMix64,
+    tensors: BTreeMap<String, Dense>,
+}
+
+impl SyntheticTensors {
+    /// A tensor of uniform values in `[-scale, scale)`, drawn now.
+    fn add(&mut self, name: String, shape: Vec<usize>, scale: f32) {
+        let n: usize = shape.iter().product();
+        let rng = &mut self.rng;
+        let data = (0..n)
+            .map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale)
+            .collect();
+        self.tensors.insert(name, Dense { shape, data });
+    }
+
+    /// A Gated DeltaNet layer, Qwen3.5's separate projections (A_log is moved near -2 once
+    /// every tensor is drawn: slow decays, so the state carries context as trained layers'
+    /// mostly do).
+    fn gated_delta_net(
+        &mut self,
+        c: &super::config::ModelConfig,
+        h: &super::config::Hybrid,
+        p: &str,
+    ) {
+        let s = 1.0 / (c.hidden as f32).sqrt();
+        let m = format!("{p}.linear_attn");
+        let width = h.value_heads * h.value_dim;
+        for (name, shape, scale) in [
+            ("in_proj_qkv.weight", vec![h.conv_dim(), c.hidden], s),
+            ("in_proj_z.weight", vec![width, c.hidden], s),
+            ("in_proj_b.weight", vec![h.value_heads, c.hidden], s),
+            ("in_proj_a.weight", vec![h.value_heads, c.hidden], s),
+            (
+                "out_proj.weight",
+                vec![c.hidden, width],
+                1.0 / (width as f32).sqrt(),
+            ),
+            ("conv1d.weight", vec![h.conv_dim(), 1, h.conv_kernel], 0.5),
+            ("A_log", vec![h.value_heads], 0.5),
+            ("dt_bias", vec![h.value_heads], 0.5),
+            ("norm.weight", vec![h.value_dim], 1.0),
+        ] {
+            self.add(format!("{m}.{name}"), shape, scale);
+        }
+    }
+
+    /// A full-attention layer: Q, K, V and O projections, their biases where the
+    /// architecture has them, and the Q/K norms.
+    fn attention(&mut self, c: &super::config::ModelConfig, p: &str) {
+        let s = 1.0 / (c.hidden as f32).sqrt();
+        let (q, kv) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        // The hybrid family's q_proj carries a per-head output gate beside the query.
+        let q_rows = if c.arch.is_hybrid() { 2 * q } else { q };
+        self.add(
+            format!("{p}.self_attn.q_proj.weight"),
+            vec![q_rows, c.hidden],
+            s,
+        );
+        self.add(
+            format!("{p}.self_attn.k_proj.weight"),
+            vec![kv, c.hidden],
+            s,
+        );
+        self.add(
+            format!("{p}.self_attn.v_proj.weight"),
+            vec![kv, c.hidden],
+            s,
+        );
+        self.add(format!("{p}.self_attn.o_proj.weight"), vec![c.hidden, q], s);
+        for (module, out, with) in [
+            ("self_attn.q_proj", q_rows, c.biases.qkv),
+            ("self_attn.k_proj", kv, c.biases.qkv),
+            ("self_attn.v_proj", kv, c.biases.qkv),
+            ("self_attn.o_proj", c.hidden, c.biases.o),
+        ] {
+            if with {
+                self.add(format!("{p}.{module}.bias"), vec![out], s);
+            }
+        }
+        if c.arch.has_qk_norm() {
+            self.add(
+                format!("{p}.self_attn.q_norm.weight"),
+                vec![c.head_dim],
+                1.0,
+            );
+            self.add(
+                format!("{p}.self_attn.k_norm.weight"),
+                vec![c.head_dim],
+                1.0,
+            );
+        }
+    }
+
+    /// A layer's dense MLP: the biases first (where the architecture has them), then the gate,
+    /// up and down projections.
+    fn mlp(&mut self, c: &super::config::ModelConfig, p: &str) {
+        let s = 1.0 / (c.hidden as f32).sqrt();
+        for (module, out, with) in [
+            ("mlp.gate_proj", c.intermediate, c.biases.mlp),
+            ("mlp.up_proj", c.intermediate, c.biases.mlp),
+            ("mlp.down_proj", c.hidden, c.biases.mlp),
+        ] {
+            if with {
+                self.add(format!("{p}.{module}.bias"), vec![out], s);
+            }
+        }
+        self.add(
+            format!("{p}.mlp.gate_proj.weight"),
+            vec![c.intermediate, c.hidden],
+            s,
+        );
+        self.add(
+            format!("{p}.mlp.up_proj.weight"),
+            vec![c.intermediate, c.hidden],
+            s,
+        );
+        self.add(
+            format!("{p}.mlp.down_proj.weight"),
+            vec![c.hidden, c.intermediate],
+            1.0 / (c.intermediate as f32).sqrt(),
+        );
     }
 }
