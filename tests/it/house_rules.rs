@@ -34,7 +34,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("sources", &["hub"]),
     ("rerun", &["rerun"]),
     ("signing", &["attest", "outset"]),
-    ("verdicts", &["lint", "card::write", "verify", "study", "report"]),
+    (
+        "verdicts",
+        &["lint", "card::write", "verify", "study", "report"],
+    ),
     ("output", &["output"]),
 ];
 
@@ -71,7 +74,9 @@ fn is_test_cfg(attrs: &[syn::Attribute]) -> bool {
             || match &a.meta {
                 syn::Meta::List(l) if a.path().is_ident("cfg") => {
                     let tokens = l.tokens.to_string();
-                    tokens.split(|c: char| !c.is_alphanumeric() && c != '_').any(|w| w == "test")
+                    tokens
+                        .split(|c: char| !c.is_alphanumeric() && c != '_')
+                        .any(|w| w == "test")
                         && !tokens.contains("not (test")
                 }
                 _ => false,
@@ -175,12 +180,8 @@ impl Walker {
     fn record_function(&mut self, name: String, sig: &syn::Signature, block: &syn::Block) {
         let start = sig.fn_token.span.start().line;
         let end = block.brace_token.span.close().end().line;
-        self.functions.push((
-            self.module.join("::"),
-            name,
-            start,
-            end + 1 - start,
-        ));
+        self.functions
+            .push((self.module.join("::"), name, start, end + 1 - start));
     }
 }
 
@@ -231,7 +232,10 @@ impl<'ast> Visit<'ast> for Walker {
         let mut paths = Vec::new();
         use_paths(&u.tree, &mut Vec::new(), &mut paths);
         for p in paths {
-            if matches!(p.first().map(String::as_str), Some("crate" | "super" | "self")) {
+            if matches!(
+                p.first().map(String::as_str),
+                Some("crate" | "super" | "self")
+            ) {
                 if let Some(resolved) = self.resolve(&p) {
                     self.refs.push(resolved);
                 }
