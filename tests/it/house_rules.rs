@@ -235,20 +235,19 @@ impl<'ast> Visit<'ast> for Walker {
             if matches!(
                 p.first().map(String::as_str),
                 Some("crate" | "super" | "self")
-            ) {
-                if let Some(resolved) = self.resolve(&p) {
-                    self.refs.push(resolved);
-                }
+            ) && let Some(resolved) = self.resolve(&p)
+            {
+                self.refs.push(resolved);
             }
         }
     }
 
     fn visit_path(&mut self, p: &'ast syn::Path) {
         let segments: Vec<String> = p.segments.iter().map(|s| s.ident.to_string()).collect();
-        if segments.len() > 1 {
-            if let Some(resolved) = self.resolve(&segments) {
-                self.refs.push(resolved);
-            }
+        if segments.len() > 1
+            && let Some(resolved) = self.resolve(&segments)
+        {
+            self.refs.push(resolved);
         }
         syn::visit::visit_path(self, p);
     }
@@ -414,6 +413,7 @@ fn circles<T: Ord + Clone>(edges: &BTreeMap<T, BTreeSet<T>>) -> Vec<Vec<T>> {
     s.out
 }
 
+#[allow(clippy::print_stderr)] // the report is asked for (CARDPROOF_HOUSE_REPORT=1)
 fn report(krate: &Crate) {
     if std::env::var_os("CARDPROOF_HOUSE_REPORT").is_none() {
         return;
