@@ -9,7 +9,7 @@ safetensors, then, on the same tokens:
 
 - the floor: two bare chunked-prefill passes (one per model, no output head), timed with CUDA
   synchronization, models already loaded;
-- cardproof's runner end to end: runners/transformers_runner.py as cardproof starts it (a request
+- cardproof's runner end to end: runners/transformers_runner/ as cardproof starts it (a request
   file, a subprocess), every row scored; its own timings split load from compute;
 - the naive peer: `model(ids).logits` for the whole window, float32 log-softmax over all
   positions, KL per position, for both models; time and peak memory, or the out-of-memory error;
@@ -26,8 +26,9 @@ Qwen3.6-27B's widths (its model card: hidden 5120, FFN 17408, vocabulary 248,320
 DeltaNet 16 QK heads / 48 V heads of 128, conv kernel 4; gated attention 24 Q / 4 KV heads of
 256, rotary on 64 dims, theta 1e7) with 16 of its 64 layers (3 GDN + 1 attention, repeated),
 8.63B parameters, every 32nd row scored and the gates on. Side by side in one process: the floor
-(two bare prefills, warmed up), each runner copy given (`--runner name=path`: its compute, warm-up
-and gate costs from its own timings), and a torch.profiler table of one bare prefill
+(two bare prefills, warmed up), each runner copy given (`--runner name=path`, a package directory
+or a single-file runner from before the package: its compute, warm-up and gate costs from its
+own timings), and a torch.profiler table of one bare prefill
 (`--profile-tokens`). `--self64 N`: the full 64-layer shape (26.9B parameters, 51 GB in bf16),
 random init on the GPU and never written to disk, measured against itself at N tokens: its floor
 (two bare prefills of the one model) and the runner's own `run` in this process with only the
@@ -262,21 +263,50 @@ def profile_prefill(model, ids, out_dir, label):
     return rows
 
 
+class RunnerCopy:
+    """A runner copy's modules (a package's, or a single-file runner's one) and its `run`."""
+
+    def __init__(self, modules, run):
+        self.modules = modules
+        self.run = run
+
+    def patch(self, name, value):
+        """Replace `name` in every module that holds it (a package's modules import their
+        functions by name, so each holds its own reference)."""
+        for m in self.modules:
+            if hasattr(m, name):
+                setattr(m, name, value)
+
+
 def runner_module(script):
-    """A runner copy imported as a module, loading replaced by models already in memory."""
+    """A runner copy imported (a package directory, or a single-file runner from before the
+    package), loading replaced by models already in memory."""
+    import importlib
     import importlib.util
-    spec = importlib.util.spec_from_file_location(f"cardproof_runner_{abs(hash(script))}", script)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.checkpoint_files = lambda path: [path]
+    name = f"cardproof_runner_{abs(hash(script))}"
+    if os.path.isdir(script):
+        spec = importlib.util.spec_from_file_location(name, os.path.join(script, "__init__.py"),
+                                                      submodule_search_locations=[script])
+        pkg = importlib.util.module_from_spec(spec)
+        sys.modules[name] = pkg
+        spec.loader.exec_module(pkg)
+        run = importlib.import_module(f"{name}.run").run
+        modules = [m for k, m in list(sys.modules.items()) if k == name or k.startswith(name + ".")]
+    else:
+        spec = importlib.util.spec_from_file_location(name, script)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        run, modules = mod.run, [mod]
+    copy = RunnerCopy(modules, run)
+    copy.patch("checkpoint_files", lambda path: [path])
     # The weights are resident already (so out of the free memory the plan reads): 0 more.
-    mod.weight_bytes = lambda path, size: 0
-    return mod
+    copy.patch("weight_bytes", lambda path, size: 0)
+    return copy
 
 
 def run_in_process(mod, held, req):
     """The runner's own `run` on the models in `held` (path -> model); its record."""
-    mod.load_model = lambda torch_, transformers_, spec_, dtype, device, trc: held[spec_["path"]]
+    mod.patch("load_model", lambda torch_, transformers_, spec_, dtype, device, trc: held[spec_["path"]])
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -427,7 +457,7 @@ def hybrid_main(a, results):
     gc.collect()
     torch.cuda.empty_cache()
     results["runners"] = {}
-    for spec in a.runner or [f"new={os.path.join(HERE, 'transformers_runner.py')}"]:
+    for spec in a.runner or [f"new={os.path.join(HERE, 'transformers_runner')}"]:
         name, _, script = spec.partition("=")
         r = hybrid_runner(script, ref_dir, cand_dir, ids, os.path.join(a.work, f"run-{a.label}-{name}"), a.row_stride, a.runner_triton_cache)
         if r["ok"]:
@@ -435,7 +465,7 @@ def hybrid_main(a, results):
         results["runners"][name] = r
         print(json.dumps({name: {k: v for k, v in r.items() if k != "stderr_tail"}}), flush=True)
     if a.self64:
-        script = dict(x.partition("=")[::2] for x in (a.runner or [f"new={os.path.join(HERE, 'transformers_runner.py')}"]))["new"]
+        script = dict(x.partition("=")[::2] for x in (a.runner or [f"new={os.path.join(HERE, 'transformers_runner')}"]))["new"]
         results["self64"] = s64 = self64(script, a.self64, a.out, a.row_stride)
         print(json.dumps(s64), flush=True)
     with open(os.path.join(a.out, f"bench-hybrid-{a.label}.json"), "w") as f:
@@ -462,7 +492,7 @@ def hybrid_main(a, results):
 
 
 def self64_main(a, results):
-    script = dict(x.partition("=")[::2] for x in (a.runner or [f"new={os.path.join(HERE, 'transformers_runner.py')}"]))["new"]
+    script = dict(x.partition("=")[::2] for x in (a.runner or [f"new={os.path.join(HERE, 'transformers_runner')}"]))["new"]
     results["self64"] = s64 = self64(script, a.self64, a.out, a.row_stride)
     with open(os.path.join(a.out, f"bench-hybrid-{a.label}.json"), "w") as f:
         json.dump(results, f, indent=1)
@@ -477,7 +507,7 @@ def self64_main(a, results):
 
 
 def runner(ref_dir, cand_dir, ids, chunk, work, device="cuda"):
-    """runners/transformers_runner.py as cardproof runs it: request, subprocess, record."""
+    """runners/transformers_runner/ as cardproof runs it: request, subprocess, record."""
     os.makedirs(work, exist_ok=True)
     length = ids.shape[1]
     tokens = os.path.join(work, "tokens.u32")
@@ -496,7 +526,7 @@ def runner(ref_dir, cand_dir, ids, chunk, work, device="cuda"):
     with open(os.path.join(work, "request.json"), "w") as f:
         json.dump(req, f)
     t = time.perf_counter()
-    p = subprocess.run([sys.executable, os.path.join(HERE, "transformers_runner.py"), os.path.join(work, "request.json")],
+    p = subprocess.run([sys.executable, os.path.join(HERE, "transformers_runner"), os.path.join(work, "request.json")],
                        capture_output=True, text=True)
     wall = time.perf_counter() - t
     with open(os.path.join(work, "record.json")) as f:

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The transformers runner's KV-cache quantizers (runners/transformers_runner.py, `kv_quantize`)
-against the fixtures cardproof's native quantizers are checked on (tests/fixtures/kv_cache):
+"""The transformers runner's KV-cache quantizers (runners/transformers_runner/kv_quant.py,
+`kv_quantize`) against the fixtures cardproof's native quantizers are checked on
+(tests/fixtures/kv_cache):
 gguf-py's llama.cpp blocks, torch's casts on vLLM's write paths and llama.cpp's Hadamard
 rotation (rotation.json), bit for bit in float32. Run by
 the CI torch test `transformers::torch::the_runners_kv_quantizers_match_the_fixtures_bit_for_bit`:
@@ -8,7 +9,7 @@ the CI torch test `transformers::torch::the_runners_kv_quantizers_match_the_fixt
     python3 tests/kv_quant_check.py
 """
 
-import importlib.util
+import importlib
 import json
 import os
 import sys
@@ -21,10 +22,12 @@ FIXTURES = os.path.join(ROOT, "tests", "fixtures", "kv_cache")
 
 
 def runner():
-    spec = importlib.util.spec_from_file_location("transformers_runner", os.path.join(ROOT, "runners", "transformers_runner.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """The runner package's `kv_quant` module, imported from this tree."""
+    sys.path.insert(0, os.path.join(ROOT, "runners"))
+    try:
+        return importlib.import_module("transformers_runner.kv_quant")
+    finally:
+        sys.path.pop(0)
 
 
 def floats(bits):

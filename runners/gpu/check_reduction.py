@@ -15,7 +15,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import transformers_runner as tr  # noqa: E402
+from transformers_runner import reduce as tr  # noqa: E402
 
 
 def reference(la, lb, tokens, vocab):

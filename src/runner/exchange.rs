@@ -1,7 +1,8 @@
 //! The transformers runner's exchange as types: the request cardproof writes
 //! (`request.json`) and the record the Python program answers with (`record.json`). Their JSON
 //! Schemas (`schema/runner-request-v1.schema.json`, `schema/runner-record-v1.schema.json`) are
-//! generated from these types; the program (runners/transformers_runner.py) is the other side.
+//! generated from these types; the program (the package runners/transformers_runner/, its
+//! `protocol` module) is the other side.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

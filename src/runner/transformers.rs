@@ -1,7 +1,7 @@
-//! The `transformers` runner: a Python program (runners/transformers_runner.py, embedded in the
-//! binary) driven as a subprocess on the user's GPU. cardproof writes a JSON request (models,
-//! dtype, token windows, scored rows, attention implementation, chunk sizes, placement), the
-//! program answers with one safetensors file of per-row records per context length and a JSON
+//! The `transformers` runner: a Python program (the package runners/transformers_runner/, embedded
+//! in the binary) driven as a subprocess on the user's GPU. cardproof writes a JSON request
+//! (models, dtype, token windows, scored rows, attention implementation, chunk sizes, placement),
+//! the program answers with one safetensors file of per-row records per context length and a JSON
 //! record of what it actually ran (versions, GPU, attention really used, dtypes, peak memory,
 //! timings). Its rows are reduced on the GPU with the numerics rules of the `measure` module; the
 //! statistics are still ours.
@@ -29,9 +29,50 @@ use crate::runner::exchange::{
     RunnerRecord, RunnerRequest,
 };
 
-/// The program, as shipped: written next to the request so an installed binary needs no source
-/// tree.
-pub const RUNNER_SOURCE: &str = include_str!("../../runners/transformers_runner.py");
+/// The program, as shipped: the package's files (path under the package's parent directory,
+/// content), written next to the request so an installed binary needs no source tree, and
+/// started as `python DIR/transformers_runner REQUEST` (its `__main__.py` imports the package
+/// from DIR). Every `.py` file of runners/transformers_runner/ is here (a test checks it).
+pub const RUNNER_FILES: &[(&str, &str)] = &[
+    (
+        "transformers_runner/__init__.py",
+        include_str!("../../runners/transformers_runner/__init__.py"),
+    ),
+    (
+        "transformers_runner/__main__.py",
+        include_str!("../../runners/transformers_runner/__main__.py"),
+    ),
+    (
+        "transformers_runner/kv_quant.py",
+        include_str!("../../runners/transformers_runner/kv_quant.py"),
+    ),
+    (
+        "transformers_runner/memory.py",
+        include_str!("../../runners/transformers_runner/memory.py"),
+    ),
+    (
+        "transformers_runner/model.py",
+        include_str!("../../runners/transformers_runner/model.py"),
+    ),
+    (
+        "transformers_runner/protocol.py",
+        include_str!("../../runners/transformers_runner/protocol.py"),
+    ),
+    (
+        "transformers_runner/provenance.py",
+        include_str!("../../runners/transformers_runner/provenance.py"),
+    ),
+    (
+        "transformers_runner/reduce.py",
+        include_str!("../../runners/transformers_runner/reduce.py"),
+    ),
+    (
+        "transformers_runner/run.py",
+        include_str!("../../runners/transformers_runner/run.py"),
+    ),
+];
+/// The package's directory under the directory [`RUNNER_FILES`] are written into.
+const RUNNER_PACKAGE: &str = "transformers_runner";
 /// The request/record format both sides speak.
 pub const PROTOCOL: u64 = 1;
 /// Lines of the program's output kept for an error message.
@@ -89,7 +130,9 @@ impl Device {
 pub struct TransformersOptions {
     /// The Python interpreter (`--python`, else `CARDPROOF_PYTHON`, else `python3`).
     pub python: PathBuf,
-    /// A runner program to use instead of the embedded one (development).
+    /// A runner program to use instead of the embedded one (development): anything `python PATH
+    /// REQUEST` runs, a package directory with a `__main__.py` (a copy of
+    /// runners/transformers_runner) or a single file (a stand-in).
     pub script: Option<PathBuf>,
     pub device: Device,
     /// `bfloat16`, `float16` or `float32`: the dtype the models are loaded and run in.
@@ -379,11 +422,11 @@ fn write_request(
     Ok(path)
 }
 
-/// Runs `python script request` under [`crate::runner::child`], relaying its progress lines;
-/// returns its exit status and its last [`TAIL_LINES`] other lines. Both pipes are drained on
-/// threads (transformers may print on stdout) while this thread waits for the program: when it
-/// exits its group is killed, so a process it left holding the pipes cannot keep the reads from
-/// ending; an hour without output stops it.
+/// Runs `python script request` (`script`: a file, or a package directory) under
+/// [`crate::runner::child`], relaying its progress lines; returns its exit status and its last
+/// [`TAIL_LINES`] other lines. Both pipes are drained on threads (transformers may print on stdout)
+/// while this thread waits for the program: when it exits its group is killed, so a process it left
+/// holding the pipes cannot keep the reads from ending; an hour without output stops it.
 fn run_program(
     python: &Path,
     script: &Path,
@@ -469,11 +512,7 @@ fn invoke(
 ) -> Result<RunnerRecord> {
     let script = match &o.script {
         Some(s) => s.clone(),
-        None => {
-            let path = dir.join("transformers_runner.py");
-            std::fs::write(&path, RUNNER_SOURCE).map_err(|e| Error::io(&path, e))?;
-            path
-        }
+        None => write_runner(dir)?,
     };
     let (status, tail) = run_program(&o.python, &script, request, candidate, progress)?;
     let shown_tail = || {
@@ -542,6 +581,18 @@ fn invoke(
         ));
     }
     Ok(record)
+}
+
+/// Write the embedded package into `dir`; returns the package's directory, the path to start.
+fn write_runner(dir: &Path) -> Result<PathBuf> {
+    for (name, source) in RUNNER_FILES {
+        let path = dir.join(name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+        }
+        std::fs::write(&path, source).map_err(|e| Error::io(&path, e))?;
+    }
+    Ok(dir.join(RUNNER_PACKAGE))
 }
 
 /// Copy the request, the record and the result files next to the logit dump: a recorded
@@ -706,4 +757,55 @@ fn column(file: &SafetensorsFile, name: &str, n: usize, dtype: Dtype) -> Result<
             .collect(),
         _ => bytes.iter().map(|&b| f64::from(b)).collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The embedded package is the package in the tree: every `.py` file of
+    /// runners/transformers_runner/, none missing and none extra.
+    #[test]
+    fn the_embedded_runner_is_every_file_of_its_package() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("runners");
+        let mut on_disk: Vec<(String, String)> = std::fs::read_dir(root.join(RUNNER_PACKAGE))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "py"))
+            .map(|p| {
+                let name = format!(
+                    "{RUNNER_PACKAGE}/{}",
+                    p.file_name().unwrap().to_string_lossy()
+                );
+                (name, std::fs::read_to_string(&p).unwrap())
+            })
+            .collect();
+        on_disk.sort();
+        let embedded: Vec<(String, String)> = RUNNER_FILES
+            .iter()
+            .map(|(n, s)| ((*n).to_owned(), (*s).to_owned()))
+            .collect();
+        assert_eq!(
+            embedded.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            on_disk.iter().map(|(n, _)| n).collect::<Vec<_>>()
+        );
+        assert!(
+            embedded == on_disk,
+            "an embedded file differs from the tree's"
+        );
+    }
+
+    #[test]
+    fn the_embedded_runner_is_written_as_a_package() {
+        let dir = tempfile::tempdir().unwrap();
+        let start = write_runner(dir.path()).unwrap();
+        assert_eq!(start, dir.path().join(RUNNER_PACKAGE));
+        assert!(start.join("__main__.py").is_file());
+        for (name, source) in RUNNER_FILES {
+            assert_eq!(
+                std::fs::read_to_string(dir.path().join(name)).unwrap(),
+                *source
+            );
+        }
+    }
 }

@@ -1,0 +1,142 @@
+"""The models: the checkpoint's files and config, the compute dtype, loading through transformers
+(safetensors only, remote code only when the request allows it), the attention implementation
+asked for and the one in use, and the layer structure the warm-up and the probes look at."""
+
+import json
+import math
+import os
+import struct
+
+from .protocol import RunnerError
+
+
+def torch_dtype(torch, name):
+    table = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    if name not in table:
+        raise RunnerError("bad_request", f"dtype {name!r} is not one of {sorted(table)}")
+    return table[name]
+
+
+def checkpoint_files(path):
+    """The safetensors files of a checkpoint directory; refuses anything that would need pickle."""
+    if not os.path.isdir(path):
+        raise RunnerError("bad_model", f"{path}: not a directory (the transformers runner loads safetensors checkpoint directories)")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        raise RunnerError("bad_model", f"{path}: no config.json")
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        ggufs = [f for f in os.listdir(path) if f.endswith(".gguf")]
+        hint = " (GGUF checkpoints run with --runner native)" if ggufs else ""
+        raise RunnerError("bad_model", f"{path}: no .safetensors file{hint}")
+    return [os.path.join(path, f) for f in files]
+
+
+def safetensors_header(path):
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise RunnerError("bad_model", f"{path}: shorter than a safetensors header")
+        (n,) = struct.unpack("<Q", head)
+        if n > 100_000_000:
+            raise RunnerError("bad_model", f"{path}: safetensors header of {n} bytes is over the 100 MB cap")
+        try:
+            return json.loads(f.read(n))
+        except ValueError as e:
+            raise RunnerError("bad_model", f"{path}: safetensors header is not JSON: {e}")
+
+
+FLOAT_DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
+
+
+def weight_bytes(path, dtype_size):
+    """Bytes the weights take once loaded: float tensors at the compute dtype, the rest as stored."""
+    total = 0
+    for file in checkpoint_files(path):
+        for name, t in safetensors_header(file).items():
+            if name == "__metadata__":
+                continue
+            numel = math.prod(t["shape"]) if t["shape"] else 1
+            stored = t["data_offsets"][1] - t["data_offsets"][0]
+            total += numel * dtype_size if t["dtype"] in FLOAT_DTYPES else stored
+    return total
+
+
+def read_config(path, whole=False):
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    return cfg if whole else cfg.get("text_config", cfg)
+
+
+def load_model(torch, transformers, spec, dtype, device, trust_remote_code):
+    checkpoint_files(spec["path"])
+    kwargs = dict(
+        dtype=dtype,
+        attn_implementation=spec.get("attn_implementation", "sdpa"),
+        use_safetensors=True,
+        trust_remote_code=bool(trust_remote_code),
+    )
+    if device != "cpu":
+        kwargs["device_map"] = device
+    qc = read_config(spec["path"], whole=True).get("quantization_config") or {}
+    if qc.get("quant_method") == "compressed-tensors":
+        # transformers runs compressed-tensors checkpoints "compressed" only with kernels for the
+        # scheme; decompressing at load (weights dequantized into the compute dtype) runs every
+        # scheme and is what is recorded (`run_compressed: false`).
+        try:
+            kwargs["quantization_config"] = transformers.CompressedTensorsConfig(run_compressed=False)
+        except (AttributeError, TypeError, ImportError) as e:
+            raise RunnerError("load_failed", f"{spec['path']}: compressed-tensors checkpoint, but this transformers cannot decompress it: {e}")
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(spec["path"], **kwargs)
+    except ImportError as e:
+        raise RunnerError("missing_package", f"{spec['path']}: transformers could not load it, a package it needs is missing: {type(e).__name__}: {e}")
+    except (ValueError, OSError, KeyError) as e:
+        raise RunnerError("load_failed", f"{spec['path']}: transformers could not load it: {type(e).__name__}: {e}")
+    model.eval()
+    return model
+
+
+def attn_used(model):
+    return getattr(model.config, "_attn_implementation", None) or "unknown"
+
+
+def set_attention(model, impl):
+    if attn_used(model) == impl:
+        return
+    setter = getattr(model, "set_attn_implementation", None)
+    if setter is None:
+        raise RunnerError("unsupported", f"this transformers cannot switch attention to {impl} on a loaded model")
+    setter(impl)
+    if attn_used(model) != impl:
+        raise RunnerError("unsupported", f"attention {impl} was asked for but {attn_used(model)} is in use")
+
+
+def input_device(model):
+    emb = model.get_input_embeddings()
+    return emb.weight.device
+
+
+def is_linear_attention(module):
+    return type(module).__name__.endswith("GatedDeltaNet")
+
+
+class first_layers:
+    """The model's decoder stack cut, for the `with` block, to its first layers holding one of
+    each layer type (`config.layer_types`; the first layer where there is none)."""
+
+    def __init__(self, model):
+        self.base = model.base_model
+        config = getattr(model.config, "get_text_config", lambda: model.config)()
+        types = list(getattr(config, "layer_types", None) or [])
+        self.n = max((types.index(t) for t in set(types)), default=0) + 1
+
+    def __enter__(self):
+        self.full = getattr(self.base, "layers", None)
+        if self.full is not None and len(self.full) > self.n:
+            self.base.layers = type(self.full)(list(self.full)[: self.n])
+        return self
+
+    def __exit__(self, *exc):
+        if self.full is not None:
+            self.base.layers = self.full
+        return False
