@@ -337,8 +337,11 @@ pub fn sign_artifact(
     } else {
         let artifact = crate::rerun::artifact::Artifact::open(path)?;
         if let Some(model) = reference {
-            let named = artifact.header.reference["manifest_sha256"]
-                .as_str()
+            let named = artifact
+                .header
+                .reference
+                .manifest_sha256
+                .as_deref()
                 .unwrap_or_default();
             let digest = root(model)?;
             if digest != named {

@@ -98,7 +98,12 @@ pub fn export_reference(
             {
                 r.extend(extra.clone());
             }
-            reference
+            serde_json::from_value(reference).map_err(|e| {
+                Error::internal(
+                    model,
+                    format!("the reference's identity does not read: {e}"),
+                )
+            })?
         },
         &tokenizer.sha256,
         progress,
@@ -294,7 +299,7 @@ pub fn export(r: &ExportRequest, stage: Stage, progress: Progress) -> Result<Exp
                 Some(written.bound()),
                 note,
                 written.stated(),
-                header.reference,
+                serde_json::to_value(&header.reference).unwrap_or_default(),
             )
         }
     };

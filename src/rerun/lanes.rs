@@ -117,21 +117,18 @@ fn load_candidate(r: &Request, compute: ComputeDtype, emulate: Emulate) -> Resul
     Ok(candidate)
 }
 
-/// The computed KV-cache scales a transformers runner's model record holds (`kv_scales`), typed;
-/// a record that holds something else is the runner's error.
-fn computed_scales_of(
+/// The KV-cache part of a transformers runner's model record, typed; a record that holds
+/// something else is the runner's error.
+fn recorded_kv(
     candidate: &Path,
-    record: &serde_json::Value,
-) -> Result<Option<crate::disclosure::kv_cache::ComputedKvScales>> {
-    match record.get("kv_scales") {
-        None | Some(serde_json::Value::Null) => Ok(None),
-        Some(v) => serde_json::from_value(v.clone()).map(Some).map_err(|e| {
-            Error::runner(
-                candidate,
-                format!("the transformers runner's record has kv_scales that do not read: {e}"),
-            )
-        }),
-    }
+    record: &Value,
+) -> Result<crate::runner::exchange::RecordedKvCache> {
+    crate::runner::exchange::RecordedKvCache::of(record).map_err(|e| {
+        Error::runner(
+            candidate,
+            format!("the transformers runner's model record does not read: {e}"),
+        )
+    })
 }
 
 /// What every native run records about where and how it ran.
@@ -712,7 +709,7 @@ pub(super) fn transformers(
             .kv_cache
             .filter(|s| s.changes_anything())
             .map(|s| crate::disclosure::kv_cache::KvCache::as_run(s, false)),
-        kv_scales: computed_scales_of(r.candidate, &output.environment.models.candidate)?,
+        kv_scales: recorded_kv(r.candidate, &output.environment.models.candidate)?.kv_scales,
         ..transformers_environment(&output.environment, &tokenizer)
     };
     // The runner says which KV cache each side ran with: a scheme asked for and not applied
@@ -968,7 +965,7 @@ impl StudyArms<'_> {
                 .kv_cache
                 .filter(|s| s.changes_anything())
                 .map(|s| crate::disclosure::kv_cache::KvCache::as_run(s, false)),
-            kv_scales: computed_scales_of(r.candidate, &output.model)?,
+            kv_scales: recorded_kv(r.candidate, &output.model)?.kv_scales,
             ..transformers_environment(&env, self.tokenizer)
         };
         let candidate_id = ModelRecord {
@@ -1007,15 +1004,22 @@ fn kv_cache_ran(
         let Some(asked) = asked.filter(|s| s.changes_anything()) else {
             continue;
         };
-        let ran = record["kv_cache_dtype"]
-            .as_str()
+        let recorded = recorded_kv(candidate, record)?;
+        let ran = recorded
+            .kv_cache_dtype
+            .as_deref()
             .unwrap_or("(none recorded)");
-        let rotated = record["kv_cache_rotation"].as_str() == Some("hadamard");
-        let computed = record["kv_cache_scales"].as_str() == Some("computed");
+        let rotated = recorded.kv_cache_rotation.as_deref() == Some("hadamard");
+        let computed = recorded.kv_cache_scales.as_deref() == Some("computed");
         // transformers' QuantizedCache window as [residual length, prefill chunk].
-        let residual = (record["kv_cache_semantics"].as_str() == Some("quantized_cache_residual"))
+        let residual = (recorded.kv_cache_semantics.as_deref() == Some("quantized_cache_residual"))
             .then(|| {
-                let n = |i: usize| record["kv_cache_residual"][i].as_u64();
+                let n = |i: usize| {
+                    recorded
+                        .kv_cache_residual
+                        .as_ref()
+                        .and_then(|w| w.get(i).copied().flatten())
+                };
                 (n(0), n(1))
             });
         let asked_residual = asked
@@ -1110,10 +1114,7 @@ pub(super) fn reference_artifact(
     }
     let stream = TokenStream::of_ids(
         artifact.tokens.clone(),
-        h.eval["text_sha256"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
+        h.eval.text_sha256.clone().unwrap_or_default(),
     );
     stage("loading the candidate");
     let candidate = load_candidate(r, compute, emulate)?;
@@ -1183,13 +1184,14 @@ fn check_artifact_tokenizer(
     h: &super::artifact::Header,
     tokenizer: &tokens::TokenizerFile,
 ) -> Result<()> {
-    if h.eval["tokenizer_sha256"].as_str() != Some(tokenizer.sha256.as_str()) {
+    if h.eval.tokenizer_sha256.as_deref() != Some(tokenizer.sha256.as_str()) {
         return Err(Error::mismatch(
             &tokenizer.path,
             None,
             format!(
                 "differs from the tokenizer the artifact was made with (sha256 {} vs {})",
-                tokenizer.sha256, h.eval["tokenizer_sha256"]
+                tokenizer.sha256,
+                super::artifact::stated_text(&h.eval.tokenizer_sha256)
             ),
         ));
     }
@@ -1201,13 +1203,13 @@ fn check_artifact_tokenizer(
 fn check_artifact_eval_text(h: &super::artifact::Header, text: &Path) -> Result<()> {
     let bytes = crate::files::read_capped(text, tokens::MAX_EVAL_TEXT_BYTES, "an eval text")?;
     let digest = crate::digest::hex(&sha2::Sha256::digest(&bytes));
-    if h.eval["text_sha256"].as_str() != Some(digest.as_str()) {
+    if h.eval.text_sha256.as_deref() != Some(digest.as_str()) {
         return Err(Error::mismatch(
             text,
             None,
             format!(
                 "is not the artifact's eval text (sha256 {digest} vs {})",
-                h.eval["text_sha256"]
+                super::artifact::stated_text(&h.eval.text_sha256)
             ),
         ));
     }
@@ -1264,13 +1266,14 @@ fn check_artifact_lm_head(
     path: &Path,
     candidate: &NativeModel,
 ) -> Result<()> {
-    if h.reference["lm_head_sha256"].as_str() != Some(candidate.lm_head_sha256.as_str()) {
+    if h.reference.lm_head_sha256.as_deref() != Some(candidate.lm_head_sha256.as_str()) {
         return Err(Error::mismatch(
             path,
             Some("lm_head"),
             format!(
                 "is not the reference's (sha256 {} vs {}); a hidden-state artifact needs the reference's lm_head",
-                candidate.lm_head_sha256, h.reference["lm_head_sha256"]
+                candidate.lm_head_sha256,
+                super::artifact::stated_text(&h.reference.lm_head_sha256)
             ),
         ));
     }
@@ -1302,13 +1305,13 @@ fn artifact_record(
 /// hash), with the artifact runner's environment.
 fn artifact_reference_id(runner: &super::artifact::ArtifactRunner) -> ModelRecord {
     let reference = &runner.artifact.header.reference;
-    let text = |key: &str, default: &str| reference[key].as_str().unwrap_or(default).to_owned();
+    let text = |v: &Option<String>, default: &str| v.as_deref().unwrap_or(default).to_owned();
     ModelRecord {
-        path: text("path", ""),
-        format: text("format", "artifact"),
-        manifest_sha256: text("manifest_sha256", ""),
-        lm_head_sha256: text("lm_head_sha256", ""),
-        stored_dtype: text("stored_dtype", "unknown"),
+        path: text(&reference.path, ""),
+        format: text(&reference.format, "artifact"),
+        manifest_sha256: text(&reference.manifest_sha256, ""),
+        lm_head_sha256: text(&reference.lm_head_sha256, ""),
+        stored_dtype: text(&reference.stored_dtype, "unknown"),
         runner: Runner::environment(runner),
         hub: None,
     }
@@ -1335,8 +1338,12 @@ fn spot_check(
         Emulate::ReferenceSemantics,
         StateDtype::F32,
     )?;
-    let named = runner.artifact.header.reference["manifest_sha256"]
-        .as_str()
+    let named = runner
+        .artifact
+        .header
+        .reference
+        .manifest_sha256
+        .as_deref()
         .unwrap_or_default();
     let id = identity(&model, reference, threads, None)?;
     if id.manifest_sha256 != named {

@@ -164,15 +164,16 @@ fn check_hashing(
                 stated: a.stated(),
             })?);
             context_lengths(r.candidate, &o.context_lengths)?;
-            let text = |key: &str| a.header.eval[key].as_str().map(str::to_owned);
+
             pre.identity = Identity {
                 reference_files_sha256: Some(
-                    a.header.reference["manifest_sha256"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned(),
+                    a.header
+                        .reference
+                        .manifest_sha256
+                        .clone()
+                        .unwrap_or_default(),
                 ),
-                eval_text_sha256: text("text_sha256"),
+                eval_text_sha256: a.header.eval.text_sha256.clone(),
                 tokens_sha256: Some(tokens::tokens_sha256(&a.tokens)),
                 token_count: Some(a.tokens.len()),
                 conversation: None,

@@ -333,3 +333,39 @@ pub struct GateNumbers {
     #[serde(flatten)]
     pub other: Map<String, Value>,
 }
+
+/// What a runner's model record (`models.reference`, `models.candidate`, an arm's `model`) says
+/// about its KV cache, read into a type once. The record itself is kept as the runner wrote it
+/// (it is recorded verbatim in measurement.json); this is the part cardproof checks.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct RecordedKvCache {
+    /// The scheme the cache ran as (`q8_0`, `fp8_e4m3`, ...).
+    #[serde(default)]
+    pub kv_cache_dtype: Option<String>,
+    /// `hadamard` when Q/K/V were rotated before the store.
+    #[serde(default)]
+    pub kv_cache_rotation: Option<String>,
+    /// `computed` when the fp8 scales were computed from the first window.
+    #[serde(default)]
+    pub kv_cache_scales: Option<String>,
+    /// `quantized_cache_residual` for transformers' QuantizedCache.
+    #[serde(default)]
+    pub kv_cache_semantics: Option<String>,
+    /// QuantizedCache's window: `[residual length, prefill chunk]`.
+    #[serde(default)]
+    pub kv_cache_residual: Option<Vec<Option<u64>>>,
+    /// The computed per-layer scales.
+    #[serde(default)]
+    pub kv_scales: Option<crate::runner::native::kv_cache::ComputedKvScales>,
+}
+
+impl RecordedKvCache {
+    /// The KV-cache part of a model record; a record that is not an object states nothing, and
+    /// one whose fields have other types is the runner's error (`Err` names the field).
+    pub fn of(record: &Value) -> Result<RecordedKvCache, String> {
+        if !record.is_object() {
+            return Ok(RecordedKvCache::default());
+        }
+        serde_path_to_error::deserialize(record).map_err(|e| format!("{}: {}", e.path(), e.inner()))
+    }
+}

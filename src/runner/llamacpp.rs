@@ -48,6 +48,8 @@ const MAX_VERSION_BYTES: usize = 64 << 10;
 pub const VERSION_TIMEOUT_VAR: &str = "CARDPROOF_LLAMACPP_VERSION_TIMEOUT_SECS";
 /// `--version` answers at once; a minute covers a cold start from a slow disk.
 const VERSION_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a failed run waits for its processes to exit by themselves before killing them.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
 /// The environment variable that sets the stall timeout of a run, in seconds.
 pub const STALL_TIMEOUT_VAR: &str = "CARDPROOF_LLAMACPP_STALL_SECS";
 /// How long the base streams may go without a byte: the model's load and one batch of chunks
@@ -1055,6 +1057,16 @@ fn finish_run<T>(
         Ok(v) => return Ok(v),
         Err(e) => e,
     };
+    // A process that is failing by itself (a text too short for its window) prints its reason
+    // through llama.cpp's asynchronous log as it exits, after its stream has ended: it is given
+    // a moment to finish before the group is killed. A run the watch stopped (a stall, a
+    // flood) is killed at once.
+    if watch.failure().is_none() {
+        let until = Instant::now() + EXIT_GRACE;
+        while Instant::now() < until && children.iter_mut().any(|(_, c)| c.exited().is_none()) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
     for (_, child) in children.iter_mut() {
         child.kill();
     }

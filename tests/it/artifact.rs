@@ -315,10 +315,13 @@ fn rewrite_header(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
 
 /// The reference identity an artifact's header names.
 fn reference_of(artifact: &Path) -> serde_json::Value {
-    cardproof::rerun::artifact::Artifact::open(artifact)
-        .unwrap()
-        .header
-        .reference
+    serde_json::to_value(
+        cardproof::rerun::artifact::Artifact::open(artifact)
+            .unwrap()
+            .header
+            .reference,
+    )
+    .unwrap()
 }
 
 /// An isolated config directory: no key of the user's own is trusted or created.

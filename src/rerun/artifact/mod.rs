@@ -60,6 +60,46 @@ pub struct RunLayout {
     pub rows: usize,
 }
 
+/// The reference an artifact was exported from, as its header states it (and its signer signs
+/// it, inside [`Artifact::stated`]). Each field is optional so that a header is read back as it
+/// was written, no key added; `extra` keeps what else the exporter stated (`repo`, `revision`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ArtifactReference {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lm_head_sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_dtype: Option<String>,
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
+}
+
+/// The token stream an artifact was exported on: the eval text's and the tokens' digests, the
+/// token count, the BOS policy and the tokenizer's digest.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ArtifactEval {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_count: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bos: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer_sha256: Option<String>,
+}
+
+/// A stated digest as the messages print it: the JSON string, or `null` when not stated.
+pub fn stated_text(value: &Option<String>) -> Value {
+    value.clone().map_or(Value::Null, Value::String)
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Header {
     pub format: String,
@@ -76,10 +116,10 @@ pub struct Header {
     pub vocab_size: usize,
     pub protocol: Value,
     pub protocol_sha256: String,
-    /// path, format, manifest_sha256, lm_head_sha256 (and repo/revision when known).
-    pub reference: Value,
-    /// text_sha256, tokens_sha256, token_count, bos.
-    pub eval: Value,
+    /// The reference the artifact was exported from.
+    pub reference: ArtifactReference,
+    /// The token stream it was exported on.
+    pub eval: ArtifactEval,
     pub runs: Vec<RunLayout>,
     /// What the artifact lets a verifier compute, in words (goes into reports).
     pub bound: String,
@@ -373,13 +413,13 @@ impl Stored<'_> {
             .map(|t| t as u32)
             .collect();
         let digest = crate::runner::tokens::tokens_sha256(&tokens);
-        if header.eval["tokens_sha256"].as_str() != Some(digest.as_str()) {
+        if header.eval.tokens_sha256.as_deref() != Some(digest.as_str()) {
             return Err(Error::format(
                 self.path,
                 Some("tokens"),
                 format!(
                     "the token stream hashes to {digest}, not the header's {}",
-                    header.eval["tokens_sha256"]
+                    stated_text(&header.eval.tokens_sha256)
                 ),
             ));
         }
@@ -797,7 +837,7 @@ pub fn export_native(
     eval: &crate::rerun::score::EvalInput,
     o: &crate::rerun::options::MeasureOptions,
     spec: ExportSpec,
-    reference: Value,
+    reference: ArtifactReference,
     tokenizer_sha256: &str,
     progress: crate::rerun::score::Progress,
 ) -> Result<(Header, Vec<u8>)> {
@@ -840,13 +880,13 @@ pub fn export_native(
         protocol_sha256: crate::kld::protocol::sha256_of(&protocol),
         protocol,
         reference,
-        eval: serde_json::json!({
-            "text_sha256": eval.stream.text_sha256,
-            "tokens_sha256": crate::runner::tokens::tokens_sha256(&eval.stream.ids),
-            "token_count": eval.stream.ids.len(),
-            "bos": o.bos.as_str(),
-            "tokenizer_sha256": tokenizer_sha256,
-        }),
+        eval: ArtifactEval {
+            text_sha256: Some(eval.stream.text_sha256.clone()),
+            tokens_sha256: Some(crate::runner::tokens::tokens_sha256(&eval.stream.ids)),
+            token_count: Some(eval.stream.ids.len() as u64),
+            bos: Some(o.bos.as_str().to_owned()),
+            tokenizer_sha256: Some(tokenizer_sha256.to_owned()),
+        },
         runs: runs
             .iter()
             .map(|r| RunLayout {
