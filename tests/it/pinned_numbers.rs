@@ -296,10 +296,10 @@ fn the_conversation_example_keeps_its_numbers() {
     );
 }
 
-/// The tiny mixture-of-experts models' forward passes, as logit dumps (each model against
-/// itself, so the dump is the forward pass's bits).
+/// The tiny hybrid and mixture-of-experts models' forward passes, as logit dumps (each model
+/// against itself, so the dump is the forward pass's bits).
 #[test]
-fn the_moe_fixtures_keep_their_logits() {
+fn the_tiny_hybrid_and_moe_models_keep_their_logits() {
     for (case, model, eval) in [
         (
             "dump-qwen3-moe",
@@ -309,6 +309,16 @@ fn the_moe_fixtures_keep_their_logits() {
         (
             "dump-qwen3_5-moe-text",
             "tests/fixtures/hybrid_moe/qwen3_5_moe_text",
+            "tests/fixtures/hybrid/eval.txt",
+        ),
+        (
+            "dump-qwen3-next-moe",
+            "tests/fixtures/hybrid_moe/qwen3_next_moe",
+            "tests/fixtures/hybrid/eval.txt",
+        ),
+        (
+            "dump-qwen3_5-text",
+            "tests/fixtures/hybrid/qwen3_5_text",
             "tests/fixtures/hybrid/eval.txt",
         ),
     ] {
