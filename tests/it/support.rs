@@ -79,8 +79,8 @@ pub fn cardproof_with(dir: &Path, env: &[(&str, &Path)], args: &[&str]) -> Run {
     }
 }
 
-/// A `cardproof` command line built flag by flag, for the `measure`, `verify` and `kld` lines
-/// the tests would otherwise spell out in full:
+/// A `cardproof` command line built flag by flag, for the `measure`, `verify`, `kld` and
+/// `reference export` lines the tests would otherwise spell out in full:
 ///
 /// ```ignore
 /// Cmd::measure().reference(&bf16).candidate(&fp8).eval_text(&text)
@@ -88,9 +88,11 @@ pub fn cardproof_with(dir: &Path, env: &[(&str, &Path)], args: &[&str]) -> Run {
 /// Cmd::verify(&candidate).reference(&bf16).eval_text(&text).key(&key).out(&out).run();
 /// ```
 ///
-/// Arguments come out in the order the methods are called. Path arguments take anything that is
-/// `AsRef<Path>` (`&str`, `String`, `&Path`, `PathBuf`). It runs through [`cardproof_with`]: in
-/// the repository root unless [`Cmd::in_dir`], with the variables of [`Cmd::env`].
+/// Arguments come out in the order the methods are called; [`Cmd::flag`], [`Cmd::arg`] and
+/// [`Cmd::args`] add any the named methods do not. Path arguments take anything `AsRef<Path>`
+/// (`&str`, `String`, `&Path`, `PathBuf`). [`Cmd::run`] goes through [`cardproof_with`]: in the
+/// repository root unless [`Cmd::in_dir`], with the variables of [`Cmd::env`]. A `Cmd` is
+/// `Clone`, so one base line can be run with several endings.
 #[must_use]
 #[derive(Clone)]
 pub struct Cmd {
@@ -179,14 +181,13 @@ impl Cmd {
         self.arg("--bootstrap").arg(resamples.to_string())
     }
 
-    /// The one argument equal to `old` replaced by `new`: a shared command line with one of its
-    /// inputs changed.
+    /// The argument `old` (which must occur once) replaced by `new`: a shared command line with
+    /// one of its inputs changed.
     pub fn replace(mut self, old: &str, new: impl AsRef<Path>) -> Cmd {
-        let at: Vec<usize> = (0..self.args.len())
-            .filter(|&i| self.args[i] == old)
-            .collect();
-        assert_eq!(at.len(), 1, "`{old}` must occur once in {:?}", self.args);
-        self.args[at[0]] = utf8(new.as_ref());
+        let count = self.args.iter().filter(|a| *a == old).count();
+        assert_eq!(count, 1, "`{old}` must occur once in {:?}", self.args);
+        let at = self.args.iter().position(|a| a == old).unwrap();
+        self.args[at] = utf8(new.as_ref());
         self
     }
 
