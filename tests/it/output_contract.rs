@@ -356,11 +356,7 @@ fn every_command(t: &Path) -> Vec<(&'static str, Vec<String>)> {
         ("hash", v(&["hash", &p("model")])),
         (
             "kld",
-            Cmd::kld()
-                .reference(p("r"))
-                .candidate(p("c"))
-                .argv()
-                .to_vec(),
+            v(&["kld", "--reference", &p("r"), "--candidate", &p("c")]),
         ),
         (
             "measure",
@@ -373,10 +369,7 @@ fn every_command(t: &Path) -> Vec<(&'static str, Vec<String>)> {
                 .argv()
                 .to_vec(),
         ),
-        (
-            "verify",
-            Cmd::verify(p("model")).out(p("out")).argv().to_vec(),
-        ),
+        ("verify", v(&["verify", &p("model"), "--out", &p("out")])),
         ("card", v(&["card", "--measurement", &p("m.json")])),
         ("keygen", v(&["keygen", "--out", &p("keys")])),
         ("sign", v(&["sign", &p("m.json")])),
