@@ -2,46 +2,46 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::{LLAMACPP_PROTOCOL, cardproof, model, repo_root, short_text};
+use crate::support::{Cmd, LLAMACPP_PROTOCOL, cardproof, model, repo_root, short_text};
 
 fn export(dir: &Path, text: &Path, name: &str, extra: &[&str]) -> PathBuf {
     let out = dir.join(name);
-    let mut args = vec![
-        "reference",
-        "export",
-        "--model",
-        model("shakespeare-bf16").leak(),
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--context-length",
-        "128",
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let r = cardproof(&args);
+    let r = Cmd::reference_export()
+        .flag("--model", model("shakespeare-bf16"))
+        .eval_text(text)
+        .context_length(128)
+        .out(&out)
+        .args(extra)
+        .run();
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(crate::support::repo_root().exists());
     out
 }
 
-fn measure(dir: &Path, reference: &[&str], candidate: &str, extra: &[&str]) -> crate::support::Run {
+/// `measure --json` of `candidate` against `reference` (a `measure` with its reference flags:
+/// [`full_reference`] or [`artifact_reference`]), with `extra` flags.
+fn measure(dir: &Path, reference: Cmd, candidate: &str, extra: &[&str]) -> crate::support::Run {
     let out = dir.join(format!("m-{}", rand_name()));
-    let mut args = vec!["measure"];
-    args.extend_from_slice(reference);
-    args.extend_from_slice(&[
-        "--candidate",
-        candidate,
-        "--context-length",
-        "128",
-        "--bootstrap",
-        "50",
-        "--out",
-        out.to_str().unwrap().to_owned().leak(),
-        "--json",
-    ]);
-    args.extend_from_slice(extra);
-    cardproof(&args)
+    reference
+        .candidate(candidate)
+        .context_length(128)
+        .bootstrap(50)
+        .out(out)
+        .arg("--json")
+        .args(extra)
+        .run()
+}
+
+/// `measure` against the bf16 example itself, on `text`.
+fn full_reference(text: &Path) -> Cmd {
+    Cmd::measure()
+        .reference(model("shakespeare-bf16"))
+        .eval_text(text)
+}
+
+/// `measure` against the reference artifact `art`.
+fn artifact_reference(art: &Path) -> Cmd {
+    Cmd::measure().flag("--reference-artifact", art)
 }
 
 fn rand_name() -> String {
@@ -67,21 +67,11 @@ fn hidden_state_artifact_reproduces_the_full_reference() {
     ] {
         let full = metrics(&measure(
             dir.path(),
-            &[
-                "--reference",
-                &model("shakespeare-bf16"),
-                "--eval-text",
-                text.to_str().unwrap(),
-            ],
+            full_reference(&text),
             &model(candidate),
             &[],
         ));
-        let via = measure(
-            dir.path(),
-            &["--reference-artifact", art.to_str().unwrap()],
-            &model(candidate),
-            &[],
-        );
+        let via = measure(dir.path(), artifact_reference(&art), &model(candidate), &[]);
         let doc = via.json();
         assert_eq!(doc["environment"]["reference_artifact"]["kind"], "hidden");
         let via = metrics(&via);
@@ -103,17 +93,7 @@ fn top_k_artifact_is_a_lower_bound_that_converges() {
     let dir = tempfile::tempdir().unwrap();
     let text = short_text(dir.path(), 2500);
     let candidate = model("shakespeare-fp8-block");
-    let full = metrics(&measure(
-        dir.path(),
-        &[
-            "--reference",
-            &model("shakespeare-bf16"),
-            "--eval-text",
-            text.to_str().unwrap(),
-        ],
-        &candidate,
-        &[],
-    ))["kld_mean"]
+    let full = metrics(&measure(dir.path(), full_reference(&text), &candidate, &[]))["kld_mean"]
         .as_f64()
         .unwrap();
     let mut previous = 0.0;
@@ -126,7 +106,7 @@ fn top_k_artifact_is_a_lower_bound_that_converges() {
         );
         let m = metrics(&measure(
             dir.path(),
-            &["--reference-artifact", art.to_str().unwrap()],
+            artifact_reference(&art),
             &candidate,
             &["--vocab", "top-k", "--top-k", k],
         ));
@@ -152,23 +132,23 @@ fn tampered_or_mismatched_artifacts_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let text = short_text(dir.path(), 2500);
     let art = export(dir.path(), &text, "hidden.safetensors", &[]);
-    let reference = ["--reference-artifact", art.to_str().unwrap()];
+    let reference = artifact_reference(&art);
     // Another protocol.
-    let r = cardproof(&[
-        "measure",
-        "--reference-artifact",
-        art.to_str().unwrap(),
-        "--candidate",
-        &model("shakespeare-w8a16"),
-        "--context-length",
-        "64",
-        "--out",
-        dir.path().join("x").to_str().unwrap(),
-    ]);
+    let r = reference
+        .clone()
+        .candidate(model("shakespeare-w8a16"))
+        .context_length(64)
+        .out(dir.path().join("x"))
+        .run();
     assert_eq!(r.code, 2);
     assert!(r.message().contains("context_lengths"), "{}", r.stderr);
     // Another lm_head (the GGUF candidate's output matrix is Q8_0).
-    let r = measure(dir.path(), &reference, &model("shakespeare-q4_0-gguf"), &[]);
+    let r = measure(
+        dir.path(),
+        reference.clone(),
+        &model("shakespeare-q4_0-gguf"),
+        &[],
+    );
     assert_eq!(r.code, 2);
     assert!(r.message().contains("lm_head"), "{}", r.stderr);
     // Another eval text.
@@ -176,9 +156,9 @@ fn tampered_or_mismatched_artifacts_are_refused() {
     std::fs::write(&other, "some other text\n").unwrap();
     let r = measure(
         dir.path(),
-        &reference,
+        reference.clone().eval_text(&other),
         &model("shakespeare-w8a16"),
-        &["--eval-text", other.to_str().unwrap()],
+        &[],
     );
     assert_eq!(r.code, 2);
     assert!(
@@ -191,7 +171,7 @@ fn tampered_or_mismatched_artifacts_are_refused() {
     let last = bytes.len() - 1;
     bytes[last] ^= 1;
     std::fs::write(&art, &bytes).unwrap();
-    let r = measure(dir.path(), &reference, &model("shakespeare-w8a16"), &[]);
+    let r = measure(dir.path(), reference, &model("shakespeare-w8a16"), &[]);
     assert_eq!(r.code, 2);
     assert!(r.message().contains("digest mismatch"), "{}", r.stderr);
 }
@@ -210,23 +190,13 @@ fn llamacpp_base_files_export_and_import() {
     let candidate = model("shakespeare-w8a16");
     let full = metrics(&measure(
         dir.path(),
-        &[
-            "--reference",
-            &model("shakespeare-bf16"),
-            "--eval-text",
-            text.to_str().unwrap(),
-        ],
+        full_reference(&text),
         &candidate,
         &protocol,
     ))["kld_mean"]
         .as_f64()
         .unwrap();
-    let via = measure(
-        dir.path(),
-        &["--reference-artifact", base.to_str().unwrap()],
-        &candidate,
-        &protocol,
-    );
+    let via = measure(dir.path(), artifact_reference(&base), &candidate, &protocol);
     assert_eq!(
         via.json()["environment"]["reference_artifact"]["kind"],
         "llamacpp_base"
@@ -237,7 +207,7 @@ fn llamacpp_base_files_export_and_import() {
     // Only the forward KL is defined with a base file.
     let r = measure(
         dir.path(),
-        &["--reference-artifact", base.to_str().unwrap()],
+        artifact_reference(&base),
         &candidate,
         &["--positions", "second-half", "--bos", "per-window"],
     );
@@ -255,11 +225,7 @@ fn a_real_llamacpp_base_file_is_a_reference() {
     let dir = tempfile::tempdir().unwrap();
     let run = measure(
         dir.path(),
-        &[
-            "--reference-artifact",
-            fixtures.join("ref.kld").to_str().unwrap(),
-            "--trust-unsigned-artifact",
-        ],
+        artifact_reference(&fixtures.join("ref.kld")).arg("--trust-unsigned-artifact"),
         fixtures.join("cand-q5_0.gguf").to_str().unwrap(),
         &LLAMACPP_PROTOCOL,
     );
@@ -339,52 +305,38 @@ impl Isolated {
     }
 
     fn run(&self, args: &[&str]) -> crate::support::Run {
-        crate::support::cardproof_with(
-            &repo_root(),
-            &[("CARDPROOF_CONFIG_DIR", &self.config)],
-            args,
-        )
+        self.run_cmd(Cmd::new(args[0]).args(&args[1..]))
+    }
+
+    fn run_cmd(&self, cmd: Cmd) -> crate::support::Run {
+        cmd.env("CARDPROOF_CONFIG_DIR", &self.config).run()
     }
 
     fn export(&self, model_name: &str, text: &Path, name: &str, key: &Path) -> PathBuf {
         let out = self.dir.path().join(name);
-        let r = self.run(&[
-            "reference",
-            "export",
-            "--model",
-            &model(model_name),
-            "--eval-text",
-            text.to_str().unwrap(),
-            "--context-length",
-            "128",
-            "--key",
-            key.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ]);
+        let r = self.run_cmd(
+            Cmd::reference_export()
+                .flag("--model", model(model_name))
+                .eval_text(text)
+                .context_length(128)
+                .key(key)
+                .out(&out),
+        );
         assert_eq!(r.code, 0, "{}", r.stderr);
         out
     }
 
     fn measure(&self, artifact: &Path, extra: &[&str]) -> crate::support::Run {
         let out = self.dir.path().join(format!("m-{}", rand_name()));
-        let mut args = vec![
-            "measure",
-            "--reference-artifact",
-            artifact.to_str().unwrap(),
-            "--candidate",
-        ];
-        let candidate = model("shakespeare-fp8-block");
-        args.extend([candidate.as_str(), "--context-length", "128"]);
-        args.extend([
-            "--bootstrap",
-            "10",
-            "--out",
-            out.to_str().unwrap(),
-            "--json",
-        ]);
-        args.extend_from_slice(extra);
-        self.run(&args)
+        self.run_cmd(
+            artifact_reference(artifact)
+                .candidate(model("shakespeare-fp8-block"))
+                .context_length(128)
+                .bootstrap(10)
+                .out(out)
+                .arg("--json")
+                .args(extra),
+        )
     }
 }
 
@@ -448,18 +400,12 @@ fn a_forged_reference_artifact_is_refused_unless_a_trusted_key_signed_it() {
         "self_asserted"
     );
     // The trust flags belong with an artifact.
-    let r = iso.run(&[
-        "measure",
-        "--reference",
-        &model("shakespeare-bf16"),
-        "--candidate",
-        &model("shakespeare-fp8-block"),
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--context-length",
-        "128",
-        "--trust-unsigned-artifact",
-    ]);
+    let r = iso.run_cmd(
+        full_reference(&text)
+            .candidate(model("shakespeare-fp8-block"))
+            .context_length(128)
+            .arg("--trust-unsigned-artifact"),
+    );
     assert_eq!(r.code, 2, "{}", r.stderr);
 }
 
@@ -548,29 +494,16 @@ fn reference_sign_vouches_for_a_llamacpp_base_file() {
         "https://cardproof.dev/reference-artifact/v1"
     );
     let out = iso.dir.path().join("m");
-    let mut args = vec![
-        "measure",
-        "--reference-artifact",
-        base.to_str().unwrap(),
-        "--artifact-pub",
-        public.to_str().unwrap(),
-    ];
-    let candidate = fixtures.join("cand-q5_0.gguf");
-    args.extend([
-        "--candidate",
-        candidate.to_str().unwrap(),
-        "--context-length",
-        "128",
-    ]);
-    args.extend([
-        "--bootstrap",
-        "10",
-        "--out",
-        out.to_str().unwrap(),
-        "--json",
-    ]);
-    args.extend(LLAMACPP_PROTOCOL);
-    let r = iso.run(&args);
+    let r = iso.run_cmd(
+        artifact_reference(&base)
+            .flag("--artifact-pub", &public)
+            .candidate(fixtures.join("cand-q5_0.gguf"))
+            .context_length(128)
+            .bootstrap(10)
+            .out(&out)
+            .arg("--json")
+            .args(LLAMACPP_PROTOCOL),
+    );
     assert_eq!(r.code, 0, "{}", r.message());
     let vouch = &r.json()["environment"]["reference_artifact"]["vouch"];
     assert_eq!(vouch["by"], "signed", "{vouch}");
@@ -587,21 +520,13 @@ fn trusted_keys_are_read_only_when_an_artifact_is_used() {
     std::fs::create_dir(&trusted).unwrap();
     std::fs::write(trusted.join("stray.pub"), "not a key\n").unwrap();
     let out = iso.dir.path().join("plain");
-    let r = iso.run(&[
-        "measure",
-        "--reference",
-        &model("shakespeare-bf16"),
-        "--candidate",
-        &model("shakespeare-w8a16"),
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--context-length",
-        "128",
-        "--bootstrap",
-        "10",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let r = iso.run_cmd(
+        full_reference(&text)
+            .candidate(model("shakespeare-w8a16"))
+            .context_length(128)
+            .bootstrap(10)
+            .out(&out),
+    );
     assert_eq!(r.code, 0, "{}", r.stderr);
     let (key, _) = keypair(iso.dir.path(), "k");
     let art = iso.export("shakespeare-bf16", &text, "a.safetensors", &key);

@@ -12,7 +12,7 @@ use cardproof::card::{Card, FrontMatter};
 use cardproof::disclosure::Disclosure;
 use serde_json::{Value, json};
 
-use crate::support::{cardproof, cardproof_in, model, repo_root};
+use crate::support::{Cmd, cardproof, cardproof_in, model, repo_root};
 
 const CANDIDATES: [&str; 4] = [
     "shakespeare-awq-int4",
@@ -33,24 +33,15 @@ fn measure(candidate: &str) -> Value {
     let eval = dir.path().join("eval.txt");
     std::fs::write(&eval, &text[..end]).unwrap();
     let out = dir.path().join("out");
-    let run = cardproof_in(
-        dir.path(),
-        &[
-            "measure",
-            "--reference",
-            &model("shakespeare-bf16"),
-            "--candidate",
-            &model(candidate),
-            "--eval-text",
-            eval.to_str().unwrap(),
-            "--context-length",
-            "128",
-            "--bootstrap",
-            "50",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
+    let run = Cmd::measure()
+        .reference(model("shakespeare-bf16"))
+        .candidate(model(candidate))
+        .eval_text(&eval)
+        .context_length(128)
+        .bootstrap(50)
+        .out(&out)
+        .in_dir(dir.path())
+        .run();
     assert_eq!(run.code, 0, "{}", run.stderr);
     serde_json::from_str(&std::fs::read_to_string(out.join("measurement.json")).unwrap()).unwrap()
 }

@@ -234,33 +234,22 @@ fn role_and_span_policies_and_conversation_files_refuse_what_they_cannot_do() {
     }
 
     // Lanes without labels: logit files, reference artifacts.
-    let r = cardproof(&[
-        "kld",
-        "--reference",
-        "a.safetensors",
-        "--candidate",
-        "b.safetensors",
-        "--positions",
-        "role:user",
-    ]);
+    let r = Cmd::kld()
+        .reference("a.safetensors")
+        .candidate("b.safetensors")
+        .flag("--positions", "role:user")
+        .run();
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("logit files say nothing"), "{}", r.stderr);
     let reference = model("shakespeare-bf16");
     let artifact = dir.path().join("a.artifact");
-    let r = cardproof(&[
-        "reference",
-        "export",
-        "--model",
-        &reference,
-        "--eval-text",
-        conversation.to_str().unwrap(),
-        "--context-length",
-        "128",
-        "--positions",
-        "span:tool-call",
-        "--out",
-        artifact.to_str().unwrap(),
-    ]);
+    let r = Cmd::reference_export()
+        .flag("--model", &reference)
+        .eval_text(&conversation)
+        .context_length(128)
+        .flag("--positions", "span:tool-call")
+        .out(&artifact)
+        .run();
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
         r.stderr.contains("an artifact scores the same rows"),
@@ -391,19 +380,13 @@ fn a_conversation_card_discloses_its_render_and_verify_reproduces_it() {
     cardproof(&["keygen", "--out", keys.to_str().unwrap()]);
     let key = keys.join("cardproof.key");
     let verify = |out: &str, extra: &[&str]| {
-        let mut args = vec!["verify", candidate.to_str().unwrap(), "--reference"];
-        let reference = model("shakespeare-bf16");
-        args.push(&reference);
-        let out = dir.path().join(out);
-        args.extend([
-            "--key",
-            key.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--json",
-        ]);
-        args.extend_from_slice(extra);
-        cardproof(&args)
+        Cmd::verify(&candidate)
+            .reference(model("shakespeare-bf16"))
+            .key(&key)
+            .out(dir.path().join(out))
+            .arg("--json")
+            .args(extra)
+            .run()
     };
     // The card names its text and template by file name, found beside it.
     let r = verify("report", &[]);
@@ -526,25 +509,16 @@ fn a_kv_cache_sweep_runs_on_a_conversation() {
     let (conversation, template) = short_conversation(dir.path(), 16);
     let out = dir.path().join("sweep");
     let reference = model("shakespeare-bf16");
-    let r = cardproof(&[
-        "measure",
-        "--candidate",
-        &reference,
-        "--eval-text",
-        conversation.to_str().unwrap(),
-        "--chat-template",
-        template.to_str().unwrap(),
-        "--context-length",
-        "128",
-        "--positions",
-        "span:tool-call",
-        "--bootstrap",
-        "50",
-        "--sweep",
-        "kv_cache=none,q8_0,q4_0",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let r = Cmd::measure()
+        .candidate(&reference)
+        .eval_text(&conversation)
+        .flag("--chat-template", &template)
+        .context_length(128)
+        .flag("--positions", "span:tool-call")
+        .bootstrap(50)
+        .flag("--sweep", "kv_cache=none,q8_0,q4_0")
+        .out(&out)
+        .run();
     assert_eq!(r.code, 0, "{}", r.stderr);
     let sweep: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("sweep.json")).unwrap()).unwrap();
@@ -592,32 +566,18 @@ fn agent_conversation(dir: &Path, calls: usize) -> (PathBuf, PathBuf) {
 fn a_long_conversation_shows_its_labelling_and_tokenizing_as_progress() {
     let dir = tempfile::tempdir().unwrap();
     let (conversation, template) = agent_conversation(dir.path(), 600);
-    let output = assert_cmd::Command::cargo_bin("cardproof")
-        .unwrap()
-        .current_dir(repo_root())
-        .env("NO_COLOR", "1")
+    let r = Cmd::measure()
+        .reference(model("shakespeare-bf16"))
+        .candidate(model("shakespeare-fp8-block"))
+        .eval_text(&conversation)
+        .flag("--chat-template", &template)
+        .context_length(128)
+        .bootstrap(10)
+        .out(dir.path().join("m"))
         .env("CARDPROOF_PROGRESS", "plain")
-        .args([
-            "measure",
-            "--reference",
-            &model("shakespeare-bf16"),
-            "--candidate",
-            &model("shakespeare-fp8-block"),
-            "--eval-text",
-            conversation.to_str().unwrap(),
-            "--chat-template",
-            template.to_str().unwrap(),
-            "--context-length",
-            "128",
-            "--bootstrap",
-            "10",
-            "--out",
-            dir.path().join("m").to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8(output.stderr).unwrap();
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
+        .run();
+    let stderr = r.stderr;
+    assert_eq!(r.code, 0, "{stderr}");
     let steps: Vec<&str> = stderr
         .lines()
         .filter(|l| l.starts_with("progress: tokenizing"))

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use crate::support::{Run, cardproof, rewrite_safetensors};
-use crate::verify::{Verified, model};
+use crate::support::{Run, cardproof, model, rewrite_safetensors};
+use crate::verify::Verified;
 
 /// Replace the first line of the card containing `needle` with `with`.
 fn edit_card_line(v: &Verified, needle: &str, with: &dyn Fn(&str) -> String) {
@@ -225,7 +225,11 @@ fn lint_errors_and_a_declared_but_absent_quantization_fail_verify() {
     // be recorded and ignored, and the gate passed because nothing was quantized.
     let v = Verified::new("shakespeare-fp8-block", &["--compute-dtype", "f64"]);
     for f in ["model.safetensors", "config.json"] {
-        std::fs::copy(model("shakespeare-bf16").join(f), v.candidate().join(f)).unwrap();
+        std::fs::copy(
+            Path::new(&model("shakespeare-bf16")).join(f),
+            v.candidate().join(f),
+        )
+        .unwrap();
     }
     let lint = cardproof(&["lint", v.candidate().to_str().unwrap(), "--json"]);
     assert_eq!(lint.code, 1, "lint flags it: {}", lint.stdout);
@@ -384,7 +388,7 @@ fn config_and_tokenizer_must_match_the_checkpoint() {
 
     // Re-serialized but equal (other key order and merges spelling) is the same tokenizer.
     std::fs::copy(
-        model("shakespeare-w8a16").join("tokenizer.json"),
+        Path::new(&model("shakespeare-w8a16")).join("tokenizer.json"),
         cand.join("tokenizer.json"),
     )
     .unwrap();
@@ -418,7 +422,7 @@ fn threshold_mode_refuses_the_reverse_kl() {
     let base = |extra: &[&str]| {
         let mut args = vec!["--vocab", "threshold"];
         args.extend_from_slice(extra);
-        measure_with(&cand, dir.path(), &args)
+        measure_with(Path::new(&cand), dir.path(), &args)
     };
     for direction in ["both", "reverse"] {
         let r = base(&["--direction", direction]);

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::fixtures;
 use crate::hub_server::{Faults, HubServer};
-use crate::support::{Run, compliant_card, compliant_with, repo_root};
+use crate::support::{Cmd, Run, compliant_card, compliant_with, repo_root};
 
 const REPO: &str = "example-org/Qwen3-8B-FP8-block";
 const C1: &str = "1111111111111111111111111111111111111111";
@@ -51,6 +51,12 @@ pub(crate) fn run(server: &HubServer, cache: &Path, args: &[&str], env: &[(&str,
         stdout: String::from_utf8(output.stdout).expect("UTF-8"),
         stderr: String::from_utf8(output.stderr).expect("UTF-8"),
     }
+}
+
+/// [`run`] of `cmd`'s arguments (its directory and environment are `run`'s).
+fn run_cmd(server: &HubServer, cache: &Path, cmd: Cmd) -> Run {
+    let args: Vec<&str> = cmd.argv().iter().map(String::as_str).collect();
+    run(server, cache, &args, &[])
 }
 
 fn local(args: &[&str]) -> Run {
@@ -1080,26 +1086,17 @@ fn measure_on_hf_sources_records_the_pinned_commits() {
         .take(1500)
         .collect();
     std::fs::write(cache.path().join("eval.txt"), text).unwrap();
-    let r = run(
+    let r = run_cmd(
         &server,
         cache.path(),
-        &[
-            "measure",
-            "--reference",
-            "hf:example-org/shakespeare-bf16",
-            "--candidate",
-            "hf:example-org/shakespeare-fp8-block@v1",
-            "--eval-text",
-            "eval.txt",
-            "--context-length",
-            "64",
-            "--bootstrap",
-            "10",
-            "--out",
-            "out",
-            "--json",
-        ],
-        &[],
+        Cmd::measure()
+            .reference("hf:example-org/shakespeare-bf16")
+            .candidate("hf:example-org/shakespeare-fp8-block@v1")
+            .eval_text("eval.txt")
+            .context_length(64)
+            .bootstrap(10)
+            .out("out")
+            .arg("--json"),
     );
     assert_eq!(r.code, 0, "{}", r.stderr);
     let written: Value = serde_json::from_str(
@@ -1152,25 +1149,16 @@ fn measure_card_publish_check_verify_and_check_the_report() {
     let end = text[2500..].find('\n').unwrap() + 2501;
     std::fs::write(work.path().join("eval.txt"), &text[..end]).unwrap();
     let bf16 = models.join("shakespeare-bf16");
-    let m = run(
+    let m = run_cmd(
         &server,
         work.path(),
-        &[
-            "measure",
-            "--reference",
-            bf16.to_str().unwrap(),
-            "--candidate",
-            &hf(None),
-            "--eval-text",
-            "eval.txt",
-            "--context-length",
-            "128",
-            "--bootstrap",
-            "100",
-            "--out",
-            "m",
-        ],
-        &[],
+        Cmd::measure()
+            .reference(&bf16)
+            .candidate(hf(None))
+            .eval_text("eval.txt")
+            .context_length(128)
+            .bootstrap(100)
+            .out("m"),
     );
     assert_eq!(m.code, 0, "{}", m.stderr);
     let card = repo.path().join("README.md");
@@ -1199,23 +1187,15 @@ fn measure_card_publish_check_verify_and_check_the_report() {
         run(&server, work.path(), &["keygen", "--out", "keys"], &[]).code,
         0
     );
-    let v = run(
+    let v = run_cmd(
         &server,
         work.path(),
-        &[
-            "verify",
-            &hf(None),
-            "--reference",
-            bf16.to_str().unwrap(),
-            "--eval-text",
-            "eval.txt",
-            "--key",
-            "keys/cardproof.key",
-            "--out",
-            "report",
-            "--json",
-        ],
-        &[],
+        Cmd::verify(hf(None))
+            .reference(&bf16)
+            .eval_text("eval.txt")
+            .key("keys/cardproof.key")
+            .out("report")
+            .arg("--json"),
     );
     assert_eq!(v.code, 0, "{}", v.stderr);
     assert_eq!(v.json()["hub_sources"][0]["commit"], C2);

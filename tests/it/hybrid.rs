@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use cardproof::runner::native::{self, ComputeDtype, Emulate, StateDtype};
 use safetensors::SafeTensors;
 
-use crate::support::{cardproof, repo_root};
+use crate::support::{Cmd, repo_root};
 
 pub(crate) const TOKENS: usize = 130;
 const VOCAB: usize = 256;
@@ -120,28 +120,17 @@ pub(crate) fn measure_pair(
     eval: &Path,
     context: usize,
 ) -> serde_json::Value {
-    let ctx = context.to_string();
-    let dump = dir.join("dump");
-    let run = cardproof(&[
-        "measure",
-        "--reference",
-        reference.to_str().unwrap(),
-        "--candidate",
-        candidate.to_str().unwrap(),
-        "--eval-text",
-        eval.to_str().unwrap(),
-        "--context-length",
-        &ctx,
-        "--bos",
-        "none",
-        "--bootstrap",
-        "50",
-        "--dump-logits",
-        dump.to_str().unwrap(),
-        "--out",
-        dir.join("out").to_str().unwrap(),
-        "--json",
-    ]);
+    let run = Cmd::measure()
+        .reference(reference)
+        .candidate(candidate)
+        .eval_text(eval)
+        .context_length(context)
+        .flag("--bos", "none")
+        .bootstrap(50)
+        .flag("--dump-logits", dir.join("dump"))
+        .out(dir.join("out"))
+        .arg("--json")
+        .run();
     assert_eq!(run.code, 0, "{}", run.stderr);
     run.json()
 }
@@ -620,21 +609,14 @@ fn hostile_hybrid_configs_exit_2_naming_the_key() {
 
 /// `measure` of a (broken) copy of a fixture model against the text fixture, windows of 64.
 fn measure_against_text_model(model: &Path, dir: &Path) -> crate::support::Run {
-    cardproof(&[
-        "measure",
-        "--reference",
-        model.to_str().unwrap(),
-        "--candidate",
-        fixture("qwen3_5_text").to_str().unwrap(),
-        "--eval-text",
-        fixture("eval.txt").to_str().unwrap(),
-        "--context-length",
-        "64",
-        "--bos",
-        "none",
-        "--out",
-        dir.join("out").to_str().unwrap(),
-    ])
+    Cmd::measure()
+        .reference(model)
+        .candidate(fixture("qwen3_5_text"))
+        .eval_text(fixture("eval.txt"))
+        .context_length(64)
+        .flag("--bos", "none")
+        .out(dir.join("out"))
+        .run()
 }
 
 #[test]

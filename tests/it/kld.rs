@@ -58,20 +58,21 @@ fn write_dump(
     std::fs::write(path, safetensors::serialize(&tensors, &BTreeMap::new())).unwrap();
 }
 
-/// `kld --reference R --candidate C --json --bootstrap 10 EXTRA...` in `dir`, as JSON.
+/// `kld --reference R --candidate C --json --bootstrap 10 EXTRA...` in `dir`.
+fn kld_json_run(dir: &Path, reference: &str, candidate: &str, extra: &[&str]) -> Run {
+    Cmd::kld()
+        .reference(reference)
+        .candidate(candidate)
+        .arg("--json")
+        .bootstrap(10)
+        .args(extra)
+        .in_dir(dir)
+        .run()
+}
+
+/// [`kld_json_run`], which must succeed, as JSON.
 fn kld_json(dir: &Path, reference: &str, candidate: &str, extra: &[&str]) -> serde_json::Value {
-    let mut args = vec![
-        "kld",
-        "--reference",
-        reference,
-        "--candidate",
-        candidate,
-        "--json",
-        "--bootstrap",
-        "10",
-    ];
-    args.extend_from_slice(extra);
-    let run = cardproof_in(dir, &args);
+    let run = kld_json_run(dir, reference, candidate, extra);
     assert_eq!(run.code, 0, "{}", run.stderr);
     run.json()
 }
@@ -104,15 +105,12 @@ impl Pair {
     }
 
     fn kld(&self, extra: &[&str]) -> Run {
-        let mut args = vec![
-            "kld",
-            "--reference",
-            "ref.safetensors",
-            "--candidate",
-            "cand.safetensors",
-        ];
-        args.extend_from_slice(extra);
-        cardproof_in(self.dir.path(), &args)
+        Cmd::kld()
+            .reference("ref.safetensors")
+            .candidate("cand.safetensors")
+            .args(extra)
+            .in_dir(self.dir.path())
+            .run()
     }
 }
 
@@ -211,19 +209,7 @@ fn the_same_seed_gives_the_same_intervals_and_another_does_not() {
 #[test]
 fn a_file_against_itself_is_exactly_zero() {
     let pair = Pair::new(120, 200, 0.3);
-    let run = cardproof_in(
-        pair.dir.path(),
-        &[
-            "kld",
-            "--reference",
-            "ref.safetensors",
-            "--candidate",
-            "ref.safetensors",
-            "--json",
-            "--bootstrap",
-            "10",
-        ],
-    );
+    let run = kld_json_run(pair.dir.path(), "ref.safetensors", "ref.safetensors", &[]);
     let m = &run.json()["metrics"];
     assert_eq!(m["kld_mean"], 0.0);
     assert_eq!(m["kld_max"], 0.0);
@@ -338,22 +324,15 @@ fn padding_beyond_the_vocabulary_size_is_excluded() {
         Dtype::F32,
     );
     let plain = kld_json(dir.path(), "r.st", "c.st", &[]);
-    let padded = cardproof_in(
-        dir.path(),
-        &[
-            "kld",
-            "--reference",
-            "rp.st",
-            "--candidate",
-            "cp.st",
-            "--vocab-size",
-            "100",
-            "--json",
-            "--bootstrap",
-            "10",
-        ],
-    )
-    .json();
+    let padded = Cmd::kld()
+        .reference("rp.st")
+        .candidate("cp.st")
+        .flag("--vocab-size", "100")
+        .arg("--json")
+        .bootstrap(10)
+        .in_dir(dir.path())
+        .run()
+        .json();
     assert_eq!(plain["metrics"], padded["metrics"]);
     assert_eq!(padded["protocol"]["padding"], "excluded");
     assert_eq!(padded["protocol"]["vocab_size"], 100);
@@ -366,36 +345,18 @@ fn non_finite_rows_are_excluded_counted_and_warned_about() {
     a[5 * 30 + 7] = f32::NAN;
     write_dump(&dir.path().join("r.st"), &a, 20, 30, Some(&t), Dtype::F32);
     write_dump(&dir.path().join("c.st"), &b, 20, 30, Some(&t), Dtype::F32);
-    let run = cardproof_in(
-        dir.path(),
-        &[
-            "kld",
-            "--reference",
-            "r.st",
-            "--candidate",
-            "c.st",
-            "--json",
-            "--bootstrap",
-            "10",
-        ],
-    );
+    let run = kld_json_run(dir.path(), "r.st", "c.st", &[]);
     assert_eq!(run.code, 0);
     assert_eq!(run.json()["n_nonfinite"], 1);
     assert_eq!(run.json()["n_positions"], 19);
     // The document counts them; the warning is for people, without --json.
     assert_eq!(run.stderr, "");
-    let human = cardproof_in(
-        dir.path(),
-        &[
-            "kld",
-            "--reference",
-            "r.st",
-            "--candidate",
-            "c.st",
-            "--bootstrap",
-            "10",
-        ],
-    );
+    let human = Cmd::kld()
+        .reference("r.st")
+        .candidate("c.st")
+        .bootstrap(10)
+        .in_dir(dir.path())
+        .run();
     assert_eq!(human.code, 0);
     assert!(
         human.stderr.contains("1 row with non-finite logits"),
@@ -437,10 +398,12 @@ fn mismatched_inputs_are_exit_2_saying_which() {
         Dtype::F32,
     );
     let err = |cand: &str| {
-        let run = cardproof_in(
-            dir.path(),
-            &["kld", "--reference", "r.st", "--candidate", cand, "--json"],
-        );
+        let run = Cmd::kld()
+            .reference("r.st")
+            .candidate(cand)
+            .arg("--json")
+            .in_dir(dir.path())
+            .run();
         assert_eq!(run.code, 2, "{cand}: {}", run.stderr);
         run.json()["error"]["message"].as_str().unwrap().to_owned()
     };
@@ -516,16 +479,17 @@ mod llamacpp {
 
     const FIXTURES: &str = "tests/fixtures/llamacpp";
 
+    /// `kld` of the fixtures' base file `candidate` against their reference base file.
+    fn base_files(candidate: &str) -> Cmd {
+        Cmd::kld()
+            .reference(format!("{FIXTURES}/ref.kld"))
+            .candidate(format!("{FIXTURES}/{candidate}"))
+    }
+
     fn compat(candidate: &str) -> serde_json::Value {
-        let run = cardproof(&[
-            "kld",
-            "--reference",
-            &format!("{FIXTURES}/ref.kld"),
-            "--candidate",
-            &format!("{FIXTURES}/{candidate}"),
-            "--llamacpp-compat",
-            "--json",
-        ]);
+        let run = base_files(candidate)
+            .args(["--llamacpp-compat", "--json"])
+            .run();
         assert_eq!(run.code, 0, "{}", run.stderr);
         run.json()
     }
@@ -558,14 +522,7 @@ mod llamacpp {
 
     #[test]
     fn compat_human_output_is_llamacpps_block() {
-        let run = cardproof(&[
-            "kld",
-            "--reference",
-            &format!("{FIXTURES}/ref.kld"),
-            "--candidate",
-            &format!("{FIXTURES}/cand-q6_k.kld"),
-            "--llamacpp-compat",
-        ]);
+        let run = base_files("cand-q6_k.kld").arg("--llamacpp-compat").run();
         assert_eq!(run.code, 0);
         assert!(
             run.stdout
@@ -576,16 +533,10 @@ mod llamacpp {
 
     #[test]
     fn base_files_also_feed_the_standard_engine() {
-        let run = cardproof(&[
-            "kld",
-            "--reference",
-            &format!("{FIXTURES}/ref.kld"),
-            "--candidate",
-            &format!("{FIXTURES}/cand-q5_0.kld"),
-            "--json",
-            "--bootstrap",
-            "50",
-        ]);
+        let run = base_files("cand-q5_0.kld")
+            .arg("--json")
+            .bootstrap(50)
+            .run();
         assert_eq!(run.code, 0, "{}", run.stderr);
         let doc = run.json();
         assert_eq!(doc["n_positions"], 39 * 63);

@@ -205,20 +205,13 @@ fn kv_card(
 
 /// `verify` of `cand` against the bf16 example over `text`, written to `out`, with `extra` flags.
 fn verify_card(cand: &Path, text: &Path, out: &Path, extra: &[&str]) -> Run {
-    let reference = model("shakespeare-bf16");
-    let mut args = vec![
-        "verify",
-        cand.to_str().unwrap(),
-        "--reference",
-        &reference,
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--json",
-    ];
-    args.extend_from_slice(extra);
-    cardproof(&args)
+    Cmd::verify(cand)
+        .reference(model("shakespeare-bf16"))
+        .eval_text(text)
+        .out(out)
+        .arg("--json")
+        .args(extra)
+        .run()
 }
 
 /// A card written from a `--kv-cache q4_0` measurement discloses `kv_cache_dtype: q4_0`, and
@@ -587,19 +580,13 @@ fn a_kv_cache_sweep_measures_each_scheme_against_the_baseline() {
     let text = short_text(d, 4000);
     let out = d.join("sweep");
     let model = model("shakespeare-bf16");
-    let r = cardproof(&[
-        "measure",
-        "--sweep",
-        "kv_cache=none,q8_0,q4_0",
-        "--candidate",
-        &model,
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--context-length",
-        "128",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let r = Cmd::measure()
+        .flag("--sweep", "kv_cache=none,q8_0,q4_0")
+        .candidate(&model)
+        .eval_text(&text)
+        .context_length(128)
+        .out(&out)
+        .run();
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(r.stdout.contains("largest KV-cache effect"), "{}", r.stdout);
     let sweep: serde_json::Value =
@@ -659,15 +646,10 @@ fn a_kv_cache_sweep_measures_each_scheme_against_the_baseline() {
 #[test]
 fn kv_cache_flags_and_sweeps_that_cannot_run_are_refused_with_the_list() {
     let model = model("shakespeare-bf16");
-    let base = [
-        "measure",
-        "--candidate",
-        &model,
-        "--eval-text",
-        "examples/data/eval.txt",
-        "--context-length",
-        "128",
-    ];
+    let base = Cmd::measure()
+        .candidate(&model)
+        .eval_text("examples/data/eval.txt")
+        .context_length(128);
     for (extra, message) in [
         (
             &["--kv-cache", "int3"][..],
@@ -717,9 +699,7 @@ fn kv_cache_flags_and_sweeps_that_cannot_run_are_refused_with_the_list() {
             "do not combine",
         ),
     ] {
-        let mut args = base.to_vec();
-        args.extend_from_slice(extra);
-        let r = cardproof(&args);
+        let r = base.clone().args(extra).run();
         assert_eq!(r.code, 2, "{extra:?}: {}", r.stderr);
         assert!(r.stderr.contains(message), "{extra:?}: {}", r.stderr);
     }

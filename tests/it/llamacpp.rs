@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::{Run, repo_root};
+use crate::support::{Cmd, Run, repo_root};
 
 const BF16_GGUF: &str = "examples/models/shakespeare-bf16-gguf";
 const Q4_0_GGUF: &str = "examples/models/shakespeare-q4_0-gguf";
@@ -16,32 +16,19 @@ fn run(args: &[&str]) -> Run {
     crate::support::cardproof(args)
 }
 
-/// The measure flags of llama.cpp's protocol on the example pair, with `bin` and `out`.
-fn measure_args<'a>(bin: &'a str, out: &'a str) -> Vec<&'a str> {
-    vec![
-        "measure",
-        "--runner",
-        "llamacpp",
-        "--llamacpp-bin",
-        bin,
-        "--reference",
-        BF16_GGUF,
-        "--candidate",
-        Q4_0_GGUF,
-        "--eval-text",
-        "examples/data/eval.txt",
-        "--context-length",
-        "256",
-        "--positions",
-        "second-half",
-        "--vocab",
-        "threshold",
-        "--threads",
-        "2",
-        "--out",
-        out,
-        "--force",
-    ]
+/// `measure --runner llamacpp` with `bin`, llama.cpp's protocol on the example pair, into `out`.
+fn measure_cmd(bin: impl AsRef<Path>, out: impl AsRef<Path>) -> Cmd {
+    Cmd::measure()
+        .args(["--runner", "llamacpp"])
+        .flag("--llamacpp-bin", bin)
+        .reference(BF16_GGUF)
+        .candidate(Q4_0_GGUF)
+        .eval_text("examples/data/eval.txt")
+        .context_length(256)
+        .args(["--positions", "second-half", "--vocab", "threshold"])
+        .args(["--threads", "2"])
+        .out(out)
+        .arg("--force")
 }
 
 /// An executable shell script in `dir`.
@@ -75,11 +62,10 @@ esac"#
 fn the_llamacpp_runner_refuses_a_protocol_llama_cpp_does_not_compute() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let mut args = measure_args("/nonexistent/llama-perplexity", out.to_str().unwrap());
-    // Drop `--positions second-half --vocab threshold`: every position, the full vocabulary.
-    let at = args.iter().position(|a| *a == "--positions").unwrap();
-    args.drain(at..at + 4);
-    let r = run(&args);
+    // Without `--positions second-half --vocab threshold`: every position, the full vocabulary.
+    let r = measure_cmd("/nonexistent/llama-perplexity", &out)
+        .without(&["--positions", "second-half", "--vocab", "threshold"])
+        .run();
     assert_eq!(r.code, 2, "{}", r.transcript());
     let m = r.message();
     assert!(m.contains("--positions second-half"), "{m}");
@@ -91,10 +77,9 @@ fn the_llamacpp_runner_refuses_a_protocol_llama_cpp_does_not_compute() {
 fn the_llamacpp_runner_refuses_a_safetensors_reference_saying_how_to_convert() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let mut args = measure_args("/nonexistent/llama-perplexity", out.to_str().unwrap());
-    let at = args.iter().position(|a| *a == BF16_GGUF).unwrap();
-    args[at] = "examples/models/shakespeare-bf16";
-    let r = run(&args);
+    let r = measure_cmd("/nonexistent/llama-perplexity", &out)
+        .replace(BF16_GGUF, "examples/models/shakespeare-bf16")
+        .run();
     assert_eq!(r.code, 2, "{}", r.transcript());
     assert!(
         r.message().contains("convert_hf_to_gguf.py"),
@@ -107,13 +92,12 @@ fn the_llamacpp_runner_refuses_a_safetensors_reference_saying_how_to_convert() {
 fn the_llamacpp_runner_refuses_a_conversation_eval_text() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let mut args = measure_args("/nonexistent/llama-perplexity", out.to_str().unwrap());
-    let at = args
-        .iter()
-        .position(|a| *a == "examples/data/eval.txt")
-        .unwrap();
-    args[at] = "examples/data/tool-conversation.json";
-    let r = run(&args);
+    let r = measure_cmd("/nonexistent/llama-perplexity", &out)
+        .replace(
+            "examples/data/eval.txt",
+            "examples/data/tool-conversation.json",
+        )
+        .run();
     assert_eq!(r.code, 2, "{}", r.transcript());
     assert!(r.message().contains("plain text"), "{}", r.message());
 }
@@ -122,9 +106,9 @@ fn the_llamacpp_runner_refuses_a_conversation_eval_text() {
 fn a_bos_policy_the_gguf_contradicts_is_refused_before_llama_cpp_runs() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let mut args = measure_args("/nonexistent/llama-perplexity", out.to_str().unwrap());
-    args.extend(["--bos", "per-window"]);
-    let r = run(&args);
+    let r = measure_cmd("/nonexistent/llama-perplexity", &out)
+        .args(["--bos", "per-window"])
+        .run();
     assert_eq!(r.code, 2, "{}", r.transcript());
     let m = r.message();
     assert!(m.contains("puts no BOS") && m.contains("--bos none"), "{m}");
@@ -136,10 +120,7 @@ fn a_bos_policy_the_gguf_contradicts_is_refused_before_llama_cpp_runs() {
 fn a_missing_llama_perplexity_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let r = run(&measure_args(
-        "/nonexistent/llama-perplexity",
-        out.to_str().unwrap(),
-    ));
+    let r = measure_cmd("/nonexistent/llama-perplexity", &out).run();
     assert_eq!(r.code, 2, "{}", r.transcript());
     assert!(r.message().contains("--llamacpp-bin"), "{}", r.message());
     assert!(!out.exists());
@@ -157,7 +138,7 @@ echo 'llama_model_load: error loading model: tensor data is not within the file 
 exit 1"#,
     );
     let out = dir.path().join("out");
-    let r = run(&measure_args(bin.to_str().unwrap(), out.to_str().unwrap()));
+    let r = measure_cmd(&bin, &out).run();
     assert_ne!(r.code, 0, "{}", r.transcript());
     let m = r.message();
     assert!(m.contains("exited"), "{m}");
@@ -210,11 +191,7 @@ fn refused_and_clean(dir: &Path, bin: &Path, env: &[(&str, &str)], seconds: u64)
     std::fs::create_dir_all(&tmp).unwrap();
     let out = dir.join("out");
     let started = std::time::Instant::now();
-    let r = crate::support::cardproof_env(
-        env,
-        &tmp,
-        &measure_args(bin.to_str().unwrap(), out.to_str().unwrap()),
-    );
+    let r = measure_cmd(bin, &out).env("TMPDIR", &tmp).envs(env).run();
     let took = started.elapsed();
     assert_eq!(r.code, 2, "{}", r.transcript());
     assert!(
@@ -350,7 +327,7 @@ fn an_interrupt_to_cardproof_kills_the_llama_cpp_processes_too() {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cardproof"))
         .current_dir(repo_root())
         .env("TMPDIR", dir.path())
-        .args(measure_args(bin.to_str().unwrap(), out.to_str().unwrap()))
+        .args(measure_cmd(&bin, &out).argv())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -386,11 +363,10 @@ fn a_timeout_that_is_not_seconds_is_refused_naming_the_variable() {
     let dir = tempfile::tempdir().unwrap();
     let bin = hostile(dir.path(), VERSION_OK, "exit 1");
     let out = dir.path().join("out");
-    let r = crate::support::cardproof_env(
-        &[("CARDPROOF_LLAMACPP_STALL_SECS", "forever")],
-        dir.path(),
-        &measure_args(bin.to_str().unwrap(), out.to_str().unwrap()),
-    );
+    let r = measure_cmd(&bin, &out)
+        .env("TMPDIR", dir.path())
+        .env("CARDPROOF_LLAMACPP_STALL_SECS", "forever")
+        .run();
     assert_eq!(r.code, 2, "{}", r.transcript());
     let m = r.message();
     assert!(
@@ -403,32 +379,21 @@ fn a_timeout_that_is_not_seconds_is_refused_naming_the_variable() {
 
 #[test]
 fn a_sweep_of_llama_cpp_settings_needs_the_llamacpp_runner() {
-    let r = run(&[
-        "measure",
-        "--candidate",
-        Q4_0_GGUF,
-        "--eval-text",
-        "examples/data/eval.txt",
-        "--context-length",
-        "256",
-        "--sweep",
-        "llamacpp.kv=f16,q8_0",
-    ]);
+    let r = Cmd::measure()
+        .candidate(Q4_0_GGUF)
+        .eval_text("examples/data/eval.txt")
+        .context_length(256)
+        .flag("--sweep", "llamacpp.kv=f16,q8_0")
+        .run();
     assert_eq!(r.code, 2, "{}", r.transcript());
     assert!(r.message().contains("--runner llamacpp"), "{}", r.message());
-    let r = run(&[
-        "measure",
-        "--runner",
-        "llamacpp",
-        "--candidate",
-        Q4_0_GGUF,
-        "--eval-text",
-        "examples/data/eval.txt",
-        "--context-length",
-        "256",
-        "--sweep",
-        "llamacpp.kv=f16,q3_k",
-    ]);
+    let r = Cmd::measure()
+        .args(["--runner", "llamacpp"])
+        .candidate(Q4_0_GGUF)
+        .eval_text("examples/data/eval.txt")
+        .context_length(256)
+        .flag("--sweep", "llamacpp.kv=f16,q3_k")
+        .run();
     assert_eq!(r.code, 2, "{}", r.transcript());
     assert!(r.message().contains("q3_k"), "{}", r.message());
 }
@@ -543,23 +508,15 @@ mod real {
 
     /// `verify --runner llamacpp` of `card` against the BF16 GGUF reference, `--json`.
     fn verify_llamacpp(bin: &str, card: &str, out: &Path) -> Run {
-        run(&[
-            "verify",
-            card,
-            "--runner",
-            "llamacpp",
-            "--llamacpp-bin",
-            bin,
-            "--reference",
-            BF16_GGUF,
-            "--eval-text",
-            "examples/data/eval.txt",
-            "--threads",
-            "2",
-            "--out",
-            out.to_str().unwrap(),
-            "--json",
-        ])
+        Cmd::verify(card)
+            .args(["--runner", "llamacpp"])
+            .flag("--llamacpp-bin", bin)
+            .reference(BF16_GGUF)
+            .eval_text("examples/data/eval.txt")
+            .args(["--threads", "2"])
+            .out(out)
+            .arg("--json")
+            .run()
     }
 
     /// A card llama.cpp measured reproduces in the same lane: measured here (`measure --runner
@@ -575,11 +532,8 @@ mod real {
         let card = dir.path().join("card");
         crate::support::copy_dir(&repo_root().join(LLAMACPP_CARD), &card);
         let m = dir.path().join("m");
-        let mut args = measure_args(&bin, m.to_str().unwrap());
-        let at = args.iter().position(|a| *a == Q4_0_GGUF).unwrap();
         let card_arg = card.to_str().unwrap().to_owned();
-        args[at] = &card_arg;
-        let r = run(&args);
+        let r = measure_cmd(&bin, &m).replace(Q4_0_GGUF, &card).run();
         assert_eq!(r.code, 0, "{}", r.transcript());
         let r = run(&[
             "card",
@@ -634,7 +588,7 @@ mod real {
         let bin = bin();
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("m");
-        let r = run(&measure_args(&bin, out.to_str().unwrap()));
+        let r = measure_cmd(&bin, &out).run();
         assert_eq!(r.code, 0, "{}", r.transcript());
         let m = measurement(&out);
         let env = &m["environment"];
@@ -672,13 +626,9 @@ mod real {
         let dir = tempfile::tempdir().unwrap();
         let text = crate::support::short_text(dir.path(), 600);
         let out = dir.path().join("m");
-        let mut args = measure_args(&bin, out.to_str().unwrap());
-        let at = args
-            .iter()
-            .position(|a| *a == "examples/data/eval.txt")
-            .unwrap();
-        args[at] = text.to_str().unwrap();
-        let r = run(&args);
+        let r = measure_cmd(&bin, &out)
+            .replace("examples/data/eval.txt", &text)
+            .run();
         assert_eq!(r.code, 2, "{}", r.transcript());
         assert!(
             r.message().contains("you need at least 512 tokens"),
@@ -696,7 +646,7 @@ mod real {
         // llama.cpp's own KLD pass with its running mean KLD column raised by 1%.
         let liar = raised_printout(dir.path(), &bin, 1.01);
         let out = dir.path().join("m");
-        let r = run(&measure_args(liar.to_str().unwrap(), out.to_str().unwrap()));
+        let r = measure_cmd(&liar, &out).run();
         assert_ne!(r.code, 0, "{}", r.transcript());
         let m = r.message();
         assert!(m.contains("printout gate"), "{m}");
@@ -709,24 +659,15 @@ mod real {
     fn a_rerun_with_another_kv_cache_is_not_comparable_naming_each_flag() {
         let bin = bin();
         let dir = tempfile::tempdir().unwrap();
-        let r = run(&[
-            "verify",
-            LLAMACPP_CARD,
-            "--runner",
-            "llamacpp",
-            "--llamacpp-bin",
-            &bin,
-            "--reference",
-            BF16_GGUF,
-            "--eval-text",
-            "examples/data/eval.txt",
-            "--kv-cache",
-            "q8_0+hadamard",
-            "--threads",
-            "2",
-            "--out",
-            dir.path().join("r").to_str().unwrap(),
-        ]);
+        let r = Cmd::verify(LLAMACPP_CARD)
+            .args(["--runner", "llamacpp"])
+            .flag("--llamacpp-bin", &bin)
+            .reference(BF16_GGUF)
+            .eval_text("examples/data/eval.txt")
+            .flag("--kv-cache", "q8_0+hadamard")
+            .args(["--threads", "2"])
+            .out(dir.path().join("r"))
+            .run();
         assert_eq!(r.code, 1, "{}", r.transcript());
         assert!(r.stdout.contains("not_comparable"), "{}", r.stdout);
         for named in [
@@ -743,29 +684,17 @@ mod real {
         let bin = bin();
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("s");
-        let r = run(&[
-            "measure",
-            "--runner",
-            "llamacpp",
-            "--llamacpp-bin",
-            &bin,
-            "--candidate",
-            Q4_0_GGUF,
-            "--eval-text",
-            "examples/data/eval.txt",
-            "--context-length",
-            "256",
-            "--positions",
-            "second-half",
-            "--vocab",
-            "threshold",
-            "--threads",
-            "2",
-            "--sweep",
-            "llamacpp.kv=f16,q8_0,q4_0",
-            "--out",
-            out.to_str().unwrap(),
-        ]);
+        let r = Cmd::measure()
+            .args(["--runner", "llamacpp"])
+            .flag("--llamacpp-bin", &bin)
+            .candidate(Q4_0_GGUF)
+            .eval_text("examples/data/eval.txt")
+            .context_length(256)
+            .args(["--positions", "second-half", "--vocab", "threshold"])
+            .args(["--threads", "2"])
+            .flag("--sweep", "llamacpp.kv=f16,q8_0,q4_0")
+            .out(&out)
+            .run();
         assert_eq!(r.code, 0, "{}", r.transcript());
         let sweep: serde_json::Value =
             serde_json::from_slice(&std::fs::read(out.join("sweep.json")).unwrap()).unwrap();
@@ -830,7 +759,7 @@ mod real {
         assert!(kld(&arm("kv-q8_0")) > 0.0);
         // The q4_0 arm is what `measure --runner llamacpp` of the pair records, to the bit.
         let single = dir.path().join("single");
-        let m = run(&measure_args(&bin, single.to_str().unwrap()));
+        let m = measure_cmd(&bin, &single).run();
         assert_eq!(m.code, 0, "{}", m.transcript());
         let single = measurement(&single);
         let arm_m = measurement(&out.join("arms/q4_0"));

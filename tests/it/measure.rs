@@ -2,9 +2,7 @@
 
 use std::path::Path;
 
-use crate::support::{
-    cardproof, cardproof_in, copy_dir, edit_config, model, repo_root, short_text,
-};
+use crate::support::{Cmd, copy_dir, edit_config, model, repo_root, short_text};
 
 fn measure(
     reference: &str,
@@ -14,24 +12,16 @@ fn measure(
     let dir = tempfile::tempdir().unwrap();
     let text = short_text(dir.path(), 2500);
     let out = dir.path().join("out");
-    let mut args = vec![
-        "measure",
-        "--reference",
-        reference,
-        "--candidate",
-        candidate,
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--context-length",
-        "128",
-        "--bootstrap",
-        "100",
-        "--out",
-        out.to_str().unwrap(),
-        "--json",
-    ];
-    args.extend_from_slice(extra);
-    let run = cardproof(&args);
+    let run = Cmd::measure()
+        .reference(reference)
+        .candidate(candidate)
+        .eval_text(&text)
+        .context_length(128)
+        .bootstrap(100)
+        .out(&out)
+        .arg("--json")
+        .args(extra)
+        .run();
     assert_eq!(run.code, 0, "{}", run.stderr);
     let doc = run.json();
     let file: serde_json::Value =
@@ -161,39 +151,25 @@ fn logit_dumps_reproduce_the_measurement_through_kld() {
     let dir = tempfile::tempdir().unwrap();
     let text = short_text(dir.path(), 1500);
     let dump = dir.path().join("dump");
-    let run = cardproof(&[
-        "measure",
-        "--reference",
-        &model("shakespeare-bf16"),
-        "--candidate",
-        &model("shakespeare-fp8-block"),
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--context-length",
-        "64",
-        "--out",
-        dir.path().join("out").to_str().unwrap(),
-        "--dump-logits",
-        dump.to_str().unwrap(),
-        "--bootstrap",
-        "50",
-        "--json",
-    ]);
+    let run = Cmd::measure()
+        .reference(model("shakespeare-bf16"))
+        .candidate(model("shakespeare-fp8-block"))
+        .eval_text(&text)
+        .context_length(64)
+        .out(dir.path().join("out"))
+        .flag("--dump-logits", &dump)
+        .bootstrap(50)
+        .arg("--json")
+        .run();
     assert_eq!(run.code, 0, "{}", run.stderr);
     let measured = run.json();
-    let kld = cardproof_in(
-        dir.path(),
-        &[
-            "kld",
-            "--reference",
-            "dump/reference.logits.safetensors",
-            "--candidate",
-            "dump/candidate.logits.safetensors",
-            "--bootstrap",
-            "50",
-            "--json",
-        ],
-    );
+    let kld = Cmd::kld()
+        .reference("dump/reference.logits.safetensors")
+        .candidate("dump/candidate.logits.safetensors")
+        .bootstrap(50)
+        .arg("--json")
+        .in_dir(dir.path())
+        .run();
     assert_eq!(kld.code, 0, "{}", kld.stderr);
     let k = kld.json();
     for name in [
@@ -217,21 +193,14 @@ fn bad_inputs_are_exit_2_with_one_clear_message() {
     let text = short_text(dir.path(), 300);
     let bf16 = model("shakespeare-bf16");
     let run = |candidate: &str, text: &Path, extra: &[&str]| {
-        let mut args = vec![
-            "measure",
-            "--reference",
-            &bf16,
-            "--candidate",
-            candidate,
-            "--eval-text",
-            text.to_str().unwrap(),
-            "--context-length",
-            "512",
-            "--out",
-            dir.path().join("out").to_str().unwrap().to_owned().leak(),
-        ];
-        args.extend_from_slice(extra);
-        cardproof(&args)
+        Cmd::measure()
+            .reference(&bf16)
+            .candidate(candidate)
+            .eval_text(text)
+            .context_length(512)
+            .out(dir.path().join("out"))
+            .args(extra)
+            .run()
     };
     // Eval text shorter than one window.
     let r = run(&bf16, &text, &[]);
@@ -321,22 +290,13 @@ fn bad_inputs_are_exit_2_with_one_clear_message() {
     );
 
     // Output inside a checkpoint is refused before any work.
-    let r = cardproof(&[
-        "measure",
-        "--reference",
-        &bf16,
-        "--candidate",
-        &bf16,
-        "--eval-text",
-        long.to_str().unwrap(),
-        "--context-length",
-        "64",
-        "--out",
-        repo_root()
-            .join("examples/models/shakespeare-bf16/out")
-            .to_str()
-            .unwrap(),
-    ]);
+    let r = Cmd::measure()
+        .reference(&bf16)
+        .candidate(&bf16)
+        .eval_text(&long)
+        .context_length(64)
+        .out(repo_root().join("examples/models/shakespeare-bf16/out"))
+        .run();
     assert_eq!(r.code, 2);
     assert!(
         r.stderr.contains("is inside the checkpoint"),
@@ -361,19 +321,13 @@ fn an_unknown_quant_method_is_refused_naming_it() {
         c["quantization_config"]["quant_method"] = "zzz-unknown".into();
     });
     let out = dir.path().join("out");
-    let r = cardproof(&[
-        "measure",
-        "--reference",
-        &model("shakespeare-bf16"),
-        "--candidate",
-        candidate.to_str().unwrap(),
-        "--eval-text",
-        "examples/data/eval.txt",
-        "--context-length",
-        "64",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let r = Cmd::measure()
+        .reference(model("shakespeare-bf16"))
+        .candidate(&candidate)
+        .eval_text("examples/data/eval.txt")
+        .context_length(64)
+        .out(&out)
+        .run();
     assert_eq!(r.code, 2, "{}", r.stderr);
     let config = candidate.join("config.json");
     assert!(
@@ -396,21 +350,14 @@ fn measure_unloadable(chars: usize, extra: &[&str]) -> (crate::support::Run, tem
     let model = crate::support::unloadable_copy("shakespeare-bf16", &dir.path().join("model"));
     let text = short_text(dir.path(), chars);
     let out = dir.path().join("out");
-    let mut args = vec![
-        "measure",
-        "--reference",
-        model.to_str().unwrap(),
-        "--candidate",
-        model.to_str().unwrap(),
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--bootstrap",
-        "10",
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let run = cardproof(&args);
+    let run = Cmd::measure()
+        .reference(&model)
+        .candidate(&model)
+        .eval_text(&text)
+        .bootstrap(10)
+        .out(&out)
+        .args(extra)
+        .run();
     (run, dir)
 }
 
@@ -504,19 +451,13 @@ fn a_candidate_with_another_tokenizer_is_refused_before_any_forward_pass() {
     vocab.insert("#".into(), a);
     std::fs::write(&path, serde_json::to_vec(&t).unwrap()).unwrap();
     let text = short_text(dir.path(), 2500);
-    let r = cardproof(&[
-        "measure",
-        "--reference",
-        reference.to_str().unwrap(),
-        "--candidate",
-        candidate.to_str().unwrap(),
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--context-length",
-        "128",
-        "--out",
-        dir.path().join("out").to_str().unwrap(),
-    ]);
+    let r = Cmd::measure()
+        .reference(&reference)
+        .candidate(&candidate)
+        .eval_text(&text)
+        .context_length(128)
+        .out(dir.path().join("out"))
+        .run();
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
         r.stderr.contains(&format!(
@@ -537,21 +478,14 @@ fn the_recurrent_state_dtype_flag_is_validated_and_refused_where_it_would_change
     let bf16 = model("shakespeare-bf16");
     let out = dir.path().join("out");
     let run = |extra: &[&str]| {
-        let mut args = vec![
-            "measure",
-            "--reference",
-            &bf16,
-            "--candidate",
-            &bf16,
-            "--eval-text",
-            text.to_str().unwrap(),
-            "--context-length",
-            "128",
-            "--out",
-            out.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        cardproof(&args)
+        Cmd::measure()
+            .reference(&bf16)
+            .candidate(&bf16)
+            .eval_text(&text)
+            .context_length(128)
+            .out(&out)
+            .args(extra)
+            .run()
     };
     // Not a dtype: exit 2 naming the flag, the value and the choices, before any work.
     let r = run(&["--recurrent-state-dtype", "fp8"]);

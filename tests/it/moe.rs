@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
-use crate::support::{Run, cardproof, copy_dir, edit_config, repo_root};
+use crate::support::{Cmd, Run, copy_dir, edit_config, repo_root};
 
 pub fn fixtures() -> PathBuf {
     repo_root().join("tests/fixtures/moe")
@@ -15,31 +15,18 @@ pub fn fixtures() -> PathBuf {
 /// `measure` of `model` against itself on its eval.txt (windows of 32, no BOS), the native
 /// runner's rows dumped into `dir/dump`.
 pub fn measure_dump(model: &Path, dir: &Path, extra: &[&str]) -> Run {
-    let m = model.to_str().unwrap();
-    let mut args = vec![
-        "measure",
-        "--reference",
-        m,
-        "--candidate",
-        m,
-        "--eval-text",
-        m.to_owned().leak(),
-        "--context-length",
-        "32",
-        "--bos",
-        "none",
-        "--bootstrap",
-        "10",
-        "--out",
-        dir.join("out").to_str().unwrap().to_owned().leak(),
-        "--dump-logits",
-        dir.join("dump").to_str().unwrap().to_owned().leak(),
-        "--json",
-    ];
-    let text = model.join("eval.txt");
-    args[6] = text.to_str().unwrap().to_owned().leak();
-    args.extend_from_slice(extra);
-    cardproof(&args)
+    Cmd::measure()
+        .reference(model)
+        .candidate(model)
+        .eval_text(model.join("eval.txt"))
+        .context_length(32)
+        .flag("--bos", "none")
+        .bootstrap(10)
+        .out(dir.join("out"))
+        .flag("--dump-logits", dir.join("dump"))
+        .arg("--json")
+        .args(extra)
+        .run()
 }
 
 fn f32s(t: &TensorView<'_>) -> Vec<f32> {

@@ -6,7 +6,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::hub_server::HubServer;
-use crate::support::{Run, cardproof, model, repo_root, short_text};
+use crate::support::{Cmd, Run, cardproof, model, repo_root, short_text};
 
 /// stdout is exactly one JSON object with `"schema_version": 1` first; stderr holds no JSON.
 #[track_caller]
@@ -121,25 +121,17 @@ fn every_json_command_prints_one_versioned_document() {
         checked("lint", "lint (model directory)", &run, &[0, 1, 2]);
     }
     // measure, and kld on the logits it dumped and on llama.cpp base files.
-    let short = ["--context-length", "128", "--bootstrap", "10"];
-    let mut args = vec![
-        "measure",
-        "--reference",
-        &reference,
-        "--candidate",
-        s(&candidate),
-    ];
-    args.extend([
-        "--eval-text",
-        s(&text),
-        "--out",
-        s(&m),
-        "--dump-logits",
-        s(&logits),
-    ]);
-    args.extend(short);
-    args.push("--json");
-    let doc = checked("measurement", "measure", &cardproof(&args), &[0]);
+    let run = Cmd::measure()
+        .reference(&reference)
+        .candidate(&candidate)
+        .eval_text(&text)
+        .out(&m)
+        .flag("--dump-logits", &logits)
+        .context_length(128)
+        .bootstrap(10)
+        .arg("--json")
+        .run();
+    let doc = checked("measurement", "measure", &run, &[0]);
     assert!(doc["runs"].is_array());
     // Every vocabulary mode and position policy the protocol can state.
     let (r_logits, c_logits) = (
@@ -169,29 +161,21 @@ fn every_json_command_prints_one_versioned_document() {
         ],
         &["--positions", "second-half", "--context-length", "128"],
     ] {
-        let mut args = vec![
-            "kld",
-            "--reference",
-            s(&r_logits),
-            "--candidate",
-            s(&c_logits),
-            "--bootstrap",
-            "10",
-            "--json",
-        ];
-        args.extend(protocol);
-        checked("kld", &format!("kld {protocol:?}"), &cardproof(&args), &[0]);
+        let run = Cmd::kld()
+            .reference(&r_logits)
+            .candidate(&c_logits)
+            .bootstrap(10)
+            .arg("--json")
+            .args(protocol)
+            .run();
+        checked("kld", &format!("kld {protocol:?}"), &run, &[0]);
     }
     let fixtures = repo_root().join("tests/fixtures/llamacpp");
-    let run = cardproof(&[
-        "kld",
-        "--reference",
-        s(&fixtures.join("ref.kld")),
-        "--candidate",
-        s(&fixtures.join("cand-q5_0.kld")),
-        "--llamacpp-compat",
-        "--json",
-    ]);
+    let run = Cmd::kld()
+        .reference(fixtures.join("ref.kld"))
+        .candidate(fixtures.join("cand-q5_0.kld"))
+        .args(["--llamacpp-compat", "--json"])
+        .run();
     checked("kld-llamacpp-compat", "kld --llamacpp-compat", &run, &[0]);
 
     // card: updating the candidate's card, and creating a new one.
@@ -267,19 +251,13 @@ fn every_json_command_prints_one_versioned_document() {
     let doc = checked("verify-report", "verify-report (other key)", &run, &[1]);
     assert_eq!(doc["verified"], false);
     assert!(doc["verdict"].is_null(), "{doc}");
-    let run = cardproof(&[
-        "verify",
-        s(&candidate),
-        "--reference",
-        &reference,
-        "--eval-text",
-        s(&text),
-        "--key",
-        s(&key),
-        "--out",
-        s(&report),
-        "--json",
-    ]);
+    let run = Cmd::verify(&candidate)
+        .reference(&reference)
+        .eval_text(&text)
+        .key(&key)
+        .out(&report)
+        .arg("--json")
+        .run();
     assert_eq!(
         checked("report", "verify", &run, &[0])["verdict"],
         "reproduced"
@@ -301,11 +279,16 @@ fn every_json_command_prints_one_versioned_document() {
     // reference export: a hidden-state artifact and a llama.cpp base file.
     for (kind, out) in [("hidden", "ref.safetensors"), ("llamacpp", "ref.kld")] {
         let out = t.join(out);
-        let mut args = vec!["reference", "export", "--model", &reference, "--eval-text"];
-        args.extend([s(&text), "--kind", kind, "--out", s(&out)]);
-        args.extend(short);
-        args.push("--json");
-        let doc = checked("export", "reference export", &cardproof(&args), &[0]);
+        let run = Cmd::reference_export()
+            .flag("--model", &reference)
+            .eval_text(&text)
+            .flag("--kind", kind)
+            .out(&out)
+            .context_length(128)
+            .bootstrap(10)
+            .arg("--json")
+            .run();
+        let doc = checked("export", "reference export", &run, &[0]);
         assert_eq!(doc["artifact"], s(&out));
         assert_eq!(doc["kind"], kind);
         assert_eq!(doc["size"], std::fs::metadata(&out).unwrap().len());
@@ -340,35 +323,22 @@ fn every_json_command_prints_one_versioned_document() {
     assert!(checked("sign", "sign (missing)", &run, &[2])["error"].is_object());
     let run = cardproof(&["card", "--measurement", s(&missing), "--json"]);
     assert!(checked("card", "card (missing)", &run, &[2])["error"].is_object());
-    let mut args = vec![
-        "reference",
-        "export",
-        "--model",
-        &reference,
-        "--eval-text",
-        s(&text),
-    ];
-    args.extend([
-        "--kind",
-        "llamacpp",
-        "--out",
-        s(&missing),
-        "--context-length",
-        "64",
-    ]);
-    args.extend(["--context-length", "128", "--json"]);
-    let doc = checked("error", "reference export (usage)", &cardproof(&args), &[2]);
+    let run = Cmd::reference_export()
+        .flag("--model", &reference)
+        .eval_text(&text)
+        .flag("--kind", "llamacpp")
+        .out(&missing)
+        .context_length(64)
+        .context_length(128)
+        .arg("--json")
+        .run();
+    let doc = checked("error", "reference export (usage)", &run, &[2]);
     assert!(doc["error"]["message"].is_string(), "{doc}");
-    let run = cardproof(&[
-        "kld",
-        "--reference",
-        "a",
-        "--candidate",
-        "b",
-        "--top-k",
-        "3",
-        "--json",
-    ]);
+    let run = Cmd::kld()
+        .reference("a")
+        .candidate("b")
+        .args(["--top-k", "3", "--json"])
+        .run();
     let doc = checked("error", "kld (usage)", &run, &[2]);
     assert!(doc["error"]["file"].is_null(), "{doc}");
     assert_eq!(doc["error"]["kind"], "usage", "{doc}");
@@ -390,19 +360,14 @@ fn every_command(t: &Path) -> Vec<(&'static str, Vec<String>)> {
         ),
         (
             "measure",
-            v(&[
-                "measure",
-                "--reference",
-                &p("r"),
-                "--candidate",
-                &p("c"),
-                "--eval-text",
-                &p("t"),
-                "--context-length",
-                "128",
-                "--out",
-                &p("out"),
-            ]),
+            Cmd::measure()
+                .reference(p("r"))
+                .candidate(p("c"))
+                .eval_text(p("t"))
+                .context_length(128)
+                .out(p("out"))
+                .argv()
+                .to_vec(),
         ),
         ("verify", v(&["verify", &p("model"), "--out", &p("out")])),
         ("card", v(&["card", "--measurement", &p("m.json")])),
@@ -410,18 +375,13 @@ fn every_command(t: &Path) -> Vec<(&'static str, Vec<String>)> {
         ("sign", v(&["sign", &p("m.json")])),
         (
             "reference export",
-            v(&[
-                "reference",
-                "export",
-                "--model",
-                &p("r"),
-                "--eval-text",
-                &p("t"),
-                "--context-length",
-                "128",
-                "--out",
-                &p("a.safetensors"),
-            ]),
+            Cmd::reference_export()
+                .flag("--model", p("r"))
+                .eval_text(p("t"))
+                .context_length(128)
+                .out(p("a.safetensors"))
+                .argv()
+                .to_vec(),
         ),
         (
             "verify-report",
@@ -506,16 +466,11 @@ fn json_diagnostics_are_not_repeated_on_stderr() {
         said.stderr
     );
     // A usage error found after parsing, and `check`'s findings and summary.
-    let usage = cardproof(&[
-        "kld",
-        "--reference",
-        "r",
-        "--candidate",
-        "c",
-        "--vocab",
-        "top-k",
-        "--json",
-    ]);
+    let usage = Cmd::kld()
+        .reference("r")
+        .candidate("c")
+        .args(["--vocab", "top-k", "--json"])
+        .run();
     assert_eq!(usage.code, 2, "{}", usage.stderr);
     assert_eq!(usage.json()["error"]["kind"], "usage", "{}", usage.stdout);
     assert_eq!(usage.stderr, "", "the usage error was repeated on stderr");
@@ -532,21 +487,9 @@ fn json_diagnostics_are_not_repeated_on_stderr() {
     );
 }
 
-/// `cardproof` with plain progress lines on stderr (`CARDPROOF_PROGRESS=plain`).
-fn with_plain_progress(args: &[&str]) -> Run {
-    let output = assert_cmd::Command::cargo_bin("cardproof")
-        .unwrap()
-        .current_dir(repo_root())
-        .env("NO_COLOR", "1")
-        .env("CARDPROOF_PROGRESS", "plain")
-        .args(args)
-        .output()
-        .unwrap();
-    Run {
-        code: output.status.code().unwrap(),
-        stdout: String::from_utf8(output.stdout).unwrap(),
-        stderr: String::from_utf8(output.stderr).unwrap(),
-    }
+/// `cmd` run with plain progress lines on stderr (`CARDPROOF_PROGRESS=plain`).
+fn with_plain_progress(cmd: Cmd) -> Run {
+    cmd.env("CARDPROOF_PROGRESS", "plain").run()
 }
 
 #[test]
@@ -555,22 +498,16 @@ fn progress_names_each_stage_and_counts_windows_only_where_there_are_some() {
     let t = tmp.path();
     let text = short_text(t, 2500);
     let reference = model("shakespeare-bf16");
-    let m = with_plain_progress(&[
-        "measure",
-        "--reference",
-        &reference,
-        "--candidate",
-        &model("shakespeare-w8a16"),
-        "--eval-text",
-        s(&text),
-        "--context-length",
-        "128",
-        "--bootstrap",
-        "10",
-        "--out",
-        s(&t.join("m")),
-        "--json",
-    ]);
+    let m = with_plain_progress(
+        Cmd::measure()
+            .reference(&reference)
+            .candidate(model("shakespeare-w8a16"))
+            .eval_text(&text)
+            .context_length(128)
+            .bootstrap(10)
+            .out(t.join("m"))
+            .arg("--json"),
+    );
     assert_eq!(m.code, 0, "{}", m.stderr);
     let windows = m.json()["runs"][0]["n_windows"].clone();
     assert!(m.stderr.contains("progress: tokenizing\n"), "{}", m.stderr);
@@ -583,18 +520,13 @@ fn progress_names_each_stage_and_counts_windows_only_where_there_are_some() {
     );
     assert!(!m.stderr.contains(" 0/0 "), "{}", m.stderr);
     // `reference export` shows its progress too, like measure.
-    let e = with_plain_progress(&[
-        "reference",
-        "export",
-        "--model",
-        &reference,
-        "--eval-text",
-        s(&text),
-        "--context-length",
-        "128",
-        "--out",
-        s(&t.join("ref.safetensors")),
-    ]);
+    let e = with_plain_progress(
+        Cmd::reference_export()
+            .flag("--model", &reference)
+            .eval_text(&text)
+            .context_length(128)
+            .out(t.join("ref.safetensors")),
+    );
     assert_eq!(e.code, 0, "{}", e.stderr);
     assert!(
         e.stderr.contains("progress: loading the reference\n"),
@@ -608,20 +540,14 @@ fn progress_names_each_stage_and_counts_windows_only_where_there_are_some() {
         "{}",
         e.stderr
     );
-    let l = with_plain_progress(&[
-        "reference",
-        "export",
-        "--model",
-        &reference,
-        "--eval-text",
-        s(&text),
-        "--context-length",
-        "128",
-        "--kind",
-        "llamacpp",
-        "--out",
-        s(&t.join("ref.kld")),
-    ]);
+    let l = with_plain_progress(
+        Cmd::reference_export()
+            .flag("--model", &reference)
+            .eval_text(&text)
+            .context_length(128)
+            .flag("--kind", "llamacpp")
+            .out(t.join("ref.kld")),
+    );
     assert_eq!(l.code, 0, "{}", l.stderr);
     assert!(
         l.stderr.contains(&format!(

@@ -4,49 +4,33 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::{Run, cardproof, model, short_text};
+use crate::support::{Cmd, Run, cardproof, model, short_text};
 
 /// `measure` of the int8 example against its reference into `out`, with `extra` arguments.
 fn measure_into(dir: &Path, out: &Path, extra: &[&str]) -> Run {
     let text = short_text(dir, 2500);
-    let bf16 = model("shakespeare-bf16");
-    let w8 = model("shakespeare-w8a16");
-    let mut args = vec![
-        "measure",
-        "--reference",
-        &bf16,
-        "--candidate",
-        &w8,
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--context-length",
-        "128",
-        "--bootstrap",
-        "20",
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    cardproof(&args)
+    Cmd::measure()
+        .reference(model("shakespeare-bf16"))
+        .candidate(model("shakespeare-w8a16"))
+        .eval_text(&text)
+        .context_length(128)
+        .bootstrap(20)
+        .out(out)
+        .args(extra)
+        .run()
 }
 
 /// A measure whose eval text does not exist: it fails at its first read, so an error about
 /// `--out` shows that `--out` was checked before any work.
 fn measure_nothing_into(out: &Path) -> Run {
     let bf16 = model("shakespeare-bf16");
-    cardproof(&[
-        "measure",
-        "--reference",
-        &bf16,
-        "--candidate",
-        &bf16,
-        "--eval-text",
-        "/nonexistent/eval.txt",
-        "--context-length",
-        "128",
-        "--out",
-        out.to_str().unwrap(),
-    ])
+    Cmd::measure()
+        .reference(&bf16)
+        .candidate(&bf16)
+        .eval_text("/nonexistent/eval.txt")
+        .context_length(128)
+        .out(out)
+        .run()
 }
 
 fn entries(dir: &Path) -> Vec<String> {
@@ -86,19 +70,13 @@ fn out_through_a_link_or_dot_dot_into_a_checkpoint_is_refused() {
         outs.push(dir.path().join("x/../link/sub"));
     }
     for out in outs {
-        let r = cardproof(&[
-            "measure",
-            "--reference",
-            &bf16,
-            "--candidate",
-            cand.to_str().unwrap(),
-            "--eval-text",
-            "/nonexistent/eval.txt",
-            "--context-length",
-            "128",
-            "--out",
-            out.to_str().unwrap(),
-        ]);
+        let r = Cmd::measure()
+            .reference(&bf16)
+            .candidate(&cand)
+            .eval_text("/nonexistent/eval.txt")
+            .context_length(128)
+            .out(&out)
+            .run();
         assert_eq!(r.code, 2, "{}: {}", out.display(), r.stderr);
         assert!(
             r.stderr.contains("is inside the checkpoint")
@@ -276,23 +254,15 @@ fn every_output_path_is_checked_before_any_forward_pass() {
     // An unloadable model: a write error rather than a load error shows no model ran.
     let model = crate::support::unloadable_copy("shakespeare-bf16", &dir.path().join("model"));
     let text = crate::support::short_text(dir.path(), 10_000);
-    let model = model.to_str().unwrap();
     let below_a_file = file.join("sub");
-    let r = cardproof(&[
-        "measure",
-        "--reference",
-        model,
-        "--candidate",
-        model,
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--context-length",
-        "128",
-        "--out",
-        dir.path().join("out").to_str().unwrap(),
-        "--dump-logits",
-        below_a_file.to_str().unwrap(),
-    ]);
+    let r = Cmd::measure()
+        .reference(&model)
+        .candidate(&model)
+        .eval_text(&text)
+        .context_length(128)
+        .out(dir.path().join("out"))
+        .flag("--dump-logits", &below_a_file)
+        .run();
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
         r.stderr
@@ -302,18 +272,12 @@ fn every_output_path_is_checked_before_any_forward_pass() {
     );
     assert!(!r.stderr.contains("model.safetensors"), "{}", r.stderr);
     let artifact = below_a_file.join("ref.cpref");
-    let r = cardproof(&[
-        "reference",
-        "export",
-        "--model",
-        model,
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--context-length",
-        "128",
-        "--out",
-        artifact.to_str().unwrap(),
-    ]);
+    let r = Cmd::reference_export()
+        .flag("--model", &model)
+        .eval_text(&text)
+        .context_length(128)
+        .out(&artifact)
+        .run();
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
         r.stderr
@@ -369,31 +333,18 @@ fn a_set_that_cannot_fit_on_the_disk_is_refused_before_the_rerun() {
     let text = short_text(dir.path(), 2500);
     let out = dir.path().join("out");
     let bf16 = model("shakespeare-bf16");
-    let args = [
-        "measure",
-        "--reference",
-        &bf16,
-        "--candidate",
-        cand.to_str().unwrap(),
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--context-length",
-        "128",
-        "--out",
-        out.to_str().unwrap(),
-    ];
+    let measure = Cmd::measure()
+        .reference(&bf16)
+        .candidate(&cand)
+        .eval_text(&text)
+        .context_length(128)
+        .out(&out);
     let run = |free: &str| {
-        let o = assert_cmd::Command::cargo_bin("cardproof")
-            .unwrap()
-            .env("NO_COLOR", "1")
+        let r = measure
+            .clone()
             .env("CARDPROOF_FREE_SPACE_BYTES", free)
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            o.status.code().unwrap(),
-            String::from_utf8(o.stderr).unwrap(),
-        )
+            .run();
+        (r.code, r.stderr)
     };
     let (code, stderr) = run("1000");
     assert_eq!(code, 2, "{stderr}");
@@ -426,36 +377,21 @@ fn a_verify_or_study_that_cannot_fit_on_the_disk_is_refused_before_the_rerun() {
         cardproof(&["keygen", "--out", keys.to_str().unwrap()]).code,
         0
     );
-    let run = |args: &[&str]| {
-        let o = assert_cmd::Command::cargo_bin("cardproof")
-            .unwrap()
-            .current_dir(crate::support::repo_root())
-            .env("NO_COLOR", "1")
+    let run = |cmd: Cmd| {
+        let r = cmd
             .env("CARDPROOF_PROGRESS", "plain")
             .env("CARDPROOF_FREE_SPACE_BYTES", "1000")
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            o.status.code().unwrap(),
-            String::from_utf8(o.stderr).unwrap(),
-        )
+            .run();
+        (r.code, r.stderr)
     };
     let out = dir.path().join("report");
     let bf16 = model("shakespeare-bf16");
     let fp8 = model("shakespeare-fp8-block");
-    let (code, stderr) = run(&[
-        "verify",
-        &fp8,
-        "--reference",
-        &bf16,
-        "--eval-text",
-        "examples/data/eval.txt",
-        "--key",
-        keys.join("cardproof.key").to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (code, stderr) = run(Cmd::verify(&fp8)
+        .reference(&bf16)
+        .eval_text("examples/data/eval.txt")
+        .key(keys.join("cardproof.key"))
+        .out(&out));
     assert_eq!(code, 2, "{stderr}");
     assert!(
         stderr.contains(&format!(
@@ -484,12 +420,7 @@ fn a_verify_or_study_that_cannot_fit_on_the_disk_is_refused_before_the_rerun() {
     )
     .unwrap();
     let out = dir.path().join("study");
-    let (code, stderr) = run(&[
-        "study",
-        study.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let (code, stderr) = run(Cmd::new("study").path(&study).out(&out));
     assert_eq!(code, 2, "{stderr}");
     assert!(
         stderr.contains(&format!(

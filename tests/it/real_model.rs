@@ -13,7 +13,7 @@ use cardproof::runner::native::Emulate;
 use cardproof::runner::native::gguf::GgufStore;
 use cardproof::runner::native::weights::WeightStore;
 
-use crate::support::{Run, cardproof, repo_root};
+use crate::support::{Cmd, Run, cardproof, repo_root};
 
 /// Every candidate the script makes, and the shipped file.
 const TYPES: [&str; 12] = [
@@ -66,33 +66,17 @@ fn measure(ty: &str, text: &Path, out: &Path, lane: &[&str]) -> Run {
 
 /// [`measure`] of any candidate path (a copy beside its card).
 fn measure_candidate(candidate: &Path, text: &Path, out: &Path, lane: &[&str]) -> Run {
-    let reference = real_model().join("reference");
-    let mut args = vec![
-        "measure",
-        "--reference",
-        reference.to_str().unwrap(),
-        "--candidate",
-        candidate.to_str().unwrap(),
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--context-length",
-        "512",
-        "--positions",
-        "second-half",
-        "--direction",
-        "forward",
-        "--vocab",
-        "threshold",
-        "--bos",
-        "none",
-        "--threads",
-        "2",
-        "--out",
-        out.to_str().unwrap(),
-        "--force",
-    ];
-    args.extend_from_slice(lane);
-    cardproof(&args)
+    Cmd::measure()
+        .reference(real_model().join("reference"))
+        .candidate(candidate)
+        .eval_text(text)
+        .context_length(512)
+        .args(["--positions", "second-half", "--direction", "forward"])
+        .args(["--vocab", "threshold", "--bos", "none", "--threads", "2"])
+        .out(out)
+        .arg("--force")
+        .args(lane)
+        .run()
 }
 
 /// The shipped Q4_1 file dequantized by the native runner is the reference, bit for bit: the
@@ -275,22 +259,14 @@ fn write_card(measurement: &Path, file: &Path, ty: &str) {
 /// `verify --json` of `target` against the reference, in the native lane (reference semantics)
 /// or with `lane`'s flags.
 fn verify_in(target: &Path, text: &Path, out: &Path, lane: &[&str]) -> Run {
-    let reference = real_model().join("reference");
-    let mut args = vec![
-        "verify",
-        target.to_str().unwrap(),
-        "--reference",
-        reference.to_str().unwrap(),
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--threads",
-        "2",
-        "--out",
-        out.to_str().unwrap(),
-        "--json",
-    ];
-    args.extend_from_slice(lane);
-    cardproof(&args)
+    Cmd::verify(target)
+        .reference(real_model().join("reference"))
+        .eval_text(text)
+        .args(["--threads", "2"])
+        .out(out)
+        .arg("--json")
+        .args(lane)
+        .run()
 }
 
 /// One layout rule on real files: a type measured as a single GGUF file gets a card beside it

@@ -187,19 +187,13 @@ fn every_arm_equals_the_single_measure_of_its_pair() {
     assert!(card.contains("| **w8a16** | weights |"), "{card}");
     let lint = cardproof(&["lint", candidate.to_str().unwrap()]);
     assert_eq!(lint.code, 0, "{}", lint.stderr);
-    let r = cardproof(&[
-        "verify",
-        candidate.to_str().unwrap(),
-        "--reference",
-        models.join("shakespeare-bf16").to_str().unwrap(),
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--key",
-        keys.join("cardproof.key").to_str().unwrap(),
-        "--out",
-        dir.path().join("verified").to_str().unwrap(),
-        "--json",
-    ]);
+    let r = Cmd::verify(&candidate)
+        .reference(models.join("shakespeare-bf16"))
+        .eval_text(&text)
+        .key(keys.join("cardproof.key"))
+        .out(dir.path().join("verified"))
+        .arg("--json")
+        .run();
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert_eq!(r.json()["verdict"], "reproduced");
     // An arm the study does not have is named with the ones it has.

@@ -79,6 +79,168 @@ pub fn cardproof_with(dir: &Path, env: &[(&str, &Path)], args: &[&str]) -> Run {
     }
 }
 
+/// A `cardproof` command line built flag by flag, for the `measure`, `verify`, `kld` and
+/// `reference export` lines the tests would otherwise spell out in full:
+///
+/// ```ignore
+/// Cmd::measure().reference(&bf16).candidate(&fp8).eval_text(&text)
+///     .context_length(128).bootstrap(10).out(&out).arg("--json").run();
+/// Cmd::verify(&candidate).reference(&bf16).eval_text(&text).key(&key).out(&out).run();
+/// ```
+///
+/// Arguments come out in the order the methods are called; [`Cmd::flag`], [`Cmd::arg`] and
+/// [`Cmd::args`] add any the named methods do not. Path arguments take anything `AsRef<Path>`
+/// (`&str`, `String`, `&Path`, `PathBuf`). [`Cmd::run`] goes through [`cardproof_with`]: in the
+/// repository root unless [`Cmd::in_dir`], with the variables of [`Cmd::env`]. A `Cmd` is
+/// `Clone`, so one base line can be run with several endings.
+#[must_use]
+#[derive(Clone)]
+pub struct Cmd {
+    args: Vec<String>,
+    dir: PathBuf,
+    env: Vec<(String, PathBuf)>,
+}
+
+impl Cmd {
+    /// `cardproof SUBCOMMAND`, with no flags yet.
+    pub fn new(subcommand: &str) -> Cmd {
+        Cmd {
+            args: vec![subcommand.to_owned()],
+            dir: repo_root(),
+            env: Vec::new(),
+        }
+    }
+
+    pub fn measure() -> Cmd {
+        Cmd::new("measure")
+    }
+
+    pub fn kld() -> Cmd {
+        Cmd::new("kld")
+    }
+
+    /// `cardproof reference export`.
+    pub fn reference_export() -> Cmd {
+        Cmd::new("reference").arg("export")
+    }
+
+    /// `cardproof verify MODEL`.
+    pub fn verify(model: impl AsRef<Path>) -> Cmd {
+        Cmd::new("verify").path(model)
+    }
+
+    /// One argument as is.
+    pub fn arg(mut self, arg: impl AsRef<str>) -> Cmd {
+        self.args.push(arg.as_ref().to_owned());
+        self
+    }
+
+    /// Arguments as they are.
+    pub fn args<S: AsRef<str>>(mut self, args: impl IntoIterator<Item = S>) -> Cmd {
+        self.args
+            .extend(args.into_iter().map(|a| a.as_ref().to_owned()));
+        self
+    }
+
+    /// A path as one argument.
+    pub fn path(self, path: impl AsRef<Path>) -> Cmd {
+        let arg = utf8(path.as_ref());
+        self.arg(arg)
+    }
+
+    /// `FLAG VALUE`, the value a path or plain text (`"64"`, `"second-half"`).
+    pub fn flag(self, flag: &str, value: impl AsRef<Path>) -> Cmd {
+        self.arg(flag).path(value)
+    }
+
+    pub fn reference(self, path: impl AsRef<Path>) -> Cmd {
+        self.flag("--reference", path)
+    }
+
+    pub fn candidate(self, path: impl AsRef<Path>) -> Cmd {
+        self.flag("--candidate", path)
+    }
+
+    pub fn eval_text(self, path: impl AsRef<Path>) -> Cmd {
+        self.flag("--eval-text", path)
+    }
+
+    pub fn out(self, path: impl AsRef<Path>) -> Cmd {
+        self.flag("--out", path)
+    }
+
+    pub fn key(self, path: impl AsRef<Path>) -> Cmd {
+        self.flag("--key", path)
+    }
+
+    pub fn context_length(self, tokens: usize) -> Cmd {
+        self.arg("--context-length").arg(tokens.to_string())
+    }
+
+    pub fn bootstrap(self, resamples: impl std::fmt::Display) -> Cmd {
+        self.arg("--bootstrap").arg(resamples.to_string())
+    }
+
+    /// The argument `old` (which must occur once) replaced by `new`: a shared command line with
+    /// one of its inputs changed.
+    pub fn replace(mut self, old: &str, new: impl AsRef<Path>) -> Cmd {
+        let count = self.args.iter().filter(|a| *a == old).count();
+        assert_eq!(count, 1, "`{old}` must occur once in {:?}", self.args);
+        let at = self.args.iter().position(|a| a == old).unwrap();
+        self.args[at] = utf8(new.as_ref());
+        self
+    }
+
+    /// The consecutive arguments `run` removed (they must be there).
+    pub fn without(mut self, run: &[&str]) -> Cmd {
+        let at = self
+            .args
+            .windows(run.len())
+            .position(|w| w == run)
+            .unwrap_or_else(|| panic!("{run:?} not in {:?}", self.args));
+        self.args.drain(at..at + run.len());
+        self
+    }
+
+    /// Run in `dir` instead of the repository root.
+    pub fn in_dir(mut self, dir: impl AsRef<Path>) -> Cmd {
+        self.dir = dir.as_ref().to_owned();
+        self
+    }
+
+    /// Run with the environment variable `key` set to `value`.
+    pub fn env(mut self, key: &str, value: impl AsRef<Path>) -> Cmd {
+        self.env.push((key.to_owned(), value.as_ref().to_owned()));
+        self
+    }
+
+    /// Run with each of `vars` set.
+    pub fn envs<V: AsRef<Path>>(self, vars: &[(&str, V)]) -> Cmd {
+        vars.iter().fold(self, |cmd, (k, v)| cmd.env(k, v))
+    }
+
+    /// The arguments so far, after the binary's name.
+    pub fn argv(&self) -> &[String] {
+        &self.args
+    }
+
+    pub fn run(&self) -> Run {
+        let env: Vec<(&str, &Path)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_path()))
+            .collect();
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        cardproof_with(&self.dir, &env, &args)
+    }
+}
+
+fn utf8(path: &Path) -> String {
+    path.to_str()
+        .unwrap_or_else(|| panic!("{} is not UTF-8", path.display()))
+        .to_owned()
+}
+
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -171,24 +333,15 @@ pub fn measure_short(
     resamples: &str,
     extra: &[&str],
 ) -> Run {
-    let reference = model("shakespeare-bf16");
-    let mut args = vec![
-        "measure",
-        "--reference",
-        &reference,
-        "--candidate",
-        candidate.to_str().unwrap(),
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--context-length",
-        "128",
-        "--bootstrap",
-        resamples,
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    cardproof(&args)
+    Cmd::measure()
+        .reference(model("shakespeare-bf16"))
+        .candidate(candidate)
+        .eval_text(text)
+        .context_length(128)
+        .bootstrap(resamples)
+        .out(out)
+        .args(extra)
+        .run()
 }
 
 /// The measure flags of llama.cpp's protocol, which a llama.cpp base file fixes.
@@ -247,26 +400,6 @@ pub fn rewrite_safetensors(path: &Path, edit: impl FnOnce(&mut Vec<OwnedTensor>)
         })
         .collect();
     safetensors::serialize_to_file(views, None, path).unwrap();
-}
-
-/// `cardproof` with `env` set and `TMPDIR` pointed at `tmp` (so a test can see every temporary
-/// file it leaves), run from the repository root.
-pub fn cardproof_env(env: &[(&str, &str)], tmp: &Path, args: &[&str]) -> Run {
-    let mut command = Command::cargo_bin("cardproof").expect("binary builds");
-    command
-        .current_dir(repo_root())
-        .env("NO_COLOR", "1")
-        .env("TMPDIR", tmp)
-        .args(args);
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    let output = command.output().expect("binary runs");
-    Run {
-        code: output.status.code().expect("exited normally"),
-        stdout: String::from_utf8(output.stdout).expect("stdout is UTF-8"),
-        stderr: String::from_utf8(output.stderr).expect("stderr is UTF-8"),
-    }
 }
 
 /// The processes still alive (zombies are not) in any of the process groups `pgids`, waiting up

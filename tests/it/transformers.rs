@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use assert_cmd::Command;
 use safetensors::SafeTensors;
 
-use crate::support::{Run, model, repo_root, short_text};
+use crate::support::{Cmd, Run, model, repo_root, short_text};
 
 fn fixture() -> PathBuf {
     repo_root().join("tests/fixtures/gpu")
@@ -64,17 +64,11 @@ fn i32s(bytes: &[u8], name: &str) -> Vec<i32> {
 /// The runner's records for the dumped rows against `cardproof kld` on the dumped logits (the
 /// same numbers, reduced by cardproof's own kernel): 1e-6 relative.
 fn assert_reduction_agrees(dir: &Path) {
-    let kld = run(
-        &[],
-        &[
-            "kld",
-            "--json",
-            "--reference",
-            dir.join("reference.logits.safetensors").to_str().unwrap(),
-            "--candidate",
-            dir.join("candidate.logits.safetensors").to_str().unwrap(),
-        ],
-    );
+    let kld = Cmd::kld()
+        .arg("--json")
+        .reference(dir.join("reference.logits.safetensors"))
+        .candidate(dir.join("candidate.logits.safetensors"))
+        .run();
     assert_eq!(kld.code, 0, "{}", kld.stderr);
     let metrics = &kld.json()["metrics"];
     let n = kld.json()["n_positions"].as_u64().unwrap() as usize;
@@ -137,27 +131,16 @@ fn a_recorded_gpu_exchange_gives_the_recorded_measurement() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let script = fixture().join("replay_runner.py");
-    let result = run(
-        &[("CARDPROOF_REPLAY", fixture().to_str().unwrap())],
-        &[
-            "measure",
-            "--runner",
-            "transformers",
-            "--runner-script",
-            script.to_str().unwrap(),
-            "--reference",
-            &model("shakespeare-bf16"),
-            "--candidate",
-            &model("shakespeare-w8a16"),
-            "--eval-text",
-            "examples/data/eval.txt",
-            "--context-length",
-            "256",
-            "--out",
-            out.to_str().unwrap(),
-            "--json",
-        ],
-    );
+    let result = transformers_measure()
+        .flag("--runner-script", &script)
+        .reference(model("shakespeare-bf16"))
+        .candidate(model("shakespeare-w8a16"))
+        .eval_text("examples/data/eval.txt")
+        .context_length(256)
+        .out(&out)
+        .arg("--json")
+        .env("CARDPROOF_REPLAY", fixture())
+        .run();
     assert_eq!(result.code, 0, "{}", result.stderr);
     let ours = result.json();
     let recorded: serde_json::Value =
@@ -207,27 +190,23 @@ fn stand_in(dir: &Path, source: &str) -> PathBuf {
     path
 }
 
+/// `measure --runner transformers`.
+fn transformers_measure() -> Cmd {
+    Cmd::measure().args(["--runner", "transformers"])
+}
+
 /// `measure` of the W8A16 example against BF16 through a stand-in runner script.
 fn stand_in_measure(script: &Path, out: &Path, env: &[(&str, &str)], extra: &[&str]) -> Run {
-    let mut args = vec![
-        "measure",
-        "--runner",
-        "transformers",
-        "--runner-script",
-        script.to_str().unwrap(),
-        "--reference",
-        "examples/models/shakespeare-bf16",
-        "--candidate",
-        "examples/models/shakespeare-w8a16",
-        "--eval-text",
-        "examples/data/eval.txt",
-        "--context-length",
-        "256",
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    run(env, &args)
+    transformers_measure()
+        .flag("--runner-script", script)
+        .reference("examples/models/shakespeare-bf16")
+        .candidate("examples/models/shakespeare-w8a16")
+        .eval_text("examples/data/eval.txt")
+        .context_length(256)
+        .out(out)
+        .args(extra)
+        .envs(env)
+        .run()
 }
 
 fn measure_with(script: &Path, extra: &[&str]) -> Run {
@@ -432,26 +411,14 @@ answer({'protocol': 1, 'ok': True, 'runs': [{'path': path}], 'environment': {}, 
 
 #[test]
 fn a_missing_interpreter_says_how_to_name_one() {
-    let r = run(
-        &[],
-        &[
-            "measure",
-            "--runner",
-            "transformers",
-            "--python",
-            "/nonexistent/python3",
-            "--reference",
-            "examples/models/shakespeare-bf16",
-            "--candidate",
-            "examples/models/shakespeare-w8a16",
-            "--eval-text",
-            "examples/data/eval.txt",
-            "--context-length",
-            "256",
-            "--out",
-            tempfile::tempdir().unwrap().path().to_str().unwrap(),
-        ],
-    );
+    let r = transformers_measure()
+        .flag("--python", "/nonexistent/python3")
+        .reference("examples/models/shakespeare-bf16")
+        .candidate("examples/models/shakespeare-w8a16")
+        .eval_text("examples/data/eval.txt")
+        .context_length(256)
+        .out(tempfile::tempdir().unwrap().path())
+        .run();
     assert_eq!(r.code, 2);
     assert!(
         r.stderr.contains("cannot start the transformers runner") && r.stderr.contains("--python"),
@@ -462,17 +429,11 @@ fn a_missing_interpreter_says_how_to_name_one() {
 
 #[test]
 fn runner_flags_are_validated_before_any_work() {
-    let base = [
-        "measure",
-        "--reference",
-        "examples/models/shakespeare-bf16",
-        "--candidate",
-        "examples/models/shakespeare-w8a16",
-        "--eval-text",
-        "examples/data/eval.txt",
-        "--context-length",
-        "256",
-    ];
+    let base = Cmd::measure()
+        .reference("examples/models/shakespeare-bf16")
+        .candidate("examples/models/shakespeare-w8a16")
+        .eval_text("examples/data/eval.txt")
+        .context_length(256);
     for (extra, message) in [
         (
             &["--sweep", "attention=sdpa,eager"][..],
@@ -506,9 +467,7 @@ fn runner_flags_are_validated_before_any_work() {
             "--runner transformers computes full-vocabulary KL only",
         ),
     ] {
-        let mut args = base.to_vec();
-        args.extend_from_slice(extra);
-        let r = run(&[], &args);
+        let r = base.clone().args(extra).run();
         assert_eq!(r.code, 2, "{extra:?}: {}", r.stderr);
         assert!(r.stderr.contains(message), "{extra:?}: {}", r.stderr);
     }
@@ -517,26 +476,14 @@ fn runner_flags_are_validated_before_any_work() {
 #[test]
 fn a_gguf_model_is_refused_before_any_work() {
     let out = tempfile::tempdir().unwrap();
-    let r = run(
-        &[],
-        &[
-            "measure",
-            "--runner",
-            "transformers",
-            "--python",
-            "/nonexistent/python3",
-            "--reference",
-            "examples/models/shakespeare-bf16",
-            "--candidate",
-            "examples/models/shakespeare-q4_0-gguf",
-            "--eval-text",
-            "examples/data/eval.txt",
-            "--context-length",
-            "256",
-            "--out",
-            out.path().to_str().unwrap(),
-        ],
-    );
+    let r = transformers_measure()
+        .flag("--python", "/nonexistent/python3")
+        .reference("examples/models/shakespeare-bf16")
+        .candidate("examples/models/shakespeare-q4_0-gguf")
+        .eval_text("examples/data/eval.txt")
+        .context_length(256)
+        .out(out.path())
+        .run();
     assert_eq!(r.code, 2);
     assert!(
         r.stderr.contains("examples/models/shakespeare-q4_0-gguf: the transformers runner loads safetensors checkpoint directories; GGUF runs with --runner native"),
@@ -582,28 +529,20 @@ mod torch {
     fn cpu_measure_pair(dir: &Path, reference: &str, candidate: &str, extra: &[&str]) -> Run {
         let text = short_text(dir, 6000);
         let out = dir.join("out");
-        let mut args = vec![
-            "measure",
-            "--runner",
-            "transformers",
-            "--device",
-            "cpu",
-            "--torch-dtype",
-            "float32",
-            "--reference",
-            reference,
-            "--candidate",
-            candidate,
-            "--eval-text",
-            text.to_str().unwrap(),
-            "--context-length",
-            "128",
-            "--out",
-            out.to_str().unwrap(),
-            "--json",
-        ];
-        args.extend_from_slice(extra);
-        run(&[], &args)
+        cpu_float32()
+            .reference(reference)
+            .candidate(candidate)
+            .eval_text(&text)
+            .context_length(128)
+            .out(&out)
+            .arg("--json")
+            .args(extra)
+            .run()
+    }
+
+    /// `measure` in the real runner on CPU in float32.
+    fn cpu_float32() -> Cmd {
+        transformers_measure().args(["--device", "cpu", "--torch-dtype", "float32"])
     }
 
     /// Writes two tiny random Qwen3.5 vision-language checkpoints (hybrid: three Gated DeltaNet
@@ -860,29 +799,14 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
     /// `measure --sweep SWEEP` of the bf16 example in the real runner on CPU, float32, windows
     /// of 128 tokens of `text`, into `out`, with `--json`.
     fn cpu_sweep(text: &Path, out: &Path, sweep: &str) -> Run {
-        run(
-            &[],
-            &[
-                "measure",
-                "--runner",
-                "transformers",
-                "--device",
-                "cpu",
-                "--torch-dtype",
-                "float32",
-                "--sweep",
-                sweep,
-                "--candidate",
-                "examples/models/shakespeare-bf16",
-                "--eval-text",
-                text.to_str().unwrap(),
-                "--context-length",
-                "128",
-                "--out",
-                out.to_str().unwrap(),
-                "--json",
-            ],
-        )
+        cpu_float32()
+            .flag("--sweep", sweep)
+            .candidate("examples/models/shakespeare-bf16")
+            .eval_text(text)
+            .context_length(128)
+            .out(out)
+            .arg("--json")
+            .run()
     }
 
     #[test]
@@ -950,29 +874,19 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         let (conversation, template) = crate::conversation::short_conversation(dir.path(), 16);
         let measure = |out: &str, runner: &[&str], extra: &[&str]| {
             let out = dir.path().join(out);
-            let mut args = vec![
-                "measure",
-                "--reference",
-                "examples/models/shakespeare-bf16",
-                "--candidate",
-                "examples/models/shakespeare-bf16",
-                "--kv-cache",
-                "q8_0",
-                "--eval-text",
-                conversation.to_str().unwrap(),
-                "--chat-template",
-                template.to_str().unwrap(),
-                "--context-length",
-                "128",
-                "--bootstrap",
-                "100",
-                "--out",
-                out.to_str().unwrap(),
-                "--json",
-            ];
-            args.extend_from_slice(runner);
-            args.extend_from_slice(extra);
-            let r = run(&[], &args);
+            let r = Cmd::measure()
+                .reference("examples/models/shakespeare-bf16")
+                .candidate("examples/models/shakespeare-bf16")
+                .flag("--kv-cache", "q8_0")
+                .eval_text(&conversation)
+                .flag("--chat-template", &template)
+                .context_length(128)
+                .bootstrap(100)
+                .out(out)
+                .arg("--json")
+                .args(runner)
+                .args(extra)
+                .run();
             assert_eq!(r.code, 0, "{}", r.stderr);
             r.json()
         };
@@ -1194,28 +1108,15 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
                 scheme.split('+').next().unwrap()
             );
             let gpu_lane = pair["runs"][0]["kld_mean"].as_f64().unwrap();
-            let native = run(
-                &[],
-                &[
-                    "measure",
-                    "--reference",
-                    "examples/models/shakespeare-bf16",
-                    "--candidate",
-                    "examples/models/shakespeare-bf16",
-                    "--eval-text",
-                    text.to_str().unwrap(),
-                    "--context-length",
-                    "128",
-                    "--kv-cache",
-                    scheme,
-                    "--out",
-                    dir.path()
-                        .join(scheme.replace([':', '/', '+'], "_"))
-                        .to_str()
-                        .unwrap(),
-                    "--json",
-                ],
-            );
+            let native = Cmd::measure()
+                .reference("examples/models/shakespeare-bf16")
+                .candidate("examples/models/shakespeare-bf16")
+                .eval_text(&text)
+                .context_length(128)
+                .flag("--kv-cache", scheme)
+                .out(dir.path().join(scheme.replace([':', '/', '+'], "_")))
+                .arg("--json")
+                .run();
             assert_eq!(native.code, 0, "{}", native.message());
             let native = native.json()["runs"][0]["metrics"]["kld_mean"]
                 .as_f64()
@@ -1266,25 +1167,15 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
     fn verify_transformers(dir: &Path, candidate: &Path, key: &Path, extra: &[&str]) -> Run {
         let text = dir.join("eval.txt");
         let out = dir.join("report");
-        let mut args = vec![
-            "verify",
-            candidate.to_str().unwrap(),
-            "--reference",
-            "examples/models/shakespeare-bf16",
-            "--runner",
-            "transformers",
-            "--device",
-            "cpu",
-            "--eval-text",
-            text.to_str().unwrap(),
-            "--key",
-            key.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--json",
-        ];
-        args.extend_from_slice(extra);
-        run(&[], &args)
+        Cmd::verify(candidate)
+            .reference("examples/models/shakespeare-bf16")
+            .args(["--runner", "transformers", "--device", "cpu"])
+            .eval_text(&text)
+            .key(key)
+            .out(&out)
+            .arg("--json")
+            .args(extra)
+            .run()
     }
 
     #[test]
@@ -1422,26 +1313,14 @@ fn the_transformers_runner_takes_an_architecture_the_native_runner_does_not_run(
         ),
     );
     let out = dir.path().join("out");
-    let r = run(
-        &[],
-        &[
-            "measure",
-            "--runner",
-            "transformers",
-            "--runner-script",
-            script.to_str().unwrap(),
-            "--reference",
-            reference.to_str().unwrap(),
-            "--candidate",
-            candidate.to_str().unwrap(),
-            "--eval-text",
-            "examples/data/eval.txt",
-            "--context-length",
-            "256",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
+    let r = transformers_measure()
+        .flag("--runner-script", &script)
+        .reference(&reference)
+        .candidate(&candidate)
+        .eval_text("examples/data/eval.txt")
+        .context_length(256)
+        .out(&out)
+        .run();
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
         !r.stderr.contains("not supported by the native runner"),

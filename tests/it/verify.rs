@@ -3,11 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::support::{Run, cardproof, repo_root, without_direction};
-
-pub(crate) fn model(name: &str) -> PathBuf {
-    repo_root().join("examples/models").join(name)
-}
+use crate::support::{Cmd, Run, cardproof, model, repo_root, without_direction};
 
 /// A copy of an example candidate with its card rewritten from a measurement on a short text.
 pub(crate) struct Verified {
@@ -91,29 +87,22 @@ impl Verified {
         (line, value)
     }
 
+    /// `verify` of the candidate against the bf16 reference with the test key into
+    /// [`Verified::out`]; no eval text, no `--json`.
+    pub(crate) fn verify_cmd(&self) -> Cmd {
+        Cmd::verify(self.candidate())
+            .reference(model("shakespeare-bf16"))
+            .key(self.key())
+            .out(self.out())
+    }
+
     pub(crate) fn verify(&self) -> Run {
-        self.verify_with(&["--eval-text", self.text().to_str().unwrap()])
+        self.verify_cmd().arg("--json").eval_text(self.text()).run()
     }
 
     /// `verify --json` of the candidate against the bf16 reference, with `extra` flags.
     pub(crate) fn verify_with(&self, extra: &[&str]) -> Run {
-        let mut args = vec![
-            "verify",
-            self.candidate().to_str().unwrap().to_owned().leak(),
-            "--reference",
-            model("shakespeare-bf16")
-                .to_str()
-                .unwrap()
-                .to_owned()
-                .leak(),
-            "--key",
-            self.key().to_str().unwrap().to_owned().leak(),
-            "--out",
-            self.out().to_str().unwrap().to_owned().leak(),
-            "--json",
-        ];
-        args.extend_from_slice(extra);
-        cardproof(&args)
+        self.verify_cmd().arg("--json").args(extra).run()
     }
 
     /// `sign FILE` over the candidate's files with the test key.
@@ -346,18 +335,7 @@ fn undisclosed_items_are_listed_once_and_wrapped_for_a_terminal() {
     let md = std::fs::read_to_string(v.out().join("report.md")).unwrap();
     assert!(md.contains("What the card leaves out"), "{md}");
 
-    let text = cardproof(&[
-        "verify",
-        v.candidate().to_str().unwrap(),
-        "--reference",
-        model("shakespeare-bf16").to_str().unwrap(),
-        "--eval-text",
-        v.text().to_str().unwrap(),
-        "--key",
-        v.key().to_str().unwrap(),
-        "--out",
-        v.out().to_str().unwrap(),
-    ]);
+    let text = v.verify_cmd().eval_text(v.text()).run();
     assert_eq!(text.code, 1, "{}", text.stderr);
     let section: Vec<&str> = text
         .stdout
@@ -470,44 +448,27 @@ fn verify_against_a_reference_artifact_reproduces_only_when_a_trusted_key_signed
     let v = Verified::new("shakespeare-w8a16", &[]);
     let config = v.dir.path().join("config");
     std::fs::create_dir(&config).unwrap();
-    let env = [("CARDPROOF_CONFIG_DIR", config.as_path())];
-    let run =
-        |args: &[&str]| crate::support::cardproof_with(&crate::support::repo_root(), &env, args);
     let art = v.dir.path().join("reference.safetensors");
-    let r = run(&[
-        "reference",
-        "export",
-        "--model",
-        model("shakespeare-bf16").to_str().unwrap(),
-        "--eval-text",
-        v.text().to_str().unwrap(),
-        "--context-length",
-        "128",
-        "--key",
-        v.key().to_str().unwrap(),
-        "--out",
-        art.to_str().unwrap(),
-    ]);
+    let r = Cmd::reference_export()
+        .flag("--model", model("shakespeare-bf16"))
+        .eval_text(v.text())
+        .context_length(128)
+        .key(v.key())
+        .out(&art)
+        .env("CARDPROOF_CONFIG_DIR", &config)
+        .run();
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(r.stderr.contains("signed"), "{}", r.stderr);
     let verify = |extra: &[&str], out: &str| {
-        let out = v.dir.path().join(out);
-        let mut args: Vec<String> = vec![
-            "verify".into(),
-            v.candidate().to_str().unwrap().into(),
-            "--reference-artifact".into(),
-            art.to_str().unwrap().into(),
-            "--eval-text".into(),
-            v.text().to_str().unwrap().into(),
-            "--key".into(),
-            v.key().to_str().unwrap().into(),
-            "--out".into(),
-            out.to_str().unwrap().into(),
-            "--json".into(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        run(&args)
+        Cmd::verify(v.candidate())
+            .flag("--reference-artifact", &art)
+            .eval_text(v.text())
+            .key(v.key())
+            .out(v.dir.path().join(out))
+            .arg("--json")
+            .args(extra)
+            .env("CARDPROOF_CONFIG_DIR", &config)
+            .run()
     };
     let public = v.public();
     let r = verify(&["--artifact-pub", public.to_str().unwrap()], "signed");
@@ -551,16 +512,11 @@ fn verify_without_a_reference_says_how_to_give_one() {
     let k = cardproof(&["keygen", "--out", keys.to_str().unwrap()]);
     assert_eq!(k.code, 0, "{}", k.stderr);
     for runner in ["native", "transformers"] {
-        let r = cardproof(&[
-            "verify",
-            model("shakespeare-fp8-block").to_str().unwrap(),
-            "--runner",
-            runner,
-            "--key",
-            keys.join("cardproof.key").to_str().unwrap(),
-            "--out",
-            out.path().join(runner).to_str().unwrap(),
-        ]);
+        let r = Cmd::verify(model("shakespeare-fp8-block"))
+            .flag("--runner", runner)
+            .key(keys.join("cardproof.key"))
+            .out(out.path().join(runner))
+            .run();
         assert_eq!(r.code, 2, "{}", r.stderr);
         assert!(
             r.stderr.contains("fidelity.reference: verify needs the reference: pass --reference PATH or hf:ORG/NAME@REVISION"),
@@ -825,34 +781,18 @@ fn a_failed_or_killed_verify_leaves_the_previous_set_whole() {
     let before = files(&v.out());
 
     // A verify that fails into the same --out (no reference): the set is untouched.
-    let r = cardproof(&[
-        "verify",
-        v.candidate().to_str().unwrap(),
-        "--eval-text",
-        v.text().to_str().unwrap(),
-        "--key",
-        v.key().to_str().unwrap(),
-        "--out",
-        v.out().to_str().unwrap(),
-    ]);
+    let r = Cmd::verify(v.candidate())
+        .eval_text(v.text())
+        .key(v.key())
+        .out(v.out())
+        .run();
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert_eq!(files(&v.out()), before);
 
     // A verify killed mid-run (SIGKILL: nothing of it runs after the signal) leaves the set
     // untouched and only its hidden temporary directory beside it.
     let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("cardproof"))
-        .args([
-            "verify",
-            v.candidate().to_str().unwrap(),
-            "--reference",
-            model("shakespeare-bf16").to_str().unwrap(),
-            "--eval-text",
-            v.text().to_str().unwrap(),
-            "--key",
-            v.key().to_str().unwrap(),
-            "--out",
-            v.out().to_str().unwrap(),
-        ])
+        .args(v.verify_cmd().eval_text(v.text()).argv())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -928,21 +868,13 @@ fn verify_report_refuses_a_set_that_mixes_two_runs() {
 /// shows no model ran. Returns that reference's directory and the run.
 fn verify_with_a_wrong_reference(v: &Verified, extra: &[&str]) -> (PathBuf, Run) {
     let wrong = crate::support::unloadable_copy("shakespeare-bf16", &v.dir.path().join("wrong"));
-    let (candidate, text, key, out) = (v.candidate(), v.text(), v.key(), v.out());
-    let mut args = vec![
-        "verify",
-        candidate.to_str().unwrap(),
-        "--reference",
-        wrong.to_str().unwrap(),
-        "--eval-text",
-        text.to_str().unwrap(),
-        "--key",
-        key.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let run = cardproof(&args);
+    let run = Cmd::verify(v.candidate())
+        .reference(&wrong)
+        .eval_text(v.text())
+        .key(v.key())
+        .out(v.out())
+        .args(extra)
+        .run();
     (wrong, run)
 }
 
@@ -1017,18 +949,7 @@ fn verify_shows_the_rerun_to_the_claims_digits_and_the_relative_difference() {
         ),
     )
     .unwrap();
-    let r = cardproof(&[
-        "verify",
-        v.candidate().to_str().unwrap(),
-        "--reference",
-        model("shakespeare-bf16").to_str().unwrap(),
-        "--eval-text",
-        v.text().to_str().unwrap(),
-        "--key",
-        v.key().to_str().unwrap(),
-        "--out",
-        v.out().to_str().unwrap(),
-    ]);
+    let r = v.verify_cmd().eval_text(v.text()).run();
     assert!(r.code == 0 || r.code == 1, "{}", r.stderr);
     let report = read_json(&v.out().join("report.json"));
     let claim = report["claims"]
@@ -1125,8 +1046,6 @@ fn a_card_whose_recurrent_state_dtype_differs_from_the_rerun_is_not_reproduced()
             1,
         )
     };
-    let text = v.text();
-    let eval = ["--eval-text", text.to_str().unwrap()];
 
     // The card says its numbers were measured with a bf16 state; the rerun keeps f32: another
     // lane, as with a KV-cache dtype mismatch, so no claim is reproduced (exit 1).
@@ -1155,7 +1074,12 @@ fn a_card_whose_recurrent_state_dtype_differs_from_the_rerun_is_not_reproduced()
     assert_eq!(r.json()["verdict"], "reproduced");
 
     // A bad flag value is exit 2 naming the flag, before any work.
-    let r = v.verify_with(&[&eval[..], &["--recurrent-state-dtype", "half"]].concat());
+    let r = v
+        .verify_cmd()
+        .arg("--json")
+        .eval_text(v.text())
+        .flag("--recurrent-state-dtype", "half")
+        .run();
     assert_eq!(r.code, 2, "{}", r.stdout);
     assert!(
         r.message().contains("--recurrent-state-dtype: `half`"),
@@ -1172,19 +1096,14 @@ fn a_card_whose_recurrent_state_dtype_differs_from_the_rerun_is_not_reproduced()
 fn the_hybrid_example_cards_reproduce_as_committed() {
     for example in ["shakespeare-hybrid-w8a16", "shakespeare-hybrid-fp8-block"] {
         let out = tempfile::tempdir().unwrap();
-        let lint = cardproof(&["lint", model(example).to_str().unwrap()]);
+        let lint = cardproof(&["lint", &model(example)]);
         assert_eq!(lint.code, 0, "{example}: {}{}", lint.stdout, lint.stderr);
-        let r = cardproof(&[
-            "verify",
-            model(example).to_str().unwrap(),
-            "--reference",
-            model("shakespeare-hybrid-bf16").to_str().unwrap(),
-            "--eval-text",
-            repo_root().join("examples/data/eval.txt").to_str().unwrap(),
-            "--out",
-            out.path().to_str().unwrap(),
-            "--json",
-        ]);
+        let r = Cmd::verify(model(example))
+            .reference(model("shakespeare-hybrid-bf16"))
+            .eval_text(repo_root().join("examples/data/eval.txt"))
+            .out(out.path())
+            .arg("--json")
+            .run();
         assert_eq!(r.code, 0, "{example}: {}\n{}", r.stderr, r.stdout);
         let report = r.json();
         assert_eq!(report["verdict"], "reproduced", "{example}: {report}");
@@ -1395,17 +1314,12 @@ fn a_card_for_one_gguf_file_verifies_by_file_and_by_directory() {
     assert!(card.contains("file: model.gguf"), "{card}");
     let reference = model("shakespeare-bf16");
     let verify = |target: &Path, out: &str| {
-        cardproof(&[
-            "verify",
-            target.to_str().unwrap(),
-            "--reference",
-            reference.to_str().unwrap(),
-            "--eval-text",
-            text.to_str().unwrap(),
-            "--out",
-            dir.path().join(out).to_str().unwrap(),
-            "--json",
-        ])
+        Cmd::verify(target)
+            .reference(&reference)
+            .eval_text(&text)
+            .out(dir.path().join(out))
+            .arg("--json")
+            .run()
     };
     for (target, out) in [(&file, "by-file"), (&candidate, "by-dir")] {
         let r = verify(target, out);

@@ -13,8 +13,7 @@ use serde_json::Value;
 
 use crate::output_schemas::{assert_valid, violations};
 use crate::support::{
-    LLAMACPP_PROTOCOL, Run, cardproof, measure_short, model, repo_root, short_text,
-    without_direction,
+    Cmd, LLAMACPP_PROTOCOL, Run, measure_short, model, repo_root, short_text, without_direction,
 };
 use crate::verify::Verified;
 
@@ -68,21 +67,27 @@ fn assert_reads_back_exactly(what: &str, path: &Path) {
 
 /// `reference export` of the bf16 example on `text` (windows of 128 tokens) into `out`.
 fn export(text: &Path, out: &Path, extra: &[&str]) {
-    let reference = model("shakespeare-bf16");
-    let mut args = vec!["reference", "export", "--model", &reference, "--eval-text"];
-    args.extend([s(text), "--context-length", "128", "--out", s(out)]);
-    args.extend_from_slice(extra);
-    ok("reference export", &cardproof(&args));
+    let r = Cmd::reference_export()
+        .flag("--model", model("shakespeare-bf16"))
+        .eval_text(text)
+        .context_length(128)
+        .out(out)
+        .args(extra)
+        .run();
+    ok("reference export", &r);
 }
 
 /// `measure` of the w8a16 example against a reference artifact, into `out`.
 fn measure_against(artifact: &Path, out: &Path, extra: &[&str]) {
-    let candidate = model("shakespeare-w8a16");
-    let mut args = vec!["measure", "--reference-artifact", s(artifact)];
-    args.extend(["--candidate", &candidate, "--context-length", "128"]);
-    args.extend(["--bootstrap", "10", "--out", s(out)]);
-    args.extend_from_slice(extra);
-    ok("measure --reference-artifact", &cardproof(&args));
+    let r = Cmd::measure()
+        .flag("--reference-artifact", artifact)
+        .candidate(model("shakespeare-w8a16"))
+        .context_length(128)
+        .bootstrap(10)
+        .out(out)
+        .args(extra)
+        .run();
+    ok("measure --reference-artifact", &r);
 }
 
 #[test]
@@ -292,29 +297,19 @@ fn the_runner_request_cardproof_writes_matches_its_schema() {
     std::fs::write(&script, CAPTURE).unwrap();
     let captured = t.join("request.json");
     let (out, dump) = (t.join("out"), t.join("dump"));
-    let reference = model("shakespeare-bf16");
-    let candidate = model("shakespeare-w8a16");
-    let mut args = vec!["measure", "--runner", "transformers", "--runner-script"];
-    args.extend([
-        s(&script),
-        "--reference",
-        &reference,
-        "--candidate",
-        &candidate,
-    ]);
-    args.extend(["--eval-text", "examples/data/eval.txt", "--context-length"]);
-    args.extend(["256", "--out", s(&out), "--runner-dump", s(&dump)]);
-    let output = assert_cmd::Command::cargo_bin("cardproof")
-        .unwrap()
-        .current_dir(repo_root())
-        .env("NO_COLOR", "1")
+    let r = Cmd::measure()
+        .args(["--runner", "transformers"])
+        .flag("--runner-script", &script)
+        .reference(model("shakespeare-bf16"))
+        .candidate(model("shakespeare-w8a16"))
+        .eval_text("examples/data/eval.txt")
+        .context_length(256)
+        .out(&out)
+        .flag("--runner-dump", &dump)
         .env("CARDPROOF_REPLAY", fixture())
         .env("CARDPROOF_CAPTURE", &captured)
-        .args(&args)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
+        .run();
+    assert_eq!(r.code, 0, "{}", r.stderr);
 
     let request = read_json(&captured);
     assert_valid("runner-request", "the request cardproof writes", &request);
