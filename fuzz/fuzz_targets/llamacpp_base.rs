@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
 
-use cardproof::measure::llamacpp::{BaseFile, BaseRow, MAGIC, compare_base_files, parse_printed};
+use cardproof::kld::llamacpp::{BaseFile, BaseRow, MAGIC, compare_base_files, parse_printed};
 use libfuzzer_sys::fuzz_target;
 
 /// One scratch file per fuzzing process (libFuzzer runs inputs one at a time).

@@ -2,7 +2,7 @@
 //! file must yield every row without reading outside the map.
 #![no_main]
 
-use cardproof::measure::source::LogitSource;
+use cardproof::kld::source::LogitSource;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
