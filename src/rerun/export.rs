@@ -74,7 +74,7 @@ pub fn export_reference(
     options.check()?;
     let (tokenizer, stream, reference) = load_reference(model, eval_text, stage)?;
     stage("hashing");
-    let id = super::lanes::identity(&reference, model, threads, None)?;
+    let id = super::identity::identity(&reference, model, threads, None)?;
     stage("exporting");
     let (header, bytes) = super::artifact::export_native(
         &reference,
@@ -140,7 +140,7 @@ pub fn export_llamacpp(
         .map_err(|rule| Error::usage(out, format!("n_ctx: {rule}")))?;
     let (tokenizer, stream, reference) = load_reference(model, eval_text, stage)?;
     stage("hashing");
-    let id = super::lanes::identity(&reference, model, threads, None)?;
+    let id = super::identity::identity(&reference, model, threads, None)?;
     let identity = json!({
         "path": model.display().to_string(),
         "format": id.format,

@@ -299,17 +299,9 @@ pub fn measurement_from_log(
     let options = log_options(&log, bos);
     let scoring = log_scoring(&log, &options, stream);
     let observed = observe(&log.text);
-    let candidate_manifest = crate::checkpoint::hash::hash_path(
-        candidate_dir,
-        &crate::checkpoint::hash::HashOptions {
-            threads: Some(threads),
-            include_all: false,
-        },
-        &|_| {},
-    )?;
+    let candidate_root = super::identity::root_digest(candidate_dir, threads, None)?;
     let environment = log_environment(&log, log_path, &observed, &mut warnings);
-    let (reference, candidate) =
-        log_models(candidate_dir, candidate_manifest.root_sha256, &observed);
+    let (reference, candidate) = log_models(candidate_dir, candidate_root, &observed);
     let mut m =
         crate::rerun::record::measurement(&scoring, &options, reference, candidate, environment);
     // llama.cpp's ± is an i.i.d. per-token standard error, not a bootstrap: the claims' 95%

@@ -3,15 +3,15 @@
 
 use std::path::Path;
 
-use serde_json::Value;
 use sha2::Digest as _;
 
-use super::document::{ArtifactRecord, Environment, ModelRecord, RunnerKind, TokenizerRecord};
+use super::document::{ArtifactRecord, Environment, ModelRecord};
+use super::environment::{kv_cache_ran, native_environment, recorded_kv, transformers_environment};
 use super::gates::{self, Gate, Measured};
+use super::identity::{checkpoint_identity, identity, identity_of, root_digest, tokenizer_record};
 use super::preflight::Preflight;
 use super::score::{self, EvalInput, Progress, Scoring};
 use super::{GateRequest, Lane, NoiseFloor, NoiseFloorRun, Request, Rerun, record};
-use crate::checkpoint::hash::Manifest;
 use crate::error::{Error, Result};
 use crate::kld::protocol::VocabMode;
 use crate::runner::Runner;
@@ -31,67 +31,6 @@ fn tokenized<'a>(
             r.candidate,
             "the lane was started without its pre-flight's eval text and tokens",
         )),
-    }
-}
-
-/// The root digest of a checkpoint's manifest, from a manifest the caller already has (verify
-/// hashes the candidate for its report: the files are not read twice) or by hashing.
-fn root_digest(path: &Path, threads: usize, known: Option<&Manifest>) -> Result<String> {
-    use crate::checkpoint::hash::{HashOptions, hash_path};
-    if let Some(m) = known {
-        return Ok(m.root_sha256.clone());
-    }
-    let options = HashOptions {
-        threads: Some(threads),
-        include_all: false,
-    };
-    Ok(hash_path(path, &options, &|_| {})?.root_sha256)
-}
-
-/// Identity of a loaded native model.
-pub(super) fn identity(
-    m: &NativeModel,
-    given: &Path,
-    threads: usize,
-    known: Option<&Manifest>,
-) -> Result<ModelRecord> {
-    Ok(identity_of(m, given, root_digest(given, threads, known)?))
-}
-
-/// Identity of a loaded native model whose files' root digest is known.
-fn identity_of(m: &NativeModel, given: &Path, manifest_sha256: String) -> ModelRecord {
-    ModelRecord {
-        path: given.display().to_string(),
-        format: m.format.to_owned(),
-        manifest_sha256,
-        lm_head_sha256: m.lm_head_sha256.clone(),
-        stored_dtype: m.stored_dtype.clone(),
-        runner: Runner::environment(m),
-        hub: None,
-    }
-}
-
-/// The CPU's model name, from /proc/cpuinfo where there is one.
-pub fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_owned())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_owned())
-}
-
-fn reference_kv(candidate: &NativeModel, compute: ComputeDtype) -> String {
-    if let Some(setting) = candidate.decoder.kv_cache_setting() {
-        return setting.label();
-    }
-    match &candidate.decoder.report.kv_cache {
-        Some(kv) if kv.starts_with("f16") => "f16".to_owned(),
-        Some(_) => "fp8_e4m3".to_owned(),
-        None => compute.as_str().to_owned(),
     }
 }
 
@@ -115,70 +54,6 @@ fn load_candidate(r: &Request, compute: ComputeDtype, emulate: Emulate) -> Resul
         ));
     }
     Ok(candidate)
-}
-
-/// The KV-cache part of a transformers runner's model record, typed; a record that holds
-/// something else is the runner's error.
-fn recorded_kv(
-    candidate: &Path,
-    record: &Value,
-) -> Result<crate::runner::exchange::RecordedKvCache> {
-    crate::runner::exchange::RecordedKvCache::of(record).map_err(|e| {
-        Error::runner(
-            candidate,
-            format!("the transformers runner's model record does not read: {e}"),
-        )
-    })
-}
-
-/// What every native run records about where and how it ran.
-fn native_environment(
-    candidate: &NativeModel,
-    compute: ComputeDtype,
-    emulate: Emulate,
-    threads: usize,
-) -> Environment {
-    Environment {
-        runner: RunnerKind::Native,
-        runner_version: env!("CARGO_PKG_VERSION").into(),
-        engine: "candle".into(),
-        engine_version: Some(native::CANDLE_VERSION.into()),
-        torch_version: None,
-        cuda_version: None,
-        device: format!("cpu: {}", cpu_name()),
-        compute_dtype: compute.as_str().into(),
-        attention: "eager".into(),
-        kv_cache_dtype: Some(reference_kv(candidate, compute)),
-        kv_cache: candidate.decoder.kv_cache_record(),
-        kv_scales: candidate.decoder.computed_kv_scales(),
-        recurrent_state_dtype: candidate
-            .decoder
-            .has_recurrent_state()
-            .then(|| candidate.decoder.recurrent_state.as_str().into()),
-        emulate: Some(emulate),
-        threads: Some(threads),
-        tf32: None,
-        lane: match emulate {
-            Emulate::ReferenceSemantics => "reference semantics: weights dequantized exactly as their format defines, declared activation and KV-cache quantization emulated (fake-quant), exact softmax attention",
-            Emulate::LlamacppCpu => "llama.cpp cpu emulation: weights dequantized exactly, activations quantized to each weight type's ggml dot-product partner (q8_0, q8_K, f16, bf16; the output head's too), f16 KV cache, flash attention (f32 over the f16 cache)",
-            Emulate::LlamacppCpuNoFa => "llama.cpp cpu emulation without flash attention: weights dequantized exactly, activations quantized to each weight type's ggml dot-product partner (q8_0, q8_K, f16, bf16; the output head's too), f16 KV cache, Q and the softmax weights rounded to f16 at their products with it",
-        }
-        .into(),
-        tokenizer: None,
-        reference_artifact: None,
-        linear_attention: None,
-        reference_linear_attention: None,
-        transformers_runner: None,
-        llamacpp: None,
-    }
-}
-
-fn tokenizer_record(t: &tokens::TokenizerFile) -> TokenizerRecord {
-    TokenizerRecord {
-        path: t.path.display().to_string(),
-        sha256: t.sha256.clone(),
-        vocab_size: t.vocab_size,
-    }
 }
 
 /// Whether the loaded candidate holds quantized weights.
@@ -486,123 +361,6 @@ fn self_noise_floor(
             })
             .collect(),
     })
-}
-
-/// Identity of a safetensors checkpoint without loading it: manifest and output-head digests,
-/// and the logit rows' width. Read from config.json and the tensor names for any architecture
-/// ([`crate::checkpoint::head`]): the transformers runner measures what the native runner
-/// cannot run.
-fn checkpoint_identity(
-    path: &Path,
-    threads: usize,
-    known: Option<&Manifest>,
-) -> Result<(ModelRecord, usize)> {
-    use crate::runner::native::weights::{SafetensorsStore, WeightStore};
-    let config_path = path.join("config.json");
-    let json: Value = crate::files::read_config(&config_path)?;
-    let store = SafetensorsStore::open(path, json.clone())?;
-    let layout = crate::checkpoint::head::head_layout(&config_path, &json, &|n| store.has(n))?;
-    let lm_head_sha256 = store.tensor_sha256(&layout.head)?.ok_or_else(|| {
-        Error::format(
-            path,
-            Some(&layout.head),
-            "the output head's tensor could not be read for its digest",
-        )
-    })?;
-    Ok((
-        ModelRecord {
-            path: path.display().to_string(),
-            format: "safetensors".into(),
-            manifest_sha256: root_digest(path, threads, known)?,
-            lm_head_sha256,
-            stored_dtype: store.stored_dtype(layout.embeddings.as_deref().unwrap_or(&layout.head)),
-            runner: Value::Null,
-            hub: None,
-        },
-        layout.vocab,
-    ))
-}
-
-/// The environment record of a transformers run: what the runner reported, in the fields every
-/// measurement has.
-fn transformers_environment(
-    reported: &crate::runner::exchange::RunnerEnvironment,
-    tokenizer: &tokens::TokenizerFile,
-) -> Environment {
-    let gpus = &reported.gpus;
-    let device = match gpus.first() {
-        Some(g) => format!(
-            "{} (compute capability {}){}",
-            g.name,
-            g.compute_capability,
-            if gpus.len() > 1 {
-                format!(" x{}", gpus.len())
-            } else {
-                String::new()
-            }
-        ),
-        None => format!("cpu: {}", cpu_name()),
-    };
-    let (reference, candidate) = reported.models.attentions();
-    let attention = if reference == candidate {
-        reference
-    } else {
-        format!("{reference} (reference), {candidate} (candidate)")
-    };
-    let (linear_attention, reference_linear_attention) = linear_attention_of(reported);
-    Environment {
-        runner: RunnerKind::Transformers,
-        runner_version: env!("CARGO_PKG_VERSION").into(),
-        engine: "transformers".into(),
-        engine_version: reported.transformers.clone(),
-        torch_version: reported.torch.clone(),
-        cuda_version: reported.cuda.clone(),
-        lane: format!(
-            "transformers {} on {}: the engine's own kernels (attention {}), weights as transformers loads them, reduction in float64 on the device",
-            reported.transformers.as_deref().unwrap_or("?"),
-            device,
-            attention
-        ),
-        device,
-        compute_dtype: reported.dtype.clone().unwrap_or_else(|| "?".into()),
-        attention,
-        kv_cache_dtype: reported.models.candidate["kv_cache_dtype"]
-            .as_str()
-            .map(str::to_owned),
-        // Set from the request once the record is checked against it (see `run_transformers`).
-        kv_cache: None,
-        kv_scales: None,
-        // transformers keeps the recurrent state in fp32; which GDN kernel ran is the runner's
-        // record to make.
-        recurrent_state_dtype: None,
-        emulate: None,
-        threads: None,
-        tf32: reported.tf32,
-        tokenizer: Some(tokenizer_record(tokenizer)),
-        reference_artifact: None,
-        linear_attention,
-        reference_linear_attention,
-        transformers_runner: Some(reported.clone()),
-        llamacpp: None,
-    }
-}
-
-/// The candidate's linear-attention kernels (the reference's when the candidate has none), and
-/// the reference's where they differ.
-fn linear_attention_of(
-    reported: &crate::runner::exchange::RunnerEnvironment,
-) -> (
-    Option<crate::runner::exchange::LinearAttentionKernels>,
-    Option<crate::runner::exchange::LinearAttentionKernels>,
-) {
-    let Some(la) = &reported.linear_attention else {
-        return (None, None);
-    };
-    match (&la.candidate, &la.reference) {
-        (Some(c), Some(r)) if c != r => (Some(c.clone()), Some(r.clone())),
-        (Some(c), _) => (Some(c.clone()), None),
-        (None, r) => (r.clone(), None),
-    }
 }
 
 /// Both models in transformers (a Python subprocess on the user's GPU).
@@ -988,71 +746,6 @@ impl StudyArms<'_> {
             seconds: output.seconds,
         })
     }
-}
-
-/// Each side's KV cache as the transformers runner recorded it against what was asked: a
-/// scheme asked for and not applied is the runner's error, naming both.
-fn kv_cache_ran(
-    candidate: &Path,
-    sides: &[(
-        &str,
-        Option<crate::runner::native::kv_cache::KvCacheSetting>,
-        &Value,
-    )],
-) -> Result<()> {
-    for &(side, asked, record) in sides {
-        let Some(asked) = asked.filter(|s| s.changes_anything()) else {
-            continue;
-        };
-        let recorded = recorded_kv(candidate, record)?;
-        let ran = recorded
-            .kv_cache_dtype
-            .as_deref()
-            .unwrap_or("(none recorded)");
-        let rotated = recorded.kv_cache_rotation.as_deref() == Some("hadamard");
-        let computed = recorded.kv_cache_scales.as_deref() == Some("computed");
-        // transformers' QuantizedCache window as [residual length, prefill chunk].
-        let residual = (recorded.kv_cache_semantics.as_deref() == Some("quantized_cache_residual"))
-            .then(|| {
-                let n = |i: usize| {
-                    recorded
-                        .kv_cache_residual
-                        .as_ref()
-                        .and_then(|w| w.get(i).copied().flatten())
-                };
-                (n(0), n(1))
-            });
-        let asked_residual = asked
-            .residual
-            .map(|w| (Some(u64::from(w.length)), Some(u64::from(w.chunk))));
-        if ran != asked.label()
-            || rotated != asked.hadamard
-            || computed != asked.computed_scales
-            || residual != asked_residual
-        {
-            let window = match residual {
-                Some((length, chunk)) => format!(
-                    "+residual{}+chunk{}",
-                    length.map_or("?".into(), |n| n.to_string()),
-                    chunk.map_or("?".into(), |n| n.to_string())
-                ),
-                None => String::new(),
-            };
-            let ran = format!(
-                "{ran}{}{}{window}",
-                if rotated { "+hadamard" } else { "" },
-                if computed { "+computed" } else { "" }
-            );
-            return Err(Error::runner(
-                candidate,
-                format!(
-                    "the transformers runner ran the {side} with KV cache `{ran}` where `{}` was asked for",
-                    asked.name()
-                ),
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// The gates of a lane whose reference is a stored artifact: the artifact's rows against

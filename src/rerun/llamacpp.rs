@@ -671,7 +671,7 @@ fn model_record(
         format: "gguf".into(),
         manifest_sha256: match known {
             Some(m) => m,
-            None => root_digest(given, threads)?,
+            None => super::identity::root_digest(given, threads, None)?,
         },
         lm_head_sha256: lm_head_sha256(gguf),
         stored_dtype: observed
@@ -796,18 +796,6 @@ fn self_and_shift_gates(
     Ok(gates::judge(self_compare, shift, measured))
 }
 
-fn root_digest(path: &Path, threads: usize) -> Result<String> {
-    Ok(crate::checkpoint::hash::hash_path(
-        path,
-        &crate::checkpoint::hash::HashOptions {
-            threads: Some(threads),
-            include_all: false,
-        },
-        &|_| {},
-    )?
-    .root_sha256)
-}
-
 /// The output head's digest, where cardproof reads the GGUF's architecture (empty otherwise:
 /// llama.cpp runs architectures cardproof's native runner does not).
 fn lm_head_sha256(gguf: &Path) -> String {
@@ -829,7 +817,7 @@ fn lm_head_sha256(gguf: &Path) -> String {
 fn environment(record: &LlamacppRecord, kv: Option<KvCacheSetting>, threads: usize) -> Environment {
     let c = &record.candidate;
     let device = if c.backend == "cpu" {
-        format!("cpu: {}", super::lanes::cpu_name())
+        format!("cpu: {}", super::environment::cpu_name())
     } else {
         c.device.clone()
     };

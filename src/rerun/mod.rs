@@ -14,9 +14,11 @@
 
 pub mod artifact;
 pub mod document;
+pub(crate) mod environment;
 pub mod export;
 pub mod from_log;
 pub mod gates;
+pub(crate) mod identity;
 pub(crate) mod lanes;
 pub mod llamacpp;
 pub mod options;
