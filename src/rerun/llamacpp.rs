@@ -12,9 +12,12 @@ use std::path::{Path, PathBuf};
 
 use super::document::{Environment, ModelRecord, RunnerKind};
 use super::gates::{self, Gate, Measured};
+use super::lane::{
+    ArmProgress, Arms, CandidateRunner, EngineReference, ReferenceSource, Runs, Scored,
+};
 use super::preflight::Preflight;
 use super::score::{self, EvalInput, Progress};
-use super::{Lane, Request, Rerun};
+use super::{Lane, Request};
 use crate::error::{Error, Result};
 use crate::kld::llamacpp::{BaseRow, KL_GATE};
 use crate::kld::protocol::{Bos, Direction, Positions, VocabMode};
@@ -226,19 +229,13 @@ fn check_request<'a>(r: &Request<'a>, reference: &Path) -> Result<(PathBuf, &'a 
     Ok((reference, text))
 }
 
-/// A study's arms in llama.cpp (`runner: llamacpp`). llama.cpp's base stream cannot be kept (a
-/// 100k-token stream at a 248k vocabulary is ~50 GB), so each arm runs the reference again
-/// beside its candidate: N arms cost 2N passes. Every arm is checked before the first runs (the
-/// reference hashed once), and every arm's reference rows must equal the first arm's (their
-/// NLL, top-1 token and its probability, to the bit): else the arms were measured against
-/// different references and the study is refused, naming the arm and the row.
-pub(super) fn study_arms(
+/// The pre-flight of a study's arms in llama.cpp: every arm checked before the first runs, the
+/// reference hashed once.
+pub(super) fn study_preflight(
     requests: &[Request],
-    names: &[String],
     reference: &Path,
     stage: Stage,
-    progress: &(dyn Fn(usize, usize, usize) + Sync),
-) -> Result<super::lanes::ArmsOutcome> {
+) -> Result<Preflight> {
     let first = requests
         .first()
         .ok_or_else(|| Error::internal(reference, "a study without arms"))?;
@@ -255,82 +252,102 @@ pub(super) fn study_arms(
     let mut pre = Preflight::empty();
     stage("hashing the reference");
     preflight(first, &mut pre, reference)?;
-    let (identity, manifest) = (pre.identity.clone(), pre.reference_manifest.clone());
-    let mut arms = Vec::with_capacity(requests.len());
-    let mut first_reference: Option<Vec<(f64, u32, f64)>> = None;
-    for (i, r) in requests.iter().enumerate() {
-        let Lane::Llamacpp { runner, .. } = r.lane else {
-            continue;
-        };
-        let name = names.get(i).map_or("?", String::as_str);
-        stage(&format!(
-            "arm {}/{} {name}: the reference and the candidate in llama.cpp",
-            i + 1,
-            requests.len()
-        ));
-        let mut pre = Preflight::empty();
-        pre.identity = identity.clone();
-        pre.reference_manifest = manifest.clone();
-        let started = std::time::Instant::now();
-        let (rerun, records) = run_recorded(r, pre, reference, runner, stage, &|d, t| {
-            progress(i + 1, d, t)
+    Ok(pre)
+}
+
+/// The llama.cpp candidate runner: each candidate beside the reference in the user's
+/// `llama-perplexity`. llama.cpp's base stream cannot be kept (a 100k-token stream at a 248k
+/// vocabulary is ~50 GB), so each arm runs the reference again: N arms cost 2N passes, and
+/// every arm's reference rows must equal the first arm's (their NLL, top-1 token and its
+/// probability, to the bit), else the arms were measured against different references and the
+/// study is refused, naming the arm and the row.
+pub(crate) struct LlamacppCandidates<'a>(pub &'a LlamacppOptions);
+
+impl CandidateRunner for LlamacppCandidates<'_> {
+    fn run(
+        &self,
+        reference: &dyn ReferenceSource,
+        arms: &Arms,
+        stage: Stage,
+        progress: ArmProgress,
+    ) -> Result<Runs> {
+        let engine = reference.engine().ok_or_else(|| {
+            Error::internal(
+                Path::new("--runner llamacpp"),
+                "the llama.cpp runner without its reference checkpoint",
+            )
         })?;
-        let seconds = started.elapsed().as_secs_f64();
-        let rows: Vec<(f64, u32, f64)> = records
-            .iter()
-            .flatten()
-            .flatten()
-            .map(|rec| {
-                rec.as_ref().map_or((f64::NAN, u32::MAX, f64::NAN), |rec| {
-                    (
-                        rec.nll_ref.unwrap_or(f64::NAN),
-                        rec.ref_top1,
-                        rec.ref_top1_prob,
-                    )
-                })
-            })
-            .collect();
-        match &first_reference {
-            None => first_reference = Some(rows),
-            Some(base) => {
-                let same = |x: &(f64, u32, f64), y: &(f64, u32, f64)| {
-                    x.0.to_bits() == y.0.to_bits() && x.1 == y.1 && x.2.to_bits() == y.2.to_bits()
-                };
-                let differs =
-                    base.len() != rows.len() || base.iter().zip(&rows).any(|(x, y)| !same(x, y));
-                if differs {
-                    let at = base
-                        .iter()
-                        .zip(&rows)
-                        .position(|(x, y)| !same(x, y))
-                        .unwrap_or(base.len().min(rows.len()));
-                    return Err(Error::runner(
-                        reference,
-                        format!(
-                            "llama.cpp's reference pass for arm `{name}` differs from the first arm's at scored row {at} ({} rows against {}): the reference is not deterministic in this lane, so the arms would be measured against different references. Pin the threads and batch sizes (llamacpp: threads, batch, ubatch) or run the study in another runner",
-                            rows.len(),
-                            base.len()
-                        ),
-                    ));
-                }
+        let mut out: Vec<Scored> = Vec::with_capacity(arms.requests.len());
+        let mut first_reference: Option<Vec<(f64, u32, f64)>> = None;
+        for (i, r) in arms.requests.iter().enumerate() {
+            stage(&arms.stage(
+                i,
+                ": the reference and the candidate in llama.cpp",
+                "running llama.cpp",
+            ));
+            let started = std::time::Instant::now();
+            let mut scored = score_pair(r, engine, self.0, stage, &|d, t| progress(i + 1, d, t))?;
+            scored.seconds = started.elapsed().as_secs_f64();
+            let rows = reference_rows(&scored.records);
+            match &first_reference {
+                None => first_reference = Some(rows),
+                Some(base) => same_reference(base, &rows, engine.path, arms.names.get(i))?,
             }
+            out.push(scored);
         }
-        arms.push(super::lanes::ArmOutcome {
-            rerun,
-            records,
-            seconds,
-        });
+        Ok(Runs {
+            // The reference runs beside each arm, inside its seconds.
+            reference_seconds: None,
+            arms: out,
+        })
     }
-    let reference_record = arms
-        .first()
-        .map(|a| a.rerun.measurement.reference.clone())
-        .ok_or_else(|| Error::internal(reference, "a study ran no arm"))?;
-    Ok(super::lanes::ArmsOutcome {
-        reference: reference_record,
-        // The reference runs beside each arm, inside its seconds.
-        reference_seconds: None,
-        arms,
-    })
+}
+
+/// Each scored row's reference side: its NLL, top-1 token and that token's probability.
+fn reference_rows(records: &score::PerRun) -> Vec<(f64, u32, f64)> {
+    records
+        .iter()
+        .flatten()
+        .flatten()
+        .map(|rec| {
+            rec.as_ref().map_or((f64::NAN, u32::MAX, f64::NAN), |rec| {
+                (
+                    rec.nll_ref.unwrap_or(f64::NAN),
+                    rec.ref_top1,
+                    rec.ref_top1_prob,
+                )
+            })
+        })
+        .collect()
+}
+
+/// An arm's reference rows must be the first arm's, to the bit.
+fn same_reference(
+    base: &[(f64, u32, f64)],
+    rows: &[(f64, u32, f64)],
+    reference: &Path,
+    name: Option<&String>,
+) -> Result<()> {
+    let same = |x: &(f64, u32, f64), y: &(f64, u32, f64)| {
+        x.0.to_bits() == y.0.to_bits() && x.1 == y.1 && x.2.to_bits() == y.2.to_bits()
+    };
+    if base.len() == rows.len() && base.iter().zip(rows).all(|(x, y)| same(x, y)) {
+        return Ok(());
+    }
+    let at = base
+        .iter()
+        .zip(rows)
+        .position(|(x, y)| !same(x, y))
+        .unwrap_or(base.len().min(rows.len()));
+    Err(Error::runner(
+        reference,
+        format!(
+            "llama.cpp's reference pass for arm `{}` differs from the first arm's at scored row {at} ({} rows against {}): the reference is not deterministic in this lane, so the arms would be measured against different references. Pin the threads and batch sizes (llamacpp: threads, batch, ubatch) or run the study in another runner",
+            name.map_or("?", String::as_str),
+            rows.len(),
+            base.len()
+        ),
+    ))
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -408,27 +425,16 @@ struct GateRows {
     previous: Option<BaseRow>,
 }
 
-/// Both models in llama.cpp.
-pub(super) fn run(
+/// One candidate beside the reference in llama.cpp: each window's row records (a study's arms
+/// are paired on them), the gates when asked, the printout gate unless skipped.
+fn score_pair(
     r: &Request,
-    pre: Preflight,
-    reference: &Path,
+    engine_reference: &EngineReference,
     options_given: &LlamacppOptions,
     stage: Stage,
     progress: Progress,
-) -> Result<Rerun> {
-    run_recorded(r, pre, reference, options_given, stage, progress).map(|(rerun, _)| rerun)
-}
-
-/// [`run`], with each window's row records (a study's arms are paired on them).
-pub(super) fn run_recorded(
-    r: &Request,
-    pre: Preflight,
-    reference: &Path,
-    options_given: &LlamacppOptions,
-    stage: Stage,
-    progress: Progress,
-) -> Result<(Rerun, score::PerRun)> {
+) -> Result<Scored> {
+    let reference = engine_reference.path;
     let text = r
         .eval_text
         .ok_or_else(|| Error::internal(r.candidate, "the llama.cpp lane without its eval text"))?;
@@ -451,10 +457,9 @@ pub(super) fn run_recorded(
         candidate_settings: &cand_settings,
         gate: gate_printout,
     };
-    stage("running llama.cpp");
     let streamed = stream_pair(&spec, r.gates.is_some(), progress)?;
-    let (scoring, kept_windows) = score_rows(&spec, &options, &pre, &streamed)?;
-    let gates_out = match &r.gates {
+    let (scoring, kept_windows) = score_rows(&spec, &options, engine_reference, &streamed)?;
+    let mut gates_out = match &r.gates {
         Some(g) => {
             stage("sanity gates: the reference again");
             self_and_shift_gates(
@@ -489,7 +494,8 @@ pub(super) fn run_recorded(
         reference,
         &reference_gguf,
         &pair.reference_observed,
-        pre.reference_manifest
+        engine_reference
+            .manifest
             .as_ref()
             .map(|m| m.root_sha256.clone()),
     )?;
@@ -514,22 +520,20 @@ pub(super) fn run_recorded(
         inherited_environment: crate::runner::llamacpp::inherited_settings(),
     };
     let environment = environment(&record, r.kv_cache, r.threads);
-    let mut rerun = Rerun {
-        measurement: super::record::measurement(
-            &scoring,
-            &options,
-            reference_id,
-            candidate_id,
-            environment,
-        ),
-        runs: scoring.runs,
+    gates_out.extend(printout_gate(gate_printout, record.gate.as_ref()));
+    Ok(Scored {
+        scoring,
+        options,
+        reference: reference_id,
+        candidate: candidate_id,
+        environment,
         gates: gates_out,
         noise_floor: r.noise_floor.then(|| super::NoiseFloor::Skipped {
             skipped: "llama.cpp's noise floor is its own settings sweep: `cardproof measure --runner llamacpp --sweep llamacpp.flash_attn=on,off`".into(),
         }),
-    };
-    printout_gate(gate_printout, &mut rerun);
-    Ok((rerun, vec![kept_windows]))
+        records: vec![kept_windows],
+        seconds: 0.0,
+    })
 }
 
 /// What llama.cpp's two passes gave while streaming: the pair's run, each scored row's record,
@@ -596,7 +600,7 @@ fn stream_pair(spec: &PairSpec, want_gates: bool, progress: Progress) -> Result<
 fn score_rows(
     spec: &PairSpec,
     options: &super::MeasureOptions,
-    pre: &Preflight,
+    reference: &EngineReference,
     streamed: &Streamed,
 ) -> Result<(score::Scoring, Vec<Vec<Option<RowRecord>>>)> {
     let (text, n_ctx, pair) = (spec.text, spec.n_ctx, &streamed.pair);
@@ -613,7 +617,11 @@ fn score_rows(
     let width = pair.n_vocab as usize;
     let stream = TokenStream::of_ids(
         ids,
-        pre.identity.eval_text_sha256.clone().unwrap_or_default(),
+        reference
+            .identity
+            .eval_text_sha256
+            .clone()
+            .unwrap_or_default(),
     );
     let eval = EvalInput {
         stream: &stream,
@@ -696,31 +704,24 @@ fn model_record(
     })
 }
 
-/// The printout gate's verdict on the rerun: skipped (`--llamacpp-no-gate`), or passed with
-/// llama.cpp's printed mean beside cardproof's reduction of the same rows.
-fn printout_gate(gate_printout: bool, rerun: &mut Rerun) {
+/// The printout gate's verdict: skipped (`--llamacpp-no-gate`), or passed with llama.cpp's
+/// printed mean beside cardproof's reduction of the same rows.
+fn printout_gate(gate_printout: bool, record: Option<&engine::PrintoutGate>) -> Option<Gate> {
     if !gate_printout {
-        rerun.gates.push(Gate {
+        return Some(Gate {
             gate: "llamacpp_printout".into(),
             passed: false,
             detail: "llama.cpp's own KLD pass was skipped (--llamacpp-no-gate): its printout was not compared with cardproof's reading of the rows".into(),
         });
-    } else if let Some(g) = &rerun
-        .measurement
-        .environment
-        .llamacpp
-        .as_ref()
-        .and_then(|l| l.gate.clone())
-    {
-        rerun.gates.push(Gate {
-            gate: "llamacpp_printout".into(),
-            passed: true,
-            detail: format!(
-                "llama.cpp printed Mean KLD {:.6}, cardproof's llama.cpp-compatible reduction of the same {} rows gives {:.6} (allowed ±{:.1e})",
-                g.printed_kld_mean, g.rows, g.cardproof_kld_mean, g.allowed
-            ),
-        });
     }
+    record.map(|g| Gate {
+        gate: "llamacpp_printout".into(),
+        passed: true,
+        detail: format!(
+            "llama.cpp printed Mean KLD {:.6}, cardproof's llama.cpp-compatible reduction of the same {} rows gives {:.6} (allowed ±{:.1e})",
+            g.printed_kld_mean, g.rows, g.cardproof_kld_mean, g.allowed
+        ),
+    })
 }
 
 /// The reference run a second time on its first chunk (`--chunks 1`), compared row by row with

@@ -10,7 +10,8 @@
 //! Inside, the layers run one way: [`options`] (run options and the one conversion from and to
 //! the card's protocol) → [`document`] (the measurement's types) → [`score`] (windows to rows
 //! to statistics) → [`artifact`] (reference artifacts and llama.cpp base files as reference
-//! runners) → [`lanes`] (each lane's loading, measuring and gates) → [`sweep`], [`export`].
+//! runners) → [`lane`] (one engine: a reference source and candidate runners) → [`sweep`],
+//! [`export`].
 
 pub mod artifact;
 pub mod document;
@@ -19,7 +20,7 @@ pub mod export;
 pub mod from_log;
 pub mod gates;
 pub(crate) mod identity;
-pub(crate) mod lanes;
+pub(crate) mod lane;
 pub mod llamacpp;
 pub mod options;
 pub mod output;
@@ -211,48 +212,18 @@ pub fn run_checked(
             ),
         ));
     }
-    let mut rerun = match r.lane {
-        Lane::Native {
-            reference,
-            compute,
-            emulate,
-        } => lanes::native(r, pre, reference, compute, emulate, stage, progress)?,
-        Lane::Transformers { reference, runner } => {
-            lanes::transformers(r, pre, reference, runner, stage, progress)?
-        }
-        Lane::ReferenceArtifact {
-            source,
-            compute,
-            emulate,
-        } => lanes::reference_artifact(r, pre, source, compute, emulate, stage, progress)?,
-        Lane::LlamacppBase {
-            source,
-            compute,
-            emulate,
-        } => lanes::llamacpp_base(r, pre, source, compute, emulate, stage, progress)?,
-        Lane::Llamacpp { reference, runner } => {
-            llamacpp::run(r, pre, reference, runner, stage, progress)?
-        }
+    let arms = lane::Arms {
+        requests: std::slice::from_ref(r),
+        names: &[],
+        attentions: &[],
+        reference_compute: None,
+        pass: lane::Pass::Streamed,
     };
-    if let Some(g) = &r.gates {
-        rerun.gates.push(gates::finite_rows(
-            &rerun
-                .runs
-                .iter()
-                .map(|run| {
-                    let length = run.context_length as u64;
-                    let disclosed = g
-                        .disclosed_nonfinite
-                        .iter()
-                        .find(|(l, _)| *l == length)
-                        .and_then(|(_, n)| *n);
-                    (length, run.n_nonfinite as u64, disclosed)
-                })
-                .collect::<Vec<_>>(),
-        ));
-    }
-    for (role, pin) in &r.pins {
-        rerun.measurement.pin(*role, pin);
-    }
-    Ok(rerun)
+    let outcome = lane::run(&arms, pre, stage, &|_, done, total| progress(done, total))?;
+    outcome
+        .arms
+        .into_iter()
+        .next()
+        .map(|arm| arm.rerun)
+        .ok_or_else(|| crate::Error::internal(r.candidate, "a rerun scored no arm"))
 }

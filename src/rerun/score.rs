@@ -351,6 +351,17 @@ pub fn measure_records(
     width: usize,
     records: impl FnOnce(&[RunPlan], usize) -> Result<Vec<Vec<Vec<Option<RowRecord>>>>>,
 ) -> Result<Scoring> {
+    let (plans, vocab_size) = plan_records(eval, o, width)?;
+    let per_run = records(&plans, vocab_size)?;
+    finish_measurement(eval, o, &plans, per_run, vocab_size, width)
+}
+
+/// The runs a runner that reduces rows itself is asked for, and the vocabulary it reduces over.
+pub fn plan_records(
+    eval: &EvalInput,
+    o: &MeasureOptions,
+    width: usize,
+) -> Result<(Vec<RunPlan>, usize)> {
     let vocab_size = used_vocab(eval, width, o)?;
     if o.dump_logits.is_some() {
         return Err(Error::usage(
@@ -358,9 +369,7 @@ pub fn measure_records(
             "--dump-logits needs a runner that returns logits (--runner native)",
         ));
     }
-    let plans = plan_runs(eval, o)?;
-    let per_run = records(&plans, vocab_size)?;
-    finish_measurement(eval, o, &plans, per_run, vocab_size, width)
+    Ok((plan_runs(eval, o)?, vocab_size))
 }
 
 /// Run both models over the eval text for every context length.

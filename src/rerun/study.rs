@@ -5,7 +5,8 @@
 
 use std::path::Path;
 
-pub use super::lanes::{ArmOutcome, ArmsOutcome};
+pub use super::lane::{ArmOutcome, ArmsOutcome};
+use super::lane::{Arms, Pass};
 use super::{Lane, Request, preflight};
 use crate::error::{Error, Result};
 
@@ -62,30 +63,26 @@ pub fn run_arms(
             ));
         }
     }
-    if let Lane::Llamacpp { .. } = first.lane {
+    let pre = if let Lane::Llamacpp { .. } = first.lane {
         // llama.cpp tokenizes when it runs: the text's size bounds the tokens.
         room(first, &preflight::Identity::default())?;
-        return super::llamacpp::study_arms(requests, names, reference, stage, progress);
-    }
-    let pre = preflight::check(first, stage)?;
-    if let Some((tokenizer, _)) = &pre.tokenized {
-        for r in &requests[1..] {
-            preflight::check_arm(r, tokenizer)?;
+        super::llamacpp::study_preflight(requests, reference, stage)?
+    } else {
+        let pre = preflight::check(first, stage)?;
+        if let Some((tokenizer, _)) = &pre.tokenized {
+            for r in &requests[1..] {
+                preflight::check_arm(r, tokenizer)?;
+            }
         }
-    }
-    room(first, &pre.identity)?;
-    match first.lane {
-        Lane::Transformers { runner, .. } => super::lanes::transformers_arms(
-            requests, attentions, pre, reference, runner, stage, progress,
-        ),
-        _ => super::lanes::native_arms(
-            requests,
-            names,
-            pre,
-            reference,
-            reference_compute,
-            stage,
-            progress,
-        ),
-    }
+        room(first, &pre.identity)?;
+        pre
+    };
+    let arms = Arms {
+        requests,
+        names,
+        attentions,
+        reference_compute: Some(reference_compute),
+        pass: Pass::Kept,
+    };
+    super::lane::run(&arms, pre, stage, progress)
 }

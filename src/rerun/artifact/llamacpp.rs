@@ -34,14 +34,14 @@ pub fn stated(base: &BaseFile) -> Value {
 }
 
 /// A base file as the reference side of a measurement.
-pub struct BaseFileRunner {
-    pub base: BaseFile,
+pub struct BaseFileRunner<'a> {
+    pub base: &'a BaseFile,
     windows: HashMap<Vec<u32>, u64>,
 }
 
-impl BaseFileRunner {
+impl<'a> BaseFileRunner<'a> {
     /// `windows` must be the base file's own: context length `n_ctx`, the file's token stream.
-    pub fn new(base: BaseFile, windows: &Windows) -> Result<Self> {
+    pub fn new(base: &'a BaseFile, windows: &Windows) -> Result<Self> {
         if windows.length as u64 != u64::from(base.n_ctx) {
             return Err(Error::mismatch(
                 &base.path,
@@ -89,7 +89,7 @@ impl BaseFileRunner {
 }
 
 struct BaseWindow<'a> {
-    runner: &'a BaseFileRunner,
+    runner: &'a BaseFileRunner<'a>,
     chunk: u64,
     reader: RefCell<Option<RowReader>>,
     /// The true next token's stored log-probability per row read (at the floor when the token
@@ -99,7 +99,7 @@ struct BaseWindow<'a> {
 
 impl WindowLogits for BaseWindow<'_> {
     fn logits(&self, rows: &[usize]) -> Result<Vec<f32>> {
-        let base = &self.runner.base;
+        let base = self.runner.base;
         let n_ctx = u64::from(base.n_ctx);
         let half = n_ctx / 2;
         let per_chunk = base.rows_per_chunk();
@@ -161,7 +161,7 @@ impl WindowLogits for BaseWindow<'_> {
     }
 }
 
-impl Runner for BaseFileRunner {
+impl Runner for BaseFileRunner<'_> {
     fn vocab(&self) -> usize {
         self.base.n_vocab as usize
     }

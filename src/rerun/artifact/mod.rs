@@ -553,10 +553,13 @@ pub fn sidecar_path(path: &Path) -> PathBuf {
 
 /// The reference side of a measurement, served from an artifact. Windows are found by their
 /// token ids; the LM head (hidden kind) comes from a model holding the same lm_head tensor.
+/// Logits from a window's LM-head inputs (the candidate's head, checked to be the reference's).
+pub type Head<'a> = Box<dyn Fn(Vec<f32>) -> Result<Vec<f32>> + Sync + 'a>;
+
 pub struct ArtifactRunner<'a> {
     pub artifact: &'a Artifact,
     /// For `hidden` artifacts: computes logits from LM-head inputs.
-    pub head: Option<&'a (dyn Fn(Vec<f32>) -> Result<Vec<f32>> + Sync)>,
+    pub head: Option<Head<'a>>,
     windows: HashMap<Vec<u32>, (usize, u32)>,
 }
 
@@ -565,7 +568,7 @@ impl<'a> ArtifactRunner<'a> {
     pub fn new(
         artifact: &'a Artifact,
         windows: &[crate::runner::tokens::Windows],
-        head: Option<&'a (dyn Fn(Vec<f32>) -> Result<Vec<f32>> + Sync)>,
+        head: Option<Head<'a>>,
     ) -> Result<Self> {
         let mut map = HashMap::new();
         for w in windows {
@@ -636,6 +639,7 @@ impl WindowLogits for ArtifactWindow<'_> {
                 let head = self
                     .runner
                     .head
+                    .as_ref()
                     .ok_or_else(|| Error::internal(&a.path, "no lm_head"))?;
                 head(x)
             }
