@@ -888,13 +888,17 @@ impl Decoder {
                 let q = q.transpose(0, 1)?.contiguous()?;
                 let k = repeat_kv(&k.transpose(0, 1)?, rep)?;
                 let v = repeat_kv(&v.transpose(0, 1)?, rep)?;
-                let att = fused::softmax_scaled_masked(&q.matmul(&k.t()?)?, scale, mask)?;
+                let att = fused::softmax_scaled_masked(
+                    &super::matmul::fixed_depth_matmul(&q, &k.t()?)?,
+                    scale,
+                    mask,
+                )?;
                 let att = if layer.f16_products {
                     att.to_dtype(DType::F16)?.to_dtype(att.dtype())?
                 } else {
                     att
                 };
-                att.matmul(&v)?
+                super::matmul::fixed_depth_matmul(&att, &v)?
                     .transpose(0, 1)?
                     .reshape((n, c.heads * c.head_dim))?
             }

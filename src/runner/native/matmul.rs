@@ -145,7 +145,7 @@ impl Weight {
     /// `x · W` (with `W` the module's `[in, out]` map).
     pub(super) fn apply(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
-            Weight::Candle(wt) => x.matmul(wt),
+            Weight::Candle(wt) => fixed_depth_matmul(x, wt),
             Weight::F32(w) => w.apply(x),
         }
     }
@@ -182,6 +182,29 @@ pub(super) fn x_wt(lhs: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &m
         MatRef::rows(w, n, k).transposed(),
         parallelism,
     );
+}
+
+/// `a.matmul(b)` (candle's product, for the dtypes and shapes the f32 path leaves to it) with
+/// the depth cut by [`depth_blocks`]' fixed rule where gemm would cut it by the cache
+/// ([`cut_by_cache`]), the blocks' products added in order: on every machine what gemm
+/// computes on a 32 KiB 8-way L1.
+pub(super) fn fixed_depth_matmul(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
+    use candle_core::D;
+    let (m, k, n) = (a.dim(D::Minus2)?, a.dim(D::Minus1)?, b.dim(D::Minus1)?);
+    if !cut_by_cache(m, k, n) {
+        return a.matmul(b);
+    }
+    let mut out: Option<Tensor> = None;
+    for (start, depth) in depth_blocks(k) {
+        let block =
+            a.narrow(D::Minus1, start, depth)?
+                .matmul(&b.narrow(D::Minus2, start, depth)?)?;
+        out = Some(match out {
+            None => block,
+            Some(sum) => (sum + block)?,
+        });
+    }
+    out.ok_or_else(|| candle_core::Error::Msg("an empty product".into()))
 }
 
 /// A read-only strided matrix view over a slice: element `(r, c)` is `data[r * rs + c * cs]`.
@@ -266,6 +289,68 @@ fn product<F: DeltaFloat>(
         }
         return;
     }
+    if !cut_by_cache(m, k, n) {
+        return one_block(dst, m, n, k, alpha, lhs, rhs, parallelism);
+    }
+    // One call per fixed depth block, each adding onto what the blocks before it left (the
+    // same `dst = dst + block` step gemm takes between its own depth blocks).
+    let mut alpha = alpha;
+    for (start, depth) in depth_blocks(k) {
+        let lhs = MatRef {
+            data: &lhs.data[start * lhs.cs..],
+            cols: depth,
+            ..lhs
+        };
+        let rhs = MatRef {
+            data: &rhs.data[start * rhs.rs..],
+            rows: depth,
+            ..rhs
+        };
+        one_block(dst, m, n, depth, alpha, lhs, rhs, parallelism);
+        alpha = Some(F::ONE);
+    }
+}
+
+/// The depth of one `gemm` call at most where gemm would size its depth blocks from the cache.
+pub(super) const DEPTH_BLOCK: usize = 512;
+
+/// Whether gemm would cut an `[m, k] · [k, n]` product's depth by the CPU's cache: on its
+/// general path (more than 64 rows or columns, more than 256 entries: smaller products take
+/// fixed depth blocks of 512 or 1024) it sizes depth blocks from the L1 cache's size and ways
+/// (at least 512: one 768-deep block on a 48 KiB 12-way L1, two of 384 on a 32 KiB 8-way one)
+/// and adds the blocks' sums in turn, so a product deeper than 512 rounds differently on
+/// machines with other caches. Those products are cut here by [`depth_blocks`]' fixed rule.
+pub(super) fn cut_by_cache(m: usize, k: usize, n: usize) -> bool {
+    k > DEPTH_BLOCK && (m > 64 || n > 64) && m * n > 256
+}
+
+/// `(start, depth)` of each depth block of a `k`-deep product: as few blocks of at most
+/// [`DEPTH_BLOCK`] as cover `k`, of equal depth but for the last (gemm's own cut on a 32 KiB
+/// 8-way L1, so that such machines keep the bits they gave before).
+pub(super) fn depth_blocks(k: usize) -> impl Iterator<Item = (usize, usize)> {
+    let n_blocks = k.div_ceil(DEPTH_BLOCK).max(1);
+    let depth = k.div_ceil(n_blocks).max(1);
+    (0..k)
+        .step_by(depth)
+        .map(move |start| (start, depth.min(k - start)))
+}
+
+/// One `gemm` call (views within those [`product`] checked).
+#[allow(clippy::too_many_arguments)]
+fn one_block<F: DeltaFloat>(
+    dst: &mut [F],
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: Option<F>,
+    lhs: MatRef<'_, F>,
+    rhs: MatRef<'_, F>,
+    parallelism: gemm::Parallelism,
+) {
+    assert!(
+        dst.len() >= m * n && lhs.in_bounds() && rhs.in_bounds(),
+        "a depth block outside its product"
+    );
     let stride = |x: usize| x as isize;
     // SAFETY: every index the product touches is `r * rs + c * cs` with `r`, `c` inside the
     // checked shapes, and each view's largest such index is inside its slice (`in_bounds`, and
@@ -341,6 +426,120 @@ mod tests {
                 .zip(&got)
                 .all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "[{m}, {k}] · [{n}, {k}]ᵀ differs from candle's");
+        }
+    }
+
+    /// What every machine computes for `x[m, k] · w[n, k]ᵀ`: per depth block of
+    /// [`depth_blocks`], one chain of fused multiply-adds in depth order from zero, the blocks'
+    /// sums added in order.
+    fn fixed_depth_oracle(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Vec<f32> {
+        let mut out = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let mut total: Option<f32> = None;
+                for (start, depth) in depth_blocks(k) {
+                    let mut s = 0f32;
+                    for t in start..start + depth {
+                        s = x[i * k + t].mul_add(w[j * k + t], s);
+                    }
+                    total = Some(total.map_or(s, |acc| acc + s));
+                }
+                out[i * n + j] = total.unwrap_or(0.0);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn deep_products_round_the_same_on_every_machine() {
+        // gemm alone would cut these depths by the L1 cache's size and ways (one 768-deep block
+        // on a 48 KiB 12-way L1, two of 384 on a 32 KiB 8-way one): the fixed cut gives the
+        // oracle's bits whatever the machine (the products are large enough for gemm's
+        // cache-sized path, over 64 rows and columns).
+        for (m, k, n) in [
+            (300, 768, 200),
+            (100, 1300, 70),
+            (70, 2048, 90),
+            (65, 513, 66),
+        ] {
+            assert!(cut_by_cache(m, k, n));
+            let x = values(m * k, 11);
+            let w = values(n * k, 12);
+            let mut got = vec![0f32; m * n];
+            x_wt(&x, m, k, &w, n, &mut got);
+            let want = fixed_depth_oracle(&x, m, k, &w, n);
+            let differ = got
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                differ, 0,
+                "[{m}, {k}] · [{n}, {k}]ᵀ: {differ} entries off the fixed order"
+            );
+        }
+    }
+
+    #[test]
+    fn the_depth_cut_is_gemms_own_on_a_common_l1() {
+        let blocks = |k: usize| depth_blocks(k).collect::<Vec<_>>();
+        assert_eq!(blocks(1), vec![(0, 1)]);
+        assert_eq!(blocks(512), vec![(0, 512)]);
+        assert_eq!(blocks(513), vec![(0, 257), (257, 256)]);
+        assert_eq!(blocks(768), vec![(0, 384), (384, 384)]);
+        assert_eq!(blocks(1025), vec![(0, 342), (342, 342), (684, 341)]);
+        for k in 1..5000 {
+            let b = blocks(k);
+            assert!(b.iter().all(|&(_, d)| d >= 1 && d <= DEPTH_BLOCK), "{k}");
+            assert_eq!(b.iter().map(|&(_, d)| d).sum::<usize>(), k);
+            assert!(b.windows(2).all(|p| p[0].0 + p[0].1 == p[1].0), "{k}");
+        }
+    }
+
+    #[test]
+    fn candles_products_take_the_same_fixed_cut() {
+        // The products left to candle (f64 compute, the attention fallback, MoE routers):
+        // 2-D and batched, against the f64 oracle of the same order.
+        for (m, k, n) in [(80, 768, 70), (2, 1100, 130)] {
+            let x: Vec<f64> = values(m * k, 21).into_iter().map(f64::from).collect();
+            let w: Vec<f64> = values(k * n, 22).into_iter().map(f64::from).collect();
+            let xt = Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap();
+            let wt = Tensor::from_vec(w.clone(), (k, n), &Device::Cpu).unwrap();
+            let got = fixed_depth_matmul(&xt, &wt)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap();
+            let batched = fixed_depth_matmul(
+                &Tensor::stack(&[&xt, &xt], 0).unwrap(),
+                &Tensor::stack(&[&wt, &wt], 0).unwrap(),
+            )
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap();
+            for i in 0..m {
+                for j in 0..n {
+                    let mut total: Option<f64> = None;
+                    for (start, depth) in depth_blocks(k) {
+                        let mut s = 0f64;
+                        for t in start..start + depth {
+                            s = x[i * k + t].mul_add(w[t * n + j], s);
+                        }
+                        total = Some(total.map_or(s, |acc| acc + s));
+                    }
+                    let want = total.unwrap().to_bits();
+                    assert_eq!(got[i * n + j].to_bits(), want, "[{m}, {k}, {n}] ({i}, {j})");
+                    assert_eq!(batched[i * n + j].to_bits(), want, "batched ({i}, {j})");
+                    assert_eq!(
+                        batched[m * n + i * n + j].to_bits(),
+                        want,
+                        "batch 1 ({i}, {j})"
+                    );
+                }
+            }
         }
     }
 

@@ -423,7 +423,7 @@ impl MoeBlock {
     /// Each token's chosen experts and their weights: `routes[t]` is `(expert, weight)` in
     /// descending probability, ties to the lower index.
     pub fn route(&self, x: &Tensor) -> candle_core::Result<Vec<Vec<(usize, f64)>>> {
-        let logits = x.matmul(&self.router)?;
+        let logits = super::matmul::fixed_depth_matmul(x, &self.router)?;
         let wide = if self.compute == ComputeDtype::F64 {
             DType::F64
         } else {
@@ -488,7 +488,7 @@ impl MoeBlock {
         }
         if let Some((mlp, gate)) = &self.shared {
             let s = mlp.forward(x)?;
-            let g = sigmoid(&x.matmul(gate)?)?;
+            let g = sigmoid(&super::matmul::fixed_depth_matmul(x, gate)?)?;
             out = (out + s.broadcast_mul(&g)?)?;
         }
         Ok(out)
