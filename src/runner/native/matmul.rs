@@ -490,7 +490,10 @@ mod tests {
         assert_eq!(blocks(1025), vec![(0, 342), (342, 342), (684, 341)]);
         for k in 1..5000 {
             let b = blocks(k);
-            assert!(b.iter().all(|&(_, d)| d >= 1 && d <= DEPTH_BLOCK), "{k}");
+            assert!(
+                b.iter().all(|&(_, d)| (1..=DEPTH_BLOCK).contains(&d)),
+                "{k}"
+            );
             assert_eq!(b.iter().map(|&(_, d)| d).sum::<usize>(), k);
             assert!(b.windows(2).all(|p| p[0].0 + p[0].1 == p[1].0), "{k}");
         }
