@@ -53,8 +53,7 @@ pub fn sign(
         name,
         sha256: sha256.to_owned(),
     };
-    let mut statement = super::statement(&[subject], predicate);
-    statement["predicateType"] = ARTIFACT_PREDICATE_TYPE.into();
+    let statement = super::statement_of(ARTIFACT_PREDICATE_TYPE, &[subject], predicate);
     let payload = serde_json::to_vec(&statement)
         .map_err(|e| Error::internal(path, format!("cannot encode the statement: {e}")))?;
     let envelope = super::sign_envelope(&payload, super::PAYLOAD_TYPE, key);
@@ -237,34 +236,36 @@ fn signer_keyids(envelope: &Path) -> Vec<String> {
 /// A verified statement must be an artifact statement about exactly this file's bytes, stating
 /// what the file states; returns the reference it vouches for. Anything else was signed about
 /// another file or another claim, and is refused whatever the user trusts.
-fn about_this_file(envelope: &Path, statement: &Value, a: &ArtifactIdentity) -> Result<Value> {
+fn about_this_file(
+    envelope: &Path,
+    statement: &super::Statement,
+    a: &ArtifactIdentity,
+) -> Result<Value> {
     let refuse = |rule: String| Error::mismatch(envelope, None, rule);
-    let kind = statement["predicateType"].as_str().unwrap_or_default();
+    let kind = statement.predicate_type.as_str();
     if kind != ARTIFACT_PREDICATE_TYPE {
         return Err(refuse(format!(
             "is a signed `{kind}` statement, not a reference artifact's (`{ARTIFACT_PREDICATE_TYPE}`)"
         )));
     }
-    let subjects = statement["subject"]
-        .as_array()
-        .map_or(&[][..], Vec::as_slice);
+    let subjects = &statement.subject;
     let digests: Vec<&str> = subjects
         .iter()
-        .filter_map(|s| s["digest"]["sha256"].as_str())
+        .filter_map(|s| s.digest.get("sha256").map(String::as_str))
         .collect();
     if digests.len() != 1 || subjects.len() != 1 || !digests[0].eq_ignore_ascii_case(&a.sha256) {
         return Err(refuse(format!(
             "is signed about {} (sha256 {}), not {} (sha256 {}): the artifact was changed or replaced after it was signed",
             subjects
                 .first()
-                .and_then(|s| s["name"].as_str())
+                .and_then(|s| s.name.as_deref())
                 .unwrap_or("another file"),
             digests.join(", "),
             a.path.display(),
             a.sha256
         )));
     }
-    let predicate = &statement["predicate"];
+    let predicate = statement.predicate();
     let stated = a.stated.as_object().into_iter().flatten();
     for (field, value) in stated {
         if &predicate[field] != value {

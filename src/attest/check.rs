@@ -5,8 +5,6 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
 use super::verify::{Mismatch, Outcome};
 use crate::error::{Error, Result};
 
@@ -59,12 +57,12 @@ impl CheckedReport {
 pub fn check_report(request: &ReportRequest<'_>) -> Result<CheckedReport> {
     let key = super::read_verifying_key(request.public_key)?;
     let mut mismatches = Vec::new();
-    let mut statement = Value::Null;
+    let mut statement: Option<super::Statement> = None;
     let mut card_checked = None;
     let mut set_checked = None;
     match super::verify_envelope(request.envelope, &key)? {
         Outcome::Verified(v) => {
-            let is_study = v.statement["predicateType"] == super::STUDY_PREDICATE_TYPE;
+            let is_study = v.statement.predicate_type == super::STUDY_PREDICATE_TYPE;
             if is_study && request.checkpoint.is_some() {
                 return Err(Error::usage(
                     request.envelope,
@@ -80,7 +78,7 @@ pub fn check_report(request: &ReportRequest<'_>) -> Result<CheckedReport> {
                         request.envelope,
                         format!(
                             "is not a signed study (its predicate type is {}); --study checks a study's study.dsse.json, --checkpoint a report's checkpoint",
-                            v.statement["predicateType"].as_str().unwrap_or("missing")
+                            v.statement.predicate_type
                         ),
                     ));
                 }
@@ -98,11 +96,12 @@ pub fn check_report(request: &ReportRequest<'_>) -> Result<CheckedReport> {
             let set = crate::attest::set::check_set(request.envelope, &v.statement)?;
             mismatches.extend(set.mismatches);
             set_checked = set.checked;
-            statement = v.statement;
+            statement = Some(v.statement);
         }
         Outcome::Failed(m) => mismatches.extend(m),
     }
-    let text = |v: &Value| v.as_str().map(str::to_owned);
+    let predicate = statement.as_ref().map(super::Statement::predicate);
+    let text = |field: &str| predicate.and_then(|p| p[field].as_str().map(str::to_owned));
     Ok(CheckedReport {
         envelope: request.envelope.to_owned(),
         keyid: super::keyid(&key),
@@ -111,8 +110,8 @@ pub fn check_report(request: &ReportRequest<'_>) -> Result<CheckedReport> {
         card_checked,
         study_checked: request.study.map(Path::to_owned),
         set_checked,
-        predicate_type: text(&statement["predicateType"]),
-        run_id: text(&statement["predicate"]["run_id"]),
-        verdict: text(&statement["predicate"]["verdict"]),
+        predicate_type: statement.as_ref().map(|s| s.predicate_type.clone()),
+        run_id: text("run_id"),
+        verdict: text("verdict"),
     })
 }

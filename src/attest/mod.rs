@@ -39,7 +39,7 @@ pub use keys::{
     public_key_pem, read_signing_key, read_verifying_key, write_keypair,
 };
 pub use sign::{Signed, default_envelope_path, sign_document, sign_file};
-pub use statement::{Subject, statement, statement_of, subjects};
+pub use statement::{ResourceDescriptor, Statement, Subject, statement, statement_of, subjects};
 pub use verify::{
     Mismatch, Outcome, Verified, check_card, check_subjects, compare_card, verify_envelope,
 };

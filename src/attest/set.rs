@@ -34,15 +34,15 @@ pub struct SetCheck {
 /// file there is a mismatch too. The unsigned marker is only asked which run it names. Nothing
 /// beside the envelope: nothing checked ([`SetCheck::checked`] is `None`). Unreadable files are
 /// errors.
-pub fn check_set(envelope: &Path, statement: &Value) -> Result<SetCheck> {
+pub fn check_set(envelope: &Path, statement: &super::Statement) -> Result<SetCheck> {
     let dir = match envelope.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let predicate = &statement["predicate"];
+    let predicate = statement.predicate();
     let run_id = predicate.get("run_id").and_then(Value::as_str);
     let run = |id: Option<&str>| id.map_or_else(|| "no run id".to_owned(), |i| format!("run {i}"));
-    let predicate_type = statement["predicateType"].as_str().unwrap_or_default();
+    let predicate_type = statement.predicate_type.as_str();
     let what_document = match predicate_type {
         crate::attest::PREDICATE_TYPE => "report",
         crate::attest::MEASUREMENT_PREDICATE_TYPE => "measurement",
@@ -258,15 +258,12 @@ mod tests {
     use serde_json::json;
 
     /// A statement binding `report.md`, and what lies beside its envelope.
-    fn bound(dir: &Path, set_files: Option<Value>) -> (PathBuf, Value) {
+    fn bound(dir: &Path, set_files: Option<Value>) -> (PathBuf, crate::attest::Statement) {
         let mut predicate = json!({"run_id": "r1", "verdict": "not_reproduced"});
         if let Some(f) = set_files {
             predicate["set_files"] = f;
         }
-        let statement = json!({
-            "predicateType": crate::attest::PREDICATE_TYPE,
-            "predicate": predicate,
-        });
+        let statement = crate::attest::statement(&[], predicate);
         let envelope = dir.join("report.dsse.json");
         fs::write(&envelope, b"{}").unwrap();
         (envelope, statement)
@@ -282,7 +279,7 @@ mod tests {
         let (envelope, statement) = bound(dir.path(), Some(listed.clone()));
         fs::write(
             dir.path().join("report.json"),
-            statement["predicate"].to_string(),
+            statement.predicate().to_string(),
         )
         .unwrap();
         let ok = check_set(&envelope, &statement).unwrap();
@@ -316,7 +313,7 @@ mod tests {
         let (envelope, legacy) = bound(dir.path(), None);
         fs::write(
             dir.path().join("report.json"),
-            legacy["predicate"].to_string(),
+            legacy.predicate().to_string(),
         )
         .unwrap();
         let m = check_set(&envelope, &legacy).unwrap().mismatches;

@@ -107,17 +107,14 @@ pub fn sign_file(
         .map_err(|e| Error::internal(&out, format!("cannot encode: {e}")))?;
     crate::files::write_atomically(&out, &text)?;
     let parts = super::dsse::EnvelopeParts::from_value(&out, &envelope)?;
-    let statement: serde_json::Value = serde_json::from_slice(&parts.payload)
+    let statement: super::Statement = serde_json::from_slice(&parts.payload)
         .map_err(|e| Error::internal(&out, format!("payload: {e}")))?;
     Ok(Signed {
         sha256: crate::checkpoint::hash::hash_file(&out)?,
         envelope: out,
         file: file.to_owned(),
         keyid: super::keyid(&key.verifying_key()),
-        predicate_type: statement["predicateType"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-        subjects: statement["subject"].as_array().map_or(0, Vec::len),
+        predicate_type: statement.predicate_type,
+        subjects: statement.subject.len(),
     })
 }

@@ -7,8 +7,8 @@
 
 use std::path::Path;
 
-use serde::Serialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::{PREDICATE_TYPE, STATEMENT_TYPE};
 use crate::checkpoint::hash::Manifest;
@@ -19,13 +19,6 @@ use crate::error::{Error, Result};
 pub struct Subject {
     pub name: String,
     pub sha256: String,
-}
-
-impl Subject {
-    /// The in-toto ResourceDescriptor: `{"name": …, "digest": {"sha256": …}}`.
-    pub fn to_json(&self) -> Value {
-        json!({ "name": self.name, "digest": { "sha256": self.sha256 } })
-    }
 }
 
 /// One subject per manifest file, in manifest order (sorted by path), so that equal checkpoints
@@ -41,20 +34,72 @@ pub fn subjects(manifest: &Manifest) -> Vec<Subject> {
         .collect()
 }
 
-/// The statement `{"_type", "subject", "predicateType", "predicate"}` of a verification report,
-/// fields in the order the in-toto spec lists them (serde_json keeps insertion order here).
-pub fn statement(subjects: &[Subject], predicate: Value) -> Value {
+/// An in-toto Statement v1, as cardproof writes it and reads it back once its signature
+/// verified: the envelope typed, fields in the order the spec lists them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Statement {
+    #[serde(rename = "_type")]
+    pub statement_type: String,
+    pub subject: Vec<ResourceDescriptor>,
+    #[serde(rename = "predicateType")]
+    pub predicate_type: String,
+    /// What the statement says. Kept as JSON: its reader types it by `predicate_type`, and reads
+    /// a verification report's card binding field by field, because a report from an older
+    /// cardproof or a hostile signer gets a verdict per missing or malformed field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicate: Option<Value>,
+    /// Fields the spec lets a producer add; kept, so the statement shown is the one signed.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
+}
+
+impl Statement {
+    /// The predicate, or `null` when the statement has none.
+    pub fn predicate(&self) -> &Value {
+        self.predicate.as_ref().unwrap_or(&Value::Null)
+    }
+
+    /// The statement as JSON (for the documents that show it).
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+/// A statement's subject: a file's name and its digests by algorithm.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResourceDescriptor {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub digest: std::collections::BTreeMap<String, String>,
+    /// Fields the spec allows beside them (`uri`, `annotations`, ...), kept.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
+}
+
+impl From<&Subject> for ResourceDescriptor {
+    fn from(s: &Subject) -> ResourceDescriptor {
+        ResourceDescriptor {
+            name: Some(s.name.clone()),
+            digest: [("sha256".to_owned(), s.sha256.clone())].into(),
+            other: serde_json::Map::new(),
+        }
+    }
+}
+
+/// The statement `{"_type", "subject", "predicateType", "predicate"}` of a verification report.
+pub fn statement(subjects: &[Subject], predicate: Value) -> Statement {
     statement_of(PREDICATE_TYPE, subjects, predicate)
 }
 
-/// [`statement`] with another predicate type (a measurement's, a study's).
-pub fn statement_of(predicate_type: &str, subjects: &[Subject], predicate: Value) -> Value {
-    json!({
-        "_type": STATEMENT_TYPE,
-        "subject": subjects.iter().map(Subject::to_json).collect::<Vec<_>>(),
-        "predicateType": predicate_type,
-        "predicate": predicate,
-    })
+/// [`statement`] with another predicate type (a measurement's, a study's, an artifact's).
+pub fn statement_of(predicate_type: &str, subjects: &[Subject], predicate: Value) -> Statement {
+    Statement {
+        statement_type: STATEMENT_TYPE.to_owned(),
+        subject: subjects.iter().map(ResourceDescriptor::from).collect(),
+        predicate_type: predicate_type.to_owned(),
+        predicate: Some(predicate),
+        other: serde_json::Map::new(),
+    }
 }
 
 /// Parse and check a verified payload as an in-toto Statement v1.
@@ -64,7 +109,7 @@ pub fn statement_of(predicate_type: &str, subjects: &[Subject], predicate: Value
 /// string values, a string `predicateType`, and `predicate` (when present) an object. Unknown
 /// fields are allowed, as the spec requires of consumers. Any predicate type is accepted here: the
 /// caller decides what it trusts a statement about.
-pub fn parse_statement(file: &Path, payload: &[u8]) -> Result<Value> {
+pub fn parse_statement(file: &Path, payload: &[u8]) -> Result<Statement> {
     let value: Value = serde_json::from_slice(payload).map_err(|e| {
         Error::format(
             file,
@@ -117,6 +162,9 @@ pub fn parse_statement(file: &Path, payload: &[u8]) -> Result<Value> {
                 "must be a hex string",
             ));
         }
+        if subject.get("name").is_some_and(|n| !n.is_string()) {
+            return Err(bad(&format!("subject[{i}].name"), "must be a string"));
+        }
     }
     if !object.get("predicateType").is_some_and(Value::is_string) {
         return Err(bad("predicateType", "missing or not a string"));
@@ -124,5 +172,11 @@ pub fn parse_statement(file: &Path, payload: &[u8]) -> Result<Value> {
     if object.get("predicate").is_some_and(|p| !p.is_object()) {
         return Err(bad("predicate", "must be an object"));
     }
-    Ok(value)
+    serde_json::from_value(value).map_err(|e| {
+        Error::format(
+            file,
+            Some("payload"),
+            format!("does not read as an in-toto Statement v1: {e}"),
+        )
+    })
 }

@@ -80,7 +80,7 @@ fn write(dir: &Path, name: &str, contents: impl AsRef<[u8]>) -> PathBuf {
     path
 }
 
-fn sample_statement() -> Value {
+fn sample_statement() -> Statement {
     statement(
         &[
             Subject {
@@ -211,11 +211,12 @@ fn round_trip_generate_write_read_sign_verify() {
     let v = verified(verify_value(dir.path(), &envelope, &public_key).unwrap());
     assert_eq!(v.keyid, keyid(&public_key));
     assert_eq!(
-        v.statement,
+        v.statement.to_value(),
         serde_json::from_slice::<Value>(&payload).unwrap()
     );
-    assert_eq!(v.statement["_type"], STATEMENT_TYPE);
-    assert_eq!(v.statement["predicateType"], PREDICATE_TYPE);
+    assert_eq!(v.statement, sample_statement());
+    assert_eq!(v.statement.statement_type, STATEMENT_TYPE);
+    assert_eq!(v.statement.predicate_type, PREDICATE_TYPE);
 
     // Never overwritten, and the error names the file.
     err_mentions(
@@ -627,12 +628,27 @@ fn check_subjects_reports_changed_missing_and_extra_files() {
     );
     assert_eq!(subs[1].sha256, hex(&Sha256::digest(b"weights")));
     let st = statement(&subs, json!({}));
+    let written = st.to_value();
     assert_eq!(
-        st["subject"][2],
+        written["subject"][2],
         json!({ "name": "sub/tokenizer.json", "digest": { "sha256": hex(&Sha256::digest(b"tok")) } })
     );
-    let keys: Vec<&String> = st.as_object().unwrap().keys().collect();
+    let keys: Vec<&String> = written.as_object().unwrap().keys().collect();
     assert_eq!(keys, ["_type", "subject", "predicateType", "predicate"]);
+    // The typed statement is written byte for byte as the spec's object was before it.
+    assert_eq!(
+        serde_json::to_string(&st).unwrap(),
+        json!({
+            "_type": STATEMENT_TYPE,
+            "subject": subs
+                .iter()
+                .map(|s| json!({ "name": s.name, "digest": { "sha256": s.sha256 } }))
+                .collect::<Vec<_>>(),
+            "predicateType": PREDICATE_TYPE,
+            "predicate": {},
+        })
+        .to_string()
+    );
 
     assert_eq!(check_subjects(&st, &ckpt).unwrap(), []);
     // Editing the card does not matter.

@@ -49,7 +49,7 @@ pub mod what {
 /// the keyid of the key that verified them.
 #[derive(Debug, Clone)]
 pub struct Verified {
-    pub statement: Value,
+    pub statement: super::Statement,
     pub keyid: String,
 }
 
@@ -188,7 +188,7 @@ pub fn verify_envelope(path: &Path, key: &VerifyingKey) -> Result<Outcome> {
 /// ([`what::FILE`]). A subject without a name or a sha256 digest cannot be matched and is a
 /// [`what::SUBJECT`] mismatch too. An empty list means the checkpoint matches. Errors are the
 /// hasher's (an unreadable checkpoint).
-pub fn check_subjects(statement: &Value, checkpoint: &Path) -> Result<Vec<Mismatch>> {
+pub fn check_subjects(statement: &super::Statement, checkpoint: &Path) -> Result<Vec<Mismatch>> {
     let manifest = hash_path(checkpoint, &HashOptions::default(), &|_| {})?;
     let on_disk: BTreeMap<&str, &str> = manifest
         .files
@@ -201,23 +201,22 @@ pub fn check_subjects(statement: &Value, checkpoint: &Path) -> Result<Vec<Mismat
 /// Compare a verified statement's subjects with a file list (relative path -> SHA-256), both
 /// ways, as [`check_subjects`] does for a directory. The list can come from anywhere that knows
 /// the files' digests, e.g. the Hub's per-file LFS SHA-256 (no download needed).
-pub fn compare_subjects(statement: &Value, on_disk: BTreeMap<&str, &str>) -> Vec<Mismatch> {
+pub fn compare_subjects(
+    statement: &super::Statement,
+    on_disk: BTreeMap<&str, &str>,
+) -> Vec<Mismatch> {
     compare_subjects_in(statement, on_disk, "the checkpoint")
 }
 
 /// [`compare_subjects`], the files on disk named `place` in the messages (`the checkpoint`,
 /// `the study's files`).
 pub fn compare_subjects_in(
-    statement: &Value,
+    statement: &super::Statement,
     mut on_disk: BTreeMap<&str, &str>,
     place: &str,
 ) -> Vec<Mismatch> {
     let mut mismatches = Vec::new();
-    let listed = statement
-        .get("subject")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
+    let listed = &statement.subject;
     if listed.is_empty() {
         mismatches.push(Mismatch::new(
             what::SUBJECT,
@@ -226,11 +225,8 @@ pub fn compare_subjects_in(
     }
     let mut seen = BTreeSet::new();
     for (i, subject) in listed.iter().enumerate() {
-        let name = subject.get("name").and_then(Value::as_str);
-        let sha256 = subject
-            .get("digest")
-            .and_then(|d| d.get("sha256"))
-            .and_then(Value::as_str);
+        let name = subject.name.as_deref();
+        let sha256 = subject.digest.get("sha256").map(String::as_str);
         let (Some(name), Some(sha256)) = (name, sha256) else {
             mismatches.push(Mismatch::new(
                 what::SUBJECT,
@@ -285,12 +281,12 @@ pub fn compare_subjects_in(
 /// binds no card and is a mismatch too: it must not vouch for the card beside it. `card_name` names
 /// the card in the messages.
 pub fn compare_card(
-    statement: &Value,
+    statement: &super::Statement,
     card: Option<&crate::card::Card>,
     card_name: &str,
 ) -> Vec<Mismatch> {
     use crate::card::canonical::{differences, fidelity_json, fidelity_sha256};
-    let predicate_type = statement["predicateType"].as_str().unwrap_or_default();
+    let predicate_type = statement.predicate_type.as_str();
     if predicate_type != super::PREDICATE_TYPE {
         return vec![Mismatch::new(
             what::CARD,
@@ -301,7 +297,7 @@ pub fn compare_card(
             ),
         )];
     }
-    let signed_card = &statement["predicate"]["card"];
+    let signed_card = &statement.predicate()["card"];
     let signed = match signed_card.get("fidelity_sha256") {
         None => {
             return vec![Mismatch::new(
@@ -349,7 +345,7 @@ pub fn compare_card(
         (Some(s), Some(d)) if s == d => card.map_or_else(Vec::new, |c| {
             let mut m = model_index_edits(signed_card, c, card_name);
             m.extend(precision_edits(
-                &statement["predicate"]["claims"],
+                &statement.predicate()["claims"],
                 c,
                 card_name,
             ));
@@ -464,7 +460,7 @@ fn precision_edits(
 /// that is not a verification report (a signed measurement binds no card; `--card` with one is
 /// a mismatch). A card that cannot be read or parsed is an error.
 pub fn check_card(
-    statement: &Value,
+    statement: &super::Statement,
     card: Option<&Path>,
     checkpoint: Option<&Path>,
 ) -> Result<Option<(std::path::PathBuf, Vec<Mismatch>)>> {
@@ -476,7 +472,7 @@ pub fn check_card(
             (path, Some(parsed))
         }
         (None, Some(dir)) => {
-            if statement["predicateType"] != super::PREDICATE_TYPE {
+            if statement.predicate_type != super::PREDICATE_TYPE {
                 return Ok(None);
             }
             let dir = if dir.is_file() {

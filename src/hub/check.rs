@@ -531,30 +531,30 @@ fn judge_envelope(
     let keyids = parts.signatures.iter().map(|s| s.keyid.clone()).collect();
     let (signature, statement, mut mismatches) = match public_key {
         Some(key) => match crate::attest::verify_envelope(read_from, key)? {
-            crate::attest::Outcome::Verified(v) => ("verified", v.statement, Vec::new()),
-            crate::attest::Outcome::Failed(m) => ("failed", Value::Null, m),
+            crate::attest::Outcome::Verified(v) => ("verified", Some(v.statement), Vec::new()),
+            crate::attest::Outcome::Failed(m) => ("failed", None, m),
         },
         None => (
             "not_checked",
-            crate::attest::statement::parse_statement(display, &parts.payload)?,
+            Some(crate::attest::statement::parse_statement(
+                display,
+                &parts.payload,
+            )?),
             Vec::new(),
         ),
     };
-    if !statement.is_null() {
+    if let Some(statement) = &statement {
         let as_they_are: BTreeMap<&str, &str> = digests
             .iter()
             .map(|(p, (sha, _))| (p.as_str(), sha.as_str()))
             .collect();
         mismatches.extend(crate::attest::verify::compare_subjects(
-            &statement,
+            statement,
             as_they_are,
         ));
-        mismatches.extend(crate::attest::compare_card(&statement, card, card_name));
+        mismatches.extend(crate::attest::compare_card(statement, card, card_name));
     }
-    let subjects = statement
-        .get("subject")
-        .and_then(Value::as_array)
-        .map_or(0, Vec::len);
+    let subjects = statement.as_ref().map_or(0, |s| s.subject.len());
     Ok(ReportCheck {
         file: file.to_owned(),
         keyids,

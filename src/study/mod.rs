@@ -60,7 +60,7 @@ fn file_name(path: &Path) -> String {
 /// `verify-report --study FILE`: a signed study's subjects against the study file and the
 /// checkpoints it names now, both ways ([`crate::attest::verify::compare_subjects_in`]).
 pub fn check_subjects(
-    statement: &serde_json::Value,
+    statement: &crate::attest::Statement,
     study_file: &Path,
 ) -> Result<Vec<crate::attest::Mismatch>> {
     use crate::checkpoint::hash::{HashOptions, hash_path};
