@@ -120,7 +120,7 @@ fn failed(outcome: Outcome) -> Vec<Mismatch> {
 
 fn verified(outcome: Outcome) -> Verified {
     match outcome {
-        Outcome::Verified(v) => v,
+        Outcome::Verified(v) => *v,
         Outcome::Failed(m) => panic!("expected verification, failed: {m:?}"),
     }
 }

@@ -72,7 +72,7 @@ impl Mismatch {
 
 #[derive(Debug, Clone)]
 pub enum Outcome {
-    Verified(Verified),
+    Verified(Box<Verified>),
     Failed(Vec<Mismatch>),
 }
 
@@ -137,10 +137,10 @@ pub fn verify_envelope(path: &Path, key: &VerifyingKey) -> Result<Outcome> {
         match (verifies, keyid_ok) {
             (true, true) => {
                 let statement = parse_statement(path, &parts.payload)?;
-                return Ok(Outcome::Verified(Verified {
+                return Ok(Outcome::Verified(Box::new(Verified {
                     statement,
                     keyid: expected,
-                }));
+                })));
             }
             (verifies, false) => mismatches.push(Mismatch::new(
                 what::KEYID,
