@@ -74,6 +74,9 @@ struct Crate {
     functions: Vec<(String, String, usize, usize)>,
     /// File → non-blank lines.
     lines: BTreeMap<PathBuf, usize>,
+    /// (module path, line, what) of each matrix product called outside a helper: a
+    /// `.matmul(` method call or a `gemm::gemm` path.
+    products: Vec<(String, usize, String)>,
 }
 
 fn is_test_cfg(attrs: &[syn::Attribute]) -> bool {
@@ -118,6 +121,7 @@ fn load_items(
         module: path.clone(),
         refs: Vec::new(),
         functions: Vec::new(),
+        products: Vec::new(),
     };
     for item in items {
         if let syn::Item::Mod(m) = item {
@@ -146,6 +150,7 @@ fn load_items(
     }
     into.refs.entry(path).or_default().extend(walker.refs);
     into.functions.extend(walker.functions);
+    into.products.extend(walker.products);
 }
 
 /// Collects the crate paths and the function lengths of one module's non-test items.
@@ -153,6 +158,7 @@ struct Walker {
     module: Vec<String>,
     refs: Vec<Vec<String>>,
     functions: Vec<(String, String, usize, usize)>,
+    products: Vec<(String, usize, String)>,
 }
 
 impl Walker {
@@ -250,8 +256,22 @@ impl<'ast> Visit<'ast> for Walker {
         }
     }
 
+    fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
+        if call.method == "matmul" {
+            let line = call.method.span().start().line;
+            self.products
+                .push((self.module.join("::"), line, ".matmul(".into()));
+        }
+        syn::visit::visit_expr_method_call(self, call);
+    }
+
     fn visit_path(&mut self, p: &'ast syn::Path) {
         let segments: Vec<String> = p.segments.iter().map(|s| s.ident.to_string()).collect();
+        if segments.ends_with(&["gemm".to_owned(), "gemm".to_owned()]) {
+            let line = p.segments[0].ident.span().start().line;
+            self.products
+                .push((self.module.join("::"), line, "gemm::gemm".into()));
+        }
         if segments.len() > 1
             && let Some(resolved) = self.resolve(&segments)
         {
@@ -287,6 +307,7 @@ fn parse_crate() -> Crate {
         refs: BTreeMap::new(),
         functions: Vec::new(),
         lines: BTreeMap::new(),
+        products: Vec::new(),
     };
     load(Vec::new(), &src.join("lib.rs"), &src, &mut krate);
     krate
@@ -503,6 +524,30 @@ fn modules_form_layers_with_no_circle_and_no_edge_downward() {
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The one module that calls gemm and candle's `matmul`: it cuts the depth of every product gemm
+/// would cut by the CPU's cache into fixed blocks, so the native runner gives the same bits on
+/// every machine. A product called anywhere else would round by the machine's caches.
+const PRODUCTS_MODULE: &str = "runner::native::matmul";
+
+#[test]
+fn every_matrix_product_goes_through_the_fixed_depth_module() {
+    let krate = parse_crate();
+    assert!(
+        krate.products.iter().any(|p| p.0 == PRODUCTS_MODULE),
+        "the walker found no product in {PRODUCTS_MODULE}: it no longer sees them"
+    );
+    let elsewhere: Vec<String> = krate
+        .products
+        .iter()
+        .filter(|p| p.0 != PRODUCTS_MODULE)
+        .map(|(module, line, what)| format!("{module} line {line}: {what}"))
+        .collect();
+    assert!(
+        elsewhere.is_empty(),
+        "matrix products outside {PRODUCTS_MODULE} (use its product, x_wt, matmul or fixed_depth_matmul): {elsewhere:?}"
+    );
 }
 
 #[test]
