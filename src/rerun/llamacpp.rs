@@ -261,9 +261,10 @@ pub(super) fn study_preflight(
 /// every arm's reference rows must equal the first arm's (their NLL, top-1 token and its
 /// probability, to the bit), else the arms were measured against different references and the
 /// study is refused, naming the arm and the row.
-pub(crate) struct LlamacppCandidates<'a>(pub &'a LlamacppOptions);
+/// Each arm runs with its own lane's llama.cpp settings (a study's arm sets its own `-fa`).
+pub(crate) struct LlamacppCandidates;
 
-impl CandidateRunner for LlamacppCandidates<'_> {
+impl CandidateRunner for LlamacppCandidates {
     fn run(
         &self,
         reference: &dyn ReferenceSource,
@@ -285,8 +286,14 @@ impl CandidateRunner for LlamacppCandidates<'_> {
                 ": the reference and the candidate in llama.cpp",
                 "running llama.cpp",
             ));
+            let Lane::Llamacpp { runner, .. } = r.lane else {
+                return Err(Error::internal(
+                    r.candidate,
+                    "a llama.cpp arm outside the llama.cpp lane",
+                ));
+            };
             let started = std::time::Instant::now();
-            let mut scored = score_pair(r, engine, self.0, stage, &|d, t| progress(i + 1, d, t))?;
+            let mut scored = score_pair(r, engine, runner, stage, &|d, t| progress(i + 1, d, t))?;
             scored.seconds = started.elapsed().as_secs_f64();
             let rows = reference_rows(&scored.records);
             match &first_reference {

@@ -48,8 +48,11 @@ const MAX_VERSION_BYTES: usize = 64 << 10;
 pub const VERSION_TIMEOUT_VAR: &str = "CARDPROOF_LLAMACPP_VERSION_TIMEOUT_SECS";
 /// `--version` answers at once; a minute covers a cold start from a slow disk.
 const VERSION_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long a failed run waits for its processes to exit by themselves before killing them.
-const EXIT_GRACE: Duration = Duration::from_secs(2);
+/// How long a failed run waits for its processes to exit by themselves before killing them
+/// (under load, llama.cpp's worker threads spin and an exiting process can take seconds).
+const EXIT_GRACE: Duration = Duration::from_secs(10);
+/// Once one process has exited by itself, how long the others get to follow it.
+const EXIT_FOLLOW: Duration = Duration::from_millis(500);
 /// The environment variable that sets the stall timeout of a run, in seconds.
 pub const STALL_TIMEOUT_VAR: &str = "CARDPROOF_LLAMACPP_STALL_SECS";
 /// How long the base streams may go without a byte: the model's load and one batch of chunks
@@ -1062,8 +1065,19 @@ fn finish_run<T>(
     // a moment to finish before the group is killed. A run the watch stopped (a stall, a
     // flood) is killed at once.
     if watch.failure().is_none() {
-        let until = Instant::now() + EXIT_GRACE;
-        while Instant::now() < until && children.iter_mut().any(|(_, c)| c.exited().is_none()) {
+        let mut until = Instant::now() + EXIT_GRACE;
+        loop {
+            let running = children
+                .iter_mut()
+                .map(|(_, c)| c.exited().is_none())
+                .filter(|&still| still)
+                .count();
+            if running == 0 || Instant::now() >= until {
+                break;
+            }
+            if running < children.len() {
+                until = until.min(Instant::now() + EXIT_FOLLOW);
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -231,9 +231,9 @@ pub(super) fn run(
                 Box::new(EngineReference::new(first, pre, reference)),
                 Box::new(transformers::TransformersCandidates(runner)),
             ),
-            Lane::Llamacpp { reference, runner } => (
+            Lane::Llamacpp { reference, .. } => (
                 Box::new(EngineReference::new(first, pre, reference)),
-                Box::new(super::llamacpp::LlamacppCandidates(runner)),
+                Box::new(super::llamacpp::LlamacppCandidates),
             ),
         };
     let runs = runner.run(reference.as_ref(), arms, stage, progress)?;
