@@ -31,6 +31,9 @@ pub struct RowScore {
     /// top p` counts the rows where they are equal).
     pub top: u32,
     pub top_base: u32,
+    /// Another entry of the candidate's row equals its maximum: from a stored (uint16) row, the
+    /// full-precision argmax llama.cpp compared may be that other entry.
+    pub top_tied: bool,
 }
 
 impl RowScore {
@@ -42,15 +45,25 @@ impl RowScore {
 
 /// The candidate's first-index maximum (strict `>`, so the first of equal values wins).
 fn first_max(logits: &[f32]) -> (f32, usize) {
+    let (max_logit, imax, _) = first_max_tied(logits);
+    (max_logit, imax)
+}
+
+/// [`first_max`], and whether another entry equals the maximum.
+fn first_max_tied(logits: &[f32]) -> (f32, usize, bool) {
     let mut max_logit = logits[0];
     let mut imax = 0;
+    let mut tied = false;
     for (i, &l) in logits.iter().enumerate().skip(1) {
         if l > max_logit {
             max_logit = l;
             imax = i;
+            tied = false;
+        } else if l == max_logit {
+            tied = true;
         }
     }
-    (max_logit, imax)
+    (max_logit, imax, tied)
 }
 
 /// `lse` as llama.cpp computes it: the f32 of the double log of a double sum of f32 `exp`s.
@@ -154,7 +167,7 @@ fn score(reference: &BaseRow, candidate_logits: &[f32], token: i32, normalized: 
         .ok()
         .filter(|&t| t < candidate_logits.len())
         .unwrap_or_else(|| panic!("token {token} outside the vocabulary"));
-    let (max_logit, imax) = first_max(candidate_logits);
+    let (max_logit, imax, top_tied) = first_max_tied(candidate_logits);
     let lse = if normalized {
         // `max + lse` is then exactly 0: the log-probs are their own logits with log Z = 0.
         -max_logit
@@ -173,6 +186,7 @@ fn score(reference: &BaseRow, candidate_logits: &[f32], token: i32, normalized: 
         p_diff,
         top: imax as u32,
         top_base: imax_base as u32,
+        top_tied,
     }
 }
 
@@ -190,6 +204,7 @@ pub struct CompatAccumulator {
     sum_p_diff2: f64,
     sum_p_diff4: f64,
     n_same_top: u64,
+    n_top_tied: u64,
     count: u64,
     kld_values: Vec<f32>,
     p_diff_values: Vec<f32>,
@@ -226,6 +241,7 @@ impl CompatAccumulator {
         self.sum_kld2 += s.kld * s.kld;
         self.count += 1;
         self.n_same_top += u64::from(s.same_top());
+        self.n_top_tied += u64::from(s.top_tied);
         self.sum_p_diff += f64::from(s.p_diff);
         let p_diff2 = f64::from(s.p_diff * s.p_diff);
         self.sum_p_diff2 += p_diff2;
@@ -305,6 +321,7 @@ impl CompatAccumulator {
             dp_min: p(pv, 0.0),
             rms_dp: (rms, 0.5 / rms * mse.1),
             same_top: (same, (same * (1.0 - same) / (n - 1) as f64).sqrt()),
+            top_tied: self.n_top_tied,
         })
     }
 }
@@ -404,6 +421,10 @@ pub struct CompatStats {
     pub dp_min: f64,
     pub rms_dp: (f64, f64),
     pub same_top: (f64, f64),
+    /// Rows whose candidate maximum is tied in the row read (not printed by llama.cpp): on
+    /// those, llama.cpp's full-precision argmax may differ from the first index.
+    #[serde(skip)]
+    pub top_tied: u64,
 }
 
 /// C's `%W.Pf`: Rust's formatting rounds finite values the same way (exact decimal expansion,

@@ -47,6 +47,7 @@ fn stats_from_printed(p: &PrintedStats) -> CompatStats {
         dp_min: p.dp_min.unwrap(),
         rms_dp: p.rms_dp.unwrap(),
         same_top: p.same_top.unwrap(),
+        top_tied: 0,
     }
 }
 
