@@ -594,6 +594,7 @@ fn bad_envelopes_are_errors_naming_the_file_and_field() {
         (br#"{"_type":"https://in-toto.io/Statement/v1","subject":[],"predicateType":"x"}"#, "payload.subject"),
         (br#"{"_type":"https://in-toto.io/Statement/v1","subject":[{"name":"a"}],"predicateType":"x"}"#, "payload.subject[0].digest"),
         (br#"{"_type":"https://in-toto.io/Statement/v1","subject":[{"digest":{"sha256":"ab"}}]}"#, "payload.predicateType"),
+        (br#"{"_type":"https://in-toto.io/Statement/v1","subject":[{"name":7,"digest":{"sha256":"ab"}}],"predicateType":"x"}"#, "payload.subject[0].name"),
     ];
     for (i, (body, needle)) in bad_statements.iter().enumerate() {
         let envelope = sign_envelope(body, PAYLOAD_TYPE, &key);
@@ -816,4 +817,21 @@ fn sign_file_then_check_report() {
         &dir.path().join("keys").join(PRIVATE_KEY_FILE),
         "refusing to overwrite",
     );
+}
+
+#[test]
+fn a_statements_extra_fields_are_kept_as_signed() {
+    // The spec lets producers add fields; the typed statement shows what was signed.
+    let payload = json!({
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": "a", "digest": {"sha256": "ab"}, "uri": "hf://x/a"}],
+        "predicateType": "https://example.com/p",
+        "predicate": {"k": 1},
+        "x-producer": "someone",
+    });
+    let st = super::statement::parse_statement(Path::new("p.json"), payload.to_string().as_bytes())
+        .unwrap();
+    assert_eq!(st.subject[0].name.as_deref(), Some("a"));
+    assert_eq!(st.predicate_type, "https://example.com/p");
+    assert_eq!(st.to_value(), payload);
 }
