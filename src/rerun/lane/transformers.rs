@@ -135,6 +135,7 @@ impl CandidateRunner for TransformersCandidates<'_> {
                 runner: environment.models.reference.clone(),
                 ..reference_id
             },
+            pass: arms.pass,
         };
         let mut scored = Vec::with_capacity(answers.len());
         for ((r, id), answer) in arms.requests.iter().zip(ids).zip(answers) {
@@ -232,6 +233,7 @@ struct Shared<'a> {
     engine: &'a EngineReference<'a>,
     environment: &'a RunnerEnvironment,
     reference: ModelRecord,
+    pass: Pass,
 }
 
 impl Shared<'_> {
@@ -258,10 +260,13 @@ impl Shared<'_> {
                 ("candidate", r.kv_cache, &answer.model),
             ],
         )?;
-        let records = answer.records;
-        let scoring = score::measure_records(self.eval, self.options, self.width, |_, _| {
-            Ok(records.clone())
-        })?;
+        // A kept pass's arms are paired on their records afterwards; a streamed rerun's are not.
+        let (records, kept) = match self.pass {
+            Pass::Kept => (answer.records.clone(), answer.records),
+            Pass::Streamed => (answer.records, Vec::new()),
+        };
+        let scoring =
+            score::measure_records(self.eval, self.options, self.width, |_, _| Ok(records))?;
         let mut env = self.environment.clone();
         env.models.candidate = answer.model.clone();
         let tokenizer = self
@@ -302,7 +307,7 @@ impl Shared<'_> {
             noise_floor: r.noise_floor.then(|| NoiseFloor::Skipped {
                 skipped: "the noise floor of the transformers runner is its kernel sweep: `cardproof measure --runner transformers --sweep attention=sdpa,eager`".into(),
             }),
-            records,
+            records: kept,
             seconds: answer.seconds,
         })
     }
