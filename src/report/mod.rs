@@ -1,5 +1,6 @@
-//! The human-readable verification report: report.md and a self-contained report.html, rendered
-//! with minijinja from the report document (report.json) and, for the plots, the per-row data of
+//! The human-readable pages: report.md and a self-contained report.html for a verification,
+//! study.md and study.html for a study, and sweep.html, rendered with minijinja from views their
+//! owners build from typed documents, with plots drawn from the per-row data of
 //! `positions.safetensors`.
 //!
 //! Card values and paths are untrusted: report.md escapes every printed value with
@@ -20,10 +21,11 @@ use crate::checkpoint::dtype::Dtype;
 use crate::checkpoint::safetensors::{self as st, SafetensorsFile};
 use crate::error::{Error, Result};
 
-pub use render::{format_number, render_html, render_markdown, render_study};
+pub use render::{format_number, render_report, render_study};
 pub use study_svg::{ArmPoint, FlipSeries, svg_cumulative_flips, svg_forest, svg_kld_vs_bits};
 pub use svg::{
-    MAX_POINTS, SWEEP_BINS, escape_xml, svg_histogram, svg_kld_along_position, svg_sweep,
+    MAX_POINTS, SWEEP_BINS, escape_xml, svg_histogram, svg_kld_along_conversation,
+    svg_kld_along_position, svg_sweep,
 };
 
 /// One row of a sweep page's table: a setting against the baseline at one context length.

@@ -2,6 +2,21 @@ use serde_json::{Value, json};
 
 use super::*;
 
+/// report.md of a report document (the tests write reports as JSON and read them as `verify`'s
+/// typed report, as `verify-report` readers do).
+fn render_markdown(report: &Value) -> crate::error::Result<String> {
+    crate::verify::view::render_markdown(&typed(report))
+}
+
+fn render_html(report: &Value, rows: &[RunRows]) -> crate::error::Result<String> {
+    crate::verify::view::render_html(&typed(report), rows)
+}
+
+fn typed(report: &Value) -> crate::verify::Report {
+    serde_path_to_error::deserialize(report.clone())
+        .unwrap_or_else(|e| panic!("the test's report is not a report: {e}"))
+}
+
 const ROOT: &str = "5f1c0a1e9d2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5";
 const PROTO: &str = "0d8e2f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e";
 const TOKENS: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90";
@@ -14,7 +29,6 @@ fn sample() -> Value {
         "schema_version": 1,
         "run_id": "5f0c2a9e-3b1d-4c7a-9e2f-8d6b1a4c3e70",
         "tool": {"name": "cardproof", "version": "0.1.0"},
-        "generated_at": "2026-11-30T21:05:00Z",
         "verdict": "not_reproduced",
         "summary": {"reproduced": 1, "not_reproduced": 1, "not_comparable": 1, "undisclosed": 0},
         "checkpoint": {
@@ -38,18 +52,23 @@ fn sample() -> Value {
                 {"code": "calibration-undisclosed", "severity": "warning", "message": "`calibration` is missing: the calibration data cannot be checked for overlap", "line": 12}
             ]}
         },
-        "reference": {"path": "examples/models/tiny-bf16", "manifest_sha256": "ab".repeat(32), "lm_head_sha256": "cd".repeat(32)},
+        "reference": model_record("examples/models/tiny-bf16"),
         "measurement": {
+            "schema_version": 1,
             "protocol": {"direction": "both", "units": "nats", "vocab": {"mode": "full"}, "padding": "none",
                          "vocab_size": 2048, "positions": {"policy": "all"}, "context_lengths": [256],
-                         "aggregation": "mean_over_positions",
+                         "aggregation": "mean_over_positions", "llamacpp_compat": false,
                          "bos": "none", "bootstrap": {"resamples": 1000, "seed": 0, "level": 0.95},
-                         "bootstrap_block": "window", "top1": "first index of the maximum"},
+                         "bootstrap_block": "window", "top1": "first index of the maximum",
+                         "windows": "non-overlapping"},
             "protocol_sha256": PROTO,
-            "eval": {"text_path": "examples/eval/wiki.txt", "text_sha256": "ef".repeat(32), "tokens_sha256": TOKENS,
-                     "token_count": 11033, "bos": "none"},
-            "environment": {"runner": "native", "engine": "candle", "engine_version": "0.11", "device": "cpu: AMD EPYC",
-                            "compute_dtype": "f32", "threads": 2, "lane": "reference semantics: the quantization error without any engine's kernels"},
+            "reference": model_record("examples/models/tiny-bf16"),
+            "candidate": model_record("examples/models/tiny-fp8"),
+            "eval": {"text_path": "examples/eval/wiki.txt", "text_sha256": "ef".repeat(32), "text_bytes": 40_000,
+                     "tokens_sha256": TOKENS, "token_count": 11033, "bos": "none"},
+            "environment": {"runner": "native", "runner_version": "0.1.0", "engine": "candle", "engine_version": "0.11",
+                            "device": "cpu: AMD EPYC", "compute_dtype": "f32", "attention": "eager", "kv_cache_dtype": null,
+                            "threads": 2, "lane": "reference semantics: the quantization error without any engine's kernels"},
             "runs": [{
                 "context_length": 256, "n_windows": 43, "n_positions": 10965, "n_nonfinite": 0, "dropped_tokens": 25,
                 "bootstrap_block": "window",
@@ -67,16 +86,18 @@ fn sample() -> Value {
                 }
             }],
             "definitions": {"kld": "forward KL(P_ref || P_cand) = sum_i p_ref(i) (log p_ref(i) - log p_cand(i)), nats, per row",
-                            "ci95": "percentile interval of the block bootstrap"}
+                            "ci95": "percentile interval of the block bootstrap"},
+            "fidelity": fidelity_draft(),
         },
         "claims": [
-            {"metric": "kld_mean", "context_length": 256, "claimed": 0.01648, "claimed_text": "0.01648", "claimed_uncertainty": 0.00091,
+            {"index": 0, "metric": "kld_mean", "context_length": 256, "claimed": 0.01648, "claimed_text": "0.01648", "claimed_uncertainty": 0.00091,
              "rerun": 0.016476123456789, "rerun_ci95": [0.0156, 0.0174], "tolerance": 2.2e-5,
              "verdict": "reproduced", "reason": "equal within the claim's printed precision", "differences": []},
-            {"metric": "top1_agreement", "context_length": 256, "claimed": 0.9810, "claimed_text": "0.9810", "claimed_uncertainty": null,
+            {"index": 1, "metric": "top1_agreement", "context_length": 256, "claimed": 0.9810, "claimed_text": "0.9810", "claimed_uncertainty": null,
              "rerun": 0.93, "rerun_ci95": [0.925, 0.935], "tolerance": 0.00098,
-             "verdict": "not_reproduced", "reason": "outside the claim's printed precision: |rerun - claim| = 0.051 <= 0.00098 fails (±5.0e-5)"},
-            {"metric": "kld_p99", "context_length": 256, "claimed": 0.09, "rerun": 0.0960012, "rerun_ci95": [0.09, 0.1],
+             "verdict": "not_reproduced", "reason": "outside the claim's printed precision: |rerun - claim| = 0.051 <= 0.00098 fails (±5.0e-5)",
+             "differences": []},
+            {"index": 2, "metric": "kld_p99", "context_length": 256, "claimed": 0.09, "claimed_text": "", "rerun": 0.0960012, "rerun_ci95": [0.09, 0.1],
              "tolerance": 0.005, "verdict": "not_comparable", "reason": "a different lane",
              "differences": ["engine: card says vllm 0.11.1, rerun is cardproof native", "device: card says NVIDIA RTX PRO 6000, rerun is cpu"]}
         ],
@@ -84,8 +105,31 @@ fn sample() -> Value {
             {"gate": "self_compare", "passed": true, "detail": "reference against itself: KLD exactly 0"},
             {"gate": "shifted", "passed": true, "detail": "one-row shift: KLD 7.9 nats"}
         ],
-        "noise_floor": null
+        "noise_floor": null,
+        "undisclosed": [],
+        "lane_differences": []
     })
+}
+
+fn model_record(path: &str) -> Value {
+    json!({"path": path, "format": "safetensors", "manifest_sha256": "ab".repeat(32),
+           "lm_head_sha256": "cd".repeat(32), "stored_dtype": "bf16", "runner": {"dtype": "bf16"}})
+}
+
+/// A measurement's ready `fidelity` block (not shown in the report; the document needs it).
+fn fidelity_draft() -> Value {
+    json!({"schema": "cardproof/v1",
+        "reference": {"format": "safetensors", "dtype": "bf16", "files_sha256": "ab".repeat(32)},
+        "candidate": {"files_sha256": ROOT},
+        "runtime": {"engine": "cardproof", "engine_version": "0.1.0", "attention_backend": "eager",
+                    "kv_cache_dtype": "f32", "compute_dtype": "f32", "device": "cpu: AMD EPYC", "device_count": 1},
+        "eval": {"text": {"source": "wiki.txt", "sha256": "ef".repeat(32)},
+                 "tokens": {"count": 11033, "sha256": TOKENS}, "bos": "none"},
+        "protocol": {"context_lengths": [256], "positions": {"policy": "all"},
+                     "kl": {"direction": "both", "units": "nats"}, "vocab": {"mode": "full", "padding": "excluded"},
+                     "aggregation": {"statistic": "mean_over_positions", "uncertainty": {"method": "block_bootstrap",
+                         "level": 0.95, "resamples": 1000, "seed": 0, "block": "window"}}},
+        "results": []})
 }
 
 fn sample_rows() -> Vec<RunRows> {
@@ -274,19 +318,25 @@ fn every_verdict_has_its_colour_class() {
             verdict.replace('_', " ").to_uppercase()
         )));
     }
-    // An unknown verdict never reads as a success.
+    // An unknown verdict is not a report: it cannot reach the templates.
     let mut r = sample();
     r["verdict"] = json!("totally_fine");
-    let html = render_html(&r, &[]).unwrap();
-    assert!(html.contains(r#"class="verdict v-unknown""#));
+    assert!(serde_json::from_value::<crate::verify::Report>(r).is_err());
 }
 
 #[test]
-fn minimal_and_partial_reports_render() {
-    // Only a verdict: every optional section is left out, nothing fails under strict undefined.
-    let r = json!({"schema_version": 1, "verdict": "undisclosed", "claims": [
-        {"metric": "kld_mean", "claimed": 0.01, "verdict": "undisclosed", "reason": "no eval text"}
-    ]});
+fn a_report_with_nothing_rerun_renders() {
+    // What verify writes when nothing could be rerun: no reference, no measurement, no gates;
+    // every optional section is left out and nothing fails under strict undefined.
+    let mut r = sample();
+    r["verdict"] = json!("undisclosed");
+    r["reference"] = Value::Null;
+    r["measurement"] = Value::Null;
+    r["sanity"] = json!([]);
+    r["undisclosed"] = json!(["eval"]);
+    r["claims"] = json!([{"index": 0, "metric": "kld_mean", "claimed": 0.01, "claimed_text": "0.01",
+        "rerun": null, "tolerance": null, "verdict": "undisclosed", "reason": "no eval text",
+        "differences": []}]);
     let md = render_markdown(&r).unwrap();
     assert!(md.contains("Verdict: UNDISCLOSED"));
     assert!(
@@ -296,11 +346,9 @@ fn minimal_and_partial_reports_render() {
     );
     let html = render_html(&r, &[]).unwrap();
     check_balanced(&html);
-    // Nothing at all.
-    render_markdown(&json!({})).unwrap();
-    render_html(&json!(null), &[]).unwrap();
-    // A future schema is refused with a clear message.
-    let err = render_markdown(&json!({"schema_version": 2})).unwrap_err();
+    // A future schema is not a report this cardproof renders.
+    r["schema_version"] = json!(2);
+    let err = serde_json::from_value::<crate::verify::Report>(r).unwrap_err();
     assert!(err.to_string().contains("schema_version"), "{err}");
 }
 

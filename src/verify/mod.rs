@@ -6,6 +6,7 @@
 pub mod claims;
 pub mod differences;
 pub mod report;
+pub mod view;
 pub mod write;
 
 use std::path::{Path, PathBuf};

@@ -10,11 +10,11 @@ use std::path::PathBuf;
 
 use ed25519_dalek::SigningKey;
 
-use super::VerifyOutcome;
+use super::{VerifyOutcome, view};
 use crate::attest;
 use crate::error::{Error, Result};
 use crate::outset::OutputSet;
-use crate::report::{self, RunRows};
+use crate::report::RunRows;
 use crate::rerun::output::positions_file;
 
 /// Write every report file into `set`, with the set's run id in report.json (so in the signed
@@ -36,12 +36,14 @@ pub fn write_outputs(
     }
     // The renderings show the report as it is before the digests of the set are added (they
     // cannot list their own digests).
-    let rendered = outcome.report.to_value();
     let rows: &[RunRows] = &outcome.rows;
-    set.write("report.md", report::render_markdown(&rendered)?.as_bytes())?;
+    set.write(
+        "report.md",
+        view::render_markdown(&outcome.report)?.as_bytes(),
+    )?;
     set.write(
         "report.html",
-        report::render_html(&rendered, rows)?.as_bytes(),
+        view::render_html(&outcome.report, rows)?.as_bytes(),
     )?;
     outcome.report.set_files = set.set_files()?;
     let report = outcome.report.to_value();
