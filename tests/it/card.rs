@@ -10,6 +10,7 @@ use cardproof::card::write::{
 };
 use cardproof::card::{Card, FrontMatter};
 use cardproof::disclosure::Disclosure;
+use cardproof::rerun::Measurement;
 use serde_json::{Value, json};
 
 use crate::support::{Cmd, cardproof, cardproof_in, model, repo_root};
@@ -53,10 +54,15 @@ fn w8a16() -> &'static Value {
 }
 
 fn inputs(measurement: &Value) -> CardInputs {
-    CardInputs {
-        measurement: measurement.clone(),
-        ..CardInputs::default()
-    }
+    CardInputs::new(typed(measurement).expect("a measurement"))
+}
+
+/// A measurement document read as `card` reads measurement.json.
+fn typed(measurement: &Value) -> cardproof::error::Result<Measurement> {
+    Measurement::from_slice(
+        Path::new("measurement.json"),
+        &serde_json::to_vec(measurement).unwrap(),
+    )
 }
 
 fn write(existing: Option<&str>, inputs: &CardInputs) -> WrittenCard {
@@ -608,22 +614,27 @@ fn the_section_is_replaced_between_its_markers() {
 
 #[test]
 fn unusable_inputs_are_errors() {
-    let err = write_card(None, Path::new("README.md"), &inputs(&json!({"runs": []}))).unwrap_err();
+    let err = typed(&json!({"runs": []})).unwrap_err();
     assert!(
         err.is_format() && err.to_string().contains("is not a measurement.json"),
         "{err}"
     );
     let mut no_fidelity = w8a16().clone();
     no_fidelity.as_object_mut().unwrap().remove("fidelity");
-    let err = write_card(None, Path::new("README.md"), &inputs(&no_fidelity)).unwrap_err();
+    let err = typed(&no_fidelity).unwrap_err();
     assert!(
         err.to_string().contains("missing field `fidelity`"),
         "{err}"
     );
     let mut no_runs = w8a16().clone();
     no_runs.as_object_mut().unwrap().remove("runs");
-    let err = write_card(None, Path::new("README.md"), &inputs(&no_runs)).unwrap_err();
+    let err = typed(&no_runs).unwrap_err();
     assert!(err.to_string().contains("runs"), "{err}");
+    // A measurement with no runs is read, and refused by the card writer.
+    let mut empty = w8a16().clone();
+    empty["runs"] = json!([]);
+    let err = write_card(None, Path::new("README.md"), &inputs(&empty)).unwrap_err();
+    assert!(err.to_string().contains("has no `runs`"), "{err}");
 
     let broken = "---\nlicense: mit\nfidelity: [unclosed\n---\n# body\n";
     let err = write_card(Some(broken), Path::new("m/README.md"), &inputs(w8a16())).unwrap_err();
@@ -833,8 +844,11 @@ fn update_card_writes_beside_the_candidate_and_never_into_the_hub_cache() {
     assert!(e.to_string().contains("--into"), "{e}");
     assert_eq!(std::fs::read(&card).unwrap(), before);
     // No candidate path: --into is needed.
+    let mut no_path = measurement.clone();
+    no_path["candidate"]["hub"] = Value::Null;
+    no_path["candidate"]["path"] = json!("");
     let e =
-        cardproof::card::write::default_card_path(&file, &json!({"candidate": {}})).unwrap_err();
+        cardproof::card::write::default_card_path(&file, &typed(&no_path).unwrap()).unwrap_err();
     assert!(e.to_string().contains("candidate.path"), "{e}");
     // Not JSON, and JSON of another shape: refused naming the file given (and the field).
     std::fs::write(&file, "not json").unwrap();

@@ -47,10 +47,10 @@ pub const MODEL_INDEX_SOURCE: &str = "cardproof";
 pub const MODEL_INDEX_URL: &str = "https://cardproof.dev";
 
 /// What the card command adds besides the measurement's own block.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct CardInputs {
-    /// The `measurement.json` document (`cardproof measure`).
-    pub measurement: Value,
+    /// The measurement (`cardproof measure`'s measurement.json, read into its type).
+    pub measurement: crate::rerun::Measurement,
     /// Values for fields a local measurement cannot know; each overrides what the card already
     /// has, and is kept from the existing card when `None`.
     pub reference_repo: Option<String>,
@@ -64,6 +64,22 @@ pub struct CardInputs {
     /// A study's comparison of this checkpoint with its other arms (Markdown, escaped), put
     /// into the fidelity section under the claims (`card --study`).
     pub comparison: Option<String>,
+}
+
+impl CardInputs {
+    /// The measurement alone: every other field kept from the card.
+    pub fn new(measurement: crate::rerun::Measurement) -> CardInputs {
+        CardInputs {
+            measurement,
+            reference_repo: None,
+            reference_revision: None,
+            candidate_repo: None,
+            candidate_revision: None,
+            quantization: None,
+            calibration: None,
+            comparison: None,
+        }
+    }
 }
 
 /// The calibration data, as the `card` command's flags give it.
@@ -110,10 +126,11 @@ pub fn write_card(existing: Option<&str>, path: &Path, inputs: &CardInputs) -> R
     let mut appended = String::new();
     let indent = layout.indent;
 
-    base_model_entries(root, &fidelity, indent, &mut appended, &mut warnings);
+    let names = Names::of(&fidelity);
+    base_model_entries(root, &names, indent, &mut appended, &mut warnings);
     // model-index: replaced when cardproof wrote it, added when absent, else left alone.
-    let name = model_name(&fidelity, &measured, path);
-    let model_index = model_index(&fidelity, &measured, &name);
+    let name = model_name(&names, &measured, path);
+    let model_index = model_index(&names, &measured, &name);
     let mut model_index_written = true;
     {
         let mut map = Map::new();
@@ -152,7 +169,7 @@ pub fn write_card(existing: Option<&str>, path: &Path, inputs: &CardInputs) -> R
     }
 
     // The readable section in the body.
-    let section = section(&fidelity, &measured, &name, inputs.comparison.as_deref());
+    let section = section(&names, &measured, &name, inputs.comparison.as_deref());
     let new_card = existing.is_none_or(|t| t.trim().is_empty());
     let has_markers = card
         .as_ref()
@@ -217,12 +234,12 @@ fn check_inputs(path: &Path, inputs: &CardInputs) -> Result<()> {
 /// is a warning, and lint's finding).
 fn base_model_entries(
     root: Option<&crate::card::yaml::Node>,
-    fidelity: &Value,
+    names: &Names<'_>,
     indent: usize,
     appended: &mut String,
     warnings: &mut Vec<String>,
 ) {
-    let reference_repo = str_at(fidelity, "/reference/repo");
+    let reference_repo = names.reference_repo;
     match root
         .and_then(|r| r.get("base_model"))
         .map(|e| e.value.to_json())
@@ -292,10 +309,9 @@ struct Measured {
 }
 
 impl Measured {
-    fn read(doc: &Value) -> Result<Self> {
+    fn read(doc: &crate::rerun::Measurement) -> Result<Self> {
         let path = Path::new("measurement.json");
-        let bytes = serde_json::to_vec(doc).unwrap_or_default();
-        let doc = crate::rerun::Measurement::from_slice(path, &bytes)?;
+        let doc = doc.clone();
         if doc.runs.is_empty() {
             return Err(Error::format(
                 path,
@@ -312,16 +328,36 @@ impl Measured {
     }
 }
 
+/// The names the merged block gives that the measurement's draft may not have: the
+/// repositories a card or the flags name, and the eval text's wording kept from the card when it
+/// describes the bytes measured. Everything else the card's prose and `model-index` say comes
+/// from the draft's types.
+struct Names<'a> {
+    reference_repo: Option<&'a str>,
+    candidate_repo: Option<&'a str>,
+    eval_source: Option<&'a str>,
+}
+
+impl<'a> Names<'a> {
+    fn of(merged: &'a Value) -> Names<'a> {
+        Names {
+            reference_repo: str_at(merged, "/reference/repo"),
+            candidate_repo: str_at(merged, "/candidate/repo"),
+            eval_source: str_at(merged, "/eval/text/source"),
+        }
+    }
+}
+
 fn str_at<'v>(v: &'v Value, pointer: &str) -> Option<&'v str> {
     v.pointer(pointer).and_then(Value::as_str)
 }
 
-fn u64_at(v: &Value, pointer: &str) -> Option<u64> {
-    v.pointer(pointer).and_then(Value::as_u64)
-}
-
-fn f64_at(v: &Value, pointer: &str) -> Option<f64> {
-    v.pointer(pointer).and_then(Value::as_f64)
+/// A disclosure enum's word as the schema spells it (`bf16`, `safetensors`, `nats`).
+fn word(v: &impl serde::Serialize) -> String {
+    match serde_json::to_value(v) {
+        Ok(Value::String(s)) => s,
+        _ => String::new(),
+    }
 }
 
 /// A Hub repository id: `name` or `org/name`, letters, digits, `-`, `_` and `.`.

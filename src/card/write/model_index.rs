@@ -9,10 +9,12 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use super::{MODEL_INDEX_SOURCE, MODEL_INDEX_URL, Measured, str_at};
+use super::{MODEL_INDEX_SOURCE, MODEL_INDEX_URL, Measured, Names, str_at, word};
+use crate::disclosure::ResultClaim;
+use crate::rerun::document::FidelityDraft;
 
-pub(super) fn model_name(fidelity: &Value, m: &Measured, path: &Path) -> String {
-    if let Some(repo) = str_at(fidelity, "/candidate/repo") {
+pub(super) fn model_name(names: &Names<'_>, m: &Measured, path: &Path) -> String {
+    if let Some(repo) = names.candidate_repo {
         return repo.to_owned();
     }
     let dir = |p: &Path| {
@@ -61,28 +63,17 @@ pub(super) fn metric_label(metric: &str, units: &str) -> String {
     format!("{stat} KLD ({direction}, {units})")
 }
 
-pub(super) fn model_index(fidelity: &Value, m: &Measured, name: &str) -> Value {
-    let source = str_at(fidelity, "/eval/text/source").unwrap_or("eval text");
-    let direction = str_at(fidelity, "/protocol/kl/direction").unwrap_or("forward");
-    let units = str_at(fidelity, "/protocol/kl/units").unwrap_or("nats");
-    let claims = fidelity
-        .get("results")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let lengths = context_lengths(fidelity, m);
+pub(super) fn model_index(names: &Names<'_>, m: &Measured, name: &str) -> Value {
+    let draft = &m.doc.fidelity;
+    let source = names.eval_source.unwrap_or("eval text");
+    let direction = word(&draft.protocol.kl.direction);
+    let units = word(&draft.protocol.kl.units);
+    let lengths = context_lengths(m);
     let mut results = Vec::new();
     for &length in &lengths {
-        let metrics: Vec<Value> = claims
-            .iter()
-            .filter(|c| {
-                c.get("context_length").and_then(Value::as_u64) == Some(length)
-                    || (lengths.len() == 1 && c.get("context_length").is_none())
-            })
-            .filter_map(|c| {
-                let metric = c.get("metric")?.as_str()?;
-                let value = c.get("value")?.clone();
-                Some(json!({"type": metric, "value": value, "name": metric_label(metric, units)}))
+        let metrics: Vec<Value> = claims_at(draft, length, &lengths)
+            .map(|c| {
+                json!({"type": c.metric, "value": c.value, "name": metric_label(&c.metric, &units)})
             })
             .collect();
         if metrics.is_empty() {
@@ -103,12 +94,29 @@ pub(super) fn model_index(fidelity: &Value, m: &Measured, name: &str) -> Value {
     json!([{"name": name, "results": results}])
 }
 
-pub(super) fn context_lengths(fidelity: &Value, m: &Measured) -> Vec<u64> {
-    let listed: Vec<u64> = fidelity
-        .pointer("/protocol/context_lengths")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_u64).collect())
-        .unwrap_or_default();
+/// The draft's claims at one context length (a claim without one belongs to the only length).
+pub(super) fn claims_at<'a>(
+    draft: &'a FidelityDraft,
+    length: u64,
+    lengths: &[u64],
+) -> impl Iterator<Item = &'a ResultClaim> {
+    let only = lengths.len() == 1;
+    draft
+        .results
+        .iter()
+        .filter(move |c| c.context_length == Some(length) || (only && c.context_length.is_none()))
+}
+
+/// The protocol's context lengths, else the runs'.
+pub(super) fn context_lengths(m: &Measured) -> Vec<u64> {
+    let listed: Vec<u64> = m
+        .doc
+        .fidelity
+        .protocol
+        .context_lengths
+        .iter()
+        .map(|l| l.0)
+        .collect();
     if listed.is_empty() {
         m.doc.runs.iter().map(|r| r.context_length as u64).collect()
     } else {

@@ -4,12 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-use sha2::{Digest, Sha256};
-
 use super::{CalibrationInput, CardInputs, write_card};
 use crate::card::Card;
 use crate::error::{Error, Result};
+use crate::rerun::Measurement;
 
 /// What `cardproof card` writes, and where.
 #[derive(Debug, Clone, Default)]
@@ -80,12 +78,12 @@ pub fn update_card(request: &UpdateRequest) -> Result<CardUpdate> {
             let (m, warnings) =
                 crate::rerun::from_log::measurement_from_log(log, base.as_deref(), &dir, threads)?;
             imported_warnings = warnings;
-            let value = serde_json::to_value(&m)
-                .map_err(|e| Error::internal(log, format!("cannot encode the measurement: {e}")))?;
-            (value, into)
+            (m, into)
         }
         None => {
-            let measurement = read_measurement(&request.measurement)?;
+            // Read capped (a regular file) and into its type, so an error names the file given
+            // and the field.
+            let measurement = Measurement::read(&request.measurement)?;
             let path = match &request.into {
                 Some(p) => p.clone(),
                 None => default_card_path(&request.measurement, &measurement)?,
@@ -114,10 +112,7 @@ pub fn update_card(request: &UpdateRequest) -> Result<CardUpdate> {
     )?;
     crate::files::write_atomically(&path, written.text.as_bytes())?;
     let card = Card::open(&path)?;
-    let sha256 = Sha256::digest(card.text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let sha256 = crate::digest::sha256_hex(card.text.as_bytes());
     let mut warnings = imported_warnings;
     warnings.extend(written.warnings);
     Ok(CardUpdate {
@@ -129,24 +124,13 @@ pub fn update_card(request: &UpdateRequest) -> Result<CardUpdate> {
     })
 }
 
-/// The measurement document, read capped (a regular file) and checked against its type, so an
-/// error names the file given and the field.
-fn read_measurement(path: &Path) -> Result<Value> {
-    let bytes = crate::files::read_capped(
-        path,
-        crate::rerun::document::MAX_MEASUREMENT_BYTES,
-        "a measurement",
-    )?;
-    crate::rerun::Measurement::from_slice(path, &bytes)?;
-    serde_json::from_slice(&bytes).map_err(|e| Error::format(path, None, format!("not JSON: {e}")))
-}
-
 /// The card a measurement goes into when none is named: README.md in the candidate's directory
 /// (beside it, for a single file). A candidate measured from the Hub was read from the Hugging
 /// Face cache, which is never written to (its snapshot would then differ from the Hub): that is
 /// an error asking for the card of a local clone.
-pub fn default_card_path(measurement_path: &Path, measurement: &Value) -> Result<PathBuf> {
-    if let Some(repo) = measurement["candidate"]["hub"]["repo"].as_str() {
+pub fn default_card_path(measurement_path: &Path, measurement: &Measurement) -> Result<PathBuf> {
+    if let Some(pin) = &measurement.candidate.hub {
+        let repo = &pin.repo;
         return Err(Error::usage(
             measurement_path,
             format!(
@@ -155,12 +139,14 @@ pub fn default_card_path(measurement_path: &Path, measurement: &Value) -> Result
             ),
         ));
     }
-    let candidate = measurement["candidate"]["path"].as_str().ok_or_else(|| {
-        Error::usage(
-            measurement_path,
-            "candidate.path: missing; pass --into README.md",
-        )
-    })?;
+    let candidate = Some(measurement.candidate.path.as_str())
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| {
+            Error::usage(
+                measurement_path,
+                "candidate.path: empty; pass --into README.md",
+            )
+        })?;
     let c = Path::new(candidate);
     let dir = if c.is_file() {
         c.parent().unwrap_or(c)
