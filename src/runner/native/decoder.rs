@@ -187,8 +187,9 @@ impl Embedding {
     }
 }
 
-/// What [`Decoder::hidden_continued`] carries between calls on one sequence.
-#[derive(Default)]
+/// What [`Decoder::hidden_continued`] carries between calls on one sequence. A clone is a
+/// snapshot (its tensors are shared; a later call appends to new ones).
+#[derive(Default, Clone)]
 pub struct DecoderCache {
     /// Tokens already run (the next one's position).
     pub tokens: usize,
@@ -197,7 +198,7 @@ pub struct DecoderCache {
     discard: bool,
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct LayerCache {
     /// Keys and values `[tokens, kv_heads, head_dim]` of an attention layer.
     kv: Option<(Tensor, Tensor)>,
@@ -735,6 +736,14 @@ impl Decoder {
         self.layers
             .iter()
             .any(|l| matches!(l.mixer, Mixer::DeltaNet(_)))
+    }
+
+    /// The chunk a prefill is cut into under transformers' QuantizedCache semantics (`None`:
+    /// any other KV cache, which one pass fills as any number of pieces would).
+    pub fn kv_residual_chunk(&self) -> Option<usize> {
+        self.kv_setting
+            .and_then(|s| s.residual)
+            .map(|w| w.chunk as usize)
     }
 
     /// Final hidden states `[n, hidden]` (before the final norm) of one window.

@@ -7,6 +7,7 @@ pub mod config;
 pub mod decoder;
 pub mod delta_rule;
 pub mod fused;
+pub mod generate;
 mod ggml_quants;
 mod ggml_tables;
 pub mod gguf;
