@@ -7,6 +7,7 @@ pub mod file;
 pub mod source;
 pub mod spans;
 pub mod template;
+pub mod turns;
 
 use serde_json::{Map, Value};
 
