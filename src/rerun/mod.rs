@@ -31,6 +31,7 @@ pub mod spans;
 pub mod spec;
 pub mod study;
 pub mod sweep;
+pub mod turns;
 
 use std::path::Path;
 

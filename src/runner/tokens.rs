@@ -287,6 +287,38 @@ impl ChatTemplateFlags {
     }
 }
 
+/// The chat template `choice` names: a file, or the reference's or candidate's own (`reference`
+/// and `candidate` are the model paths; a GGUF file's is its directory's).
+pub fn chat_template(
+    choice: &ChatTemplateChoice,
+    text_path: &Path,
+    reference: &Path,
+    candidate: &Path,
+) -> Result<crate::conversation::source::TemplateSource> {
+    use crate::conversation::eval::TemplateFrom;
+    use crate::conversation::source::TemplateSource;
+    let model_dir = |model: &Path| {
+        if model.is_file() {
+            model.parent().unwrap_or(Path::new(".")).to_owned()
+        } else {
+            model.to_owned()
+        }
+    };
+    match (choice.from, &choice.file) {
+        (TemplateFrom::File, Some(file)) => TemplateSource::from_file(file),
+        (TemplateFrom::File, None) => Err(Error::usage(
+            text_path,
+            "a template from a file needs the file (--chat-template FILE)",
+        )),
+        (TemplateFrom::Reference, _) => {
+            TemplateSource::from_model_dir(&model_dir(reference), choice.name.as_deref())
+        }
+        (TemplateFrom::Candidate, _) => {
+            TemplateSource::from_model_dir(&model_dir(candidate), choice.name.as_deref())
+        }
+    }
+}
+
 /// A conversation eval text (`.json`/`.jsonl`) rendered with the chosen template, labelled and
 /// tokenized with `tokenizer` (its directory's `tokenizer_config.json` and
 /// `generation_config.json` give the template's special tokens and the turn ends). `reference`
@@ -300,35 +332,13 @@ pub fn tokenize_conversations(
     candidate: &Path,
     progress: &dyn Fn(&str),
 ) -> Result<TokenStream> {
-    use crate::conversation::eval::{self, TemplateFrom};
-    use crate::conversation::source::TemplateSource;
+    use crate::conversation::eval;
     let bytes = crate::files::read_capped(
         text_path,
         crate::conversation::file::MAX_CONVERSATION_BYTES,
         "a conversation file",
     )?;
-    let model_dir = |model: &Path| {
-        if model.is_file() {
-            model.parent().unwrap_or(Path::new(".")).to_owned()
-        } else {
-            model.to_owned()
-        }
-    };
-    let template = match (choice.from, &choice.file) {
-        (TemplateFrom::File, Some(file)) => TemplateSource::from_file(file)?,
-        (TemplateFrom::File, None) => {
-            return Err(Error::usage(
-                text_path,
-                "a template from a file needs the file (--chat-template FILE)",
-            ));
-        }
-        (TemplateFrom::Reference, _) => {
-            TemplateSource::from_model_dir(&model_dir(reference), choice.name.as_deref())?
-        }
-        (TemplateFrom::Candidate, _) => {
-            TemplateSource::from_model_dir(&model_dir(candidate), choice.name.as_deref())?
-        }
-    };
+    let template = chat_template(choice, text_path, reference, candidate)?;
     let dir = tokenizer.path.parent().unwrap_or(Path::new("."));
     let context = eval::TokenizerContext::read(dir, &tokenizer.tokenizer)?;
     let rendered = eval::render_file(
