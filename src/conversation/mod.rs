@@ -2,6 +2,7 @@
 //! renders them ([`template`]), from the context [`template_context`] builds as transformers'
 //! `render_jinja_template` builds it.
 
+pub mod calls;
 pub mod eval;
 pub mod file;
 pub mod source;
