@@ -17,6 +17,7 @@ pub mod row;
 mod simd;
 pub mod source;
 pub mod stats;
+pub mod turns;
 
 use std::path::Path;
 
