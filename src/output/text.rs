@@ -265,7 +265,109 @@ pub fn measurement(doc: &crate::rerun::Measurement) -> String {
         );
         spans(&mut out, &run.spans);
     }
+    if let Some(t) = &doc.turns {
+        turns(&mut out, t);
+    }
     out
+}
+
+/// The generated turns' statistics: one line per statistic with its interval and counts, the
+/// recovery along the conversations.
+pub fn turns(out: &mut String, t: &crate::rerun::turns::TurnsRecord) {
+    let s = &t.summary;
+    let interval = |u: &crate::kld::stats::Uncertainty| match u.ci95.map(finite) {
+        [Some(a), Some(b)] => format!("[{a:.3}, {b:.3}]"),
+        _ => "–".to_owned(),
+    };
+    let value = |v: Option<f64>| v.map_or("–".to_owned(), |v| format!("{v:.3}"));
+    let _ = writeln!(
+        out,
+        "\n== turns: {} generated greedily by both models ({}, at most {} tokens each; calls read as {}; {} bootstrap blocks of one {})",
+        s.turns,
+        match t.protocol.turns {
+            crate::conversation::turns::TurnSelection::All => "every assistant turn",
+            crate::conversation::turns::TurnSelection::ToolCalls =>
+                "the assistant turns that call tools",
+        },
+        t.protocol.max_new_tokens,
+        t.call_format.map_or(
+            "nothing (the template writes no call cardproof reads)",
+            |f| f.as_str()
+        ),
+        s.bootstrap.blocks,
+        match s.bootstrap.block {
+            crate::kld::turns::Block::Conversation => "conversation",
+            crate::kld::turns::Block::Turn => "turn",
+        },
+    );
+    let f1 = &s.tool_call_f1;
+    let valid = &s.tool_call_valid;
+    let rows = [
+        (
+            "tool_call_f1",
+            value(Some(f1.value)),
+            interval(&f1.uncertainty),
+            format!("tp {} fp {} fn {} tn {}", f1.tp, f1.fp, f1.fn_, f1.tn),
+        ),
+        (
+            "tool_call_valid",
+            value(valid.value),
+            interval(&valid.uncertainty),
+            format!(
+                "{} of {} calls; invalid JSON {}, unknown name {}, schema mismatch {}",
+                valid.valid,
+                valid.calls,
+                valid.invalid_json,
+                valid.unknown_name,
+                valid.schema_mismatch
+            ),
+        ),
+        (
+            "tool_call_match",
+            value(s.tool_call_match.value),
+            interval(&s.tool_call_match.uncertainty),
+            format!(
+                "{} of {} turns the reference called in",
+                s.tool_call_match.hits, s.tool_call_match.of
+            ),
+        ),
+        (
+            "turn_match",
+            value(s.turn_match.value),
+            interval(&s.turn_match.uncertainty),
+            format!(
+                "{} of {} turns equal token for token",
+                s.turn_match.hits, s.turn_match.of
+            ),
+        ),
+    ];
+    for (name, v, ci, counts) in rows {
+        let _ = writeln!(out, "{name:<17} {v:>6}  {ci:<16} {counts}");
+    }
+    let d = &s.first_divergence;
+    if d.turns > 0 {
+        let _ = writeln!(
+            out,
+            "first divergence  {} turns differ: token {} (min) / {} (median) / {} (max)",
+            d.turns,
+            d.min.map_or("–".into(), |v| v.to_string()),
+            value(d.median),
+            d.max.map_or("–".into(), |v| v.to_string()),
+        );
+    }
+    let r = &s.recovery;
+    let _ = writeln!(
+        out,
+        "recovery          {} failing turns, {} recovered, {} not{}",
+        r.failures,
+        r.recoveries,
+        r.unrecovered,
+        r.last_unrecovered.map_or(String::new(), |at| format!(
+            " (the last: conversation {}, message {})",
+            at.conversation + 1,
+            at.turn + 1
+        )),
+    );
 }
 
 /// One measured model's line: its path, architecture and weights (the schemes a native run

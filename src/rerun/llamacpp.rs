@@ -269,6 +269,7 @@ impl CandidateRunner for LlamacppCandidates {
         &self,
         reference: &dyn ReferenceSource,
         arms: &Arms,
+        _turns: Option<&crate::rerun::turns::TurnWork>,
         stage: Stage,
         progress: ArmProgress,
     ) -> Result<Runs> {
@@ -529,6 +530,7 @@ fn score_pair(
     let environment = environment(&record, r.kv_cache, r.threads);
     gates_out.extend(printout_gate(gate_printout, record.gate.as_ref()));
     Ok(Scored {
+        turns: None,
         scoring,
         options,
         reference: reference_id,

@@ -140,6 +140,9 @@ pub struct Request<'a> {
     /// The reference's KV-cache schemes: set only by a `kv_cache` sweep, whose baseline is the
     /// reference (native lanes); `None`: as its checkpoint declares.
     pub reference_kv_cache: Option<crate::runner::native::kv_cache::KvCacheSetting>,
+    /// Also generate every assistant turn of the conversation eval text with both models and
+    /// judge their tool calls ([`turns`]); `None`: the scored rows only.
+    pub turns: Option<turns::TurnProtocol>,
 }
 
 /// What the sanity gates need from outside the run.

@@ -49,6 +49,7 @@ pub fn measurement(
             _ => serde_json::Map::new(),
         },
         fidelity,
+        turns: None,
     }
 }
 

@@ -135,6 +135,7 @@ impl<'a> Request<'a> {
             recurrent_state: StateDtype::F32,
             kv_cache: None,
             reference_kv_cache: None,
+            turns: None,
         }
     }
 }
@@ -155,6 +156,8 @@ pub struct MeasureSpec {
     pub recurrent_state: StateDtype,
     /// `--kv-cache`, `--kv-cache-k`, `--kv-cache-v`.
     pub kv_cache: Option<KvCacheSetting>,
+    /// `--turns`, `--max-new-tokens`: generate every selected assistant turn too.
+    pub turns: Option<super::turns::TurnProtocol>,
     pub threads: usize,
 }
 
@@ -180,6 +183,7 @@ impl MeasureSpec {
             pins,
             recurrent_state: self.recurrent_state,
             kv_cache: self.kv_cache,
+            turns: self.turns,
             ..Request::new(
                 lane,
                 &self.candidate,

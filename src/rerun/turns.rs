@@ -11,13 +11,15 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::conversation::calls::{self, CallCheck, CallFormat, Tools, TurnCalls};
 use crate::conversation::eval::TokenizerContext;
 use crate::conversation::file::{self, Conversation};
 use crate::conversation::template::ChatTemplate;
 use crate::conversation::turns::{self, TurnPrompt, TurnSelection};
 use crate::error::{Error, Result};
+use crate::kld::turns::{Decision, TurnPair, Validity};
 use crate::runner::native::NativeModel;
-use crate::runner::native::generate::{Generated, Greedy, MAX_NEW_TOKENS};
+use crate::runner::native::generate::{Generated, Greedy, MAX_NEW_TOKENS, Stop};
 use crate::runner::tokens::{ChatTemplateChoice, TokenizerFile, chat_template};
 
 /// How turns are generated: part of the protocol, disclosed with the numbers.
@@ -56,6 +58,8 @@ impl TurnProtocol {
 
 /// The turns to generate and what judging them needs.
 pub struct TurnPlan {
+    /// The conversation file.
+    pub text_path: std::path::PathBuf,
     pub prompts: Vec<TurnPrompt>,
     /// Token ids a turn stops at.
     pub stops: Vec<u32>,
@@ -122,6 +126,7 @@ pub fn plan(
         ));
     }
     Ok(TurnPlan {
+        text_path: text_path.to_owned(),
         prompts,
         stops,
         conversations,
@@ -151,6 +156,243 @@ pub fn generate(
         .map_err(|e| Error::internal(&model.path, format!("generating turns: {e}")))?;
     model.check_unchanged()?;
     Ok(generated)
+}
+
+/// One model's generated turn as judged: its text (the stop token left out), how it ended,
+/// and the calls it makes in the template's family.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct JudgedTurn {
+    pub tokens: usize,
+    pub stop: Stop,
+    /// The turn's text, capped at [`MAX_SHOWN_BYTES`] (cut at a character boundary).
+    pub text: String,
+    pub calls: TurnCalls,
+    /// Each call checked against the conversation's `tools`.
+    pub checks: Vec<CallCheck>,
+}
+
+/// The most bytes of a turn's text a record keeps (enough to show a call and what went wrong).
+pub const MAX_SHOWN_BYTES: usize = 4 << 10;
+
+/// Judge one model's turns of `plan`: decode (special tokens kept: call markup is often one),
+/// parse the calls in `format`'s family (`None`: the template writes no call cardproof reads,
+/// so every turn is no call), check them against each conversation's tools.
+pub fn judge(
+    plan: &TurnPlan,
+    generated: &[Generated],
+    tokenizer: &tokenizers::Tokenizer,
+    format: Option<CallFormat>,
+) -> std::result::Result<Vec<JudgedTurn>, String> {
+    let tools = plan
+        .conversations
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            Tools::from_declarations(c.tools.as_ref().unwrap_or(&serde_json::Value::Null))
+                .map_err(|e| format!("conversation {}: tools: {e}", i + 1))
+        })
+        .collect::<std::result::Result<Vec<_>, String>>()?;
+    plan.prompts
+        .iter()
+        .zip(generated)
+        .map(|(prompt, g)| {
+            let body: &[u32] = match (g.stop, g.tokens.split_last()) {
+                (Stop::StopToken, Some((_, body))) => body,
+                _ => &g.tokens,
+            };
+            let text = tokenizer
+                .decode(body, false)
+                .map_err(|e| format!("decoding a generated turn: {e}"))?;
+            let calls = format.map_or(TurnCalls::NoCall, |f| calls::parse(f, &text));
+            let tools = &tools[prompt.conversation as usize];
+            let checks = calls
+                .calls()
+                .iter()
+                .map(|c| calls::check(c, tools))
+                .collect();
+            Ok(JudgedTurn {
+                tokens: g.tokens.len(),
+                stop: g.stop,
+                text: capped(&text, MAX_SHOWN_BYTES),
+                calls,
+                checks,
+            })
+        })
+        .collect()
+}
+
+/// The reference's and a candidate's turns paired for the statistics.
+pub fn pairs(
+    plan: &TurnPlan,
+    reference: (&[Generated], &[JudgedTurn]),
+    candidate: (&[Generated], &[JudgedTurn]),
+) -> Vec<TurnPair> {
+    plan.prompts
+        .iter()
+        .zip(reference.0.iter().zip(reference.1))
+        .zip(candidate.0.iter().zip(candidate.1))
+        .map(|((prompt, (rg, rj)), (cg, cj))| {
+            let decision = |j: &JudgedTurn| match j.calls.calls().len() {
+                0 => Decision::NoCall,
+                n => Decision::Calls(n),
+            };
+            let calls_match = match (rj.calls.parsed(), cj.calls.parsed()) {
+                (Some(a), Some(b)) if !a.is_empty() => {
+                    let a: Vec<_> = a.into_iter().cloned().collect();
+                    let b: Vec<_> = b.into_iter().cloned().collect();
+                    calls::same_calls(&a, &b)
+                }
+                _ => false,
+            };
+            TurnPair {
+                conversation: prompt.conversation,
+                turn: prompt.message,
+                reference_tokens: rg.tokens.clone(),
+                candidate_tokens: cg.tokens.clone(),
+                reference_calls: decision(rj),
+                candidate_calls: decision(cj),
+                calls_match,
+                candidate_valid: cj.checks.iter().map(validity).collect(),
+            }
+        })
+        .collect()
+}
+
+fn validity(check: &CallCheck) -> Validity {
+    match check {
+        CallCheck::Valid => Validity::Valid,
+        CallCheck::InvalidJson => Validity::InvalidJson,
+        CallCheck::UnknownName => Validity::UnknownName,
+        CallCheck::SchemaMismatch { .. } => Validity::SchemaMismatch,
+    }
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, marked when cut.
+fn capped(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// What generating and judging turns needs for a whole rerun, built once before any model
+/// runs: the protocol, the plan, the tokenizer that decodes the turns, the logit entries that
+/// are tokens, and the template's call family.
+pub struct TurnWork {
+    pub protocol: TurnProtocol,
+    pub plan: TurnPlan,
+    pub tokenizer: tokenizers::Tokenizer,
+    pub used: usize,
+    pub format: Option<CallFormat>,
+}
+
+impl TurnWork {
+    /// The work for `protocol`, the conversation file `text_path` rendered as the scored stream
+    /// was (`choice`, the reference's and candidate's paths) with `tokenizer`.
+    pub fn new(
+        protocol: TurnProtocol,
+        tokenizer: &TokenizerFile,
+        text_path: &Path,
+        choice: &ChatTemplateChoice,
+        models: (&Path, &Path),
+    ) -> Result<TurnWork> {
+        let plan = plan(tokenizer, text_path, choice, models.0, models.1, &protocol)?;
+        let format = calls::format_of(&plan.template_text);
+        Ok(TurnWork {
+            protocol,
+            plan,
+            tokenizer: tokenizer.tokenizer.clone(),
+            used: tokenizer.vocab_size,
+            format,
+        })
+    }
+
+    /// Every turn generated by `model`; `progress(done, total)` after each.
+    pub fn generate(
+        &self,
+        model: &NativeModel,
+        progress: &dyn Fn(usize, usize),
+    ) -> Result<Vec<Generated>> {
+        generate(model, &self.plan, &self.protocol, self.used, progress)
+    }
+
+    /// The record of a candidate's turns against the reference's: both judged, paired and
+    /// summarized with `bootstrap`.
+    pub fn record(
+        &self,
+        reference: &[Generated],
+        candidate: &[Generated],
+        bootstrap: &crate::kld::protocol::Bootstrap,
+        at: &Path,
+    ) -> Result<TurnsRecord> {
+        let judged = |g: &[Generated]| {
+            judge(&self.plan, g, &self.tokenizer, self.format)
+                .map_err(|e| Error::format(at, None, e))
+        };
+        let (rj, cj) = (judged(reference)?, judged(candidate)?);
+        let pairs = pairs(&self.plan, (reference, &rj), (candidate, &cj));
+        let summary = crate::kld::turns::summarize(&pairs, bootstrap)
+            .map_err(|e| Error::internal(at, format!("the turns' statistics: {e}")))?;
+        let turns = self
+            .plan
+            .prompts
+            .iter()
+            .zip(rj.into_iter().zip(cj))
+            .zip(&pairs)
+            .map(|((p, (reference, candidate)), pair)| TurnRecord {
+                conversation: p.conversation,
+                message: p.message,
+                prompt_tokens: p.prompt.len(),
+                first_divergence: crate::kld::turns::first_divergence(
+                    &pair.reference_tokens,
+                    &pair.candidate_tokens,
+                ),
+                reference,
+                candidate,
+            })
+            .collect();
+        Ok(TurnsRecord {
+            protocol: self.protocol,
+            call_format: self.format,
+            stop_ids: self.plan.stops.clone(),
+            summary,
+            turns,
+            definitions: crate::kld::turns::definitions(),
+        })
+    }
+}
+
+/// The turns of one arm in measurement.json: how they were generated, the statistics, and
+/// every turn of both models.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct TurnsRecord {
+    pub protocol: TurnProtocol,
+    /// The template family the calls were read in (`null`: the template writes no call
+    /// cardproof reads, so every turn counts as no call).
+    pub call_format: Option<CallFormat>,
+    /// The token ids a turn stopped at.
+    pub stop_ids: Vec<u32>,
+    pub summary: crate::kld::turns::TurnSummary,
+    pub turns: Vec<TurnRecord>,
+    /// Every statistic of `summary`, defined.
+    pub definitions: serde_json::Value,
+}
+
+/// One assistant turn as both models generated it.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct TurnRecord {
+    pub conversation: u32,
+    /// The assistant message of the conversation the turn stands for.
+    pub message: u32,
+    pub prompt_tokens: usize,
+    /// The first token index where the two turns differ (`null`: equal).
+    pub first_divergence: Option<usize>,
+    pub reference: JudgedTurn,
+    pub candidate: JudgedTurn,
 }
 
 #[cfg(test)]

@@ -31,5 +31,6 @@ mod schema;
 mod study;
 mod support;
 mod transformers;
+mod turns;
 mod verify;
 mod written_documents;

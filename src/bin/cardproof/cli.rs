@@ -542,6 +542,13 @@ pub struct ProtocolArgs {
     pub seed: u64,
 }
 
+/// `--turns`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TurnsArg {
+    All,
+    ToolCalls,
+}
+
 #[derive(Debug, Args)]
 pub struct MeasureArgs {
     /// The reference model (a path or hf:ORG/NAME[@REV]): a directory with config.json,
@@ -598,6 +605,15 @@ pub struct MeasureArgs {
     /// runtime.recurrent_state_dtype.
     #[arg(long, value_name = "DTYPE", default_value = "f32")]
     pub recurrent_state_dtype: String,
+    /// Also generate the conversation eval text's assistant turns with both models (greedy,
+    /// teacher-forced history) and judge their tool calls: `all` turns or those that call
+    /// `tool-calls` in the conversation. Native runner.
+    #[arg(long, value_enum, value_name = "TURNS")]
+    pub turns: Option<TurnsArg>,
+    /// Tokens a generated turn may hold at most, its stop token included (with --turns).
+    #[arg(long, value_name = "N", requires = "turns",
+          value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_new_tokens: Option<u32>,
     #[command(flatten)]
     pub kv_cache: KvCacheArgs,
     #[command(flatten)]

@@ -5,6 +5,7 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
+use cardproof::conversation::turns::TurnSelection;
 use cardproof::kld::protocol::{Bootstrap, Bos, Direction, Positions, Tail, VocabMode};
 use cardproof::rerun::options::ProtocolFlags;
 use cardproof::runner::llamacpp::{LlamacppOptions, LlamacppSettings};
@@ -404,6 +405,18 @@ impl MeasureConfig {
                 ),
                 recurrent_state,
                 kv_cache,
+                turns: args.turns.map(|t| cardproof::rerun::turns::TurnProtocol {
+                    turns: match t {
+                        cli::TurnsArg::All => TurnSelection::All,
+                        cli::TurnsArg::ToolCalls => TurnSelection::ToolCalls,
+                    },
+                    decoding: cardproof::rerun::turns::Decoding::Greedy,
+                    max_new_tokens: args
+                        .max_new_tokens
+                        .map_or(cardproof::rerun::turns::DEFAULT_MAX_NEW_TOKENS, |n| {
+                            n as usize
+                        }),
+                }),
                 threads: threads(args.threads),
             },
             progress: std::io::stderr().is_terminal(),

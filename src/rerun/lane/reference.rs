@@ -1,6 +1,8 @@
 //! The reference sources that are checkpoints: one the native runner loads and holds (its rows
 //! in this process), and one an engine runs itself beside its candidates.
 
+use crate::rerun::turns::TurnWork;
+use crate::runner::native::generate::Generated;
 use std::path::Path;
 
 use super::{Bound, Pass, ReferenceRecord, ReferenceSource, Rows, Stage};
@@ -70,6 +72,12 @@ impl<'a> CheckpointReference<'a> {
 }
 
 impl ReferenceSource for CheckpointReference<'_> {
+    fn generate_turns(&self, work: &TurnWork, stage: Stage) -> Result<Vec<Generated>> {
+        work.generate(&self.model, &|done, total| {
+            stage(&format!("generating the reference's turns {done}/{total}"))
+        })
+    }
+
     fn bind<'s>(
         &'s self,
         candidate: Option<&'s NativeModel>,

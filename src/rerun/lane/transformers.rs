@@ -35,6 +35,7 @@ impl CandidateRunner for TransformersCandidates<'_> {
         &self,
         reference: &dyn ReferenceSource,
         arms: &Arms,
+        _turns: Option<&crate::rerun::turns::TurnWork>,
         stage: Stage,
         progress: ArmProgress,
     ) -> Result<Runs> {
@@ -295,6 +296,7 @@ impl Shared<'_> {
             None => Vec::new(),
         };
         Ok(Scored {
+        turns: None,
             scoring,
             options: self.options.clone(),
             reference: self.reference.clone(),
