@@ -569,6 +569,58 @@ pub fn spans(out: &mut String, spans: &[crate::rerun::spans::SpanSummary]) {
     }
 }
 
+/// A study's generated turns: per arm, how its turns compare with the reference's, and the
+/// arms against each other on the same turns.
+fn study_turns(out: &mut String, d: &crate::study::document::StudyDocument) {
+    if d.arms.iter().all(|a| a.turns.is_none()) {
+        return;
+    }
+    let share = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x:.3}"));
+    let _ = writeln!(
+        out,
+        "\n== turns generated greedily against the reference's\n{:<18} {:>6} {:>10} {:>16} {:>15} {:>12} {:>9} {:>10} {:>11}",
+        "arm",
+        "turns",
+        "turn_match",
+        "tool_call_match",
+        "tool_call_valid",
+        "tool_call_f1",
+        "failures",
+        "recovered",
+        "unrecovered"
+    );
+    for a in &d.arms {
+        let Some(t) = &a.turns else { continue };
+        let _ = writeln!(
+            out,
+            "{:<18} {:>6} {:>10} {:>16} {:>15} {:>12} {:>9} {:>10} {:>11}",
+            a.name,
+            t.turns,
+            share(t.turn_match.value),
+            share(t.tool_call_match.value),
+            share(t.tool_call_valid.value),
+            share(Some(t.tool_call_f1.value)),
+            t.recovery.failures,
+            t.recovery.recoveries,
+            t.recovery.unrecovered,
+        );
+    }
+    if !d.turn_comparisons.is_empty() {
+        let _ = writeln!(
+            out,
+            "\npaired on the same turns: turns only A holds / only B holds, exact McNemar p (turn match; tool-call match)"
+        );
+        for c in &d.turn_comparisons {
+            let (t, m) = (&c.comparison.turn_match, &c.comparison.tool_call_match);
+            let _ = writeln!(
+                out,
+                "  {:<16} vs {:<16} {:>4} / {:<4} p {:<8.4} {:>4} / {:<4} p {:.4}",
+                c.a, c.b, t.a_only, t.b_only, t.mcnemar_p, m.a_only, m.b_only, m.mcnemar_p
+            );
+        }
+    }
+}
+
 /// `study`'s human output: per context length, the arms' table and the paired comparisons.
 #[cfg(feature = "native")]
 pub fn study(d: &crate::study::document::StudyDocument) -> String {
@@ -689,6 +741,7 @@ pub fn study(d: &crate::study::document::StudyDocument) -> String {
             }
         }
     }
+    study_turns(&mut out, d);
     out
 }
 

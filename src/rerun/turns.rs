@@ -362,6 +362,7 @@ impl TurnWork {
             summary,
             turns,
             definitions: crate::kld::turns::definitions(),
+            pairs,
         })
     }
 }
@@ -380,6 +381,11 @@ pub struct TurnsRecord {
     pub turns: Vec<TurnRecord>,
     /// Every statistic of `summary`, defined.
     pub definitions: serde_json::Value,
+    /// The turns as the statistics read them (token ids included), for comparing arms on the
+    /// same turns; not written.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub pairs: Vec<TurnPair>,
 }
 
 /// One assistant turn as both models generated it.

@@ -38,6 +38,9 @@ pub struct StudyDocument {
     pub arms: Vec<ArmSummary>,
     /// Every pair of the study's own arms, per context length.
     pub comparisons: Vec<Paired>,
+    /// Every pair of the study's own arms on their generated turns (`protocol.turns`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turn_comparisons: Vec<TurnComparison>,
     pub timings: Timings,
     /// Every other file of the study's set (study.md, study.html, each arm's measurement.json
     /// and positions.safetensors) and its SHA-256: signed with this document, so none of them
@@ -86,6 +89,19 @@ pub struct ArmSummary {
     pub runs: Vec<ArmRun>,
     /// Seconds the arm's pass took (its model's forward passes and the reduction).
     pub seconds: f64,
+    /// The arm's generated turns against the reference's (`protocol.turns`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turns: Option<crate::kld::turns::TurnSummary>,
+}
+
+/// Two of the study's own arms on the same generated turns: which turns each holds that the
+/// other does not, with an exact McNemar test and the paired difference.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct TurnComparison {
+    pub a: String,
+    pub b: String,
+    #[serde(flatten)]
+    pub comparison: crate::kld::turns::PairedComparison,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]

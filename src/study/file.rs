@@ -189,6 +189,22 @@ pub struct StudyProtocol {
     pub resamples: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+    /// Also generate the conversation's assistant turns with the reference and every arm
+    /// (greedy, teacher-forced history) and judge their tool calls:
+    /// `{select: tool_calls, max_new_tokens: 64}` (`select`: `all` or `tool_calls`;
+    /// `max_new_tokens` default 512). Native runner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turns: Option<StudyTurns>,
+}
+
+/// Which turns a study generates, and how long each may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StudyTurns {
+    pub select: crate::conversation::turns::TurnSelection,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = crate::runner::native::generate::MAX_NEW_TOKENS))]
+    pub max_new_tokens: Option<usize>,
 }
 
 /// The settings an arm can change. Absent: the baseline's.

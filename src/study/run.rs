@@ -7,7 +7,7 @@ use std::path::Path;
 use super::compare::{self, Paired};
 use super::document::{
     ArmRun, ArmSettings, ArmSummary, DEFINITIONS, ReferenceRecord, StudyDocument, StudyFileRecord,
-    Timings,
+    Timings, TurnComparison,
 };
 use super::file::{Study, StudyRunner};
 use super::plan::{ArmKind, Plan, PlannedArm};
@@ -120,6 +120,7 @@ pub fn run(
                 })
                 .collect(),
             seconds: result.seconds,
+            turns: m.turns.as_ref().map(|t| t.summary.clone()),
         });
         rows.push(
             result
@@ -131,6 +132,8 @@ pub fn run(
         );
     }
     let comparisons = comparisons(plan, &outcome, o);
+    let turn_comparisons = turn_comparisons(plan, &outcome, o)
+        .map_err(|why| Error::internal(&study.path, format!("comparing the arms' turns: {why}")))?;
     let first = &outcome
         .arms
         .first()
@@ -161,6 +164,7 @@ pub fn run(
         definitions: DEFINITIONS.into(),
         arms,
         comparisons,
+        turn_comparisons,
         timings: Timings {
             reference_seconds: outcome.reference_seconds,
             total_seconds: started.elapsed().as_secs_f64(),
@@ -202,6 +206,7 @@ fn request<'a>(
         recurrent_state: arm.settings.recurrent_state,
         kv_cache: arm.settings.kv_cache,
         reference_kv_cache: plan.baseline.kv_cache,
+        turns: plan.turns,
         ..Request::new(
             lane,
             &arm.candidate,
@@ -210,6 +215,32 @@ fn request<'a>(
             threads,
         )
     }
+}
+
+/// Every pair of the study's own arms (not the controls) on their generated turns.
+fn turn_comparisons(
+    plan: &Plan,
+    outcome: &rerun::study::ArmsOutcome,
+    o: &rerun::MeasureOptions,
+) -> std::result::Result<Vec<TurnComparison>, String> {
+    let own: Vec<usize> = (0..plan.arms.len())
+        .filter(|&i| plan.arms[i].kind == ArmKind::Study)
+        .collect();
+    let turns = |i: usize| outcome.arms[i].rerun.measurement.turns.as_ref();
+    let mut out = Vec::new();
+    for (x, &i) in own.iter().enumerate() {
+        for &j in &own[x + 1..] {
+            let (Some(a), Some(b)) = (turns(i), turns(j)) else {
+                continue;
+            };
+            out.push(TurnComparison {
+                a: plan.arms[i].name.clone(),
+                b: plan.arms[j].name.clone(),
+                comparison: crate::kld::turns::compare(&a.pairs, &b.pairs, &o.bootstrap)?,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// Every pair of the study's own arms (not the controls), per context length.

@@ -143,3 +143,60 @@ fn turns_that_cannot_be_generated_are_refused_before_any_work() {
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("--turns"), "{}", r.stderr);
 }
+
+/// A study with `protocol.turns`: every arm's turns against the reference's, the repeat
+/// control exact, and the study's own arms compared on the same turns.
+#[test]
+fn a_study_generates_every_arms_turns_and_compares_them() {
+    let dir = tempfile::tempdir().unwrap();
+    short_conversation(dir.path(), 12);
+    let study = |runner: &str| {
+        format!(
+            "study: cardproof/study-v1\nreference: {}\neval:\n  text: conversation.json\n  chat_template: chat_template.jinja\nprotocol:\n  context_lengths: [128]\n  resamples: 50\n  turns: {{select: all, max_new_tokens: 6}}\nrunner: {runner}\narms:\n  - {{name: fp8-block, candidate: {}, changes: weights}}\n  - {{name: kv-q4_0, kv_cache: q4_0, changes: kv_cache}}\n",
+            model("shakespeare-bf16"),
+            model("shakespeare-fp8-block")
+        )
+    };
+    let file = dir.path().join("s.yaml");
+    std::fs::write(&file, study("native")).unwrap();
+    let r = Cmd::new("study")
+        .path(&file)
+        .out(dir.path().join("o"))
+        .arg("--json")
+        .run();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let d = r.json();
+    let arms = d["arms"].as_array().unwrap();
+    assert!(
+        arms.iter().all(|a| a["turns"]["turns"].as_u64() > Some(0)),
+        "{d}"
+    );
+    let repeat = arms.iter().find(|a| a["name"] == "control-repeat").unwrap();
+    assert_eq!(repeat["turns"]["turn_match"]["value"], 1.0);
+    let c = d["turn_comparisons"].as_array().unwrap();
+    assert_eq!(c.len(), 1, "{d}");
+    assert_eq!(
+        (c[0]["a"].as_str(), c[0]["b"].as_str()),
+        (Some("fp8-block"), Some("kv-q4_0"))
+    );
+    assert!(c[0]["turn_match"]["mcnemar_p"].as_f64().is_some());
+    // Each arm's measurement carries its turns.
+    let m: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.path().join("o/arms/kv-q4_0/measurement.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        m["turns"]["turns"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty())
+    );
+
+    // Only the native runner generates: another is refused naming the field.
+    std::fs::write(&file, study("transformers")).unwrap();
+    let r = Cmd::new("study")
+        .path(&file)
+        .out(dir.path().join("t"))
+        .run();
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("protocol.turns"), "{}", r.stderr);
+}
