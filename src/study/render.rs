@@ -127,9 +127,50 @@ fn view(d: &StudyDocument, rows: &[Vec<RunRows>], html: bool) -> Json {
         "protocol_words": protocol_words,
         "timings": timings,
         "tables": tables,
+        "turns": turns_view(d),
         "definitions": d.definitions,
         "study_file": {"path": d.study_file.path, "sha256": d.study_file.sha256},
     })
+}
+
+/// The arms' generated turns against the reference's, and the own arms compared on the same
+/// turns (`null`: the study generated none). Each arm's first diverging call is its measurement's.
+fn turns_view(d: &StudyDocument) -> Json {
+    if d.arms.iter().all(|a| a.turns.is_none()) {
+        return Json::Null;
+    }
+    let arms: Vec<Json> = d
+        .arms
+        .iter()
+        .filter_map(|a| {
+            let t = a.turns.as_ref()?;
+            Some(json!({
+                "name": a.name,
+                "turns": t.turns,
+                "turn_match": t.turn_match.value,
+                "tool_call_match": t.tool_call_match.value,
+                "tool_call_valid": t.tool_call_valid.value,
+                "invalid": t.tool_call_valid.invalid_json + t.tool_call_valid.unknown_name + t.tool_call_valid.schema_mismatch,
+                "tool_call_f1": t.tool_call_f1.value,
+                "failures": t.recovery.failures,
+                "recoveries": t.recovery.recoveries,
+                "unrecovered": t.recovery.unrecovered,
+            }))
+        })
+        .collect();
+    let pairs: Vec<Json> = d
+        .turn_comparisons
+        .iter()
+        .map(|c| {
+            let (t, m) = (&c.comparison.turn_match, &c.comparison.tool_call_match);
+            json!({
+                "a": c.a, "b": c.b,
+                "turn_a": t.a_only, "turn_b": t.b_only, "turn_p": t.mcnemar_p,
+                "call_a": m.a_only, "call_b": m.b_only, "call_p": m.mcnemar_p,
+            })
+        })
+        .collect();
+    json!({"arms": arms, "pairs": pairs})
 }
 
 /// The four plots of one context length.
