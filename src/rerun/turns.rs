@@ -163,6 +163,9 @@ pub fn generate(
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct JudgedTurn {
     pub tokens: usize,
+    /// The generated token ids, the stop token included (what another engine's greedy
+    /// generation is compared with, token for token).
+    pub ids: Vec<u32>,
     pub stop: Stop,
     /// The turn's text, capped at [`MAX_SHOWN_BYTES`] (cut at a character boundary).
     pub text: String,
@@ -212,6 +215,7 @@ pub fn judge(
                 .collect();
             Ok(JudgedTurn {
                 tokens: g.tokens.len(),
+                ids: g.tokens.clone(),
                 stop: g.stop,
                 text: capped(&text, MAX_SHOWN_BYTES),
                 calls,

@@ -1281,6 +1281,47 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
             &made_dir.join("qwen3-moe.rows.safetensors"),
         );
     }
+
+    /// Native greedy turns equal transformers' own `generate` token for token (float32 on CPU):
+    /// the dense example as the reference, the hybrid one (Gated DeltaNet state carried step to
+    /// step) as the candidate, every assistant turn of the first twelve messages of the example
+    /// conversation, their prompts rendered again by transformers (tests/turns_check.py).
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn native_greedy_turns_equal_transformers_generate() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        let (conversation, template) = crate::conversation::short_conversation(dir.path(), 12);
+        let out = dir.path().join("out");
+        let r = Cmd::measure()
+            .reference(model("shakespeare-bf16"))
+            .candidate(model("shakespeare-hybrid-bf16"))
+            .eval_text(&conversation)
+            .flag("--chat-template", &template)
+            .context_length(128)
+            .bootstrap(50)
+            .args(["--turns", "all", "--max-new-tokens", "12"])
+            .out(&out)
+            .run();
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let python = std::env::var_os("CARDPROOF_PYTHON").unwrap_or_else(|| "python3".into());
+        let check = std::process::Command::new(&python)
+            .arg(repo_root().join("tests/turns_check.py"))
+            .arg(out.join("measurement.json"))
+            .arg(&conversation)
+            .arg(&template)
+            .arg(model("shakespeare-bf16"))
+            .arg(model("shakespeare-hybrid-bf16"))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&check.stdout);
+        assert!(
+            check.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&check.stderr)
+        );
+        assert!(stdout.contains("5 of 5 turns agree"), "{stdout}");
+    }
 }
 
 /// A copy of an example whose config.json names an architecture the native runner does not run
