@@ -529,7 +529,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--src", default=os.path.join(MODELS, "shakespeare-bf16"))
     ap.add_argument("--out-root", default=MODELS)
+    ap.add_argument("--prefix", default="shakespeare",
+                    help="the variants' directory names start with this (stagehand for the tool model)")
     args = ap.parse_args()
+    p = args.prefix
 
     with open(os.path.join(args.src, "config.json")) as f:
         cfg = json.load(f)
@@ -538,21 +541,21 @@ def main():
 
     if cfg["model_type"] == "qwen3_5_text":
         variants = [
-            ("shakespeare-hybrid-w8a16", lambda d: write_safetensors_variant(
+            (f"{p}-hybrid-w8a16", lambda d: write_safetensors_variant(
                 args.src, d, cfg, st, quant_int8_channel, hybrid_ignore(ct_w8a16_config()))),
-            ("shakespeare-hybrid-fp8-block", lambda d: write_safetensors_variant(
+            (f"{p}-hybrid-fp8-block", lambda d: write_safetensors_variant(
                 args.src, d, cfg, st, quant_fp8_block, hybrid_ignore(fp8_block_config()))),
         ]
     else:
         variants = [
-            ("shakespeare-w8a16", lambda d: write_safetensors_variant(
+            (f"{p}-w8a16", lambda d: write_safetensors_variant(
                 args.src, d, cfg, st, quant_int8_channel, ct_w8a16_config())),
-            ("shakespeare-fp8-block", lambda d: write_safetensors_variant(
+            (f"{p}-fp8-block", lambda d: write_safetensors_variant(
                 args.src, d, cfg, st, quant_fp8_block, fp8_block_config())),
-            ("shakespeare-awq-int4", lambda d: write_safetensors_variant(
+            (f"{p}-awq-int4", lambda d: write_safetensors_variant(
                 args.src, d, cfg, st, quant_awq_gemm, awq_config(), dtype="float16")),
-            ("shakespeare-q4_0-gguf", lambda d: write_gguf_variant(args.src, d, cfg, st)),
-            ("shakespeare-bf16-gguf", lambda d: write_gguf_variant(args.src, d, cfg, st, "bf16")),
+            (f"{p}-q4_0-gguf", lambda d: write_gguf_variant(args.src, d, cfg, st)),
+            (f"{p}-bf16-gguf", lambda d: write_gguf_variant(args.src, d, cfg, st, "bf16")),
         ]
     src_sizes, src_total = dir_report(args.src)
     print(f"source {args.src}: model.safetensors {src_sizes['model.safetensors']:,} bytes")
