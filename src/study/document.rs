@@ -92,6 +92,23 @@ pub struct ArmSummary {
     /// The arm's generated turns against the reference's (`protocol.turns`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turns: Option<crate::kld::turns::TurnSummary>,
+    /// The arm's first turn that fails (its calls differ from the reference's, or it calls
+    /// where the reference does not), else its first turn whose tokens differ, beside the
+    /// reference's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_diverging_turn: Option<DivergingTurn>,
+}
+
+/// One turn as the reference and an arm generated it (texts capped as measurement.json keeps
+/// them).
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct DivergingTurn {
+    pub conversation: u32,
+    pub message: u32,
+    /// Whether the turn fails (its calls), not only differs in tokens.
+    pub fails: bool,
+    pub reference: String,
+    pub arm: String,
 }
 
 /// Two of the study's own arms on the same generated turns: which turns each holds that the

@@ -155,6 +155,12 @@ fn turns_view(d: &StudyDocument) -> Json {
                 "failures": t.recovery.failures,
                 "recoveries": t.recovery.recoveries,
                 "unrecovered": t.recovery.unrecovered,
+                "diverging": a.first_diverging_turn.as_ref().map(|d| json!({
+                    "where": format!("conversation {}, message {}", d.conversation + 1, d.message + 1),
+                    "fails": d.fails,
+                    "reference": d.reference,
+                    "arm": d.arm,
+                })),
             }))
         })
         .collect();

@@ -121,6 +121,7 @@ pub fn run(
                 .collect(),
             seconds: result.seconds,
             turns: m.turns.as_ref().map(|t| t.summary.clone()),
+            first_diverging_turn: m.turns.as_ref().and_then(first_diverging_turn),
         });
         rows.push(
             result
@@ -215,6 +216,31 @@ fn request<'a>(
             threads,
         )
     }
+}
+
+/// An arm's first failing turn, else its first turn whose tokens differ from the reference's.
+fn first_diverging_turn(t: &rerun::turns::TurnsRecord) -> Option<super::document::DivergingTurn> {
+    let show = |(i, fails): (usize, bool)| {
+        let turn = &t.turns[i];
+        super::document::DivergingTurn {
+            conversation: turn.conversation,
+            message: turn.message,
+            fails,
+            reference: turn.reference.text.clone(),
+            arm: turn.candidate.text.clone(),
+        }
+    };
+    let failing = t
+        .pairs
+        .iter()
+        .position(|p| !crate::kld::turns::turn_holds(p))
+        .map(|i| (i, true));
+    let differing = t
+        .turns
+        .iter()
+        .position(|turn| turn.first_divergence.is_some())
+        .map(|i| (i, false));
+    failing.or(differing).map(show)
 }
 
 /// Every pair of the study's own arms (not the controls) on their generated turns.
