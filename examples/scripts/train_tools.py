@@ -16,7 +16,7 @@ tokenizer_config.json, training.json} and, with --eval, the held-out conversatio
 study measures (different seed, the same generator).
 
     python3 examples/scripts/train_tools.py --out examples/models/stagehand-bf16 \
-        --eval examples/data/tool-calls.json
+        --eval examples/data/tool-calls.jsonl
 """
 
 import argparse
@@ -165,12 +165,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--eval", help="write the held-out conversations here (JSON lines)")
-    ap.add_argument("--conversations", type=int, default=6000)
-    ap.add_argument("--eval-conversations", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--conversations", type=int, default=3000)
+    # Many requests a conversation: the tools' declarations (most of a render's tokens) are
+    # then a small part of what is learnt.
+    ap.add_argument("--requests", type=int, default=10)
+    ap.add_argument("--eval-conversations", type=int, default=6)
+    ap.add_argument("--eval-requests", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=2500)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.manual_seed(args.seed)
@@ -185,14 +189,17 @@ def main():
     )
     ids = []
     for _ in range(args.conversations):
-        ids.extend(tok(render(conversation(rng, pool)), add_special_tokens=False)["input_ids"])
+        ids.extend(
+            tok(render(conversation(rng, pool, args.requests)), add_special_tokens=False)["input_ids"]
+        )
     ids = torch.tensor(ids, dtype=torch.long)
     print(f"tokens: {len(ids)}", flush=True)
     if args.eval:
         held = random.Random(args.seed + 1)
         with open(args.eval, "w", encoding="utf-8") as f:
             for _ in range(args.eval_conversations):
-                f.write(json.dumps(conversation(held, pool), ensure_ascii=False) + "\n")
+                c = conversation(held, pool, args.eval_requests)
+                f.write(json.dumps(c, ensure_ascii=False) + "\n")
 
     eos = tok.convert_tokens_to_ids("<|endoftext|>")
     config = Qwen3Config(
@@ -262,6 +269,7 @@ def main():
             {
                 "data": "synthetic tool conversations (examples/scripts/train_tools.py), phrases from examples/data/tinyshakespeare.txt",
                 "conversations": args.conversations,
+                "requests": args.requests,
                 "steps": args.steps,
                 "batch": args.batch,
                 "seq": args.seq,
