@@ -526,12 +526,27 @@ fn leader_exited(pid: i32) -> bool {
     }
 }
 
+/// Called before the process exits on its own: if an interrupt's handler is killing the
+/// children, wait for the signal it raised again to end the process. Other threads see the
+/// children die before the handler returns, and a failure they report must not end the process
+/// first with an exit code of its own (an interrupted run dies of its signal, as it would have
+/// without the handler). Returns at once when no signal came.
+pub fn wait_if_interrupted() {
+    if forward::INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_secs(30));
+    }
+}
+
 /// The interrupt handler: on SIGINT, SIGTERM or SIGHUP it kills every registered group, then
 /// the signal ends cardproof as it would have without the handler. Installed with the first
 /// child, only for signals whose action is the default (an ignored SIGHUP stays ignored).
 mod forward {
     use std::sync::Once;
-    use std::sync::atomic::{AtomicI32, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+
+    /// Set first thing by the handler: the signal will end the process once the handler
+    /// returns.
+    pub(super) static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
     /// Process groups alive now (0: a free slot). A fixed table: the handler may not allocate
     /// or lock.
@@ -554,6 +569,7 @@ mod forward {
 
     #[allow(unsafe_code)]
     extern "C" fn on_signal(sig: libc::c_int) {
+        INTERRUPTED.store(true, Ordering::SeqCst);
         for g in &GROUPS {
             let pgid = g.load(Ordering::SeqCst);
             if pgid > 1 {

@@ -48,6 +48,8 @@ fn main() -> ExitCode {
         // A format the command does not print: refused before any work, in words.
         Err((output, message)) => (output, Ok(Finished::Failed(Failure::Usage(message)))),
     };
+    // An interrupted run ends by its signal, not by the failure its killed children caused.
+    cardproof::runner::child::wait_if_interrupted();
     ExitCode::from(exit_code(&Printer::new(output), finished))
 }
 
