@@ -317,21 +317,33 @@ fn a_llama_perplexity_that_exits_0_without_opening_its_stream_is_an_error_not_a_
 }
 
 /// The processes run in groups of their own, out of the terminal's reach: Ctrl-C (SIGINT) to
-/// cardproof kills them, and cardproof still dies of the signal.
+/// cardproof kills them, and cardproof still dies of the signal. cardproof handles SIGINT only
+/// where it is not ignored (a shell's background job starts with it ignored, and an ignored
+/// signal stays ignored), so the test starts cardproof with the default action whatever the
+/// test runner was started with.
 #[test]
 #[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
 fn an_interrupt_to_cardproof_kills_the_llama_cpp_processes_too() {
+    use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().unwrap();
     let bin = hostile(dir.path(), VERSION_OK, "sleep 1000");
     let out = dir.path().join("out");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cardproof"))
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cardproof"));
+    command
         .current_dir(repo_root())
         .env("TMPDIR", dir.path())
         .args(measure_cmd(&bin, &out).argv())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+        .stderr(std::process::Stdio::null());
+    // SAFETY: signal(2) is async-signal-safe, and nothing else runs between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().unwrap();
     // `--version`, then the three processes of the run.
     let pgids = || -> Vec<u32> {
         std::fs::read_to_string(dir.path().join("pgids"))
