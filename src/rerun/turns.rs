@@ -324,20 +324,29 @@ impl TurnWork {
         generate(model, &self.plan, &self.protocol, self.used, progress)
     }
 
-    /// The record of a candidate's turns against the reference's: both judged, paired and
-    /// summarized with `bootstrap`.
+    /// One model's turns judged (decoded, calls read and checked).
+    fn judge(&self, generated: &[Generated], at: &Path) -> Result<Vec<JudgedTurn>> {
+        judge(&self.plan, generated, &self.tokenizer, self.format)
+            .map_err(|e| Error::format(at, None, e))
+    }
+
+    /// The reference's turns, judged once for every arm of the run.
+    pub fn reference(&self, generated: Vec<Generated>, at: &Path) -> Result<ReferenceTurns> {
+        let judged = self.judge(&generated, at)?;
+        Ok(ReferenceTurns { generated, judged })
+    }
+
+    /// The record of a candidate's turns against the reference's: the candidate's judged,
+    /// both paired and summarized with `bootstrap`.
     pub fn record(
         &self,
-        reference: &[Generated],
+        reference: &ReferenceTurns,
         candidate: &[Generated],
         bootstrap: &crate::kld::protocol::Bootstrap,
         at: &Path,
     ) -> Result<TurnsRecord> {
-        let judged = |g: &[Generated]| {
-            judge(&self.plan, g, &self.tokenizer, self.format)
-                .map_err(|e| Error::format(at, None, e))
-        };
-        let (rj, cj) = (judged(reference)?, judged(candidate)?);
+        let cj = self.judge(candidate, at)?;
+        let (reference, rj) = (&reference.generated[..], reference.judged.clone());
         let pairs = pairs(&self.plan, (reference, &rj), (candidate, &cj));
         let summary = crate::kld::turns::summarize(&pairs, bootstrap)
             .map_err(|e| Error::internal(at, format!("the turns' statistics: {e}")))?;
@@ -369,6 +378,12 @@ impl TurnWork {
             pairs,
         })
     }
+}
+
+/// The reference's generated turns and their judgement, shared by every arm.
+pub struct ReferenceTurns {
+    generated: Vec<Generated>,
+    judged: Vec<JudgedTurn>,
 }
 
 /// The turns of one arm in measurement.json: how they were generated, the statistics, and

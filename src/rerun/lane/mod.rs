@@ -254,7 +254,7 @@ pub(super) fn run(
         };
     let runs = runner.run(reference.as_ref(), arms, work.as_ref(), stage, progress)?;
     let reference_turns = match &work {
-        Some(w) => Some(reference.generate_turns(w, stage)?),
+        Some(w) => Some(w.reference(reference.generate_turns(w, stage)?, first.candidate)?),
         None => None,
     };
     if runs.arms.len() != arms.requests.len() {
@@ -280,7 +280,7 @@ pub(super) fn run(
             .iter()
             .zip(runs.arms)
             .map(|(r, scored)| {
-                let turns = turns_record(r, &scored, work.as_ref(), reference_turns.as_deref())?;
+                let turns = turns_record(r, &scored, work.as_ref(), reference_turns.as_ref())?;
                 let mut outcome = recorded(r, scored);
                 outcome.rerun.measurement.turns = turns;
                 Ok(outcome)
@@ -322,7 +322,7 @@ fn turns_record(
     r: &Request,
     scored: &Scored,
     work: Option<&TurnWork>,
-    reference: Option<&[Generated]>,
+    reference: Option<&super::turns::ReferenceTurns>,
 ) -> Result<Option<super::turns::TurnsRecord>> {
     match (work, reference, &scored.turns) {
         (Some(w), Some(reference), Some(candidate)) => w
