@@ -316,6 +316,23 @@ impl<R: Read> BaseStream<R> {
     pub fn open(path: &Path, mut input: R) -> Result<BaseStream<R>> {
         let mut header = [0u8; HEADER_BYTES as usize];
         let got = read_up_to(&mut input, &mut header).map_err(|e| Error::io(path, e))?;
+        if got == 12 && &header[..8] == MAGIC {
+            // llama-perplexity writes the magic and n_ctx, tokenizes, and returns when the text
+            // is shorter than two windows; its log line saying so is written by a thread that
+            // dies with it and is often lost, so the stream's shape is the evidence.
+            let n_ctx = header_field(path, &header, "n_ctx", 8)?;
+            return Err(Error::format(
+                path,
+                None,
+                format!(
+                    "llama-perplexity ended the stream after its header (n_ctx {n_ctx}), before the \
+                     vocabulary and the tokens: llama.cpp stops there when the text tokenizes to \
+                     fewer than two windows (you need at least {} tokens with a context of \
+                     {n_ctx})",
+                    2 * u64::from(n_ctx)
+                ),
+            ));
+        }
         if got < header.len() || &header[..8] != MAGIC {
             return Err(Error::format(
                 path,

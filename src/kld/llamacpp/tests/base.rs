@@ -512,3 +512,25 @@ fn crafted_minimal_file_reads() {
     assert_eq!(f.next_token(1), 0);
     assert_eq!(read_all(&f).unwrap(), 2);
 }
+
+/// llama-perplexity's log line for a too-short text is often lost at exit (its log thread dies
+/// with it); the stream that ends after magic and n_ctx still names the reason.
+#[test]
+fn a_stream_ending_after_its_header_names_the_too_short_text() {
+    let mut bytes = MAGIC.to_vec();
+    bytes.extend_from_slice(&512i32.to_le_bytes());
+    let e = BaseStream::open(Path::new("ref.pipe"), &bytes[..])
+        .err()
+        .expect("a stream of 12 bytes is refused");
+    let m = e.to_string();
+    assert!(m.contains("ref.pipe"), "{m}");
+    assert!(
+        m.contains("you need at least 1024 tokens with a context of 512"),
+        "{m}"
+    );
+    // Any other short stream is still plainly not a base stream.
+    let e = BaseStream::open(Path::new("ref.pipe"), &bytes[..10])
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("10 bytes before it ended"), "{e}");
+}
