@@ -23,6 +23,17 @@ pub enum TurnSelection {
     ToolCalls,
 }
 
+/// How a turn's tokens are chosen: the one decoding generation uses.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Decoding {
+    /// The argmax at every step, with top-1 agreement's tie rule (the first index of the
+    /// maximum).
+    Greedy,
+}
+
 /// The most turns one run generates (each is a prefill continuation and a generation).
 pub const MAX_TURNS: usize = 100_000;
 

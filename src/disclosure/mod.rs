@@ -405,6 +405,27 @@ pub struct Protocol {
     pub kl: Kl,
     pub vocab: Vocab,
     pub aggregation: Aggregation,
+    /// How the assistant turns behind the turn metrics (`tool_call_f1`, `tool_call_valid`,
+    /// `tool_call_match`, `turn_match`) were generated; required when `results` claims any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turns: Option<Turns>,
+}
+
+/// Generated assistant turns (a conversation eval text): each turn generated from the true
+/// history before it, rendered by the chat template with the generation prompt, by both models.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("patternProperties" = {"^x[-_]": {}}))]
+pub struct Turns {
+    /// Which assistant turns: `all`, or `tool_calls` (those that call tools in the conversation).
+    pub select: crate::conversation::turns::TurnSelection,
+    /// `greedy`: the argmax at every step, the first index of the maximum on ties.
+    pub decoding: crate::conversation::turns::Decoding,
+    /// Tokens generated at most per turn, the stop token included.
+    #[schemars(range(min = 1, max = 65536))]
+    pub max_new_tokens: u64,
+    /// The token ids that end a turn (the template's end-of-turn tokens).
+    pub stop_token_ids: Vec<u32>,
 }
 
 /// A window length in tokens (at least 2: one row predicts the next token; at most 2^20).
@@ -642,6 +663,12 @@ pub struct ResultClaim {
     /// that leaves out other rows does not reproduce the claim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n_nonfinite: Option<u64>,
+    /// Generated turns behind a turn metric's value (`tool_call_f1`, `tool_call_valid`,
+    /// `tool_call_match`, `turn_match`), which are not per context length: such a claim has
+    /// `n_turns`, never `context_length`, `n_positions` or `n_nonfinite`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub n_turns: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]

@@ -6,6 +6,10 @@
 /// `0.02` (±0.005, 25%) says too little to be checked, `0.0166` (±0.3%) does not.
 pub const IMPRECISE_RELATIVE: f64 = 0.05;
 
+/// Decimals `card` prints a turn metric with: half a unit (5e-7) is under half of one turn's
+/// share for any number of turns a run allows (1 / 100,000).
+pub const TURN_DECIMALS: u32 = 6;
+
 /// Relative numerical noise allowed on top of the printed precision (verify's tolerance, and
 /// lint's when it compares a prose number with the block's claim).
 pub const NOISE_RELATIVE: f64 = 1e-3;
@@ -43,11 +47,15 @@ pub fn precision_scale(metric: &str, value: f64) -> f64 {
 /// printed digit plus [`NOISE_RELATIVE`] of the claim's distance from "no change"
 /// ([`precision_scale`]), `half_unit(text) + 1e-3 * scale(metric, claim)`.
 pub fn tolerance(metric: &str, text: &str, claim: f64) -> f64 {
+    if crate::disclosure::vocabulary::is_turn_metric(metric) {
+        // Shares of counts from a deterministic decode: no numerical noise to allow for.
+        return half_unit(text);
+    }
     half_unit(text) + NOISE_RELATIVE * precision_scale(metric, claim)
 }
 
 /// The verdict rule in words, with its formula (README, report.json's `definitions`).
-pub const TOLERANCE_RULE: &str = "reproduced when |rerun - claim| <= half_unit(claim as printed) + 1e-3 * scale(claim), where scale is the claim's distance from no change: |value| for KL metrics, delta_p_rms and perplexities, |value - 1| for ppl_ratio, 1 - value for top1_agreement, 100 - value for same_top_p; imprecise (never reproduced) when half_unit / scale > 0.05";
+pub const TOLERANCE_RULE: &str = "reproduced when |rerun - claim| <= half_unit(claim as printed) + 1e-3 * scale(claim), where scale is the claim's distance from no change: |value| for KL metrics, delta_p_rms and perplexities, |value - 1| for ppl_ratio, 1 - value for top1_agreement, 100 - value for same_top_p; imprecise (never reproduced) when half_unit / scale > 0.05. Turn metrics (tool_call_f1, tool_call_valid, tool_call_match, turn_match), shares of counts: reproduced when |rerun - claim| <= half_unit(claim as printed); imprecise when half_unit exceeds half of one count's share (1 / the statistic's denominator: turns, calling turns, calls, or 2tp + fp + fn)";
 
 /// The printed precision relative to the claim's scale (infinite for a value at its bound).
 pub fn relative_precision(metric: &str, text: &str, value: f64) -> f64 {
@@ -62,6 +70,10 @@ pub fn relative_precision(metric: &str, text: &str, value: f64) -> f64 {
 /// Decimal places to print a metric with so that its precision is 4 significant digits of its
 /// scale (what `card` writes: always far finer than [`IMPRECISE_RELATIVE`]).
 pub fn decimals_for(metric: &str, value: f64) -> Option<u32> {
+    if crate::disclosure::vocabulary::is_turn_metric(metric) {
+        // A share of at most 100,000 turns or calls: 6 decimals tell every count apart.
+        return Some(TURN_DECIMALS);
+    }
     let scale = precision_scale(metric, value);
     if !(scale.is_finite() && scale > 0.0) {
         return None;

@@ -14,6 +14,7 @@ const CLAIM_KEYS: &[&str] = &[
     "context_length",
     "n_positions",
     "n_nonfinite",
+    "n_turns",
 ];
 
 /// One entry of the card's `fidelity.results`, with the value as printed.
@@ -32,6 +33,8 @@ pub struct Claim {
     pub n_positions: Option<u64>,
     /// Rows the card says were excluded as non-finite.
     pub n_nonfinite: Option<u64>,
+    /// Generated turns the card says are behind a turn metric's value.
+    pub n_turns: Option<u64>,
     /// 1-based line of the claim in the card.
     pub line: Option<usize>,
     /// Why the entry cannot be read as a claim (its verdict is then `invalid`).
@@ -67,6 +70,7 @@ fn value_range(metric: &str) -> (f64, f64, &'static str) {
         "top1_agreement" => (0.0, 1.0, "a fraction in [0, 1]"),
         "same_top_p" => (0.0, 100.0, "a percentage in [0, 100]"),
         "delta_p_rms" => (0.0, 1.0, "a probability difference in [0, 1]"),
+        m if vocabulary::is_turn_metric(m) => (0.0, 1.0, "a share of turns or calls in [0, 1]"),
         m if m.starts_with("ppl_") => (f64::MIN_POSITIVE, f64::INFINITY, "positive"),
         _ => (0.0, f64::INFINITY, "a divergence, at least 0"),
     }
@@ -167,7 +171,26 @@ fn read_claim(item: &Node, claim: &mut Claim) -> Result<(), String> {
     claim.context_length = count(item, "context_length", 2)?;
     claim.n_positions = count(item, "n_positions", 1)?;
     claim.n_nonfinite = count(item, "n_nonfinite", 0)?;
-    Ok(())
+    claim.n_turns = count(item, "n_turns", 1)?;
+    let turn = vocabulary::is_turn_metric(&metric);
+    let misplaced = if turn {
+        ["context_length", "n_positions", "n_nonfinite"]
+            .into_iter()
+            .find(|k| item.get(k).is_some())
+    } else {
+        item.get("n_turns").map(|_| "n_turns")
+    };
+    match misplaced {
+        Some(key) if turn => Err(format!(
+            "`{key}` on a turn metric: {metric} is measured once over the generated turns \
+             (`protocol.turns`), not over the scored rows of a context length; state `n_turns`"
+        )),
+        Some(key) => Err(format!(
+            "`{key}` on {metric}: only the turn metrics (tool_call_f1, tool_call_valid, \
+             tool_call_match, turn_match) are counted in turns"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Read `results` from the card's `fidelity` node (as parsed, with scalar text): one claim per
@@ -185,6 +208,7 @@ pub fn claims(fidelity: &Node, line_of: &dyn Fn(usize) -> usize) -> Vec<Claim> {
         context_length: None,
         n_positions: None,
         n_nonfinite: None,
+        n_turns: None,
         line: Some(line_of(node.span.start)),
         invalid: None,
     };

@@ -22,7 +22,24 @@ pub const METRICS: &[&str] = &[
     "ppl_cand",
     "ppl_ratio",
     "delta_p_rms",
+    "tool_call_f1",
+    "tool_call_valid",
+    "tool_call_match",
+    "turn_match",
 ];
+
+/// The turn metrics: shares over generated assistant turns (`protocol.turns`), measured once
+/// over the conversation, not at a context length.
+pub const TURN_METRICS: &[&str] = &[
+    "tool_call_f1",
+    "tool_call_valid",
+    "tool_call_match",
+    "turn_match",
+];
+
+pub fn is_turn_metric(name: &str) -> bool {
+    TURN_METRICS.contains(&name)
+}
 
 /// A metric that is another one on another scale: `same_top_p`, llama.cpp's `Same top p`, is
 /// `top1_agreement` (the share of scored rows whose most likely token is the same for both

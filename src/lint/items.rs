@@ -432,6 +432,7 @@ fn claims(f: &Value, locator: &Locator<'_>, out: &mut Vec<Finding>) {
         .unwrap_or_default();
     let direction = str_at(f, "/protocol/kl/direction");
     let method = str_at(f, "/protocol/aggregation/uncertainty/method");
+    let mut turn_findings = Vec::new();
     let mut inconsistent = |pointer: String, message: String| {
         out.push(locator.at_value(Finding::new(Code::InconsistentClaim, message), &pointer));
     };
@@ -441,6 +442,10 @@ fn claims(f: &Value, locator: &Locator<'_>, out: &mut Vec<Finding>) {
             .get("metric")
             .and_then(Value::as_str)
             .unwrap_or_default();
+        if vocabulary::is_turn_metric(metric) {
+            turn_claim(f, locator, &mut turn_findings, (i, metric));
+            continue;
+        }
         match claim.get("context_length").and_then(Value::as_u64) {
             Some(length) if !lengths.is_empty() && !lengths.contains(&length) => inconsistent(
                 format!("{base}/context_length"),
@@ -487,6 +492,43 @@ fn claims(f: &Value, locator: &Locator<'_>, out: &mut Vec<Finding>) {
                 ),
             );
         }
+    }
+    out.extend(turn_findings);
+}
+
+/// A turn metric's claim needs the turns it was measured on: a conversation eval text and
+/// `protocol.turns` (which turns, decoding, `max_new_tokens`, stop tokens).
+fn turn_claim(
+    f: &Value,
+    locator: &Locator<'_>,
+    out: &mut Vec<Finding>,
+    (i, metric): (usize, &str),
+) {
+    if f.pointer("/protocol/turns").is_none() {
+        let item = Item::Positions;
+        let finding = Finding::new(
+            Code::MissingDisclosure,
+            format!(
+                "disclosure item `{item}`: `protocol.turns` is missing, but results[{i}] claims \
+                 the turn metric `{metric}`: which turns were generated, how (decoding, \
+                 max_new_tokens) and where they stop (stop_token_ids) decide its value; {}",
+                item.why()
+            ),
+        )
+        .item(Some(item));
+        out.push(locator.at_value(finding, &format!("/fidelity/results/{i}/metric")));
+    }
+    if !is_conversation(f) {
+        out.push(locator.at_value(
+            Finding::new(
+                Code::InconsistentClaim,
+                format!(
+                    "`{metric}` is a turn metric, generated on the assistant turns of \
+                     conversations, but the eval text is not conversations (`eval.text.kind`)"
+                ),
+            ),
+            &format!("/fidelity/results/{i}/metric"),
+        ));
     }
 }
 

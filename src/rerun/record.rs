@@ -82,6 +82,7 @@ fn fidelity_draft(
                 context_length: Some(run.context_length as u64),
                 n_positions: Some(run.n_positions as u64),
                 n_nonfinite: (run.n_nonfinite > 0).then_some(run.n_nonfinite as u64),
+                n_turns: None,
             });
         }
     }
@@ -312,4 +313,54 @@ fn single_file_name(path: &str) -> Option<String> {
         return None;
     }
     p.file_name()?.to_str().map(str::to_owned)
+}
+
+/// The draft's turn claims and their `protocol.turns`, once a measurement's turns are recorded:
+/// every turn metric that is defined on these turns, with its interval's half-width and the
+/// number of turns behind it.
+pub fn add_turn_claims(draft: &mut FidelityDraft, turns: &super::turns::TurnsRecord) {
+    let s = &turns.summary;
+    draft.protocol.turns = Some(disclosure::Turns {
+        select: turns.protocol.turns,
+        decoding: turns.protocol.decoding,
+        max_new_tokens: turns.protocol.max_new_tokens as u64,
+        stop_token_ids: turns.stop_ids.clone(),
+    });
+    let shares = [
+        (
+            "tool_call_f1",
+            Some(s.tool_call_f1.value),
+            &s.tool_call_f1.uncertainty,
+        ),
+        (
+            "tool_call_valid",
+            s.tool_call_valid.value,
+            &s.tool_call_valid.uncertainty,
+        ),
+        (
+            "tool_call_match",
+            s.tool_call_match.value,
+            &s.tool_call_match.uncertainty,
+        ),
+        ("turn_match", s.turn_match.value, &s.turn_match.uncertainty),
+    ];
+    for (metric, value, u) in shares {
+        let Some(value) = value.filter(|v| v.is_finite()) else {
+            continue;
+        };
+        draft.results.push(ResultClaim {
+            metric: metric.to_owned(),
+            value: round_claim(metric, value),
+            uncertainty: u
+                .ci95
+                .iter()
+                .all(|v| v.is_finite())
+                .then(|| round_sig((u.ci95[1] - u.ci95[0]) / 2.0, 2)),
+            level: None,
+            context_length: None,
+            n_positions: None,
+            n_nonfinite: None,
+            n_turns: Some(s.turns),
+        });
+    }
 }

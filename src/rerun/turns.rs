@@ -15,6 +15,7 @@ use crate::conversation::calls::{self, CallCheck, CallFormat, Tools, TurnCalls};
 use crate::conversation::eval::TokenizerContext;
 use crate::conversation::file::{self, Conversation};
 use crate::conversation::template::ChatTemplate;
+pub use crate::conversation::turns::Decoding;
 use crate::conversation::turns::{self, TurnPrompt, TurnSelection};
 use crate::error::{Error, Result};
 use crate::kld::turns::{Decision, TurnPair, Validity};
@@ -31,13 +32,6 @@ pub struct TurnProtocol {
     pub decoding: Decoding,
     /// Tokens generated at most per turn, the stop token included.
     pub max_new_tokens: usize,
-}
-
-/// The one decoding generation uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Decoding {
-    Greedy,
 }
 
 /// The default `max_new_tokens`: room for a reasoning preamble and a call with its arguments.

@@ -85,7 +85,23 @@ pub struct Rerun {
     pub n_positions: u64,
     /// Rows excluded as non-finite.
     pub n_nonfinite: u64,
+    /// For a turn metric: the turns generated and one count's share of the statistic.
+    pub turns: Option<TurnSample>,
 }
+
+/// The sample behind a turn metric: every value it can take is a count over a denominator
+/// (turns for `turn_match`, the reference's calling turns for `tool_call_match`, the
+/// candidate's calls for `tool_call_valid`, 2tp + fp + fn for `tool_call_f1`), and `step` is
+/// one over that denominator.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TurnSample {
+    pub turns: u64,
+    pub step: f64,
+}
+
+/// A turn metric claim is `imprecise` when its printed half-unit exceeds half a count's share:
+/// its digits then fit more than one count.
+pub const TURN_IMPRECISE: f64 = 0.5;
 
 /// Everything besides the numbers that decides a verdict.
 #[derive(Debug, Clone, Default)]
@@ -101,6 +117,8 @@ pub struct Context {
     /// The rerun was not run because its pre-flight found the files given are not the ones the
     /// card names (`differences` says how); what the protocol would have computed.
     pub not_rerun: Option<NotRerun>,
+    /// The card states `protocol.turns` (without it a turn metric is undisclosed).
+    pub turns_disclosed: bool,
 }
 
 /// What a rerun stopped at its pre-flight would have computed: the directions of its protocol.
@@ -128,6 +146,14 @@ impl NotRerun {
 /// Where the card's sample and the rerun's differ for one claim.
 fn sample_differences(claim: &Claim, r: &Rerun) -> Vec<String> {
     let mut out = Vec::new();
+    if let Some(t) = r.turns {
+        if let Some(n) = claim.n_turns
+            && n != t.turns
+        {
+            out.push(format!("turns generated: card {n}, rerun {}", t.turns));
+        }
+        return out;
+    }
     if let Some(n) = claim.n_positions
         && n != r.n_positions
     {
@@ -146,12 +172,13 @@ fn sample_differences(claim: &Claim, r: &Rerun) -> Vec<String> {
     out
 }
 
-/// Judge one claim. `rerun` looks a metric up at a context length.
+/// Judge one claim. `rerun` looks a metric up at a context length (`None` for a turn metric,
+/// which is measured once over the generated turns).
 pub fn judge(
     claim: &Claim,
     context_lengths: &[u64],
     ctx: &Context,
-    rerun: &dyn Fn(&str, u64) -> Option<Rerun>,
+    rerun: &dyn Fn(&str, Option<u64>) -> Option<Rerun>,
 ) -> ClaimResult {
     let mut result = unjudged(claim);
     if let Some(why) = &claim.invalid {
@@ -175,36 +202,49 @@ pub fn judge(
         );
         return result;
     }
-    let length = match (claim.context_length, context_lengths) {
-        (Some(l), _) => l,
-        (None, [only]) => *only,
-        (None, _) => {
+    let turn = crate::disclosure::vocabulary::is_turn_metric(&claim.metric);
+    let length = match (turn, claim.context_length, context_lengths) {
+        (true, _, _) => None,
+        (false, Some(l), _) => Some(l),
+        (false, None, [only]) => Some(*only),
+        (false, None, _) => {
             result.reason = "the claim names no context_length and the protocol has several".into();
             return result;
         }
     };
-    result.context_length = Some(length);
+    result.context_length = length;
     let r = match rerun(&claim.metric, length) {
         Some(r) => Some(r),
         // Not rerun: judged as far as the card alone allows, never reproduced.
         None if ctx.not_rerun.is_some_and(|n| n.computes(&claim.metric))
-            && context_lengths.contains(&length) =>
+            && (turn || length.is_some_and(|l| context_lengths.contains(&l))) =>
         {
             None
         }
-        None => {
-            result.reason = format!(
-                "the rerun has no {} at context length {length} (not in the disclosed protocol, or not computed)",
-                claim.metric
-            );
-            return result;
-        }
+        None => return missing_number(claim, length, ctx, result),
     };
     if let Some(r) = r {
         result.rerun = Some(r.value);
         result.rerun_ci95 = r.ci95;
     }
-    if precision > IMPRECISE_RELATIVE {
+    if let Some(t) = r.and_then(|r| r.turns) {
+        // A share of counts: its digits must single out one count.
+        let per_count = half_unit(&claim.text) / t.step;
+        result.claimed_precision_relative = Some(per_count);
+        if per_count > TURN_IMPRECISE {
+            result.verdict = Verdict::Imprecise;
+            result.reason = format!(
+                "printed as {}, the claim only says ±{:.1e}, more than half of one count's share \
+                 of {} ({:.3e}): its digits fit more than one count; print it to within half a \
+                 count (`card` prints 6 decimals)",
+                claim.text,
+                half_unit(&claim.text),
+                claim.metric,
+                t.step
+            );
+            return result;
+        }
+    } else if !turn && precision > IMPRECISE_RELATIVE {
         result.verdict = Verdict::Imprecise;
         result.reason = imprecise_reason(claim, precision, r);
         return result;
@@ -232,6 +272,35 @@ pub fn judge(
         return result;
     }
     (result.verdict, result.reason) = compare(claim, &r, tolerance);
+    result
+}
+
+/// A claim the rerun has no number for: a context length outside the protocol, a metric not
+/// computed, turns not disclosed (undisclosed), or a turn metric undefined on the rerun's turns
+/// (a share of no calls: the claim's number is not reproduced).
+fn missing_number(
+    claim: &Claim,
+    length: Option<u64>,
+    ctx: &Context,
+    mut result: ClaimResult,
+) -> ClaimResult {
+    result.reason = match length {
+        Some(length) => format!(
+            "the rerun has no {} at context length {length} (not in the disclosed protocol, or not computed)",
+            claim.metric
+        ),
+        None if !ctx.turns_disclosed => format!(
+            "{} is a turn metric and the card does not state `protocol.turns` (how its turns were generated)",
+            claim.metric
+        ),
+        None => {
+            result.verdict = Verdict::NotReproduced;
+            format!(
+                "{} is undefined on the rerun's turns (a share of no calls), so no number reproduces it",
+                claim.metric
+            )
+        }
+    };
     result
 }
 
@@ -397,6 +466,7 @@ mod tests {
             context_length: Some(256),
             n_positions: None,
             n_nonfinite: None,
+            n_turns: None,
             line: None,
             invalid: None,
         }
@@ -408,11 +478,12 @@ mod tests {
             ci95: None,
             n_positions: 10965,
             n_nonfinite: 0,
+            turns: None,
         }
     }
 
-    fn run(value: f64) -> impl Fn(&str, u64) -> Option<Rerun> {
-        move |_, l| (l == 256).then_some(rerun_of(value))
+    fn run(value: f64) -> impl Fn(&str, Option<u64>) -> Option<Rerun> {
+        move |_, l| (l == Some(256)).then_some(rerun_of(value))
     }
 
     /// The claims of a `results:` list written in YAML.
@@ -444,7 +515,7 @@ mod tests {
             }),
             ..Context::default()
         };
-        let none = |_: &str, _: u64| None;
+        let none = |_: &str, _: Option<u64>| None;
         let r = judge(&claim("0.01648"), &[256], &not_rerun, &none);
         assert_eq!(r.verdict, Verdict::NotComparable);
         assert!(r.reason.starts_with("not rerun:"), "{}", r.reason);
@@ -678,10 +749,10 @@ mod tests {
         let mut c = claim("0.01648");
         c.n_positions = Some(10965);
         let ctx = Context::default();
-        let same = |_: &str, _: u64| Some(rerun_of(0.01648));
+        let same = |_: &str, _: Option<u64>| Some(rerun_of(0.01648));
         assert_eq!(judge(&c, &[256], &ctx, &same).verdict, Verdict::Reproduced);
         // 255 rows dropped as non-finite, not disclosed: the sample differs.
-        let dropped = |_: &str, _: u64| {
+        let dropped = |_: &str, _: Option<u64>| {
             Some(Rerun {
                 n_positions: 10710,
                 n_nonfinite: 255,
@@ -757,5 +828,108 @@ mod tests {
         assert_eq!(overall(std::slice::from_ref(&ok)), Verdict::Reproduced);
         assert_eq!(overall(&[ok, bad]), Verdict::NotReproduced);
         assert_eq!(overall(&[]), Verdict::Undisclosed);
+    }
+
+    /// A turn metric's rerun: `hits` of `of` over `turns` turns.
+    fn turn_rerun(hits: u64, of: u64, turns: u64) -> impl Fn(&str, Option<u64>) -> Option<Rerun> {
+        move |_, l| {
+            (l.is_none()).then_some(Rerun {
+                value: hits as f64 / of as f64,
+                ci95: None,
+                n_positions: 0,
+                n_nonfinite: 0,
+                turns: Some(TurnSample {
+                    turns,
+                    step: 1.0 / of as f64,
+                }),
+            })
+        }
+    }
+
+    fn turns_ctx() -> Context {
+        Context {
+            turns_disclosed: true,
+            ..Context::default()
+        }
+    }
+
+    #[test]
+    fn turn_claims_are_judged_on_counts_not_context_lengths() {
+        let judged = |yaml: &str, hits, of| {
+            let c = &parsed(yaml)[0];
+            let r = judge(c, &[256, 1024], &turns_ctx(), &turn_rerun(hits, of, 36));
+            (r.verdict, r.reason)
+        };
+        // 30 of 36 turns: 0.833333...; six decimals, four, and the exact value all single out 30.
+        for text in ["0.833333", "0.8333", "0.83"] {
+            let y = format!("- {{metric: turn_match, value: {text}, n_turns: 36}}\n");
+            assert_eq!(judged(&y, 30, 36).0, Verdict::Reproduced, "{text}");
+        }
+        // 0.8 says ±0.05, which fits 29, 30 and 31 of 36 turns: imprecise, whatever the count.
+        let (v, why) = judged("- {metric: turn_match, value: 0.8, n_turns: 36}\n", 30, 36);
+        assert_eq!(v, Verdict::Imprecise, "{why}");
+        assert!(why.contains("more than one count"), "{why}");
+        // One turn off is not reproduced.
+        let y = "- {metric: turn_match, value: 0.805556, n_turns: 36}\n";
+        assert_eq!(judged(y, 30, 36).0, Verdict::NotReproduced);
+        // A perfect share printed as `1` says nothing; `1.000` with 36 turns does.
+        assert_eq!(
+            judged(
+                "- {metric: tool_call_valid, value: 1, n_turns: 36}\n",
+                12,
+                12
+            )
+            .0,
+            Verdict::Imprecise
+        );
+        assert_eq!(
+            judged(
+                "- {metric: tool_call_valid, value: 1.000, n_turns: 36}\n",
+                12,
+                12
+            )
+            .0,
+            Verdict::Reproduced
+        );
+        // Another number of turns is another sample.
+        let (v, why) = judged(
+            "- {metric: turn_match, value: 0.833333, n_turns: 30}\n",
+            30,
+            36,
+        );
+        assert_eq!(v, Verdict::NotReproduced, "{why}");
+        assert!(why.contains("turns generated: card 30, rerun 36"), "{why}");
+    }
+
+    #[test]
+    fn turn_claims_without_turns_are_undisclosed_and_undefined_shares_not_reproduced() {
+        let c = &parsed("- {metric: tool_call_match, value: 0.5, n_turns: 4}\n")[0];
+        let none = |_: &str, _: Option<u64>| None;
+        let r = judge(c, &[256], &Context::default(), &none);
+        assert_eq!(r.verdict, Verdict::Undisclosed, "{}", r.reason);
+        assert!(r.reason.contains("protocol.turns"), "{}", r.reason);
+        let r = judge(c, &[256], &turns_ctx(), &none);
+        assert_eq!(r.verdict, Verdict::NotReproduced, "{}", r.reason);
+        assert!(r.reason.contains("undefined"), "{}", r.reason);
+    }
+
+    #[test]
+    fn turn_claims_refuse_row_keys_and_row_claims_refuse_n_turns() {
+        let c = &parsed("- {metric: turn_match, value: 0.5, context_length: 256}\n")[0];
+        assert!(
+            c.invalid
+                .as_deref()
+                .unwrap()
+                .contains("`context_length` on a turn metric")
+        );
+        let c = &parsed("- {metric: kld_mean, value: 0.5, n_turns: 3}\n")[0];
+        assert!(
+            c.invalid
+                .as_deref()
+                .unwrap()
+                .contains("`n_turns` on kld_mean")
+        );
+        let c = &parsed("- {metric: tool_call_f1, value: 1.5}\n")[0];
+        assert!(c.invalid.as_deref().unwrap().contains("out of range"));
     }
 }

@@ -210,6 +210,8 @@ pub struct CardLane<'a> {
     pub reference: Option<&'a disclosure::Reference>,
     /// `candidate.files_sha256`, as the card states it.
     pub candidate_files_sha256: Option<&'a str>,
+    /// `protocol.turns`, as the card states it.
+    pub turns: Option<&'a disclosure::Turns>,
 }
 
 /// Every difference between the card's lane and protocol and the rerun's.
@@ -349,6 +351,7 @@ pub fn lane_differences(card: &CardLane, m: &Measurement, resolved: &Resolved) -
         },
         "rerun",
     ));
+    out.extend(turn_differences(card.turns, m.turns.as_ref()));
     if let Some(a) = &resolved.aggregation {
         out.push(Difference {
             field: "fidelity.protocol.aggregation.statistic".into(),
@@ -356,6 +359,48 @@ pub fn lane_differences(card: &CardLane, m: &Measurement, resolved: &Resolved) -
             rerun: "mean_over_positions".into(),
             message: format!("aggregation: card {a}, the rerun computes mean_over_positions"),
         });
+    }
+    out
+}
+
+/// The card's `protocol.turns` against the turns the rerun generated: the rerun follows the
+/// card's selection, decoding and `max_new_tokens`, and finds its stop tokens in the chat
+/// template, so these differ only when the card's are not what its template says.
+fn turn_differences(
+    card: Option<&disclosure::Turns>,
+    ran: Option<&crate::rerun::turns::TurnsRecord>,
+) -> Vec<Difference> {
+    let (Some(card), Some(ran)) = (card, ran) else {
+        return Vec::new();
+    };
+    let ids = |v: &[u32]| {
+        let shown: Vec<String> = v.iter().map(u32::to_string).collect();
+        format!("[{}]", shown.join(", "))
+    };
+    let mut out = Vec::new();
+    if card.stop_token_ids != ran.stop_ids {
+        out.push(plain(
+            "protocol.turns.stop_token_ids",
+            "stop tokens",
+            ids(&card.stop_token_ids),
+            ids(&ran.stop_ids),
+        ));
+    }
+    if card.max_new_tokens != ran.protocol.max_new_tokens as u64 {
+        out.push(plain(
+            "protocol.turns.max_new_tokens",
+            "max_new_tokens",
+            card.max_new_tokens.to_string(),
+            ran.protocol.max_new_tokens.to_string(),
+        ));
+    }
+    if card.select != ran.protocol.turns {
+        out.push(plain(
+            "protocol.turns.select",
+            "turns",
+            text(&card.select),
+            text(&ran.protocol.turns),
+        ));
     }
     out
 }

@@ -343,6 +343,11 @@ pub fn verify(
     stage("linting");
     let read = read_card(r.model)?;
     let mut ctx = lint_context(&read.lint);
+    ctx.turns_disclosed = read
+        .sections
+        .protocol
+        .as_ref()
+        .is_ok_and(|p| p.turns.is_some());
     stage("hashing");
     let manifest = hash_path(
         &read.checkpoint,
@@ -417,6 +422,12 @@ impl ReadCard {
             eval: self.eval(),
             reference: self.reference(),
             candidate_files_sha256: self.disclosure["candidate"]["files_sha256"].as_str(),
+            turns: self
+                .sections
+                .protocol
+                .as_ref()
+                .ok()
+                .and_then(|p| p.turns.as_ref()),
         }
     }
 
@@ -751,6 +762,7 @@ fn rerun_request<'a: 'l, 'l>(
         pins: r.pins.clone(),
         recurrent_state: r.recurrent_state,
         kv_cache,
+        turns: resolved.turns,
         ..rerun::Request::new(
             lane,
             &read.checkpoint,
@@ -853,8 +865,12 @@ fn judge_claims(card_claims: &[Claim], outcome: &RerunOutcome, ctx: &Context) ->
                 .collect(),
         ),
     };
-    let lookup =
-        |metric: &str, length: u64| measurement.and_then(|m| rerun_number(m, bits, metric, length));
+    let lookup = |metric: &str, length: Option<u64>| {
+        measurement.and_then(|m| match length {
+            Some(length) => rerun_number(m, bits, metric, length),
+            None => rerun_turn_number(m, metric),
+        })
+    };
     card_claims
         .iter()
         .map(|c| claims::judge(c, &lengths, ctx, &lookup))
@@ -886,6 +902,44 @@ fn rerun_number(
         ci95: ci.map(|[a, b]| [a * scale, b * scale]),
         n_positions: run.n_positions as u64,
         n_nonfinite: run.n_nonfinite as u64,
+        turns: None,
+    })
+}
+
+/// The rerun's turn metric, with the count it is a share of (`None` when the rerun generated no
+/// turns, or the share is undefined on them).
+fn rerun_turn_number(m: &rerun::Measurement, metric: &str) -> Option<claims::Rerun> {
+    let s = &m.turns.as_ref()?.summary;
+    let f1 = &s.tool_call_f1;
+    let (value, u, denominator) = match metric {
+        "tool_call_f1" => (Some(f1.value), &f1.uncertainty, 2 * f1.tp + f1.fp + f1.fn_),
+        "tool_call_valid" => (
+            s.tool_call_valid.value,
+            &s.tool_call_valid.uncertainty,
+            s.tool_call_valid.calls,
+        ),
+        "tool_call_match" => (
+            s.tool_call_match.value,
+            &s.tool_call_match.uncertainty,
+            s.tool_call_match.of,
+        ),
+        "turn_match" => (
+            s.turn_match.value,
+            &s.turn_match.uncertainty,
+            s.turn_match.of,
+        ),
+        _ => return None,
+    };
+    let value = value.filter(|v| v.is_finite())?;
+    Some(claims::Rerun {
+        value,
+        ci95: u.ci95.iter().all(|v| v.is_finite()).then_some(u.ci95),
+        n_positions: 0,
+        n_nonfinite: 0,
+        turns: Some(claims::TurnSample {
+            turns: s.turns,
+            step: 1.0 / denominator.max(1) as f64,
+        }),
     })
 }
 

@@ -282,6 +282,10 @@ pub(super) fn run(
             .map(|(r, scored)| {
                 let turns = turns_record(r, &scored, work.as_ref(), reference_turns.as_ref())?;
                 let mut outcome = recorded(r, scored);
+                if let Some(t) = &turns {
+                    let m = &mut outcome.rerun.measurement;
+                    crate::rerun::record::add_turn_claims(&mut m.fidelity, t);
+                }
                 outcome.rerun.measurement.turns = turns;
                 Ok(outcome)
             })
