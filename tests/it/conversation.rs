@@ -334,7 +334,7 @@ fn role_and_span_policies_and_conversation_files_refuse_what_they_cannot_do() {
 
 /// A copy of the fp8 example whose card is rewritten from a measurement on the short
 /// conversation (the conversation and template beside the card), with `extra` measure flags.
-fn conversation_card(dir: &Path, extra: &[&str]) -> PathBuf {
+pub(crate) fn conversation_card(dir: &Path, extra: &[&str]) -> PathBuf {
     let candidate = dir.join("candidate");
     copy_model("shakespeare-fp8-block", &candidate);
     let (conversation, template) = short_conversation(&candidate, 16);

@@ -200,3 +200,117 @@ fn a_study_generates_every_arms_turns_and_compares_them() {
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("protocol.turns"), "{}", r.stderr);
 }
+
+/// A card written from a measurement with turns carries the turn claims and `protocol.turns`;
+/// it lints clean and verifies as reproduced (the rerun generates the card's turns); one turn
+/// off in a turn claim is not reproduced, and a card without `protocol.turns` is a missing
+/// disclosure.
+#[test]
+fn a_card_with_turn_claims_lints_verifies_and_an_edited_claim_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let candidate = crate::conversation::conversation_card(
+        dir.path(),
+        &[
+            "--positions",
+            "role:assistant",
+            "--turns",
+            "all",
+            "--max-new-tokens",
+            "6",
+        ],
+    );
+    let card_path = candidate.join("README.md");
+    let card = std::fs::read_to_string(&card_path).unwrap();
+    for line in [
+        "turns:",
+        "select: all",
+        "decoding: greedy",
+        "max_new_tokens: 6",
+        "stop_token_ids:",
+        "metric: turn_match",
+        "n_turns:",
+    ] {
+        assert!(card.contains(line), "{line}:\n{card}");
+    }
+    let lint = crate::support::cardproof(&["lint", candidate.to_str().unwrap(), "--json"]);
+    assert_eq!(lint.code, 0, "{}", lint.stdout);
+    let keys = dir.path().join("keys");
+    crate::support::cardproof(&["keygen", "--out", keys.to_str().unwrap()]);
+    let verify = |out: &str| {
+        Cmd::verify(&candidate)
+            .reference(model("shakespeare-bf16"))
+            .key(keys.join("cardproof.key"))
+            .out(dir.path().join(out))
+            .arg("--json")
+            .run()
+    };
+    let r = verify("report");
+    assert_eq!(r.code, 0, "{}\n{}", r.stderr, r.stdout);
+    let report = r.json();
+    assert_eq!(report["verdict"], "reproduced", "{report}");
+    let claims = report["claims"].as_array().unwrap();
+    let turn_claim = claims
+        .iter()
+        .find(|c| c["metric"] == "turn_match")
+        .expect("a turn_match claim");
+    assert_eq!(turn_claim["verdict"], "reproduced", "{turn_claim}");
+    assert!(turn_claim["context_length"].is_null(), "{turn_claim}");
+
+    // One turn off: 1/n away from what was measured.
+    let line = card
+        .lines()
+        .find(|l| l.contains("metric: turn_match"))
+        .unwrap()
+        .to_owned();
+    let n: f64 = line
+        .split("n_turns: ")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches(['}', ' '])
+        .parse()
+        .unwrap();
+    let value: f64 = line
+        .split("value: ")
+        .nth(1)
+        .unwrap()
+        .split(',')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let edited = if value >= 1.0 / n {
+        value - 1.0 / n
+    } else {
+        value + 1.0 / n
+    };
+    let edited_line = line.replace(
+        &format!("value: {value:.6}"),
+        &format!("value: {edited:.6}"),
+    );
+    assert_ne!(edited_line, line);
+    std::fs::write(&card_path, card.replace(&line, &edited_line)).unwrap();
+    let r = verify("edited");
+    assert_eq!(r.code, 1, "{}\n{}", r.stderr, r.stdout);
+    let report = r.json();
+    let c = report["claims"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["metric"] == "turn_match")
+        .unwrap()
+        .clone();
+    assert_eq!(c["verdict"], "not_reproduced", "{c}");
+
+    // Without `protocol.turns`: lint names the missing disclosure.
+    let start = card.find("    turns:").expect("protocol.turns in the card");
+    let end = card[start..].find("stop_token_ids").unwrap() + start;
+    let end = card[end..].find('\n').unwrap() + end + 1;
+    std::fs::write(&card_path, format!("{}{}", &card[..start], &card[end..])).unwrap();
+    let lint = crate::support::cardproof(&["lint", candidate.to_str().unwrap(), "--json"]);
+    assert_eq!(lint.code, 1, "{}", lint.stdout);
+    let f = lint.finding("missing-disclosure");
+    assert!(
+        f["message"].as_str().unwrap().contains("protocol.turns"),
+        "{f}"
+    );
+}
