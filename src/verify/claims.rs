@@ -394,6 +394,15 @@ fn blocked_by_context(
 /// The numbers compared: reproduced when the rerun is within the claim's tolerance.
 fn compare(claim: &Claim, r: &Rerun, tolerance: f64) -> (Verdict, String) {
     let diff = (r.value - claim.value).abs();
+    if r.turns.is_some() && diff <= tolerance {
+        return (
+            Verdict::Reproduced,
+            format!(
+                "equal within the claim's printed precision (±{:.1e}; a share of counts has no numerical noise): |rerun - claim| = {diff:.2e} <= {tolerance:.2e}",
+                half_unit(&claim.text),
+            ),
+        );
+    }
     if diff <= tolerance {
         (
             Verdict::Reproduced,

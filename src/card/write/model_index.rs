@@ -53,6 +53,10 @@ pub(super) fn metric_label(metric: &str, units: &str) -> String {
             "ppl_cand" => "candidate perplexity".into(),
             "ppl_ratio" => "PPL ratio (candidate / reference)".into(),
             "delta_p_rms" => "RMS change in the true token's probability".into(),
+            "tool_call_f1" => "tool-call F1 (greedy turns)".into(),
+            "tool_call_valid" => "valid tool calls (greedy turns)".into(),
+            "tool_call_match" => "tool calls equal to the reference's (greedy turns)".into(),
+            "turn_match" => "turns equal to the reference's (greedy turns)".into(),
             other => other.to_owned(),
         };
     };
