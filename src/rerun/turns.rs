@@ -517,3 +517,64 @@ mod tests {
         assert!(e.to_string().contains("max_new_tokens 0"), "{e}");
     }
 }
+
+/// One turn metric as cards and reports show it: its value (null when undefined on these
+/// turns), the counts behind it in words, and its interval.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TurnMetricRow {
+    pub metric: &'static str,
+    pub value: Option<f64>,
+    pub counts: String,
+    pub ci95: Option<[f64; 2]>,
+}
+
+impl TurnsRecord {
+    /// The four turn metrics, in the vocabulary's order, with their counts.
+    pub fn metric_rows(&self) -> Vec<TurnMetricRow> {
+        let s = &self.summary;
+        let (f1, v) = (&s.tool_call_f1, &s.tool_call_valid);
+        let finite = |u: &crate::kld::stats::Uncertainty| {
+            u.ci95.iter().all(|x| x.is_finite()).then_some(u.ci95)
+        };
+        vec![
+            TurnMetricRow {
+                metric: "tool_call_f1",
+                value: Some(f1.value),
+                counts: format!("tp {} fp {} fn {} tn {}", f1.tp, f1.fp, f1.fn_, f1.tn),
+                ci95: finite(&f1.uncertainty),
+            },
+            TurnMetricRow {
+                metric: "tool_call_valid",
+                value: v.value,
+                counts: format!(
+                    "{} of {} calls (invalid JSON {}, unknown name {}, schema mismatch {})",
+                    v.valid, v.calls, v.invalid_json, v.unknown_name, v.schema_mismatch
+                ),
+                ci95: finite(&v.uncertainty),
+            },
+            TurnMetricRow {
+                metric: "tool_call_match",
+                value: s.tool_call_match.value,
+                counts: format!(
+                    "{} of {} calling turns",
+                    s.tool_call_match.hits, s.tool_call_match.of
+                ),
+                ci95: finite(&s.tool_call_match.uncertainty),
+            },
+            TurnMetricRow {
+                metric: "turn_match",
+                value: s.turn_match.value,
+                counts: format!("{} of {} turns", s.turn_match.hits, s.turn_match.of),
+                ci95: finite(&s.turn_match.uncertainty),
+            },
+        ]
+    }
+
+    /// The template's call family by its recorded name (`qwen3_coder`), or `none found`.
+    pub fn call_format_name(&self) -> String {
+        self.call_format
+            .and_then(|f| serde_json::to_value(f).ok())
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_else(|| "none found".into())
+    }
+}

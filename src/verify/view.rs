@@ -120,11 +120,62 @@ fn view_model(report: &Report, rows: &[RunRows], html: bool) -> Json {
         })).collect::<Vec<_>>(),
         "noise_floor": report.noise_floor.as_ref().map_or(Json::Null, noise_floor_view),
         "runs": runs.iter().map(|r| run_view(r, rows, html)).collect::<Vec<_>>(),
+        "turns": measurement.and_then(|m| m.turns.as_ref()).map_or(Json::Null, turns_view),
         "any_low_support": runs.iter().any(|r| !r.summary.low_support.is_empty()),
         "histogram": histogram,
         "checkpoint": checkpoint_view(report),
         "card": card_view(report),
         "definitions": measurement.map(|m| m.definitions.iter().map(|(k, v)| json!({"name": k, "text": text(v)})).collect::<Vec<_>>()).unwrap_or_default(),
+    })
+}
+
+/// Turns shown where they first differ, at most.
+const SHOWN_DIVERGING_TURNS: usize = 5;
+/// Characters of a turn's text shown in a report.
+const SHOWN_TURN_CHARS: usize = 160;
+
+/// The generated turns: how they were generated, each turn metric with its counts, recovery,
+/// and the first turns where the two models' outputs differ (their texts on one line each).
+fn turns_view(t: &crate::rerun::turns::TurnsRecord) -> Json {
+    let one_line = |text: &str| -> String {
+        let flat: String = text
+            .chars()
+            .map(|c| if c == '\n' { '⏎' } else { c })
+            .filter(|c| !c.is_control())
+            .take(SHOWN_TURN_CHARS)
+            .collect();
+        if text.chars().count() > SHOWN_TURN_CHARS {
+            format!("{flat}…")
+        } else {
+            flat
+        }
+    };
+    let s = &t.summary;
+    json!({
+        "turns": s.turns,
+        "conversations": s.conversations,
+        "select": json_of(&t.protocol.turns),
+        "max_new_tokens": t.protocol.max_new_tokens,
+        "stop_ids": t.stop_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+        "call_format": t.call_format_name(),
+        "rows": t.metric_rows().iter().map(|r| json!({
+            "metric": r.metric,
+            "value": r.value.and_then(|v| crate::disclosure::precision::claim_text(r.metric, v)),
+            "counts": r.counts,
+            "ci95": r.ci95,
+        })).collect::<Vec<_>>(),
+        "recovery": json_of(&s.recovery),
+        "diverging": t.turns.iter().filter_map(|turn| {
+            let at = turn.first_divergence?;
+            Some(json!({
+                "conversation": turn.conversation,
+                "message": turn.message,
+                "at": at,
+                "reference": one_line(&turn.reference.text),
+                "candidate": one_line(&turn.candidate.text),
+            }))
+        }).take(SHOWN_DIVERGING_TURNS).collect::<Vec<_>>(),
+        "diverging_total": s.first_divergence.turns,
     })
 }
 
@@ -160,6 +211,7 @@ fn claim_view(c: &ClaimResult) -> Json {
     json!({
         "metric": c.metric,
         "context_length": c.context_length,
+        "turn": crate::disclosure::vocabulary::is_turn_metric(&c.metric),
         "claimed": finite(c.claimed),
         "claimed_text": claimed_text,
         "rerun_text": rerun_text,

@@ -255,6 +255,13 @@ fn a_card_with_turn_claims_lints_verifies_and_an_edited_claim_does_not() {
         .expect("a turn_match claim");
     assert_eq!(turn_claim["verdict"], "reproduced", "{turn_claim}");
     assert!(turn_claim["context_length"].is_null(), "{turn_claim}");
+    let md = std::fs::read_to_string(dir.path().join("report/report.md")).unwrap();
+    assert!(
+        md.contains("## Generated turns") && md.contains("| `turn_match` | turns |"),
+        "{md}"
+    );
+    let html = std::fs::read_to_string(dir.path().join("report/report.html")).unwrap();
+    assert!(html.contains("<h2>Generated turns</h2>"));
 
     // One turn off: 1/n away from what was measured.
     let line = card

@@ -382,57 +382,21 @@ fn turns_table(t: &crate::rerun::turns::TurnsRecord, level_words: &str) -> Strin
         if sm.conversations == 1 { "" } else { "s" },
         t.protocol.max_new_tokens,
         stops.join(", "),
-        t.call_format
-            .map_or("unknown".to_owned(), |f| serde_json::to_value(f)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default()),
+        t.call_format_name(),
     );
-    let f1 = &sm.tool_call_f1;
-    let v = &sm.tool_call_valid;
-    let rows = [
-        (
-            "tool_call_f1",
-            Some(f1.value),
-            format!("tp {} fp {} fn {} tn {}", f1.tp, f1.fp, f1.fn_, f1.tn),
-            &f1.uncertainty,
-        ),
-        (
-            "tool_call_valid",
-            v.value,
-            format!(
-                "{} of {} calls (invalid JSON {}, unknown name {}, schema mismatch {})",
-                v.valid, v.calls, v.invalid_json, v.unknown_name, v.schema_mismatch
-            ),
-            &v.uncertainty,
-        ),
-        (
-            "tool_call_match",
-            sm.tool_call_match.value,
-            format!(
-                "{} of {} calling turns",
-                sm.tool_call_match.hits, sm.tool_call_match.of
-            ),
-            &sm.tool_call_match.uncertainty,
-        ),
-        (
-            "turn_match",
-            sm.turn_match.value,
-            format!("{} of {} turns", sm.turn_match.hits, sm.turn_match.of),
-            &sm.turn_match.uncertainty,
-        ),
-    ];
-    for (metric, value, counts, u) in rows {
-        let value = value
-            .and_then(|v| crate::disclosure::precision::claim_text(metric, v))
+    for row in t.metric_rows() {
+        let value = row
+            .value
+            .and_then(|v| crate::disclosure::precision::claim_text(row.metric, v))
             .unwrap_or_else(|| "–".into());
-        let interval = if u.ci95.iter().all(|x| x.is_finite()) {
-            format!("[{}, {}]", show(u.ci95[0]), show(u.ci95[1]))
-        } else {
-            "–".into()
-        };
-        let label = metric_label(metric, "");
-        s.push_str(&format!("| {label} | {value} | {counts} | {interval} |\n"));
+        let interval = row.ci95.map_or("–".into(), |[lo, hi]| {
+            format!("[{}, {}]", show(lo), show(hi))
+        });
+        let label = metric_label(row.metric, "");
+        s.push_str(&format!(
+            "| {label} | {value} | {} | {interval} |\n",
+            row.counts
+        ));
     }
     let r = &sm.recovery;
     s.push_str(&format!(
