@@ -280,6 +280,29 @@ pub fn turn_holds(pair: &TurnPair) -> bool {
     }
 }
 
+/// What one turn came to, as a strip plot shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnOutcome {
+    /// The candidate's tokens equal the reference's.
+    Same,
+    /// The tokens differ but the turn holds ([`turn_holds`]).
+    Holds,
+    /// The turn fails.
+    Fails,
+}
+
+/// One turn's outcome: same tokens, else holds or fails.
+pub fn outcome(pair: &TurnPair) -> TurnOutcome {
+    if pair.reference_tokens == pair.candidate_tokens {
+        TurnOutcome::Same
+    } else if turn_holds(pair) {
+        TurnOutcome::Holds
+    } else {
+        TurnOutcome::Fails
+    }
+}
+
 /// Why these turns cannot be summarized: none or too many, out of conversation order, or facts
 /// that contradict each other (a call count of 0, validity entries that are not one per call,
 /// a match where a model made no call or the counts differ).

@@ -22,7 +22,9 @@ use crate::checkpoint::safetensors::{self as st, SafetensorsFile};
 use crate::error::{Error, Result};
 
 pub use render::{format_number, render_report, render_study};
-pub use study_svg::{ArmPoint, FlipSeries, svg_cumulative_flips, svg_forest, svg_kld_vs_bits};
+pub use study_svg::{
+    ArmPoint, FlipSeries, svg_cumulative_flips, svg_forest, svg_kld_vs_bits, svg_turn_strip,
+};
 pub use svg::{
     MAX_POINTS, SWEEP_BINS, escape_xml, svg_histogram, svg_kld_along_conversation,
     svg_kld_along_position, svg_sweep,

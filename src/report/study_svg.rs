@@ -278,3 +278,78 @@ pub fn svg_forest(context_length: usize, arms: &[ArmPoint]) -> String {
     s.push_str("</svg>");
     s
 }
+
+/// Each arm's turns in conversation order, one strip of cells per arm: same tokens as the
+/// reference's (grey), different tokens but the turn holds (amber), the turn fails (red).
+pub fn svg_turn_strip(arms: &[(String, Vec<crate::kld::turns::TurnOutcome>)]) -> String {
+    use crate::kld::turns::TurnOutcome;
+    const ROW: f64 = 18.0;
+    const NAME: f64 = 150.0;
+    let n = arms.iter().map(|(_, o)| o.len()).max().unwrap_or(0).max(1);
+    let height = TOP + 40.0 + ROW * arms.len() as f64 + 24.0;
+    let mut s = open_svg_sized(
+        "Each arm's generated turns in conversation order: same as the reference's, different \
+         but holding, or failing",
+        height,
+    );
+    let _ = write!(
+        s,
+        r##"<text x="{LEFT}" y="18" font-size="14" font-weight="bold" fill="#24292f">turns along the conversations, per arm</text>"##
+    );
+    let (x0, x1) = (NAME, WIDTH - RIGHT);
+    let cell = (x1 - x0) / n as f64;
+    let colour = |o: TurnOutcome| match o {
+        TurnOutcome::Same => "#d0d7de",
+        TurnOutcome::Holds => "#d4a72c",
+        TurnOutcome::Fails => "#cf222e",
+    };
+    let mut legend_x = LEFT;
+    for (o, label) in [
+        (TurnOutcome::Same, "same tokens"),
+        (TurnOutcome::Holds, "differs, holds"),
+        (TurnOutcome::Fails, "fails"),
+    ] {
+        let _ = write!(
+            s,
+            r##"<rect x="{legend_x}" y="26" width="10" height="10" fill="{}"/><text x="{}" y="35" font-size="11" fill="{AXIS}">{label}</text>"##,
+            colour(o),
+            legend_x + 14.0
+        );
+        legend_x += 24.0 + 7.0 * label.len() as f64;
+    }
+    for (k, (name, outcomes)) in arms.iter().enumerate() {
+        let y = TOP + 40.0 + ROW * k as f64;
+        let _ = write!(
+            s,
+            r##"<text x="{}" y="{}" font-size="11" text-anchor="end" fill="{AXIS}">{}</text>"##,
+            x0 - 6.0,
+            c(y + ROW * 0.7),
+            escape_xml(name)
+        );
+        for (i, &o) in outcomes.iter().enumerate() {
+            let _ = write!(
+                s,
+                r##"<rect x="{}" y="{}" width="{}" height="{}" fill="{}"><title>turn {}: {}</title></rect>"##,
+                c(x0 + cell * i as f64),
+                c(y + 2.0),
+                c((cell - 1.0).max(0.5)),
+                c(ROW - 4.0),
+                colour(o),
+                i + 1,
+                match o {
+                    TurnOutcome::Same => "same tokens",
+                    TurnOutcome::Holds => "differs, holds",
+                    TurnOutcome::Fails => "fails",
+                }
+            );
+        }
+    }
+    let _ = write!(
+        s,
+        r##"<text x="{}" y="{}" font-size="11" text-anchor="middle" fill="{AXIS}">turn, in conversation order (1 to {n})</text>"##,
+        c((x0 + x1) / 2.0),
+        c(height - 8.0)
+    );
+    s.push_str("</svg>");
+    s
+}

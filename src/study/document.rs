@@ -97,6 +97,9 @@ pub struct ArmSummary {
     /// reference's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_diverging_turn: Option<DivergingTurn>,
+    /// Each turn's outcome in conversation order (the same turns for every arm).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turn_outcomes: Vec<crate::kld::turns::TurnOutcome>,
 }
 
 /// One turn as the reference and an arm generated it (texts capped as measurement.json keeps

@@ -176,7 +176,14 @@ fn turns_view(d: &StudyDocument) -> Json {
             })
         })
         .collect();
-    json!({"arms": arms, "pairs": pairs})
+    let strips: Vec<(String, Vec<crate::kld::turns::TurnOutcome>)> = d
+        .arms
+        .iter()
+        .filter(|a| !a.turn_outcomes.is_empty())
+        .map(|a| (a.name.clone(), a.turn_outcomes.clone()))
+        .collect();
+    let strip = (!strips.is_empty()).then(|| crate::report::svg_turn_strip(&strips));
+    json!({"arms": arms, "pairs": pairs, "strip": strip})
 }
 
 /// The four plots of one context length.

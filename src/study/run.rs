@@ -122,6 +122,9 @@ pub fn run(
             seconds: result.seconds,
             turns: m.turns.as_ref().map(|t| t.summary.clone()),
             first_diverging_turn: m.turns.as_ref().and_then(first_diverging_turn),
+            turn_outcomes: m.turns.as_ref().map_or_else(Vec::new, |t| {
+                t.pairs.iter().map(crate::kld::turns::outcome).collect()
+            }),
         });
         rows.push(
             result

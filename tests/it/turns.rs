@@ -180,6 +180,22 @@ fn a_study_generates_every_arms_turns_and_compares_them() {
         (Some("fp8-block"), Some("kv-q4_0"))
     );
     assert!(c[0]["turn_match"]["mcnemar_p"].as_f64().is_some());
+    // Every arm's turns in conversation order, and the strip plot of them.
+    let n = arms[0]["turns"]["turns"].as_u64().unwrap() as usize;
+    assert!(
+        arms.iter()
+            .all(|a| a["turn_outcomes"].as_array().is_some_and(|o| o.len() == n)),
+        "{d}"
+    );
+    assert!(
+        repeat["turn_outcomes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o == "same")
+    );
+    let html = std::fs::read_to_string(dir.path().join("o/study.html")).unwrap();
+    assert!(html.contains("turns along the conversations, per arm"));
     // Each arm's measurement carries its turns.
     let m: serde_json::Value = serde_json::from_slice(
         &std::fs::read(dir.path().join("o/arms/kv-q4_0/measurement.json")).unwrap(),
