@@ -171,7 +171,7 @@ def main():
     ap.add_argument("--requests", type=int, default=10)
     ap.add_argument("--eval-conversations", type=int, default=6)
     ap.add_argument("--eval-requests", type=int, default=6)
-    ap.add_argument("--steps", type=int, default=2500)
+    ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=16)
     # A whole conversation's length: the tools' declarations alone are ~1,000 tokens of this
     # small tokenizer, so a shorter window never trains the positions a call is made at.

@@ -576,13 +576,21 @@ fn study_turns(out: &mut String, d: &crate::study::document::StudyDocument) {
         return;
     }
     let share = |v: Option<f64>| v.map_or("-".to_owned(), |x| format!("{x:.3}"));
+    let interval = |u: &crate::kld::stats::Uncertainty| {
+        if u.ci95.iter().all(|x| x.is_finite()) {
+            format!("[{:.3}, {:.3}]", u.ci95[0], u.ci95[1])
+        } else {
+            "-".to_owned()
+        }
+    };
     let _ = writeln!(
         out,
-        "\n== turns generated greedily against the reference's\n{:<18} {:>6} {:>10} {:>16} {:>15} {:>12} {:>9} {:>10} {:>11}",
+        "\n== turns generated greedily against the reference's\n{:<18} {:>6} {:>10} {:>16} {:<14} {:>15} {:>12} {:>9} {:>10} {:>11}",
         "arm",
         "turns",
         "turn_match",
         "tool_call_match",
+        "95% CI",
         "tool_call_valid",
         "tool_call_f1",
         "failures",
@@ -593,11 +601,12 @@ fn study_turns(out: &mut String, d: &crate::study::document::StudyDocument) {
         let Some(t) = &a.turns else { continue };
         let _ = writeln!(
             out,
-            "{:<18} {:>6} {:>10} {:>16} {:>15} {:>12} {:>9} {:>10} {:>11}",
+            "{:<18} {:>6} {:>10} {:>16} {:<14} {:>15} {:>12} {:>9} {:>10} {:>11}",
             a.name,
             t.turns,
             share(t.turn_match.value),
             share(t.tool_call_match.value),
+            interval(&t.tool_call_match.uncertainty),
             share(t.tool_call_valid.value),
             share(Some(t.tool_call_f1.value)),
             t.recovery.failures,

@@ -337,3 +337,80 @@ fn a_card_with_turn_claims_lints_verifies_and_an_edited_claim_does_not() {
         "{f}"
     );
 }
+
+/// The first held-out conversation of the tool-calling example (examples/data/tool-calls.jsonl)
+/// in its own file, with the example template beside it.
+fn stagehand_conversation(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let data = crate::support::repo_root().join("examples/data");
+    let first = std::fs::read_to_string(data.join("tool-calls.jsonl"))
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .to_owned();
+    let conversation = dir.join("conversation.jsonl");
+    std::fs::write(&conversation, format!("{first}\n")).unwrap();
+    let template = dir.join("chat_template.jinja");
+    std::fs::copy(data.join("chat_template.jinja"), &template).unwrap();
+    (conversation, template)
+}
+
+/// The tool-calling example model really calls its tools: on a held-out conversation every
+/// turn the conversation answers with a call is answered by the bf16 model with a valid call,
+/// equal to the one the conversation holds; and ExLlamaV3's 2-bit KV cache breaks some of
+/// those calls (its study arm), which the turn statistics count.
+#[test]
+fn the_stagehand_model_calls_its_tools_and_a_2_bit_kv_cache_breaks_some() {
+    let dir = tempfile::tempdir().unwrap();
+    let (conversation, template) = stagehand_conversation(dir.path());
+    let r = Cmd::measure()
+        .reference(model("stagehand-bf16"))
+        .candidate(model("stagehand-bf16"))
+        .eval_text(&conversation)
+        .flag("--chat-template", &template)
+        .context_length(1024)
+        .bootstrap(50)
+        .args(["--kv-cache", "exl3_q2"])
+        .args(["--turns", "tool-calls", "--max-new-tokens", "128"])
+        .out(dir.path().join("out"))
+        .run();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let m = measurement(dir.path());
+    let t = &m["turns"];
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&conversation).unwrap()).unwrap();
+    let expected: Vec<&serde_json::Value> = doc["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["tool_calls"].as_array())
+        .map(|calls| &calls[0]["function"])
+        .collect();
+    let turns = t["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), expected.len());
+    assert!(turns.len() >= 6, "{}", turns.len());
+    for (turn, want) in turns.iter().zip(&expected) {
+        let reference = &turn["reference"];
+        let checks = reference["checks"].as_array().unwrap();
+        assert_eq!(checks.len(), 1, "{turn}");
+        assert_eq!(
+            checks[0]["check"], "valid",
+            "the reference's call is not valid: {turn}"
+        );
+        let text = reference["text"].as_str().unwrap();
+        assert!(
+            text.contains(&format!("<function={}>", want["name"].as_str().unwrap())),
+            "{text} / {want}"
+        );
+        for (k, v) in want["arguments"].as_object().unwrap() {
+            let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+            assert!(
+                text.contains(&format!("<parameter={k}>\n{v}\n</parameter>")),
+                "{k}: {text}"
+            );
+        }
+    }
+    let s = &t["summary"];
+    assert!(s["recovery"]["failures"].as_u64().unwrap() > 0, "{s}");
+    assert!(s["tool_call_match"]["value"].as_f64().unwrap() < 1.0, "{s}");
+}
