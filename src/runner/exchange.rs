@@ -44,8 +44,9 @@ pub struct RunnerRequest {
     pub runs: Vec<RequestRun>,
     pub result_dir: String,
     pub record_path: String,
-    /// Greedy turns each model generates after its scoring (`--turns`; absent: none).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Greedy turns each model generates after its scoring (`--turns`; null or absent, from a
+    /// cardproof before the field: none).
+    #[serde(default)]
     pub turns: Option<RequestTurns>,
 }
 

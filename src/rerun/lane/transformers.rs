@@ -2,7 +2,10 @@
 //! of the Python program on the user's GPU. Alone, the pair runs as one measurement (with the
 //! runner's gates when asked); in a study, the reference runs once per window with its hidden
 //! states kept and each arm's candidate in turn against them (N arms cost N + 1 passes). Either
-//! way each arm's rows are scored here exactly as a single measurement scores them.
+//! way each arm's rows are scored here exactly as a single measurement scores them. With
+//! `--turns` the same program run also generates each model's turns after its scoring (the
+//! reference's once), with the model objects the scoring used; they come back checked
+//! ([`TurnSet`]) with how each model generated them.
 
 use std::path::Path;
 
