@@ -96,6 +96,16 @@ def load_model(torch, transformers, spec, dtype, device, trust_remote_code):
     return model
 
 
+def head_logits(torch, model, hidden):
+    """The output head on some rows, exactly as the model's own forward applies it."""
+    with torch.inference_mode():
+        logits = model.get_output_embeddings()(hidden)
+        cap = getattr(model.config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
 def attn_used(model):
     return getattr(model.config, "_attn_implementation", None) or "unknown"
 

@@ -96,7 +96,56 @@ def read_request(path):
                 f"runs[{i}] window {w}: rows must be increasing row indices in 0..={length - 2}",
             )
         run["window_rows"] = per_window
+    check_turns(req.get("turns"))
     return req
+
+
+# The most tokens one turn may generate (cardproof's own cap, runner::native::generate).
+MAX_NEW_TOKENS = 1 << 16
+
+
+def check_turns(turns):
+    """The request's `turns` (absent: none asked for): the prompts' token file and lengths, the
+    stop ids, the budget and the logit entries that are tokens."""
+    if turns is None:
+        return
+    require(isinstance(turns, dict), "turns must be an object")
+    for key in ("tokens_file", "prompt_lengths", "stops", "max_new_tokens", "used"):
+        require(key in turns, f"turns has no {key!r}")
+    require(isinstance(turns["tokens_file"], str), "turns.tokens_file must be a path")
+    lengths = turns["prompt_lengths"]
+    require(
+        isinstance(lengths, list) and lengths and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in lengths),
+        "turns.prompt_lengths must be a non-empty list of positive token counts",
+    )
+    stops = turns["stops"]
+    require(
+        isinstance(stops, list) and stops and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stops),
+        "turns.stops must be a non-empty list of token ids",
+    )
+    budget = turns["max_new_tokens"]
+    require(
+        isinstance(budget, int) and not isinstance(budget, bool) and 1 <= budget <= MAX_NEW_TOKENS,
+        f"turns.max_new_tokens must be 1 to {MAX_NEW_TOKENS}",
+    )
+    used = turns["used"]
+    require(isinstance(used, int) and not isinstance(used, bool) and used >= 1, "turns.used must be a positive integer")
+
+
+def read_turns(turns):
+    """The checked `turns` with its prompts read: a list of token-id lists, one per turn."""
+    path, lengths = turns["tokens_file"], turns["prompt_lengths"]
+    size = os.path.getsize(path)
+    total = sum(lengths)
+    if size != total * 4:
+        raise RunnerError("bad_request", f"{path} holds {size} bytes, expected {total} prompt tokens x 4 bytes")
+    with open(path, "rb") as f:
+        data = f.read()
+    prompts, at = [], 0
+    for n in lengths:
+        prompts.append(list(struct.unpack_from(f"<{n}I", data, at * 4)))
+        at += n
+    return {**turns, "prompts": prompts}
 
 
 def next_tokens(torch, ids, rows, vocab):

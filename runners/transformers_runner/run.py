@@ -2,18 +2,21 @@
 states at its scored rows (chunked, the KV cache kept, when the plan says so), the output head and
 the reduction on those rows a chunk at a time, both models side by side or one after the other
 (the reference's hidden states kept for the candidate, or for each arm of a study), the sanity
-gates on the first window, and the result files and the record's content."""
+gates on the first window, each model's greedy turns after its pass (`generate`, when the request
+has `turns`), and the result files and the record's content."""
 
 import json
 import os
 import sys
 import time
 
+from .generate import generate_turns
 from .kv_quant import kv_setting, new_cache
 from .memory import choose_plan, free_bytes
 from .model import (
     attn_used,
     first_layers,
+    head_logits,
     input_device,
     is_linear_attention,
     load_model,
@@ -22,7 +25,7 @@ from .model import (
     torch_dtype,
     weight_bytes,
 )
-from .protocol import RunnerError, next_tokens, progress, read_tokens
+from .protocol import RunnerError, next_tokens, progress, read_tokens, read_turns
 from .provenance import environment, kv_scales_record, model_record, probe_linear_attention
 from .reduce import reduce_rows, reduce_rows_fused, triton_kernel
 
@@ -77,16 +80,6 @@ def prefill(torch, transformers, model, ids, keep, chunk):
             del h
     del cache
     return torch.cat(out, 0)
-
-
-def head_logits(torch, model, hidden):
-    """The output head on some rows, exactly as the model's own forward applies it."""
-    with torch.inference_mode():
-        logits = model.get_output_embeddings()(hidden)
-        cap = getattr(model.config, "final_logit_softcapping", None)
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-    return logits
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,6 +150,8 @@ class Run:
         for r in req["runs"]:
             self.runs.append((r, read_tokens(r["tokens_file"], r["n_windows"], r["context_length"])))
         self.total_windows = sum(r["n_windows"] for r in req["runs"])
+        # The turns to generate after scoring (None: no `--turns`).
+        self.turns = read_turns(req["turns"]) if req.get("turns") else None
         self.timings = {"load": 0.0, "warmup": 0.0, "prefill": 0.0, "head_and_reduce": 0.0, "gates": 0.0}
         if self.device != "cpu":
             for i in range(torch.cuda.device_count()):
@@ -241,6 +236,12 @@ class Run:
         self.linear_attention[side] = probe_linear_attention(torch, transformers, m, self.first_window[:min(64, longest)])
         step("linear-attention probe")
 
+    def generate(self, model, spec, who):
+        """`model`'s turns as `spec` runs it, when the request asks for turns (else None)."""
+        if self.turns is None:
+            return None
+        return generate_turns(self, model, spec, who)
+
     def hidden_of(self, model, spec, ids, keep, account="prefill"):
         """The kept rows' final hidden states; the time goes to `account` (the gates' own
         passes are timed as the gates', not as the measurement's)."""
@@ -295,12 +296,14 @@ class Run:
 class Outcome:
     """What a mode's passes leave for the record: per run, per window, the records (None for a
     window without scored rows); the gates' numbers; the models (or the reference's record,
-    taken before it was unloaded); each arm's runs, model record and seconds."""
+    taken before it was unloaded); each arm's runs, model record, seconds and turns; the
+    generated turns of the reference and of a single candidate (None: not asked for)."""
 
-    def __init__(self, results, gates, ref_model=None, ref_record=None, cand_model=None, arm_results=None):
+    def __init__(self, results, gates, ref_model=None, ref_record=None, cand_model=None, arm_results=None, turns=None):
         self.results, self.gates = results, gates
         self.ref_model, self.ref_record, self.cand_model = ref_model, ref_record, cand_model
         self.arm_results = arm_results
+        self.turns = turns
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,7 +344,15 @@ def side_by_side(r, shared):
             done += 1
             progress("measuring", done, r.total_windows)
         results.append(recs)
-    return Outcome(results, gates, ref_model=ref_model, cand_model=cand_model)
+    # The turns after the scoring, each side as it was scored (one model shared by both sides
+    # switches its attention and KV-cache scheme with its side).
+    turns = None
+    if r.turns is not None:
+        turns = {
+            "reference": r.generate(ref_model, specs["reference"], "the reference"),
+            "candidate": r.generate(cand_model, specs["candidate"], "the candidate"),
+        }
+    return Outcome(results, gates, ref_model=ref_model, cand_model=cand_model, turns=turns)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,6 +369,7 @@ def sequential(r, cfg, arm_specs):
     ref_record = model_record(ref_model, specs["reference"])
     kept = Kept(r, cfg)
     gates, done = reference_pass(r, ref_model, kept)
+    ref_turns = r.generate(ref_model, specs["reference"], "the reference")
     ref_head = ref_model.get_output_embeddings()
     ref_cfg = ref_model.config
     # The record was taken before the pass; the scales it computed are known only now.
@@ -380,6 +392,7 @@ def sequential(r, cfg, arm_specs):
         last = ai == len(arm_list) - 1
         t_arm = time.perf_counter()
         what = f"arm {ai + 1}/{len(arm_list)}" if arm_specs else "candidate"
+        who = what if arm_specs else "the candidate"
         if arm_specs:
             done = 0
         cand_model = r.load(cspec, "candidate")
@@ -387,12 +400,16 @@ def sequential(r, cfg, arm_specs):
         cand_record = model_record(cand_model, cspec)
         cand_record["attention"] = attn_used(cand_model)
         r.synchronize()
-        arm_results.append((arm_runs, cand_record, time.perf_counter() - t_arm))
+        seconds = time.perf_counter() - t_arm
+        arm_results.append((arm_runs, cand_record, seconds, r.generate(cand_model, cspec, who)))
         if not last:
             del cand_model
             if r.device != "cpu":
                 torch.cuda.empty_cache()
-    return Outcome(arm_results[0][0], gates, ref_record=ref_record, cand_model=cand_model, arm_results=arm_results)
+    turns = None
+    if r.turns is not None:
+        turns = {"reference": ref_turns, "candidate": None if arm_specs else arm_results[0][3]}
+    return Outcome(arm_results[0][0], gates, ref_record=ref_record, cand_model=cand_model, arm_results=arm_results, turns=turns)
 
 
 class Kept:
@@ -532,8 +549,11 @@ def record(r, mode, arm_specs, outcome, t0):
     if arm_specs:
         arms_out = [
             {"runs": save_runs(r, arm_runs, f"-arm{ai}"), "model": rec, "seconds": seconds}
-            for ai, (arm_runs, rec, seconds) in enumerate(outcome.arm_results)
+            for ai, (arm_runs, rec, seconds, _) in enumerate(outcome.arm_results)
         ]
+        if outcome.turns is not None:
+            for arm, (_, _, _, turns) in zip(arms_out, outcome.arm_results):
+                arm["turns"] = turns
         outcome.cand_model = None
     r.timings["total"] = time.perf_counter() - t0
     if mode == "side_by_side":
@@ -563,6 +583,8 @@ def record(r, mode, arm_specs, outcome, t0):
     }
     if arms_out is not None:
         out["arms"] = arms_out
+    if outcome.turns is not None:
+        out["turns"] = outcome.turns
     return out
 
 

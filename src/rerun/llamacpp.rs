@@ -307,6 +307,7 @@ impl CandidateRunner for LlamacppCandidates {
             // The reference runs beside each arm, inside its seconds.
             reference_seconds: None,
             arms: out,
+            reference_turns: None,
         })
     }
 }
@@ -531,6 +532,7 @@ fn score_pair(
     gates_out.extend(printout_gate(gate_printout, record.gate.as_ref()));
     Ok(Scored {
         turns: None,
+        turns_generated_by: None,
         scoring,
         options,
         reference: reference_id,

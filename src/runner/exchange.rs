@@ -8,6 +8,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::runner::native::generate::{Generated, Stop};
+
 /// `request.json`: what to run.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[schemars(title = "cardproof transformers runner request v1")]
@@ -42,6 +44,10 @@ pub struct RunnerRequest {
     pub runs: Vec<RequestRun>,
     pub result_dir: String,
     pub record_path: String,
+    /// Greedy turns each model generates after its scoring (`--turns`; null or absent, from a
+    /// cardproof before the field: none).
+    #[serde(default)]
+    pub turns: Option<RequestTurns>,
 }
 
 fn keep_hidden_auto() -> String {
@@ -90,6 +96,20 @@ pub struct RequestKvCache {
     pub prefill_chunk: Option<u32>,
 }
 
+/// The turns to generate: every turn's prompt (little-endian u32 token ids, the prompts one
+/// after another in `tokens_file`, `prompt_lengths` tokens each), the token ids a turn stops at,
+/// the most tokens a turn generates (the stop token included) and the logit entries that are
+/// tokens (the argmax reads no other).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RequestTurns {
+    pub tokens_file: String,
+    pub prompt_lengths: Vec<usize>,
+    pub stops: Vec<u32>,
+    pub max_new_tokens: usize,
+    pub used: usize,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct RequestDump {
     pub dir: String,
@@ -132,6 +152,10 @@ pub struct RunnerRecord {
     /// request's order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arms: Option<Vec<RecordArm>>,
+    /// For a request with `turns`: the reference's generated turns, and a single candidate's
+    /// (each arm of a study has its own in `arms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turns: Option<RecordTurns>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -140,6 +164,168 @@ pub struct RecordArm {
     /// The arm's model as it ran (the candidate's record of a single pair).
     pub model: serde_json::Value,
     pub seconds: f64,
+    /// The arm's generated turns, for a request with `turns`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turns: Option<RecordTurnSet>,
+}
+
+/// The generated turns of the reference and of a single candidate (`null` in a study).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecordTurns {
+    pub reference: RecordTurnSet,
+    #[serde(default)]
+    pub candidate: Option<RecordTurnSet>,
+}
+
+/// One model's generated turns, in the request's order, how it generated them and the
+/// seconds it took.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecordTurnSet {
+    pub engine: TurnEngine,
+    pub seconds: f64,
+    pub turns: Vec<RecordTurn>,
+}
+
+/// One generated turn: its token ids (the stop token included) and why it ended.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecordTurn {
+    pub tokens: Vec<u64>,
+    pub stop: Stop,
+}
+
+/// How one model generated its turns in the transformers runner: the same model object,
+/// attention implementation and KV-cache scheme its scoring used, greedy over float32 logits
+/// (`torch.argmax`: the first index of the maximum), and how prompts shared their prefill.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TurnEngine {
+    /// The attention implementation in use.
+    pub attention: String,
+    /// The dtype the model ran in.
+    pub dtype: String,
+    /// The KV-cache scheme the cache rounded with (`null`: the model dtype).
+    pub kv_cache: Option<String>,
+    pub prefix_reuse: PrefixReuse,
+    /// Prompt tokens run through the model over every turn (the prompts' total, less what the
+    /// reuse saved).
+    pub prefilled_tokens: u64,
+}
+
+/// How a model's turn prompts shared their prefill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PrefixReuse {
+    /// Plain attention layers: the cache cropped after each turn to the prompt's common prefix
+    /// with the next prompt, which is prefilled from there.
+    Crop,
+    /// A cache that cannot be rolled back (linear-attention state, sliding windows,
+    /// QuantizedCache's residual): copied at each prompt's end; a next prompt that extends the
+    /// prompt continues the copy, any other is prefilled afresh (the native runner's rule).
+    Snapshot,
+    /// A cache that cannot be copied: every prompt prefilled afresh.
+    None,
+}
+
+/// What a request's `turns` asked for, kept to check the answer against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnAsk {
+    pub prompts: Vec<Vec<u32>>,
+    pub stops: Vec<u32>,
+    pub max_new_tokens: usize,
+    pub used: usize,
+}
+
+impl RecordTurnSet {
+    /// The turns as generated, checked against `ask`: one per prompt, every id one of the
+    /// `used` tokens, no turn over the budget, each stop reason what its tokens show (a stop
+    /// token last and nowhere before it; `max_tokens` exactly at the budget), the prefill count
+    /// no more than the prompts hold. `Err` says which turn and what is wrong.
+    pub fn checked(self, ask: &TurnAsk) -> Result<(Vec<Generated>, TurnEngine), String> {
+        if self.turns.len() != ask.prompts.len() {
+            return Err(format!(
+                "{} generated turns for the {} prompts asked",
+                self.turns.len(),
+                ask.prompts.len()
+            ));
+        }
+        let prompt_tokens: u64 = ask.prompts.iter().map(|p| p.len() as u64).sum();
+        if self.engine.prefilled_tokens > prompt_tokens {
+            return Err(format!(
+                "{} prompt tokens prefilled, and the prompts hold {prompt_tokens}",
+                self.engine.prefilled_tokens
+            ));
+        }
+        if !(self.seconds.is_finite() && self.seconds >= 0.0) {
+            return Err(format!("the turns took {} seconds", self.seconds));
+        }
+        let generated = self
+            .turns
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| t.checked(ask).map_err(|e| format!("turn {}: {e}", i + 1)))
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok((generated, self.engine))
+    }
+}
+
+impl RecordTurn {
+    fn checked(self, ask: &TurnAsk) -> Result<Generated, String> {
+        let n = self.tokens.len();
+        if n > ask.max_new_tokens {
+            return Err(format!(
+                "{n} tokens, over max_new_tokens {}",
+                ask.max_new_tokens
+            ));
+        }
+        let tokens = self
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(j, &id)| {
+                u32::try_from(id)
+                    .ok()
+                    .filter(|&t| (t as usize) < ask.used)
+                    .ok_or_else(|| {
+                        format!(
+                            "token {} is id {id}, outside the {} token ids of the vocabulary",
+                            j + 1,
+                            ask.used
+                        )
+                    })
+            })
+            .collect::<Result<Vec<u32>, String>>()?;
+        let is_stop = |t: &u32| ask.stops.contains(t);
+        let body = match (self.stop, tokens.split_last()) {
+            (Stop::StopToken, Some((last, body))) if is_stop(last) => body,
+            (Stop::StopToken, _) => {
+                return Err("ended at a stop token, and its last token is none".into());
+            }
+            _ => &tokens[..],
+        };
+        if let Some(j) = body.iter().position(is_stop) {
+            return Err(format!(
+                "goes on after the stop token {} at token {}",
+                body[j],
+                j + 1
+            ));
+        }
+        match self.stop {
+            Stop::MaxTokens if n != ask.max_new_tokens => Err(format!(
+                "ended at max_new_tokens {} after {n} tokens",
+                ask.max_new_tokens
+            )),
+            Stop::NonFinite if n >= ask.max_new_tokens => Err(format!(
+                "ended at a non-finite logit row after {n} tokens, the whole budget"
+            )),
+            _ => Ok(Generated {
+                tokens,
+                stop: self.stop,
+            }),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -367,5 +553,137 @@ impl RecordedKvCache {
             return Ok(RecordedKvCache::default());
         }
         serde_path_to_error::deserialize(record).map_err(|e| format!("{}: {}", e.path(), e.inner()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ask() -> TurnAsk {
+        TurnAsk {
+            prompts: vec![vec![1, 2, 3], vec![1, 2, 3, 4, 5]],
+            stops: vec![0],
+            max_new_tokens: 4,
+            used: 100,
+        }
+    }
+
+    /// A runner's turn set as JSON, `turns` its turns.
+    fn answer(turns: serde_json::Value) -> RecordTurnSet {
+        serde_json::from_value(serde_json::json!({
+            "engine": {
+                "attention": "sdpa",
+                "dtype": "float32",
+                "kv_cache": null,
+                "prefix_reuse": "crop",
+                "prefilled_tokens": 5,
+            },
+            "seconds": 0.25,
+            "turns": turns,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_well_formed_turn_set_reads_as_generated_turns() {
+        let (generated, engine) = answer(serde_json::json!([
+            {"tokens": [7, 8, 0], "stop": "stop_token"},
+            {"tokens": [9, 9, 9, 9], "stop": "max_tokens"},
+        ]))
+        .checked(&ask())
+        .unwrap();
+        assert_eq!(engine.prefix_reuse, PrefixReuse::Crop);
+        assert_eq!(
+            generated,
+            vec![
+                Generated {
+                    tokens: vec![7, 8, 0],
+                    stop: Stop::StopToken
+                },
+                Generated {
+                    tokens: vec![9, 9, 9, 9],
+                    stop: Stop::MaxTokens
+                },
+            ]
+        );
+        // A non-finite row may end a turn before any token.
+        let (generated, _) = answer(serde_json::json!([
+            {"tokens": [], "stop": "non_finite"},
+            {"tokens": [5], "stop": "non_finite"},
+        ]))
+        .checked(&ask())
+        .unwrap();
+        assert!(generated[0].tokens.is_empty());
+    }
+
+    /// A buggy or hostile runner's turns are refused with the turn and what is wrong, never a
+    /// panic: the wrong number of turns, an id outside the vocabulary (or past u32), a turn over
+    /// the budget, a stop reason its tokens contradict, a prefill count over the prompts.
+    #[test]
+    fn malformed_turns_are_refused_naming_the_turn_and_the_fault() {
+        let ok = serde_json::json!({"tokens": [1], "stop": "non_finite"});
+        for (turns, message) in [
+            (
+                serde_json::json!([ok]),
+                "1 generated turns for the 2 prompts asked",
+            ),
+            (
+                serde_json::json!([ok, ok, ok]),
+                "3 generated turns for the 2 prompts asked",
+            ),
+            (
+                serde_json::json!([ok, {"tokens": [1, 100], "stop": "non_finite"}]),
+                "turn 2: token 2 is id 100, outside the 100 token ids of the vocabulary",
+            ),
+            (
+                serde_json::json!([{"tokens": [5_000_000_000u64], "stop": "non_finite"}, ok]),
+                "turn 1: token 1 is id 5000000000, outside",
+            ),
+            (
+                serde_json::json!([ok, {"tokens": [1, 2, 3, 4, 5], "stop": "max_tokens"}]),
+                "turn 2: 5 tokens, over max_new_tokens 4",
+            ),
+            (
+                serde_json::json!([{"tokens": [1, 2], "stop": "stop_token"}, ok]),
+                "turn 1: ended at a stop token, and its last token is none",
+            ),
+            (
+                serde_json::json!([{"tokens": [], "stop": "stop_token"}, ok]),
+                "turn 1: ended at a stop token",
+            ),
+            (
+                serde_json::json!([{"tokens": [1, 0, 2], "stop": "non_finite"}, ok]),
+                "turn 1: goes on after the stop token 0 at token 2",
+            ),
+            (
+                serde_json::json!([{"tokens": [1, 2], "stop": "max_tokens"}, ok]),
+                "turn 1: ended at max_new_tokens 4 after 2 tokens",
+            ),
+            (
+                serde_json::json!([{"tokens": [1, 2, 3, 4], "stop": "non_finite"}, ok]),
+                "turn 1: ended at a non-finite logit row after 4 tokens",
+            ),
+        ] {
+            let e = answer(turns.clone()).checked(&ask()).unwrap_err();
+            assert!(e.contains(message), "{turns}: {e}");
+        }
+        let mut over = answer(serde_json::json!([ok, ok]));
+        over.engine.prefilled_tokens = 9;
+        let e = over.checked(&ask()).unwrap_err();
+        assert!(
+            e.contains("9 prompt tokens prefilled, and the prompts hold 8"),
+            "{e}"
+        );
+        let mut nan = answer(serde_json::json!([ok, ok]));
+        nan.seconds = f64::NAN;
+        assert!(nan.checked(&ask()).is_err());
+        // What serde refuses names its field: a negative id, an unknown stop reason.
+        for bad in [
+            serde_json::json!({"tokens": [-1], "stop": "max_tokens"}),
+            serde_json::json!({"tokens": [1], "stop": "tired"}),
+        ] {
+            assert!(serde_json::from_value::<RecordTurn>(bad).is_err());
+        }
     }
 }

@@ -25,9 +25,10 @@ use crate::checkpoint::safetensors::{self, SafetensorsFile};
 use crate::error::{Error, Result};
 use crate::kld::row::RowRecord;
 use crate::runner::exchange::{
-    GateNumbers, RequestDump, RequestModel, RequestModels, RequestRun, RunnerEnvironment,
-    RunnerRecord, RunnerRequest,
+    GateNumbers, RecordTurnSet, RequestDump, RequestModel, RequestModels, RequestRun, RequestTurns,
+    RunnerEnvironment, RunnerRecord, RunnerRequest, TurnAsk, TurnEngine,
 };
+use crate::runner::native::generate::Generated;
 
 /// The program, as shipped: the package's files (path under the package's parent directory,
 /// content), written next to the request so an installed binary needs no source tree, and
@@ -41,6 +42,10 @@ pub const RUNNER_FILES: &[(&str, &str)] = &[
     (
         "transformers_runner/__main__.py",
         include_str!("../../runners/transformers_runner/__main__.py"),
+    ),
+    (
+        "transformers_runner/generate.py",
+        include_str!("../../runners/transformers_runner/generate.py"),
     ),
     (
         "transformers_runner/kv_quant.py",
@@ -169,6 +174,9 @@ pub struct TransformersOptions {
         Option<crate::runner::native::kv_cache::KvCacheSetting>,
         Option<crate::runner::native::kv_cache::KvCacheSetting>,
     ),
+    /// The greedy turns each model generates after its scoring (`--turns`), set by the rerun
+    /// from its request.
+    pub turns: Option<TurnAsk>,
 }
 
 impl Default for TransformersOptions {
@@ -192,6 +200,7 @@ impl Default for TransformersOptions {
             dump_rows: None,
             follow_card: (true, true),
             kv_cache: (None, None),
+            turns: None,
         }
     }
 }
@@ -224,6 +233,51 @@ pub struct TransformersOutput {
     pub environment: RunnerEnvironment,
     /// The sanity gates' raw numbers, when asked for.
     pub gates: Option<GateNumbers>,
+    /// The reference's and the candidate's generated turns, when asked for.
+    pub turns: Option<(TurnSet, TurnSet)>,
+}
+
+/// One model's generated turns, checked against the request: the turns, how the runner
+/// generated them, and the seconds it took.
+#[derive(Debug, Clone)]
+pub struct TurnSet {
+    pub generated: Vec<Generated>,
+    pub engine: TurnEngine,
+    pub seconds: f64,
+}
+
+impl TurnSet {
+    /// `set` checked against what `options` asked (`model` names the model in the error).
+    fn of(
+        set: Option<RecordTurnSet>,
+        options: &TransformersOptions,
+        model: &Path,
+    ) -> Result<TurnSet> {
+        let Some(ask) = &options.turns else {
+            return Err(Error::internal(
+                model,
+                "turns read from a run that asked for none",
+            ));
+        };
+        let Some(set) = set else {
+            return Err(Error::runner(
+                model,
+                "the transformers runner answered no generated turns for this model (an older runner program?)",
+            ));
+        };
+        let seconds = set.seconds;
+        let (generated, engine) = set.checked(ask).map_err(|e| {
+            Error::runner(
+                model,
+                format!("the transformers runner's generated turns for this model: {e}"),
+            )
+        })?;
+        Ok(TurnSet {
+            generated,
+            engine,
+            seconds,
+        })
+    }
 }
 
 /// Progress: (stage, done, total) as the program reports it.
@@ -251,7 +305,7 @@ pub fn run(
         vocab_size,
         options,
     )?;
-    let record = invoke(dir.path(), candidate, &request, options, progress)?;
+    let record = invoke(dir.path(), candidate, &request, options, 2, progress)?;
     let records = work
         .iter()
         .enumerate()
@@ -260,10 +314,21 @@ pub fn run(
     if let Some((keep, _)) = &options.dump_rows {
         keep_exchange(dir.path(), keep, work.len())?;
     }
+    let turns = match (&options.turns, record.turns) {
+        (None, _) => None,
+        (Some(_), t) => {
+            let (r, c) = t.map_or((None, None), |t| (Some(t.reference), t.candidate));
+            Some((
+                TurnSet::of(r, options, reference)?,
+                TurnSet::of(c, options, candidate)?,
+            ))
+        }
+    };
     Ok(TransformersOutput {
         records,
         environment: record.environment.unwrap_or_default(),
         gates: record.gates,
+        turns,
     })
 }
 
@@ -275,12 +340,23 @@ pub struct ArmModel<'a> {
     pub kv_cache: Option<crate::runner::native::kv_cache::KvCacheSetting>,
 }
 
-/// One arm's answer: per run, per window, its rows' records; its model record; its seconds.
+/// One arm's answer: per run, per window, its rows' records; its model record; its seconds;
+/// its generated turns, when asked for.
 #[derive(Debug)]
 pub struct ArmOutput {
     pub records: Vec<Vec<Vec<Option<RowRecord>>>>,
     pub model: serde_json::Value,
     pub seconds: f64,
+    pub turns: Option<TurnSet>,
+}
+
+/// A study's answer: each arm's, the program's environment, the reference's generated turns
+/// (when asked for).
+#[derive(Debug)]
+pub struct ArmsOutput {
+    pub arms: Vec<ArmOutput>,
+    pub environment: RunnerEnvironment,
+    pub reference_turns: Option<TurnSet>,
 }
 
 /// Run the program on a study: the reference (with `options`' reference attention and KV
@@ -292,7 +368,7 @@ pub fn run_arms(
     vocab_size: usize,
     options: &TransformersOptions,
     progress: RunnerProgress,
-) -> Result<(Vec<ArmOutput>, RunnerEnvironment)> {
+) -> Result<ArmsOutput> {
     let first = arms
         .first()
         .ok_or_else(|| Error::internal(reference, "a study without arms"))?;
@@ -309,7 +385,14 @@ pub fn run_arms(
         vocab_size,
         options,
     )?;
-    let record = invoke(dir.path(), first.path, &request, options, progress)?;
+    let record = invoke(
+        dir.path(),
+        first.path,
+        &request,
+        options,
+        arms.len() + 1,
+        progress,
+    )?;
     let answered = record.arms.clone().unwrap_or_default();
     if answered.len() != arms.len() {
         return Err(Error::runner(
@@ -328,13 +411,30 @@ pub fn run_arms(
             .enumerate()
             .map(|(i, w)| read_run(arm.path, &a.runs, i, w, &request))
             .collect::<Result<Vec<_>>>()?;
+        let turns = match options.turns {
+            Some(_) => Some(TurnSet::of(a.turns, options, arm.path)?),
+            None => None,
+        };
         out.push(ArmOutput {
             records,
             model: a.model,
             seconds: a.seconds,
+            turns,
         });
     }
-    Ok((out, record.environment.unwrap_or_default()))
+    let reference_turns = match options.turns {
+        Some(_) => Some(TurnSet::of(
+            record.turns.map(|t| t.reference),
+            options,
+            reference,
+        )?),
+        None => None,
+    };
+    Ok(ArmsOutput {
+        arms: out,
+        environment: record.environment.unwrap_or_default(),
+        reference_turns,
+    })
 }
 
 /// Write the token files and the request; returns the request's path.
@@ -385,6 +485,10 @@ fn write_request(
                 }),
             }
         };
+    let turns = match &o.turns {
+        Some(ask) => Some(write_turns(dir, ask)?),
+        None => None,
+    };
     let request = RunnerRequest {
         protocol: PROTOCOL,
         models: RequestModels {
@@ -415,11 +519,48 @@ fn write_request(
         runs,
         result_dir: dir.join("results").display().to_string(),
         record_path: dir.join("record.json").display().to_string(),
+        turns,
     };
     let path = dir.join("request.json");
     let text = serde_json::to_vec_pretty(&request).unwrap_or_default();
     std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
     Ok(path)
+}
+
+/// The turns' prompts written one after another into `dir/turns.u32`; the request's `turns`.
+fn write_turns(dir: &Path, ask: &TurnAsk) -> Result<RequestTurns> {
+    let path = dir.join("turns.u32");
+    let bytes: Vec<u8> = ask
+        .prompts
+        .iter()
+        .flatten()
+        .flat_map(|id| id.to_le_bytes())
+        .collect();
+    std::fs::write(&path, bytes).map_err(|e| Error::io(&path, e))?;
+    Ok(RequestTurns {
+        tokens_file: std::path::absolute(&path)
+            .unwrap_or(path)
+            .display()
+            .to_string(),
+        prompt_lengths: ask.prompts.iter().map(Vec::len).collect(),
+        stops: ask.stops.clone(),
+        max_new_tokens: ask.max_new_tokens,
+        used: ask.used,
+    })
+}
+
+/// The largest record.json read: the environment and the runs' list are a few kilobytes; the
+/// generated turns of `models` models add at most `max_new_tokens` ids per prompt each, every
+/// id on a line of its own in the program's indented JSON (32 bytes allowed per id).
+fn record_cap(o: &TransformersOptions, models: usize) -> u64 {
+    const BASE: u64 = 64 << 20;
+    let turns = o.turns.as_ref().map_or(0, |t| {
+        (t.prompts.len() as u64)
+            .saturating_mul(t.max_new_tokens as u64)
+            .saturating_mul(models as u64)
+            .saturating_mul(32)
+    });
+    BASE.saturating_add(turns)
 }
 
 /// Runs `python script request` (`script`: a file, or a package directory) under
@@ -508,6 +649,7 @@ fn invoke(
     candidate: &Path,
     request: &Path,
     o: &TransformersOptions,
+    models: usize,
     progress: RunnerProgress,
 ) -> Result<RunnerRecord> {
     let script = match &o.script {
@@ -523,9 +665,13 @@ fn invoke(
         }
     };
     let record_path = dir.join("record.json");
-    let record: Option<Value> = std::fs::read(&record_path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok());
+    let bytes = crate::files::read_capped_if_present(
+        &record_path,
+        record_cap(o, models),
+        "a transformers runner record",
+    )
+    .map_err(|e| Error::runner(candidate, format!("the transformers runner's record: {e}")))?;
+    let record: Option<Value> = bytes.and_then(|b| serde_json::from_slice(&b).ok());
     let Some(record) = record else {
         return Err(Error::runner(
             candidate,

@@ -109,6 +109,7 @@ impl TransformersFlags {
             gates: false,
             dump_rows: self.runner_dump.clone().map(|d| (d, DUMP_ROWS)),
             kv_cache: (None, None),
+            turns: None,
         })
     }
 

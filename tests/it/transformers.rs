@@ -493,6 +493,133 @@ fn a_gguf_model_is_refused_before_any_work() {
     assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0);
 }
 
+/// A stand-in runner that answers any request with well-formed rows (KL 0 on every row
+/// asked) and, for `turns`, every prompt's turn as `max_new_tokens` copies of a token that is no
+/// stop; `CARDPROOF_TURN_FAULT` spoils the candidate's: `count` (a turn missing), `id` (an id
+/// outside the vocabulary), `long` (a turn over the budget). It keeps the request it was given
+/// as `seen.json` beside itself.
+const TURNS_STAND_IN: &str = r#"
+import shutil, struct
+shutil.copy(sys.argv[1], os.path.join(os.path.dirname(os.path.abspath(__file__)), 'seen.json'))
+def save(path, cols):
+    header, blobs, off = {}, [], 0
+    for name, (dtype, fmt, values) in cols.items():
+        blob = struct.pack('<%d%s' % (len(values), fmt), *values)
+        header[name] = {'dtype': dtype, 'shape': [len(values)], 'data_offsets': [off, off + len(blob)]}
+        off += len(blob)
+        blobs.append(blob)
+    h = json.dumps(header).encode()
+    h += b' ' * (-len(h) % 8)
+    with open(path, 'wb') as f:
+        f.write(struct.pack('<Q', len(h)) + h + b''.join(blobs))
+os.makedirs(req['result_dir'], exist_ok=True)
+runs = []
+for i, run in enumerate(req['runs']):
+    per = run.get('window_rows') or [run['rows']] * run['n_windows']
+    window = [w for w, rows in enumerate(per) for _ in rows]
+    position = [j for rows in per for j in rows]
+    n = len(position)
+    zero, top = ('F64', 'd', [0.0] * n), ('I32', 'i', [0] * n)
+    path = os.path.join(req['result_dir'], 'run%d.safetensors' % i)
+    save(path, {'forward': zero, 'reverse': zero, 'ref_top1_prob': ('F64', 'd', [1.0] * n),
+                'nll_ref': zero, 'nll_cand': zero, 'ref_top1': top, 'cand_top1': top,
+                'window': ('I32', 'i', window), 'position': ('I64', 'q', position),
+                'finite': ('U8', 'B', [1] * n)})
+    runs.append({'path': path, 'context_length': run['context_length'], 'rows': n})
+t = req['turns']
+token = next(i for i in range(t['used']) if i not in t['stops'])
+def turns():
+    return [{'tokens': [token] * t['max_new_tokens'], 'stop': 'max_tokens'} for _ in t['prompt_lengths']]
+engine = {'attention': 'sdpa', 'dtype': 'float32', 'kv_cache': None, 'prefix_reuse': 'crop', 'prefilled_tokens': max(t['prompt_lengths'])}
+candidate = turns()
+fault = os.environ.get('CARDPROOF_TURN_FAULT')
+if fault == 'count':
+    candidate.pop()
+elif fault == 'id':
+    candidate[1]['tokens'][0] = t['used']
+elif fault == 'long':
+    candidate[0]['tokens'].append(token)
+answer({'protocol': 1, 'ok': True, 'runs': runs, 'environment': {}, 'gates': None,
+        'turns': {'reference': {'engine': engine, 'seconds': 0.0, 'turns': turns()},
+                  'candidate': {'engine': engine, 'seconds': 0.0, 'turns': candidate}}})
+"#;
+
+/// `--turns` in the transformers lane through a stand-in runner: the request carries every
+/// turn's prompt, the stop ids, the budget and the vocabulary; the answer's turns are recorded
+/// with the engine that generated them; and an answer whose turns are malformed (a turn
+/// missing, an id outside the vocabulary, a turn over the budget) is an error naming the turn
+/// and the fault, with no measurement written.
+#[test]
+fn the_transformers_lane_asks_for_turns_and_checks_every_turn_it_gets_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (conversation, template) = crate::conversation::short_conversation(dir.path(), 12);
+    let script = stand_in(dir.path(), &format!("{PRELUDE}{TURNS_STAND_IN}"));
+    let measure = |out: &str, fault: &str| {
+        transformers_measure()
+            .flag("--runner-script", &script)
+            .reference(model("shakespeare-bf16"))
+            .candidate(model("shakespeare-w8a16"))
+            .eval_text(&conversation)
+            .flag("--chat-template", &template)
+            .context_length(128)
+            .bootstrap(50)
+            .args(["--turns", "all", "--max-new-tokens", "3"])
+            .out(dir.path().join(out))
+            .env("CARDPROOF_TURN_FAULT", fault)
+            .run()
+    };
+    let r = measure("ok", "");
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("ok/measurement.json")).unwrap())
+            .unwrap();
+    let t = &m["turns"];
+    assert_eq!(t["generated_by"]["runner"], "transformers", "{t}");
+    assert_eq!(t["generated_by"]["candidate"]["prefix_reuse"], "crop");
+    assert_eq!(t["summary"]["turn_match"]["value"], 1.0, "{t}");
+    let seen: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("seen.json")).unwrap()).unwrap();
+    let asked = &seen["turns"];
+    assert_eq!(asked["max_new_tokens"], 3);
+    assert_eq!(asked["stops"], t["stop_ids"]);
+    assert_eq!(asked["used"], 2048);
+    let lengths: Vec<u64> = asked["prompt_lengths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .collect();
+    let recorded: Vec<u64> = t["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|turn| turn["prompt_tokens"].as_u64().unwrap())
+        .collect();
+    assert_eq!(lengths, recorded);
+    for (fault, message) in [
+        ("count", "4 generated turns for the 5 prompts asked"),
+        (
+            "id",
+            "turn 2: token 1 is id 2048, outside the 2048 token ids of the vocabulary",
+        ),
+        ("long", "turn 1: 4 tokens, over max_new_tokens 3"),
+    ] {
+        let r = measure(fault, fault);
+        assert_eq!(r.code, 2, "{fault}: {}", r.stderr);
+        assert!(
+            r.stderr.contains("generated turns for this model") && r.stderr.contains(message),
+            "{fault}: {}",
+            r.stderr
+        );
+        assert!(
+            r.stderr.contains("shakespeare-w8a16"),
+            "{fault}: {}",
+            r.stderr
+        );
+        assert!(!dir.path().join(fault).join("measurement.json").exists());
+    }
+}
+
 /// The real runner on CPU against the example models. These need torch and transformers, so
 /// they are ignored by default; `.ci/run` installs both and runs them with
 /// `cargo test --test it transformers::torch -- --ignored`, where a missing torch fails them.
@@ -1321,6 +1448,146 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
             String::from_utf8_lossy(&check.stderr)
         );
         assert!(stdout.contains("5 of 5 turns agree"), "{stdout}");
+    }
+
+    /// `measure --turns all` on the example conversation's first twelve messages, turns of at
+    /// most 12 tokens, the bf16 example as the reference; `runner` flags before the rest; the
+    /// measurement's `turns`.
+    fn measure_turns(dir: &Path, out: &str, candidate: &str, runner: &[&str]) -> serde_json::Value {
+        let (conversation, template) = crate::conversation::short_conversation(dir, 12);
+        let r = Cmd::measure()
+            .args(runner)
+            .reference(model("shakespeare-bf16"))
+            .candidate(model(candidate))
+            .eval_text(&conversation)
+            .flag("--chat-template", &template)
+            .context_length(128)
+            .bootstrap(50)
+            .args(["--turns", "all", "--max-new-tokens", "12"])
+            .out(dir.join(out))
+            .run();
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join(out).join("measurement.json")).unwrap())
+                .unwrap();
+        m["turns"].clone()
+    }
+
+    /// Both models' generated token ids, turn by turn.
+    fn turn_ids(turns: &serde_json::Value) -> Vec<(serde_json::Value, serde_json::Value)> {
+        turns["turns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| (t["reference"]["ids"].clone(), t["candidate"]["ids"].clone()))
+            .collect()
+    }
+
+    const CPU_FLOAT32: &[&str] = &[
+        "--runner",
+        "transformers",
+        "--device",
+        "cpu",
+        "--torch-dtype",
+        "float32",
+    ];
+
+    /// The transformers lane's greedy turns (CPU, float32) are the native lane's token for
+    /// token: the dense example as the reference (its cache cropped to each next prompt), the
+    /// hybrid one as the candidate (its Gated DeltaNet state copied at each prompt's end); the
+    /// nested prompts are prefilled once in all; and the reference against itself matches
+    /// every turn.
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn transformers_greedy_turns_equal_the_native_lanes() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        let native = measure_turns(dir.path(), "native", "shakespeare-hybrid-bf16", &[]);
+        let ours = measure_turns(
+            dir.path(),
+            "transformers",
+            "shakespeare-hybrid-bf16",
+            CPU_FLOAT32,
+        );
+        assert!(native.get("generated_by").is_none(), "{native}");
+        let (a, b) = (turn_ids(&ours), turn_ids(&native));
+        assert_eq!(a.len(), 5);
+        assert_eq!(a, b);
+        let by = &ours["generated_by"];
+        assert_eq!(by["runner"], "transformers", "{by}");
+        assert_eq!(by["reference"]["prefix_reuse"], "crop", "{by}");
+        assert_eq!(by["candidate"]["prefix_reuse"], "snapshot", "{by}");
+        assert_eq!(by["candidate"]["dtype"], "float32", "{by}");
+        assert_eq!(by["candidate"]["attention"], "sdpa", "{by}");
+        let last = ours["turns"].as_array().unwrap().last().unwrap()["prompt_tokens"].clone();
+        for side in ["reference", "candidate"] {
+            assert_eq!(by[side]["prefilled_tokens"], last, "{side}: {by}");
+        }
+        assert_eq!(ours["summary"], native["summary"]);
+
+        let same = measure_turns(dir.path(), "self", "shakespeare-bf16", CPU_FLOAT32);
+        let s = &same["summary"];
+        assert_eq!(s["turn_match"]["value"], 1.0, "{s}");
+        assert_eq!(s["first_divergence"]["turns"], 0, "{s}");
+    }
+
+    /// A study in the transformers lane generates the reference's turns once and every arm's
+    /// after its pass, each as the native study's token for token (a hybrid candidate, a q8_0
+    /// KV cache rounding what each step writes), and its repeat control matches every turn.
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn a_transformers_study_generates_every_arms_turns_as_the_native_study() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        crate::conversation::short_conversation(dir.path(), 12);
+        let study = |runner: &str| {
+            format!(
+                "study: cardproof/study-v1\nreference: {}\neval:\n  text: conversation.json\n  chat_template: chat_template.jinja\nprotocol:\n  context_lengths: [128]\n  resamples: 50\n  turns: {{select: all, max_new_tokens: 6}}\n{runner}\narms:\n  - {{name: hybrid, candidate: {}, changes: weights}}\n  - {{name: kv-q8_0, kv_cache: q8_0, changes: kv_cache}}\ncontrols: {{repeatability: true, noise_floor: false}}\n",
+                model("shakespeare-bf16"),
+                model("shakespeare-hybrid-bf16")
+            )
+        };
+        let run = |name: &str, runner: &str| {
+            let file = dir.path().join(format!("{name}.yaml"));
+            std::fs::write(&file, study(runner)).unwrap();
+            let r = Cmd::new("study")
+                .path(&file)
+                .out(dir.path().join(name))
+                .run();
+            assert_eq!(r.code, 0, "{}", r.stderr);
+        };
+        run("native", "runner: native");
+        run(
+            "transformers",
+            "runner: transformers\ntransformers: {device: cpu, torch_dtype: float32}",
+        );
+        let turns = |name: &str, arm: &str| {
+            let m: serde_json::Value = serde_json::from_slice(
+                &std::fs::read(
+                    dir.path()
+                        .join(name)
+                        .join("arms")
+                        .join(arm)
+                        .join("measurement.json"),
+                )
+                .unwrap(),
+            )
+            .unwrap();
+            m["turns"].clone()
+        };
+        for arm in ["hybrid", "kv-q8_0", "control-repeat"] {
+            let (ours, native) = (turns("transformers", arm), turns("native", arm));
+            assert_eq!(turn_ids(&ours), turn_ids(&native), "{arm}");
+            assert_eq!(ours["generated_by"]["runner"], "transformers", "{arm}");
+        }
+        let q8 = turns("transformers", "kv-q8_0");
+        assert_eq!(q8["generated_by"]["candidate"]["kv_cache"], "q8_0", "{q8}");
+        assert_eq!(
+            q8["generated_by"]["reference"]["kv_cache"],
+            serde_json::Value::Null
+        );
+        let repeat = turns("transformers", "control-repeat");
+        assert_eq!(repeat["summary"]["turn_match"]["value"], 1.0);
     }
 }
 

@@ -108,8 +108,8 @@ fn the_reference_against_itself_generates_the_same_turns() {
     assert_eq!(s["recovery"]["failures"], 0, "{s}");
 }
 
-/// Turns need a conversation, a native lane and a budget in range; each is refused before any
-/// model runs, naming what is wrong.
+/// Turns need a conversation and a budget in range; each is refused before any model runs,
+/// naming what is wrong.
 #[test]
 fn turns_that_cannot_be_generated_are_refused_before_any_work() {
     let dir = tempfile::tempdir().unwrap();
@@ -124,15 +124,6 @@ fn turns_that_cannot_be_generated_are_refused_before_any_work() {
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("conversation file"), "{}", r.stderr);
     assert!(!dir.path().join("plain/measurement.json").exists());
-
-    let r = measure_turns(
-        dir.path(),
-        "shakespeare-fp8-block",
-        12,
-        &["--runner", "transformers"],
-    );
-    assert_eq!(r.code, 2, "{}", r.stderr);
-    assert!(r.stderr.contains("--turns"), "{}", r.stderr);
 
     let r = Cmd::measure()
         .reference(model("shakespeare-bf16"))
@@ -207,8 +198,8 @@ fn a_study_generates_every_arms_turns_and_compares_them() {
             .is_some_and(|t| !t.is_empty())
     );
 
-    // Only the native runner generates: another is refused naming the field.
-    std::fs::write(&file, study("transformers")).unwrap();
+    // llama.cpp generates no turns: a study that runs it is refused naming the field.
+    std::fs::write(&file, study("llamacpp")).unwrap();
     let r = Cmd::new("study")
         .path(&file)
         .out(dir.path().join("t"))

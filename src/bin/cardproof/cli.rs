@@ -607,7 +607,7 @@ pub struct MeasureArgs {
     pub recurrent_state_dtype: String,
     /// Also generate the conversation eval text's assistant turns with both models (greedy,
     /// teacher-forced history) and judge their tool calls: `all` turns or those that call
-    /// `tool-calls` in the conversation. Native runner.
+    /// `tool-calls` in the conversation. Native and transformers runners.
     #[arg(long, value_enum, value_name = "TURNS")]
     pub turns: Option<TurnsArg>,
     /// Tokens a generated turn may hold at most, its stop token included (with --turns).

@@ -40,6 +40,7 @@ impl CandidateRunner for NativeCandidates {
                 Ok(Runs {
                     reference_seconds: None,
                     arms: vec![scored],
+                    reference_turns: None,
                 })
             }
             Pass::Kept => kept(reference, arms, turns, stage, progress),
@@ -112,6 +113,7 @@ impl Candidate {
             records: Vec::new(),
             seconds: 0.0,
             turns: None,
+            turns_generated_by: None,
         }
     }
 
@@ -258,6 +260,7 @@ fn kept(
     Ok(Runs {
         reference_seconds: Some(reference_seconds),
         arms: out,
+        reference_turns: None,
     })
 }
 

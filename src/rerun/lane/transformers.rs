@@ -2,7 +2,10 @@
 //! of the Python program on the user's GPU. Alone, the pair runs as one measurement (with the
 //! runner's gates when asked); in a study, the reference runs once per window with its hidden
 //! states kept and each arm's candidate in turn against them (N arms cost N + 1 passes). Either
-//! way each arm's rows are scored here exactly as a single measurement scores them.
+//! way each arm's rows are scored here exactly as a single measurement scores them. With
+//! `--turns` the same program run also generates each model's turns after its scoring (the
+//! reference's once), with the model objects the scoring used; they come back checked
+//! ([`TurnSet`]) with how each model generated them.
 
 use std::path::Path;
 
@@ -16,10 +19,11 @@ use crate::rerun::environment::{kv_cache_ran, recorded_kv, transformers_environm
 use crate::rerun::gates;
 use crate::rerun::identity::checkpoint_identity;
 use crate::rerun::score::{self, EvalInput};
+use crate::rerun::turns::{TurnWork, TurnsGeneratedBy};
 use crate::rerun::{NoiseFloor, Request};
-use crate::runner::exchange::{GateNumbers, RunnerEnvironment};
+use crate::runner::exchange::{GateNumbers, RunnerEnvironment, TurnAsk, TurnEngine};
 use crate::runner::native;
-use crate::runner::transformers::{self, ArmModel, RunWork, TransformersOptions};
+use crate::runner::transformers::{self, ArmModel, RunWork, TransformersOptions, TurnSet};
 
 pub(crate) struct TransformersCandidates<'a>(pub &'a TransformersOptions);
 
@@ -28,6 +32,107 @@ struct ArmAnswer {
     records: score::PerRun,
     model: serde_json::Value,
     seconds: f64,
+    turns: Option<TurnSet>,
+}
+
+/// What the program answered for the whole run.
+struct Answers {
+    arms: Vec<ArmAnswer>,
+    environment: RunnerEnvironment,
+    gates: Option<GateNumbers>,
+    reference_turns: Option<TurnSet>,
+}
+
+/// One program run's inputs: the reference, the windows and rows, the logit entries reduced,
+/// the options (the turns asked for among them), and where progress goes.
+struct Call<'a> {
+    reference: &'a Path,
+    work: &'a [RunWork<'a>],
+    vocab_size: usize,
+    options: TransformersOptions,
+    stage: Stage<'a>,
+    progress: ArmProgress<'a>,
+}
+
+impl Call<'_> {
+    /// A single rerun: the pair in one program run (with the runner's gates when asked).
+    fn streamed(mut self, first: &Request) -> Result<Answers> {
+        (self.stage)("running the transformers runner");
+        self.options.gates = first.gates.is_some();
+        self.options.kv_cache = (first.reference_kv_cache, first.kv_cache);
+        let (stage, progress) = (self.stage, self.progress);
+        let report = |stage_name: &str, counts: Option<(usize, usize)>| match counts {
+            Some((done, total)) => progress(1, done, total),
+            None => stage(stage_name),
+        };
+        let started = std::time::Instant::now();
+        let out = transformers::run(
+            self.reference,
+            first.candidate,
+            self.work,
+            self.vocab_size,
+            &self.options,
+            &report,
+        )?;
+        let (reference_turns, turns) = out.turns.map_or((None, None), |(r, c)| (Some(r), Some(c)));
+        let answer = ArmAnswer {
+            records: out.records,
+            model: out.environment.models.candidate.clone(),
+            seconds: started.elapsed().as_secs_f64(),
+            turns,
+        };
+        Ok(Answers {
+            arms: vec![answer],
+            environment: out.environment,
+            gates: out.gates,
+            reference_turns,
+        })
+    }
+
+    /// A study: the reference once, every arm against its kept hidden states.
+    fn kept(mut self, arms: &Arms) -> Result<Answers> {
+        let first = arms.first()?;
+        (self.stage)(&format!(
+            "transformers runner: reference pass, then {} arms",
+            arms.requests.len()
+        ));
+        self.options.gates = false;
+        self.options.kv_cache = (first.reference_kv_cache, None);
+        let models: Vec<ArmModel> = arms
+            .requests
+            .iter()
+            .zip(arms.attentions)
+            .map(|(r, attention)| ArmModel {
+                path: r.candidate,
+                attention: attention.clone(),
+                kv_cache: r.kv_cache,
+            })
+            .collect();
+        let out = transformers::run_arms(
+            self.reference,
+            &models,
+            self.work,
+            self.vocab_size,
+            &self.options,
+            &arms_progress(self.stage, self.progress),
+        )?;
+        let answers = out
+            .arms
+            .into_iter()
+            .map(|o| ArmAnswer {
+                records: o.records,
+                model: o.model,
+                seconds: o.seconds,
+                turns: o.turns,
+            })
+            .collect();
+        Ok(Answers {
+            arms: answers,
+            environment: out.environment,
+            gates: None,
+            reference_turns: out.reference_turns,
+        })
+    }
 }
 
 impl CandidateRunner for TransformersCandidates<'_> {
@@ -35,7 +140,7 @@ impl CandidateRunner for TransformersCandidates<'_> {
         &self,
         reference: &dyn ReferenceSource,
         arms: &Arms,
-        _turns: Option<&crate::rerun::turns::TurnWork>,
+        turns: Option<&TurnWork>,
         stage: Stage,
         progress: ArmProgress,
     ) -> Result<Runs> {
@@ -62,93 +167,66 @@ impl CandidateRunner for TransformersCandidates<'_> {
                 rows: &p.rows,
             })
             .collect();
+        let mut runner_options = self.0.clone();
+        runner_options.turns = turns.map(turn_ask);
+        let call = Call {
+            reference: engine.path,
+            work: &work,
+            vocab_size,
+            options: runner_options,
+            stage,
+            progress,
+        };
         let started = std::time::Instant::now();
-        let (answers, environment, gate_numbers) = match arms.pass {
-            Pass::Streamed => {
-                stage("running the transformers runner");
-                let mut runner_options = self.0.clone();
-                runner_options.gates = first.gates.is_some();
-                runner_options.kv_cache = (first.reference_kv_cache, first.kv_cache);
-                let report = |stage_name: &str, counts: Option<(usize, usize)>| match counts {
-                    Some((done, total)) => progress(1, done, total),
-                    None => stage(stage_name),
-                };
-                let out = transformers::run(
-                    engine.path,
-                    first.candidate,
-                    &work,
-                    vocab_size,
-                    &runner_options,
-                    &report,
-                )?;
-                let answer = ArmAnswer {
-                    records: out.records,
-                    model: out.environment.models.candidate.clone(),
-                    seconds: started.elapsed().as_secs_f64(),
-                };
-                (vec![answer], out.environment, out.gates)
-            }
-            Pass::Kept => {
-                stage(&format!(
-                    "transformers runner: reference pass, then {} arms",
-                    arms.requests.len()
-                ));
-                let mut runner_options = self.0.clone();
-                runner_options.gates = false;
-                runner_options.kv_cache = (first.reference_kv_cache, None);
-                let models: Vec<ArmModel> = arms
-                    .requests
-                    .iter()
-                    .zip(arms.attentions)
-                    .map(|(r, attention)| ArmModel {
-                        path: r.candidate,
-                        attention: attention.clone(),
-                        kv_cache: r.kv_cache,
-                    })
-                    .collect();
-                let (outputs, environment) = transformers::run_arms(
-                    engine.path,
-                    &models,
-                    &work,
-                    vocab_size,
-                    &runner_options,
-                    &arms_progress(stage, progress),
-                )?;
-                let answers = outputs
-                    .into_iter()
-                    .map(|o| ArmAnswer {
-                        records: o.records,
-                        model: o.model,
-                        seconds: o.seconds,
-                    })
-                    .collect();
-                (answers, environment, None)
-            }
+        let answers = match arms.pass {
+            Pass::Streamed => call.streamed(first)?,
+            Pass::Kept => call.kept(arms)?,
         };
         let total_seconds = started.elapsed().as_secs_f64();
+        // Generation is timed apart from the arms' passes, so it is not the reference's either.
+        let turn_seconds: f64 = answers
+            .reference_turns
+            .iter()
+            .chain(answers.arms.iter().filter_map(|a| a.turns.as_ref()))
+            .map(|t| t.seconds)
+            .sum();
         let shared = Shared {
             eval: &eval,
             options: &options,
             width,
             engine,
-            environment: &environment,
+            environment: &answers.environment,
             reference: ModelRecord {
-                runner: environment.models.reference.clone(),
+                runner: answers.environment.models.reference.clone(),
                 ..reference_id
             },
+            reference_turns: answers.reference_turns.as_ref().map(|t| &t.engine),
             pass: arms.pass,
         };
-        let mut scored = Vec::with_capacity(answers.len());
-        for ((r, id), answer) in arms.requests.iter().zip(ids).zip(answers) {
-            scored.push(shared.arm(r, id, answer, gate_numbers.as_ref())?);
+        let mut scored = Vec::with_capacity(answers.arms.len());
+        for ((r, id), answer) in arms.requests.iter().zip(ids).zip(answers.arms) {
+            scored.push(shared.arm(r, id, answer, answers.gates.as_ref())?);
         }
         let arm_seconds: f64 = scored.iter().map(|s| s.seconds).sum();
         Ok(Runs {
-            // The program's whole run less its arms': the reference's pass, loading and warm-up.
+            // The program's whole run less its arms' and the turns': the reference's pass,
+            // loading and warm-up.
             reference_seconds: (arms.pass == Pass::Kept)
-                .then(|| (total_seconds - arm_seconds).max(0.0)),
+                .then(|| (total_seconds - arm_seconds - turn_seconds).max(0.0)),
             arms: scored,
+            reference_turns: answers.reference_turns.map(|t| t.generated),
         })
+    }
+}
+
+/// What the runner program is asked to generate: the plan's prompts, stop ids, budget and the
+/// logit entries that are tokens.
+fn turn_ask(w: &TurnWork) -> TurnAsk {
+    TurnAsk {
+        prompts: w.plan.prompts.iter().map(|p| p.prompt.clone()).collect(),
+        stops: w.plan.stops.clone(),
+        max_new_tokens: w.protocol.max_new_tokens,
+        used: w.used,
     }
 }
 
@@ -234,6 +312,8 @@ struct Shared<'a> {
     engine: &'a EngineReference<'a>,
     environment: &'a RunnerEnvironment,
     reference: ModelRecord,
+    /// How the reference generated its turns (with `--turns`).
+    reference_turns: Option<&'a TurnEngine>,
     pass: Pass,
 }
 
@@ -295,8 +375,17 @@ impl Shared<'_> {
             ),
             None => Vec::new(),
         };
+        let turns_generated_by = match (self.reference_turns, &answer.turns) {
+            (Some(reference), Some(candidate)) => Some(TurnsGeneratedBy {
+                runner: crate::rerun::document::RunnerKind::Transformers,
+                reference: reference.clone(),
+                candidate: candidate.engine.clone(),
+            }),
+            _ => None,
+        };
         Ok(Scored {
-        turns: None,
+            turns: answer.turns.map(|t| t.generated),
+            turns_generated_by,
             scoring,
             options: self.options.clone(),
             reference: self.reference.clone(),
