@@ -14,10 +14,11 @@ difference printed).
 """
 
 import json
+import os
 import sys
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 
 def conversations(path):
@@ -48,7 +49,13 @@ def main():
     stops = t["stop_ids"]
     max_new = t["protocol"]["max_new_tokens"]
     template = open(template_path, encoding="utf-8").read()
-    tok = AutoTokenizer.from_pretrained(reference)
+    # A model directory without tokenizer_config.json (the MoE fixture) names no tokenizer
+    # class: AutoTokenizer would pick one by model type and add its special tokens; the file
+    # itself is what the model was given, as cardproof reads it.
+    if os.path.exists(os.path.join(reference, "tokenizer_config.json")):
+        tok = AutoTokenizer.from_pretrained(reference)
+    else:
+        tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(reference, "tokenizer.json"))
     convs = conversations(conv_path)
     models = {
         side: AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()

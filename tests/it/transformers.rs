@@ -1450,6 +1450,57 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         assert!(stdout.contains("5 of 5 turns agree"), "{stdout}");
     }
 
+    /// The same on a mixture of experts: the qwen3_moe fixture (its routing, top-k experts and
+    /// their sum) generating the short conversation's turns natively, against transformers'
+    /// `generate` (the fixture's tokenizer file as is: it names no tokenizer class).
+    #[test]
+    #[ignore = "needs torch and transformers (.ci/run installs them)"]
+    fn native_greedy_turns_equal_transformers_generate_on_a_mixture_of_experts() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        let moe = dir.path().join("qwen3-moe");
+        std::fs::create_dir(&moe).unwrap();
+        for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+            std::fs::copy(
+                crate::moe::fixtures().join("qwen3-moe").join(f),
+                moe.join(f),
+            )
+            .unwrap();
+        }
+        // The fixture names no end-of-turn token; byte 0 never occurs in the text.
+        std::fs::write(moe.join("generation_config.json"), r#"{"eos_token_id": 0}"#).unwrap();
+        let (conversation, template) = crate::conversation::short_conversation(dir.path(), 6);
+        let out = dir.path().join("out");
+        let r = Cmd::measure()
+            .reference(&moe)
+            .candidate(&moe)
+            .eval_text(&conversation)
+            .flag("--chat-template", &template)
+            .context_length(64)
+            .bootstrap(50)
+            .args(["--turns", "all", "--max-new-tokens", "8"])
+            .out(&out)
+            .run();
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let python = std::env::var_os("CARDPROOF_PYTHON").unwrap_or_else(|| "python3".into());
+        let check = std::process::Command::new(&python)
+            .arg(repo_root().join("tests/turns_check.py"))
+            .arg(out.join("measurement.json"))
+            .arg(&conversation)
+            .arg(&template)
+            .arg(&moe)
+            .arg(&moe)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&check.stdout);
+        assert!(
+            check.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&check.stderr)
+        );
+        assert!(stdout.contains("2 of 2 turns agree"), "{stdout}");
+    }
+
     /// `measure --turns all` on the example conversation's first twelve messages, turns of at
     /// most 12 tokens, the bf16 example as the reference; `runner` flags before the rest; the
     /// measurement's `turns`.
