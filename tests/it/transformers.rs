@@ -1431,23 +1431,38 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
             .out(&out)
             .run();
         assert_eq!(r.code, 0, "{}", r.stderr);
+        let (reference, candidate) = (model("shakespeare-bf16"), model("shakespeare-hybrid-bf16"));
+        let stdout = turns_check(
+            &out,
+            &conversation,
+            &template,
+            (Path::new(&reference), Path::new(&candidate)),
+        );
+        assert!(stdout.contains("5 of 5 turns agree"), "{stdout}");
+    }
+
+    /// tests/turns_check.py on the measurement in `out`: its report, once it exited 0 (every
+    /// turn's prompt and tokens agree).
+    fn turns_check(
+        out: &Path,
+        conversation: &Path,
+        template: &Path,
+        (reference, candidate): (&Path, &Path),
+    ) -> String {
         let python = std::env::var_os("CARDPROOF_PYTHON").unwrap_or_else(|| "python3".into());
         let check = std::process::Command::new(&python)
             .arg(repo_root().join("tests/turns_check.py"))
             .arg(out.join("measurement.json"))
-            .arg(&conversation)
-            .arg(&template)
-            .arg(model("shakespeare-bf16"))
-            .arg(model("shakespeare-hybrid-bf16"))
+            .args([conversation, template, reference, candidate])
             .output()
             .unwrap();
-        let stdout = String::from_utf8_lossy(&check.stdout);
+        let stdout = String::from_utf8_lossy(&check.stdout).into_owned();
         assert!(
             check.status.success(),
             "{stdout}\n{}",
             String::from_utf8_lossy(&check.stderr)
         );
-        assert!(stdout.contains("5 of 5 turns agree"), "{stdout}");
+        stdout
     }
 
     /// The same on a mixture of experts: the qwen3_moe fixture (its routing, top-k experts and
@@ -1482,22 +1497,7 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
             .out(&out)
             .run();
         assert_eq!(r.code, 0, "{}", r.stderr);
-        let python = std::env::var_os("CARDPROOF_PYTHON").unwrap_or_else(|| "python3".into());
-        let check = std::process::Command::new(&python)
-            .arg(repo_root().join("tests/turns_check.py"))
-            .arg(out.join("measurement.json"))
-            .arg(&conversation)
-            .arg(&template)
-            .arg(&moe)
-            .arg(&moe)
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&check.stdout);
-        assert!(
-            check.status.success(),
-            "{stdout}\n{}",
-            String::from_utf8_lossy(&check.stderr)
-        );
+        let stdout = turns_check(&out, &conversation, &template, (&moe, &moe));
         assert!(stdout.contains("2 of 2 turns agree"), "{stdout}");
     }
 
