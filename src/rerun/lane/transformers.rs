@@ -148,6 +148,8 @@ impl CandidateRunner for TransformersCandidates<'_> {
             reference_seconds: (arms.pass == Pass::Kept)
                 .then(|| (total_seconds - arm_seconds).max(0.0)),
             arms: scored,
+            reference_turns: None,
+            reference_turns_timing: None,
         })
     }
 }
@@ -296,7 +298,8 @@ impl Shared<'_> {
             None => Vec::new(),
         };
         Ok(Scored {
-        turns: None,
+            turns: None,
+            turns_timing: None,
             scoring,
             options: self.options.clone(),
             reference: self.reference.clone(),
