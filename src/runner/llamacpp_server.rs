@@ -98,6 +98,9 @@ pub struct GreedyRequest {
     pub return_tokens: bool,
     pub stream: bool,
     pub n_probs: u32,
+    /// llama.cpp's own samplers on the CPU, never a backend's (a GPU's top-k may break ties
+    /// another way).
+    pub backend_sampling: bool,
     /// The fields asked of each answer.
     pub response_fields: Vec<String>,
 }
@@ -113,6 +116,7 @@ impl Default for GreedyRequest {
             return_tokens: true,
             stream: false,
             n_probs: 0,
+            backend_sampling: false,
             response_fields: [
                 "tokens",
                 "stop_type",
