@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Build llama.cpp's `llama-perplexity`, `llama-quantize` and `llama-imatrix` from a pinned source a package registry
-# serves: the llama-cpp-python sdist, which vendors llama.cpp under vendor/llama.cpp. Prints
-# llama-perplexity's path on stdout (everything else goes to stderr); llama-quantize and
-# llama-imatrix (for the real model's candidates) lie beside it.
+# Build llama.cpp's `llama-perplexity`, `llama-server`, `llama-bench`, `llama-quantize` and `llama-imatrix` from a
+# pinned source a package registry serves: the llama-cpp-python sdist, which vendors llama.cpp
+# under vendor/llama.cpp. Prints llama-perplexity's path on stdout (everything else goes to
+# stderr); the others lie beside it: llama-server (the llama.cpp runner's generated turns, found
+# beside llama-perplexity), llama-bench (benches/turns_decode.sh), llama-quantize and
+# llama-imatrix (the real model's candidates).
 #
 #   runners/llamacpp/build.sh            CPU build (what CI and the llama.cpp runner's tests use)
 #   runners/llamacpp/build.sh --cuda     CUDA build (GGML_CUDA=ON; needs nvcc)
@@ -11,7 +13,11 @@
 #
 # The build is cached under $CARDPROOF_CACHE (default ~/.cache/cardproof), keyed by the source's
 # sha256, the backend and, for the CPU build (compiled for the host's instruction sets), the
-# CPU's flags: a second run on the same machine prints the cached binary at once.
+# CPU's flags: a second run on the same machine prints the cached binary at once. A cache is
+# complete only with every binary of $bins: one from before a binary was added (llama-server,
+# llama-bench) is built again into the same directory (the same source and flags, so the same
+# kernels; each binary replaced atomically), and the directory keeps its name, so a path taken
+# from an earlier run stays valid.
 set -euo pipefail
 
 VERSION=0.3.36
@@ -52,7 +58,12 @@ if [ "$backend" = cpu ] && [ -r /proc/cpuinfo ]; then
   cpu_key="-$(grep -m1 '^flags' /proc/cpuinfo | sha256sum | cut -c1-12)"
 fi
 out="$cache/llama-perplexity-$VERSION-${SHA256:0:12}-$backend$cpu_key"
-if [ -x "$out/llama-perplexity" ] && [ -x "$out/llama-quantize" ] && [ -x "$out/llama-imatrix" ]; then
+bins=(llama-quantize llama-imatrix llama-server llama-bench llama-perplexity)
+complete=1
+for bin in "${bins[@]}"; do
+  [ -x "$out/$bin" ] || complete=0
+done
+if [ "$complete" = 1 ]; then
   echo "$out/llama-perplexity"
   exit 0
 fi
@@ -61,13 +72,16 @@ command -v cmake >/dev/null 2>&1 || python3 -m pip install --quiet cmake >&2
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 fetch_source "$work"
+# The server without its web page's prebuilt assets (a download at build time) and without
+# HTTPS (it listens on 127.0.0.1 only).
 flags=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF
-       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF)
+       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
+       -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF)
 [ "$backend" = cuda ] && flags+=(-DGGML_CUDA=ON)
 cmake -S "$src" -B "$work/build" "${flags[@]}" >&2
-cmake --build "$work/build" --target llama-perplexity llama-quantize llama-imatrix -j "$(nproc)" >&2
+cmake --build "$work/build" --target "${bins[@]}" -j "$(nproc)" >&2
 mkdir -p "$out"
-for bin in llama-quantize llama-imatrix llama-perplexity; do
+for bin in "${bins[@]}"; do
   cp "$work/build/bin/$bin" "$out/$bin.tmp"
   mv "$out/$bin.tmp" "$out/$bin"
 done

@@ -506,6 +506,7 @@ fn log_environment(
         seconds: 0.0,
         imported_from: Some(log_path.display().to_string()),
         inherited_environment: Default::default(),
+        turns: None,
     };
     // The CPU's model is not in a llama.cpp log (its instruction sets are: system_info).
     let device = if observed.backend == "cpu" {

@@ -143,6 +143,9 @@ pub struct Request<'a> {
     /// Also generate every assistant turn of the conversation eval text with both models and
     /// judge their tool calls ([`turns`]); `None`: the scored rows only.
     pub turns: Option<turns::TurnProtocol>,
+    /// The conversation file the turns come from, where it is not the eval text (the llama.cpp
+    /// runner scores a plain-text eval text).
+    pub turns_conversation: Option<&'a Path>,
 }
 
 /// What the sanity gates need from outside the run.

@@ -294,6 +294,22 @@ pub(super) fn tokenize_eval(
     Ok((loaded, stream))
 }
 
+/// The tokenizer that renders the turns' prompts in a lane whose engine tokenizes the eval text
+/// itself (llama.cpp): the one given, else the reference's (`tokenizer.json` beside its GGUF),
+/// checked against the candidate's where it has one. Both engines are then given the same ids.
+pub(super) fn turn_tokenizer(r: &Request, reference: &Path) -> Result<TokenizerFile> {
+    let path = r
+        .tokenizer
+        .map(Path::to_owned)
+        .unwrap_or_else(|| tokens::tokenizer_path(reference));
+    let loaded = tokens::load_tokenizer(&path)?;
+    let candidate = tokens::tokenizer_path(r.candidate);
+    if r.tokenizer.is_none() && candidate.exists() {
+        tokens::check_same_tokenizer(&loaded, &tokens::load_tokenizer(&candidate)?)?;
+    }
+    Ok(loaded)
+}
+
 /// What a study's further arm must share with its first: the reference's tokenizer, part by
 /// part, and context lengths within the arm's candidate's trained positions.
 pub(super) fn check_arm(r: &Request, tokenizer: &TokenizerFile) -> Result<()> {

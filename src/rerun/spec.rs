@@ -136,6 +136,7 @@ impl<'a> Request<'a> {
             kv_cache: None,
             reference_kv_cache: None,
             turns: None,
+            turns_conversation: None,
         }
     }
 }
@@ -158,6 +159,8 @@ pub struct MeasureSpec {
     pub kv_cache: Option<KvCacheSetting>,
     /// `--turns`, `--max-new-tokens`: generate every selected assistant turn too.
     pub turns: Option<super::turns::TurnProtocol>,
+    /// `--turns-conversation`: the conversation the turns come from (`None`: the eval text).
+    pub turns_conversation: Option<PathBuf>,
     pub threads: usize,
 }
 
@@ -184,6 +187,7 @@ impl MeasureSpec {
             recurrent_state: self.recurrent_state,
             kv_cache: self.kv_cache,
             turns: self.turns,
+            turns_conversation: self.turns_conversation.as_deref(),
             ..Request::new(
                 lane,
                 &self.candidate,

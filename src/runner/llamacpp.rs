@@ -177,6 +177,9 @@ impl LlamacppSettings {
 pub struct LlamacppOptions {
     /// `--llamacpp-bin` (else `llama-perplexity` on `PATH`).
     pub binary: Option<PathBuf>,
+    /// `--llamacpp-server`: the `llama-server` that generates turns (else the one beside
+    /// `llama-perplexity`).
+    pub server: Option<PathBuf>,
     /// The flags both models run with; the candidate's KV cache comes from the request's
     /// `kv_cache` (`--kv-cache`), the reference keeps llama.cpp's default cache.
     pub settings: LlamacppSettings,
@@ -1463,6 +1466,9 @@ pub struct LlamacppRecord {
     /// change the lane behind the flags cardproof passes ([`inherited_settings`]).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub inherited_environment: std::collections::BTreeMap<String, String>,
+    /// How the generated turns ran (`--turns`): llama.cpp's own server, each model's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turns: Option<crate::runner::llamacpp_server::LlamacppTurnsRecord>,
 }
 
 /// The variables of this process's environment that llama.cpp reads as settings: `LLAMA_ARG_*`

@@ -6,6 +6,7 @@ pub mod child;
 pub mod exchange;
 pub mod kv_record;
 pub mod llamacpp;
+pub mod llamacpp_server;
 pub mod native;
 pub mod tokens;
 #[cfg(feature = "native")]

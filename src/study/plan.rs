@@ -615,6 +615,7 @@ fn llamacpp_options(
     };
     Ok(LlamacppOptions {
         binary: study.llamacpp_bin(),
+        server: None,
         settings,
         no_gate: given.no_gate,
         reference: Some(reference),

@@ -108,6 +108,39 @@ fn the_reference_against_itself_generates_the_same_turns() {
     assert_eq!(s["recovery"]["failures"], 0, "{s}");
 }
 
+/// The turns may come from a conversation file beside a plain-text eval text
+/// (`--turns-conversation`, which the llama.cpp runner needs): the same turns as with the
+/// conversation as the eval text, the file named and digested in the record.
+#[test]
+fn turns_from_a_conversation_beside_a_plain_eval_text_are_the_same_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = measure_turns(dir.path(), "shakespeare-fp8-block", 12, &[]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let with_eval = measurement(dir.path());
+    let beside = tempfile::tempdir().unwrap();
+    let r = Cmd::measure()
+        .reference(model("shakespeare-bf16"))
+        .candidate(model("shakespeare-fp8-block"))
+        .eval_text(crate::support::repo_root().join("examples/data/eval.txt"))
+        .flag("--turns-conversation", dir.path().join("conversation.json"))
+        .flag("--chat-template", dir.path().join("chat_template.jinja"))
+        .context_length(128)
+        .bootstrap(100)
+        .args(["--turns", "tool-calls", "--max-new-tokens", "6"])
+        .out(beside.path().join("out"))
+        .run();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let m = measurement(beside.path());
+    let (a, b) = (&with_eval["turns"], &m["turns"]);
+    assert_eq!(a["turns"], b["turns"]);
+    assert!(a.get("conversation").is_none());
+    assert_eq!(
+        b["conversation"]["path"],
+        dir.path().join("conversation.json").to_str().unwrap()
+    );
+    assert_eq!(b["conversation"]["sha256"].as_str().map(str::len), Some(64));
+}
+
 /// Turns need a conversation and a budget in range; each is refused before any model runs,
 /// naming what is wrong.
 #[test]

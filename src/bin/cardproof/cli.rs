@@ -607,9 +607,14 @@ pub struct MeasureArgs {
     pub recurrent_state_dtype: String,
     /// Also generate the conversation eval text's assistant turns with both models (greedy,
     /// teacher-forced history) and judge their tool calls: `all` turns or those that call
-    /// `tool-calls` in the conversation. Native and transformers runners.
+    /// `tool-calls` in the conversation. Native, transformers and llama.cpp runners.
     #[arg(long, value_enum, value_name = "TURNS")]
     pub turns: Option<TurnsArg>,
+    /// The conversation file (.json or .jsonl) whose turns --turns generates, where it is not
+    /// the eval text: the llama.cpp runner scores a plain-text eval text, so its turns come
+    /// from here.
+    #[arg(long, value_name = "FILE", requires = "turns")]
+    pub turns_conversation: Option<PathBuf>,
     /// Tokens a generated turn may hold at most, its stop token included (with --turns).
     #[arg(long, value_name = "N", requires = "turns",
           value_parser = clap::value_parser!(u32).range(1..=65_536))]
@@ -665,6 +670,10 @@ pub struct LlamacppArgs {
     /// The `llama-perplexity` binary (default: on PATH).
     #[arg(long, value_name = "PATH")]
     pub llamacpp_bin: Option<PathBuf>,
+    /// The `llama-server` binary that generates --turns (default: the one beside
+    /// llama-perplexity, the same build).
+    #[arg(long, value_name = "PATH")]
+    pub llamacpp_server: Option<PathBuf>,
     /// `-ngl`: layers offloaded to the GPU (a number, auto or all; 0 runs on the CPU).
     #[arg(long, value_name = "N")]
     pub llamacpp_gpu_layers: Option<String>,

@@ -417,6 +417,7 @@ impl MeasureConfig {
                             n as usize
                         }),
                 }),
+                turns_conversation: args.turns_conversation,
                 threads: threads(args.threads),
             },
             progress: std::io::stderr().is_terminal(),
@@ -445,6 +446,7 @@ fn llamacpp_options(
     settings.check()?;
     Ok(LlamacppOptions {
         binary: a.llamacpp_bin.clone(),
+        server: a.llamacpp_server.clone(),
         settings,
         no_gate: a.llamacpp_no_gate,
         reference: None,

@@ -2,7 +2,7 @@
 //! in this process), and one an engine runs itself beside its candidates.
 
 use crate::rerun::turns::TurnWork;
-use crate::runner::native::generate::Generated;
+use crate::runner::native::generate::{Generated, GenerationTiming};
 use std::path::Path;
 
 use super::{Bound, Pass, ReferenceRecord, ReferenceSource, Rows, Stage};
@@ -72,10 +72,15 @@ impl<'a> CheckpointReference<'a> {
 }
 
 impl ReferenceSource for CheckpointReference<'_> {
-    fn generate_turns(&self, work: &TurnWork, stage: Stage) -> Result<Vec<Generated>> {
-        work.generate(&self.model, &|done, total| {
+    fn generate_turns(
+        &self,
+        work: &TurnWork,
+        stage: Stage,
+    ) -> Result<(Vec<Generated>, Option<GenerationTiming>)> {
+        let (generated, timing) = work.generate(&self.model, &|done, total| {
             stage(&format!("generating the reference's turns {done}/{total}"))
-        })
+        })?;
+        Ok((generated, Some(timing)))
     }
 
     fn bind<'s>(

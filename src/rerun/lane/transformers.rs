@@ -215,6 +215,7 @@ impl CandidateRunner for TransformersCandidates<'_> {
                 .then(|| (total_seconds - arm_seconds - turn_seconds).max(0.0)),
             arms: scored,
             reference_turns: answers.reference_turns.map(|t| t.generated),
+            reference_turns_timing: None,
         })
     }
 }
@@ -386,6 +387,7 @@ impl Shared<'_> {
         Ok(Scored {
             turns: answer.turns.map(|t| t.generated),
             turns_generated_by,
+            turns_timing: None,
             scoring,
             options: self.options.clone(),
             reference: self.reference.clone(),

@@ -50,6 +50,37 @@ pub struct Generated {
     pub stop: Stop,
 }
 
+/// Where a model's generation time went, over every turn of a run: what the turns' costs are
+/// checked against (about one prefill of each conversation plus the generated tokens).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+pub struct GenerationTiming {
+    /// Prompt tokens run through the model (a prompt that extends the one before is prefilled
+    /// from where that one stopped).
+    pub prefill_tokens: usize,
+    pub prefill_seconds: f64,
+    /// Tokens generated, stop tokens included (an engine that generates past a stop id counts
+    /// what it generated).
+    pub generated_tokens: usize,
+    /// Seconds spent generating them (every step after the prefill).
+    pub decode_seconds: f64,
+}
+
+impl GenerationTiming {
+    /// Generated tokens per second of decoding (`None` before any).
+    pub fn decode_tokens_per_second(&self) -> Option<f64> {
+        (self.decode_seconds > 0.0).then(|| self.generated_tokens as f64 / self.decode_seconds)
+    }
+}
+
 /// The first index of the maximum of `row[..used]`, `None` when an entry is not finite.
 pub fn argmax(row: &[f32], used: usize) -> Option<u32> {
     let row = &row[..used.min(row.len())];
@@ -135,16 +166,16 @@ impl Decoder {
 
     /// Every prompt of `prompts` generated, in order, sharing prefill work: a prompt that
     /// extends the previous one continues its cache; any other starts afresh. Returns each
-    /// turn's generation and the prefill tokens run in all.
+    /// turn's generation and where the time went (the prefill tokens run in all).
     pub fn generate_turns(
         &self,
         prompts: &[&[u32]],
         g: &Greedy,
         progress: &dyn Fn(usize),
-    ) -> candle_core::Result<(Vec<Generated>, usize)> {
+    ) -> candle_core::Result<(Vec<Generated>, GenerationTiming)> {
         let mut out = Vec::with_capacity(prompts.len());
         let mut at: Option<(Vec<u32>, Prefilled)> = None;
-        let mut prefilled = 0;
+        let mut timing = GenerationTiming::default();
         for (i, prompt) in prompts.iter().enumerate() {
             let start = match &at {
                 Some((done, p)) if prompt.len() > done.len() && prompt.starts_with(done) => {
@@ -153,13 +184,19 @@ impl Decoder {
                 _ => None,
             };
             let (skip, cache) = start.unwrap_or_default();
+            let clock = std::time::Instant::now();
             let state = self.prefill(&prompt[skip..], cache)?;
-            prefilled += prompt.len() - skip;
-            out.push(self.generate(&state, g)?);
+            timing.prefill_seconds += clock.elapsed().as_secs_f64();
+            timing.prefill_tokens += prompt.len() - skip;
+            let clock = std::time::Instant::now();
+            let generated = self.generate(&state, g)?;
+            timing.decode_seconds += clock.elapsed().as_secs_f64();
+            timing.generated_tokens += generated.tokens.len();
+            out.push(generated);
             at = Some((prompt.to_vec(), state));
             progress(i + 1);
         }
-        Ok((out, prefilled))
+        Ok((out, timing))
     }
 }
 
@@ -262,8 +299,12 @@ mod tests {
                 d.generate(&state, &g).unwrap()
             })
             .collect();
-        let (shared, prefilled) = d.generate_turns(&prompts, &g, &|_| {}).unwrap();
-        assert_eq!(prefilled, text.len());
+        let (shared, timing) = d.generate_turns(&prompts, &g, &|_| {}).unwrap();
+        assert_eq!(timing.prefill_tokens, text.len());
+        assert_eq!(
+            timing.generated_tokens,
+            shared.iter().map(|t| t.tokens.len()).sum::<usize>()
+        );
         for (a, b) in alone.iter().zip(&shared) {
             assert_eq!(a.tokens, b.tokens);
         }
