@@ -356,8 +356,11 @@ fn reference_turns<'w>(
     };
     let gguf = gguf_of(engine.path, "reference")?;
     generate::check_window(work, &gguf)?;
+    generate::check_vocabulary(work, &gguf)?;
     for r in arms.requests {
-        generate::check_window(work, &gguf_of(r.candidate, "candidate")?)?;
+        let candidate = gguf_of(r.candidate, "candidate")?;
+        generate::check_window(work, &candidate)?;
+        generate::check_vocabulary(work, &candidate)?;
     }
     let server = generate::TurnServer::new(runner, work)?;
     let settings = reference_settings(first, runner)?;

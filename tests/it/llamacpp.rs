@@ -616,6 +616,32 @@ fn llama_cpp_turns_are_refused_before_any_work_without_what_they_need() {
         m.contains("trained positions") && m.contains("context_length = 1024"),
         "{m}"
     );
+    // A tokenizer whose ids are not the GGUF's: two tokens' ids swapped.
+    let mut tokenizer: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(repo_root().join(BF16_GGUF).join("tokenizer.json")).unwrap(),
+    )
+    .unwrap();
+    let vocab = tokenizer["model"]["vocab"].as_object_mut().unwrap();
+    let (a, b) = (vocab["a"].clone(), vocab["b"].clone());
+    vocab.insert("a".into(), b);
+    vocab.insert("b".into(), a);
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    for f in ["generation_config.json", "tokenizer_config.json"] {
+        std::fs::copy(repo_root().join(BF16_GGUF).join(f), other.join(f)).unwrap();
+    }
+    let swapped = other.join("tokenizer.json");
+    std::fs::write(&swapped, serde_json::to_vec(&tokenizer).unwrap()).unwrap();
+    let r = measure_turns_cmd(&bin, &out, &conversation, &template)
+        .flag("--llamacpp-server", &server)
+        .flag("--tokenizer", &swapped)
+        .run();
+    assert_eq!(r.code, 2, "{}", r.transcript());
+    let m = r.message();
+    assert!(
+        m.contains("vocabulary, which differs") && m.contains("id 65"),
+        "{m}"
+    );
     assert!(
         !ran.exists(),
         "llama.cpp ran: {}",

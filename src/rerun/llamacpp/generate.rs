@@ -111,6 +111,46 @@ pub(super) fn check_window(work: &TurnWork, gguf: &Path) -> Result<()> {
     }
 }
 
+/// The prompt ids are cardproof's tokenizer's, and llama.cpp reads them in its GGUF's
+/// vocabulary: every token the tokenizer has must be the GGUF's token of the same id
+/// (`tokenizer.ggml.tokens`), else the server would be given other tokens than the prompts
+/// hold. Refused before any work, naming the first that differs.
+pub(super) fn check_vocabulary(work: &TurnWork, gguf: &Path) -> Result<()> {
+    use crate::checkpoint::gguf::GgufValue;
+    let file = crate::checkpoint::gguf::read_file(gguf)?;
+    let refuse = |why: String| {
+        Err(crate::error::Error::mismatch(
+            gguf,
+            None,
+            format!(
+                "--turns in the llama.cpp runner: the prompts are tokenized with the reference's tokenizer.json and llama.cpp reads their ids in this GGUF's vocabulary, which differs: {why}"
+            ),
+        ))
+    };
+    let Some(GgufValue::Array(tokens)) = file.get("tokenizer.ggml.tokens") else {
+        return refuse("it holds no tokenizer.ggml.tokens".into());
+    };
+    if tokens.values.len() < work.used {
+        return refuse(format!(
+            "{} tokens against the tokenizer's {}",
+            tokens.values.len(),
+            work.used
+        ));
+    }
+    for (id, token) in tokens.values.iter().take(work.used).enumerate() {
+        let ours = work.tokenizer.id_to_token(id as u32);
+        if let Some(ours) = ours
+            && token.as_str() != Some(ours.as_str())
+        {
+            return refuse(format!(
+                "id {id} is {ours:?} in the tokenizer and {:?} in the GGUF",
+                token.as_str().unwrap_or("(not a string)")
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The window every server runs with: the longest prompt, its whole turn, and the one position
 /// llama.cpp keeps free (it stops a slot whose next token would fill its window).
 fn window(work: &TurnWork) -> usize {
