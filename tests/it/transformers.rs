@@ -381,18 +381,6 @@ fn a_result_with_other_rows_than_asked_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     // A well-formed result file of 3 rows, whatever the request asked for.
     let writer = r#"
-import struct
-def save(path, cols):
-    header, blobs, off = {}, [], 0
-    for name, (dtype, fmt, values) in cols.items():
-        blob = struct.pack('<%d%s' % (len(values), fmt), *values)
-        header[name] = {'dtype': dtype, 'shape': [len(values)], 'data_offsets': [off, off + len(blob)]}
-        off += len(blob)
-        blobs.append(blob)
-    h = json.dumps(header).encode()
-    h += b' ' * (-len(h) % 8)
-    with open(path, 'wb') as f:
-        f.write(struct.pack('<Q', len(h)) + h + b''.join(blobs))
 os.makedirs(req['result_dir'], exist_ok=True)
 path = os.path.join(req['result_dir'], 'run0.safetensors')
 f = ('F64', 'd', [0.1, 0.2, 0.3])
@@ -402,7 +390,7 @@ save(path, {'forward': f, 'reverse': f, 'ref_top1_prob': f, 'nll_ref': f, 'nll_c
             'finite': ('U8', 'B', [1, 1, 1])})
 answer({'protocol': 1, 'ok': True, 'runs': [{'path': path}], 'environment': {}, 'gates': None})
 "#;
-    let script = stand_in(dir.path(), &format!("{PRELUDE}{writer}"));
+    let script = stand_in(dir.path(), &format!("{PRELUDE}{SAVE_SAFETENSORS}{writer}"));
     let r = measure_with(&script, &[]);
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("run0.safetensors"), "{}", r.stderr);
@@ -493,14 +481,10 @@ fn a_gguf_model_is_refused_before_any_work() {
     assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0);
 }
 
-/// A stand-in runner that answers any request with well-formed rows (KL 0 on every row
-/// asked) and, for `turns`, every prompt's turn as `max_new_tokens` copies of a token that is no
-/// stop; `CARDPROOF_TURN_FAULT` spoils the candidate's: `count` (a turn missing), `id` (an id
-/// outside the vocabulary), `long` (a turn over the budget). It keeps the request it was given
-/// as `seen.json` beside itself.
-const TURNS_STAND_IN: &str = r#"
-import shutil, struct
-shutil.copy(sys.argv[1], os.path.join(os.path.dirname(os.path.abspath(__file__)), 'seen.json'))
+/// A stand-in runner's writer of a safetensors file: `save(path, {name: (dtype, struct
+/// format, values)})`.
+const SAVE_SAFETENSORS: &str = r#"
+import struct
 def save(path, cols):
     header, blobs, off = {}, [], 0
     for name, (dtype, fmt, values) in cols.items():
@@ -512,6 +496,16 @@ def save(path, cols):
     h += b' ' * (-len(h) % 8)
     with open(path, 'wb') as f:
         f.write(struct.pack('<Q', len(h)) + h + b''.join(blobs))
+"#;
+
+/// A stand-in runner that answers any request with well-formed rows (KL 0 on every row
+/// asked) and, for `turns`, every prompt's turn as `max_new_tokens` copies of a token that is no
+/// stop; `CARDPROOF_TURN_FAULT` spoils the candidate's: `count` (a turn missing), `id` (an id
+/// outside the vocabulary), `long` (a turn over the budget). It keeps the request it was given
+/// as `seen.json` beside itself.
+const TURNS_STAND_IN: &str = r#"
+import shutil
+shutil.copy(sys.argv[1], os.path.join(os.path.dirname(os.path.abspath(__file__)), 'seen.json'))
 os.makedirs(req['result_dir'], exist_ok=True)
 runs = []
 for i, run in enumerate(req['runs']):
@@ -553,7 +547,10 @@ answer({'protocol': 1, 'ok': True, 'runs': runs, 'environment': {}, 'gates': Non
 fn the_transformers_lane_asks_for_turns_and_checks_every_turn_it_gets_back() {
     let dir = tempfile::tempdir().unwrap();
     let (conversation, template) = crate::conversation::short_conversation(dir.path(), 12);
-    let script = stand_in(dir.path(), &format!("{PRELUDE}{TURNS_STAND_IN}"));
+    let script = stand_in(
+        dir.path(),
+        &format!("{PRELUDE}{SAVE_SAFETENSORS}{TURNS_STAND_IN}"),
+    );
     let measure = |out: &str, fault: &str| {
         transformers_measure()
             .flag("--runner-script", &script)
