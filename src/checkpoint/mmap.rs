@@ -29,6 +29,32 @@ impl MappedF32 {
     }
 }
 
+/// Bytes read in place from a mapped file (a quantized weight's blocks, which the native
+/// runner's one-row product reads as stored). Keeps the map alive.
+#[derive(Clone)]
+pub struct MappedBytes {
+    map: Arc<memmap2::Mmap>,
+    start: usize,
+    len: usize,
+}
+
+impl MappedBytes {
+    pub fn as_slice(&self) -> &[u8] {
+        // Bounds were checked in `MappedFile::bytes_view`.
+        &self.map[self.start..self.start + self.len]
+    }
+}
+
+impl std::fmt::Debug for MappedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "MappedBytes {{ start: {}, len: {} }}",
+            self.start, self.len
+        )
+    }
+}
+
 impl std::fmt::Debug for MappedF32 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -67,6 +93,18 @@ impl MappedFile {
         let bytes = map.get(start..end)?;
         let aligned = bytemuck::try_cast_slice::<u8, f32>(bytes).is_ok();
         (cfg!(target_endian = "little") && aligned).then(|| MappedF32 {
+            map: Arc::clone(map),
+            start,
+            len,
+        })
+    }
+
+    /// `len` bytes at byte `start`, read in place; `None` for a range outside the file.
+    pub fn bytes_view(&self, start: usize, len: usize) -> Option<MappedBytes> {
+        let map = self.map.as_ref()?;
+        let end = start.checked_add(len)?;
+        map.get(start..end)?;
+        Some(MappedBytes {
             map: Arc::clone(map),
             start,
             len,

@@ -258,12 +258,14 @@ mod tests {
     use super::*;
     use crate::runner::native::fused::softmax_scaled_masked;
     use crate::runner::native::fused::tests::tensor;
+    use crate::runner::native::matmul::tests::oracle_matmul;
 
     fn mask(n: usize, past: usize, window: usize) -> Tensor {
         causal_mask(past, n, window).unwrap()
     }
 
-    /// candle's chain, as the decoder ran it before this module.
+    /// candle's chain, as the decoder ran it before this module, its products in the fixed order
+    /// every product of the native runner takes (candle's where gemm runs its many-row kernel).
     fn chain(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> Vec<f32> {
         let (n, heads, d) = q.dims3().unwrap();
         let rep = heads / k.dim(1).unwrap();
@@ -279,9 +281,8 @@ mod tests {
         };
         let q = q.transpose(0, 1).unwrap().contiguous().unwrap();
         let (k, v) = (repeat(k), repeat(v));
-        let att = softmax_scaled_masked(&q.matmul(&k.t().unwrap()).unwrap(), scale, mask).unwrap();
-        att.matmul(&v)
-            .unwrap()
+        let att = softmax_scaled_masked(&oracle_matmul(&q, &k.t().unwrap()), scale, mask).unwrap();
+        oracle_matmul(&att, &v)
             .transpose(0, 1)
             .unwrap()
             .reshape((n, heads * d))

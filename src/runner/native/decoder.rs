@@ -253,13 +253,16 @@ impl Loader<'_> {
             ));
         }
         Ok(if dt == DType::F32 {
-            let m = F32Matrix::new(c.vocab, c.hidden, embed_values).ok_or_else(|| {
-                Error::format(
-                    store.path(),
-                    Some(embed_name),
-                    "values disagree with its shape",
-                )
-            })?;
+            let m = F32Matrix::new(c.vocab, c.hidden, embed_values)
+                .ok_or_else(|| {
+                    Error::format(
+                        store.path(),
+                        Some(embed_name),
+                        "values disagree with its shape",
+                    )
+                })?
+                .with_packed(store.packed_rows(embed_name)?)
+                .map_err(|e| Error::runner(store.path(), format!("{embed_name}: {e}")))?;
             Embedding::F32(std::sync::Arc::new(m))
         } else {
             Embedding::Candle(
@@ -1161,9 +1164,12 @@ pub(super) fn lin_from(
     }
     let dev = Device::Cpu;
     let wt = if dt == DType::F32 {
-        let m = F32Matrix::new(out, inp, l.weight).ok_or_else(|| {
-            Error::format(store.path(), Some(module), "values disagree with its shape")
-        })?;
+        let m = F32Matrix::new(out, inp, l.weight)
+            .ok_or_else(|| {
+                Error::format(store.path(), Some(module), "values disagree with its shape")
+            })?
+            .with_packed(l.packed)
+            .map_err(|e| Error::runner(store.path(), format!("{module}: {e}")))?;
         Weight::F32(std::sync::Arc::new(m))
     } else {
         let w = Tensor::from_vec(l.weight.into_vec(), (out, inp), &dev)

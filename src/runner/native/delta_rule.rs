@@ -138,6 +138,18 @@ pub trait DeltaFloat:
     fn max_of(self, other: Self) -> Self;
     /// `self` rounded to `dtype` and back (`F32` leaves it as is).
     fn round_state(self, dtype: StateDtype) -> Self;
+    /// `self * a + b` rounded once (a fused multiply-add, in hardware or in software).
+    fn fused_mul_add(self, a: Self, b: Self) -> Self;
+    /// The one-row product's chains of outputs `j0..j0 + 8` in SIMD lanes, where this type and
+    /// CPU have a form for `rhs`'s layout (`None`: the caller runs the scalar chains, which give
+    /// the same bits).
+    fn row_tile(
+        _x: super::matmul::MatRef<'_, Self>,
+        _rhs: super::matmul::MatRef<'_, Self>,
+        _j0: usize,
+    ) -> Option<[Self; super::row_product::LANES]> {
+        None
+    }
 }
 
 impl DeltaFloat for f32 {
@@ -166,6 +178,16 @@ impl DeltaFloat for f32 {
             StateDtype::F16 => half::f16::from_f32(self).to_f32(),
         }
     }
+    fn fused_mul_add(self, a: Self, b: Self) -> Self {
+        self.mul_add(a, b)
+    }
+    fn row_tile(
+        x: super::matmul::MatRef<'_, Self>,
+        rhs: super::matmul::MatRef<'_, Self>,
+        j0: usize,
+    ) -> Option<[Self; super::row_product::LANES]> {
+        super::row_product::f32_tile(x, rhs, j0)
+    }
 }
 
 impl DeltaFloat for f64 {
@@ -193,6 +215,9 @@ impl DeltaFloat for f64 {
             StateDtype::Bf16 => half::bf16::from_f64(self).to_f64(),
             StateDtype::F16 => half::f16::from_f64(self).to_f64(),
         }
+    }
+    fn fused_mul_add(self, a: Self, b: Self) -> Self {
+        self.mul_add(a, b)
     }
 }
 

@@ -276,6 +276,39 @@ mod tests {
         }
     }
 
+    /// A decoded step's logits are the same position's prefill logits to rounding, from a
+    /// two-token prefill on: its products are the many-row kernel's chains (`row_product`),
+    /// and the one difference left is the softmax's row sum, candle's vectorized sum over the
+    /// row's keys where the prefill sums a block's (the same values, other lanes).
+    #[test]
+    fn a_decoded_row_is_the_prefills_row_to_rounding() {
+        let m = model("shakespeare-bf16");
+        let d = &m.decoder;
+        let text = "ROMEO:\nWhat light through yonder window breaks? It is the east, and Juliet is the sun.";
+        let ids = prompt("shakespeare-bf16", &text.repeat(8));
+        assert!(ids.len() > 130, "{} tokens", ids.len());
+        let mut cache = d.prefill(&ids[..2], DecoderCache::default()).unwrap().cache;
+        let whole = d.hidden(&ids).unwrap();
+        for (i, &id) in ids.iter().enumerate().skip(2) {
+            let step = d.hidden_continued(&[id], &mut cache).unwrap();
+            let decoded = d.logits_at(&step, &[0]).unwrap();
+            let prefilled = d.logits_at(&whole, &[i]).unwrap();
+            let scale = prefilled.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let worst = decoded
+                .iter()
+                .zip(&prefilled)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(
+                worst <= 1e-5 * scale,
+                "position {i}: {worst} off (scale {scale})"
+            );
+            assert_eq!(
+                argmax(&decoded, d.config.vocab),
+                argmax(&prefilled, d.config.vocab)
+            );
+        }
+    }
+
     /// Turns whose prompts extend each other share one prefill and generate what each prompt
     /// prefilled on its own generates; a stop token ends a turn and is returned.
     #[test]

@@ -9,6 +9,7 @@ use super::config::{Arch, ModelConfig};
 use super::gguf_family::{self, Family, GgufFamilyConfig, Plan};
 use super::llamacpp_cpu::GgmlActivation;
 use super::matmul::Values;
+use super::packed::{BlockType, PackedRows};
 use super::weights::{Dense, InputQuant, KvQuant, Linear, WeightStore};
 use crate::checkpoint::gguf::{self, GgmlType, GgufFile, GgufValue};
 use crate::checkpoint::mmap::MappedFile;
@@ -131,7 +132,7 @@ const DEQUANT_CHUNK: usize = 1 << 20;
 /// [`super::ggml_quants`] for the others. Every size is checked before it sizes a loop or an
 /// allocation (rows of whole blocks, no overflow, exactly the bytes the shape needs). The result
 /// is the same bits whatever the threads: each element comes from its own block alone.
-fn dequantize_bytes(
+pub(super) fn dequantize_bytes(
     ty: GgmlType,
     bytes: &[u8],
     dims: &[usize],
@@ -616,6 +617,28 @@ impl GgufStore {
     }
 }
 
+/// The GGUF row of each Hugging Face row of a Q or K weight ([`unpermute_rows`]'s map).
+fn permuted_order(rows: usize, heads: usize) -> std::result::Result<Vec<u32>, String> {
+    if heads == 0 || !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
+        return Err(format!(
+            "{rows} rows do not split into {heads} heads of even size"
+        ));
+    }
+    let rows32 = u32::try_from(rows).map_err(|_| format!("{rows} rows overflow"))?;
+    let d = rows / heads;
+    let half = d / 2;
+    let mut order = vec![0u32; rows];
+    for h in 0..heads {
+        for i in 0..half {
+            for s in 0..2 {
+                order[h * d + s * half + i] = (h * d + 2 * i + s) as u32;
+            }
+        }
+    }
+    debug_assert!(order.iter().all(|&r| r < rows32));
+    Ok(order)
+}
+
 /// Inverse of llama.cpp's `permute(w, n_head)`: GGUF row `h*d + 2i + s` is HF row `h*d + s*d/2 + i`.
 fn unpermute_rows(
     data: &[f32],
@@ -707,6 +730,12 @@ impl WeightStore for GgufStore {
             }
             _ => None,
         };
+        // The blocks serve a one-row product of the plain f32 path only (an emulated engine's
+        // rounded activations take the dequantized matrix).
+        let packed = match input {
+            InputQuant::None => self.packed_rows(&format!("{module}.weight"))?,
+            _ => None,
+        };
         Ok(Linear {
             out,
             inp,
@@ -715,7 +744,48 @@ impl WeightStore for GgufStore {
             input,
             scheme: format!("gguf {ty}"),
             block_mins,
+            packed,
         })
+    }
+
+    fn packed_rows(&self, hf: &str) -> Result<Option<PackedRows>> {
+        let Some(plan) = self.plan(hf) else {
+            return Ok(None);
+        };
+        let [name] = &plan.tensors[..] else {
+            return Ok(None);
+        };
+        let Some(t) = self.file.tensor(name) else {
+            return Ok(None);
+        };
+        let ty = match t.ty {
+            GgmlType::Q8_0 => BlockType::Q8_0,
+            GgmlType::Q4_0 => BlockType::Q4_0,
+            _ => return Ok(None),
+        };
+        if plan.expert.is_some() || !plan.steps.is_empty() {
+            return Ok(None);
+        }
+        let bad = |rule: &str| Error::format(&self.path, Some(name), rule);
+        let [cols, rows] = t.dims[..] else {
+            return Ok(None);
+        };
+        let (rows, cols) = (
+            usize::try_from(rows).map_err(|_| bad("dimension overflows"))?,
+            usize::try_from(cols).map_err(|_| bad("dimension overflows"))?,
+        );
+        let start = usize::try_from(t.offset).map_err(|_| bad("offset overflows"))?;
+        let len = usize::try_from(t.n_bytes).map_err(|_| bad("size overflows"))?;
+        let order = match self.permuted_heads(hf) {
+            Some(heads) => Some(permuted_order(rows, heads).map_err(|e| bad(&e))?),
+            None => None,
+        };
+        // A range outside the file or sizes that disagree: the dequantizing path reads (and
+        // reports) the tensor; no blocks.
+        Ok(self
+            .map
+            .bytes_view(start, len)
+            .and_then(|bytes| PackedRows::new(ty, rows, cols, bytes, order)))
     }
 
     fn kv_cache(&self, _attention: &str) -> Result<Option<KvQuant>> {

@@ -427,6 +427,8 @@ fn pick_rows(l: &Linear, rows: &[usize]) -> Linear {
                 .flat_map(|&r| m[r * per..(r + 1) * per].iter().copied())
                 .collect()
         }),
+        // Rows picked out of the file's tensor are not its stored rows.
+        packed: None,
     }
 }
 
@@ -517,6 +519,7 @@ mod tests {
             input: InputQuant::None,
             scheme: "f32".into(),
             block_mins: None,
+            packed: None,
         }
     }
 

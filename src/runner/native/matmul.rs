@@ -11,6 +11,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor};
 
 use super::delta_rule::DeltaFloat;
+use super::packed::PackedRows;
 use crate::checkpoint::mmap::MappedF32;
 
 /// A tensor's f32 values: owned (dequantized or converted), or in place in the mapped file.
@@ -53,12 +54,49 @@ pub(super) struct F32Matrix {
     pub(super) rows: usize,
     pub(super) cols: usize,
     values: Values,
+    /// The same values as the file's blocks, which a one-row product reads instead (a fraction
+    /// of the bytes; the same bits).
+    packed: Option<PackedRows>,
 }
 
 impl F32Matrix {
     /// `None` unless `values` holds exactly `rows * cols` entries.
     pub(super) fn new(rows: usize, cols: usize, values: Values) -> Option<F32Matrix> {
-        (rows.checked_mul(cols) == Some(values.len())).then_some(F32Matrix { rows, cols, values })
+        (rows.checked_mul(cols) == Some(values.len())).then_some(F32Matrix {
+            rows,
+            cols,
+            values,
+            packed: None,
+        })
+    }
+
+    /// The matrix with its file's blocks for one-row products: an error unless they have its
+    /// shape and give its values (rows spread over the matrix are dequantized and compared bit
+    /// for bit, so blocks that belong to another tensor or another row order are refused).
+    pub(super) fn with_packed(mut self, packed: Option<PackedRows>) -> Result<F32Matrix, String> {
+        let Some(p) = packed else {
+            return Ok(self);
+        };
+        if (p.rows, p.cols) != (self.rows, self.cols) {
+            return Err(format!(
+                "its blocks are [{}, {}], its values [{}, {}]",
+                p.rows, p.cols, self.rows, self.cols
+            ));
+        }
+        let samples = [0, self.rows / 3, self.rows / 2, self.rows.saturating_sub(1)];
+        for r in samples.into_iter().filter(|&r| r < self.rows) {
+            let want = &self.values[r * self.cols..(r + 1) * self.cols];
+            let same = p
+                .dequantize_row(r)
+                .iter()
+                .zip(want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            if !same {
+                return Err(format!("row {r} of its blocks differs from its values"));
+            }
+        }
+        self.packed = Some(p);
+        Ok(self)
     }
 
     /// Rows `ids` gathered into `[ids.len(), cols]` (an embedding lookup); an id out of range
@@ -109,7 +147,12 @@ impl F32Matrix {
         with_f32(x, |lhs| {
             out.clear();
             out.resize(m * self.rows, 0.0);
-            x_wt(lhs, m, k, &self.values, self.rows, out);
+            match &self.packed {
+                Some(p) if m == 1 => {
+                    super::row_product::packed_row_times(out, lhs, p, rayon::current_num_threads())
+                }
+                _ => x_wt(lhs, m, k, &self.values, self.rows, out),
+            }
             Ok(())
         })
     }
@@ -209,7 +252,7 @@ pub(super) fn fixed_depth_matmul(a: &Tensor, b: &Tensor) -> candle_core::Result<
 
 /// A read-only strided matrix view over a slice: element `(r, c)` is `data[r * rs + c * cs]`.
 #[derive(Clone, Copy)]
-pub(super) struct MatRef<'a, F> {
+pub struct MatRef<'a, F> {
     pub(super) data: &'a [F],
     pub(super) rows: usize,
     pub(super) cols: usize,
@@ -241,7 +284,7 @@ impl<'a, F> MatRef<'a, F> {
     }
 
     /// Whether every element lies inside `data` (what makes the raw product below sound).
-    fn in_bounds(&self) -> bool {
+    pub(super) fn in_bounds(&self) -> bool {
         self.rows == 0
             || self.cols == 0
             || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.data.len()
@@ -289,7 +332,9 @@ fn product<F: DeltaFloat>(
         }
         return;
     }
-    if !cut_by_cache(m, k, n) {
+    // One row takes the cut a product of many rows takes (gemm would leave a one-row product
+    // of few outputs uncut), so that a decoded row has the bits of the prefill's.
+    if !(cut_by_cache(m, k, n) || (by_rows(m, n, k) && k > DEPTH_BLOCK)) {
         return one_block(dst, m, n, k, alpha, lhs, rhs, parallelism);
     }
     // One call per fixed depth block, each adding onto what the blocks before it left (the
@@ -309,6 +354,18 @@ fn product<F: DeltaFloat>(
         one_block(dst, m, n, depth, alpha, lhs, rhs, parallelism);
         alpha = Some(F::ONE);
     }
+}
+
+/// Outputs (rows × columns) at most of a product gemm computes with its dot-product kernels
+/// (its "horizontal" path), which [`one_block`] leaves to [`super::row_product`] ([`by_rows`]).
+const SMALL_PRODUCT: usize = 256;
+
+/// Whether an `[m, k] · [k, n]` product runs row by row in [`super::row_product`]: wherever
+/// gemm would leave its many-row kernel for one of its special paths (one row or one column:
+/// matrix-vector kernels; few outputs: dot-product kernels; a depth of 2 or less: outer
+/// products), whose order follows the machine's SIMD width or fusing.
+fn by_rows(m: usize, n: usize, k: usize) -> bool {
+    m == 1 || n == 1 || k <= 2 || m * n <= SMALL_PRODUCT
 }
 
 /// The depth of one `gemm` call at most where gemm would size its depth blocks from the cache.
@@ -351,6 +408,24 @@ fn one_block<F: DeltaFloat>(
         dst.len() >= m * n && lhs.in_bounds() && rhs.in_bounds(),
         "a depth block outside its product"
     );
+    if by_rows(m, n, k) {
+        // One row, or a product so small that gemm would take its dot-product kernels
+        // (vectorized along the depth by the machine's SIMD width): each row's chains in the
+        // order of gemm's many-row kernel, the same on every machine.
+        let threads = match parallelism {
+            gemm::Parallelism::Rayon(t) => t.max(1),
+            _ => 1,
+        };
+        for (i, row) in dst[..m * n].chunks_exact_mut(n).enumerate() {
+            let x = MatRef {
+                data: &lhs.data[i * lhs.rs..],
+                rows: 1,
+                ..lhs
+            };
+            super::row_product::row_times(row, alpha, x, rhs, threads);
+        }
+        return;
+    }
     let stride = |x: usize| x as isize;
     // SAFETY: every index the product touches is `r * rs + c * cs` with `r`, `c` inside the
     // checked shapes, and each view's largest such index is inside its slice (`in_bounds`, and
@@ -384,7 +459,7 @@ fn one_block<F: DeltaFloat>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn values(n: usize, seed: u32) -> Vec<f32> {
@@ -397,11 +472,16 @@ mod tests {
             .collect()
     }
 
+    /// Every product is the fixed order's chains ([`fixed_depth_oracle`]); where gemm runs its
+    /// many-row kernel (more than 256 outputs, more than one row) those are candle's bits too.
     #[test]
-    fn products_are_candles_bits() {
+    fn products_are_the_fixed_orders_bits_and_candles_where_gemm_runs_them() {
         for (m, k, n) in [
             (1, 1, 1),
+            (1, 7, 9),
+            (1, 600, 40),
             (3, 5, 7),
+            (2, 64, 64),
             (37, 129, 65),
             (256, 64, 300),
             (5, 1024, 3),
@@ -410,29 +490,68 @@ mod tests {
             let w = values(n * k, 2);
             let xt = Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap();
             let wt = Tensor::from_vec(w.clone(), (n, k), &Device::Cpu).unwrap();
-            let expected = xt
-                .matmul(&wt.t().unwrap())
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
-            let matrix = F32Matrix::new(n, k, Values::Owned(w)).unwrap();
+            let matrix = F32Matrix::new(n, k, Values::Owned(w.clone())).unwrap();
             let got = matrix.apply(&xt).unwrap();
             assert_eq!(got.dims(), &[m, n]);
             let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            let same = expected
-                .iter()
-                .zip(&got)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "[{m}, {k}] · [{n}, {k}]ᵀ differs from candle's");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&got),
+                bits(&fixed_depth_oracle(&x, m, k, &w, n)),
+                "[{m}, {k}] · [{n}, {k}]ᵀ differs from the fixed order"
+            );
+            if m > 1 && m * n > SMALL_PRODUCT {
+                let candle = xt
+                    .matmul(&wt.t().unwrap())
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap();
+                assert_eq!(
+                    bits(&got),
+                    bits(&candle),
+                    "[{m}, {k}] · [{n}, {k}]ᵀ vs candle"
+                );
+            }
         }
+    }
+
+    /// [`fixed_depth_oracle`] on tensors: `a [.., m, k] · b [.., k, n]` (f32, any strides), each
+    /// matrix of the batch on its own.
+    pub(crate) fn oracle_matmul(a: &Tensor, b: &Tensor) -> Tensor {
+        let (m, k) = (a.dim(a.rank() - 2).unwrap(), a.dim(a.rank() - 1).unwrap());
+        let n = b.dim(b.rank() - 1).unwrap();
+        let batch = a.elem_count() / (m * k);
+        let av = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        // w[n, k]: b's matrices transposed.
+        let bt = b.transpose(b.rank() - 2, b.rank() - 1).unwrap();
+        let bv = bt.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let mut out = Vec::with_capacity(batch * m * n);
+        for i in 0..batch {
+            out.extend(fixed_depth_oracle(
+                &av[i * m * k..(i + 1) * m * k],
+                m,
+                k,
+                &bv[i * n * k..(i + 1) * n * k],
+                n,
+            ));
+        }
+        let mut dims = a.dims().to_vec();
+        *dims.last_mut().unwrap() = n;
+        Tensor::from_vec(out, dims, &Device::Cpu).unwrap()
     }
 
     /// What every machine computes for `x[m, k] · w[n, k]ᵀ`: per depth block of
     /// [`depth_blocks`], one chain of fused multiply-adds in depth order from zero, the blocks'
     /// sums added in order.
-    fn fixed_depth_oracle(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Vec<f32> {
+    pub(crate) fn fixed_depth_oracle(
+        x: &[f32],
+        m: usize,
+        k: usize,
+        w: &[f32],
+        n: usize,
+    ) -> Vec<f32> {
         let mut out = vec![0f32; m * n];
         for i in 0..m {
             for j in 0..n {

@@ -17,6 +17,8 @@ pub mod kv_cache;
 pub mod llamacpp_cpu;
 pub mod matmul;
 pub mod moe;
+pub mod packed;
+mod row_product;
 pub mod weights;
 
 use std::path::{Path, PathBuf};

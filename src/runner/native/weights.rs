@@ -73,6 +73,9 @@ pub struct Linear {
     /// llama.cpp (its dot product adds `m · s` with the activation block's f16 sum `s`, not the
     /// sum of the rounded activations: [`super::llamacpp_cpu::q8_1_sum_residuals`]).
     pub block_mins: Option<Vec<f32>>,
+    /// The weight's blocks in place in the file, where its format has a one-row product that
+    /// reads them ([`super::packed`]); `None` for any weight rearranged after reading.
+    pub packed: Option<super::packed::PackedRows>,
 }
 
 /// KV-cache quantization declared by the checkpoint.
@@ -114,6 +117,11 @@ pub trait WeightStore {
     /// them.
     fn dense_values(&self, name: &str) -> Result<(Vec<usize>, super::matmul::Values)> {
         self.dense(name).map(|d| (d.shape, d.data.into()))
+    }
+    /// A tensor's blocks in place in the file, for the one-row product ([`super::packed`]);
+    /// `None` where the format has none or the tensor is rearranged on reading.
+    fn packed_rows(&self, _name: &str) -> Result<Option<super::packed::PackedRows>> {
+        Ok(None)
     }
     /// FP8 KV-cache scales of one attention module, if the checkpoint declares a quantized cache.
     fn kv_cache(&self, attention: &str) -> Result<Option<KvQuant>>;
@@ -820,6 +828,7 @@ impl WeightStore for SafetensorsStore {
             input,
             scheme,
             block_mins: None,
+            packed: None,
         })
     }
 
@@ -939,6 +948,7 @@ impl WeightStore for MemoryStore {
             input: InputQuant::None,
             scheme: "f32".into(),
             block_mins: None,
+            packed: None,
         })
     }
 

@@ -1,0 +1,491 @@
+//! One row times a matrix: the product a decode step makes against every weight, and a single
+//! query's against its keys and values. Each output is one chain of fused multiply-adds in depth
+//! order from zero, combined with the destination as gemm combines a depth block: the order in
+//! which gemm's kernel sums a product of many rows, so a decoded token's row has the bits the
+//! same position's prefill gives.
+//!
+//! gemm itself switches to dot-product kernels at one row, vectorized along the depth with the
+//! machine's SIMD width (8 lanes on AVX2, 4 on NEON, 1 in its scalar form), so a decoded row's bits
+//! depended on the machine, and gemm runs them on one thread. Here eight outputs are eight SIMD
+//! lanes, each its own chain (on AVX2 + FMA; eight weight rows transposed eight depths at a time
+//! when each output's weights lie along the depth), and the scalar form computes the same chains
+//! one at a time: the same bits on every machine. Outputs are split among threads, never the
+//! depth, so the thread count does not change them either.
+
+use rayon::prelude::*;
+
+use super::delta_rule::DeltaFloat;
+use super::matmul::MatRef;
+use super::packed::{BLOCK, PackedRows};
+
+/// Outputs per SIMD tile (one 8-lane f32 register).
+pub(super) const LANES: usize = 8;
+/// Multiply-adds under which a product stays on the calling thread (a task costs microseconds).
+const PARALLEL_WORK: usize = 1 << 15;
+
+/// `dst[j] = chain_j` (`alpha` `None` or zero), `dst[j] + chain_j` (`alpha` one) or
+/// `alpha · dst[j] + chain_j`, where `chain_j` sums `x[t] · rhs[t, j]` over the depth `t` in
+/// order, one rounding per step (gemm's combination of a depth block with the destination).
+/// `x` is one row (`[1, k]`), `rhs` `[k, n]`; `threads` > 1 splits the outputs among rayon's
+/// threads when the product is large enough.
+pub(super) fn row_times<F: DeltaFloat>(
+    dst: &mut [F],
+    alpha: Option<F>,
+    x: MatRef<'_, F>,
+    rhs: MatRef<'_, F>,
+    threads: usize,
+) {
+    let (k, n) = (rhs.rows, rhs.cols);
+    assert!(
+        x.rows == 1 && x.cols == k && dst.len() >= n && x.in_bounds() && rhs.in_bounds(),
+        "row product: [{}, {}] x [{k}, {n}] into {}",
+        x.rows,
+        x.cols,
+        dst.len()
+    );
+    let dst = &mut dst[..n];
+    let tasks = if threads > 1 && n.saturating_mul(k) >= PARALLEL_WORK {
+        threads.min(n.div_ceil(LANES))
+    } else {
+        1
+    };
+    if tasks <= 1 {
+        return outputs(dst, 0, alpha, x, rhs);
+    }
+    let size = n.div_ceil(tasks).next_multiple_of(LANES);
+    dst.par_chunks_mut(size)
+        .enumerate()
+        .for_each(|(i, part)| outputs(part, i * size, alpha, x, rhs));
+}
+
+/// Outputs `from..from + dst.len()` of [`row_times`]: whole tiles in SIMD lanes where the type
+/// and CPU have a form, the rest (and everything else) as scalar chains.
+fn outputs<F: DeltaFloat>(
+    dst: &mut [F],
+    from: usize,
+    alpha: Option<F>,
+    x: MatRef<'_, F>,
+    rhs: MatRef<'_, F>,
+) {
+    let mut j = 0;
+    while j + LANES <= dst.len() {
+        let Some(tile) = F::row_tile(x, rhs, from + j) else {
+            break;
+        };
+        for (d, s) in dst[j..j + LANES].iter_mut().zip(tile) {
+            *d = combine(alpha, *d, s);
+        }
+        j += LANES;
+    }
+    for (i, d) in dst.iter_mut().enumerate().skip(j) {
+        *d = combine(alpha, *d, chain(x, rhs, from + i));
+    }
+}
+
+/// Output `j`'s chain: `x[t] · rhs[t, j]` added in depth order from zero, each step one fused
+/// multiply-add.
+pub(super) fn chain<F: DeltaFloat>(x: MatRef<'_, F>, rhs: MatRef<'_, F>, j: usize) -> F {
+    (0..rhs.rows).fold(F::ZERO, |s, t| {
+        x.data[t * x.cs].fused_mul_add(rhs.data[t * rhs.rs + j * rhs.cs], s)
+    })
+}
+
+/// A depth block's chain `s` combined with the destination's `d` as gemm combines them: `s`
+/// alone when the destination is not read (or `alpha` is zero), one rounded addition when
+/// `alpha` is one, else `alpha · d` rounded, then added.
+fn combine<F: DeltaFloat>(alpha: Option<F>, d: F, s: F) -> F {
+    match alpha {
+        None => s,
+        Some(a) if a == F::ZERO => s,
+        Some(a) if a == F::ONE => s + d,
+        Some(a) => a * d + s,
+    }
+}
+
+/// [`DeltaFloat::row_tile`] for f32: the AVX2 + FMA forms where the CPU has them and each
+/// output's weights lie along the depth (`rhs.rs == 1`) or each depth's along the outputs
+/// (`rhs.cs == 1`).
+pub(super) fn f32_tile(
+    x: MatRef<'_, f32>,
+    rhs: MatRef<'_, f32>,
+    j0: usize,
+) -> Option<[f32; LANES]> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && (rhs.rs == 1 || rhs.cs == 1)
+    {
+        let k = rhs.rows;
+        // Every element the tile reads: depth 0..k of outputs j0..j0 + 8 (and of x).
+        let last =
+            |m: &MatRef<'_, f32>, rows: usize, cols: usize| (rows - 1) * m.rs + (cols - 1) * m.cs;
+        assert!(
+            k > 0
+                && j0 + LANES <= rhs.cols
+                && last(&rhs, k, j0 + LANES) < rhs.data.len()
+                && last(&x, 1, k) < x.data.len(),
+            "a row product's tile outside its operands"
+        );
+        // SAFETY: the CPU has AVX2 and FMA (checked above), and every index the tile reads,
+        // `t * rs + j * cs` for t < k and j < j0 + 8 (and `t * x.cs`), is at most the largest
+        // one, checked to lie inside its slice just above.
+        #[allow(unsafe_code)]
+        return Some(unsafe {
+            if rhs.rs == 1 {
+                avx2::along_depth(x, rhs, j0)
+            } else {
+                avx2::along_outputs(x, rhs, j0)
+            }
+        });
+    }
+    let _ = (x, rhs, j0);
+    None
+}
+
+/// `dst = x · wᵀ` for one row `x` (`[1, cols]`) against a weight held as its file's blocks:
+/// the bits [`row_times`] gives on the dequantized matrix, through the same depth cut
+/// ([`super::matmul::depth_blocks`] beyond [`super::matmul::DEPTH_BLOCK`], else one chain),
+/// each block dequantized as it is read.
+pub(super) fn packed_row_times(dst: &mut [f32], x: &[f32], w: &PackedRows, threads: usize) {
+    let (n, k) = (w.rows, w.cols);
+    assert!(
+        x.len() == k && dst.len() >= n,
+        "packed row product: {} values against [{n}, {k}] into {}",
+        x.len(),
+        dst.len()
+    );
+    let cuts: Vec<(usize, usize)> = if k > super::matmul::DEPTH_BLOCK {
+        super::matmul::depth_blocks(k).collect()
+    } else {
+        vec![(0, k)]
+    };
+    let dst = &mut dst[..n];
+    let tasks = if threads > 1 && n.saturating_mul(k) >= PARALLEL_WORK {
+        threads.min(n.div_ceil(LANES))
+    } else {
+        1
+    };
+    if tasks <= 1 {
+        return packed_outputs(dst, 0, x, w, &cuts);
+    }
+    let size = n.div_ceil(tasks).next_multiple_of(LANES);
+    dst.par_chunks_mut(size)
+        .enumerate()
+        .for_each(|(i, part)| packed_outputs(part, i * size, x, w, &cuts));
+}
+
+/// Outputs `from..from + dst.len()` of [`packed_row_times`]: eight rows at a time, each quant
+/// block of the eight dequantized into a staging tile that the lanes' chains read; the rows
+/// left over one at a time.
+fn packed_outputs(
+    dst: &mut [f32],
+    from: usize,
+    x: &[f32],
+    w: &PackedRows,
+    cuts: &[(usize, usize)],
+) {
+    let mut staging = [[0f32; BLOCK]; LANES];
+    let mut j = 0;
+    while j + LANES <= dst.len() {
+        let mut total = [0f32; LANES];
+        for (c, &(start, depth)) in cuts.iter().enumerate() {
+            let mut acc = [0f32; LANES];
+            let mut t = start;
+            while t < start + depth {
+                let b = t / BLOCK;
+                let end = (start + depth).min((b + 1) * BLOCK);
+                for (r, row) in staging.iter_mut().enumerate() {
+                    w.block(from + j + r, b, row);
+                }
+                acc = staged_chains(acc, &x[t..end], &staging, t - b * BLOCK);
+                t = end;
+            }
+            for (sum, a) in total.iter_mut().zip(acc) {
+                *sum = if c == 0 { a } else { a + *sum };
+            }
+        }
+        dst[j..j + LANES].copy_from_slice(&total);
+        j += LANES;
+    }
+    for (i, d) in dst.iter_mut().enumerate().skip(j) {
+        let row = w.dequantize_row(from + i);
+        let mut total = 0f32;
+        for (c, &(start, depth)) in cuts.iter().enumerate() {
+            let s = x[start..start + depth]
+                .iter()
+                .zip(&row[start..start + depth])
+                .fold(0f32, |s, (&a, &b)| a.mul_add(b, s));
+            total = if c == 0 { s } else { s + total };
+        }
+        *d = total;
+    }
+}
+
+/// `acc` continued by the eight staged rows' chains over columns `at..at + x.len()`.
+pub(super) fn staged_chains(
+    acc: [f32; LANES],
+    x: &[f32],
+    staging: &[[f32; BLOCK]; LANES],
+    at: usize,
+) -> [f32; LANES] {
+    assert!(at + x.len() <= BLOCK, "a staged chain outside its block");
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        let rows: [*const f32; LANES] = std::array::from_fn(|r| staging[r][at..].as_ptr());
+        // SAFETY: the CPU has AVX2 and FMA (checked above); each row pointer has
+        // `BLOCK - at >= x.len()` values after it and `x` has `x.len()` (asserted above).
+        #[allow(unsafe_code)]
+        return unsafe { avx2::chains(acc, x.as_ptr(), 1, &rows, x.len()) };
+    }
+    scalar_staged_chains(acc, x, staging, at)
+}
+
+/// [`staged_chains`] one lane at a time: the same bits.
+pub(super) fn scalar_staged_chains(
+    mut acc: [f32; LANES],
+    x: &[f32],
+    staging: &[[f32; BLOCK]; LANES],
+    at: usize,
+) -> [f32; LANES] {
+    for (r, a) in acc.iter_mut().enumerate() {
+        *a = x
+            .iter()
+            .zip(&staging[r][at..])
+            .fold(*a, |s, (&xv, &wv)| xv.mul_add(wv, s));
+    }
+    acc
+}
+
+/// The AVX2 + FMA tiles (called only after the CPU check and the bounds check of [`f32_tile`]).
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{LANES, MatRef};
+
+    /// Eight outputs whose weights each lie along the depth (`rhs.rs == 1`, outputs `cs`
+    /// apart), from zero.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn along_depth(
+        x: MatRef<'_, f32>,
+        rhs: MatRef<'_, f32>,
+        j0: usize,
+    ) -> [f32; LANES] {
+        // SAFETY: the caller checked that every `t * x.cs` and every `t + (j0 + r) * cs`
+        // (t < k, r < 8) lies inside its slice.
+        unsafe {
+            let base = rhs.data.as_ptr().add(j0 * rhs.cs);
+            let mut rows = [base; LANES];
+            for (r, p) in rows.iter_mut().enumerate() {
+                *p = base.add(r * rhs.cs);
+            }
+            chains([0.0; LANES], x.data.as_ptr(), x.cs, &rows, rhs.rows)
+        }
+    }
+
+    /// `acc` continued by eight chains over `len` depths: lane `r` adds `x[t · xs] · rows[r][t]`
+    /// for t in order. Eight depths at a time, the eight rows are read and transposed.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `x[t · xs]` and `rows[r][t]` are readable for t < len.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn chains(
+        acc: [f32; LANES],
+        x: *const f32,
+        xs: usize,
+        rows: &[*const f32; LANES],
+        len: usize,
+    ) -> [f32; LANES] {
+        // SAFETY: the reads are those the caller vouches for.
+        unsafe {
+            let mut acc = _mm256_loadu_ps(acc.as_ptr());
+            let mut t = 0;
+            while t + LANES <= len {
+                let mut loaded = [_mm256_setzero_ps(); LANES];
+                for r in 0..LANES {
+                    loaded[r] = _mm256_loadu_ps(rows[r].add(t));
+                }
+                let columns = transpose(loaded);
+                for (i, column) in columns.into_iter().enumerate() {
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(*x.add((t + i) * xs)), column, acc);
+                }
+                t += LANES;
+            }
+            while t < len {
+                let column = _mm256_setr_ps(
+                    *rows[0].add(t),
+                    *rows[1].add(t),
+                    *rows[2].add(t),
+                    *rows[3].add(t),
+                    *rows[4].add(t),
+                    *rows[5].add(t),
+                    *rows[6].add(t),
+                    *rows[7].add(t),
+                );
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(*x.add(t * xs)), column, acc);
+                t += 1;
+            }
+            store(acc)
+        }
+    }
+
+    /// Eight outputs side by side in each depth's row (`rhs.cs == 1`): one load per depth.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn along_outputs(
+        x: MatRef<'_, f32>,
+        rhs: MatRef<'_, f32>,
+        j0: usize,
+    ) -> [f32; LANES] {
+        // SAFETY (for the block): as in `along_depth`, every index read was checked.
+        unsafe {
+            let (xp, xs) = (x.data.as_ptr(), x.cs);
+            let base = rhs.data.as_ptr().add(j0);
+            let mut acc = _mm256_setzero_ps();
+            for t in 0..rhs.rows {
+                let xt = _mm256_set1_ps(*xp.add(t * xs));
+                acc = _mm256_fmadd_ps(xt, _mm256_loadu_ps(base.add(t * rhs.rs)), acc);
+            }
+            store(acc)
+        }
+    }
+
+    /// The 8x8 transpose: `out[i]` lane `r` is `rows[r]` lane `i`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn transpose(r: [__m256; LANES]) -> [__m256; LANES] {
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        [
+            _mm256_permute2f128_ps::<0x20>(u0, u4),
+            _mm256_permute2f128_ps::<0x20>(u1, u5),
+            _mm256_permute2f128_ps::<0x20>(u2, u6),
+            _mm256_permute2f128_ps::<0x20>(u3, u7),
+            _mm256_permute2f128_ps::<0x31>(u0, u4),
+            _mm256_permute2f128_ps::<0x31>(u1, u5),
+            _mm256_permute2f128_ps::<0x31>(u2, u6),
+            _mm256_permute2f128_ps::<0x31>(u3, u7),
+        ]
+    }
+
+    #[target_feature(enable = "avx")]
+    #[inline]
+    fn store(acc: __m256) -> [f32; LANES] {
+        let mut out = [0f32; LANES];
+        // SAFETY: `out` holds the eight lanes written.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let x = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8;
+                (x as f32 / (1u32 << 24) as f32 - 0.5) * (1.0 + (i % 7) as f32)
+            })
+            .collect()
+    }
+
+    /// The chains one output at a time, scalar: what every machine computes.
+    fn scalar(
+        alpha: Option<f32>,
+        dst: &[f32],
+        x: MatRef<'_, f32>,
+        rhs: MatRef<'_, f32>,
+    ) -> Vec<f32> {
+        (0..rhs.cols)
+            .map(|j| combine(alpha, dst[j], chain(x, rhs, j)))
+            .collect()
+    }
+
+    #[test]
+    fn simd_tiles_and_threads_give_the_scalar_chains_bits() {
+        // Both layouts (weights along the depth: a linear layer's `[out, in]`, keys; along the
+        // outputs: values), depths with and without a tail of the 8-wide transpose, output
+        // counts with and without a partial tile, every combination with the destination.
+        for (k, n) in [(1, 9), (7, 8), (8, 16), (64, 40), (288, 576), (517, 1000)] {
+            let x = values(k, 1);
+            let w = values(n * k, 2);
+            let start = values(n, 3);
+            let along_depth = MatRef::rows(&w, n, k).transposed();
+            let along_outputs = MatRef::rows(&w, k, n);
+            for rhs in [along_depth, along_outputs] {
+                for alpha in [None, Some(0.0), Some(1.0), Some(0.75)] {
+                    let want = scalar(alpha, &start, MatRef::rows(&x, 1, k), rhs);
+                    for threads in [1, 2, 3] {
+                        let mut got = start.clone();
+                        row_times(&mut got, alpha, MatRef::rows(&x, 1, k), rhs, threads);
+                        let same = got
+                            .iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(
+                            same,
+                            "k {k}, n {n}, rs {}, alpha {alpha:?}, {threads} threads",
+                            rhs.rs
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_strided_row_reads_only_its_own_elements() {
+        // x every third element of a longer slice (a query head inside a row of heads).
+        let (k, n) = (20, 16);
+        let wide = values(3 * k, 4);
+        let x = MatRef {
+            data: &wide,
+            rows: 1,
+            cols: k,
+            rs: 3 * k,
+            cs: 3,
+        };
+        let packed: Vec<f32> = (0..k).map(|t| wide[3 * t]).collect();
+        let w = values(n * k, 5);
+        let rhs = MatRef::rows(&w, n, k).transposed();
+        let mut a = vec![0f32; n];
+        let mut b = vec![0f32; n];
+        row_times(&mut a, None, x, rhs, 1);
+        row_times(&mut b, None, MatRef::rows(&packed, 1, k), rhs, 1);
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn non_finite_inputs_propagate_as_the_chain_does() {
+        let (k, n) = (16, 8);
+        let mut x = values(k, 6);
+        x[5] = f32::INFINITY;
+        let mut w = values(n * k, 7);
+        w[3 * k + 5] = 0.0; // inf · 0 = NaN in output 3 only
+        let rhs = MatRef::rows(&w, n, k).transposed();
+        let mut got = vec![0f32; n];
+        row_times(&mut got, None, MatRef::rows(&x, 1, k), rhs, 1);
+        assert!(got[3].is_nan());
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(j, v)| j == 3 || v.is_infinite())
+        );
+    }
+}
