@@ -89,6 +89,48 @@ pub(super) fn attend(
     })
 }
 
+/// [`attend`] on keys and values held as f32 rows `[t, kv_heads · d]` (a KV cache appended in
+/// place), `d` taken from `q`; `None` where the shapes do not fit.
+pub(super) fn attend_rows(
+    q: &Tensor,
+    k: &[f32],
+    v: &[f32],
+    kv_heads: usize,
+    mask: &Tensor,
+    scale: f64,
+    f16_weights: bool,
+) -> candle_core::Result<Option<Tensor>> {
+    if q.dtype() != DType::F32 || mask.dtype() != DType::F32 {
+        return Ok(None);
+    }
+    let (Ok((n, heads, d)), Ok(mdims)) = (q.dims3(), mask.dims2()) else {
+        return Ok(None);
+    };
+    let width = kv_heads * d;
+    if width == 0 || k.len() != v.len() || !k.len().is_multiple_of(width) {
+        return Ok(None);
+    }
+    let t = k.len() / width;
+    if mdims != (n, t) || heads % kv_heads != 0 || n == 0 || t == 0 {
+        return Ok(None);
+    }
+    let shape = Shape {
+        n,
+        t,
+        heads,
+        kv_heads,
+        d,
+        scale: scale as f32,
+        f16_weights,
+    };
+    with_f32(q, |q| {
+        with_f32(mask, |mask| {
+            let out = attend_slices(&shape, q, k, v, mask);
+            Tensor::from_vec(out, (n, heads * d), &Device::Cpu).map(Some)
+        })
+    })
+}
+
 /// The additive causal mask `[n, past + n]` (f32) of `n` queries after `past` cached keys: key
 /// `j` is visible to query `i` (at position `past + i`) when `j ≤ past + i` and within `window`
 /// positions of it.

@@ -12,7 +12,7 @@ use super::delta_rule::StateDtype;
 use super::fused;
 use super::hybrid::GatedDeltaNet;
 use super::llamacpp_cpu::GgmlActivation;
-use super::matmul::{F32Matrix, Weight};
+use super::matmul::{F32Matrix, Weight, with_f32};
 use super::moe::MoeBlock;
 use super::weights::{InputQuant, KvQuant, Linear, WeightStore};
 use crate::dequant;
@@ -200,12 +200,31 @@ pub struct DecoderCache {
 
 #[derive(Default, Clone)]
 struct LayerCache {
-    /// Keys and values `[tokens, kv_heads, head_dim]` of an attention layer.
+    /// Keys and values `[tokens, kv_heads, head_dim]` of an attention layer, where they are
+    /// not [`KvRows`] (another compute dtype; transformers' residual window).
     kv: Option<(Tensor, Tensor)>,
+    /// The f32 keys and values an attention layer appends to, in place.
+    rows: KvRows,
     /// The last rows of `kv` held unrounded: transformers' residual window
     /// ([`super::kv_cache::ResidualWindow`]); 0 under write-then-read.
     raw_tail: usize,
     delta: super::hybrid::DeltaNetState,
+}
+
+/// An attention layer's f32 keys and values `[tokens, kv_heads · head_dim]`, appended in place:
+/// a decode step adds one row instead of copying the whole cache into a new tensor. A clone
+/// (a snapshot of the cache at a turn's start) shares them until either side appends, which
+/// then copies once (`Arc::make_mut`).
+#[derive(Default, Clone)]
+struct KvRows {
+    k: std::sync::Arc<Vec<f32>>,
+    v: std::sync::Arc<Vec<f32>>,
+}
+
+/// The keys and values attention reads: rows held in place, or tensors.
+enum Keys {
+    Rows(KvRows),
+    Tensors(Tensor, Tensor),
 }
 
 pub(super) fn cerr(store: &dyn WeightStore, what: &str) -> impl Fn(candle_core::Error) -> Error {
@@ -887,11 +906,38 @@ impl Decoder {
                 partial_rope(&k, cos, sin, c.rotary_dim)?,
             )
         };
-        let (k, v) = self.cached(layer, k, v, cache)?;
+        let keys = self.cached(layer, k, v, cache)?;
         let q = if layer.f16_products {
             q.to_dtype(DType::F16)?.to_dtype(q.dtype())?
         } else {
             q
+        };
+        let (k, v) = match keys {
+            Keys::Rows(rows) => {
+                let found = attention::attend_rows(
+                    &q,
+                    &rows.k,
+                    &rows.v,
+                    c.kv_heads,
+                    mask,
+                    scale,
+                    layer.f16_products,
+                )?;
+                if let Some(o) = found {
+                    let o = match &gate {
+                        Some(g) => (o * sigmoid(g)?)?,
+                        None => o,
+                    };
+                    return linear(&o, &layer.o);
+                }
+                let t = rows.k.len() / (c.kv_heads * c.head_dim).max(1);
+                let shape = (t, c.kv_heads, c.head_dim);
+                (
+                    Tensor::from_slice(&rows.k, shape, &Device::Cpu)?,
+                    Tensor::from_slice(&rows.v, shape, &Device::Cpu)?,
+                )
+            }
+            Keys::Tensors(k, v) => (k, v),
         };
         let o = match attention::attend(&q, &k, &v, mask, scale, layer.f16_products)? {
             Some(o) => o,
@@ -932,7 +978,7 @@ impl Decoder {
         k: Tensor,
         v: Tensor,
         cache: &mut LayerCache,
-    ) -> candle_core::Result<(Tensor, Tensor)> {
+    ) -> candle_core::Result<Keys> {
         let (mut k, mut v) = (k, v);
         match layer.kv {
             Some(KvQuant::Fp8(s)) => {
@@ -978,7 +1024,7 @@ impl Decoder {
                     // The first update: stored rounded, read as they are.
                     cache.kv = Some(round(&k, &v)?);
                     cache.raw_tail = 0;
-                    return Ok((k, v));
+                    return Ok(Keys::Tensors(k, v));
                 };
                 let k = Tensor::cat(&[&pk, &k], 0)?;
                 let v = Tensor::cat(&[&pv, &v], 0)?;
@@ -991,7 +1037,7 @@ impl Decoder {
                     cache.kv = Some((k.clone(), v.clone()));
                     cache.raw_tail += n;
                 }
-                return Ok((k, v));
+                return Ok(Keys::Tensors(k, v));
             }
             None => {}
         }
@@ -1261,14 +1307,27 @@ fn linear_q8_1(x: &Tensor, l: &Lin, mins: &[f32]) -> candle_core::Result<Tensor>
 
 /// Quantize-dequantize a tensor's values in f32, keeping its shape and dtype.
 /// `k`, `v` appended to the layer's stored keys and values (as stored: after RoPE and any KV
-/// rounding), which then hold them: what attention reads.
-fn append(cache: &mut LayerCache, k: Tensor, v: Tensor) -> candle_core::Result<(Tensor, Tensor)> {
+/// rounding), which then hold them: what attention reads. f32 keys go into the rows kept in
+/// place; others are concatenated into new tensors.
+fn append(cache: &mut LayerCache, k: Tensor, v: Tensor) -> candle_core::Result<Keys> {
+    if k.dtype() == DType::F32 && v.dtype() == DType::F32 && cache.kv.is_none() {
+        let rows = &mut cache.rows;
+        with_f32(&k, |k| {
+            std::sync::Arc::make_mut(&mut rows.k).extend_from_slice(k);
+            Ok(())
+        })?;
+        with_f32(&v, |v| {
+            std::sync::Arc::make_mut(&mut rows.v).extend_from_slice(v);
+            Ok(())
+        })?;
+        return Ok(Keys::Rows(rows.clone()));
+    }
     let (k, v) = match cache.kv.take() {
         Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 0)?, Tensor::cat(&[&pv, &v], 0)?),
         None => (k, v),
     };
     cache.kv = Some((k.clone(), v.clone()));
-    Ok((k, v))
+    Ok(Keys::Tensors(k, v))
 }
 
 fn fake_quant_tensor(t: &Tensor, f: impl Fn(&mut [f32])) -> candle_core::Result<Tensor> {

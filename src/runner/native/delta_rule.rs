@@ -147,7 +147,7 @@ pub trait DeltaFloat:
         _x: super::matmul::MatRef<'_, Self>,
         _rhs: super::matmul::MatRef<'_, Self>,
         _j0: usize,
-    ) -> Option<[Self; super::row_product::LANES]> {
+    ) -> Option<[Self; super::row_product::TILE]> {
         None
     }
 }
@@ -185,7 +185,7 @@ impl DeltaFloat for f32 {
         x: super::matmul::MatRef<'_, Self>,
         rhs: super::matmul::MatRef<'_, Self>,
         j0: usize,
-    ) -> Option<[Self; super::row_product::LANES]> {
+    ) -> Option<[Self; super::row_product::TILE]> {
         super::row_product::f32_tile(x, rhs, j0)
     }
 }

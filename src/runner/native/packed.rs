@@ -265,13 +265,15 @@ mod tests {
 
     #[test]
     fn staged_simd_chains_are_the_scalar_chains() {
-        let mut staging = [[0f32; BLOCK]; crate::runner::native::row_product::LANES];
+        let mut staging = [[0f32; BLOCK]; crate::runner::native::row_product::TILE];
         for (r, row) in staging.iter_mut().enumerate() {
             row.copy_from_slice(&values(BLOCK, r as u32 + 3));
         }
         let x = values(BLOCK, 17);
         for (at, len) in [(0, 32), (5, 27), (3, 9), (31, 1), (7, 0)] {
-            let acc = [0.5f32, -1.0, 0.0, 2.0, 3.0, -0.25, 1e-3, 7.0];
+            let acc: [f32; crate::runner::native::row_product::TILE] = std::array::from_fn(|i| {
+                [0.5f32, -1.0, 0.0, 2.0, 3.0, -0.25, 1e-3, 7.0][i % 8] * (1 + i / 8) as f32
+            });
             let simd =
                 crate::runner::native::row_product::staged_chains(acc, &x[..len], &staging, at);
             let scalar = crate::runner::native::row_product::scalar_staged_chains(

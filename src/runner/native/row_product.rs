@@ -16,10 +16,16 @@ use rayon::prelude::*;
 
 use super::delta_rule::DeltaFloat;
 use super::matmul::MatRef;
+#[cfg(target_arch = "x86_64")]
+use super::packed::BlockType;
 use super::packed::{BLOCK, PackedRows};
 
-/// Outputs per SIMD tile (one 8-lane f32 register).
-pub(super) const LANES: usize = 8;
+/// f32 lanes of one AVX2 register.
+const LANES: usize = 8;
+/// Registers a tile's chains run in: independent chains hide the fused multiply-add's latency.
+const GROUPS: usize = 4;
+/// Outputs per SIMD tile.
+pub(super) const TILE: usize = LANES * GROUPS;
 /// Multiply-adds under which a product stays on the calling thread (a task costs microseconds).
 const PARALLEL_WORK: usize = 1 << 15;
 
@@ -45,14 +51,14 @@ pub(super) fn row_times<F: DeltaFloat>(
     );
     let dst = &mut dst[..n];
     let tasks = if threads > 1 && n.saturating_mul(k) >= PARALLEL_WORK {
-        threads.min(n.div_ceil(LANES))
+        threads.min(n.div_ceil(TILE))
     } else {
         1
     };
     if tasks <= 1 {
         return outputs(dst, 0, alpha, x, rhs);
     }
-    let size = n.div_ceil(tasks).next_multiple_of(LANES);
+    let size = n.div_ceil(tasks).next_multiple_of(TILE);
     dst.par_chunks_mut(size)
         .enumerate()
         .for_each(|(i, part)| outputs(part, i * size, alpha, x, rhs));
@@ -68,14 +74,14 @@ fn outputs<F: DeltaFloat>(
     rhs: MatRef<'_, F>,
 ) {
     let mut j = 0;
-    while j + LANES <= dst.len() {
+    while j + TILE <= dst.len() {
         let Some(tile) = F::row_tile(x, rhs, from + j) else {
             break;
         };
-        for (d, s) in dst[j..j + LANES].iter_mut().zip(tile) {
+        for (d, s) in dst[j..j + TILE].iter_mut().zip(tile) {
             *d = combine(alpha, *d, s);
         }
-        j += LANES;
+        j += TILE;
     }
     for (i, d) in dst.iter_mut().enumerate().skip(j) {
         *d = combine(alpha, *d, chain(x, rhs, from + i));
@@ -105,11 +111,7 @@ fn combine<F: DeltaFloat>(alpha: Option<F>, d: F, s: F) -> F {
 /// [`DeltaFloat::row_tile`] for f32: the AVX2 + FMA forms where the CPU has them and each
 /// output's weights lie along the depth (`rhs.rs == 1`) or each depth's along the outputs
 /// (`rhs.cs == 1`).
-pub(super) fn f32_tile(
-    x: MatRef<'_, f32>,
-    rhs: MatRef<'_, f32>,
-    j0: usize,
-) -> Option<[f32; LANES]> {
+pub(super) fn f32_tile(x: MatRef<'_, f32>, rhs: MatRef<'_, f32>, j0: usize) -> Option<[f32; TILE]> {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")
@@ -121,8 +123,8 @@ pub(super) fn f32_tile(
             |m: &MatRef<'_, f32>, rows: usize, cols: usize| (rows - 1) * m.rs + (cols - 1) * m.cs;
         assert!(
             k > 0
-                && j0 + LANES <= rhs.cols
-                && last(&rhs, k, j0 + LANES) < rhs.data.len()
+                && j0 + TILE <= rhs.cols
+                && last(&rhs, k, j0 + TILE) < rhs.data.len()
                 && last(&x, 1, k) < x.data.len(),
             "a row product's tile outside its operands"
         );
@@ -161,14 +163,14 @@ pub(super) fn packed_row_times(dst: &mut [f32], x: &[f32], w: &PackedRows, threa
     };
     let dst = &mut dst[..n];
     let tasks = if threads > 1 && n.saturating_mul(k) >= PARALLEL_WORK {
-        threads.min(n.div_ceil(LANES))
+        threads.min(n.div_ceil(TILE))
     } else {
         1
     };
     if tasks <= 1 {
         return packed_outputs(dst, 0, x, w, &cuts);
     }
-    let size = n.div_ceil(tasks).next_multiple_of(LANES);
+    let size = n.div_ceil(tasks).next_multiple_of(TILE);
     dst.par_chunks_mut(size)
         .enumerate()
         .for_each(|(i, part)| packed_outputs(part, i * size, x, w, &cuts));
@@ -184,12 +186,27 @@ fn packed_outputs(
     w: &PackedRows,
     cuts: &[(usize, usize)],
 ) {
-    let mut staging = [[0f32; BLOCK]; LANES];
+    let mut staging = [[0f32; BLOCK]; TILE];
     let mut j = 0;
-    while j + LANES <= dst.len() {
-        let mut total = [0f32; LANES];
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        assert!(
+            from + dst.len() <= w.rows && x.len() == w.cols,
+            "a packed tile outside its weight"
+        );
+        while j + TILE <= dst.len() {
+            // SAFETY: the CPU has AVX2 and FMA (checked above); rows `from + j..+ 8` exist and
+            // `x` has the weight's columns (asserted above); the cuts cover `0..cols`.
+            #[allow(unsafe_code)]
+            let tile = unsafe { avx2::packed_tile(w, from + j, x, cuts) };
+            dst[j..j + TILE].copy_from_slice(&tile);
+            j += TILE;
+        }
+    }
+    while j + TILE <= dst.len() {
+        let mut total = [0f32; TILE];
         for (c, &(start, depth)) in cuts.iter().enumerate() {
-            let mut acc = [0f32; LANES];
+            let mut acc = [0f32; TILE];
             let mut t = start;
             while t < start + depth {
                 let b = t / BLOCK;
@@ -204,8 +221,8 @@ fn packed_outputs(
                 *sum = if c == 0 { a } else { a + *sum };
             }
         }
-        dst[j..j + LANES].copy_from_slice(&total);
-        j += LANES;
+        dst[j..j + TILE].copy_from_slice(&total);
+        j += TILE;
     }
     for (i, d) in dst.iter_mut().enumerate().skip(j) {
         let row = w.dequantize_row(from + i);
@@ -223,30 +240,29 @@ fn packed_outputs(
 
 /// `acc` continued by the eight staged rows' chains over columns `at..at + x.len()`.
 pub(super) fn staged_chains(
-    acc: [f32; LANES],
+    acc: [f32; TILE],
     x: &[f32],
-    staging: &[[f32; BLOCK]; LANES],
+    staging: &[[f32; BLOCK]; TILE],
     at: usize,
-) -> [f32; LANES] {
+) -> [f32; TILE] {
     assert!(at + x.len() <= BLOCK, "a staged chain outside its block");
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        let rows: [*const f32; LANES] = std::array::from_fn(|r| staging[r][at..].as_ptr());
-        // SAFETY: the CPU has AVX2 and FMA (checked above); each row pointer has
-        // `BLOCK - at >= x.len()` values after it and `x` has `x.len()` (asserted above).
+        // SAFETY: the CPU has AVX2 and FMA (checked above); each staging row has
+        // `BLOCK - at >= x.len()` values after `at` and `x` has `x.len()` (asserted above).
         #[allow(unsafe_code)]
-        return unsafe { avx2::chains(acc, x.as_ptr(), 1, &rows, x.len()) };
+        return unsafe { avx2::staged(acc, x.as_ptr(), staging, at, x.len()) };
     }
     scalar_staged_chains(acc, x, staging, at)
 }
 
 /// [`staged_chains`] one lane at a time: the same bits.
 pub(super) fn scalar_staged_chains(
-    mut acc: [f32; LANES],
+    mut acc: [f32; TILE],
     x: &[f32],
-    staging: &[[f32; BLOCK]; LANES],
+    staging: &[[f32; BLOCK]; TILE],
     at: usize,
-) -> [f32; LANES] {
+) -> [f32; TILE] {
     for (r, a) in acc.iter_mut().enumerate() {
         *a = x
             .iter()
@@ -256,95 +272,263 @@ pub(super) fn scalar_staged_chains(
     acc
 }
 
-/// The AVX2 + FMA tiles (called only after the CPU check and the bounds check of [`f32_tile`]).
+/// The AVX2 + FMA tiles (called only after the CPU check and the bounds checks of their
+/// callers). A tile is [`TILE`] outputs in [`GROUPS`] registers of eight lanes, each lane one
+/// output's chain: the groups' chains are independent, so the fused multiply-adds overlap.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{LANES, MatRef};
+    use super::{BLOCK, BlockType, GROUPS, LANES, MatRef, PackedRows, TILE};
 
-    /// Eight outputs whose weights each lie along the depth (`rhs.rs == 1`, outputs `cs`
+    type Rows = [[*const f32; LANES]; GROUPS];
+
+    /// Depths a packed tile dequantizes at a time (whole blocks): the tile's staging rows
+    /// (`TILE × SPAN` f32, 16 KiB) stay in the L1 cache while the chains read them.
+    const SPAN: usize = 4 * BLOCK;
+
+    /// [`TILE`] outputs whose weights each lie along the depth (`rhs.rs == 1`, outputs `cs`
     /// apart), from zero.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn along_depth(
         x: MatRef<'_, f32>,
         rhs: MatRef<'_, f32>,
         j0: usize,
-    ) -> [f32; LANES] {
+    ) -> [f32; TILE] {
         // SAFETY: the caller checked that every `t * x.cs` and every `t + (j0 + r) * cs`
-        // (t < k, r < 8) lies inside its slice.
+        // (t < k, r < TILE) lies inside its slice.
         unsafe {
-            let base = rhs.data.as_ptr().add(j0 * rhs.cs);
-            let mut rows = [base; LANES];
-            for (r, p) in rows.iter_mut().enumerate() {
-                *p = base.add(r * rhs.cs);
-            }
-            chains([0.0; LANES], x.data.as_ptr(), x.cs, &rows, rhs.rows)
-        }
-    }
-
-    /// `acc` continued by eight chains over `len` depths: lane `r` adds `x[t · xs] · rows[r][t]`
-    /// for t in order. Eight depths at a time, the eight rows are read and transposed.
-    ///
-    /// # Safety
-    /// The CPU has AVX2 and FMA; `x[t · xs]` and `rows[r][t]` are readable for t < len.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn chains(
-        acc: [f32; LANES],
-        x: *const f32,
-        xs: usize,
-        rows: &[*const f32; LANES],
-        len: usize,
-    ) -> [f32; LANES] {
-        // SAFETY: the reads are those the caller vouches for.
-        unsafe {
-            let mut acc = _mm256_loadu_ps(acc.as_ptr());
-            let mut t = 0;
-            while t + LANES <= len {
-                let mut loaded = [_mm256_setzero_ps(); LANES];
-                for r in 0..LANES {
-                    loaded[r] = _mm256_loadu_ps(rows[r].add(t));
+            let base = rhs.data.as_ptr();
+            let mut rows: Rows = [[base; LANES]; GROUPS];
+            for (g, group) in rows.iter_mut().enumerate() {
+                for (r, p) in group.iter_mut().enumerate() {
+                    *p = base.add((j0 + g * LANES + r) * rhs.cs);
                 }
-                let columns = transpose(loaded);
-                for (i, column) in columns.into_iter().enumerate() {
-                    acc = _mm256_fmadd_ps(_mm256_set1_ps(*x.add((t + i) * xs)), column, acc);
-                }
-                t += LANES;
             }
-            while t < len {
-                let column = _mm256_setr_ps(
-                    *rows[0].add(t),
-                    *rows[1].add(t),
-                    *rows[2].add(t),
-                    *rows[3].add(t),
-                    *rows[4].add(t),
-                    *rows[5].add(t),
-                    *rows[6].add(t),
-                    *rows[7].add(t),
-                );
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(*x.add(t * xs)), column, acc);
-                t += 1;
-            }
+            let acc = chains(
+                [_mm256_setzero_ps(); GROUPS],
+                x.data.as_ptr(),
+                x.cs,
+                &rows,
+                0,
+                rhs.rows,
+            );
             store(acc)
         }
     }
 
-    /// Eight outputs side by side in each depth's row (`rhs.cs == 1`): one load per depth.
+    /// `acc` continued by the tile's chains over depths `from..to`: lane `r` of group `g` adds
+    /// `x[t · xs] · rows[g][r][t]` for t in order. Eight depths at a time, each group's eight
+    /// rows are read and transposed, so that one broadcast of `x[t]` and one fused
+    /// multiply-add serve a group's lanes.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `x[t · xs]` and `rows[g][r][t]` are readable for
+    /// `from <= t < to`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn chains(
+        mut acc: [__m256; GROUPS],
+        x: *const f32,
+        xs: usize,
+        rows: &Rows,
+        from: usize,
+        to: usize,
+    ) -> [__m256; GROUPS] {
+        // SAFETY: the reads are those the caller vouches for.
+        unsafe {
+            let mut t = from;
+            while t + LANES <= to {
+                for (g, group) in rows.iter().enumerate() {
+                    let mut loaded = [_mm256_setzero_ps(); LANES];
+                    for r in 0..LANES {
+                        loaded[r] = _mm256_loadu_ps(group[r].add(t));
+                    }
+                    let columns = transpose(loaded);
+                    for (i, column) in columns.into_iter().enumerate() {
+                        let xt = _mm256_set1_ps(*x.add((t + i) * xs));
+                        acc[g] = _mm256_fmadd_ps(xt, column, acc[g]);
+                    }
+                }
+                t += LANES;
+            }
+            while t < to {
+                let xt = _mm256_set1_ps(*x.add(t * xs));
+                for (g, group) in rows.iter().enumerate() {
+                    let column = _mm256_setr_ps(
+                        *group[0].add(t),
+                        *group[1].add(t),
+                        *group[2].add(t),
+                        *group[3].add(t),
+                        *group[4].add(t),
+                        *group[5].add(t),
+                        *group[6].add(t),
+                        *group[7].add(t),
+                    );
+                    acc[g] = _mm256_fmadd_ps(xt, column, acc[g]);
+                }
+                t += 1;
+            }
+            acc
+        }
+    }
+
+    /// `acc` (a tile's lanes) continued by the staged rows' chains over columns
+    /// `at..at + len` of the staging rows, against `x[0..len]`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `at + len <= BLOCK`; `x` has `len` values.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn staged(
+        acc: [f32; TILE],
+        x: *const f32,
+        staging: &[[f32; BLOCK]; TILE],
+        at: usize,
+        len: usize,
+    ) -> [f32; TILE] {
+        // SAFETY: as the caller vouches: each staging row has `len` values from `at`.
+        unsafe {
+            let mut rows: Rows = [[staging[0].as_ptr(); LANES]; GROUPS];
+            for (g, group) in rows.iter_mut().enumerate() {
+                for (r, p) in group.iter_mut().enumerate() {
+                    *p = staging[g * LANES + r].as_ptr().add(at);
+                }
+            }
+            let mut regs = [_mm256_setzero_ps(); GROUPS];
+            for (g, reg) in regs.iter_mut().enumerate() {
+                *reg = _mm256_loadu_ps(acc.as_ptr().add(g * LANES));
+            }
+            store(chains(regs, x, 1, &rows, 0, len))
+        }
+    }
+
+    /// Outputs `j0..j0 + TILE` of [`super::packed_row_times`]: per depth cut, [`SPAN`] depths at
+    /// a time, the tile's rows dequantized into a staging tile (the very values of
+    /// [`BlockType::dequantize`]: an exact product of the f16 scale and a small integer; each
+    /// row's blocks read in file order, so the tile's bytes stream in), then read by the lanes'
+    /// chains; the cuts' sums added in order.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; rows `j0..j0 + TILE` exist; `x` has the weight's `cols`
+    /// values; `cuts` cover depths inside them.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn packed_tile(
+        w: &PackedRows,
+        j0: usize,
+        x: &[f32],
+        cuts: &[(usize, usize)],
+    ) -> [f32; TILE] {
+        let size = w.ty.block_bytes();
+        let mut bytes: [&[u8]; TILE] = [&[]; TILE];
+        for (r, b) in bytes.iter_mut().enumerate() {
+            *b = w.row(j0 + r);
+        }
+        let mut staging = vec![[0f32; SPAN]; TILE];
+        let mut total = [_mm256_setzero_ps(); GROUPS];
+        for (c, &(start, depth)) in cuts.iter().enumerate() {
+            let end = start + depth;
+            assert!(
+                end <= x.len() && end <= w.cols,
+                "a depth cut outside the row"
+            );
+            let mut acc = [_mm256_setzero_ps(); GROUPS];
+            let mut t = start;
+            while t < end {
+                // The whole blocks covering `t..stop`, at most SPAN values of each row.
+                let first = t / BLOCK;
+                let stop = end.min(first * BLOCK + SPAN);
+                let last = stop.div_ceil(BLOCK);
+                for (row, out) in bytes.iter().zip(staging.iter_mut()) {
+                    for (i, b) in (first..last).enumerate() {
+                        let block: &mut [f32; BLOCK] = (&mut out[i * BLOCK..(i + 1) * BLOCK])
+                            .try_into()
+                            .expect("a staging block of BLOCK values");
+                        dequantize(w.ty, &row[b * size..(b + 1) * size], block);
+                    }
+                }
+                let at = t - first * BLOCK;
+                let mut rows: Rows = [[staging[0].as_ptr(); LANES]; GROUPS];
+                for (g, group) in rows.iter_mut().enumerate() {
+                    for (r, p) in group.iter_mut().enumerate() {
+                        // SAFETY: `at < BLOCK <= SPAN`, inside the staging row.
+                        *p = unsafe { staging[g * LANES + r].as_ptr().add(at) };
+                    }
+                }
+                // SAFETY: each staging row has `SPAN - at >= stop - t` values after `at`, and
+                // `x[t..stop]` lies inside `x` (asserted above).
+                acc = unsafe { chains(acc, x.as_ptr().add(t), 1, &rows, 0, stop - t) };
+                t = stop;
+            }
+            for g in 0..GROUPS {
+                total[g] = if c == 0 {
+                    acc[g]
+                } else {
+                    _mm256_add_ps(acc[g], total[g])
+                };
+            }
+        }
+        store(total)
+    }
+
+    /// One block's 32 values ([`BlockType::dequantize`]'s, eight lanes at a time).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn dequantize(ty: BlockType, b: &[u8], out: &mut [f32; BLOCK]) {
+        assert!(b.len() == ty.block_bytes(), "a block of the wrong size");
+        let d = _mm256_set1_ps(half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32());
+        let o = out.as_mut_ptr();
+        // SAFETY: the block holds `block_bytes` bytes (asserted): 2 of scale, then 16 (Q4_0) or
+        // 32 (Q8_0) of codes, the reads below; `out` holds 32 values, the writes.
+        unsafe {
+            match ty {
+                BlockType::Q4_0 => {
+                    let qs = _mm_loadu_si128(b.as_ptr().add(2).cast());
+                    let mask = _mm_set1_epi8(0x0F);
+                    let low = _mm_and_si128(qs, mask);
+                    let high = _mm_and_si128(_mm_srli_epi16::<4>(qs), mask);
+                    let eight = _mm256_set1_ps(8.0);
+                    let parts = [
+                        low,
+                        _mm_srli_si128::<8>(low),
+                        high,
+                        _mm_srli_si128::<8>(high),
+                    ];
+                    for (i, part) in parts.into_iter().enumerate() {
+                        let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part));
+                        _mm256_storeu_ps(o.add(8 * i), _mm256_mul_ps(_mm256_sub_ps(q, eight), d));
+                    }
+                }
+                BlockType::Q8_0 => {
+                    for i in 0..4 {
+                        let part = _mm_loadl_epi64(b.as_ptr().add(2 + 8 * i).cast());
+                        let q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part));
+                        _mm256_storeu_ps(o.add(8 * i), _mm256_mul_ps(q, d));
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`TILE`] outputs side by side in each depth's row (`rhs.cs == 1`): one load per group
+    /// and depth.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn along_outputs(
         x: MatRef<'_, f32>,
         rhs: MatRef<'_, f32>,
         j0: usize,
-    ) -> [f32; LANES] {
-        // SAFETY (for the block): as in `along_depth`, every index read was checked.
+    ) -> [f32; TILE] {
+        // SAFETY: as in `along_depth`, every index read was checked.
         unsafe {
             let (xp, xs) = (x.data.as_ptr(), x.cs);
             let base = rhs.data.as_ptr().add(j0);
-            let mut acc = _mm256_setzero_ps();
+            let mut acc = [_mm256_setzero_ps(); GROUPS];
             for t in 0..rhs.rows {
                 let xt = _mm256_set1_ps(*xp.add(t * xs));
-                acc = _mm256_fmadd_ps(xt, _mm256_loadu_ps(base.add(t * rhs.rs)), acc);
+                let row = base.add(t * rhs.rs);
+                for (g, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(xt, _mm256_loadu_ps(row.add(g * LANES)), *a);
+                }
             }
             store(acc)
         }
@@ -382,12 +566,15 @@ mod avx2 {
         ]
     }
 
+    /// The tile's registers as its outputs, in order.
     #[target_feature(enable = "avx")]
     #[inline]
-    fn store(acc: __m256) -> [f32; LANES] {
-        let mut out = [0f32; LANES];
-        // SAFETY: `out` holds the eight lanes written.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
+    fn store(acc: [__m256; GROUPS]) -> [f32; TILE] {
+        let mut out = [0f32; TILE];
+        for (g, a) in acc.into_iter().enumerate() {
+            // SAFETY: `out` holds `TILE` values; group `g` writes lanes `8g..8g + 8`.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(g * LANES), a) };
+        }
         out
     }
 }
