@@ -192,19 +192,27 @@ pub struct StudyProtocol {
     /// Also generate the conversation's assistant turns with the reference and every arm
     /// (greedy, teacher-forced history) and judge their tool calls:
     /// `{select: tool_calls, max_new_tokens: 64}` (`select`: `all` or `tool_calls`;
-    /// `max_new_tokens` default 512). Native runner.
+    /// `max_new_tokens` default 512; `conversation`: the conversation file, required with
+    /// `runner: llamacpp`). Every runner.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turns: Option<StudyTurns>,
 }
 
-/// Which turns a study generates, and how long each may be.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+/// Which turns a study generates, how long each may be, and from which conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StudyTurns {
     pub select: crate::conversation::turns::TurnSelection,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = crate::runner::native::generate::MAX_NEW_TOKENS))]
     pub max_new_tokens: Option<usize>,
+    /// The conversation file (`.json` or `.jsonl`, relative to the study file and inside its
+    /// directory) whose assistant turns are generated, as `measure --turns-conversation` takes
+    /// it. Required with `runner: llamacpp`, whose eval text is the plain text
+    /// `llama-perplexity` scores; elsewhere absent means the eval text, which must then be a
+    /// conversation. `study --turns-conversation FILE` names one anywhere instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<String>,
 }
 
 /// The settings an arm can change. Absent: the baseline's.
@@ -320,6 +328,12 @@ pub struct Overrides {
     pub eval_text: Option<PathBuf>,
     /// `--chat-template`: the chat template file instead of the file's `eval.chat_template`.
     pub chat_template: Option<PathBuf>,
+    /// `--turns-conversation`: the conversation file the turns come from instead of the file's
+    /// `protocol.turns.conversation`, wherever it is.
+    pub turns_conversation: Option<PathBuf>,
+    /// `--llamacpp-server` (an absolute path, as `--llamacpp-bin`): the `llama-server` that
+    /// generates a llama.cpp study's turns instead of the one beside `llama-perplexity`.
+    pub llamacpp_server: Option<PathBuf>,
 }
 
 /// The environment variable naming `llama-perplexity` when `--llamacpp-bin` does not.
@@ -512,6 +526,11 @@ impl Study {
                 o.llamacpp_bin.is_some(),
                 StudyRunner::Llamacpp,
             ),
+            (
+                "--llamacpp-server",
+                o.llamacpp_server.is_some(),
+                StudyRunner::Llamacpp,
+            ),
             ("--device", o.device.is_some(), StudyRunner::Transformers),
             ("--python", o.python.is_some(), StudyRunner::Transformers),
             (
@@ -531,6 +550,15 @@ impl Study {
                     ),
                 ));
             }
+        }
+        if o.turns_conversation.is_some() && self.file.protocol.turns.is_none() {
+            return Err(Error::usage(
+                Path::new("--turns-conversation"),
+                format!(
+                    "names the conversation a study's turns come from, and {} generates no turns (it has no `protocol.turns`)",
+                    self.path.display()
+                ),
+            ));
         }
         self.given = o.clone();
         if self.file.runner != StudyRunner::Llamacpp {

@@ -163,6 +163,10 @@ pub fn run(
         eval: first.eval.clone(),
         protocol: first.protocol.clone(),
         protocol_sha256: first.protocol_sha256.clone(),
+        turns: first
+            .turns
+            .as_ref()
+            .map(super::document::StudyTurnsRecord::of),
         runner: plan.runner.as_str().into(),
         device: first.environment.device.clone(),
         definitions: DEFINITIONS.into(),
@@ -211,6 +215,7 @@ fn request<'a>(
         kv_cache: arm.settings.kv_cache,
         reference_kv_cache: plan.baseline.kv_cache,
         turns: plan.turns,
+        turns_conversation: plan.turns_conversation.as_deref(),
         ..Request::new(
             lane,
             &arm.candidate,
