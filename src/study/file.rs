@@ -146,7 +146,9 @@ pub struct TransformersSettings {
 /// How the llama.cpp runner runs (`runner: llamacpp`): the `llama-perplexity` flags every arm
 /// shares. An arm's `attention` is its `-fa` (`on`, `off`, `auto`) and its `kv_cache` its
 /// `-ctk/-ctv`; the reference runs the baseline's. The binary is never the file's:
-/// `study --llamacpp-bin`, else `CARDPROOF_LLAMACPP_BIN`, else `llama-perplexity` on `PATH`.
+/// `study --llamacpp-bin`, else `CARDPROOF_LLAMACPP_BIN`, else `llama-perplexity` on `PATH`;
+/// nor is the `llama-server` that generates `protocol.turns`: `study --llamacpp-server`, else
+/// the one beside `llama-perplexity`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LlamacppStudySettings {
@@ -418,6 +420,7 @@ impl Study {
                 "llamacpp.binary",
                 "--llamacpp-bin PATH or CARDPROOF_LLAMACPP_BIN",
             ),
+            ("llamacpp.server", "--llamacpp-server PATH"),
             ("transformers.python", "--python PATH or CARDPROOF_PYTHON"),
         ] {
             if value.pointer(&pointer_of(field)).is_some() {

@@ -562,6 +562,11 @@ fn a_study_file_never_chooses_the_program_that_runs() {
             "--llamacpp-bin PATH or CARDPROOF_LLAMACPP_BIN",
         ),
         (
+            "runner: llamacpp\nllamacpp: {server: ./evil.sh}\n",
+            "llamacpp.server",
+            "--llamacpp-server PATH",
+        ),
+        (
             &*format!(
                 "runner: transformers\ntransformers: {{python: {}}}\n",
                 evil.display()
