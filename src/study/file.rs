@@ -100,7 +100,8 @@ impl StudyRunner {
 pub struct StudyEval {
     /// A text file, or a conversation file (`.json`/`.jsonl`), relative to the study file.
     pub text: String,
-    /// A chat template file for a conversation (default: the reference's own).
+    /// A chat template file for a conversation, the eval text or `protocol.turns.conversation`
+    /// (default: the reference's own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template: Option<String>,
     /// `reference` or `candidate`'s template instead of a file.
