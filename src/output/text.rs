@@ -583,9 +583,17 @@ fn study_turns(out: &mut String, d: &crate::study::document::StudyDocument) {
             "-".to_owned()
         }
     };
+    // A conversation beside the eval text is named (the eval text is named on the first line).
+    let source = d
+        .turns
+        .as_ref()
+        .and_then(|t| t.conversation.as_ref())
+        .map_or(String::new(), |c| {
+            format!(" (the conversation file {}, sha256 {})", c.path, c.sha256)
+        });
     let _ = writeln!(
         out,
-        "\n== turns generated greedily against the reference's\n{:<18} {:>6} {:>10} {:>16} {:<14} {:>15} {:>12} {:>9} {:>10} {:>11}",
+        "\n== turns generated greedily against the reference's{source}\n{:<18} {:>6} {:>10} {:>16} {:<14} {:>15} {:>12} {:>9} {:>10} {:>11}",
         "arm",
         "turns",
         "turn_match",

@@ -55,11 +55,13 @@ pub fn run_arms(
             && r.chat_template == first.chat_template
             && r.options.context_lengths == first.options.context_lengths
             && r.options.positions == first.options.positions
-            && r.reference_kv_cache == first.reference_kv_cache;
+            && r.reference_kv_cache == first.reference_kv_cache
+            && r.turns == first.turns
+            && r.turns_conversation == first.turns_conversation;
         if !same {
             return Err(Error::internal(
                 r.candidate,
-                "a study arm with another reference, text or protocol than the first arm's",
+                "a study arm with another reference, text, protocol or turns than the first arm's",
             ));
         }
     }

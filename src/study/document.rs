@@ -31,7 +31,11 @@ pub struct StudyDocument {
     /// The protocol every arm was scored under, and its digest.
     pub protocol: crate::rerun::document::RunProtocol,
     pub protocol_sha256: String,
-    /// `native` or `transformers`.
+    /// How every arm's turns were generated (`protocol.turns`), the same for every arm: the
+    /// protocol and the conversation they came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turns: Option<StudyTurnsRecord>,
+    /// `native`, `transformers` or `llamacpp`.
     pub runner: String,
     pub device: String,
     pub definitions: String,
@@ -47,6 +51,37 @@ pub struct StudyDocument {
     /// can be rewritten after signing (`verify-report` checks them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub set_files: Vec<crate::outset::SetFile>,
+}
+
+/// What every arm's turns share (each arm's measurement records it under `turns` beside that
+/// arm's own turns): the protocol, the conversation, the call family and the stop ids, here in
+/// the signed document itself, so a reader of study.json sees which conversation the turn
+/// metrics are about without opening an arm's measurement.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct StudyTurnsRecord {
+    pub protocol: crate::rerun::turns::TurnProtocol,
+    /// The conversation file the turns came from (its path and SHA-256), where it is not the
+    /// eval text (`eval`): `protocol.turns.conversation` or `--turns-conversation`, always in a
+    /// llama.cpp study, whose eval text is plain text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<crate::rerun::turns::ConversationFile>,
+    /// The template family the calls were read in (`null`: the template writes no call
+    /// cardproof reads).
+    pub call_format: Option<crate::conversation::calls::CallFormat>,
+    /// The token ids a turn stopped at.
+    pub stop_ids: Vec<u32>,
+}
+
+impl StudyTurnsRecord {
+    /// The shared part of an arm's turns record.
+    pub fn of(t: &crate::rerun::turns::TurnsRecord) -> StudyTurnsRecord {
+        StudyTurnsRecord {
+            protocol: t.protocol,
+            conversation: t.conversation.clone(),
+            call_format: t.call_format,
+            stop_ids: t.stop_ids.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]

@@ -100,7 +100,8 @@ impl StudyRunner {
 pub struct StudyEval {
     /// A text file, or a conversation file (`.json`/`.jsonl`), relative to the study file.
     pub text: String,
-    /// A chat template file for a conversation (default: the reference's own).
+    /// A chat template file for a conversation, the eval text or `protocol.turns.conversation`
+    /// (default: the reference's own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template: Option<String>,
     /// `reference` or `candidate`'s template instead of a file.
@@ -146,7 +147,9 @@ pub struct TransformersSettings {
 /// How the llama.cpp runner runs (`runner: llamacpp`): the `llama-perplexity` flags every arm
 /// shares. An arm's `attention` is its `-fa` (`on`, `off`, `auto`) and its `kv_cache` its
 /// `-ctk/-ctv`; the reference runs the baseline's. The binary is never the file's:
-/// `study --llamacpp-bin`, else `CARDPROOF_LLAMACPP_BIN`, else `llama-perplexity` on `PATH`.
+/// `study --llamacpp-bin`, else `CARDPROOF_LLAMACPP_BIN`, else `llama-perplexity` on `PATH`;
+/// nor is the `llama-server` that generates `protocol.turns`: `study --llamacpp-server`, else
+/// the one beside `llama-perplexity`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LlamacppStudySettings {
@@ -192,19 +195,27 @@ pub struct StudyProtocol {
     /// Also generate the conversation's assistant turns with the reference and every arm
     /// (greedy, teacher-forced history) and judge their tool calls:
     /// `{select: tool_calls, max_new_tokens: 64}` (`select`: `all` or `tool_calls`;
-    /// `max_new_tokens` default 512). Native runner.
+    /// `max_new_tokens` default 512; `conversation`: the conversation file, required with
+    /// `runner: llamacpp`). Every runner.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turns: Option<StudyTurns>,
 }
 
-/// Which turns a study generates, and how long each may be.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+/// Which turns a study generates, how long each may be, and from which conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StudyTurns {
     pub select: crate::conversation::turns::TurnSelection,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = crate::runner::native::generate::MAX_NEW_TOKENS))]
     pub max_new_tokens: Option<usize>,
+    /// The conversation file (`.json` or `.jsonl`, relative to the study file and inside its
+    /// directory) whose assistant turns are generated, as `measure --turns-conversation` takes
+    /// it. Required with `runner: llamacpp`, whose eval text is the plain text
+    /// `llama-perplexity` scores; elsewhere absent means the eval text, which must then be a
+    /// conversation. `study --turns-conversation FILE` names one anywhere instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<String>,
 }
 
 /// The settings an arm can change. Absent: the baseline's.
@@ -320,6 +331,12 @@ pub struct Overrides {
     pub eval_text: Option<PathBuf>,
     /// `--chat-template`: the chat template file instead of the file's `eval.chat_template`.
     pub chat_template: Option<PathBuf>,
+    /// `--turns-conversation`: the conversation file the turns come from instead of the file's
+    /// `protocol.turns.conversation`, wherever it is.
+    pub turns_conversation: Option<PathBuf>,
+    /// `--llamacpp-server` (an absolute path, as `--llamacpp-bin`): the `llama-server` that
+    /// generates a llama.cpp study's turns instead of the one beside `llama-perplexity`.
+    pub llamacpp_server: Option<PathBuf>,
 }
 
 /// The environment variable naming `llama-perplexity` when `--llamacpp-bin` does not.
@@ -404,6 +421,7 @@ impl Study {
                 "llamacpp.binary",
                 "--llamacpp-bin PATH or CARDPROOF_LLAMACPP_BIN",
             ),
+            ("llamacpp.server", "--llamacpp-server PATH"),
             ("transformers.python", "--python PATH or CARDPROOF_PYTHON"),
         ] {
             if value.pointer(&pointer_of(field)).is_some() {
@@ -512,6 +530,11 @@ impl Study {
                 o.llamacpp_bin.is_some(),
                 StudyRunner::Llamacpp,
             ),
+            (
+                "--llamacpp-server",
+                o.llamacpp_server.is_some(),
+                StudyRunner::Llamacpp,
+            ),
             ("--device", o.device.is_some(), StudyRunner::Transformers),
             ("--python", o.python.is_some(), StudyRunner::Transformers),
             (
@@ -531,6 +554,15 @@ impl Study {
                     ),
                 ));
             }
+        }
+        if o.turns_conversation.is_some() && self.file.protocol.turns.is_none() {
+            return Err(Error::usage(
+                Path::new("--turns-conversation"),
+                format!(
+                    "names the conversation a study's turns come from, and {} generates no turns (it has no `protocol.turns`)",
+                    self.path.display()
+                ),
+            ));
         }
         self.given = o.clone();
         if self.file.runner != StudyRunner::Llamacpp {

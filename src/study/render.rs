@@ -183,7 +183,15 @@ fn turns_view(d: &StudyDocument) -> Json {
         .map(|a| (a.name.clone(), a.turn_outcomes.clone()))
         .collect();
     let strip = (!strips.is_empty()).then(|| crate::report::svg_turn_strip(&strips));
-    json!({"arms": arms, "pairs": pairs, "strip": strip})
+    // Where the turns came from: the conversation file beside the eval text, or the eval text.
+    let source = d.turns.as_ref().map(|t| {
+        json!({
+            "select": t.protocol.turns,
+            "max_new_tokens": t.protocol.max_new_tokens,
+            "conversation": t.conversation,
+        })
+    });
+    json!({"arms": arms, "pairs": pairs, "strip": strip, "source": source})
 }
 
 /// The four plots of one context length.

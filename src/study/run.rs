@@ -65,67 +65,7 @@ pub fn run(
     let mut arms = Vec::with_capacity(plan.arms.len());
     let mut rows = Vec::with_capacity(plan.arms.len());
     for (arm, result) in plan.arms.iter().zip(&outcome.arms) {
-        let m = &result.rerun.measurement;
-        let (bits_per_weight, size_bytes) = footprint(&arm.candidate);
-        let dir = format!("arms/{}", arm.name);
-        let mut measurement = m.clone();
-        measurement.run_id = run_id.map(str::to_owned);
-        rerun::output::write_measurement(&out.join(&dir), &measurement, &result.rerun.runs)?;
-        arms.push(ArmSummary {
-            name: arm.name.clone(),
-            kind: arm.kind,
-            changes: arm.declared,
-            changed: arm.changed.clone(),
-            mixed: arm.mixed,
-            candidate: arm.candidate.display().to_string(),
-            manifest_sha256: m.candidate.manifest_sha256.clone(),
-            settings: ArmSettings {
-                kv_cache: arm.settings.kv_cache.map_or("none".into(), |s| s.name()),
-                compute_dtype: match plan.runner {
-                    StudyRunner::Llamacpp => "llama.cpp's".into(),
-                    _ => arm.settings.compute.as_str().into(),
-                },
-                attention: arm.settings.attention.clone(),
-                recurrent_state: arm.settings.recurrent_state.as_str().into(),
-                emulate: format!("{:?}", arm.settings.emulate),
-            },
-            bits_per_weight,
-            size_bytes,
-            measurement: format!("{dir}/measurement.json"),
-            runs: result
-                .rerun
-                .runs
-                .iter()
-                .map(|run| ArmRun {
-                    context_length: run.context_length,
-                    n_positions: run.n_positions,
-                    top1_flips: run
-                        .rows
-                        .iter()
-                        .filter(|r| r.record.ref_top1 != r.record.cand_top1)
-                        .count(),
-                    tool_call_flips: (!run.labels.is_empty()).then(|| {
-                        run.rows
-                            .iter()
-                            .zip(&run.labels)
-                            .filter(|(r, l)| {
-                                l.segment == Segment::ToolCall
-                                    && r.record.ref_top1 != r.record.cand_top1
-                            })
-                            .count()
-                    }),
-                    metrics: run.summary.metrics.clone(),
-                    uncertainty: run.summary.uncertainty.clone(),
-                    by_depth: run.summary.diagnostics.by_depth.clone(),
-                })
-                .collect(),
-            seconds: result.seconds,
-            turns: m.turns.as_ref().map(|t| t.summary.clone()),
-            first_diverging_turn: m.turns.as_ref().and_then(first_diverging_turn),
-            turn_outcomes: m.turns.as_ref().map_or_else(Vec::new, |t| {
-                t.pairs.iter().map(crate::kld::turns::outcome).collect()
-            }),
-        });
+        arms.push(arm_summary(plan, arm, result, run_id, out)?);
         rows.push(
             result
                 .rerun
@@ -163,6 +103,10 @@ pub fn run(
         eval: first.eval.clone(),
         protocol: first.protocol.clone(),
         protocol_sha256: first.protocol_sha256.clone(),
+        turns: first
+            .turns
+            .as_ref()
+            .map(super::document::StudyTurnsRecord::of),
         runner: plan.runner.as_str().into(),
         device: first.environment.device.clone(),
         definitions: DEFINITIONS.into(),
@@ -176,6 +120,77 @@ pub fn run(
         set_files: Vec::new(),
     };
     Ok(StudyOutcome { document, rows })
+}
+
+/// One arm's summary for study.json, its measurement written into `out` as `measure` writes it.
+fn arm_summary(
+    plan: &Plan,
+    arm: &PlannedArm,
+    result: &rerun::study::ArmOutcome,
+    run_id: Option<&str>,
+    out: &Path,
+) -> Result<ArmSummary> {
+    let m = &result.rerun.measurement;
+    let (bits_per_weight, size_bytes) = footprint(&arm.candidate);
+    let dir = format!("arms/{}", arm.name);
+    let mut measurement = m.clone();
+    measurement.run_id = run_id.map(str::to_owned);
+    rerun::output::write_measurement(&out.join(&dir), &measurement, &result.rerun.runs)?;
+    Ok(ArmSummary {
+        name: arm.name.clone(),
+        kind: arm.kind,
+        changes: arm.declared,
+        changed: arm.changed.clone(),
+        mixed: arm.mixed,
+        candidate: arm.candidate.display().to_string(),
+        manifest_sha256: m.candidate.manifest_sha256.clone(),
+        settings: ArmSettings {
+            kv_cache: arm.settings.kv_cache.map_or("none".into(), |s| s.name()),
+            compute_dtype: match plan.runner {
+                StudyRunner::Llamacpp => "llama.cpp's".into(),
+                _ => arm.settings.compute.as_str().into(),
+            },
+            attention: arm.settings.attention.clone(),
+            recurrent_state: arm.settings.recurrent_state.as_str().into(),
+            emulate: format!("{:?}", arm.settings.emulate),
+        },
+        bits_per_weight,
+        size_bytes,
+        measurement: format!("{dir}/measurement.json"),
+        runs: result
+            .rerun
+            .runs
+            .iter()
+            .map(|run| ArmRun {
+                context_length: run.context_length,
+                n_positions: run.n_positions,
+                top1_flips: run
+                    .rows
+                    .iter()
+                    .filter(|r| r.record.ref_top1 != r.record.cand_top1)
+                    .count(),
+                tool_call_flips: (!run.labels.is_empty()).then(|| {
+                    run.rows
+                        .iter()
+                        .zip(&run.labels)
+                        .filter(|(r, l)| {
+                            l.segment == Segment::ToolCall
+                                && r.record.ref_top1 != r.record.cand_top1
+                        })
+                        .count()
+                }),
+                metrics: run.summary.metrics.clone(),
+                uncertainty: run.summary.uncertainty.clone(),
+                by_depth: run.summary.diagnostics.by_depth.clone(),
+            })
+            .collect(),
+        seconds: result.seconds,
+        turns: m.turns.as_ref().map(|t| t.summary.clone()),
+        first_diverging_turn: m.turns.as_ref().and_then(first_diverging_turn),
+        turn_outcomes: m.turns.as_ref().map_or_else(Vec::new, |t| {
+            t.pairs.iter().map(crate::kld::turns::outcome).collect()
+        }),
+    })
 }
 
 /// The runner of an arm: the study's llama.cpp flags with the arm's `-fa`, the study's
@@ -211,6 +226,7 @@ fn request<'a>(
         kv_cache: arm.settings.kv_cache,
         reference_kv_cache: plan.baseline.kv_cache,
         turns: plan.turns,
+        turns_conversation: plan.turns_conversation.as_deref(),
         ..Request::new(
             lane,
             &arm.candidate,

@@ -503,6 +503,117 @@ fn a_llamacpp_bin_for_a_study_in_another_runner_is_refused() {
     assert!(!out.exists());
 }
 
+/// A llama.cpp study's turns come from a conversation file the study file names
+/// (`protocol.turns.conversation`): its eval text is the plain text llama-perplexity scores.
+/// Without one, or with one the study file may not make cardproof read (outside its directory,
+/// absolute, not a conversation), the plan refuses it naming the file, the field, its line and
+/// what is wrong, before any llama.cpp process runs or anything is written. The user's own
+/// `--turns-conversation` names a file anywhere: the study goes past the plan (to the missing
+/// llama-server, which `--llamacpp-server` names).
+#[test]
+fn a_llamacpp_study_s_turns_need_a_conversation_inside_its_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let studies = dir.path().join("studies");
+    std::fs::create_dir(&studies).unwrap();
+    let (conversation, _) = compact_conversation(dir.path(), 11);
+    let ran = dir.path().join("ran");
+    let bin = script(
+        dir.path(),
+        "llama-perplexity",
+        &format!("echo \"$@\" >> '{}'\nexit 1", ran.display()),
+    );
+    let out = dir.path().join("out");
+    let arm = "{name: kv, kv_cache: q8_0+hadamard, changes: kv_cache}";
+    let turns = |more: &str| format!("{{context_lengths: [256], turns: {{select: all{more}}}}}");
+    let study_with = |protocol: &str| llamacpp_study(&studies, protocol, &[arm]);
+    let run_study = |study: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "study",
+            study.to_str().unwrap(),
+            "--llamacpp-bin",
+            bin.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        run(&args)
+    };
+    let absolute = format!(", conversation: {}", conversation.display());
+    for (more, says) in [
+        (
+            "",
+            "is missing: a llama.cpp study's turns come from a conversation file",
+        ),
+        (
+            ", conversation: ../conversation.json",
+            "`../conversation.json` is not a path inside the study file's directory",
+        ),
+        (
+            absolute.as_str(),
+            "is not a path inside the study file's directory",
+        ),
+        (
+            ", conversation: eval.txt",
+            "`eval.txt` is not a conversation file (.json or .jsonl)",
+        ),
+    ] {
+        let study = study_with(&turns(more));
+        let r = run_study(&study, &[]);
+        assert_eq!(r.code, 2, "{more}: {}", r.transcript());
+        let m = r.message();
+        assert!(
+            m.contains(&format!("{}:5:", study.display()))
+                && m.contains("protocol.turns.conversation")
+                && m.contains(says)
+                && (more.contains("eval.txt") || m.contains("--turns-conversation FILE")),
+            "{more}: {m}"
+        );
+        assert!(!out.exists(), "a refused study writes nothing");
+    }
+    // The user's flag names the conversation anywhere; the plan takes it, and the turns then
+    // need llama.cpp's server.
+    let study = study_with(&turns(", conversation: ../conversation.json"));
+    let given = ["--turns-conversation", conversation.to_str().unwrap()];
+    let r = run_study(&study, &given);
+    assert_eq!(r.code, 2, "{}", r.transcript());
+    let m = r.message();
+    assert!(
+        m.contains("llama-server") && m.contains("--llamacpp-server PATH"),
+        "{m}"
+    );
+    let missing = dir.path().join("no-server");
+    let r = run_study(
+        &study,
+        &[
+            given[0],
+            given[1],
+            "--llamacpp-server",
+            missing.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(r.code, 2, "{}", r.transcript());
+    assert!(
+        r.message().contains("no such file: --llamacpp-server"),
+        "{}",
+        r.message()
+    );
+    // A conversation for a study that generates no turns would change nothing.
+    let study = study_with("{context_lengths: [256]}");
+    let r = run_study(&study, &given);
+    assert_eq!(r.code, 2, "{}", r.transcript());
+    assert!(
+        r.message().contains("--turns-conversation") && r.message().contains("no `protocol.turns`"),
+        "{}",
+        r.message()
+    );
+    assert!(
+        !ran.exists(),
+        "llama.cpp ran: {}",
+        std::fs::read_to_string(&ran).unwrap_or_default()
+    );
+    assert!(!out.exists());
+}
+
 /// The real llama.cpp: built by runners/llamacpp/build.sh, named by CARDPROOF_LLAMACPP_BIN.
 /// `.ci/run` runs these with `--ignored`, where a missing binary fails them.
 /// The example conversation's first `messages` messages made compact (shorter texts, the
@@ -1037,6 +1148,104 @@ mod real {
             equal * 2 > ours.len() * 2,
             "{equal} of {} equal: {shown:?}",
             ours.len() * 2
+        );
+    }
+
+    /// A llama.cpp study with `protocol.turns`: the tool-calling example's GGUFs in llama.cpp,
+    /// the turns from its first held-out conversation (six calls) beside the plain eval text
+    /// llama-perplexity scores. The reference's turns come from its own llama-server once, each
+    /// arm's from its own: Q2_0 weights break every call and Q4_0 keeps them all (as in the
+    /// native study of examples/studies/stagehand.yaml), the repeat control generates the
+    /// reference's turns token for token, and study.json names the conversation and its digest.
+    /// About 40 s in a debug build on 2 cores.
+    #[test]
+    #[ignore = "needs llama.cpp's llama-perplexity and llama-server (CARDPROOF_LLAMACPP_BIN; .ci/run builds them)"]
+    fn a_llamacpp_study_generates_every_arms_turns_in_llama_server() {
+        use sha2::Digest as _;
+        let bin = bin();
+        let dir = tempfile::tempdir().unwrap();
+        let (root, d) = (repo_root(), dir.path());
+        let data = root.join("examples/data");
+        std::fs::copy(data.join("eval.txt"), d.join("eval.txt")).unwrap();
+        std::fs::copy(
+            data.join("chat_template.jinja"),
+            d.join("chat_template.jinja"),
+        )
+        .unwrap();
+        let all = std::fs::read_to_string(data.join("tool-calls.jsonl")).unwrap();
+        let first = format!("{}\n", all.lines().next().unwrap());
+        std::fs::write(d.join("calls.jsonl"), &first).unwrap();
+        let models = root.join("examples/models");
+        let study = d.join("study.yaml");
+        std::fs::write(
+            &study,
+            format!(
+                "study: cardproof/study-v1\nname: stagehand-llamacpp\nreference: {m}/stagehand-bf16-gguf\neval: {{text: eval.txt, chat_template: chat_template.jinja}}\nprotocol:\n  context_lengths: [256]\n  resamples: 50\n  turns: {{select: tool_calls, max_new_tokens: 128, conversation: calls.jsonl}}\nrunner: llamacpp\nllamacpp: {{threads: 2}}\narms:\n  - {{name: q2_0, candidate: {m}/stagehand-q2_0-gguf, changes: weights}}\n  - {{name: q4_0, candidate: {m}/stagehand-q4_0-gguf, changes: weights}}\n",
+                m = models.display()
+            ),
+        )
+        .unwrap();
+        let out = d.join("out");
+        let r = run(&[
+            "study",
+            study.to_str().unwrap(),
+            "--llamacpp-bin",
+            &bin,
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+        ]);
+        assert_eq!(r.code, 0, "{}", r.transcript());
+        let doc = r.json();
+        let t = &doc["turns"];
+        let conversation = d.join("calls.jsonl").canonicalize().unwrap();
+        assert_eq!(t["conversation"]["path"], conversation.to_str().unwrap());
+        assert_eq!(
+            t["conversation"]["sha256"],
+            cardproof::digest::hex(&sha2::Sha256::digest(first.as_bytes()))
+        );
+        assert_eq!(t["protocol"]["max_new_tokens"], 128, "{t}");
+        assert_eq!(t["call_format"], "qwen3_coder", "{t}");
+        let arm = |name: &str| {
+            doc["arms"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|a| a["name"] == name)
+                .unwrap_or_else(|| panic!("{name}: {}", doc["arms"]))
+                .clone()
+        };
+        for name in ["q2_0", "q4_0", "control-repeat", "control-kernel"] {
+            assert_eq!(arm(name)["turns"]["turns"], 6, "{name}: {}", arm(name));
+        }
+        let (q2, q4, repeat) = (arm("q2_0"), arm("q4_0"), arm("control-repeat"));
+        assert_eq!(q2["turns"]["tool_call_match"]["value"], 0.0, "{q2}");
+        assert_eq!(q2["turns"]["recovery"]["failures"], 6, "{q2}");
+        assert_eq!(q4["turns"]["tool_call_match"]["value"], 1.0, "{q4}");
+        assert_eq!(q4["turns"]["tool_call_valid"]["value"], 1.0, "{q4}");
+        assert_eq!(repeat["turns"]["turn_match"]["value"], 1.0, "{repeat}");
+        assert_eq!(repeat["turns"]["first_divergence"]["turns"], 0, "{repeat}");
+        assert!(
+            repeat["turn_outcomes"]
+                .as_array()
+                .is_some_and(|o| o.len() == 6 && o.iter().all(|x| x == "same")),
+            "{repeat}"
+        );
+        let c = &doc["turn_comparisons"][0];
+        assert_eq!(
+            (c["a"].as_str(), c["b"].as_str()),
+            (Some("q2_0"), Some("q4_0"))
+        );
+        assert_eq!(c["tool_call_match"]["b_only"], 6, "{c}");
+        // Each arm's measurement: its turns from the same conversation, its server recorded.
+        let m = measurement(&out.join("arms/q2_0"));
+        assert_eq!(m["turns"]["conversation"], t["conversation"]);
+        let env = &m["environment"]["llamacpp"]["turns"];
+        assert!(env["candidate"]["requests"].as_u64() >= Some(6), "{env}");
+        let md = std::fs::read_to_string(out.join("study.md")).unwrap();
+        assert!(
+            md.contains("the conversation file") && md.contains(conversation.to_str().unwrap()),
+            "{md}"
         );
     }
 

@@ -295,8 +295,8 @@ fn an_arm_that_changes_more_than_it_says_is_refused_or_marked_mixed() {
     assert!(r.stderr.contains("bad.yaml:6:"), "{}", r.stderr);
 }
 
-/// The study file's committed schema is the type's, and the example study validates against it
-/// (rerun with CARDPROOF_BLESS=1 after changing the type).
+/// The study file's committed schema is the type's, and the example studies validate against it
+/// and plan (rerun with CARDPROOF_BLESS=1 after changing the type).
 #[test]
 fn the_study_file_schema_is_committed_and_the_examples_follow_it() {
     let path = repo_root().join("schema/study-file-v1.schema.json");
@@ -311,7 +311,12 @@ fn the_study_file_schema_is_committed_and_the_examples_follow_it() {
         "schema/study-file-v1.schema.json is out of date; rerun with CARDPROOF_BLESS=1"
     );
     let validator = jsonschema::validator_for(&schema).unwrap();
-    for name in ["shakespeare.yaml", "shakespeare-llamacpp.yaml"] {
+    for name in [
+        "shakespeare.yaml",
+        "shakespeare-llamacpp.yaml",
+        "stagehand.yaml",
+        "stagehand-llamacpp.yaml",
+    ] {
         let example = repo_root().join("examples/studies").join(name);
         let study = cardproof::study::file::Study::read(&example).unwrap();
         let value = serde_json::to_value(&study.file).unwrap();
@@ -560,6 +565,11 @@ fn a_study_file_never_chooses_the_program_that_runs() {
             "runner: llamacpp\nllamacpp: {binary: ./evil.sh}\n",
             "llamacpp.binary",
             "--llamacpp-bin PATH or CARDPROOF_LLAMACPP_BIN",
+        ),
+        (
+            "runner: llamacpp\nllamacpp: {server: ./evil.sh}\n",
+            "llamacpp.server",
+            "--llamacpp-server PATH",
         ),
         (
             &*format!(
@@ -841,12 +851,16 @@ fn every_study_error_names_its_line() {
     }
 }
 
-/// The example studies name a copy of the examples' eval text beside them (a study file's data
-/// is inside its directory); the copy stays the original, byte for byte.
+/// The example studies name copies of the examples' data beside them (a study file's data is
+/// inside its directory): the eval text, the tool-calling conversations and the chat template;
+/// each copy stays the original, byte for byte.
 #[test]
 fn the_example_studies_eval_text_is_the_examples() {
-    assert_eq!(
-        std::fs::read(repo_root().join("examples/studies/eval.txt")).unwrap(),
-        std::fs::read(repo_root().join("examples/data/eval.txt")).unwrap()
-    );
+    for name in ["eval.txt", "tool-calls.jsonl", "chat_template.jinja"] {
+        assert_eq!(
+            std::fs::read(repo_root().join("examples/studies").join(name)).unwrap(),
+            std::fs::read(repo_root().join("examples/data").join(name)).unwrap(),
+            "{name}"
+        );
+    }
 }

@@ -1582,15 +1582,24 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
     /// A study in the transformers lane generates the reference's turns once and every arm's
     /// after its pass, each as the native study's token for token (a hybrid candidate, a q8_0
     /// KV cache rounding what each step writes), and its repeat control matches every turn.
+    /// The transformers study scores a plain text and takes its turns from the conversation
+    /// named beside it (`protocol.turns.conversation`); the native one's eval text is the
+    /// conversation itself.
     #[test]
     #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
     fn a_transformers_study_generates_every_arms_turns_as_the_native_study() {
         require_torch();
         let dir = tempfile::tempdir().unwrap();
         crate::conversation::short_conversation(dir.path(), 12);
+        crate::support::short_text(dir.path(), 3000);
         let study = |runner: &str| {
+            let (text, conversation) = if runner.contains("transformers") {
+                ("eval.txt", ", conversation: conversation.json")
+            } else {
+                ("conversation.json", "")
+            };
             format!(
-                "study: cardproof/study-v1\nreference: {}\neval:\n  text: conversation.json\n  chat_template: chat_template.jinja\nprotocol:\n  context_lengths: [128]\n  resamples: 50\n  turns: {{select: all, max_new_tokens: 6}}\n{runner}\narms:\n  - {{name: hybrid, candidate: {}, changes: weights}}\n  - {{name: kv-q8_0, kv_cache: q8_0, changes: kv_cache}}\ncontrols: {{repeatability: true, noise_floor: false}}\n",
+                "study: cardproof/study-v1\nreference: {}\neval:\n  text: {text}\n  chat_template: chat_template.jinja\nprotocol:\n  context_lengths: [128]\n  resamples: 50\n  turns: {{select: all, max_new_tokens: 6{conversation}}}\n{runner}\narms:\n  - {{name: hybrid, candidate: {}, changes: weights}}\n  - {{name: kv-q8_0, kv_cache: q8_0, changes: kv_cache}}\ncontrols: {{repeatability: true, noise_floor: false}}\n",
                 model("shakespeare-bf16"),
                 model("shakespeare-hybrid-bf16")
             )
@@ -1636,6 +1645,16 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         );
         let repeat = turns("transformers", "control-repeat");
         assert_eq!(repeat["summary"]["turn_match"]["value"], 1.0);
+        let conversation = dir.path().join("conversation.json").canonicalize().unwrap();
+        assert_eq!(
+            repeat["conversation"]["path"],
+            conversation.to_str().unwrap()
+        );
+        assert!(
+            turns("native", "control-repeat")
+                .get("conversation")
+                .is_none()
+        );
     }
 }
 

@@ -195,6 +195,14 @@ fn a_study_generates_every_arms_turns_and_compares_them() {
         arms.iter().all(|a| a["turns"]["turns"].as_u64() > Some(0)),
         "{d}"
     );
+    // The study's own record of its turns: the protocol, and no conversation beside the eval
+    // text (the turns are the eval text's).
+    assert_eq!(
+        d["turns"]["protocol"]["max_new_tokens"], 6,
+        "{}",
+        d["turns"]
+    );
+    assert!(d["turns"].get("conversation").is_none(), "{}", d["turns"]);
     let repeat = arms.iter().find(|a| a["name"] == "control-repeat").unwrap();
     assert_eq!(repeat["turns"]["turn_match"]["value"], 1.0);
     let c = d["turn_comparisons"].as_array().unwrap();
@@ -231,14 +239,57 @@ fn a_study_generates_every_arms_turns_and_compares_them() {
             .is_some_and(|t| !t.is_empty())
     );
 
-    // llama.cpp generates no turns: a study that runs it is refused naming the field.
+    // llama.cpp scores a plain-text eval text: a study that runs it needs the conversation
+    // named, and is refused naming the field.
     std::fs::write(&file, study("llamacpp")).unwrap();
     let r = Cmd::new("study")
         .path(&file)
         .out(dir.path().join("t"))
         .run();
     assert_eq!(r.code, 2, "{}", r.stderr);
-    assert!(r.stderr.contains("protocol.turns"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("protocol.turns.conversation"),
+        "{}",
+        r.stderr
+    );
+
+    // The same turns from the conversation named beside a plain-text eval text
+    // (`protocol.turns.conversation`, as `measure --turns-conversation`): the arm's turns are
+    // the same, and study.json names the file and its digest.
+    crate::support::short_text(dir.path(), 3000);
+    let beside = study("native")
+        .replace("text: conversation.json", "text: eval.txt")
+        .replace(
+            "max_new_tokens: 6}",
+            "max_new_tokens: 6, conversation: conversation.json}",
+        )
+        .replace(
+            "  - {name: kv-q4_0, kv_cache: q4_0, changes: kv_cache}\n",
+            "controls: {repeatability: false, noise_floor: false}\n",
+        );
+    std::fs::write(&file, beside).unwrap();
+    let r = Cmd::new("study")
+        .path(&file)
+        .out(dir.path().join("b"))
+        .arg("--json")
+        .run();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let b = r.json();
+    assert_eq!(b["arms"].as_array().map(Vec::len), Some(1), "{b}");
+    let (x, y) = (&arms[0], &b["arms"][0]);
+    assert_eq!(x["name"], y["name"]);
+    assert_eq!(x["turns"], y["turns"]);
+    assert_eq!(x["turn_outcomes"], y["turn_outcomes"]);
+    let conversation = dir.path().join("conversation.json").canonicalize().unwrap();
+    assert_eq!(
+        b["turns"]["conversation"]["path"],
+        conversation.to_str().unwrap()
+    );
+    assert_eq!(
+        b["turns"]["conversation"]["sha256"].as_str().map(str::len),
+        Some(64)
+    );
+    assert!(b["eval"]["conversation"].is_null(), "a plain eval text");
 }
 
 /// A card written from a measurement with turns carries the turn claims and `protocol.turns`;

@@ -167,6 +167,10 @@ pub struct StudyArgs {
     /// $CARDPROOF_LLAMACPP_BIN, else the one on PATH). A study file never names a program.
     #[arg(long, value_name = "PATH")]
     pub llamacpp_bin: Option<PathBuf>,
+    /// For the llama.cpp runner: the `llama-server` binary that generates `protocol.turns`
+    /// (default: the one beside llama-perplexity, the same build).
+    #[arg(long, value_name = "PATH")]
+    pub llamacpp_server: Option<PathBuf>,
     /// For the transformers runner: the Python interpreter with torch and transformers
     /// (default: $CARDPROOF_PYTHON, else python3). A study file never names a program.
     #[arg(long, value_name = "PATH")]
@@ -179,6 +183,10 @@ pub struct StudyArgs {
     /// the study file's directory).
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<PathBuf>,
+    /// The conversation file (.json or .jsonl) the turns come from instead of the file's
+    /// `protocol.turns.conversation` (which must be inside the study file's directory).
+    #[arg(long, value_name = "FILE")]
+    pub turns_conversation: Option<PathBuf>,
     /// For the transformers runner: the device instead of the file's (cuda, cuda:N, auto, cpu).
     #[arg(long, value_name = "DEVICE")]
     pub device: Option<String>,

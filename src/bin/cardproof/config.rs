@@ -584,9 +584,13 @@ impl StudyConfig {
                 llamacpp_bin: args
                     .llamacpp_bin
                     .map(|p| std::path::absolute(&p).unwrap_or(p)),
+                llamacpp_server: args
+                    .llamacpp_server
+                    .map(|p| std::path::absolute(&p).unwrap_or(p)),
                 python: args.python,
                 eval_text: args.eval_text,
                 chat_template: args.chat_template,
+                turns_conversation: args.turns_conversation,
             },
             file: args.file,
             out,
