@@ -234,6 +234,23 @@ pub(super) fn x_wt(lhs: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &m
 pub(super) fn fixed_depth_matmul(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
     use candle_core::D;
     let (m, k, n) = (a.dim(D::Minus2)?, a.dim(D::Minus1)?, b.dim(D::Minus1)?);
+    if a.rank() == 2 && b.rank() == 2 && a.dtype() == DType::F32 && by_rows(m, n, k) {
+        // gemm's special paths sum in the machine's order: the fixed order's chains instead.
+        return with_f32(a, |x| {
+            with_f32(b, |w| {
+                let mut out = vec![0f32; m * n];
+                product(
+                    &mut out,
+                    n,
+                    None,
+                    MatRef::rows(x, m, k),
+                    MatRef::rows(w, k, n),
+                    gemm::Parallelism::None,
+                );
+                Tensor::from_vec(out, (m, n), &Device::Cpu)
+            })
+        });
+    }
     if !cut_by_cache(m, k, n) {
         return a.matmul(b);
     }

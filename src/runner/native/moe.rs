@@ -266,11 +266,21 @@ fn dense_lin(
     inp: usize,
     dt: DType,
 ) -> Result<Lin> {
-    let w = Tensor::from_vec(data, (out, inp), &Device::Cpu)
-        .and_then(|t| t.to_dtype(dt))
-        .map_err(cerr(path, what))?;
+    // f32 compute: the matrix every other linear module is, so a fused stack's experts give the
+    // bits per-expert tensors give.
+    let wt = if dt == DType::F32 {
+        let m = super::matmul::F32Matrix::new(out, inp, data.into()).ok_or_else(|| {
+            Error::runner(path, format!("{what}: values disagree with [{out}, {inp}]"))
+        })?;
+        super::matmul::Weight::F32(std::sync::Arc::new(m))
+    } else {
+        let w = Tensor::from_vec(data, (out, inp), &Device::Cpu)
+            .and_then(|t| t.to_dtype(dt))
+            .map_err(cerr(path, what))?;
+        super::matmul::Weight::Candle(w.t().map_err(cerr(path, what))?)
+    };
     Ok(Lin {
-        wt: super::matmul::Weight::Candle(w.t().map_err(cerr(path, what))?),
+        wt,
         bias: None,
         input: InputQuant::None,
         block_mins: None,
