@@ -152,10 +152,25 @@ def generate_turns(r, model, spec, who):
     state = Turns(torch, r.transformers, model, chunk, residual is not None)
     out = []
     total = len(turns["prompts"])
+    # Where the time went, as the native runner counts it: a prompt's prefill (its last row's
+    # logits and, with `snapshot`, the cache's copy included), then its turn's decode (every
+    # step from the first argmax on); each region ends at a device synchronization.
+    timing = {"prefill_tokens": 0, "prefill_seconds": 0.0, "generated_tokens": 0, "decode_seconds": 0.0}
     with torch.inference_mode():
         for i, prompt in enumerate(turns["prompts"]):
+            r.synchronize()
+            t0 = time.perf_counter()
+            before = state.prefilled
             cache, logits = state.prefill(prompt)
+            r.synchronize()
+            t1 = time.perf_counter()
             tokens, stop = greedy(torch, model, cache, logits, turns)
+            r.synchronize()
+            t2 = time.perf_counter()
+            timing["prefill_tokens"] += state.prefilled - before
+            timing["prefill_seconds"] += t1 - t0
+            timing["generated_tokens"] += len(tokens)
+            timing["decode_seconds"] += t2 - t1
             out.append({"tokens": tokens, "stop": stop})
             progress(f"generating {who}'s turns {i + 1}/{total}")
     state.cache = state.snapshot = None
@@ -171,6 +186,7 @@ def generate_turns(r, model, spec, who):
             "prefilled_tokens": state.prefilled,
         },
         "seconds": seconds,
+        "timing": timing,
         "turns": out,
     }
 
