@@ -18,9 +18,12 @@ interleaved:
   measurement's `prompt_tokens`), then `model.generate(ids, max_new_tokens=N, do_sample=False,
   eos_token_id=the measurement's stop ids)` with the dtype and attention implementation the lane
   recorded (`turns.generated_by`), the model loaded once and warmed up by one untimed pass over
-  every prompt. Its prefill is a `max_new_tokens=1` call on the same prompt, its decode the full
-  call less that (every generated token, the first included, over the steps after the prefill:
-  the lane's own count), each timed with a synchronization. `generate` prefills every prompt
+  every prompt. Its prefill is a `max_new_tokens=1` call on the same prompt (the mean of one
+  before the whole turn and one after), its decode the full call less that (every generated
+  token, the first included, over the steps after the prefill: the lane's own count), each timed
+  with a synchronization. The difference is only as good as the prefill's run-to-run spread
+  allows (on a shared 2-core CPU about 0.1 s for a prompt of 1,000 tokens): use turns of at
+  least 32 tokens there. `generate` prefills every prompt
   whole; the lane reuses the previous prompt's cache (`prefix_reuse`), so its prefill tokens are
   fewer: the table gives both rates, per token each ran.
 
@@ -385,8 +388,12 @@ class Peer:
         timing = {"prefill_tokens": 0, "prefill_seconds": 0.0, "generated_tokens": 0, "decode_seconds": 0.0}
         tokens = []
         for ids in prompts:
-            _, first = self.generate(ids, 1, stops)
+            # The prefill: the mean of a max_new_tokens=1 call before the whole turn and one
+            # after, so the prefill's run-to-run spread weighs half as much in the difference.
+            _, before = self.generate(ids, 1, stops)
             got, whole = self.generate(ids, max_new, stops)
+            _, after = self.generate(ids, 1, stops)
+            first = (before + after) / 2
             timing["prefill_tokens"] += len(ids)
             timing["prefill_seconds"] += first
             timing["generated_tokens"] += len(got)
@@ -455,6 +462,31 @@ def environment(a):
     return env
 
 
+def summary(runs, models, equal, n_turns):
+    """Per model, the medians over the repeats so far."""
+    med = statistics.median
+    table = []
+    for side in models:
+        row = {"model": side, "path": models[side]}
+        for who in ("lane", "generate"):
+            rs = [r[who][side] for r in runs]
+            row[f"{who}_decode_tok_s"] = med(rate(x, "generated_tokens", "decode_seconds") for x in rs)
+            row[f"{who}_prefill_tok_s"] = med(rate(x, "prefill_tokens", "prefill_seconds") for x in rs)
+            row[f"{who}_prefill_tokens"] = rs[0]["prefill_tokens"]
+            row[f"{who}_generated_tokens"] = med(x["generated_tokens"] for x in rs)
+            row[f"{who}_decode_seconds"] = med(x["decode_seconds"] for x in rs)
+            row[f"{who}_prefill_seconds"] = med(x["prefill_seconds"] for x in rs)
+        # How many times slower the lane decodes: its time per token over generate's, per
+        # repeat (the two ran one after the other), then the median.
+        row["lane_over_generate_decode_time"] = med(
+            rate(r["generate"][side], "generated_tokens", "decode_seconds") / rate(r["lane"][side], "generated_tokens", "decode_seconds")
+            for r in runs)
+        row["equal_turns"] = min(equal[side])
+        row["turns"] = n_turns
+        table.append(row)
+    return table
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cardproof", default=os.path.join(REPO, "target/release/cardproof"))
@@ -517,9 +549,19 @@ def main():
         log(f"loading {path} for generate")
         peers[path] = Peer(a, path, used)
 
+    env = environment(a)
     runs = []
     prompts = stops = None
     equal = {}
+
+    def write(complete):
+        # After every repeat, so a run stopped by a time limit leaves what it measured.
+        doc = {"args": vars(a), "made": made, "environment": env, "prompt_tokens": [len(p) for p in prompts],
+               "stop_ids": stops, "lane_command": cmd, "complete": complete, "runs": runs,
+               "medians": summary(runs, models, equal, len(prompts))}
+        with open(a.out, "w") as f:
+            json.dump(doc, f, indent=1)
+
     for i in range(a.repeats):
         log(f"repeat {i + 1}/{a.repeats}: the lane")
         load = [os.getloadavg()[0]]
@@ -563,33 +605,14 @@ def main():
                         n = next((j for j, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
                         log(f"repeat {i + 1}, {side}, turn {k + 1}: the lane and generate differ from token {n + 1} (lane {x[n:n + 4]}, generate {y[n:n + 4]})")
         runs.append(run)
+        write(i + 1 == a.repeats)
+        for side in models:
+            x, y = run["lane"][side], run["generate"][side]
+            log(f"repeat {i + 1}, {side}: decode tok/s lane {rate(x, 'generated_tokens', 'decode_seconds'):.1f}, "
+                f"generate {rate(y, 'generated_tokens', 'decode_seconds'):.1f}; prefill tok/s lane "
+                f"{rate(x, 'prefill_tokens', 'prefill_seconds'):.0f}, generate {rate(y, 'prefill_tokens', 'prefill_seconds'):.0f}")
 
-    med = statistics.median
-    table = []
-    for side in models:
-        row = {"model": side, "path": models[side]}
-        for who in ("lane", "generate"):
-            rs = [r[who][side] for r in runs]
-            row[f"{who}_decode_tok_s"] = med(rate(x, "generated_tokens", "decode_seconds") for x in rs)
-            row[f"{who}_prefill_tok_s"] = med(rate(x, "prefill_tokens", "prefill_seconds") for x in rs)
-            row[f"{who}_prefill_tokens"] = rs[0]["prefill_tokens"]
-            row[f"{who}_generated_tokens"] = med(x["generated_tokens"] for x in rs)
-            row[f"{who}_decode_seconds"] = med(x["decode_seconds"] for x in rs)
-            row[f"{who}_prefill_seconds"] = med(x["prefill_seconds"] for x in rs)
-        # How many times slower the lane decodes: its time per token over generate's.
-        row["lane_over_generate_decode_time"] = med(
-            rate(r["generate"][side], "generated_tokens", "decode_seconds") / rate(r["lane"][side], "generated_tokens", "decode_seconds")
-            for r in runs)
-        row["equal_turns"] = min(equal[side])
-        row["turns"] = len(prompts)
-        table.append(row)
-
-    env = environment(a)
-    doc = {"args": vars(a), "made": made, "environment": env, "prompt_tokens": [len(p) for p in prompts],
-           "stop_ids": stops, "lane_command": cmd, "runs": runs, "medians": table}
-    with open(a.out, "w") as f:
-        json.dump(doc, f, indent=1)
-
+    table = summary(runs, models, equal, len(prompts))
     where = env.get("gpu") or f"CPU, {env['threads']} threads"
     print(f"\n{os.path.basename(a.reference)}"
           + (f" / {os.path.basename(a.candidate)}" if a.candidate != a.reference else "")
