@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::runner::native::generate::{Generated, Stop};
+use crate::runner::native::generate::{Generated, GenerationTiming, Stop};
 
 /// `request.json`: what to run.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -185,6 +185,11 @@ pub struct RecordTurns {
 pub struct RecordTurnSet {
     pub engine: TurnEngine,
     pub seconds: f64,
+    /// Where the time went: the prompts' prefill (tokens run, seconds) and the turns' decode
+    /// (tokens generated, seconds), each region timed to a device synchronization (absent: a
+    /// runner program older than the field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing: Option<GenerationTiming>,
     pub turns: Vec<RecordTurn>,
 }
 
@@ -242,7 +247,8 @@ impl RecordTurnSet {
     /// The turns as generated, checked against `ask`: one per prompt, every id one of the
     /// `used` tokens, no turn over the budget, each stop reason what its tokens show (a stop
     /// token last and nowhere before it; `max_tokens` exactly at the budget), the prefill count
-    /// no more than the prompts hold. `Err` says which turn and what is wrong.
+    /// no more than the prompts hold, the timing's counts the engine's prefill and the turns'
+    /// tokens, its seconds finite and not negative. `Err` says which turn and what is wrong.
     pub fn checked(self, ask: &TurnAsk) -> Result<(Vec<Generated>, TurnEngine), String> {
         if self.turns.len() != ask.prompts.len() {
             return Err(format!(
@@ -260,6 +266,29 @@ impl RecordTurnSet {
         }
         if !(self.seconds.is_finite() && self.seconds >= 0.0) {
             return Err(format!("the turns took {} seconds", self.seconds));
+        }
+        if let Some(t) = &self.timing {
+            let generated: usize = self.turns.iter().map(|t| t.tokens.len()).sum();
+            if t.prefill_tokens as u64 != self.engine.prefilled_tokens {
+                return Err(format!(
+                    "timing.prefill_tokens {} is not engine.prefilled_tokens {}",
+                    t.prefill_tokens, self.engine.prefilled_tokens
+                ));
+            }
+            if t.generated_tokens != generated {
+                return Err(format!(
+                    "timing.generated_tokens {} is not the {generated} tokens of the turns",
+                    t.generated_tokens
+                ));
+            }
+            for (name, v) in [
+                ("prefill_seconds", t.prefill_seconds),
+                ("decode_seconds", t.decode_seconds),
+            ] {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(format!("timing.{name} is {v}"));
+                }
+            }
         }
         let generated = self
             .turns
@@ -678,6 +707,34 @@ mod tests {
         let mut nan = answer(serde_json::json!([ok, ok]));
         nan.seconds = f64::NAN;
         assert!(nan.checked(&ask()).is_err());
+        // A timing whose counts are not the engine's and the turns', or whose seconds are not
+        // a duration.
+        let timed = |prefill: usize, generated: usize, seconds: f64| {
+            let mut set = answer(serde_json::json!([ok, ok]));
+            set.timing = Some(GenerationTiming {
+                prefill_tokens: prefill,
+                prefill_seconds: 0.5,
+                generated_tokens: generated,
+                decode_seconds: seconds,
+            });
+            set.checked(&ask())
+        };
+        assert!(timed(5, 2, 0.25).is_ok());
+        for (bad, message) in [
+            (
+                timed(4, 2, 0.25),
+                "timing.prefill_tokens 4 is not engine.prefilled_tokens 5",
+            ),
+            (
+                timed(5, 3, 0.25),
+                "timing.generated_tokens 3 is not the 2 tokens",
+            ),
+            (timed(5, 2, -1.0), "timing.decode_seconds is -1"),
+            (timed(5, 2, f64::INFINITY), "timing.decode_seconds is inf"),
+        ] {
+            let e = bad.unwrap_err();
+            assert!(e.contains(message), "{e}");
+        }
         // What serde refuses names its field: a negative id, an unknown stop reason.
         for bad in [
             serde_json::json!({"tokens": [-1], "stop": "max_tokens"}),

@@ -28,7 +28,7 @@ use crate::runner::exchange::{
     GateNumbers, RecordTurnSet, RequestDump, RequestModel, RequestModels, RequestRun, RequestTurns,
     RunnerEnvironment, RunnerRecord, RunnerRequest, TurnAsk, TurnEngine,
 };
-use crate::runner::native::generate::Generated;
+use crate::runner::native::generate::{Generated, GenerationTiming};
 
 /// The program, as shipped: the package's files (path under the package's parent directory,
 /// content), written next to the request so an installed binary needs no source tree, and
@@ -244,6 +244,8 @@ pub struct TurnSet {
     pub generated: Vec<Generated>,
     pub engine: TurnEngine,
     pub seconds: f64,
+    /// Where the time went (prefill and decode), where the runner program measured it.
+    pub timing: Option<GenerationTiming>,
 }
 
 impl TurnSet {
@@ -265,7 +267,7 @@ impl TurnSet {
                 "the transformers runner answered no generated turns for this model (an older runner program?)",
             ));
         };
-        let seconds = set.seconds;
+        let (seconds, timing) = (set.seconds, set.timing);
         let (generated, engine) = set.checked(ask).map_err(|e| {
             Error::runner(
                 model,
@@ -276,6 +278,7 @@ impl TurnSet {
             generated,
             engine,
             seconds,
+            timing,
         })
     }
 }

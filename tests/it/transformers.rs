@@ -500,9 +500,11 @@ def save(path, cols):
 
 /// A stand-in runner that answers any request with well-formed rows (KL 0 on every row
 /// asked) and, for `turns`, every prompt's turn as `max_new_tokens` copies of a token that is no
-/// stop; `CARDPROOF_TURN_FAULT` spoils the candidate's: `count` (a turn missing), `id` (an id
-/// outside the vocabulary), `long` (a turn over the budget). It keeps the request it was given
-/// as `seen.json` beside itself.
+/// stop, the reference's with its timing (the candidate's without, as an older runner program
+/// answers); `CARDPROOF_TURN_FAULT` spoils the candidate's: `count` (a turn missing), `id` (an id
+/// outside the vocabulary), `long` (a turn over the budget), `timing` (a timing that counts
+/// other tokens than its turns hold). It keeps the request it was given as `seen.json` beside
+/// itself.
 const TURNS_STAND_IN: &str = r#"
 import shutil
 shutil.copy(sys.argv[1], os.path.join(os.path.dirname(os.path.abspath(__file__)), 'seen.json'))
@@ -533,16 +535,24 @@ elif fault == 'id':
     candidate[1]['tokens'][0] = t['used']
 elif fault == 'long':
     candidate[0]['tokens'].append(token)
+def timing(generated):
+    return {'prefill_tokens': engine['prefilled_tokens'], 'prefill_seconds': 0.5,
+            'generated_tokens': generated, 'decode_seconds': 0.25}
+cand = {'engine': engine, 'seconds': 0.0, 'turns': candidate}
+if fault == 'timing':
+    cand['timing'] = timing(1)
 answer({'protocol': 1, 'ok': True, 'runs': runs, 'environment': {}, 'gates': None,
-        'turns': {'reference': {'engine': engine, 'seconds': 0.0, 'turns': turns()},
-                  'candidate': {'engine': engine, 'seconds': 0.0, 'turns': candidate}}})
+        'turns': {'reference': {'engine': engine, 'seconds': 0.0, 'turns': turns(),
+                                'timing': timing(t['max_new_tokens'] * len(t['prompt_lengths']))},
+                  'candidate': cand}})
 "#;
 
 /// `--turns` in the transformers lane through a stand-in runner: the request carries every
 /// turn's prompt, the stop ids, the budget and the vocabulary; the answer's turns are recorded
-/// with the engine that generated them; and an answer whose turns are malformed (a turn
-/// missing, an id outside the vocabulary, a turn over the budget) is an error naming the turn
-/// and the fault, with no measurement written.
+/// with the engine that generated them, and each model's timing where the runner measured it;
+/// and an answer whose turns are malformed (a turn missing, an id outside the vocabulary, a turn
+/// over the budget, a timing of other tokens) is an error naming the turn and the fault, with no
+/// measurement written.
 #[test]
 fn the_transformers_lane_asks_for_turns_and_checks_every_turn_it_gets_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -574,6 +584,14 @@ fn the_transformers_lane_asks_for_turns_and_checks_every_turn_it_gets_back() {
     assert_eq!(t["generated_by"]["runner"], "transformers", "{t}");
     assert_eq!(t["generated_by"]["candidate"]["prefix_reuse"], "crop");
     assert_eq!(t["summary"]["turn_match"]["value"], 1.0, "{t}");
+    let timing = &t["timings"]["reference"];
+    assert_eq!(timing["generated_tokens"], 15, "{t}");
+    assert_eq!(timing["decode_seconds"], 0.25, "{t}");
+    assert_eq!(
+        timing["prefill_tokens"],
+        t["generated_by"]["reference"]["prefilled_tokens"]
+    );
+    assert!(t["timings"].get("candidate").is_none(), "{t}");
     let seen: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("seen.json")).unwrap()).unwrap();
     let asked = &seen["turns"];
@@ -600,6 +618,10 @@ fn the_transformers_lane_asks_for_turns_and_checks_every_turn_it_gets_back() {
             "turn 2: token 1 is id 2048, outside the 2048 token ids of the vocabulary",
         ),
         ("long", "turn 1: 4 tokens, over max_new_tokens 3"),
+        (
+            "timing",
+            "timing.generated_tokens 1 is not the 15 tokens of the turns",
+        ),
     ] {
         let r = measure(fault, fault);
         assert_eq!(r.code, 2, "{fault}: {}", r.stderr);
@@ -1570,6 +1592,21 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         let last = ours["turns"].as_array().unwrap().last().unwrap()["prompt_tokens"].clone();
         for side in ["reference", "candidate"] {
             assert_eq!(by[side]["prefilled_tokens"], last, "{side}: {by}");
+            // The runner times each model's prefill and decode, as the native runner does.
+            let timing = &ours["timings"][side];
+            assert_eq!(timing["prefill_tokens"], last, "{side}: {timing}");
+            let generated: usize = ours["turns"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t[side]["ids"].as_array().unwrap().len())
+                .sum();
+            assert_eq!(timing["generated_tokens"], generated, "{side}: {timing}");
+            assert!(timing["decode_seconds"].as_f64().unwrap() > 0.0, "{timing}");
+            assert!(
+                timing["prefill_seconds"].as_f64().unwrap() > 0.0,
+                "{timing}"
+            );
         }
         assert_eq!(ours["summary"], native["summary"]);
 

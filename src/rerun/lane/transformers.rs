@@ -214,8 +214,8 @@ impl CandidateRunner for TransformersCandidates<'_> {
             reference_seconds: (arms.pass == Pass::Kept)
                 .then(|| (total_seconds - arm_seconds - turn_seconds).max(0.0)),
             arms: scored,
+            reference_turns_timing: answers.reference_turns.as_ref().and_then(|t| t.timing),
             reference_turns: answers.reference_turns.map(|t| t.generated),
-            reference_turns_timing: None,
         })
     }
 }
@@ -385,9 +385,9 @@ impl Shared<'_> {
             _ => None,
         };
         Ok(Scored {
+            turns_timing: answer.turns.as_ref().and_then(|t| t.timing),
             turns: answer.turns.map(|t| t.generated),
             turns_generated_by,
-            turns_timing: None,
             scoring,
             options: self.options.clone(),
             reference: self.reference.clone(),
