@@ -11,6 +11,8 @@ use crate::checkpoint::mmap::MappedBytes;
 
 /// Values per block of both types.
 pub(super) const BLOCK: usize = 32;
+/// Rows per group of the [`Grouped`] layout: one AVX2 register's lanes.
+pub(super) const GROUP: usize = 8;
 
 /// The block types read in place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +29,14 @@ impl BlockType {
         match self {
             BlockType::Q8_0 => 34,
             BlockType::Q4_0 => 18,
+        }
+    }
+
+    /// Code bytes of one block of one row (after the scale).
+    pub(super) fn code_bytes(self) -> usize {
+        match self {
+            BlockType::Q8_0 => BLOCK,
+            BlockType::Q4_0 => BLOCK / 2,
         }
     }
 
@@ -60,6 +70,49 @@ pub struct PackedRows {
     pub(super) cols: usize,
     bytes: MappedBytes,
     order: Option<Vec<u32>>,
+    /// The whole groups of eight rows regrouped for the SIMD product (absent: fewer than eight
+    /// rows).
+    pub(super) grouped: Option<std::sync::Arc<Grouped>>,
+}
+
+/// The rows' blocks regrouped so that one load serves eight rows: rows in groups of [`GROUP`]
+/// (Hugging Face order; the rows after the last whole group are not here), each group's blocks
+/// in depth order; a group's block is its eight rows' codes side by side per code byte (for
+/// Q8_0 byte `i` is depth `i`; for Q4_0 byte `i` holds depth `i` in its low nibble and `i + 16`
+/// in its high one, as the file's bytes do), and its eight scales as f32 (exact: f16 to f32).
+/// A decode step then reads each weight once, in order, with no transpose.
+#[derive(Debug)]
+pub(super) struct Grouped {
+    /// `[group][block][code byte][row of the group]`.
+    pub(super) codes: Vec<u8>,
+    /// `[group][block][row of the group]`.
+    pub(super) scales: Vec<f32>,
+}
+
+impl Grouped {
+    /// Rows `0..rows / GROUP * GROUP` of `packed`, regrouped.
+    fn new(packed: &PackedRows) -> Grouped {
+        let (ty, blocks) = (packed.ty, packed.cols / BLOCK);
+        let (size, code) = (ty.block_bytes(), ty.code_bytes());
+        let groups = packed.rows / GROUP;
+        let mut codes = vec![0u8; groups * blocks * code * GROUP];
+        let mut scales = vec![0f32; groups * blocks * GROUP];
+        for g in 0..groups {
+            for r in 0..GROUP {
+                let row = packed.row(g * GROUP + r);
+                for b in 0..blocks {
+                    let block = &row[b * size..(b + 1) * size];
+                    let at = g * blocks + b;
+                    scales[at * GROUP + r] =
+                        f16::from_bits(u16::from_le_bytes([block[0], block[1]])).to_f32();
+                    for (i, &q) in block[2..].iter().enumerate() {
+                        codes[(at * code + i) * GROUP + r] = q;
+                    }
+                }
+            }
+        }
+        Grouped { codes, scales }
+    }
 }
 
 impl PackedRows {
@@ -88,13 +141,18 @@ impl PackedRows {
                 return None;
             }
         }
-        Some(PackedRows {
+        let mut packed = PackedRows {
             ty,
             rows,
             cols,
             bytes,
             order,
-        })
+            grouped: None,
+        };
+        if rows >= GROUP {
+            packed.grouped = Some(std::sync::Arc::new(Grouped::new(&packed)));
+        }
+        Some(packed)
     }
 
     /// Row `r`'s bytes (Hugging Face order).
@@ -207,7 +265,7 @@ mod tests {
     #[test]
     fn the_packed_product_is_the_f32_products_bits() {
         for ty in [BlockType::Q8_0, BlockType::Q4_0] {
-            for (n, k) in [(8, 64), (37, 256), (200, 576), (96, 800)] {
+            for (n, k) in [(8, 64), (37, 256), (200, 576), (96, 800), (40, 1568)] {
                 let bytes = blocks(ty, n, k, n as u64 + k as u64);
                 let stored =
                     crate::runner::native::gguf::dequantize_bytes(ggml(ty), &bytes, &[n, k])
@@ -263,30 +321,40 @@ mod tests {
         values(k, 9)
     }
 
+    /// The grouped layout holds every whole group's weights where the SIMD tile reads them:
+    /// code byte `i` of a group's block, lane `r`, is row `r`'s (depth `i`, or depths `i` and
+    /// `i + 16` for Q4_0), its scale the row's block's, in permuted order too.
     #[test]
-    fn staged_simd_chains_are_the_scalar_chains() {
-        let mut staging = [[0f32; BLOCK]; crate::runner::native::row_product::TILE];
-        for (r, row) in staging.iter_mut().enumerate() {
-            row.copy_from_slice(&values(BLOCK, r as u32 + 3));
-        }
-        let x = values(BLOCK, 17);
-        for (at, len) in [(0, 32), (5, 27), (3, 9), (31, 1), (7, 0)] {
-            let acc: [f32; crate::runner::native::row_product::TILE] = std::array::from_fn(|i| {
-                [0.5f32, -1.0, 0.0, 2.0, 3.0, -0.25, 1e-3, 7.0][i % 8] * (1 + i / 8) as f32
-            });
-            let simd =
-                crate::runner::native::row_product::staged_chains(acc, &x[..len], &staging, at);
-            let scalar = crate::runner::native::row_product::scalar_staged_chains(
-                acc,
-                &x[..len],
-                &staging,
-                at,
-            );
-            assert_eq!(
-                simd.map(f32::to_bits),
-                scalar.map(f32::to_bits),
-                "at {at}, len {len}"
-            );
+    fn grouped_codes_are_the_rows_weights() {
+        for ty in [BlockType::Q8_0, BlockType::Q4_0] {
+            let (n, k) = (21, 96);
+            let bytes = blocks(ty, n, k, 11);
+            let (_dir, view) = mapped(&bytes);
+            let order: Vec<u32> = (0..n as u32).map(|r| (r * 5) % n as u32).collect();
+            let p = PackedRows::new(ty, n, k, view, Some(order)).unwrap();
+            let g = p.grouped.as_deref().unwrap();
+            let (blocks, code) = (k / BLOCK, ty.code_bytes());
+            assert_eq!(g.codes.len(), n / GROUP * blocks * code * GROUP);
+            for row in 0..n / GROUP * GROUP {
+                let want = p.dequantize_row(row);
+                let (group, r) = (row / GROUP, row % GROUP);
+                for t in 0..k {
+                    let (b, d) = (t / BLOCK, t % BLOCK);
+                    let at = group * blocks + b;
+                    let byte = g.codes[(at * code + d % code) * GROUP + r];
+                    let q = match ty {
+                        BlockType::Q8_0 => f32::from(byte as i8),
+                        BlockType::Q4_0 if d < 16 => f32::from(byte & 0x0F) - 8.0,
+                        BlockType::Q4_0 => f32::from(byte >> 4) - 8.0,
+                    };
+                    let got = q * g.scales[at * GROUP + r];
+                    assert_eq!(
+                        got.to_bits(),
+                        want[t].to_bits(),
+                        "{ty:?} row {row} depth {t}"
+                    );
+                }
+            }
         }
     }
 

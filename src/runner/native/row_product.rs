@@ -16,9 +16,9 @@ use rayon::prelude::*;
 
 use super::delta_rule::DeltaFloat;
 use super::matmul::MatRef;
-#[cfg(target_arch = "x86_64")]
-use super::packed::BlockType;
 use super::packed::{BLOCK, PackedRows};
+#[cfg(target_arch = "x86_64")]
+use super::packed::{BlockType, GROUP, Grouped};
 
 /// f32 lanes of one AVX2 register.
 const LANES: usize = 8;
@@ -176,9 +176,11 @@ pub(super) fn packed_row_times(dst: &mut [f32], x: &[f32], w: &PackedRows, threa
         .for_each(|(i, part)| packed_outputs(part, i * size, x, w, &cuts));
 }
 
-/// Outputs `from..from + dst.len()` of [`packed_row_times`]: eight rows at a time, each quant
-/// block of the eight dequantized into a staging tile that the lanes' chains read; the rows
-/// left over one at a time.
+/// Outputs `from..from + dst.len()` of [`packed_row_times`]: [`TILE`] rows at a time from the
+/// weight's [`super::packed::Grouped`] codes in SIMD lanes where the CPU has AVX2 and FMA (one
+/// load, conversion, scaling and fused multiply-add per eight weights), else each block of the
+/// tile's rows dequantized into a staging tile that scalar chains read; the rows left over one
+/// at a time.
 fn packed_outputs(
     dst: &mut [f32],
     from: usize,
@@ -186,23 +188,41 @@ fn packed_outputs(
     w: &PackedRows,
     cuts: &[(usize, usize)],
 ) {
-    let mut staging = [[0f32; BLOCK]; TILE];
     let mut j = 0;
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if let Some(grouped) = w.grouped.as_deref()
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+    {
         assert!(
-            from + dst.len() <= w.rows && x.len() == w.cols,
-            "a packed tile outside its weight"
+            x.len() == w.cols
+                && from.is_multiple_of(GROUP)
+                && grouped.codes.len()
+                    == w.rows / GROUP * (w.cols / BLOCK) * w.ty.code_bytes() * GROUP
+                && grouped.scales.len() == w.rows / GROUP * w.cols / BLOCK * GROUP
+                && cuts.iter().all(|&(s, d)| s + d <= w.cols),
+            "a grouped tile outside its weight"
         );
-        while j + TILE <= dst.len() {
-            // SAFETY: the CPU has AVX2 and FMA (checked above); rows `from + j..+ 8` exist and
-            // `x` has the weight's columns (asserted above); the cuts cover `0..cols`.
+        while from + j + TILE <= w.rows / GROUP * GROUP && j + TILE <= dst.len() {
+            // SAFETY: the CPU has AVX2 and FMA (checked above); the tile's groups
+            // `(from + j) / 8..+ 4` are whole groups of `grouped`, whose sizes match the
+            // weight's, `x` has the weight's columns and the cuts lie inside them (asserted).
             #[allow(unsafe_code)]
-            let tile = unsafe { avx2::packed_tile(w, from + j, x, cuts) };
+            let tile = unsafe {
+                match w.ty {
+                    BlockType::Q8_0 => {
+                        avx2::grouped_tile::<false>(grouped, w.cols, from + j, x, cuts)
+                    }
+                    BlockType::Q4_0 => {
+                        avx2::grouped_tile::<true>(grouped, w.cols, from + j, x, cuts)
+                    }
+                }
+            };
             dst[j..j + TILE].copy_from_slice(&tile);
             j += TILE;
         }
     }
+    let mut staging = [[0f32; BLOCK]; TILE];
     while j + TILE <= dst.len() {
         let mut total = [0f32; TILE];
         for (c, &(start, depth)) in cuts.iter().enumerate() {
@@ -238,31 +258,15 @@ fn packed_outputs(
     }
 }
 
-/// `acc` continued by the eight staged rows' chains over columns `at..at + x.len()`.
+/// `acc` continued by the staged rows' chains over columns `at..at + x.len()`, one lane at a
+/// time.
 pub(super) fn staged_chains(
-    acc: [f32; TILE],
-    x: &[f32],
-    staging: &[[f32; BLOCK]; TILE],
-    at: usize,
-) -> [f32; TILE] {
-    assert!(at + x.len() <= BLOCK, "a staged chain outside its block");
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX2 and FMA (checked above); each staging row has
-        // `BLOCK - at >= x.len()` values after `at` and `x` has `x.len()` (asserted above).
-        #[allow(unsafe_code)]
-        return unsafe { avx2::staged(acc, x.as_ptr(), staging, at, x.len()) };
-    }
-    scalar_staged_chains(acc, x, staging, at)
-}
-
-/// [`staged_chains`] one lane at a time: the same bits.
-pub(super) fn scalar_staged_chains(
     mut acc: [f32; TILE],
     x: &[f32],
     staging: &[[f32; BLOCK]; TILE],
     at: usize,
 ) -> [f32; TILE] {
+    assert!(at + x.len() <= BLOCK, "a staged chain outside its block");
     for (r, a) in acc.iter_mut().enumerate() {
         *a = x
             .iter()
@@ -280,13 +284,9 @@ pub(super) fn scalar_staged_chains(
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{BLOCK, BlockType, GROUPS, LANES, MatRef, PackedRows, TILE};
+    use super::{BLOCK, GROUP, GROUPS, Grouped, LANES, MatRef, TILE};
 
     type Rows = [[*const f32; LANES]; GROUPS];
-
-    /// Depths a packed tile dequantizes at a time (whole blocks): the tile's staging rows
-    /// (`TILE × SPAN` f32, 16 KiB) stay in the L1 cache while the chains read them.
-    const SPAN: usize = 4 * BLOCK;
 
     /// [`TILE`] outputs whose weights each lie along the depth (`rhs.rs == 1`, outputs `cs`
     /// apart), from zero.
@@ -374,139 +374,111 @@ mod avx2 {
         }
     }
 
-    /// `acc` (a tile's lanes) continued by the staged rows' chains over columns
-    /// `at..at + len` of the staging rows, against `x[0..len]`.
+    /// Outputs `j0..j0 + TILE` of [`super::packed_row_times`] from the weight's grouped codes
+    /// (`Q4`: Q4_0, else Q8_0): per depth cut, each block of the tile's four groups in depth
+    /// order, one broadcast of `x[t]` for the tile and, per group, one load of its eight codes
+    /// of depth `t`, their conversion, the scale's multiplication (an exact product: the values
+    /// of [`super::BlockType::dequantize`]) and one fused multiply-add; the cuts' sums added in
+    /// order.
     ///
     /// # Safety
-    /// The CPU has AVX2 and FMA; `at + len <= BLOCK`; `x` has `len` values.
+    /// The CPU has AVX2 and FMA; `j0` is a multiple of [`GROUP`] and groups `j0 / 8..+ 4` are
+    /// whole groups of `grouped`, a `cols`-deep weight's; `x` has `cols` values; the cuts lie
+    /// inside `0..cols`.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn staged(
-        acc: [f32; TILE],
-        x: *const f32,
-        staging: &[[f32; BLOCK]; TILE],
-        at: usize,
-        len: usize,
-    ) -> [f32; TILE] {
-        // SAFETY: as the caller vouches: each staging row has `len` values from `at`.
-        unsafe {
-            let mut rows: Rows = [[staging[0].as_ptr(); LANES]; GROUPS];
-            for (g, group) in rows.iter_mut().enumerate() {
-                for (r, p) in group.iter_mut().enumerate() {
-                    *p = staging[g * LANES + r].as_ptr().add(at);
-                }
-            }
-            let mut regs = [_mm256_setzero_ps(); GROUPS];
-            for (g, reg) in regs.iter_mut().enumerate() {
-                *reg = _mm256_loadu_ps(acc.as_ptr().add(g * LANES));
-            }
-            store(chains(regs, x, 1, &rows, 0, len))
-        }
-    }
-
-    /// Outputs `j0..j0 + TILE` of [`super::packed_row_times`]: per depth cut, [`SPAN`] depths at
-    /// a time, the tile's rows dequantized into a staging tile (the very values of
-    /// [`BlockType::dequantize`]: an exact product of the f16 scale and a small integer; each
-    /// row's blocks read in file order, so the tile's bytes stream in), then read by the lanes'
-    /// chains; the cuts' sums added in order.
-    ///
-    /// # Safety
-    /// The CPU has AVX2 and FMA; rows `j0..j0 + TILE` exist; `x` has the weight's `cols`
-    /// values; `cuts` cover depths inside them.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn packed_tile(
-        w: &PackedRows,
+    pub(super) unsafe fn grouped_tile<const Q4: bool>(
+        grouped: &Grouped,
+        cols: usize,
         j0: usize,
         x: &[f32],
         cuts: &[(usize, usize)],
     ) -> [f32; TILE] {
-        let size = w.ty.block_bytes();
-        let mut bytes: [&[u8]; TILE] = [&[]; TILE];
-        for (r, b) in bytes.iter_mut().enumerate() {
-            *b = w.row(j0 + r);
-        }
-        let mut staging = vec![[0f32; SPAN]; TILE];
+        let blocks = cols / BLOCK;
+        let code = if Q4 { BLOCK / 2 } else { BLOCK };
+        let g0 = j0 / GROUP;
         let mut total = [_mm256_setzero_ps(); GROUPS];
-        for (c, &(start, depth)) in cuts.iter().enumerate() {
-            let end = start + depth;
-            assert!(
-                end <= x.len() && end <= w.cols,
-                "a depth cut outside the row"
-            );
-            let mut acc = [_mm256_setzero_ps(); GROUPS];
-            let mut t = start;
-            while t < end {
-                // The whole blocks covering `t..stop`, at most SPAN values of each row.
-                let first = t / BLOCK;
-                let stop = end.min(first * BLOCK + SPAN);
-                let last = stop.div_ceil(BLOCK);
-                for (row, out) in bytes.iter().zip(staging.iter_mut()) {
-                    for (i, b) in (first..last).enumerate() {
-                        let block: &mut [f32; BLOCK] = (&mut out[i * BLOCK..(i + 1) * BLOCK])
-                            .try_into()
-                            .expect("a staging block of BLOCK values");
-                        dequantize(w.ty, &row[b * size..(b + 1) * size], block);
+        // SAFETY: every group-block read below is one of the tile's groups' `blocks` blocks
+        // (`b < blocks` as `t < cols`), inside `codes` and `scales` as the caller vouches; `x`
+        // is read at `t < cols`.
+        unsafe {
+            for (c, &(start, depth)) in cuts.iter().enumerate() {
+                let mut acc = [_mm256_setzero_ps(); GROUPS];
+                let mut t = start;
+                while t < start + depth {
+                    let b = t / BLOCK;
+                    let (from, to) = (t - b * BLOCK, (start + depth - b * BLOCK).min(BLOCK));
+                    let mut codes = [grouped.codes.as_ptr(); GROUPS];
+                    let mut scales = [_mm256_setzero_ps(); GROUPS];
+                    for g in 0..GROUPS {
+                        let at = (g0 + g) * blocks + b;
+                        codes[g] = grouped.codes.as_ptr().add(at * code * GROUP);
+                        scales[g] = _mm256_loadu_ps(grouped.scales.as_ptr().add(at * GROUP));
                     }
-                }
-                let at = t - first * BLOCK;
-                let mut rows: Rows = [[staging[0].as_ptr(); LANES]; GROUPS];
-                for (g, group) in rows.iter_mut().enumerate() {
-                    for (r, p) in group.iter_mut().enumerate() {
-                        // SAFETY: `at < BLOCK <= SPAN`, inside the staging row.
-                        *p = unsafe { staging[g * LANES + r].as_ptr().add(at) };
+                    let xb = x.as_ptr().add(b * BLOCK);
+                    if from == 0 && to == BLOCK {
+                        // A whole block, its depths in order (Q4_0: the low nibbles' 16, then
+                        // the high ones').
+                        for d in 0..BLOCK / 2 {
+                            acc = depth_step::<Q4>(acc, xb, &codes, &scales, d);
+                        }
+                        for d in BLOCK / 2..BLOCK {
+                            acc = depth_step::<Q4>(acc, xb, &codes, &scales, d);
+                        }
+                    } else {
+                        for d in from..to {
+                            acc = depth_step::<Q4>(acc, xb, &codes, &scales, d);
+                        }
                     }
+                    t = b * BLOCK + to;
                 }
-                // SAFETY: each staging row has `SPAN - at >= stop - t` values after `at`, and
-                // `x[t..stop]` lies inside `x` (asserted above).
-                acc = unsafe { chains(acc, x.as_ptr().add(t), 1, &rows, 0, stop - t) };
-                t = stop;
-            }
-            for g in 0..GROUPS {
-                total[g] = if c == 0 {
-                    acc[g]
-                } else {
-                    _mm256_add_ps(acc[g], total[g])
-                };
+                for g in 0..GROUPS {
+                    total[g] = if c == 0 {
+                        acc[g]
+                    } else {
+                        _mm256_add_ps(acc[g], total[g])
+                    };
+                }
             }
         }
         store(total)
     }
 
-    /// One block's 32 values ([`BlockType::dequantize`]'s, eight lanes at a time).
+    /// The tile's chains one depth `d` of a block further: `xb[d]` times each group's eight
+    /// weights of depth `d` (codes converted, times the group's scales), fused into `acc`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `d < BLOCK`; `xb[d]` is readable, and each `codes[g]` points
+    /// at a group's block of grouped codes.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    fn dequantize(ty: BlockType, b: &[u8], out: &mut [f32; BLOCK]) {
-        assert!(b.len() == ty.block_bytes(), "a block of the wrong size");
-        let d = _mm256_set1_ps(half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32());
-        let o = out.as_mut_ptr();
-        // SAFETY: the block holds `block_bytes` bytes (asserted): 2 of scale, then 16 (Q4_0) or
-        // 32 (Q8_0) of codes, the reads below; `out` holds 32 values, the writes.
+    unsafe fn depth_step<const Q4: bool>(
+        mut acc: [__m256; GROUPS],
+        xb: *const f32,
+        codes: &[*const u8; GROUPS],
+        scales: &[__m256; GROUPS],
+        d: usize,
+    ) -> [__m256; GROUPS] {
+        // SAFETY: as the caller vouches; a code byte index `d` (Q8_0) or `d % 16` (Q4_0) is
+        // inside the group's block of `code * GROUP` bytes.
         unsafe {
-            match ty {
-                BlockType::Q4_0 => {
-                    let qs = _mm_loadu_si128(b.as_ptr().add(2).cast());
-                    let mask = _mm_set1_epi8(0x0F);
-                    let low = _mm_and_si128(qs, mask);
-                    let high = _mm_and_si128(_mm_srli_epi16::<4>(qs), mask);
-                    let eight = _mm256_set1_ps(8.0);
-                    let parts = [
-                        low,
-                        _mm_srli_si128::<8>(low),
-                        high,
-                        _mm_srli_si128::<8>(high),
-                    ];
-                    for (i, part) in parts.into_iter().enumerate() {
-                        let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part));
-                        _mm256_storeu_ps(o.add(8 * i), _mm256_mul_ps(_mm256_sub_ps(q, eight), d));
-                    }
-                }
-                BlockType::Q8_0 => {
-                    for i in 0..4 {
-                        let part = _mm_loadl_epi64(b.as_ptr().add(2 + 8 * i).cast());
-                        let q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part));
-                        _mm256_storeu_ps(o.add(8 * i), _mm256_mul_ps(q, d));
-                    }
-                }
+            let xt = _mm256_set1_ps(*xb.add(d));
+            for g in 0..GROUPS {
+                let q = if Q4 {
+                    let bytes = _mm_loadl_epi64(codes[g].add((d % 16) * GROUP).cast());
+                    let wide = _mm256_cvtepu8_epi32(bytes);
+                    let nibble = if d < 16 {
+                        _mm256_and_si256(wide, _mm256_set1_epi32(0x0F))
+                    } else {
+                        _mm256_srli_epi32::<4>(wide)
+                    };
+                    _mm256_sub_epi32(nibble, _mm256_set1_epi32(8))
+                } else {
+                    _mm256_cvtepi8_epi32(_mm_loadl_epi64(codes[g].add(d * GROUP).cast()))
+                };
+                let weights = _mm256_mul_ps(_mm256_cvtepi32_ps(q), scales[g]);
+                acc[g] = _mm256_fmadd_ps(xt, weights, acc[g]);
             }
+            acc
         }
     }
 
