@@ -6,12 +6,12 @@
 //! the ones candle's path gave; the unit tests hold them to it.
 
 use std::ops::Deref;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use candle_core::{DType, Device, Tensor};
 
 use super::delta_rule::DeltaFloat;
-use super::packed::PackedRows;
+use super::packed::{GroupedValues, PackedRows};
 use crate::checkpoint::mmap::MappedF32;
 
 /// A tensor's f32 values: owned (dequantized or converted), or in place in the mapped file.
@@ -57,6 +57,10 @@ pub(super) struct F32Matrix {
     /// The same values as the file's blocks, which a one-row product reads instead (a fraction
     /// of the bytes; the same bits).
     packed: Option<PackedRows>,
+    /// Without blocks, the values regrouped for one-row products (no transposes; bf16 values
+    /// in half the bytes), made at the first one-row product: a scoring run that never decodes
+    /// never holds the second copy.
+    grouped: OnceLock<GroupedValues>,
 }
 
 impl F32Matrix {
@@ -67,6 +71,7 @@ impl F32Matrix {
             cols,
             values,
             packed: None,
+            grouped: OnceLock::new(),
         })
     }
 
@@ -150,6 +155,18 @@ impl F32Matrix {
             match &self.packed {
                 Some(p) if m == 1 => {
                     super::row_product::packed_row_times(out, lhs, p, rayon::current_num_threads())
+                }
+                None if m == 1 && self.rows >= super::row_product::TILE => {
+                    let grouped = self
+                        .grouped
+                        .get_or_init(|| GroupedValues::new(&self.values, self.rows, self.cols));
+                    super::row_product::grouped_row_times(
+                        out,
+                        lhs,
+                        &self.values,
+                        grouped,
+                        rayon::current_num_threads(),
+                    )
                 }
                 _ => x_wt(lhs, m, k, &self.values, self.rows, out),
             }

@@ -115,6 +115,46 @@ impl Grouped {
     }
 }
 
+/// An f32 weight's whole groups of [`GROUP`] rows regrouped as [`Grouped`] regroups blocks,
+/// for the same SIMD product: `[group][depth][row of the group]`. Values that are all bf16
+/// (the low 16 bits of every f32 zero: a bf16 checkpoint's, or an F32 file made from one) are
+/// kept as those 16 bits, half the bytes a step reads, widened exactly by a shift.
+#[derive(Debug)]
+pub(super) enum GroupedValues {
+    F32(Vec<f32>),
+    Bf16(Vec<u16>),
+}
+
+impl GroupedValues {
+    /// Rows `0..rows / GROUP * GROUP` of the row-major `[rows, cols]` `values`, regrouped.
+    pub(super) fn new(values: &[f32], rows: usize, cols: usize) -> GroupedValues {
+        let whole = rows / GROUP * GROUP * cols;
+        fn regroup<T>(values: &[f32], rows: usize, cols: usize, f: impl Fn(f32) -> T) -> Vec<T> {
+            let mut out = Vec::with_capacity(rows / GROUP * GROUP * cols);
+            for g in 0..rows / GROUP {
+                let group = &values[g * GROUP * cols..(g + 1) * GROUP * cols];
+                for t in 0..cols {
+                    out.extend((0..GROUP).map(|r| f(group[r * cols + t])));
+                }
+            }
+            out
+        }
+        if values[..whole].iter().all(|v| v.to_bits() & 0xFFFF == 0) {
+            GroupedValues::Bf16(regroup(values, rows, cols, |v| (v.to_bits() >> 16) as u16))
+        } else {
+            GroupedValues::F32(regroup(values, rows, cols, |v| v))
+        }
+    }
+
+    /// Values held (the whole groups' `rows × cols`).
+    pub(super) fn len(&self) -> usize {
+        match self {
+            GroupedValues::F32(v) => v.len(),
+            GroupedValues::Bf16(v) => v.len(),
+        }
+    }
+}
+
 impl PackedRows {
     /// `None` unless `bytes` holds exactly `rows` rows of `cols / 32` whole blocks and `order`
     /// (where given) is a permutation of the rows.

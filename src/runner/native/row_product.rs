@@ -16,9 +16,9 @@ use rayon::prelude::*;
 
 use super::delta_rule::DeltaFloat;
 use super::matmul::MatRef;
-use super::packed::{BLOCK, PackedRows};
+use super::packed::{BLOCK, GROUP, GroupedValues, PackedRows};
 #[cfg(target_arch = "x86_64")]
-use super::packed::{BlockType, GROUP, Grouped};
+use super::packed::{BlockType, Grouped};
 
 /// f32 lanes of one AVX2 register.
 const LANES: usize = 8;
@@ -156,24 +156,108 @@ pub(super) fn packed_row_times(dst: &mut [f32], x: &[f32], w: &PackedRows, threa
         x.len(),
         dst.len()
     );
-    let cuts: Vec<(usize, usize)> = if k > super::matmul::DEPTH_BLOCK {
+    let cuts = depth_cuts(k);
+    split_outputs(&mut dst[..n], k, threads, |part, from| {
+        packed_outputs(part, from, x, w, &cuts)
+    });
+}
+
+/// `dst = x · wᵀ` for one row `x` (`[1, cols]`) against a row-major f32 weight `w` (`[n,
+/// cols]`) whose whole groups of eight rows `grouped` also holds regrouped: the bits of
+/// [`row_times`] on `w` (the same chains and depth cut), the tiles read from `grouped` with no
+/// transpose where the CPU has AVX2 and FMA, every other output a scalar chain along `w`.
+pub(super) fn grouped_row_times(
+    dst: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    grouped: &GroupedValues,
+    threads: usize,
+) {
+    let k = x.len();
+    let n = w.len().checked_div(k).unwrap_or(0);
+    assert!(
+        k > 0 && n * k == w.len() && dst.len() >= n && grouped.len() == n / GROUP * GROUP * k,
+        "grouped row product: {k} values against {} weights ({} grouped) into {}",
+        w.len(),
+        grouped.len(),
+        dst.len()
+    );
+    let cuts = depth_cuts(k);
+    let whole = n / GROUP * GROUP;
+    split_outputs(&mut dst[..n], k, threads, |part, from| {
+        let mut j = 0;
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            while from + j + TILE <= whole && j + TILE <= part.len() {
+                // SAFETY: the CPU has AVX2 and FMA (checked above); `from` is a multiple of
+                // TILE (split_outputs), so groups `(from + j) / 8..+ 4` are whole groups, all of
+                // which `grouped` holds (asserted above, `k` deep each); the cuts lie in `0..k`.
+                #[allow(unsafe_code)]
+                let tile = unsafe {
+                    match grouped {
+                        GroupedValues::F32(v) => {
+                            avx2::values_tile::<false>(v.as_ptr().cast(), k, from + j, x, &cuts)
+                        }
+                        GroupedValues::Bf16(v) => {
+                            avx2::values_tile::<true>(v.as_ptr().cast(), k, from + j, x, &cuts)
+                        }
+                    }
+                };
+                part[j..j + TILE].copy_from_slice(&tile);
+                j += TILE;
+            }
+        }
+        for (i, d) in part.iter_mut().enumerate().skip(j) {
+            *d = cut_chain(x, &w[(from + i) * k..(from + i + 1) * k], &cuts);
+        }
+    });
+}
+
+/// The depth cut of a one-row product `k` deep, as [`super::matmul::product`] cuts it:
+/// [`super::matmul::depth_blocks`] beyond [`super::matmul::DEPTH_BLOCK`], else one chain.
+fn depth_cuts(k: usize) -> Vec<(usize, usize)> {
+    if k > super::matmul::DEPTH_BLOCK {
         super::matmul::depth_blocks(k).collect()
     } else {
         vec![(0, k)]
-    };
-    let dst = &mut dst[..n];
+    }
+}
+
+/// `part(outputs, from)` over `dst` split among threads as [`row_times`] splits it: parts of
+/// whole tiles (`from` a multiple of [`TILE`]), on the calling thread when the product is small.
+fn split_outputs(
+    dst: &mut [f32],
+    k: usize,
+    threads: usize,
+    part: impl Fn(&mut [f32], usize) + Sync,
+) {
+    let n = dst.len();
     let tasks = if threads > 1 && n.saturating_mul(k) >= PARALLEL_WORK {
         threads.min(n.div_ceil(TILE))
     } else {
         1
     };
     if tasks <= 1 {
-        return packed_outputs(dst, 0, x, w, &cuts);
+        return part(dst, 0);
     }
     let size = n.div_ceil(tasks).next_multiple_of(TILE);
     dst.par_chunks_mut(size)
         .enumerate()
-        .for_each(|(i, part)| packed_outputs(part, i * size, x, w, &cuts));
+        .for_each(|(i, p)| part(p, i * size));
+}
+
+/// One output's chains along `row` over the depth cuts, the cuts' sums added in order.
+fn cut_chain(x: &[f32], row: &[f32], cuts: &[(usize, usize)]) -> f32 {
+    let mut total = 0f32;
+    for (c, &(start, depth)) in cuts.iter().enumerate() {
+        let s = x[start..start + depth]
+            .iter()
+            .zip(&row[start..start + depth])
+            .fold(0f32, |s, (&a, &b)| a.mul_add(b, s));
+        total = if c == 0 { s } else { s + total };
+    }
+    total
 }
 
 /// Outputs `from..from + dst.len()` of [`packed_row_times`]: [`TILE`] rows at a time from the
@@ -245,16 +329,7 @@ fn packed_outputs(
         j += TILE;
     }
     for (i, d) in dst.iter_mut().enumerate().skip(j) {
-        let row = w.dequantize_row(from + i);
-        let mut total = 0f32;
-        for (c, &(start, depth)) in cuts.iter().enumerate() {
-            let s = x[start..start + depth]
-                .iter()
-                .zip(&row[start..start + depth])
-                .fold(0f32, |s, (&a, &b)| a.mul_add(b, s));
-            total = if c == 0 { s } else { s + total };
-        }
-        *d = total;
+        *d = cut_chain(x, &w.dequantize_row(from + i), cuts);
     }
 }
 
@@ -443,6 +518,60 @@ mod avx2 {
         store(total)
     }
 
+    /// Outputs `j0..j0 + TILE` of [`super::grouped_row_times`] from grouped values (`BF16`: the
+    /// upper halves of f32, else f32): per depth cut, each depth in order, one broadcast of
+    /// `x[t]` and, per group, one load of its eight values of depth `t` (bf16 widened by a
+    /// shift: exact) and one fused multiply-add; the cuts' sums added in order.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `base` points at grouped values (2 bytes each when `BF16`,
+    /// else 4) holding groups `j0 / 8..+ 4` whole, `cols` deep; `j0` is a multiple of
+    /// [`GROUP`]; `x` has `cols` values; the cuts lie inside `0..cols`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn values_tile<const BF16: bool>(
+        base: *const u8,
+        cols: usize,
+        j0: usize,
+        x: &[f32],
+        cuts: &[(usize, usize)],
+    ) -> [f32; TILE] {
+        let size = if BF16 { 2 } else { 4 };
+        let g0 = j0 / GROUP;
+        let mut total = [_mm256_setzero_ps(); GROUPS];
+        // SAFETY: group `g0 + g`'s depth `t` starts `((g0 + g) · cols + t) · 8` values into
+        // `base`, inside the grouped values for `t < cols` as the caller vouches; `x[t]` too.
+        unsafe {
+            let mut groups = [base; GROUPS];
+            for (g, p) in groups.iter_mut().enumerate() {
+                *p = base.add((g0 + g) * cols * GROUP * size);
+            }
+            for (c, &(start, depth)) in cuts.iter().enumerate() {
+                let mut acc = [_mm256_setzero_ps(); GROUPS];
+                for t in start..start + depth {
+                    let xt = _mm256_set1_ps(*x.as_ptr().add(t));
+                    for g in 0..GROUPS {
+                        let p = groups[g].add(t * GROUP * size);
+                        let w = if BF16 {
+                            let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
+                            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide))
+                        } else {
+                            _mm256_loadu_ps(p.cast())
+                        };
+                        acc[g] = _mm256_fmadd_ps(xt, w, acc[g]);
+                    }
+                }
+                for g in 0..GROUPS {
+                    total[g] = if c == 0 {
+                        acc[g]
+                    } else {
+                        _mm256_add_ps(acc[g], total[g])
+                    };
+                }
+            }
+        }
+        store(total)
+    }
+
     /// The tile's chains one depth `d` of a block further: `xb[d]` times each group's eight
     /// weights of depth `d` (codes converted, times the group's scales), fused into `acc`.
     ///
@@ -603,6 +732,46 @@ mod tests {
                             rhs.rs
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// The grouped product (tiles from the regrouped copy, the rest along the rows) gives the
+    /// bits of the row-major product, for f32 values and for values that are all bf16 (kept as
+    /// 16 bits): output counts with partial tiles and groups, depths cut and uncut, 1-3 threads.
+    #[test]
+    fn grouped_values_give_the_row_products_bits() {
+        for bf16 in [false, true] {
+            for (k, n) in [(7, 32), (64, 40), (288, 100), (517, 70), (1568, 64)] {
+                let x = values(k, 1);
+                let mut w = values(n * k, 2);
+                if bf16 {
+                    w.iter_mut()
+                        .for_each(|v| *v = f32::from_bits(v.to_bits() & 0xFFFF_0000));
+                }
+                let grouped = GroupedValues::new(&w, n, k);
+                assert_eq!(matches!(grouped, GroupedValues::Bf16(_)), bf16);
+                let rhs = MatRef::rows(&w, n, k).transposed();
+                for threads in [1, 2, 3] {
+                    let mut want = vec![0f32; n];
+                    crate::runner::native::matmul::x_wt(&x, 1, k, &w, n, &mut want);
+                    let mut scalar_chains = vec![0f32; n];
+                    row_times(&mut scalar_chains, None, MatRef::rows(&x, 1, k), rhs, 1);
+                    if k <= crate::runner::native::matmul::DEPTH_BLOCK {
+                        assert_eq!(want, scalar_chains);
+                    }
+                    let mut got = vec![0f32; n];
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    pool.install(|| grouped_row_times(&mut got, &x, &w, &grouped, threads));
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "bf16 {bf16}, k {k}, n {n}, {threads} threads");
                 }
             }
         }
