@@ -81,7 +81,7 @@ pub(super) fn attend(
         with_f32(k, |k| {
             with_f32(v, |v| {
                 with_f32(mask, |mask| {
-                    let out = attend_slices(&shape, q, k, v, mask);
+                    let out = attend_slices(&shape, q, k, v, None, mask);
                     Tensor::from_vec(out, (n, heads * d), &Device::Cpu).map(Some)
                 })
             })
@@ -89,12 +89,52 @@ pub(super) fn attend(
     })
 }
 
+/// The first `positions` keys of a KV cache again, eight positions to a SIMD register:
+/// `values[((p / 8) · kv_heads + h) · d · 8 + i · 8 + p % 8]` is key head `h`'s value `i` at
+/// position `p` (zero past the last position). A single query's scores then read eight keys'
+/// values of one depth with one load, with no transpose: the chains and bits of the
+/// row-major product.
+pub(super) struct GroupedKeys<'a> {
+    pub(super) values: &'a [f32],
+    pub(super) positions: usize,
+}
+
+impl GroupedKeys<'_> {
+    /// Positions per group: one AVX2 register's lanes.
+    const LANES: usize = 8;
+
+    /// `grouped` (holding positions `0..from`) extended to every row of `k` (`[t, kv_heads ·
+    /// d]`).
+    pub(super) fn extend(
+        grouped: &mut Vec<f32>,
+        k: &[f32],
+        from: usize,
+        kv_heads: usize,
+        d: usize,
+    ) {
+        let width = kv_heads * d;
+        let t = k.len() / width;
+        let group = width * Self::LANES;
+        grouped.resize(t.div_ceil(Self::LANES) * group, 0.0);
+        for p in from..t {
+            let (base, lane) = ((p / Self::LANES) * group, p % Self::LANES);
+            for (j, &x) in k[p * width..(p + 1) * width].iter().enumerate() {
+                let (h, i) = (j / d, j % d);
+                grouped[base + h * d * Self::LANES + i * Self::LANES + lane] = x;
+            }
+        }
+    }
+}
+
 /// [`attend`] on keys and values held as f32 rows `[t, kv_heads · d]` (a KV cache appended in
-/// place), `d` taken from `q`; `None` where the shapes do not fit.
+/// place), `d` taken from `q`, with the keys also grouped where the cache holds them so;
+/// `None` where the shapes do not fit.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn attend_rows(
     q: &Tensor,
     k: &[f32],
     v: &[f32],
+    grouped: Option<GroupedKeys<'_>>,
     kv_heads: usize,
     mask: &Tensor,
     scale: f64,
@@ -125,7 +165,9 @@ pub(super) fn attend_rows(
     };
     with_f32(q, |q| {
         with_f32(mask, |mask| {
-            let out = attend_slices(&shape, q, k, v, mask);
+            let grouped =
+                grouped.filter(|g| g.positions == t && g.values.len() == t.div_ceil(8) * 8 * width);
+            let out = attend_slices(&shape, q, k, v, grouped.as_ref(), mask);
             Tensor::from_vec(out, (n, heads * d), &Device::Cpu).map(Some)
         })
     })
@@ -162,7 +204,14 @@ struct Shape {
 }
 
 /// [`attend`] on the tensors' values (shapes checked by the caller).
-fn attend_slices(s: &Shape, q: &[f32], k: &[f32], v: &[f32], mask: &[f32]) -> Vec<f32> {
+fn attend_slices(
+    s: &Shape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    grouped: Option<&GroupedKeys<'_>>,
+    mask: &[f32],
+) -> Vec<f32> {
     let visible = visible_keys(mask, s.n, s.t);
     let blocks = s.n.div_ceil(QUERY_BLOCK);
     let size = s.n.div_ceil(blocks);
@@ -173,7 +222,7 @@ fn attend_slices(s: &Shape, q: &[f32], k: &[f32], v: &[f32], mask: &[f32]) -> Ve
         .par_iter()
         .map_init(Vec::new, |scores, &(h, b)| {
             let rows = b * size..s.n.min((b + 1) * size);
-            block_output(s, h, rows, &visible, q, k, v, mask, scores)
+            block_output(s, h, rows, &visible, q, k, v, grouped, mask, scores)
         })
         .collect();
     let width = s.heads * s.d;
@@ -223,6 +272,7 @@ fn block_output(
     q: &[f32],
     k: &[f32],
     v: &[f32],
+    grouped: Option<&GroupedKeys<'_>>,
     mask: &[f32],
     scores: &mut Vec<f32>,
 ) -> Vec<f32> {
@@ -240,26 +290,38 @@ fn block_output(
     // scores[rows, keys] = q_h[r0..] · k_g[..keys]ᵀ.
     scores.clear();
     scores.resize(rows * keys, 0.0);
-    matmul(
-        scores,
-        keys,
-        None,
-        MatRef {
-            data: &q[r0 * s.heads * d + h * d..],
-            rows,
-            cols: d,
-            rs: s.heads * d,
-            cs: 1,
-        },
-        MatRef {
-            data: &k[g * d..],
-            rows: keys,
-            cols: d,
-            rs: kv_stride,
-            cs: 1,
-        }
-        .transposed(),
-    );
+    let q_h = &q[r0 * s.heads * d + h * d..];
+    if let Some(gk) = grouped.filter(|gk| rows == 1 && keys <= gk.positions) {
+        // One query: its chains along the grouped keys (the same bits, no transpose).
+        let stride = s.kv_heads * d * GroupedKeys::LANES;
+        super::row_product::strided_groups_times(
+            scores,
+            &q_h[..d],
+            &gk.values[g * d * GroupedKeys::LANES..],
+            stride,
+        );
+    } else {
+        matmul(
+            scores,
+            keys,
+            None,
+            MatRef {
+                data: q_h,
+                rows,
+                cols: d,
+                rs: s.heads * d,
+                cs: 1,
+            },
+            MatRef {
+                data: &k[g * d..],
+                rows: keys,
+                cols: d,
+                rs: kv_stride,
+                cs: 1,
+            }
+            .transposed(),
+        );
+    }
     for (i, row) in scores.chunks_exact_mut(keys).enumerate() {
         let at = (r0 + i) * t;
         softmax_row(row, &mask[at..at + keys], s.scale);
@@ -409,6 +471,67 @@ mod tests {
 
     fn same_bits(a: &[f32], b: &[f32]) -> bool {
         a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
+    /// A single query against grouped keys (grown one position at a time, as decode steps grow
+    /// them, or all at once) gives the bits of the row-major keys, for key counts with and
+    /// without a partial group, several query heads per key head, and the chain's.
+    #[test]
+    fn a_single_query_against_grouped_keys_is_the_rows_bits() {
+        for (t, heads, kv, d) in [
+            (1, 2, 1, 8),
+            (37, 9, 3, 64),
+            (70, 4, 2, 16),
+            (600, 2, 2, 64),
+        ] {
+            let q = tensor(&[1, heads, d], 1, 4.0);
+            let k = tensor(&[t, kv, d], 2, 4.0);
+            let v = tensor(&[t, kv, d], 3, 2.0);
+            let m = mask(1, t - 1, usize::MAX);
+            let scale = 1.0 / (d as f64).sqrt();
+            let flat = |x: &Tensor| -> Vec<f32> { x.flatten_all().unwrap().to_vec1().unwrap() };
+            let (kr, vr) = (flat(&k), flat(&v));
+            let rows = attend_rows(&q, &kr, &vr, None, kv, &m, scale, false)
+                .unwrap()
+                .unwrap();
+            let mut grown = Vec::new();
+            for p in 0..t {
+                GroupedKeys::extend(&mut grown, &kr[..(p + 1) * kv * d], p, kv, d);
+            }
+            let mut whole = Vec::new();
+            GroupedKeys::extend(&mut whole, &kr, 0, kv, d);
+            assert_eq!(grown, whole);
+            let grouped = GroupedKeys {
+                values: &grown,
+                positions: t,
+            };
+            let fast = attend_rows(&q, &kr, &vr, Some(grouped), kv, &m, scale, false)
+                .unwrap()
+                .unwrap();
+            assert!(
+                same_bits(&flat(&rows), &flat(&fast)),
+                "t {t}, heads {heads}, kv {kv}"
+            );
+            // The grouped keys are what was read: a changed one changes the output.
+            let mut changed = grown.clone();
+            changed[0] = f32::NAN;
+            let read = GroupedKeys {
+                values: &changed,
+                positions: t,
+            };
+            let other = attend_rows(&q, &kr, &vr, Some(read), kv, &m, scale, false)
+                .unwrap()
+                .unwrap();
+            assert!(
+                !same_bits(&flat(&other), &flat(&fast)),
+                "t {t}: grouped keys unread"
+            );
+            // Up to KEY_BLOCK keys the blocked sum is the chain itself.
+            assert!(
+                t > KEY_BLOCK || same_bits(&flat(&fast), &chain(&q, &k, &v, &m, scale)),
+                "t {t}: the chain"
+            );
+        }
     }
 
     #[test]

@@ -219,6 +219,32 @@ struct LayerCache {
 struct KvRows {
     k: std::sync::Arc<Vec<f32>>,
     v: std::sync::Arc<Vec<f32>>,
+    /// The keys again, eight positions to a SIMD register, for a single query's scores
+    /// ([`super::attention::GroupedKeys`]); kept from the first decode step on (a one-row
+    /// append), so a run that only scores windows never holds them.
+    grouped: std::sync::Arc<Vec<f32>>,
+    /// Positions `grouped` holds (all of them, or 0 before the first decode step).
+    grouped_positions: usize,
+}
+
+impl KvRows {
+    /// Brings `grouped` up to every key row held (`[tokens, kv_heads · d]`).
+    fn group_keys(&mut self, kv_heads: usize, d: usize) {
+        let width = kv_heads * d;
+        let t = self.k.len().checked_div(width).unwrap_or(0);
+        if t == self.grouped_positions || width == 0 {
+            return;
+        }
+        let grouped = std::sync::Arc::make_mut(&mut self.grouped);
+        super::attention::GroupedKeys::extend(
+            grouped,
+            &self.k,
+            self.grouped_positions,
+            kv_heads,
+            d,
+        );
+        self.grouped_positions = t;
+    }
 }
 
 /// The keys and values attention reads: rows held in place, or tensors.
@@ -914,10 +940,17 @@ impl Decoder {
         };
         let (k, v) = match keys {
             Keys::Rows(rows) => {
+                let t = rows.k.len() / (c.kv_heads * c.head_dim).max(1);
+                let grouped =
+                    (rows.grouped_positions == t && t > 0).then(|| attention::GroupedKeys {
+                        values: &rows.grouped,
+                        positions: t,
+                    });
                 let found = attention::attend_rows(
                     &q,
                     &rows.k,
                     &rows.v,
+                    grouped,
                     c.kv_heads,
                     mask,
                     scale,
@@ -1320,6 +1353,12 @@ fn append(cache: &mut LayerCache, k: Tensor, v: Tensor) -> candle_core::Result<K
             std::sync::Arc::make_mut(&mut rows.v).extend_from_slice(v);
             Ok(())
         })?;
+        // A decode step (one new row), or rows after one: the single query's grouped keys.
+        if let Ok((n, kv_heads, d)) = k.dims3()
+            && (n == 1 || rows.grouped_positions > 0)
+        {
+            rows.group_keys(kv_heads, d);
+        }
         return Ok(Keys::Rows(rows.clone()));
     }
     let (k, v) = match cache.kv.take() {

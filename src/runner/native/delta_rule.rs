@@ -150,6 +150,15 @@ pub trait DeltaFloat:
     ) -> Option<[Self; super::row_product::TILE]> {
         None
     }
+    /// [`DeltaFloat::row_tile`] for outputs `j0..j0 + 2 · TILE` at once, where a form has them
+    /// (twice the independent chains in flight).
+    fn row_tile_wide(
+        _x: super::matmul::MatRef<'_, Self>,
+        _rhs: super::matmul::MatRef<'_, Self>,
+        _j0: usize,
+    ) -> Option<[Self; 2 * super::row_product::TILE]> {
+        None
+    }
 }
 
 impl DeltaFloat for f32 {
@@ -187,6 +196,13 @@ impl DeltaFloat for f32 {
         j0: usize,
     ) -> Option<[Self; super::row_product::TILE]> {
         super::row_product::f32_tile(x, rhs, j0)
+    }
+    fn row_tile_wide(
+        x: super::matmul::MatRef<'_, Self>,
+        rhs: super::matmul::MatRef<'_, Self>,
+        j0: usize,
+    ) -> Option<[Self; 2 * super::row_product::TILE]> {
+        super::row_product::f32_tile_wide(x, rhs, j0)
     }
 }
 

@@ -74,6 +74,15 @@ fn outputs<F: DeltaFloat>(
     rhs: MatRef<'_, F>,
 ) {
     let mut j = 0;
+    while j + 2 * TILE <= dst.len() {
+        let Some(tile) = F::row_tile_wide(x, rhs, from + j) else {
+            break;
+        };
+        for (d, s) in dst[j..j + 2 * TILE].iter_mut().zip(tile) {
+            *d = combine(alpha, *d, s);
+        }
+        j += 2 * TILE;
+    }
     while j + TILE <= dst.len() {
         let Some(tile) = F::row_tile(x, rhs, from + j) else {
             break;
@@ -142,6 +151,82 @@ pub(super) fn f32_tile(x: MatRef<'_, f32>, rhs: MatRef<'_, f32>, j0: usize) -> O
     }
     let _ = (x, rhs, j0);
     None
+}
+
+/// [`DeltaFloat::row_tile_wide`] for f32: where each depth's weights lie along the outputs
+/// (`rhs.cs == 1`, a query's weighted sum of values), 64 outputs in eight registers: a step's
+/// fused multiply-adds are eight independent chains, enough to hide their latency.
+pub(super) fn f32_tile_wide(
+    x: MatRef<'_, f32>,
+    rhs: MatRef<'_, f32>,
+    j0: usize,
+) -> Option<[f32; 2 * TILE]> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && rhs.cs == 1
+    {
+        let k = rhs.rows;
+        assert!(
+            k > 0
+                && j0 + 2 * TILE <= rhs.cols
+                && (k - 1) * rhs.rs + j0 + 2 * TILE - 1 < rhs.data.len()
+                && (k - 1) * x.cs < x.data.len(),
+            "a row product's wide tile outside its operands"
+        );
+        // SAFETY: the CPU has AVX2 and FMA (checked above), and every index the tile reads,
+        // `t * rs + j` for t < k and j < j0 + 64 (and `t * x.cs`), is at most the largest one,
+        // checked to lie inside its slice just above.
+        #[allow(unsafe_code)]
+        return Some(unsafe { avx2::along_outputs_wide(x, rhs, j0) });
+    }
+    let _ = (x, rhs, j0);
+    None
+}
+
+/// `dst[j]` = output `j`'s chain (from zero, in depth order) of `x[t]` times its values, held
+/// in groups of eight outputs `stride` apart, each group `[depth][8]`: output `j`'s value of
+/// depth `t` is `grouped[(j / 8) · stride + t · 8 + j % 8]` (a single query against grouped
+/// keys). The bits of [`row_times`] (no destination read) on the same values; one thread.
+pub(super) fn strided_groups_times(dst: &mut [f32], x: &[f32], grouped: &[f32], stride: usize) {
+    let (n, k) = (dst.len(), x.len());
+    if n == 0 {
+        return;
+    }
+    let groups = n.div_ceil(GROUP);
+    assert!(
+        k > 0 && stride >= k * GROUP && (groups - 1) * stride + k * GROUP <= grouped.len(),
+        "a grouped product outside its values: {n} outputs of {k}, stride {stride}, {} values",
+        grouped.len()
+    );
+    let mut g = 0;
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        const WIDE: usize = 2 * GROUPS;
+        while g < groups {
+            let take = if groups - g >= WIDE { WIDE } else { 1 };
+            let mut out = [0f32; 2 * TILE];
+            // SAFETY: the CPU has AVX2 and FMA (checked above); groups `g..g + take` are below
+            // `groups`, each read `k · 8` values from `(g + i) · stride`, inside `grouped`
+            // (asserted above); `x` has `k` values.
+            #[allow(unsafe_code)]
+            unsafe {
+                if take == WIDE {
+                    avx2::strided_groups::<WIDE>(&mut out, x, grouped, stride, g)
+                } else {
+                    avx2::strided_groups::<1>(&mut out, x, grouped, stride, g)
+                }
+            };
+            let from = g * GROUP;
+            let len = (take * GROUP).min(n - from);
+            dst[from..from + len].copy_from_slice(&out[..len]);
+            g += take;
+        }
+    }
+    for j in g * GROUP..n {
+        let at = (j / GROUP) * stride + j % GROUP;
+        dst[j] = (0..k).fold(0f32, |s, t| x[t].mul_add(grouped[at + t * GROUP], s));
+    }
 }
 
 /// `dst = x · wᵀ` for one row `x` (`[1, cols]`) against a weight held as its file's blocks:
@@ -635,6 +720,65 @@ mod avx2 {
         }
     }
 
+    /// Groups `g0..g0 + G` of [`super::strided_groups_times`] into `out[..8 · G]`: per depth,
+    /// one broadcast of `x[t]`, and per group one load and one fused multiply-add.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `G ≤ 8`; each group `g0 + i` (i < G) has `x.len() · 8` values
+    /// from `(g0 + i) · stride` inside `grouped`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn strided_groups<const G: usize>(
+        out: &mut [f32; 2 * TILE],
+        x: &[f32],
+        grouped: &[f32],
+        stride: usize,
+        g0: usize,
+    ) {
+        // SAFETY: the reads are those the caller vouches for; `out` holds 64 ≥ 8 · G values.
+        unsafe {
+            let base = grouped.as_ptr();
+            let mut acc = [_mm256_setzero_ps(); G];
+            for (t, &xt) in x.iter().enumerate() {
+                let xt = _mm256_set1_ps(xt);
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let p = base.add((g0 + i) * stride + t * GROUP);
+                    *a = _mm256_fmadd_ps(xt, _mm256_loadu_ps(p), *a);
+                }
+            }
+            for (i, a) in acc.into_iter().enumerate() {
+                _mm256_storeu_ps(out.as_mut_ptr().add(i * LANES), a);
+            }
+        }
+    }
+
+    /// [`along_outputs`] for `2 · TILE` outputs in eight registers.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn along_outputs_wide(
+        x: MatRef<'_, f32>,
+        rhs: MatRef<'_, f32>,
+        j0: usize,
+    ) -> [f32; 2 * TILE] {
+        const WIDE: usize = 2 * GROUPS;
+        // SAFETY: as in `along_outputs`, every index read was checked by the caller.
+        unsafe {
+            let (xp, xs) = (x.data.as_ptr(), x.cs);
+            let base = rhs.data.as_ptr().add(j0);
+            let mut acc = [_mm256_setzero_ps(); WIDE];
+            for t in 0..rhs.rows {
+                let xt = _mm256_set1_ps(*xp.add(t * xs));
+                let row = base.add(t * rhs.rs);
+                for (g, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(xt, _mm256_loadu_ps(row.add(g * LANES)), *a);
+                }
+            }
+            let mut out = [0f32; 2 * TILE];
+            for (g, a) in acc.into_iter().enumerate() {
+                _mm256_storeu_ps(out.as_mut_ptr().add(g * LANES), a);
+            }
+            out
+        }
+    }
+
     /// The 8x8 transpose: `out[i]` lane `r` is `rows[r]` lane `i`.
     #[target_feature(enable = "avx2")]
     #[inline]
@@ -774,6 +918,43 @@ mod tests {
                     assert!(same, "bf16 {bf16}, k {k}, n {n}, {threads} threads");
                 }
             }
+        }
+    }
+
+    /// Outputs grouped eight to a register, groups `stride` apart, give the row-major chains'
+    /// bits: whole and partial groups, eight groups at a time and one, strides with gaps.
+    #[test]
+    fn strided_groups_give_the_row_products_bits() {
+        for (n, k, gap) in [
+            (1usize, 1usize, 0usize),
+            (7, 64, 0),
+            (9, 5, 24),
+            (64, 64, 8),
+            (130, 64, 512),
+            (200, 17, 3),
+        ] {
+            let stride = k * GROUP + gap;
+            let groups = n.div_ceil(GROUP);
+            let grouped = values((groups - 1) * stride + k * GROUP, 4);
+            let x = values(k, 5);
+            // The same values row-major: output j's weights along the depth.
+            let w: Vec<f32> = (0..n)
+                .flat_map(|j| {
+                    let at = (j / GROUP) * stride + j % GROUP;
+                    (0..k).map(move |t| at + t * GROUP)
+                })
+                .map(|i| grouped[i])
+                .collect();
+            let mut want = vec![0f32; n];
+            let rhs = MatRef::rows(&w, n, k).transposed();
+            row_times(&mut want, None, MatRef::rows(&x, 1, k), rhs, 1);
+            let mut got = vec![f32::NAN; n];
+            strided_groups_times(&mut got, &x, &grouped, stride);
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "n {n}, k {k}, gap {gap}");
         }
     }
 
