@@ -110,7 +110,8 @@ fn the_reference_against_itself_generates_the_same_turns() {
 
 /// The turns may come from a conversation file beside a plain-text eval text
 /// (`--turns-conversation`, which the llama.cpp runner needs): the same turns as with the
-/// conversation as the eval text, the file named and digested in the record.
+/// conversation as the eval text, the file named and digested in the record, and no turn
+/// claim in the card draft (regression: `card` wrote claims that `lint` then refused).
 #[test]
 fn turns_from_a_conversation_beside_a_plain_eval_text_are_the_same_turns() {
     let dir = tempfile::tempdir().unwrap();
@@ -139,6 +140,22 @@ fn turns_from_a_conversation_beside_a_plain_eval_text_are_the_same_turns() {
         dir.path().join("conversation.json").to_str().unwrap()
     );
     assert_eq!(b["conversation"]["sha256"].as_str().map(str::len), Some(64));
+    // The card draft claims no turn metric on them: a card's disclosure cannot yet name a
+    // conversation other than its eval text, so such claims would not lint (the turns stay in
+    // the measurement and its report).
+    let results = with_eval["fidelity"]["results"].as_array().unwrap();
+    assert!(
+        results.iter().any(|r| r["metric"] == "turn_match"),
+        "{results:?}"
+    );
+    let results = m["fidelity"]["results"].as_array().unwrap();
+    assert!(
+        results
+            .iter()
+            .all(|r| r["metric"] != "turn_match" && r["metric"] != "tool_call_f1"),
+        "{results:?}"
+    );
+    assert!(m["fidelity"]["protocol"].get("turns").is_none());
 }
 
 /// Turns need a conversation and a budget in range; each is refused before any model runs,

@@ -305,7 +305,10 @@ pub(super) fn run(
             .map(|(r, scored)| {
                 let turns = turns_record(r, &scored, work.as_ref(), reference_turns.as_ref())?;
                 let mut outcome = recorded(r, scored);
-                if let Some(t) = &turns {
+                // Turns from a conversation other than the eval text are recorded but not
+                // claimed: the disclosure names no such file, so a card could not say what
+                // they were generated on (and lint refuses turn claims on plain text).
+                if let Some(t) = turns.as_ref().filter(|t| t.conversation.is_none()) {
                     let m = &mut outcome.rerun.measurement;
                     crate::rerun::record::add_turn_claims(&mut m.fidelity, t);
                 }
