@@ -378,7 +378,7 @@ mod tests {
             for row in 0..n / GROUP * GROUP {
                 let want = p.dequantize_row(row);
                 let (group, r) = (row / GROUP, row % GROUP);
-                for t in 0..k {
+                for (t, want) in want.iter().enumerate() {
                     let (b, d) = (t / BLOCK, t % BLOCK);
                     let at = group * blocks + b;
                     let byte = g.codes[(at * code + d % code) * GROUP + r];
@@ -388,11 +388,7 @@ mod tests {
                         BlockType::Q4_0 => f32::from(byte >> 4) - 8.0,
                     };
                     let got = q * g.scales[at * GROUP + r];
-                    assert_eq!(
-                        got.to_bits(),
-                        want[t].to_bits(),
-                        "{ty:?} row {row} depth {t}"
-                    );
+                    assert_eq!(got.to_bits(), want.to_bits(), "{ty:?} row {row} depth {t}");
                 }
             }
         }

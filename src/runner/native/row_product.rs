@@ -223,9 +223,9 @@ pub(super) fn strided_groups_times(dst: &mut [f32], x: &[f32], grouped: &[f32], 
             g += take;
         }
     }
-    for j in g * GROUP..n {
+    for (j, d) in dst.iter_mut().enumerate().skip(g * GROUP) {
         let at = (j / GROUP) * stride + j % GROUP;
-        dst[j] = (0..k).fold(0f32, |s, t| x[t].mul_add(grouped[at + t * GROUP], s));
+        *d = (0..k).fold(0f32, |s, t| x[t].mul_add(grouped[at + t * GROUP], s));
     }
 }
 
