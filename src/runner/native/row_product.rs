@@ -837,6 +837,10 @@ mod tests {
             .collect()
     }
 
+    fn same_bits(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
     /// The chains one output at a time, scalar: what every machine computes.
     fn scalar(
         alpha: Option<f32>,
@@ -866,10 +870,7 @@ mod tests {
                     for threads in [1, 2, 3] {
                         let mut got = start.clone();
                         row_times(&mut got, alpha, MatRef::rows(&x, 1, k), rhs, threads);
-                        let same = got
-                            .iter()
-                            .zip(&want)
-                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        let same = same_bits(&got, &want);
                         assert!(
                             same,
                             "k {k}, n {n}, rs {}, alpha {alpha:?}, {threads} threads",
@@ -911,10 +912,7 @@ mod tests {
                         .build()
                         .unwrap();
                     pool.install(|| grouped_row_times(&mut got, &x, &w, &grouped, threads));
-                    let same = got
-                        .iter()
-                        .zip(&want)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    let same = same_bits(&got, &want);
                     assert!(same, "bf16 {bf16}, k {k}, n {n}, {threads} threads");
                 }
             }
@@ -950,10 +948,7 @@ mod tests {
             row_times(&mut want, None, MatRef::rows(&x, 1, k), rhs, 1);
             let mut got = vec![f32::NAN; n];
             strided_groups_times(&mut got, &x, &grouped, stride);
-            let same = got
-                .iter()
-                .zip(&want)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
+            let same = same_bits(&got, &want);
             assert!(same, "n {n}, k {k}, gap {gap}");
         }
     }
