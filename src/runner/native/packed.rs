@@ -79,7 +79,8 @@ pub struct PackedRows {
 /// (Hugging Face order; the rows after the last whole group are not here), each group's blocks
 /// in depth order; a group's block is its eight rows' codes side by side per code byte (for
 /// Q8_0 byte `i` is depth `i`; for Q4_0 byte `i` holds depth `i` in its low nibble and `i + 16`
-/// in its high one, as the file's bytes do), and its eight scales as f32 (exact: f16 to f32).
+/// in its high one, as the file's bytes do, each nibble `q` stored as `q - 8` in 4-bit two's
+/// complement, `q ^ 8`), and its eight scales as f32 (exact: f16 to f32).
 /// A decode step then reads each weight once, in order, with no transpose.
 #[derive(Debug)]
 pub(super) struct Grouped {
@@ -106,7 +107,12 @@ impl Grouped {
                     scales[at * GROUP + r] =
                         f16::from_bits(u16::from_le_bytes([block[0], block[1]])).to_f32();
                     for (i, &q) in block[2..].iter().enumerate() {
-                        codes[(at * code + i) * GROUP + r] = q;
+                        codes[(at * code + i) * GROUP + r] = match ty {
+                            BlockType::Q8_0 => q,
+                            // Each nibble q becomes q - 8 in 4-bit two's complement (q ^ 8), so
+                            // an arithmetic shift yields the signed value.
+                            BlockType::Q4_0 => q ^ 0x88,
+                        };
                     }
                 }
             }
@@ -382,6 +388,12 @@ mod tests {
                     let (b, d) = (t / BLOCK, t % BLOCK);
                     let at = group * blocks + b;
                     let byte = g.codes[(at * code + d % code) * GROUP + r];
+                    // Q4_0's nibbles are stored as q ^ 8.
+                    let byte = if ty == BlockType::Q4_0 {
+                        byte ^ 0x88
+                    } else {
+                        byte
+                    };
                     let q = match ty {
                         BlockType::Q8_0 => f32::from(byte as i8),
                         BlockType::Q4_0 if d < 16 => f32::from(byte & 0x0F) - 8.0,

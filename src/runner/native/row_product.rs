@@ -678,14 +678,14 @@ mod avx2 {
             let xt = _mm256_set1_ps(*xb.add(d));
             for g in 0..GROUPS {
                 let q = if Q4 {
+                    // Nibbles stored as q - 8 in two's complement: sign-extended, then shifted.
                     let bytes = _mm_loadl_epi64(codes[g].add((d % 16) * GROUP).cast());
-                    let wide = _mm256_cvtepu8_epi32(bytes);
-                    let nibble = if d < 16 {
-                        _mm256_and_si256(wide, _mm256_set1_epi32(0x0F))
+                    let wide = _mm256_cvtepi8_epi32(bytes);
+                    if d < 16 {
+                        _mm256_srai_epi32::<28>(_mm256_slli_epi32::<28>(wide))
                     } else {
-                        _mm256_srli_epi32::<4>(wide)
-                    };
-                    _mm256_sub_epi32(nibble, _mm256_set1_epi32(8))
+                        _mm256_srai_epi32::<4>(wide)
+                    }
                 } else {
                     _mm256_cvtepi8_epi32(_mm_loadl_epi64(codes[g].add(d * GROUP).cast()))
                 };
