@@ -80,14 +80,15 @@ pub struct PackedRows {
 /// in depth order; a group's block is its eight rows' codes side by side per code byte (for
 /// Q8_0 byte `i` is depth `i`; for Q4_0 byte `i` holds depth `i` in its low nibble and `i + 16`
 /// in its high one, as the file's bytes do, each nibble `q` stored as `q - 8` in 4-bit two's
-/// complement, `q ^ 8`), and its eight scales as f32 (exact: f16 to f32).
+/// complement, `q ^ 8`), and its eight f16 scales as the file stores them (widened exactly to
+/// f32 as they are read).
 /// A decode step then reads each weight once, in order, with no transpose.
 #[derive(Debug)]
 pub(super) struct Grouped {
     /// `[group][block][code byte][row of the group]`.
     pub(super) codes: Vec<u8>,
     /// `[group][block][row of the group]`.
-    pub(super) scales: Vec<f32>,
+    pub(super) scales: Vec<u16>,
 }
 
 impl Grouped {
@@ -97,15 +98,14 @@ impl Grouped {
         let (size, code) = (ty.block_bytes(), ty.code_bytes());
         let groups = packed.rows / GROUP;
         let mut codes = vec![0u8; groups * blocks * code * GROUP];
-        let mut scales = vec![0f32; groups * blocks * GROUP];
+        let mut scales = vec![0u16; groups * blocks * GROUP];
         for g in 0..groups {
             for r in 0..GROUP {
                 let row = packed.row(g * GROUP + r);
                 for b in 0..blocks {
                     let block = &row[b * size..(b + 1) * size];
                     let at = g * blocks + b;
-                    scales[at * GROUP + r] =
-                        f16::from_bits(u16::from_le_bytes([block[0], block[1]])).to_f32();
+                    scales[at * GROUP + r] = u16::from_le_bytes([block[0], block[1]]);
                     for (i, &q) in block[2..].iter().enumerate() {
                         codes[(at * code + i) * GROUP + r] = match ty {
                             BlockType::Q8_0 => q,
@@ -399,7 +399,7 @@ mod tests {
                         BlockType::Q4_0 if d < 16 => f32::from(byte & 0x0F) - 8.0,
                         BlockType::Q4_0 => f32::from(byte >> 4) - 8.0,
                     };
-                    let got = q * g.scales[at * GROUP + r];
+                    let got = q * f16::from_bits(g.scales[at * GROUP + r]).to_f32();
                     assert_eq!(got.to_bits(), want.to_bits(), "{ty:?} row {row} depth {t}");
                 }
             }

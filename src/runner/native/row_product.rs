@@ -362,6 +362,7 @@ fn packed_outputs(
     if let Some(grouped) = w.grouped.as_deref()
         && std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
     {
         assert!(
             x.len() == w.cols
@@ -373,7 +374,7 @@ fn packed_outputs(
             "a grouped tile outside its weight"
         );
         while from + j + TILE <= w.rows / GROUP * GROUP && j + TILE <= dst.len() {
-            // SAFETY: the CPU has AVX2 and FMA (checked above); the tile's groups
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked above); the tile's groups
             // `(from + j) / 8..+ 4` are whole groups of `grouped`, whose sizes match the
             // weight's, `x` has the weight's columns and the cuts lie inside them (asserted).
             #[allow(unsafe_code)]
@@ -542,10 +543,10 @@ mod avx2 {
     /// order.
     ///
     /// # Safety
-    /// The CPU has AVX2 and FMA; `j0` is a multiple of [`GROUP`] and groups `j0 / 8..+ 4` are
+    /// The CPU has AVX2, FMA and F16C; `j0` is a multiple of [`GROUP`] and groups `j0 / 8..+ 4` are
     /// whole groups of `grouped`, a `cols`-deep weight's; `x` has `cols` values; the cuts lie
     /// inside `0..cols`.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn grouped_tile<const Q4: bool>(
         grouped: &Grouped,
         cols: usize,
@@ -572,7 +573,10 @@ mod avx2 {
                     for g in 0..GROUPS {
                         let at = (g0 + g) * blocks + b;
                         codes[g] = grouped.codes.as_ptr().add(at * code * GROUP);
-                        scales[g] = _mm256_loadu_ps(grouped.scales.as_ptr().add(at * GROUP));
+                        // f16 to f32 is exact, as `f16::to_f32` is.
+                        let halves =
+                            _mm_loadu_si128(grouped.scales.as_ptr().add(at * GROUP).cast());
+                        scales[g] = _mm256_cvtph_ps(halves);
                     }
                     let xb = x.as_ptr().add(b * BLOCK);
                     if from == 0 && to == BLOCK {
