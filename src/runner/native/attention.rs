@@ -362,7 +362,7 @@ mod tests {
     use super::*;
     use crate::runner::native::fused::softmax_scaled_masked;
     use crate::runner::native::fused::tests::tensor;
-    use crate::runner::native::matmul::tests::oracle_matmul;
+    use crate::runner::native::matmul::tests::{oracle_matmul, same_bits};
 
     fn mask(n: usize, past: usize, window: usize) -> Tensor {
         causal_mask(past, n, window).unwrap()
@@ -467,10 +467,6 @@ mod tests {
         let k = tensor(&[t, kv, d], 2, 4.0);
         let v = tensor(&[t, kv, d], 3, 2.0);
         chain(&q, &k, &v, &mask(n, past, window), 1.0 / (d as f64).sqrt())
-    }
-
-    fn same_bits(a: &[f32], b: &[f32]) -> bool {
-        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
     }
 
     /// A single query against grouped keys (grown one position at a time, as decode steps grow

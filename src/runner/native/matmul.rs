@@ -496,14 +496,20 @@ fn one_block<F: DeltaFloat>(
 pub(super) mod tests {
     use super::*;
 
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        // A deterministic spread of magnitudes and signs (products round differently by order).
+    /// A deterministic spread of magnitudes and signs (products round differently by order),
+    /// shared by the native runner's kernel tests.
+    pub(in crate::runner::native) fn values(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
             .map(|i| {
                 let x = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8;
                 (x as f32 / (1u32 << 24) as f32 - 0.5) * (1.0 + (i % 7) as f32)
             })
             .collect()
+    }
+
+    /// Whether two f32 slices hold the same bits (NaN payloads and zero signs included).
+    pub(in crate::runner::native) fn same_bits(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
     }
 
     /// Every product is the fixed order's chains ([`fixed_depth_oracle`]); where gemm runs its

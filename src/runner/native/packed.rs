@@ -231,6 +231,7 @@ impl PackedRows {
 mod tests {
     use super::*;
     use crate::checkpoint::gguf::GgmlType;
+    use crate::runner::native::matmul::tests::{same_bits, values};
     use crate::runner::native::matmul::{F32Matrix, Values, x_wt};
 
     /// Random blocks of `ty`, their scales drawn from ordinary values and the awkward ones
@@ -274,15 +275,6 @@ mod tests {
         }
     }
 
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| {
-                let x = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8;
-                (x as f32 / (1u32 << 24) as f32 - 0.5) * (1.0 + (i % 7) as f32)
-            })
-            .collect()
-    }
-
     #[test]
     fn blocks_dequantize_to_the_dequantizers_bits() {
         for ty in [BlockType::Q8_0, BlockType::Q4_0] {
@@ -295,11 +287,10 @@ mod tests {
             let p = PackedRows::new(ty, rows, cols, view, None).unwrap();
             for r in 0..rows {
                 let got = p.dequantize_row(r);
-                let same = got
-                    .iter()
-                    .zip(&want[r * cols..(r + 1) * cols])
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{ty:?} row {r}");
+                assert!(
+                    same_bits(&got, &want[r * cols..(r + 1) * cols]),
+                    "{ty:?} row {r}"
+                );
             }
         }
     }
@@ -348,10 +339,7 @@ mod tests {
                         )
                         .unwrap();
                         pool.install(|| m.apply_into(&xt, &mut got)).unwrap();
-                        let same = got
-                            .iter()
-                            .zip(&want)
-                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        let same = same_bits(&got, &want);
                         assert!(
                             same,
                             "{ty:?} [{n}, {k}], order {}, {threads} threads",

@@ -595,13 +595,7 @@ mod avx2 {
                     }
                     t = b * BLOCK + to;
                 }
-                for g in 0..GROUPS {
-                    total[g] = if c == 0 {
-                        acc[g]
-                    } else {
-                        _mm256_add_ps(acc[g], total[g])
-                    };
-                }
+                total = add_cut(total, acc, c);
             }
         }
         store(total)
@@ -649,13 +643,7 @@ mod avx2 {
                         acc[g] = _mm256_fmadd_ps(xt, w, acc[g]);
                     }
                 }
-                for g in 0..GROUPS {
-                    total[g] = if c == 0 {
-                        acc[g]
-                    } else {
-                        _mm256_add_ps(acc[g], total[g])
-                    };
-                }
+                total = add_cut(total, acc, c);
             }
         }
         store(total)
@@ -815,6 +803,17 @@ mod avx2 {
         ]
     }
 
+    /// The tiles' running sum after depth cut `c` (whose chains are `acc`): the first cut's
+    /// chains, then each later cut's added to the sum, as [`super::cut_chain`] adds them.
+    #[target_feature(enable = "avx")]
+    #[inline]
+    fn add_cut(total: [__m256; GROUPS], acc: [__m256; GROUPS], c: usize) -> [__m256; GROUPS] {
+        if c == 0 {
+            return acc;
+        }
+        std::array::from_fn(|g| _mm256_add_ps(acc[g], total[g]))
+    }
+
     /// The tile's registers as its outputs, in order.
     #[target_feature(enable = "avx")]
     #[inline]
@@ -831,19 +830,7 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| {
-                let x = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8;
-                (x as f32 / (1u32 << 24) as f32 - 0.5) * (1.0 + (i % 7) as f32)
-            })
-            .collect()
-    }
-
-    fn same_bits(a: &[f32], b: &[f32]) -> bool {
-        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-    }
+    use crate::runner::native::matmul::tests::{same_bits, values};
 
     /// The chains one output at a time, scalar: what every machine computes.
     fn scalar(
