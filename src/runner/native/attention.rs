@@ -68,23 +68,10 @@ pub(super) fn attend(
     {
         return Ok(None);
     }
-    let shape = Shape {
-        n,
-        t,
-        heads,
-        kv_heads,
-        d,
-        scale: scale as f32,
-        f16_weights,
-    };
-    with_f32(q, |q| {
-        with_f32(k, |k| {
-            with_f32(v, |v| {
-                with_f32(mask, |mask| {
-                    let out = attend_slices(&shape, q, k, v, None, mask);
-                    Tensor::from_vec(out, (n, heads * d), &Device::Cpu).map(Some)
-                })
-            })
+    // `[t, kv_heads, d]` in row-major order is the rows `[t, kv_heads · d]`.
+    with_f32(k, |k| {
+        with_f32(v, |v| {
+            attend_rows(q, k, v, None, kv_heads, mask, scale, f16_weights)
         })
     })
 }
