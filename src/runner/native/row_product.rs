@@ -579,18 +579,32 @@ mod avx2 {
                         scales[g] = _mm256_cvtph_ps(halves);
                     }
                     let xb = x.as_ptr().add(b * BLOCK);
-                    if from == 0 && to == BLOCK {
-                        // A whole block, its depths in order (Q4_0: the low nibbles' 16, then
-                        // the high ones').
-                        for d in 0..BLOCK / 2 {
-                            acc = depth_step::<Q4>(acc, xb, &codes, &scales, d);
+                    // The block's depths in order (Q4_0: the low nibbles' 16, then the high
+                    // ones'), each half with its scales times the power of two its codes carry.
+                    let low = (from.min(BLOCK / 2), to.min(BLOCK / 2));
+                    let high = (from.max(BLOCK / 2), to.max(BLOCK / 2));
+                    for (half, (d0, d1)) in [low, high].into_iter().enumerate() {
+                        if d0 == d1 {
+                            continue;
                         }
-                        for d in BLOCK / 2..BLOCK {
-                            acc = depth_step::<Q4>(acc, xb, &codes, &scales, d);
-                        }
-                    } else {
-                        for d in from..to {
-                            acc = depth_step::<Q4>(acc, xb, &codes, &scales, d);
+                        let scaled = if Q4 {
+                            let unit = _mm256_set1_ps(if half == 0 { LOW_UNIT } else { HIGH_UNIT });
+                            scales.map(|s| _mm256_mul_ps(s, unit))
+                        } else {
+                            scales
+                        };
+                        if (d0, d1) == (0, BLOCK / 2) {
+                            for d in 0..BLOCK / 2 {
+                                acc = depth_step::<Q4>(acc, xb, &codes, &scaled, d);
+                            }
+                        } else if (d0, d1) == (BLOCK / 2, BLOCK) {
+                            for d in BLOCK / 2..BLOCK {
+                                acc = depth_step::<Q4>(acc, xb, &codes, &scaled, d);
+                            }
+                        } else {
+                            for d in d0..d1 {
+                                acc = depth_step::<Q4>(acc, xb, &codes, &scaled, d);
+                            }
                         }
                     }
                     t = b * BLOCK + to;
@@ -649,8 +663,16 @@ mod avx2 {
         store(total)
     }
 
+    /// Q4_0's low nibbles come out of [`depth_step`] as `q · 2^28`, its high ones as `q · 2^4`:
+    /// their scales are multiplied by these units first. Both products are exact (an f16 scale
+    /// times a power of two stays far inside f32's normal range), so `code · scale` is the value
+    /// [`super::BlockType::dequantize`] gives.
+    const LOW_UNIT: f32 = 1.0 / (1u32 << 28) as f32;
+    const HIGH_UNIT: f32 = 1.0 / 16.0;
+
     /// The tile's chains one depth `d` of a block further: `xb[d]` times each group's eight
-    /// weights of depth `d` (codes converted, times the group's scales), fused into `acc`.
+    /// weights of depth `d` (codes converted, times the group's scales as [`LOW_UNIT`] and
+    /// [`HIGH_UNIT`] say), fused into `acc`.
     ///
     /// # Safety
     /// The CPU has AVX2 and FMA; `d < BLOCK`; `xb[d]` is readable, and each `codes[g]` points
@@ -670,13 +692,16 @@ mod avx2 {
             let xt = _mm256_set1_ps(*xb.add(d));
             for g in 0..GROUPS {
                 let q = if Q4 {
-                    // Nibbles stored as q - 8 in two's complement: sign-extended, then shifted.
+                    // Nibbles stored as q - 8 in two's complement, the byte sign-extended: the
+                    // low nibble shifted to the top gives q · 2^28, the high one with the low
+                    // bits cleared q · 2^4 (one integer operation each; the scales carry the
+                    // inverse power of two, so the product is the same exact value).
                     let bytes = _mm_loadl_epi64(codes[g].add((d % 16) * GROUP).cast());
                     let wide = _mm256_cvtepi8_epi32(bytes);
                     if d < 16 {
-                        _mm256_srai_epi32::<28>(_mm256_slli_epi32::<28>(wide))
+                        _mm256_slli_epi32::<28>(wide)
                     } else {
-                        _mm256_srai_epi32::<4>(wide)
+                        _mm256_and_si256(wide, _mm256_set1_epi32(!0xF))
                     }
                 } else {
                     _mm256_cvtepi8_epi32(_mm_loadl_epi64(codes[g].add(d * GROUP).cast()))
