@@ -200,6 +200,23 @@ fn attend_slices(
     mask: &[f32],
 ) -> Vec<f32> {
     let visible = visible_keys(mask, s.n, s.t);
+    if let Some(out) = one_query(s, &visible, q, k, v, grouped, mask) {
+        return out;
+    }
+    attend_blocks(s, &visible, q, k, v, grouped, mask)
+}
+
+/// [`attend_slices`] in blocks of query rows per head, each block's weights and weighted sum in
+/// one task.
+fn attend_blocks(
+    s: &Shape,
+    visible: &[usize],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    grouped: Option<&GroupedKeys<'_>>,
+    mask: &[f32],
+) -> Vec<f32> {
     let blocks = s.n.div_ceil(QUERY_BLOCK);
     let size = s.n.div_ceil(blocks);
     let tasks: Vec<(usize, usize)> = (0..s.heads)
@@ -209,7 +226,7 @@ fn attend_slices(
         .par_iter()
         .map_init(Vec::new, |scores, &(h, b)| {
             let rows = b * size..s.n.min((b + 1) * size);
-            block_output(s, h, rows, &visible, q, k, v, grouped, mask, scores)
+            block_output(s, h, rows, visible, q, k, v, grouped, mask, scores)
         })
         .collect();
     let width = s.heads * s.d;
@@ -263,6 +280,51 @@ fn block_output(
     mask: &[f32],
     scores: &mut Vec<f32>,
 ) -> Vec<f32> {
+    let rows = block.len();
+    let keys = block_weights(s, h, block, visible, q, k, grouped, mask, scores);
+    let g = h / (s.heads / s.kv_heads);
+    let kv_stride = s.kv_heads * s.d;
+    // out[rows, d] = Σ over key blocks of scores[.., block] · v_g[block].
+    let mut out = vec![0f32; rows * s.d];
+    for (i, start) in (0..keys).step_by(KEY_BLOCK).enumerate() {
+        let len = KEY_BLOCK.min(keys - start);
+        matmul(
+            &mut out,
+            s.d,
+            (i > 0).then_some(1.0),
+            MatRef {
+                data: &scores[start..],
+                rows,
+                cols: len,
+                rs: keys,
+                cs: 1,
+            },
+            MatRef {
+                data: &v[start * kv_stride + g * s.d..],
+                rows: len,
+                cols: s.d,
+                rs: kv_stride,
+                cs: 1,
+            },
+        );
+    }
+    out
+}
+
+/// Head `h`'s softmax weights at query rows `block` into `scores` (`[rows, keys]`, row-major,
+/// rounded to f16 when the shape says so); returns `keys`, the keys computed.
+#[allow(clippy::too_many_arguments)]
+fn block_weights(
+    s: &Shape,
+    h: usize,
+    block: std::ops::Range<usize>,
+    visible: &[usize],
+    q: &[f32],
+    k: &[f32],
+    grouped: Option<&GroupedKeys<'_>>,
+    mask: &[f32],
+    scores: &mut Vec<f32>,
+) -> usize {
     let (d, t) = (s.d, s.t);
     let (r0, rows) = (block.start, block.len());
     let seen = &visible[block];
@@ -317,31 +379,77 @@ fn block_output(
                 .for_each(|p| *p = half::f16::from_f32(*p).to_f32());
         }
     }
-    // out[rows, d] = Σ over key blocks of scores[.., block] · v_g[block].
-    let mut out = vec![0f32; rows * d];
-    for (i, start) in (0..keys).step_by(KEY_BLOCK).enumerate() {
-        let len = KEY_BLOCK.min(keys - start);
-        matmul(
-            &mut out,
-            d,
-            (i > 0).then_some(1.0),
-            MatRef {
-                data: &scores[start..],
-                rows,
-                cols: len,
-                rs: keys,
-                cs: 1,
-            },
-            MatRef {
-                data: &v[start * kv_stride + g * d..],
-                rows: len,
-                cols: d,
-                rs: kv_stride,
-                cs: 1,
-            },
-        );
+    keys
+}
+
+/// A single query (a decode step): each head's weights as [`block_weights`] gives them, then
+/// the weighted sums of the values with every query head of a key head read together
+/// ([`super::row_product::shared_weighted_sums`]): each value is loaded once for all of them
+/// instead of once per query head. The bits of [`block_output`]: the same chains, key blocks
+/// and additions. `None` where the CPU has no such kernel.
+fn one_query(
+    s: &Shape,
+    visible: &[usize],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    grouped: Option<&GroupedKeys<'_>>,
+    mask: &[f32],
+) -> Option<Vec<f32>> {
+    if s.n != 1 || !super::row_product::shared_weighted_sums_available() {
+        return None;
     }
-    out
+    let weights: Vec<(usize, Vec<f32>)> = (0..s.heads)
+        .into_par_iter()
+        .map(|h| {
+            let mut scores = Vec::new();
+            let keys = block_weights(s, h, 0..1, visible, q, k, grouped, mask, &mut scores);
+            (keys, scores)
+        })
+        .collect();
+    let rep = s.heads / s.kv_heads;
+    let columns = super::row_product::SHARED_COLUMNS;
+    // Tasks: a key head's columns, `columns` at a time (the last part shorter).
+    let tasks: Vec<(usize, usize)> = (0..s.kv_heads)
+        .flat_map(|g| (0..s.d).step_by(columns).map(move |c| (g, c)))
+        .collect();
+    let kv_stride = s.kv_heads * s.d;
+    let parts: Vec<Vec<f32>> = tasks
+        .par_iter()
+        .map(|&(g, c)| {
+            let width = columns.min(s.d - c);
+            let heads = &weights[g * rep..(g + 1) * rep];
+            let mut out = vec![0f32; rep * width];
+            let keys = heads[0].0;
+            debug_assert!(heads.iter().all(|(n, _)| *n == keys));
+            let mut chains = vec![0f32; rep * width];
+            for (i, start) in (0..keys).step_by(KEY_BLOCK).enumerate() {
+                let len = KEY_BLOCK.min(keys - start);
+                let rows: Vec<&[f32]> =
+                    heads.iter().map(|(_, w)| &w[start..start + len]).collect();
+                super::row_product::shared_weighted_sums(
+                    &mut chains,
+                    &rows,
+                    &v[start * kv_stride + g * s.d + c..],
+                    kv_stride,
+                    width,
+                );
+                for (o, &x) in out.iter_mut().zip(&chains) {
+                    *o = if i == 0 { x } else { x + *o };
+                }
+            }
+            out
+        })
+        .collect();
+    let mut out = vec![0f32; s.heads * s.d];
+    for (&(g, c), part) in tasks.iter().zip(&parts) {
+        let width = columns.min(s.d - c);
+        for (r, row) in part.chunks_exact(width).enumerate() {
+            let at = (g * rep + r) * s.d + c;
+            out[at..at + width].copy_from_slice(row);
+        }
+    }
+    Some(out)
 }
 
 #[cfg(test)]

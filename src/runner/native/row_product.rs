@@ -229,6 +229,89 @@ pub(super) fn strided_groups_times(dst: &mut [f32], x: &[f32], grouped: &[f32], 
     }
 }
 
+/// Columns of one key head a task of [`shared_weighted_sums`] takes at most: four registers for
+/// each of three query heads.
+pub(super) const SHARED_COLUMNS: usize = 4 * LANES;
+
+/// Query heads read together by [`shared_weighted_sums`]: with four registers each, twelve
+/// chains plus the loaded values and the broadcast weights fill the sixteen AVX2 registers.
+const SHARED_HEADS: usize = 3;
+
+/// Whether [`shared_weighted_sums`] has its SIMD form here (else attention keeps its per-head
+/// products, which give the same bits).
+pub(super) fn shared_weighted_sums_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `dst[r · width + j]` = head `r`'s chain (from zero, in position order, one fused multiply-add
+/// a step) of `weights[r][p] · values[p · stride + j]` over its positions, for every column
+/// `j < width`: a query's weighted sum of one key head's values, for all the query heads that
+/// read that key head, each value loaded once for up to [`SHARED_HEADS`] of them. The bits of
+/// [`row_times`] per head. Needs [`shared_weighted_sums_available`]; panics otherwise or when the
+/// operands do not hold the positions and columns.
+pub(super) fn shared_weighted_sums(
+    dst: &mut [f32],
+    weights: &[&[f32]],
+    values: &[f32],
+    stride: usize,
+    width: usize,
+) {
+    let len = weights.first().map_or(0, |w| w.len());
+    assert!(
+        shared_weighted_sums_available()
+            && len > 0
+            && weights.iter().all(|w| w.len() == len)
+            && (1..=SHARED_COLUMNS).contains(&width)
+            && width <= stride
+            && (len - 1) * stride + width <= values.len()
+            && dst.len() >= weights.len() * width,
+        "shared weighted sums: {} heads of {len} positions, {width} of {} values every {stride}",
+        weights.len(),
+        values.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    for (b, batch) in weights.chunks(SHARED_HEADS).enumerate() {
+        let mut j = 0;
+        while j < width {
+            let (take, wide) = if width - j >= SHARED_COLUMNS {
+                (SHARED_COLUMNS, true)
+            } else {
+                (LANES.min(width - j), false)
+            };
+            let mut out = [[0f32; SHARED_COLUMNS]; SHARED_HEADS];
+            let at = values[j..].as_ptr();
+            // SAFETY: the CPU has AVX2 and FMA (asserted above); each weight row has `len`
+            // values; the kernel reads `values[p · stride + j + i]` for p < len and i < 8 · W
+            // (i < take when `take` < 8: `masked`), inside `values` as asserted above.
+            #[allow(unsafe_code)]
+            unsafe {
+                match (batch.len(), wide) {
+                    (3, true) => avx2::shared_sums::<3, 4>(&mut out, batch, at, stride, take),
+                    (2, true) => avx2::shared_sums::<2, 4>(&mut out, batch, at, stride, take),
+                    (1, true) => avx2::shared_sums::<1, 4>(&mut out, batch, at, stride, take),
+                    (3, false) => avx2::shared_sums::<3, 1>(&mut out, batch, at, stride, take),
+                    (2, false) => avx2::shared_sums::<2, 1>(&mut out, batch, at, stride, take),
+                    _ => avx2::shared_sums::<1, 1>(&mut out, batch, at, stride, take),
+                }
+            }
+            for (r, row) in out.iter().take(batch.len()).enumerate() {
+                let head = b * SHARED_HEADS + r;
+                dst[head * width + j..head * width + j + take].copy_from_slice(&row[..take]);
+            }
+            j += take;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (dst, values, stride, width);
+}
+
 /// `dst = x · wᵀ` for one row `x` (`[1, cols]`) against a weight held as its file's blocks:
 /// the bits [`row_times`] gives on the dequantized matrix, through the same depth cut
 /// ([`super::matmul::depth_blocks`] beyond [`super::matmul::DEPTH_BLOCK`], else one chain),
@@ -764,6 +847,54 @@ mod avx2 {
             }
             for (i, a) in acc.into_iter().enumerate() {
                 _mm256_storeu_ps(out.as_mut_ptr().add(i * LANES), a);
+            }
+        }
+    }
+
+    /// `out[r][..8 · W]`: head `r`'s chains over `weights[r]`'s positions of the `8 · W`
+    /// columns at `values` (rows `stride` apart), per position one load of each register of
+    /// values for all `H` heads. With `take < 8` (W = 1) only `take` columns are read, the
+    /// others' lanes are zeros.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `weights` has `H` rows of equal length `len`; `values[p ·
+    /// stride + i]` is readable for p < len and i < 8 · W (i < take when take < 8).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn shared_sums<const H: usize, const W: usize>(
+        out: &mut [[f32; 4 * LANES]; 3],
+        weights: &[&[f32]],
+        values: *const f32,
+        stride: usize,
+        take: usize,
+    ) {
+        // SAFETY: as the caller vouches; a partial register is read lane by lane.
+        unsafe {
+            let len = weights[0].len();
+            let w: [*const f32; H] = std::array::from_fn(|r| weights[r].as_ptr());
+            let mut acc = [[_mm256_setzero_ps(); W]; H];
+            let partial = take < LANES;
+            for p in 0..len {
+                let row = values.add(p * stride);
+                let x: [__m256; H] = std::array::from_fn(|r| _mm256_set1_ps(*w[r].add(p)));
+                for i in 0..W {
+                    let v = if partial {
+                        let mut lanes = [0f32; LANES];
+                        for (l, lane) in lanes.iter_mut().enumerate().take(take) {
+                            *lane = *row.add(l);
+                        }
+                        _mm256_loadu_ps(lanes.as_ptr())
+                    } else {
+                        _mm256_loadu_ps(row.add(i * LANES))
+                    };
+                    for r in 0..H {
+                        acc[r][i] = _mm256_fmadd_ps(x[r], v, acc[r][i]);
+                    }
+                }
+            }
+            for r in 0..H {
+                for i in 0..W {
+                    _mm256_storeu_ps(out[r].as_mut_ptr().add(i * LANES), acc[r][i]);
+                }
             }
         }
     }
