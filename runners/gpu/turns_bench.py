@@ -18,7 +18,8 @@ interleaved:
   measurement's `prompt_tokens`), then `model.generate(ids, max_new_tokens=N, do_sample=False,
   eos_token_id=the measurement's stop ids)` with the dtype and attention implementation the lane
   recorded (`turns.generated_by`), the model loaded once and warmed up by one untimed pass over
-  every prompt. Its prefill is a `max_new_tokens=1` call on the same prompt (the mean of one
+  every prompt (`--no-warm-up`: not, so that the first repeat's generate is as cold as the lane's
+  first side, which runs in a fresh process every repeat). Its prefill is a `max_new_tokens=1` call on the same prompt (the mean of one
   before the whole turn and one after), its decode the full call less that (every generated
   token, the first included, over the steps after the prefill: the lane's own count), each timed
   with a synchronization. The difference is only as good as the prefill's run-to-run spread
@@ -517,6 +518,8 @@ def main():
     ap.add_argument("--python", default=sys.executable, help="the interpreter cardproof starts the runner with")
     ap.add_argument("--work", help="where the measurements go (default: a temporary directory)")
     ap.add_argument("--out", default="turns_bench.json")
+    ap.add_argument("--no-warm-up", action="store_true",
+                    help="time generate's first pass in this process (cold, as the lane's first side runs) instead of warming it up first")
     ap.add_argument("--allow-prompt-mismatch", action="store_true",
                     help="keep generate's own rendering where its length differs from cardproof's (timing only)")
     a = ap.parse_args()
@@ -590,6 +593,9 @@ def main():
             prompts = prompts_of(t, conv_doc, a.chat_template, tok, a.allow_prompt_mismatch)
             log(f"{len(prompts)} turns, prompts of {[len(p) for p in prompts]} tokens, stop ids {stops}")
             for path, peer in peers.items():
+                if a.no_warm_up:
+                    log(f"no warm-up: generate's first repeat on {path} is its first pass")
+                    continue
                 log(f"warm-up: generate on {path}")
                 peer.turns(prompts, max_new, stops)
         log(f"repeat {i + 1}/{a.repeats}: generate")
