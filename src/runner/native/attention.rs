@@ -625,6 +625,65 @@ mod tests {
         }
     }
 
+    /// A decode step's query heads read their key head's values together
+    /// ([`one_query`]): the bits of the per-head blocks, for head counts per key head of one to
+    /// five (batches of three and a rest), widths that are and are not multiples of the shared
+    /// columns and of a register, key blocks past [`KEY_BLOCK`], f16 weights, with and without
+    /// grouped keys.
+    #[test]
+    fn a_decode_steps_shared_values_are_the_per_head_blocks_bits() {
+        if !crate::runner::native::row_product::shared_weighted_sums_available() {
+            return;
+        }
+        for (t, heads, kv, d, f16_weights) in [
+            (1, 1, 1, 8, false),
+            (37, 9, 3, 64, false),
+            (70, 8, 2, 80, true),
+            (600, 5, 1, 12, false),
+            (1100, 6, 2, 128, true),
+        ] {
+            let q = tensor(&[1, heads, d], 1, 4.0);
+            let k = tensor(&[t, kv, d], 2, 4.0);
+            let v = tensor(&[t, kv, d], 3, 2.0);
+            let m = mask(1, t - 1, usize::MAX);
+            let flat = |x: &Tensor| -> Vec<f32> { x.flatten_all().unwrap().to_vec1().unwrap() };
+            let (q, kr, vr, m) = (flat(&q), flat(&k), flat(&v), flat(&m));
+            let shape = Shape {
+                n: 1,
+                t,
+                heads,
+                kv_heads: kv,
+                d,
+                scale: 1.0 / (d as f32).sqrt(),
+                f16_weights,
+            };
+            let visible = visible_keys(&m, 1, t);
+            let mut grown = Vec::new();
+            GroupedKeys::extend(&mut grown, &kr, 0, kv, d);
+            for grouped in [
+                None,
+                Some(GroupedKeys {
+                    values: &grown,
+                    positions: t,
+                }),
+            ] {
+                let blocks = attend_blocks(&shape, &visible, &q, &kr, &vr, grouped.as_ref(), &m);
+                let shared = one_query(&shape, &visible, &q, &kr, &vr, grouped.as_ref(), &m)
+                    .expect("the shared path runs here");
+                assert!(
+                    same_bits(&blocks, &shared),
+                    "t {t}, heads {heads}/{kv}, d {d}, f16 {f16_weights}"
+                );
+                // The values are what is read: a changed one changes the output.
+                let mut changed = vr.clone();
+                changed[(t - 1) * kv * d + d - 1] = f32::NAN;
+                let other =
+                    one_query(&shape, &visible, &q, &kr, &changed, grouped.as_ref(), &m).unwrap();
+                assert!(!same_bits(&other, &shared), "t {t}, d {d}: values unread");
+            }
+        }
+    }
+
     #[test]
     fn visible_keys_attention_is_the_chains_bits() {
         // (n, past, heads, kv heads, d, sliding window): one token, blocks with a ragged last
