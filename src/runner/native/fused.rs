@@ -105,11 +105,10 @@ pub(super) fn softmax_scaled_masked(
 /// One row of [`softmax_scaled_masked`] in place: `row` ← softmax(`row` · `scale` + `mask`), the
 /// two of equal length.
 pub(super) fn softmax_row(row: &mut [f32], mask: &[f32], scale: f32) {
-    let mut max = f32::NEG_INFINITY;
     for (v, &mi) in row.iter_mut().zip(mask) {
         *v = (*v * scale + 0.0) + mi;
-        max = max.max(*v);
     }
+    let max = row_max(row);
     for v in row.iter_mut() {
         *v = (*v - max).exp();
     }
@@ -117,6 +116,22 @@ pub(super) fn softmax_row(row: &mut [f32], mask: &[f32], scale: f32) {
     for v in row.iter_mut() {
         *v /= sum;
     }
+}
+
+/// The largest value of `row` that is not NaN (`-inf` when there is none), in eight lanes (so
+/// the compiler keeps it in SIMD registers). The same value in any order: `f32::max` returns the
+/// other operand of a NaN, and of two zeros either, whose difference from a value is the same
+/// after `exp`.
+fn row_max(row: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut chunks = row.chunks_exact(8);
+    for chunk in &mut chunks {
+        for (m, &v) in lanes.iter_mut().zip(chunk) {
+            *m = m.max(v);
+        }
+    }
+    let tail = chunks.remainder().iter();
+    lanes.into_iter().chain(tail.copied()).fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// Softmax over the last dimension, as candle's operations compute it.
@@ -168,6 +183,34 @@ pub(super) mod tests {
     fn same_bits(a: &Tensor, b: &Tensor) -> bool {
         let (a, b) = (values(a).unwrap(), values(b).unwrap());
         a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
+    /// The eight-lane maximum is the one-at-a-time fold's value, NaNs, infinities and signed
+    /// zeros included, at lengths with and without a tail.
+    #[test]
+    fn row_max_is_the_folds_value() {
+        let specials = [f32::NAN, f32::NEG_INFINITY, f32::INFINITY, -0.0, 0.0, -1.5, 3.25];
+        for len in [0usize, 1, 7, 8, 9, 64, 67] {
+            for seed in 0..40u32 {
+                let row: Vec<f32> = (0..len)
+                    .map(|i| {
+                        let x = (i as u32 * 31 + seed * 7).wrapping_mul(2_654_435_761) >> 8;
+                        if x % 3 == 0 {
+                            specials[(x as usize / 3) % specials.len()]
+                        } else {
+                            (x as f32 / (1u32 << 24) as f32 - 0.5) * 8.0
+                        }
+                    })
+                    .collect();
+                let fold = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                let got = row_max(&row);
+                // Equal values (either zero where the fold's is a zero).
+                assert!(
+                    got == fold || (got.is_nan() && fold.is_nan()),
+                    "len {len}, seed {seed}: {got} vs {fold}"
+                );
+            }
+        }
     }
 
     #[test]
