@@ -182,6 +182,7 @@ pub(super) fn preflight(r: &Request, pre: &mut Preflight, reference: &Path) -> R
     pre.identity = super::preflight::Identity {
         reference_files_sha256: Some(manifest.root_sha256.clone()),
         eval_text_sha256: Some(sha256_hex(&bytes)),
+        eval_text_bytes: Some(bytes.len() as u64),
         tokens_sha256: None,
         token_count: None,
         conversation: None,
@@ -684,14 +685,18 @@ fn score_rows(
         .map(|&t| u32::try_from(t).unwrap_or(u32::MAX))
         .collect();
     let width = pair.n_vocab as usize;
-    let stream = TokenStream::of_ids(
-        ids,
-        reference
-            .identity
-            .eval_text_sha256
-            .clone()
-            .unwrap_or_default(),
-    );
+    let stream = TokenStream {
+        // The size of the text the pre-flight hashed (llama.cpp read the same file).
+        text_bytes: reference.identity.eval_text_bytes.unwrap_or(0),
+        ..TokenStream::of_ids(
+            ids,
+            reference
+                .identity
+                .eval_text_sha256
+                .clone()
+                .unwrap_or_default(),
+        )
+    };
     let eval = EvalInput {
         stream: &stream,
         text_path: text,

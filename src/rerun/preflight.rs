@@ -71,6 +71,8 @@ pub struct Identity {
     pub reference_files_sha256: Option<String>,
     /// The eval text's SHA-256 (`measurement.eval.text_sha256`).
     pub eval_text_sha256: Option<String>,
+    /// The eval text's size in bytes, where it was read here (`measurement.eval.text_bytes`).
+    pub eval_text_bytes: Option<u64>,
     /// The token stream's digest and length (`measurement.eval.tokens_sha256`, `token_count`).
     pub tokens_sha256: Option<String>,
     pub token_count: Option<usize>,
@@ -174,6 +176,7 @@ fn check_hashing(
                         .unwrap_or_default(),
                 ),
                 eval_text_sha256: a.header.eval.text_sha256.clone(),
+                eval_text_bytes: None,
                 tokens_sha256: Some(tokens::tokens_sha256(&a.tokens)),
                 token_count: Some(a.tokens.len()),
                 conversation: None,
@@ -255,6 +258,7 @@ fn model_lane(
     pre.identity = Identity {
         reference_files_sha256: manifest.as_ref().map(|m| m.root_sha256.clone()),
         eval_text_sha256: Some(stream.text_sha256.clone()),
+        eval_text_bytes: Some(stream.text_bytes),
         tokens_sha256: Some(tokens::tokens_sha256(&stream.ids)),
         token_count: Some(stream.ids.len()),
         conversation: stream.conversation.as_ref().map(|c| c.record.clone()),

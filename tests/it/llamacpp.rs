@@ -927,6 +927,9 @@ mod real {
         assert_eq!(m["fidelity"]["runtime"]["engine"], "llama_cpp");
         // 43 windows of 256 tokens, rows 128..=254 of each.
         assert_eq!(m["runs"][0]["n_positions"], 43 * 127);
+        // Regression: the eval text's size was 0 in this lane (its tokens are llama.cpp's).
+        let size = std::fs::metadata("examples/data/eval.txt").unwrap().len();
+        assert_eq!(m["eval"]["text_bytes"], size);
     }
 
     /// llama-perplexity needs two windows' tokens; its one error line is named, not the
