@@ -425,8 +425,7 @@ fn one_query(
             let mut chains = vec![0f32; rep * width];
             for (i, start) in (0..keys).step_by(KEY_BLOCK).enumerate() {
                 let len = KEY_BLOCK.min(keys - start);
-                let rows: Vec<&[f32]> =
-                    heads.iter().map(|(_, w)| &w[start..start + len]).collect();
+                let rows: Vec<&[f32]> = heads.iter().map(|(_, w)| &w[start..start + len]).collect();
                 super::row_product::shared_weighted_sums(
                     &mut chains,
                     &rows,

@@ -131,7 +131,10 @@ fn row_max(row: &[f32]) -> f32 {
         }
     }
     let tail = chunks.remainder().iter();
-    lanes.into_iter().chain(tail.copied()).fold(f32::NEG_INFINITY, f32::max)
+    lanes
+        .into_iter()
+        .chain(tail.copied())
+        .fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// Softmax over the last dimension, as candle's operations compute it.
@@ -189,13 +192,21 @@ pub(super) mod tests {
     /// zeros included, at lengths with and without a tail.
     #[test]
     fn row_max_is_the_folds_value() {
-        let specials = [f32::NAN, f32::NEG_INFINITY, f32::INFINITY, -0.0, 0.0, -1.5, 3.25];
+        let specials = [
+            f32::NAN,
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            -0.0,
+            0.0,
+            -1.5,
+            3.25,
+        ];
         for len in [0usize, 1, 7, 8, 9, 64, 67] {
             for seed in 0..40u32 {
                 let row: Vec<f32> = (0..len)
                     .map(|i| {
                         let x = (i as u32 * 31 + seed * 7).wrapping_mul(2_654_435_761) >> 8;
-                        if x % 3 == 0 {
+                        if x.is_multiple_of(3) {
                             specials[(x as usize / 3) % specials.len()]
                         } else {
                             (x as f32 / (1u32 << 24) as f32 - 0.5) * 8.0

@@ -886,14 +886,14 @@ mod avx2 {
                     } else {
                         _mm256_loadu_ps(row.add(i * LANES))
                     };
-                    for r in 0..H {
-                        acc[r][i] = _mm256_fmadd_ps(x[r], v, acc[r][i]);
+                    for (a, &xr) in acc.iter_mut().zip(&x) {
+                        a[i] = _mm256_fmadd_ps(xr, v, a[i]);
                     }
                 }
             }
-            for r in 0..H {
-                for i in 0..W {
-                    _mm256_storeu_ps(out[r].as_mut_ptr().add(i * LANES), acc[r][i]);
+            for (o, a) in out.iter_mut().zip(&acc) {
+                for (i, &reg) in a.iter().enumerate() {
+                    _mm256_storeu_ps(o.as_mut_ptr().add(i * LANES), reg);
                 }
             }
         }
