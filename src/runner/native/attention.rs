@@ -200,23 +200,34 @@ fn attend_slices(
     mask: &[f32],
 ) -> Vec<f32> {
     let visible = visible_keys(mask, s.n, s.t);
-    if let Some(out) = one_query(s, &visible, q, k, v, grouped, mask) {
+    let o = Operands {
+        visible: &visible,
+        q,
+        k,
+        v,
+        grouped,
+        mask,
+    };
+    if let Some(out) = one_query(s, &o) {
         return out;
     }
-    attend_blocks(s, &visible, q, k, v, grouped, mask)
+    attend_blocks(s, &o)
+}
+
+/// The inputs every head's task reads: per query row the keys it sees, the queries, keys and
+/// values as rows, the grouped keys where the cache holds them, the mask.
+struct Operands<'a> {
+    visible: &'a [usize],
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    grouped: Option<&'a GroupedKeys<'a>>,
+    mask: &'a [f32],
 }
 
 /// [`attend_slices`] in blocks of query rows per head, each block's weights and weighted sum in
 /// one task.
-fn attend_blocks(
-    s: &Shape,
-    visible: &[usize],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    grouped: Option<&GroupedKeys<'_>>,
-    mask: &[f32],
-) -> Vec<f32> {
+fn attend_blocks(s: &Shape, o: &Operands<'_>) -> Vec<f32> {
     let blocks = s.n.div_ceil(QUERY_BLOCK);
     let size = s.n.div_ceil(blocks);
     let tasks: Vec<(usize, usize)> = (0..s.heads)
@@ -226,7 +237,7 @@ fn attend_blocks(
         .par_iter()
         .map_init(Vec::new, |scores, &(h, b)| {
             let rows = b * size..s.n.min((b + 1) * size);
-            block_output(s, h, rows, visible, q, k, v, grouped, mask, scores)
+            block_output(s, h, rows, o, scores)
         })
         .collect();
     let width = s.heads * s.d;
@@ -267,21 +278,15 @@ fn computed_keys(needed: usize, t: usize) -> usize {
 }
 
 /// Head `h`'s output at query rows `block`: `[rows, d]`, row-major.
-#[allow(clippy::too_many_arguments)]
 fn block_output(
     s: &Shape,
     h: usize,
     block: std::ops::Range<usize>,
-    visible: &[usize],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    grouped: Option<&GroupedKeys<'_>>,
-    mask: &[f32],
+    o: &Operands<'_>,
     scores: &mut Vec<f32>,
 ) -> Vec<f32> {
     let rows = block.len();
-    let keys = block_weights(s, h, block, visible, q, k, grouped, mask, scores);
+    let keys = block_weights(s, h, block, o, scores);
     let g = h / (s.heads / s.kv_heads);
     let kv_stride = s.kv_heads * s.d;
     // out[rows, d] = Σ over key blocks of scores[.., block] · v_g[block].
@@ -300,7 +305,7 @@ fn block_output(
                 cs: 1,
             },
             MatRef {
-                data: &v[start * kv_stride + g * s.d..],
+                data: &o.v[start * kv_stride + g * s.d..],
                 rows: len,
                 cols: s.d,
                 rs: kv_stride,
@@ -313,18 +318,21 @@ fn block_output(
 
 /// Head `h`'s softmax weights at query rows `block` into `scores` (`[rows, keys]`, row-major,
 /// rounded to f16 when the shape says so); returns `keys`, the keys computed.
-#[allow(clippy::too_many_arguments)]
 fn block_weights(
     s: &Shape,
     h: usize,
     block: std::ops::Range<usize>,
-    visible: &[usize],
-    q: &[f32],
-    k: &[f32],
-    grouped: Option<&GroupedKeys<'_>>,
-    mask: &[f32],
+    o: &Operands<'_>,
     scores: &mut Vec<f32>,
 ) -> usize {
+    let Operands {
+        visible,
+        q,
+        k,
+        grouped,
+        mask,
+        ..
+    } = *o;
     let (d, t) = (s.d, s.t);
     let (r0, rows) = (block.start, block.len());
     let seen = &visible[block];
@@ -387,15 +395,7 @@ fn block_weights(
 /// ([`super::row_product::shared_weighted_sums`]): each value is loaded once for all of them
 /// instead of once per query head. The bits of [`block_output`]: the same chains, key blocks
 /// and additions. `None` where the CPU has no such kernel.
-fn one_query(
-    s: &Shape,
-    visible: &[usize],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    grouped: Option<&GroupedKeys<'_>>,
-    mask: &[f32],
-) -> Option<Vec<f32>> {
+fn one_query(s: &Shape, o: &Operands<'_>) -> Option<Vec<f32>> {
     if s.n != 1 || !super::row_product::shared_weighted_sums_available() {
         return None;
     }
@@ -403,7 +403,7 @@ fn one_query(
         .into_par_iter()
         .map(|h| {
             let mut scores = Vec::new();
-            let keys = block_weights(s, h, 0..1, visible, q, k, grouped, mask, &mut scores);
+            let keys = block_weights(s, h, 0..1, o, &mut scores);
             (keys, scores)
         })
         .collect();
@@ -429,7 +429,7 @@ fn one_query(
                 super::row_product::shared_weighted_sums(
                     &mut chains,
                     &rows,
-                    &v[start * kv_stride + g * s.d + c..],
+                    &o.v[start * kv_stride + g * s.d + c..],
                     kv_stride,
                     width,
                 );
@@ -666,9 +666,16 @@ mod tests {
                     positions: t,
                 }),
             ] {
-                let blocks = attend_blocks(&shape, &visible, &q, &kr, &vr, grouped.as_ref(), &m);
-                let shared = one_query(&shape, &visible, &q, &kr, &vr, grouped.as_ref(), &m)
-                    .expect("the shared path runs here");
+                let o = Operands {
+                    visible: &visible,
+                    q: &q,
+                    k: &kr,
+                    v: &vr,
+                    grouped: grouped.as_ref(),
+                    mask: &m,
+                };
+                let blocks = attend_blocks(&shape, &o);
+                let shared = one_query(&shape, &o).expect("the shared path runs here");
                 assert!(
                     same_bits(&blocks, &shared),
                     "t {t}, heads {heads}/{kv}, d {d}, f16 {f16_weights}"
@@ -676,8 +683,7 @@ mod tests {
                 // The values are what is read: a changed one changes the output.
                 let mut changed = vr.clone();
                 changed[(t - 1) * kv * d + d - 1] = f32::NAN;
-                let other =
-                    one_query(&shape, &visible, &q, &kr, &changed, grouped.as_ref(), &m).unwrap();
+                let other = one_query(&shape, &Operands { v: &changed, ..o }).unwrap();
                 assert!(!same_bits(&other, &shared), "t {t}, d {d}: values unread");
             }
         }
