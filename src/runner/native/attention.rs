@@ -422,20 +422,18 @@ fn one_query(s: &Shape, o: &Operands<'_>) -> Option<Vec<f32>> {
             let mut out = vec![0f32; rep * width];
             let keys = heads[0].0;
             debug_assert!(heads.iter().all(|(n, _)| *n == keys));
-            let mut chains = vec![0f32; rep * width];
+            // Each key block's chains added onto the blocks' before, as `block_output`'s are.
             for (i, start) in (0..keys).step_by(KEY_BLOCK).enumerate() {
                 let len = KEY_BLOCK.min(keys - start);
                 let rows: Vec<&[f32]> = heads.iter().map(|(_, w)| &w[start..start + len]).collect();
                 super::row_product::shared_weighted_sums(
-                    &mut chains,
+                    &mut out,
+                    (i > 0).then_some(1.0),
                     &rows,
                     &o.v[start * kv_stride + g * s.d + c..],
                     kv_stride,
                     width,
                 );
-                for (o, &x) in out.iter_mut().zip(&chains) {
-                    *o = if i == 0 { x } else { x + *o };
-                }
             }
             out
         })

@@ -252,12 +252,14 @@ pub(super) fn shared_weighted_sums_available() -> bool {
 
 /// `dst[r · width + j]` = head `r`'s chain (from zero, in position order, one fused multiply-add
 /// a step) of `weights[r][p] · values[p · stride + j]` over its positions, for every column
-/// `j < width`: a query's weighted sum of one key head's values, for all the query heads that
-/// read that key head, each value loaded once for up to [`SHARED_HEADS`] of them. The bits of
+/// `j < width`, combined with the destination by `alpha` as [`row_times`] combines a depth
+/// block: a query's weighted sum of one key head's values, for all the query heads that read
+/// that key head, each value loaded once for up to [`SHARED_HEADS`] of them. The bits of
 /// [`row_times`] per head. Needs [`shared_weighted_sums_available`]; panics otherwise or when the
 /// operands do not hold the positions and columns.
 pub(super) fn shared_weighted_sums(
     dst: &mut [f32],
+    alpha: Option<f32>,
     weights: &[&[f32]],
     values: &[f32],
     stride: usize,
@@ -289,7 +291,7 @@ pub(super) fn shared_weighted_sums(
             let at = values[j..].as_ptr();
             // SAFETY: the CPU has AVX2 and FMA (asserted above); each weight row has `len`
             // values; the kernel reads `values[p · stride + j + i]` for p < len and i < 8 · W
-            // (i < take when `take` < 8: `masked`), inside `values` as asserted above.
+            // (i < take when `take` < 8), inside `values` as asserted above.
             #[allow(unsafe_code)]
             unsafe {
                 match (batch.len(), wide) {
@@ -303,13 +305,16 @@ pub(super) fn shared_weighted_sums(
             }
             for (r, row) in out.iter().take(batch.len()).enumerate() {
                 let head = b * SHARED_HEADS + r;
-                dst[head * width + j..head * width + j + take].copy_from_slice(&row[..take]);
+                let to = &mut dst[head * width + j..head * width + j + take];
+                for (d, &chain) in to.iter_mut().zip(&row[..take]) {
+                    *d = combine(alpha, *d, chain);
+                }
             }
             j += take;
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (dst, values, stride, width);
+    let _ = (dst, alpha, values, stride, width);
 }
 
 /// `dst = x · wᵀ` for one row `x` (`[1, cols]`) against a weight held as its file's blocks:
