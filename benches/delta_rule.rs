@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use cardproof::runner::native::delta_rule::{self, DeltaFloat, DeltaRuleShape, StateDtype};
+use cardproof::runner::native::delta_rule::{self, DeltaFloat, DeltaRuleShape};
 
 /// splitmix64 uniforms in [0, 1).
 struct Rng(u64);
@@ -57,16 +57,8 @@ fn inputs<F: DeltaFloat>(tokens: usize) -> Inputs<F> {
     }
 }
 
-type Form<F> = fn(
-    DeltaRuleShape,
-    &[F],
-    &[F],
-    &[F],
-    &[F],
-    &[F],
-    &mut [F],
-    StateDtype,
-) -> cardproof::Result<Vec<F>>;
+type Form<F> =
+    fn(DeltaRuleShape, &[F], &[F], &[F], &[F], &[F], &mut [F]) -> cardproof::Result<Vec<F>>;
 
 /// Best of `reps` runs of `form` from a zero state, in seconds.
 fn time<F: DeltaFloat>(x: &Inputs<F>, form: Form<F>, reps: usize) -> f64 {
@@ -75,17 +67,7 @@ fn time<F: DeltaFloat>(x: &Inputs<F>, form: Form<F>, reps: usize) -> f64 {
     for _ in 0..reps {
         let mut state = vec![F::ZERO; s.value_heads * s.key_dim * s.value_dim];
         let t = Instant::now();
-        let o = form(
-            s,
-            &x.q,
-            &x.k,
-            &x.v,
-            &x.g,
-            &x.beta,
-            &mut state,
-            StateDtype::F32,
-        )
-        .unwrap();
+        let o = form(s, &x.q, &x.k, &x.v, &x.g, &x.beta, &mut state).unwrap();
         best = best.min(t.elapsed().as_secs_f64());
         assert_eq!(o.len(), s.tokens * s.value_heads * s.value_dim);
     }

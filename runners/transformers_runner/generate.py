@@ -26,6 +26,7 @@ import time
 from .kv_quant import kv_label, kv_setting, new_cache
 from .model import attn_used, head_logits, input_device, set_attention
 from .protocol import RunnerError, progress
+from .state import state_setting, store_states
 
 
 def next_token(torch, logits, used):
@@ -45,6 +46,8 @@ def extend(torch, model, ids, cache, chunk):
     h = None
     for start in range(0, t.shape[1], chunk):
         h = base(input_ids=t[:, start:start + chunk], past_key_values=cache, use_cache=True).last_hidden_state[0, -1:]
+        # The engine stores the carried state after each chunk and each decode step.
+        store_states(model, cache)
     return head_logits(torch, model, h.to(model.get_output_embeddings().weight.device))
 
 
@@ -140,6 +143,7 @@ def generate_turns(r, model, spec, who):
     torch, turns = r.torch, r.turns
     set_attention(model, spec.get("attn_implementation", "sdpa"))
     model._cardproof_kv = kv_setting(spec, spec["path"])
+    model._cardproof_state = state_setting(torch, model, spec)
     width = model.get_output_embeddings().weight.shape[0]
     if turns["used"] > width:
         raise RunnerError("bad_request", f"turns.used {turns['used']} is over {who}'s {width} logit entries")

@@ -278,4 +278,8 @@ def model_record(model, spec):
         "run_compressed": (q or {}).get("run_compressed") if isinstance(q, dict) else None,
         "device_map": {k: str(v) for k, v in (getattr(model, "hf_device_map", None) or {}).items()} or str(model.device),
         "architecture": type(model).__name__,
+        # Linear-attention layers (a carried recurrent state), and the dtype cardproof stores
+        # that state in after each cached pass (`f32`: as the model keeps it).
+        "linear_attention_layers": sum(1 for m in model.modules() if is_linear_attention(m)),
+        "recurrent_state": spec.get("recurrent_state") or "f32",
     }

@@ -28,6 +28,7 @@ from .model import (
 from .protocol import RunnerError, next_tokens, progress, read_tokens, read_turns
 from .provenance import environment, kv_scales_record, model_record, probe_linear_attention
 from .reduce import reduce_rows, reduce_rows_fused, triton_kernel
+from .state import state_setting, store_states
 
 # Tokens the first model of each shape warms up on (see `Run.warm_up`).
 WARMUP_TOKENS = 4096
@@ -72,6 +73,8 @@ def prefill(torch, transformers, model, ids, keep, chunk):
                 past_key_values=cache,
                 use_cache=True,
             ).last_hidden_state[0]
+            # The engine stores the carried state between chunks (in its state dtype).
+            store_states(model, cache)
             lo = torch.searchsorted(keep, start)
             hi = torch.searchsorted(keep, end)
             if hi > lo:
@@ -180,6 +183,7 @@ class Run:
         progress(f"loading {spec['path']}")
         m = load_model(torch, self.transformers, spec, self.dtype, self.device, self.req.get("trust_remote_code", False))
         m._cardproof_kv = kv_setting(spec, spec["path"])
+        m._cardproof_state = state_setting(torch, m, spec)
         self.timings["load"] += time.perf_counter() - t
         # Warm-up (kernel selection, lazy initialization, Triton compilation and autotuning, the
         # fused reduction's compilation), timed apart, so the timings of the real work are the
@@ -248,6 +252,7 @@ class Run:
         set_attention(model, spec.get("attn_implementation", "sdpa"))
         # Per side: one model shared by both sides (a sweep) switches its scheme with its side.
         model._cardproof_kv = kv_setting(spec, spec["path"])
+        model._cardproof_state = state_setting(self.torch, model, spec)
         t = time.perf_counter()
         h = prefill(self.torch, self.transformers, model, ids, keep, self.chunk)
         self.synchronize()

@@ -409,6 +409,12 @@ pub struct Protocol {
     /// `tool_call_match`, `turn_match`) were generated; required when `results` claims any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turns: Option<Turns>,
+    /// The prefill chunk in tokens: each window was prefilled in pieces of this many tokens, the
+    /// KV cache and recurrent state carried (and stored in the engine's state dtype) between
+    /// them, as an engine's chunked prefill runs it. Absent: each window in one pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = crate::kld::protocol::MAX_CONTEXT_LENGTH))]
+    pub prefill_chunk: Option<u64>,
 }
 
 /// Generated assistant turns (a conversation eval text): each turn generated from the true

@@ -65,6 +65,10 @@ pub struct RunProtocol {
     pub context_lengths: Vec<usize>,
     pub bos: Bos,
     pub windows: String,
+    /// Each window prefilled in pieces of this many tokens, everything carried between them
+    /// (absent: one pass per window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_chunk: Option<usize>,
 }
 
 impl RunProtocol {

@@ -126,8 +126,7 @@ pub(super) fn transformers_environment(
         // Set from the request once the record is checked against it (see `run_transformers`).
         kv_cache: None,
         kv_scales: None,
-        // transformers keeps the recurrent state in fp32; which GDN kernel ran is the runner's
-        // record to make.
+        // Set per arm from the runner's model record (see `recurrent_state_ran`).
         recurrent_state_dtype: None,
         emulate: None,
         threads: None,
@@ -236,4 +235,32 @@ pub(super) fn kv_cache_ran(
         }
     }
     Ok(())
+}
+
+/// The recurrent-state dtype the transformers runner says the candidate ran with, checked
+/// against what was asked: a knob asked for and not applied (a runner program older than the
+/// request) is an error, not a silently plain run. `None` for a model without linear-attention
+/// layers (the runner counts them), else the dtype the state was stored in.
+pub(super) fn recurrent_state_ran(
+    candidate: &Path,
+    asked: crate::runner::native::StateDtype,
+    record: &Value,
+) -> Result<Option<String>> {
+    let ran = record.get("recurrent_state").and_then(Value::as_str);
+    let layers = record
+        .get("linear_attention_layers")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    if ran != Some(asked.as_str())
+        && (ran.is_some() || asked != crate::runner::native::StateDtype::F32)
+    {
+        return Err(Error::runner(
+            candidate,
+            format!(
+                "the recurrent state was asked for in {asked} but the transformers runner records {}",
+                ran.unwrap_or("(none recorded)")
+            ),
+        ));
+    }
+    Ok((layers > 0).then(|| asked.as_str().to_owned()))
 }

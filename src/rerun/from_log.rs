@@ -406,6 +406,7 @@ fn log_options(log: &Log, bos: Bos) -> MeasureOptions {
         bos,
         vocab_size: None,
         dump_logits: None,
+        prefill_chunk: None,
     }
 }
 

@@ -208,17 +208,6 @@ pub fn run_checked(
     progress: Progress,
 ) -> Result<Rerun> {
     r.options.check()?;
-    if matches!(r.lane, Lane::Transformers { .. } | Lane::Llamacpp { .. })
-        && r.recurrent_state != StateDtype::F32
-    {
-        return Err(crate::Error::usage(
-            Path::new("--recurrent-state-dtype"),
-            format!(
-                "a {} recurrent state is emulated by the native runner only; the transformers and llama.cpp runners keep their own state",
-                r.recurrent_state
-            ),
-        ));
-    }
     let arms = lane::Arms {
         requests: std::slice::from_ref(r),
         names: &[],

@@ -24,6 +24,11 @@ pub struct MeasureOptions {
     pub vocab_size: Option<usize>,
     /// Write both models' logits at the scored rows here (one context length only).
     pub dump_logits: Option<PathBuf>,
+    /// The prefill chunk (tokens): each window prefilled in pieces of this many tokens, the KV
+    /// cache and recurrent state carried (and stored) between them, as an engine's chunked
+    /// prefill runs it; `None`: each window in one pass. A protocol item: it changes the
+    /// numbers (a state kept in bf16 is rounded only where a chunk ends).
+    pub prefill_chunk: Option<usize>,
 }
 
 impl MeasureOptions {
@@ -40,8 +45,20 @@ impl MeasureOptions {
         }
         self.bootstrap.check().map_err(bad)?;
         self.positions.check().map_err(bad)?;
+        if let Some(chunk) = self.prefill_chunk {
+            check_prefill_chunk(chunk).map_err(bad)?;
+        }
         self.vocab.check().map_err(bad)
     }
+}
+
+/// A prefill chunk in range: at least 1 token, at most the longest window there can be.
+pub fn check_prefill_chunk(chunk: usize) -> std::result::Result<(), String> {
+    let most = crate::kld::protocol::MAX_CONTEXT_LENGTH;
+    if chunk == 0 || chunk > most {
+        return Err(format!("prefill chunk {chunk} is not 1 to {most} tokens"));
+    }
+    Ok(())
 }
 
 /// The measurement protocol as the command line gives it: the raw value of each flag `kld`,
@@ -118,6 +135,7 @@ impl ProtocolFlags {
             bos,
             vocab_size: o.vocab_size,
             dump_logits: None,
+            prefill_chunk: None,
         })
     }
 
@@ -328,6 +346,7 @@ pub fn resolve(
                 bos,
                 vocab_size: None,
                 dump_logits: None,
+                prefill_chunk: p.prefill_chunk.map(|c| c as usize),
             },
             compute,
             bits: p.kl.units == KlUnits::Bits,
@@ -546,6 +565,7 @@ pub fn disclosed_protocol(o: &MeasureOptions, padding_included: bool) -> disclos
             },
         },
         turns: None,
+        prefill_chunk: o.prefill_chunk.map(|c| c as u64),
     }
 }
 
@@ -681,6 +701,7 @@ mod tests {
                 bos: Bos::PerWindow,
                 vocab_size: None,
                 dump_logits: None,
+                prefill_chunk: Some(2048),
             };
             let p = disclosed_protocol(&o, true);
             let back = resolve(&p, Bos::PerWindow, None).unwrap();
@@ -689,6 +710,7 @@ mod tests {
             assert_eq!(back.options.direction, o.direction);
             assert_eq!(back.options.bootstrap, o.bootstrap);
             assert_eq!(back.options.context_lengths, o.context_lengths);
+            assert_eq!(back.options.prefill_chunk, o.prefill_chunk);
             assert!(back.padding_included && !back.bits && back.aggregation.is_none());
         }
     }

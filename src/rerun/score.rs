@@ -102,6 +102,7 @@ pub fn run_protocol(o: &MeasureOptions, vocab_size: usize, padding: Padding) -> 
         context_lengths: o.context_lengths.clone(),
         bos: o.bos,
         windows: "non_overlapping; trailing partial window dropped".into(),
+        prefill_chunk: o.prefill_chunk,
     }
 }
 

@@ -72,6 +72,10 @@ pub struct RequestModel {
     /// read); absent: the model dtype.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_cache: Option<RequestKvCache>,
+    /// The dtype the carried recurrent (linear-attention) state and conv inputs are stored in
+    /// after each cached forward pass (`bf16`, `f16`; absent: as the model keeps them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recurrent_state: Option<String>,
 }
 
 /// Keys' and values' KV-cache schemes, by cardproof's names (`q8_0`, `int8_per_token_head`).

@@ -28,6 +28,7 @@ use crate::runner::exchange::{
     GateNumbers, RecordTurnSet, RequestDump, RequestModel, RequestModels, RequestRun, RequestTurns,
     RunnerEnvironment, RunnerRecord, RunnerRequest, TurnAsk, TurnEngine,
 };
+use crate::runner::native::StateDtype;
 use crate::runner::native::generate::{Generated, GenerationTiming};
 
 /// The program, as shipped: the package's files (path under the package's parent directory,
@@ -74,6 +75,10 @@ pub const RUNNER_FILES: &[(&str, &str)] = &[
     (
         "transformers_runner/run.py",
         include_str!("../../runners/transformers_runner/run.py"),
+    ),
+    (
+        "transformers_runner/state.py",
+        include_str!("../../runners/transformers_runner/state.py"),
     ),
 ];
 /// The package's directory under the directory [`RUNNER_FILES`] are written into.
@@ -177,6 +182,9 @@ pub struct TransformersOptions {
     /// The greedy turns each model generates after its scoring (`--turns`), set by the rerun
     /// from its request.
     pub turns: Option<TurnAsk>,
+    /// The dtype the candidate's carried recurrent state is stored in between calls, set by the
+    /// rerun from its request (the reference keeps the model's own).
+    pub recurrent_state: StateDtype,
 }
 
 impl Default for TransformersOptions {
@@ -197,6 +205,7 @@ impl Default for TransformersOptions {
             mode: "auto".into(),
             keep_hidden: "auto".into(),
             gates: false,
+            recurrent_state: StateDtype::F32,
             dump_rows: None,
             follow_card: (true, true),
             kv_cache: (None, None),
@@ -341,6 +350,7 @@ pub struct ArmModel<'a> {
     pub path: &'a Path,
     pub attention: String,
     pub kv_cache: Option<crate::runner::native::kv_cache::KvCacheSetting>,
+    pub recurrent_state: StateDtype,
 }
 
 /// One arm's answer: per run, per window, its rows' records; its model record; its seconds;
@@ -470,24 +480,27 @@ fn write_request(
             window_rows: w.shared_rows().is_none().then(|| w.rows.to_vec()),
         });
     }
-    let model =
-        |p: &Path, attention: &str, kv: Option<crate::runner::native::kv_cache::KvCacheSetting>| {
-            RequestModel {
-                path: absolute(p).display().to_string(),
-                attn_implementation: attention.to_owned(),
-                kv_cache: kv.filter(|s| s.changes_anything()).map(|s| {
-                    crate::runner::exchange::RequestKvCache {
-                        k: s.k.as_str().to_owned(),
-                        v: s.v.as_str().to_owned(),
-                        rotation: s.hadamard.then(|| "hadamard".to_owned()),
-                        scales: s.computed_scales.then(|| "computed".to_owned()),
-                        semantics: s.residual.map(|_| "quantized_cache_residual".to_owned()),
-                        residual_length: s.residual.map(|w| w.length),
-                        prefill_chunk: s.residual.map(|w| w.chunk),
-                    }
-                }),
-            }
-        };
+    let model = |p: &Path,
+                 attention: &str,
+                 kv: Option<crate::runner::native::kv_cache::KvCacheSetting>,
+                 state: StateDtype| {
+        RequestModel {
+            path: absolute(p).display().to_string(),
+            attn_implementation: attention.to_owned(),
+            recurrent_state: (state != StateDtype::F32).then(|| state.as_str().to_owned()),
+            kv_cache: kv.filter(|s| s.changes_anything()).map(|s| {
+                crate::runner::exchange::RequestKvCache {
+                    k: s.k.as_str().to_owned(),
+                    v: s.v.as_str().to_owned(),
+                    rotation: s.hadamard.then(|| "hadamard".to_owned()),
+                    scales: s.computed_scales.then(|| "computed".to_owned()),
+                    semantics: s.residual.map(|_| "quantized_cache_residual".to_owned()),
+                    residual_length: s.residual.map(|w| w.length),
+                    prefill_chunk: s.residual.map(|w| w.chunk),
+                }
+            }),
+        }
+    };
     let turns = match &o.turns {
         Some(ask) => Some(write_turns(dir, ask)?),
         None => None,
@@ -495,11 +508,11 @@ fn write_request(
     let request = RunnerRequest {
         protocol: PROTOCOL,
         models: RequestModels {
-            reference: model(reference, &o.attention.0, o.kv_cache.0),
-            candidate: model(candidate, &o.attention.1, o.kv_cache.1),
+            reference: model(reference, &o.attention.0, o.kv_cache.0, StateDtype::F32),
+            candidate: model(candidate, &o.attention.1, o.kv_cache.1, o.recurrent_state),
             arms: arms.map(|arms| {
                 arms.iter()
-                    .map(|a| model(a.path, &a.attention, a.kv_cache))
+                    .map(|a| model(a.path, &a.attention, a.kv_cache, a.recurrent_state))
                     .collect()
             }),
         },

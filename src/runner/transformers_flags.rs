@@ -110,6 +110,7 @@ impl TransformersFlags {
             dump_rows: self.runner_dump.clone().map(|d| (d, DUMP_ROWS)),
             kv_cache: (None, None),
             turns: None,
+            recurrent_state: defaults.recurrent_state,
         })
     }
 

@@ -199,6 +199,13 @@ pub struct StudyProtocol {
     /// `runner: llamacpp`). Every runner.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turns: Option<StudyTurns>,
+    /// Prefill each window in chunks of this many tokens, the KV cache and recurrent state
+    /// carried (the state stored in the arm's `recurrent_state`) between them, as an engine's
+    /// chunked prefill (the seed study's engine used 2,048). Default: each window in one pass.
+    /// Native and transformers runners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = crate::kld::protocol::MAX_CONTEXT_LENGTH))]
+    pub prefill_chunk: Option<u32>,
 }
 
 /// Which turns a study generates, how long each may be, and from which conversation.

@@ -177,6 +177,7 @@ pub fn plan(study: &Study, threads: Option<usize>) -> Result<Plan> {
     }
     push_controls(f, &baseline, &reference, &reference_manifest, &mut arms);
     let options = protocol_options(study)?;
+    state_knobs_act(study, &arms, &options, turns.is_some())?;
     if f.runner != StudyRunner::Llamacpp && f.llamacpp.is_some() {
         return Err(field_error("llamacpp", "is for runner: llamacpp".into()));
     }
@@ -199,6 +200,37 @@ pub fn plan(study: &Study, threads: Option<usize>) -> Result<Plan> {
         turns,
         turns_conversation,
     })
+}
+
+/// Every arm's recurrent-state dtype can change its numbers, else the study is refused before
+/// any work: an engine stores the state only between calls (at the end of each prefill chunk
+/// and after each decode step), so a state dtype needs `protocol.prefill_chunk` below the
+/// longest context length, or turns.
+fn state_knobs_act(
+    study: &Study,
+    arms: &[PlannedArm],
+    options: &MeasureOptions,
+    turns: bool,
+) -> Result<()> {
+    let longest = options.context_lengths.iter().copied().max().unwrap_or(0);
+    let chunked = options.prefill_chunk.is_some_and(|c| c < longest);
+    if chunked || turns {
+        return Ok(());
+    }
+    match arms.iter().position(|a| a.settings.recurrent_state != StateDtype::F32) {
+        Some(i) => Err(study.error(
+            &if i < study.file.arms.len() {
+                format!("arms[{i}].recurrent_state")
+            } else {
+                "baseline.recurrent_state".to_owned()
+            },
+            format!(
+                "`{}` (arm `{}`) would change nothing: an engine stores the recurrent state only between calls (at the end of each prefill chunk and after each decode step), and each window here is prefilled in one pass; set protocol.prefill_chunk below the context length ({longest}), e.g. 2048 as vLLM chunks, or generate turns",
+                arms[i].settings.recurrent_state, arms[i].name
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The study's `protocol.turns` as the rerun's turn protocol, checked, and the conversation
@@ -601,9 +633,20 @@ fn protocol_options(study: &Study) -> Result<MeasureOptions> {
         .iter()
         .map(|&l| usize::try_from(l).unwrap_or(usize::MAX))
         .collect();
-    let options = flags
+    let mut options = flags
         .options(&lengths, study.file.eval.bos)
         .map_err(|why| study.error("protocol", why))?;
+    if let Some(chunk) = p.prefill_chunk {
+        if study.file.runner == StudyRunner::Llamacpp {
+            return Err(study.error(
+                "protocol.prefill_chunk",
+                "llama.cpp prefills in its own batches (its -b/-ub settings), not in a protocol chunk",
+            ));
+        }
+        crate::rerun::options::check_prefill_chunk(chunk as usize)
+            .map_err(|why| study.error("protocol.prefill_chunk", why))?;
+        options.prefill_chunk = Some(chunk as usize);
+    }
     if study.file.runner == StudyRunner::Llamacpp {
         let differences = crate::rerun::llamacpp::protocol_differences(&options);
         if !differences.is_empty() {

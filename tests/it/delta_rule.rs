@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use cardproof::runner::native::delta_rule::{self, DeltaRuleShape, StateDtype};
+use cardproof::runner::native::delta_rule::{self, DeltaRuleShape};
 use safetensors::SafeTensors;
 use safetensors::tensor::Dtype;
 
@@ -62,16 +62,8 @@ fn case(st: &SafeTensors, tokens: usize) -> Case {
     Case { shape, inputs }
 }
 
-type Form<F> = fn(
-    DeltaRuleShape,
-    &[F],
-    &[F],
-    &[F],
-    &[F],
-    &[F],
-    &mut [F],
-    StateDtype,
-) -> cardproof::error::Result<Vec<F>>;
+type Form<F> =
+    fn(DeltaRuleShape, &[F], &[F], &[F], &[F], &[F], &mut [F]) -> cardproof::error::Result<Vec<F>>;
 
 fn run<F: Copy>(c: &Case, form: Form<F>, conv: fn(f32) -> F) -> (Vec<F>, Vec<F>) {
     let [q, k, v, g, beta, state] = c
@@ -79,7 +71,7 @@ fn run<F: Copy>(c: &Case, form: Form<F>, conv: fn(f32) -> F) -> (Vec<F>, Vec<F>)
         .each_ref()
         .map(|x| x.iter().map(|&x| conv(x)).collect::<Vec<F>>());
     let mut state = state;
-    let o = form(c.shape, &q, &k, &v, &g, &beta, &mut state, StateDtype::F32).unwrap();
+    let o = form(c.shape, &q, &k, &v, &g, &beta, &mut state).unwrap();
     (o, state)
 }
 

@@ -410,6 +410,130 @@ fn a_prefill_split_at_63_64_65_tokens_gives_the_rows_of_one_prefill() {
     }
 }
 
+/// Every row's logits of `ids` as `model` prefills them (its prefill chunk and state dtype).
+fn rows_of_model(model: &native::NativeModel, ids: &[u32]) -> Vec<f32> {
+    let rows: Vec<usize> = (0..ids.len()).collect();
+    let h = model.decoder.hidden(ids).unwrap();
+    model.decoder.logits_at(&h, &rows).unwrap()
+}
+
+#[test]
+fn a_prefill_chunk_prefills_in_pieces_and_a_state_dtype_acts_only_where_a_chunk_ends() {
+    let (ids, _, _) = reference();
+    let load = |state| {
+        native::load(
+            &fixture("qwen3_5_text"),
+            ComputeDtype::F32,
+            Emulate::ReferenceSemantics,
+            state,
+        )
+        .unwrap()
+    };
+    let one_pass = rows_of_model(&load(StateDtype::F32), &ids);
+    // A state dtype on a one-pass prefill: the state never leaves the call (nothing changes,
+    // which is why the rerun refuses the knob there).
+    assert_eq!(rows_of_model(&load(StateDtype::Bf16), &ids), one_pass);
+    // The protocol's chunk: the rows of the window prefilled piece by piece with the cache.
+    let mut f32_chunked = load(StateDtype::F32);
+    f32_chunked.decoder.set_prefill_chunk(Some(48)).unwrap();
+    assert_eq!(f32_chunked.decoder.prefill_chunk(), Some(48));
+    let chunked = rows_of_model(&f32_chunked, &ids);
+    let mut cache = native::DecoderCache::default();
+    let mut by_hand = Vec::new();
+    for part in ids.chunks(48) {
+        let h = f32_chunked
+            .decoder
+            .hidden_continued(part, &mut cache)
+            .unwrap();
+        let rows: Vec<usize> = (0..part.len()).collect();
+        by_hand.extend(f32_chunked.decoder.logits_at(&h, &rows).unwrap());
+    }
+    assert_eq!(chunked, by_hand, "the chunks are hidden_continued's pieces");
+    let gap = chunked
+        .iter()
+        .zip(&one_pass)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(gap < 1e-4, "f32 state: chunked ~ one pass ({gap:e})");
+    // A bf16 state at the chunks: the first chunk's rows are the f32 run's bit for bit (no state
+    // was stored before them), every later chunk's rows move.
+    let mut bf16 = load(StateDtype::Bf16);
+    bf16.decoder.set_prefill_chunk(Some(48)).unwrap();
+    let rounded = rows_of_model(&bf16, &ids);
+    let width = rounded.len() / ids.len();
+    assert_eq!(rounded[..48 * width], chunked[..48 * width]);
+    for chunk in [1, 2] {
+        let lo = 48 * chunk * width;
+        let hi = (48 * (chunk + 1)).min(ids.len()) * width;
+        let moved = rounded[lo..hi]
+            .iter()
+            .zip(&chunked[lo..hi])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            moved > 1e-6,
+            "chunk {chunk}: a bf16 state moves the logits ({moved:e})"
+        );
+    }
+    // A chunk of 0 and a chunk that disagrees with a QuantizedCache scheme's are refused.
+    assert!(bf16.decoder.set_prefill_chunk(Some(0)).is_err());
+}
+
+/// `measure` of the hybrid fixture against itself with `extra` flags, into `dir/out`.
+fn measure_self(dir: &Path, extra: &[&str]) -> crate::support::Run {
+    Cmd::measure()
+        .reference(fixture("qwen3_5_text"))
+        .candidate(fixture("qwen3_5_text"))
+        .eval_text(fixture("eval.txt"))
+        .context_length(128)
+        .flag("--bos", "none")
+        .bootstrap(50)
+        .out(dir.join("out"))
+        .arg("--json")
+        .args(extra)
+        .run()
+}
+
+#[test]
+fn a_state_dtype_that_would_change_nothing_is_refused_and_at_prefill_chunks_it_is_measured() {
+    let dir = tempfile::tempdir().unwrap();
+    // One pass per window: the state never leaves the call; refused before any work.
+    let r = measure_self(dir.path(), &["--recurrent-state-dtype", "bf16"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    let error = r.json()["error"].clone();
+    assert_eq!(error["file"], "--recurrent-state-dtype", "{error}");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("would change nothing"), "{message}");
+    assert!(message.contains("--prefill-chunk"), "{message}");
+    assert!(!dir.path().join("out/measurement.json").exists());
+    // A chunk as long as the window is one pass too.
+    let r = measure_self(
+        dir.path(),
+        &["--recurrent-state-dtype", "bf16", "--prefill-chunk", "128"],
+    );
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    // At chunks of 32: the candidate's stored state is bf16, the reference's f32; the protocol
+    // records the chunk, the environment the state dtype, the card draft discloses both.
+    let r = measure_self(
+        dir.path(),
+        &["--recurrent-state-dtype", "bf16", "--prefill-chunk", "32"],
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let doc = r.json();
+    assert_eq!(doc["protocol"]["prefill_chunk"], 32, "{}", doc["protocol"]);
+    assert_eq!(doc["environment"]["recurrent_state_dtype"], "bf16");
+    assert_eq!(doc["fidelity"]["protocol"]["prefill_chunk"], 32);
+    let kld = doc["runs"][0]["metrics"]["kld_mean"].as_f64().unwrap();
+    assert!(
+        kld > 0.0,
+        "a bf16 state at chunk ends moves the candidate: {kld}"
+    );
+    // The same chunks with an f32 state: exactly the reference.
+    let r = measure_self(dir.path(), &["--prefill-chunk", "32", "--force"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.json()["runs"][0]["metrics"]["kld_mean"], 0.0);
+}
+
 #[test]
 fn a_bf16_run_of_the_hybrid_model_stays_near_transformers_f32_rows() {
     // bf16 compute rounds where transformers' bf16 path casts; no bf16 reference is committed,

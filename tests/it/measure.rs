@@ -497,22 +497,26 @@ fn the_recurrent_state_dtype_flag_is_validated_and_refused_where_it_would_change
         r.stderr
     );
     assert!(r.stderr.contains("bf16 (bfloat16)"), "{}", r.stderr);
-    // The transformers runner keeps its own fp32 state.
+    // llama.cpp keeps its own state.
     let r = run(&[
         "--runner",
-        "transformers",
+        "llamacpp",
         "--recurrent-state-dtype",
         "bfloat16",
     ]);
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
         r.stderr
-            .contains("--runner transformers keeps the state in fp32"),
+            .contains("--runner llamacpp keeps llama.cpp's own state"),
         "{}",
         r.stderr
     );
-    // A dense candidate has no recurrent state to keep in bf16: refused, not silently ignored.
+    // One pass per window: nothing stores the state, nothing would change.
     let r = run(&["--recurrent-state-dtype", "bf16"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("would change nothing"), "{}", r.stderr);
+    // A dense candidate has no recurrent state to keep in bf16: refused, not silently ignored.
+    let r = run(&["--recurrent-state-dtype", "bf16", "--prefill-chunk", "32"]);
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(
         r.stderr

@@ -864,3 +864,35 @@ fn the_example_studies_eval_text_is_the_examples() {
         );
     }
 }
+
+#[test]
+fn a_recurrent_state_arm_is_refused_on_one_pass_windows_and_measured_at_prefill_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let hybrid = repo_root().join("tests/fixtures/hybrid");
+    std::fs::copy(hybrid.join("eval.txt"), dir.path().join("eval.txt")).unwrap();
+    let write = |protocol: &str| {
+        let yaml = format!(
+            "study: cardproof/study-v1\nname: state\nreference: {}\neval: {{text: eval.txt}}\nprotocol: {{context_lengths: [128], resamples: 100{protocol}}}\ncontrols: {{repeatability: false, noise_floor: false}}\narms:\n  - {{name: state-bf16, recurrent_state: bf16, changes: recurrent_state}}\n",
+            hybrid.join("qwen3_5_text").display()
+        );
+        let path = dir.path().join("study.yaml");
+        std::fs::write(&path, yaml).unwrap();
+        path
+    };
+    let out = dir.path().join("out");
+    let study = write("");
+    let r = study_run(&[study.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("arms[0].recurrent_state"), "{}", r.stderr);
+    assert!(r.stderr.contains("would change nothing"), "{}", r.stderr);
+    assert!(!out.join("study.json").exists());
+    let study = write(", prefill_chunk: 32");
+    let r = study_run(&[study.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let doc = json(&out.join("study.json"));
+    assert_eq!(doc["protocol"]["prefill_chunk"], 32, "{}", doc["protocol"]);
+    let arm = &doc["arms"][0];
+    assert_eq!(arm["settings"]["recurrent_state"], "bf16");
+    let kld = arm["runs"][0]["metrics"]["kld_mean"].as_f64().unwrap();
+    assert!(kld > 0.0, "the bf16 state moves the arm: {kld}");
+}

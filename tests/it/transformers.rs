@@ -871,6 +871,54 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
 
     #[test]
     #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn a_bf16_recurrent_state_at_prefill_chunks_moves_transformers_as_it_moves_the_native_runner() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        let (reference, _) = tiny_qwen3_5_pair(dir.path());
+        let reference = reference.to_str().unwrap();
+        let knobs = ["--prefill-chunk", "32", "--recurrent-state-dtype", "bf16"];
+        let torch_run = cpu_measure_pair(dir.path(), reference, reference, &knobs);
+        assert_eq!(torch_run.code, 0, "{}", torch_run.stderr);
+        let torch_doc = torch_run.json();
+        let native_run = Cmd::measure()
+            .reference(reference)
+            .candidate(reference)
+            .eval_text(dir.path().join("eval.txt"))
+            .context_length(128)
+            .out(dir.path().join("native"))
+            .arg("--json")
+            .args(knobs)
+            .run();
+        assert_eq!(native_run.code, 0, "{}", native_run.stderr);
+        let native_doc = native_run.json();
+        for doc in [&torch_doc, &native_doc] {
+            assert_eq!(doc["protocol"]["prefill_chunk"], 32, "{}", doc["protocol"]);
+            assert_eq!(doc["environment"]["recurrent_state_dtype"], "bf16");
+        }
+        // The runner records the knob on the candidate's model and prefilled in the protocol's
+        // chunks.
+        let model = &torch_doc["environment"]["transformers_runner"]["models"]["candidate"];
+        assert_eq!(model["recurrent_state"], "bf16", "{model}");
+        // The same rounding at the same places: both runners move the candidate by the same
+        // KL (the f32 forward passes differ in their last bits, so a few state entries round
+        // the other way; the means agree to a few percent, and both are far from 0).
+        let kld = |doc: &serde_json::Value| doc["runs"][0]["metrics"]["kld_mean"].as_f64().unwrap();
+        let (t, n) = (kld(&torch_doc), kld(&native_doc));
+        assert!(t > 0.0 && n > 0.0, "torch {t:e}, native {n:e}");
+        assert!(rel(t, n) < 0.05, "torch {t:e} vs native {n:e}");
+        // An f32 state at the same chunks: both sides are the reference's, exactly.
+        let again = cpu_measure_pair(
+            dir.path(),
+            reference,
+            reference,
+            &["--prefill-chunk", "32", "--force"],
+        );
+        assert_eq!(again.code, 0, "{}", again.stderr);
+        assert_eq!(again.json()["runs"][0]["metrics"]["kld_mean"], 0.0);
+    }
+
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
     fn the_cpu_runner_agrees_with_cardproofs_reduction_of_its_own_logits() {
         require_torch();
         let dir = tempfile::tempdir().unwrap();

@@ -592,6 +592,12 @@ pub struct MeasureArgs {
     pub bos: BosArg,
     #[command(flatten)]
     pub protocol: ProtocolArgs,
+    /// Prefill each window in chunks of N tokens, the KV cache and recurrent state carried (the
+    /// state stored in --recurrent-state-dtype) between them, as an engine's chunked prefill
+    /// (vLLM's 2,048-token default). A protocol item: recorded and disclosed. Default: each
+    /// window in one pass.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1048576))]
+    pub prefill_chunk: Option<u32>,
     /// The engine that runs the models.
     #[arg(long, value_enum, default_value_t = RunnerArg::Native)]
     pub runner: RunnerArg,

@@ -313,6 +313,7 @@ impl MeasureConfig {
         let protocol = protocol_flags(&args.protocol);
         let mut options = protocol.options(&args.context_length, args.bos.into())?;
         options.dump_logits = args.dump_logits.clone();
+        options.prefill_chunk = args.prefill_chunk.map(|c| c as usize);
         let flags = transformers_flags(&args.transformers);
         let transformers = match args.runner {
             RunnerArg::Native
@@ -366,10 +367,7 @@ impl MeasureConfig {
                 });
             }
         }
-        let recurrent_state = recurrent_state(
-            &args.recurrent_state_dtype,
-            transformers.is_some() || llamacpp.is_some(),
-        )?;
+        let recurrent_state = recurrent_state(&args.recurrent_state_dtype, llamacpp.is_some())?;
         let kv_cache = kv_cache(&args.kv_cache)?;
         if sweep.is_some() && kv_cache.is_some() {
             return Err(
@@ -504,18 +502,18 @@ fn kv_cache(args: &cli::KvCacheArgs) -> Result<Option<KvCacheSetting>, String> {
     })
 }
 
-/// `--recurrent-state-dtype`: a dtype name, and f32 only with the transformers runner (which
-/// keeps its own fp32 state).
-fn recurrent_state(value: &str, transformers: bool) -> Result<StateDtype, String> {
+/// `--recurrent-state-dtype`: a dtype name, and f32 only with the llama.cpp runner (which keeps
+/// its own state).
+fn recurrent_state(value: &str, llamacpp: bool) -> Result<StateDtype, String> {
     let dtype = StateDtype::from_name(value).ok_or_else(|| {
         format!(
             "--recurrent-state-dtype: `{value}` is not a state dtype; use one of {}",
             StateDtype::NAMES
         )
     })?;
-    if transformers && dtype != StateDtype::F32 {
+    if llamacpp && dtype != StateDtype::F32 {
         return Err(format!(
-            "--recurrent-state-dtype {dtype} is emulated by the native runner; --runner transformers keeps the state in fp32"
+            "--recurrent-state-dtype {dtype} is emulated by the native and transformers runners; --runner llamacpp keeps llama.cpp's own state"
         ));
     }
     Ok(dtype)
@@ -655,10 +653,7 @@ impl VerifyConfig {
             RunnerArg::Llamacpp => Some(llamacpp_options(&args.llamacpp, args.threads)?),
             _ => None,
         };
-        let recurrent_state = recurrent_state(
-            &args.recurrent_state_dtype,
-            transformers.is_some() || llamacpp.is_some(),
-        )?;
+        let recurrent_state = recurrent_state(&args.recurrent_state_dtype, llamacpp.is_some())?;
         let kv_cache = kv_cache(&args.kv_cache)?;
         Ok(VerifyConfig {
             recurrent_state,

@@ -24,7 +24,7 @@ use super::{GateRequest, Lane, NoiseFloor, Request, Rerun, record};
 use crate::error::{Error, Result};
 use crate::runner::Runner;
 use crate::runner::native::generate::{Generated, GenerationTiming};
-use crate::runner::native::{ComputeDtype, NativeModel};
+use crate::runner::native::{ComputeDtype, NativeModel, StateDtype};
 
 pub(crate) use reference::EngineReference;
 
@@ -234,6 +234,9 @@ pub(super) fn run(
     progress: ArmProgress,
 ) -> Result<ArmsOutcome> {
     let first = arms.first()?;
+    for r in arms.requests {
+        check_state_knobs(r)?;
+    }
     let work = turn_work(first, &pre)?;
     let (reference, runner): (Box<dyn ReferenceSource + '_>, Box<dyn CandidateRunner + '_>) =
         match first.lane {
@@ -317,6 +320,55 @@ pub(super) fn run(
             })
             .collect::<Result<Vec<_>>>()?,
     })
+}
+
+/// The prefill chunk and the recurrent-state dtype where they can act, else refused before any
+/// work: a chunk only where the reference is a checkpoint this process or the transformers
+/// runner prefills (an artifact's rows were computed in one pass; llama.cpp prefills in its own
+/// `-ub` batches); a state dtype other than f32 only where a state is stored between calls (a
+/// window in several prefill chunks, or generated turns) and not in llama.cpp (which keeps its
+/// own). A knob that cannot change a run is refused, never reported as "no change".
+fn check_state_knobs(r: &Request) -> Result<()> {
+    let longest = r.options.context_lengths.iter().copied().max().unwrap_or(0);
+    let chunked = r.options.prefill_chunk.is_some_and(|c| c < longest);
+    let flag = Path::new("--prefill-chunk");
+    if let Some(chunk) = r.options.prefill_chunk {
+        let why = match r.lane {
+            Lane::ReferenceArtifact { .. } | Lane::LlamacppBase { .. } => {
+                Some("a reference artifact's rows were computed with each window in one pass")
+            }
+            Lane::Llamacpp { .. } => {
+                Some("llama.cpp prefills in its own batches (its -b/-ub settings)")
+            }
+            _ => None,
+        };
+        if let Some(why) = why {
+            return Err(Error::usage(flag, format!("{chunk}: {why}")));
+        }
+    }
+    if r.recurrent_state == StateDtype::F32 {
+        return Ok(());
+    }
+    let state_flag = Path::new("--recurrent-state-dtype");
+    if let Lane::Llamacpp { .. } = r.lane {
+        return Err(Error::usage(
+            state_flag,
+            format!(
+                "{}: llama.cpp keeps its own recurrent state; the native and transformers runners emulate one",
+                r.recurrent_state
+            ),
+        ));
+    }
+    if !chunked && r.turns.is_none() {
+        return Err(Error::usage(
+            state_flag,
+            format!(
+                "{}: an engine stores the recurrent state only between calls (at the end of each prefill chunk and after each decode step); with each window prefilled in one pass (no --prefill-chunk below the context length {longest}) and no --turns it would change nothing; give the engine's chunk (e.g. --prefill-chunk 2048)",
+                r.recurrent_state
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The work of `--turns`, built before any model loads, where both sides run in one engine

@@ -146,6 +146,7 @@ fn load_candidate(r: &Request, compute: ComputeDtype, emulate: Emulate) -> Resul
             Error::usage(r.candidate, format!("--kv-cache {}: {e}", setting.name()))
         })?;
     }
+    super::reference::set_prefill_chunk(&mut candidate, r, r.candidate)?;
     if r.recurrent_state != StateDtype::F32 && !candidate.decoder.has_recurrent_state() {
         return Err(Error::usage(
             r.candidate,

@@ -53,6 +53,7 @@ impl<'a> CheckpointReference<'a> {
                         Error::usage(path, format!("KV cache {}: {e}", setting.name()))
                     })?;
                 }
+                set_prefill_chunk(&mut model, r, path)?;
                 Ok(model)
             },
             || root_digest(path, r.threads, pre.reference_manifest.as_ref()),
@@ -116,12 +117,15 @@ impl ReferenceSource for CheckpointReference<'_> {
         } else {
             ComputeDtype::F64
         };
-        let twin = native::load(
+        let mut twin = native::load(
             self.path,
             other,
             Emulate::ReferenceSemantics,
             StateDtype::F32,
         )?;
+        twin.decoder
+            .set_prefill_chunk(bound.options.prefill_chunk)
+            .map_err(|e| Error::usage(self.path, format!("--prefill-chunk: {e}")))?;
         let mut floor_options = bound.options.clone();
         floor_options.bootstrap.resamples = floor_options.bootstrap.resamples.min(200);
         let f = score::measure_models(&self.model, &twin, &bound.eval, &floor_options, &|_, _| {})?;
@@ -202,4 +206,13 @@ impl ReferenceSource for EngineReference<'_> {
     fn engine(&self) -> Option<&EngineReference<'_>> {
         Some(self)
     }
+}
+
+/// The protocol's prefill chunk on a native model of this run (checked against a KV-cache
+/// scheme's own chunk).
+pub(super) fn set_prefill_chunk(model: &mut NativeModel, r: &Request, path: &Path) -> Result<()> {
+    model
+        .decoder
+        .set_prefill_chunk(r.options.prefill_chunk)
+        .map_err(|e| Error::usage(path, format!("--prefill-chunk: {e}")))
 }

@@ -15,7 +15,9 @@ use super::{
 use crate::error::{Error, Result};
 use crate::kld::protocol::VocabMode;
 use crate::rerun::document::{Environment, ModelRecord};
-use crate::rerun::environment::{kv_cache_ran, recorded_kv, transformers_environment};
+use crate::rerun::environment::{
+    kv_cache_ran, recorded_kv, recurrent_state_ran, transformers_environment,
+};
 use crate::rerun::gates;
 use crate::rerun::identity::checkpoint_identity;
 use crate::rerun::score::{self, EvalInput};
@@ -60,6 +62,7 @@ impl Call<'_> {
         (self.stage)("running the transformers runner");
         self.options.gates = first.gates.is_some();
         self.options.kv_cache = (first.reference_kv_cache, first.kv_cache);
+        self.options.recurrent_state = first.recurrent_state;
         let (stage, progress) = (self.stage, self.progress);
         let report = |stage_name: &str, counts: Option<(usize, usize)>| match counts {
             Some((done, total)) => progress(1, done, total),
@@ -106,6 +109,7 @@ impl Call<'_> {
                 path: r.candidate,
                 attention: attention.clone(),
                 kv_cache: r.kv_cache,
+                recurrent_state: r.recurrent_state,
             })
             .collect();
         let out = transformers::run_arms(
@@ -169,6 +173,20 @@ impl CandidateRunner for TransformersCandidates<'_> {
             .collect();
         let mut runner_options = self.0.clone();
         runner_options.turns = turns.map(turn_ask);
+        // The protocol's prefill chunk is the chunk the runner prefills in (its memory plan then
+        // refuses what does not fit at it, rather than choosing another).
+        if let Some(chunk) = options.prefill_chunk {
+            if runner_options.chunk_size != 0 && runner_options.chunk_size != chunk {
+                return Err(Error::usage(
+                    Path::new("--chunk-size"),
+                    format!(
+                        "{}: the protocol prefills in chunks of {chunk} tokens (--prefill-chunk); the runner's chunk is the protocol's",
+                        runner_options.chunk_size
+                    ),
+                ));
+            }
+            runner_options.chunk_size = chunk;
+        }
         let call = Call {
             reference: engine.path,
             work: &work,
@@ -367,6 +385,11 @@ impl Shared<'_> {
                 .filter(|s| s.changes_anything())
                 .map(|s| crate::disclosure::kv_cache::KvCache::as_run(s, false)),
             kv_scales: recorded_kv(r.candidate, &answer.model)?.kv_scales,
+            recurrent_state_dtype: recurrent_state_ran(
+                r.candidate,
+                r.recurrent_state,
+                &answer.model,
+            )?,
             ..transformers_environment(&env, tokenizer)
         };
         let gates_out = match &r.gates {

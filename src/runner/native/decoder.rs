@@ -146,6 +146,10 @@ pub struct Decoder {
     pub report: LoadReport,
     /// The KV-cache schemes [`Decoder::set_kv_cache`] set, if it was called.
     kv_setting: Option<super::kv_cache::KvCacheSetting>,
+    /// The protocol's prefill chunk (`None`: each window in one pass): a window is prefilled in
+    /// pieces of this many tokens with everything carried between them, as an engine's chunked
+    /// prefill runs it (see [`Decoder::set_prefill_chunk`]).
+    prefill_chunk: Option<usize>,
     /// Whether the per-tensor fp8 schemes took the checkpoint's `k_scale` / `v_scale`.
     kv_checkpoint_scales: bool,
     /// Set only while [`Decoder::calibrate_kv_scales`] runs its pass: attention layers then
@@ -592,6 +596,7 @@ impl Decoder {
             recurrent_state,
             report,
             kv_setting: None,
+            prefill_chunk: None,
             kv_checkpoint_scales: false,
             kv_calibrating: Default::default(),
             kv_calibration: Default::default(),
@@ -794,14 +799,43 @@ impl Decoder {
             .map(|w| w.chunk as usize)
     }
 
+    /// Prefill every window in pieces of `chunk` tokens (the protocol's `prefill_chunk`), the
+    /// KV cache, conv inputs and recurrent state carried between pieces (the recurrent state and
+    /// conv inputs stored in [`Decoder::recurrent_state`]'s dtype at each boundary). A KV-cache
+    /// scheme with transformers' QuantizedCache semantics has its own prefill chunk: the two
+    /// must agree.
+    pub fn set_prefill_chunk(&mut self, chunk: Option<usize>) -> std::result::Result<(), String> {
+        if chunk == Some(0) {
+            return Err("a prefill chunk of 0 tokens".into());
+        }
+        if let (Some(c), Some(residual)) = (chunk, self.kv_residual_chunk())
+            && c != residual
+        {
+            return Err(format!(
+                "the prefill chunk is {c} tokens but the KV-cache scheme's QuantizedCache semantics prefill in chunks of {residual}"
+            ));
+        }
+        self.prefill_chunk = chunk;
+        Ok(())
+    }
+
+    /// The prefill chunk windows are cut into (`None`: one pass).
+    pub fn prefill_chunk(&self) -> Option<usize> {
+        self.prefill_chunk.or(self.kv_residual_chunk())
+    }
+
     /// Final hidden states `[n, hidden]` (before the final norm) of one window.
     pub fn hidden(&self, ids: &[u32]) -> candle_core::Result<Tensor> {
-        // transformers' QuantizedCache semantics are defined per update: the window is
-        // prefilled in the setting's chunks (one pass would read nothing rounded).
-        if let Some(window) = self.kv_setting.and_then(|s| s.residual) {
+        // A chunked prefill (the protocol's, or transformers' QuantizedCache semantics, which
+        // are defined per update: one pass would read nothing rounded).
+        let chunk = match self.kv_residual_chunk() {
+            Some(residual) => Some(residual),
+            None => self.prefill_chunk.filter(|&c| c < ids.len()),
+        };
+        if let Some(chunk) = chunk {
             let mut cache = DecoderCache::default();
             let parts = ids
-                .chunks(window.chunk as usize)
+                .chunks(chunk)
                 .map(|part| self.hidden_continued(part, &mut cache))
                 .collect::<candle_core::Result<Vec<_>>>()?;
             return Tensor::cat(&parts, 0);

@@ -25,16 +25,13 @@
 //!
 //! Engines keep the carried recurrent state ("SSM state") in a dtype of their own: vLLM's
 //! `--mamba-ssm-cache-dtype`, SGLang's `--mamba-ssm-dtype`, bf16 by default on some backends.
-//! What is emulated: the carried state is rounded (round to nearest even) to that dtype wherever
-//! an engine materialises it between steps — after every token in the recurrent form, and at
-//! every chunk boundary (every 64 tokens, and at the end of the call) in the chunked form. The
-//! arithmetic itself stays in the compute precision (`F`), as the engines' kernels accumulate in
-//! fp32. What is not emulated: a kernel's own accumulation order, a state kept in the low dtype
-//! *inside* a chunk, the conv state's dtype, and fp16 overflow handling beyond IEEE's (a state
-//! entry past 65504 becomes infinite, as a cast would make it). `StateDtype::F32` means no
-//! rounding at all: in f32 mode the state is f32, and in the f64 mode it is kept in f64 (the
-//! reference precision), not rounded to f32. With `Bf16` or `F16`, the two forms round at
-//! different places and so no longer agree exactly, as two engines would not.
+//! An engine materialises that state only between its calls of the kernel: at the end of each
+//! prefill chunk (the scheduler's chunked prefill, e.g. 2,048 tokens) and after every decode
+//! step; inside a call the kernels keep it in fp32 registers. So the kernels here compute in the
+//! compute precision (`F`) and never round the state; the caller (the hybrid layer, see
+//! `hybrid.rs`) rounds what it carries from one call to the next. A one-pass prefill therefore
+//! never sees the state dtype, as in an engine. `StateDtype::F32` means no rounding at all: in
+//! f32 mode the state is f32, and in the f64 mode it is kept in f64 (the reference precision).
 
 use std::fmt::Debug;
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
@@ -375,7 +372,6 @@ pub fn recurrent<F: DeltaFloat>(
     g: &[F],
     beta: &[F],
     state: &mut [F],
-    state_dtype: StateDtype,
 ) -> Result<Vec<F>> {
     check(shape, q, k, v, g, beta, state)?;
     let DeltaRuleShape {
@@ -407,16 +403,11 @@ pub fn recurrent<F: DeltaFloat>(
             for (d, &x) in kv.iter_mut().zip(vt) {
                 *d = (x - *d * decay) * b;
             }
-            // S <- S * decay + k (x) delta (rounded to the state dtype); o = q^T S.
+            // S <- S * decay + k (x) delta; o = q^T S.
             o.fill(F::ZERO);
             for ((&kr, &qr), srow) in kn.iter().zip(&qn).zip(s.chunks_exact_mut(dv)) {
                 for (sv, &d) in srow.iter_mut().zip(&kv) {
                     *sv = *sv * decay + kr * d;
-                }
-                if state_dtype != StateDtype::F32 {
-                    for sv in srow.iter_mut() {
-                        *sv = sv.round_state(state_dtype);
-                    }
                 }
                 axpy(o, qr, srow);
             }
@@ -448,7 +439,6 @@ pub fn chunked<F: DeltaFloat>(
     g: &[F],
     beta: &[F],
     state: &mut [F],
-    state_dtype: StateDtype,
 ) -> Result<Vec<F>> {
     check(shape, q, k, v, g, beta, state)?;
     let DeltaRuleShape {
@@ -563,7 +553,7 @@ pub fn chunked<F: DeltaFloat>(
                 MatRef::rows(u, len, dv),
             );
             // S <- exp(c_L) S + sum_j exp(c_L - c_j) k_j (x) u_j: one [dk, L] x [L, dv]
-            // product, then rounded to the state dtype at the chunk boundary.
+            // product.
             let last = cum[len - 1];
             let kw = &mut kw[..len * dk];
             for (j, (dst, src)) in kw.chunks_exact_mut(dk).zip(kc.chunks_exact(dk)).enumerate() {
@@ -579,11 +569,6 @@ pub fn chunked<F: DeltaFloat>(
                 MatRef::rows(kw, len, dk).transposed(),
                 MatRef::rows(u, len, dv),
             );
-            if state_dtype != StateDtype::F32 {
-                for w in s.iter_mut() {
-                    *w = w.round_state(state_dtype);
-                }
-            }
             c0 += len;
         }
     }))
@@ -667,14 +652,12 @@ mod tests {
         x.iter().map(|&x| x as f32).collect()
     }
 
-    type Form<F> =
-        fn(DeltaRuleShape, &[F], &[F], &[F], &[F], &[F], &mut [F], StateDtype) -> Result<Vec<F>>;
+    type Form<F> = fn(DeltaRuleShape, &[F], &[F], &[F], &[F], &[F], &mut [F]) -> Result<Vec<F>>;
 
     fn run<F: DeltaFloat>(
         form: Form<F>,
         x: &Inputs,
         conv: fn(&[f64]) -> Vec<F>,
-        dtype: StateDtype,
     ) -> (Vec<F>, Vec<F>) {
         let mut state = conv(&x.state);
         let o = form(
@@ -685,18 +668,19 @@ mod tests {
             &conv(&x.g),
             &conv(&x.beta),
             &mut state,
-            dtype,
         )
         .unwrap();
         (o, state)
     }
 
-    /// Runs the sequence in pieces split at `cuts`, carrying the state.
+    /// Runs the sequence in pieces split at `cuts`, carrying the state, rounded to `dtype`
+    /// between pieces (as an engine stores it between calls).
     fn run_split<F: DeltaFloat>(
         form: Form<F>,
         x: &Inputs,
         conv: fn(&[f64]) -> Vec<F>,
         cuts: &[usize],
+        dtype: StateDtype,
     ) -> (Vec<F>, Vec<F>) {
         let s = x.shape;
         let mut state = conv(&x.state);
@@ -719,10 +703,14 @@ mod tests {
                     &conv(&x.g[a * hv..b * hv]),
                     &conv(&x.beta[a * hv..b * hv]),
                     &mut state,
-                    StateDtype::F32,
                 )
                 .unwrap(),
             );
+            if b < s.tokens {
+                for w in state.iter_mut() {
+                    *w = w.round_state(dtype);
+                }
+            }
         }
         (out, state)
     }
@@ -743,12 +731,12 @@ mod tests {
     fn recurrent_and_chunked_agree_at_chunk_edges_f32_and_f64() {
         for tokens in [1, 63, 64, 65, 200] {
             let x = inputs(tokens, 7 + tokens as u64);
-            let (ro, rs) = run::<f32>(recurrent, &x, to32, StateDtype::F32);
-            let (co, cs) = run::<f32>(chunked, &x, to32, StateDtype::F32);
+            let (ro, rs) = run::<f32>(recurrent, &x, to32);
+            let (co, cs) = run::<f32>(chunked, &x, to32);
             assert!(rel_diff(&co, &ro) < 1e-5, "f32 output, {tokens} tokens");
             assert!(rel_diff(&cs, &rs) < 1e-5, "f32 state, {tokens} tokens");
-            let (ro, rs) = run::<f64>(recurrent, &x, <[f64]>::to_vec, StateDtype::F32);
-            let (co, cs) = run::<f64>(chunked, &x, <[f64]>::to_vec, StateDtype::F32);
+            let (ro, rs) = run::<f64>(recurrent, &x, <[f64]>::to_vec);
+            let (co, cs) = run::<f64>(chunked, &x, <[f64]>::to_vec);
             assert!(rel_diff(&co, &ro) < 1e-12, "f64 output, {tokens} tokens");
             assert!(rel_diff(&cs, &rs) < 1e-12, "f64 state, {tokens} tokens");
             assert!(ro.iter().all(|x| x.is_finite()) && ro.iter().any(|&x| x != 0.0));
@@ -767,58 +755,74 @@ mod tests {
             value_dim: 96,
         };
         let x = inputs_of(shape, 29);
-        let (ro, rs) = run::<f64>(recurrent, &x, <[f64]>::to_vec, StateDtype::F32);
-        let (co, cs) = run::<f64>(chunked, &x, <[f64]>::to_vec, StateDtype::F32);
+        let (ro, rs) = run::<f64>(recurrent, &x, <[f64]>::to_vec);
+        let (co, cs) = run::<f64>(chunked, &x, <[f64]>::to_vec);
         assert!(rel_diff(&co, &ro) < 1e-12 && rel_diff(&cs, &rs) < 1e-12);
-        let (ro, rs) = run::<f32>(recurrent, &x, to32, StateDtype::F32);
-        let (co, cs) = run::<f32>(chunked, &x, to32, StateDtype::F32);
+        let (ro, rs) = run::<f32>(recurrent, &x, to32);
+        let (co, cs) = run::<f32>(chunked, &x, to32);
         assert!(rel_diff(&co, &ro) < 1e-5 && rel_diff(&cs, &rs) < 1e-5);
     }
 
     #[test]
     fn a_sequence_split_anywhere_gives_the_same_output_and_state() {
         let x = inputs(200, 3);
-        let (whole, whole_state) = run::<f64>(chunked, &x, <[f64]>::to_vec, StateDtype::F32);
+        let (whole, whole_state) = run::<f64>(chunked, &x, <[f64]>::to_vec);
         for cuts in [&[1][..], &[63], &[64], &[65], &[10, 100, 129], &[199]] {
             for form in [chunked as Form<f64>, recurrent] {
-                let (o, s) = run_split(form, &x, <[f64]>::to_vec, cuts);
+                let (o, s) = run_split(form, &x, <[f64]>::to_vec, cuts, StateDtype::F32);
                 assert!(rel_diff(&o, &whole) < 1e-12, "split at {cuts:?}");
                 assert!(
                     rel_diff(&s, &whole_state) < 1e-12,
                     "state split at {cuts:?}"
                 );
             }
-            let (o, s) = run_split::<f32>(chunked, &x, to32, cuts);
+            let (o, s) = run_split::<f32>(chunked, &x, to32, cuts, StateDtype::F32);
             assert!(rel_diff(&o, &to32(&whole)) < 1e-5, "f32 split at {cuts:?}");
             assert!(rel_diff(&s, &to32(&whole_state)) < 1e-5);
         }
     }
 
     #[test]
-    fn a_low_precision_state_changes_the_output_and_f32_does_not() {
+    fn a_low_precision_state_acts_between_calls_only_and_f32_not_at_all() {
         let x = inputs(130, 11);
+        let cuts = [32, 64, 96, 100];
         for form in [chunked as Form<f32>, recurrent] {
-            let (plain, _) = run::<f32>(form, &x, to32, StateDtype::F32);
-            // F32 in f32 mode: no rounding, bit for bit the plain run (deterministic).
-            assert_eq!(run::<f32>(form, &x, to32, StateDtype::F32).0, plain);
+            let (plain, _) = run::<f32>(form, &x, to32);
+            // F32: no rounding; split calls are the whole call to f32 precision.
+            let (f32_split, _) = run_split::<f32>(form, &x, to32, &cuts, StateDtype::F32);
+            assert!(rel_diff(&f32_split, &plain) < 1e-5);
             for dtype in [StateDtype::Bf16, StateDtype::F16] {
-                let (a, sa) = run::<f32>(form, &x, to32, dtype);
-                let (b, _) = run::<f32>(form, &x, to32, dtype);
+                let (a, sa) = run_split::<f32>(form, &x, to32, &cuts, dtype);
+                let (b, _) = run_split::<f32>(form, &x, to32, &cuts, dtype);
                 assert_eq!(a, b, "{dtype} deterministic");
-                let d = rel_diff(&a, &plain);
+                let d = rel_diff(&a, &f32_split);
                 assert!(d > 1e-6, "{dtype} changes the output ({d})");
                 assert!(d < 0.1, "{dtype} changes the output a little ({d})");
-                // The carried state is representable in the dtype.
-                assert!(sa.iter().all(|&w| w.round_state(dtype) == w));
+                // Rows before the first boundary never read a rounded state.
+                let first = 32 * x.shape.value_heads * x.shape.value_dim;
+                assert_eq!(
+                    a[..first],
+                    f32_split[..first],
+                    "{dtype} before the first call ends"
+                );
+                // The state after the last piece is the kernel's, not rounded (the caller
+                // rounds what it stores).
+                assert!(sa.iter().any(|&w| w.round_state(dtype) != w));
             }
             // bf16 (8 mantissa bits) moves it more than f16 (11).
-            let bf = rel_diff(&run::<f32>(form, &x, to32, StateDtype::Bf16).0, &plain);
-            let hf = rel_diff(&run::<f32>(form, &x, to32, StateDtype::F16).0, &plain);
+            let bf = rel_diff(
+                &run_split::<f32>(form, &x, to32, &cuts, StateDtype::Bf16).0,
+                &f32_split,
+            );
+            let hf = rel_diff(
+                &run_split::<f32>(form, &x, to32, &cuts, StateDtype::F16).0,
+                &f32_split,
+            );
             assert!(bf > hf, "bf16 {bf} vs f16 {hf}");
         }
         // In f64 mode F32 keeps f64: no rounding to f32 at all.
-        let (a, _) = run::<f64>(chunked, &x, <[f64]>::to_vec, StateDtype::F32);
-        let (r, _) = run::<f64>(recurrent, &x, <[f64]>::to_vec, StateDtype::F32);
+        let (a, _) = run::<f64>(chunked, &x, <[f64]>::to_vec);
+        let (r, _) = run::<f64>(recurrent, &x, <[f64]>::to_vec);
         assert!(rel_diff(&a, &r) < 1e-12);
     }
 
@@ -859,7 +863,7 @@ mod tests {
                 }
             }
         }
-        let (o, st) = run::<f64>(recurrent, &x, <[f64]>::to_vec, StateDtype::F32);
+        let (o, st) = run::<f64>(recurrent, &x, <[f64]>::to_vec);
         assert!(rel_diff(&o, &want) < 1e-13);
         assert!(rel_diff(&st, &state) < 1e-13);
     }
@@ -868,8 +872,8 @@ mod tests {
     fn an_infinite_decay_resets_the_state_in_both_forms() {
         let mut x = inputs(100, 17);
         x.g[40 * x.shape.value_heads + 1] = f64::NEG_INFINITY;
-        let (ro, rs) = run::<f64>(recurrent, &x, <[f64]>::to_vec, StateDtype::F32);
-        let (co, cs) = run::<f64>(chunked, &x, <[f64]>::to_vec, StateDtype::F32);
+        let (ro, rs) = run::<f64>(recurrent, &x, <[f64]>::to_vec);
+        let (co, cs) = run::<f64>(chunked, &x, <[f64]>::to_vec);
         assert!(co.iter().all(|x| x.is_finite()));
         assert!(rel_diff(&co, &ro) < 1e-12 && rel_diff(&cs, &rs) < 1e-12);
     }
@@ -880,34 +884,14 @@ mod tests {
         let mut state = x.state.clone();
         let short = &x.v[1..];
         for form in [chunked as Form<f64>, recurrent] {
-            let e = form(
-                x.shape,
-                &x.q,
-                &x.k,
-                short,
-                &x.g,
-                &x.beta,
-                &mut state,
-                StateDtype::F32,
-            )
-            .unwrap_err();
+            let e = form(x.shape, &x.q, &x.k, short, &x.g, &x.beta, &mut state).unwrap_err();
             assert!(e.is_internal(), "{e}");
             assert!(e.to_string().contains("`v` holds 159 values"), "{e}");
             let bad = DeltaRuleShape {
                 value_heads: 3,
                 ..x.shape
             };
-            let e = form(
-                bad,
-                &x.q,
-                &x.k,
-                &x.v,
-                &x.g,
-                &x.beta,
-                &mut state,
-                StateDtype::F32,
-            )
-            .unwrap_err();
+            let e = form(bad, &x.q, &x.k, &x.v, &x.g, &x.beta, &mut state).unwrap_err();
             assert!(e.to_string().contains("not a multiple"), "{e}");
         }
         // An empty sequence is fine and leaves the state alone.
@@ -915,7 +899,7 @@ mod tests {
             tokens: 0,
             ..x.shape
         };
-        let o = chunked::<f64>(empty, &[], &[], &[], &[], &[], &mut state, StateDtype::Bf16);
+        let o = chunked::<f64>(empty, &[], &[], &[], &[], &[], &mut state);
         assert!(o.unwrap().is_empty());
         assert_eq!(state, x.state);
     }

@@ -111,10 +111,11 @@ impl Decoder {
                 "a prompt to prefill holds no token".into(),
             ));
         }
-        // transformers' QuantizedCache is defined per update: a prompt is prefilled in the
-        // setting's chunks, counted from where this piece starts (as `hidden` does).
+        // The protocol's prefill chunk, or transformers' QuantizedCache chunk (defined per
+        // update): a prompt is prefilled in chunks counted from where this piece starts (as
+        // `hidden` does).
         let chunk = self
-            .kv_residual_chunk()
+            .prefill_chunk()
             .unwrap_or(ids.len())
             .clamp(1, ids.len());
         let mut parts = ids.chunks(chunk);

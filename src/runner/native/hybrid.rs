@@ -277,10 +277,18 @@ impl GatedDeltaNet {
             &g,
             &beta,
             &mut state,
-            self.state_dtype,
         )
         .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-        carried.recurrent = state.iter().map(|&e| e.w_to()).collect();
+        // What the layer carries to its next call is stored in the state dtype, as an engine
+        // stores its SSM state at the end of a prefill chunk or a decode step (the kernel keeps
+        // it in full precision inside the call).
+        carried.recurrent = state
+            .iter()
+            .map(|&e| e.w_to().round_state(self.state_dtype))
+            .collect();
+        for e in &mut carried.conv {
+            *e = e.round_state(self.state_dtype);
+        }
         let z = rows(linear(x, &self.z)?)?;
         // The gated RMSNorm, one (token, value head) row per task: the same operations in the
         // same order as one loop, so the result does not depend on the threads.

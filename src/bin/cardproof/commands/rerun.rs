@@ -270,6 +270,7 @@ pub fn export(
             bos: args.bos.into(),
             vocab_size: p.vocab_size,
             dump_logits: None,
+            prefill_chunk: None,
         },
         kind: match args.kind {
             ArtifactKindArg::Hidden => ExportKind::Hidden,
