@@ -23,8 +23,9 @@ prompt is prefilled afresh (`none`). The record says which, per model."""
 import copy
 import time
 
+from .gdn import gdn_kernel, gdn_setting
 from .kv_quant import kv_label, kv_setting, new_cache
-from .model import attn_used, head_logits, input_device, set_attention
+from .model import attn_used, head_logits, input_device, sdpa_backend, set_attention
 from .protocol import RunnerError, progress
 from .state import state_setting, store_states
 
@@ -44,10 +45,11 @@ def extend(torch, model, ids, cache, chunk):
     base = model.base_model
     t = torch.tensor(ids, dtype=torch.long, device=input_device(model))[None]
     h = None
-    for start in range(0, t.shape[1], chunk):
-        h = base(input_ids=t[:, start:start + chunk], past_key_values=cache, use_cache=True).last_hidden_state[0, -1:]
-        # The engine stores the carried state after each chunk and each decode step.
-        store_states(model, cache)
+    with sdpa_backend(torch, model), gdn_kernel(model):
+        for start in range(0, t.shape[1], chunk):
+            h = base(input_ids=t[:, start:start + chunk], past_key_values=cache, use_cache=True).last_hidden_state[0, -1:]
+            # The engine stores the carried state after each chunk and each decode step.
+            store_states(model, cache)
     return head_logits(torch, model, h.to(model.get_output_embeddings().weight.device))
 
 
@@ -144,6 +146,7 @@ def generate_turns(r, model, spec, who):
     set_attention(model, spec.get("attn_implementation", "sdpa"))
     model._cardproof_kv = kv_setting(spec, spec["path"])
     model._cardproof_state = state_setting(torch, model, spec)
+    model._cardproof_gdn = gdn_setting(model, spec)
     width = model.get_output_embeddings().weight.shape[0]
     if turns["used"] > width:
         raise RunnerError("bad_request", f"turns.used {turns['used']} is over {who}'s {width} logit entries")

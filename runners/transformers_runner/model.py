@@ -71,7 +71,8 @@ def load_model(torch, transformers, spec, dtype, device, trust_remote_code):
     checkpoint_files(spec["path"])
     kwargs = dict(
         dtype=dtype,
-        attn_implementation=spec.get("attn_implementation", "sdpa"),
+        # `sdpa:BACKEND` loads as sdpa; the backend is held at each pass (`sdpa_backend`).
+        attn_implementation=spec.get("attn_implementation", "sdpa").partition(":")[0],
         use_safetensors=True,
         trust_remote_code=bool(trust_remote_code),
     )
@@ -106,19 +107,60 @@ def head_logits(torch, model, hidden):
     return logits
 
 
+# torch's SDPA backends by the names an attention value gives them (`sdpa:flash`): the one
+# backend SDPA may use for every pass of the model (torch.nn.attention.sdpa_kernel); a backend
+# that cannot run a call raises, so the backend recorded is the one that ran.
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION", "math": "MATH"}
+
+
 def attn_used(model):
-    return getattr(model.config, "_attn_implementation", None) or "unknown"
+    """The attention implementation in use, with the SDPA backend it is held to (`sdpa:flash`)."""
+    impl = getattr(model.config, "_attn_implementation", None) or "unknown"
+    backend = getattr(model, "_cardproof_sdpa", None)
+    return f"{impl}:{backend}" if backend and impl == "sdpa" else impl
 
 
 def set_attention(model, impl):
-    if attn_used(model) == impl:
+    """`impl` for the model's next passes: transformers' implementation, and for `sdpa:BACKEND`
+    the one SDPA backend its passes may use (see `sdpa_backend`)."""
+    base, _, backend = impl.partition(":")
+    if backend and (base != "sdpa" or backend not in SDPA_BACKENDS):
+        raise RunnerError("bad_request", f"attention {impl!r}: a backend is sdpa's, one of {', '.join('sdpa:' + b for b in SDPA_BACKENDS)}")
+    model._cardproof_sdpa = backend or None
+    if (getattr(model.config, "_attn_implementation", None) or "unknown") == base:
         return
     setter = getattr(model, "set_attn_implementation", None)
     if setter is None:
-        raise RunnerError("unsupported", f"this transformers cannot switch attention to {impl} on a loaded model")
-    setter(impl)
+        raise RunnerError("unsupported", f"this transformers cannot switch attention to {base} on a loaded model")
+    setter(base)
     if attn_used(model) != impl:
         raise RunnerError("unsupported", f"attention {impl} was asked for but {attn_used(model)} is in use")
+
+
+class sdpa_backend:
+    """The model's passes inside the `with` block held to its SDPA backend (`set_attention`);
+    nothing when it has none. A pass the backend cannot run is a clear error."""
+
+    def __init__(self, torch, model):
+        self.torch, self.backend, self.ctx = torch, getattr(model, "_cardproof_sdpa", None), None
+
+    def __enter__(self):
+        if self.backend:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            self.ctx = sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[self.backend])])
+            self.ctx.__enter__()
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if self.ctx is not None:
+            self.ctx.__exit__(kind, exc, tb)
+        if exc is not None and self.backend and isinstance(exc, RuntimeError) and "kernel" in str(exc).lower():
+            raise RunnerError(
+                "unsupported",
+                f"attention sdpa:{self.backend} was asked for, but torch's {self.backend} backend cannot run this pass (dtype, head size, mask or device): {str(exc).splitlines()[0]}",
+            ) from exc
+        return False
 
 
 def input_device(model):

@@ -282,4 +282,7 @@ def model_record(model, spec):
         # that state in after each cached pass (`f32`: as the model keeps it).
         "linear_attention_layers": sum(1 for m in model.modules() if is_linear_attention(m)),
         "recurrent_state": spec.get("recurrent_state") or "f32",
+        # The GDN kernel the runner held the layers to (None: transformers' own choice, which
+        # the warm-up observes).
+        "gdn_kernel": spec.get("gdn_kernel"),
     }

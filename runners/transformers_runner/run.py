@@ -10,6 +10,7 @@ import os
 import sys
 import time
 
+from .gdn import gdn_kernel, gdn_setting
 from .generate import generate_turns
 from .kv_quant import kv_setting, new_cache
 from .memory import choose_plan, free_bytes
@@ -21,6 +22,7 @@ from .model import (
     is_linear_attention,
     load_model,
     read_config,
+    sdpa_backend,
     set_attention,
     torch_dtype,
     weight_bytes,
@@ -55,7 +57,7 @@ def prefill(torch, transformers, model, ids, keep, chunk):
         # transformers' QuantizedCache semantics are defined per update: the model's own
         # prefill chunk (a single pass would read nothing rounded).
         chunk = setting[4][1]
-    with torch.inference_mode():
+    with torch.inference_mode(), sdpa_backend(torch, model), gdn_kernel(model):
         if chunk >= n:
             # The whole window in one pass, as the engine's own prefill runs it (no cache kept,
             # unless a KV-cache scheme needs one to round what attention reads).
@@ -184,6 +186,7 @@ class Run:
         m = load_model(torch, self.transformers, spec, self.dtype, self.device, self.req.get("trust_remote_code", False))
         m._cardproof_kv = kv_setting(spec, spec["path"])
         m._cardproof_state = state_setting(torch, m, spec)
+        m._cardproof_gdn = gdn_setting(m, spec)
         self.timings["load"] += time.perf_counter() - t
         # Warm-up (kernel selection, lazy initialization, Triton compilation and autotuning, the
         # fused reduction's compilation), timed apart, so the timings of the real work are the
@@ -253,6 +256,7 @@ class Run:
         # Per side: one model shared by both sides (a sweep) switches its scheme with its side.
         model._cardproof_kv = kv_setting(spec, spec["path"])
         model._cardproof_state = state_setting(self.torch, model, spec)
+        model._cardproof_gdn = gdn_setting(model, spec)
         t = time.perf_counter()
         h = prefill(self.torch, self.transformers, model, ids, keep, self.chunk)
         self.synchronize()

@@ -264,3 +264,21 @@ pub(super) fn recurrent_state_ran(
     }
     Ok((layers > 0).then(|| asked.as_str().to_owned()))
 }
+
+/// The Gated DeltaNet kernel the transformers runner says it held the candidate's layers to,
+/// checked against what was asked (`None`: transformers' choice): a kernel asked for and not
+/// recorded is an error, not a silently default run.
+pub(super) fn gdn_kernel_ran(candidate: &Path, asked: Option<&str>, record: &Value) -> Result<()> {
+    let ran = record.get("gdn_kernel").and_then(Value::as_str);
+    if ran != asked {
+        return Err(Error::runner(
+            candidate,
+            format!(
+                "the Gated DeltaNet kernel {} was asked for but the transformers runner records {}",
+                asked.unwrap_or("(transformers' choice)"),
+                ran.unwrap_or("(none)")
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -211,7 +211,7 @@ pub fn run_checked(
     let arms = lane::Arms {
         requests: std::slice::from_ref(r),
         names: &[],
-        attentions: &[],
+        kernels: &[],
         reference_compute: None,
         pass: lane::Pass::Streamed,
     };

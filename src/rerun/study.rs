@@ -13,14 +13,14 @@ use crate::error::{Error, Result};
 /// Run every arm against one reference pass. `requests` share the first one's reference, eval
 /// text, tokenizer, chat template and options (checked here); each has its own candidate and
 /// settings. All are in the native lane, all in the transformers lane (each arm's attention
-/// in `attentions`), or all in the llama.cpp lane (each arm its own pair run); the first
+/// and GDN kernel in `kernels`), or all in the llama.cpp lane (each arm its own pair run); the first
 /// request's pre-flight runs in full, the others' tokenizers and context lengths are checked
 /// before any forward pass. `room` is asked, after the pre-flight and before the first forward
 /// pass, whether the outputs fit (given the first request and what its pre-flight found).
 pub fn run_arms(
     requests: &[Request],
     names: &[String],
-    attentions: &[String],
+    kernels: &[crate::runner::transformers::ArmKernel],
     reference_compute: crate::runner::native::ComputeDtype,
     room: &(dyn Fn(&Request, &preflight::Identity) -> Result<()> + Sync),
     stage: &(dyn Fn(&str) + Sync),
@@ -82,7 +82,7 @@ pub fn run_arms(
     let arms = Arms {
         requests,
         names,
-        attentions,
+        kernels,
         reference_compute: Some(reference_compute),
         pass: Pass::Kept,
     };

@@ -162,6 +162,11 @@ fn pair_runner(
             runner.attention = (baseline.to_owned(), other.to_owned());
             Ok((RunnerSpec::Transformers(runner), None))
         }
+        ("gdn_kernel", Some(runner)) => {
+            let mut runner = runner.clone();
+            runner.gdn_kernel = (Some(baseline.to_owned()), Some(other.to_owned()));
+            Ok((RunnerSpec::Transformers(runner), None))
+        }
         ("kv_cache", runner) => Ok((
             runner.cloned().map_or(native, RunnerSpec::Transformers),
             Some((kv(baseline)?, kv(other)?)),

@@ -76,6 +76,10 @@ pub struct RequestModel {
     /// after each cached forward pass (`bf16`, `f16`; absent: as the model keeps them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recurrent_state: Option<String>,
+    /// The Gated DeltaNet kernel the model's linear-attention layers are held to (`fla`,
+    /// `fla_recurrent`, `torch`; absent: transformers' own choice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gdn_kernel: Option<String>,
 }
 
 /// Keys' and values' KV-cache schemes, by cardproof's names (`q8_0`, `int8_per_token_head`).

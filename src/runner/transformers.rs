@@ -45,6 +45,10 @@ pub const RUNNER_FILES: &[(&str, &str)] = &[
         include_str!("../../runners/transformers_runner/__main__.py"),
     ),
     (
+        "transformers_runner/gdn.py",
+        include_str!("../../runners/transformers_runner/gdn.py"),
+    ),
+    (
         "transformers_runner/generate.py",
         include_str!("../../runners/transformers_runner/generate.py"),
     ),
@@ -94,13 +98,25 @@ const MAX_LINE_BYTES: usize = 16 << 10;
 pub const STALL_TIMEOUT_VAR: &str = "CARDPROOF_TRANSFORMERS_STALL_SECS";
 const STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
 /// The attention implementations the runner asks transformers for (`attn_implementation`).
+/// `sdpa:BACKEND` is sdpa held to one of torch's SDPA backends (`torch.nn.attention.sdpa_kernel`):
+/// a pass that backend cannot run is an error, so the backend recorded is the one that ran.
 pub const ATTENTION_IMPLEMENTATIONS: &[&str] = &[
     "sdpa",
+    "sdpa:flash",
+    "sdpa:efficient",
+    "sdpa:cudnn",
+    "sdpa:math",
     "eager",
     "flash_attention_2",
     "flash_attention_3",
     "flex_attention",
 ];
+
+/// The Gated DeltaNet kernels the runner can hold a hybrid model's linear-attention layers to
+/// (`gdn_kernel`): flash-linear-attention's chunked kernel (its fused recurrent one in decode),
+/// its fused recurrent kernel for every token, transformers' own torch functions (chunked in
+/// prefill), or its torch recurrent function for every token.
+pub const GDN_KERNELS: &[&str] = &["fla", "fla_recurrent", "torch", "torch_recurrent"];
 
 pub use crate::runner::transformers_flags::{TransformersFlags, parse_sweep};
 
@@ -150,6 +166,9 @@ pub struct TransformersOptions {
     /// Attention implementation of the reference and the candidate (one of
     /// [`ATTENTION_IMPLEMENTATIONS`]).
     pub attention: (String, String),
+    /// The Gated DeltaNet kernel of the reference and the candidate (one of [`GDN_KERNELS`];
+    /// `None`: transformers' choice).
+    pub gdn_kernel: (Option<String>, Option<String>),
     /// Tokens per prefill chunk (0: planned: the whole window when it fits).
     pub chunk_size: usize,
     /// Rows per output-head chunk (0: planned from free memory).
@@ -196,6 +215,7 @@ impl Default for TransformersOptions {
             device: Device::Cuda(None),
             dtype: "bfloat16".into(),
             attention: ("sdpa".into(), "sdpa".into()),
+            gdn_kernel: (None, None),
             chunk_size: 0,
             head_rows: 0,
             tf32: false,
@@ -344,6 +364,14 @@ pub fn run(
     })
 }
 
+/// A study arm's kernels in the transformers runner: its attention implementation and its Gated
+/// DeltaNet kernel (`None`: transformers' choice).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArmKernel {
+    pub attention: String,
+    pub gdn_kernel: Option<String>,
+}
+
 /// One arm of a study in the runner: its checkpoint, attention and KV-cache scheme.
 #[derive(Debug, Clone)]
 pub struct ArmModel<'a> {
@@ -351,6 +379,8 @@ pub struct ArmModel<'a> {
     pub attention: String,
     pub kv_cache: Option<crate::runner::native::kv_cache::KvCacheSetting>,
     pub recurrent_state: StateDtype,
+    /// One of [`GDN_KERNELS`] (`None`: transformers' choice).
+    pub gdn_kernel: Option<String>,
 }
 
 /// One arm's answer: per run, per window, its rows' records; its model record; its seconds;
@@ -481,12 +511,13 @@ fn write_request(
         });
     }
     let model = |p: &Path,
-                 attention: &str,
+                 (attention, gdn): (&str, &Option<String>),
                  kv: Option<crate::runner::native::kv_cache::KvCacheSetting>,
                  state: StateDtype| {
         RequestModel {
             path: absolute(p).display().to_string(),
             attn_implementation: attention.to_owned(),
+            gdn_kernel: gdn.clone(),
             recurrent_state: (state != StateDtype::F32).then(|| state.as_str().to_owned()),
             kv_cache: kv.filter(|s| s.changes_anything()).map(|s| {
                 crate::runner::exchange::RequestKvCache {
@@ -508,11 +539,28 @@ fn write_request(
     let request = RunnerRequest {
         protocol: PROTOCOL,
         models: RequestModels {
-            reference: model(reference, &o.attention.0, o.kv_cache.0, StateDtype::F32),
-            candidate: model(candidate, &o.attention.1, o.kv_cache.1, o.recurrent_state),
+            reference: model(
+                reference,
+                (&o.attention.0, &o.gdn_kernel.0),
+                o.kv_cache.0,
+                StateDtype::F32,
+            ),
+            candidate: model(
+                candidate,
+                (&o.attention.1, &o.gdn_kernel.1),
+                o.kv_cache.1,
+                o.recurrent_state,
+            ),
             arms: arms.map(|arms| {
                 arms.iter()
-                    .map(|a| model(a.path, &a.attention, a.kv_cache, a.recurrent_state))
+                    .map(|a| {
+                        model(
+                            a.path,
+                            (&a.attention, &a.gdn_kernel),
+                            a.kv_cache,
+                            a.recurrent_state,
+                        )
+                    })
                     .collect()
             }),
         },

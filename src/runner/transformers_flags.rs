@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 
-use crate::runner::transformers::{ATTENTION_IMPLEMENTATIONS, Device, TransformersOptions};
+use crate::runner::transformers::{
+    ATTENTION_IMPLEMENTATIONS, Device, GDN_KERNELS, TransformersOptions,
+};
 
 /// The raw values of `--python`, `--device`, `--torch-dtype`, `--attention`, `--chunk-size`,
 /// `--head-rows`, `--tf32`, `--deterministic`, `--trust-remote-code`, `--sweep` and the hidden
@@ -19,6 +21,8 @@ pub struct TransformersFlags {
     pub torch_dtype: Option<String>,
     /// One of [`ATTENTION_IMPLEMENTATIONS`]; `None`: sdpa, and `verify` may follow the card.
     pub attention: Option<String>,
+    /// One of [`GDN_KERNELS`]; `None`: transformers' choice.
+    pub gdn_kernel: Option<String>,
     /// `None`: planned (the whole window when it fits).
     pub chunk_size: Option<u32>,
     /// `None`: planned from free memory.
@@ -45,6 +49,7 @@ impl Default for TransformersFlags {
             device: "cuda".into(),
             torch_dtype: None,
             attention: None,
+            gdn_kernel: None,
             chunk_size: None,
             head_rows: None,
             tf32: false,
@@ -73,6 +78,9 @@ impl TransformersFlags {
         })?;
         let attention = self.attention.clone().unwrap_or_else(|| "sdpa".into());
         check_attention(&attention)?;
+        if let Some(k) = &self.gdn_kernel {
+            check_gdn_kernel(k).map_err(|e| format!("--gdn-kernel: {e}"))?;
+        }
         let dtype = match self.torch_dtype.as_deref() {
             None => "bfloat16",
             Some(d @ ("bfloat16" | "float16" | "float32")) => d,
@@ -97,6 +105,7 @@ impl TransformersFlags {
             device,
             dtype: dtype.into(),
             attention: (attention.clone(), attention),
+            gdn_kernel: (self.gdn_kernel.clone(), self.gdn_kernel.clone()),
             follow_card: (self.attention.is_none(), self.torch_dtype.is_none()),
             chunk_size: self.chunk_size.map_or(0, |n| n as usize),
             head_rows: self.head_rows.map_or(0, |n| n as usize),
@@ -128,9 +137,9 @@ pub fn parse_sweep(s: &str) -> Result<(String, Vec<String>), String> {
         .split_once('=')
         .ok_or_else(|| format!("--sweep {s}: expected KNOB=A,B (e.g. attention=eager,sdpa)"))?;
     let llamacpp = crate::runner::llamacpp::SWEEP_KNOBS.contains(&knob);
-    if knob != "attention" && knob != "kv_cache" && !llamacpp {
+    if !matches!(knob, "attention" | "gdn_kernel" | "kv_cache") && !llamacpp {
         return Err(format!(
-            "--sweep {s}: the knob can be `attention` (the kernel changes), `kv_cache` (the KV-cache scheme changes) or, with --runner llamacpp, {} (llama.cpp's settings); the weights stay the same",
+            "--sweep {s}: the knob can be `attention` or `gdn_kernel` (the kernel changes), `kv_cache` (the KV-cache scheme changes) or, with --runner llamacpp, {} (llama.cpp's settings); the weights stay the same",
             crate::runner::llamacpp::SWEEP_KNOBS.join(", ")
         ));
     }
@@ -150,6 +159,8 @@ pub fn parse_sweep(s: &str) -> Result<(String, Vec<String>), String> {
             .map_err(|e| format!("--sweep {s}: `{v}`: {e}"))?;
         } else if knob == "attention" {
             check_attention(v)?;
+        } else if knob == "gdn_kernel" {
+            check_gdn_kernel(v).map_err(|e| format!("--sweep {s}: {e}"))?;
         } else {
             match crate::runner::native::kv_cache::KvCacheSetting::from_label(v) {
                 None => {
@@ -167,6 +178,18 @@ pub fn parse_sweep(s: &str) -> Result<(String, Vec<String>), String> {
         }
     }
     Ok((knob.to_owned(), values))
+}
+
+/// Whether `v` is a Gated DeltaNet kernel the runner can hold linear-attention layers to.
+pub fn check_gdn_kernel(v: &str) -> Result<(), String> {
+    if GDN_KERNELS.contains(&v) {
+        Ok(())
+    } else {
+        Err(format!(
+            "GDN kernel {v:?} is not one of {}",
+            GDN_KERNELS.join(", ")
+        ))
+    }
 }
 
 /// Whether `v` is an attention implementation the runner can ask transformers for.
@@ -253,7 +276,7 @@ mod tests {
         );
         assert_eq!(
             options(|f| f.attention = Some("magic".into())).unwrap_err(),
-            "attention \"magic\" is not one of sdpa, eager, flash_attention_2, flash_attention_3, flex_attention"
+            "attention \"magic\" is not one of sdpa, sdpa:flash, sdpa:efficient, sdpa:cudnn, sdpa:math, eager, flash_attention_2, flash_attention_3, flex_attention"
         );
         assert_eq!(
             options(|f| f.torch_dtype = Some("int8".into())).unwrap_err(),
@@ -281,7 +304,7 @@ mod tests {
             ),
             (
                 "dtype=bf16,f32",
-                "--sweep dtype=bf16,f32: the knob can be `attention` (the kernel changes), `kv_cache` (the KV-cache scheme changes) or, with --runner llamacpp, llamacpp.kv, llamacpp.flash_attn, llamacpp.backend (llama.cpp's settings); the weights stay the same",
+                "--sweep dtype=bf16,f32: the knob can be `attention` or `gdn_kernel` (the kernel changes), `kv_cache` (the KV-cache scheme changes) or, with --runner llamacpp, llamacpp.kv, llamacpp.flash_attn, llamacpp.backend (llama.cpp's settings); the weights stay the same",
             ),
             (
                 "attention=sdpa",
@@ -293,7 +316,11 @@ mod tests {
             ),
             (
                 "attention=sdpa,magic",
-                "attention \"magic\" is not one of sdpa, eager, flash_attention_2, flash_attention_3, flex_attention",
+                "attention \"magic\" is not one of sdpa, sdpa:flash, sdpa:efficient, sdpa:cudnn, sdpa:math, eager, flash_attention_2, flash_attention_3, flex_attention",
+            ),
+            (
+                "gdn_kernel=fla,triton",
+                "--sweep gdn_kernel=fla,triton: GDN kernel \"triton\" is not one of fla, fla_recurrent, torch, torch_recurrent",
             ),
         ] {
             assert_eq!(parse_sweep(s).unwrap_err(), message);
@@ -303,5 +330,31 @@ mod tests {
             ..TransformersFlags::default()
         };
         assert_eq!(f.sweep().unwrap().unwrap().1, ["sdpa", "eager"]);
+        assert_eq!(
+            parse_sweep("gdn_kernel=fla,torch").unwrap(),
+            (
+                "gdn_kernel".to_owned(),
+                vec!["fla".to_owned(), "torch".to_owned()]
+            )
+        );
+        assert_eq!(
+            parse_sweep("attention=sdpa:flash,sdpa:cudnn").unwrap().1,
+            ["sdpa:flash", "sdpa:cudnn"]
+        );
+    }
+
+    #[test]
+    fn the_gdn_kernel_is_checked_and_held_on_both_sides() {
+        let o = options(|f| f.gdn_kernel = Some("torch_recurrent".into())).unwrap();
+        assert_eq!(
+            o.gdn_kernel,
+            (
+                Some("torch_recurrent".into()),
+                Some("torch_recurrent".into())
+            )
+        );
+        assert_eq!(options(|_| {}).unwrap().gdn_kernel, (None, None));
+        let e = options(|f| f.gdn_kernel = Some("cuda".into())).unwrap_err();
+        assert!(e.starts_with("--gdn-kernel: GDN kernel \"cuda\""), "{e}");
     }
 }

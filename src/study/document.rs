@@ -164,6 +164,9 @@ pub struct ArmSettings {
     pub kv_cache: String,
     pub compute_dtype: String,
     pub attention: String,
+    /// The transformers runner's Gated DeltaNet kernel (absent: transformers' choice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gdn_kernel: Option<String>,
     pub recurrent_state: String,
     pub emulate: String,
 }

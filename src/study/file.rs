@@ -240,6 +240,13 @@ pub struct Settings {
     /// llama.cpp runner's `-fa`: `on`, `off`, `auto`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention: Option<String>,
+    /// The transformers runner's Gated DeltaNet kernel: `fla` (flash-linear-attention's chunked
+    /// kernel), `fla_recurrent` (its fused recurrent kernel for every token), `torch`
+    /// (transformers' own functions) or `torch_recurrent` (its recurrent function for every
+    /// token); default: transformers' choice. A kernel axis
+    /// (`changes: kernel`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gdn_kernel: Option<String>,
     /// The candidate's recurrent-state dtype (`f32`, `bf16`, `f16`; hybrid models).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recurrent_state: Option<String>,

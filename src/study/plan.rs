@@ -23,6 +23,8 @@ pub struct Resolved {
     pub kv_cache: Option<KvCacheSetting>,
     pub compute: ComputeDtype,
     pub attention: String,
+    /// The transformers runner's Gated DeltaNet kernel (`None`: transformers' choice).
+    pub gdn_kernel: Option<String>,
     pub recurrent_state: StateDtype,
     pub emulate: Emulate,
 }
@@ -376,6 +378,7 @@ fn transformers_options(
                 device: t.device.unwrap_or_else(|| "cuda".into()),
                 torch_dtype: t.torch_dtype,
                 attention: Some(baseline.attention.clone()),
+                gdn_kernel: baseline.gdn_kernel.clone(),
                 chunk_size: t.chunk_size,
                 tf32: t.tf32,
                 deterministic: t.deterministic,
@@ -447,7 +450,10 @@ fn plan_arm(
     if settings.kv_cache != baseline.kv_cache {
         changed.push(Variable::KvCache);
     }
-    if settings.compute != baseline.compute || settings.attention != baseline.attention {
+    if settings.compute != baseline.compute
+        || settings.attention != baseline.attention
+        || settings.gdn_kernel != baseline.gdn_kernel
+    {
         changed.push(Variable::Kernel);
     }
     if settings.recurrent_state != baseline.recurrent_state {
@@ -513,6 +519,7 @@ fn resolve(
             // llama.cpp's own default `-fa`.
             StudyRunner::Llamacpp => "auto".into(),
         },
+        gdn_kernel: None,
         recurrent_state: StateDtype::F32,
         emulate: Emulate::ReferenceSemantics,
     };
@@ -576,6 +583,20 @@ fn resolve(
         }
         Some(a) => a.to_owned(),
     };
+    let gdn_kernel = match s.gdn_kernel.as_deref() {
+        None => base.gdn_kernel.clone(),
+        Some(_) if runner != StudyRunner::Transformers => {
+            return Err((
+                "gdn_kernel",
+                "the Gated DeltaNet kernel is the transformers runner's setting (the native runner has one delta-rule implementation; llama.cpp its own)".into(),
+            ));
+        }
+        Some(k) => {
+            crate::runner::transformers_flags::check_gdn_kernel(k)
+                .map_err(|e| ("gdn_kernel", e))?;
+            Some(k.to_owned())
+        }
+    };
     let recurrent_state = match s.recurrent_state.as_deref() {
         None => base.recurrent_state,
         Some(name) => StateDtype::from_name(name).ok_or((
@@ -594,6 +615,7 @@ fn resolve(
         kv_cache,
         compute,
         attention,
+        gdn_kernel,
         recurrent_state,
         emulate,
     })

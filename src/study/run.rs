@@ -46,15 +46,18 @@ pub fn run(
         .map(|(a, runner)| request(plan, a, runner, threads))
         .collect();
     let names: Vec<String> = plan.arms.iter().map(|a| a.name.clone()).collect();
-    let attentions: Vec<String> = plan
+    let kernels: Vec<crate::runner::transformers::ArmKernel> = plan
         .arms
         .iter()
-        .map(|a| a.settings.attention.clone())
+        .map(|a| crate::runner::transformers::ArmKernel {
+            attention: a.settings.attention.clone(),
+            gdn_kernel: a.settings.gdn_kernel.clone(),
+        })
         .collect();
     let outcome = rerun::study::run_arms(
         &requests,
         &names,
-        &attentions,
+        &kernels,
         plan.baseline.compute,
         room,
         stage,
@@ -151,6 +154,7 @@ fn arm_summary(
                 _ => arm.settings.compute.as_str().into(),
             },
             attention: arm.settings.attention.clone(),
+            gdn_kernel: arm.settings.gdn_kernel.clone(),
             recurrent_state: arm.settings.recurrent_state.as_str().into(),
             emulate: format!("{:?}", arm.settings.emulate),
         },

@@ -425,7 +425,7 @@ fn runner_flags_are_validated_before_any_work() {
     for (extra, message) in [
         (
             &["--sweep", "attention=sdpa,eager"][..],
-            "--sweep attention=... needs --runner transformers",
+            "--sweep attention=... and gdn_kernel=... need --runner transformers",
         ),
         (
             &["--runner", "transformers", "--device", "tpu"][..],
@@ -441,7 +441,15 @@ fn runner_flags_are_validated_before_any_work() {
         ),
         (
             &["--runner", "transformers", "--sweep", "dtype=bf16,f32"][..],
-            "the knob can be `attention`",
+            "the knob can be `attention` or `gdn_kernel`",
+        ),
+        (
+            &["--runner", "transformers", "--gdn-kernel", "triton"][..],
+            "--gdn-kernel: GDN kernel \"triton\" is not one of fla, fla_recurrent, torch, torch_recurrent",
+        ),
+        (
+            &["--runner", "transformers", "--attention", "sdpa:fast"][..],
+            "attention \"sdpa:fast\" is not one of",
         ),
         (
             &[
@@ -1128,6 +1136,107 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
     /// A study in the transformers runner (CPU, float32): one program run, the reference's pass
     /// kept for every arm, and each arm's numbers those of the single `measure --runner
     /// transformers` of its pair.
+    /// The seed's three tests as one study in miniature (on the hybrid fixture, CPU): kernel arms
+    /// for an SDPA backend, eager attention and the GDN kernel, a KV-cache arm, a bf16
+    /// recurrent-state arm at 32-token prefill chunks; every kernel recorded as what ran.
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn the_seed_studys_kernel_kv_and_state_axes_run_as_one_transformers_study() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        let hybrid = repo_root().join("tests/fixtures/hybrid");
+        std::fs::copy(hybrid.join("eval.txt"), dir.path().join("eval.txt")).unwrap();
+        let study = dir.path().join("study.yaml");
+        std::fs::write(
+            &study,
+            format!(
+                "study: cardproof/study-v1\nreference: {}\neval: {{text: eval.txt}}\nprotocol: {{context_lengths: [128], resamples: 100, prefill_chunk: 32}}\nrunner: transformers\ntransformers: {{device: cpu, torch_dtype: float32}}\nbaseline: {{attention: sdpa:math, gdn_kernel: torch}}\narms:\n  - {{name: sdpa-flash, attention: sdpa:flash, changes: kernel}}\n  - {{name: gdn-recurrent, gdn_kernel: torch_recurrent, changes: kernel}}\n  - {{name: kv-fp8, kv_cache: fp8_e4m3, changes: kv_cache}}\n  - {{name: state-bf16, recurrent_state: bf16, changes: recurrent_state}}\n",
+                hybrid.join("qwen3_5_text").display(),
+            ),
+        )
+        .unwrap();
+        let out = dir.path().join("out");
+        let r = run(
+            &[],
+            &[
+                "study",
+                study.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--json",
+            ],
+        );
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let doc = r.json();
+        assert_eq!(doc["protocol"]["prefill_chunk"], 32);
+        let arm = |name: &str| {
+            doc["arms"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|a| a["name"] == name)
+                .unwrap_or_else(|| panic!("no arm {name}"))
+                .clone()
+        };
+        let kld = |name: &str| {
+            arm(name)["runs"][0]["metrics"]["kld_mean"]
+                .as_f64()
+                .unwrap()
+        };
+        let measurement = |name: &str| -> serde_json::Value {
+            serde_json::from_str(
+                &std::fs::read_to_string(out.join(format!("arms/{name}/measurement.json")))
+                    .unwrap(),
+            )
+            .unwrap()
+        };
+        let model = |name: &str| {
+            measurement(name)["environment"]["transformers_runner"]["models"]["candidate"].clone()
+        };
+        // Each kernel ran as asked, and is recorded so.
+        assert_eq!(model("sdpa-flash")["attention"], "sdpa:flash");
+        assert_eq!(model("gdn-recurrent")["gdn_kernel"], "torch_recurrent");
+        assert_eq!(model("kv-fp8")["attention"], "sdpa:math");
+        assert_eq!(model("kv-fp8")["gdn_kernel"], "torch");
+        assert_eq!(
+            arm("gdn-recurrent")["settings"]["gdn_kernel"],
+            "torch_recurrent"
+        );
+        assert_eq!(arm("state-bf16")["settings"]["recurrent_state"], "bf16");
+        assert_eq!(
+            measurement("state-bf16")["environment"]["recurrent_state_dtype"],
+            "bf16"
+        );
+        // Every arm moves the numbers (the kernels by rounding only); the repeat control does
+        // not (nor, on this CPU in float32, eager attention against SDPA's math backend).
+        for name in ["sdpa-flash", "gdn-recurrent", "kv-fp8", "state-bf16"] {
+            assert!(kld(name) > 0.0, "{name}: {}", kld(name));
+        }
+        assert_eq!(kld("control-repeat"), 0.0);
+        assert!(kld("kv-fp8") > kld("gdn-recurrent"));
+        // A kernel that cannot run here is an error naming it, before any arm is written.
+        std::fs::write(
+            &study,
+            std::fs::read_to_string(&study)
+                .unwrap()
+                .replace("sdpa:flash", "sdpa:cudnn"),
+        )
+        .unwrap();
+        let failed = dir.path().join("failed");
+        let r = run(
+            &[],
+            &[
+                "study",
+                study.to_str().unwrap(),
+                "--out",
+                failed.to_str().unwrap(),
+            ],
+        );
+        assert_ne!(r.code, 0, "{}", r.stderr);
+        assert!(r.stderr.contains("sdpa:cudnn"), "{}", r.stderr);
+        assert!(!failed.join("study.json").exists());
+    }
+
     #[test]
     #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
     fn a_study_in_the_transformers_runner_equals_its_single_measures() {

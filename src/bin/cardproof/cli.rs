@@ -724,6 +724,12 @@ pub struct TransformersArgs {
     /// `verify` follows the card's runtime when it names transformers).
     #[arg(long, value_name = "IMPL")]
     pub attention: Option<String>,
+    /// The Gated DeltaNet kernel of a hybrid model's linear-attention layers: fla
+    /// (flash-linear-attention's chunked kernel), fla_recurrent (its fused recurrent kernel for
+    /// every token), torch (transformers' own functions) or torch_recurrent (its recurrent
+    /// function for every token); default: transformers' choice.
+    #[arg(long, value_name = "KERNEL")]
+    pub gdn_kernel: Option<String>,
     /// Tokens per prefill chunk, the KV cache kept between chunks (default: the whole window in
     /// one pass when it fits the memory plan, else the longest power-of-two chunk that does).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]

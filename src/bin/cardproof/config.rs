@@ -317,12 +317,13 @@ impl MeasureConfig {
         let flags = transformers_flags(&args.transformers);
         let transformers = match args.runner {
             RunnerArg::Native
-                if flags
-                    .sweep
-                    .as_deref()
-                    .is_some_and(|s| s.starts_with("attention=")) =>
+                if flags.sweep.as_deref().is_some_and(|s| {
+                    s.starts_with("attention=") || s.starts_with("gdn_kernel=")
+                }) =>
             {
-                return Err("--sweep attention=... needs --runner transformers".into());
+                return Err(
+                    "--sweep attention=... and gdn_kernel=... need --runner transformers".into(),
+                );
             }
             RunnerArg::Native => None,
             RunnerArg::Transformers if args.reference_artifact.is_some() => {
@@ -458,6 +459,7 @@ fn transformers_flags(a: &cli::TransformersArgs) -> TransformersFlags {
         device: a.device.clone(),
         torch_dtype: a.torch_dtype.map(name),
         attention: a.attention.clone(),
+        gdn_kernel: a.gdn_kernel.clone(),
         chunk_size: a.chunk_size,
         head_rows: a.head_rows,
         tf32: a.tf32,

@@ -45,12 +45,12 @@ pub(crate) enum Pass {
 }
 
 /// What a lane runs: the arms' requests (sharing the first one's reference, eval text and
-/// options), their names and attentions (a study's), and how the reference's rows are shared.
+/// options), their names and kernels (a study's), and how the reference's rows are shared.
 pub(crate) struct Arms<'r, 'a> {
     pub requests: &'r [Request<'a>],
     pub names: &'r [String],
-    /// Each arm's attention (the transformers runner's study arms).
-    pub attentions: &'r [String],
+    /// Each arm's attention and GDN kernel (the transformers runner's study arms).
+    pub kernels: &'r [crate::runner::transformers::ArmKernel],
     /// The reference's compute dtype for a native checkpoint (`None`: the lane's).
     pub reference_compute: Option<ComputeDtype>,
     pub pass: Pass,

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::kld::protocol::VocabMode;
 use crate::rerun::document::{Environment, ModelRecord};
 use crate::rerun::environment::{
-    kv_cache_ran, recorded_kv, recurrent_state_ran, transformers_environment,
+    gdn_kernel_ran, kv_cache_ran, recorded_kv, recurrent_state_ran, transformers_environment,
 };
 use crate::rerun::gates;
 use crate::rerun::identity::checkpoint_identity;
@@ -104,10 +104,11 @@ impl Call<'_> {
         let models: Vec<ArmModel> = arms
             .requests
             .iter()
-            .zip(arms.attentions)
-            .map(|(r, attention)| ArmModel {
+            .zip(arms.kernels)
+            .map(|(r, kernel)| ArmModel {
                 path: r.candidate,
-                attention: attention.clone(),
+                attention: kernel.attention.clone(),
+                gdn_kernel: kernel.gdn_kernel.clone(),
                 kv_cache: r.kv_cache,
                 recurrent_state: r.recurrent_state,
             })
@@ -222,7 +223,13 @@ impl CandidateRunner for TransformersCandidates<'_> {
             pass: arms.pass,
         };
         let mut scored = Vec::with_capacity(answers.arms.len());
-        for ((r, id), answer) in arms.requests.iter().zip(ids).zip(answers.arms) {
+        for (i, ((r, id), answer)) in arms.requests.iter().zip(ids).zip(answers.arms).enumerate() {
+            // The GDN kernel asked of this arm's candidate (a study arm's own, else the run's).
+            let gdn = match arms.kernels.get(i) {
+                Some(k) => k.gdn_kernel.as_deref(),
+                None => self.0.gdn_kernel.1.as_deref(),
+            };
+            gdn_kernel_ran(r.candidate, gdn, &answer.model)?;
             scored.push(shared.arm(r, id, answer, answers.gates.as_ref())?);
         }
         let arm_seconds: f64 = scored.iter().map(|s| s.seconds).sum();
