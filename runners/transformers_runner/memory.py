@@ -11,9 +11,30 @@ from .protocol import RunnerError
 MARGIN = 0.08
 
 
-def plan_memory(torch, req, cfg, weights, dtype_size, chunk, free):
+def eager_score_bytes(dtype_size):
+    """Bytes per attention score at eager attention's peak (transformers' eager_attention_forward):
+    the scores in the model dtype, the masked copy beside them, then the float32 softmax and its
+    cast back while the masked scores are still referenced: 2 x dtype + 4."""
+    return 2 * dtype_size + 4
+
+
+def gdn_bytes(cfg, chunk, dtype_size):
+    """A Gated DeltaNet layer's working set on a chunk (flash-linear-attention's chunked kernel):
+    the per-64-token states [chunk / 64, value heads, key dim, value dim] in the model dtype and
+    about six float32 tensors of [chunk, value heads, value dim] (q, k, v, w, u, the output); 0
+    for a model without linear-attention layers."""
+    if "linear_attention" not in (cfg.get("layer_types") or []):
+        return 0
+    hv = cfg.get("linear_num_value_heads", 0)
+    dk = cfg.get("linear_key_head_dim", 0)
+    dv = cfg.get("linear_value_head_dim", 0)
+    return -(-chunk // 64) * hv * dk * dv * dtype_size + 6 * chunk * hv * max(dk, dv) * 4
+
+
+def plan_memory(torch, req, cfg, weights, dtype_size, chunk, free, eager_block=None):
     """Bytes each part of the run needs at its peak for prefill chunks of `chunk` tokens (a chunk
-    as long as the window is one pass without a cache, the engine's plain prefill)."""
+    as long as the window is one pass without a cache, the engine's plain prefill), eager
+    attention's queries taken `eager_block` at a time (None: the whole chunk at once)."""
     hidden = cfg.get("hidden_size", 0)
     layers = cfg.get("num_hidden_layers", 0)
     heads = cfg.get("num_attention_heads", 1)
@@ -30,10 +51,14 @@ def plan_memory(torch, req, cfg, weights, dtype_size, chunk, free):
     # One pass keeps one layer's keys and values at a time; chunks keep every layer's (the cache).
     kv = 2 * (1 if whole else layers) * kv_heads * head_dim * longest * dtype_size
     # Per layer at once: the chunk's activations (MLP intermediate x3, a few hidden-sized
-    # tensors) and the attention's working set: for sdpa the mask a cache needs (none for one
-    # causal pass, which takes the flash kernel); for eager the scores, twice.
-    act = chunk * (3 * inter + 6 * hidden) * dtype_size
-    attn = chunk * longest * (heads * 6 if eager else (0 if whole else 2))
+    # tensors), a linear-attention layer's working set, and the attention's: for sdpa the mask a
+    # cache needs (none for one causal pass, which takes the flash kernel); for eager the mask
+    # and every head's scores of a block of queries at their peak (`eager_score_bytes`).
+    act = chunk * (3 * inter + 6 * hidden) * dtype_size + gdn_bytes(cfg, chunk, dtype_size)
+    attn = chunk * longest * (0 if whole else 2)
+    if eager:
+        block = min(eager_block or chunk, chunk)
+        attn = max(attn, chunk * longest * dtype_size + heads * block * longest * eager_score_bytes(dtype_size))
     # Head chunk: two logit blocks in the model dtype and about six float64 temporaries per row.
     per_row = vocab_width * (2 * dtype_size + 6 * 8)
     kept = most_rows * hidden * dtype_size
@@ -44,6 +69,8 @@ def plan_memory(torch, req, cfg, weights, dtype_size, chunk, free):
         "activations": act + attn,
         "kept_hidden": 2 * kept,
         "chunk_size": chunk,
+        # Eager attention's queries per block where it is cut (None: the chunk at once).
+        "eager_query_block": min(eager_block, chunk) if eager and eager_block and eager_block < chunk else None,
     }
     for mode, w in (
         ("side_by_side", weights["reference"] + weights["candidate"]),
@@ -82,27 +109,51 @@ def human(n):
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+def eager_models(req):
+    """The request's models (the reference, the candidate, a study's arms) that run eager
+    attention, by name for messages."""
+    models = req["models"]
+    named = [("the reference", models["reference"]), ("the candidate", models["candidate"])]
+    named += [(f"arm `{a.get('name') or i + 1}`", a) for i, a in enumerate(models.get("arms") or [])]
+    return [name for name, m in named if m.get("attn_implementation") == "eager"]
+
+
 def choose_plan(torch, req, cfg, weights, dtype_size):
-    """The plan and mode: the asked chunk size, or (by default) the whole window when it fits,
-    else the longest power-of-two chunk that does (down to 256 tokens)."""
+    """The plan and mode, for every model of the run at once (a study's arms included), before
+    anything loads: the asked chunk size, or (by default) the whole window when it fits, else the
+    longest power-of-two chunk that does (down to 256 tokens). Eager attention's scores (every
+    head's, for a block of queries against the whole window) are in the plan: where they do not
+    fit at the chunk, its queries are taken in blocks (the longest power of two down to 16 that
+    fits), so the other models keep their chunk; what fits nowhere is refused, naming the models
+    that run eager attention and what would fit."""
     longest = max(r["context_length"] for r in req["runs"])
     asked = req.get("chunk_size") or 0
     limit = req.get("memory_limit_bytes")
     device = req.get("device", "cuda")
     free = limit if limit is not None else free_bytes(torch, device)
     chunks = [asked] if asked else [longest] + [c for c in (1 << k for k in range(20, 7, -1)) if c < longest]
+    eager = eager_models(req)
     error = None
     for chunk in chunks:
-        plan = plan_memory(torch, req, cfg, weights, dtype_size, chunk, free)
-        plan["free_bytes"] = free
-        try:
-            mode = choose_mode(req, plan, free, device)
-        except RunnerError as e:
-            error = e
-            continue
-        plan["head_rows"] = plan[f"{mode}_head_rows"]
-        plan["head_chunk"] = plan["head_rows"] * plan["per_head_row"]
-        return plan, mode
+        blocks = [None] + ([b for b in (1 << k for k in range(20, 3, -1)) if b < chunk] if eager else [])
+        for block in blocks:
+            plan = plan_memory(torch, req, cfg, weights, dtype_size, chunk, free, block)
+            plan["free_bytes"] = free
+            try:
+                mode = choose_mode(req, plan, free, device)
+            except RunnerError as e:
+                # The last refusal is the smallest plan's: what the message reports.
+                error = e
+                continue
+            plan["head_rows"] = plan[f"{mode}_head_rows"]
+            plan["head_chunk"] = plan["head_rows"] * plan["per_head_row"]
+            return plan, mode
+    if eager:
+        raise RunnerError(
+            error.kind,
+            f"{error} ({', '.join(eager)} run{'s' if len(eager) == 1 else ''} eager attention, whose scores are planned "
+            f"even in query blocks of 16 tokens; a shorter context length, or the control off: controls: {{noise_floor: false}})",
+        )
     raise error
 
 

@@ -113,9 +113,48 @@ def head_logits(torch, model, hidden):
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION", "math": "MATH"}
 
 
+# The name eager attention in query blocks is registered under, per block size (see
+# `eager_in_blocks`).
+EAGER_BLOCKS_PREFIX = "cardproof_eager_query_block_"
+
+
+def eager_in_blocks(torch, transformers, block):
+    """Register (once per block size) eager attention taken `block` queries at a time: for each
+    block, the model's own `eager_attention_forward` on those queries against every key, with
+    those rows of eager's mask (the same row-wise math: scores, mask, float32 softmax, cast,
+    values), the outputs concatenated. Every head's scores then exist for one block at a time,
+    not for the whole chunk (the memory plan's choice where the chunk's would not fit). Returns
+    the implementation's name."""
+    import sys
+
+    name = f"{EAGER_BLOCKS_PREFIX}{block}"
+    registry = transformers.AttentionInterface
+    if name in getattr(registry, "_global_mapping", {}):
+        return name
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        eager = sys.modules[type(module).__module__].eager_attention_forward
+        n = query.shape[2]
+        outs = []
+        for s in range(0, n, block):
+            mask = attention_mask[:, :, s:s + block, :] if attention_mask is not None else None
+            out, _ = eager(module, query[:, :, s:s + block], key, value, mask, **kwargs)
+            outs.append(out)
+        return torch.cat(outs, 1), None
+
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    registry.register(name, attention)
+    AttentionMaskInterface.register(name, eager_mask)
+    return name
+
+
 def attn_used(model):
-    """The attention implementation in use, with the SDPA backend it is held to (`sdpa:flash`)."""
+    """The attention implementation in use, with the SDPA backend it is held to (`sdpa:flash`);
+    eager in query blocks is eager."""
     impl = getattr(model.config, "_attn_implementation", None) or "unknown"
+    if impl.startswith(EAGER_BLOCKS_PREFIX):
+        return "eager"
     backend = getattr(model, "_cardproof_sdpa", None)
     return f"{impl}:{backend}" if backend and impl == "sdpa" else impl
 
@@ -127,13 +166,20 @@ def set_attention(model, impl):
     if backend and (base != "sdpa" or backend not in SDPA_BACKENDS):
         raise RunnerError("bad_request", f"attention {impl!r}: a backend is sdpa's, one of {', '.join('sdpa:' + b for b in SDPA_BACKENDS)}")
     model._cardproof_sdpa = backend or None
+    block = getattr(model, "_cardproof_eager_block", None)
+    if base == "eager" and block:
+        # The memory plan cut eager's queries into blocks (see `eager_in_blocks`).
+        import torch
+        import transformers
+
+        base = eager_in_blocks(torch, transformers, block)
     if (getattr(model.config, "_attn_implementation", None) or "unknown") == base:
         return
     setter = getattr(model, "set_attn_implementation", None)
     if setter is None:
         raise RunnerError("unsupported", f"this transformers cannot switch attention to {base} on a loaded model")
     setter(base)
-    if attn_used(model) != impl:
+    if attn_used(model) != impl.partition(":")[0] + (f":{backend}" if backend else ""):
         raise RunnerError("unsupported", f"attention {impl} was asked for but {attn_used(model)} is in use")
 
 

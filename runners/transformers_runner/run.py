@@ -187,6 +187,7 @@ class Run:
         m._cardproof_kv = kv_setting(spec, spec["path"])
         m._cardproof_state = state_setting(torch, m, spec)
         m._cardproof_gdn = gdn_setting(m, spec)
+        m._cardproof_eager_block = self.plan.get("eager_query_block")
         self.timings["load"] += time.perf_counter() - t
         # Warm-up (kernel selection, lazy initialization, Triton compilation and autotuning, the
         # fused reduction's compilation), timed apart, so the timings of the real work are the

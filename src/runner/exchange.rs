@@ -66,6 +66,9 @@ pub struct RequestModels {
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct RequestModel {
+    /// A study arm's name, for the runner's messages (absent: the reference or the candidate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     pub path: String,
     pub attn_implementation: String,
     /// The KV-cache schemes the runner applies where the model writes its cache (write-then-

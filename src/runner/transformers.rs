@@ -375,6 +375,8 @@ pub struct ArmKernel {
 /// One arm of a study in the runner: its checkpoint, attention and KV-cache scheme.
 #[derive(Debug, Clone)]
 pub struct ArmModel<'a> {
+    /// The arm's name (the runner names it in its messages).
+    pub name: String,
     pub path: &'a Path,
     pub attention: String,
     pub kv_cache: Option<crate::runner::native::kv_cache::KvCacheSetting>,
@@ -515,6 +517,7 @@ fn write_request(
                  kv: Option<crate::runner::native::kv_cache::KvCacheSetting>,
                  state: StateDtype| {
         RequestModel {
+            name: None,
             path: absolute(p).display().to_string(),
             attn_implementation: attention.to_owned(),
             gdn_kernel: gdn.clone(),
@@ -553,8 +556,9 @@ fn write_request(
             ),
             arms: arms.map(|arms| {
                 arms.iter()
-                    .map(|a| {
-                        model(
+                    .map(|a| RequestModel {
+                        name: Some(a.name.clone()),
+                        ..model(
                             a.path,
                             (&a.attention, &a.gdn_kernel),
                             a.kv_cache,

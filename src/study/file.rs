@@ -341,6 +341,8 @@ pub struct Overrides {
     pub llamacpp_bin: Option<PathBuf>,
     /// `--python`.
     pub python: Option<PathBuf>,
+    /// `--memory-limit` (hidden; tests of the transformers runner's memory plan).
+    pub memory_limit: Option<u64>,
     /// `--eval-text`: the eval text instead of the file's `eval.text`, wherever it is.
     pub eval_text: Option<PathBuf>,
     /// `--chat-template`: the chat template file instead of the file's `eval.chat_template`.

@@ -379,6 +379,7 @@ fn transformers_options(
                 torch_dtype: t.torch_dtype,
                 attention: Some(baseline.attention.clone()),
                 gdn_kernel: baseline.gdn_kernel.clone(),
+                memory_limit: study.given.memory_limit,
                 chunk_size: t.chunk_size,
                 tf32: t.tf32,
                 deterministic: t.deterministic,

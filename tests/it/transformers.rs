@@ -1237,6 +1237,74 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         assert!(!failed.join("study.json").exists());
     }
 
+    /// The kernel control's eager attention is in the memory plan with every other arm, before
+    /// anything loads: where its scores do not fit at the window, its queries are taken in
+    /// blocks (recorded); where nothing fits, the study is refused naming the arm, and nothing
+    /// is written.
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn eager_attention_is_planned_in_query_blocks_or_the_study_is_refused_before_any_work() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        let hybrid = repo_root().join("tests/fixtures/hybrid");
+        std::fs::copy(hybrid.join("eval.txt"), dir.path().join("eval.txt")).unwrap();
+        let study = dir.path().join("study.yaml");
+        std::fs::write(
+            &study,
+            format!(
+                "study: cardproof/study-v1\nreference: {}\neval: {{text: eval.txt}}\nprotocol: {{context_lengths: [128], resamples: 100}}\nrunner: transformers\ntransformers: {{device: cpu, torch_dtype: float32}}\narms:\n  - {{name: gdn-recurrent, gdn_kernel: torch_recurrent, changes: kernel}}\n",
+                hybrid.join("qwen3_5_text").display(),
+            ),
+        )
+        .unwrap();
+        let study_with = |limit: &str, out: &Path| {
+            run(
+                &[],
+                &[
+                    "study",
+                    study.to_str().unwrap(),
+                    "--memory-limit",
+                    limit,
+                    "--out",
+                    out.to_str().unwrap(),
+                ],
+            )
+        };
+        let out = dir.path().join("blocks");
+        let r = study_with("1500000", &out);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        let control: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.join("arms/control-kernel/measurement.json")).unwrap(),
+        )
+        .unwrap();
+        let plan = &control["environment"]["transformers_runner"]["memory_plan"];
+        assert_eq!(plan["chunk_size"], 128, "{plan}");
+        assert_eq!(plan["eager_query_block"], 32, "{plan}");
+        assert_eq!(
+            control["environment"]["transformers_runner"]["models"]["candidate"]["attention"],
+            "eager"
+        );
+        // In blocks, eager's rows are eager's: the control stays at the lane's floor.
+        let kld = control["runs"][0]["metrics"]["kld_mean"].as_f64().unwrap();
+        assert!(kld < 1e-10, "{kld}");
+        let refused = dir.path().join("refused");
+        let r = study_with("1000000", &refused);
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        assert!(r.stderr.contains("out_of_memory_plan"), "{}", r.stderr);
+        assert!(
+            r.stderr
+                .contains("arm `control-kernel` runs eager attention"),
+            "{}",
+            r.stderr
+        );
+        assert!(
+            r.stderr.contains("controls: {noise_floor: false}"),
+            "{}",
+            r.stderr
+        );
+        assert!(!refused.exists(), "nothing is written");
+    }
+
     #[test]
     #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
     fn a_study_in_the_transformers_runner_equals_its_single_measures() {

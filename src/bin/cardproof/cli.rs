@@ -193,6 +193,9 @@ pub struct StudyArgs {
     /// For the transformers runner: the dtype instead of the file's (bfloat16, float16, float32).
     #[arg(long, value_name = "DTYPE")]
     pub torch_dtype: Option<String>,
+    /// For the transformers runner: plan memory as if only this many bytes were free (tests).
+    #[arg(long, value_name = "BYTES", hide = true)]
+    pub memory_limit: Option<u64>,
     /// Replace an --out that holds files other than a cardproof set.
     #[arg(long)]
     pub force: bool,

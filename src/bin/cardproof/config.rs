@@ -588,6 +588,7 @@ impl StudyConfig {
                     .llamacpp_server
                     .map(|p| std::path::absolute(&p).unwrap_or(p)),
                 python: args.python,
+                memory_limit: args.memory_limit,
                 eval_text: args.eval_text,
                 chat_template: args.chat_template,
                 turns_conversation: args.turns_conversation,

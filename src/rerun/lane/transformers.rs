@@ -105,7 +105,13 @@ impl Call<'_> {
             .requests
             .iter()
             .zip(arms.kernels)
-            .map(|(r, kernel)| ArmModel {
+            .enumerate()
+            .map(|(i, (r, kernel))| ArmModel {
+                name: arms
+                    .names
+                    .get(i)
+                    .cloned()
+                    .unwrap_or_else(|| (i + 1).to_string()),
                 path: r.candidate,
                 attention: kernel.attention.clone(),
                 gdn_kernel: kernel.gdn_kernel.clone(),
