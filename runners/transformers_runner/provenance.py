@@ -134,36 +134,42 @@ def dtype_name(t):
     return str(t.dtype).replace("torch.", "") if t is not None else None
 
 
-def probe_linear_attention(torch, transformers, model, ids):
-    """The kernels a model's GDN layers run in prefill and the dtypes their states hold, observed
-    on `ids` (a few tokens): one pass without a cache (the runner's one-pass prefill) watched for
-    the kernels, then two chunks with a cache (its chunked prefill), whose conv and recurrent
-    states are read back. None for a model without linear-attention layers."""
+def probe_linear_attention(torch, transformers, model, ids, watch=None):
+    """The kernels a model's GDN layers run in prefill and the dtypes their states hold. With
+    `watch` (the warm-up's one-pass prefill, watched), the kernels as it saw them and no states:
+    a run whose windows are each one pass stores none, and probing a cached pass would compile
+    kernels it never runs. Without, observed on `ids` (a few tokens): one pass without a cache
+    watched for the kernels, then two chunks with a cache (the chunked prefill), whose conv and
+    recurrent states are read back. None for a model without linear-attention layers."""
     layers = [m for m in model.modules() if is_linear_attention(m)]
     if not layers:
         return None
-    base = model.base_model
-    dev = input_device(model)
-    x = torch.tensor(ids, dtype=torch.long, device=dev)[None]
-    watch = KernelWatch()
-    with torch.inference_mode():
-        watch.watch(lambda: base(input_ids=x, use_cache=False))
-        try:
-            cache = transformers.DynamicCache(config=model.config)
-        except TypeError:
-            cache = transformers.DynamicCache()
-        half = max(1, x.shape[1] // 2)
-
-        def two_chunks():
-            base(input_ids=x[:, :half], past_key_values=cache, use_cache=True)
-            base(input_ids=x[:, half:], past_key_values=cache, use_cache=True)
-
-        watch.watch(two_chunks)
     recurrent, conv = set(), set()
-    for layer in layers:
-        idx = getattr(layer, "layer_idx", None)
-        recurrent.add(dtype_name(cached_state(cache, idx, "recurrent")))
-        conv.add(dtype_name(cached_state(cache, idx, "conv")))
+    if watch is not None:
+        observed_in = "the warm-up's one-pass prefill (a one-pass run stores no recurrent or conv state)"
+    else:
+        base = model.base_model
+        dev = input_device(model)
+        x = torch.tensor(ids, dtype=torch.long, device=dev)[None]
+        watch = KernelWatch()
+        with torch.inference_mode():
+            watch.watch(lambda: base(input_ids=x, use_cache=False))
+            try:
+                cache = transformers.DynamicCache(config=model.config)
+            except TypeError:
+                cache = transformers.DynamicCache()
+            half = max(1, x.shape[1] // 2)
+
+            def two_chunks():
+                base(input_ids=x[:, :half], past_key_values=cache, use_cache=True)
+                base(input_ids=x[:, half:], past_key_values=cache, use_cache=True)
+
+            watch.watch(two_chunks)
+        for layer in layers:
+            idx = getattr(layer, "layer_idx", None)
+            recurrent.add(dtype_name(cached_state(cache, idx, "recurrent")))
+            conv.add(dtype_name(cached_state(cache, idx, "conv")))
+        observed_in = f"the warm-up: one pass and a two-chunk cached prefill of {x.shape[1]} tokens"
     transformers_module = type(layers[0]).__module__
     gdn = kernel_choice(watch, "chunk_gated_delta_rule", transformers_module)
     conv1d = kernel_choice(watch, "causal_conv1d_fn", transformers_module)
@@ -180,7 +186,7 @@ def probe_linear_attention(torch, transformers, model, ids):
         "recurrent_state_dtype": one(recurrent),
         "conv_state_dtype": one(conv),
         "config_mamba_ssm_dtype": str(ssm).replace("torch.", "") if ssm is not None else None,
-        "observed_in": f"the warm-up: one pass and a two-chunk cached prefill of {x.shape[1]} tokens",
+        "observed_in": observed_in,
     }
 
 

@@ -28,7 +28,8 @@ from .model import (
     weight_bytes,
 )
 from .protocol import RunnerError, next_tokens, progress, read_tokens, read_turns
-from .provenance import environment, kv_scales_record, model_record, probe_linear_attention
+from . import precompile
+from .provenance import KernelWatch, environment, kv_scales_record, model_record, probe_linear_attention
 from .reduce import reduce_rows, reduce_rows_fused, triton_kernel
 from .state import state_setting, store_states
 
@@ -132,6 +133,9 @@ def run(req):
     if req.get("plan_only"):
         return {"environment": {"memory_plan": plan, "mode": mode}, "runs": []}
     r = Run(torch, transformers, save_file, req, plan, dtype, dtype_size)
+    # flash-linear-attention's kernels compile in a second process while the first model loads.
+    os.makedirs(req["result_dir"], exist_ok=True)
+    r.precompile = precompile.start(req, cfg, plan, req.get("dtype", "bfloat16"), dtype_size, r.warm_lengths(), r.keeps_state())
     if mode == "side_by_side":
         outcome = side_by_side(r, shared)
     else:
@@ -168,6 +172,7 @@ class Run:
         self.longest_window = max(self.runs, key=lambda rw: rw[0]["context_length"])[1][0]
         self.warmed = set()
         self.linear_attention = {}
+        self.precompile = None
 
         self.dump = req.get("dump")
         # The fused kernel where Triton runs (CUDA); the torch path elsewhere or when asked.
@@ -178,6 +183,24 @@ class Run:
     def synchronize(self):
         if self.device != "cpu":
             self.torch.cuda.synchronize()
+
+    def warm_lengths(self):
+        """Every length the run prefills in one piece: the windows' (or the chunk), the self
+        gate's prefix."""
+        lengths = {min(r["context_length"], self.chunk) for r in self.req["runs"]}
+        if self.req.get("gates"):
+            lengths.add(min(GATE_TOKENS, self.longest, self.chunk))
+        return sorted(lengths)
+
+    def keeps_state(self):
+        """Whether any pass keeps a cache (chunks, turns, a KV-cache scheme, a state dtype): then
+        the cached path's kernels run and its states are observed."""
+        specs = [self.specs["reference"], self.specs["candidate"], *(self.specs.get("arms") or [])]
+        return (
+            self.chunk < self.longest
+            or self.turns is not None
+            or any(s.get("kv_cache") or s.get("recurrent_state") for s in specs)
+        )
 
     def load(self, spec, side):
         torch = self.torch
@@ -219,13 +242,22 @@ class Run:
             mark[0] = now
 
         set_attention(m, spec.get("attn_implementation", "sdpa"))
+        if self.precompile is not None:
+            waited, self.timings["precompile"] = precompile.wait(self.precompile)
+            self.precompile = None
+            step("flash-linear-attention kernels compiled beside the loading (the wait for them)")
         shape = (type(m).__name__, json.dumps(read_config(spec["path"]), sort_keys=True, default=str))
         n = min(WARMUP_TOKENS if shape not in self.warmed else 64, longest)
         ids = self.first_window[:n]
         rows = torch.arange(n - 1)
-        h = prefill(torch, transformers, m, ids, rows, n if chunk >= longest else max(1, min(chunk, n // 2)))
+        linear = any(is_linear_attention(x) for x in m.modules())
+        # A one-pass run's linear-attention kernels are observed on this pass (see below).
+        watch = KernelWatch() if linear and not self.keeps_state() else None
+        h = (watch.watch if watch else (lambda f: f()))(
+            lambda: prefill(torch, transformers, m, ids, rows, n if chunk >= longest else max(1, min(chunk, n // 2)))
+        )
         step(f"prefill of {n} tokens, every layer")
-        if shape not in self.warmed and any(is_linear_attention(x) for x in m.modules()):
+        if shape not in self.warmed and linear:
             # flash-linear-attention's Triton kernels compile for each sequence length they
             # meet (measured: ~10 s on the first 131,072-token prefill of a process, 0 after):
             # every length the run will prefill (the windows' and the self gate's prefix) is run
@@ -241,8 +273,11 @@ class Run:
         self.reduce(torch, logits, logits, torch.zeros(2, dtype=torch.long, device=logits.device), self.vocab)
         del h, logits
         step("output head and reduction")
-        self.linear_attention[side] = probe_linear_attention(torch, transformers, m, self.first_window[:min(64, longest)])
-        step("linear-attention probe")
+        # The kernels and states of the GDN layers: observed on the warm-up's pass where every
+        # window is one pass (a probe of the cached path would compile kernels the run never
+        # runs), else probed on a few tokens with a cache.
+        self.linear_attention[side] = probe_linear_attention(torch, transformers, m, self.first_window[:min(64, longest)], watch)
+        step("linear-attention probe" if watch is None else "linear-attention kernels (observed on the warm-up's pass)")
 
     def generate(self, model, spec, who):
         """`model`'s turns as `spec` runs it, when the request asks for turns (else None)."""

@@ -84,6 +84,16 @@ pub(super) fn checkpoint_identity(
     ))
 }
 
+/// A safetensors checkpoint's logit width (its output head's rows), from its headers and
+/// config alone: what the run needs before its digests, which can then be taken beside it.
+pub(super) fn logit_width(path: &Path) -> Result<usize> {
+    use crate::runner::native::weights::{SafetensorsStore, WeightStore};
+    let config_path = path.join("config.json");
+    let json: Value = crate::files::read_config(&config_path)?;
+    let store = SafetensorsStore::open(path, json.clone())?;
+    Ok(crate::checkpoint::head::head_layout(&config_path, &json, &|n| store.has(n))?.vocab)
+}
+
 pub(super) fn tokenizer_record(t: &tokens::TokenizerFile) -> TokenizerRecord {
     TokenizerRecord {
         path: t.path.display().to_string(),

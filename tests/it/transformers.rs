@@ -867,14 +867,32 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
             "transformers.models.qwen3_5.modeling_qwen3_5.causal_conv1d_fn"
         );
         assert_eq!(la["packages"], serde_json::json!([]));
-        assert_eq!(la["recurrent_state_dtype"], "float32", "{env}");
-        assert_eq!(la["conv_state_dtype"], "float32", "{env}");
+        // Each window in one pass stores no state: the kernels are observed on the warm-up's
+        // pass and no cached pass is probed (it would compile kernels the run never runs).
+        assert!(la["recurrent_state_dtype"].is_null(), "{env}");
+        assert!(la["conv_state_dtype"].is_null(), "{env}");
+        assert!(
+            la["observed_in"].as_str().unwrap().contains("one-pass"),
+            "{env}"
+        );
         // Both sides ran the same: no separate reference record.
         assert!(env.get("reference_linear_attention").is_none(), "{env}");
         assert_eq!(
             env["transformers_runner"]["linear_attention"]["reference"],
             *la
         );
+        // In prefill chunks the states are stored, and read back from the cache.
+        let chunked = cpu_measure_pair(
+            dir.path(),
+            reference.to_str().unwrap(),
+            candidate.to_str().unwrap(),
+            &["--prefill-chunk", "64", "--force"],
+        );
+        assert_eq!(chunked.code, 0, "{}", chunked.stderr);
+        let la = chunked.json()["environment"]["linear_attention"].clone();
+        assert_eq!(la["recurrent_state_dtype"], "float32", "{la}");
+        assert_eq!(la["conv_state_dtype"], "float32", "{la}");
+        assert_eq!(la["gdn_kernel"], "torch_fallback", "{la}");
     }
 
     #[test]

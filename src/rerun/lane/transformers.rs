@@ -164,10 +164,9 @@ impl CandidateRunner for TransformersCandidates<'_> {
         })?;
         check_runnable(first, engine.path, arms.requests)?;
         let eval = engine.eval()?;
-        stage("hashing");
-        let (reference_id, width) =
-            checkpoint_identity(engine.path, first.threads, engine.manifest.as_ref())?;
-        let ids = arm_identities(arms.requests, engine.path, &reference_id, width)?;
+        // The logit widths from the headers now; the digests (every file, and the output head)
+        // beside the program, which spends that time loading and compiling (joined after it).
+        let width = logit_widths(arms.requests, engine.path)?;
         let options = super::with_padding(first, width);
         let (plans, vocab_size) = score::plan_records(&eval, &options, width)?;
         let work: Vec<RunWork> = plans
@@ -203,10 +202,28 @@ impl CandidateRunner for TransformersCandidates<'_> {
             progress,
         };
         let started = std::time::Instant::now();
-        let answers = match arms.pass {
-            Pass::Streamed => call.streamed(first)?,
-            Pass::Kept => call.kept(arms)?,
-        };
+        let (answers, digests) = std::thread::scope(|s| {
+            let digests = s.spawn(|| -> Result<_> {
+                let (reference_id, width) =
+                    checkpoint_identity(engine.path, first.threads, engine.manifest.as_ref())?;
+                let ids = arm_identities(arms.requests, engine.path, &reference_id, width)?;
+                Ok((reference_id, ids))
+            });
+            let answers = match arms.pass {
+                Pass::Streamed => call.streamed(first),
+                Pass::Kept => call.kept(arms),
+            };
+            let digests = digests.join().unwrap_or_else(|_| {
+                Err(Error::internal(
+                    engine.path,
+                    "hashing the checkpoints panicked",
+                ))
+            });
+            (answers, digests)
+        });
+        // Either failure fails the run; the program's error first (it says more).
+        let answers = answers?;
+        let (reference_id, ids) = digests?;
         let total_seconds = started.elapsed().as_secs_f64();
         // Generation is timed apart from the arms' passes, so it is not the reference's either.
         let turn_seconds: f64 = answers
@@ -283,6 +300,25 @@ fn check_runnable(first: &Request, reference: &Path, requests: &[Request]) -> Re
         }
     }
     Ok(())
+}
+
+/// The logit width every model of the run shares (the reference's), from headers: a candidate
+/// whose rows have another width cannot be scored against it, refused before anything runs.
+fn logit_widths(requests: &[Request], reference: &Path) -> Result<usize> {
+    let width = crate::rerun::identity::logit_width(reference)?;
+    for r in requests.iter().filter(|r| r.candidate != reference) {
+        let w = crate::rerun::identity::logit_width(r.candidate)?;
+        if w != width {
+            return Err(Error::mismatch(
+                r.candidate,
+                Some("config.json vocab_size"),
+                format!(
+                    "vocabulary mismatch: the candidate's logit rows have {w} entries, the reference's {width}"
+                ),
+            ));
+        }
+    }
+    Ok(width)
 }
 
 /// Each candidate's checkpoint identity, in the arms' order (the reference's own when it is the
