@@ -202,7 +202,9 @@ class Run:
             or any(s.get("kv_cache") or s.get("recurrent_state") for s in specs)
         )
 
-    def load(self, spec, side):
+    def load(self, spec, side, warm=True):
+        """`spec`'s model loaded, and warmed up unless `warm` is false (side by side, both models
+        load first: the kernels compiling beside the loading have both loads' time)."""
         torch = self.torch
         t = time.perf_counter()
         progress(f"loading {spec['path']}")
@@ -212,6 +214,12 @@ class Run:
         m._cardproof_gdn = gdn_setting(m, spec)
         m._cardproof_eager_block = self.plan.get("eager_query_block")
         self.timings["load"] += time.perf_counter() - t
+        if warm:
+            self.warm(m, spec, side)
+        return m
+
+    def warm(self, m, spec, side):
+        """The warm-up of a loaded model, timed as the warm-up's."""
         # Warm-up (kernel selection, lazy initialization, Triton compilation and autotuning, the
         # fused reduction's compilation), timed apart, so the timings of the real work are the
         # work's. The first model of each shape runs the plan's prefill form on the first
@@ -224,7 +232,6 @@ class Run:
         self.timings["warmup"] += time.perf_counter() - t
         # Scales computed from the first forward pass are the measurement's, not the warm-up's.
         m.__dict__.pop("_cardproof_kv_scales", None)
-        return m
 
     def warm_up(self, m, spec, side, t):
         """The warm-up of a model just loaded (see `load`), from time `t`."""
@@ -361,10 +368,13 @@ def side_by_side(r, shared):
     done = 0
     dumped = False
     results = []
-    ref_model = r.load(specs["reference"], "reference")
+    ref_model = r.load(specs["reference"], "reference", warm=False)
+    cand_model = ref_model if shared else r.load(specs["candidate"], "candidate", warm=False)
+    r.warm(ref_model, specs["reference"], "reference")
     if shared:
         r.linear_attention["candidate"] = r.linear_attention["reference"]
-    cand_model = ref_model if shared else r.load(specs["candidate"], "candidate")
+    else:
+        r.warm(cand_model, specs["candidate"], "candidate")
     for ri, (run_, windows) in enumerate(r.runs):
         recs = []
         for w, ids in enumerate(windows):
