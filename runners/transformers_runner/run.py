@@ -185,9 +185,10 @@ class Run:
             self.torch.cuda.synchronize()
 
     def warm_lengths(self):
-        """Every length the run prefills in one piece: the windows' (or the chunk), the self
-        gate's prefix."""
+        """Every length the run prefills in one piece: the warm-up's, the windows' (or the chunk),
+        the self gate's prefix."""
         lengths = {min(r["context_length"], self.chunk) for r in self.req["runs"]}
+        lengths.add(min(WARMUP_TOKENS, self.longest))
         if self.req.get("gates"):
             lengths.add(min(GATE_TOKENS, self.longest, self.chunk))
         return sorted(lengths)
@@ -254,7 +255,9 @@ class Run:
             self.precompile = None
             step("flash-linear-attention kernels compiled beside the loading (the wait for them)")
         shape = (type(m).__name__, json.dumps(read_config(spec["path"]), sort_keys=True, default=str))
-        n = min(WARMUP_TOKENS if shape not in self.warmed else 64, longest)
+        # Every model warms up at the same length: kernels that compile per length (flash-linear-
+        # attention's) then compile for it once (a second model at another length paid 14 s).
+        n = min(WARMUP_TOKENS, longest)
         ids = self.first_window[:n]
         rows = torch.arange(n - 1)
         linear = any(is_linear_attention(x) for x in m.modules())

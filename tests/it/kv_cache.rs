@@ -692,7 +692,7 @@ fn kv_cache_flags_and_sweeps_that_cannot_run_are_refused_with_the_list() {
         ),
         (
             &["--sweep", "attention=eager,sdpa"][..],
-            "--sweep attention=... needs --runner transformers",
+            "--sweep attention=... and gdn_kernel=... need --runner transformers",
         ),
         (
             &["--sweep", "kv_cache=none,q8_0", "--kv-cache", "q4_0"][..],
