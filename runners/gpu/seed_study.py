@@ -128,7 +128,6 @@ def runner_times(record):
         "gates": tm.get("gates", 0.0),
         "total": tm.get("total", 0.0),
         "warmup_steps": tm.get("warmup_steps", []),
-        "precompile": tm.get("precompile"),
         "memory_plan": {k: env["memory_plan"].get(k) for k in ("chunk_size", "eager_query_block", "free_bytes")},
         "linear_attention": (record["environment"].get("linear_attention") or {}),
     }
@@ -198,14 +197,16 @@ def study(a):
     os.makedirs(a.out, exist_ok=True)
     chunk = min(2048, a.length // 2)
     backends, refused = sdpa_backends(a, a.length, chunk)
+    if a.sdpa is not None:
+        backends = [b for b in backends if b in a.sdpa.split(",")]
     # The fixture's heads (16) are below llama.cpp's 32-value blocks: fp8 in --tiny.
-    kv = ["fp8_e4m3"] if a.tiny else ["q8_0", "q4_0"]
+    kv = ["fp8_e4m3"] if a.tiny else (a.kv.split(",") if a.kv else ["q8_0", "q4_0"])
     arms = ["  - {name: weights-1pct, candidate: candidate, changes: weights}"]
     arms += [f"  - {{name: kv-{k}, kv_cache: {k}, changes: kv_cache}}" for k in kv]
     arms += [
         "  - {name: state-bf16, recurrent_state: bf16, changes: recurrent_state}"]
     arms += [f"  - {{name: sdpa-{b}, attention: 'sdpa:{b}', changes: kernel}}" for b in backends]
-    gdn = ["torch_recurrent" if a.tiny else "fla_recurrent", "torch"]
+    gdn = a.gdn.split(",") if a.gdn else ["torch_recurrent" if a.tiny else "fla_recurrent", "torch"]
     arms += [f"  - {{name: gdn-{k.replace('_', '-')}, gdn_kernel: {k}, changes: kernel}}" for k in gdn]
     transformers = "{device: cpu, torch_dtype: float32}" if a.tiny else "{device: cuda}"
     yaml = (
@@ -251,6 +252,9 @@ def main():
     ap.add_argument("--cardproof")
     ap.add_argument("--length", type=int, default=0)
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--sdpa", help="study: only these SDPA backends (of those that run here)")
+    ap.add_argument("--kv", help="study: the KV-cache arms (default q8_0,q4_0)")
+    ap.add_argument("--gdn", help="study: the GDN kernel arms (default fla_recurrent,torch)")
     a = ap.parse_args()
     if not a.length:
         a.length = {"prepare": 131072, "measure": 131072, "study": 32768}[a.phase]

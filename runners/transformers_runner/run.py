@@ -28,7 +28,6 @@ from .model import (
     weight_bytes,
 )
 from .protocol import RunnerError, next_tokens, progress, read_tokens, read_turns
-from . import precompile
 from .provenance import KernelWatch, environment, kv_scales_record, model_record, probe_linear_attention
 from .reduce import reduce_rows, reduce_rows_fused, triton_kernel
 from .state import state_setting, store_states
@@ -133,9 +132,6 @@ def run(req):
     if req.get("plan_only"):
         return {"environment": {"memory_plan": plan, "mode": mode}, "runs": []}
     r = Run(torch, transformers, save_file, req, plan, dtype, dtype_size)
-    # flash-linear-attention's kernels compile in a second process while the first model loads.
-    os.makedirs(req["result_dir"], exist_ok=True)
-    r.precompile = precompile.start(req, cfg, plan, req.get("dtype", "bfloat16"), dtype_size, r.warm_lengths(), r.keeps_state())
     if mode == "side_by_side":
         outcome = side_by_side(r, shared)
     else:
@@ -172,7 +168,6 @@ class Run:
         self.longest_window = max(self.runs, key=lambda rw: rw[0]["context_length"])[1][0]
         self.warmed = set()
         self.linear_attention = {}
-        self.precompile = None
 
         self.dump = req.get("dump")
         # The fused kernel where Triton runs (CUDA); the torch path elsewhere or when asked.
@@ -183,15 +178,6 @@ class Run:
     def synchronize(self):
         if self.device != "cpu":
             self.torch.cuda.synchronize()
-
-    def warm_lengths(self):
-        """Every length the run prefills in one piece: the warm-up's, the windows' (or the chunk),
-        the self gate's prefix."""
-        lengths = {min(r["context_length"], self.chunk) for r in self.req["runs"]}
-        lengths.add(min(WARMUP_TOKENS, self.longest))
-        if self.req.get("gates"):
-            lengths.add(min(GATE_TOKENS, self.longest, self.chunk))
-        return sorted(lengths)
 
     def keeps_state(self):
         """Whether any pass keeps a cache (chunks, turns, a KV-cache scheme, a state dtype): then
@@ -205,7 +191,7 @@ class Run:
 
     def load(self, spec, side, warm=True):
         """`spec`'s model loaded, and warmed up unless `warm` is false (side by side, both models
-        load first: the kernels compiling beside the loading have both loads' time)."""
+        load, then both warm up)."""
         torch = self.torch
         t = time.perf_counter()
         progress(f"loading {spec['path']}")
@@ -250,10 +236,6 @@ class Run:
             mark[0] = now
 
         set_attention(m, spec.get("attn_implementation", "sdpa"))
-        if self.precompile is not None:
-            waited, self.timings["precompile"] = precompile.wait(self.precompile)
-            self.precompile = None
-            step("flash-linear-attention kernels compiled beside the loading (the wait for them)")
         shape = (type(m).__name__, json.dumps(read_config(spec["path"]), sort_keys=True, default=str))
         # Every model warms up at the same length: kernels that compile per length (flash-linear-
         # attention's) then compile for it once (a second model at another length paid 14 s).

@@ -65,10 +65,6 @@ pub const RUNNER_FILES: &[(&str, &str)] = &[
         include_str!("../../runners/transformers_runner/model.py"),
     ),
     (
-        "transformers_runner/precompile.py",
-        include_str!("../../runners/transformers_runner/precompile.py"),
-    ),
-    (
         "transformers_runner/protocol.py",
         include_str!("../../runners/transformers_runner/protocol.py"),
     ),
