@@ -29,12 +29,13 @@ ref=${REF:-examples/models/shakespeare-bf16-gguf/model.gguf}
 cand=${CAND:-examples/models/shakespeare-q4_0-gguf/model.gguf}
 before=${BEFORE:-}
 ms() { date +%s%N | cut -c1-13; }
-declare -A times
-run() { # name, command...
+declare -A times cpu
+run() { # name, command... (wall time, and the CPU time of it and every process it waited for)
   local name=$1; shift
   local s; s=$(ms)
-  "$@" > "$work/$name.log" 2>&1
+  /usr/bin/time -o "$work/$name.cpu" -f "%U %S" "$@" > "$work/$name.log" 2>&1
   times[$name]+="$(( $(ms) - s )) "
+  cpu[$name]+="$(awk '{printf "%d", 1000 * ($1 + $2)}' "$work/$name.cpu") "
 }
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for _ in $(seq "$repeats"); do
@@ -54,14 +55,17 @@ for _ in $(seq "$repeats"); do
   fi
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 - "$work/m/measurement.json" "$n_ctx" "$threads" \
-  "${times[bare_reference]}" "${times[bare_candidate]}" "${times[llamacpp_base]}" \
-  "${times[llamacpp_kld]}" "${times[cardproof]}" "${times[cardproof_no_gate]}" \
-  "${times[before]:-}" "${times[before_no_gate]:-}" <<'PY'
+names=(bare_reference bare_candidate llamacpp_base llamacpp_kld cardproof cardproof_no_gate before
+       before_no_gate)
+cols=()
+for n in "${names[@]}"; do cols+=("${times[$n]:-}"); done
+for n in "${names[@]}"; do cols+=("${cpu[$n]:-}"); done
+python3 - "$work/m/measurement.json" "$n_ctx" "$threads" "${cols[@]}" <<'PY'
 import json, statistics, sys
 path, n_ctx, threads, *cols = sys.argv[1:]
 med = [statistics.median(int(x) for x in c.split()) / 1000 if c.strip() else None for c in cols]
-ref, cand, base, kld, cp, cp_ng, b, b_ng = med
+ref, cand, base, kld, cp, cp_ng, b, b_ng = med[:8]
+cpu = dict(zip(["ref", "cand", "base", "kld", "cp", "cp_ng", "b", "b_ng"], med[8:]))
 m = json.load(open(path))
 g = m["environment"]["llamacpp"]["gate"]
 print(f"n_ctx {n_ctx}, {threads} threads, {m['eval']['token_count']} tokens, {m['runs'][0]['n_positions']} rows")
@@ -76,6 +80,10 @@ if b is not None:
 for name, t in rows:
     print(f"| {name} | {t:.2f} | {t / (ref + cand):.2f}x | {t / (base + kld):.2f}x |")
 print(f"the gate on top: {cp / cp_ng - 1:+.1%}" + (f" (before: {b / b_ng - 1:+.1%})" if b else ""))
+# CPU seconds (user + system, every process each run waited for): the work, whatever the load.
+work = cpu["base"] + cpu["kld"]
+print("CPU seconds (median): " + ", ".join(
+    f"{k} {v:.1f} ({v / work:.2f}x llama.cpp's workflow)" for k, v in cpu.items() if v is not None))
 print(f"gate: llama.cpp {g['printed_kld_mean']} vs cardproof {g['cardproof_kld_mean']:.7f} "
       f"(allowed ±{g['allowed']:.1e}); kld_mean {m['runs'][0]['metrics']['kld_mean']:.7f}")
 PY

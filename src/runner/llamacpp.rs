@@ -645,8 +645,11 @@ fn spawn(watch: &Watch, binary: &Path, role: &str, l: &Launch) -> Result<Child> 
 /// score, the row's index and its true next token.
 pub type RowSink<'a> = dyn FnMut(&BaseRow, &BaseRow, &ScoredRow, u64, i32) -> Result<()> + 'a;
 
-/// Bytes of decoded candidate rows scored at once (one f32 row per worker and row in flight).
-const BATCH_BYTES: usize = 64 << 20;
+/// Rows scored at once, as bytes of their decoded f32 rows: a batch of one stream's stored rows
+/// is half that (uint16 codes), and `streams` holds at most three batches of each stream and
+/// three of the gate's bytes, 144 MiB whatever the vocabulary (a 248k vocabulary's batch is 33
+/// rows).
+const BATCH_BYTES: usize = 32 << 20;
 
 /// One pair of rows scored with llama.cpp's arithmetic ([`score_row_log_probs`]: the KL over
 /// the reference's entries above its gate, the candidate's stored log-probs as they are, each
