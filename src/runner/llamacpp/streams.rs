@@ -385,3 +385,143 @@ impl PairStreams {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kld::llamacpp::{BaseStream, MAGIC};
+    use std::io::Cursor;
+
+    const N_CTX: u32 = 8;
+    const N_VOCAB: u32 = 5;
+    const N_CHUNK: u32 = 7;
+
+    /// A base stream of `N_CHUNK` chunks whose row `r` has scale `r + 1` (and `seed` in its
+    /// codes), cut after `keep` bytes of rows when given.
+    fn stream(seed: u16, keep: Option<usize>) -> Vec<u8> {
+        let mut s = MAGIC.to_vec();
+        for v in [N_CTX, N_VOCAB, N_CHUNK] {
+            s.extend_from_slice(&v.to_le_bytes());
+        }
+        for t in 0..N_CTX * N_CHUNK {
+            s.extend_from_slice(&(t as i32 % N_VOCAB as i32).to_le_bytes());
+        }
+        let head = s.len();
+        let rows = u64::from(N_CHUNK * (N_CTX - 1 - N_CTX / 2));
+        for r in 0..rows {
+            s.extend_from_slice(&(r as f32 + 1.0).to_le_bytes());
+            s.extend_from_slice(&(-1f32).to_le_bytes());
+            for i in 0..N_VOCAB.div_ceil(2) * 2 {
+                s.extend_from_slice(&(seed + r as u16 + i as u16).to_le_bytes());
+            }
+        }
+        if let Some(k) = keep {
+            s.truncate(head + k);
+        }
+        s
+    }
+
+    fn open(name: &str, bytes: Vec<u8>) -> BaseStream<Cursor<Vec<u8>>> {
+        BaseStream::open(Path::new(name), Cursor::new(bytes)).unwrap()
+    }
+
+    /// Every pair of rows `next` hands out, in order, as (reference scale, candidate scale), or
+    /// the error it ends with; and what the gate was written.
+    fn read_all(
+        a: Vec<u8>,
+        b: Vec<u8>,
+        batch_rows: usize,
+    ) -> (Vec<(f32, f32)>, Option<String>, Vec<u8>) {
+        let (a, b) = (open("ref.pipe", a), open("cand.pipe", b));
+        let gate_out = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl Write for Shared {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let feed = GateFeed {
+            writer: Shared(gate_out.clone()),
+            head: b"HEAD".to_vec(),
+            pad_rows: 2,
+        };
+        let mut p = start(Path::new("bin"), a.rows, b.rows, Some(feed), batch_rows).unwrap();
+        let mut seen = Vec::new();
+        let err = loop {
+            match p.next() {
+                Ok(Some(batch)) => {
+                    for i in 0..batch.len() {
+                        seen.push((batch.a.rows[i].scale, batch.b.rows[i].scale));
+                    }
+                    p.recycle(batch);
+                }
+                Ok(None) => break p.finish().err().map(|e| e.to_string()),
+                Err(e) => {
+                    p.abandon();
+                    break Some(e.to_string());
+                }
+            }
+        };
+        let gate = gate_out.lock().unwrap().clone();
+        (seen, err, gate)
+    }
+
+    #[test]
+    fn the_rows_come_in_order_whatever_the_batch_and_the_gate_gets_every_byte_then_padding() {
+        let rows = (N_CHUNK * (N_CTX - 1 - N_CTX / 2)) as usize;
+        let a = stream(0, None);
+        let head = 20 + 4 * (N_CTX * N_CHUNK) as usize;
+        let row_bytes = (a.len() - head) / rows;
+        for batch in [1, 2, 3, rows - 1, rows, rows + 5] {
+            let (seen, err, gate) = read_all(a.clone(), stream(7, None), batch);
+            assert_eq!(err, None, "batch {batch}");
+            let want: Vec<(f32, f32)> = (0..rows)
+                .map(|r| (r as f32 + 1.0, r as f32 + 1.0))
+                .collect();
+            assert_eq!(seen, want, "batch {batch}");
+            let mut expected = b"HEAD".to_vec();
+            expected.extend_from_slice(&a[head..]);
+            for _ in 0..2 {
+                expected.extend_from_slice(&a[a.len() - row_bytes..]);
+            }
+            assert!(gate == expected, "batch {batch}: the gate's bytes differ");
+        }
+    }
+
+    #[test]
+    fn a_stream_that_ends_early_is_the_error_a_row_by_row_reading_meets_first() {
+        let row_bytes = 8 + 2 * N_VOCAB.div_ceil(2) as usize * 2;
+        let full = stream(0, None);
+        for batch in [1, 3, 64] {
+            // The candidate's stream ends inside row 5: its error, at row 5, and no row after.
+            let (seen, err, _) = read_all(full.clone(), stream(0, Some(5 * row_bytes + 3)), batch);
+            let err = err.unwrap();
+            assert!(err.contains("cand.pipe") && err.contains("row 5 "), "{err}");
+            assert!(seen.len() <= 5, "{}", seen.len());
+            // Both end early: the one ending first is the error; at the same row, the
+            // reference's.
+            for (a_rows, b_rows, named) in
+                [(6, 4, "cand.pipe"), (4, 6, "ref.pipe"), (4, 4, "ref.pipe")]
+            {
+                let (_, err, gate) = read_all(
+                    stream(0, Some(a_rows * row_bytes + 1)),
+                    stream(0, Some(b_rows * row_bytes + 1)),
+                    batch,
+                );
+                let err = err.unwrap();
+                let row = a_rows.min(b_rows);
+                assert!(
+                    err.contains(named) && err.contains(&format!("row {row} ")),
+                    "batch {batch}, {a_rows}/{b_rows}: {err}"
+                );
+                // The gate never gets padding after a reference that failed: at most the rows
+                // read whole.
+                assert!(gate.len() <= 4 + a_rows * row_bytes, "{}", gate.len());
+            }
+        }
+    }
+}
