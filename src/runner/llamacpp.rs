@@ -10,9 +10,11 @@
 //!   --kl-divergence`, which reads the reference's stream (forwarded by cardproof as it reads it)
 //!   and prints llama.cpp's statistics block.
 //!
-//! cardproof reads the two base streams row by row in lockstep, reduces each pair of rows, and
-//! forwards every reference byte to the gate; nothing is stored (a 100k-token base stream at a
-//! 248k vocabulary is ~50 GB). The printed block must agree with cardproof's llama.cpp-compatible
+//! cardproof reads the two base streams on a thread each, in batches of rows from a fixed pool
+//! (`streams`: memory stays capped whatever either side's pace), reduces each pair of rows on
+//! every core while the next batches are read, and forwards every reference byte to the gate
+//! from a third thread; nothing is stored (a 100k-token base stream at a 248k vocabulary is
+//! ~50 GB). The printed block must agree with cardproof's llama.cpp-compatible
 //! reduction of the same rows within the candidate's uint16 rounding, or the run is an error
 //! naming both numbers: the printout gate. A process that fails, or a pipe that no process opens,
 //! is an error with that process's last log lines, never a hang.
@@ -23,7 +25,6 @@
 //! ([`STALL_TIMEOUT_VAR`]: no byte on the base streams for that long stops it). Nothing is
 //! written to disk but the named pipes, in a private directory removed on every way out.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::mpsc;
@@ -37,6 +38,8 @@ use crate::kld::llamacpp::{
     score_row_log_probs,
 };
 use crate::runner::child::{self, Child, Output, Progressing, Watch};
+
+mod streams;
 
 /// The most one `llama-perplexity` process may write to its stdout and stderr. At `-lv 4` a run
 /// logs its load report (kilobytes) and a line or an entry per chunk (a KLD pass's line is
@@ -642,8 +645,11 @@ fn spawn(watch: &Watch, binary: &Path, role: &str, l: &Launch) -> Result<Child> 
 /// score, the row's index and its true next token.
 pub type RowSink<'a> = dyn FnMut(&BaseRow, &BaseRow, &ScoredRow, u64, i32) -> Result<()> + 'a;
 
-/// Bytes of decoded candidate rows scored at once (one f32 row per worker and row in flight).
-const BATCH_BYTES: usize = 64 << 20;
+/// Rows scored at once, as bytes of their decoded f32 rows: a batch of one stream's stored rows
+/// is half that (uint16 codes), and `streams` holds at most three batches of each stream and
+/// three of the gate's bytes, 144 MiB whatever the vocabulary (a 248k vocabulary's batch is 33
+/// rows).
+const BATCH_BYTES: usize = 32 << 20;
 
 /// One pair of rows scored with llama.cpp's arithmetic ([`score_row_log_probs`]: the KL over
 /// the reference's entries above its gate, the candidate's stored log-probs as they are, each
@@ -762,8 +768,11 @@ pub fn run_pair(
     let stalled = watch
         .stall_timeout(stall, stall_message(stall))
         .map_err(|e| Error::runner(binary, format!("cannot watch the run: {e}")))?;
+    // The streams' threads outlive a failed run's closure: they are joined once its processes
+    // are killed (each thread then meets the end of its pipe).
+    let mut reading: Option<streams::PairStreams> = None;
     let result = (|| -> Result<(PairRun, Vec<(String, String)>)> {
-        let (mut a, mut b, mut gate_writer) = open_pair_streams(
+        let (a, b, gate_writer) = open_pair_streams(
             spec,
             &watch,
             &mut children,
@@ -771,39 +780,59 @@ pub fn run_pair(
             &cand_pipe,
             gate_pipe.as_deref(),
         )?;
+        let mut head = StreamHead {
+            n_ctx: a.n_ctx,
+            n_vocab: a.n_vocab,
+            n_chunk: a.n_chunk,
+            tokens: a.tokens,
+        };
+        let per_chunk = u64::from(head.n_ctx - 1 - head.n_ctx / 2);
         // The gate's stream is the reference's, padded (see [`gate_padding`]).
-        let pad = gate_padding(a.n_chunk, a.n_ctx, spec.candidate_settings.batch);
-        if let Some(w) = &mut gate_writer {
-            w.write_all(&padded_head(&a.tokens, a.n_ctx, a.n_vocab, a.n_chunk, pad))
-                .map_err(|e| gate_error(&e))?;
-        }
-        let per_chunk = u64::from(a.n_ctx - 1 - a.n_ctx / 2);
-        let tally = score_rows(binary, &mut a, &mut b, gate_writer.as_mut(), row, progress)?;
+        let pad = gate_padding(head.n_chunk, head.n_ctx, spec.candidate_settings.batch);
+        let gate = gate_writer.map(|writer| streams::GateFeed {
+            writer,
+            head: padded_head(&head.tokens, head.n_ctx, head.n_vocab, head.n_chunk, pad),
+            pad_rows: u64::from(pad) * per_chunk,
+        });
+        let width = head.n_vocab as usize;
+        let batch_rows = (BATCH_BYTES / (4 * width).max(1)).clamp(1, 256);
+        let pair = reading.insert(streams::start(binary, a.rows, b.rows, gate, batch_rows)?);
+        let tally = score_rows(pair, &head, row, progress)?;
         let r = tally.rows;
-        if r != per_chunk * u64::from(a.n_chunk) {
+        if r != per_chunk * u64::from(head.n_chunk) {
             return Err(Error::runner(
                 binary,
                 format!(
                     "the base streams ended after {r} rows; {} chunks of {per_chunk} were announced",
-                    a.n_chunk
+                    head.n_chunk
                 ),
             ));
         }
-        if let Some(mut w) = gate_writer {
-            let last = a.rows.last_row_bytes().to_vec();
-            for _ in 0..u64::from(pad) * per_chunk {
-                w.write_all(&last).map_err(|e| gate_error(&e))?;
-            }
-            w.flush().map_err(|e| gate_error(&e))?;
+        // The gate's stream written whole (its padding too), every thread joined.
+        if let Some(pair) = reading.take() {
+            pair.finish()?;
         }
         let seconds = started.elapsed().as_secs_f64();
-        pair_result(spec, &mut a, tally, &mut children, &watch, seconds)
+        pair_result(spec, &mut head, tally, &mut children, &watch, seconds)
     })();
     drop(stalled);
-    finish_run(result, &mut children, &watch, binary).map(|(mut run, logs)| {
+    let finished = finish_run(result, &mut children, &watch, binary);
+    if let Some(pair) = reading {
+        pair.abandon();
+    }
+    finished.map(|(mut run, logs)| {
         run.logs = logs.into_iter().map(|(n, l)| (n, tail(&l, 40))).collect();
         run
     })
+}
+
+/// A pair run's geometry and tokens, from the reference's base stream (the candidate's is
+/// checked equal).
+struct StreamHead {
+    n_ctx: u32,
+    n_vocab: u32,
+    n_chunk: u32,
+    tokens: Vec<i32>,
 }
 
 /// A model's base stream as a pair run reads it: from its pipe through a 1 MiB buffer, every
@@ -833,6 +862,12 @@ fn open_pair_streams(
         Some(g) => Some(open_pipe(g, true, children, 2, watch, binary)?),
         None => None,
     };
+    for f in [Some(&ref_in), Some(&cand_in), gate_out.as_ref()]
+        .into_iter()
+        .flatten()
+    {
+        widen_pipe(f);
+    }
     let a = crate::kld::llamacpp::BaseStream::open(ref_pipe, reader(ref_in))?;
     let b = crate::kld::llamacpp::BaseStream::open(cand_pipe, reader(cand_in))?;
     if (a.n_ctx, a.n_vocab, a.n_chunk) != (b.n_ctx, b.n_vocab, b.n_chunk) || a.tokens != b.tokens {
@@ -850,6 +885,23 @@ fn open_pair_streams(
     Ok((a, b, gate_writer))
 }
 
+/// Raises a named pipe's buffer from Linux's 64 KiB to 1 MiB (the most an unprivileged process
+/// may ask for, `/proc/sys/fs/pipe-max-size`'s default): llama-perplexity writes
+/// a chunk's rows (megabytes) in one call, and each 64 KiB moved would wake both sides. Best
+/// effort: a pipe left at its size only moves in smaller steps.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn widen_pipe(f: &std::fs::File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl(2) with F_SETPIPE_SZ reads no memory of ours; the descriptor is open.
+    unsafe {
+        libc::fcntl(f.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn widen_pipe(_: &std::fs::File) {}
+
 /// What scoring a pair run's rows adds up: llama.cpp's statistics, the rows, and the clamped
 /// candidate tokens with the reference's mass on clamped entries.
 struct RowTally {
@@ -859,80 +911,55 @@ struct RowTally {
     clamped_mass: f64,
 }
 
-/// Reads both base streams row by row to their end (forwarding the reference's rows to the
-/// gate), scores them and hands each pair to `row`, counting chunks with `progress`.
+/// Scores both base streams' rows to their end, as their threads read them, and hands each
+/// pair to `row`, counting chunks with `progress`.
 fn score_rows(
-    binary: &Path,
-    a: &mut PipeStream,
-    b: &mut PipeStream,
-    mut gate_writer: Option<&mut GateWriter>,
+    pair: &mut streams::PairStreams,
+    head: &StreamHead,
     row: &mut RowSink,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<RowTally> {
-    let per_chunk = u64::from(a.n_ctx - 1 - a.n_ctx / 2);
-    let total_chunks = a.n_chunk as usize;
+    let per_chunk = u64::from(head.n_ctx - 1 - head.n_ctx / 2);
+    let total_chunks = head.n_chunk as usize;
     let mut acc = CompatAccumulator::new();
     let mut r = 0u64;
     let mut clamped = 0u64;
     let mut clamped_mass = 0f64;
     progress(0, total_chunks);
-    // Rows are read in order (the gate's stream is forwarded as read) and scored a batch at
-    // a time on every worker thread; each batch's rows then reach the accumulator and
-    // `row` in order, so the result is the same as one row at a time.
-    let width = a.n_vocab as usize;
-    let batch_rows = (BATCH_BYTES / (4 * width).max(1)).clamp(1, 256);
-    let mut batch: Vec<(BaseRow, BaseRow, i32)> = Vec::with_capacity(batch_rows);
-    let mut spare: Vec<(BaseRow, BaseRow, i32)> = Vec::new();
-    let mut ended = false;
-    while !ended {
-        while batch.len() < batch_rows {
-            let (mut ra, mut rb, _) = spare.pop().unwrap_or_default();
-            let more_a = a.rows.next_row(&mut ra)?;
-            let more_b = b.rows.next_row(&mut rb)?;
-            if more_a != more_b {
-                return Err(Error::runner(
-                    binary,
-                    format!(
-                        "the {} base stream ended at row {} while the other went on",
-                        if more_a { "candidate's" } else { "reference's" },
-                        r + batch.len() as u64
-                    ),
-                ));
-            }
-            if !more_a {
-                ended = true;
-                break;
-            }
-            if let Some(w) = &mut gate_writer {
-                w.write_all(a.rows.last_row_bytes())
-                    .map_err(|e| gate_error(&e))?;
-            }
-            let at = r + batch.len() as u64;
-            let (chunk, j) = (at / per_chunk, u64::from(a.n_ctx / 2) + at % per_chunk);
-            let token = a.tokens[(chunk * u64::from(a.n_ctx) + j + 1) as usize];
-            batch.push((ra, rb, token));
-        }
+    // Each batch's rows are scored on every worker thread while the streams' threads read the
+    // next batches; its rows then reach the accumulator and `row` in order, so the result is
+    // the same as one row at a time.
+    let width = head.n_vocab as usize;
+    let token_of = |at: u64| {
+        let (chunk, j) = (at / per_chunk, u64::from(head.n_ctx / 2) + at % per_chunk);
+        head.tokens[(chunk * u64::from(head.n_ctx) + j + 1) as usize]
+    };
+    while let Some(batch) = pair.next()? {
+        let n = batch.len();
+        let (rows_a, rows_b) = (&batch.a.rows[..n], &batch.b.rows[..n]);
         let scored: Vec<ScoredRow> = {
             use rayon::prelude::*;
-            batch
+            rows_a
                 .par_iter()
+                .zip(rows_b)
+                .enumerate()
                 .map_init(
                     || vec![0f32; width],
-                    |buf, (ra, rb, token)| score_pair(ra, rb, *token, buf),
+                    |buf, (i, (ra, rb))| score_pair(ra, rb, token_of(r + i as u64), buf),
                 )
                 .collect()
         };
-        for ((ra, rb, token), s) in batch.iter().zip(&scored) {
+        for ((ra, rb), s) in rows_a.iter().zip(rows_b).zip(&scored) {
             acc.push_score(s.score);
             clamped += u64::from(s.clamped);
             clamped_mass += s.clamped_mass;
-            row(ra, rb, s, r, *token)?;
+            row(ra, rb, s, r, token_of(r))?;
             r += 1;
             if r.is_multiple_of(per_chunk) {
                 progress((r / per_chunk) as usize, total_chunks);
             }
         }
-        spare.append(&mut batch);
+        pair.recycle(batch);
     }
     Ok(RowTally {
         acc,
@@ -946,7 +973,7 @@ fn score_rows(
 /// gate's printout checked, and what each model's log says about where it ran.
 fn pair_result(
     spec: &PairSpec,
-    a: &mut PipeStream,
+    a: &mut StreamHead,
     tally: RowTally,
     children: &mut Children,
     watch: &Watch,
