@@ -183,6 +183,54 @@ def set_attention(model, impl):
         raise RunnerError("unsupported", f"attention {impl} was asked for but {attn_used(model)} is in use")
 
 
+def check_sdpa_backends(torch, req, cfg, dtype, chunked):
+    """Every `sdpa:BACKEND` of the request's models tried, before anything loads, on the calls
+    transformers makes at the model's heads, head size and dtype (its `sdpa_attention_forward`):
+    a causal pass without a mask, grouped keys by `enable_gqa` where the head size allows (a
+    window in one pass, a first chunk), and with `chunked` a pass of queries against more keys
+    under a boolean mask, keys repeated. A backend that cannot run one of them is refused here,
+    naming the model, rather than after the passes before it (an efficient-backend arm at 32k
+    was refused after five minutes of a study)."""
+    models = req["models"]
+    named = [("the reference", models["reference"]), ("the candidate", models["candidate"])]
+    named += [(f"arm `{a.get('name') or i + 1}`", a) for i, a in enumerate(models.get("arms") or [])]
+    asked = {}
+    for name, m in named:
+        base, _, backend = m.get("attn_implementation", "sdpa").partition(":")
+        if base == "sdpa" and backend:
+            asked.setdefault(backend, []).append(name)
+    if not asked:
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    heads = cfg.get("num_attention_heads", 1)
+    kv_heads = cfg.get("num_key_value_heads", heads) or heads
+    dim = cfg.get("head_dim") or cfg.get("hidden_size", 0) // max(heads, 1)
+    device = "cpu" if req.get("device", "cuda") == "cpu" else "cuda"
+    f = torch.nn.functional.scaled_dot_product_attention
+    q = torch.randn(1, heads, 64, dim, dtype=dtype, device=device)
+    kv = torch.randn(1, kv_heads, 64, dim, dtype=dtype, device=device)
+    long_kv = torch.randn(1, heads, 128, dim, dtype=dtype, device=device)
+    mask = torch.ones(64, 128, dtype=torch.bool, device=device).tril(64)[None, None]
+    calls = [("a causal pass without a mask", lambda: f(q, kv, kv, is_causal=True, **({"enable_gqa": True} if kv_heads != heads and dim <= 256 else {})))]
+    if kv_heads != heads and dim > 256:
+        calls = [("a causal pass without a mask", lambda: f(q, q, q, is_causal=True))]
+    if chunked:
+        calls.append(("a chunk's queries against the cache under a mask", lambda: f(q, long_kv, long_kv, attn_mask=mask)))
+    for backend, names in asked.items():
+        for what, call in calls:
+            try:
+                with torch.inference_mode(), sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[backend])]):
+                    call()
+            except RuntimeError as e:
+                raise RunnerError(
+                    "unsupported",
+                    f"attention sdpa:{backend} ({', '.join(names)}): torch's {backend} backend cannot run {what} at this model's "
+                    f"{heads} heads, {kv_heads} key heads of {dim} in {str(dtype).replace('torch.', '')} on {device}: "
+                    f"{str(e).splitlines()[0]}; refused before loading",
+                ) from e
+
+
 class sdpa_backend:
     """The model's passes inside the `with` block held to its SDPA backend (`set_attention`);
     nothing when it has none. A pass the backend cannot run is a clear error."""

@@ -16,6 +16,7 @@ from .kv_quant import kv_setting, new_cache
 from .memory import choose_plan, free_bytes
 from .model import (
     attn_used,
+    check_sdpa_backends,
     first_layers,
     head_logits,
     input_device,
@@ -131,6 +132,7 @@ def run(req):
     plan, mode = choose_plan(torch, req, cfg, weights, dtype_size)
     if req.get("plan_only"):
         return {"environment": {"memory_plan": plan, "mode": mode}, "runs": []}
+    check_sdpa_backends(torch, req, cfg, dtype, plan["chunk_size"] < max(r_["context_length"] for r_ in req["runs"]))
     r = Run(torch, transformers, save_file, req, plan, dtype, dtype_size)
     if mode == "side_by_side":
         outcome = side_by_side(r, shared)

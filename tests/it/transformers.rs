@@ -1252,6 +1252,7 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         );
         assert_ne!(r.code, 0, "{}", r.stderr);
         assert!(r.stderr.contains("sdpa:cudnn"), "{}", r.stderr);
+        assert!(r.stderr.contains("refused before loading"), "{}", r.stderr);
         assert!(!failed.join("study.json").exists());
     }
 
