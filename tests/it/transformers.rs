@@ -1151,9 +1151,23 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         assert!(t > 0.0 && rel(t, n) < 0.02, "transformers {t}, native {n}");
     }
 
-    /// A study in the transformers runner (CPU, float32): one program run, the reference's pass
-    /// kept for every arm, and each arm's numbers those of the single `measure --runner
-    /// transformers` of its pair.
+    /// A transformers study (CPU, float32) of the hybrid fixture at 128 tokens in `dir`: its
+    /// eval text copied beside it, `protocol` added to the protocol block, `head` before the arms.
+    fn hybrid_study(dir: &Path, protocol: &str, head: &str, arms: &[&str]) -> PathBuf {
+        let hybrid = repo_root().join("tests/fixtures/hybrid");
+        std::fs::copy(hybrid.join("eval.txt"), dir.join("eval.txt")).unwrap();
+        let mut yaml = format!(
+            "study: cardproof/study-v1\nreference: {}\neval: {{text: eval.txt}}\nprotocol: {{context_lengths: [128], resamples: 100{protocol}}}\nrunner: transformers\ntransformers: {{device: cpu, torch_dtype: float32}}\n{head}arms:\n",
+            hybrid.join("qwen3_5_text").display(),
+        );
+        for a in arms {
+            yaml.push_str(&format!("  - {a}\n"));
+        }
+        let study = dir.join("study.yaml");
+        std::fs::write(&study, yaml).unwrap();
+        study
+    }
+
     /// The seed's three tests as one study in miniature (on the hybrid fixture, CPU): kernel arms
     /// for an SDPA backend, eager attention and the GDN kernel, a KV-cache arm, a bf16
     /// recurrent-state arm at 32-token prefill chunks; every kernel recorded as what ran.
@@ -1162,17 +1176,17 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
     fn the_seed_studys_kernel_kv_and_state_axes_run_as_one_transformers_study() {
         require_torch();
         let dir = tempfile::tempdir().unwrap();
-        let hybrid = repo_root().join("tests/fixtures/hybrid");
-        std::fs::copy(hybrid.join("eval.txt"), dir.path().join("eval.txt")).unwrap();
-        let study = dir.path().join("study.yaml");
-        std::fs::write(
-            &study,
-            format!(
-                "study: cardproof/study-v1\nreference: {}\neval: {{text: eval.txt}}\nprotocol: {{context_lengths: [128], resamples: 100, prefill_chunk: 32}}\nrunner: transformers\ntransformers: {{device: cpu, torch_dtype: float32}}\nbaseline: {{attention: sdpa:math, gdn_kernel: torch}}\narms:\n  - {{name: sdpa-flash, attention: sdpa:flash, changes: kernel}}\n  - {{name: gdn-recurrent, gdn_kernel: torch_recurrent, changes: kernel}}\n  - {{name: kv-fp8, kv_cache: fp8_e4m3, changes: kv_cache}}\n  - {{name: state-bf16, recurrent_state: bf16, changes: recurrent_state}}\n",
-                hybrid.join("qwen3_5_text").display(),
-            ),
-        )
-        .unwrap();
+        let study = hybrid_study(
+            dir.path(),
+            ", prefill_chunk: 32",
+            "baseline: {attention: sdpa:math, gdn_kernel: torch}\n",
+            &[
+                "{name: sdpa-flash, attention: sdpa:flash, changes: kernel}",
+                "{name: gdn-recurrent, gdn_kernel: torch_recurrent, changes: kernel}",
+                "{name: kv-fp8, kv_cache: fp8_e4m3, changes: kv_cache}",
+                "{name: state-bf16, recurrent_state: bf16, changes: recurrent_state}",
+            ],
+        );
         let out = dir.path().join("out");
         let r = run(
             &[],
@@ -1265,17 +1279,12 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
     fn eager_attention_is_planned_in_query_blocks_or_the_study_is_refused_before_any_work() {
         require_torch();
         let dir = tempfile::tempdir().unwrap();
-        let hybrid = repo_root().join("tests/fixtures/hybrid");
-        std::fs::copy(hybrid.join("eval.txt"), dir.path().join("eval.txt")).unwrap();
-        let study = dir.path().join("study.yaml");
-        std::fs::write(
-            &study,
-            format!(
-                "study: cardproof/study-v1\nreference: {}\neval: {{text: eval.txt}}\nprotocol: {{context_lengths: [128], resamples: 100}}\nrunner: transformers\ntransformers: {{device: cpu, torch_dtype: float32}}\narms:\n  - {{name: gdn-recurrent, gdn_kernel: torch_recurrent, changes: kernel}}\n",
-                hybrid.join("qwen3_5_text").display(),
-            ),
-        )
-        .unwrap();
+        let study = hybrid_study(
+            dir.path(),
+            "",
+            "",
+            &["{name: gdn-recurrent, gdn_kernel: torch_recurrent, changes: kernel}"],
+        );
         let study_with = |limit: &str, out: &Path| {
             run(
                 &[],
@@ -1324,6 +1333,9 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         assert!(!refused.exists(), "nothing is written");
     }
 
+    /// A study in the transformers runner (CPU, float32): one program run, the reference's pass
+    /// kept for every arm, and each arm's numbers those of the single `measure --runner
+    /// transformers` of its pair.
     #[test]
     #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
     fn a_study_in_the_transformers_runner_equals_its_single_measures() {

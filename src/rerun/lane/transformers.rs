@@ -302,6 +302,17 @@ fn check_runnable(first: &Request, reference: &Path, requests: &[Request]) -> Re
     Ok(())
 }
 
+/// A candidate whose logit rows are `w` wide against the reference's `width`.
+fn width_mismatch(candidate: &Path, w: usize, width: usize) -> Error {
+    Error::mismatch(
+        candidate,
+        Some("config.json vocab_size"),
+        format!(
+            "vocabulary mismatch: the candidate's logit rows have {w} entries, the reference's {width}"
+        ),
+    )
+}
+
 /// The logit width every model of the run shares (the reference's), from headers: a candidate
 /// whose rows have another width cannot be scored against it, refused before anything runs.
 fn logit_widths(requests: &[Request], reference: &Path) -> Result<usize> {
@@ -309,13 +320,7 @@ fn logit_widths(requests: &[Request], reference: &Path) -> Result<usize> {
     for r in requests.iter().filter(|r| r.candidate != reference) {
         let w = crate::rerun::identity::logit_width(r.candidate)?;
         if w != width {
-            return Err(Error::mismatch(
-                r.candidate,
-                Some("config.json vocab_size"),
-                format!(
-                    "vocabulary mismatch: the candidate's logit rows have {w} entries, the reference's {width}"
-                ),
-            ));
+            return Err(width_mismatch(r.candidate, w, width));
         }
     }
     Ok(width)
@@ -338,13 +343,7 @@ fn arm_identities(
             checkpoint_identity(r.candidate, r.threads, r.candidate_manifest)?
         };
         if w != width {
-            return Err(Error::mismatch(
-                r.candidate,
-                Some("config.json vocab_size"),
-                format!(
-                    "vocabulary mismatch: the candidate's logit rows have {w} entries, the reference's {width}"
-                ),
-            ));
+            return Err(width_mismatch(r.candidate, w, width));
         }
         ids.push(id);
     }
