@@ -1151,6 +1151,22 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         assert!(t > 0.0 && rel(t, n) < 0.02, "transformers {t}, native {n}");
     }
 
+    /// `study STUDY --out OUT --json` in the real runner: exit 0, its document.
+    fn study_json(study: &Path, out: &Path) -> serde_json::Value {
+        let r = run(
+            &[],
+            &[
+                "study",
+                study.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--json",
+            ],
+        );
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        r.json()
+    }
+
     /// A transformers study (CPU, float32) of the hybrid fixture at 128 tokens in `dir`: its
     /// eval text copied beside it, `protocol` added to the protocol block, `head` before the arms.
     fn hybrid_study(dir: &Path, protocol: &str, head: &str, arms: &[&str]) -> PathBuf {
@@ -1188,18 +1204,7 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
             ],
         );
         let out = dir.path().join("out");
-        let r = run(
-            &[],
-            &[
-                "study",
-                study.to_str().unwrap(),
-                "--out",
-                out.to_str().unwrap(),
-                "--json",
-            ],
-        );
-        assert_eq!(r.code, 0, "{}", r.stderr);
-        let doc = r.json();
+        let doc = study_json(&study, &out);
         assert_eq!(doc["protocol"]["prefill_chunk"], 32);
         let arm = |name: &str| {
             doc["arms"]
@@ -1353,18 +1358,7 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         )
         .unwrap();
         let out = dir.path().join("out");
-        let r = run(
-            &[],
-            &[
-                "study",
-                study.to_str().unwrap(),
-                "--out",
-                out.to_str().unwrap(),
-                "--json",
-            ],
-        );
-        assert_eq!(r.code, 0, "{}", r.stderr);
-        let doc = r.json();
+        let doc = study_json(&study, &out);
         assert_eq!(doc["runner"], "transformers");
         for (arm, candidate, extra) in [
             ("fp8-block", "shakespeare-fp8-block", &[][..]),
