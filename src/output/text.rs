@@ -234,8 +234,12 @@ pub fn measurement(doc: &crate::rerun::Measurement) -> String {
     };
     let _ = writeln!(
         out,
-        "protocol: {direction} in nats; {vocab} ({} entries, padding {padding}); {positions}; mean over positions; {:.0}% block bootstrap ({} resamples, seed {})",
+        "protocol: {direction} in nats; {vocab} ({} entries, padding {padding}); {positions}; {}; mean over positions; {:.0}% block bootstrap ({} resamples, seed {})",
         p.vocab_size,
+        p.prefill_chunk.map_or_else(
+            || "each window prefilled in one pass".to_owned(),
+            |c| format!("prefilled in chunks of {c} tokens")
+        ),
         p.bootstrap.level * 100.0,
         p.bootstrap.resamples,
         p.bootstrap.seed,

@@ -528,6 +528,20 @@ fn a_state_dtype_that_would_change_nothing_is_refused_and_at_prefill_chunks_it_i
         kld > 0.0,
         "a bf16 state at chunk ends moves the candidate: {kld}"
     );
+    // The human summary says how the windows were prefilled, beside the state dtype.
+    let human = Cmd::measure()
+        .reference(fixture("qwen3_5_text"))
+        .candidate(fixture("qwen3_5_text"))
+        .eval_text(fixture("eval.txt"))
+        .context_length(128)
+        .bootstrap(50)
+        .out(dir.path().join("human"))
+        .args(["--recurrent-state-dtype", "bf16", "--prefill-chunk", "32"])
+        .run();
+    assert_eq!(human.code, 0, "{}", human.stderr);
+    let text = format!("{}{}", human.stdout, human.stderr);
+    assert!(text.contains("prefilled in chunks of 32 tokens"), "{text}");
+    assert!(text.contains("bf16 recurrent state"), "{text}");
     // The same chunks with an f32 state: exactly the reference.
     let r = measure_self(dir.path(), &["--prefill-chunk", "32", "--force"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
