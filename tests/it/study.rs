@@ -836,6 +836,11 @@ fn every_study_error_names_its_line() {
             7,
             "arms[0].candidate",
         ),
+        (
+            &["{name: a, gdn_kernel: torch, changes: kernel}"][..],
+            7,
+            "arms[0].gdn_kernel: the Gated DeltaNet kernel is the transformers runner's setting",
+        ),
     ] {
         let study = study_file(dir.path(), arms, "");
         let r = study_run(&[
@@ -886,6 +891,17 @@ fn a_recurrent_state_arm_is_refused_on_one_pass_windows_and_measured_at_prefill_
     assert!(r.stderr.contains("arms[0].recurrent_state"), "{}", r.stderr);
     assert!(r.stderr.contains("would change nothing"), "{}", r.stderr);
     assert!(!out.join("study.json").exists());
+    // A chunk out of range is the study file's error at its place, before any work.
+    let study = write(", prefill_chunk: 0");
+    let r = study_run(&[study.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("protocol.prefill_chunk: prefill chunk 0 is not 1 to 1048576 tokens"),
+        "{}",
+        r.stderr
+    );
+    assert!(!out.exists());
     let study = write(", prefill_chunk: 32");
     let r = study_run(&[study.to_str().unwrap(), "--out", out.to_str().unwrap()]);
     assert_eq!(r.code, 0, "{}", r.stderr);
