@@ -179,7 +179,7 @@ def set_attention(model, impl):
     if setter is None:
         raise RunnerError("unsupported", f"this transformers cannot switch attention to {base} on a loaded model")
     setter(base)
-    if attn_used(model) != impl.partition(":")[0] + (f":{backend}" if backend else ""):
+    if attn_used(model) != impl:
         raise RunnerError("unsupported", f"attention {impl} was asked for but {attn_used(model)} is in use")
 
 

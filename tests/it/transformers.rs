@@ -1151,18 +1151,21 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         assert!(t > 0.0 && rel(t, n) < 0.02, "transformers {t}, native {n}");
     }
 
+    /// `study STUDY --out OUT EXTRA...` in the real runner.
+    fn study_cmd(study: &Path, out: &Path, extra: &[&str]) -> Run {
+        let mut args = vec![
+            "study",
+            study.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        run(&[], &args)
+    }
+
     /// `study STUDY --out OUT --json` in the real runner: exit 0, its document.
     fn study_json(study: &Path, out: &Path) -> serde_json::Value {
-        let r = run(
-            &[],
-            &[
-                "study",
-                study.to_str().unwrap(),
-                "--out",
-                out.to_str().unwrap(),
-                "--json",
-            ],
-        );
+        let r = study_cmd(study, out, &["--json"]);
         assert_eq!(r.code, 0, "{}", r.stderr);
         r.json()
     }
@@ -1260,16 +1263,8 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         )
         .unwrap();
         let failed = dir.path().join("failed");
-        let r = run(
-            &[],
-            &[
-                "study",
-                study.to_str().unwrap(),
-                "--out",
-                failed.to_str().unwrap(),
-            ],
-        );
-        assert_ne!(r.code, 0, "{}", r.stderr);
+        let r = study_cmd(&study, &failed, &[]);
+        assert_eq!(r.code, 2, "{}", r.stderr);
         assert!(r.stderr.contains("sdpa:cudnn"), "{}", r.stderr);
         assert!(r.stderr.contains("refused before loading"), "{}", r.stderr);
         assert!(!failed.join("study.json").exists());
@@ -1290,19 +1285,8 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
             "",
             &["{name: gdn-recurrent, gdn_kernel: torch_recurrent, changes: kernel}"],
         );
-        let study_with = |limit: &str, out: &Path| {
-            run(
-                &[],
-                &[
-                    "study",
-                    study.to_str().unwrap(),
-                    "--memory-limit",
-                    limit,
-                    "--out",
-                    out.to_str().unwrap(),
-                ],
-            )
-        };
+        let study_with =
+            |limit: &str, out: &Path| study_cmd(&study, out, &["--memory-limit", limit]);
         let out = dir.path().join("blocks");
         let r = study_with("1500000", &out);
         assert_eq!(r.code, 0, "{}", r.stderr);
