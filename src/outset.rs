@@ -60,8 +60,24 @@ pub const SET_FILES: &[&str] = &[
     "study.dsse.json",
     "study.md",
     "study.html",
+    INCOMPLETE,
+    "carry.json",
     MARKER,
 ];
+/// An interrupted study's record in its incomplete set (no study.json, nothing signed): what
+/// ran, what failed, what `study --resume` carries.
+pub const INCOMPLETE: &str = "study.incomplete.json";
+
+/// Whether `name` is a file a cardproof set holds: one of [`SET_FILES`], an older version's
+/// `*.partial`, or a carried arm's result file (`carry-run<N>.safetensors`).
+fn is_set_file(name: &str) -> bool {
+    SET_FILES.contains(&name)
+        || name.ends_with(".partial")
+        || name
+            .strip_prefix("carry-run")
+            .and_then(|r| r.strip_suffix(".safetensors"))
+            .is_some_and(|n| !n.is_empty() && n.len() <= 6 && n.bytes().all(|b| b.is_ascii_digit()))
+}
 /// A study's arms: `arms/<name>/` holding each arm's measurement set.
 const ARMS_DIR: &str = "arms";
 /// A directory beside an envelope with more entries than this is not a report set.
@@ -280,6 +296,17 @@ impl OutputSet {
     /// Seal the set (the marker lists every file with its SHA-256), flush it to disk and move it
     /// into place as one unit. Returns the files, as paths under `--out`.
     pub fn commit(self) -> Result<Vec<PathBuf>> {
+        self.seal(true)
+    }
+
+    /// [`OutputSet::commit`] for an interrupted study's completed arms: the marker says
+    /// `complete: false` and names [`INCOMPLETE`]; nothing in it is signed, and only `study
+    /// --resume` reads it back ([`read_incomplete`]).
+    pub fn commit_incomplete(self) -> Result<Vec<PathBuf>> {
+        self.seal(false)
+    }
+
+    fn seal(self, complete: bool) -> Result<Vec<PathBuf>> {
         let files = list_files(self.dir()).map_err(|e| Error::write(&self.out, e))?;
         let mut listed = Vec::new();
         for rel in &files {
@@ -294,13 +321,17 @@ impl OutputSet {
                 "sha256": crate::checkpoint::hash::hash_file(&path)?,
             }));
         }
-        self.write_marker(&json!({
+        let mut marker = json!({
             "schema_version": crate::JSON_SCHEMA_VERSION,
             "kind": self.kind.as_str(),
             "run_id": self.run_id,
-            "complete": true,
+            "complete": complete,
             "files": listed,
-        }))?;
+        });
+        if !complete {
+            marker["incomplete"] = INCOMPLETE.into();
+        }
+        self.write_marker(&marker)?;
         let replace = existing(&self.target, &self.out, self.force)?;
         let OutputSet {
             out,
@@ -517,9 +548,7 @@ fn foreign_entry(dir: &Path, rel: &str) -> std::io::Result<Option<String>> {
             if let Some(inner) = foreign_entry(&entry.path(), &path)? {
                 return Ok(Some(inner));
             }
-        } else if !(kind.is_file()
-            && (SET_FILES.contains(&text.as_ref()) || text.ends_with(".partial")))
-        {
+        } else if !(kind.is_file() && is_set_file(&text)) {
             return Ok(Some(path));
         }
     }
@@ -764,6 +793,85 @@ pub fn set_files_beside(document: &Path, doc: &Value) -> Result<Option<Vec<SetFi
     Ok(Some(files))
 }
 
+/// An interrupted study's incomplete set, read back for `study --resume`: its run id, checked
+/// file by file against the digests its marker recorded (nothing unlisted, nothing missing).
+#[derive(Debug, Clone)]
+pub struct IncompleteSet {
+    pub dir: PathBuf,
+    pub run_id: String,
+}
+
+/// Read `out` as an incomplete study set ([`OutputSet::commit_incomplete`]): its marker says so,
+/// and every file is the one the interrupted run wrote. Anything else is refused naming `out`.
+pub fn read_incomplete(out: &Path) -> Result<IncompleteSet> {
+    let marker_path = out.join(MARKER);
+    let refuse = |why: String| Err(Error::usage(out, why));
+    let mut unreadable = None;
+    let Some(marker) = read_document(&marker_path, &mut |why| unreadable = Some(why))? else {
+        return refuse(match unreadable {
+            Some(why) => format!("--resume: {why}"),
+            None => "--resume: holds no cardproof set (no .cardproof-set.json): there is nothing to resume; run the study without --resume".into(),
+        });
+    };
+    if marker["kind"] != "study"
+        || marker["complete"] != false
+        || marker["incomplete"] != INCOMPLETE
+    {
+        return refuse(if marker["complete"] == true {
+            "--resume: holds a complete set; there is nothing to resume".into()
+        } else {
+            "--resume: its marker is not an interrupted study's (kind study, complete false)".into()
+        });
+    }
+    let run_id = marker["run_id"].as_str().unwrap_or_default().to_owned();
+    if run_id.len() != RUN_ID_LEN || !run_id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+        return refuse(format!(
+            "--resume: its marker's run id `{run_id}` is not a run id"
+        ));
+    }
+    let recorded: std::collections::BTreeMap<String, String> = marker["files"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| {
+            Some((
+                f["path"].as_str()?.to_owned(),
+                f["sha256"].as_str()?.to_owned(),
+            ))
+        })
+        .collect();
+    let files = list_files(out).map_err(|e| Error::io(out, e))?;
+    if files.len() > MAX_SET_ENTRIES {
+        return refuse(format!("--resume: holds {} files, not a set", files.len()));
+    }
+    if let Some(missing) = recorded.keys().find(|k| !files.contains(k)) {
+        return refuse(format!(
+            "--resume: {missing}, which the interrupted run wrote, is missing"
+        ));
+    }
+    for f in set_files(out)? {
+        match recorded.get(&f.path) {
+            None => {
+                return refuse(format!(
+                    "--resume: {} is not a file the interrupted run wrote",
+                    f.path
+                ));
+            }
+            Some(sha) if !sha.eq_ignore_ascii_case(&f.sha256) => {
+                return refuse(format!(
+                    "--resume: {} changed after the interrupted run wrote it (sha256 {sha} recorded, {} now)",
+                    f.path, f.sha256
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(IncompleteSet {
+        dir: out.to_owned(),
+        run_id,
+    })
+}
+
 /// A JSON document beside the envelope: `None` when absent; one that is not JSON or too large is
 /// a set mismatch (reported through `set`) and `None`.
 pub(crate) fn read_document(path: &Path, set: &mut impl FnMut(String)) -> Result<Option<Value>> {
@@ -878,6 +986,52 @@ mod tests {
             foreign_entry(out, "").unwrap().as_deref(),
             Some("pair-1/deeper")
         );
+    }
+
+    #[test]
+    fn an_interrupted_studys_set_reads_back_only_as_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let options = SetOptions {
+            kind: Kind::Study,
+            force: false,
+            models: &[],
+        };
+        let incomplete = |why: &str| {
+            let e = read_incomplete(&out).err().unwrap().to_string();
+            assert!(e.contains(why), "{e}");
+        };
+        incomplete("nothing to resume");
+        let set = OutputSet::create(&out, &options).unwrap();
+        let run_id = set.run_id().to_owned();
+        set.write(INCOMPLETE, b"{}").unwrap();
+        set.write("arms/a/measurement.json", b"{}").unwrap();
+        set.write("arms/a/carry.json", b"{}").unwrap();
+        set.write("arms/a/carry-run0.safetensors", b"rows").unwrap();
+        set.commit_incomplete().unwrap();
+        let marker: Value = serde_json::from_slice(&fs::read(out.join(MARKER)).unwrap()).unwrap();
+        assert_eq!(marker["complete"], false);
+        assert_eq!(marker["incomplete"], INCOMPLETE);
+        assert_eq!(read_incomplete(&out).unwrap().run_id, run_id);
+        // Its files are a set's: the next run into --out replaces it without --force.
+        assert_eq!(foreign_entry(&out, "").unwrap(), None);
+        // A carried file changed, one added or one removed: refused, naming it.
+        fs::write(out.join("arms/a/carry-run0.safetensors"), b"ROWS").unwrap();
+        incomplete("arms/a/carry-run0.safetensors changed after the interrupted run");
+        fs::write(out.join("arms/a/carry-run0.safetensors"), b"rows").unwrap();
+        fs::write(out.join("arms/a/carry-run1.safetensors"), b"rows").unwrap();
+        incomplete("carry-run1.safetensors is not a file the interrupted run wrote");
+        fs::remove_file(out.join("arms/a/carry-run1.safetensors")).unwrap();
+        fs::remove_file(out.join("arms/a/carry.json")).unwrap();
+        incomplete("arms/a/carry.json, which the interrupted run wrote, is missing");
+        // A complete set is not resumed.
+        let set = OutputSet::create(&out, &options).unwrap();
+        set.write("study.json", b"{}").unwrap();
+        set.commit().unwrap();
+        incomplete("holds a complete set; there is nothing to resume");
+        assert!(is_set_file("carry-run12.safetensors"));
+        assert!(!is_set_file("carry-run.safetensors"));
+        assert!(!is_set_file("carry-runx.safetensors"));
     }
 
     #[test]

@@ -102,14 +102,32 @@ def cardproof_env(triton_cache):
     return env
 
 
+STAGES = []
+
+
 def run(cmd, env, log):
+    """Run `cmd`; its stderr's progress lines (CARDPROOF_PROGRESS=plain) are kept with the
+    seconds since the start at which each came (STAGES), to split the wall time."""
     t = time.perf_counter()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    env = dict(env, CARDPROOF_PROGRESS="plain")
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = []
+    reader = __import__("threading").Thread(target=lambda: out.append(p.stdout.read()))
+    reader.start()
+    err = []
+    STAGES.clear()
+    for line in p.stderr:
+        err.append(line)
+        if line.startswith("progress: "):
+            STAGES.append((round(time.perf_counter() - t, 2), line[len("progress: "):].strip()))
+    p.wait()
+    reader.join()
     wall = time.perf_counter() - t
+    stderr = "".join(err)
     with open(log, "w") as f:
-        f.write(p.stdout[-20000:] + "\n--- stderr ---\n" + p.stderr[-20000:])
+        f.write(out[0][-20000:] + "\n--- stderr ---\n" + stderr[-20000:])
     if p.returncode not in (0, 1):
-        print(p.stderr[-4000:], flush=True)
+        print(stderr[-4000:], flush=True)
     return p.returncode, wall
 
 
@@ -150,7 +168,7 @@ def measure(a):
         with open(os.path.join(out, "measurement.json")) as f:
             rec = json.load(f)
         tm = runner_times(rec)
-        tm.update(ok=True, wall=wall, kld_mean=rec["runs"][0]["metrics"]["kld_mean"],
+        tm.update(ok=True, wall=wall, kld_mean=rec["runs"][0]["metrics"]["kld_mean"], stages=list(STAGES),
                   wall_over_load_and_compute=wall / (tm["load"] + tm["compute"]),
                   outside_runner=wall - tm["total"])
         results[label] = tm
@@ -168,27 +186,29 @@ def measure(a):
     for label in ("cold", "warm"):
         for s in results[label].get("warmup_steps", []):
             print(f"  {label} warm-up: {s['model']}: {s['step']}: {s['seconds']:.1f} s")
+        for at, stage in results[label].get("stages", []):
+            print(f"  {label} at {at:7.2f} s: {stage}")
 
 
-def sdpa_backends(a, length, chunk):
-    """The SDPA backends that run the chunks' masked attention at the seed's heads here."""
+def sdpa_backends(a):
+    """The SDPA backends that run, here, the calls a chunked study's passes make at the seed's
+    heads (the runner's own `sdpa_calls`, as its check before loading tries them)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from transformers_runner.model import SDPA_BACKENDS, sdpa_calls
+
     dev, dtype = ("cpu", torch.float32) if a.tiny else ("cuda", torch.bfloat16)
-    q = torch.randn(1, 24, chunk, 256, device=dev, dtype=dtype)
-    k = torch.randn(1, 24, length, 256, device=dev, dtype=dtype)
-    mask = torch.ones(chunk, length, dtype=torch.bool, device=dev).tril(length - chunk)[None, None]
+    heads, kv_heads, dim = (16, 4, 8) if a.tiny else (24, 4, 256)
     ok, refused = [], {}
-    for name, b in (("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
-                    ("cudnn", SDPBackend.CUDNN_ATTENTION), ("math", SDPBackend.MATH)):
+    for name, b in SDPA_BACKENDS.items():
         try:
-            with sdpa_kernel([b]):
-                torch.nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=mask)
+            with torch.inference_mode(), sdpa_kernel([getattr(SDPBackend, b)]):
+                for _, call in sdpa_calls(torch, name, heads, kv_heads, dim, dtype, dev, True):
+                    call()
             ok.append(name)
         except RuntimeError as e:
             refused[name] = str(e).splitlines()[0][:200]
-    del q, k, mask
     return ok, refused
 
 
@@ -196,7 +216,7 @@ def study(a):
     ref, cand, text = paths(a.work)
     os.makedirs(a.out, exist_ok=True)
     chunk = min(2048, a.length // 2)
-    backends, refused = sdpa_backends(a, a.length, chunk)
+    backends, refused = sdpa_backends(a)
     if a.sdpa is not None:
         backends = [b for b in backends if b in a.sdpa.split(",")]
     # The fixture's heads (16) are below llama.cpp's 32-value blocks: fp8 in --tiny.
@@ -221,7 +241,7 @@ def study(a):
     cache = os.path.join(a.work, "triton-study")
     code, wall = run([a.cardproof, "study", path, "--out", out, "--force", "--json"], cardproof_env(cache), os.path.join(a.out, "study.log"))
     results = {"length": a.length, "prefill_chunk": chunk, "sdpa_backends": backends, "sdpa_refused": refused,
-               "wall": wall, "exit": code}
+               "wall": wall, "exit": code, "stages": list(STAGES)}
     if code == 0:
         with open(os.path.join(out, "study.json")) as f:
             doc = json.load(f)

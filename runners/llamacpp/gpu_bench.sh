@@ -35,7 +35,7 @@ if [ "$phase" = build ]; then
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF > "$out/cmake.log" 2>&1
   cmake --build "$work/build" --target llama-perplexity llama-quantize -j "$(nproc)" >> "$out/cmake.log" 2>&1
   echo "build: $(secs "$t0") s" | tee "$out/build_seconds.txt"
-  "$bin/llama-perplexity" --version 2>&1 | head -2 | tee "$out/version.txt"
+  "$bin/llama-perplexity" --version 2>&1 | head -2 | tee "$out/version.txt" "$work/version.txt"
   t0=$(ms)
   python3 "$here/make_gguf_pair.py" --gguf-py "$work/src/gguf-py" \
     --tokenizer "$repo/examples/models/shakespeare-bf16" --out "$work/ref.gguf"
@@ -47,6 +47,8 @@ fi
 
 cardproof=$1; text=$2; out=$3; n_ctx=${4:-4096}
 mkdir -p "$out"
+# The build phase's version line (its own OUT_DIR may be another directory).
+cp "$work/version.txt" "$out/version.txt"
 common=(-c "$n_ctx" -ngl all -lv 4)
 timed() { # name, command... (each time also appended to times.txt as it comes)
   local name=$1; shift

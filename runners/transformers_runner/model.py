@@ -149,12 +149,92 @@ def eager_in_blocks(torch, transformers, block):
     return name
 
 
+# The name SDPA held to one backend is registered under (see `sdpa_held`).
+SDPA_HELD = "cardproof_sdpa_held"
+# The backend the passes now running are held to (set by `sdpa_backend`; read by `sdpa_held`).
+_HELD = {"backend": None}
+
+
+def lower_right_causal(torch, mask, q_len, k_len):
+    """Whether `mask` (transformers' boolean SDPA mask, one sequence) is exactly the causal mask
+    of `q_len` queries that end where the `k_len` keys end: every earlier key visible, the
+    chunk's own keys causally (a prefill chunk after the first, a decode step)."""
+    if mask is None or mask.dtype != torch.bool or mask.dim() != 4 or tuple(mask.shape) != (1, 1, q_len, k_len):
+        return False
+    expected = torch.ones(q_len, k_len, dtype=torch.bool, device=mask.device).tril(k_len - q_len)
+    return torch.equal(mask[0, 0], expected)
+
+
+def sdpa_held(torch, transformers):
+    """Register (once) SDPA for a model held to one backend other than math (`sdpa:flash`,
+    `efficient`, `cudnn`): transformers' own `sdpa_attention_forward`, except where the mask is
+    plain causality. There the grouped keys are repeated to the query heads (efficient and cuDNN
+    take no `enable_gqa`) and a chunk's causal mask is passed as torch's lower-right causal bias
+    (`torch.nn.attention.bias.causal_lower_right`, the same mask) instead of a boolean tensor: the
+    fused backends run that bias in their own kernels (flash's and efficient's causal variant for
+    queries that end where the keys end), as an engine's chunked prefill does, where a boolean
+    mask only the math backend (and efficient's slower masked path) takes. Inside the backend's
+    `sdpa_kernel` torch's dispatch of the bias uses only that backend. Returns the name."""
+    registry = transformers.AttentionInterface
+    if SDPA_HELD in getattr(registry, "_global_mapping", {}):
+        return SDPA_HELD
+    from torch.nn.attention.bias import causal_lower_right
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+        q_len, k_len = query.shape[2], key.shape[2]
+        plain = attention_mask is None and (q_len == k_len or q_len == 1)
+        if dropout or not (plain or lower_right_causal(torch, attention_mask, q_len, k_len)):
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+        groups = query.shape[1] // key.shape[1]
+        if groups > 1:
+            key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+        f = torch.nn.functional.scaled_dot_product_attention
+        if q_len == k_len:
+            out = f(query, key, value, is_causal=q_len > 1, scale=scaling)
+        elif q_len == 1:
+            out = f(query, key, value, scale=scaling)
+        else:
+            out = f(query, key, value, attn_mask=causal_lower_right(q_len, k_len), scale=scaling)
+        return out.transpose(1, 2).contiguous(), None
+
+    registry.register(SDPA_HELD, attention)
+    AttentionMaskInterface.register(SDPA_HELD, sdpa_mask)
+    return SDPA_HELD
+
+
+def sdpa_calls(torch, backend, heads, kv_heads, dim, dtype, device, chunked):
+    """The SDPA calls a model held to `backend` makes, on small tensors at its heads, head size
+    and dtype: (what, call) pairs. transformers' own for math (grouped keys by `enable_gqa`
+    where the head size allows; a chunk under a boolean mask), `sdpa_held`'s for the others
+    (keys repeated; a chunk under the lower-right causal bias)."""
+    f = torch.nn.functional.scaled_dot_product_attention
+    q = torch.randn(1, heads, 64, dim, dtype=dtype, device=device)
+    kv = torch.randn(1, kv_heads, 64, dim, dtype=dtype, device=device)
+    long_kv = torch.randn(1, heads, 128, dim, dtype=dtype, device=device)
+    if backend == "math":
+        gqa = {"enable_gqa": True} if kv_heads != heads and dim <= 256 else {}
+        calls = [("a causal pass without a mask", lambda: f(q, kv if gqa else q, kv if gqa else q, is_causal=True, **gqa))]
+        mask = torch.ones(64, 128, dtype=torch.bool, device=device).tril(64)[None, None]
+        chunk = ("a chunk's queries against the cache under a mask", lambda: f(q, long_kv, long_kv, attn_mask=mask))
+    else:
+        from torch.nn.attention.bias import causal_lower_right
+
+        calls = [("a causal pass without a mask", lambda: f(q, q, q, is_causal=True))]
+        chunk = ("a chunk's queries against the cache under the lower-right causal bias",
+                 lambda: f(q, long_kv, long_kv, attn_mask=causal_lower_right(64, 128)))
+    return calls + [chunk] if chunked else calls
+
+
 def attn_used(model):
     """The attention implementation in use, with the SDPA backend it is held to (`sdpa:flash`);
     eager in query blocks is eager."""
     impl = getattr(model.config, "_attn_implementation", None) or "unknown"
     if impl.startswith(EAGER_BLOCKS_PREFIX):
         return "eager"
+    if impl == SDPA_HELD:
+        impl = "sdpa"
     backend = getattr(model, "_cardproof_sdpa", None)
     return f"{impl}:{backend}" if backend and impl == "sdpa" else impl
 
@@ -173,6 +253,11 @@ def set_attention(model, impl):
         import transformers
 
         base = eager_in_blocks(torch, transformers, block)
+    elif base == "sdpa" and backend and backend != "math":
+        import torch
+        import transformers
+
+        base = sdpa_held(torch, transformers)
     if (getattr(model.config, "_attn_implementation", None) or "unknown") == base:
         return
     setter = getattr(model, "set_attn_implementation", None)
@@ -185,12 +270,11 @@ def set_attention(model, impl):
 
 def check_sdpa_backends(torch, req, cfg, dtype, chunked):
     """Every `sdpa:BACKEND` of the request's models tried, before anything loads, on the calls
-    transformers makes at the model's heads, head size and dtype (its `sdpa_attention_forward`):
-    a causal pass without a mask, grouped keys by `enable_gqa` where the head size allows (a
-    window in one pass, a first chunk), and with `chunked` a pass of queries against more keys
-    under a boolean mask, keys repeated. A backend that cannot run one of them is refused here,
-    naming the model, rather than after the passes before it (an efficient-backend arm at 32k
-    was refused after five minutes of a study)."""
+    its passes make at the model's heads, head size and dtype (`sdpa_calls`: a causal pass
+    without a mask, a window in one pass or a first chunk; with `chunked`, a chunk's queries
+    against more keys). A backend that cannot run one of them is refused here, naming the model,
+    rather than after the passes before it (an efficient-backend arm at 32k was refused after
+    five minutes of a study)."""
     models = req["models"]
     named = [("the reference", models["reference"]), ("the candidate", models["candidate"])]
     named += [(f"arm `{a.get('name') or i + 1}`", a) for i, a in enumerate(models.get("arms") or [])]
@@ -207,18 +291,8 @@ def check_sdpa_backends(torch, req, cfg, dtype, chunked):
     kv_heads = cfg.get("num_key_value_heads", heads) or heads
     dim = cfg.get("head_dim") or cfg.get("hidden_size", 0) // max(heads, 1)
     device = "cpu" if req.get("device", "cuda") == "cpu" else "cuda"
-    f = torch.nn.functional.scaled_dot_product_attention
-    q = torch.randn(1, heads, 64, dim, dtype=dtype, device=device)
-    kv = torch.randn(1, kv_heads, 64, dim, dtype=dtype, device=device)
-    long_kv = torch.randn(1, heads, 128, dim, dtype=dtype, device=device)
-    mask = torch.ones(64, 128, dtype=torch.bool, device=device).tril(64)[None, None]
-    calls = [("a causal pass without a mask", lambda: f(q, kv, kv, is_causal=True, **({"enable_gqa": True} if kv_heads != heads and dim <= 256 else {})))]
-    if kv_heads != heads and dim > 256:
-        calls = [("a causal pass without a mask", lambda: f(q, q, q, is_causal=True))]
-    if chunked:
-        calls.append(("a chunk's queries against the cache under a mask", lambda: f(q, long_kv, long_kv, attn_mask=mask)))
     for backend, names in asked.items():
-        for what, call in calls:
+        for what, call in sdpa_calls(torch, backend, heads, kv_heads, dim, dtype, device, chunked):
             try:
                 with torch.inference_mode(), sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[backend])]):
                     call()
@@ -244,11 +318,13 @@ class sdpa_backend:
 
             self.ctx = sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[self.backend])])
             self.ctx.__enter__()
+            self.outer, _HELD["backend"] = _HELD["backend"], self.backend
         return self
 
     def __exit__(self, kind, exc, tb):
         if self.ctx is not None:
             self.ctx.__exit__(kind, exc, tb)
+            _HELD["backend"] = self.outer
         if exc is not None and self.backend and isinstance(exc, RuntimeError) and "kernel" in str(exc).lower():
             raise RunnerError(
                 "unsupported",

@@ -28,7 +28,7 @@ from .model import (
     torch_dtype,
     weight_bytes,
 )
-from .protocol import RunnerError, next_tokens, progress, read_tokens, read_turns
+from .protocol import PROTOCOL, RunnerError, next_tokens, progress, read_tokens, read_turns, write_json
 from .provenance import KernelWatch, environment, kv_scales_record, model_record, probe_linear_attention
 from .reduce import reduce_rows, reduce_rows_fused, triton_kernel
 from .state import state_setting, store_states
@@ -134,6 +134,17 @@ def run(req):
         return {"environment": {"memory_plan": plan, "mode": mode}, "runs": []}
     check_sdpa_backends(torch, req, cfg, dtype, plan["chunk_size"] < max(r_["context_length"] for r_ in req["runs"]))
     r = Run(torch, transformers, save_file, req, plan, dtype, dtype_size)
+    if arm_specs:
+        partial = os.path.join(req["result_dir"], "partial.json")
+
+        def journal(outcome):
+            # The arms done so far, as the record would hold them, replaced whole after each arm:
+            # what cardproof keeps of a study whose later arm fails, a signal's death included
+            # (`study --resume` runs only the rest).
+            os.makedirs(req["result_dir"], exist_ok=True)
+            write_json(partial, {"protocol": PROTOCOL, "ok": True, **record(r, mode, arm_specs, outcome, t0)})
+
+        r.journal = journal
     if mode == "side_by_side":
         outcome = side_by_side(r, shared)
     else:
@@ -444,6 +455,9 @@ def sequential(r, cfg, arm_specs):
         r.synchronize()
         seconds = time.perf_counter() - t_arm
         arm_results.append((arm_runs, cand_record, seconds, r.generate(cand_model, cspec, who)))
+        if arm_specs and not last:
+            done_turns = {"reference": ref_turns, "candidate": None} if r.turns is not None else None
+            r.journal(Outcome(arm_results[0][0], gates, ref_record=ref_record, arm_results=list(arm_results), turns=done_turns))
         if not last:
             del cand_model
             if r.device != "cpu":

@@ -326,6 +326,7 @@ impl CandidateRunner for LlamacppCandidates {
             None => (None, None),
         };
         Ok(Runs {
+            interrupted: None,
             // The reference runs beside each arm, inside its seconds.
             reference_seconds: None,
             arms: out,

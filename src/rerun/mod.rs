@@ -124,6 +124,9 @@ pub struct Request<'a> {
     pub threads: usize,
     /// The candidate's manifest when the caller has hashed it already.
     pub candidate_manifest: Option<&'a Manifest>,
+    /// The reference's manifest when the caller has hashed it already (a study's plan): the
+    /// pre-flight takes it instead of hashing the reference again.
+    pub reference_manifest: Option<&'a Manifest>,
     /// Run the sanity gates, with what they need from the card.
     pub gates: Option<GateRequest>,
     /// Also measure the reference against itself in a second compute dtype (native lane).
@@ -214,6 +217,7 @@ pub fn run_checked(
         kernels: &[],
         reference_compute: None,
         pass: lane::Pass::Streamed,
+        carry: None,
     };
     let outcome = lane::run(&arms, pre, stage, &|_, done, total| progress(done, total))?;
     outcome

@@ -121,10 +121,16 @@ pub fn check(r: &Request, stage: &(dyn Fn(&str) + Sync)) -> Result<Preflight> {
 }
 
 /// [`check`] for a rerun nothing compares before it runs (`measure`): the native lane's
-/// reference is then hashed while the models load, beside the candidate, instead of alone
-/// before them (seconds of a single core on a multi-gigabyte checkpoint).
+/// reference is then hashed while the models load, beside the candidate, and the transformers
+/// lane's beside the runner program, instead of alone before them (a 17 GB checkpoint in one
+/// file is about 9 s of one core, which `measure` at 131k tokens on a GPU spent before the
+/// runner started).
 pub fn check_deferring_digest(r: &Request, stage: &(dyn Fn(&str) + Sync)) -> Result<Preflight> {
-    check_hashing(r, stage, !matches!(r.lane, Lane::Native { .. }))
+    check_hashing(
+        r,
+        stage,
+        !matches!(r.lane, Lane::Native { .. } | Lane::Transformers { .. }),
+    )
 }
 
 fn check_hashing(
@@ -242,7 +248,9 @@ fn model_lane(
         context_lengths(model, &r.options.context_lengths)?;
     }
     pre.warnings = bootstrap_blocks(text, &stream, &r.options, tokenizer.bos_id)?;
-    let manifest = if digest_now {
+    let manifest = if let Some(m) = r.reference_manifest {
+        Some(m.clone())
+    } else if digest_now {
         stage("hashing");
         Some(hash_path(
             reference,

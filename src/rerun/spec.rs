@@ -129,6 +129,7 @@ impl<'a> Request<'a> {
             padding_included: false,
             threads,
             candidate_manifest: None,
+            reference_manifest: None,
             gates: None,
             noise_floor: false,
             pins: Vec::new(),

@@ -12,6 +12,8 @@ pub mod tokens;
 #[cfg(feature = "native")]
 pub mod transformers;
 #[cfg(feature = "native")]
+pub mod transformers_carry;
+#[cfg(feature = "native")]
 pub mod transformers_flags;
 
 use serde_json::Value;

@@ -25,11 +25,12 @@ use crate::checkpoint::safetensors::{self, SafetensorsFile};
 use crate::error::{Error, Result};
 use crate::kld::row::RowRecord;
 use crate::runner::exchange::{
-    GateNumbers, RecordTurnSet, RequestDump, RequestModel, RequestModels, RequestRun, RequestTurns,
-    RunnerEnvironment, RunnerRecord, RunnerRequest, TurnAsk, TurnEngine,
+    GateNumbers, RecordArm, RecordTurnSet, RequestDump, RequestModel, RequestModels, RequestRun,
+    RequestTurns, RunnerEnvironment, RunnerRecord, RunnerRequest, TurnAsk, TurnEngine,
 };
 use crate::runner::native::StateDtype;
 use crate::runner::native::generate::{Generated, GenerationTiming};
+use crate::runner::transformers_carry::{CarriedArm, Carry};
 
 /// The program, as shipped: the package's files (path under the package's parent directory,
 /// content), written next to the request so an installed binary needs no source tree, and
@@ -396,19 +397,25 @@ pub struct ArmOutput {
 }
 
 /// A study's answer: each arm's, the program's environment, the reference's generated turns
-/// (when asked for).
+/// (when asked for). With `failure`, a later arm failed: `arms` are the arms completed (carried
+/// ones first), and `carry` holds them for `study --resume`.
 #[derive(Debug)]
 pub struct ArmsOutput {
     pub arms: Vec<ArmOutput>,
     pub environment: RunnerEnvironment,
     pub reference_turns: Option<TurnSet>,
+    pub failure: Option<Error>,
+    pub carry: Option<Carry>,
 }
 
 /// Run the program on a study: the reference (with `options`' reference attention and KV
-/// cache) once per window, each arm against its kept hidden states in turn.
+/// cache) once per window, each arm against its kept hidden states in turn. `carried`: the
+/// first arms, completed by an interrupted run (see [`crate::runner::transformers_carry`]);
+/// only the others run, and the carried ones are read as the program's own answers are.
 pub fn run_arms(
     reference: &Path,
     arms: &[ArmModel],
+    carried: Option<&Carry>,
     work: &[RunWork],
     vocab_size: usize,
     options: &TransformersOptions,
@@ -417,6 +424,14 @@ pub fn run_arms(
     let first = arms
         .first()
         .ok_or_else(|| Error::internal(reference, "a study without arms"))?;
+    let done = carried.map_or(0, |c| c.arms.len());
+    if done >= arms.len() {
+        return Err(Error::internal(
+            reference,
+            format!("{done} carried arms of a study of {}", arms.len()),
+        ));
+    }
+    let to_run = &arms[done..];
     let dir = tempfile::Builder::new()
         .prefix("cardproof-transformers-")
         .tempdir()
@@ -424,62 +439,189 @@ pub fn run_arms(
     let request = write_request(
         dir.path(),
         reference,
-        first.path,
-        Some(arms),
+        to_run[0].path,
+        Some(to_run),
         work,
         vocab_size,
         options,
     )?;
-    let record = invoke(
+    let results = dir.path().join("results");
+    let (record, failure) = match invoke(
         dir.path(),
-        first.path,
+        to_run[0].path,
         &request,
         options,
-        arms.len() + 1,
+        to_run.len() + 1,
         progress,
-    )?;
-    let answered = record.arms.clone().unwrap_or_default();
-    if answered.len() != arms.len() {
+    ) {
+        Ok(record) => (Some(record), None),
+        // The arms the program completed before it failed, from its journal (none: only the
+        // carried ones, or the failure alone).
+        Err(e) => match journal(&results, to_run.len(), options, first.path)? {
+            Some(record) => (Some(record), Some(e)),
+            None if done > 0 => (None, Some(e)),
+            None => return Err(e),
+        },
+    };
+    let answered = record
+        .as_ref()
+        .map_or_else(Vec::new, |r| r.arms.clone().unwrap_or_default());
+    if failure.is_none() && answered.len() != to_run.len() {
         return Err(Error::runner(
             first.path,
             format!(
                 "the transformers runner answered {} arms for the {} asked (an older runner program?)",
                 answered.len(),
-                arms.len()
+                to_run.len()
             ),
         ));
     }
-    let mut out = Vec::with_capacity(arms.len());
-    for (arm, a) in arms.iter().zip(answered) {
+    let mut entries: Vec<(&ArmModel, RecordArm)> = Vec::with_capacity(arms.len());
+    if let Some(c) = carried {
+        for (i, (arm, carried)) in arms.iter().zip(&c.arms).enumerate() {
+            entries.push((arm, carried.unpack(&results, &format!("carried{i}"))?));
+        }
+    }
+    entries.extend(to_run.iter().zip(answered.iter().cloned()));
+    let mut out = Vec::with_capacity(entries.len());
+    for (arm, a) in &entries {
         let records = work
             .iter()
             .enumerate()
             .map(|(i, w)| read_run(arm.path, &a.runs, i, w, &request))
             .collect::<Result<Vec<_>>>()?;
         let turns = match options.turns {
-            Some(_) => Some(TurnSet::of(a.turns, options, arm.path)?),
+            Some(_) => Some(TurnSet::of(a.turns.clone(), options, arm.path)?),
             None => None,
         };
         out.push(ArmOutput {
             records,
-            model: a.model,
+            model: a.model.clone(),
             seconds: a.seconds,
             turns,
         });
     }
+    let environment = match (&record, carried) {
+        (Some(r), _) => r.environment.clone().unwrap_or_default(),
+        (None, Some(c)) => c.environment.clone(),
+        (None, None) => RunnerEnvironment::default(),
+    };
+    let reference_turn_set = match (&record, carried) {
+        (Some(r), _) => r.turns.as_ref().map(|t| t.reference.clone()),
+        (None, Some(c)) => c.reference_turns.clone(),
+        (None, None) => None,
+    };
+    if let Some(c) = carried {
+        same_run(
+            c,
+            &environment,
+            reference_turn_set.as_ref(),
+            &out,
+            done,
+            first.path,
+        )?;
+    }
     let reference_turns = match options.turns {
-        Some(_) => Some(TurnSet::of(
-            record.turns.map(|t| t.reference),
-            options,
-            reference,
-        )?),
+        Some(_) => Some(TurnSet::of(reference_turn_set.clone(), options, reference)?),
+        None => None,
+    };
+    let carry = match &failure {
+        Some(_) => Some(Carry {
+            environment: environment.clone(),
+            reference_turns: reference_turn_set,
+            arms: carried
+                .map_or_else(Vec::new, |c| c.arms.clone())
+                .into_iter()
+                .map(Ok)
+                .chain(
+                    answered
+                        .iter()
+                        .map(|a| CarriedArm::from_answer(a, &results, first.path)),
+                )
+                .collect::<Result<Vec<_>>>()?,
+        }),
         None => None,
     };
     Ok(ArmsOutput {
         arms: out,
-        environment: record.environment.unwrap_or_default(),
+        environment,
         reference_turns,
+        failure,
+        carry,
     })
+}
+
+/// The program's journal of completed arms (see [`crate::runner::transformers_carry`]), checked
+/// as a record is; `None` when it wrote none or completed no arm.
+fn journal(
+    results: &Path,
+    asked: usize,
+    options: &TransformersOptions,
+    model: &Path,
+) -> Result<Option<RunnerRecord>> {
+    let path = results.join(crate::runner::transformers_carry::JOURNAL);
+    let Some(bytes) = crate::files::read_capped_if_present(
+        &path,
+        record_cap(options, asked + 1),
+        "a transformers runner journal",
+    )?
+    else {
+        return Ok(None);
+    };
+    let record: RunnerRecord = serde_json::from_slice(&bytes)
+        .map_err(|e| Error::runner(model, format!("the transformers runner's journal: {e}")))?;
+    let arms = record.arms.as_ref().map_or(0, Vec::len);
+    if record.protocol != PROTOCOL || !record.ok || arms >= asked {
+        return Err(Error::runner(
+            model,
+            format!(
+                "the transformers runner's journal (protocol {}, ok {}, {arms} arms of {asked}) is not a journal of completed arms",
+                record.protocol, record.ok
+            ),
+        ));
+    }
+    Ok((arms > 0).then_some(record))
+}
+
+/// A resumed study's run is the interrupted run's: the same environment, the reference's side of
+/// every row bit for bit (compared with the first arm this run measured) and the same
+/// reference's turns. Else the carried arms were measured against another reference.
+fn same_run(
+    carry: &Carry,
+    environment: &RunnerEnvironment,
+    reference_turns: Option<&RecordTurnSet>,
+    out: &[ArmOutput],
+    done: usize,
+    model: &Path,
+) -> Result<()> {
+    use crate::runner::transformers_carry::{same_environment, same_reference_rows};
+    let refuse = |why: String| {
+        Err(Error::runner(
+            model,
+            format!(
+                "cannot resume the study: {why}; the arms carried from the interrupted run would not be comparable with this run's (run the study again without --resume)"
+            ),
+        ))
+    };
+    if let Some(why) = same_environment(&carry.environment, environment) {
+        return refuse(why);
+    }
+    let json =
+        |t: Option<&RecordTurnSet>| t.map(|t| serde_json::to_value(&t.turns).unwrap_or_default());
+    if json(carry.reference_turns.as_ref()) != json(reference_turns) {
+        return refuse("the reference generated other turns than in the interrupted run".into());
+    }
+    if let Some(new) = out.get(done) {
+        for (i, carried) in out[..done].iter().enumerate() {
+            if let Some(why) = same_reference_rows(&carried.records, &new.records) {
+                return refuse(format!(
+                    "the reference's pass did not reproduce the interrupted run's bit for bit (carried arm {}: {why})",
+                    i + 1
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Write the token files and the request; returns the request's path.

@@ -51,6 +51,10 @@ pub struct StudyDocument {
     /// can be rewritten after signing (`verify-report` checks them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub set_files: Vec<crate::outset::SetFile>,
+    /// A study finished by `study --resume`: the interrupted run its first arms were measured
+    /// in (replayed here from that run's rows, checked to give the measurements it recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<super::resume::Resumed>,
 }
 
 /// What every arm's turns share (each arm's measurement records it under `turns` beside that

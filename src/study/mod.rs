@@ -10,6 +10,7 @@ pub mod document;
 pub mod file;
 pub mod plan;
 pub mod render;
+pub mod resume;
 pub mod run;
 
 use std::collections::BTreeMap;

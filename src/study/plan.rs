@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::file::{Arm, Settings, Study, StudyRunner, Variable};
 use crate::checkpoint::hash::{HashOptions, Manifest, hash_path};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::rerun::MeasureOptions;
 use crate::runner::native::kv_cache::KvCacheSetting;
 use crate::runner::native::{ComputeDtype, Emulate, StateDtype};
@@ -142,20 +142,36 @@ pub fn plan(study: &Study, threads: Option<usize>) -> Result<Plan> {
     // The data files before any checkpoint is hashed.
     let (text, chat_template) = eval_files(study)?;
     let (turns, turns_conversation) = turn_protocol(study)?;
-    let mut hashed: BTreeMap<PathBuf, Arc<Manifest>> = BTreeMap::new();
-    let mut manifest = |field: &str, path: &Path| -> Result<Arc<Manifest>> {
-        let real = std::fs::canonicalize(path)
-            .map_err(|e| field_error(field, format!("{}: {e}", path.display())))?;
-        if let Some(m) = hashed.get(&real) {
-            return Ok(m.clone());
-        }
-        let options = HashOptions {
-            threads,
-            include_all: false,
-        };
-        let m = Arc::new(hash_path(&real, &options, &|_| {})?);
-        hashed.insert(real, m.clone());
-        Ok(m)
+    // Every distinct checkpoint hashed once, all at the same time (a checkpoint in one large
+    // file hashes on one core: two 17 GB checkpoints took twice as long one after the other).
+    let mut real_paths: BTreeMap<PathBuf, ()> = BTreeMap::new();
+    let real = |field: &str, path: &Path| {
+        std::fs::canonicalize(path)
+            .map_err(|e| field_error(field, format!("{}: {e}", path.display())))
+    };
+    real_paths.insert(real("reference", &reference)?, ());
+    for (i, path) in &named {
+        real_paths.insert(real(&format!("arms[{i}].candidate"), path)?, ());
+    }
+    let options = HashOptions {
+        threads,
+        include_all: false,
+    };
+    let hashed: BTreeMap<PathBuf, Arc<Manifest>> = {
+        use rayon::prelude::*;
+        real_paths
+            .into_keys()
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .map(|p| Ok((p.clone(), Arc::new(hash_path(&p, &options, &|_| {})?))))
+            .collect::<Result<_>>()?
+    };
+    let manifest = |field: &str, path: &Path| -> Result<Arc<Manifest>> {
+        let real = real(field, path)?;
+        hashed
+            .get(&real)
+            .cloned()
+            .ok_or_else(|| Error::internal(path, "a checkpoint the plan did not hash"))
     };
     let reference_manifest = manifest("reference", &reference)?;
     let mut arms = Vec::new();

@@ -15,6 +15,17 @@ use crate::error::{Error, Result};
 use crate::kld::protocol::Segment;
 use crate::rerun::{self, Request, RunnerSpec};
 
+/// How a study run ended: finished, or interrupted with its completed arms written into the
+/// set for `study --resume` (see [`super::resume`]).
+pub enum Ran {
+    Complete(Box<StudyOutcome>),
+    Interrupted {
+        error: Error,
+        completed: Vec<String>,
+        remaining: Vec<String>,
+    },
+}
+
 /// A finished study: its document and, per arm, the rows the plots draw.
 pub struct StudyOutcome {
     pub document: StudyDocument,
@@ -25,7 +36,8 @@ pub struct StudyOutcome {
 /// Run `study` as `plan` (its [`super::plan::plan`]) says and write every arm's measurement into `out`
 /// (the output set's directory). `room` is asked whether the arms' outputs fit before the first
 /// forward pass (see [`rerun::study::run_arms`]). `progress(done, total)` counts windows of the
-/// current pass; `stage` names each pass (`arm 3/7 fp8-block`).
+/// current pass; `stage` names each pass (`arm 3/7 fp8-block`). `resume`: the completed arms of
+/// an interrupted run of this study, replayed instead of run.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     study: &Study,
@@ -33,10 +45,11 @@ pub fn run(
     out: &Path,
     run_id: Option<&str>,
     threads: usize,
+    resume: Option<&super::resume::Resume>,
     room: &(dyn Fn(&Request, &rerun::preflight::Identity) -> Result<()> + Sync),
     stage: &(dyn Fn(&str) + Sync),
     progress: &(dyn Fn(usize, usize) + Sync),
-) -> Result<StudyOutcome> {
+) -> Result<Ran> {
     let started = std::time::Instant::now();
     let runners: Vec<RunnerSpec> = plan.arms.iter().map(|a| runner_of(plan, a)).collect();
     let requests: Vec<Request> = plan
@@ -58,11 +71,28 @@ pub fn run(
         &requests,
         &names,
         &kernels,
+        resume.map(|r| &r.carry),
         plan.baseline.compute,
         room,
         stage,
         &|_, done, total| progress(done, total),
     )?;
+    if let Some(r) = resume {
+        super::resume::check_replay(r, &outcome.arms)?;
+    }
+    if let Some(interrupted) = outcome.interrupted {
+        for (arm, result) in plan.arms.iter().zip(&outcome.arms) {
+            arm_summary(plan, arm, result, run_id, out)?;
+        }
+        let c = &interrupted.carry;
+        super::resume::write_incomplete(out, study, plan, c, &interrupted.error, run_id)?;
+        let names = |arms: &[PlannedArm]| arms.iter().map(|a| a.name.clone()).collect();
+        return Ok(Ran::Interrupted {
+            error: interrupted.error,
+            completed: names(&plan.arms[..c.arms.len()]),
+            remaining: names(&plan.arms[c.arms.len()..]),
+        });
+    }
     stage("comparing the arms");
     let o = &plan.options;
     let mut arms = Vec::with_capacity(plan.arms.len());
@@ -121,8 +151,9 @@ pub fn run(
             total_seconds: started.elapsed().as_secs_f64(),
         },
         set_files: Vec::new(),
+        resumed: resume.map(|r| r.resumed.clone()),
     };
-    Ok(StudyOutcome { document, rows })
+    Ok(Ran::Complete(Box::new(StudyOutcome { document, rows })))
 }
 
 /// One arm's summary for study.json, its measurement written into `out` as `measure` writes it.
@@ -225,6 +256,7 @@ fn request<'a>(
     let lane = runner.checkpoint_lane(&plan.reference);
     Request {
         candidate_manifest: Some(&arm.manifest),
+        reference_manifest: Some(&plan.reference_manifest),
         chat_template: plan.chat_template.clone(),
         recurrent_state: arm.settings.recurrent_state,
         kv_cache: arm.settings.kv_cache,

@@ -757,6 +757,7 @@ fn rerun_request<'a: 'l, 'l>(
         chat_template,
         padding_included: resolved.padding_included,
         candidate_manifest: Some(manifest),
+        reference_manifest: None,
         gates: Some(read.gates(&lengths)),
         noise_floor: r.noise_floor,
         pins: r.pins.clone(),

@@ -795,6 +795,45 @@ fn a_study_rerun_into_its_own_output_replaces_it_without_force() {
     assert!(out.join("arms/kv/notes.txt").exists());
 }
 
+/// `--resume` takes only an interrupted study's incomplete set: nothing there, or a complete
+/// set, is refused before any work and leaves `--out` as it was; a native study has no carried
+/// arms to take.
+#[test]
+fn resume_is_refused_where_no_interrupted_study_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let study = study_file(
+        dir.path(),
+        &["{name: kv, kv_cache: q8_0, changes: kv_cache}"],
+        "controls: {repeatability: false, noise_floor: false}\n",
+    );
+    let out = dir.path().join("out");
+    let resume = || {
+        study_run(&[
+            study.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--resume",
+        ])
+    };
+    let r = resume();
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("there is nothing to resume"),
+        "{}",
+        r.stderr
+    );
+    assert!(!out.exists());
+    let r = study_run(&[study.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let before = std::fs::read(out.join("study.json")).unwrap();
+    let r = resume();
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("holds a complete set"), "{}", r.stderr);
+    assert_eq!(std::fs::read(out.join("study.json")).unwrap(), before);
+    let r = study_run(&[study.to_str().unwrap(), "--resume", "--force"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+}
+
 /// A study's refusal of an arm that changes more than it says gave `line: null`: every error
 /// about the study file names its line, in the JSON error document too.
 #[test]

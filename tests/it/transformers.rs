@@ -1187,6 +1187,166 @@ for name, noise in (("reference", 0.0), ("candidate", 0.02)):
         study
     }
 
+    /// A copy of checkpoint `from` in `to` whose first non-square matrix below the embeddings has
+    /// its shape transposed in the header (the same bytes): cardproof plans and hashes it, and
+    /// transformers refuses to load it (a size mismatch), failing the arm that runs it.
+    fn transposed_copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+        let path = to.join("model.safetensors");
+        let bytes = std::fs::read(&path).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let mut header: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        let name = header
+            .iter()
+            .find(|(k, v)| {
+                k.contains("layers.")
+                    && v["shape"]
+                        .as_array()
+                        .is_some_and(|s| s.len() == 2 && s[0] != s[1])
+            })
+            .map(|(k, _)| k.clone())
+            .expect("a non-square matrix");
+        let shape = header[&name]["shape"].as_array().unwrap().clone();
+        header[&name]["shape"] = serde_json::json!([shape[1], shape[0]]);
+        let mut text = serde_json::to_vec(&header).unwrap();
+        while text.len() < n {
+            text.push(b' ');
+        }
+        assert_eq!(text.len(), n, "the header keeps its length");
+        let mut out = bytes[..8].to_vec();
+        out.extend_from_slice(&text);
+        out.extend_from_slice(&bytes[8 + n..]);
+        std::fs::write(&path, out).unwrap();
+    }
+
+    /// An arm that fails after another completed leaves that arm in an incomplete, unsigned set
+    /// (no study.json) naming what ran and what did not; `--resume` runs only the rest, replays
+    /// the completed arm from its rows, and gives the very numbers a run without interruption
+    /// gives. A carried file changed, or another study file, is refused.
+    #[test]
+    #[ignore = "needs torch and transformers: cargo test --test it transformers::torch -- --ignored"]
+    fn an_interrupted_transformers_study_keeps_its_completed_arms_and_resume_finishes_it_exactly() {
+        require_torch();
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = repo_root().join("tests/fixtures/hybrid/qwen3_5_text");
+        let candidate = dir.path().join("candidate");
+        transposed_copy(&fixture, &candidate);
+        let study = hybrid_study(
+            dir.path(),
+            "",
+            "controls: {noise_floor: false}\n",
+            &[
+                "{name: kv-fp8, kv_cache: fp8_e4m3, changes: kv_cache}",
+                "{name: weights, candidate: candidate, changes: weights}",
+            ],
+        );
+        let out = dir.path().join("out");
+        let interrupted = study_cmd(&study, &out, &[]);
+        assert_eq!(interrupted.code, 2, "{}", interrupted.stderr);
+        assert!(
+            interrupted
+                .stderr
+                .contains("the study stopped at arm `weights`")
+                && interrupted.stderr.contains("--resume"),
+            "{}",
+            interrupted.stderr
+        );
+        let read = |p: &Path| -> serde_json::Value {
+            serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+        };
+        let marker = read(&out.join(".cardproof-set.json"));
+        assert_eq!(marker["complete"], false);
+        let record = read(&out.join("study.incomplete.json"));
+        assert_eq!(record["completed"], serde_json::json!(["kv-fp8"]));
+        assert_eq!(
+            record["remaining"],
+            serde_json::json!(["weights", "control-repeat"])
+        );
+        assert!(
+            record["error"]
+                .as_str()
+                .unwrap()
+                .contains("transformers runner failed")
+        );
+        assert!(out.join("arms/kv-fp8/measurement.json").exists());
+        assert!(out.join("arms/kv-fp8/carry-run0.safetensors").exists());
+        assert!(!out.join("study.json").exists() && !out.join("study.dsse.json").exists());
+
+        // The cause fixed (weights that load: the reference's, one mantissa bit of its first
+        // value flipped): the remaining arms run, the completed one is replayed.
+        let weights = candidate.join("model.safetensors");
+        std::fs::copy(fixture.join("model.safetensors"), &weights).unwrap();
+        let mut bytes = std::fs::read(&weights).unwrap();
+        let first = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        bytes[first] ^= 1;
+        std::fs::write(&weights, bytes).unwrap();
+        let resumed = study_cmd(&study, &out, &["--resume", "--json"]);
+        assert_eq!(resumed.code, 0, "{}{}", resumed.stderr, resumed.stdout);
+        let resumed = resumed.json();
+        assert_eq!(resumed["resumed"]["run_id"], marker["run_id"]);
+        assert_eq!(resumed["resumed"]["arms"], serde_json::json!(["kv-fp8"]));
+        assert_eq!(read(&out.join(".cardproof-set.json"))["complete"], true);
+        assert!(!out.join("study.incomplete.json").exists());
+        assert!(!out.join("arms/kv-fp8/carry.json").exists());
+
+        // The same numbers as a run never interrupted.
+        let whole = study_json(&study, &dir.path().join("whole"));
+        for key in ["arms", "comparisons"] {
+            let strip = |doc: &serde_json::Value| {
+                let mut v = doc[key].clone();
+                for a in v.as_array_mut().unwrap() {
+                    a.as_object_mut().unwrap().remove("seconds");
+                }
+                v
+            };
+            assert_eq!(strip(&resumed), strip(&whole), "{key}");
+        }
+
+        // A carried file changed, or the study file, is refused before any work.
+        transposed_copy(&fixture, &dir.path().join("broken"));
+        std::fs::write(
+            &study,
+            std::fs::read_to_string(&study)
+                .unwrap()
+                .replace("candidate: candidate", "candidate: broken"),
+        )
+        .unwrap();
+        let again = dir.path().join("again");
+        assert_eq!(study_cmd(&study, &again, &[]).code, 2);
+        let rows = again.join("arms/kv-fp8/carry-run0.safetensors");
+        let mut bytes = std::fs::read(&rows).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&rows, &bytes).unwrap();
+        let r = study_cmd(&study, &again, &["--resume"]);
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        assert!(
+            r.stderr
+                .contains("changed after the interrupted run wrote it"),
+            "{}",
+            r.stderr
+        );
+        bytes[last] ^= 1;
+        std::fs::write(&rows, &bytes).unwrap();
+        std::fs::write(
+            &study,
+            std::fs::read_to_string(&study).unwrap() + "# edited\n",
+        )
+        .unwrap();
+        let r = study_cmd(&study, &again, &["--resume"]);
+        assert_eq!(r.code, 2, "{}", r.stderr);
+        assert!(
+            r.stderr.contains("changed since the interrupted run"),
+            "{}",
+            r.stderr
+        );
+    }
+
     /// The seed's three tests as one study in miniature (on the hybrid fixture, CPU): kernel arms
     /// for an SDPA backend, eager attention and the GDN kernel, a KV-cache arm, a bf16
     /// recurrent-state arm at 32-token prefill chunks; every kernel recorded as what ran.

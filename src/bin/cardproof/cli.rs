@@ -197,8 +197,12 @@ pub struct StudyArgs {
     #[arg(long, value_name = "BYTES", hide = true)]
     pub memory_limit: Option<u64>,
     /// Replace an --out that holds files other than a cardproof set.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "resume")]
     pub force: bool,
+    /// Finish an interrupted study: --out holds the arms it completed (an incomplete set, written
+    /// when an arm failed); only the others run, the completed ones are replayed from their rows.
+    #[arg(long)]
+    pub resume: bool,
     /// Worker threads (default: every core).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,

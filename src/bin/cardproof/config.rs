@@ -558,6 +558,8 @@ pub struct StudyConfig {
     pub out: PathBuf,
     pub key: Option<PathBuf>,
     pub force: bool,
+    /// `--resume`: finish the interrupted study in `out`.
+    pub resume: bool,
     pub threads: usize,
     pub progress: bool,
 }
@@ -597,6 +599,7 @@ impl StudyConfig {
             out,
             key: args.key,
             force: args.force,
+            resume: args.resume,
             threads: threads(args.threads),
             progress: std::io::stderr().is_terminal(),
         }

@@ -54,6 +54,9 @@ pub(crate) struct Arms<'r, 'a> {
     /// The reference's compute dtype for a native checkpoint (`None`: the lane's).
     pub reference_compute: Option<ComputeDtype>,
     pub pass: Pass,
+    /// A resumed study's first arms, completed by an interrupted run (the transformers
+    /// runner's; see [`crate::runner::transformers_carry`]).
+    pub carry: Option<&'r crate::runner::transformers_carry::Carry>,
 }
 
 impl Arms<'_, '_> {
@@ -207,6 +210,16 @@ pub(crate) struct Runs {
     pub reference_turns: Option<Vec<Generated>>,
     /// Where the engine's reference generation time went.
     pub reference_turns_timing: Option<GenerationTiming>,
+    /// A later arm failed: `arms` are the ones completed.
+    pub interrupted: Option<Interrupted>,
+}
+
+/// A study whose arm failed after others completed: the failure, and the completed arms as
+/// their runner can take them back (`study --resume`).
+#[derive(Debug)]
+pub struct Interrupted {
+    pub error: Error,
+    pub carry: crate::runner::transformers_carry::Carry,
 }
 
 /// One arm of a study, measured against the study's reference pass: its rerun, each row's
@@ -222,7 +235,9 @@ pub struct ArmsOutcome {
     pub reference: ModelRecord,
     /// `None`: the reference ran beside each arm.
     pub reference_seconds: Option<f64>,
+    /// Every arm's outcome; with `interrupted`, only the first arms', which completed.
     pub arms: Vec<ArmOutcome>,
+    pub interrupted: Option<Interrupted>,
 }
 
 /// Run `arms` in their lane (the first request's; every request's is the same kind): the
@@ -238,6 +253,12 @@ pub(super) fn run(
         check_state_knobs(r)?;
     }
     let work = turn_work(first, &pre)?;
+    if arms.carry.is_some() && !matches!(first.lane, Lane::Transformers { .. }) {
+        return Err(Error::usage(
+            first.candidate,
+            "--resume: only a study in the transformers runner carries its completed arms",
+        ));
+    }
     let (reference, runner): (Box<dyn ReferenceSource + '_>, Box<dyn CandidateRunner + '_>) =
         match first.lane {
             Lane::Native {
@@ -283,7 +304,9 @@ pub(super) fn run(
         }
         None => None,
     };
-    if runs.arms.len() != arms.requests.len() {
+    if runs.arms.len() != arms.requests.len()
+        && !(runs.interrupted.is_some() && runs.arms.len() < arms.requests.len())
+    {
         return Err(Error::internal(
             first.candidate,
             format!(
@@ -301,6 +324,7 @@ pub(super) fn run(
     Ok(ArmsOutcome {
         reference: reference_record,
         reference_seconds: runs.reference_seconds,
+        interrupted: runs.interrupted,
         arms: arms
             .requests
             .iter()

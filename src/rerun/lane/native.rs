@@ -38,6 +38,7 @@ impl CandidateRunner for NativeCandidates {
                 let mut scored = streamed(reference, r, &arm, stage, &|d, t| progress(1, d, t))?;
                 (scored.turns, scored.turns_timing) = arm.turns(turns, "the candidate", stage)?;
                 Ok(Runs {
+                    interrupted: None,
                     reference_seconds: None,
                     arms: vec![scored],
                     reference_turns: None,
@@ -264,6 +265,7 @@ fn kept(
         out.push(scored);
     }
     Ok(Runs {
+        interrupted: None,
         reference_seconds: Some(reference_seconds),
         arms: out,
         reference_turns: None,

@@ -43,6 +43,7 @@ struct Answers {
     environment: RunnerEnvironment,
     gates: Option<GateNumbers>,
     reference_turns: Option<TurnSet>,
+    interrupted: Option<super::Interrupted>,
 }
 
 /// One program run's inputs: the reference, the windows and rows, the logit entries reduced,
@@ -89,6 +90,7 @@ impl Call<'_> {
             environment: out.environment,
             gates: out.gates,
             reference_turns,
+            interrupted: None,
         })
     }
 
@@ -122,6 +124,7 @@ impl Call<'_> {
         let out = transformers::run_arms(
             self.reference,
             &models,
+            arms.carry,
             self.work,
             self.vocab_size,
             &self.options,
@@ -142,6 +145,10 @@ impl Call<'_> {
             environment: out.environment,
             gates: None,
             reference_turns: out.reference_turns,
+            interrupted: out
+                .failure
+                .zip(out.carry)
+                .map(|(error, carry)| super::Interrupted { error, carry }),
         })
     }
 }
@@ -264,6 +271,7 @@ impl CandidateRunner for TransformersCandidates<'_> {
             arms: scored,
             reference_turns_timing: answers.reference_turns.as_ref().and_then(|t| t.timing),
             reference_turns: answers.reference_turns.map(|t| t.generated),
+            interrupted: answers.interrupted,
         })
     }
 }

@@ -46,25 +46,52 @@ pub fn study(config: &crate::config::StudyConfig, printer: &Printer) -> super::R
         },
     )?;
     let key = signing_key(printer, c.key.as_deref())?;
-    let (plan, outcome) = pool(c.threads)?.install(|| {
+    let (plan, ran) = pool(c.threads)?.install(|| {
         with_progress(c.progress, |stage, progress| {
             stage("hashing the checkpoints");
             let plan = cardproof::study::plan::plan(&study, Some(c.threads))?;
+            // The interrupted run's set, read under this run's lock on --out.
+            let resume = match c.resume {
+                true => Some(cardproof::study::resume::read(&c.out, &study, &plan)?),
+                false => None,
+            };
             let arms = plan.arms.len() as u64;
-            let outcome = cardproof::study::run::run(
+            let ran = cardproof::study::run::run(
                 &study,
                 &plan,
                 set.dir(),
                 Some(set.run_id()),
                 c.threads,
+                resume.as_ref(),
                 &|r, id| set.check_space(rerun::output::size_estimate(r, id).saturating_mul(arms)),
                 stage,
                 progress,
             )?;
-            Ok::<_, cardproof::Error>((plan, outcome))
+            Ok::<_, cardproof::Error>((plan, ran))
         })
     })?;
-    let mut outcome = outcome;
+    let mut outcome = match ran {
+        cardproof::study::run::Ran::Complete(outcome) => *outcome,
+        cardproof::study::run::Ran::Interrupted {
+            error,
+            completed,
+            remaining,
+        } => {
+            // The completed arms, kept as an incomplete, unsigned set; then the failure.
+            set.commit_incomplete()?;
+            printer.warning(&format!(
+                "the study stopped at arm `{}`; the {} arms completed before it ({}) are kept in {} as an incomplete set (no study.json, nothing signed). Once the cause is fixed, `cardproof study {} --out {} --resume` runs the {} remaining arms.",
+                remaining.first().map_or("?", String::as_str),
+                completed.len(),
+                completed.join(", "),
+                c.out.display(),
+                c.file.display(),
+                c.out.display(),
+                remaining.len()
+            ));
+            return Err(error.into());
+        }
+    };
     cardproof::study::write_documents(&set, &study, &plan, &mut outcome, &key)?;
     let written = set.commit()?;
     Ok(Outcome::clean(Studied {
