@@ -45,39 +45,19 @@ pub const TMP_PREFIX: &str = ".cardproof-tmp.";
 /// Prefix of the previous set while it is being replaced.
 pub const OLD_PREFIX: &str = ".cardproof-old.";
 const LOCK_SUFFIX: &str = ".cardproof-lock";
-/// The files a cardproof run (or `sign`) writes into a set.
-pub const SET_FILES: &[&str] = &[
-    "report.json",
-    "report.dsse.json",
-    "report.md",
-    "report.html",
-    "measurement.json",
-    "measurement.dsse.json",
-    "positions.safetensors",
-    "sweep.json",
-    "sweep.html",
-    "study.json",
-    "study.dsse.json",
-    "study.md",
-    "study.html",
-    INCOMPLETE,
-    "carry.json",
-    MARKER,
-];
+/// The files a cardproof run (or `sign`) writes into a set (the one list every checkpoint reader
+/// leaves out, [`crate::checkpoint::members`]).
+pub const SET_FILES: &[&str] = crate::checkpoint::members::REPORT_SET_FILES;
 /// An interrupted study's record in its incomplete set (no study.json, nothing signed): what
 /// ran, what failed, what `study --resume` carries.
 pub const INCOMPLETE: &str = "study.incomplete.json";
 
-/// Whether `name` is a file a cardproof set holds: one of [`SET_FILES`], an older version's
-/// `*.partial`, or a carried arm's result file (`carry-run<N>.safetensors`).
+/// Whether `name` is a file a cardproof set holds: one of [`SET_FILES`], a carried arm's rows, or
+/// an older version's `*.partial`.
 fn is_set_file(name: &str) -> bool {
-    SET_FILES.contains(&name)
-        || name.ends_with(".partial")
-        || name
-            .strip_prefix("carry-run")
-            .and_then(|r| r.strip_suffix(".safetensors"))
-            .is_some_and(|n| !n.is_empty() && n.len() <= 6 && n.bytes().all(|b| b.is_ascii_digit()))
+    crate::checkpoint::members::is_report_file(name) || name.ends_with(".partial")
 }
+
 /// A study's arms: `arms/<name>/` holding each arm's measurement set.
 const ARMS_DIR: &str = "arms";
 /// A directory beside an envelope with more entries than this is not a report set.

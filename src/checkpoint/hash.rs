@@ -23,9 +23,16 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, ErrorKind, Result};
 
-/// What `hash` leaves out by default: the card (an edit must not change the checkpoint's digest)
-/// and repository plumbing.
-pub const DEFAULT_EXCLUDES: &[&str] = &["README.md", ".gitattributes", ".git/", ".cache/"];
+/// What `hash` leaves out by default, for people: the card (an edit must not change the
+/// checkpoint's digest), repository plumbing and cardproof's report sets (the rule is
+/// [`super::members::excluded`]).
+pub const DEFAULT_EXCLUDES: &[&str] = &[
+    "README.md",
+    ".gitattributes",
+    ".git/",
+    ".cache/",
+    "cardproof report sets (report.json, report.dsse.json, positions.safetensors, ...)",
+];
 
 const CHUNK: usize = 4 * 1024 * 1024;
 
@@ -251,7 +258,7 @@ fn collect(root: &Path, options: &HashOptions) -> Result<(Vec<Source>, Vec<Strin
                 (entry.metadata().map_err(|e| Error::io(&path, e))?, None)
             };
             if meta.is_dir() {
-                if !options.include_all && (file_name == ".git" || file_name == ".cache") {
+                if !options.include_all && super::members::excluded_dir(file_name) {
                     excluded.push(format!("{name}/"));
                     continue;
                 }
@@ -261,10 +268,7 @@ fn collect(root: &Path, options: &HashOptions) -> Result<(Vec<Source>, Vec<Strin
             if !meta.is_file() {
                 return Err(crate::files::not_regular(&path, &meta));
             }
-            if !options.include_all
-                && prefix.is_empty()
-                && (file_name == "README.md" || file_name == ".gitattributes")
-            {
+            if !options.include_all && super::members::excluded(&name) {
                 excluded.push(name);
                 continue;
             }

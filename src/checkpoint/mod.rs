@@ -6,6 +6,7 @@ pub mod gguf;
 pub mod hash;
 pub mod head;
 pub mod inspect;
+pub mod members;
 pub mod mmap;
 pub mod quant_config;
 pub mod safetensors;
@@ -22,12 +23,14 @@ pub fn has_checkpoint(dir: &std::path::Path) -> bool {
     std::fs::read_dir(dir).is_ok_and(|entries| {
         entries.filter_map(|e| e.ok()).any(|e| {
             let path = e.path();
-            matches!(
-                path.extension().and_then(|x| x.to_str()),
-                Some("safetensors" | "gguf")
-            ) || path
-                .file_name()
-                .is_some_and(|n| n == "model.safetensors.index.json")
+            !members::excluded(&e.file_name().to_string_lossy())
+                && matches!(
+                    path.extension().and_then(|x| x.to_str()),
+                    Some("safetensors" | "gguf")
+                )
+                || path
+                    .file_name()
+                    .is_some_and(|n| n == "model.safetensors.index.json")
         })
     })
 }

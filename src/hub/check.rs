@@ -45,17 +45,6 @@ const MAX_CARD_BYTES: u64 = 16 * 1024 * 1024;
 const MAX_PLAIN_FILE: u64 = 64 << 20;
 /// A DSSE envelope's limit, as `verify-report`'s.
 const MAX_ENVELOPE: u64 = 64 << 20;
-/// The file names `verify --out` writes beside the signed envelope.
-const REPORT_FILES: &[&str] = &[
-    "report.json",
-    "report.dsse.json",
-    "report.md",
-    "report.html",
-    "measurement.json",
-    "positions.safetensors",
-    crate::outset::MARKER,
-];
-
 /// A finding about the repository on the Hub (not about the card's text).
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct HubFinding {
@@ -175,14 +164,10 @@ pub fn check(
         .filter(|s| s.rfilename.rsplit('/').next() == Some("report.dsse.json"))
         .min_by_key(|s| s.rfilename.matches('/').count())
         .map(|s| s.rfilename.clone());
-    let report_dir = report_file
-        .as_deref()
-        .map(|f| f.rsplit_once('/').map_or("", |(d, _)| d).to_owned());
-
     // The checkpoint's files as `cardproof hash` sees them, with their SHA-256 from the Hub.
     let needs_digests = candidate.get("files_sha256").is_some() || report_file.is_some();
     let digests = if needs_digests {
-        Some(file_digests(client, &pinned, &info, report_dir.as_deref())?)
+        Some(file_digests(client, &pinned, &info)?)
     } else {
         None
     };
@@ -234,13 +219,7 @@ pub fn check(
     if let Some(measured) = candidate.get("revision").and_then(Value::as_str)
         && measured != info.sha
     {
-        hub_findings.extend(stale_revision(
-            client,
-            source,
-            &info,
-            measured,
-            report_dir.as_deref(),
-        )?);
+        hub_findings.extend(stale_revision(client, source, &info, measured)?);
     }
 
     let report = match (&report_file, &digests) {
@@ -296,24 +275,10 @@ pub fn fetch_card(client: &Client, pinned: &HfSource, s: &Sibling) -> Result<Car
     Card::from_bytes(pinned.display_path(Some("README.md")), bytes)
 }
 
-/// Whether `hash` leaves `path` out (its default excludes), or it belongs to the report bundle.
-fn excluded(path: &str, report_dir: Option<&str>) -> bool {
-    if path == "README.md" || path == ".gitattributes" {
-        return true;
-    }
-    if path.split('/').any(|p| p == ".git" || p == ".cache") {
-        return true;
-    }
-    if let Some(dir) = report_dir {
-        let (d, name) = path.rsplit_once('/').unwrap_or(("", path));
-        if d == dir && REPORT_FILES.contains(&name) {
-            return true;
-        }
-        if !dir.is_empty() && path.starts_with(&format!("{dir}/")) {
-            return true;
-        }
-    }
-    false
+/// Whether `hash` leaves `path` out: the one rule of every checkpoint reader
+/// ([`crate::checkpoint::members::excluded`]), report sets wherever they sit included.
+fn excluded(path: &str) -> bool {
+    crate::checkpoint::members::excluded(path)
 }
 
 /// path -> (SHA-256, size) of every file `cardproof hash` would list. LFS files take the Hub's
@@ -323,12 +288,11 @@ fn file_digests(
     client: &Client,
     pinned: &HfSource,
     info: &RepoInfo,
-    report_dir: Option<&str>,
 ) -> Result<BTreeMap<String, (String, u64)>> {
     let cache = super::cache::RepoCache::new(&client.config().cache_dir, &pinned.repo);
     let mut out = BTreeMap::new();
     for s in &info.siblings {
-        if excluded(&s.rfilename, report_dir) {
+        if excluded(&s.rfilename) {
             continue;
         }
         let sha = match s.sha256() {
@@ -392,7 +356,6 @@ fn stale_revision(
     source: &HfSource,
     head: &RepoInfo,
     measured: &str,
-    report_dir: Option<&str>,
 ) -> Result<Vec<HubFinding>> {
     let then = match client.repo_info(&source.at(measured)) {
         Ok(info) => info,
@@ -415,7 +378,7 @@ fn stale_revision(
     let files = |info: &RepoInfo| -> BTreeMap<String, (String, u64)> {
         info.siblings
             .iter()
-            .filter(|s| !excluded(&s.rfilename, report_dir))
+            .filter(|s| !excluded(&s.rfilename))
             .map(|s| (s.rfilename.clone(), key(s)))
             .collect()
     };
@@ -629,15 +592,25 @@ pub fn check_local(
         .map(|m| m.to_json())
         .unwrap_or(Value::Null);
     let candidate = &metadata["fidelity"]["candidate"];
-    let report_file = listed
+    // The report set is not the checkpoint's: look for it among every file of the directory.
+    let every = hash::list_files(
+        dir,
+        &HashOptions {
+            include_all: true,
+            ..HashOptions::default()
+        },
+    )?;
+    let report_file = every
         .iter()
         .map(|(name, _)| name)
+        .filter(|name| {
+            !name
+                .split('/')
+                .any(crate::checkpoint::members::excluded_dir)
+        })
         .filter(|name| name.rsplit('/').next() == Some("report.dsse.json"))
         .min_by_key(|name| name.matches('/').count())
         .cloned();
-    let report_dir = report_file
-        .as_deref()
-        .map(|f| f.rsplit_once('/').map_or("", |(d, _)| d).to_owned());
     let needs_digests = candidate.get("files_sha256").is_some() || report_file.is_some();
     let digests: Option<BTreeMap<String, (String, u64)>> = if needs_digests {
         let manifest = hash::hash_path(dir, &options, progress)?;
@@ -645,7 +618,7 @@ pub fn check_local(
             manifest
                 .files
                 .into_iter()
-                .filter(|f| !excluded(&f.path, report_dir.as_deref()))
+                .filter(|f| !excluded(&f.path))
                 .map(|f| (f.path, (f.sha256, f.size)))
                 .collect(),
         )

@@ -70,6 +70,22 @@ impl HfSource {
         text.starts_with(PREFIX).then(|| HfSource::parse(text))
     }
 
+    /// A bare `ORG/NAME[@REVISION]` (as `huggingface-cli` users type it) read as `hf:`: only
+    /// where no such local path exists and the text is a valid Hub source; `None` otherwise (the
+    /// path stays a path, and a missing one is reported as missing).
+    pub fn bare(path: &Path) -> Option<HfSource> {
+        let text = path.to_str()?;
+        let repo = text.split('@').next()?;
+        if text.starts_with(PREFIX)
+            || repo.matches('/').count() != 1
+            || text.starts_with(['.', '/', '~'])
+            || std::fs::symlink_metadata(path).is_ok()
+        {
+            return None;
+        }
+        HfSource::parse(&format!("{PREFIX}{text}")).ok()
+    }
+
     /// Parse `hf:ORG/NAME[@REVISION]`. Repo ids follow the Hub's rules (letters, digits, `-`,
     /// `_`, `.`; no leading `-`/`.`, no `--` or `..`; at most 96 characters); revisions are git ref
     /// names or commits without `..`, spaces or control characters.

@@ -69,6 +69,7 @@ fn is_small_config(name: &str) -> bool {
 pub fn has_checkpoint(info: &RepoInfo) -> bool {
     info.siblings.iter().any(|s| {
         !s.rfilename.contains('/')
+            && !crate::checkpoint::members::excluded(&s.rfilename)
             && (s.rfilename.ends_with(".safetensors")
                 || s.rfilename.ends_with(".gguf")
                 || s.rfilename == "model.safetensors.index.json")
@@ -86,8 +87,10 @@ pub fn inspect_remote(client: &Client, pinned: &HfSource, info: &RepoInfo) -> Re
     for s in info.siblings.iter().filter(|s| !s.rfilename.contains('/')) {
         let name = s.rfilename.as_str();
         let lower = name.to_ascii_lowercase();
-        let wanted =
-            is_small_config(name) || lower.ends_with(".safetensors") || lower.ends_with(".gguf");
+        let wanted = !crate::checkpoint::members::excluded(name)
+            && (is_small_config(name)
+                || lower.ends_with(".safetensors")
+                || lower.ends_with(".gguf"));
         if !wanted {
             continue;
         }

@@ -179,8 +179,9 @@ pub fn lint_with_checkpoint(card: &Card, inspections: &[Inspection]) -> LintRepo
                         Code::UndisclosedKldClaim,
                         format!(
                             "the card claims a KLD number ({}) but has no `fidelity:` disclosure: \
-                             the number cannot be interpreted or rerun (add a `fidelity:` block, \
-                             see `cardproof schema`)",
+                             the number cannot be interpreted or rerun (write the block with \
+                             `cardproof card --measurement measurement.json` after `cardproof \
+                             measure`, or from a log with `cardproof card --from-llamacpp LOG`)",
                             claim.excerpt
                         ),
                     ),
@@ -197,7 +198,11 @@ pub fn lint_with_checkpoint(card: &Card, inspections: &[Inspection]) -> LintRepo
             };
             findings.push(Finding::new(
                 Code::NoFidelityDisclosure,
-                format!("no fidelity disclosure: {why}; add one before publishing KLD numbers"),
+                format!(
+                    "no fidelity disclosure: {why}; add one before publishing KLD numbers \
+                     (`cardproof card --measurement measurement.json` writes it from a `cardproof \
+                     measure` run)"
+                ),
             ));
         }
     }

@@ -108,7 +108,7 @@ fn checkpoint(study: &Study, field: &str, relative: &str) -> Result<PathBuf> {
         .map_err(|e| study.error(field, format!("{}: {e}", path.display())))?;
     let weights = |name: &std::ffi::OsStr| {
         let name = name.to_string_lossy();
-        name.ends_with(".safetensors")
+        !crate::checkpoint::members::excluded(&name) && name.ends_with(".safetensors")
             || name.ends_with(".gguf")
             || name.ends_with(".safetensors.index.json")
     };

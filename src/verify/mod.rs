@@ -27,6 +27,9 @@ pub struct VerifyRequest<'a> {
     /// The candidate: a model directory holding its card (README.md), or a GGUF file with its
     /// card beside it ([`read_card`]'s one layout rule).
     pub model: &'a Path,
+    /// The card to read instead of the one in (or beside) `model`: a card published in a later
+    /// commit than the weights it pins (`verify hf:ORG/NAME@<weights commit>`).
+    pub card: Option<&'a Path>,
     /// The reference checkpoint.
     pub reference: Option<&'a Path>,
     /// A compact reference artifact (or llama.cpp base file) in place of the reference
@@ -341,7 +344,7 @@ pub fn verify(
     progress: Progress,
 ) -> Result<VerifyOutcome> {
     stage("linting");
-    let read = read_card(r.model)?;
+    let read = read_card(r.model, r.card)?;
     let mut ctx = lint_context(&read.lint);
     ctx.turns_disclosed = read
         .sections
@@ -445,19 +448,66 @@ impl ReadCard {
     }
 }
 
+/// What a card pins of the Hub, for `verify` to fetch what it was not given: the reference
+/// (`fidelity.reference.repo` at its `revision`) and the candidate's weights
+/// (`fidelity.candidate.repo` at its `revision`). Only full 40-hex commits of Hub repo ids
+/// count (a branch moves; the examples name local paths, which pin nothing to fetch).
+#[derive(Debug, Clone, Default)]
+pub struct CardPins {
+    pub reference: Option<crate::hub::HfSource>,
+    /// The candidate's repo and commit.
+    pub candidate: Option<(String, String)>,
+}
+
+/// The card `verify` reads for `model` (its README.md, or the one beside a GGUF file), if any.
+pub fn card_of(model: &Path) -> Option<PathBuf> {
+    let card_at = match (is_gguf_file(model), model.parent()) {
+        (true, Some(dir)) if !dir.as_os_str().is_empty() => dir,
+        (true, _) => Path::new("."),
+        (false, _) => model,
+    };
+    crate::card::resolve_card_path(card_at).ok()
+}
+
+/// The pins of the card at `card` (a README.md).
+pub fn card_pins(card: &Path) -> Result<CardPins> {
+    let card = Card::open(card)?;
+    let fidelity = card
+        .metadata()
+        .and_then(|m| m.get("fidelity"))
+        .map(|e| e.value.to_json())
+        .unwrap_or_default();
+    let pinned = |side: &str| -> Option<(String, String)> {
+        let node = fidelity.get(side)?;
+        let (repo, revision) = (node["repo"].as_str()?, node["revision"].as_str()?);
+        let commit = revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit());
+        let source = crate::hub::HfSource::parse(&format!("hf:{repo}@{revision}"));
+        (commit && source.is_ok()).then(|| (repo.to_owned(), revision.to_owned()))
+    };
+    Ok(CardPins {
+        reference: pinned("reference")
+            .and_then(|(r, v)| crate::hub::HfSource::parse(&format!("hf:{r}@{v}")).ok()),
+        candidate: pinned("candidate"),
+    })
+}
+
 /// Open the card and lint it against its checkpoint, by one layout rule for files and
 /// directories: a directory means its README.md, and the checkpoint is the directory or, when
 /// the card's `candidate.file` names one, that file in it; a GGUF file means the README.md beside
 /// it, and the checkpoint is that file (a card naming another file is refused). A directory
 /// without a checkpoint is refused before anything is linted.
-fn read_card(model: &Path) -> Result<ReadCard> {
+fn read_card(model: &Path, card_file: Option<&Path>) -> Result<ReadCard> {
     let given_file = is_gguf_file(model);
     let card_at = match (given_file, model.parent()) {
         (true, Some(dir)) if !dir.as_os_str().is_empty() => dir,
         (true, _) => Path::new("."),
         (false, _) => model,
     };
-    let path = crate::card::resolve_card_path(card_at).map_err(|e| {
+    let resolved = match card_file {
+        Some(card) => Ok(card.to_owned()),
+        None => crate::card::resolve_card_path(card_at),
+    };
+    let path = resolved.map_err(|e| {
         if given_file && matches!(e.kind, crate::error::ErrorKind::NoReadme) {
             Error::usage(
                 model,

@@ -1332,3 +1332,178 @@ fn check_takes_a_local_directory_and_runs_the_pre_upload_checks() {
     assert_eq!(file.code, 2, "{}", file.stderr);
     assert!(file.stderr.contains("model directory"), "{}", file.stderr);
 }
+
+/// The publishing loop against the Hub stand-in, in the recipe's commit order: measure a quant
+/// against the reference on the Hub, upload the weights (commit 1), write the card pinning that
+/// commit and upload it (commit 2), `verify` the weights' commit (it holds no card: the head's
+/// card pins it; no `--reference`: the one the card pins), upload the signed report beside the
+/// weights (commit 3), then `check` and `verify` the head. The report set is never part of the
+/// checkpoint, so the digest, the signature and the rerun all agree.
+#[test]
+fn publish_measure_card_upload_check_and_verify_close_the_loop() {
+    const R1: &str = "3333333333333333333333333333333333333333";
+    let server = HubServer::start();
+    let cache = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let reference = w.join("reference");
+    crate::support::copy_model("shakespeare-bf16", &reference);
+    server.publish("org/shakespeare-bf16", "main", R1, &reference);
+    let candidate = w.join("candidate");
+    crate::support::copy_model("shakespeare-w8a16", &candidate);
+    std::fs::remove_file(candidate.join("README.md")).unwrap();
+    let text = crate::support::short_text(w, 2500);
+    let keys = w.join("keys");
+    assert_eq!(local(&["keygen", "--out", keys.to_str().unwrap()]).code, 0);
+    let key = keys.join("cardproof.key");
+    let s = |p: &Path| p.to_str().unwrap().to_owned();
+    let ok = |r: &Run| assert_eq!(r.code, 0, "{}{}", r.stderr, r.stdout);
+    // The stand-in serves a commit from a directory: each commit its own copy.
+    let commit = |name: &str| {
+        let dir = w.join(name);
+        crate::support::copy_dir(&candidate, &dir);
+        dir
+    };
+
+    // Measured against the reference on the Hub; the card written from the measurement.
+    let m = w.join("m");
+    let measure = run(
+        &server,
+        cache.path(),
+        &[
+            "measure",
+            "--reference",
+            &format!("hf:org/shakespeare-bf16@{R1}"),
+            "--candidate",
+            &s(&candidate),
+            "--eval-text",
+            &s(&text),
+            "--context-length",
+            "128",
+            "--bootstrap",
+            "100",
+            "--out",
+            &s(&m),
+        ],
+        &[],
+    );
+    ok(&measure);
+    let card = local(&[
+        "card",
+        "--measurement",
+        &s(&m.join("measurement.json")),
+        "--candidate-repo",
+        "org/shakespeare-w8a16",
+        "--candidate-revision",
+        C1,
+        "--quantization",
+        "int8-channel",
+        "--calibration",
+        "none",
+        "--into",
+        &s(&candidate.join("README.md")),
+    ]);
+    ok(&card);
+    let readme = std::fs::read(candidate.join("README.md")).unwrap();
+    std::fs::remove_file(candidate.join("README.md")).unwrap();
+    server.publish("org/shakespeare-w8a16", "main", C1, &commit("c1"));
+    std::fs::write(candidate.join("README.md"), &readme).unwrap();
+    server.publish("org/shakespeare-w8a16", "main", C2, &commit("c2"));
+
+    // The upload verified, against the reference the card pins.
+    let verify = |rev: &str, out: &Path| {
+        run(
+            &server,
+            cache.path(),
+            &[
+                "verify",
+                &format!("hf:org/shakespeare-w8a16@{rev}"),
+                "--eval-text",
+                &s(&text),
+                "--key",
+                &s(&key),
+                "--out",
+                &s(out),
+                "--json",
+            ],
+            &[],
+        )
+    };
+    let first = verify(C1, &w.join("report"));
+    ok(&first);
+    for note in [
+        "using the reference the card pins",
+        "holds no card: reading the card at the repository's head",
+    ] {
+        assert!(first.stderr.contains(note), "{}", first.stderr);
+    }
+    assert_eq!(first.json()["verdict"], "reproduced");
+
+    // The report set published beside the weights.
+    for f in std::fs::read_dir(w.join("report")).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), candidate.join(f.file_name())).unwrap();
+    }
+    const C3: &str = "4444444444444444444444444444444444444444";
+    server.publish("org/shakespeare-w8a16", "main", C3, &commit("c3"));
+    let check = run(
+        &server,
+        cache.path(),
+        &[
+            "check",
+            "hf:org/shakespeare-w8a16",
+            "--pub",
+            &s(&keys.join("cardproof.pub")),
+            "--json",
+        ],
+        &[],
+    );
+    ok(&check);
+    let doc = check.json();
+    assert_eq!(doc["report"]["signature"], "verified", "{doc:#}");
+    assert_eq!(
+        doc["report"]["mismatches"],
+        serde_json::json!([]),
+        "{doc:#}"
+    );
+    let again = verify(C3, &w.join("again"));
+    ok(&again);
+    assert_eq!(again.json()["verdict"], "reproduced");
+    // A weights commit the head's card does not pin is refused, naming both commits.
+    std::fs::remove_file(candidate.join("README.md")).unwrap();
+    const C5: &str = "5555555555555555555555555555555555555555";
+    server.publish("org/shakespeare-w8a16", "other", C5, &commit("c5"));
+    let stray = verify(C5, &w.join("stray"));
+    assert_eq!(stray.code, 2, "{}", stray.stdout);
+    assert!(
+        stray.stdout.contains("holds no card") && stray.stdout.contains(C1),
+        "{}",
+        stray.stdout
+    );
+}
+
+/// `ORG/NAME`, as `huggingface-cli` users type it, is read as `hf:ORG/NAME` when no such local
+/// path exists (said on stderr); a path that exists stays a path.
+#[test]
+fn a_bare_repo_id_reads_as_hf_when_no_such_path_exists() {
+    let (server, _repo, cache) = sharded_repo();
+    let bare = run(&server, cache.path(), &["hash", REPO, "--json"], &[]);
+    assert_eq!(bare.code, 0, "{}", bare.stderr);
+    assert!(
+        bare.stderr
+            .contains(&format!("reading it as the Hub repository hf:{REPO}")),
+        "{}",
+        bare.stderr
+    );
+    let hf = run(&server, cache.path(), &["hash", &hf(None), "--json"], &[]);
+    assert_eq!(hf.code, 0, "{}", hf.stderr);
+    assert_eq!(bare.json()["root_sha256"], hf.json()["root_sha256"]);
+    // A local directory of that name is the user's, not the Hub's.
+    std::fs::create_dir_all(cache.path().join(REPO)).unwrap();
+    let local_dir = run(&server, cache.path(), &["hash", REPO, "--json"], &[]);
+    assert!(
+        !local_dir.stderr.contains("reading it as the Hub"),
+        "{}",
+        local_dir.stderr
+    );
+}

@@ -432,3 +432,51 @@ fn a_verify_or_study_that_cannot_fit_on_the_disk_is_refused_before_the_rerun() {
     assert!(!stderr.contains("progress: arm"), "no arm ran: {stderr}");
     assert!(!out.exists());
 }
+
+/// A run without `--out` once replaced the previous run's set in `cardproof-out/<name>/`
+/// silently: the default now goes to the first free `<name>-2`, `-3`, ..., and off a terminal
+/// each stage is a line on stderr (with `CARDPROOF_PROGRESS=plain`, the counts too).
+#[test]
+fn the_default_output_never_replaces_an_earlier_run_and_stages_show_off_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = short_text(dir.path(), 2500);
+    let measure = |plain: bool| {
+        let cmd = Cmd::measure()
+            .reference(model("shakespeare-bf16"))
+            .candidate(model("shakespeare-w8a16"))
+            .eval_text(&text)
+            .context_length(128)
+            .bootstrap(50)
+            .in_dir(dir.path());
+        match plain {
+            true => cmd.env("CARDPROOF_PROGRESS", "plain").run(),
+            false => cmd.run(),
+        }
+    };
+    let first = measure(false);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    assert!(
+        first.stderr.contains("progress: tokenizing"),
+        "{}",
+        first.stderr
+    );
+    let counts = |stderr: &str| {
+        stderr
+            .lines()
+            .filter(|l| l.starts_with("progress: ") && l.ends_with(" windows"))
+            .count()
+    };
+    assert_eq!(counts(&first.stderr), 0, "{}", first.stderr);
+    let second = measure(true);
+    assert_eq!(second.code, 0, "{}", second.stderr);
+    assert!(counts(&second.stderr) > 0, "{}", second.stderr);
+    let out = dir.path().join("cardproof-out");
+    for name in ["shakespeare-w8a16", "shakespeare-w8a16-2"] {
+        assert!(out.join(name).join("measurement.json").exists(), "{name}");
+    }
+    let id = |name: &str| -> serde_json::Value {
+        let bytes = std::fs::read(out.join(name).join("measurement.json")).unwrap();
+        serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()["run_id"].clone()
+    };
+    assert_ne!(id("shakespeare-w8a16"), id("shakespeare-w8a16-2"));
+}

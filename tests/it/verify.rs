@@ -171,6 +171,44 @@ fn card_then_verify_reproduces_every_example() {
     }
 }
 
+/// Publishing the signed report beside the weights (the recipe) once made the next `verify`
+/// find another checkpoint (`not_comparable`: report.json, positions.safetensors, ... counted as
+/// its files): a report set is never part of a checkpoint, for `hash`, `inspect`, `check` and
+/// `verify` alike.
+#[test]
+fn a_report_published_beside_the_weights_leaves_the_checkpoint_as_it_was() {
+    let v = Verified::new("shakespeare-w8a16", &[]);
+    let root = |dir: &Path| -> serde_json::Value {
+        let r = cardproof(&["hash", dir.to_str().unwrap(), "--json"]);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        r.json()["root_sha256"].clone()
+    };
+    let before = root(&v.candidate());
+    let r = v.verify();
+    assert_eq!(r.code, 0, "{}{}", r.stderr, r.stdout);
+    for f in std::fs::read_dir(v.out()).unwrap() {
+        let f = f.unwrap();
+        if f.file_type().unwrap().is_file() {
+            std::fs::copy(f.path(), v.candidate().join(f.file_name())).unwrap();
+        }
+    }
+    assert!(v.candidate().join("positions.safetensors").exists());
+    assert_eq!(root(&v.candidate()), before);
+    let inspect = cardproof(&["inspect", v.candidate().to_str().unwrap(), "--json"]);
+    assert_eq!(inspect.code, 0, "{}", inspect.stderr);
+    assert!(
+        !inspect.stdout.contains("positions.safetensors"),
+        "{}",
+        inspect.stdout
+    );
+    let check = cardproof(&["check", v.candidate().to_str().unwrap()]);
+    assert_eq!(check.code, 0, "{}{}", check.stderr, check.stdout);
+    std::fs::remove_dir_all(v.out()).unwrap();
+    let again = v.verify();
+    assert_eq!(again.code, 0, "{}{}", again.stderr, again.stdout);
+    assert_eq!(again.json()["verdict"], "reproduced");
+}
+
 #[test]
 fn edited_claims_missing_items_and_tampering_are_caught() {
     let v = Verified::new("shakespeare-w8a16", &[]);

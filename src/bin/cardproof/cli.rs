@@ -153,7 +153,8 @@ pub struct ChatTemplateArgs {
 pub struct StudyArgs {
     /// The study file (YAML; `cardproof/study-v1`, see schema/study-file-v1.schema.json).
     pub file: PathBuf,
-    /// Where the study goes (default: ./cardproof-out/<study name>/), written as one set.
+    /// Where the study goes (default: ./cardproof-out/<study name>/, or the first free
+    /// <study name>-2, -3, ... beside an earlier run's), written as one set.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Private key to sign study.json with (default: the user's key).
@@ -475,8 +476,9 @@ pub struct VerifyArgs {
     /// use under the config directory).
     #[arg(long, value_name = "KEY")]
     pub key: Option<PathBuf>,
-    /// Where the report goes (default: ./cardproof-out/<name>/), written as one set that
-    /// replaces an earlier one whole.
+    /// Where the report goes (default: ./cardproof-out/<name>/, or the first free <name>-2, -3,
+    /// ... beside an earlier run's), written as one set; a given --out's earlier set is replaced
+    /// whole.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Replace an --out that holds files other than a cardproof set (its contents are deleted).
@@ -651,7 +653,8 @@ pub struct MeasureArgs {
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
     /// Where measurement.json and positions.safetensors go (default:
-    /// ./cardproof-out/<candidate name>/), written as one set that replaces an earlier one whole.
+    /// ./cardproof-out/<candidate name>/, or the first free <name>-2, -3, ... beside an earlier
+    /// run's), written as one set; a given --out's earlier set is replaced whole.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Replace an --out that holds files other than a cardproof set (its contents are deleted).
@@ -893,7 +896,8 @@ pub struct HashArgs {
     /// Worker threads (default: every core).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,
-    /// Also hash the card (README.md), .gitattributes, .git/ and .cache/.
+    /// Also hash what a checkpoint leaves out: the card (README.md), .gitattributes, .git/,
+    /// .cache/ and cardproof report sets (report.json, positions.safetensors, ...).
     #[arg(long)]
     pub all: bool,
     #[command(flatten)]

@@ -527,6 +527,23 @@ fn threads(threads: Option<u16>) -> usize {
 }
 
 /// Every core the process may use.
+/// The default output directory for `name`: ./cardproof-out/<name>/, or, where an earlier run
+/// left that, the first free `<name>-2`, `<name>-3`, ...: a run never replaces a set nobody named
+/// (an explicit `--out` is replaced whole, as documented). The path is printed with what is
+/// written there.
+pub fn default_out(name: &str) -> PathBuf {
+    let base = PathBuf::from("cardproof-out");
+    let taken = |p: &Path| std::fs::symlink_metadata(p).is_ok();
+    let first = base.join(name);
+    if !taken(&first) {
+        return first;
+    }
+    (2..10_000)
+        .map(|i| base.join(format!("{name}-{i}")))
+        .find(|p| !taken(p))
+        .unwrap_or(first)
+}
+
 pub fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
@@ -542,7 +559,7 @@ fn out_dir(out: Option<&Path>, model: &Path, other: Option<&Path>) -> Result<Pat
             .ok()
             .and_then(|p| stem(&p))
             .or_else(|| stem(model));
-        PathBuf::from("cardproof-out").join(name.unwrap_or_else(|| "model".into()))
+        default_out(&name.unwrap_or_else(|| "model".into()))
     });
     let models: Vec<&Path> = std::iter::once(model).chain(other).collect();
     cardproof::outset::outside_checkpoints(&out, &models)
@@ -571,7 +588,11 @@ impl StudyConfig {
                 .file
                 .file_stem()
                 .map_or("study".into(), |s| s.to_string_lossy().into_owned());
-            PathBuf::from("cardproof-out").join(name)
+            // --resume finishes the interrupted run where it was left: the default itself.
+            match args.resume {
+                true => PathBuf::from("cardproof-out").join(name),
+                false => default_out(&name),
+            }
         });
         StudyConfig {
             overrides: cardproof::study::file::Overrides {

@@ -219,6 +219,11 @@ pub fn inspect_path(path: &Path) -> Result<Vec<Inspection>> {
     let mut has_safetensors = false;
     for entry in std::fs::read_dir(path).map_err(|e| Error::io(path, e))? {
         let p = entry.map_err(|e| Error::io(path, e))?.path();
+        if p.file_name()
+            .is_some_and(|n| crate::checkpoint::members::excluded(&n.to_string_lossy()))
+        {
+            continue;
+        }
         match extension(&p).as_deref() {
             Some("gguf") => ggufs.push(p),
             Some("safetensors") => has_safetensors = true,

@@ -216,7 +216,9 @@ pub fn open_dir(dir: &Path) -> Result<SafetensorsCheckpoint> {
             continue;
         };
         let is_index = name.ends_with(INDEX_SUFFIX);
-        if !is_index && !name.ends_with(".safetensors") {
+        if !is_index && !name.ends_with(".safetensors")
+            || crate::checkpoint::members::excluded(name)
+        {
             continue;
         }
         // Follows links: Hub cache snapshots are links into the blob store.

@@ -95,6 +95,10 @@ pub fn resolve(path: &Path) -> Result<(PathBuf, &'static str)> {
     let mut safetensors = false;
     for entry in entries.flatten() {
         let p = entry.path();
+        // A report set beside the weights (positions.safetensors) is not the checkpoint.
+        if crate::checkpoint::members::excluded(&entry.file_name().to_string_lossy()) {
+            continue;
+        }
         match p.extension().and_then(|e| e.to_str()) {
             Some("gguf") => ggufs.push(p),
             Some("safetensors") => safetensors = true,

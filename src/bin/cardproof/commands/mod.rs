@@ -137,9 +137,18 @@ pub fn local_path(
     printer: &Printer,
     path: &std::path::Path,
 ) -> cardproof::Result<(std::path::PathBuf, Option<cardproof::hub::HubPin>)> {
-    match cardproof::hub::HfSource::from_path(path) {
+    let source = match cardproof::hub::HfSource::from_path(path) {
+        Some(source) => Some(source?),
+        None => cardproof::hub::HfSource::bare(path).inspect(|s| {
+            printer.note(&format!(
+                "{} is not a local path: reading it as the Hub repository {}",
+                path.display(),
+                s
+            ))
+        }),
+    };
+    match source {
         Some(source) => {
-            let source = source?;
             let snapshot = materialize(printer, &hub_client(), &source, Select::All)?;
             let pin = source.pin(&snapshot.pinned.revision);
             Ok((snapshot.dir, Some(pin)))

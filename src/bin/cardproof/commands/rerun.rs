@@ -113,8 +113,9 @@ fn pool(threads: usize) -> Result<rayon::ThreadPool, Failure> {
         .map_err(|e| Failure::Usage(format!("cannot start {threads} threads: {e}")))
 }
 
-/// `CARDPROOF_PROGRESS=plain`: progress as plain lines on stderr when it is not a terminal (CI
-/// logs, tests): each stage as it starts, and each count of windows as it completes.
+/// Off a terminal (CI logs, pipes) each stage is a plain line on stderr as it starts;
+/// `CARDPROOF_PROGRESS=plain` adds each count of windows as it moves (at most one line a second
+/// per stage, and always the last), so a long pass shows it is alive.
 pub const FORCE_PROGRESS: &str = "CARDPROOF_PROGRESS";
 
 fn plain_progress() -> bool {
@@ -133,9 +134,12 @@ fn with_progress<T>(
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicBool, Ordering};
     let bar = shown.then(|| printer::progress_bar(printer::STAGE_PROGRESS));
-    let lines = !shown && plain_progress();
+    let lines = !shown;
+    let counts = lines && plain_progress();
     let counting = AtomicBool::new(false);
     let current = Mutex::new(String::new());
+    // When the current stage's last count line was printed.
+    let last_count = Mutex::new(None::<std::time::Instant>);
     let stage = |stage: &str| {
         if let Some(bar) = &bar {
             if counting.swap(false, Ordering::Relaxed) {
@@ -145,6 +149,7 @@ fn with_progress<T>(
         }
         if lines {
             stage.clone_into(&mut current.lock().unwrap_or_else(|e| e.into_inner()));
+            *last_count.lock().unwrap_or_else(|e| e.into_inner()) = None;
             let _ = writeln!(std::io::stderr().lock(), "progress: {stage}");
         }
     };
@@ -159,12 +164,17 @@ fn with_progress<T>(
             bar.set_length(total as u64);
             bar.set_position(done as u64);
         }
-        if lines && done == total {
-            let stage = current.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            let _ = writeln!(
-                std::io::stderr().lock(),
-                "progress: {stage} {done}/{total} windows"
-            );
+        if counts {
+            let mut last = last_count.lock().unwrap_or_else(|e| e.into_inner());
+            let due = last.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(1));
+            if due || done == total {
+                *last = Some(std::time::Instant::now());
+                let stage = current.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let _ = writeln!(
+                    std::io::stderr().lock(),
+                    "progress: {stage} {done}/{total} windows"
+                );
+            }
         }
     };
     let out = work(&stage, &progress);
@@ -237,6 +247,27 @@ pub fn verify(config: &VerifyConfig, printer: &Printer) -> super::Result<Verifie
         &mut config.path,
         config.reference.as_mut(),
     )?;
+    let card = hub_card(printer, &config.path, &pins)?;
+    // No --reference: the one the card pins, from the Hub (or its cache).
+    let mut pins = pins;
+    if config.reference.is_none() && config.reference_artifact.is_none() {
+        let card_path = card
+            .clone()
+            .or_else(|| cardproof::verify::card_of(&config.path));
+        let pinned = match card_path {
+            Some(path) => cardproof::verify::card_pins(&path)?.reference,
+            None => None,
+        };
+        if let Some(source) = pinned {
+            printer.note(&format!(
+                "no --reference given: using the reference the card pins, {source}"
+            ));
+            let (dir, pin) = local_path(printer, &source.display_path(None))?;
+            cardproof::outset::outside_checkpoints(&config.out, &[dir.as_path()])?;
+            pins.extend(pin.map(|p| (Role::Reference, p)));
+            config.reference = Some(dir);
+        }
+    }
     let c = &config;
     let key = signing_key(printer, c.key.as_deref())?;
     let trust = cardproof::attest::artifact::Trust::when_used(
@@ -248,6 +279,7 @@ pub fn verify(config: &VerifyConfig, printer: &Printer) -> super::Result<Verifie
         with_progress(c.progress, |stage, progress| {
             let request = cardproof::verify::VerifyRequest {
                 model: &c.path,
+                card: card.as_deref(),
                 reference: c.reference.as_deref(),
                 reference_artifact: c
                     .reference_artifact
@@ -320,6 +352,45 @@ pub fn export(
     })?;
     cardproof::attest::artifact::sign_exported(&mut exported, &key)?;
     Ok(Outcome::clean(exported))
+}
+
+/// For a candidate from the Hub whose commit holds no card (the weights are committed first, the
+/// card after, pinning them): the card at the repository's head, if it pins exactly these
+/// weights (`fidelity.candidate` this repo at this commit); else `None` (the card is the
+/// snapshot's own) or a refusal naming both commits.
+fn hub_card(printer: &Printer, model: &Path, pins: &Pins) -> cardproof::Result<Option<PathBuf>> {
+    let Some((_, pin)) = pins.iter().find(|(role, _)| *role == Role::Candidate) else {
+        return Ok(None);
+    };
+    if cardproof::verify::card_of(model).is_some() {
+        return Ok(None);
+    }
+    let head = cardproof::hub::HfSource::parse(&format!("hf:{}", pin.repo))?;
+    let snapshot = super::materialize(
+        printer,
+        &super::hub_client(),
+        &head,
+        cardproof::hub::snapshot::Select::Only(&["README.md"]),
+    )?;
+    let card = snapshot.dir.join("README.md");
+    let pinned = cardproof::verify::card_pins(&card)?.candidate;
+    if pinned.as_ref() != Some(&(pin.repo.clone(), pin.commit.clone())) {
+        return Err(cardproof::Error::usage(
+            model,
+            format!(
+                "hf:{}@{} holds no card, and the card at the repository's head (commit {}) pins {}, not these weights: verify the revision that holds the card",
+                pin.repo,
+                pin.commit,
+                snapshot.pinned.revision,
+                pinned.map_or("no candidate revision".into(), |(r, c)| format!("{r}@{c}"))
+            ),
+        ));
+    }
+    printer.note(&format!(
+        "hf:{}@{} holds no card: reading the card at the repository's head (commit {}), which pins these weights",
+        pin.repo, pin.commit, snapshot.pinned.revision
+    ));
+    Ok(Some(card))
 }
 
 /// The Hub pins of a command's models, gathered as they are resolved (no global state).
