@@ -565,12 +565,25 @@ pub fn check_local(
     }
     let options = HashOptions::default();
     let listed = hash::list_files(dir, &options)?;
-    let inspections = if crate::checkpoint::has_checkpoint(dir) {
+    let has_checkpoint = crate::checkpoint::has_checkpoint(dir);
+    let inspections = if has_checkpoint {
         crate::checkpoint::inspect::inspect_path(dir)?
     } else {
         Vec::new()
     };
     let mut hub_findings = Vec::new();
+    if !has_checkpoint {
+        // A card-only directory: nothing to hash or inspect, so no digest to compare (the empty
+        // directory's root digest is not a mismatch worth reporting).
+        hub_findings.push(HubFinding::error(
+            "hub-no-checkpoint",
+            format!(
+                "{} holds no checkpoint (no .safetensors or .gguf weights beside the card): \
+                 check the directory you upload, the card with its weights",
+                dir.display()
+            ),
+        ));
+    }
     let card = if dir.join("README.md").is_file() {
         Some(Card::open(dir)?)
     } else {
@@ -611,7 +624,8 @@ pub fn check_local(
         .filter(|name| name.rsplit('/').next() == Some("report.dsse.json"))
         .min_by_key(|name| name.matches('/').count())
         .cloned();
-    let needs_digests = candidate.get("files_sha256").is_some() || report_file.is_some();
+    let needs_digests =
+        has_checkpoint && (candidate.get("files_sha256").is_some() || report_file.is_some());
     let digests: Option<BTreeMap<String, (String, u64)>> = if needs_digests {
         let manifest = hash::hash_path(dir, &options, progress)?;
         Some(

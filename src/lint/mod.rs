@@ -5,6 +5,7 @@ mod items;
 mod metadata;
 pub(crate) mod prose;
 mod schema;
+pub mod select;
 
 use std::collections::HashMap;
 use std::ops::Range;

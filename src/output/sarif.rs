@@ -115,6 +115,15 @@ pub fn lint_log(card: &Card, report: &LintReport) -> Log {
         .collect())
 }
 
+/// `lint --format sarif` of several cards: one log, one run, every card's results in the order
+/// given (each located in its own card).
+pub fn lint_logs(cards: &[(&Card, &LintReport)]) -> Log {
+    log(cards
+        .iter()
+        .flat_map(|(card, report)| report.findings.iter().map(|f| lint_result(card, f)))
+        .collect())
+}
+
 /// `check --format sarif`: the card's findings, then the findings about the repository (located
 /// at its README.md).
 pub fn check_log(report: &CheckReport) -> Log {

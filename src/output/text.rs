@@ -1028,6 +1028,38 @@ pub fn inspections(inspections: &[Inspection], list_modules: bool, style: &Style
         .join("\n")
 }
 
+/// Each inspection in one or two lines (what `check` shows on success): its format, files,
+/// tensors and parameters, and the quantization its config declares.
+pub fn inspection_summaries(inspections: &[Inspection], style: &Style) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for i in inspections {
+        let title = match &i.variant {
+            Some(v) => format!("{} variant `{v}`", i.format),
+            None => i.format.to_owned(),
+        };
+        let bytes: u64 = i.files.iter().map(|f| f.size).sum();
+        let _ = write!(
+            out,
+            "{}: {} file{}, {bytes} bytes, {} tensors, {} parameters",
+            style.bold(&title),
+            i.files.len(),
+            if i.files.len() == 1 { "" } else { "s" },
+            i.tensor_count,
+            i.parameter_count
+        );
+        match &i.declared {
+            Some(d) => {
+                let _ = writeln!(out, "; declared {} ({})", d.method, d.source);
+            }
+            None => {
+                let _ = writeln!(out);
+            }
+        }
+    }
+    out
+}
+
 fn inspection(i: &Inspection, list_modules: bool, style: &Style) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();

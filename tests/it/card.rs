@@ -924,6 +924,10 @@ fn a_new_card_written_with_the_identity_flags_lints_clean_in_one_command() {
         "{}",
         run.stderr
     );
+    // ... and which flags fill what a measurement cannot know.
+    for flag in ["--quantization METHOD", "--calibration DATASET"] {
+        assert!(run.stderr.contains(flag), "{}", run.stderr);
+    }
     // A calibration revision without a dataset is a usage error.
     let run = cardproof(&[
         "card",
@@ -1004,4 +1008,43 @@ fn an_update_replaces_the_hand_written_section_and_flags_a_contradicting_prose_n
         "{}",
         run.stderr
     );
+}
+
+/// `card` wrote `eval.text.source` as the bare file name, which `verify` (reading only files in
+/// the card's directory) then could not find: an eval text inside the card's directory is named
+/// by its path there; one outside keeps its name and the writer says how `verify` will find it.
+#[test]
+fn the_eval_source_is_written_where_verify_finds_it() {
+    let (dir, file) = bare_candidate();
+    let candidate = dir.path().join("candidate");
+    std::fs::create_dir_all(candidate.join("data")).unwrap();
+    let inside = candidate.join("data/eval.txt");
+    std::fs::copy(repo_root().join("examples/data/eval.txt"), &inside).unwrap();
+    let mut m: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let outside = m["eval"]["text_path"].clone();
+    m["eval"]["text_path"] = inside.display().to_string().into();
+    std::fs::write(&file, m.to_string()).unwrap();
+    let flags = ["--quantization", "int8-channel", "--calibration", "none"];
+    let mut args = vec!["card", "--measurement", file.to_str().unwrap()];
+    args.extend(flags);
+    let run = cardproof(&args);
+    assert_ne!(run.code, 2, "{}", run.stderr);
+    let card = std::fs::read_to_string(candidate.join("README.md")).unwrap();
+    assert_eq!(fidelity(&card)["eval"]["text"]["source"], "data/eval.txt");
+    assert!(
+        !run.stderr.contains("not in the card's directory"),
+        "{}",
+        run.stderr
+    );
+    // Outside the card's directory: the name, and a note on how verify finds the text.
+    m["eval"]["text_path"] = outside;
+    std::fs::write(&file, m.to_string()).unwrap();
+    let run = cardproof(&args);
+    assert_ne!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("not in the card's directory"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("verify --eval-text"), "{}", run.stderr);
 }

@@ -1507,3 +1507,20 @@ fn a_bare_repo_id_reads_as_hf_when_no_such_path_exists() {
         local_dir.stderr
     );
 }
+
+/// `check` of a directory holding only a card once reported a digest mismatch against the empty
+/// manifest: it says there is no checkpoint to check the card against.
+#[test]
+fn check_of_a_card_only_directory_says_there_is_no_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("README.md"), compliant_card()).unwrap();
+    let r = local(&["check", dir.path().to_str().unwrap(), "--json"]);
+    assert_eq!(r.code, 1, "{}{}", r.stderr, r.stdout);
+    let codes: Vec<String> = r.json()["hub_findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["code"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(codes, ["hub-no-checkpoint"], "{}", r.stdout);
+}

@@ -963,3 +963,95 @@ fn a_recurrent_state_dtype_in_the_runtime_is_checked_against_the_dtypes_engines_
         assert_eq!(f["severity"], "error", "{f}");
     }
 }
+
+/// Hooks and CI linted one path at a time and merged SARIF with jq: `lint` takes several paths,
+/// one summary and one SARIF log for all; `--json` stays one card's document.
+#[test]
+fn several_cards_lint_as_one_run_with_one_sarif_log() {
+    let (clean, undisclosed) = (
+        "examples/cards/compliant-fp8",
+        "examples/cards/undisclosed-gguf",
+    );
+    let both = cardproof(&["lint", clean, undisclosed]);
+    assert_eq!(both.code, 1, "{}", both.stderr);
+    assert!(both.stderr.contains("2 cards: 2 errors"), "{}", both.stderr);
+    let sarif = cardproof(&["lint", clean, undisclosed, "--format", "sarif"]);
+    assert_eq!(sarif.code, 1, "{}", sarif.stderr);
+    let log = sarif.json();
+    let runs = log["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1);
+    let uris: std::collections::BTreeSet<String> = runs[0]["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert!(uris.iter().all(|u| u.starts_with(undisclosed)), "{uris:?}");
+    let json = cardproof(&["lint", clean, undisclosed, "--json"]);
+    assert_eq!(json.code, 2, "{}", json.stdout);
+    assert!(json.stdout.contains("--format sarif"), "{}", json.stdout);
+}
+
+/// Rule selection: `--ignore CODE` and `lint.ignore` in the working directory's
+/// `.cardproof.yaml`, never a settings file inside the linted directory (a repository could
+/// silence the rules about its own card).
+#[test]
+fn ignored_codes_come_from_the_user_never_from_the_linted_directory() {
+    let card = "examples/cards/undisclosed-gguf";
+    let ignored = cardproof(&["lint", card, "--ignore", "undisclosed-kld-claim"]);
+    assert_eq!(ignored.code, 0, "{}", ignored.stderr);
+    assert!(
+        ignored.stderr.contains("2 findings left out"),
+        "{}",
+        ignored.stderr
+    );
+    let unknown = cardproof(&["lint", card, "--ignore", "no-such-code"]);
+    assert_eq!(unknown.code, 2, "{}", unknown.stderr);
+    assert!(
+        unknown
+            .stderr
+            .contains("`no-such-code` is not a finding code"),
+        "{}",
+        unknown.stderr
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("card");
+    crate::support::copy_dir(&repo_root().join(card), &copy);
+    std::fs::write(
+        copy.join(".cardproof.yaml"),
+        "lint:\n  ignore: [undisclosed-kld-claim]\n",
+    )
+    .unwrap();
+    let in_card_dir = Cmd::new("lint").path(&copy).in_dir(repo_root()).run();
+    assert_eq!(in_card_dir.code, 1, "{}", in_card_dir.stderr);
+    let in_cwd = Cmd::new("lint").path(&copy).in_dir(&copy).run();
+    assert_eq!(in_cwd.code, 0, "{}", in_cwd.stderr);
+}
+
+/// The pre-commit hook matched every README.md, and this repository's own README failed it with
+/// KLD numbers in its prose: `--model-cards` skips a file that is not a model card (no front
+/// matter, no config.json or weights beside it) and still lints the cards.
+#[test]
+fn model_cards_only_skips_a_readme_that_is_not_a_model_card() {
+    let r = cardproof(&[
+        "lint",
+        "--model-cards",
+        "README.md",
+        "examples/cards/undisclosed-gguf/README.md",
+    ]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("README.md: not a model card"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("undisclosed-kld-claim"), "{}", r.stderr);
+    let own = cardproof(&["lint", "--model-cards", "README.md"]);
+    assert_eq!(own.code, 0, "{}", own.stderr);
+}

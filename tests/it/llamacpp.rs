@@ -58,13 +58,32 @@ esac"#
     )
 }
 
+/// llama.cpp's protocol is `--runner llamacpp`'s default, as in a study (it had refused unless
+/// given llama.cpp's flags), said on stderr; a protocol llama.cpp does not compute, asked for, is
+/// refused naming the flags.
 #[test]
-fn the_llamacpp_runner_refuses_a_protocol_llama_cpp_does_not_compute() {
+fn the_llamacpp_runner_defaults_to_llama_cpps_protocol_and_refuses_another() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    // Without `--positions second-half --vocab threshold`: every position, the full vocabulary.
     let r = measure_cmd("/nonexistent/llama-perplexity", &out)
         .without(&["--positions", "second-half", "--vocab", "threshold"])
+        .run();
+    assert_eq!(r.code, 2, "{}", r.transcript());
+    assert!(
+        r.stderr
+            .contains("llama.cpp's protocol (--positions second-half --vocab threshold)"),
+        "{}",
+        r.transcript()
+    );
+    assert!(
+        r.message().contains("/nonexistent/llama-perplexity"),
+        "{}",
+        r.message()
+    );
+    // Every position and the full vocabulary, asked for: refused before any work.
+    let r = measure_cmd("/nonexistent/llama-perplexity", &out)
+        .without(&["--positions", "second-half", "--vocab", "threshold"])
+        .args(["--positions", "all", "--vocab", "full"])
         .run();
     assert_eq!(r.code, 2, "{}", r.transcript());
     let m = r.message();

@@ -338,7 +338,7 @@ fn an_unknown_quant_method_is_refused_naming_it() {
         "{}",
         r.stderr
     );
-    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert_eq!(r.diagnostics().lines().count(), 1, "{}", r.stderr);
     assert!(!out.join("measurement.json").exists());
 }
 
@@ -368,7 +368,7 @@ fn an_unloadable_model_fails_at_its_load_which_the_early_checks_precede() {
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("model.safetensors"), "{}", r.stderr);
     assert!(
-        r.stderr.starts_with("warning: ") && !r.stderr.contains("exceeds"),
+        r.diagnostics().starts_with("warning: ") && !r.stderr.contains("exceeds"),
         "{}",
         r.stderr
     );
@@ -400,12 +400,12 @@ fn too_few_bootstrap_blocks_are_named_before_any_forward_pass() {
     let (r, _dir) = measure_unloadable(2500, &["--context-length", "128"]);
     let warning =
         "tokens make 6 windows of 128, 6 bootstrap blocks; below 30 the ci95 is too narrow";
-    let (Some(warned), Some(load)) = (r.stderr.find(warning), r.stderr.find("model.safetensors"))
-    else {
+    let said = r.diagnostics();
+    let (Some(warned), Some(load)) = (said.find(warning), said.find("model.safetensors")) else {
         panic!("{}", r.stderr)
     };
     assert!(
-        r.stderr.starts_with("warning: ") && warned < load,
+        said.starts_with("warning: ") && warned < load,
         "{}",
         r.stderr
     );

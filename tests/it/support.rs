@@ -11,6 +11,16 @@ pub struct Run {
 }
 
 impl Run {
+    /// stderr less the `progress:` lines a run off a terminal prints for each stage: what it
+    /// said about the inputs and the outcome.
+    pub fn diagnostics(&self) -> String {
+        self.stderr
+            .lines()
+            .filter(|l| !l.starts_with("progress: "))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
+
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.stdout)
             .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", self.stdout))

@@ -520,9 +520,10 @@ pub struct ProtocolArgs {
     /// with --vocab threshold].
     #[arg(long, value_enum)]
     pub direction: Option<DirectionArg>,
-    /// Vocabulary terms kept in the KL sum (the sets are the reference's).
-    #[arg(long, value_enum, default_value_t = VocabArg::Full)]
-    pub vocab: VocabArg,
+    /// Vocabulary terms kept in the KL sum (the sets are the reference's) [default: full;
+    /// threshold with `measure --runner llamacpp`, llama.cpp's].
+    #[arg(long, value_enum)]
+    pub vocab: Option<VocabArg>,
     /// For `--vocab top-k`: k.
     #[arg(long, value_name = "K")]
     pub top_k: Option<usize>,
@@ -535,9 +536,10 @@ pub struct ProtocolArgs {
     /// Scored rows of each window (row j predicts token j+1): all, stride, second-half, from,
     /// or, on a conversation eval text, role:ROLE (system, developer, user, assistant, tool,
     /// other) or span:SEGMENT (content, reasoning, tool-call, tool-result, scaffolding): the
-    /// rows predicting such a token (with --stride/--offset, only those with j mod N = K).
-    #[arg(long, value_parser = parse_positions, default_value = "all", value_name = "POLICY")]
-    pub positions: PositionsArg,
+    /// rows predicting such a token (with --stride/--offset, only those with j mod N = K)
+    /// [default: all; second-half with `measure --runner llamacpp`, llama.cpp's].
+    #[arg(long, value_parser = parse_positions, value_name = "POLICY")]
+    pub positions: Option<PositionsArg>,
     /// For `--positions stride` (or role:/span:): score rows with j mod N = offset.
     #[arg(long, value_name = "N")]
     pub stride: Option<u64>,
@@ -906,10 +908,22 @@ pub struct HashArgs {
 
 #[derive(Debug, Args)]
 pub struct LintArgs {
-    /// A Markdown card, a model directory holding README.md, or hf:ORG/NAME[@REV] (only the
-    /// card is fetched).
-    #[arg(default_value = ".")]
-    pub path: PathBuf,
+    /// Markdown cards, model directories holding README.md, or hf:ORG/NAME[@REV] (only the card
+    /// is fetched): each linted, one summary (and one SARIF log) for all.
+    #[arg(default_value = ".", num_args = 1..)]
+    pub paths: Vec<PathBuf>,
+    /// Leave out the findings of this code (repeatable; `cardproof lint` names each finding's
+    /// code). Adds to the settings file's `lint.ignore`.
+    #[arg(long, value_name = "CODE")]
+    pub ignore: Vec<String>,
+    /// The settings file (default: .cardproof.yaml in the working directory, when present; never
+    /// one in the linted directory): `lint: {ignore: [CODE, ...]}`.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Skip what is not a model card (for hooks that match every README.md): a local Markdown
+    /// file without front matter whose directory holds no config.json and no weights.
+    #[arg(long)]
+    pub model_cards: bool,
     #[command(flatten)]
     pub output: OutputArgs,
 }

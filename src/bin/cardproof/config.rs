@@ -119,7 +119,40 @@ impl Output {
 
 #[derive(Debug, Clone)]
 pub struct LintConfig {
-    pub path: PathBuf,
+    pub paths: Vec<PathBuf>,
+    /// `--model-cards`: skip local files that are not model cards.
+    pub model_cards: bool,
+    /// `--ignore`, and the settings file's.
+    pub selection: cardproof::lint::select::Selection,
+}
+
+impl LintConfig {
+    /// The paths and the rule selection: `--ignore` codes and the settings file (`--config`, else
+    /// .cardproof.yaml in the working directory when present). An unknown code is exit 2.
+    pub fn from_args(args: &cli::LintArgs) -> cardproof::Result<LintConfig> {
+        use cardproof::lint::select::{SETTINGS_FILE, Selection};
+        let json = args.output.json || matches!(args.output.format, cli::FormatArg::Json);
+        if json && args.paths.len() > 1 {
+            return Err(cardproof::Error::usage(
+                Path::new("--json"),
+                "a lint document is one card's: lint one path with --json, or several with \
+                 --format sarif (one log for all)",
+            ));
+        }
+        let given = Selection::from_codes(&args.ignore, Path::new("--ignore"))?;
+        let file = match &args.config {
+            Some(path) => Selection::read(path)?,
+            None if Path::new(SETTINGS_FILE).is_file() => {
+                Selection::read(Path::new(SETTINGS_FILE))?
+            }
+            None => Selection::default(),
+        };
+        Ok(LintConfig {
+            paths: args.paths.clone(),
+            model_cards: args.model_cards,
+            selection: given.and(file),
+        })
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -249,13 +282,16 @@ impl ProtocolConfig {
 fn protocol_flags(a: &cli::ProtocolArgs) -> ProtocolFlags {
     ProtocolFlags {
         direction: a.direction.map(Into::into),
-        vocab: a.vocab.into(),
+        vocab: a.vocab.unwrap_or(cli::VocabArg::Full).into(),
         top_k: a.top_k,
         tail: a.tail.into(),
         threshold: a.threshold,
-        positions: a.positions.policy,
-        role: a.positions.role,
-        span: a.positions.span,
+        positions: a
+            .positions
+            .as_ref()
+            .map_or(cardproof::disclosure::PositionPolicy::All, |p| p.policy),
+        role: a.positions.as_ref().and_then(|p| p.role),
+        span: a.positions.as_ref().and_then(|p| p.span),
         stride: a.stride,
         offset: a.offset,
         from: a.from,
@@ -306,10 +342,13 @@ pub struct MeasureConfig {
     pub sweep: Option<(String, Vec<String>)>,
     /// `--force`: replace an --out that is not a cardproof set.
     pub force: bool,
+    /// What the configuration chose that the user did not ask for, said on stderr.
+    pub notes: Vec<String>,
 }
 
 impl MeasureConfig {
     pub fn from_args(args: cli::MeasureArgs) -> Result<MeasureConfig, String> {
+        let mut notes = Vec::new();
         let protocol = protocol_flags(&args.protocol);
         let mut options = protocol.options(&args.context_length, args.bos.into())?;
         options.dump_logits = args.dump_logits.clone();
@@ -346,9 +385,26 @@ impl MeasureConfig {
                 return Err("--dump-logits needs --runner native".into());
             }
             RunnerArg::Llamacpp => {
-                // llama.cpp's rows define only the forward KL: the default direction is it.
-                if args.protocol.direction.is_none() {
+                // llama.cpp's protocol is the default (as in a study): its rows define only the
+                // forward KL over its threshold vocabulary, on the second half of each window.
+                let p = &args.protocol;
+                if p.direction.is_none() {
                     options.direction = cardproof::kld::protocol::Direction::Forward;
+                }
+                let mut defaulted = Vec::new();
+                if p.positions.is_none() {
+                    options.positions = cardproof::kld::protocol::Positions::SecondHalf;
+                    defaulted.push("--positions second-half");
+                }
+                if p.vocab.is_none() {
+                    options.vocab = VocabMode::Threshold { log_p: p.threshold };
+                    defaulted.push("--vocab threshold");
+                }
+                if !defaulted.is_empty() {
+                    notes.push(format!(
+                        "--runner llamacpp: llama.cpp's protocol ({}), as llama-perplexity computes it",
+                        defaulted.join(" ")
+                    ));
                 }
                 Some(llamacpp_options(&args.llamacpp, args.threads)?)
             }
@@ -387,6 +443,7 @@ impl MeasureConfig {
         let compute = ComputeDtype::from_name(&name(args.compute_dtype)).expect("a native dtype");
         let emulate = Emulate::from_name(&name(args.emulate)).expect("a native emulation");
         Ok(MeasureConfig {
+            notes,
             spec: cardproof::rerun::MeasureSpec {
                 reference: args.reference,
                 reference_artifact: args.reference_artifact,

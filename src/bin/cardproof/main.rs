@@ -65,9 +65,10 @@ enum Finished {
 fn run(command: Command, printer: &Printer) -> io::Result<Finished> {
     use commands::*;
     match command {
-        Command::Lint(args) => finish(lint::run(&LintConfig { path: args.path }, printer), |o| {
-            printer.lint(&o.card, &o.report)
-        }),
+        Command::Lint(args) => match LintConfig::from_args(&args) {
+            Ok(config) => finish(lint::run(&config, printer), |all| printer.lints(all)),
+            Err(e) => Ok(Finished::Failed(Failure::Input(e))),
+        },
         Command::Schema => finish(schema::run(), |s| printer.document(s)),
         Command::Inspect(args) => {
             let config = InspectConfig {

@@ -91,6 +91,11 @@ pub fn update_card(request: &UpdateRequest) -> Result<CardUpdate> {
             (measurement, path)
         }
     };
+    let (measurement, path) = {
+        let (mut measurement, path) = (measurement, path);
+        imported_warnings.extend(eval_source_beside(&mut measurement, &path));
+        (measurement, path)
+    };
     let existing = match std::fs::read_to_string(&path) {
         Ok(t) => Some(t),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -122,6 +127,40 @@ pub fn update_card(request: &UpdateRequest) -> Result<CardUpdate> {
         warnings,
         card,
     })
+}
+
+/// `eval.text.source` as `verify` will look for it: the measured file's path relative to the
+/// card's directory when it lies inside it (verify reads only files there). Else the name stays
+/// and a warning says how `verify` will find the text (a card naming a bare file name that
+/// `verify` then could not find was a reported friction).
+fn eval_source_beside(measurement: &mut Measurement, card: &Path) -> Option<String> {
+    let text = measurement.eval.text_path.clone()?;
+    let dir = match card.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let inside = match (std::fs::canonicalize(&text), std::fs::canonicalize(dir)) {
+        (Ok(t), Ok(d)) => t.strip_prefix(&d).ok().map(|r| {
+            r.components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join("/")
+        }),
+        _ => None,
+    };
+    match inside {
+        Some(rel) => {
+            measurement.fidelity.eval.text.source = rel;
+            None
+        }
+        None => Some(format!(
+            "the eval text {text} is not in the card's directory {}: `verify` reads only files \
+             there, so copy it beside the card as `{}` (sha256 {}) or pass `verify --eval-text`",
+            dir.display(),
+            measurement.fidelity.eval.text.source,
+            measurement.eval.text_sha256
+        )),
+    }
 }
 
 /// The card a measurement goes into when none is named: README.md in the candidate's directory

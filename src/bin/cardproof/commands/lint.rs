@@ -14,10 +14,46 @@ use crate::printer::Printer;
 pub struct Linted {
     pub card: Card,
     pub report: LintReport,
+    /// Findings left out by the rule selection.
+    pub ignored: usize,
 }
 
-pub fn run(config: &LintConfig, printer: &Printer) -> super::Result<Linted> {
-    let card = match HfSource::from_path(&config.path) {
+/// Every path linted, in the order given; findings (exit 1) when any card has an error.
+pub fn run(config: &LintConfig, printer: &Printer) -> super::Result<Vec<Linted>> {
+    let mut out = Vec::with_capacity(config.paths.len());
+    for path in &config.paths {
+        if config.model_cards && !is_model_card(path) {
+            printer.note(&format!(
+                "{}: not a model card (no front matter, no config.json or weights beside it): skipped",
+                path.display()
+            ));
+            continue;
+        }
+        let mut linted = lint_one(path, printer)?;
+        linted.ignored = config.selection.apply(&mut linted.report);
+        out.push(linted);
+    }
+    let errors = out.iter().any(|l| l.report.errors() > 0);
+    Ok(Outcome::findings_if(out, errors))
+}
+
+/// A local Markdown file is a model card when it has YAML front matter or its directory holds a
+/// config.json or weights (a model repository's README.md); a directory or an `hf:` source is
+/// linted as given.
+fn is_model_card(path: &std::path::Path) -> bool {
+    if !path.is_file() {
+        return true;
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    let front_matter = std::fs::read(path).is_ok_and(|b| b.starts_with(b"---"));
+    front_matter || dir.join("config.json").is_file() || cardproof::checkpoint::has_checkpoint(dir)
+}
+
+fn lint_one(path: &std::path::Path, printer: &Printer) -> cardproof::Result<Linted> {
+    let card = match HfSource::from_path(path) {
         Some(source) => {
             let snapshot = materialize(
                 printer,
@@ -27,9 +63,12 @@ pub fn run(config: &LintConfig, printer: &Printer) -> super::Result<Linted> {
             )?;
             snapshot.read_card()?
         }
-        None => Card::open(&config.path)?,
+        None => Card::open(path)?,
     };
-    let report = cardproof::lint::lint_at(&card, &config.path)?;
-    let errors = report.errors() > 0;
-    Ok(Outcome::findings_if(Linted { card, report }, errors))
+    let report = cardproof::lint::lint_at(&card, path)?;
+    Ok(Linted {
+        card,
+        report,
+        ignored: 0,
+    })
 }

@@ -185,6 +185,9 @@ fn with_progress<T>(
 }
 
 pub fn measure(config: &MeasureConfig, printer: &Printer) -> super::Result<Measured> {
+    for note in &config.notes {
+        printer.note(note);
+    }
     // The output set first: an --out that cannot be written fails before any download or work.
     let mut config = config.clone();
     let (set, pins) = open_set(

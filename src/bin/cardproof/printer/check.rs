@@ -1,5 +1,5 @@
-//! `check`: a Hub upload checked from its headers: the document, SARIF, or the inspection on
-//! stdout, and the findings and a summary on stderr.
+//! `check`: a Hub upload checked from its headers: the document, SARIF, or the checkpoint in a
+//! line per variant on stdout, and the findings and a summary on stderr.
 
 use std::io::{self, Write};
 
@@ -17,8 +17,9 @@ impl Printer {
         match self.output.format {
             Format::Json => write_json(&CheckDocument::new(report))?,
             Format::Sarif => write_json(&sarif::check_log(report))?,
+            // The checkpoint in a line per variant (`cardproof inspect` shows the tables).
             Format::Human | Format::Markdown => write_stdout(
-                &cardproof::output::text::inspections(&report.inspections, false, &self.style()),
+                &cardproof::output::text::inspection_summaries(&report.inspections, &self.style()),
             )?,
         }
         if !self.diagnostics() {

@@ -13,6 +13,53 @@ use crate::config::Format;
 const LINT_MARKDOWN: &str = include_str!("../../../../templates/lint-report.md.j2");
 
 impl Printer {
+    /// Every card's lint: one card prints as [`Printer::lint`]; several print each one's
+    /// findings, one SARIF log (a run with every card's results) or one Markdown page, and a
+    /// total; `--json` takes one path (its document is one card's).
+    pub fn lints(&self, all: &[crate::commands::lint::Linted]) -> io::Result<()> {
+        let ignored: usize = all.iter().map(|l| l.ignored).sum();
+        if let [one] = all {
+            self.lint(&one.card, &one.report)?;
+        } else {
+            match self.output.format {
+                // Refused before any work (`LintConfig::from_args`): a document is one card's.
+                Format::Json => {}
+                Format::Markdown => write_stdout(
+                    &all.iter()
+                        .map(|l| render_markdown(&l.card, &l.report))
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                )?,
+                Format::Sarif => write_json(&sarif::lint_logs(
+                    &all.iter().map(|l| (&l.card, &l.report)).collect::<Vec<_>>(),
+                ))?,
+                Format::Human => {}
+            }
+            if self.diagnostics() {
+                for l in all {
+                    self.human_findings(&l.card, &l.report)?;
+                }
+                let (e, w): (usize, usize) = all.iter().fold((0, 0), |(e, w), l| {
+                    (e + l.report.errors(), w + l.report.warnings())
+                });
+                let summary = format!(
+                    "{} cards: {e} {}, {w} {}",
+                    all.len(),
+                    plural(e, "error"),
+                    plural(w, "warning")
+                );
+                writeln!(io::stderr().lock(), "{}", self.style().bold(&summary))?;
+            }
+        }
+        if ignored > 0 && self.diagnostics() {
+            self.note(&format!(
+                "{ignored} {} left out by the rule selection (--ignore, .cardproof.yaml)",
+                plural(ignored, "finding")
+            ));
+        }
+        Ok(())
+    }
+
     /// Print a lint report in the chosen format.
     pub fn lint(&self, card: &Card, report: &LintReport) -> io::Result<()> {
         match self.output.format {
