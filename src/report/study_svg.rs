@@ -96,13 +96,20 @@ pub struct ArmPoint {
     pub bits_per_weight: Option<f64>,
 }
 
-/// A log axis over the decades holding every positive value of `values`.
+/// The most decades a log axis spans: a control's 4e-12 beside arms at 1e-2 had stretched the
+/// axis to 1e-12 and squeezed every arm into its last decades. What lies below is written, not
+/// drawn.
+const MAX_DECADES: f64 = 5.0;
+
+/// A log axis over the decades holding every positive value of `values`, at most
+/// [`MAX_DECADES`] below the largest.
 fn log_axis(values: impl Iterator<Item = f64>, p0: f64, p1: f64) -> Axis {
     let (lo, hi) = values
         .filter(|v| *v > 0.0 && v.is_finite())
         .fold((f64::INFINITY, 0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
     let (d_lo, d_hi) = if hi > 0.0 {
-        let (a, b) = (lo.log10().floor(), hi.log10().ceil());
+        let b = hi.log10().ceil();
+        let a = lo.log10().floor().max(b - MAX_DECADES);
         (a, if b > a { b } else { a + 1.0 })
     } else {
         (-6.0, 0.0)
@@ -245,10 +252,16 @@ pub fn svg_forest(context_length: usize, arms: &[ArmPoint]) -> String {
             r##"<text x="{LEFT}" y="{}" font-size="12" fill="#24292f">{name}</text>"##,
             c(y + 4.0)
         );
-        if !(a.kld_mean > 0.0 && a.kld_mean.is_finite()) {
+        let floor = 10f64.powf(x_axis.lo);
+        if !(a.kld_mean >= floor && a.kld_mean.is_finite()) {
+            let why = if a.kld_mean > 0.0 && a.kld_mean.is_finite() {
+                "below the axis"
+            } else {
+                "not on a log axis"
+            };
             let _ = write!(
                 s,
-                r##"<text x="{}" y="{}" font-size="11" fill="{AXIS}">{} (not on a log axis)</text>"##,
+                r##"<text x="{}" y="{}" font-size="11" fill="{AXIS}">{} ({why})</text>"##,
                 c(LEFT + label_width),
                 c(y + 4.0),
                 format_number(a.kld_mean, 3)
@@ -256,13 +269,18 @@ pub fn svg_forest(context_length: usize, arms: &[ArmPoint]) -> String {
             continue;
         }
         if a.ci.iter().all(|v| v.is_finite() && *v > 0.0) {
+            // The bar, and a cap at each end: an interval narrower than the dot still shows
+            // where it ends.
+            let (x0, x1) = (c(x(a.ci[0])), c(x(a.ci[1])));
             let _ = write!(
                 s,
-                r##"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="{colour}" stroke-width="3" stroke-opacity="0.5"/>"##,
-                c(x(a.ci[0])),
+                r##"<line x1="{x0}" y1="{}" x2="{x1}" y2="{}" stroke="{colour}" stroke-width="2"/><line x1="{x0}" y1="{}" x2="{x0}" y2="{}" stroke="{colour}" stroke-width="1.5"/><line x1="{x1}" y1="{}" x2="{x1}" y2="{}" stroke="{colour}" stroke-width="1.5"/>"##,
                 c(y),
-                c(x(a.ci[1])),
-                c(y)
+                c(y),
+                c(y - 6.0),
+                c(y + 6.0),
+                c(y - 6.0),
+                c(y + 6.0)
             );
         }
         let _ = write!(

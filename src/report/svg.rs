@@ -845,8 +845,10 @@ pub(super) fn draw_axes(s: &mut String, x: &Axis, y: &Axis, x_label: &str, y_lab
 }
 
 /// Colours of a sweep plot's settings, in order (the baseline has no line: it is the reference).
-pub(super) const SERIES: [&str; 6] = [
-    "#0969da", "#cf222e", "#1a7f37", "#8250df", "#bf8700", "#57606a",
+/// Ten distinguishable colours (a study's eight arms had shared six).
+pub(super) const SERIES: [&str; 10] = [
+    "#0969da", "#cf222e", "#1a7f37", "#8250df", "#bf8700", "#57606a", "#e16f24", "#1b7c83",
+    "#bf3989", "#0a3069",
 ];
 /// Bins of positions a sweep plot pools rows into.
 pub const SWEEP_BINS: usize = 48;

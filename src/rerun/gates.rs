@@ -175,12 +175,13 @@ fn quantization_engaged(m: &Measured) -> Gate {
     let (passed, detail) = match m.kld_max {
         Some(max) if max > 0.0 => (
             true,
-            format!("{what}; its largest per-row KL is {max:e} (above 0)"),
+            format!("{what}; its largest per-row KL is {} (above 0)", readable(max)),
         ),
         Some(max) => (
             false,
             format!(
-                "{what}, yet its largest per-row KL is {max:e}: quantization never engaged (the same weights loaded twice?)"
+                "{what}, yet its largest per-row KL is {}: quantization never engaged (the same weights loaded twice?)",
+                readable(max)
             ),
         ),
         None => (
@@ -257,5 +258,15 @@ pub fn from_runner(
                     .unwrap_or("no gate numbers in its record")
             ),
         }],
+    }
+}
+
+/// A KL value in a gate's detail, for people: four decimals from 0.001 up, else four
+/// significant digits in scientific notation (Rust's `{:e}` printed `7.405002677752102e-1`).
+fn readable(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() || x.abs() >= 1e-3 {
+        format!("{x:.4}")
+    } else {
+        format!("{x:.3e}")
     }
 }

@@ -229,7 +229,13 @@ fn plots(d: &StudyDocument, rows: &[Vec<RunRows>], run_index: usize, length: usi
                     .uncertainty
                     .get("kld_mean")
                     .map_or([f64::NAN; 2], |u| u.ci95),
-                bits_per_weight: a.bits_per_weight,
+                // Only an arm that changes the weights sits on the bits-per-weight axis (a KV
+                // cache or kernel arm has the reference's weights, and its point there misled).
+                bits_per_weight: a
+                    .changed
+                    .contains(&super::file::Variable::Weights)
+                    .then_some(a.bits_per_weight)
+                    .flatten(),
             })
         })
         .collect();

@@ -40,25 +40,46 @@ fn json_of(v: &impl Serialize) -> Json {
     serde_json::to_value(v).unwrap_or(Json::Null)
 }
 
-/// A value as display text: strings as they are, other scalars as JSON, containers compact JSON.
+/// A value as display text: strings as they are, other scalars as JSON, a flat mapping as
+/// `key: value` pairs and a flat list as its items (a report showed `{"bf16":29}`), anything
+/// deeper as compact JSON.
 fn text(v: &Json) -> Json {
+    let scalar = |v: &Json| match v {
+        Json::String(s) => Some(s.clone()),
+        Json::Number(_) | Json::Bool(_) => Some(v.to_string()),
+        _ => None,
+    };
     match v {
         Json::Null => Json::Null,
         Json::String(s) => Json::String(s.clone()),
+        Json::Object(m) if m.values().all(|x| scalar(x).is_some()) => Json::String(
+            m.iter()
+                .map(|(k, x)| format!("{k}: {}", scalar(x).unwrap_or_default()))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        Json::Array(a) if a.iter().all(|x| scalar(x).is_some()) => Json::String(
+            a.iter()
+                .map(|x| scalar(x).unwrap_or_default())
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
         other => Json::String(other.to_string()),
     }
 }
 
+/// A verdict's label, its emoji (report.md: GitHub renders them) and its mark (report.html: a
+/// text glyph every font has; emoji render as boxes without an emoji font).
 fn verdict(v: Verdict) -> Json {
-    let (label, symbol) = match v {
-        Verdict::Reproduced => ("Reproduced", "✅"),
-        Verdict::NotReproduced => ("Not reproduced", "❌"),
-        Verdict::Imprecise => ("Imprecise", "❌"),
-        Verdict::Invalid => ("Invalid", "❌"),
-        Verdict::NotComparable => ("Not comparable", "⚠️"),
-        Verdict::Undisclosed => ("Undisclosed", "❔"),
+    let (label, symbol, mark) = match v {
+        Verdict::Reproduced => ("Reproduced", "✅", "✓"),
+        Verdict::NotReproduced => ("Not reproduced", "❌", "✗"),
+        Verdict::Imprecise => ("Imprecise", "❌", "✗"),
+        Verdict::Invalid => ("Invalid", "❌", "✗"),
+        Verdict::NotComparable => ("Not comparable", "⚠️", "!"),
+        Verdict::Undisclosed => ("Undisclosed", "❔", "?"),
     };
-    json!({"key": v.as_str(), "label": label, "symbol": symbol})
+    json!({"key": v.as_str(), "label": label, "symbol": symbol, "mark": mark})
 }
 
 fn overall_explanation(v: Verdict) -> &'static str {

@@ -37,18 +37,25 @@ pub fn run(config: &LintConfig, printer: &Printer) -> super::Result<Vec<Linted>>
     Ok(Outcome::findings_if(out, errors))
 }
 
-/// A local Markdown file is a model card when it has YAML front matter or its directory holds a
-/// config.json or weights (a model repository's README.md); a directory or an `hf:` source is
-/// linted as given.
+/// A local card (a Markdown file, or a directory's README.md) is a model card when it has YAML
+/// front matter or its directory holds a config.json or weights (a model repository's
+/// README.md); an `hf:` source, or a path with no card to read, is linted as given (and its
+/// error reported).
 fn is_model_card(path: &std::path::Path) -> bool {
-    if !path.is_file() {
+    let (file, dir) = if path.is_dir() {
+        (path.join("README.md"), path.to_owned())
+    } else {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+            _ => std::path::PathBuf::from("."),
+        };
+        (path.to_owned(), dir)
+    };
+    if !file.is_file() {
         return true;
     }
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => std::path::Path::new("."),
-    };
-    let front_matter = std::fs::read(path).is_ok_and(|b| b.starts_with(b"---"));
+    let front_matter = std::fs::read(&file).is_ok_and(|b| b.starts_with(b"---"));
+    let dir = dir.as_path();
     front_matter || dir.join("config.json").is_file() || cardproof::checkpoint::has_checkpoint(dir)
 }
 
