@@ -175,7 +175,10 @@ fn quantization_engaged(m: &Measured) -> Gate {
     let (passed, detail) = match m.kld_max {
         Some(max) if max > 0.0 => (
             true,
-            format!("{what}; its largest per-row KL is {} (above 0)", readable(max)),
+            format!(
+                "{what}; its largest per-row KL is {} (above 0)",
+                readable(max)
+            ),
         ),
         Some(max) => (
             false,
