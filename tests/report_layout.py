@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Layout check of a report.html in headless Chromium, at a phone width and a desktop width.
+"""Layout check of a report.html or study.html in headless Chromium, at a phone width and a desktop width.
 
 Run by .ci/run on a report the debug binary writes (needs `chromium`, a Debian package; python3
 stdlib only). Usage: tests/report_layout.py REPORT.html [REPORT.html ...] [--widths 390,1280] [--chromium PATH].
@@ -11,7 +11,8 @@ script wrote what it measured. The check fails when, at any width:
 
 - the document is wider than the viewport (`scrollWidth > innerWidth`: a horizontal scrollbar);
 - an element sticks out of the page's content box, or a table, cell, `pre`, figure or SVG is wider
-  than its container, or a cell's content is wider than the cell;
+  than its container, or a cell's content is wider than the cell (what sits in a scroll container,
+  `overflow-x: auto`, scrolls in its box, which must itself fit);
 - a metric name (`kld_mean`, `top1_agreement`, …) is broken across lines.
 
 It fails, never skips, when Chromium is missing or the measuring script did not run.
@@ -56,10 +57,20 @@ MEASURE = r"""
     const r = el.getBoundingClientRect();
     return r.width > 0 && r.height > 0 && !el.closest("details:not([open]) > :not(summary)");
   };
+  // Inside a scroll container (`overflow-x: auto`) content may be wider than the page: it
+  // scrolls in its box, which must itself fit (a study's tables on a phone).
+  const scrolled = (el) => {
+    for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
+      const o = getComputedStyle(a).overflowX;
+      if (o === "auto" || o === "scroll") return true;
+    }
+    return false;
+  };
   // Only the outermost element sticking out is reported (its children stick out with it).
   const out_of_box = new Set();
   for (const el of document.body.querySelectorAll("*")) {
     if (el.tagName === "SCRIPT" || !visible(el) || el.closest("svg") && el.tagName !== "svg") continue;
+    if (scrolled(el)) continue;
     const r = el.getBoundingClientRect();
     if (r.right > right || r.left < left) {
       out_of_box.add(el);
@@ -69,7 +80,7 @@ MEASURE = r"""
     }
   }
   for (const el of document.body.querySelectorAll("table, pre, figure, svg, dl")) {
-    if (!visible(el)) continue;
+    if (!visible(el) || scrolled(el)) continue;
     const parent = el.parentElement;
     if (el.getBoundingClientRect().width > parent.clientWidth + 1) {
       problems.push(name(el) + " is " + Math.round(el.getBoundingClientRect().width) +
