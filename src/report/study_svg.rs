@@ -164,6 +164,7 @@ pub fn svg_kld_vs_bits(context_length: usize, arms: &[ArmPoint]) -> String {
         "mean KLD (nats, log)",
     );
     let y = |v: f64| y_axis.map(v.max(10f64.powf(y_axis.lo)).log10());
+    let mut labels: Vec<[f64; 4]> = Vec::new();
     for (k, a) in placed.iter().enumerate() {
         let colour = SERIES[k % SERIES.len()];
         let x = x_axis.map(a.bits_per_weight.unwrap_or(0.0));
@@ -178,6 +179,7 @@ pub fn svg_kld_vs_bits(context_length: usize, arms: &[ArmPoint]) -> String {
                 c(y(a.ci[1]))
             );
         }
+        let (lx, ly) = label_spot(&mut labels, x, y(a.kld_mean), a.name.chars().count());
         let _ = write!(
             s,
             r##"<circle cx="{}" cy="{}" r="4" fill="{colour}"><title>{name}: {} bits per weight, mean KLD {}</title></circle><text x="{}" y="{}" font-size="11" fill="{AXIS}">{name}</text>"##,
@@ -185,8 +187,8 @@ pub fn svg_kld_vs_bits(context_length: usize, arms: &[ArmPoint]) -> String {
             c(y(a.kld_mean)),
             format_number(a.bits_per_weight.unwrap_or(0.0), 3),
             format_number(a.kld_mean, 3),
-            c(x + 7.0),
-            c(y(a.kld_mean) - 6.0)
+            c(lx),
+            c(ly)
         );
     }
     let left_out: Vec<String> = arms
@@ -204,6 +206,32 @@ pub fn svg_kld_vs_bits(context_length: usize, arms: &[ArmPoint]) -> String {
     }
     s.push_str("</svg>");
     s
+}
+
+/// Where a point's label goes: above right of the point, else below right, above left or below
+/// left, the first spot whose box (about 6.5 px a character, 12 px high) overlaps no label placed
+/// before (two arms of the same bits per weight had printed their names over each other); the
+/// first spot when all overlap. The chosen box is added to `placed`.
+fn label_spot(placed: &mut Vec<[f64; 4]>, x: f64, y: f64, chars: usize) -> (f64, f64) {
+    let w = 6.5 * chars as f64;
+    let spots = [
+        (x + 7.0, y - 6.0),
+        (x + 7.0, y + 14.0),
+        (x - 7.0 - w, y - 6.0),
+        (x - 7.0 - w, y + 14.0),
+    ];
+    let boxed = |(lx, ly): (f64, f64)| [lx, ly - 11.0, lx + w, ly + 1.0];
+    let free = |b: &[f64; 4]| {
+        placed
+            .iter()
+            .all(|p| b[2] <= p[0] || b[0] >= p[2] || b[3] <= p[1] || b[1] >= p[3])
+    };
+    let spot = spots
+        .into_iter()
+        .find(|s| free(&boxed(*s)))
+        .unwrap_or(spots[0]);
+    placed.push(boxed(spot));
+    spot
 }
 
 /// The interval forest: one row per arm, its mean KLD as a dot and its 95% interval as a bar,
@@ -370,4 +398,28 @@ pub fn svg_turn_strip(arms: &[(String, Vec<crate::kld::turns::TurnOutcome>)]) ->
     );
     s.push_str("</svg>");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_of_points_at_one_place_do_not_overlap() {
+        let mut placed = Vec::new();
+        let a = label_spot(&mut placed, 100.0, 100.0, 10);
+        let b = label_spot(&mut placed, 100.0, 100.0, 10);
+        let c = label_spot(&mut placed, 102.0, 101.0, 10);
+        assert_eq!(a, (107.0, 94.0));
+        assert_eq!(b, (107.0, 114.0));
+        assert!(c.0 < 100.0, "{c:?}");
+    }
+
+    #[test]
+    fn a_log_axis_spans_at_most_five_decades_below_its_largest_value() {
+        let axis = log_axis([4e-12, 2.5e-4, 0.03].into_iter(), 0.0, 100.0);
+        assert_eq!((axis.lo, axis.hi), (-6.0, -1.0));
+        let axis = log_axis([2.5e-4, 0.03].into_iter(), 0.0, 100.0);
+        assert_eq!((axis.lo, axis.hi), (-4.0, -1.0));
+    }
 }
