@@ -1055,3 +1055,36 @@ fn model_cards_only_skips_a_readme_that_is_not_a_model_card() {
     let own = cardproof(&["lint", "--model-cards", "README.md"]);
     assert_eq!(own.code, 0, "{}", own.stderr);
 }
+
+/// exllamav3 cards print both KL directions as table columns, `KL-div (q→o)` and
+/// `KL-div (o→q)`: lint reads each column's numbers as KLD claims (here undisclosed: no
+/// `fidelity:` block), the arrow kept in the excerpt it names.
+#[test]
+fn exllamav3_kl_div_columns_in_both_directions_are_read_as_claims() {
+    let dir = tempfile::tempdir().unwrap();
+    let card = dir.path().join("README.md");
+    std::fs::write(
+        &card,
+        "---\nlicense: apache-2.0\nbase_model: Qwen/Qwen3-8B\n---\n# Qwen3-8B exl3\n\n\
+         | bpw | PPL | KL-div (q→o) | KL-div (o→q) | Top-1 |\n|---|---|---|---|---|\n\
+         | 4.0 | 9.12 | 0.0231 | 0.0245 | 0.912 |\n",
+    )
+    .unwrap();
+    let r = cardproof(&["lint", card.to_str().unwrap(), "--json"]);
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    let messages: Vec<String> = r.json()["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["code"] == "undisclosed-kld-claim")
+        .map(|f| f["message"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        messages.iter().any(|m| m.contains("KL-div (q→o) 0.0231")),
+        "{messages:?}"
+    );
+    assert!(
+        messages.iter().any(|m| m.contains("KL-div (o→q) 0.0245")),
+        "{messages:?}"
+    );
+}
