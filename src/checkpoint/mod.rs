@@ -6,6 +6,7 @@ pub mod gguf;
 pub mod hash;
 pub mod head;
 pub mod inspect;
+pub mod layout;
 pub mod members;
 pub mod mmap;
 pub mod quant_config;

@@ -596,6 +596,7 @@ pub fn check_local(
         ));
         None
     };
+    hub_findings.extend(layout_findings(dir)?);
     let lint = card
         .as_ref()
         .map(|c| crate::lint::lint_with_checkpoint(c, &inspections));
@@ -694,6 +695,35 @@ pub fn check_local(
         report,
         card_text: card,
     })
+}
+
+/// A published layout (`layouts/<file>.tensor-types.txt`) against each GGUF's header in `dir`:
+/// a `hub-layout-mismatch` per layout that does not describe its file.
+fn layout_findings(dir: &std::path::Path) -> Result<Vec<HubFinding>> {
+    let mut out = Vec::new();
+    for l in crate::checkpoint::layout::check_dir(dir)? {
+        if l.mismatches.is_empty() {
+            continue;
+        }
+        let shown = l.mismatches.len().min(8);
+        out.push(HubFinding::error(
+            "hub-layout-mismatch",
+            format!(
+                "{} does not describe {}: {} of the {} tensors it types differ ({}{})",
+                l.layout,
+                l.gguf,
+                l.mismatches.len(),
+                l.checked,
+                l.mismatches[..shown].join("; "),
+                if l.mismatches.len() > shown {
+                    "; ..."
+                } else {
+                    ""
+                }
+            ),
+        ));
+    }
+    Ok(out)
 }
 
 /// A local `report.dsse.json` against the directory's digests and card (as [`check_report`]).

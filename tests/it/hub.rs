@@ -1524,3 +1524,73 @@ fn check_of_a_card_only_directory_says_there_is_no_checkpoint() {
         .collect();
     assert_eq!(codes, ["hub-no-checkpoint"], "{}", r.stdout);
 }
+
+/// A published layout (`layouts/<file>.tensor-types.txt`, the per-tensor types given to
+/// llama-quantize) is checked against the GGUF's header tensor by tensor: one that describes the
+/// file passes, one line changed is `hub-layout-mismatch` naming the tensor; a tensor whose row
+/// does not divide into the asked type's blocks takes llama.cpp's fallback and is no mismatch.
+#[test]
+fn a_published_layout_is_checked_against_the_gguf_tensor_by_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    crate::support::copy_model("shakespeare-q4_0-gguf", &model);
+    let gguf = cardproof::checkpoint::gguf::read_file(&model.join("model.gguf")).unwrap();
+    std::fs::create_dir_all(model.join("layouts")).unwrap();
+    let write = |f: &dyn Fn(&str, &str) -> String| {
+        let text: String = gguf
+            .tensors
+            .iter()
+            .map(|t| {
+                format!(
+                    "^{}$={}\n",
+                    t.name.replace('.', "\\."),
+                    f(&t.name, t.ty.name())
+                )
+            })
+            .collect();
+        std::fs::write(model.join("layouts/model.gguf.tensor-types.txt"), text).unwrap();
+    };
+    let layout_codes = || -> Vec<String> {
+        let r = local(&["check", model.to_str().unwrap(), "--json"]);
+        assert_ne!(r.code, 2, "{}{}", r.stderr, r.stdout);
+        r.json()["hub_findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["code"] == "hub-layout-mismatch")
+            .map(|f| f["message"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    write(&|_, ty| ty.to_owned());
+    assert_eq!(layout_codes(), Vec::<String>::new());
+    let target = gguf
+        .tensors
+        .iter()
+        .find(|t| t.ty.name() == "q4_0")
+        .expect("a q4_0 tensor")
+        .name
+        .clone();
+    write(&|name, ty| {
+        if name == target {
+            "q8_0".into()
+        } else {
+            ty.to_owned()
+        }
+    });
+    let found = layout_codes();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].contains(&format!("{target}: layout q8_0, file q4_0")),
+        "{found:?}"
+    );
+    // A k-quant asked of rows that do not divide into 256: llama.cpp's fallback, not a mismatch.
+    write(&|name, ty| {
+        if name == target {
+            "q4_k".into()
+        } else {
+            ty.to_owned()
+        }
+    });
+    let row = gguf.tensors.iter().find(|t| t.name == target).unwrap().dims[0];
+    assert_eq!(layout_codes().is_empty(), row % 256 != 0, "row {row}");
+}
