@@ -145,6 +145,23 @@ fn find_front_matter(text: &str, path: &Path, lines: &LineIndex) -> Result<Front
     Ok(FrontMatter::Absent)
 }
 
+/// A YAML error in a whole file `text` (a settings file, not a card's front matter) as the
+/// error naming `path`, the line and column, and what is wrong.
+pub fn yaml_file_error(e: yaml::YamlError, text: &str, path: &Path) -> Error {
+    let error = yaml_error(e, text, path, &LineIndex::new(text));
+    match error.kind {
+        // Not a card: the syntax error is the file's, not its front matter's.
+        ErrorKind::YamlSyntax(message) => Error {
+            kind: ErrorKind::Format {
+                subject: None,
+                rule: format!("YAML syntax error: {message}"),
+            },
+            ..error
+        },
+        _ => error,
+    }
+}
+
 fn yaml_error(e: yaml::YamlError, text: &str, path: &Path, lines: &LineIndex) -> Error {
     let at = |offset| lines.line_col(text, offset);
     match e {

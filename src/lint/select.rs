@@ -41,7 +41,7 @@ impl Selection {
         let text = std::str::from_utf8(&bytes)
             .map_err(|_| Error::format(path, None, "a settings file must be UTF-8"))?;
         let node = crate::card::yaml::parse(text, 0, crate::card::yaml::Budget::default())
-            .map_err(|e| Error::format(path, None, format!("not YAML: {e:?}")))?;
+            .map_err(|e| crate::card::yaml_file_error(e, text, path))?;
         let value = node.map(|n| n.to_json()).unwrap_or_default();
         let Some(lint) = value.get("lint") else {
             return Ok(Selection::default());
@@ -126,6 +126,14 @@ mod tests {
         let e = Selection::read(&path).unwrap_err().to_string();
         assert!(
             e.contains("lint.ignore[0]") && e.contains("typo-code"),
+            "{e}"
+        );
+        std::fs::write(&path, "lint:\n  ignore: [a, b\n").unwrap();
+        let e = Selection::read(&path).unwrap_err();
+        assert_eq!(e.at.map(|a| (a.line, a.column)), Some((2, 11)), "{e}");
+        assert!(
+            e.to_string()
+                .contains("YAML syntax error: unclosed bracket"),
             "{e}"
         );
         std::fs::write(&path, "lint:\n  select: [x]\n").unwrap();
