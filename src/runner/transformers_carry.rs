@@ -105,48 +105,23 @@ impl CarriedArm {
 /// Why two environments are not one measurement's, or `None`: the software, the dtype, TF32,
 /// the chunk size and the GPUs' models must be the same (timings and memory may differ).
 pub fn same_environment(before: &RunnerEnvironment, now: &RunnerEnvironment) -> Option<String> {
-    let gpus = |e: &RunnerEnvironment| e.gpus.iter().map(|g| g.name.clone()).collect::<Vec<_>>();
-    let fields: [(&str, String, String); 7] = [
-        (
-            "transformers",
-            format!("{:?}", before.transformers),
-            format!("{:?}", now.transformers),
-        ),
-        (
-            "torch",
-            format!("{:?}", before.torch),
-            format!("{:?}", now.torch),
-        ),
-        (
-            "CUDA",
-            format!("{:?}", before.cuda),
-            format!("{:?}", now.cuda),
-        ),
-        (
-            "dtype",
-            format!("{:?}", before.dtype),
-            format!("{:?}", now.dtype),
-        ),
-        (
-            "TF32",
-            format!("{:?}", before.tf32),
-            format!("{:?}", now.tf32),
-        ),
-        (
-            "chunk size",
-            format!("{:?}", before.chunk_size),
-            format!("{:?}", now.chunk_size),
-        ),
-        (
-            "GPUs",
-            format!("{:?}", gpus(before)),
-            format!("{:?}", gpus(now)),
-        ),
-    ];
-    fields
+    let key = |e: &RunnerEnvironment| -> [(&'static str, String); 7] {
+        let gpus: Vec<&str> = e.gpus.iter().map(|g| g.name.as_str()).collect();
+        [
+            ("transformers", format!("{:?}", e.transformers)),
+            ("torch", format!("{:?}", e.torch)),
+            ("CUDA", format!("{:?}", e.cuda)),
+            ("dtype", format!("{:?}", e.dtype)),
+            ("TF32", format!("{:?}", e.tf32)),
+            ("chunk size", format!("{:?}", e.chunk_size)),
+            ("GPUs", format!("{gpus:?}")),
+        ]
+    };
+    key(before)
         .into_iter()
-        .find(|(_, a, b)| a != b)
-        .map(|(what, a, b)| format!("{what} was {a} in the interrupted run and is {b} now"))
+        .zip(key(now))
+        .find(|((_, a), (_, b))| a != b)
+        .map(|((what, a), (_, b))| format!("{what} was {a} in the interrupted run and is {b} now"))
 }
 
 /// Where the reference's side of two arms' rows differs (its top-1 token, top-1 probability

@@ -54,7 +54,12 @@ fn is_model_card(path: &std::path::Path) -> bool {
     if !file.is_file() {
         return true;
     }
-    let front_matter = std::fs::read(&file).is_ok_and(|b| b.starts_with(b"---"));
+    // The first three bytes say it (a README of any size is not read whole here).
+    let front_matter = std::fs::File::open(&file).is_ok_and(|f| {
+        let mut head = Vec::with_capacity(3);
+        std::io::Read::read_to_end(&mut std::io::Read::take(f, 3), &mut head).is_ok()
+            && head == b"---"
+    });
     let dir = dir.as_path();
     front_matter || dir.join("config.json").is_file() || cardproof::checkpoint::has_checkpoint(dir)
 }
