@@ -70,8 +70,8 @@ pub struct Resume {
 
 /// The largest carried file read back (a run's per-row records: 64 bytes a row).
 const MAX_CARRY_FILE: u64 = 1 << 30;
-/// The most files a carried arm may list (one per context length).
-const MAX_CARRIED_RUNS: usize = 64;
+/// The most carried bytes read back over every arm (held in memory until the runner takes them).
+const MAX_CARRIED_BYTES: u64 = 2 << 30;
 
 /// Write the completed arms' carry and [`INCOMPLETE`] into `out` (the set's directory; their
 /// measurements are written beside as for a finished study).
@@ -174,17 +174,22 @@ pub fn read(out: &Path, study: &Study, plan: &Plan) -> Result<Resume> {
     }
     let mut carry = record.carry.clone();
     let mut measurements = Vec::with_capacity(done);
+    let mut carried = 0u64;
     for name in &record.completed {
         let dir = out.join("arms").join(name);
         let carry_path = dir.join("carry.json");
         let bytes = crate::files::read_capped(&carry_path, 64 << 20, "a carried arm")?;
         let arm: RecordArm = serde_json::from_slice(&bytes)
             .map_err(|e| Error::format(&carry_path, None, e.to_string()))?;
-        if arm.runs.len() > MAX_CARRIED_RUNS {
+        let lengths = plan.options.context_lengths.len();
+        if arm.runs.len() != lengths {
             return Err(Error::format(
                 &carry_path,
                 Some("runs"),
-                "more runs than a study has",
+                format!(
+                    "{} runs; the study has {lengths} context lengths",
+                    arm.runs.len()
+                ),
             ));
         }
         let mut runs = Vec::with_capacity(arm.runs.len());
@@ -197,8 +202,18 @@ pub fn read(out: &Path, study: &Study, plan: &Plan) -> Result<Resume> {
                     format!("is not `{file}`"),
                 ));
             }
-            let bytes =
-                crate::files::read_capped(&dir.join(&file), MAX_CARRY_FILE, "a carried run")?;
+            let path = dir.join(&file);
+            carried += std::fs::metadata(&path)
+                .map_err(|e| Error::io(&path, e))?
+                .len();
+            if carried > MAX_CARRIED_BYTES {
+                return Err(Error::format(
+                    &path,
+                    None,
+                    format!("the carried rows exceed {MAX_CARRIED_BYTES} bytes in all"),
+                ));
+            }
+            let bytes = crate::files::read_capped(&path, MAX_CARRY_FILE, "a carried run")?;
             runs.push((file, bytes));
         }
         carry.arms.push(CarriedArm { record: arm, runs });
