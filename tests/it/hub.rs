@@ -1498,6 +1498,16 @@ fn a_bare_repo_id_reads_as_hf_when_no_such_path_exists() {
     let hf = run(&server, cache.path(), &["hash", &hf(None), "--json"], &[]);
     assert_eq!(hf.code, 0, "{}", hf.stderr);
     assert_eq!(bare.json()["root_sha256"], hf.json()["root_sha256"]);
+    // Every command that takes `hf:` reads it so (they had said "no such file").
+    for cmd in ["inspect", "lint", "check"] {
+        let r = run(&server, cache.path(), &[cmd, REPO, "--json"], &[]);
+        assert_ne!(r.code, 2, "{cmd}: {}{}", r.stderr, r.stdout);
+        assert!(
+            r.stderr.contains("reading it as the Hub repository"),
+            "{cmd}: {}",
+            r.stderr
+        );
+    }
     // A local directory of that name is the user's, not the Hub's.
     std::fs::create_dir_all(cache.path().join(REPO)).unwrap();
     let local_dir = run(&server, cache.path(), &["hash", REPO, "--json"], &[]);

@@ -119,7 +119,7 @@ fn run(command: Command, printer: &Printer) -> io::Result<Finished> {
                 source: args.source,
                 public_key: args.public_key,
             };
-            finish(check::run(&config), |r| printer.check(r))
+            finish(check::run(&config, printer), |r| printer.check(r))
         }
         Command::Measure(args) => match config::MeasureConfig::from_args(args) {
             Ok(config) => finish(rerun::measure(&config, printer), |m| {

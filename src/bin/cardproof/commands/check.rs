@@ -7,15 +7,15 @@ use super::{Outcome, hub_client};
 use crate::config::CheckConfig;
 use crate::printer;
 
-pub fn run(config: &CheckConfig) -> super::Result<CheckReport> {
+pub fn run(config: &CheckConfig, printer: &crate::printer::Printer) -> super::Result<CheckReport> {
     let key = config
         .public_key
         .as_deref()
         .map(cardproof::attest::read_verifying_key)
         .transpose()?;
     let path = std::path::Path::new(&config.source);
-    let report = match cardproof::hub::HfSource::from_path(path) {
-        Some(source) => cardproof::hub::check::check(&hub_client(), &source?, key.as_ref())?,
+    let report = match super::hub_source(printer, path)? {
+        Some(source) => cardproof::hub::check::check(&hub_client(), &source, key.as_ref())?,
         None => {
             // Hashing (only when the card claims a digest or a report is there) can take a while.
             let bar = std::io::IsTerminal::is_terminal(&std::io::stderr())

@@ -9,8 +9,8 @@ use crate::config::InspectConfig;
 use crate::printer::Printer;
 
 pub fn run(config: &InspectConfig, printer: &Printer) -> super::Result<Vec<Inspection>> {
-    let inspections = match HfSource::from_path(&config.path) {
-        Some(source) => inspect_hub(printer, &source?)?,
+    let inspections = match super::hub_source(printer, &config.path)? {
+        Some(source) => inspect_hub(printer, &source)?,
         None => inspect_path(&config.path)?,
     };
     Ok(Outcome::clean(inspections))

@@ -2,7 +2,6 @@
 //! when the path is a model directory.
 
 use cardproof::card::Card;
-use cardproof::hub::HfSource;
 use cardproof::hub::snapshot::Select;
 use cardproof::lint::LintReport;
 
@@ -65,12 +64,12 @@ fn is_model_card(path: &std::path::Path) -> bool {
 }
 
 fn lint_one(path: &std::path::Path, printer: &Printer) -> cardproof::Result<Linted> {
-    let card = match HfSource::from_path(path) {
+    let card = match super::hub_source(printer, path)? {
         Some(source) => {
             let snapshot = materialize(
                 printer,
                 &hub_client(),
-                &source?,
+                &source,
                 Select::Only(&["README.md"]),
             )?;
             snapshot.read_card()?

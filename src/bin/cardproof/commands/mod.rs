@@ -131,23 +131,31 @@ pub fn materialize(
     Ok(snapshot)
 }
 
+/// The Hub source a path names: `hf:ORG/NAME[@REV]`, or a bare `ORG/NAME[@REV]` where no such
+/// local path exists (said on stderr, as `huggingface-cli` users type it); `None`: a local path.
+/// Every command that takes `hf:` asks this, so they read a path the same way.
+pub fn hub_source(
+    printer: &Printer,
+    path: &std::path::Path,
+) -> cardproof::Result<Option<cardproof::hub::HfSource>> {
+    Ok(match cardproof::hub::HfSource::from_path(path) {
+        Some(source) => Some(source?),
+        None => cardproof::hub::HfSource::bare(path).inspect(|s| {
+            printer.note(&format!(
+                "{} is not a local path: reading it as the Hub repository {s}",
+                path.display()
+            ))
+        }),
+    })
+}
+
 /// A path for the local code: a Hub source becomes its verified snapshot folder (all files),
 /// with the commit it resolved to.
 pub fn local_path(
     printer: &Printer,
     path: &std::path::Path,
 ) -> cardproof::Result<(std::path::PathBuf, Option<cardproof::hub::HubPin>)> {
-    let source = match cardproof::hub::HfSource::from_path(path) {
-        Some(source) => Some(source?),
-        None => cardproof::hub::HfSource::bare(path).inspect(|s| {
-            printer.note(&format!(
-                "{} is not a local path: reading it as the Hub repository {}",
-                path.display(),
-                s
-            ))
-        }),
-    };
-    match source {
+    match hub_source(printer, path)? {
         Some(source) => {
             let snapshot = materialize(printer, &hub_client(), &source, Select::All)?;
             let pin = source.pin(&snapshot.pinned.revision);
