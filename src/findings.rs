@@ -170,10 +170,12 @@ pub enum Code {
     KvCacheMismatch,
     ConversationAllPositions,
     ModelIndexContradictsDisclosure,
+    ListedFileMissing,
+    UnlistedFile,
 }
 
 impl Code {
-    pub const ALL: [Code; 26] = [
+    pub const ALL: [Code; 28] = [
         Code::SchemaViolation,
         Code::MissingDisclosure,
         Code::VagueDisclosure,
@@ -200,6 +202,8 @@ impl Code {
         Code::KvCacheMismatch,
         Code::ConversationAllPositions,
         Code::ModelIndexContradictsDisclosure,
+        Code::ListedFileMissing,
+        Code::UnlistedFile,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -230,6 +234,8 @@ impl Code {
             Code::KvCacheMismatch => "kv-cache-mismatch",
             Code::ConversationAllPositions => "conversation-all-positions",
             Code::ModelIndexContradictsDisclosure => "model-index-contradicts-disclosure",
+            Code::ListedFileMissing => "listed-file-missing",
+            Code::UnlistedFile => "unlisted-file",
         }
     }
 
@@ -244,7 +250,8 @@ impl Code {
             | Code::UnquotedRevision
             | Code::Yaml11Ambiguous
             | Code::NoFidelityDisclosure
-            | Code::ConversationAllPositions => Severity::Warning,
+            | Code::ConversationAllPositions
+            | Code::UnlistedFile => Severity::Warning,
             _ => Severity::Error,
         }
     }

@@ -7,6 +7,7 @@
 /// The KV-cache entry (`runtime.kv_cache`): a run records it and a card discloses it, so it
 /// lives with the runners ([`crate::runner::kv_record`]).
 pub use crate::runner::kv_record as kv_cache;
+pub mod files;
 pub mod precision;
 pub mod read;
 pub mod results;
@@ -29,19 +30,64 @@ pub const SCHEMA_URI: &str = "https://cardproof.dev/schema/disclosure-v1.schema.
 /// key `fidelity`. Extension keys starting with `x-` or `x_` are allowed in every section.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-#[schemars(title = "cardproof fidelity disclosure v1", extend("patternProperties" = {"^x[-_]": {}}))]
+#[schemars(
+    title = "cardproof fidelity disclosure v1",
+    extend(
+        "patternProperties" = {"^x[-_]": {}},
+        "if" = {"required": ["files"]},
+        "then" = {
+            "not": {"anyOf": [{"required": ["quantization"]}, {"required": ["results"]}]},
+            "properties": {"candidate": {"not": {"anyOf": [
+                {"required": ["file"]}, {"required": ["files_sha256"]}
+            ]}}}
+        },
+        "else" = {"required": ["quantization", "results"]}
+    )
+)]
 pub struct Disclosure {
     /// Schema version; must be `cardproof/v1`.
     #[schemars(extend("const" = "cardproof/v1"))]
     pub schema: String,
     pub reference: Reference,
+    /// The candidate repository; with `files`, its `file` and `files_sha256` are each entry's.
     pub candidate: Candidate,
-    pub quantization: Quantization,
+    /// How the candidate was quantized (required unless `files` lists each file's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<Quantization>,
+    /// The calibration data (with `files`, the default for entries that give none).
     pub calibration: Calibration,
     pub runtime: Runtime,
     pub eval: Eval,
     pub protocol: Protocol,
-    /// The claimed numbers. Metric names come from a fixed vocabulary.
+    /// The claimed numbers (required unless `files` lists each file's). Metric names come from a
+    /// fixed vocabulary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub results: Option<Vec<ResultClaim>>,
+    /// Many quant files under one card (a GGUF repository's Q2_K … Q8_0): each file's
+    /// quantization, digest and claims, measured under the one reference, runtime, eval and
+    /// protocol above. Lint and `verify` judge each entry as the card of that one file
+    /// (`verify --file NAME`, or every file). With `files`, the top level has no `quantization`
+    /// or `results` and `candidate` no `file` or `files_sha256`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub files: Option<Vec<FileEntry>>,
+}
+
+/// One quant file of a card that describes many (`fidelity.files`).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(extend("patternProperties" = {"^x[-_]": {}}))]
+pub struct FileEntry {
+    /// The file, beside the card: a bare file name, never a path.
+    #[schemars(regex(pattern = r"^[^/\\]+$"), length(min = 1, max = 255))]
+    pub file: String,
+    /// The file's digest as `cardproof hash FILE` computes it (binds its claims to its bytes).
+    pub files_sha256: Sha256,
+    pub quantization: Quantization,
+    /// This file's calibration data, when it is not the block's `calibration`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<Calibration>,
+    /// This file's claimed numbers.
     pub results: Vec<ResultClaim>,
 }
 

@@ -102,7 +102,11 @@ pub struct CheckReport {
     pub card: Option<LintReport>,
     pub inspections: Vec<Inspection>,
     pub hub_findings: Vec<HubFinding>,
+    /// The signed report nearest the top of the repository (`report.dsse.json`).
     pub report: Option<ReportCheck>,
+    /// Every further report envelope, judged the same way: a card listing many files has one
+    /// per file (`reports/<file>/report.dsse.json`), each about its file.
+    pub other_reports: Vec<ReportCheck>,
     /// The card, for printing findings with their lines.
     #[serde(skip)]
     pub card_text: Option<Card>,
@@ -157,15 +161,11 @@ pub fn check(
         .map(|m| m.to_json())
         .unwrap_or(Value::Null);
     let candidate = &metadata["fidelity"]["candidate"];
+    let claimed = claimed_digests(&metadata["fidelity"]);
 
-    let report_file = info
-        .siblings
-        .iter()
-        .filter(|s| s.rfilename.rsplit('/').next() == Some("report.dsse.json"))
-        .min_by_key(|s| s.rfilename.matches('/').count())
-        .map(|s| s.rfilename.clone());
+    let report_files = report_files(info.siblings.iter().map(|s| s.rfilename.as_str()));
     // The checkpoint's files as `cardproof hash` sees them, with their SHA-256 from the Hub.
-    let needs_digests = candidate.get("files_sha256").is_some() || report_file.is_some();
+    let needs_digests = !claimed.is_empty() || !report_files.is_empty();
     let digests = if needs_digests {
         Some(file_digests(client, &pinned, &info)?)
     } else {
@@ -183,38 +183,9 @@ pub fn check(
             ),
         ));
     }
-    if let (Some(claimed), Some(digests)) = (
-        candidate.get("files_sha256").and_then(Value::as_str),
-        &digests,
-    ) {
-        let entries: Vec<crate::checkpoint::hash::ManifestEntry> = digests
-            .iter()
-            .map(
-                |(path, (sha, size))| crate::checkpoint::hash::ManifestEntry {
-                    path: path.clone(),
-                    size: *size,
-                    sha256: sha.clone(),
-                    link: None,
-                },
-            )
-            .collect();
-        let root = {
-            use sha2::Digest as _;
-            hex(&sha2::Sha256::digest(
-                crate::checkpoint::hash::manifest_text(&entries).as_bytes(),
-            ))
-        };
-        if !claimed.eq_ignore_ascii_case(&root) {
-            hub_findings.push(HubFinding::error(
-                "hub-files-digest-mismatch",
-                format!(
-                    "the card's `fidelity.candidate.files_sha256` is {claimed}, but the files at \
-                     {} have root digest {root} (from the Hub's per-file SHA-256): the measured \
-                     files are not the published ones",
-                    info.sha
-                ),
-            ));
-        }
+    if let Some(digests) = &digests {
+        let place = format!("the files at {} (from the Hub's per-file SHA-256)", info.sha);
+        hub_findings.extend(digest_findings(&claimed, digests, &place, "published"));
     }
     if let Some(measured) = candidate.get("revision").and_then(Value::as_str)
         && measured != info.sha
@@ -222,19 +193,24 @@ pub fn check(
         hub_findings.extend(stale_revision(client, source, &info, measured)?);
     }
 
-    let report = match (&report_file, &digests) {
-        (Some(file), Some(digests)) => Some(check_report(
-            client,
-            &pinned,
-            &info,
-            file,
-            digests,
-            public_key,
-            card.as_ref(),
-        )?),
-        _ => None,
-    };
-    hub_findings.extend(report_mismatch(report.as_ref(), "repository"));
+    let mut reports = Vec::new();
+    if let Some(digests) = &digests {
+        for file in &report_files {
+            reports.push(check_report(
+                client,
+                &pinned,
+                &info,
+                file,
+                digests,
+                public_key,
+                card.as_ref(),
+            )?);
+        }
+    }
+    for r in &reports {
+        hub_findings.extend(report_mismatch(Some(r), "repository"));
+    }
+    let (report, other_reports) = first_and_rest(reports);
 
     Ok(CheckReport {
         source: source.to_string(),
@@ -248,8 +224,118 @@ pub fn check(
         inspections: remote,
         hub_findings,
         report,
+        other_reports,
         card_text: card,
     })
+}
+
+/// Most report envelopes one check judges (a card lists at most 256 files).
+const MAX_REPORTS: usize = 256;
+
+/// The paths named `report.dsse.json` among `names`, nearest the top first (then by name), at
+/// most [`MAX_REPORTS`].
+fn report_files<'n>(names: impl Iterator<Item = &'n str>) -> Vec<String> {
+    let mut found: Vec<&str> = names
+        .filter(|n| n.rsplit('/').next() == Some("report.dsse.json"))
+        .collect();
+    found.sort_by_key(|n| (n.matches('/').count(), *n));
+    found.into_iter().take(MAX_REPORTS).map(str::to_owned).collect()
+}
+
+fn first_and_rest(mut reports: Vec<ReportCheck>) -> (Option<ReportCheck>, Vec<ReportCheck>) {
+    if reports.is_empty() {
+        return (None, reports);
+    }
+    let first = reports.remove(0);
+    (Some(first), reports)
+}
+
+/// One digest a card claims: where (for messages), the digest, and the one file it is of (a
+/// card's `candidate.file`, or an entry of `files`), `None` for every file of the checkpoint.
+struct ClaimedDigest {
+    field: String,
+    digest: String,
+    file: Option<String>,
+}
+
+/// The digests a `fidelity` block claims for its files.
+fn claimed_digests(fidelity: &Value) -> Vec<ClaimedDigest> {
+    if let Some(entries) = fidelity.get("files").and_then(Value::as_array) {
+        return entries
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| {
+                Some(ClaimedDigest {
+                    field: format!("fidelity.files[{i}].files_sha256"),
+                    digest: e.get("files_sha256")?.as_str()?.to_owned(),
+                    file: Some(e.get("file")?.as_str()?.to_owned()),
+                })
+            })
+            .collect();
+    }
+    let candidate = &fidelity["candidate"];
+    candidate
+        .get("files_sha256")
+        .and_then(Value::as_str)
+        .map(|d| ClaimedDigest {
+            field: "fidelity.candidate.files_sha256".into(),
+            digest: d.to_owned(),
+            file: candidate
+                .get("file")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+        })
+        .into_iter()
+        .collect()
+}
+
+/// `hub-files-digest-mismatch` for each claimed digest that is not the root digest of the files
+/// it claims (all of `digests`, or the one file), as `cardproof hash` computes it.
+fn digest_findings(
+    claimed: &[ClaimedDigest],
+    digests: &BTreeMap<String, (String, u64)>,
+    place: &str,
+    which: &str,
+) -> Vec<HubFinding> {
+    use crate::checkpoint::hash::{ManifestEntry, manifest_text};
+    let mut out = Vec::new();
+    for c in claimed {
+        let entries: Vec<ManifestEntry> = digests
+            .iter()
+            .filter(|(path, _)| c.file.as_deref().is_none_or(|f| *path == f))
+            .map(|(path, (sha, size))| ManifestEntry {
+                path: path.clone(),
+                size: *size,
+                sha256: sha.clone(),
+                link: None,
+            })
+            .collect();
+        if let Some(file) = &c.file
+            && entries.is_empty()
+        {
+            out.push(HubFinding::error(
+                "hub-files-digest-mismatch",
+                format!("the card's `{}` is for `{file}`, which is not among {place}", c.field),
+            ));
+            continue;
+        }
+        let root = {
+            use sha2::Digest as _;
+            hex(&sha2::Sha256::digest(manifest_text(&entries).as_bytes()))
+        };
+        if !c.digest.eq_ignore_ascii_case(&root) {
+            let what = c.file.as_ref().map_or("the files".to_owned(), |f| format!("`{f}`"));
+            out.push(HubFinding::error(
+                "hub-files-digest-mismatch",
+                format!(
+                    "the card's `{}` is {}, but {what} among {place} has root digest {root}: the \
+                     measured files are not the {which} ones",
+                    c.field, c.digest
+                ),
+            ));
+        }
+    }
+    out
 }
 
 /// The card, read from the cache when present (else fetched and cached), named by its Hub path.
@@ -507,8 +593,15 @@ fn judge_envelope(
         ),
     };
     if let Some(statement) = &statement {
+        // A report about one file of the checkpoint (a listed file, `candidate.file`) has
+        // that file as its subject: the files beside it are not its business.
+        let one_file = statement
+            .predicate()
+            .pointer("/card/disclosure/candidate/file")
+            .and_then(Value::as_str);
         let as_they_are: BTreeMap<&str, &str> = digests
             .iter()
+            .filter(|(p, _)| one_file.is_none_or(|f| p.as_str() == f))
             .map(|(p, (sha, _))| (p.as_str(), sha.as_str()))
             .collect();
         mismatches.extend(crate::attest::verify::compare_subjects(
@@ -554,7 +647,7 @@ pub fn check_local(
     public_key: Option<&ed25519_dalek::VerifyingKey>,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<CheckReport> {
-    use crate::checkpoint::hash::{self, HashOptions, ManifestEntry};
+    use crate::checkpoint::hash::{self, HashOptions};
     let meta = std::fs::metadata(dir).map_err(|e| crate::Error::io(dir, e))?;
     if !meta.is_dir() {
         return Err(crate::Error::usage(
@@ -605,8 +698,8 @@ pub fn check_local(
         .and_then(Card::metadata)
         .map(|m| m.to_json())
         .unwrap_or(Value::Null);
-    let candidate = &metadata["fidelity"]["candidate"];
-    // The report set is not the checkpoint's: look for it among every file of the directory.
+    let claimed = claimed_digests(&metadata["fidelity"]);
+    // The report sets are not the checkpoint's: look for them among every file of the directory.
     let every = hash::list_files(
         dir,
         &HashOptions {
@@ -614,19 +707,13 @@ pub fn check_local(
             ..HashOptions::default()
         },
     )?;
-    let report_file = every
-        .iter()
-        .map(|(name, _)| name)
-        .filter(|name| {
-            !name
-                .split('/')
-                .any(crate::checkpoint::members::excluded_dir)
-        })
-        .filter(|name| name.rsplit('/').next() == Some("report.dsse.json"))
-        .min_by_key(|name| name.matches('/').count())
-        .cloned();
-    let needs_digests =
-        has_checkpoint && (candidate.get("files_sha256").is_some() || report_file.is_some());
+    let report_files = report_files(
+        every
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .filter(|name| !name.split('/').any(crate::checkpoint::members::excluded_dir)),
+    );
+    let needs_digests = has_checkpoint && (!claimed.is_empty() || !report_files.is_empty());
     let digests: Option<BTreeMap<String, (String, u64)>> = if needs_digests {
         let manifest = hash::hash_path(dir, &options, progress)?;
         Some(
@@ -640,47 +727,20 @@ pub fn check_local(
     } else {
         None
     };
-    if let (Some(claimed), Some(digests)) = (
-        candidate.get("files_sha256").and_then(Value::as_str),
-        &digests,
-    ) {
-        let entries: Vec<ManifestEntry> = digests
-            .iter()
-            .map(|(path, (sha, size))| ManifestEntry {
-                path: path.clone(),
-                size: *size,
-                sha256: sha.clone(),
-                link: None,
-            })
-            .collect();
-        let root = {
-            use sha2::Digest as _;
-            hex(&sha2::Sha256::digest(
-                hash::manifest_text(&entries).as_bytes(),
-            ))
-        };
-        if !claimed.eq_ignore_ascii_case(&root) {
-            hub_findings.push(HubFinding::error(
-                "hub-files-digest-mismatch",
-                format!(
-                    "the card's `fidelity.candidate.files_sha256` is {claimed}, but the files in \
-                     {} have root digest {root}: the measured files are not the ones to upload",
-                    dir.display()
-                ),
-            ));
+    if let Some(digests) = &digests {
+        let place = format!("the files in {}", dir.display());
+        hub_findings.extend(digest_findings(&claimed, digests, &place, "to upload"));
+    }
+    let mut reports = Vec::new();
+    if let Some(digests) = &digests {
+        for file in &report_files {
+            reports.push(check_local_report(dir, file, digests, public_key, card.as_ref())?);
         }
     }
-    let report = match (&report_file, &digests) {
-        (Some(file), Some(digests)) => Some(check_local_report(
-            dir,
-            file,
-            digests,
-            public_key,
-            card.as_ref(),
-        )?),
-        _ => None,
-    };
-    hub_findings.extend(report_mismatch(report.as_ref(), "directory"));
+    for r in &reports {
+        hub_findings.extend(report_mismatch(Some(r), "directory"));
+    }
+    let (report, other_reports) = first_and_rest(reports);
     Ok(CheckReport {
         source: dir.display().to_string(),
         repo: None,
@@ -693,6 +753,7 @@ pub fn check_local(
         inspections,
         hub_findings,
         report,
+        other_reports,
         card_text: card,
     })
 }

@@ -6,14 +6,8 @@ use super::Locator;
 use crate::checkpoint::inspect::{Bucket, Inspection, Module, Status};
 use crate::findings::{Code, Finding, Severity};
 
-/// Findings for a card whose directory holds a checkpoint: inspect's own findings (as errors) and
-/// every place the card's `quantization` section disagrees with the tensors.
-pub(super) fn check(
-    fidelity: Option<&Value>,
-    inspections: &[Inspection],
-    locator: &Locator<'_>,
-    out: &mut Vec<Finding>,
-) {
+/// Inspect's own findings about the checkpoint beside a card, as errors.
+pub(super) fn inspection_findings(inspections: &[Inspection], out: &mut Vec<Finding>) {
     for inspection in inspections {
         for finding in &inspection.findings {
             let mut f = finding.clone();
@@ -24,7 +18,17 @@ pub(super) fn check(
             out.push(f);
         }
     }
-    let Some(q) = fidelity.and_then(|f| f.get("quantization")) else {
+}
+
+/// Every place a `fidelity` block's (or one file's view's) `quantization` section disagrees with
+/// the tensors of the checkpoint it describes.
+pub(super) fn check(
+    fidelity: &Value,
+    inspections: &[&Inspection],
+    locator: &Locator<'_>,
+    out: &mut Vec<Finding>,
+) {
+    let Some(q) = fidelity.get("quantization") else {
         return;
     };
     for inspection in inspections {

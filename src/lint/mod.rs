@@ -156,22 +156,22 @@ pub fn lint_with_checkpoint(card: &Card, inspections: &[Inspection]) -> LintRepo
     if let Some(root) = root {
         metadata::yaml_scalars(root, &locator, &mut findings);
     }
+    let fidelity = root.and_then(|r| r.get("fidelity"));
     if !inspections.is_empty() {
-        let fidelity = root
-            .and_then(|r| r.get("fidelity"))
-            .map(|f| f.value.to_json());
-        checkpoint::check(fidelity.as_ref(), inspections, &locator, &mut findings);
+        checkpoint::inspection_findings(inspections, &mut findings);
     }
-    match root.and_then(|r| r.get("fidelity")) {
+    match fidelity {
         Some(fidelity) => {
-            let json = fidelity.value.to_json();
-            schema::validate(&json, &locator, &mut findings);
-            items::check(&json, &locator, &mut findings);
-            imprecise_claims(&fidelity.value, &locator, &mut findings);
-            prose::contradictions(card, &claims_in_prose, &json, &locator, &mut findings);
             let root = root.expect("fidelity implies a root");
-            metadata::hub(root, &json, &locator, &mut findings);
-            metadata::model_index(root, &json, &locator, &mut findings);
+            disclosure_findings(
+                card,
+                root,
+                &fidelity.value,
+                inspections,
+                &claims_in_prose,
+                &locator,
+                &mut findings,
+            );
         }
         None if !claims_in_prose.is_empty() => {
             for claim in claims_in_prose {
@@ -229,11 +229,127 @@ pub fn lint_with_checkpoint(card: &Card, inspections: &[Inspection]) -> LintRepo
     }
 }
 
-/// Maps JSON pointers in the front matter to places in the file.
+/// Findings of a `fidelity` block: each view (the block itself, or each entry of a card listing
+/// many files) against the schema, the nine items, its claims' precision, the Hub metadata and,
+/// beside a checkpoint, its file's tensors; then the prose and `model-index` against every claim.
+fn disclosure_findings(
+    card: &Card,
+    root: &Node,
+    fidelity: &Node,
+    inspections: &[Inspection],
+    claims_in_prose: &[crate::card::prose::ProseClaim],
+    locator: &Locator<'_>,
+    findings: &mut Vec<Finding>,
+) {
+    let files = crate::disclosure::files::read(fidelity);
+    let views: Vec<(&Node, Locator<'_>)> = match &files {
+        Some(files) => {
+            listed_files(files, inspections, locator, findings);
+            files
+                .views
+                .iter()
+                .map(|v| (&v.node, locator.for_view(v)))
+                .collect()
+        }
+        None => vec![(fidelity, locator.whole())],
+    };
+    for (node, locator) in &views {
+        let json = node.to_json();
+        if !inspections.is_empty() {
+            let file = json.pointer("/candidate/file").and_then(|f| f.as_str());
+            checkpoint::check(&json, &of_file(inspections, file), locator, findings);
+        }
+        schema::validate(&json, locator, findings);
+        items::check(&json, locator, findings);
+        imprecise_claims(node, locator, findings);
+        metadata::hub(root, &json, locator, findings);
+    }
+    // The prose and the Hub's `model-index` speak of every file the card lists.
+    let mut whole = fidelity.to_json();
+    whole["results"] = serde_json::Value::Array(crate::disclosure::files::all_results(&whole));
+    prose::contradictions(card, claims_in_prose, &whole, locator, findings);
+    metadata::model_index(root, &whole, locator, findings);
+}
+
+/// The inspections of `file` (a bare name beside the card), or all of them when the card names
+/// none: a card for one file of a directory is judged against that file's tensors only.
+fn of_file<'i>(inspections: &'i [Inspection], file: Option<&str>) -> Vec<&'i Inspection> {
+    inspections
+        .iter()
+        .filter(|i| {
+            file.is_none_or(|name| {
+                i.files
+                    .iter()
+                    .any(|f| f.path.rsplit(['/', '\\']).next() == Some(name))
+            })
+        })
+        .collect()
+}
+
+/// A card listing many files beside a checkpoint: each listed file must be there, and a GGUF
+/// the card does not list is said (a reader would take the card to speak for it).
+fn listed_files(
+    files: &crate::disclosure::files::Files,
+    inspections: &[Inspection],
+    locator: &Locator<'_>,
+    findings: &mut Vec<Finding>,
+) {
+    for p in &files.problems {
+        findings.push(locator.at_key(
+            Finding::new(Code::SchemaViolation, p.message.clone()),
+            &p.pointer,
+        ));
+    }
+    if inspections.is_empty() {
+        return;
+    }
+    let present: Vec<&str> = inspections
+        .iter()
+        .flat_map(|i| i.files.first())
+        .map(|f| f.path.rsplit(['/', '\\']).next().unwrap_or(&f.path))
+        .collect();
+    for view in &files.views {
+        if of_file(inspections, Some(&view.file)).is_empty() {
+            findings.push(locator.at_value(
+                Finding::new(
+                    Code::ListedFileMissing,
+                    format!(
+                        "files[{}] describes `{}`, which is not a checkpoint file beside the card \
+                         (found: {})",
+                        view.index,
+                        view.file,
+                        if present.is_empty() { "none".to_owned() } else { present.join(", ") }
+                    ),
+                ),
+                &format!("/fidelity/files/{}/file", view.index),
+            ));
+        }
+    }
+    for name in present {
+        if files.view(name).is_none() && name.to_ascii_lowercase().ends_with(".gguf") {
+            findings.push(locator.at_value(
+                Finding::new(
+                    Code::UnlistedFile,
+                    format!(
+                        "`{name}` sits beside the card but `fidelity.files` does not list it: its \
+                         quality is not disclosed (measure it and add it with `cardproof card \
+                         --measurement`, or move it to a repository of its own)"
+                    ),
+                ),
+                "/fidelity/files",
+            ));
+        }
+    }
+}
+
+/// Maps JSON pointers in the front matter to places in the file; for one file's view of a card
+/// listing many ([`crate::disclosure::files`]), a pointer into the view first becomes the place
+/// in the card it was read from, and a finding there names the file.
 pub(crate) struct Locator<'c> {
     card: &'c Card,
     /// pointer -> (key span for mapping values, value span)
-    spans: HashMap<String, (Option<Range<usize>>, Range<usize>)>,
+    spans: std::rc::Rc<HashMap<String, (Option<Range<usize>>, Range<usize>)>>,
+    view: Option<&'c crate::disclosure::files::FileView>,
 }
 
 impl<'c> Locator<'c> {
@@ -246,7 +362,32 @@ impl<'c> Locator<'c> {
                 },
             );
         }
-        Locator { card, spans }
+        Locator {
+            card,
+            spans: std::rc::Rc::new(spans),
+            view: None,
+        }
+    }
+
+    /// The locator for one file's view.
+    fn for_view<'v>(&self, view: &'v crate::disclosure::files::FileView) -> Locator<'v>
+    where
+        'c: 'v,
+    {
+        Locator {
+            card: self.card,
+            spans: self.spans.clone(),
+            view: Some(view),
+        }
+    }
+
+    /// The locator for the card's block as it is.
+    fn whole(&self) -> Locator<'c> {
+        Locator {
+            card: self.card,
+            spans: self.spans.clone(),
+            view: None,
+        }
     }
 
     pub(crate) fn at_span(&self, mut finding: Finding, span: Range<usize>) -> Finding {
@@ -268,6 +409,17 @@ impl<'c> Locator<'c> {
     }
 
     fn place(&self, mut finding: Finding, pointer: &str, prefer_key: bool) -> Finding {
+        let pointer = match self.view {
+            Some(view) => {
+                let moved = view.card_pointer(pointer);
+                if moved != pointer {
+                    finding.message = format!("files[{}] `{}`: {}", view.index, view.file, finding.message);
+                }
+                moved
+            }
+            None => pointer.to_owned(),
+        };
+        let pointer = pointer.as_str();
         finding.pointer = Some(pointer.to_owned());
         let mut current = pointer;
         let mut exact = true;

@@ -439,6 +439,8 @@ pub const DOCUMENTS: &[Document] = &[
     #[cfg(feature = "native")]
     Document::of::<crate::verify::Report>("report"),
     #[cfg(feature = "native")]
+    Document::of::<crate::verify::FilesSummary>("verify-files"),
+    #[cfg(feature = "native")]
     Document::of::<crate::rerun::sweep::Sweep>("sweep"),
     #[cfg(feature = "native")]
     Document::of::<crate::rerun::export::Exported>("export"),

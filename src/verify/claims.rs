@@ -434,7 +434,15 @@ fn scale_name(metric: &str) -> &'static str {
 
 /// The overall verdict: reproduced only when there are claims and every one is.
 pub fn overall(results: &[ClaimResult]) -> Verdict {
-    if results.is_empty() {
+    worst(results.iter().map(|r| r.verdict))
+}
+
+/// The verdict that speaks for several (claims, or the files of a card): `reproduced` only when
+/// every one is, `undisclosed` for none; else the first present of not reproduced, invalid,
+/// imprecise, undisclosed, not comparable.
+pub fn worst(verdicts: impl IntoIterator<Item = Verdict>) -> Verdict {
+    let verdicts: Vec<Verdict> = verdicts.into_iter().collect();
+    if verdicts.is_empty() {
         return Verdict::Undisclosed;
     }
     for v in [
@@ -444,7 +452,7 @@ pub fn overall(results: &[ClaimResult]) -> Verdict {
         Verdict::Undisclosed,
         Verdict::NotComparable,
     ] {
-        if results.iter().any(|r| r.verdict == v) {
+        if verdicts.contains(&v) {
             return v;
         }
     }

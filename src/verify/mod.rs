@@ -20,7 +20,7 @@ use crate::rerun::{self, GateRequest, HubPin, Lane, Progress, Rerun, Role, Runne
 use crate::runner::native::kv_cache::KvCacheSetting;
 use crate::runner::native::{ComputeDtype, Emulate};
 use claims::{Claim, ClaimResult, Context, Verdict};
-pub use report::Report;
+pub use report::{FilesSummary, Report};
 
 /// What to verify.
 pub struct VerifyRequest<'a> {
@@ -30,6 +30,8 @@ pub struct VerifyRequest<'a> {
     /// The card to read instead of the one in (or beside) `model`: a card published in a later
     /// commit than the weights it pins (`verify hf:ORG/NAME@<weights commit>`).
     pub card: Option<&'a Path>,
+    /// `--file NAME`: the one file of a card listing many (`fidelity.files`) to verify.
+    pub file: Option<&'a str>,
     /// The reference checkpoint.
     pub reference: Option<&'a Path>,
     /// A compact reference artifact (or llama.cpp base file) in place of the reference
@@ -344,7 +346,7 @@ pub fn verify(
     progress: Progress,
 ) -> Result<VerifyOutcome> {
     stage("linting");
-    let read = read_card(r.model, r.card)?;
+    let read = read_card(r.model, r.card, r.file)?;
     let mut ctx = lint_context(&read.lint);
     ctx.turns_disclosed = read
         .sections
@@ -494,9 +496,10 @@ pub fn card_pins(card: &Path) -> Result<CardPins> {
 /// Open the card and lint it against its checkpoint, by one layout rule for files and
 /// directories: a directory means its README.md, and the checkpoint is the directory or, when
 /// the card's `candidate.file` names one, that file in it; a GGUF file means the README.md beside
-/// it, and the checkpoint is that file (a card naming another file is refused). A directory
-/// without a checkpoint is refused before anything is linted.
-fn read_card(model: &Path, card_file: Option<&Path>) -> Result<ReadCard> {
+/// it, and the checkpoint is that file (a card naming another file is refused). A card listing
+/// many files (`fidelity.files`) is read as the view of the one file given or named by `file`.
+/// A directory without a checkpoint is refused before anything is linted.
+fn read_card(model: &Path, card_file: Option<&Path>, file: Option<&str>) -> Result<ReadCard> {
     let given_file = is_gguf_file(model);
     let card_at = match (given_file, model.parent()) {
         (true, Some(dir)) if !dir.as_os_str().is_empty() => dir,
@@ -522,10 +525,29 @@ fn read_card(model: &Path, card_file: Option<&Path>) -> Result<ReadCard> {
     })?;
     let card = Card::open(&path)?;
     let fidelity_node = card.metadata().and_then(|m| m.get("fidelity"));
-    let disclosure = fidelity_node.map_or(serde_json::Value::Null, |e| e.value.to_json());
+    let given_name = given_file
+        .then(|| model.file_name().and_then(|n| n.to_str()))
+        .flatten();
+    let view = match fidelity_node.and_then(|e| disclosure::files::read(&e.value)) {
+        Some(files) => Some(file_view(files, file.or(given_name), model, &path)?),
+        None => None,
+    };
+    let fidelity_value = view.as_ref().map(|v| &v.node).or(fidelity_node.map(|e| &e.value));
+    let disclosure = fidelity_value.map_or(serde_json::Value::Null, |n| n.to_json());
     let named = disclosure
         .pointer("/candidate/file")
         .and_then(serde_json::Value::as_str);
+    if let Some(asked) = file
+        && named != Some(asked)
+    {
+        return Err(Error::usage(
+            &path,
+            match named {
+                Some(other) => format!("describes `{other}` (fidelity.candidate.file), not `{asked}` (--file)"),
+                None => format!("describes the whole directory, not one file: `--file {asked}` is for a card that lists files (`fidelity.files`) or names one (`candidate.file`)"),
+            },
+        ));
+    }
     let checkpoint = card_checkpoint(model, card_at, given_file, named, &path)?;
     let inspections = if crate::checkpoint::has_checkpoint(&checkpoint) {
         crate::checkpoint::inspect::inspect_path(&checkpoint)?
@@ -535,10 +557,17 @@ fn read_card(model: &Path, card_file: Option<&Path>) -> Result<ReadCard> {
             "holds no checkpoint (safetensors or GGUF) to verify",
         ));
     };
-    let lint = crate::lint::lint_with_checkpoint(&card, &inspections);
+    let mut lint = crate::lint::lint_with_checkpoint(&card, &inspections);
+    if let Some(view) = &view {
+        // What the card says of its other files is not about this one.
+        lint.findings.retain(|f| {
+            !f.pointer.as_deref().is_some_and(|p| view.is_other_entry(p))
+                && f.code != Code::UnlistedFile
+        });
+    }
     let sections = Sections::read(&disclosure);
-    let claims: Vec<Claim> = fidelity_node
-        .map(|e| claims::claims(&e.value, &|offset| card.line_col(offset).line))
+    let claims: Vec<Claim> = fidelity_value
+        .map(|n| claims::claims(n, &|offset| card.line_col(offset).line))
         .unwrap_or_default();
     Ok(ReadCard {
         dir: path.parent().unwrap_or(Path::new(".")).to_owned(),
@@ -551,6 +580,58 @@ fn read_card(model: &Path, card_file: Option<&Path>) -> Result<ReadCard> {
         sections,
         claims,
     })
+}
+
+/// The view of the one file to verify of a card listing many: the file `verify` was given or
+/// `--file` names; none given is refused, listing the files (the command verifies each in turn).
+fn file_view(
+    files: disclosure::files::Files,
+    name: Option<&str>,
+    model: &Path,
+    card: &Path,
+) -> Result<disclosure::files::FileView> {
+    let listed = || files.names().join(", ");
+    let Some(name) = name else {
+        return Err(Error::usage(
+            model,
+            format!(
+                "the card lists {} files ({}): verify one with `--file NAME`",
+                files.views.len(),
+                listed()
+            ),
+        ));
+    };
+    match files.view(name) {
+        Some(view) => Ok(view.clone()),
+        None => Err(Error::usage(
+            card,
+            format!(
+                "lists no file `{name}` in `fidelity.files` (it lists: {})",
+                if files.views.is_empty() { "none".to_owned() } else { listed() }
+            ),
+        )),
+    }
+}
+
+/// The files a card lists (`fidelity.files`), when `model` is a directory whose card lists
+/// several: `verify` of the directory verifies each. `None` for a card of one checkpoint.
+pub fn listed_files(model: &Path, card_file: Option<&Path>) -> Result<Option<Vec<String>>> {
+    if is_gguf_file(model) {
+        return Ok(None);
+    }
+    let path = match card_file {
+        Some(card) => card.to_owned(),
+        None => match crate::card::resolve_card_path(model) {
+            Ok(p) => p,
+            Err(_) => return Ok(None),
+        },
+    };
+    let card = Card::open(&path)?;
+    let Some(fidelity) = card.metadata().and_then(|m| m.get("fidelity")) else {
+        return Ok(None);
+    };
+    Ok(disclosure::files::read(&fidelity.value)
+        .map(|f| f.names().into_iter().map(str::to_owned).collect()))
 }
 
 fn is_gguf_file(path: &Path) -> bool {

@@ -153,3 +153,48 @@ impl Report {
         serde_json::to_value(self).expect("a report serializes")
     }
 }
+
+/// `verify` of a card that lists many files (`fidelity.files`), as `--json` prints it: each
+/// file's verdict and where its report set is (one set per file, `--out/<file>/`).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[schemars(title = "cardproof verification of a card's files v1")]
+pub struct FilesSummary {
+    pub schema_version: crate::schema::SchemaVersion,
+    /// `reproduced` only when every file's verdict is (else the worst, as for claims).
+    pub verdict: Verdict,
+    pub files: Vec<FileOutcome>,
+}
+
+/// One listed file's verification.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct FileOutcome {
+    /// The file, as `fidelity.files` names it.
+    pub file: String,
+    pub verdict: Verdict,
+    /// Claims per verdict.
+    pub summary: BTreeMap<String, usize>,
+    /// The verified file's root digest (`cardproof hash FILE`).
+    pub root_sha256: String,
+    /// The report set's directory.
+    pub out: String,
+}
+
+impl FilesSummary {
+    pub fn of<'r>(files: impl IntoIterator<Item = (String, &'r Report, std::path::PathBuf)>) -> Self {
+        let files: Vec<FileOutcome> = files
+            .into_iter()
+            .map(|(file, r, out)| FileOutcome {
+                file,
+                verdict: r.verdict,
+                summary: r.summary.clone(),
+                root_sha256: r.checkpoint.root_sha256.clone(),
+                out: out.display().to_string(),
+            })
+            .collect();
+        FilesSummary {
+            schema_version: crate::schema::SchemaVersion,
+            verdict: super::claims::worst(files.iter().map(|f| f.verdict)),
+            files,
+        }
+    }
+}

@@ -706,3 +706,120 @@ pub fn moe_hybrid_bf16(dir: &Path) {
             "num_experts": 4, "num_experts_per_tok": 2, "tie_word_embeddings": false}),
     );
 }
+
+/// The quant types of [`gguf_quant_repo`]: file suffix, the type of its 2-D weights, the type of
+/// `output.weight` where it differs, and llama.cpp's `general.file_type`.
+pub const QUANT_FILES: [(&str, GgmlType, Option<GgmlType>, u32); 10] = [
+    ("Q8_0", GgmlType::Q8_0, None, 7),
+    ("Q5_1", GgmlType::Q5_1, None, 9),
+    ("Q5_0", GgmlType::Q5_0, None, 8),
+    ("Q4_1", GgmlType::Q4_1, None, 3),
+    ("Q4_0", GgmlType::Q4_0, None, 2),
+    ("IQ4_NL", GgmlType::IQ4_NL, None, 25),
+    ("Q4_0_L", GgmlType::Q4_0, Some(GgmlType::Q8_0), 2),
+    ("Q4_1_L", GgmlType::Q4_1, Some(GgmlType::Q8_0), 3),
+    ("Q5_0_L", GgmlType::Q5_0, Some(GgmlType::Q8_0), 8),
+    ("IQ4_NL_L", GgmlType::IQ4_NL, Some(GgmlType::Q8_0), 25),
+];
+/// A GGUF repository as publishers lay it out: the BF16 example's weights written as ten quant
+/// files (`shakespeare-<suffix>.gguf`, [`QUANT_FILES`]; `_L` keeps `output.weight` at Q8_0, as
+/// the `_L` uploads do) beside its tokenizer, no card. Each
+/// 2-D weight is encoded here by the library's ggml block encoders (checked against ggml's own
+/// quantizers in the KV-cache tests); 1-D tensors (norms) stay F32, as llama-quantize keeps them.
+/// Returns the file names in that order.
+pub fn gguf_quant_repo(dir: &Path) -> Vec<String> {
+    use cardproof::runner::native::kv_cache::{KvScheme, encode_block};
+    let source = Path::new(&crate::support::model("shakespeare-bf16-gguf")).join("model.gguf");
+    let bytes = std::fs::read(&source).unwrap();
+    let header = gguf::read_file(&source).unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    for entry in std::fs::read_dir(source.parent().unwrap()).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        if name != "model.gguf" && name != "README.md" {
+            std::fs::copy(entry.path(), dir.join(name)).unwrap();
+        }
+    }
+    let f32_of = |t: &gguf::GgufTensor| -> Vec<f32> {
+        let data = &bytes[t.offset as usize..(t.offset + t.n_bytes) as usize];
+        match t.ty {
+            GgmlType::F32 => data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+            GgmlType::BF16 => data
+                .chunks_exact(2)
+                .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+                .collect(),
+            other => panic!("the BF16 example holds {other:?}"),
+        }
+    };
+    let encode = |ty: GgmlType, x: &[f32]| -> Vec<u8> {
+        match ty {
+            GgmlType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            GgmlType::F16 => x
+                .iter()
+                .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+                .collect(),
+            GgmlType::BF16 => x
+                .iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+            _ => {
+                let scheme = match ty {
+                    GgmlType::Q8_0 => KvScheme::Q8_0,
+                    GgmlType::Q5_1 => KvScheme::Q5_1,
+                    GgmlType::Q5_0 => KvScheme::Q5_0,
+                    GgmlType::Q4_1 => KvScheme::Q4_1,
+                    GgmlType::Q4_0 => KvScheme::Q4_0,
+                    GgmlType::IQ4_NL => KvScheme::Iq4Nl,
+                    other => panic!("no encoder for {other:?}"),
+                };
+                let mut out = vec![0u8; x.len() / 32 * ty.type_size() as usize];
+                for (block, o) in x
+                    .chunks_exact(32)
+                    .zip(out.chunks_exact_mut(ty.type_size() as usize))
+                {
+                    encode_block(scheme, block.try_into().unwrap(), o);
+                }
+                out
+            }
+        }
+    };
+    let mut names = Vec::new();
+    for (suffix, weights, output, file_type) in QUANT_FILES {
+        let tensors: Vec<(String, GgmlType, Vec<u64>, Vec<u8>)> = header
+            .tensors
+            .iter()
+            .map(|t| {
+                let x = f32_of(t);
+                let ty = match (t.dims.len(), t.name.as_str()) {
+                    (1, _) => GgmlType::F32,
+                    (_, "output.weight") => output.unwrap_or(weights),
+                    _ => weights,
+                };
+                (t.name.clone(), ty, t.dims.clone(), encode(ty, &x))
+            })
+            .collect();
+        let views: Vec<(&str, GgmlType, &[u64], &[u8])> = tensors
+            .iter()
+            .map(|(n, t, d, b)| (n.as_str(), *t, d.as_slice(), b.as_slice()))
+            .collect();
+        let metadata: Vec<(&str, GgufValue)> = header
+            .metadata
+            .iter()
+            .map(|(k, v)| match k.as_str() {
+                "general.file_type" => (k.as_str(), GgufValue::U32(file_type)),
+                _ => (k.as_str(), v.clone()),
+            })
+            .collect();
+        let name = format!("shakespeare-{suffix}.gguf");
+        std::fs::write(
+            dir.join(&name),
+            gguf::serialize(&metadata, &views, header.alignment),
+        )
+        .unwrap();
+        names.push(name);
+    }
+    names
+}

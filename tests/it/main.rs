@@ -26,6 +26,7 @@ mod output_contract;
 mod output_schemas;
 mod outputs;
 mod pinned_numbers;
+mod quant_files;
 mod real_model;
 mod schema;
 mod study;

@@ -325,6 +325,19 @@ pub fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// A copy of the directory tree `from` in `to`.
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &to.join(entry.file_name()));
+        } else {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
 /// Rewrite `dir/config.json` with `f`.
 pub fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     let path = dir.join("config.json");

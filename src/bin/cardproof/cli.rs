@@ -435,6 +435,10 @@ pub struct VerifyArgs {
     /// The candidate: a model directory holding its card (README.md) and checkpoint, or
     /// hf:ORG/NAME[@REV] (downloaded into the Hugging Face cache and verified first).
     pub path: PathBuf,
+    /// The one file to verify of a card that lists many (`fidelity.files`); without it, every
+    /// listed file is verified, each into its own report set in --out/<file>/.
+    #[arg(long, value_name = "NAME")]
+    pub file: Option<String>,
     /// The reference checkpoint the card's claims were measured against (a path or hf:ORG/NAME).
     /// With --reference-artifact: a seeded sample of the artifact's rows is recomputed from it.
     #[arg(long, value_name = "PATH")]

@@ -687,6 +687,8 @@ impl StudyConfig {
 #[derive(Debug, Clone)]
 pub struct VerifyConfig {
     pub path: PathBuf,
+    /// `--file NAME`: one file of a card listing many.
+    pub file: Option<String>,
     pub reference: Option<PathBuf>,
     pub reference_artifact: Option<PathBuf>,
     /// `--artifact-pub`: keys whose signature vouches for the artifact.
@@ -746,6 +748,7 @@ impl VerifyConfig {
             threads: threads(args.threads),
             progress: std::io::stderr().is_terminal(),
             path: args.path,
+            file: args.file,
             reference: args.reference,
             reference_artifact: args.reference_artifact,
             artifact_pub: args.artifact_trust.artifact_pub,

@@ -18,6 +18,7 @@
 
 mod comparison;
 mod emit;
+mod files;
 mod merge;
 mod model_index;
 mod section;
@@ -120,24 +121,43 @@ pub fn write_card(existing: Option<&str>, path: &Path, inputs: &CardInputs) -> R
         .and_then(|r| r.get("fidelity"))
         .map(|e| e.value.to_json())
         .filter(Value::is_object);
-    let fidelity = merge_fidelity(&measured, old_fidelity.as_ref(), inputs, &mut warnings);
+    // One file measured into a card that lists files (or describes another file): its entry.
+    let listed = files::listed_file(&measured.fidelity, old_fidelity.as_ref()).map(str::to_owned);
+    let base = match (&listed, &old_fidelity) {
+        (Some(file), Some(old)) => Some(files::merge_base(old, file)),
+        _ => old_fidelity.clone(),
+    };
+    let view = merge_fidelity(&measured, base.as_ref(), inputs, &mut warnings);
+    let fidelity = match (&listed, &old_fidelity) {
+        (Some(_), Some(old)) => files::fold(&view, old, path)?,
+        _ => view.clone(),
+    };
 
     let mut edits: Vec<Edit> = Vec::new();
     let mut appended = String::new();
     let indent = layout.indent;
 
-    let names = Names::of(&fidelity);
+    let names = Names::of(&view);
     base_model_entries(root, &names, indent, &mut appended, &mut warnings);
-    // model-index: replaced when cardproof wrote it, added when absent, else left alone.
     let name = model_name(&names, &measured, path);
     let model_index = model_index(&names, &measured, &name);
     let mut model_index_written = true;
-    {
+    let existing_index = root.and_then(|r| r.entries().iter().position(|e| e.key == "model-index"));
+    if listed.is_some() {
+        // The Hub's `model-index` describes one model; a card listing files mirrors none (and
+        // removes the one cardproof wrote for a single file).
+        model_index_written = false;
+        if let Some(i) = existing_index
+            && is_ours(&root.expect("found in root").entries()[i].value.to_json())
+        {
+            edits.push(layout.replace_entry(i, "")?);
+        }
+    } else {
         let mut map = Map::new();
         map.insert("model-index".into(), model_index.clone());
         let mut block = String::new();
         emit_mapping(&mut block, indent, &map, None);
-        match root.and_then(|r| r.entries().iter().position(|e| e.key == "model-index")) {
+        match existing_index {
             None => appended.push_str(&block),
             Some(i) if is_ours(&root.expect("found in root").entries()[i].value.to_json()) => {
                 edits.push(layout.replace_entry(i, &block)?);
@@ -169,7 +189,13 @@ pub fn write_card(existing: Option<&str>, path: &Path, inputs: &CardInputs) -> R
     }
 
     // The readable section in the body.
-    let section = section(&names, &measured, &name, inputs.comparison.as_deref());
+    let section = section(
+        &names,
+        &measured,
+        &name,
+        inputs.comparison.as_deref(),
+        listed.is_some().then_some(&fidelity),
+    );
     let new_card = existing.is_none_or(|t| t.trim().is_empty());
     let has_markers = card
         .as_ref()

@@ -38,6 +38,7 @@ pub(super) fn section(
     m: &Measured,
     name: &str,
     comparison: Option<&str>,
+    files: Option<&serde_json::Value>,
 ) -> String {
     let doc = &m.doc;
     let draft = &doc.fidelity;
@@ -46,7 +47,11 @@ pub(super) fn section(
     let level = draft.protocol.aggregation.uncertainty.level.unwrap_or(0.95);
     let level_words = format!("{}%", show(level * 100.0));
     let mut p = String::new();
-    p.push_str(&what_was_compared(names, m, name));
+    let subject = match files {
+        Some(_) => "Each file in the table below".to_owned(),
+        None => format!("**{}**", markdown(name)),
+    };
+    p.push_str(&what_was_compared(names, m, &subject));
     p.push_str(&the_text(names, &draft.eval, &lengths));
     p.push_str(&rows_direction_vocabulary(&draft.protocol, &units));
     p.push_str(&aggregation(&draft.protocol.aggregation, m, &level_words));
@@ -57,11 +62,16 @@ pub(super) fn section(
     s.push_str(&p);
     s.push_str("\n\n");
 
-    for run in &doc.runs {
-        s.push_str(&run_table(m, run, &lengths, &level_words, &units));
-    }
-    if let Some(turns) = &doc.turns {
-        s.push_str(&turns_table(turns, &level_words));
+    match files {
+        Some(block) => s.push_str(&files_table(block, &lengths, &level_words, &units)),
+        None => {
+            for run in &doc.runs {
+                s.push_str(&run_table(m, run, &lengths, &level_words, &units));
+            }
+            if let Some(turns) = &doc.turns {
+                s.push_str(&turns_table(turns, &level_words));
+            }
+        }
     }
     if let Some(table) = comparison {
         s.push_str(table);
@@ -79,13 +89,13 @@ pub(super) fn section(
     s
 }
 
-/// The first sentence: what was compared with what, by which runner, set up how, in which lane.
-fn what_was_compared(names: &Names<'_>, m: &Measured, name: &str) -> String {
+/// The first sentence: what (`subject`, Markdown) was compared with what, by which runner, set up
+/// how, in which lane.
+fn what_was_compared(names: &Names<'_>, m: &Measured, subject: &str) -> String {
     let doc = &m.doc;
     let env = &doc.environment;
     let runtime = &doc.fidelity.runtime;
     let mut p = String::new();
-    let candidate = markdown(name);
     let reference = names
         .reference_repo
         .or(Some(doc.reference.path.as_str()).filter(|p| !p.is_empty()))
@@ -95,7 +105,7 @@ fn what_was_compared(names: &Names<'_>, m: &Measured, name: &str) -> String {
         word(&doc.fidelity.reference.format),
     ];
     p.push_str(&format!(
-        "**{candidate}** was compared with the reference **{reference}** ({})",
+        "{subject} was compared with the reference **{reference}** ({})",
         markdown(&ref_detail.join(", "))
     ));
     let runner = match env.runner {
@@ -299,6 +309,68 @@ fn aggregation(a: &Aggregation, m: &Measured, level_words: &str) -> String {
     }
 
     p
+}
+
+/// A card listing files: one row per file and context length with its claims, as the block
+/// gives them (`value ± uncertainty`, the half-width of the stated interval).
+fn files_table(block: &serde_json::Value, lengths: &[u64], level_words: &str, units: &str) -> String {
+    use serde_json::Value;
+    const METRICS: [&str; 5] = ["kld_mean", "kld_reverse_mean", "kld_p99", "top1_agreement", "ppl_ratio"];
+    let entries = block.get("files").and_then(Value::as_array).cloned().unwrap_or_default();
+    let claimed = |entry: &Value, metric: &str, length: u64| -> Option<String> {
+        let only = lengths.len() == 1;
+        let c = entry.get("results")?.as_array()?.iter().find(|c| {
+            c.get("metric").and_then(Value::as_str) == Some(metric)
+                && match c.get("context_length").and_then(Value::as_u64) {
+                    Some(l) => l == length,
+                    None => only,
+                }
+        })?;
+        let value = c.get("value")?.as_f64()?;
+        Some(match c.get("uncertainty").and_then(Value::as_f64) {
+            Some(u) => format!("{value} ± {u}"),
+            None => value.to_string(),
+        })
+    };
+    let shown: Vec<&str> = METRICS
+        .into_iter()
+        .filter(|m| {
+            entries
+                .iter()
+                .any(|e| lengths.iter().any(|&l| claimed(e, m, l).is_some()))
+        })
+        .collect();
+    let mut s = format!(
+        "| file | quantization | context |{}\n|---|---|---|{}\n",
+        shown
+            .iter()
+            .map(|m| format!(" {} |", metric_label(m, units)))
+            .collect::<String>(),
+        "---|".repeat(shown.len())
+    );
+    for entry in &entries {
+        let file = entry.get("file").and_then(Value::as_str).unwrap_or_default();
+        let method = entry
+            .pointer("/quantization/method")
+            .and_then(Value::as_str)
+            .unwrap_or("–");
+        for &length in lengths {
+            let cells: String = shown
+                .iter()
+                .map(|m| format!(" {} |", claimed(entry, m, length).unwrap_or_else(|| "–".into())))
+                .collect();
+            s.push_str(&format!(
+                "| {} | {} | {} |{cells}\n",
+                markdown(file),
+                markdown(method),
+                grouped(length)
+            ));
+        }
+    }
+    s.push_str(&format!(
+        "\n± is the half-width of each claim's {level_words} interval.\n\n"
+    ));
+    s
 }
 
 /// One context length's table: the measurement's claim for each headline metric where it has

@@ -101,6 +101,16 @@ pub fn study(config: &crate::config::StudyConfig, printer: &Printer) -> super::R
 }
 
 pub struct Verified {
+    /// One verification, or one per file of a card that lists many (`fidelity.files`).
+    pub files: Vec<FileVerified>,
+    /// The card lists its files: each has its own set in `--out/<file>/`.
+    pub listed: bool,
+    pub out: PathBuf,
+}
+
+/// The verification of one checkpoint (or one listed file) and the set it wrote.
+pub struct FileVerified {
+    pub file: Option<String>,
     pub report: cardproof::verify::Report,
     pub written: Vec<PathBuf>,
 }
@@ -278,16 +288,83 @@ pub fn verify(config: &VerifyConfig, printer: &Printer) -> super::Result<Verifie
         &c.artifact_pub,
         c.trust_unsigned_artifact,
     )?;
+    let one = |set: OutputSet, file: Option<&str>, pins: Pins| {
+        verify_one(c, printer, &VerifyParts { card: card.as_deref(), key: &key, trust: &trust }, set, file, pins)
+    };
+    let listed = match &c.file {
+        Some(_) => None,
+        None => cardproof::verify::listed_files(&c.path, card.as_deref())?,
+    };
+    let (files, listed) = match listed {
+        None => (vec![one(set, c.file.as_deref(), pins)?], false),
+        Some(names) => {
+            // One set per listed file, in --out/<file>/: each stands alone (verify-report,
+            // check), and a run stopped part way keeps the files it finished, complete.
+            drop(set);
+            let models: Vec<&Path> = std::iter::once(c.path.as_path())
+                .chain(c.reference.as_deref())
+                .collect();
+            printer.note(&format!(
+                "the card lists {} files: verifying each, one report set per file in {}/<file>/",
+                names.len(),
+                c.out.display()
+            ));
+            let mut done = Vec::new();
+            for name in &names {
+                let out = c.out.join(name);
+                let set = OutputSet::create(
+                    &out,
+                    &cardproof::outset::SetOptions {
+                        kind: Kind::Verify,
+                        force: c.force,
+                        models: &models,
+                    },
+                )?;
+                done.push(one(set, Some(name), pins.clone())?);
+            }
+            (done, true)
+        }
+    };
+    let reproduced = files
+        .iter()
+        .all(|f| f.report.verdict == cardproof::verify::claims::Verdict::Reproduced);
+    Ok(Outcome::findings_if(
+        Verified {
+            files,
+            listed,
+            out: c.out.clone(),
+        },
+        !reproduced,
+    ))
+}
+
+/// What every file's verification shares.
+struct VerifyParts<'a> {
+    card: Option<&'a Path>,
+    key: &'a ed25519_dalek::SigningKey,
+    trust: &'a cardproof::attest::artifact::Trust,
+}
+
+/// Verify the checkpoint (or the listed `file`) into `set`.
+fn verify_one(
+    c: &VerifyConfig,
+    printer: &Printer,
+    parts: &VerifyParts<'_>,
+    set: OutputSet,
+    file: Option<&str>,
+    pins: Pins,
+) -> Result<FileVerified, Failure> {
     let verified = pool(c.threads)?.install(|| {
         with_progress(c.progress, |stage, progress| {
             let request = cardproof::verify::VerifyRequest {
                 model: &c.path,
-                card: card.as_deref(),
+                card: parts.card,
+                file,
                 reference: c.reference.as_deref(),
                 reference_artifact: c
                     .reference_artifact
                     .as_deref()
-                    .map(|file| (file, &trust as &dyn rerun::artifact::Voucher)),
+                    .map(|f| (f, parts.trust as &dyn rerun::artifact::Voucher)),
                 eval_text: c.eval_text.as_deref(),
                 threads: c.threads,
                 noise_floor: c.noise_floor,
@@ -301,15 +378,15 @@ pub fn verify(config: &VerifyConfig, printer: &Printer) -> super::Result<Verifie
                 before_rerun: &|r, id| set.check_space(rerun::output::size_estimate(r, id)),
             };
             let mut outcome = cardproof::verify::verify(&request, stage, progress)?;
-            let written = cardproof::verify::write::write_outputs(set, &mut outcome, &key)?;
-            Ok::<_, cardproof::Error>(Verified {
+            let written = cardproof::verify::write::write_outputs(set, &mut outcome, parts.key)?;
+            Ok::<_, cardproof::Error>(FileVerified {
+                file: file.map(str::to_owned),
                 report: outcome.report,
                 written,
             })
         })
     })?;
-    let reproduced = verified.report.verdict == cardproof::verify::claims::Verdict::Reproduced;
-    Ok(Outcome::findings_if(verified, !reproduced))
+    Ok(verified)
 }
 
 pub fn export(

@@ -51,7 +51,7 @@ impl Printer {
                 style.dim("-->"),
             )?;
         }
-        if let Some(r) = &report.report {
+        for r in report.report.iter().chain(&report.other_reports) {
             let signature = match r.signature {
                 "verified" => "signature verified".to_owned(),
                 "failed" => "signature FAILED".to_owned(),

@@ -51,16 +51,47 @@ impl Printer {
         Ok(())
     }
 
-    /// `verify`: the report document (`--json`) or a verdict table, then the files.
+    /// `verify`: the report document (`--json`) or a verdict table, then the files; for a card
+    /// listing many files, each file's table and a summary (`--json`: the summary document).
     pub fn verification(&self, v: &Verified) -> io::Result<()> {
+        if v.listed {
+            return self.file_verifications(v);
+        }
+        let Some(one) = v.files.first() else {
+            return Ok(());
+        };
         if self.json() {
-            write_json(&v.report)?;
+            write_json(&one.report)?;
         } else {
-            write_stdout(&cardproof::output::text::verification(&v.report))?;
+            write_stdout(&cardproof::output::text::verification(&one.report))?;
         }
         let mut err = io::stderr().lock();
-        for path in &v.written {
+        for path in &one.written {
             writeln!(err, "wrote {}", path.display())?;
+        }
+        Ok(())
+    }
+
+    fn file_verifications(&self, v: &Verified) -> io::Result<()> {
+        let summary = cardproof::verify::FilesSummary::of(
+            v.files
+                .iter()
+                .map(|f| (f.file.clone().unwrap_or_default(), &f.report, v.out.join(f.file.as_deref().unwrap_or_default()))),
+        );
+        if self.json() {
+            return write_json(&summary);
+        }
+        let mut text = String::new();
+        for f in &v.files {
+            text.push_str(&format!("== {} ==\n", f.file.as_deref().unwrap_or_default()));
+            text.push_str(&cardproof::output::text::verification(&f.report));
+            text.push('\n');
+        }
+        text.push_str(&cardproof::output::text::files_summary(&summary));
+        write_stdout(&text)?;
+        let mut err = io::stderr().lock();
+        for f in &v.files {
+            writeln!(err, "wrote {} files in {}", f.written.len(), v.out.join(f.file.as_deref().unwrap_or_default()).display())?;
         }
         Ok(())
     }

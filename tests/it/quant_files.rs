@@ -1,0 +1,220 @@
+//! A repository of many quant files under one card (`fidelity.files`): written file by file with
+//! `card --measurement`, linted and verified per file, checked with each file's signed report.
+
+use std::path::Path;
+
+use crate::support::{Cmd, Run, cardproof, model};
+
+fn ok(r: &Run, what: &str) {
+    assert_eq!(r.code, 0, "{what}: {}\n{}", r.stderr, r.stdout);
+}
+
+/// Measure `file` of `repo` and write it into the card beside it.
+fn measure_into_card(repo: &Path, file: &str, text: &Path, work: &Path, extra: &[&str]) {
+    let m = work.join(format!("m-{file}"));
+    let r = crate::support::measure_short(&repo.join(file), text, &m, "100", extra);
+    ok(&r, &format!("measure {file}"));
+    let method = file
+        .trim_start_matches("shakespeare-")
+        .trim_end_matches(".gguf")
+        .to_ascii_lowercase();
+    let method = method.trim_end_matches("-copy");
+    let r = cardproof(&[
+        "card",
+        "--measurement",
+        m.join("measurement.json").to_str().unwrap(),
+        "--quantization",
+        method,
+        "--calibration",
+        "none",
+        "--reference-repo",
+        "org/shakespeare",
+        "--reference-revision",
+        "1111111111111111111111111111111111111111",
+        "--candidate-repo",
+        "org/shakespeare-GGUF",
+    ]);
+    ok(&r, &format!("card {file}"));
+}
+
+/// The done criterion of a card for a GGUF repository: ten quant files, each measured and added
+/// to one card by `card --measurement` (the first makes a card for one file, the second turns it
+/// into a card listing both, the rest are appended); the card lints clean against the ten
+/// files, `verify` of the directory reruns each file into its own signed set and reproduces
+/// every claim, `verify --file` reruns one; the report sets published beside the weights check
+/// clean, and a file measured later leaves the earlier files' reports standing.
+#[test]
+fn a_ten_file_gguf_repo_card_lints_and_verifies_per_file() {
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let repo = w.join("repo");
+    let files = crate::fixtures::gguf_quant_repo(&repo);
+    assert_eq!(files.len(), 10);
+    let text = crate::support::short_text(w, 1500);
+    for file in &files {
+        measure_into_card(&repo, file, &text, w, &[]);
+    }
+    let card = std::fs::read_to_string(repo.join("README.md")).unwrap();
+    assert_eq!(card.matches("  - file: shakespeare-").count(), 10, "{card}");
+    assert!(!card.contains("model-index"), "{card}");
+    // The readable section has one row per file.
+    for file in &files {
+        assert!(card.contains(&format!("| {} |", file.replace('_', "\\_"))), "{file}\n{card}");
+    }
+
+    let lint = cardproof(&["lint", repo.to_str().unwrap(), "--json"]);
+    assert_eq!(lint.code, 0, "{}", lint.stdout);
+    assert_eq!(errors(&lint), 0, "{}", lint.stdout);
+
+    let keys = w.join("keys");
+    ok(&cardproof(&["keygen", "--out", keys.to_str().unwrap()]), "keygen");
+    let key = keys.join("cardproof.key");
+    let verify = |out: &Path| {
+        Cmd::verify(&repo)
+            .reference(model("shakespeare-bf16"))
+            .eval_text(&text)
+            .key(&key)
+            .out(out)
+    };
+    let out = w.join("reports");
+    let r = verify(&out).arg("--json").run();
+    ok(&r, "verify every file");
+    let summary = r.json();
+    assert_eq!(summary["verdict"], "reproduced", "{summary:#}");
+    let listed = summary["files"].as_array().unwrap();
+    assert_eq!(listed.len(), 10);
+    for (entry, file) in listed.iter().zip(&files) {
+        assert_eq!(entry["file"], file.as_str());
+        assert_eq!(entry["verdict"], "reproduced", "{entry:#}");
+        let report: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(out.join(file).join("report.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(report["checkpoint"]["files"][0]["path"], file.as_str());
+        assert_eq!(report["card"]["disclosure"]["candidate"]["file"], file.as_str());
+        assert!(out.join(file).join("report.dsse.json").is_file());
+    }
+
+    // One file by name.
+    let one = w.join("one");
+    let r = verify(&one).arg("--file").arg(&files[7]).arg("--json").run();
+    ok(&r, "verify --file");
+    assert_eq!(r.json()["verdict"], "reproduced");
+    assert_eq!(r.json()["card"]["disclosure"]["candidate"]["file"], files[7].as_str());
+    let r = verify(&w.join("none")).arg("--file").arg("absent.gguf").run();
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert!(r.message().contains("lists no file `absent.gguf`"), "{}", r.message());
+
+    // Published beside the weights: every report judged against its own file and card entry.
+    crate::support::copy_tree(&out, &repo.join("reports"));
+    let public = keys.join("cardproof.pub");
+    let check = || cardproof(&["check", repo.to_str().unwrap(), "--json", "--pub", public.to_str().unwrap()]);
+    let r = check();
+    ok(&r, "check");
+    let doc = r.json();
+    let reports: Vec<&serde_json::Value> = doc["report"].as_object().into_iter().map(|_| &doc["report"])
+        .chain(doc["other_reports"].as_array().unwrap())
+        .collect();
+    assert_eq!(reports.len(), 10, "{doc:#}");
+    for report in reports {
+        assert_eq!(report["signature"], "verified", "{report:#}");
+        assert_eq!(report["mismatches"], serde_json::json!([]), "{report:#}");
+    }
+
+    // A file measured later joins the card; the reports of the others still stand.
+    let extra = "shakespeare-Q8_0-copy.gguf";
+    std::fs::copy(repo.join(&files[0]), repo.join(extra)).unwrap();
+    measure_into_card(&repo, extra, &text, w, &[]);
+    let r = check();
+    ok(&r, "check after an eleventh file");
+
+    // A claim edited after signing: its file's report, and only its, no longer matches.
+    let card = std::fs::read_to_string(repo.join("README.md")).unwrap();
+    let edited = edit_first_claim_of(&card, &files[5]);
+    std::fs::write(repo.join("README.md"), &edited).unwrap();
+    let r = check();
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    let mismatched: Vec<String> = r.json()["hub_findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["code"] == "hub-report-mismatch")
+        .map(|f| f["message"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(mismatched.len(), 1, "{mismatched:#?}");
+    assert!(mismatched[0].contains(&files[5]), "{}", mismatched[0]);
+    let r = verify(&w.join("edited")).arg("--file").arg(&files[5]).run();
+    assert_eq!(r.code, 1, "{}", r.stdout);
+}
+
+fn errors(lint: &Run) -> usize {
+    lint.json()["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["severity"] == "error")
+        .count()
+}
+
+/// The card with the first claimed value of `file`'s entry changed.
+fn edit_first_claim_of(card: &str, file: &str) -> String {
+    let at = card.find(&format!("- file: {file}")).expect("entry listed");
+    let value = at + card[at..].find("value: ").expect("a claim") + "value: ".len();
+    let end = value + card[value..].find([',', '}', '\n']).unwrap();
+    format!("{}0.5{}", &card[..value], &card[end..])
+}
+
+/// A card listing files is refused where it names paths, names a file that is not there, or
+/// leaves a GGUF beside it unlisted; `verify` of such an entry never follows the path.
+#[test]
+fn a_listed_file_that_is_a_path_or_absent_is_a_finding_and_never_read() {
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let repo = w.join("repo");
+    let files = crate::fixtures::gguf_quant_repo(&repo);
+    let text = crate::support::short_text(w, 1500);
+    for file in &files[..2] {
+        measure_into_card(&repo, file, &text, w, &[]);
+    }
+    let lint = cardproof(&["lint", repo.to_str().unwrap(), "--json"]);
+    let unlisted = lint.finding("unlisted-file");
+    assert_eq!(unlisted["severity"], "warning");
+    assert_eq!(errors(&lint), 0, "{}", lint.stdout);
+
+    let card = std::fs::read_to_string(repo.join("README.md")).unwrap();
+    let pathy = card.replacen(
+        &format!("- file: {}", files[1]),
+        &format!("- file: ../repo/{}", files[1]),
+        1,
+    );
+    std::fs::write(repo.join("README.md"), &pathy).unwrap();
+    let lint = cardproof(&["lint", repo.to_str().unwrap(), "--json"]);
+    assert_eq!(lint.code, 1);
+    assert!(
+        lint.finding("schema-violation")["message"]
+            .as_str()
+            .unwrap()
+            .contains("not a bare file name"),
+        "{}",
+        lint.stdout
+    );
+    let r = Cmd::verify(&repo)
+        .reference(model("shakespeare-bf16"))
+        .eval_text(&text)
+        .out(w.join("out"))
+        .arg("--file")
+        .arg(format!("../repo/{}", files[1]))
+        .run();
+    assert_eq!(r.code, 2, "{}", r.stdout);
+
+    let absent = card.replacen(
+        &format!("- file: {}", files[1]),
+        "- file: shakespeare-Q2_K.gguf",
+        1,
+    );
+    std::fs::write(repo.join("README.md"), &absent).unwrap();
+    let lint = cardproof(&["lint", repo.to_str().unwrap(), "--json"]);
+    assert_eq!(lint.code, 1);
+    let missing = lint.finding("listed-file-missing");
+    assert_eq!(missing["pointer"], "/fidelity/files/1/file");
+}
