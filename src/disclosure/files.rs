@@ -17,7 +17,13 @@ use serde_json::Value;
 use crate::card::yaml::{Entry, Node, NodeKind};
 
 /// The keys of one `files` entry (besides `x-` / `x_` extensions).
-pub const ENTRY_KEYS: [&str; 5] = ["file", "files_sha256", "quantization", "calibration", "results"];
+pub const ENTRY_KEYS: [&str; 5] = [
+    "file",
+    "files_sha256",
+    "quantization",
+    "calibration",
+    "results",
+];
 
 /// Most entries one card may list (a repository of every llama.cpp type has about 30).
 pub const MAX_FILES: usize = 256;
@@ -121,7 +127,10 @@ pub fn read(fidelity: &Node) -> Option<Files> {
         files.problems.push(Problem { pointer, message });
     };
     for (key, why) in [
-        ("quantization", "each file's entry gives its own `quantization`"),
+        (
+            "quantization",
+            "each file's entry gives its own `quantization`",
+        ),
         ("results", "each file's entry gives its own `results`"),
     ] {
         if fidelity.get(key).is_some() {
@@ -209,7 +218,10 @@ fn entry_view(fidelity: &Node, index: usize, item: &Node) -> Result<FileView, Ve
         let extension = e.key.starts_with("x-") || e.key.starts_with("x_");
         if !extension && !ENTRY_KEYS.contains(&e.key.as_str()) {
             problems.push(Problem {
-                pointer: at(&format!("/{}", crate::card::yaml::escape_pointer_token(&e.key))),
+                pointer: at(&format!(
+                    "/{}",
+                    crate::card::yaml::escape_pointer_token(&e.key)
+                )),
                 message: format!(
                     "unknown field `{}` in files[{index}] (known fields: {})",
                     e.key,
@@ -364,7 +376,9 @@ fn json_node(value: &Value) -> Node {
                 .collect(),
         ),
         scalar => NodeKind::Scalar(crate::card::yaml::Scalar {
-            text: scalar.as_str().map_or_else(|| scalar.to_string(), str::to_owned),
+            text: scalar
+                .as_str()
+                .map_or_else(|| scalar.to_string(), str::to_owned),
             style: granit_parser::ScalarStyle::Plain,
             value: scalar.clone(),
         }),
@@ -383,7 +397,12 @@ mod tests {
     fn fidelity(yaml: &str) -> Node {
         let text = format!("---\nfidelity:\n{yaml}---\n");
         let card = crate::card::Card::from_bytes("README.md".into(), text.into_bytes()).unwrap();
-        card.metadata().unwrap().get("fidelity").unwrap().value.clone()
+        card.metadata()
+            .unwrap()
+            .get("fidelity")
+            .unwrap()
+            .value
+            .clone()
     }
 
     const TWO: &str = "  schema: cardproof/v1

@@ -184,7 +184,10 @@ pub fn check(
         ));
     }
     if let Some(digests) = &digests {
-        let place = format!("the files at {} (from the Hub's per-file SHA-256)", info.sha);
+        let place = format!(
+            "the files at {} (from the Hub's per-file SHA-256)",
+            info.sha
+        );
         hub_findings.extend(digest_findings(&claimed, digests, &place, "published"));
     }
     if let Some(measured) = candidate.get("revision").and_then(Value::as_str)
@@ -239,7 +242,11 @@ fn report_files<'n>(names: impl Iterator<Item = &'n str>) -> Vec<String> {
         .filter(|n| n.rsplit('/').next() == Some("report.dsse.json"))
         .collect();
     found.sort_by_key(|n| (n.matches('/').count(), *n));
-    found.into_iter().take(MAX_REPORTS).map(str::to_owned).collect()
+    found
+        .into_iter()
+        .take(MAX_REPORTS)
+        .map(str::to_owned)
+        .collect()
 }
 
 fn first_and_rest(mut reports: Vec<ReportCheck>) -> (Option<ReportCheck>, Vec<ReportCheck>) {
@@ -315,7 +322,10 @@ fn digest_findings(
         {
             out.push(HubFinding::error(
                 "hub-files-digest-mismatch",
-                format!("the card's `{}` is for `{file}`, which is not among {place}", c.field),
+                format!(
+                    "the card's `{}` is for `{file}`, which is not among {place}",
+                    c.field
+                ),
             ));
             continue;
         }
@@ -324,7 +334,10 @@ fn digest_findings(
             hex(&sha2::Sha256::digest(manifest_text(&entries).as_bytes()))
         };
         if !c.digest.eq_ignore_ascii_case(&root) {
-            let what = c.file.as_ref().map_or("the files".to_owned(), |f| format!("`{f}`"));
+            let what = c
+                .file
+                .as_ref()
+                .map_or("the files".to_owned(), |f| format!("`{f}`"));
             out.push(HubFinding::error(
                 "hub-files-digest-mismatch",
                 format!(
@@ -707,12 +720,11 @@ pub fn check_local(
             ..HashOptions::default()
         },
     )?;
-    let report_files = report_files(
-        every
-            .iter()
-            .map(|(name, _)| name.as_str())
-            .filter(|name| !name.split('/').any(crate::checkpoint::members::excluded_dir)),
-    );
+    let report_files = report_files(every.iter().map(|(name, _)| name.as_str()).filter(|name| {
+        !name
+            .split('/')
+            .any(crate::checkpoint::members::excluded_dir)
+    }));
     let needs_digests = has_checkpoint && (!claimed.is_empty() || !report_files.is_empty());
     let digests: Option<BTreeMap<String, (String, u64)>> = if needs_digests {
         let manifest = hash::hash_path(dir, &options, progress)?;
@@ -734,7 +746,13 @@ pub fn check_local(
     let mut reports = Vec::new();
     if let Some(digests) = &digests {
         for file in &report_files {
-            reports.push(check_local_report(dir, file, digests, public_key, card.as_ref())?);
+            reports.push(check_local_report(
+                dir,
+                file,
+                digests,
+                public_key,
+                card.as_ref(),
+            )?);
         }
     }
     for r in &reports {

@@ -318,7 +318,11 @@ fn listed_files(
                          (found: {})",
                         view.index,
                         view.file,
-                        if present.is_empty() { "none".to_owned() } else { present.join(", ") }
+                        if present.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            present.join(", ")
+                        }
                     ),
                 ),
                 &format!("/fidelity/files/{}/file", view.index),
@@ -342,13 +346,15 @@ fn listed_files(
     }
 }
 
+/// pointer -> (key span for mapping values, value span)
+type Spans = HashMap<String, (Option<Range<usize>>, Range<usize>)>;
+
 /// Maps JSON pointers in the front matter to places in the file; for one file's view of a card
 /// listing many ([`crate::disclosure::files`]), a pointer into the view first becomes the place
 /// in the card it was read from, and a finding there names the file.
 pub(crate) struct Locator<'c> {
     card: &'c Card,
-    /// pointer -> (key span for mapping values, value span)
-    spans: std::rc::Rc<HashMap<String, (Option<Range<usize>>, Range<usize>)>>,
+    spans: std::rc::Rc<Spans>,
     view: Option<&'c crate::disclosure::files::FileView>,
 }
 
@@ -413,7 +419,8 @@ impl<'c> Locator<'c> {
             Some(view) => {
                 let moved = view.card_pointer(pointer);
                 if moved != pointer {
-                    finding.message = format!("files[{}] `{}`: {}", view.index, view.file, finding.message);
+                    finding.message =
+                        format!("files[{}] `{}`: {}", view.index, view.file, finding.message);
                 }
                 moved
             }

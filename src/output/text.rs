@@ -772,11 +772,28 @@ pub fn study(d: &crate::study::document::StudyDocument) -> String {
 /// `verify` of a card's listed files: one line per file.
 pub fn files_summary(s: &crate::verify::FilesSummary) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "verdict: {}  ({} files)", s.verdict.as_str(), s.files.len());
-    let width = s.files.iter().map(|f| f.file.len()).max().unwrap_or(4).max(4);
+    let _ = writeln!(
+        out,
+        "verdict: {}  ({} files)",
+        s.verdict.as_str(),
+        s.files.len()
+    );
+    let width = s
+        .files
+        .iter()
+        .map(|f| f.file.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
     let _ = writeln!(out, "{:<width$}  {:<14}  report set", "file", "verdict");
     for f in &s.files {
-        let _ = writeln!(out, "{:<width$}  {:<14}  {}", f.file, f.verdict.as_str(), f.out);
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:<14}  {}",
+            f.file,
+            f.verdict.as_str(),
+            f.out
+        );
     }
     out
 }

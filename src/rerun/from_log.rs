@@ -299,9 +299,13 @@ pub fn measurement_from_log(
     let options = log_options(&log, bos);
     let scoring = log_scoring(&log, &options, stream);
     let observed = observe(&log.text);
-    let candidate_root = super::identity::root_digest(candidate_dir, threads, None)?;
+    // The file the log measured, beside the card: the candidate is that file (a repository of
+    // many quant files gets one entry per file), else the directory.
+    let model_file = log_model_file(&log, candidate_dir);
+    let measured = model_file.as_deref().unwrap_or(candidate_dir);
+    let candidate_root = super::identity::root_digest(measured, threads, None)?;
     let environment = log_environment(&log, log_path, &observed, &mut warnings);
-    let (reference, candidate) = log_models(candidate_dir, candidate_root, &observed);
+    let (reference, candidate) = log_models(measured, candidate_root, &observed);
     let mut m =
         crate::rerun::record::measurement(&scoring, &options, reference, candidate, environment);
     // llama.cpp's ± is an i.i.d. per-token standard error, not a bootstrap: the claims' 95%
@@ -364,14 +368,18 @@ fn base_stream(
 }
 
 /// The BOS policy of the model the log names, read from the GGUF of that name beside the card.
-fn log_bos(log: &Log, candidate_dir: &Path, warnings: &mut Vec<String>) -> Result<Bos> {
-    // A log is data: the path it names is never followed. The model it measured is the GGUF of
-    // that file name beside the card (`--into`), inside its directory.
-    let model_file = log
-        .model
+/// The model the log measured: the GGUF of the file name it prints, beside the card (`--into`),
+/// inside its directory. A log is data: the path it names is never followed.
+fn log_model_file(log: &Log, candidate_dir: &Path) -> Option<std::path::PathBuf> {
+    log.model
         .as_deref()
         .and_then(|m| Path::new(m).file_name())
-        .and_then(|name| crate::files::inside_dir(candidate_dir, &name.to_string_lossy()).ok());
+        .and_then(|name| crate::files::inside_dir(candidate_dir, &name.to_string_lossy()).ok())
+        .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file()))
+}
+
+fn log_bos(log: &Log, candidate_dir: &Path, warnings: &mut Vec<String>) -> Result<Bos> {
+    let model_file = log_model_file(log, candidate_dir);
     Ok(match model_file.as_deref() {
         Some(f) => {
             use crate::checkpoint::gguf::GgufValue;
@@ -552,8 +560,8 @@ fn log_environment(
     environment
 }
 
-/// The models' records: the reference is not in a log; the candidate is the directory beside
-/// the card, with the file type the log prints.
+/// The models' records: the reference is not in a log; the candidate is the file the log
+/// measured (or the directory beside the card), with the file type the log prints.
 fn log_models(
     candidate_dir: &Path,
     manifest_sha256: String,

@@ -532,7 +532,10 @@ fn read_card(model: &Path, card_file: Option<&Path>, file: Option<&str>) -> Resu
         Some(files) => Some(file_view(files, file.or(given_name), model, &path)?),
         None => None,
     };
-    let fidelity_value = view.as_ref().map(|v| &v.node).or(fidelity_node.map(|e| &e.value));
+    let fidelity_value = view
+        .as_ref()
+        .map(|v| &v.node)
+        .or(fidelity_node.map(|e| &e.value));
     let disclosure = fidelity_value.map_or(serde_json::Value::Null, |n| n.to_json());
     let named = disclosure
         .pointer("/candidate/file")
@@ -543,8 +546,12 @@ fn read_card(model: &Path, card_file: Option<&Path>, file: Option<&str>) -> Resu
         return Err(Error::usage(
             &path,
             match named {
-                Some(other) => format!("describes `{other}` (fidelity.candidate.file), not `{asked}` (--file)"),
-                None => format!("describes the whole directory, not one file: `--file {asked}` is for a card that lists files (`fidelity.files`) or names one (`candidate.file`)"),
+                Some(other) => {
+                    format!("describes `{other}` (fidelity.candidate.file), not `{asked}` (--file)")
+                }
+                None => format!(
+                    "describes the whole directory, not one file: `--file {asked}` is for a card that lists files (`fidelity.files`) or names one (`candidate.file`)"
+                ),
             },
         ));
     }
@@ -607,7 +614,11 @@ fn file_view(
             card,
             format!(
                 "lists no file `{name}` in `fidelity.files` (it lists: {})",
-                if files.views.is_empty() { "none".to_owned() } else { listed() }
+                if files.views.is_empty() {
+                    "none".to_owned()
+                } else {
+                    listed()
+                }
             ),
         )),
     }

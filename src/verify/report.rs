@@ -180,7 +180,9 @@ pub struct FileOutcome {
 }
 
 impl FilesSummary {
-    pub fn of<'r>(files: impl IntoIterator<Item = (String, &'r Report, std::path::PathBuf)>) -> Self {
+    pub fn of<'r>(
+        files: impl IntoIterator<Item = (String, &'r Report, std::path::PathBuf)>,
+    ) -> Self {
         let files: Vec<FileOutcome> = files
             .into_iter()
             .map(|(file, r, out)| FileOutcome {

@@ -28,7 +28,49 @@ fn checkpoint_fixtures() -> Vec<(Code, String, WriteCheckpoint)> {
             compliant_card(),
             crate::fixtures::mixed_fp8_nvfp4,
         ),
+        // A card listing `absent.gguf` beside `model.gguf`: the listed file is missing (an
+        // error) and the file there is not listed (a warning).
+        (Code::ListedFileMissing, files_card("absent.gguf"), |d| {
+            crate::fixtures::gguf_q4_k(&d.join("model.gguf"))
+        }),
+        (Code::UnlistedFile, files_card("absent.gguf"), |d| {
+            crate::fixtures::gguf_q4_k(&d.join("model.gguf"))
+        }),
     ]
+}
+
+/// The compliant card as a card listing one file (`fidelity.files`): its quantization and
+/// claims moved into the entry for `file`.
+fn files_card(file: &str) -> String {
+    let card = compliant_card();
+    let mut out = String::new();
+    let mut in_quantization = false;
+    for line in card.lines() {
+        if line == "  quantization:" {
+            in_quantization = true;
+            continue;
+        }
+        if in_quantization && line.starts_with("    ") {
+            continue;
+        }
+        in_quantization = false;
+        if line.starts_with("    files_sha256:") {
+            continue;
+        }
+        if line == "  results:" {
+            out.push_str(&format!(
+                "  files:\n    - file: {file}\n      files_sha256: \"5d41402abc4b2a76b9719d911017c592e1b0f1f4c6fbb4cb8b2f3a9e6d7c8b9a\"\n      quantization: {{method: q4_k_m}}\n      results:\n"
+            ));
+            continue;
+        }
+        if line.starts_with("    - {metric") {
+            out.push_str(&format!("    {line}\n"));
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 /// One small card per finding code: (code, card text, expected pointer, expected item).
@@ -205,7 +247,12 @@ fn every_finding_code_has_a_fixture_that_triggers_it() {
         let dir = card_dir(&text);
         write(dir.path());
         let run = cardproof_in(dir.path(), &["lint", ".", "--json"]);
-        assert_eq!(run.finding(code.as_str())["severity"], "error", "{code}");
+        let severity = code.severity().to_string();
+        assert_eq!(
+            run.finding(code.as_str())["severity"],
+            severity.as_str(),
+            "{code}"
+        );
         assert_eq!(run.code, 1, "{code}");
     }
     for (code, text, pointer, item) in fixtures {
@@ -1086,5 +1133,37 @@ fn exllamav3_kl_div_columns_in_both_directions_are_read_as_claims() {
     assert!(
         messages.iter().any(|m| m.contains("KL-div (o→q) 0.0245")),
         "{messages:?}"
+    );
+}
+
+/// A card listing files is linted entry by entry as the card of each file: the compliant card
+/// moved into one entry is as clean, and a finding inside an entry points at it and names its
+/// file.
+#[test]
+fn a_card_listing_files_lints_each_entry_as_the_card_of_one_file() {
+    let dir = card_dir(files_card("m-Q4_K_M.gguf"));
+    let run = cardproof_in(dir.path(), &["lint", ".", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    let broken = files_card("m-Q4_K_M.gguf").replacen("{metric: kld_p99,", "{metric: kld_99th,", 1);
+    let dir = card_dir(&broken);
+    let run = cardproof_in(dir.path(), &["lint", ".", "--json"]);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    let f = run.finding("unknown-metric");
+    assert_eq!(f["pointer"], "/fidelity/files/0/results/1/metric");
+    assert!(
+        f["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("files[0] `m-Q4_K_M.gguf`: "),
+        "{f}"
+    );
+    // Top-level claims beside `files` are refused: each file's entry has its own.
+    let both = files_card("m.gguf").replacen("  files:\n", "  results: []\n  files:\n", 1);
+    let dir = card_dir(&both);
+    let run = cardproof_in(dir.path(), &["lint", ".", "--json"]);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert_eq!(
+        run.finding("schema-violation")["pointer"],
+        "/fidelity/results"
     );
 }

@@ -59,7 +59,10 @@ fn a_ten_file_gguf_repo_card_lints_and_verifies_per_file() {
     assert!(!card.contains("model-index"), "{card}");
     // The readable section has one row per file.
     for file in &files {
-        assert!(card.contains(&format!("| {} |", file.replace('_', "\\_"))), "{file}\n{card}");
+        assert!(
+            card.contains(&format!("| {} |", file.replace('_', "\\_"))),
+            "{file}\n{card}"
+        );
     }
 
     let lint = cardproof(&["lint", repo.to_str().unwrap(), "--json"]);
@@ -67,7 +70,10 @@ fn a_ten_file_gguf_repo_card_lints_and_verifies_per_file() {
     assert_eq!(errors(&lint), 0, "{}", lint.stdout);
 
     let keys = w.join("keys");
-    ok(&cardproof(&["keygen", "--out", keys.to_str().unwrap()]), "keygen");
+    ok(
+        &cardproof(&["keygen", "--out", keys.to_str().unwrap()]),
+        "keygen",
+    );
     let key = keys.join("cardproof.key");
     let verify = |out: &Path| {
         Cmd::verify(&repo)
@@ -86,33 +92,60 @@ fn a_ten_file_gguf_repo_card_lints_and_verifies_per_file() {
     for (entry, file) in listed.iter().zip(&files) {
         assert_eq!(entry["file"], file.as_str());
         assert_eq!(entry["verdict"], "reproduced", "{entry:#}");
-        let report: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(out.join(file).join("report.json")).unwrap(),
-        )
-        .unwrap();
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join(file).join("report.json")).unwrap())
+                .unwrap();
         assert_eq!(report["checkpoint"]["files"][0]["path"], file.as_str());
-        assert_eq!(report["card"]["disclosure"]["candidate"]["file"], file.as_str());
+        assert_eq!(
+            report["card"]["disclosure"]["candidate"]["file"],
+            file.as_str()
+        );
         assert!(out.join(file).join("report.dsse.json").is_file());
     }
 
     // One file by name.
     let one = w.join("one");
-    let r = verify(&one).arg("--file").arg(&files[7]).arg("--json").run();
+    let r = verify(&one)
+        .arg("--file")
+        .arg(&files[7])
+        .arg("--json")
+        .run();
     ok(&r, "verify --file");
     assert_eq!(r.json()["verdict"], "reproduced");
-    assert_eq!(r.json()["card"]["disclosure"]["candidate"]["file"], files[7].as_str());
-    let r = verify(&w.join("none")).arg("--file").arg("absent.gguf").run();
+    assert_eq!(
+        r.json()["card"]["disclosure"]["candidate"]["file"],
+        files[7].as_str()
+    );
+    let r = verify(&w.join("none"))
+        .arg("--file")
+        .arg("absent.gguf")
+        .run();
     assert_eq!(r.code, 2, "{}", r.stdout);
-    assert!(r.message().contains("lists no file `absent.gguf`"), "{}", r.message());
+    assert!(
+        r.message().contains("lists no file `absent.gguf`"),
+        "{}",
+        r.message()
+    );
 
     // Published beside the weights: every report judged against its own file and card entry.
     crate::support::copy_tree(&out, &repo.join("reports"));
     let public = keys.join("cardproof.pub");
-    let check = || cardproof(&["check", repo.to_str().unwrap(), "--json", "--pub", public.to_str().unwrap()]);
+    let check = || {
+        cardproof(&[
+            "check",
+            repo.to_str().unwrap(),
+            "--json",
+            "--pub",
+            public.to_str().unwrap(),
+        ])
+    };
     let r = check();
     ok(&r, "check");
     let doc = r.json();
-    let reports: Vec<&serde_json::Value> = doc["report"].as_object().into_iter().map(|_| &doc["report"])
+    let reports: Vec<&serde_json::Value> = doc["report"]
+        .as_object()
+        .into_iter()
+        .map(|_| &doc["report"])
         .chain(doc["other_reports"].as_array().unwrap())
         .collect();
     assert_eq!(reports.len(), 10, "{doc:#}");
@@ -217,4 +250,50 @@ fn a_listed_file_that_is_a_path_or_absent_is_a_finding_and_never_read() {
     assert_eq!(lint.code, 1);
     let missing = lint.finding("listed-file-missing");
     assert_eq!(missing["pointer"], "/fidelity/files/1/file");
+}
+
+/// `card --from-llamacpp` of the log of each file: the file the log names (beside the card) is
+/// the candidate, so a second file's log adds a second entry under the one protocol.
+#[test]
+fn llama_cpp_logs_of_two_files_become_two_entries_of_one_card() {
+    const LOG: &str = "tests/fixtures/llamacpp/q4_0-kld-c256-chunks2.log";
+    const BASE: &str = "tests/fixtures/llamacpp/bf16-c256-chunks2.base";
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let repo = w.join("repo");
+    let files = crate::fixtures::gguf_quant_repo(&repo);
+    let log = std::fs::read_to_string(crate::support::repo_root().join(LOG)).unwrap();
+    let card = repo.join("README.md");
+    for file in &files[..2] {
+        let named = w.join(format!("{file}.log"));
+        let text = log.replace("examples/models/shakespeare-q4_0-gguf/model.gguf", file);
+        assert_ne!(text, log);
+        std::fs::write(&named, text).unwrap();
+        let r = cardproof(&[
+            "card",
+            "--from-llamacpp",
+            named.to_str().unwrap(),
+            "--base-file",
+            BASE,
+            "--into",
+            card.to_str().unwrap(),
+        ]);
+        // Written; lint names what a log cannot disclose (the reference, the text).
+        assert_eq!(r.code, 1, "{}\n{}", r.stderr, r.stdout);
+    }
+    let text = std::fs::read_to_string(&card).unwrap();
+    assert_eq!(text.matches("  - file: shakespeare-").count(), 2, "{text}");
+    let sha = |f: &str| {
+        let r = cardproof(&["hash", repo.join(f).to_str().unwrap(), "--json"]);
+        r.json()["root_sha256"].as_str().unwrap().to_owned()
+    };
+    for file in &files[..2] {
+        assert!(text.contains(&sha(file)), "{file}: {text}");
+    }
+    assert_eq!(
+        text.matches("{metric: kld_mean, value: 0.09464, uncertainty: 0.013, context_length: 256")
+            .count(),
+        2,
+        "{text}"
+    );
 }

@@ -20,7 +20,10 @@ const OWN: [&str; 4] = ["file", "files_sha256", "quantization", "results"];
 
 /// The file a measurement of one file measured, when it goes into a card listing files: the card
 /// lists files already, or its block describes another file.
-pub(super) fn listed_file<'m>(measured: &'m Map<String, Value>, old: Option<&Value>) -> Option<&'m str> {
+pub(super) fn listed_file<'m>(
+    measured: &'m Map<String, Value>,
+    old: Option<&Value>,
+) -> Option<&'m str> {
     let file = measured.get("candidate")?.get("file")?.as_str()?;
     let old = old?;
     let lists = old.get("files").is_some();
@@ -71,7 +74,10 @@ pub(super) fn fold(view: &Value, old: &Value, card: &Path) -> Result<Value> {
     let mut entries = Vec::new();
     let mut replaced = false;
     for mut entry in old_entries {
-        let name = entry.get("file").and_then(Value::as_str).unwrap_or_default();
+        let name = entry
+            .get("file")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         if name == file {
             entries.push(entry_of(view));
             replaced = true;
@@ -94,7 +100,10 @@ pub(super) fn fold(view: &Value, old: &Value, card: &Path) -> Result<Value> {
             }
         }
         // The entry's effective calibration, kept: its own where it is not the new shared one.
-        let calibration = entry.get("calibration").cloned().or(old_calibration.clone());
+        let calibration = entry
+            .get("calibration")
+            .cloned()
+            .or(old_calibration.clone());
         if let Some(map) = entry.as_object_mut() {
             map.remove("calibration");
             if calibration != shared_calibration
@@ -207,7 +216,10 @@ mod tests {
         );
         // Measured again: the entry is replaced in place, the other kept.
         let again = view("m-Q4_0.gguf", "q4_0", 0.2, "cpu");
-        assert_eq!(merge_base(&block, "m-Q4_0.gguf")["results"][0]["value"], 0.1);
+        assert_eq!(
+            merge_base(&block, "m-Q4_0.gguf")["results"][0]["value"],
+            0.1
+        );
         let updated = fold(&again, &block, Path::new("README.md")).unwrap();
         assert_eq!(updated["files"][0]["results"][0]["value"], 0.2);
         assert_eq!(updated["files"][1], block["files"][1]);
@@ -219,7 +231,8 @@ mod tests {
         let other = view("m-Q8_0.gguf", "q8_0", 0.01, "cuda");
         let e = fold(&other, &first, Path::new("README.md")).unwrap_err();
         assert!(
-            e.message().contains("runtime (`m-Q4_0.gguf`; `m-Q8_0.gguf`).device"),
+            e.message()
+                .contains("runtime (`m-Q4_0.gguf`; `m-Q8_0.gguf`).device"),
             "{}",
             e.message()
         );

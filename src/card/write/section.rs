@@ -313,10 +313,25 @@ fn aggregation(a: &Aggregation, m: &Measured, level_words: &str) -> String {
 
 /// A card listing files: one row per file and context length with its claims, as the block
 /// gives them (`value ± uncertainty`, the half-width of the stated interval).
-fn files_table(block: &serde_json::Value, lengths: &[u64], level_words: &str, units: &str) -> String {
+fn files_table(
+    block: &serde_json::Value,
+    lengths: &[u64],
+    level_words: &str,
+    units: &str,
+) -> String {
     use serde_json::Value;
-    const METRICS: [&str; 5] = ["kld_mean", "kld_reverse_mean", "kld_p99", "top1_agreement", "ppl_ratio"];
-    let entries = block.get("files").and_then(Value::as_array).cloned().unwrap_or_default();
+    const METRICS: [&str; 5] = [
+        "kld_mean",
+        "kld_reverse_mean",
+        "kld_p99",
+        "top1_agreement",
+        "ppl_ratio",
+    ];
+    let entries = block
+        .get("files")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     let claimed = |entry: &Value, metric: &str, length: u64| -> Option<String> {
         let only = lengths.len() == 1;
         let c = entry.get("results")?.as_array()?.iter().find(|c| {
@@ -349,7 +364,10 @@ fn files_table(block: &serde_json::Value, lengths: &[u64], level_words: &str, un
         "---|".repeat(shown.len())
     );
     for entry in &entries {
-        let file = entry.get("file").and_then(Value::as_str).unwrap_or_default();
+        let file = entry
+            .get("file")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         let method = entry
             .pointer("/quantization/method")
             .and_then(Value::as_str)
@@ -357,7 +375,12 @@ fn files_table(block: &serde_json::Value, lengths: &[u64], level_words: &str, un
         for &length in lengths {
             let cells: String = shown
                 .iter()
-                .map(|m| format!(" {} |", claimed(entry, m, length).unwrap_or_else(|| "–".into())))
+                .map(|m| {
+                    format!(
+                        " {} |",
+                        claimed(entry, m, length).unwrap_or_else(|| "–".into())
+                    )
+                })
                 .collect();
             s.push_str(&format!(
                 "| {} | {} | {} |{cells}\n",

@@ -289,7 +289,18 @@ pub fn verify(config: &VerifyConfig, printer: &Printer) -> super::Result<Verifie
         c.trust_unsigned_artifact,
     )?;
     let one = |set: OutputSet, file: Option<&str>, pins: Pins| {
-        verify_one(c, printer, &VerifyParts { card: card.as_deref(), key: &key, trust: &trust }, set, file, pins)
+        verify_one(
+            c,
+            printer,
+            &VerifyParts {
+                card: card.as_deref(),
+                key: &key,
+                trust: &trust,
+            },
+            set,
+            file,
+            pins,
+        )
     };
     let listed = match &c.file {
         Some(_) => None,

@@ -73,17 +73,22 @@ impl Printer {
     }
 
     fn file_verifications(&self, v: &Verified) -> io::Result<()> {
-        let summary = cardproof::verify::FilesSummary::of(
-            v.files
-                .iter()
-                .map(|f| (f.file.clone().unwrap_or_default(), &f.report, v.out.join(f.file.as_deref().unwrap_or_default()))),
-        );
+        let summary = cardproof::verify::FilesSummary::of(v.files.iter().map(|f| {
+            (
+                f.file.clone().unwrap_or_default(),
+                &f.report,
+                v.out.join(f.file.as_deref().unwrap_or_default()),
+            )
+        }));
         if self.json() {
             return write_json(&summary);
         }
         let mut text = String::new();
         for f in &v.files {
-            text.push_str(&format!("== {} ==\n", f.file.as_deref().unwrap_or_default()));
+            text.push_str(&format!(
+                "== {} ==\n",
+                f.file.as_deref().unwrap_or_default()
+            ));
             text.push_str(&cardproof::output::text::verification(&f.report));
             text.push('\n');
         }
@@ -91,7 +96,12 @@ impl Printer {
         write_stdout(&text)?;
         let mut err = io::stderr().lock();
         for f in &v.files {
-            writeln!(err, "wrote {} files in {}", f.written.len(), v.out.join(f.file.as_deref().unwrap_or_default()).display())?;
+            writeln!(
+                err,
+                "wrote {} files in {}",
+                f.written.len(),
+                v.out.join(f.file.as_deref().unwrap_or_default()).display()
+            )?;
         }
         Ok(())
     }
