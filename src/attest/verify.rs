@@ -285,7 +285,7 @@ pub fn compare_card(
     card: Option<&crate::card::Card>,
     card_name: &str,
 ) -> Vec<Mismatch> {
-    use crate::card::canonical::{differences, fidelity_json_of_file, fidelity_sha256};
+    use crate::card::canonical::{differences, fidelity_sha256};
     let predicate_type = statement.predicate_type.as_str();
     if predicate_type != super::PREDICATE_TYPE {
         return vec![Mismatch::new(
@@ -321,7 +321,9 @@ pub fn compare_card(
     let file = signed_card
         .pointer("/disclosure/candidate/file")
         .and_then(Value::as_str);
-    let now = card.map_or(Value::Null, |c| fidelity_json_of_file(c, file));
+    let now = card.map_or(Value::Null, |c| {
+        crate::disclosure::files::fidelity_of_file(c, file)
+    });
     let digest = fidelity_sha256(&now);
     match (signed, digest) {
         (None, None) => Vec::new(),

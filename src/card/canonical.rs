@@ -29,20 +29,6 @@ pub fn fidelity_json(card: &Card) -> Value {
         .map_or(Value::Null, |e| e.value.to_json())
 }
 
-/// The card's `fidelity` block as a report about `file` reads it: for a card listing many files
-/// (`fidelity.files`), that file's view ([`crate::disclosure::files`]), which is what `verify`
-/// signed for it, so adding or updating another file's entry leaves this file's report standing;
-/// else the block itself ([`fidelity_json`]). A file the card no longer lists reads as `null`.
-pub fn fidelity_json_of_file(card: &Card, file: Option<&str>) -> Value {
-    let whole = fidelity_json(card);
-    match file {
-        Some(name) if whole.get("files").is_some() => {
-            crate::disclosure::files::view_json(&whole, name).unwrap_or(Value::Null)
-        }
-        _ => whole,
-    }
-}
-
 /// The lowercase hex SHA-256 of `fidelity`'s canonical form; `None` for `null` (no block).
 pub fn fidelity_sha256(fidelity: &Value) -> Option<String> {
     if fidelity.is_null() {

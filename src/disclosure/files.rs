@@ -361,6 +361,20 @@ pub fn view_json(fidelity: &Value, file: &str) -> Option<Value> {
     files.view(file).map(FileView::json)
 }
 
+/// The card's `fidelity` block as a report about `file` reads it: for a card listing many files,
+/// that file's view, which is what `verify` signed for it, so adding or updating another file's
+/// entry leaves this file's report standing; else the block itself
+/// ([`crate::card::canonical::fidelity_json`]). A file the card no longer lists reads as `null`.
+pub fn fidelity_of_file(card: &crate::card::Card, file: Option<&str>) -> Value {
+    let whole = crate::card::canonical::fidelity_json(card);
+    match file {
+        Some(name) if whole.get("files").is_some() => {
+            view_json(&whole, name).unwrap_or(Value::Null)
+        }
+        _ => whole,
+    }
+}
+
 /// A JSON value as a YAML tree without places (for [`view_json`]).
 fn json_node(value: &Value) -> Node {
     let kind = match value {

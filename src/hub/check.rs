@@ -133,11 +133,13 @@ pub fn check(
     let pinned = source.at(&info.sha);
     let mut hub_findings = Vec::new();
 
-    let remote = if super::remote::has_checkpoint(&info) {
-        super::remote::inspect_remote(client, &pinned, &info)?.inspections
+    let (remote, layouts) = if super::remote::has_checkpoint(&info) {
+        let r = super::remote::inspect_remote(client, &pinned, &info)?;
+        (r.inspections, r.layouts)
     } else {
-        Vec::new()
+        (Vec::new(), Vec::new())
     };
+    hub_findings.extend(layout_findings(layouts));
 
     let card = match info.sibling("README.md") {
         Some(s) => Some(fetch_card(client, &pinned, s)?),
@@ -702,7 +704,7 @@ pub fn check_local(
         ));
         None
     };
-    hub_findings.extend(layout_findings(dir)?);
+    hub_findings.extend(layout_findings(crate::checkpoint::layout::check_dir(dir)?));
     let lint = card
         .as_ref()
         .map(|c| crate::lint::lint_with_checkpoint(c, &inspections));
@@ -778,9 +780,9 @@ pub fn check_local(
 
 /// A published layout (`layouts/<file>.tensor-types.txt`) against each GGUF's header in `dir`:
 /// a `hub-layout-mismatch` per layout that does not describe its file.
-fn layout_findings(dir: &std::path::Path) -> Result<Vec<HubFinding>> {
+fn layout_findings(checks: Vec<crate::checkpoint::layout::LayoutCheck>) -> Vec<HubFinding> {
     let mut out = Vec::new();
-    for l in crate::checkpoint::layout::check_dir(dir)? {
+    for l in checks {
         if l.mismatches.is_empty() {
             continue;
         }
@@ -802,7 +804,7 @@ fn layout_findings(dir: &std::path::Path) -> Result<Vec<HubFinding>> {
             ),
         ));
     }
-    Ok(out)
+    out
 }
 
 /// A local `report.dsse.json` against the directory's digests and card (as [`check_report`]).

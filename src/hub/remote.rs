@@ -33,6 +33,8 @@ const GGUF_FIRST_READ: u64 = 1 << 20;
 /// The header mirror of a pinned repository, with the inspector's results.
 pub struct Remote {
     pub inspections: Vec<Inspection>,
+    /// Each published layout (`layouts/<file>.tensor-types.txt`) against its GGUF's header.
+    pub layouts: Vec<crate::checkpoint::layout::LayoutCheck>,
 }
 
 /// A source inspected from its headers ([`inspect_source`]).
@@ -109,9 +111,36 @@ pub fn inspect_remote(client: &Client, pinned: &HfSource, info: &RepoInfo) -> Re
             gguf_header(client, pinned, s, &dest)?;
         }
     }
+    // A publisher's per-file layouts: small text files, compared with the headers above.
+    for s in info.siblings.iter().filter(|s| is_layout(&s.rfilename)) {
+        let dest = root.join(&s.rfilename);
+        std::fs::create_dir_all(root.join("layouts"))
+            .map_err(|e| cache_err(pinned, None, &root.join("layouts"), e))?;
+        if let Some(cached) = cache.cached_file(&info.sha, &s.rfilename)
+            && std::fs::metadata(&cached).is_ok_and(|m| m.len() == s.file_size())
+        {
+            link(pinned, &cached, &dest)?;
+        } else {
+            small_file(client, pinned, s, &dest)?;
+        }
+    }
     let inspections = crate::checkpoint::inspect::inspect_path(root)
         .map_err(|e| rename_error(e, root, pinned))?;
-    Ok(Remote { inspections })
+    let layouts =
+        crate::checkpoint::layout::check_dir(root).map_err(|e| rename_error(e, root, pinned))?;
+    Ok(Remote {
+        inspections,
+        layouts,
+    })
+}
+
+/// `layouts/<file>.tensor-types.txt`, one level deep (no other path is fetched for it).
+fn is_layout(name: &str) -> bool {
+    name.strip_prefix("layouts/").is_some_and(|rest| {
+        !rest.contains('/')
+            && rest.ends_with(".tensor-types.txt")
+            && crate::disclosure::files::is_bare_name(rest)
+    })
 }
 
 /// Errors from the mirror name the Hub file, not the temporary folder.

@@ -1593,6 +1593,30 @@ fn a_published_layout_is_checked_against_the_gguf_tensor_by_tensor() {
         found[0].contains(&format!("{target}: layout q8_0, file q4_0")),
         "{found:?}"
     );
+    // The same repository on the Hub: `check hf:` fetches the layout and says the same.
+    let server = HubServer::start();
+    let cache = tempfile::tempdir().unwrap();
+    server.publish(
+        "org/m-GGUF",
+        "main",
+        "4444444444444444444444444444444444444444",
+        &model,
+    );
+    let r = run(
+        &server,
+        cache.path(),
+        &["check", "hf:org/m-GGUF", "--json"],
+        &[],
+    );
+    assert_ne!(r.code, 2, "{}{}", r.stderr, r.stdout);
+    let remote: Vec<String> = r.json()["hub_findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["code"] == "hub-layout-mismatch")
+        .map(|f| f["message"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(remote, found);
     // A k-quant asked of rows that do not divide into 256: llama.cpp's fallback, not a mismatch.
     write(&|name, ty| {
         if name == target {

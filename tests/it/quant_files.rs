@@ -214,6 +214,25 @@ fn a_listed_file_that_is_a_path_or_absent_is_a_finding_and_never_read() {
     assert_eq!(unlisted["severity"], "warning");
     assert_eq!(errors(&lint), 0, "{}", lint.stdout);
 
+    // A measurement of a whole directory does not go into a card listing files.
+    let dir_m = w.join("m-dir");
+    let q4 = model("shakespeare-q4_0-gguf");
+    ok(
+        &crate::support::measure_short(Path::new(&q4), &text, &dir_m, "100", &[]),
+        "measure a directory",
+    );
+    let before = std::fs::read(repo.join("README.md")).unwrap();
+    let r = cardproof(&[
+        "card",
+        "--measurement",
+        dir_m.join("measurement.json").to_str().unwrap(),
+        "--into",
+        repo.join("README.md").to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.message().contains("measure one file"), "{}", r.message());
+    assert_eq!(std::fs::read(repo.join("README.md")).unwrap(), before);
+
     let card = std::fs::read_to_string(repo.join("README.md")).unwrap();
     let pathy = card.replacen(
         &format!("- file: {}", files[1]),

@@ -123,6 +123,19 @@ pub fn write_card(existing: Option<&str>, path: &Path, inputs: &CardInputs) -> R
         .filter(Value::is_object);
     // One file measured into a card that lists files (or describes another file): its entry.
     let listed = files::listed_file(&measured.fidelity, old_fidelity.as_ref()).map(str::to_owned);
+    if listed.is_none()
+        && let Some(old) = &old_fidelity
+        && let Some(entries) = old.get("files").and_then(Value::as_array)
+    {
+        return Err(Error::usage(
+            path,
+            format!(
+                "lists {} files (`fidelity.files`), and the measurement is of a whole directory: \
+                 measure one file (`--candidate DIR/FILE.gguf`) to add or update its entry",
+                entries.len()
+            ),
+        ));
+    }
     let base = match (&listed, &old_fidelity) {
         (Some(file), Some(old)) => Some(files::merge_base(old, file)),
         _ => old_fidelity.clone(),
