@@ -43,10 +43,30 @@ pub fn precision_scale(metric: &str, value: f64) -> f64 {
     }
 }
 
+/// A claim of no change at all: a KL divergence or `delta_p_rms` of exactly 0, a
+/// `top1_agreement` or `ppl_ratio` of exactly 1, a `same_top_p` of exactly 100 (a lossless file,
+/// a BF16 GGUF of a BF16 model). It states that the two distributions are identical, which no
+/// number of digits makes more precise: such a claim is precise as written (`0.0`, `0`, `1.0`),
+/// and only a rerun of exactly that value reproduces it (tolerance 0). Perplexities have no such
+/// value and turn metrics are shares of counts.
+pub fn is_exact_no_change(metric: &str, value: f64) -> bool {
+    match metric {
+        "top1_agreement" | "ppl_ratio" => value == 1.0,
+        "same_top_p" => value == 100.0,
+        "ppl_ref" | "ppl_cand" => false,
+        m if crate::disclosure::vocabulary::is_turn_metric(m) => false,
+        _ => value == 0.0,
+    }
+}
+
 /// How far a rerun may be from a claim and still reproduce it: half a unit in the claim's last
 /// printed digit plus [`NOISE_RELATIVE`] of the claim's distance from "no change"
-/// ([`precision_scale`]), `half_unit(text) + 1e-3 * scale(metric, claim)`.
+/// ([`precision_scale`]), `half_unit(text) + 1e-3 * scale(metric, claim)`; 0 for a claim of no
+/// change at all ([`is_exact_no_change`]).
 pub fn tolerance(metric: &str, text: &str, claim: f64) -> f64 {
+    if is_exact_no_change(metric, claim) {
+        return 0.0;
+    }
     if crate::disclosure::vocabulary::is_turn_metric(metric) {
         // Shares of counts from a deterministic decode: no numerical noise to allow for.
         return half_unit(text);
@@ -55,10 +75,14 @@ pub fn tolerance(metric: &str, text: &str, claim: f64) -> f64 {
 }
 
 /// The verdict rule in words, with its formula (README, report.json's `definitions`).
-pub const TOLERANCE_RULE: &str = "reproduced when |rerun - claim| <= half_unit(claim as printed) + 1e-3 * scale(claim), where scale is the claim's distance from no change: |value| for KL metrics, delta_p_rms and perplexities, |value - 1| for ppl_ratio, 1 - value for top1_agreement, 100 - value for same_top_p; imprecise (never reproduced) when half_unit / scale > 0.05. Turn metrics (tool_call_f1, tool_call_valid, tool_call_match, turn_match), shares of counts: reproduced when |rerun - claim| <= half_unit(claim as printed); imprecise when half_unit exceeds half of one count's share (1 / the statistic's denominator: turns, calling turns, calls, or 2tp + fp + fn)";
+pub const TOLERANCE_RULE: &str = "reproduced when |rerun - claim| <= half_unit(claim as printed) + 1e-3 * scale(claim), where scale is the claim's distance from no change: |value| for KL metrics, delta_p_rms and perplexities, |value - 1| for ppl_ratio, 1 - value for top1_agreement, 100 - value for same_top_p; imprecise (never reproduced) when half_unit / scale > 0.05. A claim of no change at all (a KL metric or delta_p_rms of exactly 0, top1_agreement or ppl_ratio of exactly 1, same_top_p of exactly 100) states identical distributions: precise as written, reproduced only by a rerun of exactly that value. Turn metrics (tool_call_f1, tool_call_valid, tool_call_match, turn_match), shares of counts: reproduced when |rerun - claim| <= half_unit(claim as printed); imprecise when half_unit exceeds half of one count's share (1 / the statistic's denominator: turns, calling turns, calls, or 2tp + fp + fn)";
 
-/// The printed precision relative to the claim's scale (infinite for a value at its bound).
+/// The printed precision relative to the claim's scale (infinite for a value at its bound, 0 for
+/// a claim of no change at all, which is exact as written: [`is_exact_no_change`]).
 pub fn relative_precision(metric: &str, text: &str, value: f64) -> f64 {
+    if is_exact_no_change(metric, value) {
+        return 0.0;
+    }
     let scale = precision_scale(metric, value);
     if scale > 0.0 {
         half_unit(text) / scale
@@ -189,6 +213,28 @@ mod tests {
             assert_eq!(rerun_text(bad, 1.0), None, "{bad:?}");
         }
         assert_eq!(rerun_text("0.5", f64::NAN), None);
+    }
+
+    #[test]
+    fn a_claim_of_no_change_at_all_is_exact_as_written() {
+        for (metric, value, text) in [
+            ("kld_mean", 0.0, "0.0"),
+            ("kld_reverse_p99", 0.0, "0"),
+            ("delta_p_rms", 0.0, "0.00"),
+            ("top1_agreement", 1.0, "1.0"),
+            ("ppl_ratio", 1.0, "1"),
+            ("same_top_p", 100.0, "100.0"),
+        ] {
+            assert!(is_exact_no_change(metric, value), "{metric}");
+            assert_eq!(relative_precision(metric, text, value), 0.0, "{metric}");
+            assert_eq!(tolerance(metric, text, value), 0.0, "{metric}");
+        }
+        // Near the point is not at it: the digits' precision rules, as before.
+        assert!(relative_precision("kld_mean", "0.001", 0.001) > IMPRECISE_RELATIVE);
+        assert!(!is_exact_no_change("top1_agreement", 0.999));
+        assert!(!is_exact_no_change("ppl_cand", 0.0));
+        assert!(relative_precision("ppl_cand", "0", 0.0).is_infinite());
+        assert!(!is_exact_no_change("tool_call_f1", 1.0));
     }
 
     #[test]

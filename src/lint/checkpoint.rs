@@ -212,6 +212,10 @@ fn method(q: &Value, inspection: &Inspection, push: &mut Push<'_>) {
         }
         return;
     }
+    // A float conversion (`f16`, `bf16`, `f32`): no linear module is quantized, as it says.
+    if schemes.is_empty() && matches!(method.as_str(), "bf16" | "f16" | "f32" | "f64") {
+        return;
+    }
     if schemes.is_empty() {
         push(
             "/fidelity/quantization/method",

@@ -403,6 +403,25 @@ fn compare(claim: &Claim, r: &Rerun, tolerance: f64) -> (Verdict, String) {
             ),
         );
     }
+    if crate::disclosure::precision::is_exact_no_change(&claim.metric, claim.value) {
+        return if r.value == claim.value {
+            (
+                Verdict::Reproduced,
+                format!(
+                    "the claim states no change at all ({} exactly {}: identical distributions), and the rerun measured exactly that",
+                    claim.metric, claim.text
+                ),
+            )
+        } else {
+            (
+                Verdict::NotReproduced,
+                format!(
+                    "the claim states no change at all ({} exactly {}: identical distributions), but the rerun measured {:e}",
+                    claim.metric, claim.text, r.value
+                ),
+            )
+        };
+    }
     if diff <= tolerance {
         (
             Verdict::Reproduced,
@@ -652,16 +671,19 @@ mod tests {
     fn coarse_precision_is_imprecise_never_reproduced() {
         // Imprecise: each was `reproduced` when the tolerance was half a unit of the last digit.
         // Reproduced: fine enough (0.3%, 0.08% of the disagreement, 2.3% of the PPL change).
-        use Verdict::{Imprecise, Reproduced};
+        use Verdict::{Imprecise, NotReproduced, Reproduced};
         for (metric, text, rerun, expected) in [
-            ("kld_mean", "0", 0.0166, Imprecise),
-            ("kld_mean", "0.0", 0.0166, Imprecise),
-            ("kld_mean", "0e0", 0.0166, Imprecise),
+            // No change at all is an exact claim: only identical distributions reproduce it.
+            ("kld_mean", "0", 0.0166, NotReproduced),
+            ("kld_mean", "0.0", 0.0166, NotReproduced),
+            ("kld_mean", "0e0", 1e-12, NotReproduced),
+            ("kld_mean", "0.0", 0.0, Reproduced),
+            ("top1_agreement", "1", 0.9342, NotReproduced),
+            ("top1_agreement", "1.0", 0.9987, NotReproduced),
+            ("top1_agreement", "1.0", 1.0, Reproduced),
+            ("ppl_ratio", "1.00", 1.0021, NotReproduced),
             ("kld_mean", "0.02", 0.0166, Imprecise),
-            ("top1_agreement", "1", 0.9342, Imprecise),
-            ("top1_agreement", "1.0", 0.9987, Imprecise),
             ("top1_agreement", "0.99", 0.9912, Imprecise),
-            ("ppl_ratio", "1.00", 1.0021, Imprecise),
             ("ppl_ratio", "1.002", 1.0021, Imprecise),
             ("kld_mean", "0.0166", 0.0166, Reproduced),
             ("top1_agreement", "0.9342", 0.9342, Reproduced),

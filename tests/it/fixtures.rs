@@ -719,11 +719,12 @@ pub const QUANT_FILES: [(&str, GgmlType, Option<GgmlType>, u32); 10] = [
     ("Q4_0_L", GgmlType::Q4_0, Some(GgmlType::Q8_0), 2),
     ("Q4_1_L", GgmlType::Q4_1, Some(GgmlType::Q8_0), 3),
     ("Q5_0_L", GgmlType::Q5_0, Some(GgmlType::Q8_0), 8),
-    ("IQ4_NL_L", GgmlType::IQ4_NL, Some(GgmlType::Q8_0), 25),
+    ("F32", GgmlType::F32, None, 0),
 ];
 /// A GGUF repository as publishers lay it out: the BF16 example's weights written as ten quant
 /// files (`shakespeare-<suffix>.gguf`, [`QUANT_FILES`]; `_L` keeps `output.weight` at Q8_0, as
-/// the `_L` uploads do) beside its tokenizer, no card. Each
+/// the `_L` uploads do; the F32 file is lossless, its KLD exactly 0) beside its tokenizer, no
+/// card. Each
 /// 2-D weight is encoded here by the library's ggml block encoders (checked against ggml's own
 /// quantizers in the KV-cache tests); 1-D tensors (norms) stay F32, as llama-quantize keeps them.
 /// Returns the file names in that order.

@@ -84,6 +84,17 @@ fn a_ten_file_gguf_repo_card_lints_and_verifies_per_file() {
     };
     let out = w.join("reports");
     let r = verify(&out).arg("--json").run();
+    if r.code != 0 {
+        for f in &files {
+            if let Ok(t) = std::fs::read_to_string(out.join(f).join("report.json")) {
+                let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+                if v["verdict"] != "reproduced" {
+                    eprintln!("{f}: {:#}", v["claims"]);
+                    eprintln!("{f}: {:#}", v["card"]["lint"]);
+                }
+            }
+        }
+    }
     ok(&r, "verify every file");
     let summary = r.json();
     assert_eq!(summary["verdict"], "reproduced", "{summary:#}");

@@ -331,9 +331,8 @@ fn gate_window(s: &Scoring) -> usize {
 /// Whether the loaded candidate holds quantized weights.
 fn quantized(m: &NativeModel) -> bool {
     m.decoder.report.schemes.keys().any(|s| {
-        !matches!(
-            s.as_str(),
-            "bf16" | "f16" | "f32" | "f64" | "gguf F32" | "gguf F16" | "gguf BF16"
-        )
+        // GGUF linears are named `gguf <ggml type>` (`gguf f32`, `gguf q4_0`).
+        let s = s.strip_prefix("gguf ").unwrap_or(s).to_ascii_lowercase();
+        !matches!(s.as_str(), "bf16" | "f16" | "f32" | "f64")
     })
 }
