@@ -158,6 +158,41 @@ fn a_ten_file_gguf_repo_card_lints_and_verifies_per_file() {
         assert_eq!(report["mismatches"], serde_json::json!([]), "{report:#}");
     }
 
+    // The same repository on the Hub: each entry's digest against the Hub's per-file SHA-256,
+    // every report judged against its own file.
+    let server = crate::hub_server::HubServer::start();
+    let cache = tempfile::tempdir().unwrap();
+    server.publish(
+        "org/shakespeare-GGUF",
+        "main",
+        "5555555555555555555555555555555555555555",
+        &repo,
+    );
+    let r = crate::hub::run(
+        &server,
+        cache.path(),
+        &[
+            "check",
+            "hf:org/shakespeare-GGUF",
+            "--json",
+            "--pub",
+            public.to_str().unwrap(),
+        ],
+        &[],
+    );
+    ok(&r, "check hf:");
+    let doc = r.json();
+    assert_eq!(doc["other_reports"].as_array().unwrap().len(), 9, "{doc:#}");
+    assert!(
+        doc["other_reports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .chain([&doc["report"]])
+            .all(|r| r["signature"] == "verified" && r["mismatches"] == serde_json::json!([])),
+        "{doc:#}"
+    );
+
     // A file measured later joins the card; the reports of the others still stand.
     let extra = "shakespeare-Q8_0-copy.gguf";
     std::fs::copy(repo.join(&files[0]), repo.join(extra)).unwrap();
