@@ -182,9 +182,47 @@ fn check_readme_study_table(printed: &str) {
     check_readme_block(&table, printed, "shakespeare");
 }
 
+/// One test at a time reads and rewrites docs/guide.md (tests run in parallel; a blessing must
+/// not lose another's).
+static GUIDE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The guide's (docs/guide.md) lines from `lines[0]` up to `end` (a closing fence, or the blank
+/// line after a Markdown table) are `lines`; `CARDPROOF_BLESS=1` writes them.
+fn check_guide_lines(lines: &[String], end: &str, what: &str) {
+    assert!(lines.len() > 1, "{what} printed nothing to compare");
+    let _one_writer = GUIDE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let path = repo_root().join("docs/guide.md");
+    let guide = std::fs::read_to_string(&path).unwrap();
+    let header = lines[0].split(" (").next().unwrap_or(&lines[0]);
+    let start = guide
+        .find(&format!("\n{header}"))
+        .map(|i| i + 1)
+        .unwrap_or_else(|| panic!("docs/guide.md holds no line starting `{header}` ({what})"));
+    let stop = start + guide[start..].find(end).expect("the block's end") + 1;
+    let want = format!("{}\n", lines.join("\n"));
+    if std::env::var_os("CARDPROOF_BLESS").is_some() {
+        std::fs::write(
+            &path,
+            format!("{}{want}{}", &guide[..start], &guide[stop..]),
+        )
+        .unwrap();
+        return;
+    }
+    assert_eq!(
+        guide[start..stop],
+        want,
+        "docs/guide.md's block is not what {what} gives; rerun with CARDPROOF_BLESS=1"
+    );
+}
+
 /// The guide's (docs/guide.md) copy of `table` (from its header line up to the closing fence) is `table`.
 fn check_readme_block(table: &[String], printed: &str, study: &str) {
     assert!(table.len() > 1, "the study printed no table:\n{printed}");
+    let _one_writer = GUIDE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let path = repo_root().join("docs/guide.md");
     let readme = std::fs::read_to_string(&path).unwrap();
     let start = readme.find(&format!("{}\n", table[0])).expect(
@@ -338,10 +376,11 @@ fn the_hybrid_example_pairs_keep_their_numbers() {
     }
 }
 
-/// The README's conversation example: a tool-calling conversation rendered by the chat template.
+/// The README's conversation example: a tool-calling conversation rendered by the chat template;
+/// the guide's `by span` block is the one it prints.
 #[test]
 fn the_conversation_example_keeps_its_numbers() {
-    pin(
+    let run = pin(
         "measure-conversation",
         &[
             "measure",
@@ -359,6 +398,142 @@ fn the_conversation_example_keeps_its_numbers() {
             "$OUT/m",
         ],
         &MEASUREMENT,
+    );
+    let block: Vec<String> = run
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("by span"))
+        .take_while(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect();
+    check_guide_lines(
+        &block,
+        "\n```",
+        "measure … --candidate examples/models/shakespeare-fp8-block --eval-text examples/data/tool-conversation.json (its by span table)",
+    );
+}
+
+/// The guide's table of how far each quantization moves the tokens inside tool calls against the
+/// rest of the example conversation, regenerated from each candidate's `measure --json` (the
+/// tool-call spans' rows, mean KLD and top-1 flips), so none of its numbers is typed by hand.
+#[test]
+fn the_guides_tool_call_table_is_what_measure_measures() {
+    const CONVERSATION: [&str; 8] = [
+        "--reference",
+        "examples/models/shakespeare-bf16",
+        "--eval-text",
+        "examples/data/tool-conversation.json",
+        "--chat-template",
+        "examples/data/chat_template.jinja",
+        "--context-length",
+        "512",
+    ];
+    let candidates: [(&str, &[&str]); 6] = [
+        (
+            "W8A16",
+            &["--candidate", "examples/models/shakespeare-w8a16"],
+        ),
+        (
+            "FP8 block",
+            &["--candidate", "examples/models/shakespeare-fp8-block"],
+        ),
+        (
+            "GGUF Q4_0",
+            &["--candidate", "examples/models/shakespeare-q4_0-gguf"],
+        ),
+        (
+            "AWQ int4",
+            &["--candidate", "examples/models/shakespeare-awq-int4"],
+        ),
+        (
+            "bf16 with a q8_0 KV cache",
+            &[
+                "--candidate",
+                "examples/models/shakespeare-bf16",
+                "--kv-cache",
+                "q8_0",
+            ],
+        ),
+        (
+            "bf16 with a q4_0 KV cache",
+            &[
+                "--candidate",
+                "examples/models/shakespeare-bf16",
+                "--kv-cache",
+                "q4_0",
+            ],
+        ),
+    ];
+    // Three significant digits, trailing zeros dropped, as the table prints them.
+    let sig3 = |x: f64| {
+        let digits = (2 - x.abs().log10().floor() as i32).max(0) as usize;
+        let text = format!("{x:.digits$}");
+        if text.contains('.') {
+            text.trim_end_matches('0').trim_end_matches('.').to_owned()
+        } else {
+            text
+        }
+    };
+    let grouped = |n: u64| {
+        let d = n.to_string();
+        d.chars()
+            .enumerate()
+            .flat_map(|(i, c)| {
+                let comma = i > 0 && (d.len() - i).is_multiple_of(3);
+                comma.then_some(',').into_iter().chain([c])
+            })
+            .collect::<String>()
+    };
+    let mut rows = Vec::new();
+    let mut sizes = (0, 0);
+    for (label, candidate) in candidates {
+        let out = tempfile::tempdir().unwrap();
+        let mut args = vec!["measure"];
+        args.extend(CONVERSATION);
+        args.extend(candidate);
+        args.extend(["--out", out.path().to_str().unwrap(), "--json"]);
+        let r = cardproof(&args);
+        assert_eq!(r.code, 0, "{label}: {}", r.stderr);
+        let run = &r.json()["runs"][0];
+        let span = |name: &str| {
+            let s = run["spans"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["by"] == "tool_call" && s["name"] == name)
+                .unwrap_or_else(|| panic!("{label}: no tool_call {name} span"));
+            (
+                s["n_positions"].as_u64().unwrap(),
+                s["top1_flips"].as_u64().unwrap(),
+                s["metrics"]["kld_mean"].as_f64().unwrap(),
+            )
+        };
+        let (n_in, flips_in, in_mean) = span("inside");
+        let (n_out, flips_out, out_mean) = span("outside");
+        sizes = (n_in, n_out);
+        rows.push(format!(
+            "| {label} | {} | {} | {} | {:.2} | {:.1}% | {:.1}% |",
+            sig3(run["metrics"]["kld_mean"].as_f64().unwrap()),
+            sig3(in_mean),
+            sig3(out_mean),
+            in_mean / out_mean,
+            100.0 * flips_in as f64 / n_in as f64,
+            100.0 * flips_out as f64 / n_out as f64,
+        ));
+    }
+    let mut table = vec![
+        format!(
+            "| candidate | kld_mean, all rows | inside tool calls ({} rows) | outside ({}) | ratio | flip rate inside | outside |",
+            grouped(sizes.0),
+            grouped(sizes.1)
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|".to_owned(),
+    ];
+    table.extend(rows);
+    check_guide_lines(
+        &table,
+        "\n\n",
+        "measure --json of each candidate on the example conversation",
     );
 }
 
