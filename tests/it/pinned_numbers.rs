@@ -464,26 +464,6 @@ fn the_guides_tool_call_table_is_what_measure_measures() {
             ],
         ),
     ];
-    // Three significant digits, trailing zeros dropped, as the table prints them.
-    let sig3 = |x: f64| {
-        let digits = (2 - x.abs().log10().floor() as i32).max(0) as usize;
-        let text = format!("{x:.digits$}");
-        if text.contains('.') {
-            text.trim_end_matches('0').trim_end_matches('.').to_owned()
-        } else {
-            text
-        }
-    };
-    let grouped = |n: u64| {
-        let d = n.to_string();
-        d.chars()
-            .enumerate()
-            .flat_map(|(i, c)| {
-                let comma = i > 0 && (d.len() - i).is_multiple_of(3);
-                comma.then_some(',').into_iter().chain([c])
-            })
-            .collect::<String>()
-    };
     let mut rows = Vec::new();
     let mut sizes = (0, 0);
     for (label, candidate) in candidates {
@@ -535,6 +515,78 @@ fn the_guides_tool_call_table_is_what_measure_measures() {
         "\n\n",
         "measure --json of each candidate on the example conversation",
     );
+}
+
+/// The guide's table of KV-cache schemes on the bf16 example against itself, regenerated from the
+/// sweep it names (`measure --sweep kv_cache=...`, each scheme's pair against `none`).
+#[test]
+fn the_guides_kv_cache_table_is_what_the_sweep_measures() {
+    let out = tempfile::tempdir().unwrap();
+    let r = cardproof(&[
+        "measure",
+        "--reference",
+        "examples/models/shakespeare-bf16",
+        "--candidate",
+        "examples/models/shakespeare-bf16",
+        "--eval-text",
+        "examples/data/eval.txt",
+        "--context-length",
+        "256",
+        "--sweep",
+        "kv_cache=none,q8_0,q5_1,iq4_nl,q4_0,exl3_q8,exl3_q4,exl3_q2",
+        "--out",
+        out.path().to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let sweep = r.json();
+    let mut table = vec![
+        "| scheme | rows | kld_mean | kld_p99 | top-1 agreement |".to_owned(),
+        "|---|---:|---:|---:|---:|".to_owned(),
+    ];
+    for pair in sweep["pairs"].as_array().unwrap() {
+        let run = &pair["runs"][0];
+        let f = |key: &str| run[key].as_f64().unwrap();
+        table.push(format!(
+            "| {} | {} | {} | {} | {} |",
+            pair["other"].as_str().unwrap(),
+            grouped(run["n_positions"].as_u64().unwrap()),
+            sig3(f("kld_mean")),
+            sig3(f("kld_p99")),
+            sig3(f("top1_agreement")),
+        ));
+    }
+    check_guide_lines(
+        &table,
+        "\n\n",
+        "measure --sweep kv_cache=... on the bf16 example",
+    );
+}
+
+/// Three significant digits, trailing zeros dropped, as the guide's tables print them.
+fn sig3(x: f64) -> String {
+    if x == 0.0 {
+        return "0".to_owned();
+    }
+    let digits = (2 - x.abs().log10().floor() as i32).max(0) as usize;
+    let text = format!("{x:.digits$}");
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_owned()
+    } else {
+        text
+    }
+}
+
+/// `11033` -> `11,033`.
+fn grouped(n: u64) -> String {
+    let d = n.to_string();
+    d.chars()
+        .enumerate()
+        .flat_map(|(i, c)| {
+            let comma = i > 0 && (d.len() - i).is_multiple_of(3);
+            comma.then_some(',').into_iter().chain([c])
+        })
+        .collect()
 }
 
 /// The tiny hybrid and mixture-of-experts models' forward passes, as logit dumps (each model
