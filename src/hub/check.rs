@@ -198,10 +198,13 @@ pub fn check(
         hub_findings.extend(stale_revision(client, source, &info, measured)?);
     }
 
-    let mut reports = Vec::new();
-    if let Some(digests) = &digests {
-        for file in &report_files {
-            reports.push(check_report(
+    let (report, other_reports) = judge_reports(
+        &report_files,
+        digests.as_ref(),
+        "repository",
+        &mut hub_findings,
+        |file, digests| {
+            check_report(
                 client,
                 &pinned,
                 &info,
@@ -209,13 +212,9 @@ pub fn check(
                 digests,
                 public_key,
                 card.as_ref(),
-            )?);
-        }
-    }
-    for r in &reports {
-        hub_findings.extend(report_mismatch(Some(r), "repository"));
-    }
-    let (report, other_reports) = first_and_rest(reports);
+            )
+        },
+    )?;
 
     Ok(CheckReport {
         source: source.to_string(),
@@ -251,12 +250,27 @@ fn report_files<'n>(names: impl Iterator<Item = &'n str>) -> Vec<String> {
         .collect()
 }
 
-fn first_and_rest(mut reports: Vec<ReportCheck>) -> (Option<ReportCheck>, Vec<ReportCheck>) {
-    if reports.is_empty() {
-        return (None, reports);
+/// Every report envelope judged by `judge` against `digests` (none without them), a
+/// `hub-report-mismatch` about `what` for each that does not match: the first (nearest the top)
+/// and the rest.
+fn judge_reports(
+    files: &[String],
+    digests: Option<&BTreeMap<String, (String, u64)>>,
+    what: &str,
+    findings: &mut Vec<HubFinding>,
+    judge: impl Fn(&str, &BTreeMap<String, (String, u64)>) -> Result<ReportCheck>,
+) -> Result<(Option<ReportCheck>, Vec<ReportCheck>)> {
+    let Some(digests) = digests else {
+        return Ok((None, Vec::new()));
+    };
+    let mut reports = Vec::new();
+    for file in files {
+        let r = judge(file, digests)?;
+        findings.extend(report_mismatch(Some(&r), what));
+        reports.push(r);
     }
-    let first = reports.remove(0);
-    (Some(first), reports)
+    let first = (!reports.is_empty()).then(|| reports.remove(0));
+    Ok((first, reports))
 }
 
 /// One digest a card claims: where (for messages), the digest, and the one file it is of (a
@@ -745,22 +759,13 @@ pub fn check_local(
         let place = format!("the files in {}", dir.display());
         hub_findings.extend(digest_findings(&claimed, digests, &place, "to upload"));
     }
-    let mut reports = Vec::new();
-    if let Some(digests) = &digests {
-        for file in &report_files {
-            reports.push(check_local_report(
-                dir,
-                file,
-                digests,
-                public_key,
-                card.as_ref(),
-            )?);
-        }
-    }
-    for r in &reports {
-        hub_findings.extend(report_mismatch(Some(r), "directory"));
-    }
-    let (report, other_reports) = first_and_rest(reports);
+    let (report, other_reports) = judge_reports(
+        &report_files,
+        digests.as_ref(),
+        "directory",
+        &mut hub_findings,
+        |file, digests| check_local_report(dir, file, digests, public_key, card.as_ref()),
+    )?;
     Ok(CheckReport {
         source: dir.display().to_string(),
         repo: None,

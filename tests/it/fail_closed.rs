@@ -56,19 +56,27 @@ fn set_value(line: &str, value: &str) -> String {
 fn coarse_and_unreadable_claims_fail_verification() {
     let v = Verified::new("shakespeare-w8a16", &[]);
     let original = std::fs::read_to_string(v.card()).unwrap();
-    // Too coarse to mean anything: each used to be `reproduced`, exit 0.
+    // Too coarse to mean anything: used to be `reproduced`, exit 0. A zero in any spelling is
+    // a claim of identical distributions instead: exact, and this quant's rerun is not zero.
     // (`0e0` is not even a number to YAML 1.1 readers: `invalid`, below.)
-    for coarse in ["0", "0.0", "0.0e+00", "0.002"] {
+    for (written, verdict) in [
+        ("0.002", "imprecise"),
+        ("0", "not_reproduced"),
+        ("0.0", "not_reproduced"),
+        ("0.0e+00", "not_reproduced"),
+    ] {
         std::fs::write(v.card(), &original).unwrap();
-        edit_card_line(&v, "metric: kld_mean,", &|l| set_value(l, coarse));
+        edit_card_line(&v, "metric: kld_mean,", &|l| set_value(l, written));
         let r = v.verify();
-        assert_eq!(r.code, 1, "kld_mean {coarse}: {}", r.stderr);
+        assert_eq!(r.code, 1, "kld_mean {written}: {}", r.stderr);
         let report = r.json();
-        assert_eq!(
-            claim(&report, "kld_mean")["verdict"],
-            "imprecise",
-            "{coarse}"
-        );
+        let c = claim(&report, "kld_mean");
+        assert_eq!(c["verdict"], verdict, "{written}: {c}");
+        if verdict == "not_reproduced" {
+            // Exact as written (the edit also left the card's model-index contradicting it).
+            assert_eq!(c["claimed_precision_relative"], 0.0, "{c}");
+            assert_eq!(c["tolerance"], 0.0, "{c}");
+        }
         assert_ne!(report["verdict"], "reproduced");
     }
     // Quoted, text, non-finite, negative and misspelt entries each get an `invalid` verdict.
@@ -495,8 +503,6 @@ fn lint_flags_imprecise_claims_at_their_value() {
     );
     for (old, new) in [
         ("value: 0.0123,", "value: 0.01,"),
-        ("value: 0.0123,", "value: 0,"),
-        ("value: 0.981,", "value: 1,"),
         ("value: 0.981,", "value: 0.98,"),
     ] {
         let r = lint_text(compliant_with(old, new));
@@ -509,6 +515,18 @@ fn lint_flags_imprecise_claims_at_their_value() {
             "{new}"
         );
         assert!(f["pointer"].as_str().unwrap().ends_with("/value"), "{f}");
+    }
+    // Exactly "no change" (a lossless file) is an exact claim, not an imprecise one.
+    for (old, new) in [
+        ("value: 0.0123,", "value: 0,"),
+        ("value: 0.981,", "value: 1,"),
+    ] {
+        let r = lint_text(compliant_with(old, new));
+        assert!(
+            !r.codes().contains(&"imprecise-claim".to_owned()),
+            "{new}: {}",
+            r.stdout
+        );
     }
 }
 

@@ -220,33 +220,10 @@ fn check_guide_lines(lines: &[String], end: &str, what: &str) {
 /// The guide's (docs/guide.md) copy of `table` (from its header line up to the closing fence) is `table`.
 fn check_readme_block(table: &[String], printed: &str, study: &str) {
     assert!(table.len() > 1, "the study printed no table:\n{printed}");
-    let _one_writer = GUIDE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let path = repo_root().join("docs/guide.md");
-    let readme = std::fs::read_to_string(&path).unwrap();
-    let start = readme.find(&format!("{}\n", table[0])).expect(
-        "docs/guide.md holds the study table's header line (rerun with CARDPROOF_BLESS=1 after \
-         changing the study's columns)",
-    );
-    let end = start
-        + readme[start..]
-            .find("```")
-            .expect("the table's closing fence");
-    let want = format!("{}\n", table.join("\n"));
-    if std::env::var_os("CARDPROOF_BLESS").is_some() {
-        std::fs::write(
-            &path,
-            format!("{}{want}{}", &readme[..start], &readme[end..]),
-        )
-        .unwrap();
-        return;
-    }
-    assert_eq!(
-        readme[start..end],
-        want,
-        "docs/guide.md's table is not what `cardproof study examples/studies/{study}.yaml` prints; \
-         rerun with CARDPROOF_BLESS=1"
+    check_guide_lines(
+        table,
+        "\n```",
+        &format!("`cardproof study examples/studies/{study}.yaml` prints"),
     );
 }
 
