@@ -195,7 +195,14 @@ pub fn check(
     if let Some(measured) = candidate.get("revision").and_then(Value::as_str)
         && measured != info.sha
     {
-        hub_findings.extend(stale_revision(client, source, &info, measured)?);
+        let described = described_files(&metadata["fidelity"]);
+        hub_findings.extend(stale_revision(
+            client,
+            source,
+            &info,
+            measured,
+            described.as_deref(),
+        )?);
     }
 
     let (report, other_reports) = judge_reports(
@@ -464,13 +471,33 @@ fn plain_file(
     Ok(bytes)
 }
 
-/// The card measured `measured`, the head is `info.sha`: did the checkpoint's files change? The
-/// card and the report bundle are not the checkpoint (publishing them makes new commits).
+/// The files a card describes by name: the entries of `fidelity.files`, or `candidate.file`;
+/// `None` for a card about the whole checkpoint.
+fn described_files(fidelity: &Value) -> Option<Vec<String>> {
+    if let Some(entries) = fidelity.get("files").and_then(Value::as_array) {
+        return Some(
+            entries
+                .iter()
+                .filter_map(|e| e.get("file").and_then(Value::as_str).map(str::to_owned))
+                .collect(),
+        );
+    }
+    fidelity
+        .pointer("/candidate/file")
+        .and_then(Value::as_str)
+        .map(|f| vec![f.to_owned()])
+}
+
+/// The card measured `measured`, the head is `info.sha`: did the checkpoint's files change
+/// (those of `described`, when the card names its files: a file uploaded beside them is not
+/// theirs)? The card and the report bundle are not the checkpoint (publishing them makes new
+/// commits).
 fn stale_revision(
     client: &Client,
     source: &HfSource,
     head: &RepoInfo,
     measured: &str,
+    described: Option<&[String]>,
 ) -> Result<Vec<HubFinding>> {
     let then = match client.repo_info(&source.at(measured)) {
         Ok(info) => info,
@@ -494,6 +521,7 @@ fn stale_revision(
         info.siblings
             .iter()
             .filter(|s| !excluded(&s.rfilename))
+            .filter(|s| described.is_none_or(|names| names.contains(&s.rfilename)))
             .map(|s| (s.rfilename.clone(), key(s)))
             .collect()
     };

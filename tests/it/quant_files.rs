@@ -355,3 +355,71 @@ fn llama_cpp_logs_of_two_files_become_two_entries_of_one_card() {
         "{text}"
     );
 }
+
+/// A card listing files is stale on the Hub only when one of its files changed after the commit
+/// it measured: a quant uploaded beside them later is not theirs (lint says it is unlisted).
+#[test]
+fn only_a_listed_file_changed_after_the_measured_commit_makes_the_card_stale() {
+    const C1: &str = "6666666666666666666666666666666666666666";
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let repo = w.join("repo");
+    let files = crate::fixtures::gguf_quant_repo(&repo);
+    let text = crate::support::short_text(w, 1500);
+    for file in &files[..2] {
+        measure_into_card(&repo, file, &text, w, &[]);
+    }
+    for file in &files[2..] {
+        std::fs::remove_file(repo.join(file)).unwrap();
+    }
+    let card = std::fs::read_to_string(repo.join("README.md")).unwrap();
+    let pinned = card.replacen(
+        "    repo: org/shakespeare-GGUF\n",
+        &format!("    repo: org/shakespeare-GGUF\n    revision: \"{C1}\"\n"),
+        1,
+    );
+    assert_ne!(pinned, card);
+    std::fs::write(repo.join("README.md"), pinned).unwrap();
+    let server = crate::hub_server::HubServer::start();
+    server.publish("org/shakespeare-GGUF", "measured", C1, &repo);
+    let commit = |name: &str, change: &dyn Fn(&Path)| {
+        let dir = w.join(name);
+        crate::support::copy_dir(&repo, &dir);
+        change(&dir);
+        dir
+    };
+    let stale = |dir: &Path, commit: &str| -> Vec<String> {
+        server.publish("org/shakespeare-GGUF", "main", commit, dir);
+        let cache = tempfile::tempdir().unwrap();
+        let r = crate::hub::run(
+            &server,
+            cache.path(),
+            &["check", "hf:org/shakespeare-GGUF", "--json"],
+            &[],
+        );
+        assert_ne!(r.code, 2, "{}{}", r.stderr, r.stdout);
+        r.json()["hub_findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["code"] == "hub-candidate-revision-stale")
+            .map(|f| f["message"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let beside = commit("beside", &|d| {
+        std::fs::copy(d.join(&files[0]), d.join("shakespeare-extra.gguf")).unwrap();
+    });
+    assert_eq!(
+        stale(&beside, "7777777777777777777777777777777777777777"),
+        Vec::<String>::new()
+    );
+    let changed = commit("changed", &|d| {
+        std::fs::copy(d.join(&files[0]), d.join(&files[1])).unwrap();
+    });
+    let found = stale(&changed, "8888888888888888888888888888888888888888");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].contains(&format!("`{}` changed", files[1])),
+        "{found:?}"
+    );
+}
