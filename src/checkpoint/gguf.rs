@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 mod types;
 mod write;
 
-pub use types::GgmlType;
+pub use types::{GgmlType, file_type_name};
 pub use write::serialize;
 
 /// `GGUF_DEFAULT_ALIGNMENT`: the data alignment when `general.alignment` is absent.

@@ -212,6 +212,11 @@ fn method(q: &Value, inspection: &Inspection, push: &mut Push<'_>) {
         }
         return;
     }
+    // A GGUF's method may be llama.cpp's file type, what llama-quantize was asked for (`q3_k_m`
+    // on a model whose rows fall back to other types holds no `q3_k` tensor).
+    if inspection.file_type.as_deref() == Some(method.as_str()) {
+        return;
+    }
     // A float conversion (`f16`, `bf16`, `f32`): no linear module is quantized, as it says.
     if schemes.is_empty() && matches!(method.as_str(), "bf16" | "f16" | "f32" | "f64") {
         return;

@@ -351,3 +351,70 @@ fn the_tokenizer_json_tokenizes_as_llama_cpp_does() {
     let first = ours.iter().zip(&stream.tokens).position(|(a, b)| a != b);
     assert!(first.is_none(), "token {first:?} differs");
 }
+
+/// A real GGUF repository: ten llama-quantize types of the real model (legacy quants, k-quant
+/// and i-quant mixes) as files beside one card, each measured and added with `card
+/// --measurement`; the card lints clean against all of them (each entry's method against its own
+/// file's tensors), and `verify` of the directory reproduces every file, each into its own set.
+#[test]
+#[ignore = "needs the real model (CARDPROOF_REAL_MODEL; .ci/run sets it)"]
+fn one_card_lists_every_real_quant_file_and_each_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = text(dir.path());
+    let repo = dir.path().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    std::fs::copy(
+        real_model().join("reference/tokenizer.json"),
+        repo.join("tokenizer.json"),
+    )
+    .unwrap();
+    // Ten of the types (the shipped Q4_1 is the reference's own source, so its KLD is 0 by
+    // construction and its quantization-engaged gate fails, as it should; IQ3_M left out for time).
+    let types: Vec<&str> = TYPES
+        .into_iter()
+        .filter(|t| !matches!(*t, "Q4_1-shipped" | "IQ3_M"))
+        .collect();
+    assert_eq!(types.len(), 10);
+    let mut files = Vec::new();
+    for ty in types.iter().copied() {
+        let name = format!("SmolLM2-135M-Instruct-{ty}.gguf");
+        std::fs::copy(real_model().join(ty).join("model.gguf"), repo.join(&name)).unwrap();
+        let m = dir.path().join(format!("{ty}-m"));
+        let r = measure_candidate(&repo.join(&name), &text, &m, &[]);
+        assert_eq!(r.code, 0, "{ty} measure: {}", r.transcript());
+        let method = ty.trim_end_matches("-shipped").to_lowercase();
+        let r = cardproof(&[
+            "card",
+            "--measurement",
+            m.join("measurement.json").to_str().unwrap(),
+            "--reference-repo",
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
+            "--reference-revision",
+            "0000000000000000000000000000000000000000",
+            "--candidate-repo",
+            "cardproof/SmolLM2-135M-Instruct-GGUF",
+            "--quantization",
+            &method,
+            "--calibration",
+            "none",
+        ]);
+        assert_eq!(r.code, 0, "{ty} card: {}", r.stderr);
+        files.push(name);
+    }
+    let card = std::fs::read_to_string(repo.join("README.md")).unwrap();
+    assert_eq!(
+        card.matches("  - file: SmolLM2-135M-Instruct-").count(),
+        TYPES.len(),
+        "{card}"
+    );
+    let lint = cardproof(&["lint", repo.to_str().unwrap(), "--json"]);
+    assert_eq!(lint.code, 0, "{}", lint.stdout);
+    let r = verify_in(&repo, &text, &dir.path().join("reports"), &[]);
+    let summary = r.json();
+    for (entry, file) in summary["files"].as_array().unwrap().iter().zip(&files) {
+        assert_eq!(entry["file"], file.as_str());
+        assert_eq!(entry["verdict"], "reproduced", "{entry:#}");
+    }
+    assert_eq!(summary["files"].as_array().unwrap().len(), 10);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+}

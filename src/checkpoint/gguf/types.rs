@@ -324,3 +324,78 @@ pub(crate) fn removed_type_name(id: u32) -> Option<&'static str> {
         _ => return None,
     })
 }
+
+/// llama.cpp's name of a GGUF's `general.file_type` (`enum llama_ftype`; gguf-py's
+/// `LlamaFileType`, whose `MOSTLY_` prefix is dropped), lowercased: what `llama-quantize` was asked
+/// for (`q4_k_m`). A tensor whose rows do not divide into the type's blocks is stored in a
+/// fallback type, so on a small model a `q3_k_m` file may hold no `q3_k` tensor at all. `None`
+/// for an id llama.cpp does not define (removed ones included).
+pub fn file_type_name(id: u64) -> Option<&'static str> {
+    Some(match id {
+        0 => "f32",
+        1 => "f16",
+        2 => "q4_0",
+        3 => "q4_1",
+        7 => "q8_0",
+        8 => "q5_0",
+        9 => "q5_1",
+        10 => "q2_k",
+        11 => "q3_k_s",
+        12 => "q3_k_m",
+        13 => "q3_k_l",
+        14 => "q4_k_s",
+        15 => "q4_k_m",
+        16 => "q5_k_s",
+        17 => "q5_k_m",
+        18 => "q6_k",
+        19 => "iq2_xxs",
+        20 => "iq2_xs",
+        21 => "q2_k_s",
+        22 => "iq3_xs",
+        23 => "iq3_xxs",
+        24 => "iq1_s",
+        25 => "iq4_nl",
+        26 => "iq3_s",
+        27 => "iq3_m",
+        28 => "iq2_s",
+        29 => "iq2_m",
+        30 => "iq4_xs",
+        31 => "iq1_m",
+        32 => "bf16",
+        36 => "tq1_0",
+        37 => "tq2_0",
+        38 => "mxfp4_moe",
+        39 => "nvfp4",
+        40 => "q1_0",
+        41 => "q2_0",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod file_type_tests {
+    use super::file_type_name;
+
+    /// The names llama.cpp gives its file types (gguf-py's `LlamaFileType`, `llama-quantize
+    /// --help`), the removed ids unnamed.
+    #[test]
+    fn file_types_are_named_as_llama_cpp_names_them() {
+        for (id, name) in [
+            (0, "f32"),
+            (2, "q4_0"),
+            (7, "q8_0"),
+            (12, "q3_k_m"),
+            (15, "q4_k_m"),
+            (18, "q6_k"),
+            (29, "iq2_m"),
+            (30, "iq4_xs"),
+            (32, "bf16"),
+            (41, "q2_0"),
+        ] {
+            assert_eq!(file_type_name(id), Some(name), "{id}");
+        }
+        for removed in [4, 5, 6, 33, 34, 35, 42, 1024] {
+            assert_eq!(file_type_name(removed), None, "{removed}");
+        }
+    }
+}

@@ -121,6 +121,12 @@ pub(super) fn inspect_gguf(paths: &[PathBuf], variant: Option<String>) -> Result
             tensor_count,
             parameter_count: other_parameters,
             declared: None,
+            file_type: files
+                .first()
+                .and_then(|f| f.get("general.file_type"))
+                .and_then(gguf::GgufValue::as_u64)
+                .and_then(gguf::file_type_name)
+                .map(str::to_owned),
             modules,
             buckets: BTreeMap::new(),
             summary,

@@ -135,6 +135,7 @@ pub(super) fn inspect_safetensors(
                 method: d.method.clone(),
                 ignore: d.ignore_text.clone(),
             }),
+            file_type: None,
             modules,
             buckets: BTreeMap::new(),
             summary: Summary {

@@ -161,6 +161,10 @@ pub struct Inspection {
     pub parameter_count: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub declared: Option<DeclaredSummary>,
+    /// GGUF: llama.cpp's file type from `general.file_type` (`q4_k_m`), what `llama-quantize`
+    /// was asked for; tensors that do not divide into its blocks are stored in a fallback type.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file_type: Option<String>,
     pub modules: Vec<Module>,
     pub buckets: BTreeMap<&'static str, BucketSummary>,
     pub summary: Summary,
