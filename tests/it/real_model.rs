@@ -404,7 +404,7 @@ fn one_card_lists_every_real_quant_file_and_each_verifies() {
     let card = std::fs::read_to_string(repo.join("README.md")).unwrap();
     assert_eq!(
         card.matches("  - file: SmolLM2-135M-Instruct-").count(),
-        TYPES.len(),
+        10,
         "{card}"
     );
     let lint = cardproof(&["lint", repo.to_str().unwrap(), "--json"]);
