@@ -555,7 +555,12 @@ fn read_card(model: &Path, card_file: Option<&Path>, file: Option<&str>) -> Resu
             },
         ));
     }
-    let checkpoint = card_checkpoint(model, card_at, given_file, named, &path)?;
+    let field = view
+        .as_ref()
+        .map_or("fidelity.candidate.file".to_owned(), |v| {
+            format!("fidelity.files[{}].file", v.index)
+        });
+    let checkpoint = card_checkpoint(model, card_at, given_file, named, &path, &field)?;
     let inspections = if crate::checkpoint::has_checkpoint(&checkpoint) {
         crate::checkpoint::inspect::inspect_path(&checkpoint)?
     } else {
@@ -625,7 +630,8 @@ fn file_view(
 }
 
 /// The files a card lists (`fidelity.files`), when `model` is a directory whose card lists
-/// several: `verify` of the directory verifies each. `None` for a card of one checkpoint.
+/// several: `verify` of the directory verifies each. `None` for a card of one checkpoint; an
+/// error when a listed file is not a regular file in `model`.
 pub fn listed_files(model: &Path, card_file: Option<&Path>) -> Result<Option<Vec<String>>> {
     if is_gguf_file(model) {
         return Ok(None);
@@ -641,8 +647,19 @@ pub fn listed_files(model: &Path, card_file: Option<&Path>) -> Result<Option<Vec
     let Some(fidelity) = card.metadata().and_then(|m| m.get("fidelity")) else {
         return Ok(None);
     };
-    Ok(disclosure::files::read(&fidelity.value)
-        .map(|f| f.names().into_iter().map(str::to_owned).collect()))
+    let Some(files) = disclosure::files::read(&fidelity.value) else {
+        return Ok(None);
+    };
+    // Every listed file is there before the first is verified (not found after hours of it).
+    for v in &files.views {
+        file_beside(
+            model,
+            &v.file,
+            &path,
+            &format!("fidelity.files[{}].file", v.index),
+        )?;
+    }
+    Ok(Some(files.names().into_iter().map(str::to_owned).collect()))
 }
 
 fn is_gguf_file(path: &Path) -> bool {
@@ -651,39 +668,27 @@ fn is_gguf_file(path: &Path) -> bool {
         && std::fs::metadata(path).is_ok_and(|m| m.is_file())
 }
 
-/// The checkpoint a card describes (see [`read_card`]): `named` is the card's `candidate.file`,
-/// a bare name of a file beside the card, never a path.
+/// The checkpoint a card describes (see [`read_card`]): `named` is the card's `candidate.file`
+/// (or the file entry's, `field` says which), a bare name of a file beside the card, never a
+/// path.
 fn card_checkpoint(
     model: &Path,
     dir: &Path,
     given_file: bool,
     named: Option<&str>,
     card: &Path,
+    field: &str,
 ) -> Result<PathBuf> {
     let Some(name) = named else {
         return Ok(model.to_owned());
     };
-    let bare = !name.is_empty()
-        && name != "."
-        && name != ".."
-        && !name.contains(['/', '\\', '\0'])
-        && Path::new(name).components().count() == 1;
-    if !bare {
-        return Err(Error::format(
-            card,
-            Some("fidelity.candidate.file"),
-            format!(
-                "`{name}` is not a bare file name: the card names a file beside it, never a path"
-            ),
-        ));
-    }
     if given_file {
         let given = model.file_name().and_then(|n| n.to_str()).unwrap_or("");
         if given != name {
             return Err(Error::usage(
                 model,
                 format!(
-                    "the card beside it ({}) describes `{name}` (fidelity.candidate.file), not `{given}`: verify {}, or give `{given}` a card of its own",
+                    "the card beside it ({}) describes `{name}` ({field}), not `{given}`: verify {}, or give `{given}` a card of its own",
                     card.display(),
                     dir.join(name).display()
                 ),
@@ -691,12 +696,27 @@ fn card_checkpoint(
         }
         return Ok(model.to_owned());
     }
+    file_beside(dir, name, card, field)
+}
+
+/// The file `name` (the card's `field`) in `dir`: a bare name of a regular file there, never a
+/// path or a link followed out of it.
+fn file_beside(dir: &Path, name: &str, card: &Path, field: &str) -> Result<PathBuf> {
+    if !disclosure::files::is_bare_name(name) || Path::new(name).components().count() != 1 {
+        return Err(Error::format(
+            card,
+            Some(field),
+            format!(
+                "`{name}` is not a bare file name: the card names a file beside it, never a path"
+            ),
+        ));
+    }
     let file = dir.join(name);
     if !std::fs::symlink_metadata(&file).is_ok_and(|m| m.is_file()) {
         return Err(Error::usage(
             card,
             format!(
-                "fidelity.candidate.file names `{name}`, which is not a regular file in {}",
+                "{field} names `{name}`, which is not a regular file in {}",
                 dir.display()
             ),
         ));

@@ -308,6 +308,24 @@ fn a_listed_file_that_is_a_path_or_absent_is_a_finding_and_never_read() {
     assert_eq!(lint.code, 1);
     let missing = lint.finding("listed-file-missing");
     assert_eq!(missing["pointer"], "/fidelity/files/1/file");
+    // `verify` of the directory refuses before the first file is rerun, naming the entry, and
+    // writes nothing.
+    let out = w.join("absent-out");
+    let r = Cmd::verify(&repo)
+        .reference(model("shakespeare-bf16"))
+        .eval_text(&text)
+        .out(&out)
+        .run();
+    assert_eq!(r.code, 2, "{}", r.stdout);
+    assert!(
+        r.message().contains(
+            "fidelity.files[1].file names `shakespeare-Q2_K.gguf`, which is not a regular file"
+        ),
+        "{}",
+        r.message()
+    );
+    assert!(!r.stderr.contains("progress: measuring"), "{}", r.stderr);
+    assert!(!out.exists());
 }
 
 /// `card --from-llamacpp` of the log of each file: the file the log names (beside the card) is
