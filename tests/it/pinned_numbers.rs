@@ -128,6 +128,15 @@ fn check_pinned(case: &str, found: &BTreeMap<String, String>) {
 /// Run `args` (paths relative to the repository root, `$OUT` for the output directory) and pin
 /// the files it writes there; returns the run.
 fn pin(case: &str, args: &[&str], suffixes: &[&str]) -> crate::support::Run {
+    pin_in(case, args, suffixes).0
+}
+
+/// [`pin`], keeping the output directory for the caller to read.
+fn pin_in(
+    case: &str,
+    args: &[&str],
+    suffixes: &[&str],
+) -> (crate::support::Run, tempfile::TempDir) {
     let out = tempfile::tempdir().unwrap();
     let out_str = out.path().to_str().unwrap().to_owned();
     let args: Vec<String> = args.iter().map(|a| a.replace("$OUT", &out_str)).collect();
@@ -144,7 +153,7 @@ fn pin(case: &str, args: &[&str], suffixes: &[&str]) -> crate::support::Run {
     };
     assert!(run.code == 0, "{case}: exit {}\n{}", run.code, run.stderr);
     check_pinned(case, &digests(out.path(), suffixes));
-    run
+    (run, out)
 }
 
 const MEASUREMENT: [&str; 2] = ["positions.safetensors", "measurement.json"];
@@ -353,48 +362,13 @@ fn the_hybrid_example_pairs_keep_their_numbers() {
     }
 }
 
-/// The README's conversation example: a tool-calling conversation rendered by the chat template;
-/// the guide's `by span` block is the one it prints.
+/// The guide's conversation example (a tool-calling conversation rendered by the chat template)
+/// and its table of how far each quantization moves the tokens inside tool calls against the
+/// rest: the FP8 run is pinned and its `by span` block is the guide's; the table is regenerated
+/// from each candidate's measurement (the tool-call spans' rows, mean KLD and top-1 flips), so
+/// none of its numbers is typed by hand.
 #[test]
-fn the_conversation_example_keeps_its_numbers() {
-    let run = pin(
-        "measure-conversation",
-        &[
-            "measure",
-            "--reference",
-            "examples/models/shakespeare-bf16",
-            "--candidate",
-            "examples/models/shakespeare-fp8-block",
-            "--eval-text",
-            "examples/data/tool-conversation.json",
-            "--chat-template",
-            "examples/data/chat_template.jinja",
-            "--context-length",
-            "512",
-            "--out",
-            "$OUT/m",
-        ],
-        &MEASUREMENT,
-    );
-    let block: Vec<String> = run
-        .stdout
-        .lines()
-        .skip_while(|l| !l.starts_with("by span"))
-        .take_while(|l| !l.is_empty())
-        .map(str::to_owned)
-        .collect();
-    check_guide_lines(
-        &block,
-        "\n```",
-        "measure … --candidate examples/models/shakespeare-fp8-block --eval-text examples/data/tool-conversation.json (its by span table)",
-    );
-}
-
-/// The guide's table of how far each quantization moves the tokens inside tool calls against the
-/// rest of the example conversation, regenerated from each candidate's `measure --json` (the
-/// tool-call spans' rows, mean KLD and top-1 flips), so none of its numbers is typed by hand.
-#[test]
-fn the_guides_tool_call_table_is_what_measure_measures() {
+fn the_conversation_example_keeps_its_numbers_and_the_guides_tables() {
     const CONVERSATION: [&str; 8] = [
         "--reference",
         "examples/models/shakespeare-bf16",
@@ -444,14 +418,34 @@ fn the_guides_tool_call_table_is_what_measure_measures() {
     let mut rows = Vec::new();
     let mut sizes = (0, 0);
     for (label, candidate) in candidates {
-        let out = tempfile::tempdir().unwrap();
         let mut args = vec!["measure"];
         args.extend(CONVERSATION);
         args.extend(candidate);
-        args.extend(["--out", out.path().to_str().unwrap(), "--json"]);
-        let r = cardproof(&args);
-        assert_eq!(r.code, 0, "{label}: {}", r.stderr);
-        let run = &r.json()["runs"][0];
+        args.extend(["--out", "$OUT/m"]);
+        let (r, out) = if label == "FP8 block" {
+            pin_in("measure-conversation", &args, &MEASUREMENT)
+        } else {
+            let out = tempfile::tempdir().unwrap();
+            let out_arg = out.path().join("m");
+            *args.last_mut().unwrap() = out_arg.to_str().unwrap();
+            let r = cardproof(&args);
+            assert_eq!(r.code, 0, "{label}: {}", r.stderr);
+            (r, out)
+        };
+        if label == "FP8 block" {
+            let block: Vec<String> = r
+                .stdout
+                .lines()
+                .skip_while(|l| !l.starts_with("by span"))
+                .take_while(|l| !l.is_empty())
+                .map(str::to_owned)
+                .collect();
+            check_guide_lines(&block, "\n```", "the FP8 candidate's `by span` table");
+        }
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.path().join("m/measurement.json")).unwrap())
+                .unwrap();
+        let run = &m["runs"][0];
         let span = |name: &str| {
             let s = run["spans"]
                 .as_array()
