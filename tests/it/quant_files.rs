@@ -228,6 +228,18 @@ fn errors(lint: &Run) -> usize {
         .count()
 }
 
+/// The ten-file repository in `w/repo` with the first two files measured into its card; the
+/// files' names and the eval text.
+fn two_files_carded(w: &Path) -> (std::path::PathBuf, Vec<String>, std::path::PathBuf) {
+    let repo = w.join("repo");
+    let files = crate::fixtures::gguf_quant_repo(&repo);
+    let text = crate::support::short_text(w, 1500);
+    for file in &files[..2] {
+        measure_into_card(&repo, file, &text, w, &[]);
+    }
+    (repo, files, text)
+}
+
 /// The card with the first claimed value of `file`'s entry changed.
 fn edit_first_claim_of(card: &str, file: &str) -> String {
     let at = card.find(&format!("- file: {file}")).expect("entry listed");
@@ -242,12 +254,7 @@ fn edit_first_claim_of(card: &str, file: &str) -> String {
 fn a_listed_file_that_is_a_path_or_absent_is_a_finding_and_never_read() {
     let work = tempfile::tempdir().unwrap();
     let w = work.path();
-    let repo = w.join("repo");
-    let files = crate::fixtures::gguf_quant_repo(&repo);
-    let text = crate::support::short_text(w, 1500);
-    for file in &files[..2] {
-        measure_into_card(&repo, file, &text, w, &[]);
-    }
+    let (repo, files, text) = two_files_carded(w);
     let lint = cardproof(&["lint", repo.to_str().unwrap(), "--json"]);
     let unlisted = lint.finding("unlisted-file");
     assert_eq!(unlisted["severity"], "warning");
@@ -381,12 +388,7 @@ fn only_a_listed_file_changed_after_the_measured_commit_makes_the_card_stale() {
     const C1: &str = "6666666666666666666666666666666666666666";
     let work = tempfile::tempdir().unwrap();
     let w = work.path();
-    let repo = w.join("repo");
-    let files = crate::fixtures::gguf_quant_repo(&repo);
-    let text = crate::support::short_text(w, 1500);
-    for file in &files[..2] {
-        measure_into_card(&repo, file, &text, w, &[]);
-    }
+    let (repo, files, _) = two_files_carded(w);
     for file in &files[2..] {
         std::fs::remove_file(repo.join(file)).unwrap();
     }
